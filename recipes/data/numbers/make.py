@@ -1,0 +1,41 @@
+"""Make the quickstart task: English number words -> digits, e.g. "four thousand two hundred seven" -> "4207".
+
+Every number from 0 to 9999 appears once; 500 random ones are held out for eval, so a model that scores well on
+them has learned how the words compose, not memorised them. Deterministic: re-running writes the same files.
+Run: python recipes/data/numbers/make.py
+"""
+
+import json
+import random
+from pathlib import Path
+
+ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen"
+).split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def words(n: int) -> str:
+    if n < 20:
+        return ONES[n]
+    if n < 100:
+        return TENS[n // 10] + ("" if n % 10 == 0 else "-" + ONES[n % 10])
+    if n < 1000:
+        return ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + words(n % 100))
+    return words(n // 1000) + " thousand" + ("" if n % 1000 == 0 else " " + words(n % 1000))
+
+
+def main() -> None:
+    here = Path(__file__).resolve().parent
+    numbers = list(range(10000))
+    random.Random(0).shuffle(numbers)
+    splits = {"eval": numbers[:500], "train": numbers[500:]}
+    for name, chosen in splits.items():
+        with (here / f"{name}.jsonl").open("w") as handle:
+            for n in chosen:
+                handle.write(json.dumps({"words": words(n), "digits": str(n)}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

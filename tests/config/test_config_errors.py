@@ -1,0 +1,125 @@
+"""Bad recipes and cluster files are refused before anything runs: file:line, key path, what is allowed, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpuft.config import load_cluster, load_recipe
+from tpuft.errors import ConfigError
+
+GOOD = """\
+name: t
+backend:
+  kind: torch_xla
+model:
+  config: {d_model: 8}
+data:
+  train: train.jsonl
+train:
+  steps: 10
+  batch_size: 4
+"""
+
+
+@pytest.fixture
+def recipe_dir(tmp_path: Path) -> Path:
+    (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
+    return tmp_path
+
+
+def write(recipe_dir: Path, text: str) -> Path:
+    path = recipe_dir / "r.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_good_recipe_loads(recipe_dir: Path) -> None:
+    loaded = load_recipe(write(recipe_dir, GOOD))
+    assert loaded.value.train.steps == 10
+    assert loaded.value.data.train == recipe_dir / "train.jsonl"  # relative to the recipe's folder
+
+
+# (replace this line of GOOD, with this text) -> (message fragment, line)
+BAD_RECIPES = [
+    ("  steps: 10", "  stpes: 10", ["train.stpes: unknown key; did you mean 'steps'?", "train.steps: required key is missing"], 9),
+    ("  steps: 10", "  steps: ten", ["train.steps: Input should be a valid integer", "(got 'ten')"], 9),
+    ("  steps: 10", "  steps: 0", ["train.steps: Input should be greater than or equal to 1", "(got 0)"], 9),
+    ("  kind: torch_xla", "  kind: torchxla", ["backend", "does not match any of the expected tags: 'torch_xla'", "did you mean 'torch_xla'?"], 2),
+    ("  train: train.jsonl", "  train: missing.jsonl", ["data.train: file not found:", "missing.jsonl"], 7),
+    ("  config: {d_model: 8}", "  name_or_path: t5-small\n  config: {d_model: 8}", ["give exactly one of model.name_or_path"], 4),
+    ("  batch_size: 4", "  batch_size: 4\n  optimizer: sgd", ["train.optimizer: Input should be 'adafactor' or 'adamw'", "(got 'sgd')"], 11),
+    ("  batch_size: 4", "  batch_size: 4\n  warmup_steps: 50", ["train.warmup_steps: 50 warm-up steps is more than train.steps (10)"], 11),
+    ("name: t", "name: t\nname: u", ["name: duplicate key (first set on line 1)"], 2),
+    ("  batch_size: 4", "  batch_size: [4", ["not valid YAML"], 11),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "fragments", "line"), BAD_RECIPES, ids=[b[1].strip() for b in BAD_RECIPES])
+def test_bad_recipe_is_located(recipe_dir: Path, old: str, new: str, fragments: list[str], line: int) -> None:
+    path = write(recipe_dir, GOOD.replace(old, new, 1))
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    text = str(info.value)
+    assert f"{path}:{line}" in text
+    for fragment in fragments:
+        assert fragment in text
+
+
+def test_all_problems_reported_at_once(recipe_dir: Path) -> None:
+    path = write(recipe_dir, GOOD.replace("  steps: 10", "  steps: -1\n  seeed: 3").replace("train.jsonl", "nope.jsonl"))
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert len(info.value.problems) == 3
+
+
+def test_override_errors_name_the_override(recipe_dir: Path) -> None:
+    path = write(recipe_dir, GOOD)
+    assert load_recipe(path, ["train.steps=50"]).value.train.steps == 50
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path, ["train.stpes=50"])
+    assert "--set train.stpes=50: train.stpes: unknown key; did you mean 'steps'?" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path, ["train.steps"])
+    assert "expected KEY.PATH=VALUE" in str(info.value)
+
+
+def test_cluster_errors(tmp_path: Path) -> None:
+    path = tmp_path / "tpuft.yaml"
+    path.write_text("name: Bad_Name\nprovider: local\naccelerator: v4-30\nlocal:\n  workerz: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path)
+    text = str(info.value)
+    assert f"{path}:1: name: must be 1-63 lowercase letters" in text
+    assert f"{path}:3: accelerator: unknown accelerator type 'v4-30'" in text and "v4-32" in text
+    assert f"{path}:5: local.workerz: unknown key; did you mean 'workers'?" in text
+
+
+def test_cli_exit_code_2_without_traceback(recipe_dir: Path, cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+    path = write(recipe_dir, GOOD.replace("  steps: 10", "  stepz: 10"))
+    result = cli("recipes", "validate", str(path), "--config", str(cluster_file))
+    assert result.code == 2
+    assert "Traceback" not in result.err
+    assert f"{path}:9: train.stepz: unknown key; did you mean 'steps'?" in result.err
+
+
+def test_batch_size_must_split_over_workers(recipe_dir: Path, cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = tmp_path / "three.yaml"
+    cluster.write_text("provider: local\nlocal:\n  workers: 3\n")
+    path = write(recipe_dir, GOOD)
+    result = cli("recipes", "validate", str(path), "--config", str(cluster))
+    assert result.code == 2
+    assert f"{path}:10: train.batch_size: 4 does not split evenly over 3 workers" in result.err
+
+
+def test_missing_cluster_file(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = cli("status", "--config", str(tmp_path / "nope.yaml"))
+    assert result.code == 2
+    assert "nope.yaml: cluster file not found" in result.err
+
+
+def test_embedded_default_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    loaded = load_cluster()
+    assert loaded.value.provider == "local" and loaded.value.num_workers == 2

@@ -1,0 +1,57 @@
+"""Shared fixtures. Every test runs with its own TPUFT_HOME and never touches ~/.tpuft; backend venvs are shared
+through the machine-wide cache (~/.cache/tpuft/venvs), as they are for users."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> CliResult:
+    """Run ``tpuft ARGS`` in-process through the real entry point (error handling and exit codes included)."""
+    from tpuft.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["tpuft", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    captured = capsys.readouterr()
+    return CliResult(code, captured.out, captured.err)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("tpuft-home")
+    monkeypatch.setenv("TPUFT_HOME", str(home))
+    monkeypatch.delenv("TPUFT_CONFIG", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    return home
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    return lambda *args: run_cli(list(args), monkeypatch, capsys)
+
+
+@pytest.fixture
+def cluster_file(tmp_path: Path) -> Path:
+    """A 2-worker local cluster file in a temp dir."""
+    path = tmp_path / "tpuft.yaml"
+    path.write_text("name: test-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    return path

@@ -1,0 +1,153 @@
+"""The quickstart end to end on the local CPU pod, through the real CLI, with the real PyTorch/XLA venv.
+
+One `tpuft up quickstart` (create -> setup -> train on 2 data-parallel workers -> export) is shared by the tests
+below. The first run on a machine builds the backend venv (several GB, a few minutes); later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tpuft import rundir
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Run:
+    env: dict[str, str]
+    cluster: Path
+    summary: dict
+    run_dir: Path
+    seconds: float
+    python: str
+
+
+def tpuft(env: dict[str, str], *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tpuft", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    home = tmp_path_factory.mktemp("e2e")
+    env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
+    cluster = home / "tpuft.yaml"
+    cluster.write_text("name: e2e-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    started = time.monotonic()
+    up = tpuft(env, "up", "quickstart", "-c", str(cluster), "--json")
+    seconds = time.monotonic() - started
+    assert up.returncode == 0, up.stderr[-5000:]
+    summary = json.loads(up.stdout)
+    setup = tpuft(env, "setup", "quickstart", "-c", str(cluster), "--json", timeout=300)
+    assert setup.returncode == 0, setup.stderr[-3000:]
+    assert "venv ready (cached)" in setup.stderr  # the second setup reuses the venv
+    python = json.loads(setup.stdout)["python"]
+    print(f"\nquickstart: {seconds:.0f} s end to end, held-out exact match {summary['last_eval'].get('eval_exact_match')}")
+    return Run(env, cluster, summary, Path(summary["run_dir"]), seconds, python)
+
+
+def test_reaches_the_accuracy_bar(quickstart: Run) -> None:
+    last_eval = quickstart.summary["last_eval"]
+    assert last_eval["eval_examples"] == 500
+    assert last_eval["eval_exact_match"] >= 0.9
+    metrics = rundir.read_metrics(quickstart.run_dir)
+    assert metrics.skipped == []
+    losses = [r["loss"] for r in metrics.train_rows]
+    assert losses[-1] < losses[0] / 10
+    assert metrics.train_rows[-1]["step"] == 1500
+    assert all(r["examples_per_s"] > 0 and r["tokens_per_s"] > 0 for r in metrics.train_rows)
+
+
+def test_workers_end_with_identical_weights(quickstart: Run) -> None:
+    beats = [rundir.read_json(rundir.heartbeat_path(quickstart.run_dir, i)) for i in range(2)]
+    assert [b["status"] for b in beats] == ["finished", "finished"]
+    assert beats[0]["params_sha256"] == beats[1]["params_sha256"]
+    assert beats[0]["pid"] != beats[1]["pid"]
+    for i in range(2):  # each worker trained on its own shard, in its own process
+        log = (quickstart.run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert f"4750 train / 250 eval examples on replica {i}" in log
+
+
+def test_run_dir_follows_the_contract(quickstart: Run) -> None:
+    run = quickstart.run_dir
+    assert (run / "recipe.yaml").is_file() and (run / "metrics.jsonl").is_file()
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert [step for step, _ in rundir.list_checkpoints(run)] == [1500]
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+
+
+def test_tensorboard_events_are_readable(quickstart: Run) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(quickstart.run_dir / "tb"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/loss", "train/lr", "eval/exact_match"} <= set(tags)
+    assert events.Scalars("train/loss")[-1].step == 1500
+
+
+GENERATE = """
+import json, sys
+from transformers import AutoTokenizer, T5ForConditionalGeneration
+model = T5ForConditionalGeneration.from_pretrained(sys.argv[1])
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+words = json.loads(sys.argv[2])
+batch = tok(words, return_tensors="pt", padding=True)
+out = model.generate(**batch, max_new_tokens=8)
+print(json.dumps(tok.batch_decode(out, skip_special_tokens=True)))
+"""
+
+
+def _held_out(count: int) -> tuple[list[str], list[str]]:
+    from tpuft.paths import recipes_dir
+
+    rows = [json.loads(line) for line in (recipes_dir() / "data/numbers/eval.jsonl").read_text().splitlines()[:count]]
+    return [r["words"] for r in rows], [r["digits"] for r in rows]
+
+
+def test_hf_export_loads_with_transformers_and_generates(quickstart: Run) -> None:
+    export = quickstart.summary["export_dir"]
+    words, digits = _held_out(20)
+    out = subprocess.run([quickstart.python, "-c", GENERATE, export, json.dumps(words)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    predictions = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sum(p == d for p, d in zip(predictions, digits)) >= 18
+
+
+def test_convert_and_monitor_on_the_finished_run(quickstart: Run, tmp_path: Path) -> None:
+    converted = tpuft(quickstart.env, "convert", str(quickstart.run_dir), str(tmp_path / "bf16"), "--dtype", "bfloat16")
+    assert converted.returncode == 0, converted.stderr
+    words, digits = _held_out(10)
+    out = subprocess.run([quickstart.python, "-c", GENERATE, str(tmp_path / "bf16"), json.dumps(words)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    predictions = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sum(p == d for p, d in zip(predictions, digits)) >= 8
+
+    shown = tpuft(quickstart.env, "monitor", "-c", str(quickstart.cluster), "--json")
+    assert shown.returncode == 0, shown.stderr
+    snap = json.loads(shown.stdout)
+    assert snap["status"] == "finished" and snap["step"] == 1500
+    assert [w["status"] for w in snap["workers"]] == ["finished", "finished"]
+
+
+def test_a_failing_worker_stops_the_run(quickstart: Run, tmp_path: Path) -> None:
+    """A bad line in worker 1's shard: worker 1 fails, worker 0 is stopped, the error names worker 1 and the line."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"words": "one", "digits": "1"}\n{"words": "two", "digits": \n' * 4)
+    result = tpuft(
+        quickstart.env, "train", "quickstart", "-c", str(quickstart.cluster),
+        "--set", f"data.train={data}", "--set", "train.steps=5", "--set", "train.warmup_steps=0", timeout=600,
+    )
+    assert result.returncode == 1
+    assert "failed on worker 1" in result.stderr
+    assert f"{data}:2: not valid JSON" in result.stderr
+    log0 = Path(result.stderr.split("run dir: ")[-1].strip()) / "logs" / "worker-0.log"
+    assert "training for 5 steps" in log0.read_text()  # worker 0 was running, not the one that failed

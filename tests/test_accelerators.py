@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from tpuft.accelerators import all_types, lookup
+from tpuft.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    ("name", "chips", "hosts", "runtime"),
+    [
+        ("v2-8", 4, 1, "tpu-ubuntu2204-base"),
+        ("v3-32", 16, 4, "tpu-ubuntu2204-base"),
+        ("v4-8", 4, 1, "tpu-ubuntu2204-base"),
+        ("v4-16", 8, 2, "tpu-ubuntu2204-base"),
+        ("v4-32", 16, 4, "tpu-ubuntu2204-base"),
+        ("v5p-8", 4, 1, "v2-alpha-tpuv5"),
+        ("v5litepod-1", 1, 1, "v2-alpha-tpuv5-lite"),
+        ("v5litepod-8", 8, 1, "v2-alpha-tpuv5-lite"),
+        ("v5litepod-16", 16, 4, "v2-alpha-tpuv5-lite"),
+        ("v6e-8", 8, 1, "v2-alpha-tpuv6e"),
+        ("v6e-256", 256, 64, "v2-alpha-tpuv6e"),
+    ],
+)
+def test_catalogue(name: str, chips: int, hosts: int, runtime: str) -> None:
+    acc = lookup(name)
+    assert (acc.chips, acc.hosts, acc.default_runtime) == (chips, hosts, runtime)
+    assert acc.chips_per_host * acc.hosts == acc.chips
+
+
+def test_price_is_per_chip_hour_times_chips() -> None:
+    assert lookup("v4-8").price_per_hour == pytest.approx(4 * 3.22)
+    assert lookup("v5litepod-16").price_per_hour == pytest.approx(16 * 1.20)
+
+
+@pytest.mark.parametrize(("bad", "suggestion"), [("v4-30", "v4-32"), ("v5e-3", None), ("v4", None), ("tpu-v4-8", None)])
+def test_bad_type_lists_valid_ones(bad: str, suggestion: str | None) -> None:
+    with pytest.raises(UsageError) as info:
+        lookup(bad)
+    text = str(info.value)
+    assert f"unknown accelerator type {bad!r}" in text
+    assert "Valid types" in text and ("v4-{8,16," in text or "v4-8" in text or "v5litepod-1" in text)
+    if suggestion:
+        assert f"Did you mean {suggestion}" in text
+
+
+def test_v5e_is_an_alias_of_v5litepod() -> None:
+    assert lookup("v5e-8").name == "v5litepod-8"
+
+
+def test_every_listed_type_parses() -> None:
+    for name in all_types():
+        assert lookup(name).name == name
+
+
+def test_local_workers_follow_the_catalogue(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tpuft.config import load_cluster
+
+    path = tmp_path / "tpuft.yaml"
+    path.write_text("provider: local\naccelerator: v4-32\n")
+    assert load_cluster(path).value.num_workers == 4
+    path.write_text("provider: local\naccelerator: v4-32\nlocal:\n  workers: 2\n")
+    assert load_cluster(path).value.num_workers == 2

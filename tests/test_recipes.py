@@ -1,0 +1,39 @@
+"""Every shipped recipe validates; ls / show / cp work like torchtune's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpuft.config import load_recipe
+from tpuft.paths import recipes_dir
+
+SHIPPED = sorted(recipes_dir().glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_recipe_loads(path: Path) -> None:
+    loaded = load_recipe(path)
+    assert loaded.value.name == path.stem
+    assert path.read_text().startswith("# ")  # opens with what it is and how to run it
+
+
+def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    listing = cli("recipes", "ls")
+    assert listing.code == 0 and "quickstart" in listing.out and "torch_xla" in listing.out
+    shown = cli("recipes", "show", "quickstart")
+    assert shown.code == 0 and shown.out == (recipes_dir() / "quickstart.yaml").read_text()
+    copied = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
+    assert copied.code == 0
+    mine = load_recipe(tmp_path / "mine.yaml")  # data paths still resolve from the new place
+    assert mine.value.data.train == recipes_dir() / "data" / "numbers" / "train.jsonl"
+    again = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
+    assert again.code == 2 and "--overwrite" in again.err
+    unknown = cli("recipes", "show", "quikstart")
+    assert unknown.code == 2 and "shipped recipes: quickstart" in unknown.err
+
+
+def test_recipe_by_name(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+    result = cli("recipes", "validate", "quickstart", "-c", str(cluster_file))
+    assert result.code == 0 and "is valid" in result.out

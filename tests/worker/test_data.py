@@ -1,0 +1,57 @@
+"""Sharding is disjoint and complete; fields, templates and prefixes; bad lines are located."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tpuft.worker.data import DataError, batches, iter_shard, load_shard
+
+
+def write_jsonl(path: Path, rows: list[object], blank_every: int = 0) -> Path:
+    with path.open("w") as handle:
+        for i, row in enumerate(rows):
+            handle.write(json.dumps(row) + "\n")
+            if blank_every and i % blank_every == 0:
+                handle.write("\n")
+    return path
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 7])
+def test_shards_are_disjoint_and_cover_the_data(tmp_path: Path, workers: int) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"source": f"s{i}", "target": f"t{i}"} for i in range(101)], blank_every=10)
+    shards = [list(iter_shard(path, w, workers)) for w in range(workers)]
+    seen = [e.source for shard in shards for e in shard]
+    assert sorted(seen) == sorted(f"s{i}" for i in range(101))  # complete, no duplicates
+    assert len(set(seen)) == len(seen)
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1  # balanced
+
+
+def test_fields_templates_and_prefix(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"translation": {"s": "hello", "t": "salut"}, "q": "why", "label": 1}])
+    nested = load_shard(path, 0, 1, source_field="translation.s", target_field="translation.t", prefix="en-fr: ")
+    assert (nested[0].source, nested[0].target) == ("en-fr: hello", "salut")
+    templated = load_shard(path, 0, 1, source_template="question: {q} ({translation.s})", target_template="{label}")
+    assert (templated[0].source, templated[0].target) == ("question: why (hello)", "1")
+
+
+def test_bad_lines_are_located(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"source": "a", "target": "b"}\n{"source": "a"\n')
+    with pytest.raises(DataError, match=r"d.jsonl:2: not valid JSON"):
+        load_shard(path, 0, 1)
+    path.write_text('{"source": "a", "tgt": "b"}\n')
+    with pytest.raises(DataError, match=r"d.jsonl:1: target: no field 'target' \(fields: source, tgt\)"):
+        load_shard(path, 0, 1)
+
+
+def test_batches_cycle_through_every_example_each_epoch(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"source": str(i), "target": "x"} for i in range(10)])
+    shard = load_shard(path, 0, 1)
+    stream = batches(shard, 5, seed=1)
+    epoch = [e.source for _ in range(2) for e in next(stream)]
+    assert sorted(epoch) == sorted(str(i) for i in range(10))
+    assert epoch != [str(i) for i in range(10)]  # shuffled

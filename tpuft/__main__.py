@@ -1,0 +1,3 @@
+from tpuft.cli import main
+
+main()

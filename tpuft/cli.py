@@ -1,0 +1,526 @@
+"""The ``tpuft`` command. Thin: parse options, call one ``ops`` function, render the result with rich.
+
+Nothing heavy is imported at module level (``tpuft --help`` must start fast) and no ML framework is imported at
+all: those live in the backend venvs on the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from tpuft import __version__
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+
+app = typer.Typer(
+    name="tpuft",
+    help="T5-family fine-tuning on Cloud TPU VMs, end to end: create, setup, train, monitor, convert.\n\n"
+    "Quick start on this machine (a local CPU 'pod' of 2 workers): tpuft up quickstart",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+recipes_app = typer.Typer(help="List, show, copy and validate recipes.", no_args_is_help=True)
+app.add_typer(recipes_app, name="recipes", rich_help_panel="Recipes")
+
+_WORKER_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
+
+ConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option("--config", "-c", help="Cluster file (default: $TPUFT_CONFIG, ./tpuft.yaml, then the built-in local one).", show_default=False),
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", "-s", help="Override a recipe key, e.g. --set train.steps=50 (repeatable).", show_default=False),
+]
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Output helpers
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _err_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _line_printer(console: Console):  # type: ignore[no-untyped-def]
+    """Worker output, one line at a time, behind a coloured ``[wN]`` prefix (called from reader threads)."""
+    from rich.markup import escape
+
+    def on_line(index: int, line: str) -> None:
+        colour = _WORKER_COLOURS[index % len(_WORKER_COLOURS)]
+        console.print(f"[{colour}]\\[w{index}][/{colour}] {escape(line)}", soft_wrap=True)
+
+    return on_line
+
+
+def _load_cluster(config: Path | None) -> ClusterConfig:
+    from tpuft.config import load_cluster
+
+    return load_cluster(config).value
+
+
+def _load_recipe(recipe: Path, overrides: list[str] | None) -> Loaded[RecipeConfig]:
+    from tpuft.config import load_recipe
+
+    return load_recipe(recipe, overrides or [])
+
+
+def _fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e-3 or abs(value) >= 1e5 else f"{value:.{digits}f}"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cluster
+
+
+@app.command(rich_help_panel="Cluster")
+def create(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """Create the cluster (TPU VM / pod slice, or local worker folders) and its bucket. Safe to run twice.
+
+    Example: tpuft create --config tpuft.yaml
+    """
+    from tpuft.ops.cluster import create as create_op
+
+    cfg = _load_cluster(config)
+    console = _console()
+    with console.status(f"creating {cfg.name} ({cfg.provider}, {cfg.accelerator})...") as spinner:
+        result = create_op(cfg, progress=lambda msg: spinner.update(msg))
+    if json_out:
+        print(json.dumps(_cluster_json(result.cluster) | {"created": result.created}, indent=2))
+        return
+    verb = "created" if result.created else "already exists, reused"
+    acc = result.accelerator
+    price = f", list price ~${acc.price_per_hour:.2f}/h on GCP" if acc.price_per_hour else ""
+    console.print(
+        f"[green]cluster {cfg.name} {verb}[/green]: {len(result.cluster.workers)} worker(s); "
+        f"{acc.name} = {acc.chips} chips on {acc.hosts} host(s){price}"
+    )
+    console.print(f"run storage: {result.cluster.bucket}")
+
+
+def _cluster_json(cluster: Any) -> dict[str, Any]:
+    return {
+        "name": cluster.name,
+        "provider": cluster.provider,
+        "state": cluster.state,
+        "accelerator": cluster.accelerator,
+        "bucket": cluster.bucket,
+        "workers": [{"index": w.index, "address": w.address, "home": str(w.home) if w.home else None} for w in cluster.workers],
+        "details": cluster.details,
+    }
+
+
+@app.command(rich_help_panel="Cluster")
+def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """Show the cluster's state and its workers.
+
+    Example: tpuft status --json
+    """
+    from rich.table import Table
+
+    from tpuft.ops.cluster import status as status_op
+
+    cfg = _load_cluster(config)
+    cluster = status_op(cfg)
+    if json_out:
+        print(json.dumps(_cluster_json(cluster), indent=2))
+        return
+    console = _console()
+    colour = "green" if cluster.ready else "yellow" if cluster.state == "NOT_FOUND" else "red"
+    console.print(f"cluster [bold]{cluster.name}[/bold] ({cluster.provider}, {cluster.accelerator}): [{colour}]{cluster.state}[/{colour}]")
+    for key, value in cluster.details.items():
+        console.print(f"  {key}: {value}")
+    console.print(f"  run storage: {cluster.bucket}")
+    if cluster.workers:
+        table = Table("worker", "address", "home", "cpus")
+        for w in cluster.workers:
+            table.add_row(str(w.index), w.address, str(w.home or "-"), ",".join(map(str, w.cpus)) or "shared")
+        console.print(table)
+
+
+@app.command(rich_help_panel="Cluster")
+def delete(config: ConfigOpt = None, yes: YesOpt = False) -> None:
+    """Delete the cluster's workers. Runs in the bucket are kept.
+
+    Example: tpuft delete --yes
+    """
+    from tpuft.ops.cluster import delete as delete_op
+    from tpuft.ops.cluster import status as status_op
+
+    cfg = _load_cluster(config)
+    cluster = status_op(cfg)
+    console = _console()
+    if cluster.state == "NOT_FOUND":
+        console.print(f"cluster {cfg.name} does not exist; nothing to delete")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            _err_console().print("refusing to delete without confirmation: pass --yes")
+            raise typer.Exit(2)
+        typer.confirm(f"Delete cluster {cfg.name} ({len(cluster.workers)} workers)?", abort=True)
+    delete_op(cfg)
+    console.print(f"[green]deleted cluster {cfg.name}[/green]; runs kept in {cluster.bucket}")
+
+
+@app.command("exec", rich_help_panel="Cluster", context_settings={"allow_extra_args": True})
+def exec_(
+    command: Annotated[list[str], typer.Argument(help="Command to run; one quoted argument is a shell line.")],
+    worker: Annotated[Optional[str], typer.Option("--worker", "-w", help="Workers to run on, e.g. 0,2 or 1-3 (default: all).")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run a command on every worker (or some) in parallel, with prefixed output.
+
+    Example: tpuft exec -- 'hostname; nproc'
+    """
+    from tpuft.ops.cluster import exec_command
+    from tpuft.ops.common import raise_on_failure
+
+    cfg = _load_cluster(config)
+    result = exec_command(cfg, command, workers=worker, on_line=_line_printer(_console()))
+    raise_on_failure(result, "the command")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+
+
+@app.command(rich_help_panel="Training")
+def setup(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None, json_out: JsonOpt = False) -> None:
+    """Install the recipe's backend environment on every worker, in parallel (cached: the second time takes seconds).
+
+    Example: tpuft setup quickstart
+    """
+    from tpuft.ops.setup import setup as setup_op
+
+    loaded = _load_recipe(recipe, overrides)
+    cfg = _load_cluster(config)
+    console = _err_console() if json_out else _console()
+    console.print(f"setting up [bold]{loaded.value.backend.kind}[/bold] on the workers of {cfg.name}")
+    result = setup_op(cfg, loaded.value, on_line=_line_printer(console))
+    if json_out:
+        payload = {"backend": result.backend, "venv": result.venv, "python": f"{result.venv}/bin/python", "seconds": round(result.seconds, 2)}
+        print(json.dumps(payload, indent=2))
+        return
+    console.print(f"[green]setup done[/green] on {result.workers} worker(s) in {_fmt_seconds(result.seconds)}: {result.venv}")
+
+
+@app.command(rich_help_panel="Training")
+def train(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None, json_out: JsonOpt = False) -> None:
+    """Launch the recipe on every worker, stream their logs, stop all of them if one fails.
+
+    Example: tpuft train quickstart --set train.steps=200
+    """
+    from tpuft.ops.train import train as train_op
+
+    loaded = _load_recipe(recipe, overrides)
+    cfg = _load_cluster(config)
+    console = _err_console() if json_out else _console()  # stdout carries only the JSON
+    result = train_op(
+        cfg,
+        loaded,
+        on_line=_line_printer(console),
+        on_start=lambda run_id, run_dir: console.print(f"run [bold]{run_id}[/bold] -> {run_dir}"),
+    )
+    _print_train_summary(console, result, json_out)
+
+
+def _print_train_summary(console: Console, result: Any, json_out: bool) -> None:
+    if json_out:
+        payload = {
+            "run_id": result.run_id,
+            "run_dir": str(result.run_dir),
+            "seconds": round(result.seconds, 1),
+            "last_train": result.last_train,
+            "last_eval": result.last_eval,
+            "export_dir": str(result.export_dir) if result.export_dir else None,
+            "weight_digests": result.weight_digests,
+        }
+        print(json.dumps(payload, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"run {result.run_id}", show_header=False)
+    table.add_row("wall time", _fmt_seconds(result.seconds))
+    table.add_row("workers", str(result.workers))
+    table.add_row("final train loss", _fmt(result.last_train.get("loss")))
+    for key in ("eval_loss", "eval_token_accuracy", "eval_exact_match"):
+        if key in result.last_eval:
+            table.add_row(key.replace("_", " "), _fmt(result.last_eval[key]))
+    digests = set(result.weight_digests.values())
+    if digests:
+        same = "identical on all workers" if len(digests) == 1 and len(result.weight_digests) == result.workers else "DIFFER between workers"
+        table.add_row("weights", same)
+    table.add_row("run dir", str(result.run_dir))
+    if result.export_dir:
+        table.add_row("HF export", str(result.export_dir))
+    console.print(table)
+
+
+@app.command(rich_help_panel="Training")
+def up(
+    recipe: RecipeArg,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Create, set up, train, summarize and export in one go.
+
+    Example: tpuft up quickstart
+    """
+    import time
+
+    from tpuft.ops.cluster import create as create_op
+    from tpuft.ops.setup import setup as setup_op
+    from tpuft.ops.train import train as train_op
+
+    started = time.monotonic()
+    loaded = _load_recipe(recipe, overrides)
+    cfg = _load_cluster(config)
+    console = _err_console() if json_out else _console()  # stdout carries only the JSON
+    printer = _line_printer(console)
+    console.rule(f"1/4 create {cfg.name}")
+    created = create_op(cfg)
+    console.print(f"{len(created.cluster.workers)} worker(s), {'created' if created.created else 'reused'}; runs in {created.cluster.bucket}")
+    console.rule(f"2/4 setup {loaded.value.backend.kind}")
+    done = setup_op(cfg, loaded.value, on_line=printer)
+    console.print(f"environment ready in {_fmt_seconds(done.seconds)}: {done.venv}")
+    console.rule(f"3/4 train {loaded.value.name}")
+    result = train_op(cfg, loaded, on_line=printer, on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"))
+    console.rule("4/4 summary and export")
+    _print_train_summary(console, result, json_out)
+    if not json_out:
+        console.print(f"total time {_fmt_seconds(time.monotonic() - started)}")
+        if result.export_dir:
+            console.print(f"load it: T5ForConditionalGeneration.from_pretrained({str(result.export_dir)!r})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Results
+
+
+@app.command(rich_help_panel="Results")
+def monitor(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show a run's progress: step, loss, eval metrics, throughput, ETA and worker heartbeats.
+
+    Example: tpuft monitor --json
+    """
+    from tpuft.monitor import resolve_run, snapshot
+
+    cfg = _load_cluster(config)
+    snap = snapshot(resolve_run(cfg, run_id))
+    if json_out:
+        print(json.dumps(snap.as_json(), indent=2))
+        return
+    _render_snapshot(_console(), snap)
+
+
+def _render_snapshot(console: Console, snap: Any) -> None:
+    from rich.table import Table
+
+    info = snap.info
+    console.print(
+        f"run [bold]{snap.run_id}[/bold]  recipe {info.get('recipe', '-')}  backend {info.get('backend', '-')}  "
+        f"status [bold]{snap.status}[/bold]  step {snap.step}/{snap.total_steps}  ETA {_fmt_seconds(snap.eta_s)}"
+    )
+    table = Table("metric", "value")
+    for key in ("loss", "lr", "examples_per_s", "tokens_per_s", "elapsed_s"):
+        if key in snap.last_train:
+            table.add_row(key, _fmt(snap.last_train[key]))
+    for key, value in snap.last_eval.items():
+        if key.startswith("eval_"):
+            table.add_row(f"{key} (step {snap.last_eval['step']})", _fmt(value))
+    console.print(table)
+    workers = Table("worker", "status", "step", "heartbeat age")
+    for w in snap.workers:
+        age = f"{_fmt_seconds(w.age_s)} ago" + (" [red](stale)[/red]" if w.stale else "") if w.age_s is not None else "-"
+        workers.add_row(str(w.index), w.status, _fmt(w.step), age)
+    console.print(workers)
+    if snap.skipped_lines:
+        console.print(f"[yellow]skipped {len(snap.skipped_lines)} corrupt metrics line(s): {snap.skipped_lines[:5]}[/yellow]")
+
+
+@app.command(rich_help_panel="Results")
+def convert(
+    checkpoint: Annotated[Optional[Path], typer.Argument(help="Checkpoint dir (step_N), its checkpoints/ folder, or a run dir.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Argument(help="Where to write the Hugging Face model dir.")] = None,
+    run: Annotated[Optional[str], typer.Option("--run", help="Convert the latest checkpoint of this run (OUT_DIR: its export/hf).")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="Pick this step instead of the latest.")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT_DIR.")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Turn a training checkpoint into a Hugging Face model dir (config.json, model.safetensors, tokenizer).
+
+    Example: tpuft convert ~/.tpuft/buckets/tpuft-local/runs/RUN/checkpoints hf-model
+    """
+    from tpuft.errors import UsageError
+    from tpuft.ops.convert import convert as convert_op
+
+    if dtype not in {"float32", "bfloat16"}:
+        raise UsageError(f"--dtype {dtype!r}: expected float32 or bfloat16")
+    if run is not None and checkpoint is not None and out_dir is None:
+        checkpoint, out_dir = None, checkpoint  # `convert --run ID OUT_DIR`
+    cfg = _load_cluster(config) if run is not None else None
+    result = convert_op(checkpoint, out_dir, run_id=run, config=cfg, step=step, dtype=dtype, overwrite=overwrite)
+    _console().print(
+        f"[green]wrote {result.out_dir}[/green] from {result.checkpoint}: {result.tensors} tensors, "
+        f"{result.weight_bytes / 1e6:.1f} MB ({result.dtype})"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recipes
+
+
+@recipes_app.command("ls")
+def recipes_ls(json_out: JsonOpt = False) -> None:
+    """List the shipped recipes.
+
+    Example: tpuft recipes ls
+    """
+    from rich.table import Table
+
+    from tpuft.ops.recipes import list_recipes
+
+    found = list_recipes()
+    if json_out:
+        print(json.dumps([{"name": r.name, "backend": r.backend, "path": str(r.path), "summary": r.summary} for r in found], indent=2))
+        return
+    table = Table("recipe", "backend", "what it is")
+    for r in found:
+        table.add_row(r.name, r.backend, r.summary)
+    _console().print(table)
+
+
+@recipes_app.command("show")
+def recipes_show(name: Annotated[str, typer.Argument(help="A shipped recipe's name.")]) -> None:
+    """Print a shipped recipe.
+
+    Example: tpuft recipes show quickstart
+    """
+    from tpuft.ops.recipes import find
+
+    print(find(name).read_text(encoding="utf-8"), end="")
+
+
+@recipes_app.command("cp")
+def recipes_cp(
+    name: Annotated[str, typer.Argument(help="A shipped recipe's name.")],
+    dest: Annotated[Path, typer.Argument(help="File or folder to copy it to.")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing file.")] = False,
+) -> None:
+    """Copy a shipped recipe to edit it (its data paths keep pointing at the shipped data).
+
+    Example: tpuft recipes cp quickstart my_recipe.yaml
+    """
+    from tpuft.ops.recipes import copy
+
+    target = copy(name, dest, overwrite=overwrite)
+    _console().print(f"copied {name} to {target}")
+
+
+@recipes_app.command("validate")
+def recipes_validate(recipe: RecipeArg, overrides: SetOpt = None, config: ConfigOpt = None) -> None:
+    """Check a recipe (and the cluster file) without running anything; exit 2 with every problem listed.
+
+    Example: tpuft recipes validate my_recipe.yaml --set train.steps=10
+    """
+    from tpuft.ops.train import check_against_cluster
+
+    loaded = _load_recipe(recipe, overrides)
+    cfg = _load_cluster(config)
+    check_against_cluster(loaded, cfg.num_workers)
+    _console().print(f"[green]{loaded.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"tpuft {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
+) -> None:
+    pass
+
+
+def main() -> None:
+    """Entry point: user mistakes and worker failures become one clear message and an exit code, not a traceback."""
+    from tpuft.errors import TpuftError
+
+    try:
+        code = app(standalone_mode=False)
+    except TpuftError as exc:
+        console = _err_console()
+        from rich.markup import escape
+
+        label = "[yellow]interrupted:[/yellow]" if exc.exit_code == 130 else "[bold red]error:[/bold red]"
+        console.print(f"{label} {escape(exc.message)}", soft_wrap=True)
+        if exc.hint:
+            console.print(escape(exc.hint), soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        _err_console().print("[yellow]interrupted: every worker process was stopped[/yellow]")
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort as exc:  # click turns Ctrl-C into Abort outside standalone mode
+        if isinstance(exc.__cause__, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
+            _err_console().print("[yellow]interrupted: every worker process was stopped[/yellow]")
+            sys.exit(130)
+        _err_console().print("aborted")
+        sys.exit(1)
+    except Exception as exc:
+        show = getattr(exc, "show", None)
+        if callable(show) and isinstance(getattr(exc, "exit_code", None), int):  # click's usage errors
+            show()
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        raise
+    if code == 130:  # click returns 130 for a Ctrl-C that it caught itself
+        _err_console().print("[yellow]interrupted[/yellow]")
+    sys.exit(code if isinstance(code, int) else 0)

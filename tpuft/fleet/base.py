@@ -1,0 +1,74 @@
+"""The fleet contract: run one command on many workers at once and report per worker, in worker order.
+
+Commands are argv lists (quoted with ``shlex`` when they must become a shell string), never strings pasted together
+from recipe values. A fleet streams every output line as it comes, tees each worker's output to its own log file,
+and is fail-fast: the first worker to exit non-zero gets the others terminated, process group and all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from tpuft.providers.base import Worker
+
+LineSink = Callable[[int, str], None]
+"""Called with (worker index, line without newline) for every output line, from reader threads."""
+
+EnvFor = Callable[[Worker], dict[str, str]]
+
+
+@dataclass
+class WorkerResult:
+    index: int
+    exit_code: int | None
+    """None when the process was stopped by tpuft (fail-fast or Ctrl-C) rather than exiting on its own."""
+    seconds: float
+    tail: list[str] = field(default_factory=list)
+    """The last lines of its output, to show when it failed."""
+    log_path: Path | None = None
+    pid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass
+class FleetResult:
+    results: list[WorkerResult]
+    first_failure: int | None = None
+    """Index of the worker whose failure stopped the others (fail-fast), if any."""
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> list[WorkerResult]:
+        return [r for r in self.results if r.exit_code not in (0, None)]
+
+
+class Fleet(Protocol):
+    workers: list[Worker]
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: EnvFor | None = None,
+        workers: Sequence[int] | None = None,
+        log_dir: Path | None = None,
+        on_line: LineSink | None = None,
+        fail_fast: bool = True,
+        cwd_home: bool = True,
+    ) -> FleetResult:
+        """Run ``argv`` on the chosen workers (all by default) in parallel; returns when all have ended."""
+        ...
+
+    def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:
+        """Copy a file or folder to ``dest`` on each worker (relative paths are under the worker's HOME)."""
+        ...

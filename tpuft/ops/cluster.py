@@ -1,0 +1,73 @@
+"""create / status / delete / exec: the cluster's lifecycle and ad-hoc commands on its workers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tpuft.accelerators import AcceleratorType, lookup
+from tpuft.config import ClusterConfig
+from tpuft.errors import UsageError
+from tpuft.fleet.base import FleetResult, LineSink
+from tpuft.providers import Cluster, get_provider
+from tpuft.providers.base import Progress
+from tpuft.ops.common import open_session
+
+
+@dataclass
+class CreateResult:
+    cluster: Cluster
+    created: bool
+    accelerator: AcceleratorType
+
+
+def create(config: ClusterConfig, progress: Progress | None = None) -> CreateResult:
+    cluster, created = get_provider(config).create(progress)
+    return CreateResult(cluster=cluster, created=created, accelerator=lookup(config.accelerator))
+
+
+def status(config: ClusterConfig) -> Cluster:
+    return get_provider(config).get()
+
+
+def delete(config: ClusterConfig, progress: Progress | None = None) -> bool:
+    return get_provider(config).delete(progress)
+
+
+def parse_worker_list(text: str | None, count: int) -> list[int] | None:
+    """``"0,2"`` or ``"1-3"`` -> indices, checked against the cluster; None means all workers."""
+    if text is None or text.strip() in {"", "all"}:
+        return None
+    chosen: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                chosen.extend(range(lo, hi + 1))
+            else:
+                chosen.append(int(part))
+        except ValueError:
+            raise UsageError(f"--worker {text!r}: expected indices like 0,2 or 1-3") from None
+    bad = [i for i in chosen if not 0 <= i < count]
+    if bad:
+        raise UsageError(f"--worker {text!r}: no worker {bad[0]} (the cluster has workers 0..{count - 1})")
+    return sorted(set(chosen))
+
+
+def exec_command(
+    config: ClusterConfig, command: Sequence[str], *, workers: str | None = None, on_line: LineSink | None = None
+) -> FleetResult:
+    """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv."""
+    if not command:
+        raise UsageError("no command given: tpuft exec -- COMMAND [ARGS...]")
+    session = open_session(config)
+    chosen = parse_worker_list(workers, len(session.cluster.workers))
+    argv = ["bash", "-c", command[0]] if len(command) == 1 else list(command)
+    count = str(len(session.cluster.workers))
+    return session.fleet.run(
+        argv,
+        workers=chosen,
+        on_line=on_line,
+        env=lambda w: {"TPUFT_WORKER_ID": str(w.index), "TPUFT_NUM_WORKERS": count},
+    )

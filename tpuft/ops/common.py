@@ -1,0 +1,98 @@
+"""Pieces every verb needs: the provider for a cluster file, a ready cluster, and the tpuft package on workers."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuft.config import ClusterConfig
+from tpuft.errors import Interrupted, UsageError, WorkerFailure
+from tpuft.fleet.base import Fleet, FleetResult
+from tpuft.paths import package_root
+from tpuft.providers import Cluster, Provider, get_provider
+from tpuft.providers.base import State
+
+PACKAGE_HOME = ".tpuft/pkg"
+"""Under each worker's HOME: one folder per version of the tpuft package, named by a hash of its files."""
+
+
+@dataclass
+class Session:
+    """A cluster file resolved to its provider and the live cluster."""
+
+    config: ClusterConfig
+    provider: Provider
+    cluster: Cluster
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.provider.fleet(self.cluster)
+
+
+def open_session(config: ClusterConfig, *, require_ready: bool = True) -> Session:
+    provider = get_provider(config)
+    cluster = provider.get()
+    if require_ready and cluster.state != State.READY:
+        if cluster.state == State.NOT_FOUND:
+            raise UsageError(f"cluster {config.name!r} ({config.provider}) does not exist", hint="Create it: tpuft create")
+        problem = cluster.details.get("problem", "")
+        raise UsageError(
+            f"cluster {config.name!r} is {cluster.state}{': ' + problem if problem else ''}",
+            hint="Recreate it: tpuft delete --yes && tpuft create",
+        )
+    return Session(config=config, provider=provider, cluster=cluster)
+
+
+def package_hash() -> str:
+    digest = hashlib.sha256()
+    root = package_root()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".yaml", ".typed"}:
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ship_package(session: Session) -> str:
+    """Copy this tpuft package to every worker (once per version); returns its folder relative to HOME."""
+    folder = f"{PACKAGE_HOME}/{package_hash()}"
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "tpuft"
+        shutil.copytree(package_root(), staged, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        session.fleet.put(staged, f"{folder}/tpuft")
+    return folder
+
+
+def on_worker(session: Session, index: int, relative: str) -> str:
+    """A HOME-relative path as an absolute path on that worker (local workers know their HOME)."""
+    home = session.cluster.workers[index].home
+    return str(home / relative) if home is not None else relative
+
+
+def raise_on_failure(result: FleetResult, what: str) -> None:
+    if result.interrupted:
+        stopped = ", ".join(str(r.index) for r in result.results)
+        raise Interrupted(f"interrupted during {what}: stopped the processes of worker(s) {stopped}")
+    if result.ok:
+        return
+    culprit_index = result.first_failure if result.first_failure is not None else result.failed[0].index
+    culprit = next(r for r in result.results if r.index == culprit_index)
+    stopped = [r.index for r in result.results if r.exit_code is None]
+    lines = [f"{what} failed on worker {culprit.index} (exit code {culprit.exit_code})"]
+    if stopped:
+        lines.append(f"stopped the other worker(s): {', '.join(map(str, stopped))}")
+    if culprit.tail:
+        lines.append(f"last lines of worker {culprit.index}:")
+        lines.extend("  " + line for line in culprit.tail[-15:])
+    if culprit.log_path is not None:
+        lines.append(f"full log: {culprit.log_path}")
+    raise WorkerFailure("\n".join(lines))
+
+
+def quote(argv: list[str]) -> str:
+    return shlex.join(argv)

@@ -1,0 +1,68 @@
+"""recipes ls / show / cp / validate, modelled on torchtune's ``tune ls`` and ``tune cp``."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuft.config import load_recipe
+from tpuft.errors import UsageError
+from tpuft.paths import recipes_dir, shipped_recipe
+
+
+@dataclass
+class RecipeInfo:
+    name: str
+    path: Path
+    backend: str
+    summary: str
+
+
+def _summary(path: Path) -> str:
+    """The first comment line: recipes open with what they are and how to run them."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def list_recipes() -> list[RecipeInfo]:
+    found = []
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        loaded = load_recipe(path, check_files=False)
+        found.append(RecipeInfo(path.stem, path, loaded.value.backend.kind, _summary(path)))
+    return found
+
+
+def find(name: str) -> Path:
+    path = shipped_recipe(name)
+    if path is None:
+        known = ", ".join(r.stem for r in sorted(recipes_dir().glob("*.yaml")))
+        raise UsageError(f"unknown recipe {name!r}; shipped recipes: {known}", hint="List them: tpuft recipes ls")
+    return path
+
+
+def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
+    source = find(name)
+    target = dest / source.name if dest.is_dir() else dest
+    if target.suffix not in {".yaml", ".yml"}:
+        target = target.with_suffix(".yaml")
+    if target.exists() and not overwrite:
+        raise UsageError(f"{target} exists; pass --overwrite to replace it")
+    text = source.read_text(encoding="utf-8")
+    # Data paths in shipped recipes are relative to recipes/; keep them pointing at the shipped data.
+    loaded = load_recipe(source, check_files=False)
+    data = loaded.value.data
+    for key, value in (("train", data.train), ("eval", data.eval)):
+        if value is None:
+            continue
+        relative = str(Path(loaded.raw["data"][key]))
+        if not Path(relative).is_absolute():
+            text = text.replace(f"{key}: {relative}", f"{key}: {value}", 1)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    shutil.copymode(source, target)
+    return target

@@ -1,0 +1,163 @@
+"""train: launch the backend's trainer on every worker, stream their logs, stop all on the first failure."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpuft import rundir
+from tpuft.backends import get_backend
+from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe
+from tpuft.errors import ConfigError, UsageError, WorkerFailure
+from tpuft.fleet.base import LineSink
+from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
+from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
+from tpuft.providers.base import Worker
+from tpuft.storage import open_storage
+
+COORDINATOR_PORT = 8476
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    run_dir: Path
+    seconds: float
+    workers: int
+    last_train: dict[str, Any] = field(default_factory=dict)
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    export_dir: Path | None = None
+    weight_digests: dict[int, str] = field(default_factory=dict)
+
+
+def check_against_cluster(recipe: Loaded[RecipeConfig], workers: int) -> None:
+    """Recipe settings that are only wrong for this cluster, located in the recipe file."""
+    problems = []
+    train = recipe.value.train
+    if train.batch_size % workers:
+        problems.append(
+            recipe.problem(
+                ("train", "batch_size"),
+                f"{train.batch_size} does not split evenly over {workers} workers "
+                f"(use a multiple of {workers}, e.g. {max(workers, train.batch_size // workers * workers)})",
+            )
+        )
+    if problems:
+        raise ConfigError(problems, source=recipe.source)
+
+
+def _free_port(host: str) -> int:
+    if host not in {"localhost", "127.0.0.1"}:
+        return COORDINATOR_PORT
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _require_venv(session: Session, package: str, recipe: RecipeConfig) -> str:
+    spec = env_spec(session, recipe)
+    check = session.fleet.run(bootstrap_argv(session, package, spec, check=True))
+    missing = [r.index for r in check.results if r.exit_code == 3]
+    if missing:
+        raise UsageError(
+            f"the {recipe.backend.kind} environment is not set up on worker(s) {', '.join(map(str, missing))}",
+            hint=f"Run: tpuft setup {recipe.name}   (or tpuft up, which sets up before training)",
+        )
+    raise_on_failure(check, "checking the worker environment")
+    return venv_python(session, spec)
+
+
+def train(
+    config: ClusterConfig,
+    recipe: Loaded[RecipeConfig],
+    *,
+    on_line: LineSink | None = None,
+    on_start: Any = None,
+) -> TrainResult:
+    session = open_session(config)
+    workers = session.cluster.workers
+    check_against_cluster(recipe, len(workers))
+    package = ship_package(session)
+    python = _require_venv(session, package, recipe.value)
+
+    storage = open_storage(session.cluster.bucket)
+    run_id = rundir.new_run_id(recipe.value.name)
+    run_dir = storage.run_dir(run_id)
+    (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / rundir.RECIPE).write_text(dump_recipe(recipe.value))
+    started = time.time()
+    info = {
+        "run_id": run_id,
+        "recipe": recipe.value.name,
+        "recipe_file": recipe.source,
+        "backend": recipe.value.backend.kind,
+        "cluster": config.name,
+        "provider": config.provider,
+        "accelerator": config.accelerator,
+        "workers": len(workers),
+        "total_steps": recipe.value.train.steps,
+        "started": started,
+        "status": "running",
+    }
+    rundir.write_json_atomic(run_dir / rundir.RUN_INFO, info)
+    if on_start is not None:
+        on_start(run_id, run_dir)
+
+    backend = get_backend(recipe.value.backend.kind)
+    coordinator = f"{workers[0].address}:{_free_port(workers[0].address)}"
+    common_env = {
+        "TPUFT_RUN_ID": run_id,
+        "TPUFT_RUN_DIR": str(run_dir),
+        "TPUFT_NUM_WORKERS": str(len(workers)),
+        "TPUFT_COORDINATOR": coordinator.replace("localhost", "127.0.0.1"),
+        **backend.worker_env(target_of(session)),
+    }
+
+    def env_for(worker: Worker) -> dict[str, str]:
+        return {
+            **common_env,
+            "TPUFT_WORKER_ID": str(worker.index),
+            "PYTHONPATH": on_worker(session, worker.index, package),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    launch = backend.launch_workers(len(workers))
+    result = session.fleet.run(
+        [python, "-m", "tpuft.worker"],
+        env=env_for,
+        workers=launch,
+        log_dir=run_dir / rundir.LOGS_DIR,
+        on_line=on_line,
+    )
+    seconds = time.time() - started
+    status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
+    rundir.write_json_atomic(run_dir / rundir.RUN_INFO, {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)})
+    try:
+        raise_on_failure(result, f"training run {run_id}")
+    except WorkerFailure as failure:
+        raise WorkerFailure(f"{failure.message}\nrun dir: {run_dir}") from None
+    return summarize(run_id, run_dir, seconds, len(launch))
+
+
+def summarize(run_id: str, run_dir: Path, seconds: float, workers: int) -> TrainResult:
+    metrics = rundir.read_metrics(run_dir)
+    train_rows, eval_rows = metrics.train_rows, metrics.eval_rows
+    digests = {}
+    for index in range(workers):
+        beat = rundir.read_json(rundir.heartbeat_path(run_dir, index)) or {}
+        if beat.get("params_sha256"):
+            digests[index] = beat["params_sha256"]
+    export = run_dir / rundir.EXPORT_HF
+    return TrainResult(
+        run_id=run_id,
+        run_dir=run_dir,
+        seconds=seconds,
+        workers=workers,
+        last_train=train_rows[-1] if train_rows else {},
+        last_eval=eval_rows[-1] if eval_rows else {},
+        export_dir=export if export.is_dir() else None,
+        weight_digests=digests,
+    )

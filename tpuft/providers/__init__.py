@@ -1,0 +1,16 @@
+"""Where workers come from. ``get_provider`` picks the implementation named by the cluster file."""
+
+from __future__ import annotations
+
+from tpuft.config import ClusterConfig
+from tpuft.providers.base import Cluster, Provider, Worker
+
+__all__ = ["Cluster", "Provider", "Worker", "get_provider"]
+
+
+def get_provider(config: ClusterConfig) -> Provider:
+    if config.provider == "local":
+        from tpuft.providers.local import LocalProvider
+
+        return LocalProvider(config)
+    raise AssertionError(f"unhandled provider {config.provider!r}")  # the config model admits no other value

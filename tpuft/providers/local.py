@@ -1,0 +1,136 @@
+"""The local provider: a "pod" of N worker folders on this machine, each a private HOME.
+
+It runs the real backend on CPU, so a recipe can be rehearsed (and CI can test the whole path) without a cloud
+account. Workers are pinned to disjoint CPU cores where the machine has enough, as real TPU hosts do not share CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from tpuft.config import ClusterConfig
+from tpuft.errors import UsageError
+from tpuft.fleet.local import LocalFleet
+from tpuft.paths import tpuft_home, venv_cache
+from tpuft.providers.base import Cluster, Progress, State, Worker
+
+_MARKER = "cluster.json"
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self._state_dir = (config.local.state_dir or tpuft_home() / "local" / config.name).expanduser().resolve()
+
+    # -- locations -------------------------------------------------------------------------------------------
+    def state_dir(self) -> Path:
+        return self._state_dir
+
+    def bucket(self) -> Path:
+        if self.config.bucket:
+            if self.config.bucket.startswith("gs://"):
+                raise UsageError(
+                    f"bucket {self.config.bucket!r}: the local provider stores runs in a local folder; "
+                    "give a path (or leave bucket unset)"
+                )
+            return Path(self.config.bucket).expanduser().resolve()
+        return tpuft_home() / "buckets" / self.config.name
+
+    def venv_cache(self) -> str:
+        return str((self.config.local.venv_cache or venv_cache()).expanduser().resolve())
+
+    def _worker_dir(self, index: int) -> Path:
+        return self._state_dir / "workers" / f"worker-{index}"
+
+    # -- verbs -----------------------------------------------------------------------------------------------
+    def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:
+        existing = self.get()
+        wanted = self.config.num_workers
+        if existing.state != State.NOT_FOUND:
+            recorded = self._read_marker()
+            if recorded.get("workers") == wanted and existing.state == State.READY:
+                self.bucket().mkdir(parents=True, exist_ok=True)
+                return existing, False
+            if recorded.get("workers") != wanted:
+                raise UsageError(
+                    f"local cluster {self.config.name!r} exists with {recorded.get('workers')} workers, "
+                    f"the cluster file asks for {wanted}",
+                    hint="Delete it first (tpuft delete --yes) or set local.workers to match.",
+                )
+        if progress:
+            progress(f"creating {wanted} worker folders under {self._state_dir}")
+        for index in range(wanted):
+            self._worker_dir(index).mkdir(parents=True, exist_ok=True)
+        self.bucket().mkdir(parents=True, exist_ok=True)
+        marker = {
+            "name": self.config.name,
+            "accelerator": self.config.accelerator,
+            "workers": wanted,
+            "created": time.time(),
+        }
+        (self._state_dir / _MARKER).write_text(json.dumps(marker, indent=2))
+        return self.get(), True
+
+    def get(self) -> Cluster:
+        marker = self._read_marker()
+        if not marker:
+            return Cluster(
+                name=self.config.name,
+                provider=self.name,
+                state=State.NOT_FOUND,
+                accelerator=self.config.accelerator,
+                bucket=str(self.bucket()),
+            )
+        count = int(marker.get("workers", 0))
+        workers = [
+            Worker(index=i, address="localhost", home=self._worker_dir(i), cpus=_cpus_for(i, count))
+            for i in range(count)
+        ]
+        missing = [w.index for w in workers if w.home is None or not w.home.is_dir()]
+        details = {"state_dir": str(self._state_dir), "venv_cache": self.venv_cache()}
+        if missing:
+            details["problem"] = f"worker folder(s) missing: {', '.join(map(str, missing))}"
+        return Cluster(
+            name=self.config.name,
+            provider=self.name,
+            state=State.BROKEN if missing else State.READY,
+            accelerator=str(marker.get("accelerator", self.config.accelerator)),
+            workers=workers,
+            bucket=str(self.bucket()),
+            details=details,
+        )
+
+    def delete(self, progress: Progress | None = None) -> bool:
+        if not self._state_dir.exists():
+            return False
+        if progress:
+            progress(f"removing {self._state_dir}")
+        shutil.rmtree(self._state_dir)
+        return True
+
+    def fleet(self, cluster: Cluster) -> LocalFleet:
+        return LocalFleet(cluster.workers)
+
+    def _read_marker(self) -> dict:
+        try:
+            return json.loads((self._state_dir / _MARKER).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+
+def _cpus_for(index: int, count: int) -> tuple[int, ...]:
+    """Split this machine's cores evenly between the workers; when there are fewer cores than workers they share."""
+    try:
+        available = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return ()
+    if count <= 1 or len(available) < count:
+        return ()
+    per = len(available) // count
+    return tuple(available[index * per : (index + 1) * per])

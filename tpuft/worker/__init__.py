@@ -1,0 +1,5 @@
+"""Code that runs ON a worker host, inside the backend's venv.
+
+Shipped alone to TPU hosts, so it imports nothing from the CLI side (cli, ops, providers, fleet): only
+``tpuft.config``, ``tpuft.rundir``, ``tpuft.convert``, the stdlib and the backend's own libraries.
+"""

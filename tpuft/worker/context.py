@@ -1,0 +1,42 @@
+"""What a worker process knows about its place in the run, from the environment the launcher sets."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    run_id: str
+    run_dir: Path
+    worker_id: int
+    num_workers: int
+    coordinator: str
+    """``host:port`` of worker 0, for rendezvous on backends that need one."""
+
+    @property
+    def chief(self) -> bool:
+        return self.worker_id == 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> WorkerContext:
+        env = dict(os.environ if env is None else env)
+        missing = [k for k in ("TPUFT_RUN_ID", "TPUFT_RUN_DIR", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS") if k not in env]
+        if missing:
+            raise SystemExit(f"tpuft.worker: missing environment {', '.join(missing)} (set by `tpuft train`)")
+        return cls(
+            run_id=env["TPUFT_RUN_ID"],
+            run_dir=Path(env["TPUFT_RUN_DIR"]),
+            worker_id=int(env["TPUFT_WORKER_ID"]),
+            num_workers=int(env["TPUFT_NUM_WORKERS"]),
+            coordinator=env.get("TPUFT_COORDINATOR", "127.0.0.1:8476"),
+        )
+
+
+def pin_cpus() -> None:
+    """Local workers are given disjoint cores (``TPUFT_CPUS``), like TPU hosts that do not share CPUs."""
+    cpus = os.environ.get("TPUFT_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})

@@ -1,0 +1,521 @@
+"""PyTorch/XLA trainer: T5 (HF transformers) on the PJRT runtime, data-parallel across workers.
+
+Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data;
+``train()`` runs the loop with periodic eval and checkpoints; ``finish()`` evaluates, saves, exports to Hugging Face
+format and records each worker's weight digest (all workers must end with identical weights).
+
+Shapes are static (inputs padded to the recipe's max lengths, the last eval batch padded with weight-0 rows), so XLA
+compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla passes
+Python scalars into graphs as data.
+
+Replication:
+- local CPU pod: one PJRT CPU device per worker process; gradients (and the step's loss and token count, in the
+  same buffer) are averaged with torch.distributed over gloo, worker 0 being the rendezvous.
+- TPU host: one process per local chip (``torch_xla.launch``); gradients are averaged with XLA collectives
+  (``xm.reduce_gradients``) across every chip of every host.
+
+Eval exact match is computed with teacher forcing: a target counts as matched when the argmax at every target
+position equals the reference token (EOS included), which is exactly when greedy decoding would produce the
+reference, and it needs no dynamic-shape generation on the device.
+
+Raises:
+    DataError: a data file line is not JSON or lacks the configured field.
+    ValueError: the global batch does not split evenly over the replicas.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpuft import rundir
+from tpuft.config import RecipeConfig
+from tpuft.worker import data as data_mod
+from tpuft.worker.context import WorkerContext
+from tpuft.worker.metrics import Heartbeat, MetricsWriter
+
+
+def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
+    if os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU":
+        import torch_xla
+
+        torch_xla.launch(_tpu_process, args=(ctx, recipe))
+        return 0
+    return Trainer(ctx, recipe, tpu=False).run()
+
+
+def _tpu_process(_local_index: int, ctx: WorkerContext, recipe: RecipeConfig) -> None:
+    Trainer(ctx, recipe, tpu=True).run()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Replication strategies
+
+
+class _Single:
+    """One replica: nothing to average."""
+
+    rank = 0
+    world = 1
+
+    def reduce_gradients(self, params: list[Any], optimizer: Any, extras: Any) -> Any:
+        return extras
+
+    def sum(self, tensor: Any) -> Any:
+        return tensor
+
+    def close(self) -> None:
+        pass
+
+
+class _Gloo:
+    """CPU pod: gradients go to the host, are averaged with gloo, and come back to the XLA device."""
+
+    def __init__(self, rank: int, world: int, coordinator: str, device: Any) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank, self.world, self.device = rank, world, device
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{coordinator}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(minutes=30),
+        )
+
+    def reduce_gradients(self, params: list[Any], optimizer: Any, extras: Any) -> Any:
+        import torch
+
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [extras.reshape(-1).to(grads[0].dtype)])
+        host = flat.cpu()  # runs the forward/backward graph
+        self.dist.all_reduce(host)
+        host /= self.world
+        back = host.to(self.device)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(back[offset : offset + n].view_as(g))
+            offset += n
+        return host[offset:]
+
+    def sum(self, tensor: Any) -> Any:
+        host = tensor.cpu()
+        self.dist.all_reduce(host)
+        return host
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class _XlaCollectives:
+    """TPU: every chip of every host is a replica; XLA all-reduces over ICI/DCN inside the step's graph."""
+
+    def __init__(self) -> None:
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        self.xm = xm
+        self.rank, self.world = xr.global_ordinal(), xr.world_size()
+
+    def reduce_gradients(self, params: list[Any], optimizer: Any, extras: Any) -> Any:
+        self.xm.reduce_gradients(optimizer)
+        return self.xm.all_reduce(self.xm.REDUCE_SUM, extras, scale=1.0 / self.world)
+
+    def sum(self, tensor: Any) -> Any:
+        return self.xm.all_reduce(self.xm.REDUCE_SUM, tensor).cpu()
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    input_ids: Any
+    attention_mask: Any
+    labels: Any
+    weights: Any
+    tokens: int
+
+
+class Trainer:
+    def __init__(self, ctx: WorkerContext, recipe: RecipeConfig, *, tpu: bool) -> None:
+        self.ctx = ctx
+        self.recipe = recipe
+        self.tpu = tpu
+
+    # -- setup ----------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.setup()
+        try:
+            self.train()
+            self.finish()
+        finally:
+            self.metrics.close()
+            self.replicas.close()
+        return 0
+
+    def setup(self) -> None:
+        import torch
+        import torch_xla
+
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        if cpus:
+            torch.set_num_threads(len(cpus))
+        self.torch = torch
+        self.torch_xla = torch_xla
+        self.device = torch_xla.device()
+        if self.tpu:
+            self.replicas: Any = _XlaCollectives()
+        elif self.ctx.num_workers > 1:
+            self.replicas = _Gloo(self.ctx.worker_id, self.ctx.num_workers, self.ctx.coordinator, self.device)
+        else:
+            self.replicas = _Single()
+        self.chief = self.replicas.rank == 0
+        self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
+        self.heartbeat = Heartbeat(self.ctx.run_dir, self.replicas.rank, self.recipe.train.steps)
+        self.heartbeat.beat(0, "starting")
+        self._say(
+            f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: replica {self.replicas.rank} of "
+            f"{self.replicas.world} on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
+        )
+        self._setup_tokenizer()
+        self._setup_model()
+        self._setup_optimizer()
+        self._setup_data()
+
+    def _say(self, message: str, *, everyone: bool = False) -> None:
+        if everyone or self.chief:
+            print(f"[tpuft] {message}", flush=True)
+
+    def _setup_tokenizer(self) -> None:
+        name = self.recipe.model.tokenizer
+        if name == "byt5":
+            from transformers import ByT5Tokenizer
+
+            self.tokenizer = ByT5Tokenizer()
+        else:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(name)
+
+    def _setup_model(self) -> None:
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        torch = self.torch
+        model_cfg = self.recipe.model
+        torch.manual_seed(self.recipe.train.seed)  # identical initial weights on every replica
+        overrides: dict[str, Any] = {}
+        if model_cfg.dropout is not None:
+            overrides["dropout_rate"] = model_cfg.dropout
+        if model_cfg.config is not None:
+            settings = {
+                "vocab_size": len(self.tokenizer),
+                "pad_token_id": self.tokenizer.pad_token_id,
+                "eos_token_id": self.tokenizer.eos_token_id,
+                "decoder_start_token_id": self.tokenizer.pad_token_id,
+                **model_cfg.config,
+                **overrides,
+            }
+            model = T5ForConditionalGeneration(T5Config(**settings))
+        else:
+            model = T5ForConditionalGeneration.from_pretrained(model_cfg.name_or_path, **overrides)
+        self.model = model.to(self.device)
+        self.model.tie_weights()  # moving to an XLA device un-shares the embedding tables; share them again
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        count = sum(p.numel() for p in self.params)
+        self._say(f"model: {count / 1e6:.2f}M parameters ({'random init' if model_cfg.config else model_cfg.name_or_path})")
+
+    def _setup_optimizer(self) -> None:
+        torch = self.torch
+        train = self.recipe.train
+        if train.optimizer == "adafactor":
+            from transformers.optimization import Adafactor
+
+            self.optimizer = Adafactor(
+                self.params,
+                lr=train.learning_rate,
+                scale_parameter=False,
+                relative_step=False,
+                warmup_init=False,
+                weight_decay=train.weight_decay,
+                clip_threshold=1.0,
+            )
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.params, lr=train.learning_rate, weight_decay=train.weight_decay, foreach=False
+            )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(train.steps, train.warmup_steps, train.schedule))
+
+    def _setup_data(self) -> None:
+        cfg = self.recipe.data
+        world, rank = self.replicas.world, self.replicas.rank
+        if self.recipe.train.batch_size % world:
+            raise ValueError(
+                f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of replicas ({world})"
+            )
+        self.local_batch = self.recipe.train.batch_size // world
+        self.local_eval_batch = max(1, self.recipe.eval.batch_size // world)
+        fields = data_fields(cfg)
+        self.train_shard = data_mod.load_shard(cfg.train, rank, world, **fields)
+        self.eval_shard: list[data_mod.Example] = []
+        if cfg.eval is not None:
+            eval_examples = list(data_mod.iter_shard(cfg.eval, rank, world, **fields))
+            limit = self.recipe.eval.max_examples
+            if limit is not None:
+                eval_examples = eval_examples[: math.ceil(limit / world)]
+            self.eval_shard = eval_examples
+        self._say(
+            f"data: {len(self.train_shard)} train / {len(self.eval_shard)} eval examples on replica {rank} "
+            f"(batch {self.local_batch} per replica, {self.recipe.train.batch_size} global)",
+            everyone=True,
+        )
+        self.batches = data_mod.batches(self.train_shard, self.local_batch, self.recipe.train.seed + 7919 * rank, cfg.shuffle)
+
+    def _encode(self, examples: list[data_mod.Example], pad_to: int | None = None) -> _Batch:
+        torch = self.torch
+        cfg = self.recipe.data
+        real = len(examples)
+        sources = [e.source for e in examples]
+        targets = [e.target for e in examples]
+        if pad_to is not None and real < pad_to:  # static shapes: fill with weight-0 rows
+            sources += [""] * (pad_to - real)
+            targets += [""] * (pad_to - real)
+        enc = self.tokenizer(sources, max_length=cfg.max_source_length, padding="max_length", truncation=True, return_tensors="pt")
+        dec = self.tokenizer(targets, max_length=cfg.max_target_length, padding="max_length", truncation=True, return_tensors="pt")
+        labels = dec["input_ids"].clone()
+        labels[dec["attention_mask"] == 0] = -100
+        weights = torch.zeros(len(sources))
+        weights[:real] = 1.0
+        tokens = int(enc["attention_mask"][:real].sum() + dec["attention_mask"][:real].sum())
+        return _Batch(
+            input_ids=enc["input_ids"].to(self.device),
+            attention_mask=enc["attention_mask"].to(self.device),
+            labels=labels.to(self.device),
+            weights=weights.to(self.device),
+            tokens=tokens,
+        )
+
+    # -- training -------------------------------------------------------------------------------------------
+    def train(self) -> None:
+        torch = self.torch
+        train = self.recipe.train
+        self.step = 0
+        window_start = time.time()
+        window: list[Any] = []  # per step: [loss, tokens] averaged over replicas
+        self.run_started = time.time()
+        self.last_checkpoint_step = -1
+        self._say(f"training for {train.steps} steps")
+        while self.step < train.steps:
+            batch = self._encode(next(self.batches))
+            self.model.train()
+            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels)
+            out.loss.backward()
+            extras = torch.stack([out.loss.detach(), torch.tensor(float(batch.tokens), device=self.device)])
+            window.append(self.replicas.reduce_gradients(self.params, self.optimizer, extras))
+            if train.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.params, train.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=False)
+            self.torch_xla.sync()
+            self.step += 1
+
+            if self.step % train.log_every == 0 or self.step == train.steps:
+                stats = torch.stack([w.detach().to("cpu").float() for w in window])
+                elapsed = time.time() - window_start
+                loss = float(stats[:, 0].mean())
+                row = {
+                    "loss": round(loss, 6),
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "examples_per_s": round(len(window) * train.batch_size / elapsed, 2),
+                    "tokens_per_s": round(float(stats[:, 1].sum()) * self.replicas.world / elapsed, 1),
+                    "elapsed_s": round(time.time() - self.run_started, 1),
+                }
+                self.metrics.log(self.step, row)
+                self.heartbeat.beat(self.step, loss=row["loss"])
+                self._say(
+                    f"step {self.step}/{train.steps} loss {loss:.4f} lr {row['lr']:.2e} "
+                    f"{row['examples_per_s']:.1f} ex/s {row['tokens_per_s']:.0f} tok/s"
+                )
+                window_start, window = time.time(), []
+            every = self.recipe.eval.every
+            if every and self.step % every == 0 and self.step < train.steps and self.recipe.data.eval is not None:
+                self.evaluate()
+            ckpt_every = train.checkpoint_every
+            if ckpt_every and self.step % ckpt_every == 0 and self.step < train.steps:
+                self.save_checkpoint()
+
+    def evaluate(self) -> dict[str, float]:
+        """Teacher-forced loss, token accuracy and exact match over every replica's eval shard."""
+        torch = self.torch
+        if self.recipe.data.eval is None:
+            return {}
+        self.model.eval()
+        sums = torch.zeros(5, device=self.device)  # loss*tokens, tokens, correct tokens, exact, examples
+        started = time.time()
+        with torch.no_grad():
+            for start in range(0, len(self.eval_shard), self.local_eval_batch):
+                chunk = self.eval_shard[start : start + self.local_eval_batch]
+                batch = self._encode(chunk, pad_to=self.local_eval_batch)
+                logits = self.model(
+                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels
+                ).logits
+                mask = (batch.labels != -100) & (batch.weights[:, None] > 0)
+                safe_labels = batch.labels.clamp(min=0)
+                token_loss = torch.nn.functional.cross_entropy(
+                    logits.float().reshape(-1, logits.shape[-1]), safe_labels.reshape(-1), reduction="none"
+                ).view_as(safe_labels)
+                correct = (logits.argmax(-1) == safe_labels) & mask
+                exact = ((correct | ~mask).all(-1) & (batch.weights > 0)).float()
+                sums = sums + torch.stack(
+                    [(token_loss * mask).sum(), mask.sum().float(), correct.sum().float(), exact.sum(), batch.weights.sum()]
+                )
+                self.torch_xla.sync()
+        totals = self.replicas.sum(sums.cpu() if not self.tpu else sums)
+        loss_sum, tokens, correct_tokens, exact_sum, examples = (float(x) for x in totals)
+        result = {
+            "eval_loss": round(loss_sum / max(tokens, 1.0), 6),
+            "eval_token_accuracy": round(correct_tokens / max(tokens, 1.0), 6),
+            "eval_exact_match": round(exact_sum / max(examples, 1.0), 6),
+            "eval_examples": int(examples),
+            "eval_seconds": round(time.time() - started, 2),
+        }
+        self.metrics.log(self.step, result)
+        self._say(
+            f"eval @ {self.step}: loss {result['eval_loss']:.4f} token acc {result['eval_token_accuracy']:.4f} "
+            f"exact match {result['eval_exact_match']:.4f} ({result['eval_examples']} examples)"
+        )
+        self.model.train()
+        return result
+
+    # -- checkpoints and the end ------------------------------------------------------------------------------
+    def _cpu_state(self) -> dict[str, Any]:
+        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self) -> Path | None:
+        """Worker 0 writes ``checkpoints/step_N`` (HF weights + optimizer + trainer state) via a temp dir."""
+        self.last_checkpoint_step = self.step
+        if not self.chief:
+            return None
+        torch = self.torch
+        final = rundir.checkpoint_dir(self.ctx.run_dir, self.step)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        started = time.time()
+        self.model.save_pretrained(tmp, state_dict=self._cpu_state(), safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)
+        optimizer_state = _to_cpu(torch, self.optimizer.state_dict())
+        torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, tmp / "optimizer.pt")
+        state = {"step": self.step, "run_id": self.ctx.run_id, "recipe": self.recipe.name, "backend": "torch_xla",
+                 "tokenizer": self.recipe.model.tokenizer, "time": time.time()}
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for _, old in rundir.list_checkpoints(self.ctx.run_dir)[: -self.recipe.train.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._say(f"checkpoint saved: {final} ({time.time() - started:.1f}s)")
+        return final
+
+    def finish(self) -> None:
+        result = self.evaluate()
+        ckpt = self.save_checkpoint() if self.last_checkpoint_step != self.step else None
+        if ckpt is None and self.chief:
+            ckpt = rundir.checkpoint_dir(self.ctx.run_dir, self.step)
+        digest = params_digest(self._cpu_state())
+        self._say(f"weights sha256 {digest[:16]} (replica {self.replicas.rank})", everyone=True)
+        if self.chief and self.recipe.export.hf and ckpt is not None:
+            from tpuft.convert.torch_ckpt import export_checkpoint
+
+            out = self.ctx.run_dir / rundir.EXPORT_HF
+            export_checkpoint(ckpt, out, dtype=self.recipe.export.dtype)
+            self._say(f"Hugging Face export: {out}")
+            self._show_samples(out)
+        self.heartbeat.beat(
+            self.step,
+            "finished",
+            params_sha256=digest,
+            train_seconds=round(time.time() - self.run_started, 1),
+            **{k: v for k, v in result.items() if k.startswith("eval_")},
+        )
+
+    def _show_samples(self, export_dir: Path, count: int = 3) -> None:
+        """Greedy-decode a few held-out inputs with the exported model, on the host CPU, as a user would."""
+        if not self.eval_shard:
+            return
+        from transformers import T5ForConditionalGeneration
+
+        model = T5ForConditionalGeneration.from_pretrained(export_dir)
+        examples = self.eval_shard[:count]
+        enc = self.tokenizer([e.source for e in examples], return_tensors="pt", padding=True)
+        with self.torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=self.recipe.data.max_target_length)
+        lines = []
+        for example, text in zip(examples, self.tokenizer.batch_decode(out, skip_special_tokens=True)):
+            mark = "ok" if text == example.target else "MISS"
+            lines.append(f"{example.source!r} -> {text!r} (expected {example.target!r}) {mark}")
+        for line in lines:
+            self._say(f"sample: {line}")
+        self.metrics.log_text(self.step, "samples", "\n\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Small pure helpers (unit-tested without a device)
+
+
+def lr_factor(steps: int, warmup: int, schedule: str):  # type: ignore[no-untyped-def]
+    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0 or constant."""
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        remaining = steps - step
+        return max(0.0, remaining / max(1, steps - warmup))
+
+    return factor
+
+
+def data_fields(cfg: Any) -> dict[str, Any]:
+    return {
+        "source_field": cfg.source_field,
+        "target_field": cfg.target_field,
+        "source_template": cfg.source_template,
+        "target_template": cfg.target_template,
+        "prefix": cfg.prefix,
+    }
+
+
+def params_digest(state: dict[str, Any]) -> str:
+    """sha256 over every tensor's bytes in name order: equal digests mean bit-identical weights."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].contiguous()
+        digest.update(name.encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _to_cpu(torch: Any, obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu")
+    if isinstance(obj, dict):
+        return {k: _to_cpu(torch, v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(torch, v) for v in obj)
+    return obj
