@@ -3,8 +3,6 @@ through the machine-wide cache (~/.cache/tpuft/venvs), as they are for users."""
 
 from __future__ import annotations
 
-import io
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path

@@ -45,3 +45,28 @@ def test_worker_does_not_import_the_cli_side() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_fast_help_matches_the_app() -> None:
+    """The launcher answers `tpuft --help` without Typer; its table must be the app's commands, panels and summaries."""
+    from typer.main import get_command
+
+    from tpuft.cli import app
+    from tpuft.launcher import COMMANDS, top_level_help
+
+    group = get_command(app)
+    listed = {name: (panel, summary) for panel, commands in COMMANDS for name, summary in commands}
+    assert sorted(listed) == sorted(group.commands)
+    for name, command in group.commands.items():
+        panel, summary = listed[name]
+        assert command.rich_help_panel == panel, name
+        doc = (command.help or "").strip().splitlines()[0]
+        assert doc == summary, name
+    assert "tpuft up quickstart" in top_level_help(color=False)
+
+
+def test_fast_help_and_version_skip_typer() -> None:
+    code = "import sys; sys.argv=['tpuft', '--help']\nfrom tpuft.launcher import main\ntry:\n    main()\nexcept SystemExit:\n    pass\nprint('typer' in sys.modules, 'rich' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("False False")
+    assert "Cluster:" in out and "monitor" in out

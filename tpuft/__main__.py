@@ -1,3 +1,3 @@
-from tpuft.cli import main
+from tpuft.launcher import main
 
 main()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from tpuft import __version__
+from tpuft.launcher import QUICKSTART, SUMMARY
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -22,8 +23,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="tpuft",
-    help="T5-family fine-tuning on Cloud TPU VMs, end to end: create, setup, train, monitor, convert.\n\n"
-    "Quick start on this machine (a local CPU 'pod' of 2 workers): tpuft up quickstart",
+    help=f"{SUMMARY}\n\n{QUICKSTART}",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode="rich",

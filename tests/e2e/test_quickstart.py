@@ -151,3 +151,23 @@ def test_a_failing_worker_stops_the_run(quickstart: Run, tmp_path: Path) -> None
     assert f"{data}:2: not valid JSON" in result.stderr
     log0 = Path(result.stderr.split("run dir: ")[-1].strip()) / "logs" / "worker-0.log"
     assert "training for 5 steps" in log0.read_text()  # worker 0 was running, not the one that failed
+
+
+def test_fine_tune_from_the_export_with_adafactor_on_one_worker(quickstart: Run, tmp_path: Path) -> None:
+    """A pretrained start (the quickstart's own HF export), Adafactor, and the single-replica path."""
+    cluster = tmp_path / "one.yaml"
+    cluster.write_text("name: e2e-one\nprovider: local\naccelerator: v4-8\n")
+    assert tpuft(quickstart.env, "create", "-c", str(cluster)).returncode == 0
+    result = tpuft(
+        quickstart.env, "up", "quickstart", "-c", str(cluster), "--json",
+        "--set", f"model.name_or_path={quickstart.summary['export_dir']}", "--set", "model.config=null",
+        "--set", "train.optimizer=adafactor", "--set", "train.learning_rate=1e-4", "--set", "train.steps=20",
+        "--set", "train.warmup_steps=0", "--set", "train.log_every=10", "--set", "eval.every=10",
+        "--set", "eval.max_examples=200", timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads(result.stdout)
+    assert "replica 0 of 1" in result.stderr
+    assert summary["last_eval"]["eval_examples"] == 200
+    assert summary["last_eval"]["eval_exact_match"] >= 0.9  # it kept what it had learned
+    assert list(summary["weight_digests"]) == ["0"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -31,9 +30,7 @@ class EnvSpec:
 
     @property
     def key(self) -> str:
-        payload = json.dumps(
-            [VENV_LAYOUT_VERSION, self.kind, self.python, sys.version_info[:2], self.requirements, self.pip_args]
-        )
+        payload = json.dumps([VENV_LAYOUT_VERSION, self.kind, self.python, self.requirements, self.pip_args])
         return f"{self.kind}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import shlex
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +59,6 @@ def package_hash() -> str:
 def ship_package(session: Session) -> str:
     """Copy this tpuft package to every worker (once per version); returns its folder relative to HOME."""
     folder = f"{PACKAGE_HOME}/{package_hash()}"
-    import shutil
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "tpuft"
         shutil.copytree(package_root(), staged, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -92,7 +90,3 @@ def raise_on_failure(result: FleetResult, what: str) -> None:
     if culprit.log_path is not None:
         lines.append(f"full log: {culprit.log_path}")
     raise WorkerFailure("\n".join(lines))
-
-
-def quote(argv: list[str]) -> str:
-    return shlex.join(argv)

@@ -19,6 +19,17 @@ import time
 from pathlib import Path
 
 MARKER = ".tpuft-complete"
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+"""This script runs under the interpreter the venv is built from, so this is the venv's Python version."""
+
+
+def is_ready(venv: Path) -> bool:
+    """Complete, and built by this Python (an upgraded python3 on the host makes the cached venv stale)."""
+    try:
+        record = json.loads((venv / MARKER).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return record.get("python") == PYTHON
 
 
 def _say(message: str) -> None:
@@ -34,7 +45,7 @@ def _run(argv: list[str]) -> None:
 
 def ensure_venv(cache: Path, spec: dict) -> Path:
     venv = cache / spec["key"]
-    if (venv / MARKER).is_file():
+    if is_ready(venv):
         _say(f"venv ready (cached): {venv}")
         return venv
     cache.mkdir(parents=True, exist_ok=True)
@@ -44,18 +55,18 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
         except BlockingIOError:
             _say("another worker is building this venv; waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        if (venv / MARKER).is_file():
+        if is_ready(venv):
             _say(f"venv ready (built by another worker): {venv}")
             return venv
         if venv.exists():
-            _say(f"removing an incomplete venv left by an interrupted build: {venv}")
+            _say(f"removing an incomplete or stale venv: {venv}")
             shutil.rmtree(venv)
         started = time.time()
         _run([spec.get("python") or sys.executable, "-m", "venv", str(venv)])
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
         _run([*pip, *spec.get("pip_args", []), *spec["requirements"]])
         seconds = round(time.time() - started, 1)
-        record = {"requirements": spec["requirements"], "built_at": time.time(), "seconds": seconds}
+        record = {"requirements": spec["requirements"], "python": PYTHON, "built_at": time.time(), "seconds": seconds}
         (venv / MARKER).write_text(json.dumps(record, indent=2))
         _say(f"venv built in {seconds}s: {venv}")
         return venv
@@ -70,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(args.spec)
     cache = Path(os.path.expanduser(args.cache))
     if args.check:
-        ready = (cache / spec["key"] / MARKER).is_file()
+        ready = is_ready(cache / spec["key"])
         print(f"[setup] {'ready' if ready else 'missing'}: {cache / spec['key']}", flush=True)
         return 0 if ready else 3
     ensure_venv(cache, spec)

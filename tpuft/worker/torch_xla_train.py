@@ -65,6 +65,7 @@ class _Single:
 
     rank = 0
     world = 1
+    local_rank = 0
 
     def reduce_gradients(self, params: list[Any], optimizer: Any, extras: Any) -> Any:
         return extras
@@ -84,6 +85,7 @@ class _Gloo:
 
         self.dist = dist
         self.rank, self.world, self.device = rank, world, device
+        self.local_rank = 0  # one process per worker
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://{coordinator}",
@@ -126,6 +128,7 @@ class _XlaCollectives:
 
         self.xm = xm
         self.rank, self.world = xr.global_ordinal(), xr.world_size()
+        self.local_rank = xr.local_ordinal()  # one process per chip; the first one speaks for the host
 
     def reduce_gradients(self, params: list[Any], optimizer: Any, extras: Any) -> Any:
         self.xm.reduce_gradients(optimizer)
@@ -170,7 +173,9 @@ class Trainer:
     def setup(self) -> None:
         import torch
         import torch_xla
+        import transformers
 
+        transformers.utils.logging.disable_progress_bar()  # per-file bars garble the interleaved worker logs
         cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         if cpus:
             torch.set_num_threads(len(cpus))
@@ -185,8 +190,10 @@ class Trainer:
             self.replicas = _Single()
         self.chief = self.replicas.rank == 0
         self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
-        self.heartbeat = Heartbeat(self.ctx.run_dir, self.replicas.rank, self.recipe.train.steps)
-        self.heartbeat.beat(0, "starting")
+        # Heartbeats are per worker host (what monitor shows), written by the host's first process.
+        self.heartbeat = Heartbeat(self.ctx.run_dir, self.ctx.worker_id, self.recipe.train.steps)
+        self.beats = self.replicas.local_rank == 0
+        self._beat(0, "starting")
         self._say(
             f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: replica {self.replicas.rank} of "
             f"{self.replicas.world} on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
@@ -195,6 +202,10 @@ class Trainer:
         self._setup_model()
         self._setup_optimizer()
         self._setup_data()
+
+    def _beat(self, step: int, status: str = "running", **extra: Any) -> None:
+        if self.beats:
+            self.heartbeat.beat(step, status, **extra)
 
     def _say(self, message: str, *, everyone: bool = False) -> None:
         if everyone or self.chief:
@@ -316,7 +327,6 @@ class Trainer:
         window_start = time.time()
         window: list[Any] = []  # per step: [loss, tokens] averaged over replicas
         self.run_started = time.time()
-        self.last_checkpoint_step = -1
         self._say(f"training for {train.steps} steps")
         while self.step < train.steps:
             batch = self._encode(next(self.batches))
@@ -345,7 +355,7 @@ class Trainer:
                     "elapsed_s": round(time.time() - self.run_started, 1),
                 }
                 self.metrics.log(self.step, row)
-                self.heartbeat.beat(self.step, loss=row["loss"])
+                self._beat(self.step, loss=row["loss"])
                 self._say(
                     f"step {self.step}/{train.steps} loss {loss:.4f} lr {row['lr']:.2e} "
                     f"{row['examples_per_s']:.1f} ex/s {row['tokens_per_s']:.0f} tok/s"
@@ -407,7 +417,6 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Worker 0 writes ``checkpoints/step_N`` (HF weights + optimizer + trainer state) via a temp dir."""
-        self.last_checkpoint_step = self.step
         if not self.chief:
             return None
         torch = self.torch
@@ -431,9 +440,7 @@ class Trainer:
 
     def finish(self) -> None:
         result = self.evaluate()
-        ckpt = self.save_checkpoint() if self.last_checkpoint_step != self.step else None
-        if ckpt is None and self.chief:
-            ckpt = rundir.checkpoint_dir(self.ctx.run_dir, self.step)
+        ckpt = self.save_checkpoint()  # the loop never saves at the last step: this is the final checkpoint
         digest = params_digest(self._cpu_state())
         self._say(f"weights sha256 {digest[:16]} (replica {self.replicas.rank})", everyone=True)
         if self.chief and self.recipe.export.hf and ckpt is not None:
@@ -443,7 +450,7 @@ class Trainer:
             export_checkpoint(ckpt, out, dtype=self.recipe.export.dtype)
             self._say(f"Hugging Face export: {out}")
             self._show_samples(out)
-        self.heartbeat.beat(
+        self._beat(
             self.step,
             "finished",
             params_sha256=digest,
