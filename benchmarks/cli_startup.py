@@ -16,7 +16,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-HEAVY = ("torch", "tensorflow", "jax", "transformers", "torch_xla", "numpy", "pydantic", "yaml")
+HEAVY = ("torch", "tensorflow", "jax", "transformers", "torch_xla", "numpy")
 
 
 def timed(argv: list[str], runs: int) -> list[float]:
@@ -38,6 +38,8 @@ def main() -> None:
         "python -c 'import tpuft.cli'": [sys.executable, "-c", "import tpuft.cli"],
         "tpuft --help": [sys.executable, "-m", "tpuft", "--help"],
         "tpuft --version": [sys.executable, "-m", "tpuft", "--version"],
+        "tpuft train --help (Typer + Rich)": [sys.executable, "-m", "tpuft", "train", "--help"],
+        "tpuft recipes ls": [sys.executable, "-m", "tpuft", "recipes", "ls"],
     }
     results = {name: timed(argv, args.runs) for name, argv in cases.items()}
     base = statistics.median(results["python -c pass"])

@@ -39,6 +39,8 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("TPUFT_HOME", str(home))
     monkeypatch.delenv("TPUFT_CONFIG", raising=False)
     monkeypatch.setenv("COLUMNS", "200")
+    for forced in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # tests read plain text
+        monkeypatch.delenv(forced, raising=False)
     return home
 
 

@@ -66,6 +66,16 @@ class ClusterConfig(_Strict):
             raise ValueError("must be 1-63 lowercase letters, digits or dashes, starting with a letter")
         return value
 
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _provider_known(cls, value: Any) -> Any:
+        if value == "gcp":
+            raise ValueError(
+                "the GCP provider is not in this version of tpuft yet; use provider: local "
+                "(README: 'Pointing it at GCP')"
+            )
+        return value
+
     @field_validator("accelerator")
     @classmethod
     def _accelerator_ok(cls, value: str) -> str:

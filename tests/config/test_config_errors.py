@@ -96,6 +96,13 @@ def test_cluster_errors(tmp_path: Path) -> None:
     assert f"{path}:5: local.workerz: unknown key; did you mean 'workers'?" in text
 
 
+def test_gcp_provider_is_refused_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "tpuft.yaml"
+    path.write_text("provider: gcp\n")
+    with pytest.raises(ConfigError, match=r"tpuft.yaml:1: provider: the GCP provider is not in this version"):
+        load_cluster(path)
+
+
 def test_cli_exit_code_2_without_traceback(recipe_dir: Path, cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
     path = write(recipe_dir, GOOD.replace("  steps: 10", "  stepz: 10"))
     result = cli("recipes", "validate", str(path), "--config", str(cluster_file))

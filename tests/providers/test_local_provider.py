@@ -65,3 +65,13 @@ def test_exec_on_chosen_workers(cli, cluster_file: Path) -> None:  # type: ignor
 def test_train_without_cluster_says_what_to_do(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
     result = cli("train", "quickstart", "-c", str(cluster_file))
     assert result.code == 2 and "does not exist" in result.err and "tpuft create" in result.err
+
+
+def test_train_before_setup_says_to_run_setup(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(f"name: fresh\nprovider: local\nlocal:\n  workers: 2\n  venv_cache: {tmp_path / 'no-venvs'}\n")
+    assert cli("create", "-c", str(cluster)).code == 0
+    result = cli("train", "quickstart", "-c", str(cluster))
+    assert result.code == 2
+    assert "not set up on worker(s) 0, 1" in result.err and "tpuft setup quickstart" in result.err
+    assert not (tmp_path / "no-venvs").exists() or not any((tmp_path / "no-venvs").iterdir())
