@@ -276,6 +276,8 @@ def _print_train_summary(console: Console, result: Any, json_out: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"run {result.run_id}", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # paths are shown whole, to be copied
     table.add_row("wall time", _fmt_seconds(result.seconds))
     table.add_row("workers", str(result.workers))
     table.add_row("final train loss", _fmt(result.last_train.get("loss")))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import math
 import os
 import shutil
 import time
@@ -285,8 +284,8 @@ class Trainer:
         if cfg.eval is not None:
             eval_examples = list(data_mod.iter_shard(cfg.eval, rank, world, **fields))
             limit = self.recipe.eval.max_examples
-            if limit is not None:
-                eval_examples = eval_examples[: math.ceil(limit / world)]
+            if limit is not None:  # the first `limit` examples of the file, wherever their shard is
+                eval_examples = eval_examples[: len(range(rank, limit, world))]
             self.eval_shard = eval_examples
         self._say(
             f"data: {len(self.train_shard)} train / {len(self.eval_shard)} eval examples on replica {rank} "
