@@ -6,21 +6,19 @@ controller's own venv variables are not passed on: a worker must find its backen
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult
+from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.providers.base import Worker
 
-TAIL_LINES = 30
 STOP_GRACE_SECONDS = 5.0
 _CONTROLLER_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")
 
@@ -62,27 +60,17 @@ class LocalFleet:
         chosen = self._select(workers)
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
-        running: list[_Running] = []
-        restore = _raise_on_sigterm()
-        try:
+
+        def start(handles: list[Handle]) -> None:
             for worker in chosen:
                 worker_env = self._base_env(worker)
                 if env is not None:
                     worker_env.update(env(worker))
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
-                running.append(
-                    _Running.start(worker, list(argv), worker_env, log_path, on_line, cwd_home=cwd_home)
-                )
-            return _supervise(running, fail_fast)
-        except KeyboardInterrupt:
-            with _interrupts_ignored():  # a second Ctrl-C must not cut the clean-up short
-                for item in running:
-                    item.stop()
-                for item in running:
-                    item.finish()
-            return FleetResult(results=[item.result() for item in running], interrupted=True)
-        finally:
-            restore()
+                cwd = worker.home if cwd_home and worker.home is not None else None
+                handles.append(_Process(worker, list(argv), worker_env, cwd, Output(worker.index, log_path, on_line)))
+
+        return run_supervised(start, fail_fast)
 
     def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:
         for worker in self._select(workers):
@@ -95,33 +83,17 @@ class LocalFleet:
                 shutil.copy2(source, target)
 
 
-class _Running:
-    """One worker process, its reader thread and its log file."""
+class _Process:
+    """One worker process group, its reader thread and its log."""
 
-    def __init__(self, worker: Worker, proc: subprocess.Popen[bytes], log_path: Path | None) -> None:
-        self.worker = worker
-        self.proc = proc
-        self.log_path = log_path
+    def __init__(self, worker: Worker, argv: list[str], env: dict[str, str], cwd: Path | None, output: Output) -> None:
+        self.index = worker.index
+        self.output = output
         self.started = time.monotonic()
         self.ended: float | None = None
         self.stopped_by_us = False
         self.stop_requested_at: float | None = None
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.reader: threading.Thread | None = None
-
-    @classmethod
-    def start(
-        cls,
-        worker: Worker,
-        argv: list[str],
-        env: dict[str, str],
-        log_path: Path | None,
-        on_line: LineSink | None,
-        *,
-        cwd_home: bool,
-    ) -> _Running:
-        cwd = worker.home if cwd_home and worker.home is not None else None
-        proc = subprocess.Popen(
+        self.proc = subprocess.Popen(
             argv,
             cwd=cwd,
             env=env,
@@ -130,26 +102,13 @@ class _Running:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        item = cls(worker, proc, log_path)
-        item.reader = threading.Thread(target=item._pump, args=(on_line,), daemon=True)
-        item.reader.start()
-        return item
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
 
-    def _pump(self, on_line: LineSink | None) -> None:
+    def _pump(self) -> None:
         assert self.proc.stdout is not None
-        log = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
-        try:
-            for raw in iter(self.proc.stdout.readline, b""):
-                if log is not None:
-                    log.write(raw)
-                    log.flush()
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                self.tail.append(line)
-                if on_line is not None:
-                    on_line(self.worker.index, line)
-        finally:
-            if log is not None:
-                log.close()
+        for raw in iter(self.proc.stdout.readline, b""):
+            self.output.feed(raw)
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -159,7 +118,6 @@ class _Running:
         return code
 
     def stop(self) -> None:
-        """SIGTERM the whole process group, then SIGKILL what is left after a grace period."""
         if self.proc.poll() is not None:
             self.poll()
             return
@@ -168,7 +126,6 @@ class _Running:
         _kill_group(self.proc.pid, signal.SIGTERM)
 
     def escalate(self) -> None:
-        """SIGKILL a group that ignored SIGTERM for longer than the grace period."""
         if self.stop_requested_at is not None and time.monotonic() - self.stop_requested_at > STOP_GRACE_SECONDS:
             _kill_group(self.proc.pid, signal.SIGKILL)
 
@@ -179,43 +136,19 @@ class _Running:
         _kill_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.poll()
-        if self.reader is not None:
-            self.reader.join(timeout=5)
+        self.reader.join(timeout=5)
+        self.output.close()
 
     def result(self) -> WorkerResult:
-        code = self.proc.returncode
         end = self.ended if self.ended is not None else time.monotonic()
         return WorkerResult(
-            index=self.worker.index,
-            exit_code=None if self.stopped_by_us else code,
+            index=self.index,
+            exit_code=None if self.stopped_by_us else self.proc.returncode,
             seconds=end - self.started,
-            tail=list(self.tail),
-            log_path=self.log_path,
+            tail=list(self.output.tail),
+            log_path=self.output.log_path,
             pid=self.proc.pid,
         )
-
-
-def _supervise(running: list[_Running], fail_fast: bool) -> FleetResult:
-    first_failure: int | None = None
-    while True:
-        pending = [item for item in running if item.poll() is None]
-        if fail_fast and first_failure is None:
-            for item in running:
-                code = item.proc.returncode
-                if code is not None and code != 0 and not item.stopped_by_us:
-                    first_failure = item.worker.index
-                    break
-            if first_failure is not None:
-                for item in pending:
-                    item.stop()
-        if not pending:
-            break
-        for item in pending:
-            item.escalate()
-        time.sleep(0.05)
-    for item in running:
-        item.finish()
-    return FleetResult(results=[item.result() for item in running], first_failure=first_failure)
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -223,27 +156,3 @@ def _kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-@contextlib.contextmanager
-def _interrupts_ignored() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _raise_on_sigterm():  # type: ignore[no-untyped-def]
-    """While workers run, treat SIGTERM like Ctrl-C so that killing tpuft never orphans worker processes."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):  # type: ignore[no-untyped-def]
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -59,7 +59,7 @@ def _free_port(host: str) -> int:
 
 def _require_venv(session: Session, package: str, recipe: RecipeConfig) -> str:
     spec = env_spec(session, recipe)
-    check = session.fleet.run(bootstrap_argv(session, package, spec, check=True))
+    check = session.fleet.run(bootstrap_argv(session, package, spec, check=True), fail_fast=False)
     missing = [r.index for r in check.results if r.exit_code == 3]
     if missing:
         raise UsageError(

@@ -1,0 +1,136 @@
+"""What every fleet shares: teeing worker output, fail-fast supervision, and Ctrl-C/SIGTERM clean-up.
+
+A fleet starts one handle per worker (a local process group, or a remote one over SSH); this module watches them.
+The first worker to exit non-zero gets every other one stopped (SIGTERM to its process group, SIGKILL after a grace
+period); Ctrl-C or SIGTERM to tpuft stops them all, and a second Ctrl-C cannot cut that clean-up short.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
+
+TAIL_LINES = 30
+POLL_SECONDS = 0.05
+
+
+class Handle(Protocol):
+    index: int
+    stopped_by_us: bool
+
+    def poll(self) -> int | None:
+        """The exit code once the worker's command has ended, else None."""
+        ...
+
+    def stop(self) -> None:
+        """Ask the worker's whole process group to end (SIGTERM); no-op once it has ended."""
+        ...
+
+    def escalate(self) -> None:
+        """SIGKILL a group that ignored SIGTERM for longer than the grace period."""
+        ...
+
+    def finish(self) -> None:
+        """Wait (bounded) for the end, kill what is left, and drain the output."""
+        ...
+
+    def result(self) -> WorkerResult:
+        ...
+
+
+class Output:
+    """One worker's output: each line goes to its log file, the tail buffer and the caller's sink."""
+
+    def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None) -> None:
+        self.index = index
+        self.log_path = log_path
+        self.on_line = on_line
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._log: BinaryIO | None = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
+
+    def feed(self, raw: bytes) -> None:
+        if self._log is not None:
+            self._log.write(raw)
+            self._log.flush()
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        self.tail.append(line)
+        if self.on_line is not None:
+            self.on_line(self.index, line)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def run_supervised(start: Callable[[list[Handle]], None], fail_fast: bool) -> FleetResult:
+    """``start`` appends a handle per worker as it launches them (so a Ctrl-C during start-up stops those too)."""
+    handles: list[Handle] = []
+    restore = _raise_on_sigterm()
+    try:
+        start(handles)
+        return _supervise(handles, fail_fast)
+    except KeyboardInterrupt:
+        with _interrupts_ignored():
+            for handle in handles:
+                handle.stop()
+            for handle in handles:
+                handle.finish()
+        return FleetResult(results=[h.result() for h in handles], interrupted=True)
+    finally:
+        restore()
+
+
+def _supervise(handles: list[Handle], fail_fast: bool) -> FleetResult:
+    first_failure: int | None = None
+    while True:
+        pending = [h for h in handles if h.poll() is None]
+        if fail_fast and first_failure is None:
+            for handle in handles:
+                code = handle.poll()
+                if code is not None and code != 0 and not handle.stopped_by_us:
+                    first_failure = handle.index
+                    break
+            if first_failure is not None:
+                for handle in pending:
+                    handle.stop()
+        if not pending:
+            break
+        for handle in pending:
+            handle.escalate()
+        time.sleep(POLL_SECONDS)
+    for handle in handles:
+        handle.finish()
+    return FleetResult(results=[h.result() for h in handles], first_failure=first_failure)
+
+
+@contextlib.contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _raise_on_sigterm() -> Callable[[], object]:
+    """While workers run, treat SIGTERM like Ctrl-C so that killing tpuft never orphans worker processes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
