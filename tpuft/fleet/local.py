@@ -61,14 +61,15 @@ class LocalFleet:
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
 
-        def start(handles: list[Handle]) -> None:
+        def start(handles: list[Handle], changed: threading.Event) -> None:
             for worker in chosen:
                 worker_env = self._base_env(worker)
                 if env is not None:
                     worker_env.update(env(worker))
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
                 cwd = worker.home if cwd_home and worker.home is not None else None
-                handles.append(_Process(worker, list(argv), worker_env, cwd, Output(worker.index, log_path, on_line)))
+                output = Output(worker.index, log_path, on_line)
+                handles.append(_Process(worker, list(argv), worker_env, cwd, output, changed))
 
         return run_supervised(start, fail_fast)
 
@@ -86,8 +87,11 @@ class LocalFleet:
 class _Process:
     """One worker process group, its reader thread and its log."""
 
-    def __init__(self, worker: Worker, argv: list[str], env: dict[str, str], cwd: Path | None, output: Output) -> None:
+    def __init__(
+        self, worker: Worker, argv: list[str], env: dict[str, str], cwd: Path | None, output: Output, changed: threading.Event
+    ) -> None:
         self.index = worker.index
+        self.changed = changed
         self.output = output
         self.started = time.monotonic()
         self.ended: float | None = None
@@ -109,6 +113,8 @@ class _Process:
         assert self.proc.stdout is not None
         for raw in iter(self.proc.stdout.readline, b""):
             self.output.feed(raw)
+        self.proc.wait()
+        self.changed.set()
 
     def poll(self) -> int | None:
         code = self.proc.poll()

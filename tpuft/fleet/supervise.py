@@ -11,7 +11,6 @@ import collections
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -71,13 +70,15 @@ class Output:
             self._log = None
 
 
-def run_supervised(start: Callable[[list[Handle]], None], fail_fast: bool) -> FleetResult:
-    """``start`` appends a handle per worker as it launches them (so a Ctrl-C during start-up stops those too)."""
+def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_fast: bool) -> FleetResult:
+    """``start`` appends a handle per worker as it launches them (so a Ctrl-C during start-up stops those too).
+    Handles set the event when their worker's command may have ended, so the supervisor reacts at once."""
     handles: list[Handle] = []
+    changed = threading.Event()
     restore = _raise_on_sigterm()
     try:
-        start(handles)
-        return _supervise(handles, fail_fast)
+        start(handles, changed)
+        return _supervise(handles, fail_fast, changed)
     except KeyboardInterrupt:
         with _interrupts_ignored():
             for handle in handles:
@@ -89,7 +90,7 @@ def run_supervised(start: Callable[[list[Handle]], None], fail_fast: bool) -> Fl
         restore()
 
 
-def _supervise(handles: list[Handle], fail_fast: bool) -> FleetResult:
+def _supervise(handles: list[Handle], fail_fast: bool, changed: threading.Event) -> FleetResult:
     first_failure: int | None = None
     while True:
         pending = [h for h in handles if h.poll() is None]
@@ -106,7 +107,8 @@ def _supervise(handles: list[Handle], fail_fast: bool) -> FleetResult:
             break
         for handle in pending:
             handle.escalate()
-        time.sleep(POLL_SECONDS)
+        changed.wait(POLL_SECONDS)
+        changed.clear()
     for handle in handles:
         handle.finish()
     return FleetResult(results=[h.result() for h in handles], first_failure=first_failure)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from tpuft.config import ClusterConfig
+from typing import TYPE_CHECKING
+
 from tpuft.providers.base import Cluster, Provider, Worker
+
+if TYPE_CHECKING:  # the records above are imported by the worker-facing fleet code; keep pydantic out of it
+    from tpuft.config import ClusterConfig
 
 __all__ = ["Cluster", "Provider", "Worker", "get_provider"]
 

@@ -1,0 +1,131 @@
+"""Fan-out to N SSH workers: tpuft's SSH fleet vs a sequential `ssh` loop vs `ssh` processes in parallel.
+
+A pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py; 127.0.1.(10+i)) stands in for a TPU pod slice.
+For N in 1, 8, 32, 64 workers, each method runs `true` on every worker, 5 times after a warm-up; the table shows
+the median wall time. The tpuft column is a fresh Python process (start-up included) running the fleet the way
+`tpuft exec -- true` does once the GCP provider hands it the workers. It also reports tpuft's client-side CPU
+seconds per worker (the part that would not parallelise on a real pod, where every worker has its own CPUs) and the
+time to the first output line (`echo` instead of `true`).
+
+On this 2-core machine the sshd servers share the client's cores, so the parallel-ssh column is the physical floor.
+Targets: at 64 workers <= 1.1x the parallel-ssh column; at 1 worker <= 0.5 s; far ahead of the sequential loop.
+Needs openssh-server and root (to bind the loopback addresses). Run: python benchmarks/fanout.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CHILD = """
+import json, resource, sys, time
+started = time.perf_counter()
+from pathlib import Path
+from tpuft.fleet.ssh import SshFleet, SshSettings
+from tpuft.providers.base import Worker
+spec = json.loads(sys.argv[1])
+workers = [Worker(i, a) for i, a in enumerate(spec["addresses"])]
+fleet = SshFleet(workers, SshSettings(user=spec["user"], key_file=Path(spec["key"]), port=spec["port"]))
+first = []
+def on_line(index, line):
+    if not first:
+        first.append(time.perf_counter() - started)
+result = fleet.run(spec["argv"], on_line=on_line)
+fleet.close()
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"ok": result.ok, "first_line": first[0] if first else None, "cpu": usage.ru_utime + usage.ru_stime}))
+"""
+
+
+def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:
+    spec = {"addresses": pod.addresses[:count], "user": pod.user, "key": str(pod.client_key), "port": pod.port, "argv": argv}
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True, cwd=REPO)
+    wall = time.perf_counter() - started
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    if not data["ok"]:
+        raise RuntimeError("a worker failed")
+    return {"wall": wall, **data}
+
+
+def ssh_sequential(pod, count: int) -> float:
+    started = time.perf_counter()
+    for i in range(count):
+        subprocess.run(pod.ssh_argv(i, "true"), check=True)
+    return time.perf_counter() - started
+
+
+def ssh_parallel(pod, count: int) -> float:
+    started = time.perf_counter()
+    procs = [subprocess.Popen(pod.ssh_argv(i, "true")) for i in range(count)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise RuntimeError(f"ssh failed: {codes}")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="1,8,32,64")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    from rich.console import Console
+    from rich.table import Table
+
+    from tests.rigs.sshd_pod import SshdPod
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    console = Console()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, SshdPod(Path(tmp), workers=max(sizes)) as pod:
+        for count in sizes:
+            tpuft_fanout(pod, count, ["true"])  # warm-up (page cache, sshd host key loads)
+            ssh_parallel(pod, count)
+            tp = [tpuft_fanout(pod, count, ["true"]) for _ in range(args.runs)]
+            par = [ssh_parallel(pod, count) for _ in range(args.runs)]
+            seq = [ssh_sequential(pod, count) for _ in range(args.runs)]
+            first = [tpuft_fanout(pod, count, ["echo", "hi"])["first_line"] for _ in range(args.runs)]
+            row = {
+                "workers": count,
+                "tpuft": statistics.median(t["wall"] for t in tp),
+                "parallel_ssh": statistics.median(par),
+                "sequential_ssh": statistics.median(seq),
+                "cpu_per_worker": statistics.median(t["cpu"] for t in tp) / count,
+                "first_line": statistics.median(first),
+            }
+            rows.append(row)
+            console.log(f"{count} workers done")
+    table = Table(title=f"fan-out: `true` on N loopback sshd workers (median of {args.runs}, after a warm-up)")
+    for column in ("workers", "tpuft s", "parallel ssh s", "sequential ssh s", "tpuft / parallel", "tpuft CPU ms/worker", "first line s"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row["workers"]),
+            f"{row['tpuft']:.3f}",
+            f"{row['parallel_ssh']:.3f}",
+            f"{row['sequential_ssh']:.3f}",
+            f"{row['tpuft'] / row['parallel_ssh']:.2f}x",
+            f"{row['cpu_per_worker'] * 1000:.1f}",
+            f"{row['first_line']:.3f}",
+        )
+    console.print(table)
+    big, small = rows[-1], rows[0]
+    console.print(
+        f"targets: {big['workers']} workers {big['tpuft'] / big['parallel_ssh']:.2f}x parallel ssh (<= 1.1x); "
+        f"{small['workers']} worker {small['tpuft']:.2f} s (<= 0.5 s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The SSH fleet against a pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fleet.test_local_fleet import alive, wait_for_files
+from tests.rigs.sshd_pod import SshdPod, sshd_available
+from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
+from tpuft.providers.base import Worker
+
+pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    with SshdPod(tmp_path_factory.mktemp("sshd-pod"), workers=3) as running:
+        yield running
+
+
+def make_fleet(pod: SshdPod, **overrides: object) -> SshFleet:
+    workers = [Worker(index=i, address=a) for i, a in enumerate(pod.addresses)]
+    settings = SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port, **overrides)  # type: ignore[arg-type]
+    return SshFleet(workers, settings)
+
+
+def test_runs_everywhere_with_quoted_env_and_logs(pod: SshdPod, tmp_path: Path) -> None:
+    fleet = make_fleet(pod)
+    lines: list[tuple[int, str]] = []
+    tricky = "it's a $HOME \"test\"; rm -rf /nothing"
+    result = fleet.run(
+        ["bash", "-c", 'echo "id=$TPUFT_WORKER_ID home=$HOME"; echo "v=$V"; pwd'],
+        env=lambda w: {"TPUFT_WORKER_ID": str(w.index), "V": tricky},
+        log_dir=tmp_path / "logs",
+        on_line=lambda i, line: lines.append((i, line)),
+    )
+    fleet.close()
+    assert result.ok, [r.tail for r in result.results]
+    for i in range(3):
+        home = pod.home(i)
+        assert (i, f"id={i} home={home}") in lines
+        assert (i, f"v={tricky}") in lines  # quoted, not interpreted
+        assert (i, str(home)) in lines  # runs in HOME
+        log = (tmp_path / "logs" / f"worker-{i}.log").read_text()
+        assert "__TPUFT_PGID__" not in log and f"id={i}" in log
+
+
+def test_fail_fast_kills_the_remote_process_groups(pod: SshdPod) -> None:
+    fleet = make_fleet(pod)
+    script = (
+        'if [ "$ID" = 1 ]; then sleep 1; echo "boom"; exit 7; fi; '
+        "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"
+    )
+    for i in range(3):
+        for name in ("child.pid", "shell.pid"):
+            (pod.home(i) / name).unlink(missing_ok=True)
+    started = time.monotonic()
+    result = fleet.run(["bash", "-c", script], env=lambda w: {"ID": str(w.index)})
+    fleet.close()
+    assert time.monotonic() - started < 15
+    assert result.first_failure == 1
+    by_index = {r.index: r for r in result.results}
+    assert by_index[1].exit_code == 7 and by_index[1].tail == ["boom"]
+    assert by_index[0].exit_code is None and by_index[2].exit_code is None
+    for i in (0, 2):
+        for name in ("child.pid", "shell.pid"):
+            pid = int((pod.home(i) / name).read_text())
+            assert not alive(pid), f"worker {i} {name} survived"
+
+
+def test_put_copies_folders_and_files(pod: SshdPod, tmp_path: Path) -> None:
+    source = tmp_path / "pkg"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.py").write_text("print('a')\n")
+    (source / "sub" / "b.txt").write_text("bee")
+    single = tmp_path / "recipe.yaml"
+    single.write_text("name: x\n")
+    fleet = make_fleet(pod)
+    fleet.put(source, ".tpuft/pkg/abc/tpuft")
+    fleet.put(single, "runs/r1/recipe.yaml", workers=[2])
+    fleet.close()
+    for i in range(3):
+        assert (pod.home(i) / ".tpuft/pkg/abc/tpuft/sub/b.txt").read_text() == "bee"
+        assert (pod.home(i) / ".tpuft/pkg/abc/tpuft/a.py").read_text() == "print('a')\n"
+    assert (pod.home(2) / "runs/r1/recipe.yaml").read_text() == "name: x\n"
+    assert not (pod.home(0) / "runs/r1/recipe.yaml").exists()
+
+
+def test_unreachable_worker_is_retried_then_named(pod: SshdPod) -> None:
+    workers = [Worker(index=0, address=pod.addresses[0]), Worker(index=1, address="127.0.1.250")]
+    fleet = SshFleet(workers, SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port, connect_attempts=3, retry_delay_s=0.1, connect_timeout_s=2))
+    started = time.monotonic()
+    with pytest.raises(SshConnectError, match=r"worker 1 \(127.0.1.250:\d+\): cannot connect over SSH after 3 attempts"):
+        fleet.run(["true"])
+    assert time.monotonic() - started >= 0.2  # it did wait between attempts
+    fleet.close()
+
+
+def test_wrong_key_is_refused_clearly(pod: SshdPod, tmp_path: Path) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    fleet = SshFleet([Worker(0, pod.addresses[0])], SshSettings(user=pod.user, key_file=other, port=pod.port))
+    with pytest.raises(SshConnectError, match="was refused"):
+        fleet.run(["true"])
+
+
+CTRL_C_SCRIPT = """
+import sys
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+from tpuft.fleet.ssh import SshFleet, SshSettings
+from tpuft.providers.base import Worker
+addresses = {addresses!r}
+fleet = SshFleet([Worker(i, a) for i, a in enumerate(addresses)], SshSettings(user={user!r}, key_file=Path({key!r}), port={port}))
+result = fleet.run(["bash", "-c", "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"])
+print("interrupted" if result.interrupted else "not interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_kills_every_remote_process(pod: SshdPod) -> None:
+    for i in range(3):
+        for name in ("child.pid", "shell.pid"):
+            (pod.home(i) / name).unlink(missing_ok=True)
+    script = CTRL_C_SCRIPT.format(repo=str(REPO), addresses=pod.addresses, user=pod.user, key=str(pod.client_key), port=pod.port)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_files = [pod.home(i) / name for i in range(3) for name in ("child.pid", "shell.pid")]
+    wait_for_files(pid_files)
+    pids = [int(p.read_text()) for p in pid_files]
+    assert all(alive(pid) for pid in pids)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert "interrupted" in out, err
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert [pid for pid in pids if alive(pid)] == []

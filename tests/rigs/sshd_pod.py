@@ -1,0 +1,175 @@
+"""A pod of real OpenSSH servers on loopback, one per worker, for testing the SSH fleet without a cloud.
+
+Worker i listens on 127.0.1.(10+i) (Linux routes all of 127.0.0.0/8 to loopback). Each sshd runs with a private
+config whose ``ForceCommand`` goes through a wrapper that gives the worker its own HOME (so workers look like
+separate hosts that share this machine's Python and disk) and then runs the client's command with bash. Keys are
+made fresh per pod: one host key, one client key (ed25519) that is the only authorized key.
+
+Needs ``openssh-server`` (``.ci/run`` installs it) and root, or at least the right to bind the port.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def sshd_available() -> bool:
+    return Path(SSHD).exists() and shutil.which("ssh-keygen") is not None
+
+
+def worker_address(index: int) -> str:
+    return f"127.0.1.{10 + index}"
+
+
+def _free_port(addresses: list[str]) -> int:
+    """A port that is free on every address (the pod shares one port like real hosts share 22)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((addresses[0], 0))
+            port = probe.getsockname()[1]
+        ok = True
+        for address in addresses[1:]:
+            with socket.socket() as other:
+                try:
+                    other.bind((address, port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return int(port)
+    raise RuntimeError("no port free on every worker address")
+
+
+WRAPPER = """#!/bin/bash
+# ForceCommand wrapper: this worker's private HOME, then the client's command (or a login shell).
+export HOME={home}
+mkdir -p "$HOME" && cd "$HOME" || exit 1
+if [ -z "$SSH_ORIGINAL_COMMAND" ]; then exec bash -l; fi
+exec bash -c "$SSH_ORIGINAL_COMMAND"
+"""
+
+CONFIG = """ListenAddress {address}:{port}
+HostKey {host_key}
+PidFile {pid_file}
+AuthorizedKeysFile {authorized_keys}
+ForceCommand {wrapper}
+PermitRootLogin yes
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+PrintLastLog no
+MaxStartups 1000:30:1000
+MaxSessions 1000
+ClientAliveInterval 30
+LogLevel ERROR
+"""
+
+
+@dataclass
+class SshdPod:
+    """N sshd processes; ``start()`` waits until every one accepts connections, ``stop()`` kills them all."""
+
+    root: Path
+    workers: int
+    port: int = 0
+    user: str = field(default_factory=lambda: os.environ.get("USER") or "root")
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [worker_address(i) for i in range(self.workers)]
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "client_key"
+
+    def home(self, index: int) -> Path:
+        return self.root / "homes" / f"worker-{index}"
+
+    def start(self, timeout: float = 30.0) -> SshdPod:
+        self.root.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
+        host_key = self.root / "host_key"
+        for key in (host_key, self.client_key):
+            if not key.exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        authorized = self.root / "authorized_keys"
+        authorized.write_text(Path(f"{self.client_key}.pub").read_text())
+        self.port = self.port or _free_port(self.addresses)
+        for index, address in enumerate(self.addresses):
+            wrapper = self.root / f"wrapper-{index}.sh"
+            wrapper.write_text(WRAPPER.format(home=self.home(index)))
+            wrapper.chmod(0o755)
+            config = self.root / f"sshd-{index}.conf"
+            config.write_text(
+                CONFIG.format(
+                    address=address,
+                    port=self.port,
+                    host_key=host_key,
+                    pid_file=self.root / f"sshd-{index}.pid",
+                    authorized_keys=authorized,
+                    wrapper=wrapper,
+                )
+            )
+            self.processes.append(
+                subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL, start_new_session=True)
+            )
+        self._wait_listening(timeout)
+        return self
+
+    def _wait_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = set(self.addresses)
+        while pending and time.monotonic() < deadline:
+            for address in list(pending):
+                with socket.socket() as probe:
+                    probe.settimeout(0.2)
+                    if probe.connect_ex((address, self.port)) == 0:
+                        pending.discard(address)
+            for proc in self.processes:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"sshd exited with {proc.returncode}; config in {self.root}")
+            time.sleep(0.05)
+        if pending:
+            raise RuntimeError(f"sshd not listening on {sorted(pending)} after {timeout}s")
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.processes.clear()
+
+    def ssh_argv(self, index: int, command: str) -> list[str]:
+        """Plain OpenSSH client argv for worker ``index`` (what the benchmark compares tpuft with)."""
+        return [
+            "ssh", "-i", str(self.client_key), "-p", str(self.port),
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", "BatchMode=yes", f"{self.user}@{self.addresses[index]}", command,
+        ]
+
+    def __enter__(self) -> SshdPod:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
