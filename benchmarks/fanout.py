@@ -62,13 +62,13 @@ def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:
 def ssh_sequential(pod, count: int) -> float:
     started = time.perf_counter()
     for i in range(count):
-        subprocess.run(pod.ssh_argv(i, "true"), check=True)
+        subprocess.run(pod.ssh_argv(i, "true"), check=True, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
 
 def ssh_parallel(pod, count: int) -> float:
     started = time.perf_counter()
-    procs = [subprocess.Popen(pod.ssh_argv(i, "true")) for i in range(count)]
+    procs = [subprocess.Popen(pod.ssh_argv(i, "true"), stderr=subprocess.DEVNULL) for i in range(count)]
     codes = [p.wait() for p in procs]
     if any(codes):
         raise RuntimeError(f"ssh failed: {codes}")

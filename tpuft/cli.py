@@ -109,8 +109,26 @@ def _fmt(value: Any, digits: int = 4) -> str:
 # Cluster
 
 
+def _confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> None:
+    """A new cloud cluster costs money: show the estimate and ask (or require --yes when nobody can answer)."""
+    if cfg.provider == "local":
+        return
+    from tpuft.errors import UsageError
+    from tpuft.ops.cluster import cost_estimate
+    from tpuft.ops.cluster import status as status_op
+
+    if status_op(cfg).state != "NOT_FOUND":
+        return  # reused as it is: nothing new is billed
+    console.print(cost_estimate(cfg).describe(cfg.accelerator, cfg.gcp.spot), soft_wrap=True)
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"creating {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone} costs money: pass --yes to confirm")
+    typer.confirm(f"Create {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone}?", abort=True)
+
+
 @app.command(rich_help_panel="Cluster")
-def create(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = False) -> None:
     """Create the cluster (TPU VM / pod slice, or local worker folders) and its bucket. Safe to run twice.
 
     Example: tpuft create --config tpuft.yaml
@@ -118,7 +136,8 @@ def create(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     from tpuft.ops.cluster import create as create_op
 
     cfg = _load_cluster(config)
-    console = _console()
+    console = _err_console() if json_out else _console()
+    _confirm_cost(cfg, yes, console)
     with console.status(f"creating {cfg.name} ({cfg.provider}, {cfg.accelerator})...") as spinner:
         result = create_op(cfg, progress=lambda msg: spinner.update(msg))
     if json_out:
@@ -141,7 +160,10 @@ def _cluster_json(cluster: Any) -> dict[str, Any]:
         "state": cluster.state,
         "accelerator": cluster.accelerator,
         "bucket": cluster.bucket,
-        "workers": [{"index": w.index, "address": w.address, "home": str(w.home) if w.home else None} for w in cluster.workers],
+        "workers": [
+            {"index": w.index, "address": w.address, "internal_address": w.internal_address or None, "home": str(w.home) if w.home else None}
+            for w in cluster.workers
+        ],
         "details": cluster.details,
     }
 
@@ -168,9 +190,10 @@ def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
         console.print(f"  {key}: {value}")
     console.print(f"  run storage: {cluster.bucket}")
     if cluster.workers:
-        table = Table("worker", "address", "home", "cpus")
+        table = Table("worker", "address", "internal address", "home", "cpus")
         for w in cluster.workers:
-            table.add_row(str(w.index), w.address, str(w.home or "-"), ",".join(map(str, w.cpus)) or "shared")
+            cpus = ",".join(map(str, w.cpus)) or ("shared" if w.home else "own")
+            table.add_row(str(w.index), w.address, w.internal_address or "-", str(w.home or "-"), cpus)
         console.print(table)
 
 
@@ -300,6 +323,7 @@ def up(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
     json_out: JsonOpt = False,
+    yes: YesOpt = False,
 ) -> None:
     """Create, set up, train, summarize and export in one go.
 
@@ -317,6 +341,7 @@ def up(
     console = _err_console() if json_out else _console()  # stdout carries only the JSON
     printer = _line_printer(console)
     console.rule(f"1/4 create {cfg.name}")
+    _confirm_cost(cfg, yes, console)
     created = create_op(cfg)
     console.print(f"{len(created.cluster.workers)} worker(s), {'created' if created.created else 'reused'}; runs in {created.cluster.bucket}")
     console.rule(f"2/4 setup {loaded.value.backend.kind}")

@@ -46,34 +46,103 @@ class LocalConfig(_Strict):
     python: str = Field("python3", description="Base interpreter used to build backend venvs on the workers.")
 
 
+class GcpConfig(_Strict):
+    """The GCP provider: a Cloud TPU VM (or pod slice, or queued resource) in a project and zone."""
+
+    project: str | None = Field(None, description="GCP project id (required for provider: gcp).")
+    zone: str | None = Field(None, description="Zone, e.g. us-central2-b (required for provider: gcp).")
+    runtime_version: str | None = Field(None, description="TPU software version; default: the catalogue's for the generation.")
+    topology: str | None = Field(
+        None, description="Use an accelerator config (type + topology, e.g. 2x2x4) instead of the accelerator type name."
+    )
+    spot: bool = Field(False, description="Spot VMs: cheaper, can be preempted at any time.")
+    preemptible: bool = Field(False, description="Legacy preemptible VMs (use spot on newer generations).")
+    reserved: bool = Field(False, description="Use reserved capacity.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels on the node.")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Node metadata, e.g. startup-script.")
+    network: str | None = Field(None, description="VPC network (default: the project's default network).")
+    subnetwork: str | None = Field(None, description="Subnetwork, e.g. a subnet with Private Google Access.")
+    internal_ip: bool = Field(False, description="No external IPs: workers are reached on their internal addresses.")
+    service_account: str | None = Field(None, description="Service account e-mail the VMs run as.")
+    scopes: list[str] = Field(
+        default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"], description="OAuth scopes."
+    )
+    queued: bool = Field(False, description="Ask through a queued resource (waits for capacity instead of failing).")
+    reservation: str | None = Field(None, description="Reservation name for a queued resource.")
+    valid_until: str | None = Field(
+        None, description="Queued resource: give up after this long, e.g. 6h or 90m (a duration) or an RFC 3339 time."
+    )
+    slices: int = Field(1, ge=1, le=256, description="Multislice: this many slices (queued resources only).")
+    tpu_api_endpoint: str | None = Field(
+        None, description="Cloud TPU API endpoint (private endpoints; tests); also $TPUFT_TPU_API_ENDPOINT."
+    )
+    venv_cache: str = Field("~/.cache/tpuft/venvs", description="Where workers keep backend venvs (a path on the workers).")
+    python: str = Field("python3", description="Interpreter on the workers that venvs are built from.")
+
+    @field_validator("valid_until")
+    @classmethod
+    def _valid_until_ok(cls, value: str | None) -> str | None:
+        if value is None or parse_duration(value) is not None or re.fullmatch(r"\d{4}-\d\d-\d\dT.+", value):
+            return value
+        raise ValueError("expected a duration like 6h, 90m, 3600s or an RFC 3339 time like 2026-12-01T00:00:00Z")
+
+
+def parse_duration(text: str) -> int | None:
+    """``90m`` -> 5400 seconds; None when it is not a duration."""
+    match = re.fullmatch(r"(\d+)\s*([smhd])", text.strip())
+    if not match:
+        return None
+    return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+class SshConfig(_Strict):
+    """How tpuft reaches the workers of a GCP cluster."""
+
+    user: str | None = Field(None, description="Login user on the VMs (default: your local user name).")
+    key_file: Path = Field(
+        Path("~/.ssh/google_compute_engine"), description="Private key (gcloud's by default; created if missing)."
+    )
+    port: int = Field(22, ge=1, le=65535)
+    os_login: bool = Field(False, description="The project uses OS Login: do not put the key in instance metadata.")
+    connect_attempts: int = Field(10, ge=1, le=100, description="Connection tries per worker (like gcloud).")
+    retry_delay_s: float = Field(5.0, ge=0.0, le=300.0, description="Seconds between connection tries.")
+
+
 class ClusterConfig(_Strict):
     """Where training runs: the provider, the TPU shape and the bucket."""
 
     name: str = Field("tpuft-local", description="Cluster (TPU node) name: lowercase letters, digits and dashes.")
-    provider: Literal["local"] = Field(
-        "local", description="Only 'local' in this version; the GCP provider ('gcp') comes next."
-    )
+    provider: Literal["local", "gcp"] = Field("local", description="'local' (a pod of folders here) or 'gcp'.")
     accelerator: str = Field("v4-16", description="TPU accelerator type, e.g. v4-8, v5litepod-16, v6e-8.")
     bucket: str | None = Field(
-        None, description="Run storage. Local provider: a folder (default: <state_dir>/bucket)."
+        None,
+        description="Run storage. gcp: gs://NAME (default gs://<project>-tpuft); local: a folder "
+        "(default ~/.tpuft/buckets/<name>).",
     )
     local: LocalConfig = Field(default_factory=LocalConfig)
+    gcp: GcpConfig = Field(default_factory=GcpConfig)
+    ssh: SshConfig = Field(default_factory=SshConfig)
+
+    @model_validator(mode="after")
+    def _gcp_complete(self) -> ClusterConfig:
+        if self.provider != "gcp":
+            return self
+        missing = [key for key in ("project", "zone") if not getattr(self.gcp, key)]
+        if missing:
+            raise ValueError(f"provider gcp needs gcp.{' and gcp.'.join(missing)}")
+        if self.gcp.spot and self.gcp.preemptible:
+            raise ValueError("gcp.spot and gcp.preemptible exclude each other (spot is the newer kind)")
+        if self.gcp.slices > 1 and not self.gcp.queued:
+            raise ValueError("gcp.slices > 1 (multislice) needs gcp.queued: true")
+        if self.bucket is not None and not self.bucket.startswith("gs://"):
+            raise ValueError(f"bucket for provider gcp must be gs://NAME (got {self.bucket!r})")
+        return self
 
     @field_validator("name")
     @classmethod
     def _name_ok(cls, value: str) -> str:
         if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", value):
             raise ValueError("must be 1-63 lowercase letters, digits or dashes, starting with a letter")
-        return value
-
-    @field_validator("provider", mode="before")
-    @classmethod
-    def _provider_known(cls, value: Any) -> Any:
-        if value == "gcp":
-            raise ValueError(
-                "the GCP provider is not in this version of tpuft yet; use provider: local "
-                "(README: 'Pointing it at GCP')"
-            )
         return value
 
     @field_validator("accelerator")

@@ -96,10 +96,18 @@ def test_cluster_errors(tmp_path: Path) -> None:
     assert f"{path}:5: local.workerz: unknown key; did you mean 'workers'?" in text
 
 
-def test_gcp_provider_is_refused_clearly(tmp_path: Path) -> None:
+def test_gcp_cluster_needs_project_and_zone(tmp_path: Path) -> None:
     path = tmp_path / "tpuft.yaml"
-    path.write_text("provider: gcp\n")
-    with pytest.raises(ConfigError, match=r"tpuft.yaml:1: provider: the GCP provider is not in this version"):
+    path.write_text("provider: gcp\ngcp:\n  spot: true\n  valid_until: soon\n")
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path)
+    text = str(info.value)
+    assert f"{path}:4: gcp.valid_until: expected a duration like 6h" in text
+    path.write_text("provider: gcp\ngcp:\n  spot: true\n")
+    with pytest.raises(ConfigError, match=r"provider gcp needs gcp.project and gcp.zone"):
+        load_cluster(path)
+    path.write_text("provider: gcp\nbucket: my-bucket\ngcp: {project: p, zone: us-central2-b}\n")
+    with pytest.raises(ConfigError, match=r"bucket for provider gcp must be gs://NAME"):
         load_cluster(path)
 
 

@@ -26,6 +26,29 @@ def create(config: ClusterConfig, progress: Progress | None = None) -> CreateRes
     return CreateResult(cluster=cluster, created=created, accelerator=lookup(config.accelerator))
 
 
+@dataclass
+class CostEstimate:
+    chips: int
+    slices: int
+    per_hour: float | None
+
+    def describe(self, accelerator: str, spot: bool) -> str:
+        if self.per_hour is None:
+            return f"{accelerator} x {self.slices}: no public price known"
+        kind = "spot VMs cost less than this on-demand list price" if spot else "on-demand list price"
+        return (
+            f"{accelerator} x {self.slices} slice(s) = {self.chips} chips: about ${self.per_hour:,.2f} per hour "
+            f"({kind}; an estimate)"
+        )
+
+
+def cost_estimate(config: ClusterConfig) -> CostEstimate:
+    acc = lookup(config.accelerator)
+    slices = config.gcp.slices if config.provider == "gcp" else 1
+    price = acc.price_per_hour
+    return CostEstimate(chips=acc.chips * slices, slices=slices, per_hour=None if price is None else price * slices)
+
+
 def status(config: ClusterConfig) -> Cluster:
     return get_provider(config).get()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import shutil
 import tempfile
@@ -27,8 +28,9 @@ class Session:
     provider: Provider
     cluster: Cluster
 
-    @property
+    @functools.cached_property
     def fleet(self) -> Fleet:
+        """One fleet per session: SSH connections are opened once and reused by every step of a verb."""
         return self.provider.fleet(self.cluster)
 
 

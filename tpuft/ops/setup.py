@@ -24,12 +24,12 @@ class SetupResult:
 
 
 def target_of(session: Session) -> Target:
-    return "cpu" if session.config.provider == "local" else "tpu"
+    return "cpu" if session.provider.target == "cpu" else "tpu"
 
 
 def env_spec(session: Session, recipe: RecipeConfig) -> EnvSpec:
     backend = get_backend(recipe.backend.kind)
-    return backend.env_spec(recipe.backend, target_of(session), session.config.local.python)
+    return backend.env_spec(recipe.backend, target_of(session), session.provider.python())
 
 
 def bootstrap_argv(session: Session, package: str, spec: EnvSpec, *, check: bool = False) -> list[str]:

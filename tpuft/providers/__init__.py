@@ -17,4 +17,8 @@ def get_provider(config: ClusterConfig) -> Provider:
         from tpuft.providers.local import LocalProvider
 
         return LocalProvider(config)
+    if config.provider == "gcp":
+        from tpuft.providers.gcp import GcpProvider
+
+        return GcpProvider(config)
     raise AssertionError(f"unhandled provider {config.provider!r}")  # the config model admits no other value

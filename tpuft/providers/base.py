@@ -36,6 +36,8 @@ class Worker:
     """The worker's private HOME (local provider only)."""
     cpus: tuple[int, ...] = ()
     """CPU cores a local worker is pinned to, so local workers do not fight over cores like real hosts would not."""
+    internal_address: str = ""
+    """The VPC address (GCP); what other workers use to reach this one."""
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Cluster:
 
 class Provider(Protocol):
     name: str
+    target: str
+    """'cpu' (the local pod) or 'tpu': which wheels a backend installs on the workers."""
 
     def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:
         """Create the node(s) and the bucket, or reuse matching ones. Returns the cluster and whether it was new."""
@@ -75,6 +79,10 @@ class Provider(Protocol):
 
     def venv_cache(self) -> str:
         """Where workers keep backend venvs (a path on the workers)."""
+        ...
+
+    def python(self) -> str:
+        """The interpreter on the workers that backend venvs are built from."""
         ...
 
     def state_dir(self) -> Path:

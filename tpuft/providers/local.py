@@ -23,6 +23,7 @@ _MARKER = "cluster.json"
 
 class LocalProvider:
     name = "local"
+    target = "cpu"
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
@@ -44,6 +45,9 @@ class LocalProvider:
 
     def venv_cache(self) -> str:
         return str((self.config.local.venv_cache or venv_cache()).expanduser().resolve())
+
+    def python(self) -> str:
+        return self.config.local.python
 
     def _worker_dir(self, index: int) -> Path:
         return self._state_dir / "workers" / f"worker-{index}"

@@ -1,0 +1,154 @@
+"""provider: gcp through the CLI, against the fake TPU v2 API (tests/rigs/fake_tpu.py) with the real
+google-cloud-tpu client, and against the sshd pod for reaching the workers. Nothing here reaches Google."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tpuft.providers.gcp as gcp_module
+from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.sshd_pod import SshdPod, sshd_available
+
+
+@pytest.fixture
+def fake_tpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTpuServer]:
+    monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)
+    monkeypatch.setattr(gcp_module, "RETRY_BASE_S", 0.01)
+    with FakeTpuServer(operation_polls=2) as server:
+        yield server
+
+
+def cluster_yaml(tmp_path: Path, server: FakeTpuServer, *, extra_gcp: str = "", accelerator: str = "v4-16", ssh: str = "") -> Path:
+    path = tmp_path / "tpuft.yaml"
+    path.write_text(
+        f"name: tp\nprovider: gcp\naccelerator: {accelerator}\n"
+        f"gcp:\n  project: proj\n  zone: us-central2-b\n  tpu_api_endpoint: {server.endpoint}\n{extra_gcp}"
+        f"{ssh}"
+    )
+    return path
+
+
+def test_create_is_costed_confirmed_idempotent_and_deletable(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_yaml(tmp_path, fake_tpu, extra_gcp="  spot: true\n  labels: {team: nlp}\n")
+    refused = cli("create", "-c", str(cluster))
+    assert refused.code == 2 and "costs money: pass --yes" in refused.err
+    assert "8 chips: about $25.76 per hour" in refused.out and fake_tpu.calls("CreateNode") == []
+
+    made = cli("create", "-c", str(cluster), "--yes", "--json")
+    assert made.code == 0, made.err
+    info = json.loads(made.out)
+    assert info["created"] is True and info["state"] == "READY"
+    assert [w["address"] for w in info["workers"]] == ["127.0.1.10", "127.0.1.11"]
+    node = fake_tpu.node("tp")
+    assert node["acceleratorType"] == "v4-16" and node["runtimeVersion"] == "tpu-ubuntu2204-base"
+    assert node["schedulingConfig"].get("spot") is True and node["labels"] == {"created-by": "tpuft", "team": "nlp"}
+
+    again = cli("create", "-c", str(cluster), "--json")  # no --yes needed: nothing new is billed
+    assert again.code == 0 and json.loads(again.out)["created"] is False
+    assert len(fake_tpu.calls("CreateNode")) == 1
+
+    shown = cli("status", "-c", str(cluster))
+    assert shown.code == 0 and "READY" in shown.out and "127.0.1.11" in shown.out
+
+    gone = cli("delete", "-c", str(cluster), "--yes")
+    assert gone.code == 0 and fake_tpu.node("tp") is None
+    assert json.loads(cli("status", "-c", str(cluster), "--json").out)["state"] == "NOT_FOUND"
+
+
+def test_other_shape_and_preempted_nodes_say_what_to_do(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    assert cli("create", "-c", str(cluster_yaml(tmp_path, fake_tpu)), "--yes").code == 0
+    bigger = cluster_yaml(tmp_path, fake_tpu, accelerator="v4-32")
+    result = cli("create", "-c", str(bigger), "--yes")
+    assert result.code == 2 and "exists in us-central2-b as v4-16, the cluster file asks for v4-32" in result.err
+    assert "tpuft delete" in result.err
+
+    fake_tpu.preempt("tp")
+    same = cluster_yaml(tmp_path, fake_tpu)
+    result = cli("create", "-c", str(same), "--yes")
+    assert result.code == 2 and "exists but is PREEMPTED" in result.err and "delete --yes && tpuft create" in result.err
+    assert json.loads(cli("status", "-c", str(same), "--json").out)["state"] == "PREEMPTED"
+
+
+def test_api_errors_are_one_clear_line(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_yaml(tmp_path, fake_tpu)
+    fake_tpu.fail_next_create("RESOURCE_EXHAUSTED", "Quota 'TPUV4sPodPerProjectPerZone' exhausted")
+    result = cli("create", "-c", str(cluster), "--yes")
+    assert result.code == 1 and "Traceback" not in result.err
+    assert "creating TPU node tp in project proj, zone us-central2-b failed" in result.err
+    assert "exhausted" in result.err and "try another zone, spot, or gcp.queued: true" in result.err
+
+    fake_tpu.deny("CreateNode")
+    result = cli("create", "-c", str(cluster), "--yes")
+    assert result.code == 1 and "roles/tpu.admin" in result.err
+
+
+def test_transient_errors_are_retried(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_yaml(tmp_path, fake_tpu)
+    fake_tpu.transient_errors(3)
+    result = cli("create", "-c", str(cluster), "--yes", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["state"] == "READY"
+
+
+def test_queued_multislice_spot_and_forced_delete(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    extra = "  queued: true\n  spot: true\n  slices: 2\n  valid_until: 6h\n"
+    cluster = cluster_yaml(tmp_path, fake_tpu, extra_gcp=extra, accelerator="v4-8")
+    result = cli("create", "-c", str(cluster), "--yes", "--json")
+    assert result.code == 0, result.err
+    info = json.loads(result.out)
+    assert info["state"] == "READY" and len(info["workers"]) == 2  # 2 slices x 1 host
+    assert info["details"]["queued_resource"] == "ACTIVE"
+    assert fake_tpu.node("tp-0") is not None and fake_tpu.node("tp-1") is not None
+    body = fake_tpu.calls("CreateQueuedResource")[0].body
+    assert "spot" in body and body["queueingPolicy"]["validUntilDuration"] == "21600s"
+    assert body["tpu"]["nodeSpec"][0]["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "tp"}
+
+    assert cli("delete", "-c", str(cluster), "--yes").code == 0
+    assert fake_tpu.calls("DeleteQueuedResource")[0].query.get("force") == "true"
+    assert fake_tpu.queued_resource("tp") is None and fake_tpu.node("tp-0") is None
+
+
+def test_failed_queued_resource_shows_why(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_yaml(tmp_path, fake_tpu, extra_gcp="  queued: true\n", accelerator="v4-8")
+    fake_tpu.fail_queued(None, "no v4 capacity in us-central2-b")
+    result = cli("create", "-c", str(cluster), "--yes")
+    assert result.code == 1
+    assert "queued resource tp is FAILED: no v4 capacity in us-central2-b" in result.err
+    assert "Delete it" in result.err
+
+
+@pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
+def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    with SshdPod(tmp_path / "pod", workers=2) as pod:
+        ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  connect_attempts: 2\n  retry_delay_s: 0.1\n"
+        cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
+        assert cli("create", "-c", str(cluster), "--yes").code == 0
+        result = cli("exec", "-c", str(cluster), "--", "echo id=$TPUFT_WORKER_ID of $TPUFT_NUM_WORKERS home=$HOME")
+        assert result.code == 0, result.err
+        assert f"[w0] id=0 of 2 home={pod.home(0)}" in result.out
+        assert f"[w1] id=1 of 2 home={pod.home(1)}" in result.out
+        public = Path(f"{pod.client_key}.pub").read_text().strip()
+        assert f"{pod.user}:{public}" in fake_tpu.node("tp")["metadata"]["ssh-keys"]
+        assert fake_tpu.calls("UpdateNode")[0].query.get("updateMask") == "metadata"
+        assert cli("exec", "-c", str(cluster), "--worker", "1", "--", "true").code == 0
+        assert len(fake_tpu.calls("UpdateNode")) == 1  # the key is there now: no second update
+        failing = cli("exec", "-c", str(cluster), "--", 'if [ "$TPUFT_WORKER_ID" = 1 ]; then echo broken; exit 3; fi; sleep 30')
+        assert failing.code == 1 and "failed on worker 1 (exit code 3)" in failing.err and "broken" in failing.err
+
+
+def test_missing_key_is_created_like_gcloud(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
+    from tpuft.config import load_cluster
+    from tpuft.providers import get_provider
+
+    key = tmp_path / "keys" / "google_compute_engine"
+    ssh = f"ssh:\n  user: alice\n  key_file: {key}\n"
+    config = load_cluster(cluster_yaml(tmp_path, fake_tpu, ssh=ssh)).value
+    provider = get_provider(config)
+    cluster, _ = provider.create()
+    provider.fleet(cluster)
+    assert key.exists() and Path(f"{key}.pub").read_text().startswith("ssh-rsa ")
+    assert "alice:ssh-rsa " in fake_tpu.node("tp")["metadata"]["ssh-keys"]
