@@ -9,7 +9,7 @@ import pytest
 
 from tpuft import __version__
 
-VERBS = ["create", "setup", "train", "up", "monitor", "convert", "delete", "status", "exec"]
+VERBS = ["create", "setup", "train", "up", "monitor", "convert", "delete", "status", "exec", "ssh"]
 
 
 @pytest.mark.parametrize("verb", VERBS + ["recipes ls", "recipes show", "recipes cp", "recipes validate"])
@@ -29,7 +29,7 @@ def test_unknown_command_is_a_usage_error(cli) -> None:  # type: ignore[no-untyp
     assert result.code == 2
 
 
-HEAVY = ("torch", "tensorflow", "jax", "transformers", "tf_keras", "torch_xla", "numpy", "safetensors")
+HEAVY = ("torch", "tensorflow", "jax", "transformers", "tf_keras", "torch_xla", "numpy", "safetensors", "paramiko", "google.cloud.tpu_v2", "google.cloud.storage")
 
 
 def test_cli_imports_no_ml_framework() -> None:

@@ -239,6 +239,29 @@ def exec_(
     raise_on_failure(result, "the command")
 
 
+@app.command(rich_help_panel="Cluster")
+def ssh(
+    worker: Annotated[int, typer.Option("--worker", "-w", help="Which worker (0 is the coordinator).")] = 0,
+    config: ConfigOpt = None,
+) -> None:
+    """Open an interactive shell on one worker (SSH on GCP; the worker's folder locally).
+
+    Example: tpuft ssh --worker 1
+    """
+    import os
+    import shutil
+
+    from tpuft.errors import UsageError
+    from tpuft.ops.cluster import shell_argv
+
+    argv, env, cwd = shell_argv(_load_cluster(config), worker)
+    if shutil.which(argv[0]) is None:
+        raise UsageError(f"{argv[0]} is not installed on this machine")
+    if cwd:
+        os.chdir(cwd)
+    os.execvpe(argv[0], argv, {**os.environ, **env})
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Training
 

@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, list[tuple[str, str]]]] = [
             ("status", "Show the cluster's state and its workers."),
             ("delete", "Delete the cluster's workers. Runs in the bucket are kept."),
             ("exec", "Run a command on every worker (or some) in parallel, with prefixed output."),
+            ("ssh", "Open an interactive shell on one worker (SSH on GCP; the worker's folder locally)."),
         ],
     ),
     (

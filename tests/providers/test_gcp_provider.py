@@ -152,3 +152,22 @@ def test_missing_key_is_created_like_gcloud(tmp_path: Path, fake_tpu: FakeTpuSer
     provider.fleet(cluster)
     assert key.exists() and Path(f"{key}.pub").read_text().startswith("ssh-rsa ")
     assert "alice:ssh-rsa " in fake_tpu.node("tp")["metadata"]["ssh-keys"]
+
+
+@pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
+def test_ssh_to_one_worker(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
+    import os
+    import subprocess
+    import sys
+
+    with SshdPod(tmp_path / "pod", workers=2) as pod:
+        ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
+        cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
+        env = {**os.environ, "TPUFT_GCP_POLL_SECONDS": "0.01"}
+        subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(cluster), "--yes"], check=True, env=env, capture_output=True)
+        shell = subprocess.run(
+            [sys.executable, "-m", "tpuft", "ssh", "--worker", "1", "-c", str(cluster)],
+            input="echo home=$HOME\n", text=True, capture_output=True, env=env, timeout=60,
+        )
+        assert shell.returncode == 0, shell.stderr
+        assert f"home={pod.home(1)}" in shell.stdout

@@ -75,3 +75,17 @@ def test_train_before_setup_says_to_run_setup(cli, tmp_path: Path) -> None:  # t
     assert result.code == 2
     assert "not set up on worker(s) 0, 1" in result.err and "tpuft setup quickstart" in result.err
     assert not (tmp_path / "no-venvs").exists() or not any((tmp_path / "no-venvs").iterdir())
+
+
+def test_ssh_opens_a_shell_in_the_worker_home(cluster_file: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "200"}
+    subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(cluster_file)], check=True, env=env, capture_output=True)
+    shell = subprocess.run(
+        [sys.executable, "-m", "tpuft", "ssh", "--worker", "1", "-c", str(cluster_file)],
+        input="echo home=$HOME id=$TPUFT_WORKER_ID; pwd\n", text=True, capture_output=True, env=env, timeout=30,
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert "worker-1 id=1" in shell.stdout and shell.stdout.strip().endswith("worker-1")

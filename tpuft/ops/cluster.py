@@ -94,3 +94,24 @@ def exec_command(
         on_line=on_line,
         env=lambda w: {"TPUFT_WORKER_ID": str(w.index), "TPUFT_NUM_WORKERS": count},
     )
+
+
+def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str, str], str | None]:
+    """argv, extra environment and working directory for an interactive shell on one worker."""
+    session = open_session(config)
+    count = len(session.cluster.workers)
+    if not 0 <= worker < count:
+        raise UsageError(f"--worker {worker}: the cluster has workers 0..{count - 1}")
+    target = session.cluster.workers[worker]
+    if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
+        return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)
+    fleet = session.fleet  # makes sure the key exists and is in the node's metadata
+    settings = fleet.settings  # type: ignore[attr-defined]
+    known_hosts = session.provider.state_dir() / "known_hosts"  # per cluster: a recreated node may reuse an IP
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "ssh", "-t", "-i", str(settings.key_file), "-p", str(settings.port),
+        "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "ServerAliveInterval=30", f"{settings.user}@{target.address}",
+    ]
+    return argv, {}, None

@@ -375,6 +375,7 @@ class GcpProvider:
     def delete(self, progress: Progress | None = None) -> bool:
         from google.api_core import exceptions as gexc
 
+        (self.state_dir() / "known_hosts").unlink(missing_ok=True)  # the next node may reuse these addresses
         from google.cloud import tpu_v2
 
         client = self.client()
