@@ -1,11 +1,13 @@
 """Fan-out to N SSH workers: tpuft's SSH fleet vs a sequential `ssh` loop vs `ssh` processes in parallel.
 
-A pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py; 127.0.1.(10+i)) stands in for a TPU pod slice.
-For N in 1, 8, 32, 64 workers, each method runs `true` on every worker, 5 times after a warm-up; the table shows
-the median wall time. The tpuft column is a fresh Python process (start-up included) running the fleet the way
-`tpuft exec -- true` does once the GCP provider hands it the workers. It also reports tpuft's client-side CPU
-seconds per worker (the part that would not parallelise on a real pod, where every worker has its own CPUs) and the
-time to the first output line (`echo` instead of `true`).
+A pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py; 127.0.1.(10+i)) stands in for a TPU pod slice,
+and the fake TPU API (tests/rigs/fake_tpu.py) hands their addresses out as the node's network endpoints. For N in
+1, 8, 32, 64 workers, each method runs `true` on every worker, 5 times after a warm-up; the table shows medians:
+- tpuft fleet: a fresh Python process (start-up included) running tpuft's SSH fleet on the N workers;
+- tpuft exec: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the TPU API lookup, then the fleet);
+- parallel ssh / sequential ssh: OpenSSH's client, same key, same workers.
+It also reports the fleet's client-side CPU per worker (the part that would not parallelise on a real pod, where
+every worker has its own CPUs) and the time to the first output line (`echo` instead of `true`).
 
 On this 2-core machine the sshd servers share the client's cores, so the parallel-ssh column is the physical floor.
 Targets: at 64 workers <= 1.1x the parallel-ssh column; at 1 worker <= 0.5 s; far ahead of the sequential loop.
@@ -59,6 +61,28 @@ def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:
     return {"wall": wall, **data}
 
 
+ACCELERATOR_FOR_HOSTS = {1: "v4-8", 8: "v4-64", 32: "v4-256", 64: "v4-512"}
+
+
+def tpuft_exec_cluster(pod, server, count: int, root: Path) -> Path:
+    """A cluster file for `tpuft exec`: a TPU node on the fake TPU API whose workers are the pod's sshd servers."""
+    accelerator = ACCELERATOR_FOR_HOSTS[count]
+    path = root / f"tpuft-{count}.yaml"
+    path.write_text(
+        f"name: bench-{count}\nprovider: gcp\naccelerator: {accelerator}\n"
+        f"gcp: {{project: bench, zone: us-central2-b, tpu_api_endpoint: '{server.endpoint}'}}\n"
+        f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}}}\n"
+    )
+    subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(path), "--yes"], check=True, capture_output=True, cwd=REPO)
+    return path
+
+
+def tpuft_exec(cluster: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"], check=True, capture_output=True, cwd=REPO)
+    return time.perf_counter() - started
+
+
 def ssh_sequential(pod, count: int) -> float:
     started = time.perf_counter()
     for i in range(count):
@@ -83,15 +107,20 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from tests.rigs.fake_tpu import FakeTpuServer
     from tests.rigs.sshd_pod import SshdPod
 
     sizes = [int(s) for s in args.sizes.split(",")]
-    console = Console()
+    console = Console(width=150)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, SshdPod(Path(tmp), workers=max(sizes)) as pod:
+    with tempfile.TemporaryDirectory() as tmp, SshdPod(Path(tmp) / "pod", workers=max(sizes)) as pod, FakeTpuServer(operation_polls=0) as server:
+        server.worker_addresses = pod.addresses
         for count in sizes:
+            cluster = tpuft_exec_cluster(pod, server, count, Path(tmp))
+            tpuft_exec(cluster)  # warm-up; also publishes the key in the node metadata once
             tpuft_fanout(pod, count, ["true"])  # warm-up (page cache, sshd host key loads)
             ssh_parallel(pod, count)
+            cli = [tpuft_exec(cluster) for _ in range(args.runs)]
             tp = [tpuft_fanout(pod, count, ["true"]) for _ in range(args.runs)]
             par = [ssh_parallel(pod, count) for _ in range(args.runs)]
             seq = [ssh_sequential(pod, count) for _ in range(args.runs)]
@@ -99,6 +128,7 @@ def main() -> None:
             row = {
                 "workers": count,
                 "tpuft": statistics.median(t["wall"] for t in tp),
+                "tpuft_exec": statistics.median(cli),
                 "parallel_ssh": statistics.median(par),
                 "sequential_ssh": statistics.median(seq),
                 "cpu_per_worker": statistics.median(t["cpu"] for t in tp) / count,
@@ -107,12 +137,16 @@ def main() -> None:
             rows.append(row)
             console.log(f"{count} workers done")
     table = Table(title=f"fan-out: `true` on N loopback sshd workers (median of {args.runs}, after a warm-up)")
-    for column in ("workers", "tpuft s", "parallel ssh s", "sequential ssh s", "tpuft / parallel", "tpuft CPU ms/worker", "first line s"):
+    for column in (
+        "workers", "tpuft fleet s", "tpuft exec s", "parallel ssh s", "sequential ssh s", "fleet / parallel",
+        "fleet CPU ms/worker", "first line s",
+    ):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             str(row["workers"]),
             f"{row['tpuft']:.3f}",
+            f"{row['tpuft_exec']:.3f}",
             f"{row['parallel_ssh']:.3f}",
             f"{row['sequential_ssh']:.3f}",
             f"{row['tpuft'] / row['parallel_ssh']:.2f}x",

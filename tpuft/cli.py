@@ -151,6 +151,8 @@ def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = Fa
         f"{acc.name} = {acc.chips} chips on {acc.hosts} host(s){price}"
     )
     console.print(f"run storage: {result.cluster.bucket}")
+    if result.cluster.details.get("bucket_warning"):
+        console.print(f"[yellow]warning:[/yellow] {result.cluster.details['bucket_warning']}", soft_wrap=True)
 
 
 def _cluster_json(cluster: Any) -> dict[str, Any]:

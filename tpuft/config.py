@@ -78,6 +78,9 @@ class GcpConfig(_Strict):
     )
     venv_cache: str = Field("~/.cache/tpuft/venvs", description="Where workers keep backend venvs (a path on the workers).")
     python: str = Field("python3", description="Interpreter on the workers that venvs are built from.")
+    worker_device: Literal["tpu", "cpu"] = Field(
+        "tpu", description="'cpu' when the hosts have no TPU (CPU VMs, test rigs): CPU wheels and PJRT_DEVICE=CPU."
+    )
 
     @field_validator("valid_until")
     @classmethod
@@ -118,6 +121,9 @@ class ClusterConfig(_Strict):
         None,
         description="Run storage. gcp: gs://NAME (default gs://<project>-tpuft); local: a folder "
         "(default ~/.tpuft/buckets/<name>).",
+    )
+    worker_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment for every worker process, e.g. XLA_FLAGS (no secrets)."
     )
     local: LocalConfig = Field(default_factory=LocalConfig)
     gcp: GcpConfig = Field(default_factory=GcpConfig)

@@ -11,13 +11,22 @@ import pytest
 
 import tpuft.providers.gcp as gcp_module
 from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 
 
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[GcsEmulator]:
+    with GcsEmulator() as emulator:
+        yield emulator
+
+
 @pytest.fixture
-def fake_tpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTpuServer]:
+def fake_tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)
     monkeypatch.setattr(gcp_module, "RETRY_BASE_S", 0.01)
+    for key, value in gcs.env().items():  # `create` makes the bucket: in the emulator
+        monkeypatch.setenv(key, value)
     with FakeTpuServer(operation_polls=2) as server:
         yield server
 
@@ -42,6 +51,7 @@ def test_create_is_costed_confirmed_idempotent_and_deletable(cli, tmp_path: Path
     assert made.code == 0, made.err
     info = json.loads(made.out)
     assert info["created"] is True and info["state"] == "READY"
+    assert info["bucket"] == "gs://proj-tpuft" and info["details"]["bucket"] == "gs://proj-tpuft (created)"
     assert [w["address"] for w in info["workers"]] == ["127.0.1.10", "127.0.1.11"]
     node = fake_tpu.node("tp")
     assert node["acceleratorType"] == "v4-16" and node["runtimeVersion"] == "tpu-ubuntu2204-base"
@@ -140,6 +150,17 @@ def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(cli, tmp_path:
         assert failing.code == 1 and "failed on worker 1 (exit code 3)" in failing.err and "broken" in failing.err
 
 
+def test_bucket_in_another_region_is_warned_about(cli, tmp_path: Path, fake_tpu: FakeTpuServer, gcs: GcsEmulator) -> None:  # type: ignore[no-untyped-def]
+    from tpuft.storage import open_storage
+
+    open_storage("gs://far-away", project="proj").ensure_bucket("us-east1")
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(cluster_yaml(tmp_path, fake_tpu).read_text() + "bucket: gs://far-away\n")
+    result = cli("create", "-c", str(cluster), "--yes")
+    assert result.code == 0, result.err
+    assert "warning:" in result.out and "us-east1" in result.out.lower() and "us-central2" in result.out.lower()
+
+
 def test_missing_key_is_created_like_gcloud(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
     from tpuft.config import load_cluster
     from tpuft.providers import get_provider
@@ -163,7 +184,7 @@ def test_ssh_to_one_worker(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
     with SshdPod(tmp_path / "pod", workers=2) as pod:
         ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
         cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
-        env = {**os.environ, "TPUFT_GCP_POLL_SECONDS": "0.01"}
+        env = {**os.environ, "TPUFT_GCP_POLL_SECONDS": "0.01"}  # STORAGE_EMULATOR_HOST comes from the fixture
         subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(cluster), "--yes"], check=True, env=env, capture_output=True)
         shell = subprocess.run(
             [sys.executable, "-m", "tpuft", "ssh", "--worker", "1", "-c", str(cluster)],

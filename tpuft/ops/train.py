@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from dataclasses import dataclass, field
@@ -85,9 +86,14 @@ def train(
 
     storage = open_storage(session.cluster.bucket)
     run_id = rundir.new_run_id(recipe.value.name)
-    run_dir = storage.run_dir(run_id)
-    (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / rundir.RECIPE).write_text(dump_recipe(recipe.value))
+    run_url = str(storage.run_dir(run_id))
+    run_store = open_storage(run_url)
+    remote_storage = run_url.startswith("gs://")
+    # What the controller keeps: the run dir itself (local), or a mirror of its small files (gs://).
+    mirror = session.provider.state_dir() / "runs" / run_id if remote_storage else Path(run_url)
+    (mirror / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    resolved = _ship_data(session, recipe.value, run_id) if _remote_fleet(session) else recipe.value
+    run_store.write_text(rundir.RECIPE, dump_recipe(resolved))
     started = time.time()
     info = {
         "run_id": run_id,
@@ -102,15 +108,17 @@ def train(
         "started": started,
         "status": "running",
     }
-    rundir.write_json_atomic(run_dir / rundir.RUN_INFO, info)
+    run_store.write_text(rundir.RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
     if on_start is not None:
-        on_start(run_id, run_dir)
+        on_start(run_id, run_url)
 
     backend = get_backend(recipe.value.backend.kind)
-    coordinator = f"{workers[0].address}:{_free_port(workers[0].address)}"
+    coordinator_host = workers[0].internal_address or workers[0].address
+    coordinator = f"{coordinator_host}:{_free_port(coordinator_host)}"
     common_env = {
+        **config.worker_env,
         "TPUFT_RUN_ID": run_id,
-        "TPUFT_RUN_DIR": str(run_dir),
+        "TPUFT_RUN_DIR": run_url,
         "TPUFT_NUM_WORKERS": str(len(workers)),
         "TPUFT_COORDINATOR": coordinator.replace("localhost", "127.0.0.1"),
         **backend.worker_env(target_of(session)),
@@ -129,17 +137,54 @@ def train(
         [python, "-m", "tpuft.worker"],
         env=env_for,
         workers=launch,
-        log_dir=run_dir / rundir.LOGS_DIR,
+        log_dir=mirror / rundir.LOGS_DIR,
         on_line=on_line,
     )
     seconds = time.time() - started
     status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
-    rundir.write_json_atomic(run_dir / rundir.RUN_INFO, {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)})
+    final_info = {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)}
+    run_store.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
+    if remote_storage:
+        run_store.upload_tree(mirror / rundir.LOGS_DIR, rundir.LOGS_DIR)
+        _mirror_small_files(run_store, mirror)
     try:
         raise_on_failure(result, f"training run {run_id}")
     except WorkerFailure as failure:
-        raise WorkerFailure(f"{failure.message}\nrun dir: {run_dir}") from None
-    return summarize(run_id, run_dir, seconds, len(launch))
+        raise WorkerFailure(f"{failure.message}\nrun dir: {run_url}") from None
+    summary = summarize(run_id, mirror, seconds, len(launch))
+    if remote_storage:
+        summary.run_dir = run_url  # type: ignore[assignment]
+        exported = run_store.exists(f"{rundir.EXPORT_HF}/config.json")
+        summary.export_dir = f"{run_url}/{rundir.EXPORT_HF}" if exported else None  # type: ignore[assignment]
+    return summary
+
+
+def _remote_fleet(session: Session) -> bool:
+    """Workers on other machines (SSH) cannot read the controller's files: the data has to be shipped."""
+    return any(w.home is None for w in session.cluster.workers)
+
+
+def _ship_data(session: Session, recipe: RecipeConfig, run_id: str) -> RecipeConfig:
+    """Copy the recipe's data files to every worker and point the recipe at the copies (HOME-relative)."""
+    folder = f".tpuft/data/{run_id}"
+    updates: dict[str, Path] = {}
+    for key in ("train", "eval"):
+        path = getattr(recipe.data, key)
+        if path is None:
+            continue
+        remote = f"{folder}/{key}-{path.name}"
+        session.fleet.put(path, remote)
+        updates[key] = Path(remote)
+    return recipe.model_copy(update={"data": recipe.data.model_copy(update=updates)})
+
+
+def _mirror_small_files(run_store: Any, mirror: Path) -> None:
+    """Bring the run's metrics, heartbeats and status home, for the summary (checkpoints stay in the bucket)."""
+    for name in (rundir.METRICS, rundir.RUN_INFO):
+        text = run_store.read_text(name)
+        if text is not None:
+            (mirror / name).write_text(text)
+    run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
 
 
 def summarize(run_id: str, run_dir: Path, seconds: float, workers: int) -> TrainResult:

@@ -61,11 +61,11 @@ def _loopback_http(endpoint: str) -> bool:
 
 class GcpProvider:
     name = "gcp"
-    target = "tpu"
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.gcp = config.gcp
+        self.target = config.gcp.worker_device
         self.project = str(self.gcp.project)
         self.zone = str(self.gcp.zone)
         self.parent = f"projects/{self.project}/locations/{self.zone}"
@@ -168,7 +168,9 @@ class GcpProvider:
         return tpuft_home() / "gcp" / self.project / self.zone / self.config.name
 
     def venv_cache(self) -> str:
-        return self.gcp.venv_cache
+        """Commands run from HOME on the workers and argv gets no ``~`` expansion: make ``~/x`` plain ``x``."""
+        cache = self.gcp.venv_cache
+        return cache[2:] if cache.startswith("~/") else cache
 
     def python(self) -> str:
         return self.gcp.python
@@ -217,6 +219,7 @@ class GcpProvider:
         existing = self.get()
         if existing.state != State.NOT_FOUND:
             self._check_reusable(existing)
+            self._ensure_bucket(existing, progress)
             return existing, False
         if self.gcp.queued:
             self._create_queued(progress)
@@ -228,7 +231,23 @@ class GcpProvider:
                 f"TPU {self.config.name} ended up {cluster.state} instead of READY",
                 hint="See: tpuft status; then tpuft delete --yes && tpuft create",
             )
+        self._ensure_bucket(cluster, progress)
         return cluster, True
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+    def _ensure_bucket(self, cluster: Cluster, progress: Progress | None) -> None:
+        """The run storage lives in the zone's region: same-region traffic is fast and free."""
+        from tpuft.storage import open_storage
+
+        if progress:
+            progress(f"bucket {self.bucket_url} in {self.region}")
+        created, warning = open_storage(self.bucket_url, project=self.project).ensure_bucket(self.region)
+        cluster.details["bucket"] = f"{self.bucket_url} ({'created' if created else 'exists'})"
+        if warning:
+            cluster.details["bucket_warning"] = warning
 
     def _check_reusable(self, cluster: Cluster) -> None:
         if cluster.details.get("shape") and cluster.details["shape"] != self.wanted_shape():

@@ -11,10 +11,17 @@ from pathlib import Path
 class WorkerContext:
     run_id: str
     run_dir: Path
+    """Where this worker writes run files: the run dir itself, or a local staging copy of a gs:// one."""
     worker_id: int
     num_workers: int
     coordinator: str
     """``host:port`` of worker 0, for rendezvous on backends that need one."""
+    run_url: str = ""
+    """The run dir as the launcher named it (``gs://...`` when it is remote, else the same as ``run_dir``)."""
+
+    @property
+    def remote(self) -> bool:
+        return self.run_url.startswith("gs://")
 
     @property
     def chief(self) -> bool:
@@ -26,12 +33,17 @@ class WorkerContext:
         missing = [k for k in ("TPUFT_RUN_ID", "TPUFT_RUN_DIR", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS") if k not in env]
         if missing:
             raise SystemExit(f"tpuft.worker: missing environment {', '.join(missing)} (set by `tpuft train`)")
+        url = env["TPUFT_RUN_DIR"]
+        local = Path(url)
+        if url.startswith("gs://"):  # objects cannot be appended to: write locally, mirror to the bucket
+            local = Path(env.get("HOME", "~")).expanduser() / ".tpuft" / "runs" / env["TPUFT_RUN_ID"]
         return cls(
             run_id=env["TPUFT_RUN_ID"],
-            run_dir=Path(env["TPUFT_RUN_DIR"]),
+            run_dir=local,
             worker_id=int(env["TPUFT_WORKER_ID"]),
             num_workers=int(env["TPUFT_NUM_WORKERS"]),
             coordinator=env.get("TPUFT_COORDINATOR", "127.0.0.1:8476"),
+            run_url=url,
         )
 
 
