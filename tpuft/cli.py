@@ -396,10 +396,12 @@ def monitor(
 
     Example: tpuft monitor --json
     """
-    from tpuft.monitor import resolve_run, snapshot
+    from tpuft.monitor import local_view, resolve_run, snapshot
 
     cfg = _load_cluster(config)
-    snap = snapshot(resolve_run(cfg, run_id))
+    run = resolve_run(cfg, run_id)
+    snap = snapshot(local_view(run))
+    snap.run_dir = run  # show where it lives, not the local copy
     if json_out:
         print(json.dumps(snap.as_json(), indent=2))
         return

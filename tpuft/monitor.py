@@ -20,8 +20,8 @@ STALE_AFTER_SECONDS = 120.0
 """A running worker whose heartbeat is older than this is flagged as stale."""
 
 
-def resolve_run(config: ClusterConfig, run_id: str | None) -> Path:
-    """A run id (or a unique prefix of one, or None for the latest) -> its run dir."""
+def resolve_run(config: ClusterConfig, run_id: str | None) -> Path | str:
+    """A run id (or a unique prefix of one, or None for the latest) -> its run dir (a ``gs://`` URL on GCP)."""
     from tpuft.providers import get_provider
 
     storage = open_storage(get_provider(config).get().bucket)
@@ -79,6 +79,27 @@ class RunSnapshot:
             "workers": [w.__dict__ for w in self.workers],
             "skipped_metric_lines": self.skipped_lines,
         }
+
+
+def mirror_small_files(run_store: Any, mirror: Path) -> Path:
+    """Copy a remote run's status files (run info, metrics, heartbeats; not checkpoints) into ``mirror``."""
+    mirror.mkdir(parents=True, exist_ok=True)
+    for name in (rundir.METRICS, rundir.RUN_INFO):
+        text = run_store.read_text(name)
+        if text is not None:
+            (mirror / name).write_text(text)
+    run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
+    return mirror
+
+
+def local_view(run: Path | str) -> Path:
+    """A folder with the run's status files: the run dir itself, or a fresh local copy of a gs:// one."""
+    if not str(run).startswith("gs://"):
+        return Path(run)
+    from tpuft.paths import tpuft_home
+
+    run_url = str(run).rstrip("/")
+    return mirror_small_files(open_storage(run_url), tpuft_home() / "cache" / "runs" / run_url.rsplit("/", 1)[-1])
 
 
 def snapshot(run_dir: Path, now: float | None = None) -> RunSnapshot:

@@ -25,11 +25,11 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         tpu.worker_addresses = pod.addresses
         cluster = tmp_path / "tpuft.yaml"
         cluster.write_text(
-            f"name: e2e-gcp\\nprovider: gcp\\naccelerator: v4-16\\nbucket: gs://e2e-bucket\\n"
-            f"worker_env: {{STORAGE_EMULATOR_HOST: '{gcs.endpoint}'}}\\n"
-            f"gcp:\\n  project: proj\\n  zone: us-central2-b\\n  tpu_api_endpoint: {tpu.endpoint}\\n"
-            f"  worker_device: cpu\\n  venv_cache: {venv_cache()}\\n"
-            f"ssh:\\n  user: {pod.user}\\n  key_file: {pod.client_key}\\n  port: {pod.port}\\n"
+            f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"
+            f"worker_env: {{STORAGE_EMULATOR_HOST: '{gcs.endpoint}'}}\n"
+            f"gcp:\n  project: proj\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
+            f"  worker_device: cpu\n  venv_cache: {venv_cache()}\n"
+            f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
         )
         env = {
             **os.environ, **gcs.env(), "TPUFT_HOME": str(tmp_path / "home"), "TPUFT_GCP_POLL_SECONDS": "0.02",
@@ -61,6 +61,12 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
             assert expected in names, sorted(names)
         assert any(n.startswith("tb/events.out.tfevents") for n in names)
         assert json.loads(client.bucket("e2e-bucket").blob(prefix + "run.json").download_as_text())["status"] == "finished"
+
+        shown = subprocess.run([sys.executable, "-m", "tpuft", "monitor", "-c", str(cluster), "--json"], env=env, capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        snap = json.loads(shown.stdout)
+        assert snap["run_dir"] == run_url and snap["status"] == "finished" and snap["step"] == 40
+        assert [w["status"] for w in snap["workers"]] == ["finished", "finished"]
 
         deleted = subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], env=env, capture_output=True, text=True)
         assert deleted.returncode == 0 and tpu.node("e2e-gcp") is None

@@ -24,7 +24,13 @@ def convert(
     if run_id is not None:
         if config is None:
             raise UsageError("--run needs a cluster file to find the run's storage")
-        run_dir = resolve_run(config, run_id)
+        found = resolve_run(config, run_id)
+        if str(found).startswith("gs://"):
+            raise UsageError(
+                f"{found}: converting straight from a bucket is not supported yet",
+                hint=f"Copy the checkpoint home first (gsutil -m cp -r {found}/checkpoints .), then: tpuft convert checkpoints OUT_DIR",
+            )
+        run_dir = Path(found)
         source = run_dir
         if out_dir is None:
             out_dir = run_dir / rundir.EXPORT_HF

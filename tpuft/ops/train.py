@@ -17,6 +17,7 @@ from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
 from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
 from tpuft.providers.base import Worker
+from tpuft.monitor import mirror_small_files
 from tpuft.storage import open_storage
 
 COORDINATOR_PORT = 8476
@@ -146,7 +147,7 @@ def train(
     run_store.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
     if remote_storage:
         run_store.upload_tree(mirror / rundir.LOGS_DIR, rundir.LOGS_DIR)
-        _mirror_small_files(run_store, mirror)
+        mirror_small_files(run_store, mirror)
     try:
         raise_on_failure(result, f"training run {run_id}")
     except WorkerFailure as failure:
@@ -176,15 +177,6 @@ def _ship_data(session: Session, recipe: RecipeConfig, run_id: str) -> RecipeCon
         session.fleet.put(path, remote)
         updates[key] = Path(remote)
     return recipe.model_copy(update={"data": recipe.data.model_copy(update=updates)})
-
-
-def _mirror_small_files(run_store: Any, mirror: Path) -> None:
-    """Bring the run's metrics, heartbeats and status home, for the summary (checkpoints stay in the bucket)."""
-    for name in (rundir.METRICS, rundir.RUN_INFO):
-        text = run_store.read_text(name)
-        if text is not None:
-            (mirror / name).write_text(text)
-    run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
 
 
 def summarize(run_id: str, run_dir: Path, seconds: float, workers: int) -> TrainResult:
