@@ -4,7 +4,8 @@ A pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py; 127.0.1.(10+i
 and the fake TPU API (tests/rigs/fake_tpu.py) hands their addresses out as the node's network endpoints. For N in
 1, 8, 32, 64 workers, each method runs `true` on every worker, 5 times after a warm-up; the table shows medians:
 - tpuft fleet: a fresh Python process (start-up included) running tpuft's SSH fleet on the N workers;
-- tpuft exec: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the TPU API lookup, then the fleet);
+- tpuft exec: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the cluster's workers as remembered from
+  the last API answer in the past 10 minutes, then the fleet);
 - parallel ssh / sequential ssh: OpenSSH's client, same key, same workers.
 It also reports the fleet's client-side CPU per worker (the part that would not parallelise on a real pod, where
 every worker has its own CPUs) and the time to the first output line (`echo` instead of `true`).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -64,6 +66,10 @@ def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:
 ACCELERATOR_FOR_HOSTS = {1: "v4-8", 8: "v4-64", 32: "v4-256", 64: "v4-512"}
 
 
+ENV: dict[str, str] = {}
+"""Environment of the tpuft subprocesses: the GCS emulator (create makes the bucket) and a private TPUFT_HOME."""
+
+
 def tpuft_exec_cluster(pod, server, count: int, root: Path) -> Path:
     """A cluster file for `tpuft exec`: a TPU node on the fake TPU API whose workers are the pod's sshd servers."""
     accelerator = ACCELERATOR_FOR_HOSTS[count]
@@ -73,13 +79,13 @@ def tpuft_exec_cluster(pod, server, count: int, root: Path) -> Path:
         f"gcp: {{project: bench, zone: us-central2-b, tpu_api_endpoint: '{server.endpoint}'}}\n"
         f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}}}\n"
     )
-    subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(path), "--yes"], check=True, capture_output=True, cwd=REPO)
+    subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(path), "--yes"], check=True, capture_output=True, cwd=REPO, env=ENV)
     return path
 
 
 def tpuft_exec(cluster: Path) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"], check=True, capture_output=True, cwd=REPO)
+    subprocess.run([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"], check=True, capture_output=True, cwd=REPO, env=ENV)
     return time.perf_counter() - started
 
 
@@ -108,13 +114,20 @@ def main() -> None:
     from rich.table import Table
 
     from tests.rigs.fake_tpu import FakeTpuServer
+    from tests.rigs.gcs_emulator import GcsEmulator
     from tests.rigs.sshd_pod import SshdPod
 
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console(width=150)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, SshdPod(Path(tmp) / "pod", workers=max(sizes)) as pod, FakeTpuServer(operation_polls=0) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        SshdPod(Path(tmp) / "pod", workers=max(sizes)) as pod,
+        FakeTpuServer(operation_polls=0) as server,
+        GcsEmulator() as gcs,
+    ):
         server.worker_addresses = pod.addresses
+        ENV.update({**os.environ, **gcs.env(), "TPUFT_HOME": str(Path(tmp) / "home")})
         for count in sizes:
             cluster = tpuft_exec_cluster(pod, server, count, Path(tmp))
             tpuft_exec(cluster)  # warm-up; also publishes the key in the node metadata once

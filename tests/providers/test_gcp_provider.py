@@ -192,3 +192,27 @@ def test_ssh_to_one_worker(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
         )
         assert shell.returncode == 0, shell.stderr
         assert f"home={pod.home(1)}" in shell.stdout
+
+
+@pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
+def test_exec_uses_the_remembered_cluster_and_recovers_when_it_is_stale(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+    from tpuft.config import load_cluster
+    from tpuft.providers.gcp import GcpProvider
+
+    with SshdPod(tmp_path / "pod", workers=2) as pod:
+        ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  connect_attempts: 1\n  retry_delay_s: 0\n"
+        cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
+        assert cli("exec", "-c", str(cluster), "--", "true").code == 2  # no cluster yet
+        assert cli("create", "-c", str(cluster), "--yes").code == 0
+        assert cli("exec", "-c", str(cluster), "--", "true").code == 0  # publishes the key
+        before = len(fake_tpu.requests)
+        assert cli("exec", "-c", str(cluster), "--", "true").code == 0
+        assert len(fake_tpu.requests) == before  # answered from memory: no API round trip
+
+        provider = GcpProvider(load_cluster(cluster).value)
+        record = json.loads(provider._cache_path.read_text())
+        record["workers"][1][1] = "127.0.1.250"  # as if the node had been recreated elsewhere
+        provider._cache_path.write_text(json.dumps(record))
+        result = cli("exec", "-c", str(cluster), "--", "echo id=$TPUFT_WORKER_ID")
+        assert result.code == 0, result.err
+        assert "[w1] id=1" in result.out and len(fake_tpu.requests) > before

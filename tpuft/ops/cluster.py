@@ -11,7 +11,7 @@ from tpuft.errors import UsageError
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.providers import Cluster, get_provider
 from tpuft.providers.base import Progress
-from tpuft.ops.common import open_session
+from tpuft.ops.common import Session, open_session
 
 
 @dataclass
@@ -84,9 +84,22 @@ def exec_command(
     """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv."""
     if not command:
         raise UsageError("no command given: tpuft exec -- COMMAND [ARGS...]")
-    session = open_session(config)
-    chosen = parse_worker_list(workers, len(session.cluster.workers))
+    from tpuft.fleet.ssh import SshConnectError
+
     argv = ["bash", "-c", command[0]] if len(command) == 1 else list(command)
+    session = open_session(config, cached=True)
+    try:
+        return _exec(session, argv, workers, on_line)
+    except SshConnectError:
+        forget = getattr(session.provider, "forget", None)
+        if forget is None:
+            raise
+        forget()  # the remembered addresses may be stale (the node was recreated): ask the API and retry once
+        return _exec(open_session(config), argv, workers, on_line)
+
+
+def _exec(session: Session, argv: list[str], workers: str | None, on_line: LineSink | None) -> FleetResult:
+    chosen = parse_worker_list(workers, len(session.cluster.workers))
     count = str(len(session.cluster.workers))
     return session.fleet.run(
         argv,
@@ -98,7 +111,7 @@ def exec_command(
 
 def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str, str], str | None]:
     """argv, extra environment and working directory for an interactive shell on one worker."""
-    session = open_session(config)
+    session = open_session(config, cached=True)
     count = len(session.cluster.workers)
     if not 0 <= worker < count:
         raise UsageError(f"--worker {worker}: the cluster has workers 0..{count - 1}")

@@ -34,9 +34,11 @@ class Session:
         return self.provider.fleet(self.cluster)
 
 
-def open_session(config: ClusterConfig, *, require_ready: bool = True) -> Session:
+def open_session(config: ClusterConfig, *, require_ready: bool = True, cached: bool = False) -> Session:
+    """``cached``: accept the provider's recent memory of a READY cluster (no API call) for quick commands."""
     provider = get_provider(config)
-    cluster = provider.get()
+    remembered = getattr(provider, "cached", None) if cached else None
+    cluster = (remembered() if remembered else None) or provider.get()
     if require_ready and cluster.state != State.READY:
         if cluster.state == State.NOT_FOUND:
             raise UsageError(f"cluster {config.name!r} ({config.provider}) does not exist", hint="Create it: tpuft create")

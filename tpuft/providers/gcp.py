@@ -12,6 +12,7 @@ The client is built lazily (the CLI never imports Google's libraries at start-up
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -389,12 +390,57 @@ class GcpProvider:
         state = states[0] if len(set(states)) == 1 else ",".join(states)
         if len(nodes) < len(self.node_ids()) and state == State.READY:
             state = State.BROKEN
-        return Cluster(self.config.name, self.name, state, self.shape_of(nodes[0]), workers, self.bucket_url, details)
+        cluster = Cluster(self.config.name, self.name, state, self.shape_of(nodes[0]), workers, self.bucket_url, details)
+        self._remember(cluster)
+        return cluster
+
+    # -- a short-lived local memory of the cluster, so `exec` and `ssh` need no API round trip ----------------
+    CACHE_SECONDS = 600.0
+
+    @property
+    def _cache_path(self) -> Path:
+        return self.state_dir() / "cluster.json"
+
+    def _remember(self, cluster: Cluster) -> None:
+        previous = self._read_cache() or {}
+        workers = [[w.index, w.address, w.internal_address] for w in cluster.workers]
+        record = {
+            "time": time.time(),
+            "state": cluster.state,
+            "accelerator": cluster.accelerator,
+            "bucket": cluster.bucket,
+            "details": cluster.details,
+            "workers": workers,
+            "key": previous.get("key", "") if previous.get("workers") == workers else "",  # same node, same metadata
+        }
+        self._write_cache(record)
+
+    def _write_cache(self, record: dict[str, Any]) -> None:
+        self._cache_path.parent.mkdir(parents=True, exist_ok=True)
+        self._cache_path.write_text(json.dumps(record))
+
+    def _read_cache(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self._cache_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def forget(self) -> None:
+        self._cache_path.unlink(missing_ok=True)
+
+    def cached(self) -> Cluster | None:
+        """The cluster as last seen, if READY and seen in the last few minutes; None means: ask the API."""
+        record = self._read_cache()
+        if not record or record.get("state") != State.READY or time.time() - record.get("time", 0) > self.CACHE_SECONDS:
+            return None
+        workers = [Worker(index=i, address=a, internal_address=n) for i, a, n in record["workers"]]
+        return Cluster(self.config.name, self.name, State.READY, record["accelerator"], workers, record["bucket"], record["details"])
 
     def delete(self, progress: Progress | None = None) -> bool:
         from google.api_core import exceptions as gexc
 
         (self.state_dir() / "known_hosts").unlink(missing_ok=True)  # the next node may reuse these addresses
+        self.forget()
         from google.cloud import tpu_v2
 
         client = self.client()
@@ -426,8 +472,12 @@ class GcpProvider:
         user = ssh.user or user_name()
         key_file = ssh.key_file.expanduser()
         public = ensure_key(key_file, user)
-        if not ssh.os_login:
+        entry = f"{user}:{public.strip()}"
+        record = self._read_cache() or {}
+        if not ssh.os_login and record.get("key") != entry:
             self.ensure_key_in_metadata(user, public)
+            if record:
+                self._write_cache({**record, "key": entry})
         settings = SshSettings(
             user=user,
             key_file=key_file,
