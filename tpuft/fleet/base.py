@@ -52,6 +52,14 @@ class FleetResult:
         return [r for r in self.results if r.exit_code not in (0, None)]
 
 
+def select_workers(workers: list[Worker], indices: Sequence[int] | None) -> list[Worker]:
+    """The workers named by ``indices`` (all of them for None), in the order given."""
+    if indices is None:
+        return list(workers)
+    by_index = {w.index: w for w in workers}
+    return [by_index[i] for i in indices]
+
+
 class Fleet(Protocol):
     workers: list[Worker]
 

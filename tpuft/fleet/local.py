@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult
+from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.providers.base import Worker
 
@@ -26,12 +26,6 @@ _CONTROLLER_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAU
 class LocalFleet:
     def __init__(self, workers: list[Worker]) -> None:
         self.workers = workers
-
-    def _select(self, indices: Sequence[int] | None) -> list[Worker]:
-        if indices is None:
-            return list(self.workers)
-        by_index = {w.index: w for w in self.workers}
-        return [by_index[i] for i in indices]
 
     def _base_env(self, worker: Worker) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _CONTROLLER_ONLY_ENV}
@@ -57,7 +51,7 @@ class LocalFleet:
         fail_fast: bool = True,
         cwd_home: bool = True,
     ) -> FleetResult:
-        chosen = self._select(workers)
+        chosen = select_workers(self.workers, workers)
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -74,7 +68,7 @@ class LocalFleet:
         return run_supervised(start, fail_fast)
 
     def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:
-        for worker in self._select(workers):
+        for worker in select_workers(self.workers, workers):
             base = worker.home if worker.home is not None else Path.home()
             target = Path(dest) if Path(dest).is_absolute() else base / dest
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.errors import TpuftError
-from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult
+from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.providers.base import Worker
 
@@ -141,12 +141,6 @@ class SshFleet:
         for client in clients:
             client.close()
 
-    def _select(self, indices: Sequence[int] | None) -> list[Worker]:
-        if indices is None:
-            return list(self.workers)
-        by_index = {w.index: w for w in self.workers}
-        return [by_index[i] for i in indices]
-
     # -- run -----------------------------------------------------------------------------------------------
     def run(
         self,
@@ -159,7 +153,7 @@ class SshFleet:
         fail_fast: bool = True,
         cwd_home: bool = True,
     ) -> FleetResult:
-        chosen = self._select(workers)
+        chosen = select_workers(self.workers, workers)
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
         self.connect_all(chosen)
@@ -194,7 +188,7 @@ class SshFleet:
     # -- put -----------------------------------------------------------------------------------------------
     def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:
         """Copy a file or a folder to every chosen worker in parallel, as one tar stream per worker."""
-        chosen = self._select(workers)
+        chosen = select_workers(self.workers, workers)
         payload = _tar(source)
         quoted = shlex.quote(dest)
         if source.is_dir():
