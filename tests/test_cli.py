@@ -70,3 +70,34 @@ def test_fast_help_and_version_skip_typer() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False False")
     assert "Cluster:" in out and "monitor" in out
+
+
+def test_fast_exec_parser() -> None:
+    from tpuft.launcher import parse_fast_exec
+
+    assert parse_fast_exec(["exec", "--", "echo", "hi"]) == ({}, ["echo", "hi"])
+    assert parse_fast_exec(["exec", "-c", "t.yaml", "--worker=0,2", "--", "true"]) == ({"config": "t.yaml", "worker": "0,2"}, ["true"])
+    for other in (["exec", "--help"], ["exec", "--", ], ["exec", "--verbose", "--", "x"], ["exec", "-c", "--", "x"], ["status"], ["exec", "-w", "1", "-w", "2", "--", "x"]):
+        assert parse_fast_exec(other) is None, other  # Typer parses (and reports) everything else
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--", "echo id=$TPUFT_WORKER_ID"],
+        ["-w", "1", "--", "echo", "one", "two"],
+        ["--", 'if [ "$TPUFT_WORKER_ID" = 1 ]; then echo oops; exit 4; fi; sleep 5'],
+        ["--worker", "5", "--", "true"],
+    ],
+    ids=["all", "one-worker-argv", "failure", "bad-worker"],
+)
+def test_fast_exec_prints_what_the_typer_command_prints(cli, cluster_file, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    assert cli("create", "-c", str(cluster_file)).code == 0
+    typer_path = cli("exec", "-c", str(cluster_file), *args)
+    env = {**os.environ, "COLUMNS": "200"}
+    fast = subprocess.run([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster_file), *args], env=env, capture_output=True, text=True)
+    assert fast.returncode == typer_path.code
+    assert sorted(fast.stdout.splitlines()) == sorted(typer_path.out.splitlines())
+    assert fast.stderr.strip() == typer_path.err.strip()

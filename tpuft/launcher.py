@@ -1,13 +1,16 @@
 """The ``tpuft`` entry point. Top-level ``--help``/``--version`` are answered from the table below without importing
-Typer and Rich (they cost ~10x Python's own start-up); everything else goes to the Typer app in ``tpuft.cli``.
+Typer and Rich (they cost ~10x Python's own start-up), and so is the common shape of ``tpuft exec`` (people run it
+in loops and scripts); everything else goes to the Typer app in ``tpuft.cli``.
 
-``tests/test_cli.py`` checks that this table matches the app's commands, panels and docstrings.
+``tests/test_cli.py`` checks that this table matches the app's commands, panels and docstrings, and that both ways
+of running ``exec`` print the same thing.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from tpuft import __version__
 
@@ -57,8 +60,71 @@ def top_level_help(color: bool) -> str:
     return "\n".join(lines)
 
 
+_EXEC_OPTIONS = {"-c": "config", "--config": "config", "-w": "worker", "--worker": "worker"}
+_COLOURS = ("36", "35", "32", "33", "34", "31", "96", "95")  # the CLI's cyan, magenta, green, ... as ANSI codes
+
+
+def parse_fast_exec(args: list[str]) -> tuple[dict[str, str], list[str]] | None:
+    """``exec [-c FILE] [-w SPEC] -- CMD...`` -> (options, command); None for anything else (Typer handles it)."""
+    if not args or args[0] != "exec" or "--" not in args:
+        return None
+    split = args.index("--")
+    head, command = args[1:split], args[split + 1 :]
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(head):
+        name, eq, value = head[i].partition("=")
+        key = _EXEC_OPTIONS.get(name)
+        if key is None or key in options:
+            return None
+        if not eq:
+            if i + 1 >= len(head):
+                return None
+            value = head[i + 1]
+            i += 1
+        options[key] = value
+        i += 1
+    return (options, command) if command else None
+
+
+def _fast_exec(options: dict[str, str], command: list[str]) -> int:
+    from pathlib import Path
+
+    from tpuft.config import load_cluster
+    from tpuft.errors import TpuftError
+    from tpuft.ops.cluster import exec_command
+    from tpuft.ops.common import raise_on_failure
+
+    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    lock = threading.Lock()
+
+    def on_line(index: int, line: str) -> None:
+        prefix = f"[w{index}]"
+        if colour:
+            prefix = f"\033[{_COLOURS[index % len(_COLOURS)]}m{prefix}\033[0m"
+        with lock:
+            sys.stdout.write(f"{prefix} {line}\n")
+            sys.stdout.flush()
+
+    try:
+        config = load_cluster(Path(options["config"]) if "config" in options else None).value
+        result = exec_command(config, command, workers=options.get("worker"), on_line=on_line)
+        raise_on_failure(result, "the command")
+    except TpuftError as exc:
+        label = "interrupted:" if exc.exit_code == 130 else "error:"
+        sys.stderr.write(f"{label} {exc.message}\n" + (f"{exc.hint}\n" if exc.hint else ""))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    return 0
+
+
 def main() -> None:
     args = sys.argv[1:]
+    fast = parse_fast_exec(args)
+    if fast is not None:
+        sys.exit(_fast_exec(*fast))
     if args in ([], ["--help"], ["-h"]):
         color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         print(top_level_help(color))
