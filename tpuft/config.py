@@ -82,6 +82,14 @@ class GcpConfig(_Strict):
         "tpu", description="'cpu' when the hosts have no TPU (CPU VMs, test rigs): CPU wheels and PJRT_DEVICE=CPU."
     )
 
+    @model_validator(mode="after")
+    def _consistent(self) -> GcpConfig:
+        if self.spot and self.preemptible:
+            raise ValueError("gcp.spot and gcp.preemptible exclude each other (spot is the newer kind)")
+        if self.slices > 1 and not self.queued:
+            raise ValueError("gcp.slices > 1 (multislice) needs gcp.queued: true")
+        return self
+
     @field_validator("valid_until")
     @classmethod
     def _valid_until_ok(cls, value: str | None) -> str | None:
@@ -129,20 +137,20 @@ class ClusterConfig(_Strict):
     gcp: GcpConfig = Field(default_factory=GcpConfig)
     ssh: SshConfig = Field(default_factory=SshConfig)
 
-    @model_validator(mode="after")
-    def _gcp_complete(self) -> ClusterConfig:
-        if self.provider != "gcp":
-            return self
-        missing = [key for key in ("project", "zone") if not getattr(self.gcp, key)]
-        if missing:
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_fits_provider(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("provider") == "gcp" and value is not None and not value.startswith("gs://"):
+            raise ValueError(f"provider gcp keeps runs in a bucket: expected gs://NAME (got {value!r})")
+        return value
+
+    @field_validator("gcp")
+    @classmethod
+    def _gcp_complete(cls, value: GcpConfig, info: ValidationInfo) -> GcpConfig:
+        missing = [key for key in ("project", "zone") if not getattr(value, key)]
+        if info.data.get("provider") == "gcp" and missing:
             raise ValueError(f"provider gcp needs gcp.{' and gcp.'.join(missing)}")
-        if self.gcp.spot and self.gcp.preemptible:
-            raise ValueError("gcp.spot and gcp.preemptible exclude each other (spot is the newer kind)")
-        if self.gcp.slices > 1 and not self.gcp.queued:
-            raise ValueError("gcp.slices > 1 (multislice) needs gcp.queued: true")
-        if self.bucket is not None and not self.bucket.startswith("gs://"):
-            raise ValueError(f"bucket for provider gcp must be gs://NAME (got {self.bucket!r})")
-        return self
+        return value
 
     @field_validator("name")
     @classmethod

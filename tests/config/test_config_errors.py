@@ -104,10 +104,13 @@ def test_gcp_cluster_needs_project_and_zone(tmp_path: Path) -> None:
     text = str(info.value)
     assert f"{path}:4: gcp.valid_until: expected a duration like 6h" in text
     path.write_text("provider: gcp\ngcp:\n  spot: true\n")
-    with pytest.raises(ConfigError, match=r"provider gcp needs gcp.project and gcp.zone"):
+    with pytest.raises(ConfigError, match=r"tpuft.yaml:2: gcp: provider gcp needs gcp.project and gcp.zone"):
+        load_cluster(path)
+    path.write_text("provider: gcp\ngcp:\n  project: p\n  zone: z\n  spot: true\n  preemptible: true\n")
+    with pytest.raises(ConfigError, match=r"tpuft.yaml:2: gcp: gcp.spot and gcp.preemptible exclude each other"):
         load_cluster(path)
     path.write_text("provider: gcp\nbucket: my-bucket\ngcp: {project: p, zone: us-central2-b}\n")
-    with pytest.raises(ConfigError, match=r"bucket for provider gcp must be gs://NAME"):
+    with pytest.raises(ConfigError, match=r"tpuft.yaml:2: bucket: provider gcp keeps runs in a bucket: expected gs://NAME"):
         load_cluster(path)
 
 
