@@ -84,7 +84,6 @@ def lookup(name: str) -> AcceleratorType:
         raise UsageError(_unknown_message(name, generation))
     size = int(size_text)
     chips = size // 2 if generation.size_counts_cores else size
-    chips = max(chips, 1)
     hosts = 1 if chips <= generation.single_host_max_chips else chips // generation.chips_per_host
     return AcceleratorType(name=f"{gen_name}-{size}", generation=generation, chips=chips, hosts=hosts)
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuft import rundir
-from tpuft.convert.safetensors_io import PlannedTensor, SafetensorsReader, float32_to_bfloat16_bits, write_streaming
+from tpuft.convert.safetensors_io import (
+    PlannedTensor,
+    SafetensorsReader,
+    float32_to_bfloat16_bits,
+    read_header,
+    write_streaming,
+)
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -118,8 +124,7 @@ def _export_weights(ckpt: Path, tmp: Path, dtype: str) -> tuple[int, int]:
     for path in files:
         if dtype == "float32":
             shutil.copyfile(path, tmp / path.name)
-            with SafetensorsReader(path) as reader:
-                tensors += len(reader.tensors)
+            tensors += len(read_header(path)[0])
             total += path.stat().st_size
             continue
         with SafetensorsReader(path) as reader:

@@ -52,8 +52,6 @@ class LocalFleet:
         cwd_home: bool = True,
     ) -> FleetResult:
         chosen = select_workers(self.workers, workers)
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
 
         def start(handles: list[Handle], changed: threading.Event) -> None:
             for worker in chosen:

@@ -154,8 +154,6 @@ class SshFleet:
         cwd_home: bool = True,
     ) -> FleetResult:
         chosen = select_workers(self.workers, workers)
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
         self.connect_all(chosen)
 
         def start(handles: list[Handle], changed: threading.Event) -> None:

@@ -53,7 +53,10 @@ class Output:
         self.log_path = log_path
         self.on_line = on_line
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self._log: BinaryIO | None = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
+        self._log: BinaryIO | None = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(log_path, "ab")  # noqa: SIM115
 
     def feed(self, raw: bytes) -> None:
         if self._log is not None:

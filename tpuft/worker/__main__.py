@@ -26,7 +26,7 @@ def _stage(ctx: WorkerContext):  # type: ignore[no-untyped-def]
     if text is None:
         raise SystemExit(f"tpuft.worker: {ctx.run_url}/{rundir.RECIPE} not found")
     (ctx.run_dir / rundir.RECIPE).write_text(text)
-    syncer = RunDirSync(ctx.run_dir, storage, "")
+    syncer = RunDirSync(ctx.run_dir, storage)
     syncer.changed_files()  # the recipe came from there: do not send it back
     return syncer.start()
 

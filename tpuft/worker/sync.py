@@ -16,12 +16,10 @@ SYNC_SECONDS = float(os.environ.get("TPUFT_SYNC_SECONDS", "15"))
 
 
 class RunDirSync:
-    def __init__(self, local: Path, storage: Any, prefix: str, *, include: tuple[str, ...] | None = None) -> None:
+    def __init__(self, local: Path, storage: Any) -> None:
         self.local = local
         self.storage = storage
-        self.prefix = prefix.rstrip("/")
-        self.include = include
-        """Top-level names to mirror (None: everything); non-chief workers only own their heartbeat."""
+        """Rooted at the run dir: files keep their relative paths."""
         self._seen: dict[str, tuple[int, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tpuft-sync", daemon=True)
@@ -45,8 +43,6 @@ class RunDirSync:
             rel = path.relative_to(self.local).as_posix()
             if any(part.endswith(".tmp") or part.startswith(".") for part in rel.split("/")):
                 continue
-            if self.include is not None and rel.split("/")[0] not in self.include and rel not in self.include:
-                continue
             stat = path.stat()
             key = (stat.st_size, stat.st_mtime_ns)
             if self._seen.get(rel) != key:
@@ -57,7 +53,7 @@ class RunDirSync:
     def sync_once(self) -> int:
         changed = self.changed_files()
         for path, rel in changed:
-            self.storage.upload_file(path, f"{self.prefix}/{rel}" if self.prefix else rel)
+            self.storage.upload_file(path, rel)
         return len(changed)
 
     def close(self) -> None:

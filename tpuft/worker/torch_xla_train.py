@@ -393,7 +393,7 @@ class Trainer:
                     [(token_loss * mask).sum(), mask.sum().float(), correct.sum().float(), exact.sum(), batch.weights.sum()]
                 )
                 self.torch_xla.sync()
-        totals = self.replicas.sum(sums.cpu() if not self.tpu else sums)
+        totals = self.replicas.sum(sums)
         loss_sum, tokens, correct_tokens, exact_sum, examples = (float(x) for x in totals)
         result = {
             "eval_loss": round(loss_sum / max(tokens, 1.0), 6),
