@@ -24,7 +24,7 @@ EXPORT_HF = "export/hf"
 RUN_INFO = "run.json"
 """Written by the controller: run id, recipe name, backend, cluster, start time, final status."""
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def new_run_id(recipe_name: str) -> str:
@@ -53,7 +53,7 @@ def list_step_dirs(root: Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
+        match = STEP_DIR.match(child.name)
         if match and child.is_dir():
             found.append((int(match.group(1)), child))
     return sorted(found)

@@ -109,8 +109,16 @@ class PlannedTensor:
     """Called when the tensor is written; must return an array already in ``dtype`` (BF16 as uint16 bits)."""
 
 
-def write_streaming(path: Path, tensors: list[PlannedTensor], metadata: dict[str, str] | None = None) -> int:
-    """Write a safetensors file loading one tensor at a time. Returns the bytes written."""
+def write_streaming(
+    path: Path,
+    tensors: list[PlannedTensor],
+    metadata: dict[str, str] | None = None,
+    *,
+    on_tensor: Callable[[int], None] | None = None,
+) -> int:
+    """Write a safetensors file loading one tensor at a time. Returns the bytes written.
+
+    ``on_tensor`` gets each tensor's byte count once it is on disk (for a progress bar)."""
     header: dict[str, Any] = {}
     offset = 0
     for t in tensors:
@@ -125,7 +133,10 @@ def write_streaming(path: Path, tensors: list[PlannedTensor], metadata: dict[str
         handle.write(struct.pack("<Q", len(encoded)))
         handle.write(encoded)
         for t in tensors:
-            _write_one(handle, t, header[t.name]["data_offsets"])
+            offsets = header[t.name]["data_offsets"]
+            _write_one(handle, t, offsets)
+            if on_tensor is not None:
+                on_tensor(offsets[1] - offsets[0])
     return 8 + len(encoded) + offset
 
 
@@ -133,10 +144,10 @@ def _write_one(handle: BinaryIO, tensor: PlannedTensor, offsets: list[int]) -> N
     array = np.ascontiguousarray(tensor.load())
     if tuple(array.shape) != tuple(tensor.shape):
         raise SafetensorsError(f"tensor {tensor.name}: shape {array.shape} differs from planned {tensor.shape}")
-    data = array.tobytes()
-    if len(data) != offsets[1] - offsets[0]:
-        raise SafetensorsError(f"tensor {tensor.name}: {len(data)} bytes, expected {offsets[1] - offsets[0]}")
-    handle.write(data)
+    data = array.reshape(-1).view(np.uint8)  # the array's own bytes, no copy
+    if data.size != offsets[1] - offsets[0]:
+        raise SafetensorsError(f"tensor {tensor.name}: {data.size} bytes, expected {offsets[1] - offsets[0]}")
+    handle.write(data.data)
 
 
 def iter_infos(paths: list[Path]) -> Iterator[tuple[Path, TensorInfo]]:

@@ -1,30 +1,21 @@
 """PyTorch/XLA checkpoints -> Hugging Face model directory.
 
 The torch_xla trainer saves each checkpoint with ``save_pretrained`` (HF names, safetensors) beside its optimizer
-state, so exporting is: check it is complete, copy the weights (or stream-cast them to bfloat16), the config, the
-generation config and the tokenizer files, and leave out optimizer and trainer state. The run's own end-of-training
-export and ``tpuft convert`` both come through here.
+state, so the source is already in HF names: plan its tensors (re-cast or re-sharded on the way), keep the config,
+the generation config and the tokenizer files, and leave out optimizer and trainer state. The run's own
+end-of-training export and ``tpuft convert`` both come through here and :mod:`tpuft.convert.hf_writer`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from tpuft import rundir
-from tpuft.convert.safetensors_io import (
-    PlannedTensor,
-    SafetensorsReader,
-    float32_to_bfloat16_bits,
-    read_header,
-    write_streaming,
-)
+from tpuft.convert.hf_writer import WEIGHTS, WEIGHTS_INDEX, ExportResult, write_hf_model
+from tpuft.convert.model_source import ConvertError, ModelSource, SourceTensor
+from tpuft.convert.safetensors_io import SafetensorsReader
 
-WEIGHTS = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -32,19 +23,11 @@ TOKENIZER_FILES = (
     "tokenizer.json",
     "spiece.model",
 )
+_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
-
-class CheckpointError(ValueError):
-    """The path is not a complete checkpoint of a known layout."""
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    out_dir: Path
-    checkpoint: Path
-    tensors: int
-    weight_bytes: int
-    dtype: str
+CheckpointError = ConvertError
+"""The path is not a complete checkpoint of a known layout (kept under its old name for callers)."""
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -84,67 +67,39 @@ def _weight_files(ckpt: Path) -> list[Path]:
     return [ckpt / n for n in names]
 
 
-def export_checkpoint(ckpt: Path, out_dir: Path, *, dtype: str = "float32", overwrite: bool = True) -> ExportResult:
+def open_torch_source(ckpt: Path) -> ModelSource:
+    """Plan an export of a save_pretrained dir: tensors are read lazily from the memory-mapped safetensors."""
     if not is_checkpoint(ckpt):
         raise CheckpointError(f"{ckpt}: not a complete checkpoint (config.json and {WEIGHTS} expected)")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise CheckpointError(f"{out_dir}: exists and is not empty (pass --overwrite to replace it)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
-        tensors, size = _export_weights(ckpt, tmp, dtype)
         config = json.loads((ckpt / "config.json").read_text())
-        if dtype == "bfloat16":
-            config["torch_dtype"] = "bfloat16"
-            config["dtype"] = "bfloat16"
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        if (ckpt / "generation_config.json").is_file():
-            shutil.copyfile(ckpt / "generation_config.json", tmp / "generation_config.json")
-        else:
-            generation = {k: config[k] for k in ("decoder_start_token_id", "eos_token_id", "pad_token_id") if k in config}
-            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
-        for name in TOKENIZER_FILES:
-            if (ckpt / name).is_file():
-                shutil.copyfile(ckpt / name, tmp / name)
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ExportResult(out_dir=out_dir, checkpoint=ckpt, tensors=tensors, weight_bytes=size, dtype=dtype)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{ckpt / 'config.json'}: not JSON: {exc}") from None
+    tensors = []
+    for path in _weight_files(ckpt):
+        reader = SafetensorsReader(path)  # stays open (mapped) until the process ends; one per shard
+        for info in reader.tensors.values():
+            if info.dtype not in _DTYPE_NAMES:
+                raise CheckpointError(f"{path}: tensor {info.name}: unsupported dtype {info.dtype}")
+            tensors.append(
+                SourceTensor(
+                    name=info.name,
+                    shape=info.shape,
+                    dtype=_DTYPE_NAMES[info.dtype],
+                    load=lambda r=reader, n=info.name: r.get(n),  # BF16 as its uint16 bits: hf_writer knows
+                    origin=f"{path.name}:{info.name}",
+                )
+            )
+    generation = None
+    if (ckpt / "generation_config.json").is_file():
+        generation = json.loads((ckpt / "generation_config.json").read_text())
+    files = {name: ckpt / name for name in TOKENIZER_FILES if (ckpt / name).is_file()}
+    match = rundir.STEP_DIR.match(ckpt.name)
+    step = int(match.group(1)) if match else None
+    return ModelSource(kind="torch", path=ckpt, config=config, tensors=tensors, step=step, generation_config=generation, files=files)
 
 
-def _export_weights(ckpt: Path, tmp: Path, dtype: str) -> tuple[int, int]:
-    files = _weight_files(ckpt)
-    if (ckpt / WEIGHTS_INDEX).is_file():
-        shutil.copyfile(ckpt / WEIGHTS_INDEX, tmp / WEIGHTS_INDEX)
-    tensors = 0
-    total = 0
-    for path in files:
-        if dtype == "float32":
-            shutil.copyfile(path, tmp / path.name)
-            tensors += len(read_header(path)[0])
-            total += path.stat().st_size
-            continue
-        with SafetensorsReader(path) as reader:
-            plan = []
-            for info in reader.tensors.values():
-                if info.dtype == "F32":
-                    plan.append(PlannedTensor(info.name, "BF16", info.shape, lambda n=info.name: float32_to_bfloat16_bits(reader.get(n))))
-                else:
-                    plan.append(PlannedTensor(info.name, info.dtype, info.shape, lambda n=info.name: reader.get(n)))
-            total += write_streaming(tmp / path.name, plan, {**reader.metadata, "format": "pt"})
-            tensors += len(plan)
-    return tensors, total
-
-
-def _replace_dir(new: Path, final: Path) -> None:
-    """Put ``new`` at ``final`` so that ``final`` is never seen half-written."""
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(new, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(new, final)
+def export_checkpoint(
+    ckpt: Path, out_dir: Path, *, dtype: str = "float32", overwrite: bool = True, max_shard_bytes: int | None = None
+) -> ExportResult:
+    return write_hf_model(open_torch_source(ckpt), out_dir, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
