@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -435,31 +437,93 @@ def _render_snapshot(console: Console, snap: Any) -> None:
 
 @app.command(rich_help_panel="Results")
 def convert(
-    checkpoint: Annotated[Optional[Path], typer.Argument(help="Checkpoint dir (step_N), its checkpoints/ folder, or a run dir.")] = None,
-    out_dir: Annotated[Optional[Path], typer.Argument(help="Where to write the Hugging Face model dir.")] = None,
+    checkpoint: Annotated[
+        Optional[str],
+        typer.Argument(help="T5X model dir or checkpoint_N (legacy or Orbax), a torch run/checkpoints/step_N dir, or a Keras/TF save_pretrained dir; local or gs://."),
+    ] = None,
+    out_dir: Annotated[Optional[str], typer.Argument(help="Where to write the Hugging Face model dir (local or gs://).")] = None,
     run: Annotated[Optional[str], typer.Option("--run", help="Convert the latest checkpoint of this run (OUT_DIR: its export/hf).")] = None,
     step: Annotated[Optional[int], typer.Option("--step", help="Pick this step instead of the latest.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 (default) or bfloat16.")] = "float32",
+    max_shard_size: Annotated[Optional[str], typer.Option("--max-shard-size", help="Split the weights into shards of at most this size (e.g. 5GB, 500MB).")] = None,
+    hf_config: Annotated[Optional[Path], typer.Option("--hf-config", help="JSON whose keys override the derived HF config.")] = None,
+    hf_set: Annotated[Optional[list[str]], typer.Option("--hf-set", help="Override one HF config key: KEY=VALUE (repeatable).")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A SentencePiece model file or an HF tokenizer dir to ship with the model.")] = None,
+    verify: Annotated[bool, typer.Option("--verify", help="Load the result with transformers, run it, compare with the source where possible.")] = False,
+    verify_python: Annotated[Optional[str], typer.Option("--verify-python", help="Python with torch + transformers for --verify (default: found).")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT_DIR.")] = False,
+    json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Turn a training checkpoint into a Hugging Face model dir (config.json, model.safetensors, tokenizer).
+    """Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer).
 
-    Example: tpuft convert ~/.tpuft/buckets/tpuft-local/runs/RUN/checkpoints hf-model
+    Reads T5X checkpoints (legacy and Orbax) without t5x, PyTorch/XLA checkpoints and transformers 4.x Keras/TF weights; streams one tensor at a time, and writes OUT_DIR only when it is complete.
+
+    Example: tpuft convert gs://my-bucket/t5x/flan_t5_base ./flan-t5-base --verify
     """
     from tpuft.errors import UsageError
     from tpuft.ops.convert import convert as convert_op
+    from tpuft.ops.convert import parse_overrides
 
     if dtype not in {"float32", "bfloat16"}:
         raise UsageError(f"--dtype {dtype!r}: expected float32 or bfloat16")
     if run is not None and checkpoint is not None and out_dir is None:
         checkpoint, out_dir = None, checkpoint  # `convert --run ID OUT_DIR`
-    cfg = _load_cluster(config) if run is not None else None
-    result = convert_op(checkpoint, out_dir, run_id=run, config=cfg, step=step, dtype=dtype, overwrite=overwrite)
-    _console().print(
-        f"[green]wrote {result.out_dir}[/green] from {result.checkpoint}: {result.tensors} tensors, "
-        f"{result.weight_bytes / 1e6:.1f} MB ({result.dtype})"
+    cfg = _load_cluster(config) if run is not None or _mentions_bucket(checkpoint, out_dir) else None
+    overrides = parse_overrides(hf_set or [], hf_config)
+    console = _console()
+    with _byte_progress(console, "converting", enabled=not json_out) as progress:
+        report = convert_op(
+            checkpoint, out_dir, run_id=run, config=cfg, step=step, dtype=dtype, overwrite=overwrite, overrides=overrides,
+            tokenizer=tokenizer, max_shard_size=max_shard_size, verify=verify, verify_python=verify_python, progress=progress,
+        )
+    if json_out:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    r = report.result
+    step_text = f" step {report.step}" if report.step is not None else ""
+    shards = f" in {r.shards} shards" if r.shards > 1 else ""
+    console.print(
+        f"[green]wrote {report.out}[/green] from {r.kind}{step_text} ({r.checkpoint}): {r.config.get('model_type')}, "
+        f"{r.tensors} tensors, {r.weight_bytes / 1e6:.1f} MB {r.dtype}{shards}"
     )
+    for note in r.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if report.verify is not None:
+        v = report.verify
+        compared = (
+            f"max |logit diff| vs {v['compared_with']}: {v['max_abs_diff']:.2e}" if v.get("compared_with") else f"not compared: {v.get('not_compared')}"
+        )
+        console.print(f"[green]verified[/green] with transformers {v['transformers']} ({v['model_class']}): loads cleanly, finite logits; {compared}")
+
+
+def _mentions_bucket(*paths: str | None) -> bool:
+    """gs:// paths use the cluster file's project when there is one (and credentials' default otherwise)."""
+    return any(p is not None and p.startswith("gs://") for p in paths)
+
+
+@contextmanager
+def _byte_progress(console: Console, label: str, *, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich bar with bytes and rate for long copies; nothing when output is JSON."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
 
 
 # ---------------------------------------------------------------------------------------------------------------

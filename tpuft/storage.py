@@ -209,17 +209,22 @@ class LocalStorage:
             raise TpuftError(f"{source}: no such folder to upload to {self._path(relprefix)}")
         return _sync_tree(source, self._path(relprefix))
 
-    def download_tree(self, relprefix: str, local_dir: Path | str, *, workers: int = 8) -> int:
-        """Copy ``relprefix`` into ``local_dir``; returns how many files were copied (unchanged ones are skipped)."""
+    def download_tree(
+        self, relprefix: str, local_dir: Path | str, *, workers: int = 8, include: Callable[[str], bool] | None = None
+    ) -> int:
+        """Copy ``relprefix`` into ``local_dir``; returns how many files were copied (unchanged ones are skipped).
+        ``include`` picks files by their path inside ``relprefix``."""
         target = Path(local_dir)
         target.mkdir(parents=True, exist_ok=True)
         source = self._path(relprefix)
-        return _sync_tree(source, target) if source.is_dir() else 0
+        return _sync_tree(source, target, include) if source.is_dir() else 0
 
 
-def _sync_tree(source: Path, target: Path) -> int:
+def _sync_tree(source: Path, target: Path, include: Callable[[str], bool] | None = None) -> int:
     copied = 0
     for rel, path in _walk_files(source):
+        if include is not None and not include(rel):
+            continue
         destination = target.joinpath(*rel.split("/"))
         if _same_files(path, destination):
             continue
@@ -351,13 +356,18 @@ class GcsStorage:
         _raise_failures("upload", failures, len(todo))
         return len(todo)
 
-    def download_tree(self, relprefix: str, local_dir: Path | str, *, workers: int = 8) -> int:
+    def download_tree(
+        self, relprefix: str, local_dir: Path | str, *, workers: int = 8, include: Callable[[str], bool] | None = None
+    ) -> int:
         """Download ``relprefix`` into ``local_dir`` with ``workers`` parallel requests; returns how many files were
-        fetched. Files already there with the same size and CRC32C are skipped, so an interrupted download resumes."""
+        fetched. Files already there with the same size and CRC32C are skipped, so an interrupted download resumes.
+        ``include`` picks files by their path inside ``relprefix``."""
         folder = Path(local_dir)
         folder.mkdir(parents=True, exist_ok=True)
         todo = []
         for rel, blob in sorted(self._objects(relprefix).items()):
+            if include is not None and not include(rel):
+                continue
             target = _target_in(folder, rel, self._url_of(blob.name))
             if not _same_content(target, blob.size, blob.crc32c):
                 todo.append((blob, target))

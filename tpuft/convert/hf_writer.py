@@ -17,7 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from tpuft.convert.model_source import ConvertError, ModelSource, SourceTensor
-from tpuft.convert.safetensors_io import PlannedTensor, float32_to_bfloat16_bits, write_streaming
+from tpuft.convert.safetensors_io import (
+    PlannedTensor,
+    float32_to_bfloat16_bits,
+    write_streaming,
+)
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
