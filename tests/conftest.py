@@ -55,3 +55,11 @@ def cluster_file(tmp_path: Path) -> Path:
     path = tmp_path / "tpuft.yaml"
     path.write_text("name: test-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def torch_python() -> str:
+    """Python of the PyTorch/XLA backend venv (torch + transformers 5), built once per machine and cached."""
+    from tests.venvs import torch_python as build
+
+    return build()
