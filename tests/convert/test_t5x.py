@@ -10,11 +10,10 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import msgpack
 import numpy as np
 import pytest
-import tensorstore as ts
 
+from tests.t5x_builders import write_legacy, write_orbax
 from tpuft.convert.hf_writer import write_hf_model
 from tpuft.convert.model_source import ConvertError
 from tpuft.convert.safetensors_io import SafetensorsReader
@@ -296,45 +295,6 @@ def unscanned_t5x_params(hf: dict[str, np.ndarray], heads: int, layers: dict[str
                 params[f"{stack}/relpos_bias/rel_embedding"] = bias  # shared, held by layer 0 in HF
             params.update({f"{stack}/layers_{i}/{k}": np.ascontiguousarray(v) for k, v in layer.items()})
     return params
-
-
-def write_legacy(ckpt: Path, params: dict[str, np.ndarray]) -> None:
-    """A legacy T5X checkpoint as T5X writes one: msgpack tree + one gzip zarr dir per array (the small ones inline)."""
-    ckpt.mkdir(parents=True)
-    target: dict = {}
-    for path, array in params.items():
-        node = target
-        *parents, leaf = path.split("/")
-        for part in parents:
-            node = node.setdefault(part, {})
-        if array.size < 64:  # inline, flax's ndarray ext type
-            node[leaf] = msgpack.ExtType(1, msgpack.packb((list(array.shape), "float32", np.ascontiguousarray(array, np.float32).tobytes())))
-            continue
-        name = "target." + path.replace("/", ".")
-        spec = {"driver": "zarr", "dtype": "float32", "kvstore": {"driver": "file", "path": f"{name}/"},
-                "metadata": {"chunks": list(array.shape), "compressor": {"id": "gzip", "level": 1}, "shape": list(array.shape)}}
-        store = ts.open({**spec, "kvstore": {"driver": "file", "path": str(ckpt / name) + "/"}}, create=True).result()
-        store.write(array.astype(np.float32)).result()
-        node[leaf] = spec
-    step = msgpack.ExtType(1, msgpack.packb(([], "int32", np.int32(7).tobytes())))
-    (ckpt / "checkpoint").write_bytes(msgpack.packb({"version": 3, "optimizer": {"target": target, "state": {"step": step}}}))
-
-
-def write_orbax(ckpt: Path, params: dict[str, np.ndarray]) -> None:
-    """An Orbax PyTree checkpoint as T5X writes one: state/_METADATA + zarr arrays in one OCDBT store."""
-    state = ckpt / "state"
-    state.mkdir(parents=True)
-    tree = {}
-    for path, array in {**{f"target/{k}": v for k, v in params.items()}, "state/step": np.array(7, np.int32)}.items():
-        keys = path.split("/")
-        name = ".".join(keys)
-        store = ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{state}", "path": name}},
-                        create=True, dtype=ts.dtype(array.dtype.name), shape=array.shape).result()
-        store.write(array).result()
-        tree[str(tuple(keys))] = {"key_metadata": [{"key": k, "key_type": 2} for k in keys],
-                                  "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": list(array.shape)}}
-    (state / "_METADATA").write_text(json.dumps({"tree_metadata": tree, "use_ocdbt": True, "use_zarr3": False}))
-    (ckpt / "_CHECKPOINT_METADATA").write_text("{}")
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ def verify_model(source: ModelSource, out_dir: Path, *, python: str | None = Non
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise ConvertError(f"--verify: loading {out_dir} with transformers failed ({interpreter}):\n{tail}")
+        raise ConvertError(f"--verify: loading the converted model with transformers failed ({interpreter}), so nothing was written:\n{tail}")
     report: dict[str, Any] = json.loads(lines[-1])
     report["python"] = interpreter
     problems = []
@@ -68,5 +68,5 @@ def verify_model(source: ModelSource, out_dir: Path, *, python: str | None = Non
         problems.append(f"max |logit diff| against the source is {diff:.3g} (tolerance {limit:g})")
     report["ok"] = not problems
     if problems:
-        raise ConvertError(f"--verify: {out_dir}: " + "; ".join(problems))
+        raise ConvertError("--verify failed, so nothing was written: " + "; ".join(problems))
     return report

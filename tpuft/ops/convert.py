@@ -106,14 +106,18 @@ def convert(
             apply_tokenizer(source, tokenizer)
         remote_out = out.startswith("gs://")
         local_out = _staging_dir(out) if remote_out else Path(out).expanduser()
-        result = write_hf_model(
-            source, local_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite or remote_out, progress=progress
-        )
-        verified = None
-        if verify:
+        verified: dict[str, Any] | None = None
+
+        def check(written: Path) -> None:
+            nonlocal verified
             from tpuft.convert.verify import verify_model
 
-            verified = verify_model(source, local_out, python=verify_python)
+            verified = verify_model(source, written, python=verify_python)
+
+        result = write_hf_model(
+            source, local_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite or remote_out,
+            progress=progress, check=check if verify else None,
+        )
         if remote_out:
             from tpuft.convert.remote import upload_model
 

@@ -1,0 +1,375 @@
+"""transformers 4.x TensorFlow (Keras) T5 checkpoints -> Hugging Face PyTorch names, with NumPy and h5py only.
+
+``TFT5ForConditionalGeneration.save_pretrained(dir)`` writes ``tf_model.h5`` (Keras ``save_weights`` layout), or
+with ``safe_serialization=True`` a ``model.safetensors`` whose header says ``"format": "tf"``; big models come as
+shards beside a ``*.index.json``. transformers 4.x loaded those into PyTorch by building the TF model, so it needed
+TensorFlow; transformers 5 removed TensorFlow altogether, so users of TF fine-tunes (or of the Keras backend) have
+no way left to reach PyTorch there. This module does that step by itself.
+
+What differs from the PyTorch checkpoint:
+
+* Names. TF weights are Keras variable names: ``tft5_for_conditional_generation/encoder/block_._0/layer_._0/
+  SelfAttention/q/kernel:0``. transformers' own ``convert_tf_weight_name_to_pt_weight_name`` turns them into
+  PyTorch names (drop ``:0``, ``_._`` -> a level, drop the leading model scope, ``kernel``/``embeddings``/
+  ``gamma`` -> ``weight``, ``beta`` -> ``bias``); this module follows the same rules. The safetensors form is
+  already written without the model scope (transformers' ``strip_model_name_and_prefix``), as are h5 shards.
+* The shared embedding lives under its own scope (``shared/shared/embeddings:0`` in h5, ``shared/embeddings:0``
+  in safetensors); it becomes ``shared.weight``. The encoder and decoder ``embed_tokens`` are tied to it in
+  PyTorch and are not written. An untied (v1.1-style) ``lm_head/kernel`` becomes ``lm_head.weight``.
+* Dense kernels are stored (in, out); PyTorch's ``nn.Linear`` holds (out, in), so 2-D kernels are transposed.
+
+Every name must map to a parameter of the PyTorch model the config names, with the shape the config implies;
+anything else is a :class:`ConvertError` naming the file and the TF weight, never a silently dropped tensor.
+Tensors are planned, not loaded: the h5 file (or the mapped safetensors) stays open and each ``load`` reads one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpuft.convert.model_source import (
+    ConvertError,
+    ModelSource,
+    SourceTensor,
+    expect_shape,
+)
+from tpuft.convert.safetensors_io import (
+    SafetensorsError,
+    SafetensorsReader,
+    read_header,
+)
+from tpuft.convert.torch_ckpt import TOKENIZER_FILES
+
+H5_WEIGHTS = "tf_model.h5"
+H5_INDEX = "tf_model.h5.index.json"
+SAFE_WEIGHTS = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+
+_TOP_LEVEL = ("shared", "encoder", "decoder", "lm_head")
+"""The first level of every T5 weight once the model scope is gone."""
+_SAFE_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+_T5_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
+    "relative_attention_num_buckets": 32, "feed_forward_proj": "relu",
+}
+"""T5Config's defaults, for a hand-written config.json that leaves some out."""
+_TIED_DEFAULT = {"t5": True, "mt5": False}
+"""``tie_word_embeddings`` when config.json has none: save_pretrained leaves it out when it equals PretrainedConfig's
+default (True), as in every v1.0-style T5; MT5Config's own default is an untied lm_head."""
+_HEADS = {"ForConditionalGeneration": ("encoder", "decoder", "lm_head"), "Model": ("encoder", "decoder"), "EncoderModel": ("encoder",)}
+
+
+@dataclass(frozen=True)
+class _TfWeight:
+    """One TF variable as stored: its name (as written in the file), shape, dtype, and how to read it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    read: Callable[[], np.ndarray]
+    file: Path
+    scoped: bool
+    """True when the name still carries the model's scope (``tft5_for_conditional_generation/...``)."""
+
+
+def is_keras_checkpoint(path: Path) -> bool:
+    """A transformers-TF save_pretrained dir (or its ``.h5`` / TF-format ``.safetensors`` file).
+
+    A dir that also holds PyTorch-format ``model.safetensors`` is not one: hub repos often ship both, and the
+    PyTorch weights are used as they are.
+    """
+    if path.is_file():
+        return path.suffix == ".h5" or (path.suffix == ".safetensors" and _safetensors_format(path) == "tf")
+    if not path.is_dir():
+        return False
+    try:
+        safe = _safetensors_files(path)
+    except ConvertError:  # a broken index: not for this predicate to report
+        return False
+    if safe:
+        return _safetensors_format(safe[0]) == "tf"
+    return (path / H5_WEIGHTS).is_file() or (path / H5_INDEX).is_file()
+
+
+def open_keras_source(path: Path) -> ModelSource:
+    """Plan a transformers-TF T5 checkpoint as HF PyTorch tensors (read lazily, one at a time, when written)."""
+    if not path.exists():
+        raise ConvertError(f"{path}: no such file or directory")
+    ckpt = path.parent if path.is_file() else path
+    config = _read_config(ckpt)
+    weights, kind = _open_weights(path)
+    architecture = _architecture(config, weights, ckpt)
+    config["architectures"] = [architecture]
+    expected = _expected_shapes(config, architecture, ckpt)
+    tensors = _map_weights(weights, expected, architecture, ckpt)
+    generation = None
+    if (ckpt / "generation_config.json").is_file():
+        generation = _read_json(ckpt / "generation_config.json")
+    files: dict[str, bytes | Path] = {name: ckpt / name for name in TOKENIZER_FILES if (ckpt / name).is_file()}
+    notes = [] if files else [f"tokenizer not written: no tokenizer files in {ckpt} (pass --tokenizer)"]
+    return ModelSource(kind=kind, path=ckpt, config=config, tensors=tensors, generation_config=generation, files=files, notes=notes)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Finding and reading the weights
+
+
+def _safetensors_files(ckpt: Path) -> list[Path]:
+    if (ckpt / SAFE_WEIGHTS).is_file():
+        return [ckpt / SAFE_WEIGHTS]
+    if (ckpt / SAFE_INDEX).is_file():
+        return _index_shards(ckpt / SAFE_INDEX)
+    return []
+
+
+def _index_shards(index: Path) -> list[Path]:
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConvertError(f"{index}: no weight_map in it")
+    shards = [index.parent / name for name in sorted(set(weight_map.values()))]
+    missing = [p.name for p in shards if not p.is_file()]
+    if missing:
+        raise ConvertError(f"{index}: shard(s) it lists are missing: {', '.join(missing)}")
+    return shards
+
+
+def _safetensors_format(path: Path) -> str | None:
+    try:
+        return read_header(path)[1].get("format")
+    except (SafetensorsError, OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _open_weights(path: Path) -> tuple[list[_TfWeight], str]:
+    """Every TF weight in the checkpoint, once each, in file order; and the ModelSource kind."""
+    if path.is_file():
+        return (_h5_weights(path), "keras-h5") if path.suffix == ".h5" else (_safetensors_weights(path), "keras-safetensors")
+    safe = _safetensors_files(path)
+    if safe:
+        weights = [w for shard in safe for w in _safetensors_weights(shard)]
+        return weights, "keras-safetensors"
+    if (path / H5_WEIGHTS).is_file():
+        return _h5_weights(path / H5_WEIGHTS), "keras-h5"
+    if (path / H5_INDEX).is_file():
+        return [w for shard in _index_shards(path / H5_INDEX) for w in _h5_weights(shard)], "keras-h5"
+    raise ConvertError(f"{path}: no {H5_WEIGHTS}, {H5_INDEX} or TF-format {SAFE_WEIGHTS} in it")
+
+
+def _safetensors_weights(path: Path) -> list[_TfWeight]:
+    try:
+        reader = SafetensorsReader(path)  # stays open (mapped) for the lazy loads; one per file
+    except (SafetensorsError, OSError) as exc:
+        raise ConvertError(f"{path}: cannot read: {exc}") from None
+    if reader.metadata.get("format") != "tf":
+        raise ConvertError(f"{path}: not a TensorFlow safetensors file (metadata format {reader.metadata.get('format')!r}, expected 'tf')")
+    weights = []
+    for info in reader.tensors.values():
+        if info.dtype not in _SAFE_DTYPES:
+            raise ConvertError(f"{path}: TF weight {info.name}: unsupported dtype {info.dtype}")
+        weights.append(  # BF16 comes back as its uint16 bits: hf_writer knows
+            _TfWeight(info.name, info.shape, _SAFE_DTYPES[info.dtype], lambda r=reader, n=info.name: r.get(n), path, scoped=False)
+        )
+    return weights
+
+
+def _h5_weights(path: Path) -> list[_TfWeight]:
+    """Keras ``save_weights`` layout: root attr ``layer_names``; per layer a group whose ``weight_names`` attr lists
+    its variables, each a dataset at ``<layer>/<weight name>``. transformers' h5 shards instead list datasets,
+    named without the model scope, directly in the root ``layer_names``."""
+    import h5py  # a core dependency, imported here to keep `tpuft` start-up light
+
+    try:
+        handle = h5py.File(path, "r")  # stays open for the lazy loads
+    except OSError as exc:
+        raise ConvertError(f"{path}: cannot read as HDF5: {exc}") from None
+    root = handle["model_weights"] if "model_weights" in handle and not _h5_names(handle, "layer_names") else handle
+    layer_names = _h5_names(root, "layer_names")
+    if not layer_names:
+        raise ConvertError(f"{path}: no 'layer_names' attribute: not a Keras weights file")
+    weights: dict[str, _TfWeight] = {}
+    for layer in layer_names:
+        if layer not in root:
+            raise ConvertError(f"{path}: layer {layer!r} is listed but not stored")
+        node = root[layer]
+        if isinstance(node, h5py.Dataset):  # a transformers shard: the entry is the (unscoped) weight itself
+            entries: Iterator[tuple[str, Any, bool]] = iter([(layer, node, False)])
+        else:
+            entries = ((name, node.get(name), True) for name in _h5_names(node, "weight_names"))
+        for name, dataset, scoped in entries:
+            if dataset is None:
+                raise ConvertError(f"{path}: TF weight {name} is listed in layer {layer!r} but not stored")
+            if name in weights:  # the shared embedding is listed by shared, encoder and decoder alike
+                continue
+            weights[name] = _TfWeight(name, tuple(dataset.shape), _h5_dtype(path, name, dataset), lambda d=dataset: d[()], path, scoped)
+    return list(weights.values())
+
+
+def _h5_names(group: Any, attr: str) -> list[str]:
+    """A Keras name-list attribute; big ones are split over ``<attr>0``, ``<attr>1``, ... (64 KiB header limit)."""
+    if attr in group.attrs:
+        chunks = [group.attrs[attr]]
+    else:
+        chunks = []
+        while f"{attr}{len(chunks)}" in group.attrs:
+            chunks.append(group.attrs[f"{attr}{len(chunks)}"])
+    return [n.decode("utf8") if isinstance(n, bytes) else str(n) for chunk in chunks for n in np.atleast_1d(chunk)]
+
+
+def _h5_dtype(path: Path, name: str, dataset: Any) -> str:
+    dtype = np.dtype(dataset.dtype)
+    if dtype.kind != "f":
+        raise ConvertError(f"{path}: TF weight {name}: unsupported dtype {dtype}")
+    return dtype.name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config and the names it implies
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConvertError(f"{path}: cannot read as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConvertError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_config(ckpt: Path) -> dict[str, Any]:
+    if not (ckpt / "config.json").is_file():
+        raise ConvertError(f"{ckpt}: no config.json beside the TF weights (save_pretrained writes one)")
+    config = _read_json(ckpt / "config.json")
+    model_type = config.get("model_type")
+    if model_type not in _TIED_DEFAULT:
+        raise ConvertError(f"{ckpt / 'config.json'}: model_type {model_type!r}: only T5 and mT5 TF checkpoints are supported")
+    return config
+
+
+def _architecture(config: dict[str, Any], weights: list[_TfWeight], ckpt: Path) -> str:
+    """The PyTorch class: ``TF<X>`` -> ``<X>`` (save_pretrained already writes it without ``TF``); if the config
+    names none, what the weights hold (a decoder or not)."""
+    named = config.get("architectures") or []
+    if named:
+        name = str(named[0])
+        name = name.removeprefix("TF")
+    else:
+        family = "MT5" if config["model_type"] == "mt5" else "T5"
+        has_decoder = any("decoder/" in w.name for w in weights)
+        name = f"{family}ForConditionalGeneration" if has_decoder else f"{family}EncoderModel"
+    if _head_of(name) is None:
+        raise ConvertError(f"{ckpt / 'config.json'}: architecture {named[0] if named else name!r} is not supported "
+                           f"(expected one of {', '.join('T5' + h for h in _HEADS)})")
+    return name
+
+
+def _head_of(architecture: str) -> tuple[str, ...] | None:
+    match = re.fullmatch(r"M?T5(ForConditionalGeneration|Model|EncoderModel)", architecture)
+    return _HEADS[match.group(1)] if match else None
+
+
+def _get(config: dict[str, Any], key: str) -> Any:
+    if key == "tie_word_embeddings" and key not in config:
+        return _TIED_DEFAULT[config["model_type"]]
+    return config.get(key, _T5_DEFAULTS.get(key))
+
+
+def _expected_shapes(config: dict[str, Any], architecture: str, ckpt: Path) -> dict[str, tuple[int, ...]]:
+    """Every parameter the PyTorch model loads, with its shape from the config (tied embed_tokens left out)."""
+    try:
+        d_model, d_ff, vocab = int(_get(config, "d_model")), int(_get(config, "d_ff")), int(_get(config, "vocab_size"))
+        inner = int(_get(config, "num_heads")) * int(_get(config, "d_kv"))
+        buckets, heads = int(_get(config, "relative_attention_num_buckets")), int(_get(config, "num_heads"))
+        layers = {"encoder": int(_get(config, "num_layers"))}
+        layers["decoder"] = int(config.get("num_decoder_layers") or layers["encoder"])
+    except (TypeError, ValueError) as exc:
+        raise ConvertError(f"{ckpt / 'config.json'}: bad T5 dimensions: {exc}") from None
+    gated = str(_get(config, "feed_forward_proj")).startswith("gated-")
+    parts = _head_of(architecture) or ()
+    shapes: dict[str, tuple[int, ...]] = {"shared.weight": (vocab, d_model)}
+    for stack in ("encoder", "decoder"):
+        if stack not in parts:
+            continue
+        attentions = ["SelfAttention"] if stack == "encoder" else ["SelfAttention", "EncDecAttention"]
+        for i in range(layers[stack]):
+            block = f"{stack}.block.{i}.layer"
+            for j, attention in enumerate(attentions):
+                for proj in ("q", "k", "v"):
+                    shapes[f"{block}.{j}.{attention}.{proj}.weight"] = (inner, d_model)
+                shapes[f"{block}.{j}.{attention}.o.weight"] = (d_model, inner)
+                shapes[f"{block}.{j}.layer_norm.weight"] = (d_model,)
+            ff = len(attentions)
+            for wi in ("wi_0", "wi_1") if gated else ("wi",):
+                shapes[f"{block}.{ff}.DenseReluDense.{wi}.weight"] = (d_ff, d_model)
+            shapes[f"{block}.{ff}.DenseReluDense.wo.weight"] = (d_model, d_ff)
+            shapes[f"{block}.{ff}.layer_norm.weight"] = (d_model,)
+        shapes[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (buckets, heads)
+        shapes[f"{stack}.final_layer_norm.weight"] = (d_model,)
+    if "lm_head" in parts and not _get(config, "tie_word_embeddings"):
+        shapes["lm_head.weight"] = (vocab, d_model)
+    return shapes
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Name mapping
+
+
+def pt_name(tf_name: str, *, scoped: bool) -> tuple[str, bool]:
+    """The PyTorch name of a TF T5 weight, and whether the array is transposed (a dense kernel).
+
+    transformers' ``convert_tf_weight_name_to_pt_weight_name`` rules, plus T5's shared embedding scope.
+    ``scoped``: the name still starts with the model's scope (h5 written by Keras ``save_weights``).
+    """
+    name = tf_name.replace(":0", "")
+    name = re.sub(r"/[^/]*___([^/]*)/", r"/\1/", name)  # '$1___$2' -> '$2' (layers duplicated or removed in TF)
+    name = re.sub(r"//+", "/", name.replace("_._", "/"))  # '_._' -> a level (TF lists -> nn.ModuleList)
+    parts = name.strip("/").split("/")
+    if len(parts) > 1 and (scoped or parts[0] not in _TOP_LEVEL):
+        parts = parts[1:]  # the model scope: tft5_for_conditional_generation, or shared's own 'shared' scope
+    while len(parts) > 2 and parts[0] == "shared" and parts[1] == "shared":
+        parts = parts[1:]  # shared/shared/weight (older TFSharedEmbeddings layout)
+    leaf = parts[-1]
+    transpose = leaf == "kernel"
+    if leaf in ("kernel", "embeddings", "gamma"):
+        parts[-1] = "weight"
+    elif leaf == "beta":
+        parts[-1] = "bias"
+    return ".".join(parts), transpose
+
+
+def _map_weights(weights: list[_TfWeight], expected: dict[str, tuple[int, ...]], architecture: str, ckpt: Path) -> list[SourceTensor]:
+    tensors: dict[str, SourceTensor] = {}
+    for weight in weights:
+        origin = f"{weight.file.name}:{weight.name}"
+        name, transpose = pt_name(weight.name, scoped=weight.scoped)
+        if name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") and "shared.weight" in expected:
+            continue  # tied to shared in PyTorch (and not a separate variable in transformers' TF T5 either)
+        if name not in expected:
+            raise ConvertError(f"{weight.file}: TF weight {weight.name} (-> {name}) has no place in {architecture} (config.json)")
+        if name in tensors:
+            raise ConvertError(f"{weight.file}: TF weight {weight.name} maps to {name}, as {tensors[name].origin} does")
+        if transpose and len(weight.shape) != 2:
+            raise ConvertError(f"{weight.file}: TF weight {weight.name}: a {len(weight.shape)}-D kernel (T5 has only 2-D ones)")
+        shape = tuple(reversed(weight.shape)) if transpose else weight.shape
+        expect_shape(origin, shape, expected[name], name)
+        tensors[name] = SourceTensor(name=name, shape=shape, dtype=weight.dtype, load=_loader(weight, transpose), origin=origin)
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise ConvertError(f"{ckpt}: the TF checkpoint lacks weights the config implies: {', '.join(missing[:8])}{more}")
+    return [tensors[n] for n in expected]
+
+
+def _loader(weight: _TfWeight, transpose: bool) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        array = np.asarray(weight.read())
+        return np.ascontiguousarray(array.T) if transpose else array
+
+    return load
