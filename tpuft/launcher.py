@@ -40,7 +40,7 @@ COMMANDS: list[tuple[str, list[tuple[str, str]]]] = [
         "Results",
         [
             ("monitor", "Show a run's progress: step, loss, eval metrics, throughput, ETA and worker heartbeats."),
-            ("convert", "Turn a training checkpoint into a Hugging Face model dir (config.json, model.safetensors, tokenizer)."),
+            ("convert", "Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer)."),
         ],
     ),
     ("Recipes", [("recipes", "List, show, copy and validate recipes.")]),
