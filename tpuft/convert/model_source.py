@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 class ConvertError(ValueError):
@@ -44,6 +47,16 @@ class ModelSource:
     """Extra files for the output dir (tokenizer files): name -> bytes to write or a file to copy."""
     notes: list[str] = field(default_factory=list)
     """Things the user should know (a tokenizer that could not be found, a guessed activation)."""
+
+
+def pick_step(found: list[tuple[int, T]], step: int | None, where: object, what: str = "checkpoint") -> T:
+    """The latest of ``found`` (sorted (step, path) pairs), or the one for ``step``; an error lists the steps there."""
+    if step is None:
+        return found[-1][1]
+    for number, candidate in found:
+        if number == step:
+            return candidate
+    raise ConvertError(f"{where}: no {what} for step {step} (have: {', '.join(str(n) for n, _ in found)})")
 
 
 def expect_shape(origin: str, shape: tuple[int, ...], expected: tuple[int, ...], what: str) -> None:

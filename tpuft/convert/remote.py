@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft.convert.model_source import ConvertError
+from tpuft.convert.model_source import ConvertError, pick_step
 from tpuft.paths import tpuft_home
 from tpuft.storage import open_storage
 
@@ -52,9 +52,7 @@ def select_files(names: list[str], step: int | None, url: str) -> Selection:
             continue
         shallowest = min(p.count("/") for p in found.values())
         found = {s: p for s, p in found.items() if p.count("/") == shallowest}
-        if step is not None and step not in found:
-            raise ConvertError(f"{url}: no checkpoint for step {step} (have: {', '.join(str(s) for s in sorted(found))})")
-        chosen = found[step if step is not None else max(found)]
+        chosen = pick_step(sorted((s, p) for s, p in found.items()), step, url)
         if pattern is _T5X_MARKERS:
             parent = chosen.rpartition("/")[0]
             return Selection(chosen, frozenset(_t5x_files(names, chosen)) | _gin(name_set, chosen) | _gin(name_set, parent))

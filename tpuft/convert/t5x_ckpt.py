@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tpuft.convert.model_source import ConvertError
+from tpuft.convert.model_source import ConvertError, pick_step
 
 LEGACY_FILE = "checkpoint"
 ORBAX_METADATA = "_METADATA"
@@ -92,14 +92,7 @@ def find_t5x_checkpoint(path: Path, step: int | None = None) -> Path | None:
             return path
         path = path.parent
     found = list_step_dirs(path)
-    if not found:
-        return None
-    if step is None:
-        return found[-1][1]
-    for number, candidate in found:
-        if number == step:
-            return candidate
-    raise ConvertError(f"{path}: no T5X checkpoint for step {step} (have: {', '.join(str(n) for n, _ in found)})")
+    return pick_step(found, step, path, "T5X checkpoint") if found else None
 
 
 def open_t5x_checkpoint(ckpt: Path) -> T5xCheckpoint:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tpuft import rundir
 from tpuft.convert.hf_writer import WEIGHTS, WEIGHTS_INDEX, ExportResult, write_hf_model
-from tpuft.convert.model_source import ConvertError, ModelSource, SourceTensor
+from tpuft.convert.model_source import ConvertError, ModelSource, SourceTensor, pick_step
 from tpuft.convert.safetensors_io import SafetensorsReader
 
 TOKENIZER_FILES = (
@@ -42,14 +42,8 @@ def find_checkpoint(path: Path, step: int | None = None) -> Path:
         return path
     for folder in (path, path / rundir.CHECKPOINTS_DIR):  # a checkpoints/ folder, or a run dir holding one
         found = rundir.list_step_dirs(folder)
-        if not found:
-            continue
-        if step is None:
-            return found[-1][1]
-        for number, candidate in found:
-            if number == step:
-                return candidate
-        raise CheckpointError(f"{path}: no checkpoint for step {step} (have: {', '.join(str(n) for n, _ in found)})")
+        if found:
+            return pick_step(found, step, path)
     raise CheckpointError(
         f"{path}: not a checkpoint (expected config.json + {WEIGHTS} or {WEIGHTS_INDEX}, "
         f"or a folder with {rundir.CHECKPOINTS_DIR}/step_N inside)"
