@@ -99,6 +99,19 @@ def _fmt_seconds(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def _fmt_metric(key: str, value: Any) -> str:
+    """Throughput as people read it (248.3 ex/s, 9,731 tok/s), the learning rate in scientific notation."""
+    if not isinstance(value, (int, float)):
+        return _fmt(value)
+    if key == "lr":
+        return f"{value:.2e}"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    if key in {"examples_per_s", "elapsed_s"}:
+        return f"{value:,.1f}"
+    return _fmt(value)
+
+
 def _fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "-"
@@ -391,48 +404,154 @@ def up(
 @app.command(rich_help_panel="Results")
 def monitor(
     run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit (default: refresh until the run ends).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 5.0,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the loss and eval curves to this PNG and exit.")] = None,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show a run's progress: step, loss, eval metrics, throughput, ETA and worker heartbeats.
+    """Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log tails.
 
-    Example: tpuft monitor --json
+    Refreshes every few seconds until the run ends (Ctrl-C leaves, the run goes on). Reads metrics.jsonl, or the TensorBoard events of a backend that writes only those (T5X).
+
+    Example: tpuft monitor --plot curves.png
     """
-    from tpuft.monitor import local_view, resolve_run, snapshot
+    from tpuft.errors import UsageError
+    from tpuft.monitor import local_view, read_run_metrics, resolve_run, watch
 
+    if interval <= 0:
+        raise UsageError(f"--interval {interval}: must be positive")
     cfg = _load_cluster(config)
     run = resolve_run(cfg, run_id)
-    snap = snapshot(local_view(run))
-    snap.run_dir = run  # show where it lives, not the local copy
+    if plot is not None:
+        from tpuft.plot import plot_curves
+
+        log, _ = read_run_metrics(local_view(run))
+        name = str(run).rstrip("/").rsplit("/", 1)[-1]
+        written = plot_curves(log, plot, title=name)
+        _console().print(f"[green]wrote {written}[/green]: {len(log.train_rows)} training and {len(log.eval_rows)} eval points")
+        return
+    snap = watch(cfg, run)
     if json_out:
         print(json.dumps(snap.as_json(), indent=2))
         return
-    _render_snapshot(_console(), snap)
+    console = _console()
+    if once or snap.ended or not console.is_terminal:
+        console.print(_snapshot_view(snap))
+        return
+    import time
+
+    from rich.live import Live
+
+    try:
+        with Live(_snapshot_view(snap), console=console, refresh_per_second=2, screen=False) as live:
+            while not snap.ended:
+                time.sleep(interval)
+                snap = watch(cfg, run)
+                live.update(_snapshot_view(snap))
+    except KeyboardInterrupt:
+        console.print("[dim]stopped watching; the run goes on[/dim]")
 
 
-def _render_snapshot(console: Console, snap: Any) -> None:
+def _snapshot_view(snap: Any) -> Any:
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     info = snap.info
-    console.print(
+    colour = {"running": "green", "finished": "blue", "failed": "red", "stale": "yellow", "interrupted": "yellow"}.get(snap.status, "white")
+    node = f"  node [bold]{snap.node_state}[/bold]" if snap.node_state else ""
+    stale = f" (no heartbeat for {_fmt_seconds(snap.stale_for_s)})" if snap.stale_for_s is not None else ""
+    head = Text.from_markup(
         f"run [bold]{snap.run_id}[/bold]  recipe {info.get('recipe', '-')}  backend {info.get('backend', '-')}  "
-        f"status [bold]{snap.status}[/bold]  step {snap.step}/{snap.total_steps}  ETA {_fmt_seconds(snap.eta_s)}"
+        f"status [bold {colour}]{snap.status}[/bold {colour}]{stale}{node}\n"
+        f"step {snap.step}/{snap.total_steps or '?'}  elapsed {_fmt_seconds(snap.elapsed_s)}  ETA {_fmt_seconds(snap.eta_s)}"
     )
-    table = Table("metric", "value")
+    parts: list[Any] = [head]
+    if snap.total_steps:
+        done = min(snap.step, snap.total_steps) / snap.total_steps
+        parts.append(Text("█" * round(done * 50) + "░" * (50 - round(done * 50)) + f" {done:.0%}", style=colour))
+    table = Table("metric", "value", title=f"latest (from {snap.metrics_source})", title_justify="left")
     for key in ("loss", "lr", "examples_per_s", "tokens_per_s", "elapsed_s"):
         if key in snap.last_train:
-            table.add_row(key, _fmt(snap.last_train[key]))
+            table.add_row(key, _fmt_metric(key, snap.last_train[key]))
     for key, value in snap.last_eval.items():
         if key.startswith("eval_"):
-            table.add_row(f"{key} (step {snap.last_eval['step']})", _fmt(value))
-    console.print(table)
-    workers = Table("worker", "status", "step", "heartbeat age")
+            table.add_row(f"{key} (step {snap.last_eval.get('step')})", _fmt(value))
+    best = snap.best_metric
+    if best:
+        table.add_row(f"best {best[0]}", f"{_fmt(best[1])} at step {best[2]}")
+    parts.append(table)
+    workers = Table("worker", "status", "step", "loss", "lr", "ex/s", "tok/s", "heartbeat", "last log line", title="workers", title_justify="left")
     for w in snap.workers:
         age = f"{_fmt_seconds(w.age_s)} ago" + (" [red](stale)[/red]" if w.stale else "") if w.age_s is not None else "-"
-        workers.add_row(str(w.index), w.status, _fmt(w.step), age)
-    console.print(workers)
+        line = (w.last_log_line or "")[-70:]
+        workers.add_row(
+            str(w.index), w.status, _fmt(w.step), _fmt_metric("loss", w.loss), _fmt_metric("lr", w.lr),
+            _fmt_metric("examples_per_s", w.examples_per_s), _fmt_metric("tokens_per_s", w.tokens_per_s), age, Text(line),
+        )
+    parts.append(workers)
     if snap.skipped_lines:
-        console.print(f"[yellow]skipped {len(snap.skipped_lines)} corrupt metrics line(s): {snap.skipped_lines[:5]}[/yellow]")
+        parts.append(Text(f"skipped {len(snap.skipped_lines)} corrupt metrics line(s) (lines {snap.skipped_lines[:5]})", style="yellow"))
+    return Group(*parts)
+
+
+@app.command(rich_help_panel="Results")
+def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """List the runs in the cluster's bucket (or local folder): recipe, backend, status, steps, best eval, start.
+
+    Example: tpuft runs --json
+    """
+    import time
+
+    from rich.table import Table
+
+    from tpuft.monitor import list_runs
+
+    found = list_runs(_load_cluster(config))
+    if json_out:
+        print(json.dumps([r.as_json() | {"started": r.info.get("started")} for r in found], indent=2))
+        return
+    table = Table("run", "recipe", "backend", "status", "steps", "best eval", "started")
+    for r in found:
+        best = r.best_metric
+        started = r.info.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "-"
+        status = r.status + (f" ({_fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
+        table.add_row(r.run_id, str(r.info.get("recipe", "-")), str(r.info.get("backend", "-")), status,
+                      f"{r.step}/{r.total_steps or '?'}", f"{best[0]} {_fmt(best[1])} @{best[2]}" if best else "-", when)
+    console = _console()
+    console.print(table if found else "no runs yet (start one: tpuft up quickstart)")
+
+
+@app.command(rich_help_panel="Results")
+def logs(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
+    worker: Annotated[Optional[int], typer.Option("--worker", "-w", help="Only this worker's log (default: all, interleaved in time order).")] = None,
+    follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")] = False,
+    timestamps: Annotated[bool, typer.Option("--timestamps", "-t", help="Show when each line arrived (UTC).")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Print a run's worker logs; -f follows them live while it trains.
+
+    Example: tpuft logs -f --worker 0
+    """
+    from tpuft.ops.logs import follow, open_run_logs, read_all
+
+    run_logs = open_run_logs(_load_cluster(config), run_id, worker)
+    prefix = len(run_logs.sources) > 1 or worker is None
+
+    def emit(line: Any) -> None:
+        print(line.render(prefix=prefix, timestamps=timestamps), flush=True)
+
+    if not follow_:
+        for line in read_all(run_logs):
+            emit(line)
+        return
+    try:
+        follow(run_logs, emit)
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command(rich_help_panel="Results")

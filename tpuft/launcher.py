@@ -39,7 +39,9 @@ COMMANDS: list[tuple[str, list[tuple[str, str]]]] = [
     (
         "Results",
         [
-            ("monitor", "Show a run's progress: step, loss, eval metrics, throughput, ETA and worker heartbeats."),
+            ("monitor", "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log tails."),
+            ("runs", "List the runs in the cluster's bucket (or local folder): recipe, backend, status, steps, best eval, start."),
+            ("logs", "Print a run's worker logs; -f follows them live while it trains."),
             ("convert", "Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer)."),
         ],
     ),

@@ -24,7 +24,7 @@ def resolve_run(config: ClusterConfig, run_id: str | None) -> Path | str:
     """A run id (or a unique prefix of one, or None for the latest) -> its run dir (a ``gs://`` URL on GCP)."""
     from tpuft.providers import get_provider
 
-    storage = open_storage(get_provider(config).get().bucket)
+    storage = open_storage(get_provider(config).storage_url(), project=config.gcp.project)
     ids = storage.run_ids()
     if not ids:
         raise UsageError(f"no runs in {storage.url}", hint="Start one: tpuft up quickstart")
@@ -48,6 +48,11 @@ class WorkerView:
     age_s: float | None
     stale: bool
     digest: str | None = None
+    loss: float | None = None
+    lr: float | None = None
+    examples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    last_log_line: str | None = None
 
 
 @dataclass
@@ -64,15 +69,38 @@ class RunSnapshot:
     workers: list[WorkerView] = field(default_factory=list)
     skipped_lines: list[int] = field(default_factory=list)
     eta_s: float | None = None
+    elapsed_s: float | None = None
+    node_state: str | None = None
+    """The provider's word for the cluster (READY, PREEMPTED, NOT_FOUND, ...); None when not asked."""
+    metrics_source: str = rundir.METRICS
+    """metrics.jsonl, or the TensorBoard events when a backend (T5X) writes only those."""
+    stale_for_s: float | None = None
+    """For a stale run: how long since the freshest heartbeat."""
+
+    @property
+    def ended(self) -> bool:
+        return self.status not in {"running", "starting", "stale", "unknown"}
+
+    @property
+    def best_metric(self) -> tuple[str, float, int] | None:
+        return best_eval_metric(self.best_eval)
 
     def as_json(self) -> dict[str, Any]:
+        best = self.best_metric
         return {
             "run_id": self.run_id,
             "run_dir": str(self.run_dir),
+            "recipe": self.info.get("recipe"),
+            "backend": self.info.get("backend"),
             "status": self.status,
+            "node_state": self.node_state,
             "step": self.step,
             "total_steps": self.total_steps,
+            "elapsed_s": self.elapsed_s,
             "eta_s": self.eta_s,
+            "stale_for_s": self.stale_for_s,
+            "metrics_source": self.metrics_source,
+            "best_metric": {"name": best[0], "value": best[1], "step": best[2]} if best else None,
             "last_train": self.last_train,
             "last_eval": self.last_eval,
             "best_eval": self.best_eval,
@@ -81,49 +109,115 @@ class RunSnapshot:
         }
 
 
-def mirror_small_files(run_store: Any, mirror: Path) -> Path:
-    """Copy a remote run's status files (run info, metrics, heartbeats; not checkpoints) into ``mirror``."""
+BEST_METRICS = (("eval_exact_match", max), ("eval_accuracy", max), ("eval_token_accuracy", max), ("eval_loss", min))
+"""Which eval metric ranks a run's evaluations, in order of preference, and whether higher or lower is better."""
+
+
+def best_eval_metric(row: dict[str, Any]) -> tuple[str, float, int] | None:
+    for name, _ in BEST_METRICS:
+        if isinstance(row.get(name), (int, float)):
+            return name, float(row[name]), int(row.get("step", 0))
+    return None
+
+
+def best_eval_row(eval_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    for name, pick in BEST_METRICS:
+        rows = [r for r in eval_rows if isinstance(r.get(name), (int, float))]
+        if rows:
+            return pick(rows, key=lambda r: r[name])
+    return {}
+
+
+def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False, events_if_no_metrics: bool = False) -> Path:
+    """Copy a remote run's status files (run info, metrics, heartbeats; not checkpoints) into ``mirror``; with
+    ``logs`` its worker logs too, and the TensorBoard events when it has no metrics.jsonl (a T5X run)."""
     mirror.mkdir(parents=True, exist_ok=True)
     for name in (rundir.METRICS, rundir.RUN_INFO):
         text = run_store.read_text(name)
         if text is not None:
             (mirror / name).write_text(text)
     run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
+    if logs:
+        run_store.download_tree(rundir.LOGS_DIR, mirror / rundir.LOGS_DIR)
+    if events_if_no_metrics and not (mirror / rundir.METRICS).is_file():
+        run_store.download_tree(rundir.TB_DIR, mirror / rundir.TB_DIR)
     return mirror
 
 
-def local_view(run: Path | str) -> Path:
+def local_view(run: Path | str, *, logs: bool = False) -> Path:
     """A folder with the run's status files: the run dir itself, or a fresh local copy of a gs:// one."""
     if not str(run).startswith("gs://"):
         return Path(run)
     from tpuft.paths import tpuft_home
 
     run_url = str(run).rstrip("/")
-    return mirror_small_files(open_storage(run_url), tpuft_home() / "cache" / "runs" / run_url.rsplit("/", 1)[-1])
+    mirror = tpuft_home() / "cache" / "runs" / run_url.rsplit("/", 1)[-1]
+    return mirror_small_files(open_storage(run_url), mirror, logs=logs, events_if_no_metrics=True)
 
 
-def snapshot(run_dir: Path, now: float | None = None) -> RunSnapshot:
+def read_run_metrics(run_dir: Path) -> tuple[rundir.MetricsLog, str]:
+    """metrics.jsonl when the backend writes it; else the TensorBoard events (T5X writes only those)."""
+    if (run_dir / rundir.METRICS).is_file() or not (run_dir / rundir.TB_DIR).is_dir():
+        return rundir.read_metrics(run_dir), rundir.METRICS
+    from tpuft.tb_events import read_tb_metrics
+
+    return read_tb_metrics(run_dir / rundir.TB_DIR), "tensorboard events"
+
+
+def last_log_line(path: Path, max_bytes: int = 8192) -> str | None:
+    """The last non-empty line of a worker's log (timestamp dropped), reading only the file's tail."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            tail = handle.read()
+    except FileNotFoundError:
+        return None
+    from tpuft.ops.logs import parse_line
+
+    for raw in reversed(tail.splitlines()):
+        line = parse_line(0, raw).text.strip()
+        if line:
+            return line
+    return None
+
+
+def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None = None) -> RunSnapshot:
     now = time.time() if now is None else now
     info = rundir.read_json(run_dir / rundir.RUN_INFO) or {}
-    metrics = rundir.read_metrics(run_dir)
+    metrics, source = read_run_metrics(run_dir)
     train_rows, eval_rows = metrics.train_rows, metrics.eval_rows
     total = int(info.get("total_steps") or 0)
     workers = []
-    for index in range(int(info.get("workers") or 0)):
+    count = int(info.get("workers") or 0) or len(list((run_dir / rundir.HEARTBEAT_DIR).glob("worker-*.json")))
+    for index in range(count):
         beat = rundir.read_json(rundir.heartbeat_path(run_dir, index)) or {}
         age = now - beat["time"] if "time" in beat else None
         status = beat.get("status", "no heartbeat")
         stale = status in {"running", "starting"} and age is not None and age > STALE_AFTER_SECONDS
-        workers.append(WorkerView(index, status, beat.get("step"), age, stale, beat.get("params_sha256")))
-    step = int(train_rows[-1]["step"]) if train_rows else 0
+        workers.append(
+            WorkerView(
+                index, status, beat.get("step"), age, stale, beat.get("params_sha256"),
+                loss=beat.get("loss"), lr=beat.get("lr"), examples_per_s=beat.get("examples_per_s"),
+                tokens_per_s=beat.get("tokens_per_s"), last_log_line=last_log_line(rundir.log_path(run_dir, index)),
+            )
+        )
+    step = int(train_rows[-1]["step"]) if train_rows else max([w.step or 0 for w in workers], default=0)
     status = str(info.get("status", "unknown"))
+    stale_for = None
     if status == "running" and workers and all(w.stale or w.status == "no heartbeat" for w in workers):
         status = "stale"
+        ages = [w.age_s for w in workers if w.age_s is not None]
+        stale_for = round(min(ages), 1) if ages else None
+    started = info.get("started")
+    elapsed = info.get("seconds") if status != "running" and info.get("seconds") is not None else (
+        round(now - started, 1) if isinstance(started, (int, float)) else None)
     eta = None
-    elapsed = train_rows[-1].get("elapsed_s") if train_rows else None
-    if status == "running" and elapsed and step and total > step:
-        eta = round(elapsed / step * (total - step), 1)
-    best = max(eval_rows, key=lambda r: r.get("eval_exact_match", -1.0)) if eval_rows else {}
+    trained_for = train_rows[-1].get("elapsed_s") if train_rows else None
+    if status == "running" and trained_for and step and total > step:
+        eta = round(trained_for / step * (total - step), 1)
+    best = best_eval_row(eval_rows)
     return RunSnapshot(
         run_id=str(info.get("run_id", run_dir.name)),
         run_dir=run_dir,
@@ -137,4 +231,51 @@ def snapshot(run_dir: Path, now: float | None = None) -> RunSnapshot:
         workers=workers,
         skipped_lines=metrics.skipped,
         eta_s=eta,
+        elapsed_s=elapsed,
+        node_state=node_state,
+        metrics_source=source,
+        stale_for_s=stale_for,
     )
+
+
+def node_state(config: ClusterConfig, *, timeout_s: float = 8.0) -> str:
+    """The provider's word for the cluster now. A failed or slow API call (the provider retries for up to half a
+    minute) is shown, not raised or waited out: the live view keeps refreshing from the run dir."""
+    import threading
+
+    from tpuft.errors import TpuftError
+    from tpuft.providers import get_provider
+
+    answer: dict[str, str] = {}
+
+    def ask() -> None:
+        try:
+            answer["state"] = str(get_provider(config).get().state)
+        except TpuftError as exc:
+            answer["state"] = f"unknown ({exc.message.splitlines()[0][:80]})"
+
+    thread = threading.Thread(target=ask, name="tpuft-node-state", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return answer.get("state", f"unknown (the {config.provider} API did not answer in {timeout_s:.0f} s)")
+
+
+def watch(config: ClusterConfig, run: Path | str) -> RunSnapshot:
+    """One refresh of ``tpuft monitor``: the run's files (mirrored when in a bucket), its logs' tails, the node."""
+    snap = snapshot(local_view(run, logs=True), node_state=node_state(config))
+    snap.run_dir = run  # type: ignore[assignment]  # show where it lives, not the local copy
+    return snap
+
+
+def list_runs(config: ClusterConfig) -> list[RunSnapshot]:
+    """Every run in the cluster's storage, oldest first, for ``tpuft runs``."""
+    from tpuft.providers import get_provider
+
+    storage = open_storage(get_provider(config).storage_url(), project=config.gcp.project)
+    runs = []
+    for run_id in storage.run_ids():
+        run = storage.run_dir(run_id)
+        snap = snapshot(local_view(run))
+        snap.run_dir = run  # type: ignore[assignment]
+        runs.append(snap)
+    return runs

@@ -185,6 +185,15 @@ class LocalStorage:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
+    def read_bytes(self, relpath: str, *, start: int = 0) -> bytes | None:
+        """The file's bytes from offset ``start`` on (for following a growing log); None if there is no file."""
+        try:
+            with self._path(relpath).open("rb") as handle:
+                handle.seek(start)
+                return handle.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
     def exists(self, relpath: str) -> bool:
         """Whether a file is there (folders do not count: GCS has none)."""
         return self._path(relpath).is_file()
@@ -309,6 +318,20 @@ class GcsStorage:
             except NotFound:
                 return None
         return data.decode("utf-8")
+
+    def read_bytes(self, relpath: str, *, start: int = 0) -> bytes | None:
+        """The object's bytes from offset ``start`` on (a ranged GET); None if there is no object."""
+        from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable
+
+        name = self._name(relpath)
+        with _gcs_call("download", self._url_of(name)):
+            try:
+                blob = self._bucket().blob(name)
+                return blob.download_as_bytes(start=start) if start else blob.download_as_bytes()
+            except NotFound:
+                return None
+            except RequestRangeNotSatisfiable:  # nothing past the end yet
+                return b""
 
     def exists(self, relpath: str) -> bool:
         name = self._name(relpath)

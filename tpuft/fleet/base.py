@@ -73,8 +73,10 @@ class Fleet(Protocol):
         on_line: LineSink | None = None,
         fail_fast: bool = True,
         cwd_home: bool = True,
+        log_timestamps: bool = False,
     ) -> FleetResult:
-        """Run ``argv`` on the chosen workers (all by default) in parallel; returns when all have ended."""
+        """Run ``argv`` on the chosen workers (all by default) in parallel; returns when all have ended.
+        ``log_timestamps`` starts each log-file line with the time it arrived (see ``Output``)."""
         ...
 
     def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:

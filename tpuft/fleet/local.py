@@ -50,6 +50,7 @@ class LocalFleet:
         on_line: LineSink | None = None,
         fail_fast: bool = True,
         cwd_home: bool = True,
+        log_timestamps: bool = False,
     ) -> FleetResult:
         chosen = select_workers(self.workers, workers)
 
@@ -60,7 +61,7 @@ class LocalFleet:
                     worker_env.update(env(worker))
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
                 cwd = worker.home if cwd_home and worker.home is not None else None
-                output = Output(worker.index, log_path, on_line)
+                output = Output(worker.index, log_path, on_line, timestamps=log_timestamps)
                 handles.append(_Process(worker, list(argv), worker_env, cwd, output, changed))
 
         return run_supervised(start, fail_fast)

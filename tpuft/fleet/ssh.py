@@ -152,6 +152,7 @@ class SshFleet:
         on_line: LineSink | None = None,
         fail_fast: bool = True,
         cwd_home: bool = True,
+        log_timestamps: bool = False,
     ) -> FleetResult:
         chosen = select_workers(self.workers, workers)
         self.connect_all(chosen)
@@ -160,7 +161,7 @@ class SshFleet:
             for worker in chosen:
                 command = remote_command(argv, env(worker) if env is not None else {}, cwd_home=cwd_home)
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
-                handles.append(_RemoteProcess(self, worker, command, Output(worker.index, log_path, on_line), changed))
+                handles.append(_RemoteProcess(self, worker, command, Output(worker.index, log_path, on_line, timestamps=log_timestamps), changed))
 
         return run_supervised(start, fail_fast)
 

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -46,10 +47,15 @@ class Handle(Protocol):
 
 
 class Output:
-    """One worker's output: each line goes to its log file, the tail buffer and the caller's sink."""
+    """One worker's output: each line goes to its log file, the tail buffer and the caller's sink.
 
-    def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None) -> None:
+    With ``timestamps`` each log-file line starts with the UTC time it arrived (``2026-11-22T06:12:03.123Z ``, as
+    ``docker logs --timestamps`` writes them), so ``tpuft logs`` can interleave workers in time order; the caller's
+    sink and the tail get the bare line."""
+
+    def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None, *, timestamps: bool = False) -> None:
         self.index = index
+        self.timestamps = timestamps
         self.log_path = log_path
         self.on_line = on_line
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -60,7 +66,9 @@ class Output:
 
     def feed(self, raw: bytes) -> None:
         if self._log is not None:
-            self._log.write(raw)
+            if self.timestamps:
+                self._log.write(log_timestamp().encode() + b" ")
+            self._log.write(raw if raw.endswith(b"\n") else raw + b"\n")
             self._log.flush()
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
         self.tail.append(line)
@@ -71,6 +79,11 @@ class Output:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def log_timestamp(now: float | None = None) -> str:
+    stamp = time.time() if now is None else now
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"
 
 
 def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_fast: bool) -> FleetResult:

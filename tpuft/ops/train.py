@@ -19,6 +19,7 @@ from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
 from tpuft.providers.base import Worker
 from tpuft.monitor import mirror_small_files
 from tpuft.storage import open_storage
+from tpuft.worker.sync import RunDirSync
 
 COORDINATOR_PORT = 8476
 
@@ -134,19 +135,26 @@ def train(
         }
 
     launch = backend.launch_workers(len(workers))
-    result = session.fleet.run(
-        [python, "-m", "tpuft.worker"],
-        env=env_for,
-        workers=launch,
-        log_dir=mirror / rundir.LOGS_DIR,
-        on_line=on_line,
-    )
+    # Worker output streams to this process over SSH; a bucket run gets the logs every 15 s too, so that
+    # `tpuft logs -f` and `tpuft monitor` on another machine see them while the run trains.
+    log_sync = RunDirSync(mirror / rundir.LOGS_DIR, open_storage(f"{run_url}/{rundir.LOGS_DIR}")).start() if remote_storage else None
+    try:
+        result = session.fleet.run(
+            [python, "-m", "tpuft.worker"],
+            env=env_for,
+            workers=launch,
+            log_dir=mirror / rundir.LOGS_DIR,
+            on_line=on_line,
+            log_timestamps=True,
+        )
+    finally:
+        if log_sync is not None:
+            log_sync.close()
     seconds = time.time() - started
     status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
     final_info = {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)}
     run_store.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
     if remote_storage:
-        run_store.upload_tree(mirror / rundir.LOGS_DIR, rundir.LOGS_DIR)
         mirror_small_files(run_store, mirror)
     try:
         raise_on_failure(result, f"training run {run_id}")

@@ -77,6 +77,10 @@ class Provider(Protocol):
         """A way to run commands on every worker of ``cluster``."""
         ...
 
+    def storage_url(self) -> str:
+        """Where runs are kept (``gs://bucket`` or a local folder), known without asking the cloud API."""
+        ...
+
     def venv_cache(self) -> str:
         """Where workers keep backend venvs (a path on the workers)."""
         ...

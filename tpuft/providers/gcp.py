@@ -168,6 +168,9 @@ class GcpProvider:
 
         return tpuft_home() / "gcp" / self.project / self.zone / self.config.name
 
+    def storage_url(self) -> str:
+        return self.bucket_url
+
     def venv_cache(self) -> str:
         """Commands run from HOME on the workers and argv gets no ``~`` expansion: make ``~/x`` plain ``x``."""
         cache = self.gcp.venv_cache

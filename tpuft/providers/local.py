@@ -43,6 +43,9 @@ class LocalProvider:
             return Path(self.config.bucket).expanduser().resolve()
         return tpuft_home() / "buckets" / self.config.name
 
+    def storage_url(self) -> str:
+        return str(self.bucket())
+
     def venv_cache(self) -> str:
         return str((self.config.local.venv_cache or venv_cache()).expanduser().resolve())
 

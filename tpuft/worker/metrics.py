@@ -107,7 +107,10 @@ class Heartbeat:
         self.path = rundir.heartbeat_path(run_dir, worker)
         self.base = {"worker": worker, "pid": os.getpid(), "host": socket.gethostname(), "total_steps": total_steps}
         self.started = time.time()
+        self.latest: dict[str, Any] = {}
+        """The last loss / lr / throughput given, kept in later beats (the final one has none of its own)."""
 
     def beat(self, step: int, status: str = "running", **extra: Any) -> None:
-        data = {**self.base, "step": step, "status": status, "time": time.time(), "started": self.started, **extra}
+        self.latest.update(extra)
+        data = {**self.base, "step": step, "status": status, "time": time.time(), "started": self.started, **self.latest}
         rundir.write_json_atomic(self.path, data)

@@ -354,7 +354,7 @@ class Trainer:
                     "elapsed_s": round(time.time() - self.run_started, 1),
                 }
                 self.metrics.log(self.step, row)
-                self._beat(self.step, loss=row["loss"])
+                self._beat(self.step, **{k: row[k] for k in ("loss", "lr", "examples_per_s", "tokens_per_s")})
                 self._say(
                     f"step {self.step}/{train.steps} loss {loss:.4f} lr {row['lr']:.2e} "
                     f"{row['examples_per_s']:.1f} ex/s {row['tokens_per_s']:.0f} tok/s"

@@ -1,0 +1,179 @@
+"""logs: print a run's worker logs, one worker or all of them interleaved in time order, and follow them live.
+
+Worker output streams over SSH to the ``tpuft train`` process, which writes ``logs/worker-N.log`` with each line
+stamped with the time it arrived. A local run's logs are in its run dir as they are written. A bucket run's logs
+are uploaded every 15 s while it trains (and at the end); on the machine running ``tpuft train`` the live copy
+it writes is read instead, so following there has no upload delay. Following stops once the run has ended and
+every log has been read to its end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuft import rundir
+from tpuft.config import ClusterConfig
+from tpuft.errors import UsageError
+from tpuft.storage import open_storage
+
+_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
+_LOG_NAME = re.compile(r"^worker-(\d+)\.log$")
+LOCAL_POLL_SECONDS = 0.5
+BUCKET_POLL_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class LogLine:
+    worker: int
+    stamp: str | None
+    """ISO UTC arrival time (None in logs written before lines were stamped)."""
+    text: str
+
+    def render(self, *, prefix: bool, timestamps: bool) -> str:
+        head = f"[w{self.worker}] " if prefix else ""
+        when = f"{self.stamp} " if timestamps and self.stamp else ""
+        return f"{when}{head}{self.text}"
+
+
+@dataclass
+class LogSource:
+    """One worker's log, read from a byte offset on (a local file, or an object through the storage layer)."""
+
+    worker: int
+    read_from: Callable[[int], bytes]
+    offset: int = 0
+    partial: bytes = b""
+    lines: list[LogLine] = field(default_factory=list)
+
+    def poll(self) -> list[LogLine]:
+        """The complete lines written since the last poll (a line still being written waits for its newline)."""
+        data = self.read_from(self.offset)
+        self.offset += len(data)
+        chunks = (self.partial + data).split(b"\n")
+        self.partial = chunks.pop()
+        return [parse_line(self.worker, chunk) for chunk in chunks]
+
+    def flush(self) -> list[LogLine]:
+        rest, self.partial = self.partial, b""
+        return [parse_line(self.worker, rest)] if rest else []
+
+
+def parse_line(worker: int, raw: bytes) -> LogLine:
+    match = _STAMP.match(raw)
+    if match:
+        return LogLine(worker, match.group(1).decode(), raw[match.end() :].decode("utf-8", "replace").rstrip("\r"))
+    return LogLine(worker, None, raw.decode("utf-8", "replace").rstrip("\r"))
+
+
+@dataclass
+class RunLogs:
+    run_id: str
+    run: Path | str
+    sources: dict[int, LogSource]
+    is_running: Callable[[], bool]
+    poll_seconds: float
+    where: str
+    """Where the logs are read from (for the header line)."""
+    folder: Path | None = None
+    """A local log folder to rescan for workers whose log appears later (None: a bucket, or one worker asked for)."""
+
+
+def open_run_logs(config: ClusterConfig, run_id: str | None, worker: int | None = None) -> RunLogs:
+    from tpuft.monitor import resolve_run
+
+    run = resolve_run(config, run_id)
+    name = str(run).rstrip("/").rsplit("/", 1)[-1]
+    info_store = open_storage(str(run))
+
+    def is_running() -> bool:
+        text = info_store.read_text(rundir.RUN_INFO)
+        try:
+            return bool(text) and json.loads(text).get("status") == "running"
+        except json.JSONDecodeError:
+            return True  # being rewritten: look again next poll
+
+    live = _controller_copy(config, name) if str(run).startswith("gs://") else Path(run) / rundir.LOGS_DIR
+    if live is not None and live.is_dir():
+        sources = {w: LogSource(w, _file_reader(path)) for w, path in _worker_files(live)}
+        where, poll = str(live), LOCAL_POLL_SECONDS
+    else:
+        store = open_storage(f"{run}/{rundir.LOGS_DIR}")
+        found = sorted((int(m.group(1)), rel) for rel in store.list("") for m in [_LOG_NAME.match(rel)] if m)
+        sources = {w: LogSource(w, _object_reader(store, rel)) for w, rel in found}
+        where, poll = f"{run}/{rundir.LOGS_DIR}", BUCKET_POLL_SECONDS
+    if worker is not None:
+        if worker not in sources:
+            have = ", ".join(str(w) for w in sorted(sources)) or "none yet"
+            raise UsageError(f"run {name}: no log for worker {worker} (workers with logs: {have})")
+        sources = {worker: sources[worker]}
+    folder = Path(where) if worker is None and poll == LOCAL_POLL_SECONDS else None
+    return RunLogs(name, run, sources, is_running, poll, where, folder)
+
+
+def _controller_copy(config: ClusterConfig, run_id: str) -> Path | None:
+    """The live log folder ``tpuft train`` writes on this machine for a bucket run (None if it ran elsewhere)."""
+    from tpuft.providers import get_provider
+
+    return get_provider(config).state_dir() / "runs" / run_id / rundir.LOGS_DIR
+
+
+def _worker_files(folder: Path) -> list[tuple[int, Path]]:
+    return sorted((int(m.group(1)), p) for p in folder.iterdir() for m in [_LOG_NAME.match(p.name)] if m)
+
+
+def _file_reader(path: Path) -> Callable[[int], bytes]:
+    def read(offset: int) -> bytes:
+        try:
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                return handle.read()
+        except FileNotFoundError:
+            return b""
+
+    return read
+
+
+def _object_reader(store: object, relpath: str) -> Callable[[int], bytes]:
+    def read(offset: int) -> bytes:
+        return store.read_bytes(relpath, start=offset) or b""  # type: ignore[attr-defined]
+
+    return read
+
+
+def in_time_order(batches: Iterable[list[LogLine]]) -> Iterator[LogLine]:
+    """Merge per-worker line lists (each already in order) by arrival time; unstamped lines keep their place."""
+    keyed = [[(line.stamp or "", i, n, line) for n, line in enumerate(batch)] for i, batch in enumerate(batches)]
+    for _, _, _, line in heapq.merge(*keyed):
+        yield line
+
+
+def read_all(logs: RunLogs) -> Iterator[LogLine]:
+    batches = [source.poll() + source.flush() for source in logs.sources.values()]
+    return in_time_order(batches)
+
+
+def follow(logs: RunLogs, emit: Callable[[LogLine], None], *, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Print what is there, then what arrives, until the run has ended and its logs are read to the end."""
+    while True:
+        running = logs.is_running()
+        _add_new_workers(logs)
+        for line in in_time_order([source.poll() for source in logs.sources.values()]):
+            emit(line)
+        if not running:
+            for line in in_time_order([source.flush() for source in logs.sources.values()]):
+                emit(line)
+            return
+        sleep(logs.poll_seconds)
+
+
+def _add_new_workers(logs: RunLogs) -> None:
+    """Workers whose log appears after following began (a starting run gains them one by one)."""
+    if logs.folder is not None and logs.folder.is_dir():
+        for worker, path in _worker_files(logs.folder):
+            logs.sources.setdefault(worker, LogSource(worker, _file_reader(path)))
