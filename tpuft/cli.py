@@ -493,6 +493,8 @@ def _snapshot_view(snap: Any) -> Any:
     parts.append(workers)
     if snap.skipped_lines:
         parts.append(Text(f"skipped {len(snap.skipped_lines)} corrupt metrics line(s) (lines {snap.skipped_lines[:5]})", style="yellow"))
+    for note in snap.notes:
+        parts.append(Text(note, style="yellow"))
     return Group(*parts)
 
 
@@ -552,6 +554,52 @@ def logs(
         follow(run_logs, emit)
     except KeyboardInterrupt:
         pass
+
+
+@app.command(rich_help_panel="Results")
+def tensorboard(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
+    port: Annotated[int, typer.Option("--port", help="Port to serve on (0: a free one).")] = 6006,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (0.0.0.0 to reach it from other machines).")] = "127.0.0.1",
+    config: ConfigOpt = None,
+) -> None:
+    """Serve a run's TensorBoard events (from its folder, or mirrored from the bucket every 30 s) until Ctrl-C.
+
+    Example: tpuft tensorboard --port 6007
+    """
+    import time
+
+    from tpuft.monitor import resolve_run
+    from tpuft.ops.tensorboard import free_port, start_tensorboard
+
+    run = resolve_run(_load_cluster(config), run_id)
+    console = _console()
+    if port and not _port_is_free(host, port):
+        console.print(f"[yellow]port {port} is taken; using a free one[/yellow]")
+        port = free_port(host)
+    with console.status(f"starting TensorBoard on {run} ..."):
+        handle = start_tensorboard(run, port=port, host=host)
+    console.print(f"TensorBoard for {run}: [bold]{handle.url}[/bold]  (events: {handle.logdir}; Ctrl-C stops it)")
+    try:
+        while handle.running:
+            time.sleep(1.0)
+        console.print(f"[red]TensorBoard exited[/red]; its output: {handle.log_path}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @app.command(rich_help_panel="Results")

@@ -76,6 +76,8 @@ class RunSnapshot:
     """metrics.jsonl, or the TensorBoard events when a backend (T5X) writes only those."""
     stale_for_s: float | None = None
     """For a stale run: how long since the freshest heartbeat."""
+    notes: list[str] = field(default_factory=list)
+    """Problems met while reading (a truncated TensorBoard event file, ...), shown as warnings."""
 
     @property
     def ended(self) -> bool:
@@ -100,6 +102,7 @@ class RunSnapshot:
             "eta_s": self.eta_s,
             "stale_for_s": self.stale_for_s,
             "metrics_source": self.metrics_source,
+            "notes": self.notes,
             "best_metric": {"name": best[0], "value": best[1], "step": best[2]} if best else None,
             "last_train": self.last_train,
             "last_eval": self.last_eval,
@@ -235,6 +238,7 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
         node_state=node_state,
         metrics_source=source,
         stale_for_s=stale_for,
+        notes=list(getattr(metrics, "notes", [])),
     )
 
 

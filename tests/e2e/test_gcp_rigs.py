@@ -67,6 +67,9 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         snap = json.loads(shown.stdout)
         assert snap["run_dir"] == run_url and snap["status"] == "finished" and snap["step"] == 40
         assert [w["status"] for w in snap["workers"]] == ["finished", "finished"]
+        logs = subprocess.run([sys.executable, "-m", "tpuft", "logs", "-c", str(cluster)], env=env, capture_output=True, text=True)
+        assert logs.returncode == 0, logs.stderr
+        assert any(line.startswith("[w1] ") for line in logs.stdout.splitlines()) and "step 40/40" in logs.stdout
 
         deleted = subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], env=env, capture_output=True, text=True)
         assert deleted.returncode == 0 and tpu.node("e2e-gcp") is None

@@ -136,6 +136,16 @@ def test_convert_and_monitor_on_the_finished_run(quickstart: Run, tmp_path: Path
     snap = json.loads(shown.stdout)
     assert snap["status"] == "finished" and snap["step"] == 1500
     assert [w["status"] for w in snap["workers"]] == ["finished", "finished"]
+    assert all(w["loss"] is not None and w["last_log_line"] for w in snap["workers"])
+
+    listed = tpuft(quickstart.env, "runs", "-c", str(quickstart.cluster), "--json")
+    run = next(r for r in json.loads(listed.stdout) if r["run_id"] == quickstart.run_dir.name)
+    assert run["status"] == "finished" and run["best_metric"]["name"] == "eval_exact_match" and run["best_metric"]["value"] >= 0.9
+    logs = tpuft(quickstart.env, "logs", quickstart.run_dir.name, "-c", str(quickstart.cluster))
+    assert logs.returncode == 0, logs.stderr
+    lines = logs.stdout.splitlines()
+    assert any(line.startswith("[w0] ") for line in lines) and any(line.startswith("[w1] ") for line in lines)
+    assert any("step 1500/1500" in line for line in lines)
 
 
 def test_a_failing_worker_stops_the_run(quickstart: Run, tmp_path: Path) -> None:

@@ -164,3 +164,49 @@ def test_bucket_run_monitor_runs_and_logs(cli, gcs: GcsEmulator, tmp_path: Path,
     storage.upload_file(local / "logs" / "worker-0.log", "runs/remote-1/logs/worker-0.log")
     assert [line.text for line in source.poll()] == ["uploaded 15 s later"]
     assert source.poll() == []
+
+
+def test_t5x_style_run_with_only_tensorboard_events(cli, cluster: Path, tmp_path: Path) -> None:
+    """A backend that writes no metrics.jsonl (T5X): monitor, runs and --plot read its TensorBoard events."""
+    from tests.monitor.test_tb_and_plot import png_size, t5x_tb
+
+    run = tmp_path / "bucket" / "runs" / "t5x-1"
+    t5x_tb(run / rundir.TB_DIR)
+    rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "t5x-1", "recipe": "t5x", "backend": "t5x", "workers": 1,
+                                                     "total_steps": 1000, "status": "finished", "started": 1_790_000_000})
+    result = cli("monitor", "t5x-1", "-c", str(cluster), "--json")
+    assert result.code == 0, result.err
+    snap = json.loads(result.out)
+    assert snap["metrics_source"] == "tensorboard events" and snap["step"] > 0
+    assert snap["last_train"]["loss"] > 0 and any(k.startswith("eval_") for k in snap["last_eval"])
+    listed = json.loads(cli("runs", "-c", str(cluster), "--json").out)
+    assert listed[0]["best_metric"] is not None
+    plotted = cli("monitor", "t5x-1", "-c", str(cluster), "--plot", str(tmp_path / "curves.png"))
+    assert plotted.code == 0, plotted.err
+    assert png_size((tmp_path / "curves.png").read_bytes()) == (1200, 800)
+
+
+def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(cluster: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.monitor.test_tb_and_plot import t5x_tb
+
+    run = tmp_path / "bucket" / "runs" / "t5x-1"
+    t5x_tb(run / rundir.TB_DIR)
+    rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "t5x-1", "status": "finished"})
+    proc = subprocess.Popen([sys.executable, "-m", "tpuft", "tensorboard", "-c", str(cluster), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = line.split("http://", 1)[1].split()[0]
+        with urllib.request.urlopen(f"http://{url.rstrip('/')}/data/runs", timeout=10) as answer:
+            assert answer.status == 200 and "train" in answer.read().decode()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
