@@ -557,6 +557,44 @@ def logs(
 
 
 @app.command(rich_help_panel="Results")
+def pull(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id, a unique prefix of one, or 'latest' (the default).")] = None,
+    dest: Annotated[Optional[Path], typer.Argument(help="Where to put it (default: ./RUN_ID).")] = None,
+    checkpoints: Annotated[str, typer.Option("--checkpoints", help="Which checkpoints come along: latest, best, all or none.")] = "latest",
+    workers: Annotated[int, typer.Option("--workers", help="Parallel downloads.")] = 16,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Copy a run home: recipe, metrics, logs, TensorBoard events, the chosen checkpoints and the HF export.
+
+    Parallel, verified against the bucket's checksums, resumable: files already there and intact are skipped, so running it again after an interruption fetches only the rest.
+
+    Example: tpuft pull latest ./my-run --checkpoints best
+    """
+    from tpuft.monitor import resolve_run
+    from tpuft.ops.pull import pull as pull_op
+
+    cfg = _load_cluster(config)
+    run = resolve_run(cfg, run_id)
+    name = str(run).rstrip("/").rsplit("/", 1)[-1]
+    target = dest if dest is not None else Path(name)
+    console = _console()
+    with _byte_progress(console, f"pulling {name}", enabled=not json_out) as progress:
+        result = pull_op(run, target, checkpoints=checkpoints, workers=workers, progress=progress, project=cfg.gcp.project)
+    if json_out:
+        print(json.dumps(result.as_json(), indent=2))
+        return
+    steps = ", ".join(str(s) for s in result.checkpoints) or "none"
+    console.print(
+        f"[green]pulled {result.source} -> {result.dest}[/green]: {result.files_fetched} files fetched "
+        f"({result.bytes_fetched / 1e6:.1f} MB), {result.files_skipped} already there and intact; "
+        f"{result.files_total} files, {result.bytes_total / 1e6:.1f} MB in all; checkpoints: {steps}; {result.seconds:.1f} s"
+    )
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+@app.command(rich_help_panel="Results")
 def tensorboard(
     run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
     port: Annotated[int, typer.Option("--port", help="Port to serve on (0: a free one).")] = 6006,

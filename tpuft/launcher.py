@@ -42,6 +42,7 @@ COMMANDS: list[tuple[str, list[tuple[str, str]]]] = [
             ("monitor", "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log tails."),
             ("runs", "List the runs in the cluster's bucket (or local folder): recipe, backend, status, steps, best eval, start."),
             ("logs", "Print a run's worker logs; -f follows them live while it trains."),
+            ("pull", "Copy a run home: recipe, metrics, logs, TensorBoard events, the chosen checkpoints and the HF export."),
             ("tensorboard", "Serve a run's TensorBoard events (from its folder, or mirrored from the bucket every 30 s) until Ctrl-C."),
             ("convert", "Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer)."),
         ],

@@ -2,13 +2,15 @@
 GCP provider (through google-cloud-storage), behind one small duck-typed interface so callers do not care which.
 
 Both classes offer: ``url``, ``run_dir(run_id)``, ``run_ids()``, ``ensure_bucket(location)``, ``write_text``,
-``read_text``, ``exists``, ``list``, ``upload_file``, ``upload_tree`` and ``download_tree``. Paths given to them are
-relative to the storage root and always use ``/``.
+``read_text``, ``exists``, ``list``, ``folders``, ``upload_file``, ``upload_tree``, ``download_tree`` and
+``fetch_tree`` (``download_tree`` with a :class:`TreeTransfer` report). Paths given to them are relative to the storage
+root and always use ``/``.
 
-Transfers skip files whose size and CRC32C already match (the checksum GCS keeps for every object), so running an
-interrupted ``upload_tree``/``download_tree`` again only moves what is missing or different. A download is written
-under a temporary name (``.NAME.tpuft-part``) and renamed when complete, so a file under its final name is always
-whole; GCS itself only shows an uploaded object once it is complete.
+Transfers skip files whose size and CRC32C already match (the checksum GCS keeps for every object; MD5 for an object
+that has no CRC32C), so running an interrupted ``upload_tree``/``download_tree`` again only moves what is missing or
+different. A download is written under a temporary name (``.NAME.tpuft-part``), checked against the size and checksum
+GCS listed for the object, and renamed as soon as it is complete (a run killed midway keeps the files it finished), so
+a file under its final name is always whole; GCS itself only shows an uploaded object once it is complete.
 
 google-cloud-storage is imported only when a ``gs://`` storage is first used: the CLI imports this module at start-up
 and most commands never touch GCS.
@@ -17,14 +19,16 @@ and most commands never touch GCS.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from tpuft.errors import TpuftError, UsageError
 
@@ -39,6 +43,8 @@ EMULATOR_PROJECT = "tpuft-test"
 """Project used against ``$STORAGE_EMULATOR_HOST`` when ``$GOOGLE_CLOUD_PROJECT`` is not set."""
 LOGIN_HINT = "Run: gcloud auth application-default login (on a VM, check its service account and scopes)"
 MiB = 1024 * 1024
+POOL_SIZE = 64
+"""Connections kept open per host by a storage client: at least as many as transfer workers."""
 _XML_MIN_PART = 5 * MiB
 """GCS XML multipart uploads reject parts under 5 MiB (except the last)."""
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
@@ -47,6 +53,27 @@ Failures = list[tuple[str, BaseException]]
 ``list`` is their method.)"""
 _RUN_STAMP = re.compile(r"-(\d{8}-\d{6})-\d+$")
 """The creation time inside a run id (``rundir.new_run_id``: ``<recipe>-YYYYmmdd-HHMMSS-<pid>``)."""
+Progress = Callable[[int, int], None]
+"""``progress(bytes_done, bytes_total)`` of a tree download: called once the files are listed (0 done), then as bytes
+land, from worker threads but never two at a time; files already in place count as done when they are checked."""
+_REPORT_EVERY = MiB
+"""A download reports its progress every this many bytes (the client writes 8 KiB at a time)."""
+RERUN_HINT = "Run it again: files already complete are kept and only the rest is fetched"
+
+
+@dataclass(frozen=True)
+class TreeTransfer:
+    """What a tree download did: the files it was asked for, and those it fetched (the others were already there
+    with the same size and checksum)."""
+
+    files: int
+    total_bytes: int
+    fetched: int
+    fetched_bytes: int
+
+    @property
+    def skipped(self) -> int:
+        return self.files - self.fetched
 
 
 # ---- helpers shared by both storages -------------------------------------------------------------------------------
@@ -75,14 +102,24 @@ def file_crc32c(path: Path) -> str:
     return base64.b64encode(checksum.digest()).decode("ascii")
 
 
-def _same_content(path: Path, size: int | None, crc32c: str | None) -> bool:
-    """True when ``path`` is a file with this size and CRC32C; the checksum is only computed when sizes agree."""
+def file_md5(path: Path) -> str:
+    """Base64 of a file's MD5: the form GCS gives in ``blob.md5_hash`` (composite objects have none)."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(4 * MiB), b""):
+            digest.update(chunk)
+    return base64.b64encode(digest.digest()).decode("ascii")
+
+
+def _same_content(path: Path, size: int | None, crc32c: str | None, md5: str | None = None) -> bool:
+    """True when ``path`` is a file with this size and CRC32C (or MD5, for an object without a CRC32C); the checksum
+    is only computed when sizes agree, and without any checksum nothing counts as the same."""
     try:
-        if size is None or crc32c is None or path.stat().st_size != size or not path.is_file():
+        if size is None or (crc32c is None and md5 is None) or path.stat().st_size != size or not path.is_file():
             return False
     except OSError:
         return False
-    return file_crc32c(path) == crc32c
+    return file_crc32c(path) == crc32c if crc32c is not None else file_md5(path) == md5
 
 
 def _same_files(a: Path, b: Path) -> bool:
@@ -123,11 +160,43 @@ def _target_in(folder: Path, rel: str, source: str) -> Path:
     return folder.joinpath(*parts)
 
 
-def _copy_atomic(source: Path, target: Path) -> None:
+def _copy_atomic(source: Path, target: Path, on_bytes: Callable[[int], None] | None = None) -> None:
+    """Copy through the partial name (removed again if the copy fails or is interrupted); with ``on_bytes``, 8 MiB at
+    a time so a big file's progress moves."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = _partial(target)
-    shutil.copy2(source, partial)
+    try:
+        if on_bytes is None:
+            shutil.copy2(source, partial)
+        else:
+            with source.open("rb") as src, partial.open("wb") as dst:
+                for chunk in iter(lambda: src.read(8 * MiB), b""):
+                    dst.write(chunk)
+                    on_bytes(len(chunk))
+            shutil.copystat(source, partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, target)
+
+
+class _Meter:
+    """Bytes done out of a known total, for a :data:`Progress` callback fed from several threads: updates are
+    serialised under a lock, so the callback sees a count that only grows and need not be thread-safe itself."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total = total
+        self.done = 0
+        self._progress = progress
+        self._lock = threading.Lock()
+        self.add(0)
+
+    def add(self, nbytes: int) -> None:
+        if self._progress is None:
+            return
+        with self._lock:
+            self.done += nbytes
+            self._progress(min(self.done, self.total), self.total)  # a retried read may count some bytes twice
 
 
 def _region_warning(url: str, actual: str | None, wanted: str | None) -> str | None:
@@ -206,6 +275,11 @@ class LocalStorage:
         start = clean_relpath(prefix)
         return [_join(start, rel) for rel, _ in _walk_files(base)]
 
+    def folders(self, prefix: str = "") -> list[str]:
+        """Names of the folders directly inside the folder ``prefix``, sorted (``checkpoints`` -> ``step_...``)."""
+        base = self._path(prefix)
+        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
     def upload_file(self, local_path: Path | str, relpath: str) -> None:
         """Copy one file in, through a temporary name (a reader never sees half of it)."""
         _copy_atomic(Path(local_path), self._path(relpath))
@@ -216,30 +290,55 @@ class LocalStorage:
         source = Path(local_dir)
         if not source.is_dir():
             raise TpuftError(f"{source}: no such folder to upload to {self._path(relprefix)}")
-        return _sync_tree(source, self._path(relprefix))
+        return _sync_tree(source, self._path(relprefix)).fetched
 
     def download_tree(
-        self, relprefix: str, local_dir: Path | str, *, workers: int = 8, include: Callable[[str], bool] | None = None
+        self,
+        relprefix: str,
+        local_dir: Path | str,
+        *,
+        workers: int = 8,
+        include: Callable[[str], bool] | None = None,
+        progress: Progress | None = None,
     ) -> int:
         """Copy ``relprefix`` into ``local_dir``; returns how many files were copied (unchanged ones are skipped).
         ``include`` picks files by their path inside ``relprefix``."""
+        return self.fetch_tree(relprefix, local_dir, workers=workers, include=include, progress=progress).fetched
+
+    def fetch_tree(
+        self,
+        relprefix: str,
+        local_dir: Path | str,
+        *,
+        workers: int = 8,
+        include: Callable[[str], bool] | None = None,
+        progress: Progress | None = None,
+    ) -> TreeTransfer:
+        """:meth:`download_tree`, reporting files and bytes (wanted, and copied) instead of a count."""
         target = Path(local_dir)
         target.mkdir(parents=True, exist_ok=True)
         source = self._path(relprefix)
-        return _sync_tree(source, target, include) if source.is_dir() else 0
+        if not source.is_dir():
+            _Meter(0, progress)
+            return TreeTransfer(0, 0, 0, 0)
+        return _sync_tree(source, target, include, progress)
 
 
-def _sync_tree(source: Path, target: Path, include: Callable[[str], bool] | None = None) -> int:
-    copied = 0
-    for rel, path in _walk_files(source):
-        if include is not None and not include(rel):
-            continue
+def _sync_tree(
+    source: Path, target: Path, include: Callable[[str], bool] | None = None, progress: Progress | None = None
+) -> TreeTransfer:
+    files = [(rel, path, path.stat().st_size) for rel, path in _walk_files(source) if include is None or include(rel)]
+    meter = _Meter(sum(size for _, _, size in files), progress)
+    copied = copied_bytes = 0
+    for rel, path, size in files:
         destination = target.joinpath(*rel.split("/"))
         if _same_files(path, destination):
+            meter.add(size)
             continue
-        _copy_atomic(path, destination)
+        _copy_atomic(path, destination, meter.add if progress is not None else None)
         copied += 1
-    return copied
+        copied_bytes += size
+    return TreeTransfer(len(files), meter.total, copied, copied_bytes)
 
 
 # ---- Google Cloud Storage ------------------------------------------------------------------------------------------
@@ -343,6 +442,16 @@ class GcsStorage:
         start = clean_relpath(prefix)
         return sorted(_join(start, rel) for rel in self._objects(start))
 
+    def folders(self, prefix: str = "") -> list[str]:
+        """Names of the "folders" directly inside the folder ``prefix``, sorted: one delimited listing, however many
+        objects are below them."""
+        folder = self._folder(prefix)
+        with _gcs_call("list folders", f"gs://{self.bucket}/{folder}"):
+            pages = self._gcs().list_blobs(self.bucket, prefix=folder, delimiter="/", fields="prefixes,nextPageToken")
+            for _ in pages:  # prefixes are collected while the pages are read
+                pass
+            return sorted(p[len(folder) :].rstrip("/") for p in pages.prefixes)
+
     def upload_file(self, local_path: Path | str, relpath: str) -> None:
         """Upload one file (GCS shows the object only once it is complete); big ones go in parallel slices."""
         from google.cloud.storage.retry import DEFAULT_RETRY
@@ -380,27 +489,51 @@ class GcsStorage:
         return len(todo)
 
     def download_tree(
-        self, relprefix: str, local_dir: Path | str, *, workers: int = 8, include: Callable[[str], bool] | None = None
+        self,
+        relprefix: str,
+        local_dir: Path | str,
+        *,
+        workers: int = 8,
+        include: Callable[[str], bool] | None = None,
+        progress: Progress | None = None,
     ) -> int:
         """Download ``relprefix`` into ``local_dir`` with ``workers`` parallel requests; returns how many files were
         fetched. Files already there with the same size and CRC32C are skipped, so an interrupted download resumes.
         ``include`` picks files by their path inside ``relprefix``."""
+        return self.fetch_tree(relprefix, local_dir, workers=workers, include=include, progress=progress).fetched
+
+    def fetch_tree(
+        self,
+        relprefix: str,
+        local_dir: Path | str,
+        *,
+        workers: int = 8,
+        include: Callable[[str], bool] | None = None,
+        progress: Progress | None = None,
+    ) -> TreeTransfer:
+        """:meth:`download_tree`, reporting files and bytes (wanted, and fetched) instead of a count. Every fetched
+        file is checked against the size and CRC32C (else MD5) in the listing; a mismatch drops it and fails."""
         folder = Path(local_dir)
         folder.mkdir(parents=True, exist_ok=True)
+        wanted = [
+            (blob, _target_in(folder, rel, self._url_of(blob.name)))
+            for rel, blob in sorted(self._objects(relprefix).items())
+            if include is None or include(rel)
+        ]
+        meter = _Meter(sum(blob.size or 0 for blob, _ in wanted), progress)
         todo = []
-        for rel, blob in sorted(self._objects(relprefix).items()):
-            if include is not None and not include(rel):
-                continue
-            target = _target_in(folder, rel, self._url_of(blob.name))
-            if not _same_content(target, blob.size, blob.crc32c):
+        for blob, target in wanted:
+            if _same_content(target, blob.size, blob.crc32c, blob.md5_hash):
+                meter.add(blob.size or 0)
+            else:
                 todo.append((blob, target))
         small = [(blob, target) for blob, target in todo if (blob.size or 0) < self.sliced_threshold]
         large = [(blob, target) for blob, target in todo if (blob.size or 0) >= self.sliced_threshold]
-        failures = self._download_many(small, workers) + [
-            failure for blob, target in large for failure in self._download_sliced(blob, target, workers)
+        failures = self._download_many(small, workers, meter) + [
+            failure for blob, target in large for failure in self._download_sliced(blob, target, workers, meter)
         ]
         _raise_failures("download", failures, len(todo))
-        return len(todo)
+        return TreeTransfer(len(wanted), meter.total, len(todo), sum(blob.size or 0 for blob, _ in todo))
 
     # ---- transfers: google.cloud.storage.transfer_manager with THREAD workers (the work waits on the network, and
     # ---- threads share one client where PROCESS workers would pickle it into each process). Uploads are retried
@@ -431,41 +564,69 @@ class GcsStorage:
             max_workers=workers,
         )
 
-    def _download_many(self, todo: Sequence[tuple[Blob, Path]], workers: int) -> Failures:
+    def _download_many(self, todo: Sequence[tuple[Blob, Path]], workers: int, meter: _Meter | None = None) -> Failures:
+        """Each object into a :class:`_PartialWriter` (THREAD workers take file objects), which checks it and puts it
+        in place from the worker as its last byte lands. ``raw_download``: the bytes as stored, which are what the
+        listed size and checksums describe (no gzip transcoding)."""
         if not todo:
             return []
         from google.cloud.storage import transfer_manager
 
-        for _, target in todo:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        pairs = [(blob, str(_partial(target))) for blob, target in todo]
-        with _gcs_call("download", self._url_of(self._folder(""))):
-            results = transfer_manager.download_many(pairs, worker_type=transfer_manager.THREAD, max_workers=workers)
-        failures = []
-        for (blob, target), result in zip(todo, results, strict=True):
-            failure = result if _failed(result) else None
-            _finish_download(target, failure)
-            if failure is not None:
-                failures.append((self._url_of(blob.name), failure))
+        meter, stop = meter or _Meter(0, None), threading.Event()
+        writers = [_PartialWriter(blob, target, self._url_of(blob.name), meter, stop) for blob, target in todo]
+        pairs = [(blob, writer) for (blob, _), writer in zip(todo, writers, strict=True)]
+        try:
+            with _gcs_call("download", self._url_of(self._folder(""))):
+                results = _interruptible(
+                    lambda: transfer_manager.download_many(
+                        pairs,
+                        download_kwargs={"raw_download": True},
+                        worker_type=transfer_manager.THREAD,
+                        max_workers=workers,
+                    ),
+                    stop,
+                )
+        except BaseException:
+            for writer in writers:
+                writer.discard()
+            raise
+        failures: Failures = []
+        for writer, result in zip(writers, results, strict=True):
+            try:
+                if _failed(result):
+                    raise result
+                writer.finish()  # an empty object never calls write()
+            except Exception as exc:  # noqa: BLE001 - like transfer_manager's own results: reported with the others
+                writer.discard()
+                failures.append((writer.url, exc))
         return failures
 
-    def _download_sliced(self, blob: Blob, target: Path, workers: int) -> Failures:
+    def _download_sliced(self, blob: Blob, target: Path, workers: int, meter: _Meter | None = None) -> Failures:
+        """One big object in ranged GETs, ``workers`` at a time; transfer_manager checks the combined CRC32C of the
+        slices against the object's. Progress moves when the whole file is in."""
         from google.cloud.storage import transfer_manager
 
         target.parent.mkdir(parents=True, exist_ok=True)
+        partial, url = _partial(target), self._url_of(blob.name)
         try:
             transfer_manager.download_chunks_concurrently(
                 blob,
-                str(_partial(target)),
+                str(partial),
                 chunk_size=self.slice_size,
                 worker_type=transfer_manager.THREAD,
                 max_workers=workers,
-                crc32c_checksum=True,
+                crc32c_checksum=blob.crc32c is not None,
             )
-        except Exception as exc:  # noqa: BLE001 - like transfer_manager's own results: reported with the others
+            got_md5 = file_md5(partial) if blob.crc32c is None and blob.md5_hash else None
+            _check_download(url, blob, partial.stat().st_size, blob.crc32c, got_md5)
+        except BaseException as exc:  # noqa: BLE001 - like transfer_manager's own results: reported with the others
             _finish_download(target, exc)
-            return [(self._url_of(blob.name), exc)]
+            if not isinstance(exc, Exception):  # Ctrl-C: the partial file is gone, the interrupt goes on
+                raise
+            return [(url, exc)]
         _finish_download(target, None)
+        if meter is not None:
+            meter.add(blob.size or 0)
         return []
 
     # ---- names and the client ----------------------------------------------------------------------------------
@@ -535,6 +696,134 @@ def _failed(result: object) -> bool:
     return isinstance(result, BaseException)
 
 
+class _PartialWriter:
+    """The file object one download_many transfer writes into: ``.NAME.tpuft-part``, opened at the first byte (so
+    thousands of queued downloads hold no file descriptors), checksummed as it is written, then checked against the
+    listed size and CRC32C (MD5 when the object has no CRC32C) and renamed to NAME by the worker thread itself as the
+    last byte lands, so a download killed midway keeps every file it completed. One thread writes at a time."""
+
+    def __init__(self, blob: Blob, target: Path, url: str, meter: _Meter, stop: threading.Event) -> None:
+        self.blob, self.target, self.url, self.meter, self.stop = blob, target, url, meter, stop
+        self.size = blob.size or 0
+        self.finished = False
+        self._file: IO[bytes] | None = None
+        self._unreported = 0
+        self._restart()
+
+    def _restart(self) -> None:
+        import google_crc32c
+
+        self._written = 0
+        self._crc = google_crc32c.Checksum()
+        self._md5 = hashlib.md5(usedforsecurity=False) if self.blob.crc32c is None and self.blob.md5_hash else None
+
+    def write(self, data: bytes) -> int:
+        if self.stop.is_set():
+            raise _Stopped(f"{self.url}: download stopped (interrupted)")
+        if self.finished:
+            raise TpuftError(f"{self.url}: download: more than the {self.size} bytes listed", hint=RERUN_HINT)
+        if self._file is None:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            self._file = _partial(self.target).open("wb")
+        self._file.write(data)
+        self._crc.update(data)
+        if self._md5 is not None:
+            self._md5.update(data)
+        self._written += len(data)
+        self._unreported += len(data)
+        if self._unreported >= _REPORT_EVERY:
+            self._report()
+        if self._written >= self.size:
+            self.finish()
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Only ``seek(0)``, which the client does to start over (a transcoded response ignores ranges)."""
+        if (offset, whence) != (0, 0) or self.finished:
+            raise OSError(f"{self.url}: a download can only start over from byte 0")
+        if self._file is not None:
+            self._file.seek(0)
+            self._file.truncate()
+        self._restart()
+        return 0
+
+    def finish(self) -> None:
+        """Check the complete file and put it under its final name (once; a mismatch drops it and raises)."""
+        if self.finished:
+            return
+        self.finished = True
+        self._report()
+        partial = _partial(self.target)
+        if self._file is None:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            self._file = partial.open("wb")
+        self._file.close()
+        try:
+            got_crc = base64.b64encode(self._crc.digest()).decode("ascii")
+            got_md5 = base64.b64encode(self._md5.digest()).decode("ascii") if self._md5 is not None else None
+            _check_download(self.url, self.blob, self._written, got_crc, got_md5)
+        except TpuftError:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, self.target)
+
+    def discard(self) -> None:
+        """After a failed transfer: close and drop the partial file (a file already put in place was checked)."""
+        if self._file is not None:
+            self._file.close()
+        _partial(self.target).unlink(missing_ok=True)
+
+    def _report(self) -> None:
+        self.meter.add(self._unreported)
+        self._unreported = 0
+
+
+class _Stopped(Exception):
+    """Raised into a download that was still running when the transfer was interrupted."""
+
+
+def _interruptible(work: Callable[[], Any], stop: threading.Event) -> Any:
+    """Run ``work`` (a transfer_manager call) in a helper thread, so that Ctrl-C reaches this thread at once: inside
+    transfer_manager the interrupt would wait for its pool to finish the whole queue. On Ctrl-C, ``stop`` makes every
+    download still running or queued fail at its next write, and the interrupt is raised again once they have."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            outcome["error"] = exc
+
+    helper = threading.Thread(target=run, name="tpuft-transfer", daemon=True)
+    helper.start()
+    try:
+        while helper.is_alive():
+            helper.join(0.25)
+    except BaseException:
+        stop.set()
+        helper.join()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _check_download(url: str, blob: Blob, size: int, crc32c: str | None, md5: str | None) -> None:
+    """Raise unless a download has the object's listed size and CRC32C (or MD5, for an object without CRC32C)."""
+    problem = None
+    if blob.size is not None and size != blob.size:
+        problem = f"got {size} bytes, the object has {blob.size}"
+    elif blob.crc32c is not None and crc32c is not None and crc32c != blob.crc32c:
+        problem = f"crc32c {crc32c}, the object's is {blob.crc32c}"
+    elif blob.crc32c is None and blob.md5_hash and md5 is not None and md5 != blob.md5_hash:
+        problem = f"md5 {md5}, the object's is {blob.md5_hash}"
+    if problem:
+        raise TpuftError(
+            f"{url}: download: checksum mismatch ({problem}); the copy was discarded",
+            hint=f"{RERUN_HINT}. A repeated mismatch means the object changes while it is read, or data is corrupted",
+        )
+
+
 def _finish_download(target: Path, failure: BaseException | None) -> None:
     """Move a complete download into place, or drop the partial file of a failed one."""
     partial = _partial(target)
@@ -548,7 +837,7 @@ def _raise_failures(verb: str, failures: Failures, total: int) -> None:
     if not failures:
         return
     url, exc = failures[0]
-    first = _as_tpuft(exc, verb, url)
+    first = exc if isinstance(exc, TpuftError) else _as_tpuft(exc, verb, url)
     raise TpuftError(
         f"{len(failures)} of {total} {verb}s failed (the others completed; run it again to retry only these). "
         f"First: {first.message}",
@@ -565,7 +854,7 @@ def _make_client(bucket: str, project: str | None) -> Client:
 
         # google-cloud-storage itself sends every request (JSON, media and XML API) to the emulator's address.
         project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or EMULATOR_PROJECT
-        return storage.Client(project=project, credentials=AnonymousCredentials())
+        return _widen_pool(storage.Client(project=project, credentials=AnonymousCredentials()))
 
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
@@ -577,7 +866,20 @@ def _make_client(bucket: str, project: str | None) -> Client:
     except DefaultCredentialsError as exc:
         raise TpuftError(f"gs://{bucket}: no Google Cloud credentials found ({exc})", hint=LOGIN_HINT) from None
     project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or default_project
-    return storage.Client(project=project, credentials=credentials)
+    return _widen_pool(storage.Client(project=project, credentials=credentials))
+
+
+def _widen_pool(client: Client) -> Client:
+    """Keep up to :data:`POOL_SIZE` connections per host instead of requests' 10: with more transfer workers than
+    that, each extra connection was closed after one request ("Connection pool is full, discarding connection") and
+    the next request paid a new TCP and TLS handshake. A mutual-TLS adapter, if one is configured, is left alone."""
+    from requests.adapters import HTTPAdapter
+
+    session = client._http
+    for scheme in ("https://", "http://"):
+        if type(session.adapters.get(scheme)) is HTTPAdapter:
+            session.mount(scheme, HTTPAdapter(pool_maxsize=POOL_SIZE))
+    return client
 
 
 @contextmanager

@@ -71,5 +71,21 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         assert logs.returncode == 0, logs.stderr
         assert any(line.startswith("[w1] ") for line in logs.stdout.splitlines()) and "step 40/40" in logs.stdout
 
+        pulled_dir = tmp_path / "pulled"
+        pulled = subprocess.run([sys.executable, "-m", "tpuft", "pull", "latest", str(pulled_dir), "-c", str(cluster), "--json"],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert pulled.returncode == 0, pulled.stderr
+        assert json.loads(pulled.stdout)["checkpoints"] == [40] and json.loads(pulled.stdout)["files_skipped"] == 0
+        for expected in ("run.json", "metrics.jsonl", "logs/worker-1.log", "checkpoints/step_00000040/model.safetensors", "export/hf/config.json"):
+            assert (pulled_dir / expected).is_file(), expected
+        again = subprocess.run([sys.executable, "-m", "tpuft", "pull", "latest", str(pulled_dir), "-c", str(cluster), "--json"],
+                               env=env, capture_output=True, text=True, timeout=300)
+        assert json.loads(again.stdout)["files_fetched"] == 0  # everything already there and verified
+
+        converted = subprocess.run([sys.executable, "-m", "tpuft", "convert", "--run", run_url.rsplit("/", 1)[-1], str(tmp_path / "hf"),
+                                    "-c", str(cluster), "--dtype", "bfloat16", "--json"], env=env, capture_output=True, text=True, timeout=300)
+        assert converted.returncode == 0, converted.stderr
+        assert json.loads(converted.stdout)["step"] == 40 and (tmp_path / "hf" / "model.safetensors").is_file()
+
         deleted = subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], env=env, capture_output=True, text=True)
         assert deleted.returncode == 0 and tpu.node("e2e-gcp") is None
