@@ -4,6 +4,7 @@ through the machine-wide cache (~/.cache/tpuft/venvs), as they are for users."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,3 +64,16 @@ def torch_python() -> str:
     from tests.venvs import torch_python as build
 
     return build()
+
+
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[object]:
+    """One GCS emulator per test module; STORAGE_EMULATOR_HOST points the real google-cloud-storage client at it
+    until the module ends (tests/rigs/gcs_emulator.py)."""
+    from tests.rigs.gcs_emulator import GcsEmulator
+
+    with GcsEmulator() as emulator, pytest.MonkeyPatch.context() as env:
+        for key, value in emulator.env().items():
+            env.setenv(key, value)
+        env.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+        yield emulator

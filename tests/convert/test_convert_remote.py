@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,15 +39,6 @@ def test_select_one_steps_parameters_only() -> None:
     assert chosen.files == {"checkpoints/step_00001000/config.json", "checkpoints/step_00001000/model.safetensors"}
     with pytest.raises(ConvertError, match="no checkpoint found"):
         select_files(["a/b.txt"], None, "gs://b/x")
-
-
-@pytest.fixture
-def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsEmulator]:
-    with GcsEmulator() as emulator:
-        for key, value in emulator.env().items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
-        yield emulator
 
 
 def test_convert_gs_to_gs(cli, gcs: GcsEmulator, tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -122,15 +121,6 @@ def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(cluster:
     texts = [t for _, t in seen]
     assert texts == ["w0 first", "w0 second", "w1 late worker", "w0 half a line"]
     assert seen[0][0] < 0.25 and seen[1][0] >= 0.3  # printed as it arrived, not at the end
-
-
-@pytest.fixture
-def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsEmulator]:
-    with GcsEmulator() as emulator:
-        for key, value in emulator.env().items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
-        yield emulator
 
 
 def test_bucket_run_monitor_runs_and_logs(cli, gcs: GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -356,16 +355,6 @@ def test_tensorboard_that_dies_reports_its_output(tmp_path: Path, monkeypatch: p
     with pytest.raises(TpuftError, match="exited with code 3") as caught:
         tb_ops.start_tensorboard(tmp_path / "run")
     assert "something broke" in str(caught.value)
-
-
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[GcsEmulator]:
-    """One emulator for the module; STORAGE_EMULATOR_HOST points the real client at it until the module ends."""
-    with GcsEmulator() as emulator, pytest.MonkeyPatch.context() as env:
-        for key, value in emulator.env().items():
-            env.setenv(key, value)
-        env.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
-        yield emulator
 
 
 def wait_syncs(handle: TensorBoardHandle, count: int, timeout: float = 30.0) -> None:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +94,6 @@ def partials(root: Path) -> list[Path]:
 def local_run(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     run = tmp_path / "store" / "runs" / RUN_ID
     return run, make_run(run)
-
-
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[GcsEmulator]:
-    """One emulator for the module; STORAGE_EMULATOR_HOST points the real client at it until the module ends."""
-    with GcsEmulator() as emulator, pytest.MonkeyPatch.context() as env:
-        for key, value in emulator.env().items():
-            env.setenv(key, value)
-        env.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
-        yield emulator
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,16 +18,6 @@ Storage = LocalStorage | GcsStorage
 BUCKET = "tpuft-test-runs"
 KINDS = ["local", "gcs", "gcs-prefix"]
 """A folder, a bare bucket, and a bucket whose storage root is a prefix inside it."""
-
-
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[GcsEmulator]:
-    """One emulator for the module; STORAGE_EMULATOR_HOST points the real client at it until the module ends."""
-    with GcsEmulator() as emulator, pytest.MonkeyPatch.context() as env:
-        for key, value in emulator.env().items():
-            env.setenv(key, value)
-        env.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
-        yield emulator
 
 
 def make_storage(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
