@@ -3,8 +3,6 @@ bootstrap (the same cache ``tpuft setup`` uses), so a test run after the quickst
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tpuft.backends.base import EnvSpec
 from tpuft.paths import venv_cache
 
@@ -28,5 +26,3 @@ def torch_spec() -> EnvSpec:
 def torch_python() -> str:
     return ensure(torch_spec())
 
-
-REPO = Path(__file__).resolve().parent.parent

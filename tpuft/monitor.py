@@ -141,10 +141,23 @@ def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False, even
             (mirror / name).write_text(text)
     run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
     if logs:
-        run_store.download_tree(rundir.LOGS_DIR, mirror / rundir.LOGS_DIR)
+        _append_new_log_bytes(run_store, mirror)
     if events_if_no_metrics and not (mirror / rundir.METRICS).is_file():
         run_store.download_tree(rundir.TB_DIR, mirror / rundir.TB_DIR)
     return mirror
+
+
+def _append_new_log_bytes(run_store: Any, mirror: Path) -> None:
+    """Logs only grow: fetch each one from the size the mirror already has (a ranged read), so a refresh every few
+    seconds moves the new lines, not the whole log again."""
+    for relpath in run_store.list(rundir.LOGS_DIR):
+        local = mirror / relpath
+        local.parent.mkdir(parents=True, exist_ok=True)
+        have = local.stat().st_size if local.is_file() else 0
+        data = run_store.read_bytes(relpath, start=have)
+        if data:
+            with local.open("ab") as handle:
+                handle.write(data)
 
 
 def local_view(run: Path | str, *, logs: bool = False) -> Path:
@@ -177,10 +190,8 @@ def last_log_line(path: Path, max_bytes: int = 8192) -> str | None:
             tail = handle.read()
     except FileNotFoundError:
         return None
-    from tpuft.ops.logs import parse_line
-
     for raw in reversed(tail.splitlines()):
-        line = parse_line(0, raw).text.strip()
+        line = rundir.split_log_stamp(raw)[1].decode("utf-8", "replace").strip()
         if line:
             return line
     return None

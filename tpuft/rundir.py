@@ -39,6 +39,22 @@ def log_path(run_dir: Path, worker: int) -> Path:
     return run_dir / LOGS_DIR / f"worker-{worker}.log"
 
 
+LOG_NAME = re.compile(r"^worker-(\d+)\.log$")
+_LOG_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
+
+
+def log_timestamp(now: float | None = None) -> str:
+    """What starts each line of a run's worker log: the UTC time it arrived (``2026-11-22T06:12:03.123Z``)."""
+    stamp = time.time() if now is None else now
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"
+
+
+def split_log_stamp(raw: bytes) -> tuple[str | None, bytes]:
+    """A log line's arrival time (None in logs written before lines were stamped) and the line itself."""
+    match = _LOG_STAMP.match(raw)
+    return (match.group(1).decode(), raw[match.end() :]) if match else (None, raw)
+
+
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS_DIR / f"step_{step:08d}"
 

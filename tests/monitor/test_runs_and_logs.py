@@ -12,7 +12,7 @@ import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft import rundir
-from tpuft.fleet.supervise import log_timestamp
+from tpuft.rundir import log_timestamp
 from tpuft.ops.logs import LogLine, follow, in_time_order, open_run_logs, parse_line
 from tpuft.config import load_cluster
 from tpuft.storage import open_storage

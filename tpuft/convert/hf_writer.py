@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,8 +168,7 @@ def write_hf_model(
     left as it was."""
     if dtype not in DTYPES:
         raise ConvertError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    names = [t.name for t in source.tensors]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    duplicates = sorted(name for name, count in Counter(t.name for t in source.tensors).items() if count > 1)
     if duplicates:
         raise ConvertError(f"{source.path}: more than one source maps to {', '.join(duplicates)}")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:

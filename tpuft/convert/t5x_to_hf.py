@@ -164,9 +164,7 @@ def _derive_config(params: _Params, gin: GinConfig | None, notes: list[str]) -> 
         "num_heads": num_heads,
         "relative_attention_num_buckets": buckets,
         "relative_attention_max_distance": RELATIVE_ATTENTION_MAX_DISTANCE,
-        "feed_forward_proj": f"gated-{activation}" if gated else activation,
-        "is_gated_act": gated,
-        "dense_act_fn": "gelu_new" if activation == "gelu" and gated else activation,
+        "feed_forward_proj": f"gated-{activation}" if gated else activation,  # is_gated_act, dense_act_fn: _check_config
         "tie_word_embeddings": tied,
         "dropout_rate": float(dropout) if isinstance(dropout, (int, float)) else 0.1,
         "layer_norm_epsilon": LAYER_NORM_EPSILON,
@@ -201,7 +199,7 @@ def _check_config(config: dict[str, Any], where: Path) -> None:
     for key in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "relative_attention_num_buckets"):
         if not isinstance(config.get(key), int) or config[key] <= 0:
             raise ConvertError(f"{where}: config {key}={config.get(key)!r}: expected a positive integer")
-    proj = str(config.get("feed_forward_proj", ""))
+    proj = str(config.get("feed_forward_proj", ""))  # derived here, after the overrides, so they follow an override
     config["is_gated_act"] = proj.startswith("gated-")
     act = proj.split("-")[-1]
     config["dense_act_fn"] = "gelu_new" if proj == "gated-gelu" else act

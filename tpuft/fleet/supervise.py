@@ -11,12 +11,12 @@ import collections
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
+from tpuft.rundir import log_timestamp
 
 TAIL_LINES = 30
 POLL_SECONDS = 0.05
@@ -79,11 +79,6 @@ class Output:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def log_timestamp(now: float | None = None) -> str:
-    stamp = time.time() if now is None else now
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"
 
 
 def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_fast: bool) -> FleetResult:

@@ -145,4 +145,5 @@ def _local_checkpoint(checkpoint: str, step: int | None, project: str | None) ->
 def _staging_dir(url: str) -> Path:
     from tpuft.convert.remote import cache_dir
 
-    return cache_dir(url).with_name(cache_dir(url).name + "-out") / "hf"
+    cache = cache_dir(url)
+    return cache.with_name(cache.name + "-out") / "hf"

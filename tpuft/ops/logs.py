@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,10 +19,8 @@ from pathlib import Path
 from tpuft import rundir
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
-from tpuft.storage import open_storage
+from tpuft.storage import GcsStorage, LocalStorage, open_storage
 
-_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
-_LOG_NAME = re.compile(r"^worker-(\d+)\.log$")
 LOCAL_POLL_SECONDS = 0.5
 BUCKET_POLL_SECONDS = 5.0
 
@@ -65,10 +62,8 @@ class LogSource:
 
 
 def parse_line(worker: int, raw: bytes) -> LogLine:
-    match = _STAMP.match(raw)
-    if match:
-        return LogLine(worker, match.group(1).decode(), raw[match.end() :].decode("utf-8", "replace").rstrip("\r"))
-    return LogLine(worker, None, raw.decode("utf-8", "replace").rstrip("\r"))
+    stamp, text = rundir.split_log_stamp(raw)
+    return LogLine(worker, stamp, text.decode("utf-8", "replace").rstrip("\r"))
 
 
 @dataclass
@@ -104,7 +99,7 @@ def open_run_logs(config: ClusterConfig, run_id: str | None, worker: int | None 
         where, poll = str(live), LOCAL_POLL_SECONDS
     else:
         store = open_storage(f"{run}/{rundir.LOGS_DIR}")
-        found = sorted((int(m.group(1)), rel) for rel in store.list("") for m in [_LOG_NAME.match(rel)] if m)
+        found = sorted((int(m.group(1)), rel) for rel in store.list("") for m in [rundir.LOG_NAME.match(rel)] if m)
         sources = {w: LogSource(w, _object_reader(store, rel)) for w, rel in found}
         where, poll = f"{run}/{rundir.LOGS_DIR}", BUCKET_POLL_SECONDS
     if worker is not None:
@@ -124,7 +119,7 @@ def _controller_copy(config: ClusterConfig, run_id: str) -> Path | None:
 
 
 def _worker_files(folder: Path) -> list[tuple[int, Path]]:
-    return sorted((int(m.group(1)), p) for p in folder.iterdir() for m in [_LOG_NAME.match(p.name)] if m)
+    return sorted((int(m.group(1)), p) for p in folder.iterdir() for m in [rundir.LOG_NAME.match(p.name)] if m)
 
 
 def _file_reader(path: Path) -> Callable[[int], bytes]:
@@ -139,9 +134,9 @@ def _file_reader(path: Path) -> Callable[[int], bytes]:
     return read
 
 
-def _object_reader(store: object, relpath: str) -> Callable[[int], bytes]:
+def _object_reader(store: LocalStorage | GcsStorage, relpath: str) -> Callable[[int], bytes]:
     def read(offset: int) -> bytes:
-        return store.read_bytes(relpath, start=offset) or b""  # type: ignore[attr-defined]
+        return store.read_bytes(relpath, start=offset) or b""
 
     return read
 
