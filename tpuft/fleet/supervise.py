@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
-from tpuft.rundir import log_timestamp
 
 TAIL_LINES = 30
 POLL_SECONDS = 0.05
@@ -55,7 +54,11 @@ class Output:
 
     def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None, *, timestamps: bool = False) -> None:
         self.index = index
-        self.timestamps = timestamps
+        self._stamp: Callable[[], str] | None = None
+        if timestamps:  # imported only here: `tpuft exec` (no stamps) starts ~4 ms faster without tpuft.rundir
+            from tpuft.rundir import log_timestamp
+
+            self._stamp = log_timestamp
         self.log_path = log_path
         self.on_line = on_line
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -66,8 +69,8 @@ class Output:
 
     def feed(self, raw: bytes) -> None:
         if self._log is not None:
-            if self.timestamps:
-                self._log.write(log_timestamp().encode() + b" ")
+            if self._stamp is not None:
+                self._log.write(self._stamp().encode() + b" ")
             self._log.write(raw if raw.endswith(b"\n") else raw + b"\n")
             self._log.flush()
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
