@@ -3,6 +3,7 @@ through the machine-wide cache (~/.cache/tpuft/venvs), as they are for users."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,23 @@ def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     captured = capsys.readouterr()
     return CliResult(code, captured.out, captured.err)
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that a test sends Ctrl-C (SIGINT): a shell that started pytest in the background
+    (``pytest &`` in a script, some CI runners) hands SIGINT down as *ignored*, and a Python started that way never
+    turns SIGINT into KeyboardInterrupt. The test sets the disposition it relies on instead of inheriting one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """In-process: SIGINT raises KeyboardInterrupt in the main thread, however pytest itself was started."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

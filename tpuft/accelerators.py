@@ -28,6 +28,8 @@ class Generation:
     default_runtime: str
     price_per_chip_hour: float | None
     """USD, on-demand, us-central region list price; None where no public price is known."""
+    topology_dims: int
+    """Dimensions of an accelerator config's topology: 3 for the 3D tori of v4/v5p (2x2x4), else 2 (4x4)."""
 
 
 _POW2 = tuple(2**i for i in range(3, 13))  # 8 .. 4096
@@ -35,12 +37,12 @@ _POW2 = tuple(2**i for i in range(3, 13))  # 8 .. 4096
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
-        Generation("v2", (8, 32, 128, 256, 512), True, 4, 4, "tpu-ubuntu2204-base", 1.125),
-        Generation("v3", (8, 32, 64, 128, 256, 512, 1024, 2048), True, 4, 4, "tpu-ubuntu2204-base", 2.00),
-        Generation("v4", _POW2, True, 4, 4, "tpu-ubuntu2204-base", 3.22),
-        Generation("v5p", _POW2 + (6144, 8192, 12288), True, 4, 4, "v2-alpha-tpuv5", 4.20),
-        Generation("v5litepod", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv5-lite", 1.20),
-        Generation("v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70),
+        Generation("v2", (8, 32, 128, 256, 512), True, 4, 4, "tpu-ubuntu2204-base", 1.125, 2),
+        Generation("v3", (8, 32, 64, 128, 256, 512, 1024, 2048), True, 4, 4, "tpu-ubuntu2204-base", 2.00, 2),
+        Generation("v4", _POW2, True, 4, 4, "tpu-ubuntu2204-base", 3.22, 3),
+        Generation("v5p", _POW2 + (6144, 8192, 12288), True, 4, 4, "v2-alpha-tpuv5", 4.20, 3),
+        Generation("v5litepod", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv5-lite", 1.20, 2),
+        Generation("v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70, 2),
     )
 }
 

@@ -314,11 +314,13 @@ def train(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None,
     loaded = _load_recipe(recipe, overrides)
     cfg = _load_cluster(config)
     console = _err_console() if json_out else _console()  # stdout carries only the JSON
+    _preflight(cfg, loaded, console)
     result = train_op(
         cfg,
         loaded,
         on_line=_line_printer(console),
         on_start=lambda run_id, run_dir: console.print(f"run [bold]{run_id}[/bold] -> {run_dir}"),
+        checked=True,
     )
     _print_train_summary(console, result, json_out)
 
@@ -380,6 +382,7 @@ def up(
     cfg = _load_cluster(config)
     console = _err_console() if json_out else _console()  # stdout carries only the JSON
     printer = _line_printer(console)
+    _preflight(cfg, loaded, console)  # a bad recipe or data file must not cost a cluster and a venv build first
     console.rule(f"1/4 create {cfg.name}")
     _confirm_cost(cfg, yes, console)
     created = create_op(cfg)
@@ -388,7 +391,9 @@ def up(
     done = setup_op(cfg, loaded.value, on_line=printer)
     console.print(f"environment ready in {_fmt_seconds(done.seconds)}: {done.venv}")
     console.rule(f"3/4 train {loaded.value.name}")
-    result = train_op(cfg, loaded, on_line=printer, on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"))
+    result = train_op(
+        cfg, loaded, on_line=printer, on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"), checked=True
+    )
     console.rule("4/4 summary and export")
     _print_train_summary(console, result, json_out)
     if not json_out:
@@ -788,12 +793,27 @@ def recipes_validate(recipe: RecipeArg, overrides: SetOpt = None, config: Config
 
     Example: tpuft recipes validate my_recipe.yaml --set train.steps=10
     """
-    from tpuft.ops.train import check_against_cluster
-
     loaded = _load_recipe(recipe, overrides)
     cfg = _load_cluster(config)
-    check_against_cluster(loaded, cfg.num_workers)
-    _console().print(f"[green]{loaded.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers)")
+    console = _console()
+    checked = _preflight(cfg, loaded, console)
+    counts = ", ".join(f"{check.examples:,} {key}" for key, check in checked.files.items())
+    console.print(
+        f"[green]{loaded.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
+        f"examples read: {counts}"
+    )
+
+
+def _preflight(cfg: ClusterConfig, loaded: Loaded[RecipeConfig], console: Console) -> Any:
+    """The recipe against the cluster and its data read through, with a spinner that counts bytes on big files."""
+    from tpuft.ops.preflight import preflight
+
+    with console.status(f"checking the data of {loaded.value.name} ...") as spinner:
+
+        def progress(path: Path, done: int, total: int) -> None:
+            spinner.update(f"checking {path.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB")
+
+        return preflight(cfg, loaded, progress)
 
 
 # ---------------------------------------------------------------------------------------------------------------

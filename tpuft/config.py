@@ -1,8 +1,10 @@
 """The two files a user writes: the cluster file (``tpuft.yaml``) and a recipe (``recipes/NAME.yaml``).
 
-Both are pydantic models with ``extra="forbid"``. Loading keeps a map from every key path to its YAML line, so each
-problem is reported as ``file:line: key.path: what is wrong (got X)``, all problems at once, exit code 2, before
-anything runs. ``--set a.b=c`` overrides are applied to the raw YAML first and located as ``--set a.b``.
+Both are pydantic models with ``extra="forbid"`` and strict types (YAML ``true`` is not 1, ``1.5`` is not an int,
+numbers are finite and bounded). Loading keeps a map from every key path to its YAML line, so each problem is
+reported as ``file:line: key.path: what is wrong (got X)``, all problems at once, exit code 2, before anything runs.
+``--set a.b=c`` overrides are applied to the raw YAML first and located as ``--set a.b``. The YAML itself is read by
+:mod:`tpuft.safe_yaml` (bounded size, depth and alias expansion; YAML 1.2 scalars).
 
 This module is imported on the worker too (inside the backend venv), so it depends on pydantic and PyYAML only.
 """
@@ -13,20 +15,53 @@ import difflib
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from tpuft import formats, safe_yaml
 from tpuft.errors import ConfigError
+from tpuft.t5_config import BYT5_VOCAB, T5Settings
+from tpuft.templates import TemplateError, template_fields
+
+KeyPath = tuple[str | int, ...]
 
 # --------------------------------------------------------------------------------------------------------------
-# Cluster file
+# Types shared by both files. Strict: YAML `true` is not 1, `1.5` is not an int, `"10"` is not a number.
+
+LaxPath = Annotated[Path, Strict(False)]
+"""Paths come from YAML as text."""
+Name = Annotated[str, Field(min_length=1, max_length=4096)]
+Count = Annotated[int, Field(ge=1, le=1_000_000_000)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, strict=True, allow_inf_nan=False)
+
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        """Checks that span several keys, each located at the key to change (a model validator can only point at
+        the whole section)."""
+        return []
+
+
+def _check(problem: str | None) -> None:
+    if problem:
+        raise ValueError(problem)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Cluster file
 
 
 class LocalConfig(_Strict):
@@ -35,15 +70,35 @@ class LocalConfig(_Strict):
     workers: int | None = Field(
         None, ge=1, le=64, description="Number of local workers; default: the accelerator type's host count."
     )
-    state_dir: Path | None = Field(
+    state_dir: LaxPath | None = Field(
         None, description="Where worker folders live; default: $TPUFT_HOME/local/<name> (~/.tpuft/local/<name>)."
     )
-    venv_cache: Path | None = Field(
+    venv_cache: LaxPath | None = Field(
         None,
         description="Shared cache of backend venvs (all local workers share this machine); "
         "default: $TPUFT_VENV_CACHE or ~/.cache/tpuft/venvs.",
     )
     python: str = Field("python3", description="Base interpreter used to build backend venvs on the workers.")
+
+    @field_validator("state_dir", "venv_cache")
+    @classmethod
+    def _folder_or_absent(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        _check(formats.path_text_problem(str(value)))
+        path = value.expanduser()
+        base = (info.context or {}).get("base_dir")
+        if not path.is_absolute() and base is not None:
+            path = Path(base) / path
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} exists and is not a folder")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python_ok(cls, value: str) -> str:
+        _check(formats.command_problem(value))
+        return value
 
 
 class GcpConfig(_Strict):
@@ -58,7 +113,7 @@ class GcpConfig(_Strict):
     spot: bool = Field(False, description="Spot VMs: cheaper, can be preempted at any time.")
     preemptible: bool = Field(False, description="Legacy preemptible VMs (use spot on newer generations).")
     reserved: bool = Field(False, description="Use reserved capacity.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels on the node.")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=63, description="Labels on the node.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Node metadata, e.g. startup-script.")
     network: str | None = Field(None, description="VPC network (default: the project's default network).")
     subnetwork: str | None = Field(None, description="Subnetwork, e.g. a subnet with Private Google Access.")
@@ -93,14 +148,93 @@ class GcpConfig(_Strict):
     @field_validator("valid_until")
     @classmethod
     def _valid_until_ok(cls, value: str | None) -> str | None:
-        if value is None or parse_duration(value) is not None or re.fullmatch(r"\d{4}-\d\d-\d\dT.+", value):
+        if value is None or parse_duration(value) is not None:
             return value
+        if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:\d\d)", value):
+            try:
+                datetime.fromisoformat(value.replace("Z", "+00:00"))
+                return value
+            except ValueError:
+                pass
         raise ValueError("expected a duration like 6h, 90m, 3600s or an RFC 3339 time like 2026-12-01T00:00:00Z")
+
+    @field_validator("project")
+    @classmethod
+    def _project_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.project_problem(value))
+        return value
+
+    @field_validator("zone")
+    @classmethod
+    def _zone_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.zone_problem(value))
+        return value
+
+    @field_validator("runtime_version")
+    @classmethod
+    def _runtime_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.runtime_version_problem(value))
+        return value
+
+    @field_validator("network", "subnetwork")
+    @classmethod
+    def _network_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.network_problem(value))
+        return value
+
+    @field_validator("service_account")
+    @classmethod
+    def _service_account_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.service_account_problem(value))
+        return value
+
+    @field_validator("reservation")
+    @classmethod
+    def _reservation_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.reservation_problem(value))
+        return value
+
+    @field_validator("tpu_api_endpoint")
+    @classmethod
+    def _endpoint_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.endpoint_problem(value))
+        return value
+
+    @field_validator("venv_cache")
+    @classmethod
+    def _venv_cache_ok(cls, value: str) -> str:
+        _check(formats.path_text_problem(value))
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python_ok(cls, value: str) -> str:
+        _check(formats.command_problem(value))
+        return value
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes_ok(cls, value: list[str]) -> list[str]:
+        for scope in value:
+            _check(formats.scope_problem(scope))
+        return value
+
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        found: list[tuple[KeyPath, str]] = []
+        for key, value in self.labels.items():
+            problem = formats.label_problem(key, value)
+            if problem:
+                found.append((("labels", key), problem))
+        for key, value in self.metadata.items():
+            problem = formats.metadata_problem(key, value)
+            if problem:
+                found.append((("metadata", key), problem))
+        return found
 
 
 def parse_duration(text: str) -> int | None:
     """``90m`` -> 5400 seconds; None when it is not a duration."""
-    match = re.fullmatch(r"(\d+)\s*([smhd])", text.strip())
+    match = re.fullmatch(r"(\d{1,9})\s*([smhd])", text.strip())
     if not match:
         return None
     return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
@@ -110,13 +244,27 @@ class SshConfig(_Strict):
     """How tpuft reaches the workers of a GCP cluster."""
 
     user: str | None = Field(None, description="Login user on the VMs (default: your local user name).")
-    key_file: Path = Field(
+    key_file: LaxPath = Field(
         Path("~/.ssh/google_compute_engine"), description="Private key (gcloud's by default; created if missing)."
     )
     port: int = Field(22, ge=1, le=65535)
     os_login: bool = Field(False, description="The project uses OS Login: do not put the key in instance metadata.")
     connect_attempts: int = Field(10, ge=1, le=100, description="Connection tries per worker (like gcloud).")
     retry_delay_s: float = Field(5.0, ge=0.0, le=300.0, description="Seconds between connection tries.")
+
+    @field_validator("user")
+    @classmethod
+    def _user_ok(cls, value: str | None) -> str | None:
+        _check(value is not None and formats.user_name_problem(value))
+        return value
+
+    @field_validator("key_file")
+    @classmethod
+    def _key_file_ok(cls, value: Path) -> Path:
+        _check(formats.path_text_problem(str(value)))
+        if value.expanduser().is_dir():
+            raise ValueError(f"{value} is a folder; give the private key file (e.g. ~/.ssh/google_compute_engine)")
+        return value
 
 
 class ClusterConfig(_Strict):
@@ -140,8 +288,22 @@ class ClusterConfig(_Strict):
     @field_validator("bucket")
     @classmethod
     def _bucket_fits_provider(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if info.data.get("provider") == "gcp" and value is not None and not value.startswith("gs://"):
-            raise ValueError(f"provider gcp keeps runs in a bucket: expected gs://NAME (got {value!r})")
+        if value is None:
+            return None
+        provider = info.data.get("provider")
+        if provider == "gcp":
+            if not value.startswith("gs://"):
+                raise ValueError(f"provider gcp keeps runs in a bucket: expected gs://NAME (got {value!r})")
+            _check(formats.bucket_problem(value))
+        elif provider == "local":
+            if value.startswith("gs://"):
+                raise ValueError(
+                    f"{value!r}: the local provider keeps runs in a local folder; give a path (or leave bucket unset)"
+                )
+            _check(formats.path_text_problem(value))
+            path = Path(value).expanduser()
+            if path.exists() and not path.is_dir():
+                raise ValueError(f"{path} exists and is not a folder")
         return value
 
     @field_validator("gcp")
@@ -169,11 +331,38 @@ class ClusterConfig(_Strict):
         except Exception as exc:  # UsageError carries the list of valid types
             raise ValueError(str(exc)) from None
 
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        from tpuft.accelerators import lookup
+
+        found: list[tuple[KeyPath, str]] = []
+        for key, value in self.worker_env.items():
+            problem = formats.env_name_problem(key) or formats.env_value_problem(value)
+            if problem:
+                found.append((("worker_env", key), problem))
+        accelerator = lookup(self.accelerator)
+        if self.provider == "gcp" and self.local.workers is not None:
+            found.append(
+                (
+                    ("local", "workers"),
+                    f"applies to provider local only; on gcp the workers are the hosts of {accelerator.name} "
+                    f"({accelerator.hosts}): remove local.workers",
+                )
+            )
+        if self.gcp.topology is not None:
+            problem = formats.topology_problem(
+                self.gcp.topology, accelerator.generation.topology_dims, accelerator.chips, accelerator.name
+            )
+            if problem:
+                found.append((("gcp", "topology"), problem))
+        found += [(("gcp", *path), message) for path, message in self.gcp.cross_problems()]
+        return found
+
     @property
     def num_workers(self) -> int:
         from tpuft.accelerators import lookup
 
-        return self.local.workers or lookup(self.accelerator).hosts
+        hosts = lookup(self.accelerator).hosts
+        return (self.local.workers or hosts) if self.provider == "local" else hosts
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -186,21 +375,35 @@ class TorchXlaBackend(_Strict):
     kind: Literal["torch_xla"] = "torch_xla"
     torch_version: str = Field("2.9.0", description="torch and torch-xla are pinned together to this version.")
     extra_requirements: list[str] = Field(
-        default_factory=list, description="More pip requirements for the worker venv (pinned, please)."
+        default_factory=list, max_length=200, description="More pip requirements for the worker venv (pinned, please)."
     )
+
+    @field_validator("torch_version")
+    @classmethod
+    def _version_ok(cls, value: str) -> str:
+        _check(formats.version_problem(value))
+        return value
+
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        found: list[tuple[KeyPath, str]] = []
+        for index, requirement in enumerate(self.extra_requirements):
+            problem = formats.requirement_problem(requirement)
+            if problem:
+                found.append((("extra_requirements", index), problem))
+        return found
 
 
 Backend = Annotated[TorchXlaBackend, Field(discriminator="kind")]
 
 
 class ModelConfig(_Strict):
-    name_or_path: str | None = Field(
+    name_or_path: Name | None = Field(
         None, description="A Hugging Face model id or a local directory to start from (e.g. google/t5-v1_1-small)."
     )
-    config: dict[str, Any] | None = Field(
+    config: T5Settings | None = Field(
         None, description="Random-init model: keyword arguments for transformers.T5Config (d_model, num_layers, ...)."
     )
-    tokenizer: str = Field(
+    tokenizer: Name = Field(
         "byt5", description="'byt5' for the byte-level ByT5 tokenizer (needs no files), or an HF id / local path."
     )
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="Override the model's dropout rate.")
@@ -211,17 +414,36 @@ class ModelConfig(_Strict):
             raise ValueError("give exactly one of model.name_or_path (pretrained) or model.config (random init)")
         return self
 
+    @field_validator("name_or_path", "tokenizer")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(ord(c) < 32 for c in value)):
+            raise ValueError(f"expected a name or path (got {value!r})")
+        return value
+
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        vocab = self.config.vocab_size if self.config is not None else None
+        if self.tokenizer == "byt5" and vocab is not None and vocab < BYT5_VOCAB:
+            return [
+                (
+                    ("config", "vocab_size"),
+                    f"{vocab} is smaller than the byt5 tokenizer's {BYT5_VOCAB} ids (leave it out: the tokenizer's "
+                    "size is the default)",
+                )
+            ]
+        return []
+
 
 class DataConfig(_Strict):
-    train: Path = Field(description="Training examples, JSON lines; relative paths are from the recipe's folder.")
-    eval: Path | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
+    train: LaxPath = Field(description="Training examples, JSON lines; relative paths are from the recipe's folder.")
+    eval: LaxPath | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
     source_field: str = Field("source", description="JSON field holding the input text (dots reach into objects).")
     target_field: str = Field("target", description="JSON field holding the output text.")
     source_template: str | None = Field(
         None, description="Build the input from several fields, e.g. 'question: {question} context: {context}'."
     )
     target_template: str | None = Field(None, description="Build the output from several fields, e.g. '{label}'.")
-    prefix: str = Field("", description="Task prefix prepended to every input, e.g. 'translate English to German: '.")
+    prefix: str = Field("", max_length=4096, description="Task prefix prepended to every input, e.g. 'translate English to German: '.")
     max_source_length: int = Field(128, ge=1, le=65536, description="Inputs are truncated to this many tokens.")
     max_target_length: int = Field(32, ge=1, le=65536, description="Targets are truncated to this many tokens.")
     shuffle: bool = Field(True, description="Shuffle each worker's shard every epoch (seeded).")
@@ -231,33 +453,57 @@ class DataConfig(_Strict):
     def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
+        _check(formats.path_text_problem(str(value)))
         base = (info.context or {}).get("base_dir")
         path = value.expanduser()
         if not path.is_absolute() and base is not None:
             path = Path(base) / path
         path = Path(os.path.normpath(path))
-        if (info.context or {}).get("check_files", True) and not path.is_file():
-            raise ValueError(f"file not found: {path}")
+        if (info.context or {}).get("check_files", True):
+            if not path.exists():
+                raise ValueError(f"file not found: {path}")
+            if not path.is_file():
+                raise ValueError(f"{path} is not a regular file (a folder, device or FIFO)")
         return path
+
+    @field_validator("source_field", "target_field")
+    @classmethod
+    def _field_name_ok(cls, value: str) -> str:
+        if not value or any(part == "" for part in value.split(".")):
+            raise ValueError(f"expected a JSON field name, with dots to reach into objects (got {value!r})")
+        return value
+
+    @field_validator("source_template", "target_template")
+    @classmethod
+    def _template_ok(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            fields = template_fields(value)
+        except TemplateError as exc:
+            raise ValueError(f"{exc} (got {value!r})") from None
+        if not fields:
+            raise ValueError(f"the template names no field, so every example would be the same text (got {value!r})")
+        return value
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(ge=1, description="Optimizer steps in total.")
-    batch_size: int = Field(32, ge=1, description="Global batch: split evenly across workers.")
+    steps: Count = Field(description="Optimizer steps in total.")
+    batch_size: int = Field(32, ge=1, le=1 << 20, description="Global batch: split evenly across workers.")
     optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Adafactor (T5's) or AdamW.")
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
     schedule: Literal["linear", "constant"] = Field(
         "linear", description="After warm-up: 'linear' decays to 0 at the last step, 'constant' stays at the peak."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to the peak learning rate.")
+    warmup_steps: int = Field(0, ge=0, le=1_000_000_000, description="Linear warm-up from 0 to the peak learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm; null disables it.")
-    seed: int = Field(0, description="Seeds model init and data order; the same on every worker.")
-    log_every: int = Field(10, ge=1, description="Write a metrics line every N steps.")
-    checkpoint_every: int | None = Field(
-        None, ge=1, description="Worker 0 saves a checkpoint every N steps (and always at the end)."
+    max_grad_norm: float | None = Field(1.0, gt=0.0, le=1e6, description="Clip the global gradient norm; null disables it.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seeds model init and data order; the same on every worker.")
+    log_every: Count = Field(10, description="Write a metrics line every N steps.")
+    checkpoint_every: Count | None = Field(
+        None, description="Worker 0 saves a checkpoint every N steps (and always at the end)."
     )
-    keep_checkpoints: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
+    keep_checkpoints: int = Field(2, ge=1, le=10_000, description="How many recent checkpoints to keep.")
 
     @field_validator("warmup_steps")
     @classmethod
@@ -269,9 +515,9 @@ class TrainConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    every: int | None = Field(100, ge=1, description="Evaluate every N steps (and at the end); null: only at the end.")
-    batch_size: int = Field(64, ge=1, description="Global eval batch.")
-    max_examples: int | None = Field(None, ge=1, description="Evaluate on at most this many held-out examples.")
+    every: Count | None = Field(100, description="Evaluate every N steps (and at the end); null: only at the end.")
+    batch_size: int = Field(64, ge=1, le=1 << 20, description="Global eval batch.")
+    max_examples: Count | None = Field(None, description="Evaluate on at most this many held-out examples.")
 
 
 class ExportConfig(_Strict):
@@ -283,7 +529,7 @@ class RecipeConfig(_Strict):
     """What to train: backend, model, data and the training/eval/export settings."""
 
     name: str = Field(description="Short recipe name; it prefixes run ids.")
-    description: str = ""
+    description: str = Field("", max_length=100_000)
     backend: Backend
     model: ModelConfig
     data: DataConfig
@@ -298,12 +544,17 @@ class RecipeConfig(_Strict):
             raise ValueError("must be letters, digits, '_', '.' or '-' (64 at most)")
         return value
 
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        found: list[tuple[KeyPath, str]] = []
+        for section in ("backend", "model"):
+            found += [((section, *path), message) for path, message in getattr(self, section).cross_problems()]
+        return found
+
 
 # --------------------------------------------------------------------------------------------------------------
 # Loading with locations
 
 M = TypeVar("M", bound=BaseModel)
-KeyPath = tuple[str | int, ...]
 
 
 @dataclass
@@ -340,46 +591,16 @@ def _locate(path: KeyPath, source: str, lines: dict[KeyPath, int], overrides: di
     return source
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (plain PyYAML keeps the last one silently)."""
-
-
 def _read_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int]]:
     try:
-        node = yaml.compose(text, Loader=_LineLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"{where}: not valid YAML: {problem}"], source=source) from None
-    if node is None:
-        return {}, {}
-    lines: dict[KeyPath, int] = {(): node.start_mark.line + 1}
-    problems: list[str] = []
+        return safe_yaml.load(text)
+    except safe_yaml.YamlProblem as exc:
+        where = f"{source}:{exc.line}" if exc.line is not None else source
+        key = f"{_dotted(exc.path)}: " if exc.path else ""
+        raise ConfigError([f"{where}: {key}{exc.message}"], source=source) from None
 
-    def walk(n: yaml.Node, path: KeyPath) -> None:
-        if isinstance(n, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, value_node in n.value:
-                key = key_node.value
-                line = key_node.start_mark.line + 1
-                if key in seen:
-                    problems.append(
-                        f"{source}:{line}: {_dotted(path + (key,))}: duplicate key (first set on line {seen[key]})"
-                    )
-                seen[key] = line
-                lines[path + (key,)] = line
-                walk(value_node, path + (key,))
-        elif isinstance(n, yaml.SequenceNode):
-            for i, item in enumerate(n.value):
-                lines[path + (i,)] = item.start_mark.line + 1
-                walk(item, path + (i,))
 
-    walk(node, ())
-    if problems:
-        raise ConfigError(problems, source=source)
-    data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
-    return data, lines
+MAX_OVERRIDE_CHARS = 16_384
 
 
 def parse_overrides(items: list[str]) -> list[tuple[KeyPath, Any, str]]:
@@ -389,13 +610,16 @@ def parse_overrides(items: list[str]) -> list[tuple[KeyPath, Any, str]]:
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or not key or any(not part for part in key.split(".")):
+        if not sep or not key or any(not part.strip() for part in key.split(".")):
             problems.append(f"--set {item}: expected KEY.PATH=VALUE, e.g. --set train.steps=50")
             continue
+        if len(value) > MAX_OVERRIDE_CHARS:
+            problems.append(f"--set {key}=...: the value is over {MAX_OVERRIDE_CHARS:,} characters")
+            continue
         try:
-            parsed_value = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError as exc:
-            problems.append(f"--set {item}: value is not valid YAML: {exc}")
+            parsed_value = safe_yaml.load_scalar(value) if value.strip() else ""
+        except safe_yaml.YamlProblem as exc:
+            problems.append(f"--set {item}: the value is not valid: {exc.message}")
             continue
         path: KeyPath = tuple(int(p) if p.isdigit() else p for p in key.split("."))
         parsed.append((path, parsed_value, item))
@@ -439,10 +663,11 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 def _walk_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[KeyPath, type[BaseModel] | None]:
     """Turn pydantic's error location into the user's key path, dropping discriminated-union tags
-    (("backend", "torch_xla", "x") -> ("backend", "x")), and return the model owning the last key."""
+    (("backend", "torch_xla", "x") -> ("backend", "x")) and type tags ("function-after[...]", "int"), and return
+    the model owning the last key."""
     path: list[str | int] = []
     owner: type[BaseModel] | None = model
-    parts = list(loc)
+    parts = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
     while parts:
         part = parts.pop(0)
         path.append(part)
@@ -460,6 +685,28 @@ def _walk_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[KeyPath, ty
     return tuple(path), owner
 
 
+_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "none", "is-instance", "lax-or-strict", "json-or-python"}
+
+_FRIENDLY = {
+    "int_type": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "int_parsing": "expected a whole number",
+    "int_parsing_size": "expected a whole number of sensible size",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "finite_number": "expected a finite number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "string_type": "expected text (quote it in YAML)",
+    "dict_type": "expected a mapping of keys",
+    "model_type": "expected a mapping of keys",
+    "model_attributes_type": "expected a mapping of keys",
+    "list_type": "expected a list",
+    "path_type": "expected a file path",
+    "none_required": "expected nothing (null)",
+}
+
+
 def _describe_error(model: type[BaseModel], err: dict[str, Any]) -> tuple[KeyPath, str]:
     path, owner = _walk_loc(model, tuple(err["loc"]))
     kind = err["type"]
@@ -474,7 +721,7 @@ def _describe_error(model: type[BaseModel], err: dict[str, Any]) -> tuple[KeyPat
         info = owner.model_fields.get(last) if owner is not None and isinstance(last, str) else None
         desc = info.description if info is not None and info.description else ""
         return path, "required key is missing" + (f": {desc}" if desc else "")
-    msg = err["msg"]
+    msg = _FRIENDLY.get(kind) or err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if kind in {"literal_error", "union_tag_invalid"}:
@@ -484,21 +731,34 @@ def _describe_error(model: type[BaseModel], err: dict[str, Any]) -> tuple[KeyPat
         if close:
             msg += f"; did you mean {close[0]!r}?"
     if got is not None and not isinstance(got, (dict, list)) and kind not in {"value_error", "assertion_error"}:
-        msg += f" (got {got!r})"
+        shown = repr(got)
+        msg += f" (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
     return path, msg
+
+
+def _cross_problems(value: BaseModel, prefix: KeyPath = ()) -> list[tuple[KeyPath, str]]:
+    own = value.cross_problems() if isinstance(value, _Strict) else []
+    return [(prefix + path, message) for path, message in own]
 
 
 def _validate(
     model: type[M], data: Any, source: str, lines: dict[KeyPath, int], overrides: dict[KeyPath, str], context: dict
 ) -> M:
     try:
-        return model.model_validate(data, context=context)
+        value = model.model_validate(data, context=context)
     except ValidationError as exc:
         problems = []
         for err in exc.errors(include_url=False):
             path, message = _describe_error(model, err)
             problems.append(f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}")
         raise ConfigError(problems, source=source) from None
+    found = _cross_problems(value)
+    if found:
+        raise ConfigError(
+            [f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}" for path, message in found],
+            source=source,
+        )
+    return value
 
 
 def _load(
@@ -515,11 +775,10 @@ def _load(
 
 def _read_text(path: Path, what: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError([f"{path}: {what} not found"], source=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"{path}: cannot read {what}: {exc}"], source=str(path)) from None
+        return safe_yaml.read_config_text(path, what)
+    except safe_yaml.YamlProblem as exc:
+        where = f"{path}:{exc.line}" if exc.line is not None else str(path)
+        raise ConfigError([f"{where}: {exc.message}"], source=str(path)) from None
 
 
 DEFAULT_CLUSTER_FILE = "tpuft.yaml"
@@ -555,7 +814,7 @@ def load_recipe(path: Path, overrides: list[str] | None = None, *, check_files: 
 
 def resolve_recipe_path(path: Path) -> Path:
     """A recipe is a file path, or the name of a shipped recipe (``quickstart`` -> recipes/quickstart.yaml)."""
-    if path.is_file():
+    if os.path.lexists(path):
         return path
     from tpuft.paths import shipped_recipe
 
@@ -565,7 +824,7 @@ def resolve_recipe_path(path: Path) -> Path:
 
 def dump_recipe(recipe: RecipeConfig) -> str:
     """The resolved recipe as YAML (absolute paths, defaults filled in), written to the run dir."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    return safe_yaml.dump(recipe.model_dump(mode="json"))
 
 
 def recipe_from_text(text: str, source: str) -> RecipeConfig:

@@ -44,7 +44,7 @@ def test_good_recipe_loads(recipe_dir: Path) -> None:
 # (replace this line of GOOD, with this text) -> (message fragment, line)
 BAD_RECIPES = [
     ("  steps: 10", "  stpes: 10", ["train.stpes: unknown key; did you mean 'steps'?", "train.steps: required key is missing"], 9),
-    ("  steps: 10", "  steps: ten", ["train.steps: Input should be a valid integer", "(got 'ten')"], 9),
+    ("  steps: 10", "  steps: ten", ["train.steps: expected a whole number", "(got 'ten')"], 9),
     ("  steps: 10", "  steps: 0", ["train.steps: Input should be greater than or equal to 1", "(got 0)"], 9),
     ("  kind: torch_xla", "  kind: torchxla", ["backend", "does not match any of the expected tags: 'torch_xla'", "did you mean 'torch_xla'?"], 2),
     ("  train: train.jsonl", "  train: missing.jsonl", ["data.train: file not found:", "missing.jsonl"], 7),
@@ -106,10 +106,10 @@ def test_gcp_cluster_needs_project_and_zone(tmp_path: Path) -> None:
     path.write_text("provider: gcp\ngcp:\n  spot: true\n")
     with pytest.raises(ConfigError, match=r"tpuft.yaml:2: gcp: provider gcp needs gcp.project and gcp.zone"):
         load_cluster(path)
-    path.write_text("provider: gcp\ngcp:\n  project: p\n  zone: z\n  spot: true\n  preemptible: true\n")
+    path.write_text("provider: gcp\ngcp:\n  project: my-project\n  zone: us-central2-b\n  spot: true\n  preemptible: true\n")
     with pytest.raises(ConfigError, match=r"tpuft.yaml:2: gcp: gcp.spot and gcp.preemptible exclude each other"):
         load_cluster(path)
-    path.write_text("provider: gcp\nbucket: my-bucket\ngcp: {project: p, zone: us-central2-b}\n")
+    path.write_text("provider: gcp\nbucket: my-bucket\ngcp: {project: my-project, zone: us-central2-b}\n")
     with pytest.raises(ConfigError, match=r"tpuft.yaml:2: bucket: provider gcp keeps runs in a bucket: expected gs://NAME"):
         load_cluster(path)
 

@@ -27,7 +27,7 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         cluster.write_text(
             f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"
             f"worker_env: {{STORAGE_EMULATOR_HOST: '{gcs.endpoint}'}}\n"
-            f"gcp:\n  project: proj\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
+            f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
             f"  worker_device: cpu\n  venv_cache: {venv_cache()}\n"
             f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
         )

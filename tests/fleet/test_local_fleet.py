@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import default_sigint
 from tpuft.fleet.local import LocalFleet
 from tpuft.providers.base import Worker
 
@@ -109,6 +110,7 @@ def test_ctrl_c_on_tpuft_stops_every_worker_process(tmp_path: Path, cluster_file
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     homes = [Path(os.environ["TPUFT_HOME"]) / "local" / "test-pod" / "workers" / f"worker-{i}" for i in range(2)]
     pid_files = [h / name for h in homes for name in ("child.pid", "shell.pid")]
@@ -137,3 +139,16 @@ def test_sigterm_on_tpuft_also_cleans_up(tmp_path: Path, cluster_file: Path) -> 
     proc.terminate()
     proc.communicate(timeout=20)
     assert [pid for pid in pids if alive(pid)] == []
+
+
+def test_bad_environment_names_are_refused_before_any_worker_starts(tmp_path: Path) -> None:
+    from tpuft.errors import UsageError
+
+    workers = make_workers(tmp_path, 2)
+    marker = tmp_path / "started"
+    fleet = LocalFleet(workers)
+    names = {0: "GOOD", 1: "BAD NAME"}
+    with pytest.raises(UsageError, match="worker 1: 'BAD NAME' is not an environment variable name"):
+        fleet.run(["bash", "-c", f"sleep 2; touch {marker}"], env=lambda w: {names[w.index]: "x"})
+    time.sleep(2.5)
+    assert not marker.exists()  # worker 0 had started: it was stopped, not left running unwatched

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import default_sigint
 from tests.fleet.test_local_fleet import alive, wait_for_files
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
@@ -130,7 +131,9 @@ def test_ctrl_c_kills_every_remote_process(pod: SshdPod) -> None:
         for name in ("child.pid", "shell.pid"):
             (pod.home(i) / name).unlink(missing_ok=True)
     script = CTRL_C_SCRIPT.format(repo=str(REPO), addresses=pod.addresses, user=pod.user, key=str(pod.client_key), port=pod.port)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     pid_files = [pod.home(i) / name for i in range(3) for name in ("child.pid", "shell.pid")]
     wait_for_files(pid_files)
     pids = [int(p.read_text()) for p in pid_files]
@@ -142,3 +145,28 @@ def test_ctrl_c_kills_every_remote_process(pod: SshdPod) -> None:
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
     assert [pid for pid in pids if alive(pid)] == []
+
+
+INJECTIONS = ["X=1 touch {m}; Y", "X; touch {m}", "A B", "", "$(touch {m})", "X\ntouch {m}"]
+
+
+@pytest.mark.parametrize("name", INJECTIONS, ids=repr)
+def test_an_environment_name_never_becomes_shell(pod: SshdPod, tmp_path: Path, name: str) -> None:
+    """Names are refused before any command line is built (the cluster file refuses them earlier still); values
+    and argv travel quoted, so what a worker gets is the text, not a command."""
+    from tpuft.errors import UsageError
+    from tpuft.fleet.ssh import remote_command
+
+    marker = tmp_path / "owned"
+    fleet = make_fleet(pod)
+    try:
+        with pytest.raises(UsageError, match="is not an environment variable name"):
+            fleet.run(["true"], env=lambda w: {name.format(m=marker): "v"})
+        with pytest.raises(UsageError):
+            remote_command(["true"], {name.format(m=marker): "v"})
+        value = f"$(touch {marker}); `touch {marker}`; touch {marker} # '\""
+        result = fleet.run(["bash", "-c", 'printf %s "$V" > v.txt', f"; touch {marker}"], env=lambda w: {"V": value})
+        assert result.ok and (pod.home(0) / "v.txt").read_text() == value
+    finally:
+        fleet.close()
+    assert not marker.exists()

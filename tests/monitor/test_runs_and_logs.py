@@ -183,13 +183,15 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(cluster: Path, t
     import sys
     import urllib.request
 
+    from tests.conftest import default_sigint
     from tests.monitor.test_tb_and_plot import t5x_tb
 
     run = tmp_path / "bucket" / "runs" / "t5x-1"
     t5x_tb(run / rundir.TB_DIR)
     rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "t5x-1", "status": "finished"})
     proc = subprocess.Popen([sys.executable, "-m", "tpuft", "tensorboard", "-c", str(cluster), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"},
+                            preexec_fn=default_sigint)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

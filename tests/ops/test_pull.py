@@ -406,7 +406,7 @@ def test_result_as_json_round_trips(local_run, tmp_path: Path) -> None:
     assert data["checkpoints"] == [] and data["dest"] == str(tmp_path / "dest")
 
 
-def test_ctrl_c_stops_a_pull_at_once_and_leaves_no_partial_file(gcs: GcsEmulator, gcs_run, tmp_path: Path) -> None:
+def test_ctrl_c_stops_a_pull_at_once_and_leaves_no_partial_file(gcs: GcsEmulator, gcs_run, tmp_path: Path, sigint_raises: None) -> None:
     """Ctrl-C reaches the caller while downloads run (transfer_manager alone would first finish its whole queue):
     the downloads in flight stop, their partial files are removed, and the next pull fetches only the rest."""
     url, files = gcs_run

@@ -35,7 +35,7 @@ def cluster_yaml(tmp_path: Path, server: FakeTpuServer, *, extra_gcp: str = "", 
     path = tmp_path / "tpuft.yaml"
     path.write_text(
         f"name: tp\nprovider: gcp\naccelerator: {accelerator}\n"
-        f"gcp:\n  project: proj\n  zone: us-central2-b\n  tpu_api_endpoint: {server.endpoint}\n{extra_gcp}"
+        f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {server.endpoint}\n{extra_gcp}"
         f"{ssh}"
     )
     return path
@@ -51,7 +51,7 @@ def test_create_is_costed_confirmed_idempotent_and_deletable(cli, tmp_path: Path
     assert made.code == 0, made.err
     info = json.loads(made.out)
     assert info["created"] is True and info["state"] == "READY"
-    assert info["bucket"] == "gs://proj-tpuft" and info["details"]["bucket"] == "gs://proj-tpuft (created)"
+    assert info["bucket"] == "gs://tpuft-test-tpuft" and info["details"]["bucket"] == "gs://tpuft-test-tpuft (created)"
     assert [w["address"] for w in info["workers"]] == ["127.0.1.10", "127.0.1.11"]
     node = fake_tpu.node("tp")
     assert node["acceleratorType"] == "v4-16" and node["runtimeVersion"] == "tpu-ubuntu2204-base"
@@ -88,7 +88,7 @@ def test_api_errors_are_one_clear_line(cli, tmp_path: Path, fake_tpu: FakeTpuSer
     fake_tpu.fail_next_create("RESOURCE_EXHAUSTED", "Quota 'TPUV4sPodPerProjectPerZone' exhausted")
     result = cli("create", "-c", str(cluster), "--yes")
     assert result.code == 1 and "Traceback" not in result.err
-    assert "creating TPU node tp in project proj, zone us-central2-b failed" in result.err
+    assert "creating TPU node tp in project tpuft-test, zone us-central2-b failed" in result.err
     assert "exhausted" in result.err and "try another zone, spot, or gcp.queued: true" in result.err
 
     fake_tpu.deny("CreateNode")
@@ -153,7 +153,7 @@ def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(cli, tmp_path:
 def test_bucket_in_another_region_is_warned_about(cli, tmp_path: Path, fake_tpu: FakeTpuServer, gcs: GcsEmulator) -> None:  # type: ignore[no-untyped-def]
     from tpuft.storage import open_storage
 
-    open_storage("gs://far-away", project="proj").ensure_bucket("us-east1")
+    open_storage("gs://far-away", project="tpuft-test").ensure_bucket("us-east1")
     cluster = tmp_path / "tpuft.yaml"
     cluster.write_text(cluster_yaml(tmp_path, fake_tpu).read_text() + "bucket: gs://far-away\n")
     result = cli("create", "-c", str(cluster), "--yes")

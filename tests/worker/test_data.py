@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.worker.data import DataError, batches, iter_shard, load_shard
+from tpuft.worker.data import DataError, Fields, batches, iter_shard, load_shard
 
 
 def write_jsonl(path: Path, rows: list[object], blank_every: int = 0) -> Path:
@@ -32,16 +32,16 @@ def test_shards_are_disjoint_and_cover_the_data(tmp_path: Path, workers: int) ->
 
 def test_fields_templates_and_prefix(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"translation": {"s": "hello", "t": "salut"}, "q": "why", "label": 1}])
-    nested = load_shard(path, 0, 1, source_field="translation.s", target_field="translation.t", prefix="en-fr: ")
+    nested = load_shard(path, 0, 1, Fields(source_field="translation.s", target_field="translation.t", prefix="en-fr: "))
     assert (nested[0].source, nested[0].target) == ("en-fr: hello", "salut")
-    templated = load_shard(path, 0, 1, source_template="question: {q} ({translation.s})", target_template="{label}")
+    templated = load_shard(path, 0, 1, Fields(source_template="question: {q} ({translation.s})", target_template="{label}"))
     assert (templated[0].source, templated[0].target) == ("question: why (hello)", "1")
 
 
 def test_bad_lines_are_located(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text('{"source": "a", "target": "b"}\n{"source": "a"\n')
-    with pytest.raises(DataError, match=r"d.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"d.jsonl:2: not valid JSON: Expecting ',' delimiter \(column 15\)"):
         load_shard(path, 0, 1)
     path.write_text('{"source": "a", "tgt": "b"}\n')
     with pytest.raises(DataError, match=r"d.jsonl:1: target: no field 'target' \(fields: source, tgt\)"):

@@ -7,6 +7,7 @@ Accepted: a T5X model dir or one ``checkpoint_N`` in it (legacy or Orbax), a PyT
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from tpuft.convert.torch_ckpt import TOKENIZER_FILES
 
 
 def open_source(path: Path, *, step: int | None = None, overrides: dict[str, Any] | None = None) -> ModelSource:
+    path = Path(os.path.abspath(path))  # readers such as tensorstore refuse `..` in a path
     if not path.exists():
         raise ConvertError(f"{path}: no such file or directory")
     from tpuft.convert.t5x_ckpt import find_t5x_checkpoint, open_t5x_checkpoint

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,7 +173,9 @@ def _local_zarr_spec(ckpt: Path, path: str, spec: dict) -> dict:
     local = ckpt / name
     if not local.is_dir():
         raise ConvertError(f"{ckpt}: parameter {path}: its array dir '{name}/' is missing")
-    out: dict[str, Any] = {"driver": spec.get("driver", "zarr"), "kvstore": {"driver": "file", "path": str(local) + "/"}}
+    # tensorstore refuses paths with `..` in them (`Invalid file path`): always hand it an absolute, normal one
+    kv = {"driver": "file", "path": os.path.abspath(local) + "/"}
+    out: dict[str, Any] = {"driver": spec.get("driver", "zarr"), "kvstore": kv}
     if "dtype" in spec:
         out["dtype"] = spec["dtype"]
     return out
@@ -231,7 +234,7 @@ def _orbax_params(ckpt: Path) -> dict[str, T5xParam]:
         if use_ocdbt:
             kvstore: dict[str, Any] = {"driver": "ocdbt", "base": base, "path": name}
         else:
-            kvstore = {"driver": "file", "path": str(state / name) + "/"}
+            kvstore = {"driver": "file", "path": os.path.abspath(state / name) + "/"}
         params[path] = _tensorstore_param(path, {"driver": driver, "kvstore": kvstore}, origin=f"{state}: {name}")
     return params
 

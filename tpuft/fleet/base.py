@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tpuft.errors import UsageError
+from tpuft.formats import ENV_NAME
 from tpuft.providers.base import Worker
 
 LineSink = Callable[[int, str], None]
@@ -50,6 +52,18 @@ class FleetResult:
     @property
     def failed(self) -> list[WorkerResult]:
         return [r for r in self.results if r.exit_code not in (0, None)]
+
+
+def check_env(env: dict[str, str], worker: int | None = None) -> dict[str, str]:
+    """Refuse what cannot be an environment variable before it reaches a process or a remote shell line: the cluster
+    file is checked when it is loaded, this guards every other caller of a fleet."""
+    where = f"worker {worker}: " if worker is not None else ""
+    for key, value in env.items():
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
+            raise UsageError(f"{where}{key!r} is not an environment variable name")
+        if not isinstance(value, str) or "\x00" in value:
+            raise UsageError(f"{where}the value of {key} is not text without NUL characters")
+    return env
 
 
 def select_workers(workers: list[Worker], indices: Sequence[int] | None) -> list[Worker]:

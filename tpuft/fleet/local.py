@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, select_workers
+from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.providers.base import Worker
 
@@ -58,7 +58,7 @@ class LocalFleet:
             for worker in chosen:
                 worker_env = self._base_env(worker)
                 if env is not None:
-                    worker_env.update(env(worker))
+                    worker_env.update(check_env(env(worker), worker.index))
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
                 cwd = worker.home if cwd_home and worker.home is not None else None
                 output = Output(worker.index, log_path, on_line, timestamps=log_timestamps)

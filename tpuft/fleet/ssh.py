@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.errors import TpuftError
-from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, select_workers
+from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.providers.base import Worker
 
@@ -208,7 +208,9 @@ class SshFleet:
 
 
 def remote_command(argv: Sequence[str], env: dict[str, str], *, cwd_home: bool = True) -> str:
-    """The shell line sent to a worker: report the process-group id, go home, then exec the quoted argv."""
+    """The shell line sent to a worker: report the process-group id, go home, then exec the quoted argv.
+    Names are checked (``check_env``) and values quoted, so nothing in ``env`` or ``argv`` is read as shell."""
+    check_env(env)
     parts = [f"echo {PGID_MARKER} $$"]
     if cwd_home:
         parts.append('cd "$HOME"')

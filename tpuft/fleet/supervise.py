@@ -91,17 +91,25 @@ def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_
     changed = threading.Event()
     restore = _raise_on_sigterm()
     try:
-        start(handles, changed)
+        try:
+            start(handles, changed)
+        except Exception:  # a later worker could not be started: the earlier ones must not run on, unwatched
+            _stop_all(handles)
+            raise
         return _supervise(handles, fail_fast, changed)
     except KeyboardInterrupt:
-        with _interrupts_ignored():
-            for handle in handles:
-                handle.stop()
-            for handle in handles:
-                handle.finish()
+        _stop_all(handles)
         return FleetResult(results=[h.result() for h in handles], interrupted=True)
     finally:
         restore()
+
+
+def _stop_all(handles: list[Handle]) -> None:
+    with _interrupts_ignored():
+        for handle in handles:
+            handle.stop()
+        for handle in handles:
+            handle.finish()
 
 
 def _supervise(handles: list[Handle], fail_fast: bool, changed: threading.Event) -> FleetResult:

@@ -12,9 +12,10 @@ from typing import Any
 from tpuft import rundir
 from tpuft.backends import get_backend
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe
-from tpuft.errors import ConfigError, UsageError, WorkerFailure
-from tpuft.fleet.base import LineSink
+from tpuft.errors import UsageError, WorkerFailure
+from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
+from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
 from tpuft.providers.base import Worker
 from tpuft.monitor import mirror_small_files
@@ -34,22 +35,6 @@ class TrainResult:
     last_eval: dict[str, Any] = field(default_factory=dict)
     export_dir: Path | None = None
     weight_digests: dict[int, str] = field(default_factory=dict)
-
-
-def check_against_cluster(recipe: Loaded[RecipeConfig], workers: int) -> None:
-    """Recipe settings that are only wrong for this cluster, located in the recipe file."""
-    problems = []
-    train = recipe.value.train
-    if train.batch_size % workers:
-        problems.append(
-            recipe.problem(
-                ("train", "batch_size"),
-                f"{train.batch_size} does not split evenly over {workers} workers "
-                f"(use a multiple of {workers}, e.g. {max(workers, train.batch_size // workers * workers)})",
-            )
-        )
-    if problems:
-        raise ConfigError(problems, source=recipe.source)
 
 
 def _free_port(host: str) -> int:
@@ -79,7 +64,11 @@ def train(
     *,
     on_line: LineSink | None = None,
     on_start: Any = None,
+    checked: bool = False,
 ) -> TrainResult:
+    """``checked``: the caller has run :func:`tpuft.ops.preflight.preflight` already (``up`` does, before create)."""
+    if not checked:
+        preflight(config, recipe)
     session = open_session(config)
     workers = session.cluster.workers
     check_against_cluster(recipe, len(workers))
@@ -114,7 +103,47 @@ def train(
     if on_start is not None:
         on_start(run_id, run_url)
 
-    backend = get_backend(recipe.value.backend.kind)
+    try:
+        result = _launch(session, config, recipe.value, package, python, run_id, run_url, mirror, remote_storage, on_line)
+    except BaseException as exc:  # nothing ran to the end: the run must not say `running` forever
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        final = {**info, "status": status, "ended": time.time(), "cause": cause[:2000]}
+        run_store.write_text(rundir.RUN_INFO, json.dumps(final, indent=2, sort_keys=True))
+        raise
+    seconds = time.time() - started
+    status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
+    final_info = {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)}
+    run_store.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
+    if remote_storage:
+        mirror_small_files(run_store, mirror)
+    try:
+        raise_on_failure(result, f"training run {run_id}")
+    except WorkerFailure as failure:
+        raise WorkerFailure(f"{failure.message}\nrun dir: {run_url}") from None
+    summary = summarize(run_id, mirror, seconds, len(result.results))
+    if remote_storage:
+        summary.run_dir = run_url  # type: ignore[assignment]
+        exported = run_store.exists(f"{rundir.EXPORT_HF}/config.json")
+        summary.export_dir = f"{run_url}/{rundir.EXPORT_HF}" if exported else None  # type: ignore[assignment]
+    return summary
+
+
+def _launch(
+    session: Session,
+    config: ClusterConfig,
+    recipe: RecipeConfig,
+    package: str,
+    python: str,
+    run_id: str,
+    run_url: str,
+    mirror: Path,
+    remote_storage: bool,
+    on_line: LineSink | None,
+) -> FleetResult:
+    """Start the trainer on the backend's workers and supervise it until every one has ended."""
+    workers = session.cluster.workers
+    backend = get_backend(recipe.backend.kind)
     coordinator_host = workers[0].internal_address or workers[0].address
     coordinator = f"{coordinator_host}:{_free_port(coordinator_host)}"
     common_env = {
@@ -139,7 +168,7 @@ def train(
     # `tpuft logs -f` and `tpuft monitor` on another machine see them while the run trains.
     log_sync = RunDirSync(mirror / rundir.LOGS_DIR, open_storage(f"{run_url}/{rundir.LOGS_DIR}")).start() if remote_storage else None
     try:
-        result = session.fleet.run(
+        return session.fleet.run(
             [python, "-m", "tpuft.worker"],
             env=env_for,
             workers=launch,
@@ -150,22 +179,6 @@ def train(
     finally:
         if log_sync is not None:
             log_sync.close()
-    seconds = time.time() - started
-    status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
-    final_info = {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)}
-    run_store.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
-    if remote_storage:
-        mirror_small_files(run_store, mirror)
-    try:
-        raise_on_failure(result, f"training run {run_id}")
-    except WorkerFailure as failure:
-        raise WorkerFailure(f"{failure.message}\nrun dir: {run_url}") from None
-    summary = summarize(run_id, mirror, seconds, len(launch))
-    if remote_storage:
-        summary.run_dir = run_url  # type: ignore[assignment]
-        exported = run_store.exists(f"{rundir.EXPORT_HF}/config.json")
-        summary.export_dir = f"{run_url}/{rundir.EXPORT_HF}" if exported else None  # type: ignore[assignment]
-    return summary
 
 
 def _remote_fleet(session: Session) -> bool:

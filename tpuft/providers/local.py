@@ -34,12 +34,7 @@ class LocalProvider:
         return self._state_dir
 
     def bucket(self) -> Path:
-        if self.config.bucket:
-            if self.config.bucket.startswith("gs://"):
-                raise UsageError(
-                    f"bucket {self.config.bucket!r}: the local provider stores runs in a local folder; "
-                    "give a path (or leave bucket unset)"
-                )
+        if self.config.bucket:  # a local path: the cluster file's check refuses gs:// for this provider
             return Path(self.config.bucket).expanduser().resolve()
         return tpuft_home() / "buckets" / self.config.name
 
@@ -62,7 +57,7 @@ class LocalProvider:
         if existing.state != State.NOT_FOUND:
             recorded = self._read_marker()
             if recorded.get("workers") == wanted and existing.state == State.READY:
-                self.bucket().mkdir(parents=True, exist_ok=True)
+                _make_folder(self.bucket())
                 return existing, False
             if recorded.get("workers") != wanted:
                 raise UsageError(
@@ -72,16 +67,18 @@ class LocalProvider:
                 )
         if progress:
             progress(f"creating {wanted} worker folders under {self._state_dir}")
-        for index in range(wanted):
-            self._worker_dir(index).mkdir(parents=True, exist_ok=True)
-        self.bucket().mkdir(parents=True, exist_ok=True)
         marker = {
             "name": self.config.name,
             "accelerator": self.config.accelerator,
             "workers": wanted,
             "created": time.time(),
         }
-        (self._state_dir / _MARKER).write_text(json.dumps(marker, indent=2))
+        for folder in [self._worker_dir(index) for index in range(wanted)] + [self.bucket()]:
+            _make_folder(folder)
+        try:
+            (self._state_dir / _MARKER).write_text(json.dumps(marker, indent=2))
+        except OSError as exc:
+            raise UsageError(f"cannot write {self._state_dir / _MARKER}: {exc.strerror or exc}") from None
         return self.get(), True
 
     def get(self) -> Cluster:
@@ -129,6 +126,16 @@ class LocalProvider:
             return json.loads((self._state_dir / _MARKER).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
+
+
+def _make_folder(path: Path) -> None:
+    """A folder the cluster needs; a file in the way or a read-only disk is the user's to fix, named as such."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"cannot create folder {path}: a file of that name (or above it) is in the way") from None
+    except OSError as exc:
+        raise UsageError(f"cannot create folder {path}: {exc.strerror or exc}") from None
 
 
 def _cpus_for(index: int, count: int) -> tuple[int, ...]:

@@ -12,6 +12,8 @@ import traceback
 
 from tpuft import rundir
 from tpuft.config import recipe_from_text
+from tpuft.errors import TpuftError
+from tpuft.worker.data import DataError
 from tpuft.worker.context import WorkerContext, pin_cpus
 
 
@@ -31,22 +33,29 @@ def _stage(ctx: WorkerContext):  # type: ignore[no-untyped-def]
     return syncer.start()
 
 
+def _record_failure(ctx: WorkerContext, error: str) -> None:
+    rundir.write_json_atomic(
+        rundir.heartbeat_path(ctx.run_dir, ctx.worker_id), {"worker": ctx.worker_id, "status": "failed", "error": error}
+    )
+
+
 def main() -> int:
     ctx = WorkerContext.from_env()
     pin_cpus()
     syncer = _stage(ctx) if ctx.remote else None
     try:
-        recipe_path = ctx.run_dir / rundir.RECIPE
-        recipe = recipe_from_text(recipe_path.read_text(encoding="utf-8"), str(recipe_path))
-        trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
         try:
+            recipe_path = ctx.run_dir / rundir.RECIPE
+            recipe = recipe_from_text(recipe_path.read_text(encoding="utf-8"), str(recipe_path))
+            trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
             return int(trainer.main(ctx, recipe) or 0)
+        except (DataError, TpuftError) as exc:  # the user's data or recipe: one located line, no traceback
+            print(f"[tpuft] error on worker {ctx.worker_id}: {exc}", flush=True)
+            _record_failure(ctx, str(exc))
+            return 2
         except Exception:
             traceback.print_exc()
-            rundir.write_json_atomic(
-                rundir.heartbeat_path(ctx.run_dir, ctx.worker_id),
-                {"worker": ctx.worker_id, "status": "failed", "error": traceback.format_exc(limit=3)[-2000:]},
-            )
+            _record_failure(ctx, traceback.format_exc(limit=3)[-2000:])
             return 1
     finally:
         if syncer is not None:

@@ -1,19 +1,31 @@
-"""Text-to-text examples from JSON lines, sharded by worker.
+"""Text-to-text examples from JSON lines: checked on the controller, sharded by worker on the workers.
 
-Sharding is by line number (line i goes to worker i mod N) while streaming the file, so each worker reads the file
-once, holds only its own shard, and the shards are disjoint and together cover every example. Framework-free: the
-trainer tokenizes.
+One reader for both sides, so a bad line is reported the same way wherever it is met: ``file:line: problem``.
+The controller streams the whole file before anything is created or launched (``check_file``: seconds for a big
+file, memory for one line at a time); a worker streams it again and keeps only its own shard.
+
+Sharding is by line number (non-blank line i goes to worker i mod N) while streaming, so each worker reads the file
+once, holds only its own shard, and the shards are disjoint and together cover every example.
+
+What counts as text: a JSON string, or a number (``"label": 1`` becomes ``"1"``). ``null``, ``true``/``false``,
+``NaN``, lists and objects are refused: training on the text ``"null"`` or ``"nan"`` is never what was meant.
+Framework-free: the trainer tokenizes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import string
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+BOM = b"\xef\xbb\xbf"
+MAX_PROBLEMS = 10
+"""A file with a systematic problem would repeat it on every line: show the first few, then count."""
 
 
 @dataclass(frozen=True)
@@ -25,7 +37,33 @@ class Example:
 
 
 class DataError(ValueError):
-    """A data file problem, located as file:line."""
+    """A data file problem, located as ``where`` (file:line) and told as ``message``."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Fields:
+    """How an example is built from a JSON object (the recipe's ``data`` keys)."""
+
+    source_field: str = "source"
+    target_field: str = "target"
+    source_template: str | None = None
+    target_template: str | None = None
+    prefix: str = ""
+
+    @classmethod
+    def of(cls, data_config: Any) -> Fields:
+        return cls(
+            source_field=data_config.source_field,
+            target_field=data_config.target_field,
+            source_template=data_config.source_template,
+            target_template=data_config.target_template,
+            prefix=data_config.prefix,
+        )
 
 
 def _lookup(record: dict[str, Any], dotted: str) -> Any:
@@ -37,77 +75,149 @@ def _lookup(record: dict[str, Any], dotted: str) -> Any:
     return value
 
 
+def _text_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        return None
+    if value is None:
+        return "is null"
+    if isinstance(value, bool):
+        return f"is {str(value).lower()}, not text"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"is {value}, not text"
+    if isinstance(value, (int, float)):
+        return None
+    return f"is a JSON {'list' if isinstance(value, list) else 'object'}, not text"
+
+
 class _TemplateFormatter(string.Formatter):
     """``{a.b}`` reaches into nested JSON objects (not attributes); a missing field raises KeyError by name."""
 
     def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
-        return _lookup(kwargs, field_name), field_name
+        value = _lookup(kwargs, field_name)
+        problem = _text_problem(value)
+        if problem:
+            raise TypeError(f"field {field_name!r} {problem}")
+        return value, field_name
 
 
 _FORMATTER = _TemplateFormatter()
 
 
-def template_fields(template: str) -> list[str]:
-    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
-
-
-def make_example(
-    record: Any,
-    *,
-    line: int,
-    path: Path,
-    source_field: str = "source",
-    target_field: str = "target",
-    source_template: str | None = None,
-    target_template: str | None = None,
-    prefix: str = "",
-) -> Example:
+def make_example(record: Any, *, line: int, path: Path, fields: Fields = Fields()) -> Example:
     if not isinstance(record, dict):
-        raise DataError(f"{path}:{line}: expected a JSON object, got {type(record).__name__}")
+        raise DataError(f"{path}:{line}", f"expected a JSON object, got {_json_kind(record)}")
 
-    def build(template: str | None, field: str, what: str) -> str:
+    def build(template: str | None, name: str, what: str) -> str:
         try:
             if template is not None:
                 return _FORMATTER.vformat(template, (), record)
-            value = _lookup(record, field)
+            value = _lookup(record, name)
         except KeyError as exc:
-            raise DataError(
-                f"{path}:{line}: {what}: no field {exc.args[0]!r} (fields: {', '.join(map(str, record))})"
-            ) from None
-        return value if isinstance(value, str) else json.dumps(value) if not isinstance(value, (int, float)) else str(value)
+            present = ", ".join(map(str, record)) or "none"
+            raise DataError(f"{path}:{line}", f"{what}: no field {exc.args[0]!r} (fields: {present})") from None
+        except (TypeError, ValueError) as exc:  # a null field, or a format spec that does not fit the value
+            raise DataError(f"{path}:{line}", f"{what} template: {exc}") from None
+        problem = _text_problem(value)
+        if problem:
+            raise DataError(f"{path}:{line}", f"{what} field {name!r} {problem}")
+        return value if isinstance(value, str) else str(value)
 
     return Example(
-        source=prefix + build(source_template, source_field, "source"),
-        target=build(target_template, target_field, "target"),
+        source=fields.prefix + build(fields.source_template, fields.source_field, "source"),
+        target=build(fields.target_template, fields.target_field, "target"),
         line=line,
     )
 
 
-def iter_shard(path: Path, worker: int, num_workers: int, **fields: Any) -> Iterator[Example]:
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Non-blank lines as bytes, numbered from 1; the file is read as a stream (never whole)."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(BOM):
+                raise DataError(f"{path}:1", "the file starts with a byte-order mark (U+FEFF); save it as UTF-8 without BOM")
+            if raw.strip():
+                yield number, raw
+
+
+def parse_line(path: Path, number: int, raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path}:{number}", f"not UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} (save the file as UTF-8)"
+        ) from None
+    try:
+        return json.loads(text.rstrip("\r\n"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{number}", f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise DataError(f"{path}:{number}", "not valid JSON: nested too deeply") from None
+
+
+def iter_shard(path: Path, worker: int, num_workers: int, fields: Fields = Fields()) -> Iterator[Example]:
     """Stream ``path`` and yield this worker's examples (non-blank lines whose index i has i % N == worker)."""
     if not 0 <= worker < num_workers:
         raise ValueError(f"worker {worker} out of range for {num_workers} workers")
-    index = 0
-    with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            mine = index % num_workers == worker
-            index += 1
-            if not mine:
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
-            yield make_example(record, line=number, path=path, **fields)
+    for index, (number, raw) in enumerate(_lines(path)):
+        if index % num_workers == worker:
+            yield make_example(parse_line(path, number, raw), line=number, path=path, fields=fields)
 
 
-def load_shard(path: Path, worker: int, num_workers: int, **fields: Any) -> list[Example]:
-    shard = list(iter_shard(path, worker, num_workers, **fields))
+def load_shard(path: Path, worker: int, num_workers: int, fields: Fields = Fields()) -> list[Example]:
+    shard = list(iter_shard(path, worker, num_workers, fields))
     if not shard:
-        raise DataError(f"{path}: worker {worker} of {num_workers} got no examples (the file has too few lines)")
+        raise DataError(str(path), f"worker {worker} of {num_workers} got no examples (the file has too few lines)")
     return shard
+
+
+@dataclass
+class FileCheck:
+    """What the controller found reading a whole data file."""
+
+    path: Path
+    examples: int = 0
+    problems: list[DataError] = field(default_factory=list)
+    more_problems: int = 0
+    """Problems beyond the first ``MAX_PROBLEMS``, counted but not listed."""
+    bytes_read: int = 0
+
+
+def check_file(path: Path, fields: Fields, *, progress: Any = None) -> FileCheck:
+    """Read every line as a worker would, collecting located problems instead of stopping at the first.
+    ``progress(bytes_done, bytes_total)`` is called now and then for a long file."""
+    check = FileCheck(path)
+    total = path.stat().st_size
+    next_report = 1 << 24
+    try:
+        for number, raw in _lines(path):
+            check.bytes_read += len(raw)
+            if progress is not None and check.bytes_read >= next_report:
+                progress(check.bytes_read, total)
+                next_report += 1 << 24
+            try:
+                make_example(parse_line(path, number, raw), line=number, path=path, fields=fields)
+            except DataError as exc:
+                _note(check, exc)
+                continue
+            check.examples += 1
+    except DataError as exc:  # the byte-order mark: nothing after it can be trusted
+        _note(check, exc)
+    except OSError as exc:
+        _note(check, DataError(str(path), f"cannot read: {exc.strerror or exc}"))
+    return check
+
+
+def _note(check: FileCheck, problem: DataError) -> None:
+    if len(check.problems) < MAX_PROBLEMS:
+        check.problems.append(problem)
+    else:
+        check.more_problems += 1
 
 
 def batches(examples: list[Example], batch_size: int, seed: int, shuffle: bool = True) -> Iterator[list[Example]]:
@@ -124,3 +234,4 @@ def batches(examples: list[Example], batch_size: int, seed: int, shuffle: bool =
                 epoch += 1
             batch.append(order.pop())
         yield batch
+

@@ -236,7 +236,7 @@ class Trainer:
                 "pad_token_id": self.tokenizer.pad_token_id,
                 "eos_token_id": self.tokenizer.eos_token_id,
                 "decoder_start_token_id": self.tokenizer.pad_token_id,
-                **model_cfg.config,
+                **model_cfg.config.kwargs(),
                 **overrides,
             }
             model = T5ForConditionalGeneration(T5Config(**settings))
@@ -246,7 +246,7 @@ class Trainer:
         self.model.tie_weights()  # moving to an XLA device un-shares the embedding tables; share them again
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         count = sum(p.numel() for p in self.params)
-        self._say(f"model: {count / 1e6:.2f}M parameters ({'random init' if model_cfg.config else model_cfg.name_or_path})")
+        self._say(f"model: {count / 1e6:.2f}M parameters ({'random init' if model_cfg.config is not None else model_cfg.name_or_path})")
 
     def _setup_optimizer(self) -> None:
         torch = self.torch
@@ -278,11 +278,11 @@ class Trainer:
             )
         self.local_batch = self.recipe.train.batch_size // world
         self.local_eval_batch = max(1, self.recipe.eval.batch_size // world)
-        fields = data_fields(cfg)
-        self.train_shard = data_mod.load_shard(cfg.train, rank, world, **fields)
+        fields = data_mod.Fields.of(cfg)
+        self.train_shard = data_mod.load_shard(cfg.train, rank, world, fields)
         self.eval_shard: list[data_mod.Example] = []
         if cfg.eval is not None:
-            eval_examples = list(data_mod.iter_shard(cfg.eval, rank, world, **fields))
+            eval_examples = list(data_mod.iter_shard(cfg.eval, rank, world, fields))
             limit = self.recipe.eval.max_examples
             if limit is not None:  # the first `limit` examples of the file, wherever their shard is
                 eval_examples = eval_examples[: len(range(rank, limit, world))]
@@ -493,16 +493,6 @@ def lr_factor(steps: int, warmup: int, schedule: str):  # type: ignore[no-untype
         return max(0.0, remaining / max(1, steps - warmup))
 
     return factor
-
-
-def data_fields(cfg: Any) -> dict[str, Any]:
-    return {
-        "source_field": cfg.source_field,
-        "target_field": cfg.target_field,
-        "source_template": cfg.source_template,
-        "target_template": cfg.target_template,
-        "prefix": cfg.prefix,
-    }
 
 
 def params_digest(state: dict[str, Any]) -> str:

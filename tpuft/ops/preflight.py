@@ -1,0 +1,98 @@
+"""Everything about a recipe that can be checked on this machine before a cluster is created or a worker started.
+
+Loading a recipe checks its keys and values; this checks it against the cluster (the batch splits over the workers)
+and reads its data files through, line by line, the way the workers will: an invalid line, a missing field, a
+non-UTF-8 byte, a ``null`` target or an empty eval file is reported here, at file:line, in seconds, instead of on the
+workers after set-up. Used by ``recipes validate``, ``train`` and ``up``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+from tpuft.errors import ConfigError
+from tpuft.worker.data import Fields, FileCheck, check_file
+
+DataProgress = Callable[[Path, int, int], None]
+"""(file, bytes read, file size): called now and then while a big data file is read."""
+
+
+@dataclass
+class Preflight:
+    workers: int
+    files: dict[str, FileCheck] = field(default_factory=dict)
+    """Per data key (train, eval): what reading the file found."""
+
+    def examples(self, key: str) -> int | None:
+        found = self.files.get(key)
+        return found.examples if found is not None else None
+
+
+def cluster_problems(recipe: Loaded[RecipeConfig], workers: int) -> list[str]:
+    """Recipe settings that are only wrong for this cluster, located in the recipe file."""
+    train = recipe.value.train
+    if train.batch_size % workers:
+        return [
+            recipe.problem(
+                ("train", "batch_size"),
+                f"{train.batch_size} does not split evenly over {workers} workers "
+                f"(use a multiple of {workers}, e.g. {max(workers, train.batch_size // workers * workers)})",
+            )
+        ]
+    return []
+
+
+def check_against_cluster(recipe: Loaded[RecipeConfig], workers: int) -> None:
+    problems = cluster_problems(recipe, workers)
+    if problems:
+        raise ConfigError(problems, source=recipe.source)
+
+
+def data_problems(
+    recipe: Loaded[RecipeConfig], workers: int, progress: DataProgress | None = None
+) -> tuple[list[str], dict[str, FileCheck]]:
+    data = recipe.value.data
+    fields = Fields.of(data)
+    problems: list[str] = []
+    checks: dict[str, FileCheck] = {}
+    for key in ("train", "eval"):
+        path = getattr(data, key)
+        if path is None:
+            continue
+        report = (lambda done, total, p=path: progress(p, done, total)) if progress is not None else None
+        check = check_file(path, fields, progress=report)
+        checks[key] = check
+        problems += [f"{p.where}: data.{key}: {p.message}" for p in check.problems]
+        if check.more_problems:
+            problems.append(f"{path}: data.{key}: ... and {check.more_problems} more problem(s) like these")
+        if check.problems:
+            continue
+        if key == "train" and check.examples < workers:
+            problems.append(
+                recipe.problem(
+                    ("data", "train"),
+                    f"{path} has {check.examples} example(s) for {workers} workers; every worker needs at least one",
+                )
+            )
+        if key == "eval" and check.examples == 0:
+            problems.append(
+                recipe.problem(
+                    ("data", "eval"),
+                    f"{path} has no examples (it would report a perfect eval loss of 0): fill it, or remove data.eval",
+                )
+            )
+    return problems, checks
+
+
+def preflight(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: DataProgress | None = None) -> Preflight:
+    """Every problem at once (the recipe against the cluster, then the data), as one ConfigError: exit code 2."""
+    workers = config.num_workers
+    problems = cluster_problems(recipe, workers)
+    found, checks = data_problems(recipe, workers, progress)
+    problems += found
+    if problems:
+        raise ConfigError(problems, source=recipe.source)
+    return Preflight(workers=workers, files=checks)
