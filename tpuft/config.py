@@ -416,9 +416,10 @@ class ModelConfig(_Strict):
 
     @field_validator("name_or_path", "tokenizer")
     @classmethod
-    def _not_blank(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or any(ord(c) < 32 for c in value)):
-            raise ValueError(f"expected a name or path (got {value!r})")
+    def _id_or_path(cls, value: str | None) -> str | None:
+        if value is None or value == "byt5":
+            return value
+        _check(formats.model_ref_problem(value))
         return value
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
@@ -469,7 +470,7 @@ class DataConfig(_Strict):
     @field_validator("source_field", "target_field")
     @classmethod
     def _field_name_ok(cls, value: str) -> str:
-        if not value or any(part == "" for part in value.split(".")):
+        if not value or any(part == "" for part in value.split(".")) or any(ord(c) < 32 for c in value):
             raise ValueError(f"expected a JSON field name, with dots to reach into objects (got {value!r})")
         return value
 
@@ -617,7 +618,7 @@ def parse_overrides(items: list[str]) -> list[tuple[KeyPath, Any, str]]:
             problems.append(f"--set {key}=...: the value is over {MAX_OVERRIDE_CHARS:,} characters")
             continue
         try:
-            parsed_value = safe_yaml.load_scalar(value) if value.strip() else ""
+            parsed_value = safe_yaml.load_value(value) if value.strip() else ""
         except safe_yaml.YamlProblem as exc:
             problems.append(f"--set {item}: the value is not valid: {exc.message}")
             continue

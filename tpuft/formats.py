@@ -77,6 +77,19 @@ def path_text_problem(text: str) -> str | None:
     return None
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")
+
+
+def model_ref_problem(text: str) -> str | None:
+    """A Hugging Face hub id (``google/t5-v1_1-small``) or a path (one with a ``/``, or starting with ``.`` or ``~``);
+    paths are not checked for existence here: on a pod they are the workers' paths."""
+    if _HUB_ID.fullmatch(text) and ".." not in text:
+        return None
+    if ("/" in text or text.startswith((".", "~"))) and not path_text_problem(text):
+        return None
+    return f"{text!r} is neither a Hugging Face model id (org/name) nor a path"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # pip
 

@@ -35,12 +35,14 @@ KeyPath = tuple[str | int, ...]
 class YamlProblem(ValueError):
     """One located problem: ``line`` is 1-based, None when it concerns the whole file."""
 
-    def __init__(self, message: str, line: int | None = None, path: KeyPath | None = None) -> None:
+    def __init__(self, message: str, line: int | None = None, path: KeyPath | None = None, *, syntax: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.line = line
         self.path = path
         """The key path the problem is at, when it is one key's (a duplicate)."""
+        self.syntax = syntax
+        """Not YAML at all (as opposed to YAML that breaks a limit or uses a refused tag)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,11 +175,11 @@ def _located(exc: yaml.YAMLError, text: str) -> YamlProblem:
     line = mark.line + 1 if mark is not None else None
     if isinstance(exc, yaml.reader.ReaderError):  # a control character: located by position, not by mark
         line = text.count("\n", 0, exc.position) + 1
-        return YamlProblem(f"not valid YAML: character #x{exc.character:04x} is not allowed in YAML text", line)
+        return YamlProblem(f"not valid YAML: character #x{exc.character:04x} is not allowed in YAML text", line, syntax=True)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     if "single document" in (getattr(exc, "context", None) or ""):
         problem = "more than one YAML document (a '---' line): give one mapping of keys"
-    return YamlProblem(f"not valid YAML: {problem}", line)
+    return YamlProblem(f"not valid YAML: {problem}", line, syntax=True)
 
 
 def _check_events(text: str, max_depth: int) -> None:
@@ -270,7 +272,13 @@ def _record_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> 
             _record_lines(item, path + (index,), lines)
 
 
-def load_scalar(text: str) -> Any:
-    """A ``--set`` value: the same rules, a smaller budget."""
-    value, _ = load(text, max_nodes=10_000, max_depth=16)
+def load_value(text: str) -> Any:
+    """A ``--set`` value: the same rules and a smaller budget; text that is not YAML at all (``{q} {a}``, a
+    template) is taken as the string it is, and the recipe's types decide whether that is acceptable."""
+    try:
+        value, _ = load(text, max_nodes=10_000, max_depth=16)
+    except YamlProblem as exc:
+        if exc.syntax:
+            return text
+        raise
     return value

@@ -5,6 +5,7 @@ error paths. Conversion runs here (no torch); logits are computed in the PyTorch
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import textwrap
@@ -115,6 +116,22 @@ def test_both_formats_hold_the_same_parameters_and_config_matches_hf() -> None:
         config = plan_t5x(legacy).config
         expected = json.loads((DATA / model / "hf_config.json").read_text())
         assert {k: config[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("fmt", ["legacy", "orbax"])
+def test_a_relative_path_through_dotdot_converts_like_the_absolute_one(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """tensorstore refuses non-normalised paths (`Invalid file path`); the reader hands it absolute ones."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    relative = os.path.relpath(DATA / "t5_1_1_tiny" / fmt, tmp_path / "here")
+    assert ".." in relative
+    via_dots = cli("convert", relative, str(tmp_path / "dots"))
+    assert via_dots.code == 0, via_dots.err
+    absolute = cli("convert", str(DATA / "t5_1_1_tiny" / fmt), str(tmp_path / "abs"))
+    assert absolute.code == 0, absolute.err
+    assert (tmp_path / "dots" / "model.safetensors").read_bytes() == (tmp_path / "abs" / "model.safetensors").read_bytes()
 
 
 def test_step_selection(tmp_path: Path) -> None:

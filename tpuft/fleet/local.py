@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tpuft.errors import TpuftError
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.providers.base import Worker
@@ -90,15 +91,19 @@ class _Process:
         self.ended: float | None = None
         self.stopped_by_us = False
         self.stop_requested_at: float | None = None
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:  # what a remote shell would report as exit 126/127
+            output.close()
+            raise TpuftError(f"worker {worker.index}: cannot start {argv[0]}: {exc.strerror or exc}") from None
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
 

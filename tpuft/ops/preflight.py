@@ -65,6 +65,12 @@ def data_problems(
         report = (lambda done, total, p=path: progress(p, done, total)) if progress is not None else None
         check = check_file(path, fields, progress=report)
         checks[key] = check
+        wrong_field = _field_missing_everywhere(check)
+        if wrong_field is not None:  # not the data's fault: the recipe names a field no line has
+            side, name = wrong_field
+            key_path = ("data", f"{side}_template" if getattr(data, f"{side}_template") else f"{side}_field")
+            problems.append(recipe.problem(key_path, f"no line of {path} has a field {name!r} (they have: {check.problems[0].fields})"))
+            continue
         problems += [f"{p.where}: data.{key}: {p.message}" for p in check.problems]
         if check.more_problems:
             problems.append(f"{path}: data.{key}: ... and {check.more_problems} more problem(s) like these")
@@ -85,6 +91,13 @@ def data_problems(
                 )
             )
     return problems, checks
+
+
+def _field_missing_everywhere(check: FileCheck) -> tuple[str, str] | None:
+    if check.examples == 0 and len(check.missing) == 1 and check.lines_with_problems > 0:
+        if all(p.missing is not None for p in check.problems):
+            return next(iter(check.missing))
+    return None
 
 
 def preflight(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: DataProgress | None = None) -> Preflight:

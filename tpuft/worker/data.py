@@ -37,12 +37,15 @@ class Example:
 
 
 class DataError(ValueError):
-    """A data file problem, located as ``where`` (file:line) and told as ``message``."""
+    """A data file problem, located as ``where`` (file:line) and told as ``message``. ``missing`` is (side, field)
+    when the problem is a field the line lacks: when every line lacks it, the recipe names the wrong field."""
 
-    def __init__(self, where: str, message: str) -> None:
+    def __init__(self, where: str, message: str, missing: tuple[str, str] | None = None, fields: str = "") -> None:
         super().__init__(f"{where}: {message}")
         self.where = where
         self.message = message
+        self.missing = missing
+        self.fields = fields
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ def make_example(record: Any, *, line: int, path: Path, fields: Fields = Fields(
             value = _lookup(record, name)
         except KeyError as exc:
             present = ", ".join(map(str, record)) or "none"
-            raise DataError(f"{path}:{line}", f"{what}: no field {exc.args[0]!r} (fields: {present})") from None
+            message = f"{what}: no field {exc.args[0]!r} (fields: {present})"
+            raise DataError(f"{path}:{line}", message, missing=(what, exc.args[0]), fields=present) from None
         except (TypeError, ValueError) as exc:  # a null field, or a format spec that does not fit the value
             raise DataError(f"{path}:{line}", f"{what} template: {exc}") from None
         problem = _text_problem(value)
@@ -184,6 +188,9 @@ class FileCheck:
     examples: int = 0
     problems: list[DataError] = field(default_factory=list)
     more_problems: int = 0
+    missing: set[tuple[str, str]] = field(default_factory=set)
+    """(side, field) of every "no field" problem, listed or not."""
+    lines_with_problems: int = 0
     """Problems beyond the first ``MAX_PROBLEMS``, counted but not listed."""
     bytes_read: int = 0
 
@@ -214,6 +221,9 @@ def check_file(path: Path, fields: Fields, *, progress: Any = None) -> FileCheck
 
 
 def _note(check: FileCheck, problem: DataError) -> None:
+    check.lines_with_problems += 1
+    if problem.missing is not None:
+        check.missing.add(problem.missing)
     if len(check.problems) < MAX_PROBLEMS:
         check.problems.append(problem)
     else:
