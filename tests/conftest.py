@@ -84,6 +84,14 @@ def torch_python() -> str:
     return build()
 
 
+@pytest.fixture(scope="session")
+def keras_python() -> str:
+    """Python of a venv with TensorFlow + transformers 4.x, built once per machine through tpuft's venv cache."""
+    from tests.venvs import keras_python as build
+
+    return build()
+
+
 @pytest.fixture(scope="module")
 def gcs() -> Iterator[object]:
     """One GCS emulator per test module; STORAGE_EMULATOR_HOST points the real google-cloud-storage client at it

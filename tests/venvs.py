@@ -26,3 +26,13 @@ def torch_spec() -> EnvSpec:
 def torch_python() -> str:
     return ensure(torch_spec())
 
+
+
+KERAS_STACK = ("tensorflow==2.19.1", "tf-keras==2.19.0", "transformers==4.57.6", "h5py", "numpy")
+"""TensorFlow + transformers 4.x (5.x removed TensorFlow): what reads and writes Keras/TF T5 checkpoints."""
+
+
+def keras_python() -> str:
+    from tpuft.config import LocalConfig
+
+    return ensure(EnvSpec(kind="keras", requirements=KERAS_STACK, python=LocalConfig().python))

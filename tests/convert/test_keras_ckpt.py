@@ -18,9 +18,6 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.venvs import ensure
-from tpuft.backends.base import EnvSpec
-from tpuft.config import LocalConfig
 from tpuft.convert.hf_writer import write_hf_model
 from tpuft.convert.keras_ckpt import is_keras_checkpoint, open_keras_source, pt_name
 from tpuft.convert.model_source import ConvertError
@@ -33,7 +30,6 @@ from tpuft.convert.safetensors_io import (
 # The Keras backend's stack (the backend itself is a later issue): TF with Keras 2 as tf-keras, since transformers'
 # TF models do not run on Keras 3, and the last transformers line that still has TF models. tf-keras depends on
 # the full `tensorflow` wheel, so that is what is pinned: adding `tensorflow-cpu` as well would install both.
-KERAS_STACK = ("tensorflow==2.19.1", "tf-keras==2.19.0", "transformers==4.57.6", "h5py", "numpy")
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}
 """transformers' TF code with Keras 3 installed: use tf-keras, and keep TF's C++ start-up chatter out of the log."""
 
@@ -92,12 +88,6 @@ CHECK_LOGITS = textwrap.dedent(
     print(json.dumps(out))
     """
 )
-
-
-@pytest.fixture(scope="session")
-def keras_python() -> str:
-    """Python of a venv with TensorFlow + transformers 4.x, built once per machine through tpuft's venv cache."""
-    return ensure(EnvSpec(kind="keras", requirements=KERAS_STACK, python=LocalConfig().python))
 
 
 @pytest.fixture(scope="session")

@@ -148,19 +148,45 @@ def test_convert_and_monitor_on_the_finished_run(quickstart: Run, tmp_path: Path
     assert any("step 1500/1500" in line for line in lines)
 
 
-def test_a_failing_worker_stops_the_run(quickstart: Run, tmp_path: Path) -> None:
-    """A bad line in worker 1's shard: worker 1 fails, worker 0 is stopped, the error names worker 1 and the line."""
+WORKER_MEETS_BAD_DATA = """
+import sys
+from pathlib import Path
+from tpuft.config import load_cluster, load_recipe
+from tpuft.errors import WorkerFailure
+from tpuft.ops.train import train
+cluster, data = Path(sys.argv[1]), Path(sys.argv[2])
+recipe = load_recipe(Path("quickstart"), [f"data.train={data}", "train.steps=5", "train.warmup_steps=0"])
+data.write_text(sys.argv[3])  # changed after the check, as a file still being copied would be
+try:
+    train(load_cluster(cluster).value, recipe, checked=True)
+except WorkerFailure as exc:
+    print(exc.message, file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def test_bad_data_is_refused_before_launch_and_a_worker_that_meets_it_says_so_once(quickstart: Run, tmp_path: Path) -> None:
+    """The controller reads the data first (exit 2, nothing launched). A worker that still meets a bad line (the
+    file changed after the check) reports it in one located line, no traceback; the other worker is stopped."""
     data = tmp_path / "train.jsonl"
-    data.write_text('{"words": "one", "digits": "1"}\n{"words": "two", "digits": \n' * 4)
-    result = tpuft(
-        quickstart.env, "train", "quickstart", "-c", str(quickstart.cluster),
-        "--set", f"data.train={data}", "--set", "train.steps=5", "--set", "train.warmup_steps=0", timeout=600,
+    bad = '{"words": "one", "digits": "1"}\n{"words": "two", "digits": \n' * 4
+    data.write_text(bad)
+    refused = tpuft(quickstart.env, "train", "quickstart", "-c", str(quickstart.cluster), "--set", f"data.train={data}")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"{data}:2: data.train: not valid JSON: Expecting value (column 28)" in refused.stderr
+
+    good = '{"words": "one", "digits": "1"}\n' * 8
+    data.write_text(good)
+    result = subprocess.run(
+        [sys.executable, "-c", WORKER_MEETS_BAD_DATA, str(quickstart.cluster), str(data), bad],
+        env=quickstart.env, capture_output=True, text=True, timeout=600,
     )
-    assert result.returncode == 1
-    assert "failed on worker 1" in result.stderr
-    assert f"{data}:2: not valid JSON" in result.stderr
-    log0 = Path(result.stderr.split("run dir: ")[-1].strip()) / "logs" / "worker-0.log"
-    assert "training for 5 steps" in log0.read_text()  # worker 0 was running, not the one that failed
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "failed on worker 1 (exit code 2)" in result.stderr
+    log1 = (Path(result.stderr.split("full log: ")[-1].split()[0])).read_text()
+    assert log1.count(f"{data}:2: not valid JSON: Expecting value (column 28)") == 1
+    assert "Traceback" not in log1
+    assert "stopped the other worker(s): 0" in result.stderr
 
 
 def test_fine_tune_from_the_export_with_adafactor_on_one_worker(quickstart: Run, tmp_path: Path) -> None:

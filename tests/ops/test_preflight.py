@@ -66,7 +66,8 @@ BAD_TRAIN = [
     (b'{"q": {"x": 1}, "a": "1"}\n', 1, "source field 'q' is a JSON object, not text"),
     (b'["q", "a"]\n', 1, "expected a JSON object, got a list"),
     (b'"just a string"\n', 1, "expected a JSON object, got a string"),
-    (b"\x00\x01\x02\n", 1, "not valid JSON"),
+    (b"\x00\x01\x02\n", 1, "contains a NUL byte (is the file UTF-16?"),
+    ('{"q": "x", "a": "1"}\n'.encode("utf-16-le"), 1, "contains a NUL byte"),
     (b"[" * 100_000 + b"\n", 1, "not valid JSON: nested too deeply"),
 ]
 

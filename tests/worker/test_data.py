@@ -55,3 +55,31 @@ def test_batches_cycle_through_every_example_each_epoch(tmp_path: Path) -> None:
     epoch = [e.source for _ in range(2) for e in next(stream)]
     assert sorted(epoch) == sorted(str(i) for i in range(10))
     assert epoch != [str(i) for i in range(10)]  # shuffled
+
+
+def test_the_worker_side_imports_nothing_from_the_cli_side() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tpuft.worker.__main__, tpuft.worker.data, tpuft.worker.torch_xla_train, tpuft.worker.metrics\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tpuft.cli', 'tpuft.ops', 'tpuft.providers', "
+        "'tpuft.fleet', 'typer', 'rich')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_bad_text_values_are_located(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    for row, fragment in [
+        ({"source": "a", "target": None}, "d.jsonl:1: target field 'target' is null"),
+        ({"source": "a", "target": float("nan")}, "target field 'target' is nan, not text"),
+        ({"source": True, "target": "b"}, "source field 'source' is true, not text"),
+        ({"source": ["a"], "target": "b"}, "source field 'source' is a JSON list, not text"),
+    ]:
+        path.write_text(json.dumps(row) + "\n")
+        with pytest.raises(DataError, match=fragment):
+            load_shard(path, 0, 1)
+    path.write_text(json.dumps({"source": "a", "target": 7}) + "\n")
+    assert load_shard(path, 0, 1)[0].target == "7"

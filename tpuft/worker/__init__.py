@@ -1,5 +1,7 @@
 """Code that runs ON a worker host, inside the backend's venv.
 
 Shipped alone to TPU hosts, so it imports nothing from the CLI side (cli, ops, providers, fleet): only
-``tpuft.config``, ``tpuft.rundir``, ``tpuft.convert``, the stdlib and the backend's own libraries.
+``tpuft.config`` (with what it reads recipes with: ``safe_yaml``, ``formats``, ``t5_config``, ``templates``),
+``tpuft.errors``, ``tpuft.rundir``, ``tpuft.convert``, the stdlib and the backend's own libraries.
+``tests/worker/test_data.py`` checks the import closure.
 """
