@@ -602,7 +602,7 @@ def pull(
 @app.command(rich_help_panel="Results")
 def tensorboard(
     run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
-    port: Annotated[int, typer.Option("--port", help="Port to serve on (0: a free one).")] = 6006,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to serve on (0: a free one).")] = 6006,
     host: Annotated[str, typer.Option("--host", help="Address to bind (0.0.0.0 to reach it from other machines).")] = "127.0.0.1",
     config: ConfigOpt = None,
 ) -> None:
@@ -637,6 +637,12 @@ def tensorboard(
 def _port_is_free(host: str, port: int) -> bool:
     import socket
 
+    from tpuft.errors import UsageError
+
+    try:
+        socket.getaddrinfo(host, port)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"--host {host!r}: not an address of this machine ({exc})") from None
     with socket.socket() as probe:
         try:
             probe.bind((host, port))
@@ -852,6 +858,15 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a path or address of the user's that the system refused: one line, not a traceback
+        import os
+
+        if os.environ.get("TPUFT_DEBUG"):
+            raise
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        _err_console().print(f"[bold red]error:[/bold red] {exc.strerror or exc}{where}", soft_wrap=True)
+        _err_console().print("(TPUFT_DEBUG=1 shows where it happened)")
+        sys.exit(1)
     except typer.Abort as exc:  # click turns Ctrl-C into Abort outside standalone mode
         if isinstance(exc.__cause__, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
             _err_console().print("[yellow]interrupted: every worker process was stopped[/yellow]")

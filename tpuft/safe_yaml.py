@@ -124,7 +124,7 @@ def read_config_text(path: Path, what: str) -> str:
     if stat.S_ISDIR(info.st_mode):
         raise YamlProblem(f"{what} is a directory, not a file")
     if not stat.S_ISREG(info.st_mode):
-        raise YamlProblem(f"{what} is not a regular file (a device, FIFO or socket); give a YAML file")
+        raise YamlProblem(f"{what} is not a regular file (a device, FIFO or socket)")
     if info.st_size > MAX_BYTES:
         raise YamlProblem(f"{what} is {info.st_size:,} bytes; the limit is {MAX_BYTES:,} (is this the right file?)")
     try:

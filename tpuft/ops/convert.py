@@ -46,10 +46,12 @@ def parse_overrides(pairs: list[str], config_file: Path | None) -> dict[str, Any
     """``--hf-config FILE`` then ``--hf-set KEY=VALUE`` (VALUE read as JSON when it parses, else as a string)."""
     overrides: dict[str, Any] = {}
     if config_file is not None:
+        from tpuft.safe_yaml import YamlProblem, read_config_text
+
         try:
-            loaded = json.loads(config_file.read_text())
-        except FileNotFoundError:
-            raise UsageError(f"--hf-config {config_file}: no such file") from None
+            loaded = json.loads(read_config_text(config_file, "file"))  # a regular file of at most 1 MiB
+        except YamlProblem as exc:
+            raise UsageError(f"--hf-config {config_file}: {exc.message}") from None
         except json.JSONDecodeError as exc:
             raise UsageError(f"--hf-config {config_file}:{exc.lineno}: not JSON: {exc.msg}") from None
         if not isinstance(loaded, dict):

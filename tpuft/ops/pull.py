@@ -177,6 +177,8 @@ def _check_args(checkpoints: str, workers: int) -> str:
 
 def _check_dest(storage: LocalStorage | GcsStorage, dest: Path) -> None:
     """A local run pulled into itself (or below itself) would copy files onto themselves, or into its own copy."""
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"{dest} exists and is not a folder; give a folder to pull the run into")
     if not isinstance(storage, LocalStorage):
         return
     source, target = storage.root.resolve(), dest.expanduser().resolve()

@@ -47,6 +47,8 @@ def find(name: str) -> Path:
 
 def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
     source = find(name)
+    if dest.exists() and not dest.is_dir() and not dest.is_file():
+        raise UsageError(f"{dest} is not a file or a folder (a device or FIFO?); give a .yaml file name or a folder")
     target = dest / source.name if dest.is_dir() else dest
     if target.suffix not in {".yaml", ".yml"}:
         target = target.with_suffix(".yaml")

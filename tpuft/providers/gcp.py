@@ -469,10 +469,14 @@ class GcpProvider:
     # -- reaching the workers ------------------------------------------------------------------------------
     def fleet(self, cluster: Cluster) -> SshFleet:
         from tpuft.fleet.ssh import SshFleet, SshSettings
+        from tpuft.formats import user_name_problem
         from tpuft.providers.ssh_keys import ensure_key, user_name
 
         ssh = self.config.ssh
         user = ssh.user or user_name()
+        problem = user_name_problem(user)
+        if problem:  # the cluster file's ssh.user is checked when loaded; this is the local login name
+            raise UsageError(f"your user name {problem}", hint="Set ssh.user in the cluster file.")
         key_file = ssh.key_file.expanduser()
         public = ensure_key(key_file, user)
         entry = f"{user}:{public.strip()}"
