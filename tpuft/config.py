@@ -92,7 +92,7 @@ class LocalConfig(_Strict):
             path = Path(base) / path
         if path.exists() and not path.is_dir():
             raise ValueError(f"{path} exists and is not a folder")
-        return value
+        return path  # relative to the cluster file, like a recipe's data paths, wherever tpuft runs from
 
     @field_validator("python")
     @classmethod
@@ -288,6 +288,7 @@ class ClusterConfig(_Strict):
     @field_validator("bucket")
     @classmethod
     def _bucket_fits_provider(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """gs:// for gcp; a folder for local (relative to the cluster file, like every path in it)."""
         if value is None:
             return None
         provider = info.data.get("provider")
@@ -302,8 +303,12 @@ class ClusterConfig(_Strict):
                 )
             _check(formats.path_text_problem(value))
             path = Path(value).expanduser()
+            base = (info.context or {}).get("base_dir")
+            if not path.is_absolute() and base is not None:
+                path = Path(base) / path
             if path.exists() and not path.is_dir():
                 raise ValueError(f"{path} exists and is not a folder")
+            return str(path)
         return value
 
     @field_validator("gcp")

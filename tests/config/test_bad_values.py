@@ -160,9 +160,11 @@ def test_state_dir_and_bucket_that_are_files(tmp_path: Path) -> None:
     path = tmp_path / "tpuft.yaml"
     path.write_text(f"local:\n  state_dir: {tmp_path / 'a-file'}\n")
     assert f"{path}:2: local.state_dir: {tmp_path / 'a-file'} exists and is not a folder" in refused(path, load_cluster)
-    path.write_text("bucket: a-file\n")  # relative to where tpuft runs, not checked as a folder then
-    path.write_text(f"bucket: {tmp_path / 'a-file'}\n")
+    path.write_text("bucket: a-file\n")  # relative paths are from the cluster file's folder
     assert f"{path}:1: bucket: {tmp_path / 'a-file'} exists and is not a folder" in refused(path, load_cluster)
+    path.write_text("bucket: runs\nlocal:\n  state_dir: pods\n")
+    loaded = load_cluster(path).value
+    assert (loaded.bucket, loaded.local.state_dir) == (str(tmp_path / "runs"), tmp_path / "pods")
 
 
 def test_good_gcp_values_are_accepted(tmp_path: Path) -> None:
