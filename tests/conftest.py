@@ -68,6 +68,28 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  #
     return lambda *args: run_cli(list(args), monkeypatch, capsys)
 
 
+MINIMAL_RECIPE = """\
+name: t
+backend:
+  kind: torch_xla
+model:
+  config: {d_model: 8}
+data:
+  train: train.jsonl
+train:
+  steps: 10
+  batch_size: 4
+"""
+"""The smallest valid recipe (10 lines): tests change one line of it and check where the error points."""
+
+
+@pytest.fixture
+def recipe_dir(tmp_path: Path) -> Path:
+    """A folder with a one-example train.jsonl, for recipes whose data is `train.jsonl`."""
+    (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
+    return tmp_path
+
+
 @pytest.fixture
 def cluster_file(tmp_path: Path) -> Path:
     """A 2-worker local cluster file in a temp dir."""

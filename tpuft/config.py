@@ -17,9 +17,11 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -42,7 +44,6 @@ KeyPath = tuple[str | int, ...]
 
 LaxPath = Annotated[Path, Strict(False)]
 """Paths come from YAML as text."""
-Name = Annotated[str, Field(min_length=1, max_length=4096)]
 Count = Annotated[int, Field(ge=1, le=1_000_000_000)]
 
 
@@ -58,6 +59,31 @@ class _Strict(BaseModel):
 def _check(problem: str | None) -> None:
     if problem:
         raise ValueError(problem)
+
+
+def _shaped(problem: Callable[[str], str | None]) -> AfterValidator:
+    """A string type checked by one of :mod:`tpuft.formats`' rules (a refusal becomes the key's error)."""
+
+    def check(value: str) -> str:
+        _check(problem(value))
+        return value
+
+    return AfterValidator(check)
+
+
+ProjectId = Annotated[str, _shaped(formats.project_problem)]
+Zone = Annotated[str, _shaped(formats.zone_problem)]
+RuntimeVersion = Annotated[str, _shaped(formats.runtime_version_problem)]
+Network = Annotated[str, _shaped(formats.network_problem)]
+ServiceAccount = Annotated[str, _shaped(formats.service_account_problem)]
+Reservation = Annotated[str, _shaped(formats.reservation_problem)]
+Endpoint = Annotated[str, _shaped(formats.endpoint_problem)]
+Scope = Annotated[str, _shaped(formats.scope_problem)]
+Command = Annotated[str, _shaped(formats.command_problem)]
+PathText = Annotated[str, _shaped(formats.path_text_problem)]
+UserName = Annotated[str, _shaped(formats.user_name_problem)]
+Version = Annotated[str, _shaped(formats.version_problem)]
+ModelRef = Annotated[str, _shaped(formats.model_ref_problem)]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -78,7 +104,7 @@ class LocalConfig(_Strict):
         description="Shared cache of backend venvs (all local workers share this machine); "
         "default: $TPUFT_VENV_CACHE or ~/.cache/tpuft/venvs.",
     )
-    python: str = Field("python3", description="Base interpreter used to build backend venvs on the workers.")
+    python: Command = Field("python3", description="Base interpreter used to build backend venvs on the workers.")
 
     @field_validator("state_dir", "venv_cache")
     @classmethod
@@ -94,19 +120,13 @@ class LocalConfig(_Strict):
             raise ValueError(f"{path} exists and is not a folder")
         return path  # relative to the cluster file, like a recipe's data paths, wherever tpuft runs from
 
-    @field_validator("python")
-    @classmethod
-    def _python_ok(cls, value: str) -> str:
-        _check(formats.command_problem(value))
-        return value
-
 
 class GcpConfig(_Strict):
     """The GCP provider: a Cloud TPU VM (or pod slice, or queued resource) in a project and zone."""
 
-    project: str | None = Field(None, description="GCP project id (required for provider: gcp).")
-    zone: str | None = Field(None, description="Zone, e.g. us-central2-b (required for provider: gcp).")
-    runtime_version: str | None = Field(None, description="TPU software version; default: the catalogue's for the generation.")
+    project: ProjectId | None = Field(None, description="GCP project id (required for provider: gcp).")
+    zone: Zone | None = Field(None, description="Zone, e.g. us-central2-b (required for provider: gcp).")
+    runtime_version: RuntimeVersion | None = Field(None, description="TPU software version; default: the catalogue's for the generation.")
     topology: str | None = Field(
         None, description="Use an accelerator config (type + topology, e.g. 2x2x4) instead of the accelerator type name."
     )
@@ -115,24 +135,24 @@ class GcpConfig(_Strict):
     reserved: bool = Field(False, description="Use reserved capacity.")
     labels: dict[str, str] = Field(default_factory=dict, max_length=63, description="Labels on the node.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Node metadata, e.g. startup-script.")
-    network: str | None = Field(None, description="VPC network (default: the project's default network).")
-    subnetwork: str | None = Field(None, description="Subnetwork, e.g. a subnet with Private Google Access.")
+    network: Network | None = Field(None, description="VPC network (default: the project's default network).")
+    subnetwork: Network | None = Field(None, description="Subnetwork, e.g. a subnet with Private Google Access.")
     internal_ip: bool = Field(False, description="No external IPs: workers are reached on their internal addresses.")
-    service_account: str | None = Field(None, description="Service account e-mail the VMs run as.")
-    scopes: list[str] = Field(
+    service_account: ServiceAccount | None = Field(None, description="Service account e-mail the VMs run as.")
+    scopes: list[Scope] = Field(
         default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"], description="OAuth scopes."
     )
     queued: bool = Field(False, description="Ask through a queued resource (waits for capacity instead of failing).")
-    reservation: str | None = Field(None, description="Reservation name for a queued resource.")
+    reservation: Reservation | None = Field(None, description="Reservation name for a queued resource.")
     valid_until: str | None = Field(
         None, description="Queued resource: give up after this long, e.g. 6h or 90m (a duration) or an RFC 3339 time."
     )
     slices: int = Field(1, ge=1, le=256, description="Multislice: this many slices (queued resources only).")
-    tpu_api_endpoint: str | None = Field(
+    tpu_api_endpoint: Endpoint | None = Field(
         None, description="Cloud TPU API endpoint (private endpoints; tests); also $TPUFT_TPU_API_ENDPOINT."
     )
-    venv_cache: str = Field("~/.cache/tpuft/venvs", description="Where workers keep backend venvs (a path on the workers).")
-    python: str = Field("python3", description="Interpreter on the workers that venvs are built from.")
+    venv_cache: PathText = Field("~/.cache/tpuft/venvs", description="Where workers keep backend venvs (a path on the workers).")
+    python: Command = Field("python3", description="Interpreter on the workers that venvs are built from.")
     worker_device: Literal["tpu", "cpu"] = Field(
         "tpu", description="'cpu' when the hosts have no TPU (CPU VMs, test rigs): CPU wheels and PJRT_DEVICE=CPU."
     )
@@ -158,67 +178,6 @@ class GcpConfig(_Strict):
                 pass
         raise ValueError("expected a duration like 6h, 90m, 3600s or an RFC 3339 time like 2026-12-01T00:00:00Z")
 
-    @field_validator("project")
-    @classmethod
-    def _project_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.project_problem(value))
-        return value
-
-    @field_validator("zone")
-    @classmethod
-    def _zone_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.zone_problem(value))
-        return value
-
-    @field_validator("runtime_version")
-    @classmethod
-    def _runtime_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.runtime_version_problem(value))
-        return value
-
-    @field_validator("network", "subnetwork")
-    @classmethod
-    def _network_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.network_problem(value))
-        return value
-
-    @field_validator("service_account")
-    @classmethod
-    def _service_account_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.service_account_problem(value))
-        return value
-
-    @field_validator("reservation")
-    @classmethod
-    def _reservation_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.reservation_problem(value))
-        return value
-
-    @field_validator("tpu_api_endpoint")
-    @classmethod
-    def _endpoint_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.endpoint_problem(value))
-        return value
-
-    @field_validator("venv_cache")
-    @classmethod
-    def _venv_cache_ok(cls, value: str) -> str:
-        _check(formats.path_text_problem(value))
-        return value
-
-    @field_validator("python")
-    @classmethod
-    def _python_ok(cls, value: str) -> str:
-        _check(formats.command_problem(value))
-        return value
-
-    @field_validator("scopes")
-    @classmethod
-    def _scopes_ok(cls, value: list[str]) -> list[str]:
-        for scope in value:
-            _check(formats.scope_problem(scope))
-        return value
-
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
         found: list[tuple[KeyPath, str]] = []
         for key, value in self.labels.items():
@@ -243,7 +202,7 @@ def parse_duration(text: str) -> int | None:
 class SshConfig(_Strict):
     """How tpuft reaches the workers of a GCP cluster."""
 
-    user: str | None = Field(None, description="Login user on the VMs (default: your local user name).")
+    user: UserName | None = Field(None, description="Login user on the VMs (default: your local user name).")
     key_file: LaxPath = Field(
         Path("~/.ssh/google_compute_engine"), description="Private key (gcloud's by default; created if missing)."
     )
@@ -251,12 +210,6 @@ class SshConfig(_Strict):
     os_login: bool = Field(False, description="The project uses OS Login: do not put the key in instance metadata.")
     connect_attempts: int = Field(10, ge=1, le=100, description="Connection tries per worker (like gcloud).")
     retry_delay_s: float = Field(5.0, ge=0.0, le=300.0, description="Seconds between connection tries.")
-
-    @field_validator("user")
-    @classmethod
-    def _user_ok(cls, value: str | None) -> str | None:
-        _check(value is not None and formats.user_name_problem(value))
-        return value
 
     @field_validator("key_file")
     @classmethod
@@ -378,16 +331,10 @@ class TorchXlaBackend(_Strict):
     """PyTorch/XLA: one process per worker host, PJRT runtime (TPU on TPU hosts, CPU on the local pod)."""
 
     kind: Literal["torch_xla"] = "torch_xla"
-    torch_version: str = Field("2.9.0", description="torch and torch-xla are pinned together to this version.")
+    torch_version: Version = Field("2.9.0", description="torch and torch-xla are pinned together to this version.")
     extra_requirements: list[str] = Field(
         default_factory=list, max_length=200, description="More pip requirements for the worker venv (pinned, please)."
     )
-
-    @field_validator("torch_version")
-    @classmethod
-    def _version_ok(cls, value: str) -> str:
-        _check(formats.version_problem(value))
-        return value
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
         found: list[tuple[KeyPath, str]] = []
@@ -402,13 +349,13 @@ Backend = Annotated[TorchXlaBackend, Field(discriminator="kind")]
 
 
 class ModelConfig(_Strict):
-    name_or_path: Name | None = Field(
+    name_or_path: ModelRef | None = Field(
         None, description="A Hugging Face model id or a local directory to start from (e.g. google/t5-v1_1-small)."
     )
     config: T5Settings | None = Field(
         None, description="Random-init model: keyword arguments for transformers.T5Config (d_model, num_layers, ...)."
     )
-    tokenizer: Name = Field(
+    tokenizer: ModelRef = Field(
         "byt5", description="'byt5' for the byte-level ByT5 tokenizer (needs no files), or an HF id / local path."
     )
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="Override the model's dropout rate.")
@@ -418,14 +365,6 @@ class ModelConfig(_Strict):
         if (self.name_or_path is None) == (self.config is None):
             raise ValueError("give exactly one of model.name_or_path (pretrained) or model.config (random init)")
         return self
-
-    @field_validator("name_or_path", "tokenizer")
-    @classmethod
-    def _id_or_path(cls, value: str | None) -> str | None:
-        if value is None or value == "byt5":
-            return value
-        _check(formats.model_ref_problem(value))
-        return value
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
         vocab = self.config.vocab_size if self.config is not None else None

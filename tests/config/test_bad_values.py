@@ -29,12 +29,6 @@ train:
 """
 
 
-@pytest.fixture
-def recipe_dir(tmp_path: Path) -> Path:
-    (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
-    return tmp_path
-
-
 def refused(path: Path, loader=load_recipe, overrides: list[str] | None = None) -> str:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError) as info:
         loader(path, overrides or [])
@@ -57,7 +51,7 @@ RECIPE_CASES = [
     ("    num_heads: 2", "    num_heads: 2\n    vocab_size: 500\n    eos_token_id: 700", 5, "model.config", "eos_token_id 700 is outside the vocabulary"),
     ("    num_heads: 2", "    num_heads: 2\n    is_decoder: true", 8, "model.config.is_decoder", "Input should be False"),
     ("    num_heads: 2", "    num_heads: 2\n    d_ff: 100000000", 8, "model.config.d_ff", "less than or equal to 262144"),
-    ("  config:\n    d_model: 16\n    num_heads: 2", "  config: {}\n  tokenizer: ''", 6, "model.tokenizer", "at least 1 character"),
+    ("  config:\n    d_model: 16\n    num_heads: 2", "  config: {}\n  tokenizer: ''", 6, "model.tokenizer", "is neither a Hugging Face model id (org/name) nor a path"),
     # numbers and booleans: strict types, sane bounds
     ("  steps: 10", "  steps: 1e30", 11, "train.steps", "expected a whole number (got 1e+30)"),
     ("  steps: 10", "  steps: 1000000000000000000000000000000", 11, "train.steps", "less than or equal to 1000000000"),

@@ -6,27 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import MINIMAL_RECIPE as GOOD
 from tpuft.config import load_cluster, load_recipe
 from tpuft.errors import ConfigError
-
-GOOD = """\
-name: t
-backend:
-  kind: torch_xla
-model:
-  config: {d_model: 8}
-data:
-  train: train.jsonl
-train:
-  steps: 10
-  batch_size: 4
-"""
-
-
-@pytest.fixture
-def recipe_dir(tmp_path: Path) -> Path:
-    (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
-    return tmp_path
 
 
 def write(recipe_dir: Path, text: str) -> Path:

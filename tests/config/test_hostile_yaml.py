@@ -11,21 +11,9 @@ from pathlib import Path
 import pytest
 
 from tpuft import safe_yaml
+from tests.conftest import MINIMAL_RECIPE as GOOD
 from tpuft.config import load_cluster, load_recipe
 from tpuft.errors import ConfigError
-
-GOOD = """\
-name: t
-backend:
-  kind: torch_xla
-model:
-  config: {d_model: 8}
-data:
-  train: train.jsonl
-train:
-  steps: 10
-  batch_size: 4
-"""
 
 
 def bomb(levels: int = 9, fan: int = 9) -> str:
@@ -38,12 +26,6 @@ def bomb(levels: int = 9, fan: int = 9) -> str:
 
 def deep(levels: int) -> str:
     return "[" * levels + "]" * levels + "\n"
-
-
-@pytest.fixture
-def recipe_dir(tmp_path: Path) -> Path:
-    (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
-    return tmp_path
 
 
 # (text, message fragment, line)
