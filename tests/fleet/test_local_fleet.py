@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import default_sigint
 from tpuft.fleet.local import LocalFleet
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 

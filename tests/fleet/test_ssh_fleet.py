@@ -14,7 +14,7 @@ from tests.conftest import default_sigint
 from tests.fleet.test_local_fleet import alive, wait_for_files
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
 
@@ -118,7 +118,7 @@ import sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
 from tpuft.fleet.ssh import SshFleet, SshSettings
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 addresses = {addresses!r}
 fleet = SshFleet([Worker(i, a) for i, a in enumerate(addresses)], SshSettings(user={user!r}, key_file=Path({key!r}), port={port}))
 result = fleet.run(["bash", "-c", "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"])

@@ -171,6 +171,8 @@ def test_missing_key_is_created_like_gcloud(tmp_path: Path, fake_tpu: FakeTpuSer
     provider = get_provider(config)
     cluster, _ = provider.create()
     provider.fleet(cluster)
+    assert not key.exists()  # building a fleet changes nothing; preparing the cluster for access does
+    provider.prepare(cluster)
     assert key.exists() and Path(f"{key}.pub").read_text().startswith("ssh-rsa ")
     assert "alice:ssh-rsa " in fake_tpu.node("tp")["metadata"]["ssh-keys"]
 

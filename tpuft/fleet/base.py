@@ -14,7 +14,7 @@ from typing import Protocol
 
 from tpuft.errors import UsageError
 from tpuft.formats import ENV_NAME
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 
 LineSink = Callable[[int, str], None]
 """Called with (worker index, line without newline) for every output line, from reader threads."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from tpuft.errors import TpuftError
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 
 STOP_GRACE_SECONDS = 5.0
 _CONTROLLER_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")

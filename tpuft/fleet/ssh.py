@@ -29,7 +29,7 @@ from typing import Any
 from tpuft.errors import TpuftError
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 
 PGID_MARKER = "__TPUFT_PGID__"
 STOP_GRACE_SECONDS = 5.0

@@ -9,8 +9,9 @@ from tpuft.accelerators import AcceleratorType, lookup
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.fleet.base import FleetResult, LineSink
-from tpuft.providers import Cluster, get_provider
-from tpuft.providers.base import Progress
+from tpuft.providers import get_provider
+from tpuft.records import Cluster
+from tpuft.records import Progress
 from tpuft.ops.common import Session, open_session
 
 
@@ -118,8 +119,8 @@ def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str,
     target = session.cluster.workers[worker]
     if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
         return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)
-    fleet = session.fleet  # makes sure the key exists and is in the node's metadata
-    settings = fleet.settings  # type: ignore[attr-defined]
+    session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata
+    settings = session.provider.ssh_settings()  # type: ignore[attr-defined]
     known_hosts = session.provider.state_dir() / "known_hosts"  # per cluster: a recreated node may reuse an IP
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     argv = [

@@ -13,8 +13,9 @@ from tpuft.config import ClusterConfig
 from tpuft.errors import Interrupted, UsageError, WorkerFailure
 from tpuft.fleet.base import Fleet, FleetResult
 from tpuft.paths import package_root
-from tpuft.providers import Cluster, Provider, get_provider
-from tpuft.providers.base import State
+from tpuft.providers import Provider, get_provider
+from tpuft.records import Cluster
+from tpuft.records import State
 
 PACKAGE_HOME = ".tpuft/pkg"
 """Under each worker's HOME: one folder per version of the tpuft package, named by a hash of its files."""
@@ -31,6 +32,7 @@ class Session:
     @functools.cached_property
     def fleet(self) -> Fleet:
         """One fleet per session: SSH connections are opened once and reused by every step of a verb."""
+        self.provider.prepare(self.cluster)
         return self.provider.fleet(self.cluster)
 
 

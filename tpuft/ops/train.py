@@ -17,7 +17,7 @@ from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 from tpuft.monitor import mirror_small_files
 from tpuft.storage import open_storage
 from tpuft.worker.sync import RunDirSync

@@ -1,59 +1,17 @@
-"""The provider contract: cloud-neutral records that cross the boundary, and the verbs every provider has.
-
-Only these records leave a provider, so ``ops`` never sees a google-cloud-tpu object or a local folder layout.
-Workers are ordered: index i is ``--worker i`` on a TPU pod slice, and worker 0 is the coordinator.
+"""The provider contract: the verbs every provider has (its records live in :mod:`tpuft.records`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from tpuft.records import Cluster, Progress, State, Worker
 
 if TYPE_CHECKING:
     from tpuft.fleet.base import Fleet
 
-Progress = Callable[[str], None]
-"""Providers report what they are waiting for through this (the CLI shows it in a spinner)."""
-
-
-class State:
-    """The provider's own words for a node's state; local clusters use the same ones."""
-
-    READY = "READY"
-    CREATING = "CREATING"
-    NOT_FOUND = "NOT_FOUND"
-    BROKEN = "BROKEN"
-
-
-@dataclass(frozen=True)
-class Worker:
-    index: int
-    address: str
-    """How the controller reaches it: an IP on GCP, ``localhost`` for a local worker."""
-    home: Path | None = None
-    """The worker's private HOME (local provider only)."""
-    cpus: tuple[int, ...] = ()
-    """CPU cores a local worker is pinned to, so local workers do not fight over cores like real hosts would not."""
-    internal_address: str = ""
-    """The VPC address (GCP); what other workers use to reach this one."""
-
-
-@dataclass
-class Cluster:
-    name: str
-    provider: str
-    state: str
-    accelerator: str
-    workers: list[Worker] = field(default_factory=list)
-    bucket: str = ""
-    """Root of run storage: ``gs://bucket`` or a local folder."""
-    details: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ready(self) -> bool:
-        return self.state == State.READY
+__all__ = ["Cluster", "Progress", "Provider", "State", "Worker"]
 
 
 class Provider(Protocol):
@@ -73,8 +31,12 @@ class Provider(Protocol):
         """Remove the node(s); the bucket and its runs are kept. Returns False when there was nothing to delete."""
         ...
 
+    def prepare(self, cluster: Cluster) -> None:
+        """Make the workers reachable from this machine (GCP: the SSH key in the node's metadata)."""
+        ...
+
     def fleet(self, cluster: Cluster) -> Fleet:
-        """A way to run commands on every worker of ``cluster``."""
+        """A way to run commands on every worker of ``cluster`` (building it changes nothing anywhere)."""
         ...
 
     def storage_url(self) -> str:

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tpuft.accelerators import AcceleratorType, lookup
 from tpuft.config import ClusterConfig, parse_duration
 from tpuft.errors import TpuftError, UsageError
-from tpuft.providers.base import Cluster, Progress, State, Worker
+from tpuft.records import Cluster, Progress, State, Worker
 
 if TYPE_CHECKING:
-    from tpuft.fleet.ssh import SshFleet
+    from tpuft.fleet.ssh import SshFleet, SshSettings
 
 T = TypeVar("T")
 
@@ -467,32 +467,42 @@ class GcpProvider:
         return deleted
 
     # -- reaching the workers ------------------------------------------------------------------------------
-    def fleet(self, cluster: Cluster) -> SshFleet:
-        from tpuft.fleet.ssh import SshFleet, SshSettings
+    def ssh_settings(self) -> SshSettings:
+        from tpuft.fleet.ssh import SshSettings
         from tpuft.formats import user_name_problem
-        from tpuft.providers.ssh_keys import ensure_key, user_name
+        from tpuft.providers.ssh_keys import user_name
 
         ssh = self.config.ssh
         user = ssh.user or user_name()
         problem = user_name_problem(user)
         if problem:  # the cluster file's ssh.user is checked when loaded; this is the local login name
             raise UsageError(f"your user name {problem}", hint="Set ssh.user in the cluster file.")
-        key_file = ssh.key_file.expanduser()
-        public = ensure_key(key_file, user)
-        entry = f"{user}:{public.strip()}"
-        record = self._read_cache() or {}
-        if not ssh.os_login and record.get("key") != entry:
-            self.ensure_key_in_metadata(user, public)
-            if record:
-                self._write_cache({**record, "key": entry})
-        settings = SshSettings(
+        return SshSettings(
             user=user,
-            key_file=key_file,
+            key_file=ssh.key_file.expanduser(),
             port=ssh.port,
             connect_attempts=ssh.connect_attempts,
             retry_delay_s=ssh.retry_delay_s,
         )
-        return SshFleet(cluster.workers, settings)
+
+    def prepare(self, cluster: Cluster) -> None:
+        """Make this machine able to log in: the key pair exists and (without OS Login) its public half is in the
+        node's metadata, as gcloud does it; remembered with the cluster, so it costs an API call once per node."""
+        from tpuft.providers.ssh_keys import ensure_key
+
+        settings = self.ssh_settings()
+        public = ensure_key(settings.key_file, settings.user)
+        entry = f"{settings.user}:{public.strip()}"
+        record = self._read_cache() or {}
+        if not self.config.ssh.os_login and record.get("key") != entry:
+            self.ensure_key_in_metadata(settings.user, public)
+            if record:
+                self._write_cache({**record, "key": entry})
+
+    def fleet(self, cluster: Cluster) -> SshFleet:
+        from tpuft.fleet.ssh import SshFleet
+
+        return SshFleet(cluster.workers, self.ssh_settings())
 
     def ensure_key_in_metadata(self, user: str, public_key: str) -> bool:
         """Like gcloud: the key must be in the node's ``ssh-keys`` metadata; add it (mask: metadata) if it is not."""

@@ -16,7 +16,7 @@ from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.fleet.local import LocalFleet
 from tpuft.paths import tpuft_home, venv_cache
-from tpuft.providers.base import Cluster, Progress, State, Worker
+from tpuft.records import Cluster, Progress, State, Worker
 
 _MARKER = "cluster.json"
 
@@ -117,6 +117,9 @@ class LocalProvider:
             progress(f"removing {self._state_dir}")
         shutil.rmtree(self._state_dir)
         return True
+
+    def prepare(self, cluster: Cluster) -> None:
+        """Local workers need no keys or addresses: nothing to do."""
 
     def fleet(self, cluster: Cluster) -> LocalFleet:
         return LocalFleet(cluster.workers)
