@@ -117,7 +117,7 @@ def test_write_read_exists_list(store: Storage) -> None:
 
 
 def test_upload_file(store: Storage, tmp_path: Path) -> None:
-    """One file at a time: how a worker mirrors its run dir (tpuft/worker/sync.py)."""
+    """One file at a time: how a worker mirrors its run dir (tpuft/storage/sync.py)."""
     local = tmp_path / "metrics.jsonl"
     local.write_text('{"step": 1}\n')
     store.upload_file(local, "runs/r/metrics.jsonl")

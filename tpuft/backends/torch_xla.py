@@ -19,7 +19,7 @@ _COMMON = (
     "numpy>=1.26",
     "pydantic>=2.6",
     "pyyaml>=6",
-    "google-cloud-storage>=2.14",  # a run dir in a bucket is mirrored from the worker (tpuft/worker/sync.py)
+    "google-cloud-storage>=2.14",  # a run dir in a bucket is mirrored from the worker (tpuft/storage/sync.py)
 )
 
 

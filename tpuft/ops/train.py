@@ -20,7 +20,7 @@ from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
 from tpuft.records import Worker
 from tpuft.monitor import mirror_small_files
 from tpuft.storage import open_storage
-from tpuft.worker.sync import RunDirSync
+from tpuft.storage.sync import RunDirSync
 
 COORDINATOR_PORT = 8476
 

@@ -1,7 +1,7 @@
 """``python -m tpuft.worker``: load the resolved recipe from the run dir and hand over to the backend's trainer.
 
 When the run dir is remote (gs://), the worker fetches the recipe into a local staging folder, trains there, and a
-background thread mirrors what it writes back to the bucket (tpuft/worker/sync.py), once more at the very end.
+background thread mirrors what it writes back to the bucket (tpuft/storage/sync.py), once more at the very end.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tpuft.worker.context import WorkerContext, pin_cpus
 def _stage(ctx: WorkerContext):  # type: ignore[no-untyped-def]
     """For a gs:// run dir: fetch the recipe into local staging and start mirroring back. Returns the syncer."""
     from tpuft.storage import open_storage
-    from tpuft.worker.sync import RunDirSync
+    from tpuft.storage.sync import RunDirSync
 
     storage = open_storage(ctx.run_url)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)

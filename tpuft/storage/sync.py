@@ -1,4 +1,4 @@
-"""Mirror a worker's local run directory to remote run storage (gs://) while it trains.
+"""Mirror a growing local run directory to run storage, while it grows and once more at the end.
 
 Objects in a bucket cannot be appended to, so a worker writes its run files (metrics, heartbeats, TensorBoard
 events, checkpoints, export) to a local staging folder, and this thread uploads what changed every few seconds and
