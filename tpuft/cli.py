@@ -422,7 +422,8 @@ def monitor(
     Example: tpuft monitor --plot curves.png
     """
     from tpuft.errors import UsageError
-    from tpuft.monitor import local_view, read_run_metrics, resolve_run, watch
+    from tpuft.monitor import watch
+    from tpuft.runs import read_run_metrics, resolve_run
 
     if interval <= 0:
         raise UsageError(f"--interval {interval}: must be positive")
@@ -431,9 +432,8 @@ def monitor(
     if plot is not None:
         from tpuft.plot import plot_curves
 
-        log, _ = read_run_metrics(local_view(run))
-        name = str(run).rstrip("/").rsplit("/", 1)[-1]
-        written = plot_curves(log, plot, title=name)
+        log, _ = read_run_metrics(run.local_view())
+        written = plot_curves(log, plot, title=run.id)
         _console().print(f"[green]wrote {written}[/green]: {len(log.train_rows)} training and {len(log.eval_rows)} eval points")
         return
     snap = watch(cfg, run)
@@ -513,9 +513,9 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
 
     from rich.table import Table
 
-    from tpuft.monitor import list_runs
+    from tpuft.runs import list_runs
 
-    found = list_runs(_load_cluster(config))
+    found = [run.snapshot() for run in list_runs(_load_cluster(config))]
     if json_out:
         print(json.dumps([r.as_json() | {"started": r.info.get("started")} for r in found], indent=2))
         return
@@ -576,16 +576,15 @@ def pull(
 
     Example: tpuft pull latest ./my-run --checkpoints best
     """
-    from tpuft.monitor import resolve_run
     from tpuft.ops.pull import pull as pull_op
+    from tpuft.runs import resolve_run
 
     cfg = _load_cluster(config)
     run = resolve_run(cfg, run_id)
-    name = str(run).rstrip("/").rsplit("/", 1)[-1]
-    target = dest if dest is not None else Path(name)
+    target = dest if dest is not None else Path(run.id)
     console = _console()
-    with _byte_progress(console, f"pulling {name}", enabled=not json_out) as progress:
-        result = pull_op(run, target, checkpoints=checkpoints, workers=workers, progress=progress, project=cfg.gcp.project)
+    with _byte_progress(console, f"pulling {run.id}", enabled=not json_out) as progress:
+        result = pull_op(run.url, target, checkpoints=checkpoints, workers=workers, progress=progress, project=cfg.gcp.project)
     if json_out:
         print(json.dumps(result.as_json(), indent=2))
         return
@@ -612,10 +611,10 @@ def tensorboard(
     """
     import time
 
-    from tpuft.monitor import resolve_run
     from tpuft.ops.tensorboard import free_port, start_tensorboard
+    from tpuft.runs import resolve_run
 
-    run = resolve_run(_load_cluster(config), run_id)
+    run = resolve_run(_load_cluster(config), run_id).url
     console = _console()
     if port and not _port_is_free(host, port):
         console.print(f"[yellow]port {port} is taken; using a free one[/yellow]")

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from tpuft import rundir
-from tpuft.monitor import snapshot
+from tpuft.runs import snapshot
 
 
 def make_run(root: Path, *, beats: dict[int, float], lines: list[str]) -> Path:

@@ -376,7 +376,7 @@ def test_tensorboard_on_a_bucket_run_mirrors_and_resyncs(tmp_path: Path, gcs: Gc
     bucket.upload_tree(t5x_tb(tmp_path / "tb"), f"runs/{run_id}/tb")
     handle = start_tensorboard(f"gs://{BUCKET}/runs/{run_id}/", sync_interval_s=0.3)
     try:
-        assert handle.logdir == tpuft_home() / "cache" / "tb" / run_id
+        assert handle.logdir == tpuft_home() / "runs" / BUCKET / "runs" / run_id / "tb"  # the run's one mirror
         assert runs_listed(handle.url, ["train", "training_eval/mytask"]) == ["train", "training_eval/mytask"]
         # the run goes on: a new eval task appears in the bucket and reaches the mirror on a later sync
         new = write_events(tmp_path / "later" / "training_eval" / "othertask", [(400, {"loss": 0.5})])

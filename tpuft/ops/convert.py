@@ -87,9 +87,9 @@ def convert(
     if run_id is not None:
         if config is None:
             raise UsageError("--run needs a cluster file to find the run's storage")
-        from tpuft.monitor import resolve_run
+        from tpuft.runs import resolve_run
 
-        run_dir = str(resolve_run(config, run_id))
+        run_dir = resolve_run(config, run_id).url
         checkpoint = f"{run_dir}/{rundir.CHECKPOINTS_DIR}"
         if out is None:
             out = f"{run_dir}/{rundir.EXPORT_HF}"

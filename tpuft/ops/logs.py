@@ -10,7 +10,6 @@ every log has been read to its end.
 from __future__ import annotations
 
 import heapq
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -19,8 +18,12 @@ from pathlib import Path
 from tpuft import rundir
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
-from tpuft.storage import GcsStorage, LocalStorage, open_storage
+from tpuft.runs import resolve_run
+from tpuft.storage import Storage, open_storage
 
+LIVE_MARKER = ".live"
+"""In a bucket run's mirror, ``logs/.live`` says that ``tpuft train`` on this machine writes (or wrote) the logs there,
+as they arrived: more than the bucket has until the next upload."""
 LOCAL_POLL_SECONDS = 0.5
 BUCKET_POLL_SECONDS = 5.0
 
@@ -80,42 +83,34 @@ class RunLogs:
 
 
 def open_run_logs(config: ClusterConfig, run_id: str | None, worker: int | None = None) -> RunLogs:
-    from tpuft.monitor import resolve_run
-
     run = resolve_run(config, run_id)
-    name = str(run).rstrip("/").rsplit("/", 1)[-1]
-    info_store = open_storage(str(run))
 
     def is_running() -> bool:
-        text = info_store.read_text(rundir.RUN_INFO)
-        try:
-            return bool(text) and json.loads(text).get("status") == "running"
-        except json.JSONDecodeError:
-            return True  # being rewritten: look again next poll
+        return run.info().get("status", "running") == "running"  # {} while run.json is rewritten: look again
 
-    live = _controller_copy(config, name) if str(run).startswith("gs://") else Path(run) / rundir.LOGS_DIR
-    if live is not None and live.is_dir():
+    # A bucket run trained from this machine has its live logs in the run's mirror (tpuft train writes them there).
+    live = run.mirror / rundir.LOGS_DIR
+    if live.is_dir() and (not run.remote or _written_here(live)):
         sources = {w: LogSource(w, _file_reader(path)) for w, path in _worker_files(live)}
         where, poll = str(live), LOCAL_POLL_SECONDS
     else:
-        store = open_storage(f"{run}/{rundir.LOGS_DIR}")
+        store = open_storage(f"{run.url}/{rundir.LOGS_DIR}", project=run.project)
         found = sorted((int(m.group(1)), rel) for rel in store.list("") for m in [rundir.LOG_NAME.match(rel)] if m)
         sources = {w: LogSource(w, _object_reader(store, rel)) for w, rel in found}
-        where, poll = f"{run}/{rundir.LOGS_DIR}", BUCKET_POLL_SECONDS
+        where, poll = f"{run.url}/{rundir.LOGS_DIR}", BUCKET_POLL_SECONDS
     if worker is not None:
         if worker not in sources:
             have = ", ".join(str(w) for w in sorted(sources)) or "none yet"
-            raise UsageError(f"run {name}: no log for worker {worker} (workers with logs: {have})")
+            raise UsageError(f"run {run.id}: no log for worker {worker} (workers with logs: {have})")
         sources = {worker: sources[worker]}
     folder = Path(where) if worker is None and poll == LOCAL_POLL_SECONDS else None
-    return RunLogs(name, run, sources, is_running, poll, where, folder)
+    return RunLogs(run.id, run.url, sources, is_running, poll, where, folder)
 
 
-def _controller_copy(config: ClusterConfig, run_id: str) -> Path | None:
-    """The live log folder ``tpuft train`` writes on this machine for a bucket run (None if it ran elsewhere)."""
-    from tpuft.providers import get_provider
-
-    return get_provider(config).state_dir() / "runs" / run_id / rundir.LOGS_DIR
+def _written_here(logs: Path) -> bool:
+    """Whether ``tpuft train`` ran on this machine (its live copy is marked); a mirror that monitor refreshed from the
+    bucket is not live and would miss what the bucket has not got yet, so it is not followed."""
+    return (logs / LIVE_MARKER).is_file()
 
 
 def _worker_files(folder: Path) -> list[tuple[int, Path]]:
@@ -134,7 +129,7 @@ def _file_reader(path: Path) -> Callable[[int], bytes]:
     return read
 
 
-def _object_reader(store: LocalStorage | GcsStorage, relpath: str) -> Callable[[int], bytes]:
+def _object_reader(store: Storage, relpath: str) -> Callable[[int], bytes]:
     def read(offset: int) -> bytes:
         return store.read_bytes(relpath, start=offset) or b""
 

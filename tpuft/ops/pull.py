@@ -88,7 +88,7 @@ def pull(
     progress: Callable[[int, int], None] | None = None,
     project: str | None = None,
 ) -> PullResult:
-    """Copy the run dir ``run`` (a local path or ``gs://`` URL, as ``monitor.resolve_run`` gives) into ``dest``.
+    """Copy the run dir ``run`` (a local path or ``gs://`` URL: a :class:`~tpuft.runs.Run`'s url) into ``dest``.
 
     ``checkpoints``: ``latest`` (highest step), ``best`` (best eval metric in metrics.jsonl), ``all`` or ``none``.
     ``progress(bytes_done, bytes_total)`` is called once the files are listed, then as bytes land (from worker
@@ -149,7 +149,7 @@ def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, An
 
 
 def _best(steps: list[int], eval_rows: list[dict[str, Any]]) -> tuple[list[int], list[str]]:
-    from tpuft.monitor import best_eval_metric, best_eval_row
+    from tpuft.runs import best_eval_metric, best_eval_row
 
     ranked = best_eval_metric(best_eval_row(eval_rows))
     if ranked is None:

@@ -1,7 +1,7 @@
 """tensorboard: serve a run's TensorBoard events on this machine, for a local run dir or a ``gs://`` one.
 
 TensorBoard runs as a child process (``python -m tensorboard.main``) so that the CLI imports none of it. A bucket
-run's ``tb/`` is mirrored into ``$TPUFT_HOME/cache/tb/<run_id>`` (only new or changed files move, see
+run's ``tb/`` is mirrored into the run's local mirror (``tpuft.runs.Run.mirror``; only new or changed files move, see
 ``storage.download_tree``) and re-synced every 30 s on a daemon thread while TensorBoard runs. The mirror replaces a
 grown event file by renaming a complete copy over it. TensorBoard without TensorFlow re-opens files by name and sees
 that anyway, but with TensorFlow installed (a T5X backend venv's TensorBoard) it keeps reading the old, unlinked file,
@@ -98,9 +98,11 @@ def start_tensorboard(
     remote = str(run).startswith("gs://")
     store: Any = None
     if remote:
-        run_url = str(run).rstrip("/")
-        logdir = tpuft_home() / "cache" / "tb" / run_url.rsplit("/", 1)[-1]
-        store = open_storage(run_url)
+        from tpuft.runs import Run
+
+        mirrored = Run.from_url(run)
+        logdir = mirrored.mirror / rundir.TB_DIR  # the run's one local mirror, shared with monitor and train
+        store = open_storage(mirrored.url)
         store.download_tree(rundir.TB_DIR, logdir)
     else:
         logdir = local_logdir(Path(run).expanduser())

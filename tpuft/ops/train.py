@@ -18,7 +18,8 @@ from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure,
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
 from tpuft.records import Worker
-from tpuft.monitor import mirror_small_files
+from tpuft.ops.logs import LIVE_MARKER
+from tpuft.runs import Run
 from tpuft.storage import open_storage
 from tpuft.storage.sync import RunDirSync
 
@@ -28,12 +29,13 @@ COORDINATOR_PORT = 8476
 @dataclass
 class TrainResult:
     run_id: str
-    run_dir: Path
+    run_dir: str
+    """A folder or a gs:// URL."""
     seconds: float
     workers: int
     last_train: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
-    export_dir: Path | None = None
+    export_dir: str | None = None
     weight_digests: dict[int, str] = field(default_factory=dict)
 
 
@@ -75,16 +77,14 @@ def train(
     package = ship_package(session)
     python = _require_venv(session, package, recipe.value)
 
-    storage = open_storage(session.cluster.bucket)
     run_id = rundir.new_run_id(recipe.value.name)
-    run_url = str(storage.run_dir(run_id))
-    run_store = open_storage(run_url)
-    remote_storage = run_url.startswith("gs://")
-    # What the controller keeps: the run dir itself (local), or a mirror of its small files (gs://).
-    mirror = session.provider.state_dir() / "runs" / run_id if remote_storage else Path(run_url)
-    (mirror / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    run = Run(run_id, str(open_storage(session.cluster.bucket).run_dir(run_id)), config.gcp.project)
+    live_logs = run.mirror / rundir.LOGS_DIR  # a bucket run's worker logs land here first, as they arrive
+    live_logs.mkdir(parents=True, exist_ok=True)
+    if run.remote:
+        (live_logs / LIVE_MARKER).touch()
     resolved = _ship_data(session, recipe.value, run_id) if _remote_fleet(session) else recipe.value
-    run_store.write_text(rundir.RECIPE, dump_recipe(resolved))
+    run.storage.write_text(rundir.RECIPE, dump_recipe(resolved))
     started = time.time()
     info = {
         "run_id": run_id,
@@ -99,34 +99,27 @@ def train(
         "started": started,
         "status": "running",
     }
-    run_store.write_text(rundir.RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
+    run.storage.write_text(rundir.RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
     if on_start is not None:
-        on_start(run_id, run_url)
+        on_start(run_id, run.url)
 
     try:
-        result = _launch(session, config, recipe.value, package, python, run_id, run_url, mirror, remote_storage, on_line)
+        result = _launch(session, config, recipe.value, package, python, run, on_line)
     except BaseException as exc:  # nothing ran to the end: the run must not say `running` forever
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         final = {**info, "status": status, "ended": time.time(), "cause": cause[:2000]}
-        run_store.write_text(rundir.RUN_INFO, json.dumps(final, indent=2, sort_keys=True))
+        run.storage.write_text(rundir.RUN_INFO, json.dumps(final, indent=2, sort_keys=True))
         raise
     seconds = time.time() - started
     status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
     final_info = {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)}
-    run_store.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
-    if remote_storage:
-        mirror_small_files(run_store, mirror)
+    run.storage.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
     try:
         raise_on_failure(result, f"training run {run_id}")
     except WorkerFailure as failure:
-        raise WorkerFailure(f"{failure.message}\nrun dir: {run_url}") from None
-    summary = summarize(run_id, mirror, seconds, len(result.results))
-    if remote_storage:
-        summary.run_dir = run_url  # type: ignore[assignment]
-        exported = run_store.exists(f"{rundir.EXPORT_HF}/config.json")
-        summary.export_dir = f"{run_url}/{rundir.EXPORT_HF}" if exported else None  # type: ignore[assignment]
-    return summary
+        raise WorkerFailure(f"{failure.message}\nrun dir: {run.url}") from None
+    return summarize(run, seconds, len(result.results))
 
 
 def _launch(
@@ -135,10 +128,7 @@ def _launch(
     recipe: RecipeConfig,
     package: str,
     python: str,
-    run_id: str,
-    run_url: str,
-    mirror: Path,
-    remote_storage: bool,
+    run: Run,
     on_line: LineSink | None,
 ) -> FleetResult:
     """Start the trainer on the backend's workers and supervise it until every one has ended."""
@@ -148,8 +138,8 @@ def _launch(
     coordinator = f"{coordinator_host}:{_free_port(coordinator_host)}"
     common_env = {
         **config.worker_env,
-        "TPUFT_RUN_ID": run_id,
-        "TPUFT_RUN_DIR": run_url,
+        "TPUFT_RUN_ID": run.id,
+        "TPUFT_RUN_DIR": run.url,
         "TPUFT_NUM_WORKERS": str(len(workers)),
         "TPUFT_COORDINATOR": coordinator.replace("localhost", "127.0.0.1"),
         **backend.worker_env(target_of(session)),
@@ -166,13 +156,14 @@ def _launch(
     launch = backend.launch_workers(len(workers))
     # Worker output streams to this process over SSH; a bucket run gets the logs every 15 s too, so that
     # `tpuft logs -f` and `tpuft monitor` on another machine see them while the run trains.
-    log_sync = RunDirSync(mirror / rundir.LOGS_DIR, open_storage(f"{run_url}/{rundir.LOGS_DIR}")).start() if remote_storage else None
+    logs = run.mirror / rundir.LOGS_DIR
+    log_sync = RunDirSync(logs, open_storage(f"{run.url}/{rundir.LOGS_DIR}", project=run.project)).start() if run.remote else None
     try:
         return session.fleet.run(
             [python, "-m", "tpuft.worker"],
             env=env_for,
             workers=launch,
-            log_dir=mirror / rundir.LOGS_DIR,
+            log_dir=logs,
             on_line=on_line,
             log_timestamps=True,
         )
@@ -200,22 +191,17 @@ def _ship_data(session: Session, recipe: RecipeConfig, run_id: str) -> RecipeCon
     return recipe.model_copy(update={"data": recipe.data.model_copy(update=updates)})
 
 
-def summarize(run_id: str, run_dir: Path, seconds: float, workers: int) -> TrainResult:
-    metrics = rundir.read_metrics(run_dir)
-    train_rows, eval_rows = metrics.train_rows, metrics.eval_rows
-    digests = {}
-    for index in range(workers):
-        beat = rundir.read_json(rundir.heartbeat_path(run_dir, index)) or {}
-        if beat.get("params_sha256"):
-            digests[index] = beat["params_sha256"]
-    export = run_dir / rundir.EXPORT_HF
+def summarize(run: Run, seconds: float, launched: int) -> TrainResult:
+    """What ``train`` reports, from the run's own snapshot (the same reading ``monitor`` shows)."""
+    snap = run.snapshot()
+    exported = run.storage.exists(f"{rundir.EXPORT_HF}/config.json")
     return TrainResult(
-        run_id=run_id,
-        run_dir=run_dir,
+        run_id=run.id,
+        run_dir=run.url,
         seconds=seconds,
-        workers=workers,
-        last_train=train_rows[-1] if train_rows else {},
-        last_eval=eval_rows[-1] if eval_rows else {},
-        export_dir=export if export.is_dir() else None,
-        weight_digests=digests,
+        workers=launched,
+        last_train=snap.last_train,
+        last_eval=snap.last_eval,
+        export_dir=f"{run.url}/{rundir.EXPORT_HF}" if exported else None,
+        weight_digests={w.index: w.digest for w in snap.workers if w.digest},
     )
