@@ -47,22 +47,30 @@ def test_worker_does_not_import_the_cli_side() -> None:
     assert out == ""
 
 
-def test_fast_help_matches_the_app() -> None:
-    """The launcher answers `tpuft --help` without Typer; its table must be the app's commands, panels and summaries."""
+def test_one_command_table_for_the_app_and_the_fast_help() -> None:
+    """The app's verbs are the table's (no command missing from the launcher's help, none the app lacks), with the
+    table's panels and help; the launcher's help is built from the same table, without Typer."""
     from typer.main import get_command
 
     from tpuft.cli import app
-    from tpuft.launcher import COMMANDS, top_level_help
+    from tpuft.commands import RECIPE_VERBS, VERBS, top_level_help
 
     group = get_command(app)
-    listed = {name: (panel, summary) for panel, commands in COMMANDS for name, summary in commands}
-    assert sorted(listed) == sorted(group.commands)
-    for name, command in group.commands.items():
-        panel, summary = listed[name]
-        assert command.rich_help_panel == panel, name
-        doc = (command.help or "").strip().splitlines()[0]
-        assert doc == summary, name
-    assert "tpuft up quickstart" in top_level_help(color=False)
+    assert sorted(v.name for v in VERBS) == sorted(group.commands)
+    for spec in VERBS:
+        command = group.commands[spec.name]
+        assert command.rich_help_panel == spec.panel or spec.name == "recipes", spec.name
+        assert (command.help or "").strip() == (spec.help if spec.name != "recipes" else spec.summary)
+    recipes = group.commands["recipes"]
+    assert sorted(recipes.commands) == sorted(v.name for v in RECIPE_VERBS)  # type: ignore[attr-defined]
+    text = top_level_help(color=False)
+    assert "tpuft up quickstart" in text and all(f"  {v.name}" in text for v in VERBS)
+
+
+def test_the_cli_and_the_launcher_import_each_other_one_way() -> None:
+    code = "import sys, tpuft.cli; print('tpuft.launcher' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
 
 
 def test_fast_help_and_version_skip_typer() -> None:

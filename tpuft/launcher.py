@@ -1,9 +1,9 @@
-"""The ``tpuft`` entry point. Top-level ``--help``/``--version`` are answered from the table below without importing
-Typer and Rich (they cost ~10x Python's own start-up), and so is the common shape of ``tpuft exec`` (people run it
-in loops and scripts); everything else goes to the Typer app in ``tpuft.cli``.
+"""The ``tpuft`` entry point. Top-level ``--help``/``--version`` are answered from the command table
+(:mod:`tpuft.commands`, which the Typer app reads too) without importing Typer and Rich (they cost ~10x Python's own
+start-up), and so is the common shape of ``tpuft exec`` (people run it in loops and scripts); everything else goes
+to the Typer app in :mod:`tpuft.cli`.
 
-``tests/test_cli.py`` checks that this table matches the app's commands, panels and docstrings, and that both ways
-of running ``exec`` print the same thing.
+``tests/test_cli.py`` checks that both ways of running ``exec`` print the same thing.
 """
 
 from __future__ import annotations
@@ -13,56 +13,7 @@ import sys
 import threading
 
 from tpuft import __version__
-
-SUMMARY = "T5-family fine-tuning on Cloud TPU VMs, end to end: create, setup, train, monitor, convert."
-QUICKSTART = "Quick start on this machine (a local CPU 'pod' of 2 workers): tpuft up quickstart"
-
-COMMANDS: list[tuple[str, list[tuple[str, str]]]] = [
-    (
-        "Cluster",
-        [
-            ("create", "Create the cluster (TPU VM / pod slice, or local worker folders) and its bucket. Safe to run twice."),
-            ("status", "Show the cluster's state and its workers."),
-            ("delete", "Delete the cluster's workers. Runs in the bucket are kept."),
-            ("exec", "Run a command on every worker (or some) in parallel, with prefixed output."),
-            ("ssh", "Open an interactive shell on one worker (SSH on GCP; the worker's folder locally)."),
-        ],
-    ),
-    (
-        "Training",
-        [
-            ("setup", "Install the recipe's backend environment on every worker, in parallel (cached: the second time takes seconds)."),
-            ("train", "Launch the recipe on every worker, stream their logs, stop all of them if one fails."),
-            ("up", "Create, set up, train, summarize and export in one go."),
-        ],
-    ),
-    (
-        "Results",
-        [
-            ("monitor", "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log tails."),
-            ("runs", "List the runs in the cluster's bucket (or local folder): recipe, backend, status, steps, best eval, start."),
-            ("logs", "Print a run's worker logs; -f follows them live while it trains."),
-            ("pull", "Copy a run home: recipe, metrics, logs, TensorBoard events, the chosen checkpoints and the HF export."),
-            ("tensorboard", "Serve a run's TensorBoard events (from its folder, or mirrored from the bucket every 30 s) until Ctrl-C."),
-            ("convert", "Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer)."),
-        ],
-    ),
-    ("Recipes", [("recipes", "List, show, copy and validate recipes.")]),
-]
-
-
-def top_level_help(color: bool) -> str:
-    bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
-    width = max(len(name) for _, commands in COMMANDS for name, _ in commands)
-    lines = [f"{bold('Usage:')} tpuft [OPTIONS] COMMAND [ARGS]...", "", f" {SUMMARY}", "", f" {QUICKSTART}", ""]
-    lines += [bold("Options:"), "  --version   Print the version and exit.", "  -h, --help  Show this message and exit.", ""]
-    for panel, commands in COMMANDS:
-        lines.append(bold(f"{panel}:"))
-        lines += [f"  {name.ljust(width)}  {summary}" for name, summary in commands]
-        lines.append("")
-    lines.append("Run 'tpuft COMMAND --help' for a command's options and an example.")
-    return "\n".join(lines)
-
+from tpuft.commands import top_level_help
 
 _EXEC_OPTIONS = {"-c": "config", "--config": "config", "-w": "worker", "--worker": "worker"}
 _COLOURS = ("36", "35", "32", "33", "34", "31", "96", "95")  # the CLI's cyan, magenta, green, ... as ANSI codes

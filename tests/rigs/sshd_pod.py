@@ -32,20 +32,12 @@ def worker_address(index: int) -> str:
 
 def _free_port(addresses: list[str]) -> int:
     """A port that is free on every address (the pod shares one port like real hosts share 22)."""
+    from tpuft.ports import free_port, port_is_free
+
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((addresses[0], 0))
-            port = probe.getsockname()[1]
-        ok = True
-        for address in addresses[1:]:
-            with socket.socket() as other:
-                try:
-                    other.bind((address, port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return int(port)
+        port = free_port(addresses[0])
+        if all(port_is_free(address, port) for address in addresses[1:]):
+            return port
     raise RuntimeError("no port free on every worker address")
 
 

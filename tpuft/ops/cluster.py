@@ -10,8 +10,7 @@ from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.providers import get_provider
-from tpuft.records import Cluster
-from tpuft.records import Progress
+from tpuft.records import Cluster, Progress, State
 from tpuft.ops.common import Session, open_session
 
 
@@ -41,6 +40,14 @@ class CostEstimate:
             f"{accelerator} x {self.slices} slice(s) = {self.chips} chips: about ${self.per_hour:,.2f} per hour "
             f"({kind}; an estimate)"
         )
+
+
+def cost_to_confirm(config: ClusterConfig) -> CostEstimate | None:
+    """What a user must agree to before ``create`` spends money: the estimate for a cloud cluster that does not exist
+    yet; None for the local provider or a cluster that is reused as it is."""
+    if config.provider == "local" or status(config).state != State.NOT_FOUND:
+        return None
+    return cost_estimate(config)
 
 
 def cost_estimate(config: ClusterConfig) -> CostEstimate:

@@ -28,6 +28,7 @@ from typing import Any
 from tpuft import rundir
 from tpuft.errors import TpuftError, UsageError
 from tpuft.paths import tpuft_home, venv_cache
+from tpuft.ports import free_port
 from tpuft.storage import open_storage
 
 SYNC_SECONDS = 30.0
@@ -149,15 +150,6 @@ def tensorboard_command() -> list[str]:
     if found:
         return [str(max(found, key=lambda p: (p.stat().st_mtime, p.as_posix())))]
     raise UsageError(f"TensorBoard is not installed in {sys.executable}'s environment nor in a backend venv", hint=INSTALL_HINT)
-
-
-def free_port(host: str) -> int:
-    """A port the kernel says is free on ``host`` now (TensorBoard binds it a moment later; a clash shows as an
-    exit with "address already in use" in its output)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def _url(host: str, port: int) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from tpuft.errors import UsageError, WorkerFailure
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
 from tpuft.ops.preflight import check_against_cluster, preflight
+from tpuft.ports import free_port
 from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
 from tpuft.records import Worker
 from tpuft.ops.logs import LIVE_MARKER
@@ -39,12 +39,10 @@ class TrainResult:
     weight_digests: dict[int, str] = field(default_factory=dict)
 
 
-def _free_port(host: str) -> int:
-    if host not in {"localhost", "127.0.0.1"}:
-        return COORDINATOR_PORT
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _coordinator_port(host: str) -> int:
+    """Worker 0's rendezvous port: a free one when the workers share this machine (a local pod, a loopback rig),
+    the fixed one on real hosts (nothing else listens there)."""
+    return free_port() if host in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
 
 
 def _require_venv(session: Session, package: str, recipe: RecipeConfig) -> str:
@@ -135,7 +133,7 @@ def _launch(
     workers = session.cluster.workers
     backend = get_backend(recipe.backend.kind)
     coordinator_host = workers[0].internal_address or workers[0].address
-    coordinator = f"{coordinator_host}:{_free_port(coordinator_host)}"
+    coordinator = f"{coordinator_host}:{_coordinator_port(coordinator_host)}"
     common_env = {
         **config.worker_env,
         "TPUFT_RUN_ID": run.id,

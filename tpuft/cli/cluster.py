@@ -1,0 +1,142 @@
+"""The Cluster panel: create, status, delete, exec, ssh."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from tpuft.cli.app import command
+from tpuft.cli.options import ConfigOpt, JsonOpt, YesOpt, load_cluster_file
+from tpuft.cli.render import cluster_json, err_console, line_printer, out_console
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tpuft.config import ClusterConfig
+    from tpuft.ops.cluster import CostEstimate
+
+
+def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[CostEstimate], None]:
+    """How this terminal agrees to a new cloud cluster's cost: show the estimate and ask, or require --yes when
+    nobody can answer (a script, CI)."""
+
+    def confirm(estimate: CostEstimate) -> None:
+        from tpuft.errors import UsageError
+
+        console.print(estimate.describe(cfg.accelerator, cfg.gcp.spot), soft_wrap=True)
+        if yes:
+            return
+        if not sys.stdin.isatty():
+            raise UsageError(f"creating {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone} costs money: pass --yes to confirm")
+        typer.confirm(f"Create {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone}?", abort=True)
+
+    return confirm
+
+
+@command("create")
+def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = False) -> None:
+    from tpuft.ops.cluster import cost_to_confirm
+    from tpuft.ops.cluster import create as create_op
+
+    cfg = load_cluster_file(config)
+    console = err_console() if json_out else out_console()
+    estimate = cost_to_confirm(cfg)
+    if estimate is not None:
+        confirm_cost(cfg, yes, console)(estimate)
+    with console.status(f"creating {cfg.name} ({cfg.provider}, {cfg.accelerator})...") as spinner:
+        result = create_op(cfg, progress=lambda msg: spinner.update(msg))
+    if json_out:
+        print(json.dumps(cluster_json(result.cluster) | {"created": result.created}, indent=2))
+        return
+    verb = "created" if result.created else "already exists, reused"
+    acc = result.accelerator
+    price = f", list price ~${acc.price_per_hour:.2f}/h on GCP" if acc.price_per_hour else ""
+    console.print(
+        f"[green]cluster {cfg.name} {verb}[/green]: {len(result.cluster.workers)} worker(s); "
+        f"{acc.name} = {acc.chips} chips on {acc.hosts} host(s){price}"
+    )
+    console.print(f"run storage: {result.cluster.bucket}")
+    if result.cluster.details.get("bucket_warning"):
+        console.print(f"[yellow]warning:[/yellow] {result.cluster.details['bucket_warning']}", soft_wrap=True)
+
+
+@command("status")
+def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    from rich.table import Table
+
+    from tpuft.ops.cluster import status as status_op
+
+    cfg = load_cluster_file(config)
+    cluster = status_op(cfg)
+    if json_out:
+        print(json.dumps(cluster_json(cluster), indent=2))
+        return
+    console = out_console()
+    colour = "green" if cluster.ready else "yellow" if cluster.state == "NOT_FOUND" else "red"
+    console.print(f"cluster [bold]{cluster.name}[/bold] ({cluster.provider}, {cluster.accelerator}): [{colour}]{cluster.state}[/{colour}]")
+    for key, value in cluster.details.items():
+        console.print(f"  {key}: {value}")
+    console.print(f"  run storage: {cluster.bucket}")
+    if cluster.workers:
+        table = Table("worker", "address", "internal address", "home", "cpus")
+        for w in cluster.workers:
+            cpus = ",".join(map(str, w.cpus)) or ("shared" if w.home else "own")
+            table.add_row(str(w.index), w.address, w.internal_address or "-", str(w.home or "-"), cpus)
+        console.print(table)
+
+
+@command("delete")
+def delete(config: ConfigOpt = None, yes: YesOpt = False) -> None:
+    from tpuft.ops.cluster import delete as delete_op
+    from tpuft.ops.cluster import status as status_op
+
+    cfg = load_cluster_file(config)
+    cluster = status_op(cfg)
+    console = out_console()
+    if cluster.state == "NOT_FOUND":
+        console.print(f"cluster {cfg.name} does not exist; nothing to delete")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            err_console().print("refusing to delete without confirmation: pass --yes")
+            raise typer.Exit(2)
+        typer.confirm(f"Delete cluster {cfg.name} ({len(cluster.workers)} workers)?", abort=True)
+    delete_op(cfg)
+    console.print(f"[green]deleted cluster {cfg.name}[/green]; runs kept in {cluster.bucket}")
+
+
+@command("exec", context_settings={"allow_extra_args": True})
+def exec_(
+    command: Annotated[list[str], typer.Argument(help="Command to run; one quoted argument is a shell line.")],
+    worker: Annotated[Optional[str], typer.Option("--worker", "-w", help="Workers to run on, e.g. 0,2 or 1-3 (default: all).")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    from tpuft.ops.cluster import exec_command
+    from tpuft.ops.common import raise_on_failure
+
+    cfg = load_cluster_file(config)
+    result = exec_command(cfg, command, workers=worker, on_line=line_printer(out_console()))
+    raise_on_failure(result, "the command")
+
+
+@command("ssh")
+def ssh(
+    worker: Annotated[int, typer.Option("--worker", "-w", help="Which worker (0 is the coordinator).")] = 0,
+    config: ConfigOpt = None,
+) -> None:
+    import os
+    import shutil
+
+    from tpuft.errors import UsageError
+    from tpuft.ops.cluster import shell_argv
+
+    argv, env, cwd = shell_argv(load_cluster_file(config), worker)
+    if shutil.which(argv[0]) is None:
+        raise UsageError(f"{argv[0]} is not installed on this machine")
+    if cwd:
+        os.chdir(cwd)
+    os.execvpe(argv[0], argv, {**os.environ, **env})

@@ -1,0 +1,51 @@
+"""Options every verb shares, and loading the two files a user writes (with the data check that ``train``, ``up`` and
+``recipes validate`` run before anything else)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+
+
+ConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option("--config", "-c", help="Cluster file (default: $TPUFT_CONFIG, ./tpuft.yaml, then the built-in local one).", show_default=False),
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", "-s", help="Override a recipe key, e.g. --set train.steps=50 (repeatable).", show_default=False),
+]
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def load_cluster_file(config: Path | None) -> ClusterConfig:
+    from tpuft.config import load_cluster
+
+    return load_cluster(config).value
+
+
+def load_recipe_file(recipe: Path, overrides: list[str] | None) -> Loaded[RecipeConfig]:
+    from tpuft.config import load_recipe
+
+    return load_recipe(recipe, overrides or [])
+
+
+def preflight_with_status(cfg: ClusterConfig, loaded: Loaded[RecipeConfig], console: Console) -> Any:
+    """The recipe against the cluster and its data read through, with a spinner that counts bytes on big files."""
+    from tpuft.ops.preflight import preflight
+
+    with console.status(f"checking the data of {loaded.value.name} ...") as spinner:
+
+        def progress(path: Path, done: int, total: int) -> None:
+            spinner.update(f"checking {path.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB")
+
+        return preflight(cfg, loaded, progress)

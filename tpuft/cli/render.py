@@ -1,0 +1,188 @@
+"""How results look in a terminal: worker lines behind coloured ``[wN]`` prefixes, numbers as people read them, the
+monitor view, the train summary, byte progress bars. Rich is imported only when something is drawn."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+WORKER_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
+
+
+def out_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def err_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def line_printer(console: Console):  # type: ignore[no-untyped-def]
+    """Worker output, one line at a time, behind a coloured ``[wN]`` prefix (called from reader threads)."""
+    from rich.markup import escape
+
+    def on_line(index: int, line: str) -> None:
+        colour = WORKER_COLOURS[index % len(WORKER_COLOURS)]
+        console.print(f"[{colour}]\\[w{index}][/{colour}] {escape(line)}", soft_wrap=True)
+
+    return on_line
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def fmt_metric(key: str, value: Any) -> str:
+    """Throughput as people read it (248.3 ex/s, 9,731 tok/s), the learning rate in scientific notation."""
+    if not isinstance(value, (int, float)):
+        return fmt(value)
+    if key == "lr":
+        return f"{value:.2e}"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    if key in {"examples_per_s", "elapsed_s"}:
+        return f"{value:,.1f}"
+    return fmt(value)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e-3 or abs(value) >= 1e5 else f"{value:.{digits}f}"
+    return str(value)
+
+
+def cluster_json(cluster: Any) -> dict[str, Any]:
+    return {
+        "name": cluster.name,
+        "provider": cluster.provider,
+        "state": cluster.state,
+        "accelerator": cluster.accelerator,
+        "bucket": cluster.bucket,
+        "workers": [
+            {"index": w.index, "address": w.address, "internal_address": w.internal_address or None, "home": str(w.home) if w.home else None}
+            for w in cluster.workers
+        ],
+        "details": cluster.details,
+    }
+
+
+def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
+    if json_out:
+        payload = {
+            "run_id": result.run_id,
+            "run_dir": str(result.run_dir),
+            "seconds": round(result.seconds, 1),
+            "last_train": result.last_train,
+            "last_eval": result.last_eval,
+            "export_dir": str(result.export_dir) if result.export_dir else None,
+            "weight_digests": result.weight_digests,
+        }
+        print(json.dumps(payload, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"run {result.run_id}", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # paths are shown whole, to be copied
+    table.add_row("wall time", fmt_seconds(result.seconds))
+    table.add_row("workers", str(result.workers))
+    table.add_row("final train loss", fmt(result.last_train.get("loss")))
+    for key in ("eval_loss", "eval_token_accuracy", "eval_exact_match"):
+        if key in result.last_eval:
+            table.add_row(key.replace("_", " "), fmt(result.last_eval[key]))
+    digests = set(result.weight_digests.values())
+    if digests:
+        same = "identical on all workers" if len(digests) == 1 and len(result.weight_digests) == result.workers else "DIFFER between workers"
+        table.add_row("weights", same)
+    table.add_row("run dir", str(result.run_dir))
+    if result.export_dir:
+        table.add_row("HF export", str(result.export_dir))
+    console.print(table)
+
+
+def snapshot_view(snap: Any) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    info = snap.info
+    colour = {"running": "green", "finished": "blue", "failed": "red", "stale": "yellow", "interrupted": "yellow"}.get(snap.status, "white")
+    node = f"  node [bold]{snap.node_state}[/bold]" if snap.node_state else ""
+    stale = f" (no heartbeat for {fmt_seconds(snap.stale_for_s)})" if snap.stale_for_s is not None else ""
+    head = Text.from_markup(
+        f"run [bold]{snap.run_id}[/bold]  recipe {info.get('recipe', '-')}  backend {info.get('backend', '-')}  "
+        f"status [bold {colour}]{snap.status}[/bold {colour}]{stale}{node}\n"
+        f"step {snap.step}/{snap.total_steps or '?'}  elapsed {fmt_seconds(snap.elapsed_s)}  ETA {fmt_seconds(snap.eta_s)}"
+    )
+    parts: list[Any] = [head]
+    if snap.total_steps:
+        done = min(snap.step, snap.total_steps) / snap.total_steps
+        parts.append(Text("█" * round(done * 50) + "░" * (50 - round(done * 50)) + f" {done:.0%}", style=colour))
+    table = Table("metric", "value", title=f"latest (from {snap.metrics_source})", title_justify="left")
+    for key in ("loss", "lr", "examples_per_s", "tokens_per_s", "elapsed_s"):
+        if key in snap.last_train:
+            table.add_row(key, fmt_metric(key, snap.last_train[key]))
+    for key, value in snap.last_eval.items():
+        if key.startswith("eval_"):
+            table.add_row(f"{key} (step {snap.last_eval.get('step')})", fmt(value))
+    best = snap.best_metric
+    if best:
+        table.add_row(f"best {best[0]}", f"{fmt(best[1])} at step {best[2]}")
+    parts.append(table)
+    workers = Table("worker", "status", "step", "loss", "lr", "ex/s", "tok/s", "heartbeat", "last log line", title="workers", title_justify="left")
+    for w in snap.workers:
+        age = f"{fmt_seconds(w.age_s)} ago" + (" [red](stale)[/red]" if w.stale else "") if w.age_s is not None else "-"
+        line = (w.last_log_line or "")[-70:]
+        workers.add_row(
+            str(w.index), w.status, fmt(w.step), fmt_metric("loss", w.loss), fmt_metric("lr", w.lr),
+            fmt_metric("examples_per_s", w.examples_per_s), fmt_metric("tokens_per_s", w.tokens_per_s), age, Text(line),
+        )
+    parts.append(workers)
+    if snap.skipped_lines:
+        parts.append(Text(f"skipped {len(snap.skipped_lines)} corrupt metrics line(s) (lines {snap.skipped_lines[:5]})", style="yellow"))
+    for note in snap.notes:
+        parts.append(Text(note, style="yellow"))
+    return Group(*parts)
+
+
+@contextmanager
+def byte_progress(console: Console, label: str, *, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich bar with bytes and rate for long copies; nothing when output is JSON."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update

@@ -1,0 +1,233 @@
+"""The Results panel: monitor, runs, logs, pull, tensorboard, convert."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from tpuft.cli.app import command
+from tpuft.cli.options import ConfigOpt, JsonOpt, load_cluster_file
+from tpuft.cli.render import byte_progress, fmt, fmt_seconds, out_console, snapshot_view
+
+
+@command("monitor")
+def monitor(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit (default: refresh until the run ends).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 5.0,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the loss and eval curves to this PNG and exit.")] = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from tpuft.errors import UsageError
+    from tpuft.monitor import watch
+    from tpuft.runs import read_run_metrics, resolve_run
+
+    if interval <= 0:
+        raise UsageError(f"--interval {interval}: must be positive")
+    cfg = load_cluster_file(config)
+    run = resolve_run(cfg, run_id)
+    if plot is not None:
+        from tpuft.plot import plot_curves
+
+        log, _ = read_run_metrics(run.local_view())
+        written = plot_curves(log, plot, title=run.id)
+        out_console().print(f"[green]wrote {written}[/green]: {len(log.train_rows)} training and {len(log.eval_rows)} eval points")
+        return
+    snap = watch(cfg, run)
+    if json_out:
+        print(json.dumps(snap.as_json(), indent=2))
+        return
+    console = out_console()
+    if once or snap.ended or not console.is_terminal:
+        console.print(snapshot_view(snap))
+        return
+    import time
+
+    from rich.live import Live
+
+    try:
+        with Live(snapshot_view(snap), console=console, refresh_per_second=2, screen=False) as live:
+            while not snap.ended:
+                time.sleep(interval)
+                snap = watch(cfg, run)
+                live.update(snapshot_view(snap))
+    except KeyboardInterrupt:
+        console.print("[dim]stopped watching; the run goes on[/dim]")
+
+
+@command("runs")
+def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    import time
+
+    from rich.table import Table
+
+    from tpuft.runs import list_runs
+
+    found = [run.snapshot() for run in list_runs(load_cluster_file(config))]
+    if json_out:
+        print(json.dumps([r.as_json() | {"started": r.info.get("started")} for r in found], indent=2))
+        return
+    table = Table("run", "recipe", "backend", "status", "steps", "best eval", "started")
+    for r in found:
+        best = r.best_metric
+        started = r.info.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "-"
+        status = r.status + (f" ({fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
+        table.add_row(r.run_id, str(r.info.get("recipe", "-")), str(r.info.get("backend", "-")), status,
+                      f"{r.step}/{r.total_steps or '?'}", f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", when)
+    console = out_console()
+    console.print(table if found else "no runs yet (start one: tpuft up quickstart)")
+
+
+@command("logs")
+def logs(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
+    worker: Annotated[Optional[int], typer.Option("--worker", "-w", help="Only this worker's log (default: all, interleaved in time order).")] = None,
+    follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")] = False,
+    timestamps: Annotated[bool, typer.Option("--timestamps", "-t", help="Show when each line arrived (UTC).")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    from tpuft.ops.logs import follow, open_run_logs, read_all
+
+    run_logs = open_run_logs(load_cluster_file(config), run_id, worker)
+    prefix = len(run_logs.sources) > 1 or worker is None
+
+    def emit(line: Any) -> None:
+        print(line.render(prefix=prefix, timestamps=timestamps), flush=True)
+
+    if not follow_:
+        for line in read_all(run_logs):
+            emit(line)
+        return
+    try:
+        follow(run_logs, emit)
+    except KeyboardInterrupt:
+        pass
+
+
+@command("pull")
+def pull(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id, a unique prefix of one, or 'latest' (the default).")] = None,
+    dest: Annotated[Optional[Path], typer.Argument(help="Where to put it (default: ./RUN_ID).")] = None,
+    checkpoints: Annotated[str, typer.Option("--checkpoints", help="Which checkpoints come along: latest, best, all or none.")] = "latest",
+    workers: Annotated[int, typer.Option("--workers", help="Parallel downloads.")] = 16,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from tpuft.ops.pull import pull as pull_op
+    from tpuft.runs import resolve_run
+
+    cfg = load_cluster_file(config)
+    run = resolve_run(cfg, run_id)
+    target = dest if dest is not None else Path(run.id)
+    console = out_console()
+    with byte_progress(console, f"pulling {run.id}", enabled=not json_out) as progress:
+        result = pull_op(run.url, target, checkpoints=checkpoints, workers=workers, progress=progress, project=cfg.gcp.project)
+    if json_out:
+        print(json.dumps(result.as_json(), indent=2))
+        return
+    steps = ", ".join(str(s) for s in result.checkpoints) or "none"
+    console.print(
+        f"[green]pulled {result.source} -> {result.dest}[/green]: {result.files_fetched} files fetched "
+        f"({result.bytes_fetched / 1e6:.1f} MB), {result.files_skipped} already there and intact; "
+        f"{result.files_total} files, {result.bytes_total / 1e6:.1f} MB in all; checkpoints: {steps}; {result.seconds:.1f} s"
+    )
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+@command("tensorboard")
+def tensorboard(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to serve on (0: a free one).")] = 6006,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (0.0.0.0 to reach it from other machines).")] = "127.0.0.1",
+    config: ConfigOpt = None,
+) -> None:
+    import time
+
+    from tpuft.ops.tensorboard import start_tensorboard
+    from tpuft.ports import free_port, port_is_free
+    from tpuft.runs import resolve_run
+
+    run = resolve_run(load_cluster_file(config), run_id).url
+    console = out_console()
+    if port and not port_is_free(host, port):
+        console.print(f"[yellow]port {port} is taken; using a free one[/yellow]")
+        port = free_port(host)
+    with console.status(f"starting TensorBoard on {run} ..."):
+        handle = start_tensorboard(run, port=port, host=host)
+    console.print(f"TensorBoard for {run}: [bold]{handle.url}[/bold]  (events: {handle.logdir}; Ctrl-C stops it)")
+    try:
+        while handle.running:
+            time.sleep(1.0)
+        console.print(f"[red]TensorBoard exited[/red]; its output: {handle.log_path}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()
+
+
+@command("convert")
+def convert(
+    checkpoint: Annotated[
+        Optional[str],
+        typer.Argument(help="T5X model dir or checkpoint_N (legacy or Orbax), a torch run/checkpoints/step_N dir, or a Keras/TF save_pretrained dir; local or gs://."),
+    ] = None,
+    out_dir: Annotated[Optional[str], typer.Argument(help="Where to write the Hugging Face model dir (local or gs://).")] = None,
+    run: Annotated[Optional[str], typer.Option("--run", help="Convert the latest checkpoint of this run (OUT_DIR: its export/hf).")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="Pick this step instead of the latest.")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 (default) or bfloat16.")] = "float32",
+    max_shard_size: Annotated[Optional[str], typer.Option("--max-shard-size", help="Split the weights into shards of at most this size (e.g. 5GB, 500MB).")] = None,
+    hf_config: Annotated[Optional[Path], typer.Option("--hf-config", help="JSON whose keys override the derived HF config.")] = None,
+    hf_set: Annotated[Optional[list[str]], typer.Option("--hf-set", help="Override one HF config key: KEY=VALUE (repeatable).")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A SentencePiece model file or an HF tokenizer dir to ship with the model.")] = None,
+    verify: Annotated[bool, typer.Option("--verify", help="Load the result with transformers, run it, compare with the source where possible.")] = False,
+    verify_python: Annotated[Optional[str], typer.Option("--verify-python", help="Python with torch + transformers for --verify (default: found).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT_DIR.")] = False,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    from tpuft.errors import UsageError
+    from tpuft.ops.convert import convert as convert_op
+    from tpuft.ops.convert import parse_overrides
+
+    if dtype not in {"float32", "bfloat16"}:
+        raise UsageError(f"--dtype {dtype!r}: expected float32 or bfloat16")
+    if run is not None and checkpoint is not None and out_dir is None:
+        checkpoint, out_dir = None, checkpoint  # `convert --run ID OUT_DIR`
+    cfg = load_cluster_file(config) if run is not None or mentions_bucket(checkpoint, out_dir) else None
+    overrides = parse_overrides(hf_set or [], hf_config)
+    console = out_console()
+    with byte_progress(console, "converting", enabled=not json_out) as progress:
+        report = convert_op(
+            checkpoint, out_dir, run_id=run, config=cfg, step=step, dtype=dtype, overwrite=overwrite, overrides=overrides,
+            tokenizer=tokenizer, max_shard_size=max_shard_size, verify=verify, verify_python=verify_python, progress=progress,
+        )
+    if json_out:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    r = report.result
+    step_text = f" step {report.step}" if report.step is not None else ""
+    shards = f" in {r.shards} shards" if r.shards > 1 else ""
+    console.print(
+        f"[green]wrote {report.out}[/green] from {r.kind}{step_text} ({r.checkpoint}): {r.config.get('model_type')}, "
+        f"{r.tensors} tensors, {r.weight_bytes / 1e6:.1f} MB {r.dtype}{shards}"
+    )
+    for note in r.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if report.verify is not None:
+        v = report.verify
+        compared = (
+            f"max |logit diff| vs {v['compared_with']}: {v['max_abs_diff']:.2e}" if v.get("compared_with") else f"not compared: {v.get('not_compared')}"
+        )
+        console.print(f"[green]verified[/green] with transformers {v['transformers']} ({v['model_class']}): loads cleanly, finite logits; {compared}")
+
+
+def mentions_bucket(*paths: str | None) -> bool:
+    """gs:// paths use the cluster file's project when there is one (and credentials' default otherwise)."""
+    return any(p is not None and p.startswith("gs://") for p in paths)

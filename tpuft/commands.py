@@ -1,0 +1,98 @@
+"""The one table of tpuft's verbs: name, panel, summary, details and an example.
+
+Both ways into tpuft read it: the fast launcher (top-level ``--help`` without importing Typer or Rich) and the Typer
+app (each command's ``--help``), so the two cannot drift apart. Stdlib only, imported at start-up.
+"""
+
+from __future__ import annotations
+
+SUMMARY = "T5-family fine-tuning on Cloud TPU VMs, end to end: create, setup, train, monitor, convert."
+QUICKSTART = "Quick start on this machine (a local CPU 'pod' of 2 workers): tpuft up quickstart"
+
+
+class Verb:
+    """One verb. A plain class, not a dataclass: importing dataclasses would cost ``tpuft --help`` a fifth of its
+    start-up."""
+
+    __slots__ = ("name", "panel", "summary", "example", "details")
+
+    def __init__(self, name: str, panel: str, summary: str, example: str, details: str = "") -> None:
+        self.name, self.panel, self.summary, self.example, self.details = name, panel, summary, example, details
+
+    @property
+    def help(self) -> str:
+        """What ``tpuft NAME --help`` shows above the options."""
+        parts = [self.summary, self.details, f"Example: {self.example}"]
+        return "\n\n".join(part for part in parts if part)
+
+
+VERBS: tuple[Verb, ...] = (
+    Verb("create", "Cluster", "Create the cluster (TPU VM / pod slice, or local worker folders) and its bucket. Safe to run twice.",
+         "tpuft create --config tpuft.yaml"),
+    Verb("status", "Cluster", "Show the cluster's state and its workers.", "tpuft status --json"),
+    Verb("delete", "Cluster", "Delete the cluster's workers. Runs in the bucket are kept.", "tpuft delete --yes"),
+    Verb("exec", "Cluster", "Run a command on every worker (or some) in parallel, with prefixed output.",
+         "tpuft exec -- 'hostname; nproc'"),
+    Verb("ssh", "Cluster", "Open an interactive shell on one worker (SSH on GCP; the worker's folder locally).",
+         "tpuft ssh --worker 1"),
+    Verb("setup", "Training",
+         "Install the recipe's backend environment on every worker, in parallel (cached: the second time takes seconds).",
+         "tpuft setup quickstart"),
+    Verb("train", "Training", "Launch the recipe on every worker, stream their logs, stop all of them if one fails.",
+         "tpuft train quickstart --set train.steps=200"),
+    Verb("up", "Training", "Create, set up, train, summarize and export in one go.", "tpuft up quickstart"),
+    Verb("monitor", "Results",
+         "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log tails.",
+         "tpuft monitor --plot curves.png",
+         "Refreshes every few seconds until the run ends (Ctrl-C leaves, the run goes on). Reads metrics.jsonl, or the "
+         "TensorBoard events of a backend that writes only those (T5X)."),
+    Verb("runs", "Results",
+         "List the runs in the cluster's bucket (or local folder): recipe, backend, status, steps, best eval, start.",
+         "tpuft runs --json"),
+    Verb("logs", "Results", "Print a run's worker logs; -f follows them live while it trains.", "tpuft logs -f --worker 0"),
+    Verb("pull", "Results",
+         "Copy a run home: recipe, metrics, logs, TensorBoard events, the chosen checkpoints and the HF export.",
+         "tpuft pull latest ./my-run --checkpoints best",
+         "Parallel, verified against the bucket's checksums, resumable: files already there and intact are skipped, so "
+         "running it again after an interruption fetches only the rest."),
+    Verb("tensorboard", "Results",
+         "Serve a run's TensorBoard events (from its folder, or mirrored from the bucket every 30 s) until Ctrl-C.",
+         "tpuft tensorboard --port 6007"),
+    Verb("convert", "Results",
+         "Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer).",
+         "tpuft convert gs://my-bucket/t5x/flan_t5_base ./flan-t5-base --verify",
+         "Reads T5X checkpoints (legacy and Orbax) without t5x, PyTorch/XLA checkpoints and transformers 4.x Keras/TF "
+         "weights; streams one tensor at a time, and writes OUT_DIR only when it is complete."),
+    Verb("recipes", "Recipes", "List, show, copy and validate recipes.", "tpuft recipes ls"),
+)  # fmt: skip
+
+RECIPE_VERBS: tuple[Verb, ...] = (
+    Verb("ls", "Recipes", "List the shipped recipes.", "tpuft recipes ls"),
+    Verb("show", "Recipes", "Print a shipped recipe.", "tpuft recipes show quickstart"),
+    Verb("cp", "Recipes", "Copy a shipped recipe to edit it (its data paths keep pointing at the shipped data).",
+         "tpuft recipes cp quickstart my_recipe.yaml"),
+    Verb("validate", "Recipes",
+         "Check a recipe (and the cluster file) without running anything; exit 2 with every problem listed.",
+         "tpuft recipes validate my_recipe.yaml --set train.steps=10",
+         "Reads the recipe's data files through (every line, as the workers will) and checks the batch against the "
+         "cluster's workers; creates and runs nothing."),
+)  # fmt: skip
+
+PANELS = ("Cluster", "Training", "Results", "Recipes")
+
+
+def verb(name: str, table: tuple[Verb, ...] = VERBS) -> Verb:
+    return next(v for v in table if v.name == name)
+
+
+def top_level_help(color: bool) -> str:
+    bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
+    width = max(len(v.name) for v in VERBS)
+    lines = [f"{bold('Usage:')} tpuft [OPTIONS] COMMAND [ARGS]...", "", f" {SUMMARY}", "", f" {QUICKSTART}", ""]
+    lines += [bold("Options:"), "  --version   Print the version and exit.", "  -h, --help  Show this message and exit.", ""]
+    for panel in PANELS:
+        lines.append(bold(f"{panel}:"))
+        lines += [f"  {v.name.ljust(width)}  {v.summary}" for v in VERBS if v.panel == panel]
+        lines.append("")
+    lines.append("Run 'tpuft COMMAND --help' for a command's options and an example.")
+    return "\n".join(lines)

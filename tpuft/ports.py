@@ -1,0 +1,34 @@
+"""Ports on this machine: one that is free now, and whether a given one is. Used for the rendezvous of a local pod's
+workers and for TensorBoard; stdlib only."""
+
+from __future__ import annotations
+
+import socket
+
+from tpuft.errors import UsageError
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free on ``host`` now. Whoever binds it a moment later may still lose a race; a
+    clash then shows as that program's "address already in use"."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host``; a host that is not an address of this machine is a usage error."""
+    try:
+        socket.getaddrinfo(host, port)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"--host {host!r}: not an address of this machine ({exc})") from None
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
