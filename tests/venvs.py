@@ -18,7 +18,8 @@ def ensure(spec: EnvSpec) -> str:
 def torch_spec() -> EnvSpec:
     """The PyTorch/XLA backend's CPU venv (torch, torch-xla, transformers 5): what the local pod trains with."""
     from tpuft.backends.torch_xla import BACKEND
-    from tpuft.config import LocalConfig, TorchXlaBackend
+    from tpuft.backends.torch_xla import TorchXlaBackend
+    from tpuft.config import LocalConfig
 
     return BACKEND.env_spec(TorchXlaBackend(), "cpu", LocalConfig().python)
 

@@ -17,15 +17,11 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, Union
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
-    Strict,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -33,64 +29,37 @@ from pydantic import (
 )
 
 from tpuft import formats, safe_yaml
+from tpuft.config_types import (
+    Command,
+    Count,
+    Endpoint,
+    KeyPath,
+    LaxPath,
+    ModelRef,
+    Network,
+    PathText,
+    ProjectId,
+    Reservation,
+    RuntimeVersion,
+    Scope,
+    ServiceAccount,
+    StrictModel,
+    UserName,
+    Zone,
+    check,
+)
 from tpuft.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tpuft.backends.base import ClusterShape
 from tpuft.t5_config import BYT5_VOCAB, T5Settings
 from tpuft.templates import TemplateError, template_fields
-
-KeyPath = tuple[str | int, ...]
-
-# --------------------------------------------------------------------------------------------------------------
-# Types shared by both files. Strict: YAML `true` is not 1, `1.5` is not an int, `"10"` is not a number.
-
-LaxPath = Annotated[Path, Strict(False)]
-"""Paths come from YAML as text."""
-Count = Annotated[int, Field(ge=1, le=1_000_000_000)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True, strict=True, allow_inf_nan=False)
-
-    def cross_problems(self) -> list[tuple[KeyPath, str]]:
-        """Checks that span several keys, each located at the key to change (a model validator can only point at
-        the whole section)."""
-        return []
-
-
-def _check(problem: str | None) -> None:
-    if problem:
-        raise ValueError(problem)
-
-
-def _shaped(problem: Callable[[str], str | None]) -> AfterValidator:
-    """A string type checked by one of :mod:`tpuft.formats`' rules (a refusal becomes the key's error)."""
-
-    def check(value: str) -> str:
-        _check(problem(value))
-        return value
-
-    return AfterValidator(check)
-
-
-ProjectId = Annotated[str, _shaped(formats.project_problem)]
-Zone = Annotated[str, _shaped(formats.zone_problem)]
-RuntimeVersion = Annotated[str, _shaped(formats.runtime_version_problem)]
-Network = Annotated[str, _shaped(formats.network_problem)]
-ServiceAccount = Annotated[str, _shaped(formats.service_account_problem)]
-Reservation = Annotated[str, _shaped(formats.reservation_problem)]
-Endpoint = Annotated[str, _shaped(formats.endpoint_problem)]
-Scope = Annotated[str, _shaped(formats.scope_problem)]
-Command = Annotated[str, _shaped(formats.command_problem)]
-PathText = Annotated[str, _shaped(formats.path_text_problem)]
-UserName = Annotated[str, _shaped(formats.user_name_problem)]
-Version = Annotated[str, _shaped(formats.version_problem)]
-ModelRef = Annotated[str, _shaped(formats.model_ref_problem)]
-
 
 # --------------------------------------------------------------------------------------------------------------
 # Cluster file
 
 
-class LocalConfig(_Strict):
+class LocalConfig(StrictModel):
     """The local provider: a "pod" of N worker folders on this machine, each a private HOME."""
 
     workers: int | None = Field(
@@ -111,7 +80,7 @@ class LocalConfig(_Strict):
     def _folder_or_absent(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        _check(formats.path_text_problem(str(value)))
+        check(formats.path_text_problem(str(value)))
         path = value.expanduser()
         base = (info.context or {}).get("base_dir")
         if not path.is_absolute() and base is not None:
@@ -121,7 +90,7 @@ class LocalConfig(_Strict):
         return path  # relative to the cluster file, like a recipe's data paths, wherever tpuft runs from
 
 
-class GcpConfig(_Strict):
+class GcpConfig(StrictModel):
     """The GCP provider: a Cloud TPU VM (or pod slice, or queued resource) in a project and zone."""
 
     project: ProjectId | None = Field(None, description="GCP project id (required for provider: gcp).")
@@ -199,7 +168,7 @@ def parse_duration(text: str) -> int | None:
     return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
 
 
-class SshConfig(_Strict):
+class SshConfig(StrictModel):
     """How tpuft reaches the workers of a GCP cluster."""
 
     user: UserName | None = Field(None, description="Login user on the VMs (default: your local user name).")
@@ -214,13 +183,13 @@ class SshConfig(_Strict):
     @field_validator("key_file")
     @classmethod
     def _key_file_ok(cls, value: Path) -> Path:
-        _check(formats.path_text_problem(str(value)))
+        check(formats.path_text_problem(str(value)))
         if value.expanduser().is_dir():
             raise ValueError(f"{value} is a folder; give the private key file (e.g. ~/.ssh/google_compute_engine)")
         return value
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(StrictModel):
     """Where training runs: the provider, the TPU shape and the bucket."""
 
     name: str = Field("tpuft-local", description="Cluster (TPU node) name: lowercase letters, digits and dashes.")
@@ -248,13 +217,13 @@ class ClusterConfig(_Strict):
         if provider == "gcp":
             if not value.startswith("gs://"):
                 raise ValueError(f"provider gcp keeps runs in a bucket: expected gs://NAME (got {value!r})")
-            _check(formats.bucket_problem(value))
+            check(formats.bucket_problem(value))
         elif provider == "local":
             if value.startswith("gs://"):
                 raise ValueError(
                     f"{value!r}: the local provider keeps runs in a local folder; give a path (or leave bucket unset)"
                 )
-            _check(formats.path_text_problem(value))
+            check(formats.path_text_problem(value))
             path = Path(value).expanduser()
             base = (info.context or {}).get("base_dir")
             if not path.is_absolute() and base is not None:
@@ -317,38 +286,39 @@ class ClusterConfig(_Strict):
 
     @property
     def num_workers(self) -> int:
+        """Worker hosts: the accelerator type's (times the slices of a multislice), or ``local.workers`` locally."""
         from tpuft.accelerators import lookup
 
         hosts = lookup(self.accelerator).hosts
-        return (self.local.workers or hosts) if self.provider == "local" else hosts
+        return (self.local.workers or hosts) if self.provider == "local" else hosts * self.gcp.slices
+
+    def shape(self, hosts: int | None = None) -> ClusterShape:
+        """The cluster as a backend plans for it; ``hosts``: the workers the provider reports, when known."""
+        from tpuft.accelerators import lookup
+        from tpuft.backends.base import ClusterShape
+
+        accelerator = lookup(self.accelerator)
+        target = "cpu" if self.provider == "local" else self.gcp.worker_device
+        return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, target)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Recipe
 
 
-class TorchXlaBackend(_Strict):
-    """PyTorch/XLA: one process per worker host, PJRT runtime (TPU on TPU hosts, CPU on the local pod)."""
+def _backend_union() -> Any:
+    """Every registered backend's own recipe section (``backends/<kind>.py``), told apart by ``kind``."""
+    from tpuft.backends.registry import config_models
 
-    kind: Literal["torch_xla"] = "torch_xla"
-    torch_version: Version = Field("2.9.0", description="torch and torch-xla are pinned together to this version.")
-    extra_requirements: list[str] = Field(
-        default_factory=list, max_length=200, description="More pip requirements for the worker venv (pinned, please)."
-    )
-
-    def cross_problems(self) -> list[tuple[KeyPath, str]]:
-        found: list[tuple[KeyPath, str]] = []
-        for index, requirement in enumerate(self.extra_requirements):
-            problem = formats.requirement_problem(requirement)
-            if problem:
-                found.append((("extra_requirements", index), problem))
-        return found
+    models = tuple(config_models())
+    union = models[0] if len(models) == 1 else Union[models]  # noqa: UP007 - built at run time from the registry
+    return Annotated[union, Field(discriminator="kind")]
 
 
-Backend = Annotated[TorchXlaBackend, Field(discriminator="kind")]
+Backend = _backend_union()
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     name_or_path: ModelRef | None = Field(
         None, description="A Hugging Face model id or a local directory to start from (e.g. google/t5-v1_1-small)."
     )
@@ -379,7 +349,7 @@ class ModelConfig(_Strict):
         return []
 
 
-class DataConfig(_Strict):
+class DataConfig(StrictModel):
     train: LaxPath = Field(description="Training examples, JSON lines; relative paths are from the recipe's folder.")
     eval: LaxPath | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
     source_field: str = Field("source", description="JSON field holding the input text (dots reach into objects).")
@@ -398,7 +368,7 @@ class DataConfig(_Strict):
     def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        _check(formats.path_text_problem(str(value)))
+        check(formats.path_text_problem(str(value)))
         base = (info.context or {}).get("base_dir")
         path = value.expanduser()
         if not path.is_absolute() and base is not None:
@@ -432,7 +402,7 @@ class DataConfig(_Strict):
         return value
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     steps: Count = Field(description="Optimizer steps in total.")
     batch_size: int = Field(32, ge=1, le=1 << 20, description="Global batch: split evenly across workers.")
     optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Adafactor (T5's) or AdamW.")
@@ -459,18 +429,18 @@ class TrainConfig(_Strict):
         return value
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     every: Count | None = Field(100, description="Evaluate every N steps (and at the end); null: only at the end.")
     batch_size: int = Field(64, ge=1, le=1 << 20, description="Global eval batch.")
     max_examples: Count | None = Field(None, description="Evaluate on at most this many held-out examples.")
 
 
-class ExportConfig(_Strict):
+class ExportConfig(StrictModel):
     hf: bool = Field(True, description="Write a Hugging Face model dir to runs/<id>/export/hf at the end.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype of the export.")
 
 
-class RecipeConfig(_Strict):
+class RecipeConfig(StrictModel):
     """What to train: backend, model, data and the training/eval/export settings."""
 
     name: str = Field(description="Short recipe name; it prefixes run ids.")
@@ -682,7 +652,7 @@ def _describe_error(model: type[BaseModel], err: dict[str, Any]) -> tuple[KeyPat
 
 
 def _cross_problems(value: BaseModel, prefix: KeyPath = ()) -> list[tuple[KeyPath, str]]:
-    own = value.cross_problems() if isinstance(value, _Strict) else []
+    own = value.cross_problems() if isinstance(value, StrictModel) else []
     return [(prefix + path, message) for path, message in own]
 
 

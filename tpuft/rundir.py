@@ -1,4 +1,5 @@
 """The run directory contract (ARCHITECTURE.md), shared by the worker that writes it and the tools that read it.
+Checkpoints are the backend's business: their folder and names are its :class:`~tpuft.backends.base.RunLayout`.
 
 Stdlib only: imported by the worker inside the backend venv and by ``monitor`` on the controller.
 """
@@ -19,12 +20,9 @@ METRICS = "metrics.jsonl"
 HEARTBEAT_DIR = "heartbeat"
 LOGS_DIR = "logs"
 TB_DIR = "tb"
-CHECKPOINTS_DIR = "checkpoints"
 EXPORT_HF = "export/hf"
 RUN_INFO = "run.json"
 """Written by the controller: run id, recipe name, backend, cluster, start time, final status."""
-
-STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def new_run_id(recipe_name: str) -> str:
@@ -53,26 +51,6 @@ def split_log_stamp(raw: bytes) -> tuple[str | None, bytes]:
     """A log line's arrival time (None in logs written before lines were stamped) and the line itself."""
     match = _LOG_STAMP.match(raw)
     return (match.group(1).decode(), raw[match.end() :]) if match else (None, raw)
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / CHECKPOINTS_DIR / f"step_{step:08d}"
-
-
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run (a half-written one is still named ``*.tmp``), oldest first."""
-    return list_step_dirs(run_dir / CHECKPOINTS_DIR)
-
-
-def list_step_dirs(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

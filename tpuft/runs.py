@@ -15,12 +15,15 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuft import rundir
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from tpuft.backends.base import RunLayout
 
 STALE_AFTER_SECONDS = 120.0
 """A running worker whose heartbeat is older than this is flagged as stale."""
@@ -76,10 +79,38 @@ class Run:
             return self.mirror
         return mirror_small_files(self.storage, self.mirror, logs=logs, events_if_no_metrics=True)
 
+    def layout(self) -> RunLayout:
+        """Where this run's backend put things (see :func:`layout_for`)."""
+        return layout_for(self.info(), self.storage)
+
     def snapshot(self, *, logs: bool = False, node_state: str | None = None) -> RunSnapshot:
         snap = snapshot(self.local_view(logs=logs), node_state=node_state)
         snap.run_dir = self.url  # type: ignore[assignment]  # where it lives, not the local copy
         return snap
+
+
+def layout_of(info: dict[str, Any]) -> RunLayout | None:
+    """The layout of the backend that wrote the run (run.json names it); None when tpuft does not know that backend
+    (a run dir written by another tool, or by an older tpuft)."""
+    from tpuft.backends.registry import MODULES, get_backend
+
+    kind = info.get("backend")
+    return get_backend(kind).layout if isinstance(kind, str) and kind in MODULES else None
+
+
+def layout_for(info: dict[str, Any], storage: Storage) -> RunLayout:
+    """:func:`layout_of`, or for a run of unknown origin the first known layout whose checkpoints it holds."""
+    known = layout_of(info)
+    if known is not None:
+        return known
+    from tpuft.backends.base import RunLayout
+    from tpuft.backends.registry import MODULES, get_backend
+
+    for kind in MODULES:
+        layout = get_backend(kind).layout
+        if layout.checkpoint_steps(storage):
+            return layout
+    return RunLayout()
 
 
 def run_storage(config: ClusterConfig) -> Storage:
@@ -235,8 +266,14 @@ def _append_new_log_bytes(run_store: Any, mirror: Path) -> None:
 
 
 def read_run_metrics(run_dir: Path) -> tuple[rundir.MetricsLog, str]:
-    """metrics.jsonl when the backend writes it; else the TensorBoard events (T5X writes only those)."""
-    if (run_dir / rundir.METRICS).is_file() or not (run_dir / rundir.TB_DIR).is_dir():
+    """What the run's layout says its metrics are: metrics.jsonl, or TensorBoard events only (a T5X-style backend).
+    A run whose backend tpuft does not know is read by what it has."""
+    layout = layout_of(rundir.read_json(run_dir / rundir.RUN_INFO) or {})
+    if layout is not None:
+        events = layout.metrics == "tensorboard"
+    else:
+        events = not (run_dir / rundir.METRICS).is_file() and (run_dir / rundir.TB_DIR).is_dir()
+    if not events:
         return rundir.read_metrics(run_dir), rundir.METRICS
     from tpuft.tb_events import read_tb_metrics
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tpuft import rundir
+from tpuft.backends.torch_xla import LAYOUT
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def test_run_dir_follows_the_contract(quickstart: Run) -> None:
     run = quickstart.run_dir
     assert (run / "recipe.yaml").is_file() and (run / "metrics.jsonl").is_file()
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert [step for step, _ in rundir.list_checkpoints(run)] == [1500]
+    assert [step for step, _ in LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)] == [1500]
     assert json.loads((run / "run.json").read_text())["status"] == "finished"
 
 

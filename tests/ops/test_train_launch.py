@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tpuft.backends.torch_xla import BACKEND
-from tpuft.config import TorchXlaBackend
+from tpuft.backends.torch_xla import TorchXlaBackend
 from tpuft.worker.bootstrap import MARKER
 
 RECIPE = """\

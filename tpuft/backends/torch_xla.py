@@ -7,8 +7,16 @@ over gloo (worker 0 is the rendezvous), so the run is data-parallel in the same 
 
 from __future__ import annotations
 
-from tpuft.backends.base import EnvSpec, Target
-from tpuft.config import TorchXlaBackend
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, RunLayout, Target
+from tpuft.config_types import Requirement, StrictModel, Version
+
+if TYPE_CHECKING:
+    from tpuft.config import RecipeConfig
+    from tpuft.runs import RunSnapshot
 
 # Shared by every target: the worker's own needs (config loading, metrics, export) and the model stack.
 _COMMON = (
@@ -23,8 +31,25 @@ _COMMON = (
 )
 
 
+class TorchXlaBackend(StrictModel):
+    """PyTorch/XLA: one process per worker host, PJRT runtime (TPU on TPU hosts, CPU on the local pod)."""
+
+    kind: Literal["torch_xla"] = "torch_xla"
+    torch_version: Version = Field("2.9.0", description="torch and torch-xla are pinned together to this version.")
+    extra_requirements: list[Requirement] = Field(
+        default_factory=list, max_length=200, description="More pip requirements for the worker venv (pinned, please)."
+    )
+
+
+LAYOUT = RunLayout()
+"""metrics.jsonl; ``checkpoints/step_N`` (HF weights + optimizer + trainer state) written by worker 0 through a
+temp dir; an HF export at the end. A bucket run is written locally on each worker and mirrored up."""
+
+
 class TorchXla:
     kind = "torch_xla"
+    config_model = TorchXlaBackend
+    layout = LAYOUT
 
     def env_spec(self, backend_config: object, target: Target, python: str) -> EnvSpec:
         assert isinstance(backend_config, TorchXlaBackend)
@@ -33,14 +58,38 @@ class TorchXla:
         requirements = (f"torch=={version}", xla, *_COMMON, *backend_config.extra_requirements)
         return EnvSpec(kind=self.kind, requirements=requirements, python=python)
 
-    def worker_env(self, target: Target) -> dict[str, str]:
-        env = {"PJRT_DEVICE": "TPU" if target == "tpu" else "CPU", "TOKENIZERS_PARALLELISM": "false"}
-        if target == "cpu":
-            env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's C++ start-up chatter, one block per worker
-        return env
+    @staticmethod
+    def replicas(shape: ClusterShape) -> int:
+        """Data-parallel copies: one per chip on TPU hosts (a process each), one per worker on the CPU pod."""
+        return shape.chips if shape.target == "tpu" else shape.hosts
 
-    def launch_workers(self, num_workers: int) -> list[int]:
-        return list(range(num_workers))
+    def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
+        replicas = self.replicas(shape)
+        what = f"{replicas} replicas ({shape.hosts} hosts x {shape.chips_per_host} chips)" if shape.target == "tpu" else f"{replicas} workers"
+        batch = recipe.train.batch_size
+        if batch % replicas:
+            return [
+                (
+                    ("train", "batch_size"),
+                    f"{batch} does not split evenly over {what} (use a multiple of {replicas}, "
+                    f"e.g. {max(replicas, batch // replicas * replicas)})",
+                )
+            ]
+        return []
+
+    def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan:
+        env = {"PJRT_DEVICE": "TPU" if shape.target == "tpu" else "CPU", "TOKENIZERS_PARALLELISM": "false"}
+        if shape.target == "cpu":
+            env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's C++ start-up chatter, one block per worker
+        return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)
+
+    def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """Every replica records a sha256 of its weights at the end: data parallelism worked when they are equal."""
+        digests = {w.index: w.digest for w in snapshot.workers if w.digest}
+        if not digests:
+            return {"weight_digests": {}}, []
+        same = len(set(digests.values())) == 1 and len(digests) == launched
+        return {"weight_digests": digests}, [("weights", "identical on all workers" if same else "DIFFER between workers")]
 
 
 BACKEND = TorchXla()

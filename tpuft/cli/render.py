@@ -94,7 +94,7 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
             "last_train": result.last_train,
             "last_eval": result.last_eval,
             "export_dir": str(result.export_dir) if result.export_dir else None,
-            "weight_digests": result.weight_digests,
+            **result.extras,  # the backend's own (PyTorch/XLA: weight_digests per worker)
         }
         print(json.dumps(payload, indent=2))
         return
@@ -106,13 +106,11 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
     table.add_row("wall time", fmt_seconds(result.seconds))
     table.add_row("workers", str(result.workers))
     table.add_row("final train loss", fmt(result.last_train.get("loss")))
-    for key in ("eval_loss", "eval_token_accuracy", "eval_exact_match"):
-        if key in result.last_eval:
-            table.add_row(key.replace("_", " "), fmt(result.last_eval[key]))
-    digests = set(result.weight_digests.values())
-    if digests:
-        same = "identical on all workers" if len(digests) == 1 and len(result.weight_digests) == result.workers else "DIFFER between workers"
-        table.add_row("weights", same)
+    for key, value in result.last_eval.items():
+        if key.startswith("eval_") and key not in {"eval_examples", "eval_seconds"}:
+            table.add_row(key.replace("_", " "), fmt(value))
+    for label, value in result.rows:
+        table.add_row(label, value)
     table.add_row("run dir", str(result.run_dir))
     if result.export_dir:
         table.add_row("HF export", str(result.export_dir))

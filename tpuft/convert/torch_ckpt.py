@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpuft import rundir
+from tpuft.backends.torch_xla import LAYOUT
 from tpuft.convert.hf_writer import WEIGHTS, WEIGHTS_INDEX, ExportResult, write_hf_model
 from tpuft.convert.model_source import ConvertError, ModelSource, SourceTensor, pick_step
 from tpuft.convert.safetensors_io import SafetensorsReader
@@ -40,13 +40,13 @@ def find_checkpoint(path: Path, step: int | None = None) -> Path:
         raise CheckpointError(f"{path}: no such file or directory")
     if step is None and is_checkpoint(path):
         return path
-    for folder in (path, path / rundir.CHECKPOINTS_DIR):  # a checkpoints/ folder, or a run dir holding one
-        found = rundir.list_step_dirs(folder)
+    for folder in (path, path / LAYOUT.checkpoints):  # a checkpoints/ folder, or a run dir holding one
+        found = LAYOUT.local_checkpoints(folder)
         if found:
             return pick_step(found, step, path)
     raise CheckpointError(
         f"{path}: not a checkpoint (expected config.json + {WEIGHTS} or {WEIGHTS_INDEX}, "
-        f"or a folder with {rundir.CHECKPOINTS_DIR}/step_N inside)"
+        f"or a folder with {LAYOUT.checkpoints}/step_N inside)"
     )
 
 
@@ -88,8 +88,7 @@ def open_torch_source(ckpt: Path) -> ModelSource:
     if (ckpt / "generation_config.json").is_file():
         generation = json.loads((ckpt / "generation_config.json").read_text())
     files = {name: ckpt / name for name in TOKENIZER_FILES if (ckpt / name).is_file()}
-    match = rundir.STEP_DIR.match(ckpt.name)
-    step = int(match.group(1)) if match else None
+    step = LAYOUT.step_of(ckpt.name)
     return ModelSource(kind="torch", path=ckpt, config=config, tensors=tensors, step=step, generation_config=generation, files=files)
 
 

@@ -6,9 +6,11 @@ import functools
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig
 from tpuft.errors import Interrupted, UsageError, WorkerFailure
 from tpuft.fleet.base import Fleet, FleetResult
@@ -28,6 +30,11 @@ class Session:
     config: ClusterConfig
     provider: Provider
     cluster: Cluster
+
+    @property
+    def shape(self) -> ClusterShape:
+        """The cluster as a backend plans for it, with the workers the provider reports."""
+        return self.config.shape(len(self.cluster.workers))
 
     @functools.cached_property
     def fleet(self) -> Fleet:
@@ -62,13 +69,13 @@ def package_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def ship_package(session: Session) -> str:
-    """Copy this tpuft package to every worker (once per version); returns its folder relative to HOME."""
+def ship_package(session: Session, workers: Sequence[int] | None = None) -> str:
+    """Copy this tpuft package to the workers (all by default; once per version); returns its folder under HOME."""
     folder = f"{PACKAGE_HOME}/{package_hash()}"
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "tpuft"
         shutil.copytree(package_root(), staged, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        session.fleet.put(staged, f"{folder}/tpuft")
+        session.fleet.put(staged, f"{folder}/tpuft", workers=workers)
     return folder
 
 

@@ -89,8 +89,9 @@ def convert(
             raise UsageError("--run needs a cluster file to find the run's storage")
         from tpuft.runs import resolve_run
 
-        run_dir = resolve_run(config, run_id).url
-        checkpoint = f"{run_dir}/{rundir.CHECKPOINTS_DIR}"
+        run = resolve_run(config, run_id)
+        run_dir = run.url
+        checkpoint = f"{run_dir}/{run.layout().checkpoints}"
         if out is None:
             out = f"{run_dir}/{rundir.EXPORT_HF}"
             overwrite = True

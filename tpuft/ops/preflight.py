@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuft.backends import get_backend
+from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.errors import ConfigError
 from tpuft.worker.data import Fields, FileCheck, check_file
@@ -31,22 +33,14 @@ class Preflight:
         return found.examples if found is not None else None
 
 
-def cluster_problems(recipe: Loaded[RecipeConfig], workers: int) -> list[str]:
-    """Recipe settings that are only wrong for this cluster, located in the recipe file."""
-    train = recipe.value.train
-    if train.batch_size % workers:
-        return [
-            recipe.problem(
-                ("train", "batch_size"),
-                f"{train.batch_size} does not split evenly over {workers} workers "
-                f"(use a multiple of {workers}, e.g. {max(workers, train.batch_size // workers * workers)})",
-            )
-        ]
-    return []
+def cluster_problems(recipe: Loaded[RecipeConfig], shape: ClusterShape) -> list[str]:
+    """Recipe settings that are only wrong for this cluster (the backend says which), located in the recipe file."""
+    backend = get_backend(recipe.value.backend.kind)
+    return [recipe.problem(path, message) for path, message in backend.check(recipe.value, shape)]
 
 
-def check_against_cluster(recipe: Loaded[RecipeConfig], workers: int) -> None:
-    problems = cluster_problems(recipe, workers)
+def check_against_cluster(recipe: Loaded[RecipeConfig], shape: ClusterShape) -> None:
+    problems = cluster_problems(recipe, shape)
     if problems:
         raise ConfigError(problems, source=recipe.source)
 
@@ -102,10 +96,11 @@ def _field_missing_everywhere(check: FileCheck) -> tuple[str, str] | None:
 
 def preflight(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: DataProgress | None = None) -> Preflight:
     """Every problem at once (the recipe against the cluster, then the data), as one ConfigError: exit code 2."""
-    workers = config.num_workers
-    problems = cluster_problems(recipe, workers)
-    found, checks = data_problems(recipe, workers, progress)
+    shape = config.shape()
+    launched = len(get_backend(recipe.value.backend.kind).plan(recipe.value, shape).workers)
+    problems = cluster_problems(recipe, shape)
+    found, checks = data_problems(recipe, launched, progress)
     problems += found
     if problems:
         raise ConfigError(problems, source=recipe.source)
-    return Preflight(workers=workers, files=checks)
+    return Preflight(workers=launched, files=checks)

@@ -11,23 +11,24 @@ different. Checkpoints are the bulk of a run, so only the ones asked for come al
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuft import rundir
 from tpuft.errors import UsageError
-from tpuft.storage import GcsStorage, LocalStorage, open_storage
+from tpuft.runs import layout_for
+from tpuft.storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from tpuft.backends.base import RunLayout
 
 CHECKPOINT_MODES = ("latest", "best", "all", "none")
 DEFAULT_WORKERS = 16
 """Parallel downloads: a run is mostly many small files (logs, events, sharded checkpoints) where latency dominates."""
-_STEP_LIKE = re.compile(r"^step_\d+")
-"""A checkpoint step dir, complete (``step_00000100``) or half-written (``step_00000100.tmp``)."""
 
 
 @dataclass
@@ -103,13 +104,14 @@ def pull(
     started = time.monotonic()
 
     info = _run_info(storage)
-    steps = _checkpoint_steps(storage)
+    layout = layout_for(info or {}, storage)
+    steps = layout.checkpoint_steps(storage)
     if info is None and not steps and not storage.folders() and storage.read_text(rundir.METRICS) is None:
         raise UsageError(f"{source}: not a run directory (no {rundir.RUN_INFO}, {rundir.METRICS} or folders in it)")
     eval_rows = _eval_rows(storage.read_text(rundir.METRICS) or "") if mode == "best" else []
     chosen, notes = choose_checkpoints(mode, sorted(steps), eval_rows)
 
-    include = _selector({steps[step] for step in chosen})
+    include = _selector(layout, {steps[step] for step in chosen})
     transfer = storage.fetch_tree("", dest, workers=workers, include=include, progress=progress)
     return PullResult(
         run_id=_run_id(source, info),
@@ -175,18 +177,18 @@ def _check_args(checkpoints: str, workers: int) -> str:
     return checkpoints
 
 
-def _check_dest(storage: LocalStorage | GcsStorage, dest: Path) -> None:
+def _check_dest(storage: Storage, dest: Path) -> None:
     """A local run pulled into itself (or below itself) would copy files onto themselves, or into its own copy."""
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder; give a folder to pull the run into")
-    if not isinstance(storage, LocalStorage):
+    if storage.local_root is None:
         return
-    source, target = storage.root.resolve(), dest.expanduser().resolve()
+    source, target = storage.local_root.resolve(), dest.expanduser().resolve()
     if target == source or source in target.parents:
         raise UsageError(f"{dest}: the destination is inside the run dir {storage.root}; choose another folder")
 
 
-def _run_info(storage: LocalStorage | GcsStorage) -> dict[str, Any] | None:
+def _run_info(storage: Storage) -> dict[str, Any] | None:
     text = storage.read_text(rundir.RUN_INFO)
     try:
         info = json.loads(text) if text else None
@@ -195,25 +197,15 @@ def _run_info(storage: LocalStorage | GcsStorage) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def _checkpoint_steps(storage: LocalStorage | GcsStorage) -> dict[int, str]:
-    """step -> folder name of each complete checkpoint (a half-written one is still named ``*.tmp``)."""
-    steps = {}
-    for name in storage.folders(rundir.CHECKPOINTS_DIR):
-        match = rundir.STEP_DIR.match(name)
-        if match:
-            steps[int(match.group(1))] = name
-    return steps
-
-
-def _selector(chosen: set[str]) -> Callable[[str], bool]:
-    """Everything in the run dir except checkpoint step dirs not chosen (half-written ``*.tmp`` ones included)."""
-    prefix = f"{rundir.CHECKPOINTS_DIR}/"
+def _selector(layout: RunLayout, chosen: set[str]) -> Callable[[str], bool]:
+    """Everything in the run dir except the checkpoint folders not chosen (half-written ones included)."""
+    prefix = f"{layout.checkpoints}/"
 
     def include(rel: str) -> bool:
         if not rel.startswith(prefix):
             return True
         folder, sep, _ = rel[len(prefix) :].partition("/")
-        return not (sep and _STEP_LIKE.match(folder)) or folder in chosen
+        return not sep or folder in chosen
 
     return include
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from tpuft.backends import get_backend
-from tpuft.backends.base import EnvSpec, Target
+from tpuft.backends.base import EnvSpec, LaunchPlan
 from tpuft.config import ClusterConfig, RecipeConfig
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package
@@ -23,13 +23,14 @@ class SetupResult:
     workers: int
 
 
-def target_of(session: Session) -> Target:
-    return "cpu" if session.provider.target == "cpu" else "tpu"
-
-
 def env_spec(session: Session, recipe: RecipeConfig) -> EnvSpec:
     backend = get_backend(recipe.backend.kind)
-    return backend.env_spec(recipe.backend, target_of(session), session.provider.python())
+    return backend.env_spec(recipe.backend, session.shape.target, session.provider.python())
+
+
+def launch_plan(session: Session, recipe: RecipeConfig) -> LaunchPlan:
+    """Which workers run the recipe's trainer: where ``setup`` installs and where ``train`` launches."""
+    return get_backend(recipe.backend.kind).plan(recipe, session.shape)
 
 
 def bootstrap_argv(session: Session, package: str, spec: EnvSpec, *, check: bool = False) -> list[str]:
@@ -46,13 +47,14 @@ def setup(config: ClusterConfig, recipe: RecipeConfig, *, on_line: LineSink | No
     started = time.monotonic()
     session = open_session(config)
     spec = env_spec(session, recipe)
-    package = ship_package(session)
+    workers = launch_plan(session, recipe).workers
+    package = ship_package(session, workers)
     log_dir = session.provider.state_dir() / "logs" / "setup"
-    result = session.fleet.run(bootstrap_argv(session, package, spec), log_dir=log_dir, on_line=on_line)
+    result = session.fleet.run(bootstrap_argv(session, package, spec), workers=workers, log_dir=log_dir, on_line=on_line)
     raise_on_failure(result, f"setup of the {recipe.backend.kind} environment")
     return SetupResult(
         backend=recipe.backend.kind,
         venv=f"{session.provider.venv_cache()}/{spec.key}",
         seconds=time.monotonic() - started,
-        workers=len(session.cluster.workers),
+        workers=len(workers),
     )

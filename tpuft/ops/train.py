@@ -10,13 +10,14 @@ from typing import Any
 
 from tpuft import rundir
 from tpuft.backends import get_backend
+from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe
 from tpuft.errors import UsageError, WorkerFailure
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ports import free_port
-from tpuft.ops.setup import bootstrap_argv, env_spec, target_of, venv_python
+from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, venv_python
 from tpuft.records import Worker
 from tpuft.ops.logs import LIVE_MARKER
 from tpuft.runs import Run
@@ -36,7 +37,10 @@ class TrainResult:
     last_train: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
     export_dir: str | None = None
-    weight_digests: dict[int, str] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    """The backend's own summary values (``--json``)."""
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    """... and rows for the summary table."""
 
 
 def _coordinator_port(host: str) -> int:
@@ -45,9 +49,9 @@ def _coordinator_port(host: str) -> int:
     return free_port() if host in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
 
 
-def _require_venv(session: Session, package: str, recipe: RecipeConfig) -> str:
+def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: LaunchPlan) -> str:
     spec = env_spec(session, recipe)
-    check = session.fleet.run(bootstrap_argv(session, package, spec, check=True), fail_fast=False)
+    check = session.fleet.run(bootstrap_argv(session, package, spec, check=True), workers=plan.workers, fail_fast=False)
     missing = [r.index for r in check.results if r.exit_code == 3]
     if missing:
         raise UsageError(
@@ -70,10 +74,10 @@ def train(
     if not checked:
         preflight(config, recipe)
     session = open_session(config)
-    workers = session.cluster.workers
-    check_against_cluster(recipe, len(workers))
-    package = ship_package(session)
-    python = _require_venv(session, package, recipe.value)
+    check_against_cluster(recipe, session.shape)
+    plan = launch_plan(session, recipe.value)
+    package = ship_package(session, plan.workers)
+    python = _require_venv(session, package, recipe.value, plan)
 
     run_id = rundir.new_run_id(recipe.value.name)
     run = Run(run_id, str(open_storage(session.cluster.bucket).run_dir(run_id)), config.gcp.project)
@@ -81,7 +85,7 @@ def train(
     live_logs.mkdir(parents=True, exist_ok=True)
     if run.remote:
         (live_logs / LIVE_MARKER).touch()
-    resolved = _ship_data(session, recipe.value, run_id) if _remote_fleet(session) else recipe.value
+    resolved = _ship_data(session, recipe.value, run_id, plan) if _remote_fleet(session) else recipe.value
     run.storage.write_text(rundir.RECIPE, dump_recipe(resolved))
     started = time.time()
     info = {
@@ -92,7 +96,8 @@ def train(
         "cluster": config.name,
         "provider": config.provider,
         "accelerator": config.accelerator,
-        "workers": len(workers),
+        "workers": len(plan.workers),
+        "hosts": len(session.cluster.workers),
         "total_steps": recipe.value.train.steps,
         "started": started,
         "status": "running",
@@ -102,7 +107,7 @@ def train(
         on_start(run_id, run.url)
 
     try:
-        result = _launch(session, config, recipe.value, package, python, run, on_line)
+        result = _launch(session, config, plan, package, python, run, on_line)
     except BaseException as exc:  # nothing ran to the end: the run must not say `running` forever
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
@@ -117,50 +122,51 @@ def train(
         raise_on_failure(result, f"training run {run_id}")
     except WorkerFailure as failure:
         raise WorkerFailure(f"{failure.message}\nrun dir: {run.url}") from None
-    return summarize(run, seconds, len(result.results))
+    return summarize(run, get_backend(recipe.value.backend.kind), seconds, len(result.results))
 
 
 def _launch(
     session: Session,
     config: ClusterConfig,
-    recipe: RecipeConfig,
+    plan: LaunchPlan,
     package: str,
     python: str,
     run: Run,
     on_line: LineSink | None,
 ) -> FleetResult:
-    """Start the trainer on the backend's workers and supervise it until every one has ended."""
+    """Start the trainer on the plan's workers and supervise it until every one has ended. Worker ids and the
+    worker count are positions in the plan, so a backend that launches on some hosts only shards data among those."""
     workers = session.cluster.workers
-    backend = get_backend(recipe.backend.kind)
-    coordinator_host = workers[0].internal_address or workers[0].address
+    first = workers[plan.workers[0]]
+    coordinator_host = first.internal_address or first.address
     coordinator = f"{coordinator_host}:{_coordinator_port(coordinator_host)}"
+    rank = {index: position for position, index in enumerate(plan.workers)}
     common_env = {
         **config.worker_env,
         "TPUFT_RUN_ID": run.id,
         "TPUFT_RUN_DIR": run.url,
-        "TPUFT_NUM_WORKERS": str(len(workers)),
+        "TPUFT_NUM_WORKERS": str(len(plan.workers)),
         "TPUFT_COORDINATOR": coordinator.replace("localhost", "127.0.0.1"),
-        **backend.worker_env(target_of(session)),
+        **plan.env,
     }
 
     def env_for(worker: Worker) -> dict[str, str]:
         return {
             **common_env,
-            "TPUFT_WORKER_ID": str(worker.index),
+            "TPUFT_WORKER_ID": str(rank[worker.index]),
             "PYTHONPATH": on_worker(session, worker.index, package),
             "PYTHONUNBUFFERED": "1",
         }
 
-    launch = backend.launch_workers(len(workers))
     # Worker output streams to this process over SSH; a bucket run gets the logs every 15 s too, so that
     # `tpuft logs -f` and `tpuft monitor` on another machine see them while the run trains.
     logs = run.mirror / rundir.LOGS_DIR
     log_sync = RunDirSync(logs, open_storage(f"{run.url}/{rundir.LOGS_DIR}", project=run.project)).start() if run.remote else None
     try:
         return session.fleet.run(
-            [python, "-m", "tpuft.worker"],
+            [python, *plan.argv],
             env=env_for,
-            workers=launch,
+            workers=plan.workers,
             log_dir=logs,
             on_line=on_line,
             log_timestamps=True,
@@ -175,23 +181,25 @@ def _remote_fleet(session: Session) -> bool:
     return any(w.home is None for w in session.cluster.workers)
 
 
-def _ship_data(session: Session, recipe: RecipeConfig, run_id: str) -> RecipeConfig:
-    """Copy the recipe's data files to every worker and point the recipe at the copies (HOME-relative)."""
+def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: LaunchPlan) -> RecipeConfig:
+    """Copy the recipe's data files that the plan names to its workers; point the recipe at the copies (HOME-relative)."""
     folder = f".tpuft/data/{run_id}"
     updates: dict[str, Path] = {}
-    for key in ("train", "eval"):
+    for key in plan.ship:
         path = getattr(recipe.data, key)
         if path is None:
             continue
         remote = f"{folder}/{key}-{path.name}"
-        session.fleet.put(path, remote)
+        session.fleet.put(path, remote, workers=plan.workers)
         updates[key] = Path(remote)
     return recipe.model_copy(update={"data": recipe.data.model_copy(update=updates)})
 
 
-def summarize(run: Run, seconds: float, launched: int) -> TrainResult:
-    """What ``train`` reports, from the run's own snapshot (the same reading ``monitor`` shows)."""
+def summarize(run: Run, backend: Backend, seconds: float, launched: int) -> TrainResult:
+    """What ``train`` reports, from the run's own snapshot (the same reading ``monitor`` shows) and what the backend
+    adds (the PyTorch/XLA one: whether every replica ended with the same weights)."""
     snap = run.snapshot()
+    extras, rows = backend.summarize(snap, launched)
     exported = run.storage.exists(f"{rundir.EXPORT_HF}/config.json")
     return TrainResult(
         run_id=run.id,
@@ -201,5 +209,6 @@ def summarize(run: Run, seconds: float, launched: int) -> TrainResult:
         last_train=snap.last_train,
         last_eval=snap.last_eval,
         export_dir=f"{run.url}/{rundir.EXPORT_HF}" if exported else None,
-        weight_digests={w.index: w.digest for w in snap.workers if w.digest},
+        extras=extras,
+        rows=rows,
     )

@@ -72,6 +72,11 @@ class Storage(Protocol):
         """The root, as the user writes it (a folder path or ``gs://...``)."""
         ...
 
+    @property
+    def local_root(self) -> Path | None:
+        """The root as a folder on this machine; None for a bucket."""
+        ...
+
     def run_dir(self, run_id: str) -> Path | str:
         """Where run ``run_id`` lives under this root (``runs/<id>``)."""
         ...

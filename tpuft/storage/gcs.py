@@ -66,6 +66,11 @@ class GcsStorage:
         return cls(bucket, clean_relpath(prefix), project)
 
     @property
+    def local_root(self) -> None:
+        """Not on this machine."""
+        return None
+
+    @property
     def url(self) -> str:
         return f"gs://{self.bucket}/{self.prefix}" if self.prefix else f"gs://{self.bucket}"
 

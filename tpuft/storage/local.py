@@ -20,6 +20,10 @@ class LocalStorage:
     def url(self) -> str:
         return str(self.root)
 
+    @property
+    def local_root(self) -> Path:
+        return self.root
+
     def run_dir(self, run_id: str) -> Path:
         return self.root / RUNS / run_id
 

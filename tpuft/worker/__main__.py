@@ -1,7 +1,9 @@
 """``python -m tpuft.worker``: load the resolved recipe from the run dir and hand over to the backend's trainer.
 
-When the run dir is remote (gs://), the worker fetches the recipe into a local staging folder, trains there, and a
-background thread mirrors what it writes back to the bucket (tpuft/storage/sync.py), once more at the very end.
+When the run dir is remote (gs://) and the backend's layout says its trainer writes locally (objects cannot be
+appended to), the worker trains in a local staging folder and a background thread mirrors what it writes back to the
+bucket (tpuft/storage/sync.py), once more at the very end. A backend whose trainer writes the bucket itself (T5X's
+checkpoints do) gets the gs:// run dir as it is.
 """
 
 from __future__ import annotations
@@ -11,24 +13,32 @@ import sys
 import traceback
 
 from tpuft import rundir
+from tpuft.backends import get_backend
 from tpuft.config import recipe_from_text
 from tpuft.errors import TpuftError
-from tpuft.worker.data import DataError
 from tpuft.worker.context import WorkerContext, pin_cpus
+from tpuft.worker.data import DataError
 
 
-def _stage(ctx: WorkerContext):  # type: ignore[no-untyped-def]
-    """For a gs:// run dir: fetch the recipe into local staging and start mirroring back. Returns the syncer."""
+def _recipe_text(ctx: WorkerContext) -> str:
+    if not ctx.remote:
+        return (ctx.run_dir / rundir.RECIPE).read_text(encoding="utf-8")
+    from tpuft.storage import open_storage
+
+    text = open_storage(ctx.run_url).read_text(rundir.RECIPE)
+    if text is None:
+        raise SystemExit(f"tpuft.worker: {ctx.run_url}/{rundir.RECIPE} not found")
+    return text
+
+
+def _stage(ctx: WorkerContext, recipe_text: str):  # type: ignore[no-untyped-def]
+    """Train in a local folder and mirror it to the gs:// run dir; returns the running syncer."""
     from tpuft.storage import open_storage
     from tpuft.storage.sync import RunDirSync
 
-    storage = open_storage(ctx.run_url)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    text = storage.read_text(rundir.RECIPE)
-    if text is None:
-        raise SystemExit(f"tpuft.worker: {ctx.run_url}/{rundir.RECIPE} not found")
-    (ctx.run_dir / rundir.RECIPE).write_text(text)
-    syncer = RunDirSync(ctx.run_dir, storage)
+    (ctx.run_dir / rundir.RECIPE).write_text(recipe_text)
+    syncer = RunDirSync(ctx.run_dir, open_storage(ctx.run_url))
     syncer.changed_files()  # the recipe came from there: do not send it back
     return syncer.start()
 
@@ -42,11 +52,13 @@ def _record_failure(ctx: WorkerContext, error: str) -> None:
 def main() -> int:
     ctx = WorkerContext.from_env()
     pin_cpus()
-    syncer = _stage(ctx) if ctx.remote else None
+    syncer = None
     try:
         try:
-            recipe_path = ctx.run_dir / rundir.RECIPE
-            recipe = recipe_from_text(recipe_path.read_text(encoding="utf-8"), str(recipe_path))
+            text = _recipe_text(ctx)
+            recipe = recipe_from_text(text, f"{ctx.run_url}/{rundir.RECIPE}")
+            if ctx.remote and not get_backend(recipe.backend.kind).layout.writes_to_bucket:
+                syncer = _stage(ctx, text)
             trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
             return int(trainer.main(ctx, recipe) or 0)
         except (DataError, TpuftError) as exc:  # the user's data or recipe: one located line, no traceback

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft import rundir
+from tpuft.backends.torch_xla import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
@@ -419,7 +420,7 @@ class Trainer:
         if not self.chief:
             return None
         torch = self.torch
-        final = rundir.checkpoint_dir(self.ctx.run_dir, self.step)
+        final = LAYOUT.checkpoint_dir(self.ctx.run_dir, self.step)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         started = time.time()
@@ -432,7 +433,7 @@ class Trainer:
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        for _, old in rundir.list_checkpoints(self.ctx.run_dir)[: -self.recipe.train.keep_checkpoints]:
+        for _, old in LAYOUT.local_checkpoints(self.ctx.run_dir / LAYOUT.checkpoints)[: -self.recipe.train.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         self._say(f"checkpoint saved: {final} ({time.time() - started:.1f}s)")
         return final

@@ -1,0 +1,64 @@
+"""The building blocks of tpuft's config models: a strict base model and the checked string types.
+
+Shared by :mod:`tpuft.config` (the cluster file and the recipe) and by each backend's own recipe section
+(``tpuft/backends/<kind>.py``), which :mod:`tpuft.config` gathers from the registry. Strict: YAML ``true`` is not 1,
+``1.5`` is not an int, ``"10"`` is not a number; NaN and infinity are refused. Pydantic and the stdlib only: the worker
+imports it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+
+from tpuft import formats
+
+KeyPath = tuple[str | int, ...]
+
+LaxPath = Annotated[Path, Strict(False)]
+"""Paths come from YAML as text."""
+Count = Annotated[int, Field(ge=1, le=1_000_000_000)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, strict=True, allow_inf_nan=False)
+
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        """Checks that span several keys, each located at the key to change (a model validator can only point at
+        the whole section)."""
+        return []
+
+
+def check(problem: str | None) -> None:
+    if problem:
+        raise ValueError(problem)
+
+
+def shaped(problem: Callable[[str], str | None]) -> AfterValidator:
+    """A string type checked by one of :mod:`tpuft.formats`' rules (a refusal becomes the key's error)."""
+
+    def checked(value: str) -> str:
+        check(problem(value))
+        return value
+
+    return AfterValidator(checked)
+
+
+ProjectId = Annotated[str, shaped(formats.project_problem)]
+Zone = Annotated[str, shaped(formats.zone_problem)]
+RuntimeVersion = Annotated[str, shaped(formats.runtime_version_problem)]
+Network = Annotated[str, shaped(formats.network_problem)]
+ServiceAccount = Annotated[str, shaped(formats.service_account_problem)]
+Reservation = Annotated[str, shaped(formats.reservation_problem)]
+Endpoint = Annotated[str, shaped(formats.endpoint_problem)]
+Scope = Annotated[str, shaped(formats.scope_problem)]
+Command = Annotated[str, shaped(formats.command_problem)]
+PathText = Annotated[str, shaped(formats.path_text_problem)]
+UserName = Annotated[str, shaped(formats.user_name_problem)]
+Version = Annotated[str, shaped(formats.version_problem)]
+ModelRef = Annotated[str, shaped(formats.model_ref_problem)]
+Requirement = Annotated[str, shaped(formats.requirement_problem)]
+"""One pip requirement (PEP 508), never a pip option."""
