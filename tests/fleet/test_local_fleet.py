@@ -1,4 +1,5 @@
-"""The local fleet: parallel, prefixed output, per-worker logs, fail-fast and Ctrl-C leave no process behind."""
+"""The local fleet's own behaviour (the shared contract is in test_fleet_contract.py): a worker that ignores
+SIGTERM, and Ctrl-C or SIGTERM to a real tpuft process leaving no worker process behind."""
 
 from __future__ import annotations
 
@@ -49,43 +50,6 @@ def wait_for_files(paths: list[Path], timeout: float = 15.0) -> None:
     raise AssertionError(f"not written in time: {[str(p) for p in paths if not p.exists()]}")
 
 
-def test_runs_in_parallel_with_private_homes_and_logs(tmp_path: Path) -> None:
-    workers = make_workers(tmp_path, 3)
-    lines: list[tuple[int, str]] = []
-    started = time.monotonic()
-    result = LocalFleet(workers).run(
-        ["bash", "-c", 'sleep 1; echo "home=$HOME id=$TPUFT_WORKER_ID"'],
-        env=lambda w: {"TPUFT_WORKER_ID": str(w.index)},
-        log_dir=tmp_path / "logs",
-        on_line=lambda i, line: lines.append((i, line)),
-    )
-    assert time.monotonic() - started < 2.5  # three 1 s sleeps at once, not one after another
-    assert result.ok and [r.exit_code for r in result.results] == [0, 0, 0]
-    for w in workers:
-        assert (w.index, f"home={w.home} id={w.index}") in lines
-        assert (tmp_path / "logs" / f"worker-{w.index}.log").read_text() == f"home={w.home} id={w.index}\n"
-
-
-def test_fail_fast_stops_the_others_and_names_the_culprit(tmp_path: Path) -> None:
-    workers = make_workers(tmp_path, 3)
-    script = (
-        'if [ "$TPUFT_WORKER_ID" = 1 ]; then sleep 0.5; echo "boom on one"; exit 7; fi; '
-        "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"
-    )
-    started = time.monotonic()
-    result = LocalFleet(workers).run(["bash", "-c", script], env=lambda w: {"TPUFT_WORKER_ID": str(w.index)})
-    assert time.monotonic() - started < 10
-    assert not result.ok
-    assert result.first_failure == 1
-    by_index = {r.index: r for r in result.results}
-    assert by_index[1].exit_code == 7 and by_index[1].tail == ["boom on one"]
-    assert by_index[0].exit_code is None and by_index[2].exit_code is None  # stopped by us
-    for w in (workers[0], workers[2]):
-        for name in ("child.pid", "shell.pid"):
-            pid = int((w.home / name).read_text())
-            assert not alive(pid), f"worker {w.index} {name} {pid} survived"
-
-
 def test_sigterm_ignored_gets_killed_after_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tpuft.fleet.local as local
 
@@ -99,13 +63,20 @@ def test_sigterm_ignored_gets_killed_after_grace(tmp_path: Path, monkeypatch: py
     assert not alive(int((workers[0].home / "shell.pid").read_text()))
 
 
-def test_ctrl_c_on_tpuft_stops_every_worker_process(tmp_path: Path, cluster_file: Path) -> None:
-    """A real `tpuft exec` process gets SIGINT (what Ctrl-C sends); no worker process may survive it."""
+TYPER_ENTRY = "import sys; sys.argv = ['tpuft', *sys.argv[1:]]; from tpuft.cli import main; main()"
+"""The Typer app's own entry (what `tpuft exec` runs when the fast launcher does not answer it)."""
+
+
+@pytest.mark.parametrize("entry", ["launcher", "typer"])
+def test_ctrl_c_on_tpuft_stops_every_worker_process(tmp_path: Path, cluster_file: Path, entry: str) -> None:
+    """A real `tpuft exec` process gets SIGINT (what Ctrl-C sends); no worker process may survive it, whichever of
+    the two ways into tpuft ran the command."""
     env = {**os.environ, "COLUMNS": "200"}
     subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(cluster_file)], check=True, env=env, capture_output=True)
     script = "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"
+    head = [sys.executable, "-m", "tpuft"] if entry == "launcher" else [sys.executable, "-c", TYPER_ENTRY]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tpuft", "exec", "-c", str(cluster_file), "--", script],
+        [*head, "exec", "-c", str(cluster_file), "--", script],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -139,16 +110,3 @@ def test_sigterm_on_tpuft_also_cleans_up(tmp_path: Path, cluster_file: Path) -> 
     proc.terminate()
     proc.communicate(timeout=20)
     assert [pid for pid in pids if alive(pid)] == []
-
-
-def test_bad_environment_names_are_refused_before_any_worker_starts(tmp_path: Path) -> None:
-    from tpuft.errors import UsageError
-
-    workers = make_workers(tmp_path, 2)
-    marker = tmp_path / "started"
-    fleet = LocalFleet(workers)
-    names = {0: "GOOD", 1: "BAD NAME"}
-    with pytest.raises(UsageError, match="worker 1: 'BAD NAME' is not an environment variable name"):
-        fleet.run(["bash", "-c", f"sleep 2; touch {marker}"], env=lambda w: {names[w.index]: "x"})
-    time.sleep(2.5)
-    assert not marker.exists()  # worker 0 had started: it was stopped, not left running unwatched

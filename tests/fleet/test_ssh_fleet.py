@@ -1,4 +1,5 @@
-"""The SSH fleet against a pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py)."""
+"""The SSH fleet's own behaviour against real OpenSSH servers (the shared contract is in test_fleet_contract.py):
+retries, refused keys, remote process groups killed on Ctrl-C, nothing in a name or value read as shell."""
 
 from __future__ import annotations
 
@@ -31,68 +32,6 @@ def make_fleet(pod: SshdPod, **overrides: object) -> SshFleet:
     workers = [Worker(index=i, address=a) for i, a in enumerate(pod.addresses)]
     settings = SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port, **overrides)  # type: ignore[arg-type]
     return SshFleet(workers, settings)
-
-
-def test_runs_everywhere_with_quoted_env_and_logs(pod: SshdPod, tmp_path: Path) -> None:
-    fleet = make_fleet(pod)
-    lines: list[tuple[int, str]] = []
-    tricky = "it's a $HOME \"test\"; rm -rf /nothing"
-    result = fleet.run(
-        ["bash", "-c", 'echo "id=$TPUFT_WORKER_ID home=$HOME"; echo "v=$V"; pwd'],
-        env=lambda w: {"TPUFT_WORKER_ID": str(w.index), "V": tricky},
-        log_dir=tmp_path / "logs",
-        on_line=lambda i, line: lines.append((i, line)),
-    )
-    fleet.close()
-    assert result.ok, [r.tail for r in result.results]
-    for i in range(3):
-        home = pod.home(i)
-        assert (i, f"id={i} home={home}") in lines
-        assert (i, f"v={tricky}") in lines  # quoted, not interpreted
-        assert (i, str(home)) in lines  # runs in HOME
-        log = (tmp_path / "logs" / f"worker-{i}.log").read_text()
-        assert "__TPUFT_PGID__" not in log and f"id={i}" in log
-
-
-def test_fail_fast_kills_the_remote_process_groups(pod: SshdPod) -> None:
-    fleet = make_fleet(pod)
-    script = (
-        'if [ "$ID" = 1 ]; then sleep 1; echo "boom"; exit 7; fi; '
-        "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"
-    )
-    for i in range(3):
-        for name in ("child.pid", "shell.pid"):
-            (pod.home(i) / name).unlink(missing_ok=True)
-    started = time.monotonic()
-    result = fleet.run(["bash", "-c", script], env=lambda w: {"ID": str(w.index)})
-    fleet.close()
-    assert time.monotonic() - started < 15
-    assert result.first_failure == 1
-    by_index = {r.index: r for r in result.results}
-    assert by_index[1].exit_code == 7 and by_index[1].tail == ["boom"]
-    assert by_index[0].exit_code is None and by_index[2].exit_code is None
-    for i in (0, 2):
-        for name in ("child.pid", "shell.pid"):
-            pid = int((pod.home(i) / name).read_text())
-            assert not alive(pid), f"worker {i} {name} survived"
-
-
-def test_put_copies_folders_and_files(pod: SshdPod, tmp_path: Path) -> None:
-    source = tmp_path / "pkg"
-    (source / "sub").mkdir(parents=True)
-    (source / "a.py").write_text("print('a')\n")
-    (source / "sub" / "b.txt").write_text("bee")
-    single = tmp_path / "recipe.yaml"
-    single.write_text("name: x\n")
-    fleet = make_fleet(pod)
-    fleet.put(source, ".tpuft/pkg/abc/tpuft")
-    fleet.put(single, "runs/r1/recipe.yaml", workers=[2])
-    fleet.close()
-    for i in range(3):
-        assert (pod.home(i) / ".tpuft/pkg/abc/tpuft/sub/b.txt").read_text() == "bee"
-        assert (pod.home(i) / ".tpuft/pkg/abc/tpuft/a.py").read_text() == "print('a')\n"
-    assert (pod.home(2) / "runs/r1/recipe.yaml").read_text() == "name: x\n"
-    assert not (pod.home(0) / "runs/r1/recipe.yaml").exists()
 
 
 def test_unreachable_worker_is_retried_then_named(pod: SshdPod) -> None:

@@ -275,12 +275,16 @@ def test_connection_dropped_midway_resumes_from_the_byte_it_reached(
     url, files = gcs_run
     data = files[BIG]
     broken: list[str] = []
+    ranges: list[str] = []
     original = _Handler._injected_fault
 
     def half_then_hang_up(handler: _Handler, method: str) -> bool:
         if method != "GET" or not handler.path.startswith("/download/") or BIG not in handler.path.replace("%2F", "/"):
             return original(handler, method)
-        if broken or handler.headers.get("Range"):
+        if handler.headers.get("Range"):
+            ranges.append(handler.headers["Range"])
+            return False
+        if broken:
             return False
         broken.append(handler.path)
         handler.send_response(200)
@@ -296,6 +300,7 @@ def test_connection_dropped_midway_resumes_from_the_byte_it_reached(
 
     assert broken
     assert media_gets(gcs, BIG) == 2  # the broken GET and the ranged one for the rest
+    assert ranges == [f"bytes={len(data) // 2}-"]  # from the byte it reached, not from the start
     assert result.files_fetched == result.files_total
     assert read_tree(tmp_path / "dest") == expected(files, [20])
 

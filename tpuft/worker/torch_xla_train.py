@@ -497,13 +497,14 @@ def lr_factor(steps: int, warmup: int, schedule: str):  # type: ignore[no-untype
 
 
 def params_digest(state: dict[str, Any]) -> str:
-    """sha256 over every tensor's bytes in name order: equal digests mean bit-identical weights."""
+    """sha256 over every tensor in name order, each framed by its name, dtype and shape (so that neither a renamed,
+    a reshaped nor a differently split tensor can give the same bytes): equal digests mean identical weights."""
     import torch
 
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"tpuft-weights-v1 {len(state)}".encode())
     for name in sorted(state):
-        tensor = state[name].contiguous()
-        digest.update(name.encode())
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"\0{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 

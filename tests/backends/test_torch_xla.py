@@ -1,0 +1,70 @@
+"""What the PyTorch/XLA backend tells shared code: its recipe section, its check and launch plan for a cluster
+shape, its run layout, and its part of the train summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MINIMAL_RECIPE
+from tpuft.backends import get_backend, kinds
+from tpuft.backends.base import ClusterShape
+from tpuft.backends.torch_xla import LAYOUT, TorchXlaBackend
+from tpuft.config import load_recipe
+from tpuft.runs import RunSnapshot, WorkerView
+from tpuft.storage import open_storage
+
+BACKEND = get_backend("torch_xla")
+
+
+@pytest.fixture
+def recipe(recipe_dir: Path):  # type: ignore[no-untyped-def]
+    path = recipe_dir / "r.yaml"
+    path.write_text(MINIMAL_RECIPE.replace("batch_size: 4", "batch_size: 24"))
+    return load_recipe(path).value
+
+
+def test_the_registry_builds_the_recipe_union() -> None:
+    assert kinds() == ["torch_xla"] and BACKEND.config_model is TorchXlaBackend
+    assert TorchXlaBackend().torch_version == "2.9.0"
+
+
+def test_batch_is_checked_against_replicas_not_hosts(recipe) -> None:  # type: ignore[no-untyped-def]
+    assert BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []  # 24 over 2 workers
+    (path, message), = BACKEND.check(recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu"))  # 16 chips
+    assert path == ("train", "batch_size")
+    assert "24 does not split evenly over 16 replicas (4 hosts x 4 chips)" in message and "e.g. 16" in message
+
+
+def test_launch_plan_runs_on_every_host_with_the_runtime_env(recipe) -> None:  # type: ignore[no-untyped-def]
+    cpu = BACKEND.plan(recipe, ClusterShape(hosts=3, chips_per_host=4, target="cpu"))
+    assert cpu.workers == (0, 1, 2) and cpu.env["PJRT_DEVICE"] == "CPU" and cpu.argv == ("-m", "tpuft.worker")
+    tpu = BACKEND.plan(recipe, ClusterShape(hosts=2, chips_per_host=4, target="tpu"))
+    assert tpu.env["PJRT_DEVICE"] == "TPU" and "TF_CPP_MIN_LOG_LEVEL" not in tpu.env
+    assert cpu.ship == ("train", "eval")
+
+
+def test_layout_names_and_finds_checkpoints(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    for step in (10, 200, 30):
+        LAYOUT.checkpoint_dir(run, step).mkdir(parents=True)
+    (run / "checkpoints" / "step_00000400.tmp").mkdir()  # half-written: not a checkpoint
+    (run / "checkpoints" / "notes").mkdir()
+    assert LAYOUT.checkpoint_dir(run, 10).name == "step_00000010"
+    assert [step for step, _ in LAYOUT.local_checkpoints(run / "checkpoints")] == [10, 30, 200]
+    assert LAYOUT.checkpoint_steps(open_storage(str(run))) == {10: "step_00000010", 30: "step_00000030", 200: "step_00000200"}
+    assert (LAYOUT.metrics, LAYOUT.writes_to_bucket, LAYOUT.exports_hf) == ("jsonl", False, True)
+
+
+def _snap(digests: list[str | None]) -> RunSnapshot:
+    workers = [WorkerView(i, "finished", 10, 1.0, False, digest) for i, digest in enumerate(digests)]
+    return RunSnapshot(run_id="r", run_dir=Path("."), info={}, status="finished", step=10, total_steps=10, workers=workers)
+
+
+def test_summary_says_whether_every_replica_ended_with_the_same_weights() -> None:
+    extras, rows = BACKEND.summarize(_snap(["a", "a"]), launched=2)
+    assert extras == {"weight_digests": {0: "a", 1: "a"}} and rows == [("weights", "identical on all workers")]
+    assert BACKEND.summarize(_snap(["a", "b"]), launched=2)[1] == [("weights", "DIFFER between workers")]
+    assert BACKEND.summarize(_snap(["a", None]), launched=2)[1] == [("weights", "DIFFER between workers")]  # one missing
+    assert BACKEND.summarize(_snap([None, None]), launched=2) == ({"weight_digests": {}}, [])
