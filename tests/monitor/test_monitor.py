@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from tpuft import rundir
+from tests.rundirs import write_run
 from tpuft.runs import snapshot
 
 
 def make_run(root: Path, *, beats: dict[int, float], lines: list[str]) -> Path:
     run = root / "runs" / "demo-1"
-    (run / "heartbeat").mkdir(parents=True)
-    rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "demo-1", "recipe": "demo", "backend": "torch_xla", "workers": 2, "total_steps": 100, "status": "running"})
-    (run / rundir.METRICS).write_text("\n".join(lines) + "\n")
-    for worker, age in beats.items():
-        rundir.write_json_atomic(rundir.heartbeat_path(run, worker), {"worker": worker, "step": 50, "status": "running", "time": time.time() - age})
+    write_run(
+        run,
+        info={"recipe": "demo", "backend": "torch_xla", "workers": 2, "total_steps": 100, "status": "running"},
+        metrics_lines=lines,
+        beats={worker: {"step": 50, "status": "running", "age": age} for worker, age in beats.items()},
+    )
     return run
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft import rundir
+from tests.rundirs import write_run as build_run
 from tpuft.rundir import log_timestamp
 from tpuft.ops.logs import LogLine, follow, in_time_order, open_run_logs, parse_line
 from tpuft.config import load_cluster
@@ -21,15 +22,15 @@ from tpuft.storage import open_storage
 def write_run(bucket: Path, run_id: str, *, status: str, steps: int, evals: list[tuple[int, float]], beat_age: float = 1.0,
               started: float = 1_790_000_000.0) -> Path:
     run = bucket / "runs" / run_id
-    rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": run_id, "recipe": run_id.split("-")[0], "backend": "torch_xla",
-                                                     "workers": 2, "total_steps": 100, "status": status, "started": started})
     rows = [{"step": s, "loss": 3.0 - s / 50, "lr": 1e-3, "examples_per_s": 250.0, "tokens_per_s": 9800.0, "elapsed_s": s / 2}
             for s in range(10, steps + 1, 10)]
     rows += [{"step": s, "eval_loss": 1.0, "eval_exact_match": m} for s, m in evals]
-    (run / rundir.METRICS).write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"])))
-    for w in range(2):
-        rundir.write_json_atomic(rundir.heartbeat_path(run, w), {"worker": w, "step": steps, "status": status if status != "failed" else "failed",
-                                                                 "time": time.time() - beat_age, "loss": 1.0})
+    build_run(
+        run,
+        info={"recipe": run_id.split("-")[0], "backend": "torch_xla", "workers": 2, "total_steps": 100, "status": status, "started": started},
+        metrics=sorted(rows, key=lambda r: r["step"]),
+        beats={w: {"step": steps, "status": status, "age": beat_age, "loss": 1.0} for w in range(2)},
+    )
     return run
 
 

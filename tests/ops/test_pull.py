@@ -17,6 +17,7 @@ import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator, _Handler
 from tpuft.errors import TpuftError, UsageError
+from tests.rundirs import write_run
 from tpuft.ops.pull import PullResult, choose_checkpoints, pull
 from tpuft.storage import PARTIAL_SUFFIX, GcsStorage, open_storage
 
@@ -67,11 +68,7 @@ def make_run(root: Path, *, metrics: list[dict[str, Any]] | None = None) -> dict
         "export/hf/model.safetensors": os.urandom(MiB),
         "export/hf/tokenizer_config.json": b"{}",
     }
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return files
+    return write_run(root, files=files)
 
 
 def expected(files: dict[str, bytes], steps: list[int]) -> dict[str, bytes]:
