@@ -45,7 +45,7 @@ from tpuft.convert.safetensors_io import (
     SafetensorsReader,
     read_header,
 )
-from tpuft.convert.torch_ckpt import TOKENIZER_FILES
+from tpuft.convert.hf_ckpt import TOKENIZER_FILES
 
 H5_WEIGHTS = "tf_model.h5"
 H5_INDEX = "tf_model.h5.index.json"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.convert.model_source import ConvertError, ModelSource
-from tpuft.convert.torch_ckpt import TOKENIZER_FILES
+from tpuft.convert.hf_ckpt import TOKENIZER_FILES
 
 
 def open_source(path: Path, *, step: int | None = None, overrides: dict[str, Any] | None = None) -> ModelSource:
@@ -31,7 +31,7 @@ def open_source(path: Path, *, step: int | None = None, overrides: dict[str, Any
     if keras_ckpt.is_keras_checkpoint(path):
         source = keras_ckpt.open_keras_source(path)
     else:
-        from tpuft.convert.torch_ckpt import find_checkpoint, open_torch_source
+        from tpuft.convert.hf_ckpt import find_checkpoint, open_hf_checkpoint
 
         try:
             ckpt = find_checkpoint(path, step)
@@ -40,7 +40,7 @@ def open_source(path: Path, *, step: int | None = None, overrides: dict[str, Any
                 f"{exc}\n(also not a T5X checkpoint: no checkpoint_N/ with a 'checkpoint' file or Orbax state/, "
                 "and not a Keras/TF save_pretrained dir: no tf_model.h5)"
             ) from None
-        source = open_torch_source(ckpt)
+        source = open_hf_checkpoint(ckpt)
     if overrides:
         source.config.update(overrides)
     return source

@@ -444,7 +444,7 @@ class Trainer:
         digest = params_digest(self._cpu_state())
         self._say(f"weights sha256 {digest[:16]} (replica {self.replicas.rank})", everyone=True)
         if self.chief and self.recipe.export.hf and ckpt is not None:
-            from tpuft.convert.torch_ckpt import export_checkpoint
+            from tpuft.convert.hf_ckpt import export_checkpoint
 
             out = self.ctx.run_dir / rundir.EXPORT_HF
             export_checkpoint(ckpt, out, dtype=self.recipe.export.dtype)

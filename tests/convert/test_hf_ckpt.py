@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tpuft.convert.safetensors_io import PlannedTensor, SafetensorsReader, float32_to_bfloat16_bits, write_streaming
-from tpuft.convert.torch_ckpt import CheckpointError, export_checkpoint, find_checkpoint
+from tpuft.convert.hf_ckpt import CheckpointError, export_checkpoint, find_checkpoint
 
 
 def make_checkpoint(root: Path, step: int, tensors: dict[str, np.ndarray]) -> Path:

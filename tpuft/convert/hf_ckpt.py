@@ -1,7 +1,7 @@
-"""PyTorch/XLA checkpoints -> Hugging Face model directory.
+"""Checkpoints already in Hugging Face layout (safetensors + config.json) -> a Hugging Face model directory.
 
-The torch_xla trainer saves each checkpoint with ``save_pretrained`` (HF names, safetensors) beside its optimizer
-state, so the source is already in HF names: plan its tensors (re-cast or re-sharded on the way), keep the config,
+Read with NumPy from the safetensors files, never with torch. The PyTorch/XLA trainer saves each checkpoint with
+``save_pretrained`` (HF names, safetensors) beside its optimizer state, so the source is already in HF names: plan its tensors (re-cast or re-sharded on the way), keep the config,
 the generation config and the tokenizer files, and leave out optimizer and trainer state. The run's own
 end-of-training export and ``tpuft convert`` both come through here and :mod:`tpuft.convert.hf_writer`.
 """
@@ -61,7 +61,7 @@ def _weight_files(ckpt: Path) -> list[Path]:
     return [ckpt / n for n in names]
 
 
-def open_torch_source(ckpt: Path) -> ModelSource:
+def open_hf_checkpoint(ckpt: Path) -> ModelSource:
     """Plan an export of a save_pretrained dir: tensors are read lazily from the memory-mapped safetensors."""
     if not is_checkpoint(ckpt):
         raise CheckpointError(f"{ckpt}: not a complete checkpoint (config.json and {WEIGHTS} expected)")
@@ -95,4 +95,4 @@ def open_torch_source(ckpt: Path) -> ModelSource:
 def export_checkpoint(
     ckpt: Path, out_dir: Path, *, dtype: str = "float32", overwrite: bool = True, max_shard_bytes: int | None = None
 ) -> ExportResult:
-    return write_hf_model(open_torch_source(ckpt), out_dir, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    return write_hf_model(open_hf_checkpoint(ckpt), out_dir, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
