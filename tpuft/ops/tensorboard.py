@@ -28,7 +28,6 @@ from tpuft import rundir
 from tpuft.errors import TpuftError, UsageError
 from tpuft.paths import tpuft_home, venv_cache
 from tpuft.ports import free_port
-from tpuft.storage import open_storage
 
 SYNC_SECONDS = 30.0
 """How often a bucket run's ``tb/`` is mirrored again while TensorBoard runs."""
@@ -94,18 +93,18 @@ def start_tensorboard(
 
     Raises :class:`UsageError` when the run has no ``tb/`` or no ``tensorboard`` can be found, and
     :class:`TpuftError` (with the tail of its output) when TensorBoard exits or does not answer in time."""
+    from tpuft.runs import Run
+
     command = tensorboard_command()
-    remote = str(run).startswith("gs://")
+    reference = Run.from_url(run)
+    remote = reference.remote
     store: Any = None
     if remote:
-        from tpuft.runs import Run
-
-        mirrored = Run.from_url(run)
-        logdir = mirrored.mirror / rundir.TB_DIR  # the run's one local mirror, shared with monitor and train
-        store = open_storage(mirrored.url)
+        logdir = reference.mirror / rundir.TB_DIR  # the run's one local mirror, shared with monitor and train
+        store = reference.storage
         store.download_tree(rundir.TB_DIR, logdir)
     else:
-        logdir = local_logdir(Path(run).expanduser())
+        logdir = local_logdir(reference.mirror)
     chosen = port or free_port(host)
     log_path = tpuft_home() / "cache" / "tb" / f"tensorboard-{chosen}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
