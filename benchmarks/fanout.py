@@ -35,7 +35,7 @@ import json, resource, sys, time
 started = time.perf_counter()
 from pathlib import Path
 from tpuft.fleet.ssh import SshFleet, SshSettings
-from tpuft.providers.base import Worker
+from tpuft.records import Worker
 spec = json.loads(sys.argv[1])
 workers = [Worker(i, a) for i, a in enumerate(spec["addresses"])]
 fleet = SshFleet(workers, SshSettings(user=spec["user"], key_file=Path(spec["key"]), port=spec["port"]))
@@ -76,7 +76,7 @@ def tpuft_exec_cluster(pod, server, count: int, root: Path) -> Path:
     path = root / f"tpuft-{count}.yaml"
     path.write_text(
         f"name: bench-{count}\nprovider: gcp\naccelerator: {accelerator}\n"
-        f"gcp: {{project: bench, zone: us-central2-b, tpu_api_endpoint: '{server.endpoint}'}}\n"
+        f"gcp: {{project: tpuft-bench, zone: us-central2-b, tpu_api_endpoint: '{server.endpoint}'}}\n"
         f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}}}\n"
     )
     subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(path), "--yes"], check=True, capture_output=True, cwd=REPO, env=ENV)
