@@ -63,6 +63,35 @@ def run_order(run_id: str) -> tuple[str, str]:
     return (stamp.group(1) if stamp else "", run_id)
 
 
+class TreeDownloads:
+    """``download_tree`` for every storage, in terms of its ``fetch_tree``."""
+
+    def fetch_tree(
+        self,
+        relprefix: str,
+        local_dir: Path | str,
+        *,
+        workers: int = 8,
+        include: Callable[[str], bool] | None = None,
+        progress: Progress | None = None,
+    ) -> TreeTransfer:
+        raise NotImplementedError
+
+    def download_tree(
+        self,
+        relprefix: str,
+        local_dir: Path | str,
+        *,
+        workers: int = 8,
+        include: Callable[[str], bool] | None = None,
+        progress: Progress | None = None,
+    ) -> int:
+        """Copy ``relprefix`` into ``local_dir``; returns how many files were fetched. Files already there with the
+        same size and checksum are skipped, so an interrupted download resumes; ``include`` picks files by their
+        path inside ``relprefix``."""
+        return self.fetch_tree(relprefix, local_dir, workers=workers, include=include, progress=progress).fetched
+
+
 class Storage(Protocol):
     """A place for run directories: a local folder or ``gs://bucket[/prefix]``. ``relpath`` arguments are relative
     to :attr:`url` and use ``/``."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpuft.errors import TpuftError, UsageError
-from tpuft.storage.base import Failures, MiB, Progress, RUNS, TreeTransfer, clean_relpath, join_relpath, run_order
+from tpuft.storage.base import TreeDownloads, Failures, MiB, Progress, RUNS, TreeTransfer, clean_relpath, join_relpath, run_order
 from tpuft.storage.transfer import Meter, PartialWriter, check_download, file_md5, finish_download, interruptible, partial_path, raise_failures, same_content, target_in, walk_files
 from tpuft.storage.errors import LOGIN_HINT, gcs_call
 
@@ -43,7 +43,7 @@ def _region_warning(url: str, actual: str | None, wanted: str | None) -> str | N
 
 
 @dataclass(eq=False)
-class GcsStorage:
+class GcsStorage(TreeDownloads):
     """``gs://bucket[/prefix]``; every path is an object name under ``prefix``. The client is made on first use."""
 
     bucket: str
@@ -190,20 +190,6 @@ class GcsStorage:
                 failures.append((self._url_of(name), exc))
         raise_failures("upload", failures, len(todo))
         return len(todo)
-
-    def download_tree(
-        self,
-        relprefix: str,
-        local_dir: Path | str,
-        *,
-        workers: int = 8,
-        include: Callable[[str], bool] | None = None,
-        progress: Progress | None = None,
-    ) -> int:
-        """Download ``relprefix`` into ``local_dir`` with ``workers`` parallel requests; returns how many files were
-        fetched. Files already there with the same size and CRC32C are skipped, so an interrupted download resumes.
-        ``include`` picks files by their path inside ``relprefix``."""
-        return self.fetch_tree(relprefix, local_dir, workers=workers, include=include, progress=progress).fetched
 
     def fetch_tree(
         self,

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuft.errors import TpuftError
-from tpuft.storage.base import RUNS, Progress, TreeTransfer, clean_relpath, join_relpath, run_order
+from tpuft.storage.base import TreeDownloads, RUNS, Progress, TreeTransfer, clean_relpath, join_relpath, run_order
 from tpuft.storage.transfer import Meter, copy_atomic, partial_path, sync_tree, walk_files
 
 
 @dataclass(frozen=True)
-class LocalStorage:
+class LocalStorage(TreeDownloads):
     root: Path
 
     @property
@@ -96,19 +96,6 @@ class LocalStorage:
         if not source.is_dir():
             raise TpuftError(f"{source}: no such folder to upload to {self._path(relprefix)}")
         return sync_tree(source, self._path(relprefix)).fetched
-
-    def download_tree(
-        self,
-        relprefix: str,
-        local_dir: Path | str,
-        *,
-        workers: int = 8,
-        include: Callable[[str], bool] | None = None,
-        progress: Progress | None = None,
-    ) -> int:
-        """Copy ``relprefix`` into ``local_dir``; returns how many files were copied (unchanged ones are skipped).
-        ``include`` picks files by their path inside ``relprefix``."""
-        return self.fetch_tree(relprefix, local_dir, workers=workers, include=include, progress=progress).fetched
 
     def fetch_tree(
         self,
