@@ -63,21 +63,14 @@ class Run:
 
     def info(self) -> dict[str, Any]:
         """run.json (empty when it is missing or being rewritten)."""
-        import json
-
-        text = self.storage.read_text(rundir.RUN_INFO)
-        try:
-            info = json.loads(text) if text else {}
-        except json.JSONDecodeError:
-            return {}
-        return info if isinstance(info, dict) else {}
+        return read_run_info(self.storage) or {}
 
     def local_view(self, *, logs: bool = False) -> Path:
         """A folder with the run's status files: the run dir itself, or the mirror refreshed from the bucket (with
         ``logs``, the new part of each worker log too)."""
         if not self.remote:
             return self.mirror
-        return mirror_small_files(self.storage, self.mirror, logs=logs, events_if_no_metrics=True)
+        return mirror_small_files(self.storage, self.mirror, logs=logs)
 
     def layout(self) -> RunLayout:
         """Where this run's backend put things (see :func:`layout_for`)."""
@@ -87,6 +80,18 @@ class Run:
         snap = snapshot(self.local_view(logs=logs), node_state=node_state)
         snap.run_dir = self.url  # type: ignore[assignment]  # where it lives, not the local copy
         return snap
+
+
+def read_run_info(storage: Storage) -> dict[str, Any] | None:
+    """A run dir's run.json; None when it is missing, not JSON (being rewritten) or not an object."""
+    import json
+
+    text = storage.read_text(rundir.RUN_INFO)
+    try:
+        info = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def layout_of(info: dict[str, Any]) -> RunLayout | None:
@@ -236,9 +241,9 @@ def best_eval_row(eval_rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {}
 
 
-def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False, events_if_no_metrics: bool = False) -> Path:
+def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> Path:
     """Copy a remote run's status files (run info, metrics, heartbeats; not checkpoints) into ``mirror``; with
-    ``logs`` its worker logs too, and the TensorBoard events when it has no metrics.jsonl (a T5X run)."""
+    ``logs`` its worker logs too, and its TensorBoard events when those are its metrics (:func:`metrics_are_events`)."""
     mirror.mkdir(parents=True, exist_ok=True)
     for name in (rundir.METRICS, rundir.RUN_INFO):
         text = run_store.read_text(name)
@@ -247,7 +252,7 @@ def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False, even
     run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
     if logs:
         _append_new_log_bytes(run_store, mirror)
-    if events_if_no_metrics and not (mirror / rundir.METRICS).is_file():
+    if metrics_are_events(mirror):
         run_store.download_tree(rundir.TB_DIR, mirror / rundir.TB_DIR)
     return mirror
 
@@ -265,15 +270,18 @@ def _append_new_log_bytes(run_store: Any, mirror: Path) -> None:
                 handle.write(data)
 
 
-def read_run_metrics(run_dir: Path) -> tuple[rundir.MetricsLog, str]:
-    """What the run's layout says its metrics are: metrics.jsonl, or TensorBoard events only (a T5X-style backend).
-    A run whose backend tpuft does not know is read by what it has."""
+def metrics_are_events(run_dir: Path) -> bool:
+    """Whether a run's metrics are TensorBoard events only (a T5X-style backend) rather than metrics.jsonl: what its
+    backend's layout says, or, for a backend tpuft does not know, whether it has no metrics.jsonl."""
     layout = layout_of(rundir.read_json(run_dir / rundir.RUN_INFO) or {})
     if layout is not None:
-        events = layout.metrics == "tensorboard"
-    else:
-        events = not (run_dir / rundir.METRICS).is_file() and (run_dir / rundir.TB_DIR).is_dir()
-    if not events:
+        return layout.metrics == "tensorboard"
+    return not (run_dir / rundir.METRICS).is_file()
+
+
+def read_run_metrics(run_dir: Path) -> tuple[rundir.MetricsLog, str]:
+    """metrics.jsonl, or the TensorBoard events when those are the run's metrics and it has some."""
+    if not (metrics_are_events(run_dir) and (run_dir / rundir.TB_DIR).is_dir()):
         return rundir.read_metrics(run_dir), rundir.METRICS
     from tpuft.tb_events import read_tb_metrics
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuft import rundir
 from tpuft.errors import UsageError
-from tpuft.runs import layout_for
+from tpuft.runs import layout_for, read_run_info
 from tpuft.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def pull(
     pulled_at = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     started = time.monotonic()
 
-    info = _run_info(storage)
+    info = read_run_info(storage)
     layout = layout_for(info or {}, storage)
     steps = layout.checkpoint_steps(storage)
     if info is None and not steps and not storage.folders() and storage.read_text(rundir.METRICS) is None:
@@ -186,15 +186,6 @@ def _check_dest(storage: Storage, dest: Path) -> None:
     source, target = storage.local_root.resolve(), dest.expanduser().resolve()
     if target == source or source in target.parents:
         raise UsageError(f"{dest}: the destination is inside the run dir {storage.root}; choose another folder")
-
-
-def _run_info(storage: Storage) -> dict[str, Any] | None:
-    text = storage.read_text(rundir.RUN_INFO)
-    try:
-        info = json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return None
-    return info if isinstance(info, dict) else None
 
 
 def _selector(layout: RunLayout, chosen: set[str]) -> Callable[[str], bool]:
