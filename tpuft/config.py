@@ -59,6 +59,23 @@ from tpuft.templates import TemplateError, template_fields
 # Cluster file
 
 
+def _from_file(text: str, info: ValidationInfo) -> Path:
+    """A path written in a config file: checked for shape, and relative to that file's folder (``base_dir``), so a
+    file means the same wherever tpuft runs from."""
+    check(formats.path_text_problem(text))
+    path = Path(text).expanduser()
+    base = (info.context or {}).get("base_dir")
+    return Path(base) / path if not path.is_absolute() and base is not None else path
+
+
+def _folder(text: str, info: ValidationInfo) -> Path:
+    """:func:`_from_file` for a folder tpuft will create: a file in the way is refused now, not at ``create``."""
+    path = _from_file(text, info)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a folder")
+    return path
+
+
 class LocalConfig(StrictModel):
     """The local provider: a "pod" of N worker folders on this machine, each a private HOME."""
 
@@ -78,16 +95,7 @@ class LocalConfig(StrictModel):
     @field_validator("state_dir", "venv_cache")
     @classmethod
     def _folder_or_absent(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is None:
-            return None
-        check(formats.path_text_problem(str(value)))
-        path = value.expanduser()
-        base = (info.context or {}).get("base_dir")
-        if not path.is_absolute() and base is not None:
-            path = Path(base) / path
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{path} exists and is not a folder")
-        return path  # relative to the cluster file, like a recipe's data paths, wherever tpuft runs from
+        return None if value is None else _folder(str(value), info)
 
 
 class GcpConfig(StrictModel):
@@ -223,14 +231,7 @@ class ClusterConfig(StrictModel):
                 raise ValueError(
                     f"{value!r}: the local provider keeps runs in a local folder; give a path (or leave bucket unset)"
                 )
-            check(formats.path_text_problem(value))
-            path = Path(value).expanduser()
-            base = (info.context or {}).get("base_dir")
-            if not path.is_absolute() and base is not None:
-                path = Path(base) / path
-            if path.exists() and not path.is_dir():
-                raise ValueError(f"{path} exists and is not a folder")
-            return str(path)
+            return str(_folder(value, info))
         return value
 
     @field_validator("gcp")
@@ -368,12 +369,7 @@ class DataConfig(StrictModel):
     def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        check(formats.path_text_problem(str(value)))
-        base = (info.context or {}).get("base_dir")
-        path = value.expanduser()
-        if not path.is_absolute() and base is not None:
-            path = Path(base) / path
-        path = Path(os.path.normpath(path))
+        path = Path(os.path.normpath(_from_file(str(value), info)))
         if (info.context or {}).get("check_files", True):
             if not path.exists():
                 raise ValueError(f"file not found: {path}")
