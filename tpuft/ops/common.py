@@ -16,8 +16,7 @@ from tpuft.errors import Interrupted, UsageError, WorkerFailure
 from tpuft.fleet.base import Fleet, FleetResult
 from tpuft.paths import package_root
 from tpuft.providers import Provider, get_provider
-from tpuft.records import Cluster
-from tpuft.records import State
+from tpuft.records import Cluster, State
 
 PACKAGE_HOME = ".tpuft/pkg"
 """Under each worker's HOME: one folder per version of the tpuft package, named by a hash of its files."""

@@ -15,11 +15,11 @@ from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe
 from tpuft.errors import UsageError, WorkerFailure
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
-from tpuft.ops.preflight import check_against_cluster, preflight
-from tpuft.ports import free_port
-from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, venv_python
-from tpuft.records import Worker
 from tpuft.ops.logs import LIVE_MARKER
+from tpuft.ops.preflight import check_against_cluster, preflight
+from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, venv_python
+from tpuft.ports import free_port
+from tpuft.records import Worker
 from tpuft.runs import Run
 from tpuft.storage import open_storage
 from tpuft.storage.sync import RunDirSync
@@ -102,7 +102,7 @@ def train(
         "started": started,
         "status": "running",
     }
-    run.storage.write_text(rundir.RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
+    _write_info(run, info)
     if on_start is not None:
         on_start(run_id, run.url)
 
@@ -111,18 +111,21 @@ def train(
     except BaseException as exc:  # nothing ran to the end: the run must not say `running` forever
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        final = {**info, "status": status, "ended": time.time(), "cause": cause[:2000]}
-        run.storage.write_text(rundir.RUN_INFO, json.dumps(final, indent=2, sort_keys=True))
+        _write_info(run, info, status=status, ended=time.time(), cause=cause[:2000])
         raise
     seconds = time.time() - started
     status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
-    final_info = {**info, "status": status, "ended": time.time(), "seconds": round(seconds, 1)}
-    run.storage.write_text(rundir.RUN_INFO, json.dumps(final_info, indent=2, sort_keys=True))
+    _write_info(run, info, status=status, ended=time.time(), seconds=round(seconds, 1))
     try:
         raise_on_failure(result, f"training run {run_id}")
     except WorkerFailure as failure:
         raise WorkerFailure(f"{failure.message}\nrun dir: {run.url}") from None
     return summarize(run, get_backend(recipe.value.backend.kind), seconds, len(result.results))
+
+
+def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
+    """run.json: what the run is, and (once it ends) how it ended."""
+    run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
 
 
 def _launch(
