@@ -66,19 +66,8 @@ def run_order(run_id: str) -> tuple[str, str]:
 class TreeDownloads:
     """``download_tree`` for every storage, in terms of its ``fetch_tree``."""
 
-    def fetch_tree(
-        self,
-        relprefix: str,
-        local_dir: Path | str,
-        *,
-        workers: int = 8,
-        include: Callable[[str], bool] | None = None,
-        progress: Progress | None = None,
-    ) -> TreeTransfer:
-        raise NotImplementedError
-
     def download_tree(
-        self,
+        self: Storage,
         relprefix: str,
         local_dir: Path | str,
         *,
