@@ -12,7 +12,7 @@ from typing import Any
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.fleet.base import LineSink
 from tpuft.ops.cluster import CostEstimate, CreateResult, cost_to_confirm, create
-from tpuft.ops.preflight import DataProgress, preflight
+from tpuft.ops.preflight import preflight
 from tpuft.ops.setup import SetupResult, setup
 from tpuft.ops.train import TrainResult, train
 
@@ -35,7 +35,6 @@ def up(
     on_step: Callable[[int, str, Any], None] | None = None,
     on_line: LineSink | None = None,
     on_start: Any = None,
-    data_progress: DataProgress | None = None,
     checked: bool = False,
 ) -> UpResult:
     """``confirm(estimate)`` is called before a new cloud cluster is created and raises to stop. ``on_step(i, what,
@@ -44,7 +43,7 @@ def up(
     started = time.monotonic()
     step = on_step or (lambda index, what, previous: None)
     if not checked:
-        preflight(config, recipe, data_progress)
+        preflight(config, recipe)
     step(0, f"create {config.name}", None)
     estimate = cost_to_confirm(config)
     if estimate is not None:
