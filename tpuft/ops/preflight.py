@@ -88,7 +88,7 @@ def data_problems(
 
 
 def _field_missing_everywhere(check: FileCheck) -> tuple[str, str] | None:
-    if check.examples == 0 and len(check.missing) == 1 and check.lines_with_problems > 0:
+    if check.examples == 0 and len(check.missing) == 1 and check.problems:
         if all(p.missing is not None for p in check.problems):
             return next(iter(check.missing))
     return None

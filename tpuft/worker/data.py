@@ -199,7 +199,6 @@ class FileCheck:
     more_problems: int = 0
     missing: set[tuple[str, str]] = field(default_factory=set)
     """(side, field) of every "no field" problem, listed or not."""
-    lines_with_problems: int = 0
     """Problems beyond the first ``MAX_PROBLEMS``, counted but not listed."""
     bytes_read: int = 0
 
@@ -230,7 +229,6 @@ def check_file(path: Path, fields: Fields, *, progress: Any = None) -> FileCheck
 
 
 def _note(check: FileCheck, problem: DataError) -> None:
-    check.lines_with_problems += 1
     if problem.missing is not None:
         check.missing.add(problem.missing)
     if len(check.problems) < MAX_PROBLEMS:
