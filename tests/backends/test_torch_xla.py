@@ -47,14 +47,17 @@ def test_launch_plan_runs_on_every_host_with_the_runtime_env(recipe) -> None:  #
 
 def test_layout_names_and_finds_checkpoints(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    for step in (10, 200, 30):
+    for step in (10, 200, 30, 300):
         LAYOUT.checkpoint_dir(run, step).mkdir(parents=True)
+        (LAYOUT.checkpoint_dir(run, step) / "model.safetensors").write_bytes(b"w" * step)
+        if step != 300:  # step 300's manifest was never written: not a checkpoint
+            LAYOUT.write_manifest(LAYOUT.checkpoint_dir(run, step))
     (run / "checkpoints" / "step_00000400.tmp").mkdir()  # half-written: not a checkpoint
     (run / "checkpoints" / "notes").mkdir()
     assert LAYOUT.checkpoint_dir(run, 10).name == "step_00000010"
     assert [step for step, _ in LAYOUT.local_checkpoints(run / "checkpoints")] == [10, 30, 200]
     assert LAYOUT.checkpoint_steps(open_storage(str(run))) == {10: "step_00000010", 30: "step_00000030", 200: "step_00000200"}
-    assert (LAYOUT.metrics, LAYOUT.writes_to_bucket, LAYOUT.exports_hf) == ("jsonl", False, True)
+    assert (LAYOUT.metrics, LAYOUT.writes_to_bucket, LAYOUT.exports_hf, LAYOUT.manifest) == ("jsonl", False, True, "manifest.json")
 
 
 def _snap(digests: list[str | None]) -> RunSnapshot:

@@ -10,6 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tpuft.convert.safetensors_io import PlannedTensor, SafetensorsReader, float32_to_bfloat16_bits, write_streaming
+from tpuft.backends.torch_xla import LAYOUT
 from tpuft.convert.hf_ckpt import CheckpointError, export_checkpoint, find_checkpoint
 
 
@@ -20,6 +21,7 @@ def make_checkpoint(root: Path, step: int, tensors: dict[str, np.ndarray]) -> Pa
     (ckpt / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 4, "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}))
     (ckpt / "tokenizer_config.json").write_text("{}")
     (ckpt / "optimizer.pt").write_bytes(b"not exported")
+    LAYOUT.write_manifest(ckpt)  # as the trainer does: without it the checkpoint is incomplete
     return ckpt
 
 

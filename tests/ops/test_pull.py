@@ -314,7 +314,8 @@ def test_checksum_mismatch_drops_the_file_and_names_the_object(
     def objects(self: GcsStorage, relprefix: str) -> dict[str, Any]:
         found = listed(self, relprefix)
         for rel, changes in damage.items():
-            found[rel]._properties.update(changes)
+            if rel in found:  # keys are relative to relprefix: the run dir's listing (pull's) names BIG so
+                found[rel]._properties.update(changes)
         return found
 
     monkeypatch.setattr(GcsStorage, "_objects", objects)

@@ -116,6 +116,26 @@ def test_write_read_exists_list(store: Storage) -> None:
     assert store.read_text("runs/a/run.json") == '{"status": "done"}'
 
 
+def test_sizes_are_the_listing_with_each_files_size(store: Storage, tmp_path: Path) -> None:
+    """How a checkpoint's manifest is checked in one listing (tpuft/backends/base.py RunLayout.checkpoint_steps)."""
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(os.urandom(300_001))
+    store.upload_file(weights, "runs/a/checkpoints/step_1/model.safetensors")
+    store.write_text("runs/a/checkpoints/step_1/manifest.json", "{}")
+    store.write_text("runs/a/empty.txt", "")
+    store.write_text("runs/ab/run.json", "{}")
+
+    assert store.sizes("runs/a") == {
+        "runs/a/checkpoints/step_1/manifest.json": 2,
+        "runs/a/checkpoints/step_1/model.safetensors": 300_001,
+        "runs/a/empty.txt": 0,
+    }
+    assert list(store.sizes("runs/a")) == store.list("runs/a")  # the same files, in the same order
+    inside = {rel: size for rel, size in store.sizes("runs/a").items() if "/checkpoints/" in rel}
+    assert store.sizes("runs/a/checkpoints/") == inside
+    assert store.sizes("runs/nope") == {} and store.sizes("runs/a/empty.txt") == {}
+
+
 def test_upload_file(store: Storage, tmp_path: Path) -> None:
     """One file at a time: how a worker mirrors its run dir (tpuft/storage/sync.py)."""
     local = tmp_path / "metrics.jsonl"

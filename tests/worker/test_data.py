@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.worker.data import DataError, Fields, batches, iter_shard, load_shard
+from tpuft.worker.data import DataError, Example, Fields, batches, iter_shard, load_shard
 
 
 def write_jsonl(path: Path, rows: list[object], blank_every: int = 0) -> Path:
@@ -55,6 +55,23 @@ def test_batches_cycle_through_every_example_each_epoch(tmp_path: Path) -> None:
     epoch = [e.source for _ in range(2) for e in next(stream)]
     assert sorted(epoch) == sorted(str(i) for i in range(10))
     assert epoch != [str(i) for i in range(10)]  # shuffled
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batches_started_after_consumed_examples_continue_the_stream(shuffle: bool) -> None:
+    """A resumed run starts its data stream at step x local batch: it must draw exactly what the uninterrupted
+    stream draws from there, wherever that falls (mid-epoch, on an epoch boundary, in a batch that wraps one)."""
+    shard = [Example(f"s{i}", f"t{i}", i + 1) for i in range(7)]
+    stream = batches(shard, 3, seed=11, shuffle=shuffle)
+    whole = [e for _ in range(20) for e in next(stream)]  # 60 examples: more than 8 epochs of 7
+    for consumed in range(0, 31):
+        resumed = batches(shard, 3, seed=11, shuffle=shuffle, consumed=consumed)
+        drawn = [next(resumed) for _ in range(5)]
+        assert [len(b) for b in drawn] == [3] * 5
+        assert [e for b in drawn for e in b] == whole[consumed : consumed + 15], consumed
+    epochs = [whole[i : i + 7] for i in range(0, 56, 7)]
+    assert all(sorted(e.line for e in epoch) == list(range(1, 8)) for epoch in epochs)  # each epoch: every example
+    assert (len({tuple(epoch) for epoch in epochs}) > 1) == shuffle  # reshuffled every epoch, or the same order
 
 
 def test_the_worker_side_imports_nothing_from_the_cli_side() -> None:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tpuft.worker.torch_xla_train import lr_factor
+from tpuft.worker.torch_xla_train import lr_factor, rng_seed
 
 
 def test_linear_warm_up_then_linear_decay_to_zero() -> None:
@@ -23,6 +23,14 @@ def test_constant_after_warm_up_and_no_warm_up() -> None:
     assert [lr_factor(50, 5, "constant")(s) for s in (0, 4, 5, 49)] == [0.2, 1.0, 1.0, 1.0]
     plain = lr_factor(4, 0, "linear")
     assert [plain(s) for s in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+
+
+def test_rng_seeds_differ_by_seed_replica_and_step_and_fit_every_generator() -> None:
+    """Each replica reseeds from (seed, replica, step) at every checkpoint step: replicas must draw different dropout
+    masks, and each checkpoint step starts a stream of its own."""
+    seeds = [rng_seed(seed, replica, step) for seed in (0, 1) for replica in range(4) for step in (0, 4, 8, 4000)]
+    assert len(set(seeds)) == len(seeds) == 32
+    assert all(0 <= seed < 2**63 for seed in seeds)  # torch.manual_seed and the XLA RNG take any of these
 
 
 DIGESTS = textwrap.dedent(

@@ -75,6 +75,10 @@ class LaunchPlan:
     """``data`` keys whose files are copied to workers that cannot read this machine's disk."""
 
 
+MANIFEST_FORMAT = "tpuft-checkpoint-manifest-1"
+"""The ``format`` of a checkpoint manifest: ``{"format": ..., "files": {relpath: size in bytes}}``."""
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Where a backend's trainer puts things in the run dir, and so how pull, monitor, convert and resume read them."""
@@ -90,6 +94,11 @@ class RunLayout:
     """True: the trainer writes a ``gs://`` run dir itself; False: it writes locally and tpuft mirrors it up."""
     exports_hf: bool = True
     """True: the trainer writes ``export/hf`` itself; False: ``tpuft convert --run`` makes it after the run."""
+    manifest: str | None = None
+    """A file the trainer writes last into each checkpoint, listing every other file of it with its size. When set,
+    a checkpoint is complete only when its manifest is there and every file listed is there with that size: a
+    checkpoint mirrored to a bucket is uploaded file by file under its final name, so there a well-named folder can
+    be partial. A folder without the manifest is incomplete. None: the folder's name alone says it is complete."""
 
     def step_of(self, name: str) -> int | None:
         match = re.match(self.checkpoint_pattern, name)
@@ -103,16 +112,90 @@ class RunLayout:
         if not folder.is_dir():
             return []
         found = [(self.step_of(child.name), child) for child in folder.iterdir() if child.is_dir()]
-        return sorted((step, path) for step, path in found if step is not None)
+        return sorted((step, path) for step, path in found if step is not None and self.is_complete(path))
 
     def checkpoint_steps(self, storage: Storage) -> dict[int, str]:
-        """step -> folder name of each complete checkpoint of a run dir (local or in a bucket)."""
-        steps = {}
+        """step -> folder name of each complete checkpoint of a run dir (local or in a bucket). With a manifest: one
+        listing of the checkpoints folder, and one read per checkpoint whose manifest is there."""
+        named = {}
         for name in storage.folders(self.checkpoints):
             step = self.step_of(name)
             if step is not None:
-                steps[step] = name
+                named[step] = name
+        if self.manifest is None or not named:
+            return named
+        contents: dict[str, dict[str, int]] = {}  # folder name -> {path inside it: size}
+        for rel, size in storage.sizes(self.checkpoints).items():
+            name, _, inside = rel[len(self.checkpoints) + 1 :].partition("/")
+            contents.setdefault(name, {})[inside] = size
+        steps = {}
+        for step, name in named.items():
+            files = contents.get(name, {})
+            if self.manifest in files:
+                if not manifest_gaps(storage.read_text(f"{self.checkpoints}/{name}/{self.manifest}"), files):
+                    steps[step] = name
         return steps
+
+    def is_complete(self, checkpoint: Path) -> bool:
+        """Whether a local checkpoint folder holds every file its manifest lists, at the listed size (always true for
+        a layout without a manifest)."""
+        if self.manifest is None:
+            return True
+        try:
+            listed = _manifest_files((checkpoint / self.manifest).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return False
+        if listed is None:
+            return False
+        for rel, size in listed.items():
+            path = checkpoint.joinpath(*rel.split("/"))
+            if not path.is_file() or path.stat().st_size != size:
+                return False
+        return True
+
+    def write_manifest(self, checkpoint: Path) -> Path:
+        """List every file of ``checkpoint`` with its size in the manifest, written last (through a temp name)."""
+        assert self.manifest is not None, "this layout has no checkpoint manifest"
+        files = {
+            path.relative_to(checkpoint).as_posix(): path.stat().st_size
+            for path in sorted(checkpoint.rglob("*"))
+            if path.is_file() and path.name != self.manifest
+        }
+        target = checkpoint / self.manifest
+        partial = target.with_name(f".{self.manifest}.partial")
+        partial.write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True))
+        partial.replace(target)
+        return target
+
+
+def _manifest_files(text: str | None) -> dict[str, int] | None:
+    """The manifest's ``{relpath: size}``; None when it is not one (unreadable, or cut short)."""
+    try:
+        data = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("files"), dict):
+        return None
+    files = data["files"]
+    if not all(isinstance(rel, str) and type(size) is int and size >= 0 for rel, size in files.items()):
+        return None
+    return files
+
+
+def manifest_gaps(manifest_text: str | None, sizes: dict[str, int]) -> list[str]:
+    """What keeps a checkpoint from being complete, given its manifest's text and the files it has (``{relpath
+    inside the checkpoint: size}``): an empty list when every listed file is there with its listed size."""
+    files = _manifest_files(manifest_text)
+    if files is None:
+        return ["no readable manifest"]
+    gaps = []
+    for rel, size in sorted(files.items()):
+        have = sizes.get(rel)
+        if have is None:
+            gaps.append(f"{rel}: missing")
+        elif have != size:
+            gaps.append(f"{rel}: {have} bytes, expected {size}")
+    return gaps
 
 
 class Backend(Protocol):

@@ -127,6 +127,11 @@ class Storage(Protocol):
         """The immediate sub-folders of ``prefix``."""
         ...
 
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """:meth:`list` with each file's size in bytes, from the same one listing (how a reader tells a folder
+        that a background upload has only partly sent from a complete one)."""
+        ...
+
     def upload_file(self, local_path: Path | str, relpath: str) -> None: ...
 
     def upload_tree(self, local_dir: Path | str, relprefix: str, *, workers: int = 8) -> int:

@@ -145,6 +145,12 @@ class GcsStorage(TreeDownloads):
         start = clean_relpath(prefix)
         return sorted(join_relpath(start, rel) for rel in self._objects(start))
 
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Objects under the folder ``prefix``, recursively, with their sizes in bytes: one listing, no object read.
+        An object exists only once its upload is complete, so a size here is the whole object's."""
+        start = clean_relpath(prefix)
+        return {join_relpath(start, rel): int(blob.size or 0) for rel, blob in self._objects(start).items()}
+
     def folders(self, prefix: str = "") -> list[str]:
         """Names of the "folders" directly inside the folder ``prefix``, sorted: one delimited listing, however many
         objects are below them."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuft.errors import TpuftError
-from tpuft.storage.base import TreeDownloads, RUNS, Progress, TreeTransfer, clean_relpath, join_relpath, run_order
+from tpuft.storage.base import PARTIAL_SUFFIX, TreeDownloads, RUNS, Progress, TreeTransfer, clean_relpath, join_relpath, run_order
 from tpuft.storage.transfer import Meter, copy_atomic, partial_path, sync_tree, walk_files
 
 
@@ -46,10 +46,11 @@ class LocalStorage(TreeDownloads):
         return not existed, None
 
     def write_text(self, relpath: str, text: str) -> None:
-        """Write through a temporary file, so a reader never sees half a file."""
+        """Write through a temporary file, so a reader never sees half a file. The temporary name is this process's
+        own: several workers' supervisors may write the same small file (run.json) at once."""
         target = self._path(relpath)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = partial_path(target)
+        partial = partial_path(target).with_name(f".{target.name}.{os.getpid()}{PARTIAL_SUFFIX}")
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, target)
 
@@ -79,6 +80,14 @@ class LocalStorage(TreeDownloads):
             return []
         start = clean_relpath(prefix)
         return [join_relpath(start, rel) for rel, _ in walk_files(base)]
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Files under the folder ``prefix``, recursively, with their sizes in bytes (keys as :meth:`list` has them)."""
+        base = self._path(prefix)
+        if not base.is_dir():
+            return {}
+        start = clean_relpath(prefix)
+        return {join_relpath(start, rel): path.stat().st_size for rel, path in walk_files(base)}
 
     def folders(self, prefix: str = "") -> list[str]:
         """Names of the folders directly inside the folder ``prefix``, sorted (``checkpoints`` -> ``step_...``)."""

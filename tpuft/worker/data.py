@@ -237,18 +237,36 @@ def _note(check: FileCheck, problem: DataError) -> None:
         check.more_problems += 1
 
 
-def batches(examples: list[Example], batch_size: int, seed: int, shuffle: bool = True) -> Iterator[list[Example]]:
-    """Endless batches over the shard, reshuffled every epoch; a batch may wrap into the next epoch."""
-    order: list[Example] = []
-    epoch = 0
+def batches(
+    examples: list[Example], batch_size: int, seed: int, shuffle: bool = True, *, consumed: int = 0
+) -> Iterator[list[Example]]:
+    """Endless batches over the shard, reshuffled every epoch; a batch may wrap into the next epoch.
+
+    ``consumed``: start after that many examples of the stream, as if they had been drawn (a resumed run continues
+    where its checkpoint left the data). Each epoch's order is a function of the seed and the epoch alone, so the
+    position is found by arithmetic, not by replaying the stream."""
+    if not examples:
+        raise ValueError("no examples to batch")
+    if consumed < 0:
+        raise ValueError(f"consumed must be >= 0, got {consumed}")
+    epoch, done = divmod(consumed, len(examples))
+    order = _epoch_order(examples, seed, epoch, shuffle)
+    del order[len(order) - done :]  # examples are drawn from the end
+    epoch += 1
     while True:
         batch: list[Example] = []
         while len(batch) < batch_size:
             if not order:
-                order = list(examples)
-                if shuffle:
-                    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+                order = _epoch_order(examples, seed, epoch, shuffle)
                 epoch += 1
             batch.append(order.pop())
         yield batch
+
+
+def _epoch_order(examples: list[Example], seed: int, epoch: int, shuffle: bool = True) -> list[Example]:
+    """Epoch ``epoch``'s order of the shard, drawn from its end (:func:`batches` pops)."""
+    order = list(examples)
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
 

@@ -39,11 +39,55 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.add_text(step, tag, text)
 
+    def restart_at(self, step: int) -> int:
+        """A resumed run goes on from its checkpoint at ``step``: forget what an earlier attempt logged after it.
+        ``metrics.jsonl`` keeps its rows up to ``step`` (the later steps are run again and logged anew), and a
+        TensorBoard ``SessionLog(START)`` at ``step + 1`` makes TensorBoard drop the earlier attempt's points from
+        there on. Returns how many lines were dropped."""
+        if not self.chief:
+            return 0
+        self._jsonl.close()
+        dropped = truncate_metrics(self.run_dir / rundir.METRICS, step)
+        self._jsonl = (self.run_dir / rundir.METRICS).open("a", encoding="utf-8")
+        if self._tb is not None:
+            self._tb.add_session_start(step + 1)
+        return dropped
+
     def close(self) -> None:
         if self.chief:
             self._jsonl.close()
             if self._tb is not None:
                 self._tb.close()
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Keep the rows of ``metrics.jsonl`` whose step is at most ``step``, and no line that is not a whole JSON row
+    (a worker killed mid-write leaves half a line at the end). Rewritten through a temp file; returns how many lines
+    were dropped (0 when there is no file)."""
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        row_step = _row_step(line) if line.endswith(b"\n") else None
+        if row_step is not None and row_step <= step:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return 0
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_bytes(b"".join(kept))
+    os.replace(partial, path)
+    return len(lines) - len(kept)
+
+
+def _row_step(line: bytes) -> int | None:
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if type(step) is int else None
 
 
 class _EventWriter:
@@ -81,6 +125,12 @@ class _EventWriter:
         self._writer.add_event(event)
         self._writer.flush()
 
+    def add_session_start(self, step: int) -> None:
+        """TensorBoard purges every point at ``step`` or later written before this event (a restart's orphans)."""
+        session_log = self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START)
+        self._writer.add_event(self._event_pb2.Event(session_log=session_log, wall_time=time.time(), step=step))
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
 
@@ -100,8 +150,19 @@ def _event_writer(logdir: Path) -> _EventWriter | None:
         return None
 
 
+PATIENT_PHASES = frozenset({"starting", "eval", "checkpoint", "export"})
+"""Phases in which a trainer may legitimately go quiet for long (XLA compiling the first step or the eval graph, a
+checkpoint or an export being written): the worker's supervisor gives them a longer hang timeout."""
+
+
 class Heartbeat:
-    """Each worker's last step and time, so ``monitor`` can tell a live worker from a stuck or dead one."""
+    """Each worker's last step, phase and time, so that its supervisor can tell a hung trainer from a slow one and
+    ``monitor`` a live worker from a stuck or dead one.
+
+    Cheap enough to call every step (one small atomic file write). ``phase`` says what the trainer is about to do:
+    ``starting`` (set-up and the first step's compilation), ``step``, ``collective`` (about to wait for its peers in a
+    cross-worker reduction: a worker whose beat says so and is old is waiting, not hung), ``eval``, ``checkpoint``,
+    ``export``."""
 
     def __init__(self, run_dir: Path, worker: int, total_steps: int) -> None:
         self.path = rundir.heartbeat_path(run_dir, worker)
@@ -110,7 +171,10 @@ class Heartbeat:
         self.latest: dict[str, Any] = {}
         """The last loss / lr / throughput given, kept in later beats (the final one has none of its own)."""
 
-    def beat(self, step: int, status: str = "running", **extra: Any) -> None:
+    def beat(self, step: int, status: str = "running", phase: str = "step", **extra: Any) -> None:
         self.latest.update(extra)
-        data = {**self.base, "step": step, "status": status, "time": time.time(), "started": self.started, **self.latest}
+        data = {
+            **self.base, "step": step, "status": status, "phase": phase, "time": time.time(), "started": self.started,
+            **self.latest,
+        }
         rundir.write_json_atomic(self.path, data)

@@ -14,6 +14,18 @@ Replication:
 - TPU host: one process per local chip (``torch_xla.launch``); gradients are averaged with XLA collectives
   (``xm.reduce_gradients``) across every chip of every host.
 
+Resume (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the trainer continues from the run's
+latest complete checkpoint (listed in the bucket and downloaded by every worker for a ``gs://`` run) and ends with
+the same weights as the run uninterrupted. A checkpoint holds the weights, the optimizer and LR scheduler state, and
+in ``trainer_state.json`` the step and the elapsed training time. The rest is derived: each replica's place in its
+data stream is step x local batch (``data.batches(consumed=...)``), and every replica reseeds python's ``random``,
+torch's CPU generator and the XLA device RNG from (seed, replica, step) at the start and after every checkpoint
+step, so an uninterrupted run and a resumed one draw the same dropout masks on every replica without any replica's
+RNG state being saved. ``metrics.jsonl`` and TensorBoard forget what was logged after the checkpoint.
+
+Heartbeats: every step, with the phase the trainer is in (``starting`` until its first step is done, ``collective``
+before the gradient all-reduce, ``step``, ``eval``, ``checkpoint``, ``export``) for the worker's supervisor.
+
 Eval exact match is computed with teacher forcing: a target counts as matched when the argmax at every target
 position equals the reference token (EOS included), which is exactly when greedy decoding would produce the
 reference, and it needs no dynamic-shape generation on the device.
@@ -41,6 +53,11 @@ from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import Heartbeat, MetricsWriter
+
+RESUME_ENV = "TPUFT_RESUME"
+"""Set to 1 by the controller when it restarts a run: go on from the latest complete checkpoint."""
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_STATE = "optimizer.pt"
 
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
@@ -189,23 +206,54 @@ class Trainer:
         else:
             self.replicas = _Single()
         self.chief = self.replicas.rank == 0
-        self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
         # Heartbeats are per worker host (what monitor shows), written by the host's first process.
         self.heartbeat = Heartbeat(self.ctx.run_dir, self.ctx.worker_id, self.recipe.train.steps)
         self.beats = self.replicas.local_rank == 0
-        self._beat(0, "starting")
+        self.resuming = os.environ.get(RESUME_ENV, "") not in ("", "0")
+        found = find_resume_checkpoint(self.ctx) if self.resuming else None
+        self.start_step = found[0] if found else 0
+        self._beat(self.start_step, phase="starting")
         self._say(
             f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: replica {self.replicas.rank} of "
             f"{self.replicas.world} on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
         )
+        self.checkpoint: Path | None = None
+        """The checkpoint this run resumes from (a local folder), None when it starts from step 0."""
+        self.trainer_state: dict[str, Any] = {}
+        if found is not None:
+            self.checkpoint = fetch_checkpoint(self.ctx, found[1])
+            self.trainer_state = json.loads((self.checkpoint / TRAINER_STATE).read_text())
+            self._say(f"resuming from checkpoint {found[1]} (step {self.start_step} of {self.recipe.train.steps})")
+        elif self.resuming:
+            self._say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from step 0")
+        if self.resuming and self.chief and self.ctx.remote:
+            _fetch_missing_metrics(self.ctx)
+        self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
+        if self.resuming:
+            self.metrics.restart_at(self.start_step)
         self._setup_tokenizer()
         self._setup_model()
         self._setup_optimizer()
         self._setup_data()
+        if self.resuming:
+            self._check_same_start()
 
-    def _beat(self, step: int, status: str = "running", **extra: Any) -> None:
+    def _beat(self, step: int, status: str = "running", phase: str = "step", **extra: Any) -> None:
         if self.beats:
-            self.heartbeat.beat(step, status, **extra)
+            self.heartbeat.beat(step, status, phase, **extra)
+
+    def _check_same_start(self) -> None:
+        """Every replica picks the latest complete checkpoint itself: make sure they all picked the same one (a
+        replica that went on from another step would silently train different weights)."""
+        if self.replicas.world == 1:
+            return
+        parts = [self.start_step % 4096, self.start_step // 4096]  # int32-safe sums over thousands of replicas
+        total = self.replicas.sum(self.torch.tensor(parts, dtype=self.torch.int32, device=self.device))
+        if [int(v) for v in total] != [v * self.replicas.world for v in parts]:
+            raise RuntimeError(
+                f"replica {self.replicas.rank} resumes from step {self.start_step}, but not every replica does: "
+                "the workers see different checkpoints"
+            )
 
     def _say(self, message: str, *, everyone: bool = False) -> None:
         if everyone or self.chief:
@@ -231,7 +279,9 @@ class Trainer:
         overrides: dict[str, Any] = {}
         if model_cfg.dropout is not None:
             overrides["dropout_rate"] = model_cfg.dropout
-        if model_cfg.config is not None:
+        if self.checkpoint is not None:  # the config (overrides included) and the weights at the checkpoint
+            model = T5ForConditionalGeneration.from_pretrained(self.checkpoint, **overrides)
+        elif model_cfg.config is not None:
             settings = {
                 "vocab_size": len(self.tokenizer),
                 "pad_token_id": self.tokenizer.pad_token_id,
@@ -247,7 +297,8 @@ class Trainer:
         self.model.tie_weights()  # moving to an XLA device un-shares the embedding tables; share them again
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         count = sum(p.numel() for p in self.params)
-        self._say(f"model: {count / 1e6:.2f}M parameters ({'random init' if model_cfg.config is not None else model_cfg.name_or_path})")
+        origin = self.checkpoint or ("random init" if model_cfg.config is not None else model_cfg.name_or_path)
+        self._say(f"model: {count / 1e6:.2f}M parameters ({origin})")
 
     def _setup_optimizer(self) -> None:
         torch = self.torch
@@ -269,6 +320,10 @@ class Trainer:
                 self.params, lr=train.learning_rate, weight_decay=train.weight_decay, foreach=False
             )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(train.steps, train.warmup_steps, train.schedule))
+        if self.checkpoint is not None:
+            saved = torch.load(self.checkpoint / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
+            self.optimizer.load_state_dict(saved["optimizer"])  # moves the state onto the parameters' device
+            self.scheduler.load_state_dict(saved["scheduler"])
 
     def _setup_data(self) -> None:
         cfg = self.recipe.data
@@ -293,7 +348,16 @@ class Trainer:
             f"(batch {self.local_batch} per replica, {self.recipe.train.batch_size} global)",
             everyone=True,
         )
-        self.batches = data_mod.batches(self.train_shard, self.local_batch, self.recipe.train.seed + 7919 * rank, cfg.shuffle)
+        saved_world = self.trainer_state.get("replicas", world)
+        if saved_world != world:
+            self._say(
+                f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data is sharded "
+                "differently, so this run goes on from the checkpoint but not exactly as the original would have"
+            )
+        self.batches = data_mod.batches(
+            self.train_shard, self.local_batch, self.recipe.train.seed + 7919 * rank, cfg.shuffle,
+            consumed=self.start_step * self.local_batch,
+        )
 
     def _encode(self, examples: list[data_mod.Example], pad_to: int | None = None) -> _Batch:
         torch = self.torch
@@ -323,17 +387,27 @@ class Trainer:
     def train(self) -> None:
         torch = self.torch
         train = self.recipe.train
-        self.step = 0
+        self.step = self.start_step
         window_start = time.time()
         window: list[Any] = []  # per step: [loss, tokens] averaged over replicas
-        self.run_started = time.time()
-        self._say(f"training for {train.steps} steps")
+        self.run_started = time.time() - float(self.trainer_state.get("elapsed_s", 0.0))
+        self._say(f"training steps {self.step + 1} to {train.steps}" if self.step else f"training for {train.steps} steps")
+        if self.checkpoint is not None:
+            self._zero_grads()
+        self._seed_rngs()  # after the last sync before the first step: each sync moves the XLA seed on
+        # The heartbeat says "starting" until the step's graph stops changing (XLA compiles each new one, which may take
+        # minutes): a fresh run's first step creates the optimizer state and the gradients inside its graph, so its
+        # second step compiles again; a resumed run has both in place from the start.
+        warm_at = self.step + (1 if self.checkpoint is not None else 2)
+        collective = self.replicas.world > 1
         while self.step < train.steps:
             batch = self._encode(next(self.batches))
             self.model.train()
             out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels)
             out.loss.backward()
             extras = torch.stack([out.loss.detach(), torch.tensor(float(batch.tokens), device=self.device)])
+            if collective and self.step >= warm_at:
+                self._beat(self.step, phase="collective")
             window.append(self.replicas.reduce_gradients(self.params, self.optimizer, extras))
             if train.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.params, train.max_grad_norm)
@@ -342,7 +416,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=False)
             self.torch_xla.sync()
             self.step += 1
-
+            logged: dict[str, Any] = {}  # what the heartbeat repeats of a metrics row
             if self.step % train.log_every == 0 or self.step == train.steps:
                 stats = torch.stack([w.detach().to("cpu").float() for w in window])
                 elapsed = time.time() - window_start
@@ -355,24 +429,49 @@ class Trainer:
                     "elapsed_s": round(time.time() - self.run_started, 1),
                 }
                 self.metrics.log(self.step, row)
-                self._beat(self.step, **{k: row[k] for k in ("loss", "lr", "examples_per_s", "tokens_per_s")})
+                logged = {k: row[k] for k in ("loss", "lr", "examples_per_s", "tokens_per_s")}
                 self._say(
                     f"step {self.step}/{train.steps} loss {loss:.4f} lr {row['lr']:.2e} "
                     f"{row['examples_per_s']:.1f} ex/s {row['tokens_per_s']:.0f} tok/s"
                 )
                 window_start, window = time.time(), []
+            self._beat(self.step, phase="step" if self.step >= warm_at else "starting", **logged)
             every = self.recipe.eval.every
             if every and self.step % every == 0 and self.step < train.steps and self.recipe.data.eval is not None:
                 self.evaluate()
             ckpt_every = train.checkpoint_every
             if ckpt_every and self.step % ckpt_every == 0 and self.step < train.steps:
                 self.save_checkpoint()
+                self._seed_rngs()  # where a run resumed from this checkpoint starts: the same draws from here on
+
+    def _seed_rngs(self) -> None:
+        """Seed python's ``random``, torch's CPU generator and the XLA device RNG from (seed, replica, step): done
+        at the start and after every checkpoint step, so that a run resumed from a checkpoint draws what the run
+        uninterrupted drew, on every replica, with nothing saved (and each replica draws its own dropout masks).
+        Every ``torch_xla.sync()`` moves the XLA seed on, so no sync may come between this and the next step."""
+        import random
+
+        import torch_xla.core.xla_model as xm
+
+        seed = rng_seed(self.recipe.train.seed, self.replicas.rank, self.step)
+        random.seed(seed)
+        self.torch.manual_seed(seed)
+        xm.set_rng_state(seed, str(self.device))
+
+    def _zero_grads(self) -> None:
+        """After its first step a run holds zero-filled gradients (``zero_grad(set_to_none=False)``) into which the
+        next backward pass accumulates. A resumed run starts from the same, so that its first step computes with the
+        same graph as the uninterrupted run's step there (and XLA compiles one step graph, not two)."""
+        for param in self.params:
+            param.grad = self.torch.zeros_like(param)
+        self.torch_xla.sync()
 
     def evaluate(self) -> dict[str, float]:
         """Teacher-forced loss, token accuracy and exact match over every replica's eval shard."""
         torch = self.torch
         if self.recipe.data.eval is None:
             return {}
+        self._beat(self.step, phase="eval")
         self.model.eval()
         sums = torch.zeros(5, device=self.device)  # loss*tokens, tokens, correct tokens, exact, examples
         started = time.time()
@@ -420,17 +519,24 @@ class Trainer:
         if not self.chief:
             return None
         torch = self.torch
+        self._beat(self.step, phase="checkpoint")
         final = LAYOUT.checkpoint_dir(self.ctx.run_dir, self.step)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         started = time.time()
+        elapsed = started - self.run_started
         self.model.save_pretrained(tmp, state_dict=self._cpu_state(), safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
         optimizer_state = _to_cpu(torch, self.optimizer.state_dict())
-        torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, tmp / "optimizer.pt")
-        state = {"step": self.step, "run_id": self.ctx.run_id, "recipe": self.recipe.name, "backend": "torch_xla",
-                 "tokenizer": self.recipe.model.tokenizer, "time": time.time()}
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, tmp / OPTIMIZER_STATE)
+        state = {
+            "step": self.step, "run_id": self.ctx.run_id, "recipe": self.recipe.name, "backend": "torch_xla",
+            "tokenizer": self.recipe.model.tokenizer, "time": time.time(), "elapsed_s": elapsed,
+            "replicas": self.replicas.world, "examples_per_replica": self.step * self.local_batch,
+            "rng": "reseeded from (train.seed, replica, step) at this step",
+        }  # fmt: skip
+        (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
+        LAYOUT.write_manifest(tmp)  # last: the checkpoint is complete once every file it lists is there
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for _, old in LAYOUT.local_checkpoints(self.ctx.run_dir / LAYOUT.checkpoints)[: -self.recipe.train.keep_checkpoints]:
@@ -447,6 +553,7 @@ class Trainer:
             from tpuft.convert.hf_ckpt import export_checkpoint
 
             out = self.ctx.run_dir / rundir.EXPORT_HF
+            self._beat(self.step, phase="export")
             export_checkpoint(ckpt, out, dtype=self.recipe.export.dtype)
             self._say(f"Hugging Face export: {out}")
             self._show_samples(out)
@@ -494,6 +601,61 @@ def lr_factor(steps: int, warmup: int, schedule: str):  # type: ignore[no-untype
         return max(0.0, remaining / max(1, steps - warmup))
 
     return factor
+
+
+def rng_seed(seed: int, replica: int, step: int) -> int:
+    """The RNG seed of ``replica`` from ``step`` on: a hash, so that nearby (seed, replica, step) give unrelated
+    streams; below 2**63, which every generator takes."""
+    digest = hashlib.sha256(f"tpuft-rng {seed} {replica} {step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def find_resume_checkpoint(ctx: WorkerContext) -> tuple[int, str] | None:
+    """(step, folder name) of the run's latest complete checkpoint, where the run dir really is (the bucket for a
+    ``gs://`` run: the local staging folder may be stale, or empty on a new host); None when there is none."""
+    if ctx.remote:
+        from tpuft.storage import open_storage
+
+        steps = LAYOUT.checkpoint_steps(open_storage(ctx.run_url))
+    else:
+        steps = {step: path.name for step, path in LAYOUT.local_checkpoints(ctx.run_dir / LAYOUT.checkpoints)}
+    if not steps:
+        return None
+    latest = max(steps)
+    return latest, steps[latest]
+
+
+def fetch_checkpoint(ctx: WorkerContext, name: str) -> Path:
+    """The checkpoint ``name`` as a local folder: in place for a local run dir, else downloaded from the bucket into
+    the staging folder (files already there intact are kept). Processes that share the staging folder (one per chip
+    on a TPU host) download one at a time under a file lock; the later ones find the files in place."""
+    local = ctx.run_dir / LAYOUT.checkpoints / name
+    if ctx.remote:
+        import fcntl
+
+        from tpuft.storage import open_storage
+
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with open(local.parent / f".{name}.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            open_storage(ctx.run_url).download_tree(f"{LAYOUT.checkpoints}/{name}", local)
+    if not LAYOUT.is_complete(local):
+        raise RuntimeError(f"{local}: the checkpoint is incomplete (a file in its {LAYOUT.manifest} is missing or short)")
+    return local
+
+
+def _fetch_missing_metrics(ctx: WorkerContext) -> None:
+    """A resumed ``gs://`` run on a host without the staging copy of ``metrics.jsonl``: start from the bucket's,
+    which would otherwise be overwritten by the new attempt's rows alone."""
+    local = ctx.run_dir / rundir.METRICS
+    if local.exists():
+        return
+    from tpuft.storage import open_storage
+
+    text = open_storage(ctx.run_url).read_text(rundir.METRICS)
+    if text is not None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(text, encoding="utf-8")
 
 
 def params_digest(state: dict[str, Any]) -> str:
