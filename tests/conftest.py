@@ -53,14 +53,17 @@ def sigint_raises() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("tpuft-home")
     monkeypatch.setenv("TPUFT_HOME", str(home))
     monkeypatch.delenv("TPUFT_CONFIG", raising=False)
     monkeypatch.setenv("COLUMNS", "200")
     for forced in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # tests read plain text
         monkeypatch.delenv(forced, raising=False)
-    return home
+    yield home
+    from tests.rigs.sshd_pod import kill_processes_with_home_under
+
+    kill_processes_with_home_under(home)  # runs are detached by design: a test's local workers must not outlive it
 
 
 @pytest.fixture

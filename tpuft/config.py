@@ -32,6 +32,7 @@ from tpuft import formats, safe_yaml
 from tpuft.config_types import (
     Command,
     Count,
+    Duration,
     Endpoint,
     KeyPath,
     LaxPath,
@@ -415,6 +416,11 @@ class TrainConfig(StrictModel):
         None, description="Worker 0 saves a checkpoint every N steps (and always at the end)."
     )
     keep_checkpoints: int = Field(2, ge=1, le=10_000, description="How many recent checkpoints to keep.")
+    hang_timeout: Duration = Field(
+        600.0,
+        description="A worker whose trainer makes no progress for this long (3x, at least a minute, while compiling, "
+        "evaluating or checkpointing) is declared hung and the run is stopped: 600, 90s, 10m, 1h.",
+    )
 
     @field_validator("warmup_steps")
     @classmethod

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+import re
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from tpuft import formats
 
@@ -62,3 +64,23 @@ Version = Annotated[str, shaped(formats.version_problem)]
 ModelRef = Annotated[str, shaped(formats.model_ref_problem)]
 Requirement = Annotated[str, shaped(formats.requirement_problem)]
 """One pip requirement (PEP 508), never a pip option."""
+
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def duration_seconds(value: object) -> object:
+    """``600``, ``90s``, ``10m``, ``1h30m`` -> seconds (a float); anything else is left for the type check to refuse."""
+    if isinstance(value, str):
+        match = _DURATION.fullmatch(value.strip())
+        if not value.strip() or match is None or not any(match.groups()):
+            raise ValueError(f"{value!r} is not a duration: write seconds (600) or e.g. 90s, 10m, 1h30m")
+        hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+        return hours * 3600 + minutes * 60 + seconds
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(duration_seconds), Field(ge=1.0, le=7 * 24 * 3600.0)]
+"""Seconds, written as a number or as ``90s`` / ``10m`` / ``1h30m``; between 1 s and a week."""

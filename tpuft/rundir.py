@@ -112,3 +112,113 @@ def read_metrics(run_dir: Path) -> MetricsLog:
         else:
             log.rows.append(row)
     return log
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Attempts: what the worker-side supervisors record, so that a run ends (and says how) without its controller.
+#
+# A run has attempts (the first launch, then one per resume). Under ``attempts/<n>/`` every launched worker's
+# supervisor keeps ``worker-<i>.json`` (running, then how its trainer ended, then ``final`` once its files are
+# uploaded), and ``stop.json`` appears when someone asked the run to stop. The last supervisor to finish turns the
+# records into run.json's outcome (:func:`finalize_run`); so does any controller that finds them complete.
+
+ATTEMPTS_DIR = "attempts"
+TERMINAL = frozenset({"finished", "failed", "hung", "stopped"})
+"""A worker record's status once its trainer has ended."""
+FAILED = frozenset({"failed", "hung"})
+
+
+def attempt_record(attempt: int, worker: int) -> str:
+    return f"{ATTEMPTS_DIR}/{attempt}/worker-{worker}.json"
+
+
+def stop_request(attempt: int) -> str:
+    return f"{ATTEMPTS_DIR}/{attempt}/stop.json"
+
+
+_RECORD_NAME = re.compile(r"^worker-(\d+)\.json$")
+
+
+def read_json_text(text: str | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def attempt_records(storage: Any, attempt: int) -> dict[int, dict[str, Any]]:
+    """worker -> its supervisor's record for this attempt (``storage``: the run dir, local or in a bucket)."""
+    records = {}
+    prefix = f"{ATTEMPTS_DIR}/{attempt}"
+    for relpath in storage.list(prefix):
+        match = _RECORD_NAME.match(relpath.rsplit("/", 1)[-1])
+        if match:
+            record = read_json_text(storage.read_text(relpath))
+            if record is not None:
+                records[int(match.group(1))] = record
+    return records
+
+
+def failure_culprit(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The worker whose failure ended the attempt: among failed or hung workers, one that did not merely wait for
+    its peers, then the earliest to end (a peer's trainer fails a moment later, when its collective loses the
+    culprit: that is a consequence, not the cause)."""
+    failed = [r for r in records.values() if r.get("status") in FAILED]
+    if not failed:
+        return None
+    return min(failed, key=lambda r: (bool(r.get("waiting")), float(r.get("ended") or 0.0), int(r.get("worker", 0))))
+
+
+def describe_failure(record: dict[str, Any]) -> str:
+    """One line for run.json's ``cause``: ``hung: worker 1 made no progress for 600 s (last step 1200)`` or
+    ``worker 1: exit code 1``."""
+    worker = record.get("worker")
+    if record.get("status") == "hung":
+        return f"hung: worker {worker} {record.get('reason') or 'made no progress'}"
+    return f"worker {worker}: {record.get('reason') or 'exit code ' + str(record.get('exit_code'))}"
+
+
+def attempt_outcome(records: dict[int, dict[str, Any]], workers: int, stop: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How an attempt ended, once every one of its ``workers`` has a final record (None before): run.json's
+    status, cause, culprit worker and the culprit's last log lines."""
+    if len(records) < workers or not all(r.get("final") for r in records.values()):
+        return None
+    culprit = failure_culprit(records)
+    if culprit is not None:
+        return {
+            "status": "failed",
+            "cause": describe_failure(culprit),
+            "culprit": culprit.get("worker"),
+            "culprit_tail": culprit.get("tail", [])[-15:],
+        }
+    if stop is not None or any(r.get("status") == "stopped" for r in records.values()):
+        return {"status": "stopped", "cause": (stop or {}).get("reason", "stopped on a worker")}
+    return {"status": "finished"}
+
+
+def finalize_run(storage: Any, attempt: int) -> dict[str, Any] | None:
+    """Write the attempt's outcome into run.json once every worker's record is final; returns the new run info (None
+    while the attempt goes on, or when run.json has moved on to a later attempt). Idempotent: every supervisor calls
+    it as it finishes, and the controller too; whoever sees the records complete writes the same outcome."""
+    info = read_json_text(storage.read_text(RUN_INFO))
+    if info is None or int(info.get("attempt", 1)) != attempt:
+        return None
+    if info.get("status") != "running":
+        return info
+    outcome = attempt_outcome(attempt_records(storage, attempt), int(info.get("workers") or 0),
+                              read_json_text(storage.read_text(stop_request(attempt))))
+    if outcome is None:
+        return None
+    ended = time.time()
+    attempts = list(info.get("attempts") or [])
+    if attempts:
+        cause = {"cause": outcome["cause"]} if outcome.get("cause") else {}
+        attempts[-1] = {**attempts[-1], "ended": ended, "status": outcome["status"], **cause}
+    seconds = sum(float(a.get("ended", ended)) - float(a.get("started", ended)) for a in attempts) if attempts else None
+    info = {k: v for k, v in info.items() if k not in {"cause", "culprit", "culprit_tail"}}
+    info.update(outcome, ended=ended, attempts=attempts)
+    if seconds is not None:
+        info["seconds"] = round(seconds, 1)
+    storage.write_text(RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
+    return info

@@ -190,6 +190,11 @@ class RunSnapshot:
     """Problems met while reading (a truncated TensorBoard event file, ...), shown as warnings."""
 
     @property
+    def label(self) -> str:
+        """The status as ``runs`` and ``monitor`` show it (a failure names its worker)."""
+        return status_label(self.info, self.status)
+
+    @property
     def ended(self) -> bool:
         return self.status not in {"running", "starting", "stale", "unknown"}
 
@@ -205,6 +210,9 @@ class RunSnapshot:
             "recipe": self.info.get("recipe"),
             "backend": self.info.get("backend"),
             "status": self.status,
+            "cause": self.info.get("cause"),
+            "culprit": self.info.get("culprit"),
+            "attempt": self.info.get("attempt", 1),
             "node_state": self.node_state,
             "step": self.step,
             "total_steps": self.total_steps,
@@ -250,6 +258,9 @@ def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> P
         if text is not None:
             (mirror / name).write_text(text)
     run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
+    info = rundir.read_json(mirror / rundir.RUN_INFO) or {}
+    attempt_dir = f"{rundir.ATTEMPTS_DIR}/{int(info.get('attempt', 1))}"
+    run_store.download_tree(attempt_dir, mirror / attempt_dir)  # the supervisors' records: hung, failed, stopped
     if logs:
         _append_new_log_bytes(run_store, mirror)
     if metrics_are_events(mirror):
@@ -305,6 +316,21 @@ def last_log_line(path: Path, max_bytes: int = 8192) -> str | None:
     return None
 
 
+def _local_attempt_records(run_dir: Path, attempt: int) -> dict[int, dict[str, Any]]:
+    from tpuft.storage import LocalStorage
+
+    return rundir.attempt_records(LocalStorage(run_dir), attempt) if (run_dir / rundir.ATTEMPTS_DIR).is_dir() else {}
+
+
+def status_label(info: dict[str, Any], status: str) -> str:
+    """``failed (hung: worker 1)``, ``failed (worker 1)``, or the status itself: what ``runs`` and ``monitor`` show."""
+    culprit = info.get("culprit")
+    if status == "failed" and culprit is not None:
+        hung = str(info.get("cause", "")).startswith("hung:")
+        return f"failed ({'hung: ' if hung else ''}worker {culprit})"
+    return status
+
+
 def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None = None) -> RunSnapshot:
     now = time.time() if now is None else now
     info = rundir.read_json(run_dir / rundir.RUN_INFO) or {}
@@ -313,10 +339,14 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
     total = int(info.get("total_steps") or 0)
     workers = []
     count = int(info.get("workers") or 0) or len(list((run_dir / rundir.HEARTBEAT_DIR).glob("worker-*.json")))
+    records = _local_attempt_records(run_dir, int(info.get("attempt", 1)))
     for index in range(count):
         beat = rundir.read_json(rundir.heartbeat_path(run_dir, index)) or {}
         age = now - beat["time"] if "time" in beat else None
         status = beat.get("status", "no heartbeat")
+        record = records.get(index, {})
+        if record.get("status") in rundir.TERMINAL:  # the supervisor knows how the trainer ended (hung, stopped...)
+            status = record["status"]
         stale = status in {"running", "starting"} and age is not None and age > STALE_AFTER_SECONDS
         workers.append(
             WorkerView(

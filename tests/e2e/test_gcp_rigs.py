@@ -20,21 +20,27 @@ from tpuft.paths import venv_cache
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
 
 
+def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulator) -> tuple[Path, dict[str, str]]:
+    """The cluster file and the environment of a user whose cloud is the three stand-ins."""
+    tpu.worker_addresses = pod.addresses
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(
+        f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"
+        f"worker_env: {{STORAGE_EMULATOR_HOST: '{gcs.endpoint}'}}\n"
+        f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
+        f"  worker_device: cpu\n  venv_cache: {venv_cache()}\n"
+        f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
+    )
+    env = {
+        **os.environ, **gcs.env(), "TPUFT_HOME": str(tmp_path / "home"), "TPUFT_GCP_POLL_SECONDS": "0.02",
+        "TPUFT_SYNC_SECONDS": "2", "COLUMNS": "200",
+    }
+    return cluster, env
+
+
 def test_up_on_gcp_rigs(tmp_path: Path) -> None:
     with FakeTpuServer(operation_polls=1) as tpu, SshdPod(tmp_path / "pod", workers=2) as pod, GcsEmulator() as gcs:
-        tpu.worker_addresses = pod.addresses
-        cluster = tmp_path / "tpuft.yaml"
-        cluster.write_text(
-            f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"
-            f"worker_env: {{STORAGE_EMULATOR_HOST: '{gcs.endpoint}'}}\n"
-            f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
-            f"  worker_device: cpu\n  venv_cache: {venv_cache()}\n"
-            f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
-        )
-        env = {
-            **os.environ, **gcs.env(), "TPUFT_HOME": str(tmp_path / "home"), "TPUFT_GCP_POLL_SECONDS": "0.02",
-            "TPUFT_SYNC_SECONDS": "2", "COLUMNS": "200",
-        }
+        cluster, env = rig_cluster(tmp_path, tpu, pod, gcs)
         args = ["--set", "train.steps=40", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
                 "--set", "eval.every=20", "--set", "eval.max_examples=64"]
         up = subprocess.run([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--yes", "--json", *args],
@@ -89,3 +95,89 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
 
         deleted = subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], env=env, capture_output=True, text=True)
         assert deleted.returncode == 0 and tpu.node("e2e-gcp") is None
+
+
+def _bucket_json(gcs: GcsEmulator, name: str) -> dict | None:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    os.environ.update(gcs.env())
+    blob = storage.Client(project="proj", credentials=AnonymousCredentials()).bucket("e2e-bucket").blob(name)
+    return json.loads(blob.download_as_text()) if blob.exists() else None
+
+
+def _wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _staged_step(pod: SshdPod, worker: int) -> int:
+    """The trainer's last step, from its heartbeat in the worker's staging folder."""
+    beats = list((pod.home(worker) / ".tpuft" / "runs").glob(f"*/heartbeat/worker-{worker}.json"))
+    try:
+        return max(int(json.loads(b.read_text()).get("step") or 0) for b in beats) if beats else 0
+    except (ValueError, json.JSONDecodeError):
+        return 0
+
+
+def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path: Path) -> None:
+    """Leftovers of a dead run are cleaned; dropped SSH sessions and a kill -9 of the controller leave the run to
+    finish and export; ``stop`` leaves no trainer on any worker."""
+    import signal
+    import time
+
+    with FakeTpuServer(operation_polls=1) as tpu, SshdPod(tmp_path / "pod", workers=2) as pod, GcsEmulator() as gcs:
+        cluster, env = rig_cluster(tmp_path, tpu, pod, gcs)
+        for verb in (["create", "--yes"], ["setup", "quickstart"]):
+            done = subprocess.run([sys.executable, "-m", "tpuft", *verb, "-c", str(cluster)], env=env, capture_output=True,
+                                  text=True, timeout=900)
+            assert done.returncode == 0, done.stderr[-4000:]
+        pod.home(1).mkdir(parents=True, exist_ok=True)
+        leftover = subprocess.Popen(["sleep", "300"], env={**os.environ, "HOME": str(pod.home(1)), "TPUFT_RUN_ID": "old-run"},
+                                    start_new_session=True)
+        args = ["--set", "train.steps=200", "--set", "train.warmup_steps=5", "--set", "train.log_every=5",
+                "--set", "eval.every=100", "--set", "eval.max_examples=32", "--set", "train.checkpoint_every=50"]
+        log = (tmp_path / "train.out").open("w")
+        controller = subprocess.Popen([sys.executable, "-m", "tpuft", "train", "quickstart", "-c", str(cluster), *args],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        assert leftover.wait(timeout=120) == -signal.SIGKILL  # cleaned before the run started
+        _wait(lambda: _staged_step(pod, 0) >= 5, 180, "step 5")
+        assert pod.drop_sessions() >= 2  # every SSH connection of the controller, gone at once
+        out = tmp_path / "train.out"
+        _wait(lambda: "step 50/200" in out.read_text(), 180, "the controller to re-attach and stream step 50")
+        controller.kill()
+        controller.wait(timeout=10)
+        text = out.read_text()
+        assert "cleaned worker 1: killed pid" in text
+        for step in range(5, 51, 5):  # re-attached from the next line: nothing lost, nothing twice
+            assert text.count(f"step {step}/200 ") == 1, (step, text[-3000:])
+        run_id = next((pod.home(0) / ".tpuft" / "runs").iterdir()).name
+        prefix = f"runs/{run_id}"
+        info = _wait(lambda: (i := _bucket_json(gcs, f"{prefix}/run.json")) and i["status"] != "running" and i, 300, "the run to end")
+        assert info["status"] == "finished", info
+        assert _bucket_json(gcs, f"{prefix}/export/hf/config.json") is not None
+        shown = subprocess.run([sys.executable, "-m", "tpuft", "runs", "-c", str(cluster), "--json"], env=env,
+                               capture_output=True, text=True)
+        assert json.loads(shown.stdout)[-1]["status"] == "finished"
+
+        started = subprocess.run([sys.executable, "-m", "tpuft", "train", "quickstart", "-c", str(cluster), "--detach", "--json",
+                                  "--set", "train.steps=5000", "--set", "train.checkpoint_every=1000"],
+                                 env=env, capture_output=True, text=True, timeout=300)
+        assert started.returncode == 0, started.stderr[-4000:]
+        second = json.loads(started.stdout)["run_id"]
+        _wait(lambda: _staged_step(pod, 0) >= 3 and _staged_step(pod, 1) >= 3, 180, "the second run to train")
+        t0 = time.monotonic()
+        stopped = subprocess.run([sys.executable, "-m", "tpuft", "stop", second, "-c", str(cluster), "--json"], env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr[-4000:]
+        result = json.loads(stopped.stdout)
+        assert result["status"] == "stopped" and time.monotonic() - t0 < 60
+        for pid in result["trainer_pids"].values():
+            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

@@ -138,7 +138,23 @@ class SshdPod:
         if pending:
             raise RuntimeError(f"sshd not listening on {sorted(pending)} after {timeout}s")
 
+    def sessions(self) -> list[int]:
+        """Pids of the per-connection sshd processes (children of the listeners): killing them drops every SSH
+        connection, as a laptop lid or a VPN reconnect would."""
+        listeners = {proc.pid for proc in self.processes}
+        return [pid for pid, ppid in _parents().items() if ppid in listeners]
+
+    def drop_sessions(self) -> int:
+        dropped = self.sessions()
+        for pid in dropped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(dropped)
+
     def stop(self) -> None:
+        kill_processes_with_home_under(self.root)  # detached supervisors and trainers outlive sshd by design
         for proc in self.processes:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -165,3 +181,36 @@ class SshdPod:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _parents() -> dict[int, int]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def kill_processes_with_home_under(root: Path) -> list[int]:
+    """SIGKILL every process whose HOME is under ``root`` (a test's workers: supervisors, trainers, followers run in
+    sessions of their own and would outlive the test)."""
+    prefix = str(root.resolve())
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        home = next((item[5:].decode(errors="replace") for item in env if item.startswith(b"HOME=")), None)
+        if home and (home == prefix or home.startswith(prefix + "/")):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed

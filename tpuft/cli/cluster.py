@@ -90,7 +90,11 @@ def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
 
 
 @command("delete")
-def delete(config: ConfigOpt = None, yes: YesOpt = False) -> None:
+def delete(
+    config: ConfigOpt = None,
+    yes: YesOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="Stop the runs that train on the cluster first (they are refused otherwise).")] = False,
+) -> None:
     from tpuft.ops.cluster import delete as delete_op
     from tpuft.ops.cluster import status as status_op
 
@@ -105,7 +109,7 @@ def delete(config: ConfigOpt = None, yes: YesOpt = False) -> None:
             err_console().print("refusing to delete without confirmation: pass --yes")
             raise typer.Exit(2)
         typer.confirm(f"Delete cluster {cfg.name} ({len(cluster.workers)} workers)?", abort=True)
-    delete_op(cfg)
+    delete_op(cfg, progress=lambda message: console.print(message), force=force)
     console.print(f"[green]deleted cluster {cfg.name}[/green]; runs kept in {cluster.bucket}")
 
 

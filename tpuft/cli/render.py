@@ -86,6 +86,15 @@ def cluster_json(cluster: Any) -> dict[str, Any]:
 
 
 def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
+    if result.detached:
+        if json_out:
+            print(json.dumps({"run_id": result.run_id, "run_dir": str(result.run_dir), "detached": True, "attempt": result.attempt}, indent=2))
+            return
+        console.print(f"[yellow]detached[/yellow] from run [bold]{result.run_id}[/bold]: it goes on training on "
+                      f"{result.workers} worker(s), without this terminal.")
+        console.print(f"  re-attach: tpuft attach {result.run_id}\n  watch:     tpuft monitor {result.run_id}\n"
+                      f"  stop it:   tpuft stop {result.run_id}")
+        return
     if json_out:
         payload = {
             "run_id": result.run_id,
@@ -94,6 +103,7 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
             "last_train": result.last_train,
             "last_eval": result.last_eval,
             "export_dir": str(result.export_dir) if result.export_dir else None,
+            "attempt": result.attempt,
             **result.extras,  # the backend's own (PyTorch/XLA: weight_digests per worker)
         }
         print(json.dumps(payload, indent=2))
@@ -123,15 +133,18 @@ def snapshot_view(snap: Any) -> Any:
     from rich.text import Text
 
     info = snap.info
-    colour = {"running": "green", "finished": "blue", "failed": "red", "stale": "yellow", "interrupted": "yellow"}.get(snap.status, "white")
+    colour = {"running": "green", "finished": "blue", "failed": "red", "stale": "yellow", "interrupted": "yellow", "stopped": "yellow"}.get(snap.status, "white")
     node = f"  node [bold]{snap.node_state}[/bold]" if snap.node_state else ""
     stale = f" (no heartbeat for {fmt_seconds(snap.stale_for_s)})" if snap.stale_for_s is not None else ""
     head = Text.from_markup(
         f"run [bold]{snap.run_id}[/bold]  recipe {info.get('recipe', '-')}  backend {info.get('backend', '-')}  "
-        f"status [bold {colour}]{snap.status}[/bold {colour}]{stale}{node}\n"
+        f"status [bold {colour}]{snap.label}[/bold {colour}]{stale}{node}\n"
         f"step {snap.step}/{snap.total_steps or '?'}  elapsed {fmt_seconds(snap.elapsed_s)}  ETA {fmt_seconds(snap.eta_s)}"
     )
     parts: list[Any] = [head]
+    if snap.ended and info.get("cause"):
+        lines = [f"cause: {info['cause']}"] + [f"  {line}" for line in (info.get("culprit_tail") or [])[-5:]]
+        parts.append(Text("\n".join(lines), style=colour))
     if snap.total_steps:
         done = min(snap.step, snap.total_steps) / snap.total_steps
         parts.append(Text("█" * round(done * 50) + "░" * (50 - round(done * 50)) + f" {done:.0%}", style=colour))

@@ -76,7 +76,7 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
         best = r.best_metric
         started = r.info.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "-"
-        status = r.status + (f" ({fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
+        status = r.label + (f" ({fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
         table.add_row(r.run_id, str(r.info.get("recipe", "-")), str(r.info.get("backend", "-")), status,
                       f"{r.step}/{r.total_steps or '?'}", f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", when)
     console = out_console()

@@ -1,13 +1,27 @@
-"""The Training panel: setup, train, up."""
+"""The Training panel: setup, train, up, resume, attach, stop.
+
+A run lives on the workers under their supervisors: ``train`` and ``up`` start it and attach; Ctrl-C (or a closed
+terminal) detaches and the run goes on, unless ``--stop-on-interrupt`` asks for the old way (scripts, CI)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 from tpuft.cli.app import command
 from tpuft.cli.cluster import confirm_cost
 from tpuft.cli.options import ConfigOpt, JsonOpt, RecipeArg, SetOpt, YesOpt, load_cluster_file, load_recipe_file, preflight_with_status
 from tpuft.cli.render import err_console, fmt_seconds, line_printer, out_console, print_train_summary
+
+DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="Return once every worker's trainer has started; the run goes on without this terminal.")]
+StopOnInterruptOpt = Annotated[
+    bool,
+    typer.Option("--stop-on-interrupt", help="Ctrl-C stops the run on every worker (default: Ctrl-C only detaches, the run goes on)."),
+]
+RunArg = Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
 
 
 @command("setup")
@@ -27,7 +41,24 @@ def setup(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None,
 
 
 @command("train")
-def train(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None, json_out: JsonOpt = False) -> None:
+def train(
+    recipe: Annotated[Optional[Path], typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).", show_default=False)] = None,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    json_out: JsonOpt = False,
+    detach: DetachOpt = False,
+    stop_on_interrupt: StopOnInterruptOpt = False,
+    resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this stopped or failed run from its last checkpoint instead (same as: tpuft resume RUN).", show_default=False)] = None,
+) -> None:
+    from tpuft.errors import UsageError
+
+    if resume is not None:
+        if recipe is not None or overrides:
+            raise UsageError("--resume continues a run with the recipe it was started with: drop RECIPE and --set")
+        _resume(resume, config, json_out, detach, stop_on_interrupt)
+        return
+    if recipe is None:
+        raise UsageError("missing RECIPE: tpuft train RECIPE (or tpuft train --resume RUN)")
     from tpuft.ops.train import train as train_op
 
     loaded = load_recipe_file(recipe, overrides)
@@ -39,9 +70,106 @@ def train(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None,
         loaded,
         on_line=line_printer(console),
         on_start=lambda run_id, run_dir: console.print(f"run [bold]{run_id}[/bold] -> {run_dir}"),
+        on_notice=console.print,
         checked=True,
+        detach=detach,
+        stop_on_interrupt=stop_on_interrupt,
     )
     print_train_summary(console, result, json_out)
+
+
+@command("resume")
+def resume(
+    run_id: Annotated[str, typer.Argument(help="Run id or a unique prefix.")],
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    detach: DetachOpt = False,
+    stop_on_interrupt: StopOnInterruptOpt = False,
+) -> None:
+    _resume(run_id, config, json_out, detach, stop_on_interrupt)
+
+
+def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop_on_interrupt: bool) -> None:
+    from tpuft.ops.train import resume as resume_op
+
+    cfg = load_cluster_file(config)
+    console = err_console() if json_out else out_console()
+    result = resume_op(
+        cfg, run_id, on_line=line_printer(console), on_notice=console.print, detach=detach, stop_on_interrupt=stop_on_interrupt,
+        on_start=lambda rid, rdir: console.print(f"resuming run [bold]{rid}[/bold] -> {rdir}"),
+    )
+    print_train_summary(console, result, json_out)
+
+
+@command("attach")
+def attach(
+    run_id: RunArg = None,
+    config: ConfigOpt = None,
+    lines: Annotated[Optional[int], typer.Option("--lines", "-n", help="Start with each worker's last N lines (default: 20, or all of --since).", show_default=False)] = None,
+    since: Annotated[Optional[str], typer.Option("--since", help="Start with the lines of the last 10m / 2h / 30s, or since an ISO time (UTC).", show_default=False)] = None,
+    stop_on_interrupt: StopOnInterruptOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    from tpuft.ops.train import attach_run
+
+    if lines is not None and lines < 0:
+        from tpuft.errors import UsageError
+
+        raise UsageError(f"--lines {lines}: must be 0 or more")
+    tail = lines if lines is not None else (None if since else 20)
+    cfg = load_cluster_file(config)
+    console = err_console() if json_out else out_console()
+    result = attach_run(cfg, run_id, on_line=line_printer(console), tail=tail, since=_since_stamp(since),
+                        stop_on_interrupt=stop_on_interrupt)
+    print_train_summary(console, result, json_out)
+
+
+def _since_stamp(since: str | None) -> str | None:
+    """``10m`` (a duration back from now) or an ISO time -> the log stamp to start from."""
+    if since is None:
+        return None
+    import time
+
+    from tpuft.config_types import duration_seconds
+    from tpuft.errors import UsageError
+    from tpuft.rundir import log_timestamp
+
+    if since[:1].isdigit() and "-" not in since:
+        try:
+            seconds = duration_seconds(since if not since.isdigit() else int(since))
+        except ValueError as exc:
+            raise UsageError(f"--since {since}: {exc}") from None
+        return log_timestamp(time.time() - float(seconds))  # type: ignore[arg-type]
+    import datetime
+
+    try:
+        when = datetime.datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--since {since!r}: expected a duration (10m, 2h) or an ISO time (2026-11-23T14:00:00)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return log_timestamp(when.timestamp())
+
+
+@command("stop")
+def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    from tpuft.ops.lifecycle import stop as stop_op
+    from tpuft.runs import resolve_run
+
+    cfg = load_cluster_file(config)
+    run = resolve_run(cfg, run_id)
+    console = err_console() if json_out else out_console()
+    with console.status(f"stopping run {run.id} on its workers ..."):
+        result = stop_op(cfg, run)
+    if json_out:
+        print(json.dumps({"run_id": result.run_id, "status": result.status, "already_ended": result.already_ended,
+                          "trainer_pids": result.trainers}, indent=2))
+        return
+    if result.already_ended:
+        console.print(f"run {result.run_id} has already ended ({result.status}); nothing to stop")
+        return
+    console.print(f"[yellow]run {result.run_id}: {result.status}[/yellow] on {len(result.trainers)} worker(s)")
+    console.print(f"continue it later: tpuft resume {result.run_id}")
 
 
 @command("up")
@@ -51,6 +179,8 @@ def up(
     overrides: SetOpt = None,
     json_out: JsonOpt = False,
     yes: YesOpt = False,
+    detach: DetachOpt = False,
+    stop_on_interrupt: StopOnInterruptOpt = False,
 ) -> None:
     from tpuft.ops.cluster import CreateResult
     from tpuft.ops.setup import SetupResult
@@ -72,10 +202,11 @@ def up(
     preflight_with_status(cfg, loaded, console)
     result = up_op(
         cfg, loaded, confirm=confirm_cost(cfg, yes, console), on_step=step, on_line=line_printer(console),
-        on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"), checked=True,
+        on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"), on_notice=console.print,
+        checked=True, detach=detach, stop_on_interrupt=stop_on_interrupt,
     )
     print_train_summary(console, result.train, json_out)
-    if not json_out:
+    if not json_out and not result.train.detached:
         console.print(f"total time {fmt_seconds(result.seconds)}")
         if result.train.export_dir:
             console.print(f"load it: T5ForConditionalGeneration.from_pretrained({str(result.train.export_dir)!r})")

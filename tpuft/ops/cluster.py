@@ -61,7 +61,22 @@ def status(config: ClusterConfig) -> Cluster:
     return get_provider(config).get()
 
 
-def delete(config: ClusterConfig, progress: Progress | None = None) -> bool:
+def delete(config: ClusterConfig, progress: Progress | None = None, *, force: bool = False) -> bool:
+    """Refuses while a run trains on the cluster (deleting it would throw the run away, export and all); ``force``
+    stops such runs first (recorded as stopped, resumable on a new cluster of the same shape)."""
+    from tpuft.ops.lifecycle import alive_runs, stop
+
+    alive = alive_runs(config)
+    if alive and not force:
+        ids = ", ".join(run.id for run in alive)
+        raise UsageError(
+            f"run {ids} is training on cluster {config.name!r}: deleting the cluster would end it",
+            hint=f"Stop it first: tpuft stop {alive[0].id}   (or tpuft delete --force stops it, then deletes)",
+        )
+    for run in alive:
+        if progress:
+            progress(f"stopping run {run.id}")
+        stop(config, run, reason=f"cluster {config.name} deleted (tpuft delete --force)")
     return get_provider(config).delete(progress)
 
 

@@ -1,10 +1,9 @@
 """logs: print a run's worker logs, one worker or all of them interleaved in time order, and follow them live.
 
-Worker output streams over SSH to the ``tpuft train`` process, which writes ``logs/worker-N.log`` with each line
-stamped with the time it arrived. A local run's logs are in its run dir as they are written. A bucket run's logs
-are uploaded every 15 s while it trains (and at the end); on the machine running ``tpuft train`` the live copy
-it writes is read instead, so following there has no upload delay. Following stops once the run has ended and
-every log has been read to its end.
+Each worker's supervisor writes ``logs/worker-N.log`` with every line stamped with the time it arrived. A local run's
+logs are in its run dir as they are written. A bucket run's logs are uploaded every 15 s while it trains (and at the
+end); ``tpuft attach`` reads them live from the workers instead. Following stops once the run has ended and every log
+has been read to its end.
 """
 
 from __future__ import annotations
@@ -21,9 +20,6 @@ from tpuft.errors import UsageError
 from tpuft.runs import resolve_run
 from tpuft.storage import Storage, open_storage
 
-LIVE_MARKER = ".live"
-"""In a bucket run's mirror, ``logs/.live`` says that ``tpuft train`` on this machine writes (or wrote) the logs there,
-as they arrived: more than the bucket has until the next upload."""
 LOCAL_POLL_SECONDS = 0.5
 BUCKET_POLL_SECONDS = 5.0
 
@@ -88,10 +84,9 @@ def open_run_logs(config: ClusterConfig, run_id: str | None, worker: int | None 
     def is_running() -> bool:
         return run.info().get("status", "running") == "running"  # {} while run.json is rewritten: look again
 
-    # A bucket run trained from this machine has its live logs in the run's mirror (tpuft train writes them there).
-    live = run.mirror / rundir.LOGS_DIR
-    if live.is_dir() and (not run.remote or _written_here(live)):
-        sources = {w: LogSource(w, _file_reader(path)) for w, path in _worker_files(live)}
+    if not run.remote:
+        live = run.mirror / rundir.LOGS_DIR
+        sources = {w: LogSource(w, _file_reader(path)) for w, path in _worker_files(live)} if live.is_dir() else {}
         where, poll = str(live), LOCAL_POLL_SECONDS
     else:
         store = open_storage(f"{run.url}/{rundir.LOGS_DIR}", project=run.project)
@@ -105,12 +100,6 @@ def open_run_logs(config: ClusterConfig, run_id: str | None, worker: int | None 
         sources = {worker: sources[worker]}
     folder = Path(where) if worker is None and poll == LOCAL_POLL_SECONDS else None
     return RunLogs(run.id, run.url, sources, is_running, poll, where, folder)
-
-
-def _written_here(logs: Path) -> bool:
-    """Whether ``tpuft train`` ran on this machine (its live copy is marked); a mirror that monitor refreshed from the
-    bucket is not live and would miss what the bucket has not got yet, so it is not followed."""
-    return (logs / LIVE_MARKER).is_file()
 
 
 def _worker_files(folder: Path) -> list[tuple[int, Path]]:

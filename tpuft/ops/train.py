@@ -1,9 +1,14 @@
-"""train: launch the backend's trainer on every worker, stream their logs, stop all on the first failure."""
+"""train and resume: start a run's attempt under the workers' supervisors, then attach to it.
+
+The supervisors (tpuft/worker/supervisor.py) keep the run going without this process; they stop every worker when one
+fails or hangs, and write the outcome into run.json. This module prepares the workers (package, venv, a free cluster),
+writes the run dir, starts the supervisors and, attached, turns the outcome into a summary or a located error."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,18 +16,19 @@ from typing import Any
 from tpuft import rundir
 from tpuft.backends import get_backend
 from tpuft.backends.base import Backend, LaunchPlan
-from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe
-from tpuft.errors import UsageError, WorkerFailure
-from tpuft.fleet.base import FleetResult, LineSink
-from tpuft.ops.common import Session, on_worker, open_session, raise_on_failure, ship_package
-from tpuft.ops.logs import LIVE_MARKER
+from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
+from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
+from tpuft.fleet.base import LineSink
+from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package
+from tpuft.ops.lifecycle import AttachOutcome, Launch, attach, claim_workers, finalize, start_supervisors, stop, wait_for_outcome
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, venv_python
 from tpuft.ports import free_port
-from tpuft.records import Worker
-from tpuft.runs import Run
+from tpuft.runs import Run, resolve_run
 from tpuft.storage import open_storage
-from tpuft.storage.sync import RunDirSync
+
+Notice = Callable[[str], None]
+"""Told what tpuft did besides training (leftovers of dead runs cleaned from the workers)."""
 
 COORDINATOR_PORT = 8476
 
@@ -41,6 +47,9 @@ class TrainResult:
     """The backend's own summary values (``--json``)."""
     rows: list[tuple[str, str]] = field(default_factory=list)
     """... and rows for the summary table."""
+    detached: bool = False
+    """The run goes on without this process (``--detach``, or Ctrl-C while attached)."""
+    attempt: int = 1
 
 
 def _coordinator_port(host: str) -> int:
@@ -68,24 +77,26 @@ def train(
     *,
     on_line: LineSink | None = None,
     on_start: Any = None,
+    on_notice: Notice | None = None,
     checked: bool = False,
+    detach: bool = False,
+    stop_on_interrupt: bool = False,
 ) -> TrainResult:
-    """``checked``: the caller has run :func:`tpuft.ops.preflight.preflight` already (``up`` does, before create)."""
+    """Start a new run under the workers' supervisors, then attach to it (unless ``detach``).
+
+    ``checked``: the caller has run :func:`tpuft.ops.preflight.preflight` already (``up`` does, before create).
+    Ctrl-C while attached detaches (the run goes on; the result says ``detached``) unless ``stop_on_interrupt``."""
     if not checked:
         preflight(config, recipe)
     session = open_session(config)
     check_against_cluster(recipe, session.shape)
     plan = launch_plan(session, recipe.value)
-    package = ship_package(session, plan.workers)
-    python = _require_venv(session, package, recipe.value, plan)
+    launch = _prepare_workers(session, recipe.value, plan, on_notice)
 
     run_id = rundir.new_run_id(recipe.value.name)
     run = Run(run_id, str(open_storage(session.cluster.bucket).run_dir(run_id)), config.gcp.project)
-    live_logs = run.mirror / rundir.LOGS_DIR  # a bucket run's worker logs land here first, as they arrive
-    live_logs.mkdir(parents=True, exist_ok=True)
-    if run.remote:
-        (live_logs / LIVE_MARKER).touch()
-    resolved = _ship_data(session, recipe.value, run_id, plan) if _remote_fleet(session) else recipe.value
+    shipped = _shipped_data(recipe.value, plan) if _remote_fleet(session) else {}
+    resolved = _ship_data(session, recipe.value, run_id, plan) if shipped else recipe.value
     run.storage.write_text(rundir.RECIPE, dump_recipe(resolved))
     started = time.time()
     info = {
@@ -101,26 +112,106 @@ def train(
         "total_steps": recipe.value.train.steps,
         "started": started,
         "status": "running",
+        "attempt": 1,
+        "attempts": [{"attempt": 1, "started": started}],
+        "launch": launch.as_json(),
+        "shipped_data": shipped,
     }
     _write_info(run, info)
     if on_start is not None:
         on_start(run_id, run.url)
+    return _run_attempt(session, config, run, recipe.value, plan, launch, info, on_line=on_line, detach=detach,
+                        stop_on_interrupt=stop_on_interrupt)
 
+
+def resume(
+    config: ClusterConfig,
+    run_id: str | None,
+    *,
+    on_line: LineSink | None = None,
+    on_start: Any = None,
+    on_notice: Notice | None = None,
+    detach: bool = False,
+    stop_on_interrupt: bool = False,
+) -> TrainResult:
+    """Continue a stopped or failed run, same id, from its last complete checkpoint (a new attempt)."""
+    run = resolve_run(config, run_id)
+    info = run.info()
+    if not info:
+        raise UsageError(f"run {run.id} has no run.json: it cannot be resumed")
+    if info.get("status") == "finished":
+        raise UsageError(f"run {run.id} has finished: there is nothing to resume",
+                         hint=f"Train longer in a new run: tpuft train {info.get('recipe')} --set train.steps=...")
+    previous = Launch.of(run, info)
+    text = run.storage.read_text(rundir.RECIPE)
+    if text is None:
+        raise UsageError(f"run {run.id}: {run.url}/{rundir.RECIPE} is missing: it cannot be resumed")
+    recipe = recipe_from_text(text, f"{run.url}/{rundir.RECIPE}")
+    session = open_session(config)
+    check_against_cluster(Loaded(recipe, f"{run.url}/{rundir.RECIPE}", {}), session.shape)
+    plan = launch_plan(session, recipe)
+    if tuple(plan.workers) != previous.hosts:
+        raise UsageError(f"run {run.id} trained on worker(s) {list(previous.hosts)}; this cluster would launch it on "
+                         f"{list(plan.workers)}: resume it on a cluster of the same shape")
+    launch = _prepare_workers(session, recipe, plan, on_notice, resuming=run.id)
+    for key, local in (info.get("shipped_data") or {}).items():  # a recreated worker has lost its copy
+        worker_path = getattr(recipe.data, key, None)
+        if worker_path is not None and Path(local).is_file():
+            session.fleet.put(Path(local), str(worker_path), workers=plan.workers)
+    attempt = int(info.get("attempt", 1)) + 1
+    now = time.time()
+    attempts = list(info.get("attempts") or [])
+    if attempts and "ended" not in attempts[-1]:  # its supervisors died without a last word (the VM went away)
+        attempts[-1] = {**attempts[-1], "ended": now, "status": "lost"}
+    info = {k: v for k, v in info.items() if k not in {"cause", "culprit", "culprit_tail", "ended"}}
+    info.update(status="running", attempt=attempt, launch=launch.as_json(),
+                attempts=[*attempts, {"attempt": attempt, "started": now, "resumed": True}])
+    _write_info(run, info)
+    if on_start is not None:
+        on_start(run.id, run.url)
+    return _run_attempt(session, config, run, recipe, plan, launch, info, on_line=on_line, detach=detach,
+                        stop_on_interrupt=stop_on_interrupt, resume=True)
+
+
+def attach_run(
+    config: ClusterConfig,
+    run_id: str | None,
+    *,
+    on_line: LineSink | None = None,
+    tail: int | None = None,
+    since: str | None = None,
+    stop_on_interrupt: bool = False,
+) -> TrainResult:
+    """Re-attach to a run (the latest by default): its workers' last lines, then live until it ends; then its summary,
+    or the error that says how it ended. A run that has ended already gives that at once."""
+    run = resolve_run(config, run_id)
+    info = finalize(run) or run.info()
+    launch = Launch.of(run, info)
+    backend = get_backend(str(info.get("backend")))
+    if info.get("status") != "running":
+        return finished_result(run, info, backend, len(launch.hosts))
+    session = open_session(config)
+    outcome = attach(session, run, launch, on_line, tail=tail, since=since)
+    return _after_attach(config, run, launch, backend, outcome, stop_on_interrupt, int(info.get("attempt", 1)))
+
+
+def _prepare_workers(
+    session: Session, recipe: RecipeConfig, plan: LaunchPlan, on_notice: Notice | None, resuming: str | None = None
+) -> Launch:
+    """Ship tpuft, check the venv, and claim the workers (refused when another run lives there)."""
+    package = ship_package(session, plan.workers)
+    python = _require_venv(session, package, recipe, plan)
+    launch = Launch(tuple(plan.workers), python, package)
     try:
-        result = _launch(session, config, plan, package, python, run, on_line)
-    except BaseException as exc:  # nothing ran to the end: the run must not say `running` forever
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        _write_info(run, info, status=status, ended=time.time(), cause=cause[:2000])
+        cleaned = claim_workers(session, launch, free_tpu=session.shape.target == "tpu")
+    except UsageError as exc:
+        if resuming and resuming in exc.message:
+            raise UsageError(f"run {resuming} is still running", hint=f"Watch it: tpuft attach {resuming}") from None
         raise
-    seconds = time.time() - started
-    status = "interrupted" if result.interrupted else "finished" if result.ok else "failed"
-    _write_info(run, info, status=status, ended=time.time(), seconds=round(seconds, 1))
-    try:
-        raise_on_failure(result, f"training run {run_id}")
-    except WorkerFailure as failure:
-        raise WorkerFailure(f"{failure.message}\nrun dir: {run.url}") from None
-    return summarize(run, get_backend(recipe.value.backend.kind), seconds, len(result.results))
+    for line in cleaned:
+        if on_notice is not None:
+            on_notice(f"cleaned {line}")
+    return launch
 
 
 def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
@@ -128,60 +219,91 @@ def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
 
 
-def _launch(
-    session: Session,
-    config: ClusterConfig,
-    plan: LaunchPlan,
-    package: str,
-    python: str,
-    run: Run,
-    on_line: LineSink | None,
-) -> FleetResult:
-    """Start the trainer on the plan's workers and supervise it until every one has ended. Worker ids and the
-    worker count are positions in the plan, so a backend that launches on some hosts only shards data among those."""
+def _trainer_env(session: Session, config: ClusterConfig, run: Run, plan: LaunchPlan, resume: bool) -> dict[str, str]:
+    """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH)."""
     workers = session.cluster.workers
     first = workers[plan.workers[0]]
     coordinator_host = first.internal_address or first.address
     coordinator = f"{coordinator_host}:{_coordinator_port(coordinator_host)}"
-    rank = {index: position for position, index in enumerate(plan.workers)}
-    common_env = {
+    env = {
         **config.worker_env,
-        "TPUFT_RUN_ID": run.id,
-        "TPUFT_RUN_DIR": run.url,
-        "TPUFT_NUM_WORKERS": str(len(plan.workers)),
         "TPUFT_COORDINATOR": coordinator.replace("localhost", "127.0.0.1"),
         **plan.env,
     }
+    if resume:
+        env["TPUFT_RESUME"] = "1"
+    return env
 
-    def env_for(worker: Worker) -> dict[str, str]:
-        return {
-            **common_env,
-            "TPUFT_WORKER_ID": str(rank[worker.index]),
-            "PYTHONPATH": on_worker(session, worker.index, package),
-            "PYTHONUNBUFFERED": "1",
-        }
 
-    # Worker output streams to this process over SSH; a bucket run gets the logs every 15 s too, so that
-    # `tpuft logs -f` and `tpuft monitor` on another machine see them while the run trains.
-    logs = run.mirror / rundir.LOGS_DIR
-    log_sync = RunDirSync(logs, open_storage(f"{run.url}/{rundir.LOGS_DIR}", project=run.project)).start() if run.remote else None
+def _run_attempt(
+    session: Session, config: ClusterConfig, run: Run, recipe: RecipeConfig, plan: LaunchPlan, launch: Launch,
+    info: dict[str, Any], *, on_line: LineSink | None, detach: bool, stop_on_interrupt: bool, resume: bool = False,
+) -> TrainResult:
+    attempt = int(info["attempt"])
     try:
-        return session.fleet.run(
-            [python, *plan.argv],
-            env=env_for,
-            workers=plan.workers,
-            log_dir=logs,
-            on_line=on_line,
-            log_timestamps=True,
+        start_supervisors(
+            session, run, launch, _trainer_env(session, config, run, plan, resume), attempt=attempt,
+            hang_timeout=recipe.train.hang_timeout, argv=(launch.python, *plan.argv), free_tpu=session.shape.target == "tpu",
         )
-    finally:
-        if log_sync is not None:
-            log_sync.close()
+    except BaseException as exc:  # nothing trains: the run must not say `running` forever
+        cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        if finalize(run) is None or run.info().get("status") == "running":
+            _write_info(run, run.info() or info, status="failed", ended=time.time(), cause=cause[:2000])
+        raise
+    backend = get_backend(recipe.backend.kind)
+    if detach:
+        return TrainResult(run.id, run.url, 0.0, len(plan.workers), detached=True, attempt=attempt)
+    outcome = attach(session, run, launch, on_line)
+    return _after_attach(config, run, launch, backend, outcome, stop_on_interrupt, attempt)
+
+
+def _after_attach(
+    config: ClusterConfig, run: Run, launch: Launch, backend: Backend, outcome: AttachOutcome, stop_on_interrupt: bool,
+    attempt: int,
+) -> TrainResult:
+    launched = len(launch.hosts)
+    if outcome.interrupted:
+        if stop_on_interrupt and not outcome.hung_up:
+            stopped = stop(config, run, reason="interrupted on the controller (Ctrl-C)")
+            raise Interrupted(f"stopped run {run.id} on {launched} worker(s) ({stopped.status})",
+                              hint=f"Continue it: tpuft resume {run.id}")
+        return TrainResult(run.id, run.url, 0.0, launched, detached=True, attempt=attempt)
+    if outcome.lost:
+        lost = ", ".join(map(str, outcome.lost))
+        raise TpuftError(f"lost contact with worker(s) {lost} of run {run.id}; their supervisors may still be training",
+                         hint=f"Look: tpuft monitor {run.id}   Re-attach: tpuft attach {run.id}")
+    return finished_result(run, wait_for_outcome(run), backend, launched)
+
+
+def finished_result(run: Run, info: dict[str, Any], backend: Backend, launched: int) -> TrainResult:
+    """The summary of an attempt that has ended, or the error that says how it did not finish."""
+    status = info.get("status")
+    if status == "failed":
+        lines = [f"training run {run.id} failed: {info.get('cause', 'see the logs')}"]
+        tail = info.get("culprit_tail") or []
+        if tail:
+            lines.append(f"last lines of worker {info.get('culprit')}:")
+            lines += ["  " + line for line in tail]
+        lines.append(f"run dir: {run.url}")
+        raise WorkerFailure("\n".join(lines), hint=f"Fix it, then continue from the last checkpoint: tpuft resume {run.id}")
+    if status == "stopped":
+        raise TpuftError(f"run {run.id} was stopped: {info.get('cause', '')}", hint=f"Continue it: tpuft resume {run.id}")
+    if status != "finished":
+        raise TpuftError(f"run {run.id}: every worker's supervisor has ended but the run has no outcome yet ({status})",
+                         hint=f"Look: tpuft monitor {run.id}")
+    return summarize(run, backend, float(info.get("seconds") or 0.0), launched, attempt=int(info.get("attempt", 1)))
 
 
 def _remote_fleet(session: Session) -> bool:
     """Workers on other machines (SSH) cannot read the controller's files: the data has to be shipped."""
     return any(w.home is None for w in session.cluster.workers)
+
+
+def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, str]:
+    """The data files the plan ships (key -> this machine's path): kept in run.json so that a resume can ship them
+    again to a worker that lost its copy."""
+    paths = {key: getattr(recipe.data, key) for key in plan.ship}
+    return {key: str(path) for key, path in paths.items() if path is not None}
 
 
 def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: LaunchPlan) -> RecipeConfig:
@@ -198,7 +320,7 @@ def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: Launch
     return recipe.model_copy(update={"data": recipe.data.model_copy(update=updates)})
 
 
-def summarize(run: Run, backend: Backend, seconds: float, launched: int) -> TrainResult:
+def summarize(run: Run, backend: Backend, seconds: float, launched: int, attempt: int = 1) -> TrainResult:
     """What ``train`` reports, from the run's own snapshot (the same reading ``monitor`` shows) and what the backend
     adds (the PyTorch/XLA one: whether every replica ended with the same weights)."""
     snap = run.snapshot()
@@ -214,4 +336,5 @@ def summarize(run: Run, backend: Backend, seconds: float, launched: int) -> Trai
         export_dir=f"{run.url}/{rundir.EXPORT_HF}" if exported else None,
         extras=extras,
         rows=rows,
+        attempt=attempt,
     )

@@ -35,11 +35,15 @@ def up(
     on_step: Callable[[int, str, Any], None] | None = None,
     on_line: LineSink | None = None,
     on_start: Any = None,
+    on_notice: Callable[[str], None] | None = None,
     checked: bool = False,
+    detach: bool = False,
+    stop_on_interrupt: bool = False,
 ) -> UpResult:
     """``confirm(estimate)`` is called before a new cloud cluster is created and raises to stop. ``on_step(i, what,
     previous)`` announces step i of :data:`STEPS` with the result of the step before it (None for the first); the
-    last step, the summary, is the caller's to render. ``checked``: the caller has run the preflight already."""
+    last step, the summary, is the caller's to render. ``checked``: the caller has run the preflight already;
+    ``detach`` and ``stop_on_interrupt`` are :func:`tpuft.ops.train.train`'s."""
     started = time.monotonic()
     step = on_step or (lambda index, what, previous: None)
     if not checked:
@@ -52,6 +56,7 @@ def up(
     step(1, f"setup {recipe.value.backend.kind}", created)
     done = setup(config, recipe.value, on_line=on_line)
     step(2, f"train {recipe.value.name}", done)
-    result = train(config, recipe, on_line=on_line, on_start=on_start, checked=True)
+    result = train(config, recipe, on_line=on_line, on_start=on_start, on_notice=on_notice, checked=True, detach=detach,
+                   stop_on_interrupt=stop_on_interrupt)
     step(3, "summary and export", result)
     return UpResult(created=created, setup=done, train=result, seconds=time.monotonic() - started)

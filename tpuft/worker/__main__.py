@@ -1,9 +1,9 @@
 """``python -m tpuft.worker``: load the resolved recipe from the run dir and hand over to the backend's trainer.
 
-When the run dir is remote (gs://) and the backend's layout says its trainer writes locally (objects cannot be
-appended to), the worker trains in a local staging folder and a background thread mirrors what it writes back to the
-bucket (tpuft/storage/sync.py), once more at the very end. A backend whose trainer writes the bucket itself (T5X's
-checkpoints do) gets the gs:// run dir as it is.
+It runs under the worker's supervisor (tpuft/worker/supervisor.py). When the run dir is remote (gs://), objects
+cannot be appended to: the supervisor has put the recipe in a local staging folder (``ctx.run_dir``), where the
+trainer writes, and mirrors that folder to the bucket while it grows and once more at the end. A backend whose trainer
+writes the bucket itself (T5X's checkpoints do) also gets the gs:// URL (``ctx.run_url``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import sys
 import traceback
 
 from tpuft import rundir
-from tpuft.backends import get_backend
 from tpuft.config import recipe_from_text
 from tpuft.errors import TpuftError
 from tpuft.worker.context import WorkerContext, pin_cpus
@@ -21,26 +20,10 @@ from tpuft.worker.data import DataError
 
 
 def _recipe_text(ctx: WorkerContext) -> str:
-    if not ctx.remote:
-        return (ctx.run_dir / rundir.RECIPE).read_text(encoding="utf-8")
-    from tpuft.storage import open_storage
-
-    text = open_storage(ctx.run_url).read_text(rundir.RECIPE)
-    if text is None:
-        raise SystemExit(f"tpuft.worker: {ctx.run_url}/{rundir.RECIPE} not found")
-    return text
-
-
-def _stage(ctx: WorkerContext, recipe_text: str):  # type: ignore[no-untyped-def]
-    """Train in a local folder and mirror it to the gs:// run dir; returns the running syncer."""
-    from tpuft.storage import open_storage
-    from tpuft.storage.sync import RunDirSync
-
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    (ctx.run_dir / rundir.RECIPE).write_text(recipe_text)
-    syncer = RunDirSync(ctx.run_dir, open_storage(ctx.run_url))
-    syncer.changed_files()  # the recipe came from there: do not send it back
-    return syncer.start()
+    path = ctx.run_dir / rundir.RECIPE
+    if not path.is_file():
+        raise SystemExit(f"tpuft.worker: {path} not found (a gs:// run is staged by the worker's supervisor)")
+    return path.read_text(encoding="utf-8")
 
 
 def _record_failure(ctx: WorkerContext, error: str) -> None:
@@ -52,26 +35,18 @@ def _record_failure(ctx: WorkerContext, error: str) -> None:
 def main() -> int:
     ctx = WorkerContext.from_env()
     pin_cpus()
-    syncer = None
     try:
-        try:
-            text = _recipe_text(ctx)
-            recipe = recipe_from_text(text, f"{ctx.run_url}/{rundir.RECIPE}")
-            if ctx.remote and not get_backend(recipe.backend.kind).layout.writes_to_bucket:
-                syncer = _stage(ctx, text)
-            trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
-            return int(trainer.main(ctx, recipe) or 0)
-        except (DataError, TpuftError) as exc:  # the user's data or recipe: one located line, no traceback
-            print(f"[tpuft] error on worker {ctx.worker_id}: {exc}", flush=True)
-            _record_failure(ctx, str(exc))
-            return 2
-        except Exception:
-            traceback.print_exc()
-            _record_failure(ctx, traceback.format_exc(limit=3)[-2000:])
-            return 1
-    finally:
-        if syncer is not None:
-            syncer.close()
+        recipe = recipe_from_text(_recipe_text(ctx), f"{ctx.run_url}/{rundir.RECIPE}")
+        trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
+        return int(trainer.main(ctx, recipe) or 0)
+    except (DataError, TpuftError) as exc:  # the user's data or recipe: one located line, no traceback
+        print(f"[tpuft] error on worker {ctx.worker_id}: {exc}", flush=True)
+        _record_failure(ctx, str(exc))
+        return 2
+    except Exception:
+        traceback.print_exc()
+        _record_failure(ctx, traceback.format_exc(limit=3)[-2000:])
+        return 1
 
 
 if __name__ == "__main__":

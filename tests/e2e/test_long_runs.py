@@ -1,0 +1,95 @@
+"""Long runs on the local CPU pod with the real PyTorch/XLA trainer: a run outlives a kill -9 of its controller, and a
+run killed after a checkpoint and resumed ends with exactly the weights of the uninterrupted run (same weight digest),
+its metrics continuing without duplicates."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuft import rundir
+from tpuft.backends.torch_xla import LAYOUT
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = [
+    "--set", "train.steps=48", "--set", "train.warmup_steps=4", "--set", "train.log_every=4",
+    "--set", "train.checkpoint_every=16", "--set", "eval.every=24", "--set", "eval.max_examples=32",
+    "--set", "model.config.dropout_rate=0.1",  # dropout draws random numbers: the RNG state must resume too
+]
+
+
+def wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def info(run: Path) -> dict[str, Any]:
+    return rundir.read_json(run / rundir.RUN_INFO) or {}
+
+
+def step_of(run: Path, worker: int) -> int:
+    return int((rundir.read_json(rundir.heartbeat_path(run, worker)) or {}).get("step") or 0)
+
+
+def digests(run: Path) -> set[str]:
+    return {str((rundir.read_json(rundir.heartbeat_path(run, w)) or {}).get("params_sha256")) for w in range(2)}
+
+
+def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(tmp_path: Path) -> None:
+    env = {**os.environ, "TPUFT_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text("name: long\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    runs = tmp_path / "home" / "buckets" / "long" / "runs"
+
+    def tpuft(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(cluster)], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    # 1. The controller is killed mid-run: the run trains on, finishes and exports by itself.
+    controller = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), *SETTINGS],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = wait(lambda: next(iter(runs.iterdir()), None) if runs.is_dir() else None, 600, "the first run dir")
+    wait(lambda: step_of(first, 0) >= 6, 600, "step 6")
+    controller.send_signal(signal.SIGKILL)
+    controller.wait(timeout=10)
+    wait(lambda: info(first).get("status") not in (None, "running"), 600, "the first run to end")
+    assert info(first)["status"] == "finished", info(first)
+    assert (first / rundir.EXPORT_HF / "config.json").is_file()
+    uninterrupted = digests(first)
+    assert len(uninterrupted) == 1 and "None" not in uninterrupted  # both replicas, identical weights
+
+    # 2. A worker's trainer is killed after the checkpoint at step 32: the run fails; resumed, it ends identical.
+    started = tpuft("train", "quickstart", "--detach", "--json", *SETTINGS)
+    assert started.returncode == 0, started.stderr[-4000:]
+    second = runs / json.loads(started.stdout)["run_id"]
+    wait(lambda: 32 in dict(LAYOUT.local_checkpoints(second / LAYOUT.checkpoints)) and step_of(second, 1) >= 34, 600,
+         "the checkpoint at step 32 and step 34")
+    record = json.loads((second / "attempts" / "1" / "worker-1.json").read_text())
+    os.kill(record["trainer_pid"], signal.SIGKILL)
+    reached = step_of(second, 0)
+    wait(lambda: info(second).get("status") not in (None, "running"), 60, "the second run to fail")
+    failed = info(second)
+    assert failed["status"] == "failed" and failed["culprit"] == 1 and "killed by signal 9" in failed["cause"], failed
+
+    resumed = tpuft("resume", second.name, "--json")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert json.loads(resumed.stdout)["attempt"] == 2
+    assert digests(second) == uninterrupted  # exact resume: weights, optimizer, schedule, data order, RNG
+    steps = [r["step"] for r in rundir.read_metrics(second).train_rows]
+    assert steps == sorted(set(steps)) and steps[-1] == 48  # re-run steps replaced their rows, none twice
+    assert "resuming from checkpoint step_00000032" in (second / "logs" / "worker-0.log").read_text()
+    print(f"\nkilled at step {reached}, resumed from the checkpoint at 32: {reached - 32} step(s) re-run, 0 lost")

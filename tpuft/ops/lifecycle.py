@@ -1,0 +1,372 @@
+"""A run's life on the pod, from the controller: claim the workers, start their supervisors, attach, stop, and find
+the runs that are alive.
+
+The trainers live under worker-side supervisors (tpuft/worker/supervisor.py), so nothing here has to stay running:
+``attach`` is only a reader (a ``follow`` per worker, over the fleet; Ctrl-C ends the followers, not the run),
+``stop`` asks in the run dir (``attempts/<n>/stop.json``, which a worker sees even when this machine cannot reach it)
+and, to be quick, signals each supervisor over the fleet too. run.json keeps what it takes to reach a run's
+supervisors again from any machine (``launch``: the hosts, the venv's python, the package folder).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tpuft import rundir
+from tpuft.config import ClusterConfig
+from tpuft.errors import TpuftError, UsageError
+from tpuft.fleet.base import LineSink
+from tpuft.ops.common import Session, on_worker, open_session
+from tpuft.records import Worker
+from tpuft.runs import Run, list_runs
+
+SUPERVISOR = ("-m", "tpuft.worker.supervisor")
+BUSY_EXIT = 4  # tpuft.worker.supervisor.BUSY_EXIT (that module is the workers'; the value is the contract)
+NO_RUN_EXIT = 3
+FROM_LINE_MARKER = "__TPUFT_FROM_LINE__"
+ALIVE_WITHIN_SECONDS = 60.0
+"""A supervisor refreshes its record every 15 s: one silent for a minute is gone (with its VM, or killed)."""
+REATTACH_DELAYS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 30.0, 30.0, 30.0, 30.0)
+"""Back-off between re-attaching to a worker whose follower's connection dropped (a laptop waking up, a VPN)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to reach a run's supervisors: kept in run.json, so ``attach``/``stop``/``resume`` work from any machine."""
+
+    hosts: tuple[int, ...]
+    """The cluster's worker indices that run the trainer (the backend's launch plan); rank = position."""
+    python: str
+    """The backend venv's python on the workers."""
+    package: str
+    """The tpuft package folder, under each worker's HOME."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"hosts": list(self.hosts), "python": self.python, "package": self.package}
+
+    @classmethod
+    def of(cls, run: Run, info: dict[str, Any]) -> Launch:
+        data = info.get("launch")
+        if not isinstance(data, dict):
+            raise UsageError(f"run {run.id} was started by a tpuft without worker supervisors: it cannot be attached to, "
+                             "stopped or resumed by this one")
+        return cls(tuple(int(h) for h in data["hosts"]), str(data["python"]), str(data["package"]))
+
+
+def supervisor_env(session: Session, run: Run, launch: Launch, worker: Worker, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What every supervisor subcommand needs to find its run on a worker."""
+    return {
+        "TPUFT_RUN_ID": run.id,
+        "TPUFT_RUN_DIR": run.url,
+        "TPUFT_WORKER_ID": str(launch.hosts.index(worker.index)),
+        "TPUFT_NUM_WORKERS": str(len(launch.hosts)),
+        "PYTHONPATH": on_worker(session, worker.index, launch.package),
+        "PYTHONUNBUFFERED": "1",
+        **(extra or {}),
+    }
+
+
+def _tool_env(session: Session, launch: Launch) -> Callable[[Worker], dict[str, str]]:
+    """For ``check``/``stop``: no run id in the environment (``check`` cleans processes by the run id they carry)."""
+    return lambda worker: {"PYTHONPATH": on_worker(session, worker.index, launch.package), "PYTHONUNBUFFERED": "1"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Claiming the workers
+
+
+def claim_workers(session: Session, launch: Launch, *, free_tpu: bool) -> list[str]:
+    """Refuse a busy cluster (naming the live run and how to stop it); clean what dead runs left behind. Returns
+    what was cleaned, one line per worker and thing."""
+    busy: dict[int, dict[str, Any]] = {}
+    cleaned: list[str] = []
+    lines: dict[int, list[str]] = {}
+
+    def collect(index: int, line: str) -> None:
+        lines.setdefault(index, []).append(line)
+
+    argv = [launch.python, *SUPERVISOR, "check", *(["--free-tpu"] if free_tpu else [])]
+    result = session.fleet.run(argv, env=_tool_env(session, launch), workers=launch.hosts, on_line=collect, fail_fast=False)
+    for r in result.results:
+        report = _last_json(lines.get(r.index, []))
+        if r.exit_code not in (0, BUSY_EXIT) or report is None:
+            tail = "\n".join("  " + line for line in r.tail[-10:])
+            raise TpuftError(f"checking worker {r.index} for a running run failed (exit code {r.exit_code}):\n{tail}")
+        if report.get("busy"):
+            busy[r.index] = report
+        cleaned += [f"worker {r.index}: {line}" for line in report.get("cleaned", [])]
+    if busy:
+        run_ids = sorted({str(b["busy"]) for b in busy.values()})
+        workers = ", ".join(str(i) for i in sorted(busy))
+        raise UsageError(
+            f"the cluster is busy: run {', '.join(run_ids)} is training on worker(s) {workers}",
+            hint=f"Watch it: tpuft attach {run_ids[0]}   Stop it: tpuft stop {run_ids[0]}",
+        )
+    return cleaned
+
+
+def _last_json(lines: list[str]) -> dict[str, Any] | None:
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                return data
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Starting
+
+
+def start_supervisors(
+    session: Session, run: Run, launch: Launch, env: dict[str, str], *, attempt: int, hang_timeout: float, argv: tuple[str, ...],
+    free_tpu: bool, on_line: LineSink | None = None,
+) -> None:
+    """One detached supervisor per launched worker; returns once every trainer runs. A worker that cannot start
+    (claimed by a racing run, a broken venv) gets the others stopped and the attempt recorded as failed."""
+    command = [launch.python, *SUPERVISOR, "start", "--argv", json.dumps(list(argv)), "--attempt", str(attempt),
+               "--hang-timeout", str(hang_timeout), *(["--free-tpu"] if free_tpu else [])]
+    result = session.fleet.run(
+        command, env=lambda w: supervisor_env(session, run, launch, w, env), workers=launch.hosts, on_line=on_line,
+        fail_fast=False,
+    )
+    if result.ok:
+        return
+    bad = [r for r in result.results if not r.ok]
+    request_stop(run, attempt, "a worker's supervisor could not start")
+    signal_supervisors(session, run, launch)
+    first = bad[0]
+    busy = first.exit_code == BUSY_EXIT
+    what = "is busy with another run (it started a moment ago)" if busy else f"could not start (exit code {first.exit_code})"
+    tail = "\n".join("  " + line for line in first.tail[-15:])
+    raise TpuftError(f"worker {first.index} {what}; the workers that had started were stopped\n{tail}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Attaching
+
+
+@dataclass
+class AttachOutcome:
+    ended: bool
+    """Every worker's supervisor has ended (the run finished, failed or was stopped)."""
+    interrupted: bool = False
+    """Ctrl-C or SIGTERM: the followers were ended, the run goes on."""
+    hung_up: bool = False
+    """The terminal went away (SIGHUP): detached like Ctrl-C, whatever ``--stop-on-interrupt`` says."""
+    lost: tuple[int, ...] = ()
+    """Workers that could not be reached again after their connection dropped."""
+
+
+def attach(
+    session: Session, run: Run, launch: Launch, on_line: LineSink | None, *, tail: int | None = None,
+    since: str | None = None, sleep: Callable[[float], None] = time.sleep,
+) -> AttachOutcome:
+    """Stream every worker's log of the run (``[wN]`` lines through ``on_line``) until the run ends there. A dropped
+    connection re-attaches from the next line, with back-off; Ctrl-C (and SIGHUP) only ends the followers."""
+    next_line: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def sink(index: int, line: str) -> None:
+        if line.startswith(FROM_LINE_MARKER):
+            with lock:
+                next_line[index] = int(line.split()[1])
+            return
+        with lock:
+            next_line[index] = next_line.get(index, 0) + 1
+        if on_line is not None:
+            on_line(index, line)
+
+    def env(worker: Worker) -> dict[str, str]:
+        return supervisor_env(session, run, launch, worker)
+
+    pending = list(launch.hosts)
+    retries = 0
+    first = True
+    with _hangup_raises() as hangup:
+        while pending:
+            # One fleet run per distinct argument list: the first round has one; a re-attach continues each worker
+            # from the line after the last one it delivered.
+            groups: dict[tuple[str, ...], list[int]] = {}
+            for index in pending:
+                if first:
+                    args = (["--tail", str(tail)] if tail is not None else []) + (["--since", since] if since else [])
+                else:
+                    args = ["--from-line", str(next_line.get(index, 0))]
+                groups.setdefault(tuple(args), []).append(index)
+            dropped: list[int] = []
+            try:
+                results = _follow_groups(session, launch, groups, env, sink)
+            except KeyboardInterrupt:  # a signal between two fleet runs
+                return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.fired)
+            for result in results:
+                if result.interrupted:
+                    return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.fired)
+                dropped += [r.index for r in result.results if r.exit_code not in (0, NO_RUN_EXIT)]
+            first = False
+            if not dropped:
+                return AttachOutcome(ended=True)
+            if retries >= len(REATTACH_DELAYS) or _attempt_over(run):
+                return AttachOutcome(ended=_attempt_over(run), lost=tuple(dropped))
+            try:
+                sleep(REATTACH_DELAYS[retries])
+            except KeyboardInterrupt:
+                return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.fired)
+            retries += 1
+            pending = dropped
+    return AttachOutcome(ended=True)
+
+
+def _follow_groups(session: Session, launch: Launch, groups: dict[tuple[str, ...], list[int]], env: Any, sink: LineSink) -> list[Any]:
+    """Run the followers, a group at a time (workers that had read different amounts are rare: one by one)."""
+    results: list[Any] = []
+    for args, workers in groups.items():
+        result = session.fleet.run([launch.python, *SUPERVISOR, "follow", *args], env=env, workers=workers, on_line=sink, fail_fast=False)
+        results.append(result)
+        if result.interrupted:
+            break
+    return results
+
+
+class _HangupFlag:
+    fired = False
+
+
+@contextmanager
+def _hangup_raises() -> Iterator[_HangupFlag]:
+    """While attached, a closed terminal (SIGHUP) ends the followers like Ctrl-C does, and is told apart from it."""
+    flag = _HangupFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        flag.fired = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGHUP, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def _attempt_over(run: Run) -> bool:
+    info = run.info()
+    return info.get("status", "running") != "running" or finalize(run) is not None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ending: outcome, stop
+
+
+def finalize(run: Run) -> dict[str, Any] | None:
+    """run.json with the current attempt's outcome once every worker's record is final (None before)."""
+    info = run.info()
+    return rundir.finalize_run(run.storage, int(info.get("attempt", 1))) if info else None
+
+
+def wait_for_outcome(run: Run, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """run.json once the attempt has an outcome; after ``timeout``, whatever run.json says (a worker whose supervisor
+    died without a last word leaves the attempt open: ``runs`` shows it as stale, ``resume`` can take over)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = finalize(run)
+        if info is not None and info.get("status") != "running":
+            return info
+        if time.monotonic() >= deadline:
+            return run.info()
+        sleep(0.25)
+
+
+def request_stop(run: Run, attempt: int, reason: str) -> None:
+    run.storage.write_text(rundir.stop_request(attempt), json.dumps({"reason": reason, "time": time.time()}))
+
+
+def signal_supervisors(session: Session, run: Run, launch: Launch, on_line: LineSink | None = None) -> None:
+    """SIGTERM each worker's supervisor of ``run`` over the fleet and wait for it to end (the run dir's stop request
+    does the same, a little later, for a worker this machine cannot reach)."""
+    argv = [launch.python, *SUPERVISOR, "stop", "--run", run.id]
+    session.fleet.run(argv, env=_tool_env(session, launch), workers=launch.hosts, on_line=on_line, fail_fast=False)
+
+
+@dataclass
+class StopResult:
+    run_id: str
+    status: str
+    already_ended: bool
+    trainers: dict[int, int]
+    """worker -> pid of the trainer that was stopped (from the supervisors' records)."""
+
+
+def stop(config: ClusterConfig, run: Run, *, reason: str = "stopped with tpuft stop", timeout: float = 60.0) -> StopResult:
+    info = run.info()
+    if not info:
+        raise UsageError(f"run {run.id} has no run.json: nothing to stop")
+    attempt = int(info.get("attempt", 1))
+    if info.get("status") != "running":
+        return StopResult(run.id, str(info.get("status")), True, {})
+    request_stop(run, attempt, reason)
+    launch = Launch.of(run, info)
+    try:
+        session = open_session(config)
+    except TpuftError:
+        session = None  # the cluster is gone or not READY: the stop request waits in the run dir for its workers
+    if session is not None:
+        signal_supervisors(session, run, launch)
+    final = wait_for_outcome(run, timeout)
+    records = rundir.attempt_records(run.storage, attempt)
+    trainers = {w: int(r["trainer_pid"]) for w, r in records.items() if r.get("trainer_pid")}
+    return StopResult(run.id, str(final.get("status")), False, trainers)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Which runs are alive
+
+
+def run_is_alive(run: Run, now: float | None = None) -> bool:
+    """A run whose run.json says running and one of whose supervisors wrote its record in the last minute and has
+    not ended (on this machine, a local run's supervisor pid is checked too)."""
+    info = run.info()
+    if info.get("status") != "running":
+        return False
+    now = time.time() if now is None else now
+    for record in rundir.attempt_records(run.storage, int(info.get("attempt", 1))).values():
+        if record.get("status") in rundir.TERMINAL and record.get("final"):
+            continue
+        if now - float(record.get("alive") or 0.0) > ALIVE_WITHIN_SECONDS:
+            continue
+        if not run.remote and not _local_pid_alive(record):
+            continue
+        return True
+    return False
+
+
+def _local_pid_alive(record: dict[str, Any]) -> bool:
+    import os
+    import socket
+
+    pid = record.get("supervisor_pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return True  # another machine's process: the record's age is all there is to go by
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def alive_runs(config: ClusterConfig) -> list[Run]:
+    return [run for run in list_runs(config) if run.info().get("cluster") == config.name and run_is_alive(run)]
