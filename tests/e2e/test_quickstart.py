@@ -183,7 +183,7 @@ def test_bad_data_is_refused_before_launch_and_a_worker_that_meets_it_says_so_on
         env=quickstart.env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "failed on worker 1 (exit code 2)" in result.stderr
+    assert "failed: worker 1: exit code 2" in result.stderr
     log1 = (Path(result.stderr.split("full log: ")[-1].split()[0])).read_text()
     assert log1.count(f"{data}:2: not valid JSON: Expecting value (column 28)") == 1
     assert "Traceback" not in log1

@@ -242,6 +242,32 @@ class _HangupFlag:
     fired = False
 
 
+class DeferredSignals:
+    fired = False
+    hung_up = False
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[DeferredSignals]:
+    """Ctrl-C and SIGHUP while the supervisors start are remembered, not raised: a ``start`` cut off half-way could
+    leave a worker claimed by a supervisor that nobody knows of. The caller acts on them once every worker runs."""
+    deferred = DeferredSignals()
+    if threading.current_thread() is not threading.main_thread():
+        yield deferred
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        deferred.fired = True
+        deferred.hung_up = deferred.hung_up or signum == signal.SIGHUP
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield deferred
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 @contextmanager
 def _hangup_raises() -> Iterator[_HangupFlag]:
     """While attached, a closed terminal (SIGHUP) ends the followers like Ctrl-C does, and is told apart from it."""

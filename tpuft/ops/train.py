@@ -20,7 +20,9 @@ from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recip
 from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package
-from tpuft.ops.lifecycle import AttachOutcome, Launch, attach, claim_workers, finalize, start_supervisors, stop, wait_for_outcome
+from tpuft.ops.lifecycle import (
+    AttachOutcome, Launch, attach, claim_workers, deferred_interrupts, finalize, start_supervisors, stop, wait_for_outcome,
+)
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, venv_python
 from tpuft.ports import free_port
@@ -241,10 +243,12 @@ def _run_attempt(
 ) -> TrainResult:
     attempt = int(info["attempt"])
     try:
-        start_supervisors(
-            session, run, launch, _trainer_env(session, config, run, plan, resume), attempt=attempt,
-            hang_timeout=recipe.train.hang_timeout, argv=(launch.python, *plan.argv), free_tpu=session.shape.target == "tpu",
-        )
+        with deferred_interrupts() as deferred:  # half-started supervisors must not be left behind by a Ctrl-C
+            start_supervisors(
+                session, run, launch, _trainer_env(session, config, run, plan, resume), attempt=attempt,
+                hang_timeout=recipe.train.hang_timeout, argv=(launch.python, *plan.argv),
+                free_tpu=session.shape.target == "tpu",
+            )
     except BaseException as exc:  # nothing trains: the run must not say `running` forever
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         if finalize(run) is None or run.info().get("status") == "running":
@@ -253,7 +257,10 @@ def _run_attempt(
     backend = get_backend(recipe.backend.kind)
     if detach:
         return TrainResult(run.id, run.url, 0.0, len(plan.workers), detached=True, attempt=attempt)
-    outcome = attach(session, run, launch, on_line)
+    if deferred.fired:  # Ctrl-C or SIGHUP while the supervisors started: acted on now that they all run
+        outcome = AttachOutcome(ended=False, interrupted=True, hung_up=deferred.hung_up)
+    else:
+        outcome = attach(session, run, launch, on_line)
     return _after_attach(config, run, launch, backend, outcome, stop_on_interrupt, attempt)
 
 
@@ -280,10 +287,17 @@ def finished_result(run: Run, info: dict[str, Any], backend: Backend, launched: 
     status = info.get("status")
     if status == "failed":
         lines = [f"training run {run.id} failed: {info.get('cause', 'see the logs')}"]
+        records = rundir.attempt_records(run.storage, int(info.get("attempt", 1)))
+        stopped = sorted(w for w, r in records.items() if r.get("status") == "stopped")
+        if stopped:
+            lines.append(f"stopped the other worker(s): {', '.join(map(str, stopped))}")
+        culprit = info.get("culprit")
         tail = info.get("culprit_tail") or []
         if tail:
-            lines.append(f"last lines of worker {info.get('culprit')}:")
+            lines.append(f"last lines of worker {culprit}:")
             lines += ["  " + line for line in tail]
+        if culprit is not None:
+            lines.append(f"full log: {run.url}/{rundir.LOGS_DIR}/worker-{culprit}.log")
         lines.append(f"run dir: {run.url}")
         raise WorkerFailure("\n".join(lines), hint=f"Fix it, then continue from the last checkpoint: tpuft resume {run.id}")
     if status == "stopped":
