@@ -35,6 +35,19 @@ def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     return CliResult(code, captured.out, captured.err)
 
 
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """The first truthy value of ``predicate()`` within ``timeout`` seconds (runs are detached: tests poll them)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def default_sigint() -> None:
     """``preexec_fn`` for a child that a test sends Ctrl-C (SIGINT): a shell that started pytest in the background
     (``pytest &`` in a script, some CI runners) hands SIGINT down as *ignored*, and a Python started that way never

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
@@ -106,18 +107,6 @@ def _bucket_json(gcs: GcsEmulator, name: str) -> dict | None:
     return json.loads(blob.download_as_text()) if blob.exists() else None
 
 
-def _wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def _staged_step(pod: SshdPod, worker: int) -> int:
     """The trainer's last step, from its heartbeat in the worker's staging folder."""
     beats = list((pod.home(worker) / ".tpuft" / "runs").glob(f"*/heartbeat/worker-{worker}.json"))
@@ -148,10 +137,10 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
         controller = subprocess.Popen([sys.executable, "-m", "tpuft", "train", "quickstart", "-c", str(cluster), *args],
                                       env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         assert leftover.wait(timeout=120) == -signal.SIGKILL  # cleaned before the run started
-        _wait(lambda: _staged_step(pod, 0) >= 5, 180, "step 5")
+        wait_until(lambda: _staged_step(pod, 0) >= 5, 180, "step 5")
         assert pod.drop_sessions() >= 2  # every SSH connection of the controller, gone at once
         out = tmp_path / "train.out"
-        _wait(lambda: "step 50/200" in out.read_text(), 180, "the controller to re-attach and stream step 50")
+        wait_until(lambda: "step 50/200" in out.read_text(), 180, "the controller to re-attach and stream step 50")
         controller.kill()
         controller.wait(timeout=10)
         text = out.read_text()
@@ -160,7 +149,7 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
             assert text.count(f"step {step}/200 ") == 1, (step, text[-3000:])
         run_id = next((pod.home(0) / ".tpuft" / "runs").iterdir()).name
         prefix = f"runs/{run_id}"
-        info = _wait(lambda: (i := _bucket_json(gcs, f"{prefix}/run.json")) and i["status"] != "running" and i, 300, "the run to end")
+        info = wait_until(lambda: (i := _bucket_json(gcs, f"{prefix}/run.json")) and i["status"] != "running" and i, 300, "the run to end")
         assert info["status"] == "finished", info
         assert _bucket_json(gcs, f"{prefix}/export/hf/config.json") is not None
         shown = subprocess.run([sys.executable, "-m", "tpuft", "runs", "-c", str(cluster), "--json"], env=env,
@@ -172,7 +161,7 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
                                  env=env, capture_output=True, text=True, timeout=300)
         assert started.returncode == 0, started.stderr[-4000:]
         second = json.loads(started.stdout)["run_id"]
-        _wait(lambda: _staged_step(pod, 0) >= 3 and _staged_step(pod, 1) >= 3, 180, "the second run to train")
+        wait_until(lambda: _staged_step(pod, 0) >= 3 and _staged_step(pod, 1) >= 3, 180, "the second run to train")
         t0 = time.monotonic()
         stopped = subprocess.run([sys.executable, "-m", "tpuft", "stop", second, "-c", str(cluster), "--json"], env=env,
                                  capture_output=True, text=True, timeout=120)

@@ -9,11 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import wait_until
 
 from tpuft import rundir
 from tpuft.backends.torch_xla import LAYOUT
@@ -25,16 +26,6 @@ SETTINGS = [
     "--set", "train.checkpoint_every=16", "--set", "eval.every=24", "--set", "eval.max_examples=32",
     "--set", "model.config.dropout_rate=0.1",  # dropout draws random numbers: the RNG state must resume too
 ]
-
-
-def wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def info(run: Path) -> dict[str, Any]:
@@ -62,11 +53,11 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     # 1. The controller is killed mid-run: the run trains on, finishes and exports by itself.
     controller = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), *SETTINGS],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    first = wait(lambda: next(iter(runs.iterdir()), None) if runs.is_dir() else None, 600, "the first run dir")
-    wait(lambda: step_of(first, 0) >= 6, 600, "step 6")
+    first = wait_until(lambda: next(iter(runs.iterdir()), None) if runs.is_dir() else None, 600, "the first run dir")
+    wait_until(lambda: step_of(first, 0) >= 6, 600, "step 6")
     controller.send_signal(signal.SIGKILL)
     controller.wait(timeout=10)
-    wait(lambda: info(first).get("status") not in (None, "running"), 600, "the first run to end")
+    wait_until(lambda: info(first).get("status") not in (None, "running"), 600, "the first run to end")
     assert info(first)["status"] == "finished", info(first)
     assert (first / rundir.EXPORT_HF / "config.json").is_file()
     uninterrupted = digests(first)
@@ -76,12 +67,12 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     started = tpuft("train", "quickstart", "--detach", "--json", *SETTINGS)
     assert started.returncode == 0, started.stderr[-4000:]
     second = runs / json.loads(started.stdout)["run_id"]
-    wait(lambda: 32 in dict(LAYOUT.local_checkpoints(second / LAYOUT.checkpoints)) and step_of(second, 1) >= 34, 600,
+    wait_until(lambda: 32 in dict(LAYOUT.local_checkpoints(second / LAYOUT.checkpoints)) and step_of(second, 1) >= 34, 600,
          "the checkpoint at step 32 and step 34")
     record = json.loads((second / "attempts" / "1" / "worker-1.json").read_text())
     os.kill(record["trainer_pid"], signal.SIGKILL)
     reached = step_of(second, 0)
-    wait(lambda: info(second).get("status") not in (None, "running"), 60, "the second run to fail")
+    wait_until(lambda: info(second).get("status") not in (None, "running"), 60, "the second run to fail")
     failed = info(second)
     assert failed["status"] == "failed" and failed["culprit"] == 1 and "killed by signal 9" in failed["cause"], failed
 

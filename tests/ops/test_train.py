@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import default_sigint
+from tests.conftest import default_sigint, wait_until
 from tests.ops.standin import built_venv, script, worker_home
 
 
@@ -38,16 +38,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in {"Z", "X"}
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def trainer_pids() -> list[int]:
