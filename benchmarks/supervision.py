@@ -4,6 +4,8 @@
   trainer's own clock at exit) to the last trainer stopped (worker 0's supervisor records when its trainer ended),
   with a controller attached (``tpuft train``) and without one (``tpuft train --detach``). Stand-in trainers
   (tests/ops/standin_trainer.py), real supervisors; median of ``--rounds``.
+* ``failfast-bucket``: the same on the cloud stand-ins (fake TPU API, sshd pod, GCS emulator): the supervisors learn
+  of the crash through the bucket.
 * ``attach``: how long ``tpuft attach`` takes from its start to the first worker line on the screen (a live run of
   stand-in trainers; median of ``--rounds``).
 * ``overhead``: the quickstart's training throughput (examples/s, the mean of its logged windows after the first, which
@@ -90,6 +92,60 @@ def failfast(rounds: int) -> list[tuple[str, str]]:
     return rows
 
 
+def failfast_bucket(rounds: int) -> list[tuple[str, str]]:
+    """The same crash on the cloud stand-ins: the fake TPU API hands out an sshd pod, the run dir is in the GCS
+    emulator, so the supervisors learn of the crash through the bucket (a listing every 2.5 s)."""
+    from tests.rigs.fake_tpu import FakeTpuServer
+    from tests.rigs.gcs_emulator import GcsEmulator
+    from tests.rigs.sshd_pod import SshdPod
+    from tpuft.storage import open_storage
+
+    delays = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        with FakeTpuServer(operation_polls=1) as tpu, SshdPod(root / "pod", workers=2) as pod, GcsEmulator() as gcs:
+            tpu.worker_addresses = pod.addresses
+            venv = root / "venvs" / BACKEND.env_spec(TorchXlaBackend(), "cpu", "python3").key
+            (venv / "bin").mkdir(parents=True)
+            (venv / MARKER).write_text(json.dumps({"python": f"{sys.version_info.major}.{sys.version_info.minor}"}))
+            (venv / "bin" / "python").write_text(wrapper())
+            (venv / "bin" / "python").chmod(0o755)
+            (root / "train.jsonl").write_text('{"source": "a", "target": "b"}\n' * 4)
+            (root / "r.yaml").write_text(RECIPE)
+            cluster = root / "tpuft.yaml"
+            cluster.write_text(
+                f"name: bench-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://bench-bucket\n"
+                f"worker_env: {{STORAGE_EMULATOR_HOST: '{gcs.endpoint}'}}\n"
+                f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
+                f"  worker_device: cpu\n  venv_cache: {root / 'venvs'}\n"
+                f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
+            )
+            os.environ.update(gcs.env())
+            env = {**os.environ, "TPUFT_HOME": str(root / "home"), "TPUFT_GCP_POLL_SECONDS": "0.02", "COLUMNS": "200"}
+
+            def tpuft(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(cluster)], env=env, capture_output=True,
+                                      text=True, timeout=300)
+
+            assert tpuft("create", "--yes").returncode == 0
+            for _ in range(rounds):
+                for i, behaviour in enumerate(({}, {"seconds": 3, "exit": 3})):
+                    pod.home(i).mkdir(parents=True, exist_ok=True)
+                    (pod.home(i) / "standin.json").write_text(json.dumps(behaviour))
+                started = tpuft("train", str(root / "r.yaml"), "--detach", "--json")
+                if started.returncode != 0:
+                    raise SystemExit(started.stderr[-3000:])
+                run_id = json.loads(started.stdout)["run_id"]
+                store = open_storage(f"gs://bench-bucket/runs/{run_id}")
+                deadline = time.monotonic() + 120
+                while (json.loads(store.read_text("run.json") or "{}").get("status") == "running") and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                crash = json.loads((pod.home(1) / ".tpuft" / "runs" / run_id / "heartbeat" / "worker-1.json").read_text())["time"]
+                stopped = json.loads(store.read_text("attempts/1/worker-0.json") or "{}")["ended"]
+                delays.append(stopped - crash)
+    return [("crash -> last trainer stopped (bucket run, sshd pod)", f"{statistics.median(delays):.2f} s  (max {max(delays):.2f})")]
+
+
 def attach_latency(rounds: int) -> list[tuple[str, str]]:
     times = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,7 +205,7 @@ def overhead(rounds: int, steps: int, baseline: str) -> list[tuple[str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="+", choices=["failfast", "attach", "overhead"])
+    parser.add_argument("what", nargs="+", choices=["failfast", "failfast-bucket", "attach", "overhead"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--baseline", default="2431895", help="a commit from before the supervisors")
@@ -157,6 +213,8 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
     if "failfast" in args.what:
         rows += failfast(args.rounds)
+    if "failfast-bucket" in args.what:
+        rows += failfast_bucket(args.rounds)
     if "attach" in args.what:
         rows += attach_latency(args.rounds)
     if "overhead" in args.what:

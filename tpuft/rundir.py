@@ -136,6 +136,12 @@ def stop_request(attempt: int) -> str:
     return f"{ATTEMPTS_DIR}/{attempt}/stop.json"
 
 
+def failure_record(attempt: int, worker: int) -> str:
+    """A copy of a failed or hung worker's record in a folder of its own: what every supervisor polls (one listing,
+    empty while all is well, however many workers the pod has)."""
+    return f"{ATTEMPTS_DIR}/{attempt}/failures/worker-{worker}.json"
+
+
 _RECORD_NAME = re.compile(r"^worker-(\d+)\.json$")
 
 
@@ -147,13 +153,15 @@ def read_json_text(text: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def attempt_records(storage: Any, attempt: int) -> dict[int, dict[str, Any]]:
-    """worker -> its supervisor's record for this attempt (``storage``: the run dir, local or in a bucket)."""
+def attempt_records(storage: Any, attempt: int, folder: str = "") -> dict[int, dict[str, Any]]:
+    """worker -> its supervisor's record for this attempt (``storage``: the run dir, local or in a bucket); with
+    ``folder="failures"``, only the failed and hung workers' records."""
     records = {}
-    prefix = f"{ATTEMPTS_DIR}/{attempt}"
+    prefix = f"{ATTEMPTS_DIR}/{attempt}" + (f"/{folder}" if folder else "")
     for relpath in storage.list(prefix):
-        match = _RECORD_NAME.match(relpath.rsplit("/", 1)[-1])
-        if match:
+        parent, _, name = relpath.rpartition("/")
+        match = _RECORD_NAME.match(name)
+        if match and parent == prefix:
             record = read_json_text(storage.read_text(relpath))
             if record is not None:
                 records[int(match.group(1))] = record

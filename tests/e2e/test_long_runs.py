@@ -84,3 +84,29 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     assert steps == sorted(set(steps)) and steps[-1] == 48  # re-run steps replaced their rows, none twice
     assert "resuming from checkpoint step_00000032" in (second / "logs" / "worker-0.log").read_text()
     print(f"\nkilled at step {reached}, resumed from the checkpoint at 32: {reached - 32} step(s) re-run, 0 lost")
+
+
+def test_a_sigstopped_worker_is_named_hung_and_the_run_stopped(tmp_path: Path) -> None:
+    """The real trainer's heartbeats against its supervisor: worker 1 frozen mid-run (SIGSTOP) is named, not worker
+    0 that waits for it in gloo's all-reduce; both trainers end, well before gloo's own 30-minute timeout."""
+    env = {**os.environ, "TPUFT_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text("name: hang\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    started = subprocess.run(
+        [sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--detach", "--json", "--set", "train.steps=5000",
+         "--set", "train.hang_timeout=5s", "--set", "eval.every=100000", "--set", "train.log_every=10"],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert started.returncode == 0, started.stderr[-4000:]
+    run = tmp_path / "home" / "buckets" / "hang" / "runs" / json.loads(started.stdout)["run_id"]
+    wait_until(lambda: step_of(run, 1) >= 20, 600, "step 20")
+    trainers = {w: json.loads((run / "attempts" / "1" / f"worker-{w}.json").read_text())["trainer_pid"] for w in range(2)}
+    os.kill(trainers[1], signal.SIGSTOP)
+    wait_until(lambda: info(run).get("status") not in (None, "running"), 90, "the run to be stopped")
+    final = info(run)
+    assert final["status"] == "failed" and final["culprit"] == 1, final
+    assert final["cause"].startswith("hung: worker 1 was stopped (SIGSTOP) for "), final["cause"]
+    records = {w: json.loads((run / "attempts" / "1" / f"worker-{w}.json").read_text()) for w in range(2)}
+    assert records[0]["status"] == "stopped" and records[1]["status"] == "hung"
+    for pid in trainers.values():
+        wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 15, f"trainer {pid} to be gone")

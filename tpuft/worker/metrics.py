@@ -166,15 +166,21 @@ class Heartbeat:
 
     def __init__(self, run_dir: Path, worker: int, total_steps: int) -> None:
         self.path = rundir.heartbeat_path(run_dir, worker)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.base = {"worker": worker, "pid": os.getpid(), "host": socket.gethostname(), "total_steps": total_steps}
         self.started = time.time()
         self.latest: dict[str, Any] = {}
         """The last loss / lr / throughput given, kept in later beats (the final one has none of its own)."""
 
     def beat(self, step: int, status: str = "running", phase: str = "step", **extra: Any) -> None:
+        """One compact JSON object written through a temporary file (a reader never sees half of it); about a
+        quarter of ``write_json_atomic``'s cost, which matters at two beats per step."""
         self.latest.update(extra)
         data = {
             **self.base, "step": step, "status": status, "phase": phase, "time": time.time(), "started": self.started,
             **self.latest,
         }
-        rundir.write_json_atomic(self.path, data)
+        with open(self._tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(data, separators=(",", ":")))
+        os.replace(self._tmp, self.path)

@@ -7,7 +7,8 @@ then on the run does not depend on the controller, its terminal, its laptop or i
   line, time-stamped, to ``logs/worker-<i>.log`` on the worker's disk (the run dir, or the staging copy that it
   mirrors to a ``gs://`` run dir);
 - records itself in the run dir (``attempts/<n>/worker-<i>.json``: running, alive every 15 s, how the trainer ended,
-  then ``final`` once its files are uploaded);
+  then ``final`` once its files are uploaded; a failed or hung worker also in ``attempts/<n>/failures/``, the one
+  folder its peers list);
 - stops its trainer (SIGTERM to the group, SIGKILL after a grace period) when another worker's record says failed or
   hung, when ``attempts/<n>/stop.json`` appears (``tpuft stop``), or when it gets SIGTERM itself;
 - declares its trainer hung when its heartbeat is older than the hang timeout (three times longer, at least a minute,
@@ -287,8 +288,11 @@ class Supervisor:
     # -- records ---------------------------------------------------------------------------------------------
     def publish(self, **changes: Any) -> None:
         self.record.update(changes, alive=time.time())
+        text = json.dumps(self.record, indent=2, sort_keys=True)
         try:
-            self.storage.write_text(self.record_path, json.dumps(self.record, indent=2, sort_keys=True))
+            if self.record.get("status") in rundir.FAILED and "status" in changes:  # the peers poll for these
+                self.storage.write_text(rundir.failure_record(self.attempt, self.ctx.worker_id), text)
+            self.storage.write_text(self.record_path, text)
         except Exception as exc:  # noqa: BLE001 - the bucket may hiccup; the next beat retries, training goes on
             print(f"[supervisor] cannot write {self.record_path}: {exc}", flush=True)
 
@@ -384,7 +388,7 @@ class Supervisor:
             stop = rundir.read_json_text(self.storage.read_text(rundir.stop_request(self.attempt)))
             if stop is not None:
                 return str(stop.get("reason") or "stop requested")
-            records = rundir.attempt_records(self.storage, self.attempt)
+            records = rundir.attempt_records(self.storage, self.attempt, "failures")
         except Exception as exc:  # noqa: BLE001 - a bucket hiccup: look again next time
             print(f"[supervisor] cannot read the run's control files: {exc}", flush=True)
             return None
