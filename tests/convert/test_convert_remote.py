@@ -41,6 +41,19 @@ def test_select_one_steps_parameters_only() -> None:
         select_files(["a/b.txt"], None, "gs://b/x")
 
 
+def test_a_half_uploaded_torch_checkpoint_is_never_picked() -> None:
+    """The syncer uploads a checkpoint file by file: step 1000 has its config but not all its weights yet."""
+    run = ["checkpoints/step_00000500/config.json", "checkpoints/step_00000500/model.safetensors",
+           "checkpoints/step_00001000/config.json", "checkpoints/step_00001000/manifest.json"]
+    missing = {"checkpoints/step_00001000": ["model.safetensors: missing"], "checkpoints/step_00000500": []}
+    chosen = select_files(run, None, "gs://b/runs/r", missing.__getitem__)
+    assert chosen.checkpoint == "checkpoints/step_00000500"
+    with pytest.raises(ConvertError, match="step_00001000 is incomplete \\(model.safetensors: missing\\)"):
+        select_files(run, 1000, "gs://b/runs/r", missing.__getitem__)
+    with pytest.raises(ConvertError, match="no complete checkpoint"):
+        select_files(run, None, "gs://b/runs/r", lambda folder: ["no readable manifest"])
+
+
 def test_convert_gs_to_gs(cli, gcs: GcsEmulator, tmp_path: Path) -> None:
     storage = open_storage(f"gs://{BUCKET}")
     storage.ensure_bucket("us-central1")

@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpuft.backends.base import manifest_gaps
+from tpuft.backends.torch_xla import LAYOUT as TORCH_LAYOUT
 from tpuft.convert.model_source import ConvertError, pick_step
 from tpuft.paths import tpuft_home
 from tpuft.storage import open_storage
@@ -22,6 +25,7 @@ from tpuft.storage import open_storage
 _T5X_MARKERS = re.compile(r"^(?:(?P<parent>.*)/)?(?P<dir>checkpoint_(?P<step>\d+))/(?P<marker>checkpoint|state/_METADATA)$")
 _TORCH_MARKER = re.compile(r"^(?:(?P<parent>.*)/)?(?P<dir>step_(?P<step>\d+))/config\.json$")
 _TORCH_SKIP = {"optimizer.pt", "trainer_state.json", "scheduler.pt", "rng_state.pth"}
+MANIFEST = TORCH_LAYOUT.manifest or "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,12 @@ def cache_dir(url: str) -> Path:
     return tpuft_home() / "cache" / "convert" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def select_files(names: list[str], step: int | None, url: str) -> Selection:
-    """Pick one checkpoint among the listed object names and the files of it that a conversion reads."""
+def select_files(
+    names: list[str], step: int | None, url: str, complete: Callable[[str], list[str]] | None = None
+) -> Selection:
+    """Pick one checkpoint among the listed object names and the files of it that a conversion reads.
+    ``complete(folder)`` says what keeps a torch checkpoint folder from being complete (its manifest's gaps): a
+    half-uploaded one is never picked, and one asked for by step is refused with what it lacks."""
     name_set = set(names)
     if "checkpoint" in name_set or "state/_METADATA" in name_set:  # the URL is one T5X checkpoint_N
         return Selection("", frozenset(_t5x_files(names, "")) | _gin(name_set, ""))
@@ -52,6 +60,14 @@ def select_files(names: list[str], step: int | None, url: str) -> Selection:
             continue
         shallowest = min(p.count("/") for p in found.values())
         found = {s: p for s, p in found.items() if p.count("/") == shallowest}
+        if pattern is _TORCH_MARKER and complete is not None:
+            gaps = {s: complete(p) for s, p in found.items()}
+            if step is not None and gaps.get(step):
+                raise ConvertError(f"{url}: checkpoint {found[step]} is incomplete ({'; '.join(gaps[step][:3])}); "
+                                   "it was being written or uploaded when its run stopped")
+            found = {s: p for s, p in found.items() if not gaps[s]}
+            if not found:
+                raise ConvertError(f"{url}: no complete checkpoint (each step_N/ lacks its manifest or a listed file)")
         chosen = pick_step(sorted((s, p) for s, p in found.items()), step, url)
         if pattern is _T5X_MARKERS:
             parent = chosen.rpartition("/")[0]
@@ -84,10 +100,15 @@ def _gin(names: set[str], folder: str) -> frozenset[str]:
 def fetch_checkpoint(url: str, step: int | None, *, project: str | None = None) -> Path:
     """Download the chosen checkpoint of ``url`` into a cache dir; returns its local path (same layout below)."""
     storage = open_storage(url, project=project)
-    names = storage.list("")
-    if not names:
+    sizes = storage.sizes("")
+    if not sizes:
         raise ConvertError(f"{url}: no such checkpoint (nothing is stored under it)")
-    selection = select_files(names, step, url)
+
+    def gaps(folder: str) -> list[str]:
+        inside = {rel[len(folder) + 1 :]: size for rel, size in sizes.items() if rel.startswith(folder + "/")}
+        return manifest_gaps(storage.read_text(f"{folder}/{MANIFEST}"), inside)
+
+    selection = select_files(sorted(sizes), step, url, gaps)
     local = cache_dir(url)
     storage.download_tree("", local, include=lambda rel: rel in selection.files)
     return local / selection.checkpoint if selection.checkpoint else local
