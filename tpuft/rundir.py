@@ -205,13 +205,18 @@ def attempt_outcome(records: dict[int, dict[str, Any]], workers: int, stop: dict
     return {"status": "finished"}
 
 
-def finalize_run(storage: Any, attempt: int) -> dict[str, Any] | None:
+def finalize_run(storage: Any, attempt: int | None = None) -> dict[str, Any] | None:
     """Write the attempt's outcome into run.json once every worker's record is final; returns the new run info (None
-    while the attempt goes on, or when run.json has moved on to a later attempt). Idempotent: every supervisor calls
-    it as it finishes, and the controller too; whoever sees the records complete writes the same outcome."""
+    while the attempt goes on, or when run.json has moved on to a later attempt than ``attempt``; None: the current
+    one). Idempotent: every supervisor calls it as it finishes, and the controller too; whoever sees the records
+    complete writes the same outcome."""
     info = read_json_text(storage.read_text(RUN_INFO))
-    if info is None or int(info.get("attempt", 1)) != attempt:
+    if info is None:
         return None
+    current = int(info.get("attempt", 1))
+    if attempt is not None and current != attempt:
+        return None
+    attempt = current
     if info.get("status") != "running":
         return info
     outcome = attempt_outcome(attempt_records(storage, attempt), int(info.get("workers") or 0),

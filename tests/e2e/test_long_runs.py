@@ -18,6 +18,7 @@ from tests.conftest import wait_until
 
 from tpuft import rundir
 from tpuft.backends.torch_xla import LAYOUT
+from tpuft.worker.supervisor import is_alive
 
 pytestmark = pytest.mark.slow
 
@@ -109,4 +110,4 @@ def test_a_sigstopped_worker_is_named_hung_and_the_run_stopped(tmp_path: Path) -
     records = {w: json.loads((run / "attempts" / "1" / f"worker-{w}.json").read_text()) for w in range(2)}
     assert records[0]["status"] == "stopped" and records[1]["status"] == "hung"
     for pid in trainers.values():
-        wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), 15, f"trainer {pid} to be gone")
+        wait_until(lambda pid=pid: not is_alive(pid), 15, f"trainer {pid} to be gone")

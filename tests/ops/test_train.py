@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import default_sigint, wait_until
 from tests.ops.standin import built_venv, script, worker_home
+from tpuft.worker.supervisor import is_alive as alive
 
 
 def tpuft(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
@@ -30,14 +31,6 @@ def tpuft(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
 def run_tpuft(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tpuft", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "COLUMNS": "200"})
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in {"Z", "X"}
 
 
 def trainer_pids() -> list[int]:

@@ -197,16 +197,14 @@ def _parents() -> dict[int, int]:
 def kill_processes_with_home_under(root: Path) -> list[int]:
     """SIGKILL every process whose HOME is under ``root`` (a test's workers: supervisors, trainers, followers run in
     sessions of their own and would outlive the test)."""
+    from tpuft.worker.supervisor import process_environ
+
     prefix = str(root.resolve())
     killed = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        home = next((item[5:].decode(errors="replace") for item in env if item.startswith(b"HOME=")), None)
+        home = process_environ(int(entry.name)).get("HOME")
         if home and (home == prefix or home.startswith(prefix + "/")):
             try:
                 os.kill(int(entry.name), signal.SIGKILL)

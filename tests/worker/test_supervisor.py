@@ -92,3 +92,25 @@ def test_a_live_supervisor_makes_the_worker_busy(tmp_path: Path, monkeypatch) ->
     result = supervisor.check_worker(free_tpu=False)  # same pid, another process start: a reused pid, not alive
     assert result["busy"] is None and "run old-run had lost its supervisor" in result["cleaned"][-1]
     assert supervisor.read_current()["status"] == "ended"
+
+
+def test_follow_starts_at_the_latest_of_from_line_tail_and_since(tmp_path: Path) -> None:
+    """One streaming pass over the log (a week of lines must not be read into memory, nor twice): the first line to
+    send, and the byte offset the follow loop reads on from; a line still being written is not counted."""
+    lines = [f"2026-11-23T13:00:{i:02d}.000Z line {i}\n".encode() for i in range(10)]
+    log = tmp_path / "worker-0.log"
+    log.write_bytes(b"".join(lines) + b"2026-11-23T13:00:59.000Z still being wri")
+
+    def at(index: int) -> int:
+        return sum(len(line) for line in lines[:index])
+
+    assert supervisor.locate_start(log, 0, None, None) == (0, 0, 0)
+    assert supervisor.locate_start(log, 3, None, None) == (3, 3, at(3))
+    assert supervisor.locate_start(log, 0, 2, None) == (8, 8, at(8))
+    assert supervisor.locate_start(log, 0, 0, None) == (10, 10, at(10))
+    assert supervisor.locate_start(log, 0, 20, None) == (0, 0, 0)
+    assert supervisor.locate_start(log, 0, None, "2026-11-23T13:00:04") == (4, 4, at(4))
+    assert supervisor.locate_start(log, 5, 2, "2026-11-23T13:00:01") == (8, 8, at(8))
+    assert supervisor.locate_start(log, 0, None, "2027") == (10, 10, at(10))
+    assert supervisor.locate_start(log, 12, None, None) == (12, 10, at(10))  # lines 10 and 11 are skipped as they come
+    assert supervisor.locate_start(tmp_path / "none.log", 0, 5, None) == (0, 0, 0)

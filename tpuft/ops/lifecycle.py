@@ -10,6 +10,7 @@ supervisors again from any machine (``launch``: the hosts, the venv's python, th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -26,11 +27,9 @@ from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, on_worker, open_session
 from tpuft.records import Worker
 from tpuft.runs import Run, list_runs
+from tpuft.worker.supervisor import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT, is_alive
 
 SUPERVISOR = ("-m", "tpuft.worker.supervisor")
-BUSY_EXIT = 4  # tpuft.worker.supervisor.BUSY_EXIT (that module is the workers'; the value is the contract)
-NO_RUN_EXIT = 3
-FROM_LINE_MARKER = "__TPUFT_FROM_LINE__"
 ALIVE_WITHIN_SECONDS = 60.0
 """A supervisor refreshes its record every 15 s: one silent for a minute is gone (with its VM, or killed)."""
 REATTACH_DELAYS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 30.0, 30.0, 30.0, 30.0)
@@ -193,7 +192,8 @@ def attach(
     pending = list(launch.hosts)
     retries = 0
     first = True
-    with _hangup_raises() as hangup:
+    # While attached, a closed terminal (SIGHUP) ends the followers like Ctrl-C does, and is told apart from it.
+    with _signals_seen((signal.SIGHUP,), interrupt=True) as hangup:
         while pending:
             # One fleet run per distinct argument list: the first round has one; a re-attach continues each worker
             # from the line after the last one it delivered.
@@ -208,10 +208,10 @@ def attach(
             try:
                 results = _follow_groups(session, launch, groups, env, sink)
             except KeyboardInterrupt:  # a signal between two fleet runs
-                return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.fired)
+                return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
             for result in results:
                 if result.interrupted:
-                    return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.fired)
+                    return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
                 dropped += [r.index for r in result.results if r.exit_code not in (0, NO_RUN_EXIT)]
             first = False
             if not dropped:
@@ -221,7 +221,7 @@ def attach(
             try:
                 sleep(REATTACH_DELAYS[retries])
             except KeyboardInterrupt:
-                return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.fired)
+                return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
             retries += 1
             pending = dropped
     return AttachOutcome(ended=True)
@@ -238,58 +238,43 @@ def _follow_groups(session: Session, launch: Launch, groups: dict[tuple[str, ...
     return results
 
 
-class _HangupFlag:
-    fired = False
-
-
-class DeferredSignals:
+class SignalsSeen:
     fired = False
     hung_up = False
+    """One of them was SIGHUP (a closed terminal): always a detach, whatever ``--stop-on-interrupt`` says."""
 
 
 @contextmanager
-def deferred_interrupts() -> Iterator[DeferredSignals]:
-    """Ctrl-C and SIGHUP while the supervisors start are remembered, not raised: a ``start`` cut off half-way could
-    leave a worker claimed by a supervisor that nobody knows of. The caller acts on them once every worker runs."""
-    deferred = DeferredSignals()
+def _signals_seen(signals: tuple[signal.Signals, ...], *, interrupt: bool) -> Iterator[SignalsSeen]:
+    """Note ``signals`` while the block runs; with ``interrupt`` each also raises KeyboardInterrupt (which ends the
+    fleet's followers), else it is only remembered for the caller to act on afterwards."""
+    seen = SignalsSeen()
     if threading.current_thread() is not threading.main_thread():
-        yield deferred
+        yield seen
         return
 
     def handler(signum: int, frame: object) -> None:
-        deferred.fired = True
-        deferred.hung_up = deferred.hung_up or signum == signal.SIGHUP
+        seen.fired = True
+        seen.hung_up = seen.hung_up or signum == signal.SIGHUP
+        if interrupt:
+            raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
-        yield deferred
+        yield seen
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
 
 
-@contextmanager
-def _hangup_raises() -> Iterator[_HangupFlag]:
-    """While attached, a closed terminal (SIGHUP) ends the followers like Ctrl-C does, and is told apart from it."""
-    flag = _HangupFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        flag.fired = True
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGHUP, handler)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGHUP, previous)
+def deferred_interrupts() -> contextlib.AbstractContextManager[SignalsSeen]:
+    """Ctrl-C and SIGHUP while the supervisors start are remembered, not raised: a ``start`` cut off half-way could
+    leave a worker claimed by a supervisor that nobody knows of. The caller acts on them once every worker runs."""
+    return _signals_seen((signal.SIGINT, signal.SIGHUP), interrupt=False)
 
 
 def _attempt_over(run: Run) -> bool:
-    info = run.info()
-    return info.get("status", "running") != "running" or finalize(run) is not None
+    return finalize(run) is not None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -298,8 +283,7 @@ def _attempt_over(run: Run) -> bool:
 
 def finalize(run: Run) -> dict[str, Any] | None:
     """run.json with the current attempt's outcome once every worker's record is final (None before)."""
-    info = run.info()
-    return rundir.finalize_run(run.storage, int(info.get("attempt", 1))) if info else None
+    return rundir.finalize_run(run.storage)
 
 
 def wait_for_outcome(run: Run, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
@@ -379,19 +363,11 @@ def run_is_alive(run: Run, now: float | None = None) -> bool:
 
 
 def _local_pid_alive(record: dict[str, Any]) -> bool:
-    import os
     import socket
 
-    pid = record.get("supervisor_pid")
-    if record.get("host") != socket.gethostname() or not isinstance(pid, int):
+    if record.get("host") != socket.gethostname():
         return True  # another machine's process: the record's age is all there is to go by
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return is_alive(record.get("supervisor_pid"))
 
 
 def alive_runs(config: ClusterConfig) -> list[Run]:

@@ -221,7 +221,7 @@ def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
 
 
-def _trainer_env(session: Session, config: ClusterConfig, run: Run, plan: LaunchPlan, resume: bool) -> dict[str, str]:
+def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resume: bool) -> dict[str, str]:
     """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH)."""
     workers = session.cluster.workers
     first = workers[plan.workers[0]]
@@ -245,13 +245,13 @@ def _run_attempt(
     try:
         with deferred_interrupts() as deferred:  # half-started supervisors must not be left behind by a Ctrl-C
             start_supervisors(
-                session, run, launch, _trainer_env(session, config, run, plan, resume), attempt=attempt,
+                session, run, launch, _trainer_env(session, config, plan, resume), attempt=attempt,
                 hang_timeout=recipe.train.hang_timeout, argv=(launch.python, *plan.argv),
                 free_tpu=session.shape.target == "tpu",
             )
     except BaseException as exc:  # nothing trains: the run must not say `running` forever
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        if finalize(run) is None or run.info().get("status") == "running":
+        if finalize(run) is None:  # no outcome from the supervisors (none started, or not all of them ended)
             _write_info(run, run.info() or info, status="failed", ended=time.time(), cause=cause[:2000])
         raise
     backend = get_backend(recipe.backend.kind)

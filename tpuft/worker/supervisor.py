@@ -44,6 +44,7 @@ from typing import Any, BinaryIO
 
 from tpuft import rundir
 from tpuft.worker.context import WorkerContext
+from tpuft.worker.metrics import PATIENT_PHASES
 
 STATE_DIR = ".tpuft/supervisor"
 """Under the worker's HOME."""
@@ -64,8 +65,6 @@ PATIENT_MIN_SECONDS = 60.0
 WAITING_FACTOR = 2.0
 TPU_DEVICES = ("/dev/accel", "/dev/vfio/")
 TPU_LOCKFILE = "/tmp/libtpu_lockfile"
-PATIENT_PHASES = frozenset({"starting", "eval", "checkpoint", "export"})
-"""The same set as :data:`tpuft.worker.metrics.PATIENT_PHASES` (not imported: that module is not stdlib-only)."""
 
 
 def control_poll_seconds(remote: bool) -> float:
@@ -106,31 +105,32 @@ def write_current(data: dict[str, Any]) -> None:
     rundir.write_json_atomic(current_path(), data)
 
 
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid it names one
-    process, not whichever later one reuses the number."""
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def process_state(pid: int) -> str | None:
-    """``R``, ``S``, ``D``, ``T`` (stopped), ``Z``...; None when there is no such process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
 
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22): with the pid it names one process, not
+    whichever later one reuses the number."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def process_state(pid: int) -> str | None:
+    """``R``, ``S``, ``D``, ``T`` (stopped), ``Z``...; None when there is no such process."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
 def is_alive(pid: int | None, ticks: int | None = None) -> bool:
-    if not pid:
+    fields = _stat(pid) if pid else None
+    if fields is None or fields[0] in {"Z", "X"}:
         return False
-    state = process_state(pid)
-    if state is None or state in {"Z", "X"}:
-        return False
-    return ticks is None or start_ticks(pid) == ticks
+    return ticks is None or int(fields[19]) == ticks
 
 
 def supervisor_alive(current: dict[str, Any]) -> bool:
@@ -553,15 +553,9 @@ def cmd_follow(args: argparse.Namespace) -> int:
     if current.get("run_id") != ctx.run_id and not path.exists():
         print(f"[supervisor] no run {ctx.run_id} on this worker", flush=True)
         return NO_RUN_EXIT
-    lines = _read_lines(path)
-    start = args.from_line
-    if args.tail is not None:
-        start = max(start, len(lines) - args.tail)
-    if args.since is not None:
-        later = [i for i, raw in enumerate(lines) if (rundir.split_log_stamp(raw)[0] or "") >= args.since]
-        start = max(start, later[0] if later else len(lines))
+    start, index, offset = locate_start(path, args.from_line, args.tail, args.since)
     print(f"{FROM_LINE_MARKER} {start}", flush=True)
-    offset, index, partial = 0, 0, b""
+    partial = b""
     while True:
         running = _still_running(ctx.run_id)
         data = b""
@@ -586,11 +580,33 @@ def cmd_follow(args: argparse.Namespace) -> int:
         time.sleep(0.2)
 
 
-def _read_lines(path: Path) -> list[bytes]:
-    try:
-        return path.read_bytes().split(b"\n")[:-1]
-    except FileNotFoundError:
-        return []
+def locate_start(path: Path, from_line: int, tail: int | None, since: str | None) -> tuple[int, int, int]:
+    """Where ``follow`` starts in a log that may hold a week of lines: (the first line to send, the index of the line
+    at ``offset``, ``offset`` in bytes), in one streaming pass that keeps only the offsets it may need. The first line
+    to send is the latest of ``from_line``, the last ``tail`` lines and the first line stamped ``since`` or later."""
+    recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=(tail or 0) + 1)
+    known: dict[int, int] = {}
+    total = offset = 0
+    since_index: int | None = None
+    with contextlib.suppress(FileNotFoundError), path.open("rb") as handle:
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break  # a line still being written: the follow loop reads it once it is whole
+            if total == from_line:
+                known[total] = offset
+            if since is not None and since_index is None and (rundir.split_log_stamp(raw)[0] or "") >= since:
+                since_index, known[total] = total, offset
+            recent.append((total, offset))
+            total += 1
+            offset += len(raw)
+    known.update(recent)
+    start = from_line
+    if tail is not None:
+        start = max(start, total - tail)
+    if since is not None:
+        start = max(start, since_index if since_index is not None else total)
+    base = min(start, total)
+    return start, base, offset if base == total else known[base]
 
 
 def _still_running(run_id: str) -> bool:
