@@ -123,6 +123,14 @@ def torch_python() -> str:
 
 
 @pytest.fixture(scope="session")
+def t5x_python() -> str:
+    """Python of the T5X backend's CPU venv (jax, flax, seqio, TF, t5x from ../shared/wheels), built once per machine."""
+    from tests.venvs import t5x_python as build
+
+    return build()
+
+
+@pytest.fixture(scope="session")
 def keras_python() -> str:
     """Python of a venv with TensorFlow + transformers 4.x, built once per machine through tpuft's venv cache."""
     from tests.venvs import keras_python as build

@@ -48,6 +48,7 @@ from tpuft.config_types import (
     UserName,
     Zone,
     check,
+    path_from_file as _from_file,
 )
 from tpuft.errors import ConfigError
 
@@ -58,15 +59,6 @@ from tpuft.templates import TemplateError, template_fields
 
 # --------------------------------------------------------------------------------------------------------------
 # Cluster file
-
-
-def _from_file(text: str, info: ValidationInfo) -> Path:
-    """A path written in a config file: checked for shape, and relative to that file's folder (``base_dir``), so a
-    file means the same wherever tpuft runs from."""
-    check(formats.path_text_problem(text))
-    path = Path(text).expanduser()
-    base = (info.context or {}).get("base_dir")
-    return Path(base) / path if not path.is_absolute() and base is not None else path
 
 
 def _folder(text: str, info: ValidationInfo) -> Path:
@@ -334,7 +326,7 @@ class ModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if (self.name_or_path is None) == (self.config is None):
+        if self.name_or_path is not None and self.config is not None:
             raise ValueError("give exactly one of model.name_or_path (pretrained) or model.config (random init)")
         return self
 
@@ -352,7 +344,15 @@ class ModelConfig(StrictModel):
 
 
 class DataConfig(StrictModel):
-    train: LaxPath = Field(description="Training examples, JSON lines; relative paths are from the recipe's folder.")
+    train: LaxPath | None = Field(
+        None, description="Training examples, JSON lines; relative paths are from the recipe's folder."
+    )
+    corpus: list[PathText] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="Plain text for pretraining (span corruption), one document a line: files or globs, local "
+        "(relative to the recipe's folder) or gs://.",
+    )
     eval: LaxPath | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
     source_field: str = Field("source", description="JSON field holding the input text (dots reach into objects).")
     target_field: str = Field("target", description="JSON field holding the output text.")
@@ -377,6 +377,28 @@ class DataConfig(StrictModel):
             if not path.is_file():
                 raise ValueError(f"{path} is not a regular file (a folder, device or FIFO)")
         return path
+
+    @field_validator("corpus")
+    @classmethod
+    def _corpus_files(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """Local globs are expanded now (sorted, so every worker sees the same list) and must match a file."""
+        import glob
+
+        files: list[str] = []
+        for text in value:
+            if text.startswith("gs://"):
+                files.append(text)
+                continue
+            pattern = str(Path(os.path.normpath(_from_file(text, info))))
+            found = sorted(p for p in glob.glob(pattern) if os.path.isfile(p)) if glob.has_magic(pattern) else [pattern]
+            if (info.context or {}).get("check_files", True):
+                if not found:
+                    raise ValueError(f"{text!r} matches no file")
+                for path in found:
+                    if not os.path.isfile(path):
+                        raise ValueError(f"file not found: {path}")
+            files.extend(found)
+        return files
 
     @field_validator("source_field", "target_field")
     @classmethod
@@ -404,8 +426,10 @@ class TrainConfig(StrictModel):
     batch_size: int = Field(32, ge=1, le=1 << 20, description="Global batch: split evenly across workers.")
     optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Adafactor (T5's) or AdamW.")
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
-    schedule: Literal["linear", "constant"] = Field(
-        "linear", description="After warm-up: 'linear' decays to 0 at the last step, 'constant' stays at the peak."
+    schedule: Literal["linear", "constant", "inverse_sqrt"] = Field(
+        "linear",
+        description="After warm-up: 'linear' decays to 0 at the last step, 'constant' stays at the peak, "
+        "'inverse_sqrt' (T5's pretraining schedule) holds the peak for the warm-up steps, then peak*sqrt(warmup/step).",
     )
     warmup_steps: int = Field(0, ge=0, le=1_000_000_000, description="Linear warm-up from 0 to the peak learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
@@ -448,7 +472,7 @@ class RecipeConfig(StrictModel):
     name: str = Field(description="Short recipe name; it prefixes run ids.")
     description: str = Field("", max_length=100_000)
     backend: Backend
-    model: ModelConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig
     train: TrainConfig
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -465,7 +489,7 @@ class RecipeConfig(StrictModel):
         found: list[tuple[KeyPath, str]] = []
         for section in ("backend", "model"):
             found += [((section, *path), message) for path, message in getattr(self, section).cross_problems()]
-        return found
+        return found + self.backend.recipe_problems(self)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import re
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo
 
 from tpuft import formats
 
@@ -37,6 +37,15 @@ class StrictModel(BaseModel):
 def check(problem: str | None) -> None:
     if problem:
         raise ValueError(problem)
+
+
+def path_from_file(text: str, info: ValidationInfo) -> Path:
+    """A path written in a config file: checked for shape, and relative to that file's folder (``base_dir``), so a
+    file means the same wherever tpuft runs from."""
+    check(formats.path_text_problem(text))
+    path = Path(text).expanduser()
+    base = (info.context or {}).get("base_dir")
+    return Path(base) / path if not path.is_absolute() and base is not None else path
 
 
 def shaped(problem: Callable[[str], str | None]) -> AfterValidator:

@@ -163,7 +163,7 @@ def test_t5x_style_run_with_only_tensorboard_events(cli, cluster: Path, tmp_path
 
     run = tmp_path / "bucket" / "runs" / "t5x-1"
     t5x_tb(run / rundir.TB_DIR)
-    rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "t5x-1", "recipe": "t5x", "backend": "t5x", "workers": 1,
+    rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "t5x-1", "recipe": "t5x", "backend": "tb_only", "workers": 1,
                                                      "total_steps": 1000, "status": "finished", "started": 1_790_000_000})
     result = cli("monitor", "t5x-1", "-c", str(cluster), "--json")
     assert result.code == 0, result.err

@@ -41,11 +41,37 @@ class EnvSpec:
     python: str
     """Interpreter the venv is built from, on the worker."""
     pip_args: tuple[str, ...] = ()
+    no_deps: tuple[str, ...] = ()
+    """Installed after ``requirements`` with ``--no-deps`` (packages whose own dependency lists cannot be trusted)."""
+    min_python: str | None = None
+    """The oldest Python the pins install on; the bootstrap looks for a newer interpreter on the worker if needed."""
+    local_sources: tuple[str, ...] = ()
+    """Paths on this machine that ``no_deps`` names (a wheel, a checkout, a wheelhouse's wheels): shipped to workers
+    that cannot read this machine's disk, and named there by their shipped copies."""
+    sources_digest: str = ""
+    """Content hash of ``local_sources``: a changed wheel or checkout gives a new venv."""
 
     @property
     def key(self) -> str:
-        payload = json.dumps([VENV_LAYOUT_VERSION, self.kind, self.python, self.requirements, self.pip_args])
+        fields: list[object] = [VENV_LAYOUT_VERSION, self.kind, self.python, self.requirements, self.pip_args]
+        if self.no_deps or self.min_python or self.sources_digest:
+            fields += [self.no_deps, self.min_python, self.sources_digest]
+        payload = json.dumps(fields)
         return f"{self.kind}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
+
+    def payload(self, no_deps: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """What ``tpuft/worker/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this spec's own
+        for workers that install shipped copies of ``local_sources`` (``~/``-relative there); the key stays this
+        spec's, so every worker caches the venv under the same name."""
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "requirements": list(self.requirements),
+            "python": self.python,
+            "pip_args": list(self.pip_args),
+            "no_deps": list(self.no_deps if no_deps is None else no_deps),
+            "min_python": self.min_python,
+        }
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,17 @@ class TorchXlaBackend(StrictModel):
         default_factory=list, max_length=200, description="More pip requirements for the worker venv (pinned, please)."
     )
 
+    def recipe_problems(self, recipe: RecipeConfig) -> list[tuple[KeyPath, str]]:
+        found: list[tuple[KeyPath, str]] = []
+        if recipe.model.name_or_path is None and recipe.model.config is None:
+            found.append((("model",), "give exactly one of model.name_or_path (pretrained) or model.config (random init)"))
+        if recipe.data.train is None:
+            found.append((("data", "train"), "required key is missing: training examples, JSON lines"))
+        if recipe.data.corpus:
+            found.append((("data", "corpus"), "a pretraining corpus is for the t5x backend's span_corruption task; "
+                          "the torch_xla backend trains on data.train (JSON lines)"))
+        return found
+
 
 LAYOUT = RunLayout(manifest="manifest.json")
 """metrics.jsonl; ``checkpoints/step_N`` (HF weights + optimizer + trainer state, then ``manifest.json``) written by

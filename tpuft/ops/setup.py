@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tpuft.backends import get_backend
 from tpuft.backends.base import EnvSpec, LaunchPlan
@@ -13,6 +17,8 @@ from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package
 
 BOOTSTRAP = "tpuft/worker/bootstrap.py"
+SOURCES_HOME = ".tpuft/sources"
+"""Under each remote worker's HOME: one folder per ``sources_digest`` holding the shipped ``local_sources``."""
 
 
 @dataclass
@@ -33,10 +39,36 @@ def launch_plan(session: Session, recipe: RecipeConfig) -> LaunchPlan:
     return get_backend(recipe.backend.kind).plan(recipe, session.shape)
 
 
-def bootstrap_argv(session: Session, package: str, spec: EnvSpec, *, check: bool = False) -> list[str]:
-    payload = {"key": spec.key, "requirements": list(spec.requirements), "python": spec.python, "pip_args": list(spec.pip_args)}
-    argv = [spec.python, f"{package}/{BOOTSTRAP}", "--cache", session.provider.venv_cache(), "--spec", json.dumps(payload)]
+def bootstrap_argv(
+    session: Session, package: str, spec: EnvSpec, *, check: bool = False, no_deps: tuple[str, ...] | None = None
+) -> list[str]:
+    """``no_deps``: what :func:`ship_sources` returned (the shipped copies), None for the spec's own entries."""
+    payload = json.dumps(spec.payload(no_deps))
+    argv = [spec.python, f"{package}/{BOOTSTRAP}", "--cache", session.provider.venv_cache(), "--spec", payload]
     return argv + (["--check"] if check else [])
+
+
+def ship_sources(session: Session, spec: EnvSpec, workers: Sequence[int]) -> tuple[str, ...] | None:
+    """Copy each of ``spec.local_sources`` (wheels, a checkout) to workers that cannot read this machine's disk, into
+    a folder named by their content digest, and return ``spec.no_deps`` naming the copies as
+    ``~/.tpuft/sources/<digest>/<name>`` (the bootstrap expands ``~/`` with the worker's HOME, whatever its working
+    directory). None when every worker reads the local paths itself (the local pod). A fleet is all local or all
+    remote; were it mixed, every worker would get the copies, so that one argv serves all."""
+    homes = {worker.index: worker.home for worker in session.cluster.workers}
+    if not spec.local_sources or all(homes[index] is not None for index in workers):
+        return None
+    folder = f"{SOURCES_HOME}/{spec.sources_digest or spec.key}"
+    shipped = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in spec.local_sources:
+            path = Path(source)
+            if path.is_dir():  # a checkout: its git history is not needed to install it
+                staged = Path(tmp) / path.name
+                shutil.copytree(path, staged, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+                path = staged
+            session.fleet.put(path, f"{folder}/{path.name}", workers=workers)
+            shipped[source] = f"~/{folder}/{path.name}"
+    return tuple(shipped.get(entry, entry) for entry in spec.no_deps)
 
 
 def venv_python(session: Session, spec: EnvSpec) -> str:
@@ -49,8 +81,10 @@ def setup(config: ClusterConfig, recipe: RecipeConfig, *, on_line: LineSink | No
     spec = env_spec(session, recipe)
     workers = launch_plan(session, recipe).workers
     package = ship_package(session, workers)
+    no_deps = ship_sources(session, spec, workers)
     log_dir = session.provider.state_dir() / "logs" / "setup"
-    result = session.fleet.run(bootstrap_argv(session, package, spec), workers=workers, log_dir=log_dir, on_line=on_line)
+    argv = bootstrap_argv(session, package, spec, no_deps=no_deps)
+    result = session.fleet.run(argv, workers=workers, log_dir=log_dir, on_line=on_line)
     raise_on_failure(result, f"setup of the {recipe.backend.kind} environment")
     return SetupResult(
         backend=recipe.backend.kind,

@@ -157,9 +157,11 @@ def resume(
                          f"{list(plan.workers)}: resume it on a cluster of the same shape")
     launch = _prepare_workers(session, recipe, plan, on_notice, resuming=run.id)
     for key, local in (info.get("shipped_data") or {}).items():  # a recreated worker has lost its copy
-        worker_path = getattr(recipe.data, key, None)
-        if worker_path is not None and Path(local).is_file():
-            session.fleet.put(Path(local), str(worker_path), workers=plan.workers)
+        worker_paths = getattr(recipe.data, key, None)
+        pairs = zip(local, worker_paths) if isinstance(local, list) else [(local, worker_paths)]
+        for here, there in pairs:
+            if there is not None and Path(here).is_file():
+                session.fleet.put(Path(here), str(there), workers=plan.workers)
     attempt = int(info.get("attempt", 1)) + 1
     now = time.time()
     attempts = list(info.get("attempts") or [])
@@ -313,24 +315,38 @@ def _remote_fleet(session: Session) -> bool:
     return any(w.home is None for w in session.cluster.workers)
 
 
-def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, str]:
-    """The data files the plan ships (key -> this machine's path): kept in run.json so that a resume can ship them
-    again to a worker that lost its copy."""
-    paths = {key: getattr(recipe.data, key) for key in plan.ship}
-    return {key: str(path) for key, path in paths.items() if path is not None}
+def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, Any]:
+    """The data files the plan ships (key -> this machine's path, or paths for a list such as ``data.corpus``): kept
+    in run.json so that a resume can ship them again to a worker that lost its copy."""
+    shipped: dict[str, Any] = {}
+    for key in plan.ship:
+        value = getattr(recipe.data, key)
+        if isinstance(value, list):
+            shipped[key] = [str(item) for item in value]
+        elif value is not None:
+            shipped[key] = str(value)
+    return shipped
 
 
 def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: LaunchPlan) -> RecipeConfig:
-    """Copy the recipe's data files that the plan names to its workers; point the recipe at the copies (HOME-relative)."""
+    """Copy the recipe's data files that the plan names to its workers; point the recipe at the copies (HOME-relative).
+    ``gs://`` paths stay: the workers read the bucket themselves."""
     folder = f".tpuft/data/{run_id}"
-    updates: dict[str, Path] = {}
+    updates: dict[str, Any] = {}
+
+    def ship(path: str | Path, name: str) -> str:
+        if str(path).startswith("gs://"):
+            return str(path)
+        remote = f"{folder}/{name}-{Path(path).name}"
+        session.fleet.put(Path(path), remote, workers=plan.workers)
+        return remote
+
     for key in plan.ship:
-        path = getattr(recipe.data, key)
-        if path is None:
-            continue
-        remote = f"{folder}/{key}-{path.name}"
-        session.fleet.put(path, remote, workers=plan.workers)
-        updates[key] = Path(remote)
+        value = getattr(recipe.data, key)
+        if isinstance(value, list):
+            updates[key] = [ship(item, f"{key}-{index}") for index, item in enumerate(value)]
+        elif value is not None:
+            updates[key] = Path(ship(value, key))
     return recipe.model_copy(update={"data": recipe.data.model_copy(update=updates)})
 
 

@@ -4,6 +4,11 @@ stdlib-only and runnable as a plain script: ``python3 bootstrap.py --spec '{"key
 Venvs are cached by a hash of their requirements (the key), so a second ``tpuft setup`` takes seconds. Workers that
 share a disk (the local pod) share the cache: a file lock makes one build while the others wait, and a marker file
 written last tells a complete venv from one whose build was interrupted (which is then rebuilt).
+
+``no_deps`` entries are installed after the requirements with ``--no-deps`` (packages whose own dependency lists
+cannot be trusted); an entry starting with ``~/`` is a copy that tpuft shipped under this worker's HOME. When the
+pins need a newer Python than the one running this script (``min_python``), the venv is built from the newest
+``python3.N`` on PATH that is new enough.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,27 +26,72 @@ from pathlib import Path
 
 MARKER = ".tpuft-complete"
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
-"""This script runs under the interpreter the venv is built from, so this is the venv's Python version."""
+"""The Python running this script: the worker's base interpreter, which the venv is built from unless ``min_python``
+asks for a newer one."""
+NEWEST_MINOR = 20
+"""Looking for an interpreter new enough starts at python3.<this> (or at min_python's minor, when higher)."""
+_VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
 
 
 def is_ready(venv: Path) -> bool:
-    """Complete, and built by this Python (an upgraded python3 on the host makes the cached venv stale)."""
+    """Complete, and built while this base Python was the one running the bootstrap (an upgraded python3 on the host
+    makes the cached venv stale). A venv built from a newer interpreter found on PATH records both versions."""
     try:
         record = json.loads((venv / MARKER).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    return record.get("python") == PYTHON
+    return record.get("base_python", record.get("python")) == PYTHON
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def _probe(command: str) -> str | None:
+    """``major.minor`` of the interpreter ``command`` names on PATH, or None if there is none that runs (a pyenv shim
+    for a version that is not installed exists on PATH and fails)."""
+    path = shutil.which(command)
+    if path is None:
+        return None
+    try:
+        proc = subprocess.run([path, "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = proc.stdout.strip()
+    return found if proc.returncode == 0 and re.fullmatch(r"\d+\.\d+", found) else None
+
+
+def pick_python(spec: dict) -> tuple[str, str]:
+    """(interpreter to build the venv from, its ``major.minor``): the spec's own when it is new enough for
+    ``min_python``, else the newest ``python3.N`` on PATH that is; exits with what to do when there is none."""
+    base = spec.get("python") or sys.executable
+    needed = spec.get("min_python")
+    if not needed or _version(PYTHON) >= _version(needed):
+        return base, PYTHON
+    major, minor = _version(needed)[:2]
+    for candidate in range(max(NEWEST_MINOR, minor), minor - 1, -1):
+        command = f"python{major}.{candidate}"
+        found = _probe(command)
+        if found is not None and _version(found) >= _version(needed):
+            _say(f"{spec.get('kind', 'this')} venv needs Python >= {needed} and {base} is {PYTHON}: using {command} ({found})")
+            return str(shutil.which(command)), found
+    raise SystemExit(
+        f"[setup] the {spec.get('kind', spec['key'])} venv needs Python >= {needed} (its pinned wheels do), but this "
+        f"worker's {base} is Python {PYTHON} and there is no python{major}.{minor} or newer on PATH: install one with "
+        f"its venv module on the workers (e.g. apt-get install python{major}.{minor} python{major}.{minor}-venv), or set "
+        "gcp.python in the cluster file to an interpreter that is new enough"
+    )
 
 
 def _say(message: str) -> None:
     print(f"[setup] {message}", flush=True)
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str], hint: str = "") -> None:
     _say("$ " + " ".join(argv))
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
-        raise SystemExit(f"[setup] command failed with exit code {proc.returncode}: {' '.join(argv)}")
+        raise SystemExit(f"[setup] command failed with exit code {proc.returncode}: {' '.join(argv)}{hint}")
 
 
 def ensure_venv(cache: Path, spec: dict) -> Path:
@@ -62,11 +113,24 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
             _say(f"removing an incomplete or stale venv: {venv}")
             shutil.rmtree(venv)
         started = time.time()
-        _run([spec.get("python") or sys.executable, "-m", "venv", str(venv)])
+        python, version = pick_python(spec)
+        hint = "" if version == PYTHON else f" (does {python} have its venv module? e.g. apt-get install python{version}-venv)"
+        _run([python, "-m", "venv", str(venv)], hint)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
         _run([*pip, *spec.get("pip_args", []), *spec["requirements"]])
+        no_deps = [os.path.expanduser(entry) if entry.startswith("~/") else entry for entry in spec.get("no_deps", [])]
+        if no_deps:
+            _run([*pip, *spec.get("pip_args", []), "--no-deps", *no_deps])
         seconds = round(time.time() - started, 1)
-        record = {"requirements": spec["requirements"], "python": PYTHON, "built_at": time.time(), "seconds": seconds}
+        record = {
+            "requirements": spec["requirements"],
+            "no_deps": no_deps,
+            "python": version,
+            "base_python": PYTHON,
+            "interpreter": python,
+            "built_at": time.time(),
+            "seconds": seconds,
+        }
         (venv / MARKER).write_text(json.dumps(record, indent=2))
         _say(f"venv built in {seconds}s: {venv}")
         return venv
@@ -75,7 +139,7 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cache", required=True, help="folder holding cached venvs")
-    parser.add_argument("--spec", required=True, help="JSON: key, requirements, python, pip_args")
+    parser.add_argument("--spec", required=True, help="JSON: key, requirements, python, pip_args, no_deps, min_python (EnvSpec.payload)")
     parser.add_argument("--check", action="store_true", help="only report whether the venv is ready (exit 3 if not)")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ class MetricsWriter:
         self._jsonl.flush()
         if self._tb is not None:
             self._tb.add_scalars(step, {k: v for k, v in values.items() if isinstance(v, (int, float))})
+
+    def tensorboard(self, step: int, values: dict[str, float]) -> None:
+        """TensorBoard only (a framework's own metrics, beside the ``metrics.jsonl`` row tpuft reads)."""
+        if self._tb is not None:
+            self._tb.add_scalars(step, values)
 
     def log_text(self, step: int, tag: str, text: str) -> None:
         if self._tb is not None:
@@ -170,17 +176,20 @@ class Heartbeat:
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.base = {"worker": worker, "pid": os.getpid(), "host": socket.gethostname(), "total_steps": total_steps}
         self.started = time.time()
+        self._lock = threading.Lock()
+        """A framework may report from a background thread (T5X's metrics writer) while the loop beats."""
         self.latest: dict[str, Any] = {}
         """The last loss / lr / throughput given, kept in later beats (the final one has none of its own)."""
 
     def beat(self, step: int, status: str = "running", phase: str = "step", **extra: Any) -> None:
         """One compact JSON object written through a temporary file (a reader never sees half of it); about a
         quarter of ``write_json_atomic``'s cost, which matters at two beats per step."""
-        self.latest.update(extra)
-        data = {
-            **self.base, "step": step, "status": status, "phase": phase, "time": time.time(), "started": self.started,
-            **self.latest,
-        }
-        with open(self._tmp, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(data, separators=(",", ":")))
-        os.replace(self._tmp, self.path)
+        with self._lock:
+            self.latest.update(extra)
+            data = {
+                **self.base, "step": step, "status": status, "phase": phase, "time": time.time(),
+                "started": self.started, **self.latest,
+            }  # fmt: skip
+            with open(self._tmp, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(data, separators=(",", ":")))
+            os.replace(self._tmp, self.path)

@@ -590,9 +590,12 @@ class Trainer:
 
 
 def lr_factor(steps: int, warmup: int, schedule: str):  # type: ignore[no-untyped-def]
-    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0 or constant."""
+    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0 or constant; or
+    T5's inverse square root."""
 
     def factor(step: int) -> float:
+        if schedule == "inverse_sqrt":  # T5's: the peak for the warm-up steps, then 1/sqrt(step) from there
+            return (max(warmup, 1) / max(step, warmup, 1)) ** 0.5
         if warmup and step < warmup:
             return (step + 1) / warmup
         if schedule == "constant":

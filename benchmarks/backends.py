@@ -1,0 +1,100 @@
+"""Training throughput of the backends on the same tiny model, data and 2-worker local pod, and T5X setup time.
+
+* ``throughput``: the quickstart task (numbers, global batch 32, the same T5 shape: d_model 128, 4 heads of 32,
+  gated-GELU MLP 256, 2+2 layers, the 384-id byte vocabulary, float32) trained ``--steps`` steps by the PyTorch/XLA
+  backend (``quickstart``) and by the T5X backend (``t5x_quickstart``), through ``tpuft train``. Examples/s is the
+  mean of the logged windows after the first (the first holds the compilation); wall is the whole command.
+* ``setup``: ``tpuft setup t5x_quickstart`` cold (an empty venv cache; pip's own download cache stays warm, as on a
+  machine that has installed these wheels before) and cached.
+
+    python benchmarks/backends.py throughput --steps 300
+    python benchmarks/backends.py setup
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WHEELS = REPO.parent / "shared" / "wheels"
+
+
+class Pod:
+    def __init__(self, root: Path, venv_cache: Path | None = None) -> None:
+        self.env = {**os.environ, "TPUFT_HOME": str(root / "home"), "COLUMNS": "200"}
+        self.cluster = root / "tpuft.yaml"
+        cache = f"\n  venv_cache: {venv_cache}" if venv_cache else ""
+        self.cluster.write_text(f"name: bench\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2{cache}\n")
+
+    def tpuft(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def throughput(steps: int) -> list[tuple[str, str, str, str]]:
+    rows = []
+    common = ["--set", f"train.steps={steps}", "--set", "train.log_every=25", "--set", "train.warmup_steps=10",
+              "--set", "eval.every=null", "--set", "train.checkpoint_every=null", "--set", "export.hf=false"]
+    for backend, recipe, extra in (
+        ("torch_xla", "quickstart", []),
+        ("t5x", "t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]),
+    ):
+        with tempfile.TemporaryDirectory() as tmp:
+            pod = Pod(Path(tmp))
+            pod.tpuft("create")
+            pod.tpuft("setup", recipe, *extra)
+            started = time.monotonic()
+            done = pod.tpuft("train", recipe, "--json", "--stop-on-interrupt", *common, *extra)
+            wall = time.monotonic() - started
+            if done.returncode != 0:
+                raise SystemExit(f"{recipe}: {done.stderr[-3000:]}")
+            run = Path(json.loads(done.stdout)["run_dir"])
+            windows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            speeds = [row["examples_per_s"] for row in windows if "examples_per_s" in row][1:]
+            rows.append((backend, f"{statistics.mean(speeds):.1f}", f"{statistics.pstdev(speeds):.1f}", f"{wall:.0f}"))
+    return rows
+
+
+def setup() -> list[tuple[str, str]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        pod = Pod(Path(tmp), venv_cache=Path(tmp) / "venvs")
+        pod.tpuft("create")
+        rows = []
+        for label in ("cold (empty venv cache)", "cached"):
+            started = time.monotonic()
+            done = pod.tpuft("setup", "t5x_quickstart", "--set", f"backend.t5x_source={WHEELS}")
+            if done.returncode != 0:
+                raise SystemExit(done.stderr[-3000:])
+            rows.append((label, f"{time.monotonic() - started:.1f}"))
+        return rows
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="+", choices=["throughput", "setup"])
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    if "throughput" in args.what:
+        print(f"\nthroughput, {args.steps} steps, global batch 32, 2 local workers")
+        print(table(("backend", "examples/s", "spread (sd)", "wall s"), throughput(args.steps)))
+    if "setup" in args.what:
+        print("\ntpuft setup t5x_quickstart (2 local workers, one shared venv)")
+        print(table(("setup", "seconds"), setup()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The T5X backend end to end on the local CPU pod: 2 hosts of multi-controller JAX (gloo collectives), through the
+real CLI, with the real T5X venv (t5x, airio and jestimator from ../shared/wheels, as ``backend.t5x_source``).
+
+* ``tpuft up t5x_quickstart``: T5X learns the numbers task to >= 0.9 held-out exact match (its inference eval), and
+  the run dir holds what monitor, pull, convert and resume read: metrics rows, heartbeats, complete checkpoints
+  named ``checkpoint_N`` with tpuft's manifest, predictions, the generated gin and task module, and export/hf.
+* A host's trainer killed mid-run: the other host does not wait forever in its collective (its supervisor stops it);
+  ``tpuft resume`` continues from the last checkpoint (T5X restores it from MODEL_DIR itself) and ends at the step
+  count of the recipe, the metrics continuing without duplicates.
+* Span corruption on the shipped corpus: the loss falls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.venvs import WHEELS
+
+from tpuft import rundir
+from tpuft.backends.t5x import LAYOUT
+
+pytestmark = pytest.mark.slow
+
+SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
+
+
+@dataclass
+class Pod:
+    env: dict[str, str]
+    cluster: Path
+    runs: Path
+
+    def tpuft(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Pod:
+    """A 2-host local pod; the T5X venv is built (once per machine) before the first command needs it."""
+    home = tmp_path_factory.mktemp("t5x-e2e")
+    cluster = home / "tpuft.yaml"
+    cluster.write_text("name: t5x-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
+    return Pod(env, cluster, home / "tpuft-home" / "buckets" / "t5x-pod" / "runs")
+
+
+@dataclass
+class Finished:
+    summary: dict[str, Any]
+    run_dir: Path
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def quickstart(pod: Pod) -> Finished:
+    started = time.monotonic()
+    up = pod.tpuft("up", "t5x_quickstart", "--json", *SOURCE)
+    seconds = time.monotonic() - started
+    assert up.returncode == 0, up.stderr[-6000:]
+    summary = json.loads(up.stdout)
+    print(f"\nt5x quickstart: {seconds:.0f} s end to end, exact match {summary['last_eval'].get('eval_exact_match')}")
+    return Finished(summary, Path(summary["run_dir"]), seconds)
+
+
+def rows(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
+
+
+def test_the_quickstart_reaches_the_accuracy_bar(quickstart: Finished) -> None:
+    last_eval = quickstart.summary["last_eval"]
+    assert last_eval["eval_examples"] == 500
+    assert last_eval["eval_exact_match"] >= 0.9, last_eval
+    assert quickstart.summary["export_dir"]
+
+
+def test_the_run_dir_holds_what_tpuft_reads(quickstart: Finished, pod: Pod) -> None:
+    run = quickstart.run_dir
+    gin = (run / "t5x" / "run.gin").read_text()
+    assert "TRAIN_STEPS = 800" in gin and "USE_CACHED_TASKS = False" in gin and "include 't5x/examples/t5/byt5/small.gin'" in gin
+    assert "register(" in (run / "t5x" / "tasks.py").read_text()
+    metrics = rows(run)
+    train = [r for r in metrics if "loss" in r]
+    assert [r["step"] for r in train] == list(range(50, 801, 50))
+    assert all(r["examples_per_s"] > 0 and r["tokens_per_s"] > 0 and r["lr"] > 0 for r in train[:-1])
+    assert train[-1]["loss"] < train[0]["loss"] / 4
+    evals = [r for r in metrics if "eval_exact_match" in r]
+    assert [r["step"] for r in evals] == [400, 800]
+    assert any("eval_loss" in r for r in metrics)  # T5X's teacher-forced eval on the validation split
+    predictions = [json.loads(line) for line in (run / "eval" / "predictions-00000800.jsonl").read_text().splitlines()]
+    assert len(predictions) == 500 and {"input", "prediction", "target"} <= set(predictions[0])
+    right = sum(p["prediction"] == p["target"] for p in predictions) / 500
+    assert right == pytest.approx(evals[-1]["eval_exact_match"], abs=1e-6)
+    for worker in (0, 1):
+        beat = rundir.read_json(rundir.heartbeat_path(run, worker)) or {}
+        assert beat["status"] == "finished" and beat["step"] == 800, beat
+    complete = dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
+    best = max(evals, key=lambda r: r["eval_exact_match"])["step"]
+    assert max(complete) == 800 and best in complete and len(complete) <= 3  # the last 2 and the best
+    assert (run / rundir.EXPORT_HF / "config.json").is_file()
+    shown = pod.tpuft("monitor", run.name, "--once", "--json", timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "finished"
+
+
+def test_a_killed_host_fails_the_run_fast_and_resume_continues(pod: Pod) -> None:
+    settings = [*SOURCE, "--set", "train.steps=150", "--set", "train.checkpoint_every=50", "--set", "train.log_every=10",
+                "--set", "eval.every=150", "--set", "eval.max_examples=40", "--set", "train.warmup_steps=10"]
+    started = pod.tpuft("train", "t5x_quickstart", "--detach", "--json", *settings)
+    assert started.returncode == 0, started.stderr[-4000:]
+    run = pod.runs / json.loads(started.stdout)["run_id"]
+
+    def step(worker: int) -> int:
+        return int((rundir.read_json(rundir.heartbeat_path(run, worker)) or {}).get("step") or 0)
+
+    wait_until(lambda: 50 in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)) and step(1) >= 60, 600,
+               "the checkpoint at step 50 and step 60")
+    record = json.loads((run / "attempts" / "1" / "worker-1.json").read_text())
+    killed_at = time.monotonic()
+    os.kill(record["trainer_pid"], signal.SIGKILL)
+    wait_until(lambda: (rundir.read_json(run / rundir.RUN_INFO) or {}).get("status") not in (None, "running"), 120,
+               "the run to fail")
+    fail_fast_s = time.monotonic() - killed_at
+    failed = rundir.read_json(run / rundir.RUN_INFO) or {}
+    assert failed["status"] == "failed" and failed["culprit"] == 1, failed
+    peer = json.loads((run / "attempts" / "1" / "worker-0.json").read_text())
+    assert peer.get("final") and peer.get("status") != "running", peer  # worker 0 did not hang in its collective
+    print(f"\nt5x fail-fast: run failed {fail_fast_s:.1f} s after a host's trainer was killed")
+
+    resumed = pod.tpuft("resume", run.name, "--json")
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
+    assert "resuming from checkpoint_" in log
+    train_steps = [r["step"] for r in rows(run) if "loss" in r]
+    assert train_steps == list(range(10, 151, 10))  # rows after the checkpoint were dropped and logged anew
+    assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == 150
+    assert "TRAIN_STEPS = 150" in (run / "t5x" / "run.gin").read_text()
+
+
+def test_span_corruption_loss_falls(pod: Pod) -> None:
+    up = pod.tpuft("up", "t5x_span_corruption", "--json", *SOURCE, "--set", "train.steps=150", "--set",
+                   "train.checkpoint_every=150")
+    assert up.returncode == 0, up.stderr[-6000:]
+    run = Path(json.loads(up.stdout)["run_dir"])
+    losses = [r["loss"] for r in rows(run) if "loss" in r]
+    assert len(losses) == 6 and losses[-1] < losses[0] * 0.7, losses
+    spec = json.loads((run / "t5x" / "task.json").read_text())
+    assert spec["task"] == "span_corruption" and spec["inputs_length"] == 128
+    assert (run / rundir.EXPORT_HF / "config.json").is_file()
