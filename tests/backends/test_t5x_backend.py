@@ -63,11 +63,22 @@ def write(folder: Path, text: str, name: str = "r.yaml") -> Path:
     return path
 
 
+def sentencepiece_model(pieces: list[str]) -> bytes:
+    """A minimal SentencePiece ModelProto: field 1 repeated, each a SentencePiece with its piece (field 1) and a
+    score (field 2, a float); what tpuft reads of a .model without sentencepiece."""
+    out = b""
+    for piece in pieces:
+        text = piece.encode()
+        inner = b"\x0a" + bytes([len(text)]) + text + b"\x15" + b"\x00\x00\x80\xbf"
+        out += b"\x0a" + bytes([len(inner)]) + inner
+    return out
+
+
 @pytest.fixture
 def t5x_dir(recipe_dir: Path) -> Path:
     """recipe_dir plus a plain-text corpus, a SentencePiece stand-in and a user model gin."""
     (recipe_dir / "corpus.txt").write_text("one document\nanother document\n")
-    (recipe_dir / "sp.model").write_bytes(b"not really a sentencepiece model")
+    (recipe_dir / "sp.model").write_bytes(sentencepiece_model(["<unk>", "<s>", "</s>", "ab", "cd"]))
     (recipe_dir / "model.gin").write_text("MODEL = None\n")
     return recipe_dir
 
@@ -170,13 +181,13 @@ BAD_T5X = [
     (
         "sentencepiece-without-sentinels",
         SPAN, "  size: tiny", "  size: tiny\n  vocabulary: sp.model\n  extra_ids: 0",
-        7, ["backend.extra_ids: span corruption needs sentinel ids", "(backend.vocabulary with extra_ids: 0)",
-            "set backend.extra_ids (T5 uses 100"],
+        7, ["backend.extra_ids: span corruption needs sentinel ids", "is the ordinary piece 'cd'",
+            "Set backend.extra_ids (T5 used 100"],
     ),
     (
         "user-gins-without-sentinels",
         SPAN, "  family: byt5\n  size: tiny", "  gin_files: [model.gin]\n  extra_ids: 0",
-        5, ["backend.extra_ids: span corruption needs sentinel ids", "(backend.gin_files with extra_ids: 0)"],
+        2, ["backend.vocabulary: required with backend.gin_files"],
     ),
     (
         "finetune-without-train",
@@ -619,3 +630,14 @@ def test_summary_names_the_best_checkpoint() -> None:
     assert rows == [("best checkpoint", "checkpoint_1000 (exact_match 0.8750)")]
     empty = RunSnapshot(run_id="r", run_dir=Path("."), info={}, status="finished", step=10, total_steps=10)
     assert BACKEND.summarize(empty, launched=2) == ({}, [])
+
+
+def test_a_model_with_its_own_sentinels_and_a_family_vocabulary_with_extra_ids(t5x_dir: Path) -> None:
+    """A .model whose top pieces are already <extra_id_N> needs no extra_ids; a family's default vocabulary has its
+    sentinels built in, so extra_ids on top of it would outgrow the model's vocab_size."""
+    (t5x_dir / "own.model").write_bytes(sentencepiece_model(["<unk>", "ab", "<extra_id_1>", "<extra_id_0>"]))
+    own = SPAN.replace("  size: tiny", "  size: tiny\n  vocabulary: own.model")
+    assert load_recipe(write(t5x_dir, own)).value.backend.extra_ids == 0
+    doubled = T5X_RECIPE.replace("  family: byt5", "  family: t5_1_1").replace("  size: tiny", "  size: tiny\n  extra_ids: 100")
+    text = refused(write(t5x_dir, doubled))
+    assert "backend.extra_ids: the t5_1_1 vocabulary has its sentinel ids built in" in text

@@ -53,7 +53,13 @@ def pod(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Pod:
     cluster = home / "tpuft.yaml"
     cluster.write_text("name: t5x-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
     env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
-    return Pod(env, cluster, home / "tpuft-home" / "buckets" / "t5x-pod" / "runs")
+    pod = Pod(env, cluster, home / "tpuft-home" / "buckets" / "t5x-pod" / "runs")
+    created = pod.tpuft("create")
+    assert created.returncode == 0, created.stderr[-3000:]
+    setup = pod.tpuft("setup", "t5x_quickstart", *SOURCE, timeout=1200)
+    assert setup.returncode == 0, setup.stderr[-3000:]
+    assert "venv ready (cached)" in setup.stdout + setup.stderr  # the fixture t5x_python built it, through the same cache key
+    return pod
 
 
 @dataclass

@@ -215,6 +215,12 @@ class T5xBackend(StrictModel):
             found.append(((missing,), f"required with backend.{'family' if missing == 'size' else 'size'}"))
         elif self.family is not None and self.size is not None and model_gins(self.family, self.size) is None:
             found.append((("size",), f"t5x has no {self.family} {self.size} gin (umt5 starts at small)"))
+        if self.gin_files and not named and self.vocabulary is None:
+            found.append((("vocabulary",), "required with backend.gin_files: byt5, or the SentencePiece .model your "
+                          "gin's VOCABULARY uses (tpuft binds VOCABULARY and the task's vocabulary to the same one)"))
+        if self.vocabulary is None and self.family in SENTINELS_BUILT_IN and self.extra_ids:
+            found.append((("extra_ids",), f"the {self.family} vocabulary has its sentinel ids built in; seqio would "
+                          f"add {self.extra_ids} more and outgrow the model's vocab_size: leave extra_ids at 0"))
         if self.task == "span_corruption":
             found += self._sentinel_problems()
         if self.initial_checkpoint is not None and self.initial_step is None and checkpoint_step(self.initial_checkpoint) is None:
@@ -228,22 +234,20 @@ class T5xBackend(StrictModel):
         return found
 
     def _sentinel_problems(self) -> list[tuple[KeyPath, str]]:
-        """Span corruption replaces each masked span with a sentinel id; without sentinel ids in the vocabulary the
-        sentinels overwrite real tokens (the model then learns that frequent pieces mean "masked here")."""
-        if self.extra_ids:
+        """Span corruption replaces each masked span with a sentinel id, counted down from the top of the vocabulary;
+        without sentinel ids there, the sentinels overwrite real pieces (the model then learns that some ordinary
+        pieces mean "masked here"). A local .model is read here; one in a bucket is checked on the workers."""
+        if self.vocabulary in (None, "byt5") or self.extra_ids or self.vocabulary.startswith("gs://"):
+            return []  # the families' default vocabularies have their sentinels; ByT5 uses the top byte values
+        top = sentencepiece_last_piece(Path(self.vocabulary))
+        if top is None or "extra_id" in top:
             return []
-        if self.vocabulary is None and self.family in SENTINELS_BUILT_IN:
-            return []
-        if self.vocabulary == "byt5" or (self.vocabulary is None and self.family == "byt5"):
-            return []  # ByT5 takes its sentinels from the top of the byte range, as its paper does
-        where = "vocabulary" if self.vocabulary is not None else "gin_files"
         return [
             (
                 ("extra_ids",),
-                "span corruption needs sentinel ids, and this SentencePiece vocabulary has none "
-                f"(backend.{where} with extra_ids: 0): set backend.extra_ids (T5 uses 100; make the model's "
-                "vocab_size at least the vocabulary's size plus these ids), or use a .model that has <extra_id_N> pieces "
-                "and say so with extra_ids equal to their number",
+                f"span corruption needs sentinel ids, and the top piece of {self.vocabulary} is the ordinary piece "
+                f"{top!r}: its sentinels would overwrite real pieces. Set backend.extra_ids (T5 used 100) and make the "
+                "model's vocab_size at least the vocabulary's size plus these ids",
             )
         ]
 
@@ -299,6 +303,52 @@ def gin_value(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{gin_value(k)}: {gin_value(v)}" for k, v in value.items()) + "}"
     raise ValueError(f"{value!r} cannot be written as a gin value")
+
+
+def sentencepiece_last_piece(path: Path) -> str | None:
+    """The last piece of a SentencePiece ``.model`` (a ModelProto: field 1 repeats SentencePiece messages whose
+    field 1 is the piece), read without sentencepiece; None when the file is not one."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+
+    def varint(at: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            if at >= len(data) or shift > 63:
+                raise ValueError("truncated")
+            byte = data[at]
+            value |= (byte & 0x7F) << shift
+            at, shift = at + 1, shift + 7
+            if not byte & 0x80:
+                return value, at
+
+    last = None
+    at = 0
+    try:
+        while at < len(data):
+            key, at = varint(at)
+            kind = key & 7
+            if kind == 0:
+                _, at = varint(at)
+            elif kind == 1:
+                at += 8
+            elif kind == 5:
+                at += 4
+            elif kind == 2:
+                size, at = varint(at)
+                if key >> 3 == 1:
+                    inner_key, inner = data[at], at + 1
+                    if inner_key == 0x0A:  # field 1, length-delimited: the piece
+                        length, inner = varint(inner)
+                        last = data[inner : inner + length].decode("utf-8", "replace")
+                at += size
+            else:
+                return None
+    except ValueError:
+        return None
+    return last
 
 
 def checkpoint_step(path: str) -> int | None:

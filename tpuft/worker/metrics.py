@@ -193,3 +193,17 @@ class Heartbeat:
             with open(self._tmp, "w", encoding="utf-8") as handle:
                 handle.write(json.dumps(data, separators=(",", ":")))
             os.replace(self._tmp, self.path)
+
+
+def fetch_missing_metrics(ctx: Any) -> None:
+    """A resumed ``gs://`` run on a host without the staging copy of ``metrics.jsonl``: start from the bucket's,
+    which would otherwise be overwritten by the new attempt's rows alone. ``ctx``: the worker's WorkerContext."""
+    local = ctx.run_dir / rundir.METRICS
+    if not ctx.remote or local.exists():
+        return
+    from tpuft.storage import open_storage
+
+    text = open_storage(ctx.run_url).read_text(rundir.METRICS)
+    if text is not None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(text, encoding="utf-8")

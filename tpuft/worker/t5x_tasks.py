@@ -210,7 +210,9 @@ def check_sentinels(vocab: seqio.Vocabulary, spec: dict[str, Any]) -> None:
         return
     top = vocab.tokenizer.id_to_piece(vocab.vocab_size - 1) if hasattr(vocab, "tokenizer") else ""
     if "extra_id" not in top:
-        raise ValueError(
+        from tpuft.errors import UsageError
+
+        raise UsageError(
             f"{spec['vocabulary']}: span corruption needs sentinel ids, and the top id of this SentencePiece "
             f"vocabulary is the ordinary piece {top!r}: set backend.extra_ids (T5 used 100)"
         )

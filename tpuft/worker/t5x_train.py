@@ -44,7 +44,7 @@ from tpuft import rundir
 from tpuft.backends.t5x import LAYOUT, PRETRAINING_LOSS_FACTOR, checkpoint_step, gin_value, model_gins
 from tpuft.config import RecipeConfig
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.metrics import Heartbeat, MetricsWriter
+from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
 
 RESUME_ENV = "TPUFT_RESUME"
 GENERATED = "t5x"
@@ -85,6 +85,8 @@ class T5xRun:
         self.beat(phase="starting")
         self._distributed()
         self.chief = self._process_index() == 0
+        if self.resuming and self.chief:
+            fetch_missing_metrics(self.ctx)
         self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
         if self.resuming:
             latest = self._latest_checkpoint()
@@ -152,7 +154,7 @@ class T5xRun:
             vocab, extra_ids = backend.vocabulary, backend.extra_ids
         else:
             vocab, default_extra = DEFAULT_VOCABULARIES[backend.family or "byt5"]
-            extra_ids = backend.extra_ids or default_extra
+            extra_ids = default_extra if backend.family != "byt5" else backend.extra_ids
         spec: dict[str, Any] = {
             "name": task_name(self.ctx.run_id),
             "task": backend.task,

@@ -52,7 +52,7 @@ from tpuft.backends.torch_xla import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.metrics import Heartbeat, MetricsWriter
+from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
 
 RESUME_ENV = "TPUFT_RESUME"
 """Set to 1 by the controller when it restarts a run: go on from the latest complete checkpoint."""
@@ -227,7 +227,7 @@ class Trainer:
         elif self.resuming:
             self._say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from step 0")
         if self.resuming and self.chief and self.ctx.remote:
-            _fetch_missing_metrics(self.ctx)
+            fetch_missing_metrics(self.ctx)
         self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
         if self.resuming:
             self.metrics.restart_at(self.start_step)
@@ -645,20 +645,6 @@ def fetch_checkpoint(ctx: WorkerContext, name: str) -> Path:
     if not LAYOUT.is_complete(local):
         raise RuntimeError(f"{local}: the checkpoint is incomplete (a file in its {LAYOUT.manifest} is missing or short)")
     return local
-
-
-def _fetch_missing_metrics(ctx: WorkerContext) -> None:
-    """A resumed ``gs://`` run on a host without the staging copy of ``metrics.jsonl``: start from the bucket's,
-    which would otherwise be overwritten by the new attempt's rows alone."""
-    local = ctx.run_dir / rundir.METRICS
-    if local.exists():
-        return
-    from tpuft.storage import open_storage
-
-    text = open_storage(ctx.run_url).read_text(rundir.METRICS)
-    if text is not None:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_text(text, encoding="utf-8")
 
 
 def params_digest(state: dict[str, Any]) -> str:
