@@ -21,13 +21,15 @@ from tpuft.paths import venv_cache
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
 
 
-def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulator) -> tuple[Path, dict[str, str]]:
-    """The cluster file and the environment of a user whose cloud is the three stand-ins."""
+def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulator,
+                worker_env: dict[str, str] | None = None) -> tuple[Path, dict[str, str]]:
+    """The cluster file and the environment of a user whose cloud is the three stand-ins. ``worker_env``: the
+    workers' environment (default: the emulator's, ``STORAGE_EMULATOR_HOST``)."""
     tpu.worker_addresses = pod.addresses
     cluster = tmp_path / "tpuft.yaml"
     cluster.write_text(
         f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"
-        f"worker_env: {{STORAGE_EMULATOR_HOST: '{gcs.endpoint}'}}\n"
+        f"worker_env: {json.dumps(gcs.env() if worker_env is None else worker_env)}\n"
         f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
         f"  worker_device: cpu\n  venv_cache: {venv_cache()}\n"
         f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"

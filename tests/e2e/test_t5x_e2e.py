@@ -164,3 +164,21 @@ def test_span_corruption_loss_falls(pod: Pod) -> None:
     spec = json.loads((run / "t5x" / "task.json").read_text())
     assert spec["task"] == "span_corruption" and spec["inputs_length"] == 128
     assert (run / rundir.EXPORT_HF / "config.json").is_file()
+
+
+def test_fine_tuning_from_a_t5x_checkpoint_counts_steps_after_it(quickstart: Finished, pod: Pod) -> None:
+    """The quickstart's last checkpoint (step 800) as ``initial_checkpoint``: T5X's TRAIN_STEPS is absolute, so the
+    gin says 840 for 40 more steps; tpuft's own step counts from 0; the restored weights already read numbers."""
+    initial = quickstart.run_dir / LAYOUT.checkpoints / "checkpoint_800"
+    done = pod.tpuft("train", "t5x_quickstart", "--json", *SOURCE, "--set", f"backend.initial_checkpoint={initial}",
+                     "--set", "train.steps=40", "--set", "train.warmup_steps=0", "--set", "train.log_every=20",
+                     "--set", "train.checkpoint_every=null", "--set", "eval.every=40", "--set", "eval.max_examples=100",
+                     "--set", "train.learning_rate=1.0e-3")
+    assert done.returncode == 0, done.stderr[-6000:]
+    summary = json.loads(done.stdout)
+    run = Path(summary["run_dir"])
+    assert "TRAIN_STEPS = 840" in (run / "t5x" / "run.gin").read_text()
+    assert [r["step"] for r in rows(run) if "loss" in r] == [20, 40]
+    steps = sorted(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)))
+    assert steps[-1] == 840 and steps[0] >= 800, steps  # T5X saves the restored step first, then the run's last
+    assert summary["last_eval"]["eval_exact_match"] >= 0.9, summary["last_eval"]  # it started from the trained weights

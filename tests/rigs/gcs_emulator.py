@@ -41,6 +41,16 @@ Gaps, and what this rig does about them
   transfer_manager workers overflowed it and the kernel dropped SYNs (each costing a 1 s retransmit). The rig serves
   the emulator's own handler from an ``HTTPServer`` with a deep backlog instead: requests still run one at a time
   (the emulator's store is not thread-safe), but nobody waits for a retransmit.
+* **Media downloads lack the object's generation headers** (``x-goog-generation``, ``x-goog-metageneration``,
+  ``x-goog-stored-content-length``), which GCS sends with every object body and tensorstore's gcs kvstore needs:
+  without them OCDBT (Orbax's checkpoint format, written by T5X) fails with "Malformed StorageGeneration". The rig
+  adds them to every 2xx media download (JSON API ``?alt=media``, ``/download/storage/v1/...`` and the XML API's
+  ``GET /BUCKET/OBJECT``).
+* **An empty ``uploadType=media`` upload crashes the emulator** (it takes ``len()`` of a missing body): TensorFlow's
+  GCS filesystem writes such zero-byte ``dir/`` markers in ``makedirs`` and retries the 500 for ever. The rig stores
+  the empty object itself.
+* Preconditions (``ifGenerationMatch`` and friends) are ignored: every conditional write succeeds. Harmless with
+  one writer per object, which is all tpuft and Orbax do.
 * Not emulated at all, and not used by tpuft: IAM enforcement (everything is allowed, so ``Forbidden`` cannot be
   provoked), object versioning, requester pays, retention policies.
 
@@ -67,6 +77,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from xml.etree import ElementTree
 
 import google_crc32c
+from gcp_storage_emulator import server as emulator_server
+from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import buckets as emulator_buckets
 from gcp_storage_emulator.handlers import objects as emulator_objects
 from gcp_storage_emulator.server import RequestHandler
@@ -82,6 +94,7 @@ MIN_PART_SIZE: Final = 5 * 1024 * 1024
 _REGION: Final = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _DUAL_REGIONS: Final = {"nam4", "eur4", "asia1"}
 _OBJECT_PATH: Final = re.compile(r"^/(?P<bucket>[-.\w]+)/(?P<object>.+)$")
+_MEDIA_UPLOAD_PATH: Final = re.compile(r"^(?:/upload)?(?:/storage/v1)?/b/(?P<bucket>[-.\w]+)/o$")
 
 
 @dataclass
@@ -127,7 +140,7 @@ class _Handler(RequestHandler):
         self._record("POST")
         if self._injected_fault("POST"):
             return
-        if not (self._bucket_insert() or self._multipart("POST")):
+        if not (self._bucket_insert() or self._multipart("POST") or self._empty_media_upload()):
             super().do_POST()
 
     def do_PUT(self) -> None:
@@ -148,7 +161,11 @@ class _Handler(RequestHandler):
         self._record("GET")
         if self._injected_fault("GET"):
             return
-        super().do_GET()
+        self._object_headers = self._media_download_headers()
+        try:
+            super().do_GET()
+        finally:
+            self._object_headers = {}
 
     def do_PATCH(self) -> None:
         self._record("PATCH")
@@ -157,6 +174,20 @@ class _Handler(RequestHandler):
         super().do_PATCH()
 
     # ---- plumbing ----------------------------------------------------------------------------------------------
+
+    _status = 0
+    _object_headers: dict[str, str] = {}  # noqa: RUF012 (replaced per request, never mutated)
+    """Sent with the response of the request being served when it succeeds (see ``_media_download_headers``)."""
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
+
+    def end_headers(self) -> None:
+        if 200 <= self._status < 300:
+            for key, value in self._object_headers.items():
+                self.send_header(key, value)
+        super().end_headers()
 
     def _record(self, method: str) -> None:
         self.server.rig._log(method, urlsplit(self.path).path)
@@ -198,6 +229,52 @@ class _Handler(RequestHandler):
         for tag, text in (("Code", code), ("Message", message), ("Details", message)):
             ElementTree.SubElement(root, tag).text = text
         self._xml(status, root)
+
+    # ---- what the emulator gets wrong about plain objects --------------------------------------------------------
+
+    def _media_download_headers(self) -> dict[str, str]:
+        """The object headers GCS sends with an object's bytes, for a GET that the emulator serves as a download
+        (found with the emulator's own routing table); empty for any other request."""
+        url = urlsplit(self.path)
+        for pattern, handlers in emulator_server.HANDLERS:
+            match = re.fullmatch(pattern, url.path)
+            if match is not None:
+                break
+        else:
+            return {}
+        handler = handlers.get("GET")
+        media = handler is emulator_objects.get and parse_qs(url.query).get("alt") == ["media"]
+        if not (handler is emulator_objects.download or media):
+            return {}
+        try:
+            obj = self.storage.get_file_obj(match["bucket_name"], unquote(match["object_id"]))
+        except NotFound:  # the emulator answers the 404 itself
+            return {}
+        return {
+            "x-goog-generation": str(obj.get("generation", "")),
+            "x-goog-metageneration": str(obj.get("metageneration", "1")),
+            "x-goog-stored-content-length": str(obj.get("size", "")),
+        }
+
+    def _empty_media_upload(self) -> bool:
+        """``POST .../o?uploadType=media&name=N`` with no body: a zero-byte object (the emulator would crash)."""
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        match = _MEDIA_UPLOAD_PATH.match(url.path)
+        if match is None or query.get("uploadType") != ["media"] or not query.get("name"):
+            return False
+        if int(self.headers.get("Content-Length") or 0) or self.headers.get("Transfer-Encoding"):
+            return False
+        bucket, name = match["bucket"], query["name"][0]
+        if self.storage.get_bucket(bucket) is None:
+            self._json(HTTPStatus.NOT_FOUND, {"error": {"code": 404, "message": f"bucket {bucket} not found"}})
+            return True
+        content_type = self.headers.get("Content-Type") or "application/octet-stream"
+        obj = emulator_objects._make_object_resource(f"http://{self.headers.get('Host')}", bucket, name, content_type, "0")
+        obj = emulator_objects._checksums(b"", obj)
+        self.storage.create_file(bucket, name, b"", obj)
+        self._json(HTTPStatus.OK, obj)
+        return True
 
     # ---- buckets.insert that keeps location --------------------------------------------------------------------
 

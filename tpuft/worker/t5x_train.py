@@ -36,6 +36,7 @@ import pprint
 import re
 import runpy
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,11 +78,16 @@ class T5xRun:
         self.best: tuple[float, int] | None = None
         """(score, absolute step) of the best eval so far; higher score is better."""
         self.metrics: MetricsWriter | None = None
+        self.counted = (0, 0, 0)
+        """Rows, examples and real (non-padding) input + target tokens this host has taken since the last metrics row:
+        T5X packs several examples into a row, and its own rates count rows and target tokens only."""
+        self.counted_lock = threading.Lock()
 
     # -- the run ------------------------------------------------------------------------------------------------
     def run(self) -> int:
         global _ACTIVE
         _ACTIVE = self
+        exit_on_sigterm()
         self.beat(phase="starting")
         self._distributed()
         self.chief = self._process_index() == 0
@@ -201,8 +207,12 @@ class T5xRun:
         return folder / "run.gin"
 
     # -- what the hooks report ----------------------------------------------------------------------------------
-    def on_batch(self, absolute_step: int, first_of_run: bool) -> None:
+    def on_batch(self, absolute_step: int, first_of_run: bool, batch: Any = None) -> None:
         """Called as T5X takes the batch of step ``absolute_step + 1``."""
+        if batch is not None and self.counted[0] == 0:  # one batch per metrics window: reading it costs a sync
+            rows, examples, tokens = batch_counts(batch)
+            with self.counted_lock:
+                self.counted = (self.counted[0] + rows, self.counted[1] + examples, self.counted[2] + tokens)
         if first_of_run:
             phase = "starting"
         else:
@@ -217,11 +227,15 @@ class T5xRun:
         loss = _per_token_loss(numbers)
         if loss is None:
             return
+        with self.counted_lock:
+            rows, examples, tokens = self.counted
+            self.counted = (0, 0, 0)
+        rows_per_s = numbers.get("timing/seqs_per_second", 0.0)  # T5X's own clock for the window
         row = {
             "loss": round(loss, 6),
             "lr": numbers.get("learning_rate", numbers.get("learning_rate/current", 0.0)),
-            "examples_per_s": round(numbers.get("timing/seqs_per_second", 0.0), 2),
-            "tokens_per_s": round(numbers.get("timing/target_tokens_per_second", 0.0), 1),
+            "examples_per_s": round(rows_per_s * examples / rows, 2) if rows else round(rows_per_s, 2),
+            "tokens_per_s": round(rows_per_s * tokens / rows, 1) if rows else 0.0,
             "elapsed_s": round(time.time() - self.started, 1),
         }
         if "accuracy" in numbers:
@@ -372,7 +386,7 @@ def _install_hooks() -> None:
             for offset in range(num_steps):
                 batch = next(batch_iter)
                 if _ACTIVE is not None:
-                    _ACTIVE.on_batch(start + offset, first and offset == 0)
+                    _ACTIVE.on_batch(start + offset, first and offset == 0, batch)
                 yield batch
 
         return original_train(self, beating(), num_steps, start_step=start_step)
@@ -439,6 +453,27 @@ class EvalLogger:
             predictions.append({"input": inputs[index] if index < len(inputs) else None, "prediction": _text(output),
                                 "target": _text(target)})
         _ACTIVE.on_inference_eval(int(step), values, predictions)
+
+
+def exit_on_sigterm() -> None:
+    """Stop at once on SIGTERM (``tpuft stop``, or the supervisor stopping this host because a peer failed).
+
+    JAX's distributed runtime takes SIGTERM as a preemption notice that T5X never asks about at the pinned commit, so
+    the process would run on until the supervisor's SIGKILL; and a host whose peer died is blocked inside a
+    collective, where a Python signal handler never gets to run. So SIGTERM is blocked in every thread (threads
+    started later inherit the mask) and taken by one thread that waits for it and exits the process. A checkpoint
+    being written is left in its temporary folder, which Orbax and tpuft ignore."""
+    import signal
+    import threading
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def wait() -> None:
+        signal.sigwait({signal.SIGTERM})
+        print("[tpuft] SIGTERM: stopping this host's trainer", flush=True)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=wait, name="tpuft-sigterm", daemon=True).start()
 
 
 def _run_t5x_train(gin_file: Path) -> None:
@@ -643,6 +678,31 @@ def _read_text(path: str) -> str:
         with tf.io.gfile.GFile(path) as handle:
             return handle.read()
     return Path(path).read_text(encoding="utf-8")
+
+
+def batch_counts(batch: Any) -> tuple[int, int, int]:
+    """(rows, examples, real tokens) of this host's part of a T5X batch. A packed row holds one example per decoder
+    segment id (1, 2, ...; 0 is padding); an unpacked one, one example if its targets are not all padding."""
+    import numpy as np
+
+    def local(array: Any) -> Any:
+        """This host's rows: on a pod the batch is a global jax.Array whose other shards live on other hosts."""
+        shards = getattr(array, "addressable_shards", None)
+        if shards is None:
+            return np.asarray(array)
+        unique = {str(shard.index): shard.data for shard in shards}
+        return np.concatenate([np.asarray(data) for data in unique.values()])
+
+    targets = local(batch["decoder_target_tokens"])
+    tokens = int((targets > 0).sum())
+    if "encoder_input_tokens" in batch:
+        tokens += int((local(batch["encoder_input_tokens"]) > 0).sum())
+    segments = batch.get("decoder_segment_ids")
+    if segments is not None:
+        examples = int(local(segments).max(axis=-1).sum())
+    else:
+        examples = int((targets > 0).any(axis=-1).sum())
+    return int(targets.shape[0]), examples, tokens
 
 
 def eval_score(row: dict[str, Any]) -> float | None:

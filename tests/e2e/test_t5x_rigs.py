@@ -1,0 +1,183 @@
+"""The T5X backend with provider: gcp, end to end against the stand-ins: the fake TPU API hands out the sshd pod's
+addresses as the node's workers, and the run dir lives in the emulated bucket, gs://e2e-bucket/runs/<id>.
+
+Unlike PyTorch/XLA, T5X writes ``MODEL_DIR`` (gs://.../checkpoints) itself from the workers: Orbax through
+``etils.epath`` (TensorFlow's GCS filesystem) and tensorstore's gcs kvstore; tpuft's T5X trainer lists and reads
+the bucket with google-cloud-storage and ``tf.io.gfile`` (manifests, pruning, export). The workers reach the
+emulator through the variables of :meth:`tests.rigs.gcs_proxy.GcsProxy.env`, given to them as the cluster's
+``worker_env``; TensorFlow's hard-coded Google hosts go through the rig's TLS-terminating proxy.
+
+The workers share this machine's venv cache (they are loopback hosts): the T5X venv the ``t5x_python`` fixture
+built is the one ``tpuft setup`` finds, through the same key (``backend.t5x_source`` = ``tests.venvs.WHEELS``,
+shipped to the workers' HOMEs as a remote worker gets it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.e2e.test_gcp_rigs import rig_cluster
+from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.gcs_emulator import GcsEmulator
+from tests.rigs.gcs_proxy import GcsProxy
+from tests.rigs.sshd_pod import SshdPod, sshd_available
+from tests.venvs import WHEELS
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
+
+SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
+BUCKET = "e2e-bucket"
+
+
+@dataclass
+class Rigs:
+    tpu: FakeTpuServer
+    pod: SshdPod
+    gcs: GcsEmulator
+    proxy: GcsProxy
+    cluster: Path
+    env: dict[str, str]
+
+    def tpuft(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def names(self, run_url: str) -> set[str]:
+        """Every object of a run dir, relative to it."""
+        prefix = _prefix(run_url)
+        return {b.name.removeprefix(prefix) for b in self.gcs.client().list_blobs(BUCKET, prefix=prefix)}
+
+    def text(self, run_url: str, name: str) -> str | None:
+        blob = self.gcs.client().bucket(BUCKET).blob(_prefix(run_url) + name)
+        return blob.download_as_text() if blob.exists() else None
+
+    def json(self, run_url: str, name: str) -> dict[str, Any] | None:
+        text = self.text(run_url, name)
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:  # being rewritten
+            return None
+
+    def rows(self, run_url: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (self.text(run_url, "metrics.jsonl") or "").splitlines()]
+
+    def checkpoints(self, run_url: str) -> dict[int, str]:
+        """Complete checkpoints by tpuft's own reading of the bucket (manifest present and matching)."""
+        from tpuft.backends.t5x import LAYOUT
+        from tpuft.storage import open_storage
+
+        return LAYOUT.checkpoint_steps(open_storage(run_url))
+
+
+def _prefix(run_url: str) -> str:
+    return run_url.removeprefix(f"gs://{BUCKET}/").rstrip("/") + "/"
+
+
+@pytest.fixture(scope="module")
+def rigs(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Iterator[Rigs]:
+    """The stand-ins, a node made of the sshd pod, and the T5X venv set up on it (from the cache ``t5x_python``
+    filled). This process reads the bucket through google-cloud-storage, as the controller does."""
+    root = tmp_path_factory.mktemp("t5x-rigs")
+    with ExitStack() as stack, pytest.MonkeyPatch.context() as patch:
+        tpu = stack.enter_context(FakeTpuServer(operation_polls=1))
+        pod = stack.enter_context(SshdPod(root / "pod", workers=2))
+        gcs = stack.enter_context(GcsEmulator())
+        proxy = stack.enter_context(GcsProxy(gcs))
+        # gRPC honours https_proxy as well: JAX's coordinator (worker 0's address) is reached directly
+        cluster, env = rig_cluster(root, tpu, pod, gcs, worker_env=proxy.env(no_proxy=pod.addresses))
+        for key, value in gcs.env().items():
+            patch.setenv(key, value)
+        rigs = Rigs(tpu, pod, gcs, proxy, cluster, env)
+        created = rigs.tpuft("create", "--yes", timeout=300)
+        assert created.returncode == 0, created.stderr[-4000:]
+        setup = rigs.tpuft("setup", "t5x_quickstart", *SOURCE, timeout=1200)
+        assert setup.returncode == 0, setup.stderr[-4000:]
+        assert "venv ready (cached)" in setup.stdout + setup.stderr, (setup.stdout + setup.stderr)[-3000:]
+        yield rigs
+
+
+def test_t5x_up_on_gcp_rigs(rigs: Rigs) -> None:
+    settings = ["--set", "train.steps=40", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
+                "--set", "train.checkpoint_every=20", "--set", "eval.every=20", "--set", "eval.max_examples=40"]
+    started = time.monotonic()
+    up = rigs.tpuft("up", "t5x_quickstart", "--yes", "--json", *SOURCE, *settings)
+    seconds = time.monotonic() - started
+    assert up.returncode == 0, up.stderr[-6000:]
+    assert "venv ready (cached)" in up.stderr, up.stderr[-3000:]
+    summary = json.loads(up.stdout)
+    run_url = summary["run_dir"]
+    print(f"\nt5x on the gcp rigs: {seconds:.0f} s for `tpuft up`, exact match {summary['last_eval'].get('eval_exact_match')}")
+    assert run_url.startswith(f"gs://{BUCKET}/runs/t5x_quickstart-")
+    assert summary["export_dir"] == f"{run_url}/export/hf"
+    assert summary["last_eval"]["eval_examples"] == 40 and "eval_exact_match" in summary["last_eval"], summary
+    assert rigs.json(run_url, "run.json")["status"] == "finished"
+
+    names = rigs.names(run_url)
+    for expected in ("recipe.yaml", "run.json", "metrics.jsonl", "t5x/run.gin", "t5x/tasks.py", "t5x/task.json",
+                     "logs/worker-0.log", "logs/worker-1.log", "eval/predictions-00000040.jsonl",
+                     "checkpoints/checkpoint_40/manifest.json", "export/hf/config.json", "export/hf/model.safetensors"):
+        assert expected in names, sorted(names)
+    gin = rigs.text(run_url, "t5x/run.gin") or ""
+    assert f"MODEL_DIR = '{run_url}/checkpoints'" in gin and "TRAIN_STEPS = 40" in gin
+    complete = rigs.checkpoints(run_url)
+    assert 40 in complete and set(complete) <= {20, 40}, complete  # written by Orbax on the workers, manifest by tpuft
+    assert any(n.startswith("checkpoints/checkpoint_40/") and "ocdbt" in n for n in names)  # tensorstore's OCDBT
+
+    rows = rigs.rows(run_url)
+    assert [r["step"] for r in rows if "loss" in r] == [10, 20, 30, 40]
+    assert [r["step"] for r in rows if "eval_exact_match" in r] == [20, 40]
+    predictions = (rigs.text(run_url, "eval/predictions-00000040.jsonl") or "").splitlines()
+    assert len(predictions) == 40 and {"input", "prediction", "target"} <= set(json.loads(predictions[0]))
+    for worker in (0, 1):
+        beat = rigs.json(run_url, f"heartbeat/worker-{worker}.json") or {}
+        assert beat.get("status") == "finished" and beat.get("step") == 40, beat
+
+    shown = rigs.tpuft("monitor", "--json", timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    snap = json.loads(shown.stdout)
+    assert snap["run_dir"] == run_url and snap["status"] == "finished" and snap["step"] == 40
+    assert [w["status"] for w in snap["workers"]] == ["finished", "finished"]
+    proxied = {url.split("/")[2] for method, url in rigs.proxy.requests if method != "CONNECT"}
+    assert "www.googleapis.com" in proxied, proxied  # TensorFlow's GCS filesystem was in the path
+    assert not any(method == "CONNECT" for method, _ in rigs.proxy.requests), rigs.proxy.requests  # nothing else
+
+
+def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: Rigs) -> None:
+    settings = ["--set", "train.steps=60", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
+                "--set", "train.checkpoint_every=20", "--set", "eval.every=60", "--set", "eval.max_examples=40"]
+    started = rigs.tpuft("train", "t5x_quickstart", "--detach", "--json", *SOURCE, *settings, timeout=600)
+    assert started.returncode == 0, started.stderr[-4000:]
+    run_url = json.loads(started.stdout)["run_dir"]
+    assert run_url.startswith(f"gs://{BUCKET}/runs/t5x_quickstart-")
+
+    record = wait_until(lambda: rigs.json(run_url, "attempts/1/worker-1.json"), 300, "worker 1's supervisor record")
+    wait_until(lambda: 20 in rigs.checkpoints(run_url), 900, "the complete checkpoint at step 20", interval=0.2)
+    os.kill(record["trainer_pid"], signal.SIGKILL)  # the sshd workers are processes of this machine
+    killed_at = time.monotonic()
+    info = wait_until(lambda: (i := rigs.json(run_url, "run.json")) and i.get("status") not in (None, "running") and i,
+                      300, "the run to fail")
+    print(f"\nt5x on the gcp rigs: the run failed {time.monotonic() - killed_at:.1f} s after a host's trainer was killed")
+    assert info["status"] == "failed" and info["culprit"] == 1, info
+    assert max(rigs.checkpoints(run_url)) < 60
+
+    resumed = rigs.tpuft("resume", run_url.rsplit("/", 1)[-1], "--json")
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    assert rigs.json(run_url, "run.json")["status"] == "finished"
+    assert "resuming from checkpoint_" in (rigs.text(run_url, "logs/worker-0.log") or "")
+    train_steps = [r["step"] for r in rigs.rows(run_url) if "loss" in r]
+    assert train_steps == [10, 20, 30, 40, 50, 60], train_steps  # rows after the checkpoint dropped and logged anew
+    assert max(rigs.checkpoints(run_url)) == 60
+    assert "export/hf/model.safetensors" in rigs.names(run_url)
