@@ -160,6 +160,7 @@ def test_span_corruption_loss_falls(pod: Pod) -> None:
     assert up.returncode == 0, up.stderr[-6000:]
     run = Path(json.loads(up.stdout)["run_dir"])
     losses = [r["loss"] for r in rows(run) if "loss" in r]
+    print(f"\nt5x span corruption: loss per logged window {losses}")
     assert len(losses) == 6 and losses[-1] < losses[0] * 0.7, losses
     spec = json.loads((run / "t5x" / "task.json").read_text())
     assert spec["task"] == "span_corruption" and spec["inputs_length"] == 128

@@ -14,10 +14,13 @@ A T5X worker reaches ``gs://`` through three clients, and only two of them can b
 
 So this rig is an HTTP proxy on 127.0.0.1 that answers ``CONNECT *.googleapis.com:443`` itself: it ends the TLS
 with a certificate for ``*.googleapis.com`` signed by a CA made for this rig alone (``ca_file``, given to the
-clients as ``CURL_CA_BUNDLE``), reads the plain requests in the tunnel and forwards each one to the emulator
-unchanged (``Host`` kept, so the emulator's links name Google's host), then rewrites ``Location: http://`` to
-``https://`` in answers (a resumable upload's session URL must come back through the tunnel). CONNECTs to any other
-host are refused with 403, so a client that would reach the internet fails plainly instead of on a bad certificate.
+clients as ``CURL_CA_BUNDLE``), reads the plain requests in the tunnel and forwards each one to the emulator with
+its own address as ``Host``: the emulator writes the request's host into the links it hands out, and an object's
+``mediaLink`` is what google-cloud-storage downloads from, on any machine, so it must name the emulator, not
+``www.googleapis.com``. Going back, a ``Location`` that names the emulator (a resumable upload's session URL) is
+rewritten to ``https://<the tunnel's host>``, so that TensorFlow sends the upload's bytes through the tunnel too.
+CONNECTs to any other host are refused with 403, so a client that would reach the internet fails plainly instead of
+on a bad certificate.
 
 Usage::
 
@@ -106,8 +109,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """A CONNECT turns this connection into a TLS server for the tunnelled host; every request after it (and a plain
-    absolute-form one) is forwarded to the emulator."""
+    """A CONNECT turns this connection into a TLS server for the tunnelled host; every request after it is forwarded
+    to the emulator."""
 
     protocol_version = "HTTP/1.1"  # keep-alive in the tunnel; also answers "Expect: 100-continue" (curl sends it)
     server: _Server
@@ -134,20 +137,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         body = self._body()
-        if self._tunnel_host is not None:
-            target, url = self.path, f"https://{self._tunnel_host}{self.path}"
-        else:  # absolute-form (a plain http:// request through the proxy)
-            parsed = urlsplit(self.path)
-            target = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
-            url = self.path
-        self.server.rig._log(self.command, url)
+        if self._tunnel_host is None:  # only HTTPS_PROXY points here: every request comes through a CONNECT
+            self.send_error(405, "the test rig's proxy serves only the requests in a CONNECT tunnel")
+            return
+        rig = self.server.rig
+        rig._log(self.command, f"https://{self._tunnel_host}{self.path}")
         headers = {key: value for key, value in self.headers.items() if key.lower() not in _HOP_BY_HOP}
+        headers["Host"] = rig._upstream_netloc  # the emulator writes its Host into mediaLink, which others follow
         if body or self.command in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(len(body))
-        host, port = self.server.rig._upstream
-        upstream = http.client.HTTPConnection(host, port, timeout=300)
+        upstream = http.client.HTTPConnection(rig._upstream_netloc, timeout=300)
         try:
-            upstream.request(self.command, target, body=body, headers=headers)
+            upstream.request(self.command, self.path, body=body, headers=headers)
             answer = upstream.getresponse()
             data = answer.read()
         except OSError as exc:
@@ -156,11 +157,12 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             upstream.close()
         self.send_response(answer.status, answer.reason)
+        emulator = f"http://{rig._upstream_netloc}"
         for key, value in answer.getheaders():
             if key.lower() in _HOP_BY_HOP:
                 continue
-            if key.lower() == "location" and self._tunnel_host is not None and value.startswith("http://"):
-                value = "https://" + value.removeprefix("http://")
+            if key.lower() == "location" and value.startswith(emulator):  # a resumable upload's session URL
+                value = f"https://{self._tunnel_host}{value.removeprefix(emulator)}"
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -193,16 +195,14 @@ class GcsProxy:
         self._lock = threading.Lock()
         self._folder: Path | None = None
         self._tls: ssl.SSLContext
-        self._upstream: tuple[str, int]
+        self._upstream_netloc = ""
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> Self:
         if self._httpd is not None:
             return self
-        upstream = urlsplit(self.gcs.endpoint)
-        assert upstream.hostname is not None and upstream.port is not None
-        self._upstream = (upstream.hostname, upstream.port)
+        self._upstream_netloc = urlsplit(self.gcs.endpoint).netloc
         self._folder = Path(tempfile.mkdtemp(prefix="tpuft-gcs-proxy-"))
         _, certificate, key = _make_certificates(self._folder)
         self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
