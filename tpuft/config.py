@@ -768,6 +768,7 @@ def dump_recipe(recipe: RecipeConfig) -> str:
     return safe_yaml.dump(recipe.model_dump(mode="json"))
 
 
-def recipe_from_text(text: str, source: str) -> RecipeConfig:
-    """Load a resolved recipe (paths already absolute) on the worker side."""
-    return _load(RecipeConfig, text, source, None, [], True).value
+def recipe_from_text(text: str, source: str, *, check_files: bool = True) -> RecipeConfig:
+    """Load a resolved recipe (paths already absolute) on the worker side; on the controller (``resume``) without
+    checking its files: a remote run's recipe names the workers' copies of its data (``~/.tpuft/data/<run>/...``)."""
+    return _load(RecipeConfig, text, source, None, [], check_files).value

@@ -50,10 +50,17 @@ class Rigs:
     proxy: GcsProxy
     cluster: Path
     env: dict[str, str]
+    logs: Path
+    """Every command's stdout and stderr, in full (failures show only their tail)."""
 
     def tpuft(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
+        done = subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
                               capture_output=True, text=True, timeout=timeout)
+        self.logs.mkdir(exist_ok=True)
+        name = f"{len(list(self.logs.iterdir())) // 2:02d}-{args[0]}"
+        (self.logs / f"{name}.out").write_text(done.stdout)
+        (self.logs / f"{name}.err").write_text(done.stderr)
+        return done
 
     def names(self, run_url: str) -> set[str]:
         """Every object of a run dir, relative to it."""
@@ -100,7 +107,7 @@ def rigs(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Iterator[
         cluster, env = rig_cluster(root, tpu, pod, gcs, worker_env=proxy.env(no_proxy=pod.addresses))
         for key, value in gcs.env().items():
             patch.setenv(key, value)
-        rigs = Rigs(tpu, pod, gcs, proxy, cluster, env)
+        rigs = Rigs(tpu, pod, gcs, proxy, cluster, env, root / "cli")
         created = rigs.tpuft("create", "--yes", timeout=300)
         assert created.returncode == 0, created.stderr[-4000:]
         setup = rigs.tpuft("setup", "t5x_quickstart", *SOURCE, timeout=1200)
@@ -171,6 +178,8 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
                       300, "the run to fail")
     print(f"\nt5x on the gcp rigs: the run failed {time.monotonic() - killed_at:.1f} s after a host's trainer was killed")
     assert info["status"] == "failed" and info["culprit"] == 1, info
+    peer = rigs.json(run_url, "attempts/1/worker-0.json") or {}
+    assert peer.get("final") and peer.get("status") == "stopped", peer  # worker 0 did not hang in its collective
     assert max(rigs.checkpoints(run_url)) < 60
 
     resumed = rigs.tpuft("resume", run_url.rsplit("/", 1)[-1], "--json")

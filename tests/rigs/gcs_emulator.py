@@ -17,6 +17,10 @@ uses that endpoint for the JSON API, media uploads/downloads and the XML API ali
 back to ``AnonymousCredentials`` and ``$GOOGLE_CLOUD_PROJECT`` on its own. ``client_options={"api_endpoint": ...}``
 is therefore not needed (it also works, but without the variable ``Client`` would look for real credentials).
 
+tensorstore (Orbax's arrays) takes ``TENSORSTORE_GCS_HTTP_URL`` (this endpoint) and ``GOOGLE_AUTH_TOKEN_FOR_TESTING``;
+TensorFlow's GCS filesystem cannot be pointed anywhere but Google, and reaches this emulator through the TLS proxy
+of ``tests/rigs/gcs_proxy.py``, whose ``env()`` gives a process all of these variables.
+
 What the emulator does faithfully (checked against the real client)
 -------------------------------------------------------------------
 * Buckets: create, get, 404 -> ``NotFound``, duplicate create -> 409 ``Conflict``.
@@ -49,8 +53,10 @@ Gaps, and what this rig does about them
 * **An empty ``uploadType=media`` upload crashes the emulator** (it takes ``len()`` of a missing body): TensorFlow's
   GCS filesystem writes such zero-byte ``dir/`` markers in ``makedirs`` and retries the 500 for ever. The rig stores
   the empty object itself.
-* Preconditions (``ifGenerationMatch`` and friends) are ignored: every conditional write succeeds. Harmless with
-  one writer per object, which is all tpuft and Orbax do.
+* Preconditions (``ifGenerationMatch`` and friends) are ignored: every conditional write succeeds. Harmless while
+  each object has one writer at a time, as in the runs these rigs host (Orbax's hosts write their own OCDBT files).
+* An object's ``mediaLink`` names the host of the request that uploaded it (the ``Host`` header): a front that
+  forwards requests here must send the emulator's own address (``tests/rigs/gcs_proxy.py`` does).
 * Not emulated at all, and not used by tpuft: IAM enforcement (everything is allowed, so ``Forbidden`` cannot be
   provoked), object versioning, requester pays, retention policies.
 
@@ -66,6 +72,7 @@ import base64
 import hashlib
 import itertools
 import json
+import logging
 import re
 import threading
 from dataclasses import dataclass, field
@@ -107,6 +114,15 @@ class _Multipart:
     metadata: dict[str, str]
     parts: dict[int, tuple[bytes, str]] = field(default_factory=dict)
     """part number -> (bytes, quoted md5 hex ETag)"""
+
+
+def _not_a_404(record: logging.LogRecord) -> bool:
+    """The emulator logs every missing object at ERROR, in two records (a polled ``stop.json`` makes hundreds a run);
+    a 404 is an answer, not an error: dropped, so that a failing test's captured log shows what matters."""
+    return not (record.msg == "Resource not found:" or isinstance(record.msg, OSError))
+
+
+logging.getLogger("gcp_storage_emulator.storage").addFilter(_not_a_404)
 
 
 def _crc32c_b64(data: bytes) -> str:

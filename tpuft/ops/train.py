@@ -148,7 +148,7 @@ def resume(
     text = run.storage.read_text(rundir.RECIPE)
     if text is None:
         raise UsageError(f"run {run.id}: {run.url}/{rundir.RECIPE} is missing: it cannot be resumed")
-    recipe = recipe_from_text(text, f"{run.url}/{rundir.RECIPE}")
+    recipe = recipe_from_text(text, f"{run.url}/{rundir.RECIPE}", check_files=False)
     session = open_session(config)
     check_against_cluster(Loaded(recipe, f"{run.url}/{rundir.RECIPE}", {}), session.shape)
     plan = launch_plan(session, recipe)
