@@ -3,7 +3,8 @@
 * ``throughput``: the quickstart task (numbers, global batch 32, the same T5 shape: d_model 128, 4 heads of 32,
   gated-GELU MLP 256, 2+2 layers, the 384-id byte vocabulary, float32) trained ``--steps`` steps by the PyTorch/XLA
   backend (``quickstart``) and by the T5X backend (``t5x_quickstart``), through ``tpuft train``. Examples/s is the
-  mean of the logged windows after the first (the first holds the compilation); wall is the whole command.
+  mean of the logged windows after the first (the first holds the compilation); wall is the whole command. T5X packs
+  several examples into a row: its trainer counts examples by the rows' segments, so both columns count examples.
 * ``setup``: ``tpuft setup t5x_quickstart`` cold (an empty venv cache; pip's own download cache stays warm, as on a
   machine that has installed these wheels before) and cached.
 
