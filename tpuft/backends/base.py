@@ -98,7 +98,8 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     """What the backend's runtime needs on each launched worker (e.g. PJRT_DEVICE)."""
     ship: tuple[str, ...] = ("train", "eval")
-    """``data`` keys whose files are copied to workers that cannot read this machine's disk."""
+    """Recipe keys whose files are copied to workers that cannot read this machine's disk: ``data`` keys by name,
+    others dotted (``backend.gin_files``); a list ships each of its files; ``gs://`` URLs stay."""
 
 
 MANIFEST_FORMAT = "tpuft-checkpoint-manifest-1"

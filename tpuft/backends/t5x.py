@@ -451,7 +451,7 @@ class T5x:
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
         if shape.target == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
-        return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=("train", "eval", "corpus"))
+        return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=("train", "eval", "corpus", "backend.gin_files", "backend.vocabulary"))
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """The best checkpoint by the eval metric: kept besides the last ones, and the one export/hf is made from."""

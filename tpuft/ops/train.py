@@ -157,7 +157,7 @@ def resume(
                          f"{list(plan.workers)}: resume it on a cluster of the same shape")
     launch = _prepare_workers(session, recipe, plan, on_notice, resuming=run.id)
     for key, local in (info.get("shipped_data") or {}).items():  # a recreated worker has lost its copy
-        worker_paths = getattr(recipe.data, key, None)
+        worker_paths = _recipe_value(recipe, key)
         pairs = zip(local, worker_paths) if isinstance(local, list) else [(local, worker_paths)]
         for here, there in pairs:
             if there is not None and Path(here).is_file():
@@ -315,39 +315,56 @@ def _remote_fleet(session: Session) -> bool:
     return any(w.home is None for w in session.cluster.workers)
 
 
+def _recipe_value(recipe: RecipeConfig, key: str) -> Any:
+    """A plan's ``ship`` key: a ``data`` key (``train``), or a dotted one of another section (``backend.gin_files``)."""
+    section, _, name = key.rpartition(".")
+    return getattr(getattr(recipe, section or "data"), name, None)
+
+
+def _local_file(value: Any) -> bool:
+    """Only files of this machine travel; ``gs://`` URLs and names such as ``byt5`` stay as they are."""
+    return value is not None and not str(value).startswith("gs://") and Path(str(value)).is_file()
+
+
 def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, Any]:
-    """The data files the plan ships (key -> this machine's path, or paths for a list such as ``data.corpus``): kept
-    in run.json so that a resume can ship them again to a worker that lost its copy."""
+    """The files the plan ships (key -> this machine's path, or paths for a list such as ``data.corpus``): kept in
+    run.json so that a resume can ship them again to a worker that lost its copy."""
     shipped: dict[str, Any] = {}
     for key in plan.ship:
-        value = getattr(recipe.data, key)
+        value = _recipe_value(recipe, key)
         if isinstance(value, list):
             shipped[key] = [str(item) for item in value]
-        elif value is not None:
+        elif _local_file(value):
             shipped[key] = str(value)
     return shipped
 
 
 def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: LaunchPlan) -> RecipeConfig:
-    """Copy the recipe's data files that the plan names to its workers; point the recipe at the copies (HOME-relative).
+    """Copy the recipe's files that the plan names to its workers; point the recipe at the copies (HOME-relative).
     ``gs://`` paths stay: the workers read the bucket themselves."""
     folder = f".tpuft/data/{run_id}"
-    updates: dict[str, Any] = {}
+    updates: dict[str, dict[str, Any]] = {}
 
-    def ship(path: str | Path, name: str) -> str:
-        if str(path).startswith("gs://"):
-            return str(path)
-        remote = f"{folder}/{name}-{Path(path).name}"
-        session.fleet.put(Path(path), remote, workers=plan.workers)
-        return remote
+    def ship(path: Any, name: str) -> Any:
+        if not _local_file(path):
+            return path
+        remote = f"{folder}/{name}-{Path(str(path)).name}"
+        session.fleet.put(Path(str(path)), remote, workers=plan.workers)
+        return type(path)(remote) if isinstance(path, Path) else remote
 
     for key in plan.ship:
-        value = getattr(recipe.data, key)
+        value = _recipe_value(recipe, key)
+        section, _, name = key.rpartition(".")
+        label = key.replace(".", "-")
         if isinstance(value, list):
-            updates[key] = [ship(item, f"{key}-{index}") for index, item in enumerate(value)]
-        elif value is not None:
-            updates[key] = Path(ship(value, key))
-    return recipe.model_copy(update={"data": recipe.data.model_copy(update=updates)})
+            shipped = [ship(item, f"{label}-{index}") for index, item in enumerate(value)]
+        else:
+            shipped = ship(value, label)
+        if shipped != value:
+            updates.setdefault(section or "data", {})[name] = shipped
+    return recipe.model_copy(
+        update={section: getattr(recipe, section).model_copy(update=fields) for section, fields in updates.items()}
+    )
 
 
 def summarize(run: Run, backend: Backend, seconds: float, launched: int, attempt: int = 1) -> TrainResult:
