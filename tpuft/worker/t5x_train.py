@@ -74,7 +74,6 @@ class T5xRun:
         self.step = 0
         self.phase = "starting"
         self.started = time.time()
-        self.window: tuple[float, int] | None = None
         self.best: tuple[float, int] | None = None
         """(score, absolute step) of the best eval so far; higher score is better."""
         self.metrics: MetricsWriter | None = None
