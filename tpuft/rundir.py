@@ -235,3 +235,23 @@ def finalize_run(storage: Any, attempt: int | None = None) -> dict[str, Any] | N
         info["seconds"] = round(seconds, 1)
     storage.write_text(RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
     return info
+
+
+BEST_METRICS = (("eval_exact_match", max), ("eval_accuracy", max), ("eval_token_accuracy", max), ("eval_loss", min))
+"""Which eval metric ranks a run's evaluations, in order of preference, and whether higher or lower is better:
+shared by monitor, runs and pull (the controller) and a trainer keeping its best checkpoint (the worker)."""
+
+
+def best_eval_metric(row: dict[str, Any]) -> tuple[str, float, int] | None:
+    for name, _ in BEST_METRICS:
+        if isinstance(row.get(name), (int, float)):
+            return name, float(row[name]), int(row.get("step", 0))
+    return None
+
+
+def best_eval_row(eval_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    for name, pick in BEST_METRICS:
+        rows = [r for r in eval_rows if isinstance(r.get(name), (int, float))]
+        if rows:
+            return pick(rows, key=lambda r: r[name])
+    return {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuft import rundir
+from tpuft.rundir import best_eval_metric, best_eval_row
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.storage import Storage, open_storage
@@ -228,25 +229,6 @@ class RunSnapshot:
             "workers": [w.__dict__ for w in self.workers],
             "skipped_metric_lines": self.skipped_lines,
         }
-
-
-BEST_METRICS = (("eval_exact_match", max), ("eval_accuracy", max), ("eval_token_accuracy", max), ("eval_loss", min))
-"""Which eval metric ranks a run's evaluations, in order of preference, and whether higher or lower is better."""
-
-
-def best_eval_metric(row: dict[str, Any]) -> tuple[str, float, int] | None:
-    for name, _ in BEST_METRICS:
-        if isinstance(row.get(name), (int, float)):
-            return name, float(row[name]), int(row.get("step", 0))
-    return None
-
-
-def best_eval_row(eval_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    for name, pick in BEST_METRICS:
-        rows = [r for r in eval_rows if isinstance(r.get(name), (int, float))]
-        if rows:
-            return pick(rows, key=lambda r: r[name])
-    return {}
 
 
 def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> Path:

@@ -190,9 +190,14 @@ class RunLayout:
         }
         target = checkpoint / self.manifest
         partial = target.with_name(f".{self.manifest}.partial")
-        partial.write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True))
+        partial.write_text(manifest_text(files))
         partial.replace(target)
         return target
+
+
+def manifest_text(files: dict[str, int]) -> str:
+    """A checkpoint manifest: every file of the checkpoint (path inside it -> size in bytes)."""
+    return json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True)
 
 
 def _manifest_files(text: str | None) -> dict[str, int] | None:

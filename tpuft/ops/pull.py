@@ -151,7 +151,7 @@ def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, An
 
 
 def _best(steps: list[int], eval_rows: list[dict[str, Any]]) -> tuple[list[int], list[str]]:
-    from tpuft.runs import best_eval_metric, best_eval_row
+    from tpuft.rundir import best_eval_metric, best_eval_row
 
     ranked = best_eval_metric(best_eval_row(eval_rows))
     if ranked is None:

@@ -705,13 +705,13 @@ def batch_counts(batch: Any) -> tuple[int, int, int]:
 
 
 def eval_score(row: dict[str, Any]) -> float | None:
-    """Higher is better: exact match, else accuracy, else minus the eval loss."""
-    for name in ("eval_exact_match", "eval_accuracy", "eval_token_accuracy"):
-        if _is_number(row.get(name)):
-            return float(row[name])
-    if _is_number(row.get("eval_loss")):
-        return -float(row["eval_loss"])
-    return None
+    """Higher is better: the metric that ranks a run's evaluations everywhere (``rundir.BEST_METRICS``: exact match,
+    else accuracy, else token accuracy, else the eval loss), negated where lower is better."""
+    ranked = rundir.best_eval_metric(row)
+    if ranked is None:
+        return None
+    name, value, _ = ranked
+    return value if dict(rundir.BEST_METRICS)[name] is max else -value
 
 
 def write_manifest(folder: str) -> None:
@@ -721,7 +721,7 @@ def write_manifest(folder: str) -> None:
         return
     import tensorflow as tf
 
-    from tpuft.backends.base import MANIFEST_FORMAT
+    from tpuft.backends.base import manifest_text
 
     files: dict[str, int] = {}
     for root, _, names in tf.io.gfile.walk(folder):
@@ -731,7 +731,7 @@ def write_manifest(folder: str) -> None:
             if rel != LAYOUT.manifest:
                 files[rel] = tf.io.gfile.stat(path).length
     with tf.io.gfile.GFile(f"{folder}/{LAYOUT.manifest}", "w") as handle:
-        handle.write(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True))
+        handle.write(manifest_text(files))
 
 
 def export_hf(ctx: WorkerContext, model_dir: str, step: int, dtype: str) -> Path:
