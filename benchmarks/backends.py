@@ -1,12 +1,13 @@
-"""Training throughput of the backends on the same tiny model, data and 2-worker local pod, and T5X setup time.
+"""Training throughput of the backends on the same tiny model, data and 2-worker local pod, and setup times.
 
 * ``throughput``: the quickstart task (numbers, global batch 32, the same T5 shape: d_model 128, 4 heads of 32,
   gated-GELU MLP 256, 2+2 layers, the 384-id byte vocabulary, float32) trained ``--steps`` steps by the PyTorch/XLA
-  backend (``quickstart``) and by the T5X backend (``t5x_quickstart``), through ``tpuft train``. Examples/s is the
-  mean of the logged windows after the first (the first holds the compilation); wall is the whole command. T5X packs
-  several examples into a row: its trainer counts examples by the rows' segments, so both columns count examples.
-* ``setup``: ``tpuft setup t5x_quickstart`` cold (an empty venv cache; pip's own download cache stays warm, as on a
-  machine that has installed these wheels before) and cached.
+  backend (``quickstart``), the T5X backend (``t5x_quickstart``) and the Keras backend (``keras_quickstart``:
+  MultiWorkerMirroredStrategy, 25 steps per execution), through ``tpuft train``. Examples/s is the mean of the logged
+  windows after the first (the first holds the compilation); wall is the whole command. T5X packs several examples
+  into a row: its trainer counts examples by the rows' segments, so every column counts examples.
+* ``setup``: ``tpuft setup`` of the T5X and the Keras recipes, cold (an empty venv cache; pip's own download cache
+  stays warm, as on a machine that has installed these wheels before) and cached.
 
     python benchmarks/backends.py throughput --steps 300
     python benchmarks/backends.py setup
@@ -47,6 +48,7 @@ def throughput(steps: int) -> list[tuple[str, str, str, str]]:
     for backend, recipe, extra in (
         ("torch_xla", "quickstart", []),
         ("t5x", "t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]),
+        ("keras", "keras_quickstart", []),
     ):
         with tempfile.TemporaryDirectory() as tmp:
             pod = Pod(Path(tmp))
@@ -64,18 +66,19 @@ def throughput(steps: int) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def setup() -> list[tuple[str, str]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        pod = Pod(Path(tmp), venv_cache=Path(tmp) / "venvs")
-        pod.tpuft("create")
-        rows = []
-        for label in ("cold (empty venv cache)", "cached"):
-            started = time.monotonic()
-            done = pod.tpuft("setup", "t5x_quickstart", "--set", f"backend.t5x_source={WHEELS}")
-            if done.returncode != 0:
-                raise SystemExit(done.stderr[-3000:])
-            rows.append((label, f"{time.monotonic() - started:.1f}"))
-        return rows
+def setup() -> list[tuple[str, str, str]]:
+    rows = []
+    for recipe, extra in (("t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]), ("keras_quickstart", [])):
+        with tempfile.TemporaryDirectory() as tmp:
+            pod = Pod(Path(tmp), venv_cache=Path(tmp) / "venvs")
+            pod.tpuft("create")
+            for label in ("cold (empty venv cache)", "cached"):
+                started = time.monotonic()
+                done = pod.tpuft("setup", recipe, *extra)
+                if done.returncode != 0:
+                    raise SystemExit(done.stderr[-3000:])
+                rows.append((recipe, label, f"{time.monotonic() - started:.1f}"))
+    return rows
 
 
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -93,8 +96,8 @@ def main() -> None:
         print(f"\nthroughput, {args.steps} steps, global batch 32, 2 local workers")
         print(table(("backend", "examples/s", "spread (sd)", "wall s"), throughput(args.steps)))
     if "setup" in args.what:
-        print("\ntpuft setup t5x_quickstart (2 local workers, one shared venv)")
-        print(table(("setup", "seconds"), setup()))
+        print("\ntpuft setup (2 local workers, one shared venv)")
+        print(table(("recipe", "setup", "seconds"), setup()))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,16 @@ from tpuft.paths import recipes_dir
 SHIPPED = sorted(recipes_dir().glob("*.yaml"))
 
 
+USER_DATA = {"sst2_bert_base_keras", "sst2_bert_large_keras", "sst2_t5_small_keras", "sst2_t5_base_keras",
+             "question_quality_t5_base_keras"}
+"""TPU recipes of the seeds whose data the user downloads (their header says how): their files are not checked."""
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_shipped_recipe_loads(path: Path) -> None:
-    loaded = load_recipe(path)
+    loaded = load_recipe(path, check_files=path.stem not in USER_DATA)
+    if path.stem in USER_DATA:
+        assert "Data:" in path.read_text().split("\nname:")[0]  # the header says where the data comes from
     assert loaded.value.name == path.stem
     assert path.read_text().startswith("# ")  # opens with what it is and how to run it
 
@@ -31,7 +38,7 @@ def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def
     again = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
     assert again.code == 2 and "--overwrite" in again.err
     unknown = cli("recipes", "show", "quikstart")
-    assert unknown.code == 2 and "shipped recipes: quickstart" in unknown.err
+    assert unknown.code == 2 and "shipped recipes: " in unknown.err and " quickstart," in unknown.err
 
 
 def test_recipe_by_name(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]

@@ -45,14 +45,17 @@ def t5x_python() -> str:
     return ensure(t5x_spec())
 
 
-KERAS_STACK = ("tensorflow==2.19.1", "tf-keras==2.19.0", "transformers==4.57.6", "h5py", "numpy")
-"""TensorFlow + transformers 4.x (5.x removed TensorFlow): what reads and writes Keras/TF T5 checkpoints."""
+def keras_spec() -> EnvSpec:
+    """The Keras backend's CPU venv (tensorflow-cpu, tf-keras, transformers 4.x): what the local pod trains with, and
+    what writes the TF checkpoints the converter tests read."""
+    from tpuft.backends.keras import BACKEND, KerasBackend
+    from tpuft.config import LocalConfig
+
+    return BACKEND.env_spec(KerasBackend(), "cpu", LocalConfig().python)
 
 
 def keras_python() -> str:
-    from tpuft.config import LocalConfig
-
-    return ensure(EnvSpec(kind="keras", requirements=KERAS_STACK, python=LocalConfig().python))
+    return ensure(keras_spec())
 
 
 def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...] = ()) -> Path:

@@ -31,6 +31,12 @@ class Generation:
     topology_dims: int
     """Dimensions of an accelerator config's topology: 3 for the 3D tori of v4/v5p (2x2x4), else 2 (4x4)."""
 
+    @property
+    def devices_per_chip(self) -> int:
+        """TPU devices a framework such as TensorFlow sees per chip: v2/v3 chips show their 2 TensorCores apart;
+        from v4 on a chip is one device (megacore, or a single core on v5e/v6e)."""
+        return 2 if self.name in ("v2", "v3") else 1
+
 
 _POW2 = tuple(2**i for i in range(3, 13))  # 8 .. 4096
 

@@ -293,7 +293,8 @@ class ClusterConfig(StrictModel):
 
         accelerator = lookup(self.accelerator)
         target = "cpu" if self.provider == "local" else self.gcp.worker_device
-        return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, target)
+        return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, target,
+                            accelerator.generation.devices_per_chip)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -364,6 +365,17 @@ class DataConfig(StrictModel):
     max_source_length: int = Field(128, ge=1, le=65536, description="Inputs are truncated to this many tokens.")
     max_target_length: int = Field(32, ge=1, le=65536, description="Targets are truncated to this many tokens.")
     shuffle: bool = Field(True, description="Shuffle each worker's shard every epoch (seeded).")
+    truncation: Literal["head", "tail", "head+tail"] = Field(
+        "head",
+        description="Which tokens of an input longer than max_source_length are kept: 'head' the first ones, 'tail' "
+        "the last ones, 'head+tail' the first and the last half (long questions whose end matters too).",
+    )
+    label_field: str | None = Field(
+        None, description="Classification: the JSON field holding each example's label (a name from labels, or its index)."
+    )
+    labels: list[str] = Field(
+        default_factory=list, max_length=100_000, description="Classification: the label names, in class-id order."
+    )
 
     @field_validator("train", "eval")
     @classmethod
@@ -400,9 +412,25 @@ class DataConfig(StrictModel):
             files.extend(found)
         return files
 
-    @field_validator("source_field", "target_field")
+    @field_validator("labels")
     @classmethod
-    def _field_name_ok(cls, value: str) -> str:
+    def _labels_ok(cls, value: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for name in value:
+            if not name.strip():
+                raise ValueError("a label name is empty")
+            if name in seen:
+                raise ValueError(f"label {name!r} is listed twice")
+            seen.add(name)
+        if len(value) == 1:
+            raise ValueError("one label is no classification: list at least two")
+        return value
+
+    @field_validator("source_field", "target_field", "label_field")
+    @classmethod
+    def _field_name_ok(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value or any(part == "" for part in value.split(".")) or any(ord(c) < 32 for c in value):
             raise ValueError(f"expected a JSON field name, with dots to reach into objects (got {value!r})")
         return value
@@ -419,6 +447,11 @@ class DataConfig(StrictModel):
         if not fields:
             raise ValueError(f"the template names no field, so every example would be the same text (got {value!r})")
         return value
+
+
+class EarlyStopping(StrictModel):
+    patience: Count = Field(description="Evaluations in a row without improvement before training stops.")
+    min_delta: float = Field(0.0, ge=0.0, le=1e6, description="An improvement smaller than this does not count.")
 
 
 class TrainConfig(StrictModel):
@@ -440,6 +473,12 @@ class TrainConfig(StrictModel):
         None, description="Worker 0 saves a checkpoint every N steps (and always at the end)."
     )
     keep_checkpoints: int = Field(2, ge=1, le=10_000, description="How many recent checkpoints to keep.")
+    keep_best: bool = Field(
+        False, description="Also keep the checkpoint with the best eval metric (exact match, accuracy, ...)."
+    )
+    early_stopping: EarlyStopping | None = Field(
+        None, description="Stop when the eval metric has not improved for `patience` evaluations."
+    )
     hang_timeout: Duration = Field(
         600.0,
         description="A worker whose trainer makes no progress for this long (3x, at least a minute, while compiling, "

@@ -26,7 +26,7 @@ def recipe(recipe_dir: Path):  # type: ignore[no-untyped-def]
 
 
 def test_the_registry_builds_the_recipe_union() -> None:
-    assert kinds() == ["t5x", "torch_xla"] and BACKEND.config_model is TorchXlaBackend
+    assert kinds() == ["keras", "t5x", "torch_xla"] and BACKEND.config_model is TorchXlaBackend
     assert TorchXlaBackend().torch_version == "2.9.0"
 
 

@@ -28,7 +28,7 @@ BAD_RECIPES = [
     ("  steps: 10", "  stpes: 10", ["train.stpes: unknown key; did you mean 'steps'?", "train.steps: required key is missing"], 9),
     ("  steps: 10", "  steps: ten", ["train.steps: expected a whole number", "(got 'ten')"], 9),
     ("  steps: 10", "  steps: 0", ["train.steps: Input should be greater than or equal to 1", "(got 0)"], 9),
-    ("  kind: torch_xla", "  kind: torchxla", ["backend", "does not match any of the expected tags: 't5x', 'torch_xla'", "did you mean 'torch_xla'?"], 2),
+    ("  kind: torch_xla", "  kind: torchxla", ["backend", "does not match any of the expected tags: 'keras', 't5x', 'torch_xla'", "did you mean 'torch_xla'?"], 2),
     ("  train: train.jsonl", "  train: missing.jsonl", ["data.train: file not found:", "missing.jsonl"], 7),
     ("  config: {d_model: 8}", "  name_or_path: t5-small\n  config: {d_model: 8}", ["give exactly one of model.name_or_path"], 4),
     ("  batch_size: 4", "  batch_size: 4\n  optimizer: sgd", ["train.optimizer: Input should be 'adafactor' or 'adamw'", "(got 'sgd')"], 11),

@@ -20,7 +20,7 @@ from tpuft.backends.torch_xla import LAYOUT
 from tpuft.storage import open_storage
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import MetricsWriter
-from tpuft.worker.torch_xla_train import fetch_checkpoint, find_resume_checkpoint
+from tpuft.worker import resume
 
 BUCKET = "tpuft-resume-test"
 
@@ -56,17 +56,17 @@ def test_only_a_checkpoint_with_every_listed_file_at_its_size_is_picked(tmp_path
     damaged_run(run)
     assert [step for step, _ in LAYOUT.local_checkpoints(run / "checkpoints")] == [4]
     assert LAYOUT.checkpoint_steps(open_storage(str(run))) == {4: "step_00000004"}
-    assert find_resume_checkpoint(local_ctx(run)) == (4, "step_00000004")
-    assert fetch_checkpoint(local_ctx(run), "step_00000004") == LAYOUT.checkpoint_dir(run, 4)
+    assert resume.find_resume_checkpoint(local_ctx(run), LAYOUT) == (4, "step_00000004")
+    assert resume.fetch_checkpoint(local_ctx(run), LAYOUT, "step_00000004") == LAYOUT.checkpoint_dir(run, 4)
     with pytest.raises(RuntimeError, match="step_00000012: the checkpoint is incomplete"):
-        fetch_checkpoint(local_ctx(run), "step_00000012")
+        resume.fetch_checkpoint(local_ctx(run), LAYOUT, "step_00000012")
 
     manifest = (LAYOUT.checkpoint_dir(run, 12) / LAYOUT.manifest).read_text()
     assert json.loads(manifest)["files"] == {"model.safetensors": 1012, "sub/extra.bin": 0, "trainer_state.json": 12}
     gaps = manifest_gaps(manifest, {"model.safetensors": 500, "sub/extra.bin": 0})
     assert gaps == ["model.safetensors: 500 bytes, expected 1012", "trainer_state.json: missing"]
     assert manifest_gaps(None, {}) == ["no readable manifest"]
-    assert find_resume_checkpoint(local_ctx(tmp_path / "fresh")) is None
+    assert resume.find_resume_checkpoint(local_ctx(tmp_path / "fresh"), LAYOUT) is None
 
 
 def test_a_bucket_run_resumes_from_its_latest_complete_checkpoint(gcs: GcsEmulator, tmp_path: Path) -> None:
@@ -82,8 +82,8 @@ def test_a_bucket_run_resumes_from_its_latest_complete_checkpoint(gcs: GcsEmulat
     url = f"gs://{BUCKET}/runs/r"
     ctx = WorkerContext(run_id="r", run_dir=staging, worker_id=1, num_workers=2, coordinator="", run_url=url)
 
-    assert find_resume_checkpoint(ctx) == (4, "step_00000004")
-    local = fetch_checkpoint(ctx, "step_00000004")
+    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (4, "step_00000004")
+    local = resume.fetch_checkpoint(ctx, LAYOUT, "step_00000004")
     assert local == LAYOUT.checkpoint_dir(staging, 4)
     source = LAYOUT.checkpoint_dir(written, 4)
     assert {p.relative_to(local): p.read_bytes() for p in local.rglob("*") if p.is_file()} == {
@@ -93,11 +93,11 @@ def test_a_bucket_run_resumes_from_its_latest_complete_checkpoint(gcs: GcsEmulat
     later = make_checkpoint(tmp_path / "later", 28)
     step_28 = "runs/r/checkpoints/step_00000028"
     bucket.upload_file(later / LAYOUT.manifest, f"{step_28}/{LAYOUT.manifest}")  # first in name order
-    assert find_resume_checkpoint(ctx) == (4, "step_00000004")
+    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (4, "step_00000004")
     bucket.upload_file(LAYOUT.checkpoint_dir(written, 12) / "model.safetensors", f"{step_28}/model.safetensors")
-    assert find_resume_checkpoint(ctx) == (4, "step_00000004")  # the right name, not the right size
+    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (4, "step_00000004")  # the right name, not the right size
     bucket.upload_tree(later, step_28)
-    assert find_resume_checkpoint(ctx) == (28, "step_00000028")  # every file its manifest lists is there
+    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (28, "step_00000028")  # every file its manifest lists is there
 
 
 def test_a_restart_keeps_the_metrics_up_to_its_checkpoint(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from tpuft.worker.torch_xla_train import lr_factor, rng_seed
+from tpuft.worker.schedule import lr_factor
+from tpuft.worker.torch_xla_train import rng_seed
 
 
 def test_linear_warm_up_then_linear_decay_to_zero() -> None:

@@ -81,6 +81,8 @@ class ClusterShape:
     hosts: int
     chips_per_host: int
     target: Target
+    devices_per_chip: int = 1
+    """TPU devices per chip as TensorFlow counts replicas: 2 TensorCores on v2/v3, 1 from v4 on."""
 
     @property
     def chips(self) -> int:
@@ -228,6 +230,34 @@ def manifest_gaps(manifest_text: str | None, sizes: dict[str, int]) -> list[str]
         elif have != size:
             gaps.append(f"{rel}: {have} bytes, expected {size}")
     return gaps
+
+
+def weight_digest_summary(snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """For data-parallel backends whose every replica records a sha256 of its weights at the end: equal digests on
+    every launched worker mean data parallelism kept them in sync."""
+    digests = {w.index: w.digest for w in snapshot.workers if w.digest}
+    if not digests:
+        return {"weight_digests": {}}, []
+    same = len(set(digests.values())) == 1 and len(digests) == launched
+    return {"weight_digests": digests}, [("weights", "identical on all workers" if same else "DIFFER between workers")]
+
+
+_DEFAULTS: dict[KeyPath, Any] = {
+    ("data", "label_field"): None, ("data", "labels"): [], ("data", "truncation"): "head",
+    ("train", "early_stopping"): None, ("train", "keep_best"): False,
+}  # fmt: skip
+
+
+def unsupported(recipe: RecipeConfig, kind: str, *keys: KeyPath) -> list[tuple[KeyPath, str]]:
+    """Shared recipe keys that ``kind`` does not implement, located where the recipe sets them (to a non-default)."""
+    found = []
+    for key in keys:
+        value: Any = recipe
+        for part in key:
+            value = getattr(value, str(part))
+        if value != _DEFAULTS[key]:
+            found.append((key, f"not supported by the {kind} backend; remove it"))
+    return found
 
 
 class Backend(Protocol):

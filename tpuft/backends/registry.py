@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from tpuft.backends.base import Backend
 
-MODULES = {"t5x": "tpuft.backends.t5x", "torch_xla": "tpuft.backends.torch_xla"}
+MODULES = {"keras": "tpuft.backends.keras", "t5x": "tpuft.backends.t5x", "torch_xla": "tpuft.backends.torch_xla"}
 
 
 def get_backend(kind: str) -> Backend:

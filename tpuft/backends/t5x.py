@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, RunLayout, Target
+from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, RunLayout, Target, unsupported
 from tpuft.config_types import PathText, Requirement, StrictModel, path_from_file
 
 if TYPE_CHECKING:
@@ -284,6 +284,9 @@ class T5xBackend(StrictModel):
             if large % small:
                 found.append((("eval", "every"), f"T5X needs the eval and checkpoint periods to be multiples of each "
                               f"other (train.checkpoint_every is {train.checkpoint_every})"))
+        # seqio trims inputs at their end; T5X keeps the best checkpoint by the eval metric anyway (keep_best)
+        found += unsupported(recipe, "t5x", ("data", "truncation"), ("data", "label_field"), ("data", "labels"),
+                             ("train", "early_stopping"))
         return found
 
 

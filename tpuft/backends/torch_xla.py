@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, RunLayout, Target
+from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, RunLayout, Target, unsupported, weight_digest_summary
 from tpuft.config_types import Requirement, StrictModel, Version
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ class TorchXlaBackend(StrictModel):
         if recipe.data.corpus:
             found.append((("data", "corpus"), "a pretraining corpus is for the t5x backend's span_corruption task; "
                           "the torch_xla backend trains on data.train (JSON lines)"))
+        found += unsupported(recipe, "torch_xla", ("data", "label_field"), ("data", "labels"),
+                             ("train", "early_stopping"), ("train", "keep_best"))
         return found
 
 
@@ -96,12 +98,7 @@ class TorchXla:
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        """Every replica records a sha256 of its weights at the end: data parallelism worked when they are equal."""
-        digests = {w.index: w.digest for w in snapshot.workers if w.digest}
-        if not digests:
-            return {"weight_digests": {}}, []
-        same = len(set(digests.values())) == 1 and len(digests) == launched
-        return {"weight_digests": digests}, [("weights", "identical on all workers" if same else "DIFFER between workers")]
+        return weight_digest_summary(snapshot, launched)
 
 
 BACKEND = TorchXla()

@@ -209,4 +209,13 @@ def up(
     if not json_out and not result.train.detached:
         console.print(f"total time {fmt_seconds(result.seconds)}")
         if result.train.export_dir:
-            console.print(f"load it: T5ForConditionalGeneration.from_pretrained({str(result.train.export_dir)!r})")
+            console.print(f"load it: {_model_class(result.train.export_dir)}.from_pretrained({str(result.train.export_dir)!r})")
+
+
+def _model_class(export_dir: str) -> str:
+    """The transformers class that loads an export: the one its config names (a local export), else T5's."""
+    try:
+        config = json.loads((Path(export_dir) / "config.json").read_text(encoding="utf-8"))
+        return str(config["architectures"][0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return "T5ForConditionalGeneration"

@@ -54,10 +54,14 @@ class TrainResult:
     attempt: int = 1
 
 
+def _is_loopback(host: str) -> bool:
+    return host in {"localhost", "127.0.0.1"}
+
+
 def _coordinator_port(host: str) -> int:
     """Worker 0's rendezvous port: a free one when the workers share this machine (a local pod, a loopback rig),
-    the fixed one on real hosts (nothing else listens there)."""
-    return free_port() if host in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
+    the fixed one on real hosts (nothing else listens there; a worker's peer port is the next one)."""
+    return free_port() if _is_loopback(host) else COORDINATOR_PORT
 
 
 def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: LaunchPlan) -> str:
@@ -226,12 +230,19 @@ def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
 def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resume: bool) -> dict[str, str]:
     """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH)."""
     workers = session.cluster.workers
-    first = workers[plan.workers[0]]
-    coordinator_host = first.internal_address or first.address
-    coordinator = f"{coordinator_host}:{_coordinator_port(coordinator_host)}"
+    hosts = [(workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1") for i in plan.workers]
+    coordinator = f"{hosts[0]}:{_coordinator_port(hosts[0])}"
+    # An address per launched worker, for runtimes that connect every worker to every other (TF's TF_CONFIG)
+    peers: list[str] = []
+    for host in hosts:
+        peer = coordinator
+        while peer == coordinator or peer in peers:  # loopback ports come free from the kernel: may repeat
+            peer = f"{host}:{_coordinator_port(host) + (0 if _is_loopback(host) else 1)}"
+        peers.append(peer)
     env = {
         **config.worker_env,
-        "TPUFT_COORDINATOR": coordinator.replace("localhost", "127.0.0.1"),
+        "TPUFT_COORDINATOR": coordinator,
+        "TPUFT_PEERS": ",".join(peers),
         **plan.env,
     }
     if resume:

@@ -60,9 +60,10 @@ class Fields:
 
     @classmethod
     def of(cls, data_config: Any) -> Fields:
+        label_field = getattr(data_config, "label_field", None)  # classification: the label is the target text
         return cls(
             source_field=data_config.source_field,
-            target_field=data_config.target_field,
+            target_field=label_field or data_config.target_field,
             source_template=data_config.source_template,
             target_template=data_config.target_template,
             prefix=data_config.prefix,
@@ -270,3 +271,44 @@ def _epoch_order(examples: list[Example], seed: int, epoch: int, shuffle: bool =
         random.Random(seed * 1_000_003 + epoch).shuffle(order)
     return order
 
+
+
+def keep_tokens(ids: list[int], limit: int, mode: str) -> list[int]:
+    """At most ``limit`` of ``ids``: the first ones (``head``), the last ones (``tail``), or the first and the last
+    half (``head+tail``; the head gets the odd one), as data.truncation says."""
+    if len(ids) <= limit:
+        return ids
+    if mode == "tail":
+        return ids[len(ids) - limit :] if limit else []
+    if mode == "head+tail":
+        tail = limit // 2
+        return ids[: limit - tail] + (ids[len(ids) - tail :] if tail else [])
+    return ids[:limit]
+
+
+def encode_texts(tokenizer: Any, texts: list[str], limit: int, mode: str) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids and attention masks of ``texts`` padded to exactly ``limit`` (static shapes), the special tokens
+    kept (T5's EOS, BERT's [CLS] and [SEP]) and the text truncated as ``mode`` says. ``tokenizer``: a Hugging Face
+    tokenizer (any framework)."""
+    if mode == "head":  # the tokenizer's own truncation keeps the head, and is faster
+        enc = tokenizer(texts, max_length=limit, padding="max_length", truncation=True)
+        return enc["input_ids"], enc["attention_mask"]
+    room = max(limit - tokenizer.num_special_tokens_to_add(), 0)
+    pad = tokenizer.pad_token_id or 0
+    ids_out, masks = [], []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        ids = tokenizer.build_inputs_with_special_tokens(keep_tokens(ids, room, mode))[:limit]
+        ids_out.append(ids + [pad] * (limit - len(ids)))
+        masks.append([1] * len(ids) + [0] * (limit - len(ids)))
+    return ids_out, masks
+
+
+def load_tokenizer(name: str) -> Any:
+    """The recipe's ``model.tokenizer``: ``byt5`` (bytes, no files) or a Hugging Face id / local dir."""
+    if name == "byt5":
+        from transformers import ByT5Tokenizer
+
+        return ByT5Tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)

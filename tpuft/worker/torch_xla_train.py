@@ -53,9 +53,9 @@ from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
+from tpuft.worker.resume import RESUME_ENV, fetch_checkpoint, find_resume_checkpoint, resuming
+from tpuft.worker.schedule import lr_factor
 
-RESUME_ENV = "TPUFT_RESUME"
-"""Set to 1 by the controller when it restarts a run: go on from the latest complete checkpoint."""
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"
 
@@ -209,8 +209,8 @@ class Trainer:
         # Heartbeats are per worker host (what monitor shows), written by the host's first process.
         self.heartbeat = Heartbeat(self.ctx.run_dir, self.ctx.worker_id, self.recipe.train.steps)
         self.beats = self.replicas.local_rank == 0
-        self.resuming = os.environ.get(RESUME_ENV, "") not in ("", "0")
-        found = find_resume_checkpoint(self.ctx) if self.resuming else None
+        self.resuming = resuming()
+        found = find_resume_checkpoint(self.ctx, LAYOUT) if self.resuming else None
         self.start_step = found[0] if found else 0
         self._beat(self.start_step, phase="starting")
         self._say(
@@ -221,7 +221,7 @@ class Trainer:
         """The checkpoint this run resumes from (a local folder), None when it starts from step 0."""
         self.trainer_state: dict[str, Any] = {}
         if found is not None:
-            self.checkpoint = fetch_checkpoint(self.ctx, found[1])
+            self.checkpoint = fetch_checkpoint(self.ctx, LAYOUT, found[1])
             self.trainer_state = json.loads((self.checkpoint / TRAINER_STATE).read_text())
             self._say(f"resuming from checkpoint {found[1]} (step {self.start_step} of {self.recipe.train.steps})")
         elif self.resuming:
@@ -260,15 +260,7 @@ class Trainer:
             print(f"[tpuft] {message}", flush=True)
 
     def _setup_tokenizer(self) -> None:
-        name = self.recipe.model.tokenizer
-        if name == "byt5":
-            from transformers import ByT5Tokenizer
-
-            self.tokenizer = ByT5Tokenizer()
-        else:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(name)
+        self.tokenizer = data_mod.load_tokenizer(self.recipe.model.tokenizer)
 
     def _setup_model(self) -> None:
         from transformers import T5Config, T5ForConditionalGeneration
@@ -368,7 +360,8 @@ class Trainer:
         if pad_to is not None and real < pad_to:  # static shapes: fill with weight-0 rows
             sources += [""] * (pad_to - real)
             targets += [""] * (pad_to - real)
-        enc = self.tokenizer(sources, max_length=cfg.max_source_length, padding="max_length", truncation=True, return_tensors="pt")
+        ids, mask = data_mod.encode_texts(self.tokenizer, sources, cfg.max_source_length, cfg.truncation)
+        enc = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
         dec = self.tokenizer(targets, max_length=cfg.max_target_length, padding="max_length", truncation=True, return_tensors="pt")
         labels = dec["input_ids"].clone()
         labels[dec["attention_mask"] == 0] = -100
@@ -589,62 +582,11 @@ class Trainer:
 # Small pure helpers (unit-tested without a device)
 
 
-def lr_factor(steps: int, warmup: int, schedule: str):  # type: ignore[no-untyped-def]
-    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0 or constant; or
-    T5's inverse square root."""
-
-    def factor(step: int) -> float:
-        if schedule == "inverse_sqrt":  # T5's: the peak for the warm-up steps, then 1/sqrt(step) from there
-            return (max(warmup, 1) / max(step, warmup, 1)) ** 0.5
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        remaining = steps - step
-        return max(0.0, remaining / max(1, steps - warmup))
-
-    return factor
-
-
 def rng_seed(seed: int, replica: int, step: int) -> int:
     """The RNG seed of ``replica`` from ``step`` on: a hash, so that nearby (seed, replica, step) give unrelated
     streams; below 2**63, which every generator takes."""
     digest = hashlib.sha256(f"tpuft-rng {seed} {replica} {step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-def find_resume_checkpoint(ctx: WorkerContext) -> tuple[int, str] | None:
-    """(step, folder name) of the run's latest complete checkpoint, where the run dir really is (the bucket for a
-    ``gs://`` run: the local staging folder may be stale, or empty on a new host); None when there is none."""
-    if ctx.remote:
-        from tpuft.storage import open_storage
-
-        steps = LAYOUT.checkpoint_steps(open_storage(ctx.run_url))
-    else:
-        steps = {step: path.name for step, path in LAYOUT.local_checkpoints(ctx.run_dir / LAYOUT.checkpoints)}
-    if not steps:
-        return None
-    latest = max(steps)
-    return latest, steps[latest]
-
-
-def fetch_checkpoint(ctx: WorkerContext, name: str) -> Path:
-    """The checkpoint ``name`` as a local folder: in place for a local run dir, else downloaded from the bucket into
-    the staging folder (files already there intact are kept). Processes that share the staging folder (one per chip
-    on a TPU host) download one at a time under a file lock; the later ones find the files in place."""
-    local = ctx.run_dir / LAYOUT.checkpoints / name
-    if ctx.remote:
-        import fcntl
-
-        from tpuft.storage import open_storage
-
-        local.parent.mkdir(parents=True, exist_ok=True)
-        with open(local.parent / f".{name}.lock", "w") as held:
-            fcntl.flock(held, fcntl.LOCK_EX)
-            open_storage(ctx.run_url).download_tree(f"{LAYOUT.checkpoints}/{name}", local)
-    if not LAYOUT.is_complete(local):
-        raise RuntimeError(f"{local}: the checkpoint is incomplete (a file in its {LAYOUT.manifest} is missing or short)")
-    return local
 
 
 def params_digest(state: dict[str, Any]) -> str:

@@ -1,0 +1,233 @@
+"""The Keras backend end to end on the local CPU pod: 2 workers of MultiWorkerMirroredStrategy (TF_CONFIG from the
+workers' addresses, gradients all-reduced by TF's collectives), through the real CLI and the real Keras venv.
+
+* ``tpuft up keras_quickstart``: a tiny TFT5 learns the numbers task to >= 0.9 held-out exact match (teacher-forced,
+  computed in the graph), both workers end with identical weights (digests), and the run dir holds what monitor,
+  pull, convert and resume read.
+* ``tpuft up keras_classification_quickstart``: a tiny BERT over bytes classifies reviews to >= 0.9 accuracy; the
+  best checkpoint by accuracy is kept and exported, and the PyTorch model of the export gives the Keras model's
+  logits (< 1e-4), as does the T5 export of the quickstart.
+* Early stopping stops both workers at the same evaluation and says why.
+* A worker's trainer killed mid-run fails the run fast (its peer does not wait forever in a collective), and
+  ``tpuft resume`` continues from the last checkpoint to the recipe's step count, the metrics without duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, wait_until
+from tpuft import rundir
+from tpuft.backends.keras import LAYOUT
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Pod:
+    env: dict[str, str]
+    cluster: Path
+    runs: Path
+
+    def tpuft(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory, keras_python: str) -> Pod:
+    home = tmp_path_factory.mktemp("keras-e2e")
+    cluster = home / "tpuft.yaml"
+    cluster.write_text("name: keras-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
+    pod = Pod(env, cluster, home / "tpuft-home" / "buckets" / "keras-pod" / "runs")
+    assert pod.tpuft("create").returncode == 0
+    setup = pod.tpuft("setup", "keras_quickstart", timeout=1200)
+    assert setup.returncode == 0, setup.stderr[-3000:]
+    assert "venv ready (cached)" in setup.stdout + setup.stderr  # keras_python built it, through the same cache key
+    return pod
+
+
+@dataclass
+class Finished:
+    summary: dict[str, Any]
+    run_dir: Path
+    seconds: float
+
+
+def up(pod: Pod, recipe: str, *settings: str) -> Finished:
+    started = time.monotonic()
+    done = pod.tpuft("up", recipe, "--json", *settings)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-6000:]
+    summary = json.loads(done.stdout)
+    print(f"\n{recipe}: {seconds:.0f} s end to end, last eval {summary['last_eval']}")
+    return Finished(summary, Path(summary["run_dir"]), seconds)
+
+
+@pytest.fixture(scope="module")
+def quickstart(pod: Pod) -> Finished:
+    return up(pod, "keras_quickstart")
+
+
+@pytest.fixture(scope="module")
+def classifier(pod: Pod) -> Finished:
+    return up(pod, "keras_classification_quickstart")
+
+
+def rows(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
+
+
+def test_the_quickstart_reaches_the_bar_with_identical_workers(quickstart: Finished, pod: Pod) -> None:
+    summary, run = quickstart.summary, quickstart.run_dir
+    assert summary["last_eval"]["eval_examples"] == 500 and summary["last_eval"]["eval_exact_match"] >= 0.9, summary
+    digests = summary["weight_digests"]
+    assert len(digests) == 2 and len(set(digests.values())) == 1, digests  # MWMS kept the replicas in sync
+    metrics = rows(run)
+    train = [r for r in metrics if "loss" in r]
+    assert [r["step"] for r in train] == list(range(25, 1501, 25))
+    assert all(r["examples_per_s"] > 0 and r["tokens_per_s"] > 0 for r in train) and train[-1]["loss"] < train[0]["loss"] / 10
+    assert [r["step"] for r in metrics if "eval_exact_match" in r] == [500, 1000, 1500]
+    for worker in (0, 1):
+        beat = rundir.read_json(rundir.heartbeat_path(run, worker)) or {}
+        assert beat["status"] == "finished" and beat["step"] == 1500, beat
+    complete = dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
+    assert list(complete) == [1500] and (complete[1500] / "tf_model.h5").is_file()
+    assert (complete[1500] / "optimizer.npz").is_file()
+    assert (run / rundir.EXPORT_HF / "model.safetensors").is_file()
+    log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
+    assert "CollectiveAllReduceStrategy with 2 replicas" in log and "25 per execution" in log
+    shown = pod.tpuft("monitor", run.name, "--once", "--json", timeout=120)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "finished", shown.stderr
+
+
+def test_the_classifier_reaches_the_bar_and_exports_its_best(classifier: Finished) -> None:
+    summary, run = classifier.summary, classifier.run_dir
+    evals = [r for r in rows(run) if "eval_accuracy" in r]
+    assert evals and max(r["eval_accuracy"] for r in evals) >= 0.9, evals
+    digests = summary["weight_digests"]
+    assert len(digests) == 2 and len(set(digests.values())) == 1, digests
+    best = max(evals, key=lambda r: r["eval_accuracy"])["step"]
+    complete = dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
+    assert best in complete, (best, complete)  # kept besides the last one, whatever checkpoint_every says
+    config = json.loads((run / rundir.EXPORT_HF / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
+    assert f"exporting the best checkpoint: step {best}" in log
+
+
+# Runs in the Keras venv: the Keras model of a checkpoint, its logits on a few inputs.
+KERAS_LOGITS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np, tensorflow as tf, transformers
+    checkpoint, kind, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    rng = np.random.default_rng(0)
+    feed = {"input_ids": rng.integers(3, 250, size=(3, 12)).astype(np.int32)}
+    feed["attention_mask"] = np.ones_like(feed["input_ids"])
+    if kind == "t5":
+        model = transformers.TFT5ForConditionalGeneration.from_pretrained(checkpoint)
+        feed["decoder_input_ids"] = rng.integers(3, 250, size=(3, 5)).astype(np.int32)
+    else:
+        model = transformers.TFAutoModelForSequenceClassification.from_pretrained(checkpoint)
+    logits = model(**{k: tf.constant(v) for k, v in feed.items()}, training=False).logits.numpy()
+    np.savez(out, logits=logits, **feed)
+    """
+)
+# Runs in the torch venv (transformers 5): the exported PyTorch model on the same inputs.
+TORCH_LOGITS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np, torch, transformers
+    export, kind, reference = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
+    cls = transformers.T5ForConditionalGeneration if kind == "t5" else transformers.AutoModelForSequenceClassification
+    model = cls.from_pretrained(export, dtype=torch.float32).eval()
+    names = ["input_ids", "attention_mask"] + (["decoder_input_ids"] if kind == "t5" else [])
+    with torch.no_grad():
+        logits = model(**{k: torch.from_numpy(reference[k].astype(np.int64)) for k in names}).logits.numpy()
+    print(json.dumps({"diff": float(np.abs(logits - reference["logits"]).max()),
+                      "scale": float(np.abs(reference["logits"]).max())}))
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["t5", "bert"])
+def test_the_hf_export_gives_the_keras_models_logits(kind: str, quickstart: Finished, classifier: Finished,
+                                                     keras_python: str, torch_python: str, tmp_path: Path) -> None:
+    run = quickstart.run_dir if kind == "t5" else classifier.run_dir
+    log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
+    exported = max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)))
+    if "exporting the best checkpoint: step " in log:
+        exported = int(log.split("exporting the best checkpoint: step ")[1].split()[0])
+    reference = tmp_path / "reference.npz"
+    for python, script, args in ((keras_python, KERAS_LOGITS, [str(LAYOUT.checkpoint_dir(run, exported)), kind, str(reference)]),
+                                 (torch_python, TORCH_LOGITS, [str(run / rundir.EXPORT_HF), kind, str(reference)])):
+        path = tmp_path / "script.py"
+        path.write_text(script)
+        env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO)}
+        done = subprocess.run([python, str(path), *args], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\nkeras {kind} export: max |logits diff| {got['diff']:.2e} (logits up to {got['scale']:.2f})")
+    assert got["diff"] < 1e-4 and got["scale"] > 0.1, got
+
+
+def test_early_stopping_stops_every_worker_at_the_same_evaluation(pod: Pod) -> None:
+    """min_delta larger than any possible gain: the first evaluation is the best, the second one stops the run."""
+    done = up(pod, "keras_classification_quickstart", "--set", "train.early_stopping={patience: 1, min_delta: 1.0}",
+              "--set", "eval.every=50", "--set", "train.log_every=25", "--set", "eval.max_examples=100")
+    run = done.run_dir
+    assert [r["step"] for r in rows(run) if "eval_accuracy" in r] == [50, 100], rows(run)
+    for worker in (0, 1):
+        beat = rundir.read_json(rundir.heartbeat_path(run, worker)) or {}
+        assert beat["status"] == "finished" and beat["step"] == 100, beat
+        assert "early stopping at step 100" in beat["stopped_early"], beat
+    digests = done.summary["weight_digests"]
+    assert len(set(digests.values())) == 1, digests
+    assert "exporting the best checkpoint: step 50" in (run / rundir.LOGS_DIR / "worker-0.log").read_text()
+
+
+def test_a_killed_worker_fails_the_run_fast_and_resume_continues(pod: Pod) -> None:
+    settings = ["--set", "train.steps=300", "--set", "train.checkpoint_every=100", "--set", "train.log_every=25",
+                "--set", "eval.every=300", "--set", "eval.max_examples=64"]
+    started = pod.tpuft("train", "keras_quickstart", "--detach", "--json", *settings)
+    assert started.returncode == 0, started.stderr[-4000:]
+    run = pod.runs / json.loads(started.stdout)["run_id"]
+
+    def step(worker: int) -> int:
+        return int((rundir.read_json(rundir.heartbeat_path(run, worker)) or {}).get("step") or 0)
+
+    wait_until(lambda: 100 in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)) and step(1) >= 150, 600,
+               "the checkpoint at step 100 and step 150")
+    record = json.loads((run / "attempts" / "1" / "worker-1.json").read_text())
+    killed_at = time.monotonic()
+    os.kill(record["trainer_pid"], signal.SIGKILL)
+    wait_until(lambda: (rundir.read_json(run / rundir.RUN_INFO) or {}).get("status") not in (None, "running"), 120,
+               "the run to fail")
+    print(f"\nkeras fail-fast: the run failed {time.monotonic() - killed_at:.1f} s after a worker's trainer was killed")
+    failed = rundir.read_json(run / rundir.RUN_INFO) or {}
+    assert failed["status"] == "failed" and failed["culprit"] == 1, failed
+    peer = json.loads((run / "attempts" / "1" / "worker-0.json").read_text())
+    assert peer.get("final") and peer.get("status") != "running", peer
+
+    resumed = pod.tpuft("resume", run.name, "--json")
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
+    assert "resuming from checkpoint step_00000100" in log or "resuming from checkpoint step_00000200" in log, log[-3000:]
+    assert [r["step"] for r in rows(run) if "loss" in r] == list(range(25, 301, 25))  # no duplicates, no gaps
+    assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == 300
+    summary = json.loads(resumed.stdout)
+    assert len(set(summary["weight_digests"].values())) == 1

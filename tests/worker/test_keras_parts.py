@@ -1,0 +1,198 @@
+"""The Keras trainer's parts against the real stack (the Keras venv: tensorflow-cpu, tf-keras, transformers 4):
+
+* the learning-rate schedules in TF against ``tpuft.worker.schedule.lr_factor``, step by step;
+* truncation (head, tail, head+tail) with a real tokenizer, special tokens kept;
+* the optimizer state saved and restored by position (AdamW and Adafactor), the weight digest;
+* the train step under ``model.fit``: with steps_per_execution it gives the same weights as one step per call, and
+  the summed-gradient loss scaling gives the gradient of the global mean over replicas (2 CPU replicas of a
+  MirroredStrategy against one replica with the whole batch);
+* eval sums: exact match with teacher forcing and token accuracy, weight-0 padding rows ignored.
+
+Each check runs in a subprocess of the Keras venv and prints JSON; the assertions are made here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tpuft.worker.data import keep_tokens
+from tpuft.worker.keras_train import epoch_length, eval_row
+from tpuft.worker.schedule import lr_factor
+
+pytestmark = pytest.mark.slow
+
+
+def run_in_venv(python: str, code: str, timeout: float = 600) -> Any:
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
+           "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([python, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_keep_tokens_and_epoch_length() -> None:
+    ids = list(range(10))
+    assert keep_tokens(ids, 4, "head") == [0, 1, 2, 3]
+    assert keep_tokens(ids, 4, "tail") == [6, 7, 8, 9]
+    assert keep_tokens(ids, 5, "head+tail") == [0, 1, 2, 8, 9]
+    assert keep_tokens(ids, 20, "head+tail") == ids and keep_tokens(ids, 1, "head+tail") == [0]
+    assert epoch_length(1500, 500, None) == 500 and epoch_length(1000, 400, 300) == 100 and epoch_length(90, None, None) == 90
+    row = eval_row({"loss_sum": 6.0, "tokens": 3.0, "correct": 2.0, "exact": 1.0, "examples": 2.0}, classify=False)
+    assert row == {"eval_loss": 2.0, "eval_token_accuracy": 0.666667, "eval_exact_match": 0.5, "eval_examples": 2}
+    assert eval_row({"loss_sum": 1.0, "tokens": 4.0, "correct": 3.0, "exact": 3.0, "examples": 4.0}, classify=True)[
+        "eval_accuracy"] == 0.75
+
+
+def test_schedules_match_the_shared_definition(keras_python: str) -> None:
+    cases = [(100, 10, "linear"), (100, 0, "linear"), (100, 10, "constant"), (100, 10, "inverse_sqrt")]
+    got = run_in_venv(keras_python, f"""
+        import json, tensorflow as tf
+        from tpuft.worker.keras_train import make_schedule
+        out = []
+        for steps, warmup, kind in {cases!r}:
+            schedule = make_schedule(tf, 2.0, steps, warmup, kind)
+            out.append([float(schedule(tf.constant(k))) for k in range(steps + 5)])
+        print(json.dumps(out))
+    """)
+    for (steps, warmup, kind), values in zip(cases, got):
+        factor = lr_factor(steps, warmup, kind)
+        assert values == pytest.approx([2.0 * factor(k) for k in range(steps + 5)], rel=1e-6, abs=1e-7), kind
+
+
+def test_head_tail_truncation_keeps_special_tokens(keras_python: str) -> None:
+    got = run_in_venv(keras_python, """
+        import json
+        from tpuft.worker.data import encode_texts, load_tokenizer
+        tok = load_tokenizer("byt5")
+        out = {mode: encode_texts(tok, ["abcdefghij", "ab"], 6, mode) for mode in ("head", "tail", "head+tail")}
+        print(json.dumps({"out": out, "eos": tok.eos_token_id, "a": tok("a", add_special_tokens=False)["input_ids"][0]}))
+    """)
+    a, eos = got["a"], got["eos"]
+    letters = lambda text: [a + "abcdefghij".index(c) for c in text]  # noqa: E731
+    ids, masks = got["out"]["head"]
+    assert ids[0] == letters("abcde") + [eos] and ids[1] == letters("ab") + [eos, 0, 0, 0] and masks[1] == [1, 1, 1, 0, 0, 0]
+    assert got["out"]["tail"][0][0] == letters("fghij") + [eos]
+    assert got["out"]["head+tail"][0][0] == letters("abcij") + [eos]
+    assert got["out"]["head+tail"][0][1] == got["out"]["head"][0][1]  # a short text is not touched
+
+
+def test_optimizer_state_round_trips_and_digest(keras_python: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    got = run_in_venv(keras_python, f"""
+        import json, numpy as np, tensorflow as tf
+        from pathlib import Path
+        from tpuft.worker.keras_train import save_optimizer, restore_optimizer, weights_digest
+        out = {{}}
+        for name in ("adamw", "adafactor"):
+            tf.keras.backend.clear_session()
+            tf.keras.utils.set_random_seed(0)
+            def build():
+                model = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,)), tf.keras.layers.Dense(2)])
+                opt = tf.keras.optimizers.AdamW(1e-2) if name == "adamw" else tf.keras.optimizers.Adafactor(1e-2)
+                opt.build(model.trainable_variables)
+                return model, opt
+            model, opt = build()
+            for _ in range(3):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(model(tf.ones([2, 3])) ** 2)
+                opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            path = Path({str(tmp_path)!r}) / f"{{name}}.npz"
+            save_optimizer(opt, path)
+            tf.keras.backend.clear_session()  # the same layer names, as in another worker's process
+            other, opt2 = build()
+            other.set_weights(model.get_weights())
+            restore_optimizer(opt2, path)
+            same = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(opt.variables, opt2.variables))
+            out[name] = {{"same": same, "iterations": int(opt2.iterations), "count": len(opt.variables),
+                          "digest_equal": weights_digest(model) == weights_digest(other)}}
+            other.layers[0].kernel.assign_add(tf.ones_like(other.layers[0].kernel) * 1e-3)
+            out[name]["digest_changes"] = weights_digest(model) != weights_digest(other)
+        print(json.dumps(out))
+    """)
+    for name, state in got.items():
+        assert state == {"same": True, "iterations": 3, "count": state["count"], "digest_equal": True,
+                         "digest_changes": True}, name
+        assert state["count"] > 3
+
+
+def test_train_step_scaling_and_steps_per_execution(keras_python: str) -> None:
+    """Two CPU replicas each with half the batch take the same step as one replica with all of it (the loss of a
+    replica is its share of the global mean); running 4 steps per execution changes nothing."""
+    got = run_in_venv(keras_python, """
+        import json, numpy as np, tensorflow as tf, transformers
+        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                                   [tf.config.LogicalDeviceConfiguration()] * 2)
+        from tpuft.worker.keras_train import build_trainable, make_schedule
+        rng = np.random.default_rng(0)
+        n = 16
+        labels = rng.integers(3, 40, size=(n, 5)).astype(np.int32)
+        labels[:5, 3:] = -100  # padded target positions: the two replicas' halves have different token counts
+        data = {"input_ids": rng.integers(3, 40, size=(n, 7)).astype(np.int32), "attention_mask": np.ones((n, 7), np.int32),
+                "labels": labels, "weight": np.ones(n, np.float32)}
+        def train(devices, per_execution, steps=4):
+            strategy = tf.distribute.MirroredStrategy(devices)
+            tf.keras.utils.set_random_seed(1)
+            with strategy.scope():
+                config = transformers.T5Config(vocab_size=48, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=1,
+                                               dropout_rate=0.0, decoder_start_token_id=0)
+                model = build_trainable(tf, transformers.TFT5ForConditionalGeneration(config), classify=False,
+                                        start_token=0, clip_norm=1.0)
+                model.distribute_reduction_method = "first"
+                model.compile(optimizer=tf.keras.optimizers.AdamW(make_schedule(tf, 1e-2, 10, 0, "constant")),
+                              steps_per_execution=per_execution)
+            dist = strategy.experimental_distribute_dataset(  # each replica gets half of the global batch
+                tf.data.Dataset.from_tensor_slices(data).repeat().batch(n, drop_remainder=True))
+            model.fit(dist, steps_per_epoch=steps, epochs=1, verbose=0)
+            return [w.numpy() for w in model.hf.weights], float(model.loss_tracker.result())
+        one, loss_one = train(["/cpu:0"], 1)
+        two, loss_two = train(["/cpu:0", "/cpu:1"], 1)
+        chunked, _ = train(["/cpu:0", "/cpu:1"], 4)
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(one, two))
+        chunk_diff = max(float(np.abs(a - b).max()) for a, b in zip(two, chunked))
+        print(json.dumps({"diff": diff, "chunk_diff": chunk_diff, "loss_one": loss_one, "loss_two": loss_two}))
+    """)
+    assert got["diff"] < 2e-5, got  # 2 replicas x half batch == 1 replica x whole batch
+    assert got["chunk_diff"] < 1e-5, got  # float sums in another order, no more
+    assert got["loss_one"] == pytest.approx(got["loss_two"], rel=1e-5)
+
+
+def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:
+    got = run_in_venv(keras_python, """
+        import json, numpy as np, tensorflow as tf, transformers
+        from tpuft.worker.keras_train import build_trainable, eval_row
+        tf.keras.utils.set_random_seed(3)
+        config = transformers.T5Config(vocab_size=32, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=1,
+                                       decoder_start_token_id=0)
+        hf = transformers.TFT5ForConditionalGeneration(config)
+        model = build_trainable(tf, hf, classify=False, start_token=0, clip_norm=None)
+        model.compile(optimizer="adam")
+        rng = np.random.default_rng(0)
+        ids = rng.integers(3, 30, size=(6, 5)).astype(np.int32)
+        # targets: the model's own greedy argmax for rows 0-2 (exact), a changed token for rows 3-5
+        labels = np.zeros((6, 4), np.int32)
+        for pos in range(4):
+            dec = np.concatenate([np.zeros((6, 1), np.int32), labels[:, :-1]], axis=1)
+            logits = hf(input_ids=ids, decoder_input_ids=dec).logits.numpy()
+            labels[:, pos] = logits[:, pos].argmax(-1)
+        labels[3:, 1] = (labels[3:, 1] + 1) % 32
+        labels[0, 3] = -100  # a padded position does not count
+        weight = np.array([1, 1, 1, 1, 1, 0], np.float32)  # the last row pads the batch
+        ds = tf.data.Dataset.from_tensor_slices({"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                                 "labels": labels, "weight": weight}).batch(3)
+        sums = model.evaluate(ds, verbose=0, return_dict=True)
+        # the reference, in NumPy: teacher-forced argmax against the labels, real rows and positions only
+        dec = np.concatenate([np.zeros((6, 1), np.int32), np.where(labels == -100, 0, labels)[:, :-1]], axis=1)
+        pred = hf(input_ids=ids, decoder_input_ids=dec).logits.numpy().argmax(-1)
+        mask = (labels != -100) & (weight[:, None] > 0)
+        print(json.dumps({**eval_row(sums, classify=False), "tokens": int(mask.sum()),
+                          "reference": float(((pred == labels) & mask).sum() / mask.sum())}))
+    """)
+    assert got["eval_examples"] == 5 and got["eval_exact_match"] == pytest.approx(3 / 5), got
+    assert got["tokens"] == 19 and got["eval_token_accuracy"] == pytest.approx(got["reference"], abs=1e-6), got
+    assert got["eval_token_accuracy"] < 1.0
