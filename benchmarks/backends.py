@@ -41,7 +41,7 @@ class Pod:
                               capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def throughput(steps: int) -> list[tuple[str, str, str, str]]:
+def throughput(steps: int, backends: list[str]) -> list[tuple[str, str, str, str]]:
     rows = []
     common = ["--set", f"train.steps={steps}", "--set", "train.log_every=25", "--set", "train.warmup_steps=10",
               "--set", "eval.every=null", "--set", "train.checkpoint_every=null", "--set", "export.hf=false"]
@@ -50,6 +50,8 @@ def throughput(steps: int) -> list[tuple[str, str, str, str]]:
         ("t5x", "t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]),
         ("keras", "keras_quickstart", []),
     ):
+        if backend not in backends:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             pod = Pod(Path(tmp))
             pod.tpuft("create")
@@ -91,10 +93,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="+", choices=["throughput", "setup"])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--backends", default="torch_xla,t5x,keras", help="comma-separated, for throughput")
     args = parser.parse_args()
     if "throughput" in args.what:
         print(f"\nthroughput, {args.steps} steps, global batch 32, 2 local workers")
-        print(table(("backend", "examples/s", "spread (sd)", "wall s"), throughput(args.steps)))
+        print(table(("backend", "examples/s", "spread (sd)", "wall s"), throughput(args.steps, args.backends.split(","))))
     if "setup" in args.what:
         print("\ntpuft setup (2 local workers, one shared venv)")
         print(table(("recipe", "setup", "seconds"), setup()))

@@ -54,14 +54,28 @@ class TrainResult:
     attempt: int = 1
 
 
-def _is_loopback(host: str) -> bool:
-    return host in {"localhost", "127.0.0.1"}
+def _peer_addresses(hosts: list[str], coordinator: str) -> list[str]:
+    """An address per launched worker, for runtimes that connect every worker to every other (TF's TF_CONFIG). TF
+    binds its server on every interface, so workers at loopback addresses (one machine) need distinct ports; real
+    hosts use the port after the coordinator's."""
+    used = {coordinator.rsplit(":", 1)[1]}
+    peers = []
+    for host in hosts:
+        if host.startswith("127.") or host == "localhost":
+            port = free_port()
+            while str(port) in used:
+                port = free_port()
+            used.add(str(port))
+        else:
+            port = COORDINATOR_PORT + 1
+        peers.append(f"{host}:{port}")
+    return peers
 
 
 def _coordinator_port(host: str) -> int:
     """Worker 0's rendezvous port: a free one when the workers share this machine (a local pod, a loopback rig),
     the fixed one on real hosts (nothing else listens there; a worker's peer port is the next one)."""
-    return free_port() if _is_loopback(host) else COORDINATOR_PORT
+    return free_port() if host in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
 
 
 def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: LaunchPlan) -> str:
@@ -232,13 +246,7 @@ def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resu
     workers = session.cluster.workers
     hosts = [(workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1") for i in plan.workers]
     coordinator = f"{hosts[0]}:{_coordinator_port(hosts[0])}"
-    # An address per launched worker, for runtimes that connect every worker to every other (TF's TF_CONFIG)
-    peers: list[str] = []
-    for host in hosts:
-        peer = coordinator
-        while peer == coordinator or peer in peers:  # loopback ports come free from the kernel: may repeat
-            peer = f"{host}:{_coordinator_port(host) + (0 if _is_loopback(host) else 1)}"
-        peers.append(peer)
+    peers = _peer_addresses(hosts, coordinator)
     env = {
         **config.worker_env,
         "TPUFT_COORDINATOR": coordinator,

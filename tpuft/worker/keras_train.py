@@ -42,6 +42,7 @@ from typing import Any
 from tpuft import rundir
 from tpuft.backends.keras import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
+from tpuft.errors import UsageError
 from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
@@ -201,8 +202,8 @@ class KerasRun:
     def _data_dir(self) -> str:
         if self.tpu_hosts > 1:  # the input pipelines run on every host of the slice: they read the bucket
             if not self.ctx.remote:
-                raise RuntimeError("a TPU pod slice reads its data from the bucket: give the cluster a bucket so "
-                                   "that the run dir is gs://")
+                raise UsageError("the Keras backend on a TPU pod slice reads its data and writes its run dir in a "
+                                 "bucket (every host runs an input pipeline): give the cluster file a bucket")
             return f"{self.ctx.run_url}/data"
         return str(self.ctx.run_dir / "data")
 
@@ -268,7 +269,7 @@ class KerasRun:
             out["labels"] = out["labels"][0]
         return out
 
-    def _dataset_fn(self, files: list[str], batch: int, *, train: bool, skip_batches: int = 0) -> Any:
+    def _dataset_fn(self, files: list[str], batch: int, *, train: bool, skip_steps: int = 0) -> Any:
         tf = self.tf
         seed = self.recipe.train.seed + 7919 * self.ctx.worker_id
 
@@ -283,10 +284,11 @@ class KerasRun:
                 if self.recipe.data.shuffle:
                     ds = ds.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
                 ds = ds.repeat()
-            per_pipeline = batch * (context.num_replicas_in_sync // max(context.num_input_pipelines, 1))
-            ds = ds.batch(per_pipeline if self.tpu_hosts else batch, drop_remainder=True)
-            if skip_batches:
-                ds = ds.skip(skip_batches)
+            # Per-replica batches (tf.distribute hands a pipeline's batches to its replicas in turn): a resumed run
+            # skips every batch its pipeline's replicas consumed before the checkpoint.
+            ds = ds.batch(batch, drop_remainder=True)
+            if skip_steps:
+                ds = ds.skip(skip_steps * (context.num_replicas_in_sync // max(context.num_input_pipelines, 1)))
             options = tf.data.Options()
             options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
             options.deterministic = True
@@ -365,7 +367,7 @@ class KerasRun:
         self.bad_evals = int(self.trainer_state.get("bad_evals", 0))
         strategy = self.strategy
         dataset = strategy.distribute_datasets_from_function(
-            self._dataset_fn(self.train_files, self.local_batch, train=True, skip_batches=self.start_step)
+            self._dataset_fn(self.train_files, self.local_batch, train=True, skip_steps=self.start_step)
         )
         validation = None
         validation_freq = 1
