@@ -251,6 +251,7 @@ def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resu
         **config.worker_env,
         "TPUFT_COORDINATOR": coordinator,
         "TPUFT_PEERS": ",".join(peers),
+        "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
         **plan.env,
     }
     if resume:

@@ -143,7 +143,7 @@ class KerasRun:
         tf = self.tf
         if self.tpu_hosts:
             # One host: its own chips. A pod slice: the node by name; the other hosts serve the TPU runtime.
-            name = "local" if self.tpu_hosts == 1 else os.environ.get("TPU_NAME") or os.environ.get("TPUFT_NODE", "")
+            name = "local" if self.tpu_hosts == 1 else os.environ.get("TPU_NAME") or os.environ["TPUFT_NODE"]
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
             tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
