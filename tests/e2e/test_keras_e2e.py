@@ -18,72 +18,38 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import REPO, wait_until
+from tests.pods import Finished, Pod, created_pod
 from tpuft import rundir
 from tpuft.backends.keras import LAYOUT
 
 pytestmark = pytest.mark.slow
 
 
-@dataclass
-class Pod:
-    env: dict[str, str]
-    cluster: Path
-    runs: Path
-
-    def tpuft(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory, keras_python: str) -> Pod:
-    home = tmp_path_factory.mktemp("keras-e2e")
-    cluster = home / "tpuft.yaml"
-    cluster.write_text("name: keras-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
-    env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
-    pod = Pod(env, cluster, home / "tpuft-home" / "buckets" / "keras-pod" / "runs")
-    assert pod.tpuft("create").returncode == 0
+    pod = created_pod(tmp_path_factory.mktemp("keras-e2e"), "keras-pod")
     setup = pod.tpuft("setup", "keras_quickstart", timeout=1200)
     assert setup.returncode == 0, setup.stderr[-3000:]
     assert "venv ready (cached)" in setup.stdout + setup.stderr  # keras_python built it, through the same cache key
     return pod
 
 
-@dataclass
-class Finished:
-    summary: dict[str, Any]
-    run_dir: Path
-    seconds: float
-
-
-def up(pod: Pod, recipe: str, *settings: str) -> Finished:
-    started = time.monotonic()
-    done = pod.tpuft("up", recipe, "--json", *settings)
-    seconds = time.monotonic() - started
-    assert done.returncode == 0, done.stderr[-6000:]
-    summary = json.loads(done.stdout)
-    print(f"\n{recipe}: {seconds:.0f} s end to end, last eval {summary['last_eval']}")
-    return Finished(summary, Path(summary["run_dir"]), seconds)
-
-
 @pytest.fixture(scope="module")
 def quickstart(pod: Pod) -> Finished:
-    return up(pod, "keras_quickstart")
+    return pod.up("keras_quickstart")
 
 
 @pytest.fixture(scope="module")
 def classifier(pod: Pod) -> Finished:
-    return up(pod, "keras_classification_quickstart")
+    return pod.up("keras_classification_quickstart")
 
 
 def rows(run: Path) -> list[dict[str, Any]]:
@@ -187,7 +153,7 @@ def test_the_hf_export_gives_the_keras_models_logits(kind: str, quickstart: Fini
 
 def test_early_stopping_stops_every_worker_at_the_same_evaluation(pod: Pod) -> None:
     """min_delta larger than any possible gain: the first evaluation is the best, the second one stops the run."""
-    done = up(pod, "keras_classification_quickstart", "--set", "train.early_stopping={patience: 1, min_delta: 1.0}",
+    done = pod.up("keras_classification_quickstart", "--set", "train.early_stopping={patience: 1, min_delta: 1.0}",
               "--set", "eval.every=50", "--set", "train.log_every=25", "--set", "eval.max_examples=100")
     run = done.run_dir
     assert [r["step"] for r in rows(run) if "eval_accuracy" in r] == [50, 100], rows(run)

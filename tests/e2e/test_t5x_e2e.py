@@ -15,16 +15,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import wait_until
+from tests.pods import Finished, Pod, created_pod
 from tests.venvs import WHEELS
 
 from tpuft import rundir
@@ -35,49 +33,19 @@ pytestmark = pytest.mark.slow
 SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
 
 
-@dataclass
-class Pod:
-    env: dict[str, str]
-    cluster: Path
-    runs: Path
-
-    def tpuft(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Pod:
     """A 2-host local pod; the T5X venv is built (once per machine) before the first command needs it."""
-    home = tmp_path_factory.mktemp("t5x-e2e")
-    cluster = home / "tpuft.yaml"
-    cluster.write_text("name: t5x-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
-    env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
-    pod = Pod(env, cluster, home / "tpuft-home" / "buckets" / "t5x-pod" / "runs")
-    created = pod.tpuft("create")
-    assert created.returncode == 0, created.stderr[-3000:]
+    pod = created_pod(tmp_path_factory.mktemp("t5x-e2e"), "t5x-pod")
     setup = pod.tpuft("setup", "t5x_quickstart", *SOURCE, timeout=1200)
     assert setup.returncode == 0, setup.stderr[-3000:]
     assert "venv ready (cached)" in setup.stdout + setup.stderr  # the fixture t5x_python built it, through the same cache key
     return pod
 
 
-@dataclass
-class Finished:
-    summary: dict[str, Any]
-    run_dir: Path
-    seconds: float
-
-
 @pytest.fixture(scope="module")
 def quickstart(pod: Pod) -> Finished:
-    started = time.monotonic()
-    up = pod.tpuft("up", "t5x_quickstart", "--json", *SOURCE)
-    seconds = time.monotonic() - started
-    assert up.returncode == 0, up.stderr[-6000:]
-    summary = json.loads(up.stdout)
-    print(f"\nt5x quickstart: {seconds:.0f} s end to end, exact match {summary['last_eval'].get('eval_exact_match')}")
-    return Finished(summary, Path(summary["run_dir"]), seconds)
+    return pod.up("t5x_quickstart", *SOURCE)
 
 
 def rows(run: Path) -> list[dict[str, Any]]:
@@ -155,10 +123,7 @@ def test_a_killed_host_fails_the_run_fast_and_resume_continues(pod: Pod) -> None
 
 
 def test_span_corruption_loss_falls(pod: Pod) -> None:
-    up = pod.tpuft("up", "t5x_span_corruption", "--json", *SOURCE, "--set", "train.steps=150", "--set",
-                   "train.checkpoint_every=150")
-    assert up.returncode == 0, up.stderr[-6000:]
-    run = Path(json.loads(up.stdout)["run_dir"])
+    run = pod.up("t5x_span_corruption", *SOURCE, "--set", "train.steps=150", "--set", "train.checkpoint_every=150").run_dir
     losses = [r["loss"] for r in rows(run) if "loss" in r]
     print(f"\nt5x span corruption: loss per logged window {losses}")
     assert len(losses) == 6 and losses[-1] < losses[0] * 0.7, losses

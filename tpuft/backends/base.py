@@ -242,20 +242,16 @@ def weight_digest_summary(snapshot: RunSnapshot, launched: int) -> tuple[dict[st
     return {"weight_digests": digests}, [("weights", "identical on all workers" if same else "DIFFER between workers")]
 
 
-_DEFAULTS: dict[KeyPath, Any] = {
-    ("data", "label_field"): None, ("data", "labels"): [], ("data", "truncation"): "head",
-    ("train", "early_stopping"): None, ("train", "keep_best"): False,
-}  # fmt: skip
-
-
 def unsupported(recipe: RecipeConfig, kind: str, *keys: KeyPath) -> list[tuple[KeyPath, str]]:
     """Shared recipe keys that ``kind`` does not implement, located where the recipe sets them (to a non-default)."""
     found = []
     for key in keys:
-        value: Any = recipe
-        for part in key:
-            value = getattr(value, str(part))
-        if value != _DEFAULTS[key]:
+        owner: Any = recipe
+        for part in key[:-1]:
+            owner = getattr(owner, str(part))
+        name = str(key[-1])
+        default = type(owner).model_fields[name].get_default(call_default_factory=True)
+        if getattr(owner, name) != default:
             found.append((key, f"not supported by the {kind} backend; remove it"))
     return found
 

@@ -45,10 +45,9 @@ from tpuft.config import RecipeConfig
 from tpuft.errors import UsageError
 from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
-from tpuft.worker.resume import RESUME_ENV, fetch_checkpoint, find_resume_checkpoint, resuming
+from tpuft.worker.metrics import Heartbeat
+from tpuft.worker.resume import TRAINER_STATE, find_resume_checkpoint, load_resume_point, open_metrics, resuming
 
-TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.npz"
 IGNORE = -100
 """Label of a padded target position (no loss, not counted)."""
@@ -119,19 +118,9 @@ class KerasRun:
             f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: {type(self.strategy).__name__} with "
             f"{self.replicas} replicas, {precision} (tensorflow {tf.__version__}, transformers {transformers.__version__})"
         )
-        self.checkpoint: Path | None = None
-        self.trainer_state: dict[str, Any] = {}
-        if found is not None:
-            self.checkpoint = fetch_checkpoint(self.ctx, LAYOUT, found[1])
-            self.trainer_state = json.loads((self.checkpoint / TRAINER_STATE).read_text())
-            self.say(f"resuming from checkpoint {found[1]} (step {self.start_step} of {self.recipe.train.steps})")
-        elif self.resuming:
-            self.say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from step 0")
-        if self.resuming and self.chief and self.ctx.remote:
-            fetch_missing_metrics(self.ctx)
-        self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
-        if self.resuming:
-            self.metrics.restart_at(self.start_step)
+        start = load_resume_point(self.ctx, LAYOUT, found, self.recipe.train.steps, self.say)
+        self.checkpoint, self.trainer_state = start.checkpoint, start.state
+        self.metrics = open_metrics(self.ctx, chief=self.chief, restart_at=self.start_step if self.resuming else None)
         self.tokenizer = data_mod.load_tokenizer(self.recipe.model.tokenizer)
         self._setup_data()
         tf.keras.utils.set_random_seed(self.recipe.train.seed)  # identical initial weights on every replica
@@ -194,7 +183,8 @@ class KerasRun:
             # in collectives): each program pads its examples with weight-0 rows to whole batches.
             total = _eval_count(cfg, self.recipe.eval.max_examples) if world > 1 else len(eval_examples)
             per_program = self.eval_batch * (self.replicas if self.tpu_hosts else 1)
-            self.eval_batches = -(-(-(-total // world)) // per_program)
+            largest_share = -(-total // world)  # ceil: the worker with the most examples
+            self.eval_batches = -(-largest_share // per_program)
             padding = [data_mod.Example("", "", 0)] * (self.eval_batches * per_program - len(eval_examples))
             self.eval_files = self._write_records(f"eval-{tag}", eval_examples + padding,
                                                   shards=max(self.tpu_hosts, 1), real=len(eval_examples))
@@ -211,19 +201,18 @@ class KerasRun:
                        real: int | None = None) -> list[str]:
         tf = self.tf
         cfg = self.recipe.data
+        count = len(examples) if real is None else real  # the rest pad to whole batches (weight 0)
         tf.io.gfile.makedirs(self.data_dir)
         sources, masks = data_mod.encode_texts(
             self.tokenizer, [e.source for e in examples], cfg.max_source_length, cfg.truncation
         )
         if self.classify:
-            targets = [[self._label_id(e)] if i < (real if real is not None else len(examples)) else [0]
-                       for i, e in enumerate(examples)]
+            targets = [[self._label_id(e)] if i < count else [0] for i, e in enumerate(examples)]
         else:
             enc = self.tokenizer([e.target for e in examples], max_length=cfg.max_target_length,
                                  padding="max_length", truncation=True)
             targets = [[t if m else IGNORE for t, m in zip(ids, mask)]
                        for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
-        count = real if real is not None else len(examples)
         paths = [f"{self.data_dir}/{name}-{i:05d}-of-{shards:05d}.tfrecord" for i in range(shards)]
         writers = [tf.io.TFRecordWriter(p) for p in paths]
         int_list = tf.train.Int64List
@@ -298,18 +287,18 @@ class KerasRun:
 
     # -- model and optimizer ----------------------------------------------------------------------------------
     def _setup_model(self) -> None:
-        import tensorflow as tf
         import transformers
 
+        tf = self.tf
         model_cfg, tokenizer = self.recipe.model, self.tokenizer
         overrides: dict[str, Any] = {}
         if model_cfg.dropout is not None:
             overrides["dropout_rate" if not self.classify else "hidden_dropout_prob"] = model_cfg.dropout
+        source = self.checkpoint or model_cfg.name_or_path  # pretrained weights, or None: random init
         if self.classify:
             labels = self.recipe.data.labels
             label_maps = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
                           "label2id": {name: i for i, name in enumerate(labels)}}
-            source = self.checkpoint or model_cfg.name_or_path
             if source is not None:
                 hf = transformers.TFAutoModelForSequenceClassification.from_pretrained(source, **label_maps, **overrides)
             else:
@@ -321,7 +310,6 @@ class KerasRun:
                 )
                 hf = transformers.TFAutoModelForSequenceClassification.from_config(config)
         else:
-            source = self.checkpoint or model_cfg.name_or_path
             if source is not None:
                 hf = transformers.TFT5ForConditionalGeneration.from_pretrained(source, **overrides)
             else:
@@ -338,12 +326,11 @@ class KerasRun:
         self.model.distribute_reduction_method = "first"  # what train/test steps return is global already
         self.model.build_all(self.recipe.data)
         count = sum(int(tf.size(v)) for v in hf.trainable_variables)
-        origin = self.checkpoint or model_cfg.name_or_path or "random init"
+        origin = source or "random init"
         self.say(f"model: {type(hf).__name__}, {count / 1e6:.2f}M parameters ({origin})")
 
     def _setup_optimizer(self) -> None:
-        import tensorflow as tf
-
+        tf = self.tf
         train = self.recipe.train
         self.schedule = schedule = make_schedule(tf, train.learning_rate, train.steps, train.warmup_steps, train.schedule)
         if train.optimizer == "adafactor":
@@ -369,13 +356,13 @@ class KerasRun:
         dataset = strategy.distribute_datasets_from_function(
             self._dataset_fn(self.train_files, self.local_batch, train=True, skip_steps=self.start_step)
         )
-        validation = None
-        validation_freq = 1
-        if self.eval_files and evaluation.every:
-            validation = strategy.distribute_datasets_from_function(
+        self.eval_dataset = None  # the held-out set, for fit's periodic evaluations and the final one
+        if self.eval_files:
+            self.eval_dataset = strategy.distribute_datasets_from_function(
                 self._dataset_fn(self.eval_files, self.eval_batch, train=False)
             )
-            validation_freq = max(evaluation.every // epoch, 1)
+        validation = self.eval_dataset if evaluation.every else None
+        validation_freq = max((evaluation.every or epoch) // epoch, 1)
         first, last = self.start_step // epoch, train.steps // epoch
         self.say(f"training steps {self.start_step + 1} to {train.steps}" if self.start_step else
                  f"training for {train.steps} steps ({self.backend.steps_per_call(self.recipe)} per execution)")
@@ -388,14 +375,11 @@ class KerasRun:
             )
 
     def evaluate(self) -> dict[str, float]:
-        if not self.eval_files:
+        if self.eval_dataset is None:
             return {}
         self.beat(self.step, phase="eval")
         started = time.time()
-        dataset = self.strategy.distribute_datasets_from_function(
-            self._dataset_fn(self.eval_files, self.eval_batch, train=False)
-        )
-        sums = self.model.evaluate(dataset, steps=self.eval_batches, verbose=0, return_dict=True)
+        sums = self.model.evaluate(self.eval_dataset, steps=self.eval_batches, verbose=0, return_dict=True)
         return self.log_eval(sums, time.time() - started)
 
     def log_eval(self, sums: dict[str, Any], seconds: float) -> dict[str, float]:
@@ -418,7 +402,7 @@ class KerasRun:
         if ranked is None:
             return False
         name, value, _ = ranked
-        better = max if name != "eval_loss" else min
+        better = dict(rundir.BEST_METRICS)[name]  # max, or min for a loss
         stopping = self.recipe.train.early_stopping
         delta = stopping.min_delta if stopping else 0.0
         improved = self.best is None or (better(value, self.best["value"]) == value and

@@ -52,11 +52,10 @@ from tpuft.backends.torch_xla import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
-from tpuft.worker.resume import RESUME_ENV, fetch_checkpoint, find_resume_checkpoint, resuming
+from tpuft.worker.metrics import Heartbeat
+from tpuft.worker.resume import TRAINER_STATE, find_resume_checkpoint, load_resume_point, open_metrics, resuming
 from tpuft.worker.schedule import lr_factor
 
-TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"
 
 
@@ -217,20 +216,9 @@ class Trainer:
             f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: replica {self.replicas.rank} of "
             f"{self.replicas.world} on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
         )
-        self.checkpoint: Path | None = None
-        """The checkpoint this run resumes from (a local folder), None when it starts from step 0."""
-        self.trainer_state: dict[str, Any] = {}
-        if found is not None:
-            self.checkpoint = fetch_checkpoint(self.ctx, LAYOUT, found[1])
-            self.trainer_state = json.loads((self.checkpoint / TRAINER_STATE).read_text())
-            self._say(f"resuming from checkpoint {found[1]} (step {self.start_step} of {self.recipe.train.steps})")
-        elif self.resuming:
-            self._say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from step 0")
-        if self.resuming and self.chief and self.ctx.remote:
-            fetch_missing_metrics(self.ctx)
-        self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
-        if self.resuming:
-            self.metrics.restart_at(self.start_step)
+        start = load_resume_point(self.ctx, LAYOUT, found, self.recipe.train.steps, self._say)
+        self.checkpoint, self.trainer_state = start.checkpoint, start.state
+        self.metrics = open_metrics(self.ctx, chief=self.chief, restart_at=self.start_step if self.resuming else None)
         self._setup_tokenizer()
         self._setup_model()
         self._setup_optimizer()
