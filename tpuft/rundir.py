@@ -237,9 +237,14 @@ def finalize_run(storage: Any, attempt: int | None = None) -> dict[str, Any] | N
     return info
 
 
-BEST_METRICS = (("eval_exact_match", max), ("eval_accuracy", max), ("eval_token_accuracy", max), ("eval_loss", min))
+BEST_METRICS = (
+    ("eval_exact_match", max), ("eval_accuracy", max), ("eval_token_accuracy", max), ("eval_loss", min),
+    ("eval_bleu", max), ("eval_rouge_l", max),
+)
 """Which eval metric ranks a run's evaluations, in order of preference, and whether higher or lower is better:
-shared by monitor, runs and pull (the controller) and a trainer keeping its best checkpoint (the worker)."""
+shared by monitor, runs and pull (the controller) and a trainer keeping its best checkpoint (the worker). BLEU and
+ROUGE-L (0-100, from greedy decodes) come last: they rank a run only when its recipe asks (``eval.metric``, see
+``tpuft.worker.selection``), since an evaluation that has them also has a loss."""
 
 
 def best_eval_metric(row: dict[str, Any]) -> tuple[str, float, int] | None:
