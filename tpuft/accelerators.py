@@ -3,8 +3,10 @@
 Why a table and not an API call: ``create`` has to show a cost estimate and the local provider has to know how
 many workers a ``v4-32`` has, both before (or without) talking to Google. The numbers follow the public Cloud TPU
 docs: v2/v3/v4/v5p names count TensorCores (2 per chip), v5litepod/v6e names count chips; hosts carry 4 chips,
-except the single-host v5e/v6e shapes of up to 8 chips. Prices are on-demand US list prices per chip-hour; they
-change, so they are an estimate, labelled as such wherever they are shown.
+except the single-host v5e/v6e shapes of up to 8 chips. HBM per chip, from each generation's system architecture
+page: v2 16 GiB (8 per TensorCore), v3 32 GiB (16 per TensorCore), v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e 32 GiB.
+Prices are on-demand US list prices per chip-hour; they change, so they are an estimate, labelled as such wherever
+they are shown.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Generation:
     """USD, on-demand, us-central region list price; None where no public price is known."""
     topology_dims: int
     """Dimensions of an accelerator config's topology: 3 for the 3D tori of v4/v5p (2x2x4), else 2 (4x4)."""
+    hbm_gib_per_chip: int
+    """High-bandwidth memory of one chip, GiB (v2/v3: two TensorCores of 8 / 16 GiB each)."""
 
     @property
     def devices_per_chip(self) -> int:
@@ -37,18 +41,23 @@ class Generation:
         from v4 on a chip is one device (megacore, or a single core on v5e/v6e)."""
         return 2 if self.name in ("v2", "v3") else 1
 
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        """HBM of one device as a framework sees it (a TensorCore on v2/v3, a chip from v4 on)."""
+        return self.hbm_gib_per_chip * 2**30 // self.devices_per_chip
+
 
 _POW2 = tuple(2**i for i in range(3, 13))  # 8 .. 4096
 
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
-        Generation("v2", (8, 32, 128, 256, 512), True, 4, 4, "tpu-ubuntu2204-base", 1.125, 2),
-        Generation("v3", (8, 32, 64, 128, 256, 512, 1024, 2048), True, 4, 4, "tpu-ubuntu2204-base", 2.00, 2),
-        Generation("v4", _POW2, True, 4, 4, "tpu-ubuntu2204-base", 3.22, 3),
-        Generation("v5p", _POW2 + (6144, 8192, 12288), True, 4, 4, "v2-alpha-tpuv5", 4.20, 3),
-        Generation("v5litepod", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv5-lite", 1.20, 2),
-        Generation("v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70, 2),
+        Generation("v2", (8, 32, 128, 256, 512), True, 4, 4, "tpu-ubuntu2204-base", 1.125, 2, 16),
+        Generation("v3", (8, 32, 64, 128, 256, 512, 1024, 2048), True, 4, 4, "tpu-ubuntu2204-base", 2.00, 2, 32),
+        Generation("v4", _POW2, True, 4, 4, "tpu-ubuntu2204-base", 3.22, 3, 32),
+        Generation("v5p", _POW2 + (6144, 8192, 12288), True, 4, 4, "v2-alpha-tpuv5", 4.20, 3, 95),
+        Generation("v5litepod", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv5-lite", 1.20, 2, 16),
+        Generation("v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70, 2, 32),
     )
 }
 

@@ -81,7 +81,11 @@ VERBS: tuple[Verb, ...] = (
 
 RECIPE_VERBS: tuple[Verb, ...] = (
     Verb("ls", "Recipes", "List the shipped recipes.", "tpuft recipes ls"),
-    Verb("show", "Recipes", "Print a shipped recipe.", "tpuft recipes show quickstart"),
+    Verb("show", "Recipes", "Print a shipped recipe; --summary: its model's parameters and the memory per chip.",
+         "tpuft recipes show --summary my_recipe.yaml --accelerator v4-64",
+         "--summary works offline: parameters per module (total and trainable, after model.freeze and prompt "
+         "tuning), then weights, gradients, optimizer state and an activation estimate per chip for the recipe's "
+         "optimizer, precision and sharding, against the accelerator's HBM (the cluster's, or --accelerator)."),
     Verb("cp", "Recipes", "Copy a shipped recipe to edit it (its data paths keep pointing at the shipped data).",
          "tpuft recipes cp quickstart my_recipe.yaml"),
     Verb("validate", "Recipes",

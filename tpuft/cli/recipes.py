@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from tpuft.cli.app import recipe_command
 from tpuft.cli.options import ConfigOpt, JsonOpt, RecipeArg, SetOpt, load_cluster_file, load_recipe_file, preflight_with_status
 from tpuft.cli.render import out_console
+
+if TYPE_CHECKING:
+    from tpuft.model_summary import Summary
 
 
 @recipe_command("ls")
@@ -30,10 +33,73 @@ def recipes_ls(json_out: JsonOpt = False) -> None:
 
 
 @recipe_command("show")
-def recipes_show(name: Annotated[str, typer.Argument(help="A shipped recipe's name.")]) -> None:
-    from tpuft.ops.recipes import find
+def recipes_show(
+    name: Annotated[str, typer.Argument(help="A shipped recipe's name; with --summary also a recipe file.", metavar="RECIPE")],
+    summary: Annotated[
+        bool, typer.Option("--summary", help="The model's parameters per module and the memory per chip instead.")
+    ] = False,
+    json_out: JsonOpt = False,
+    overrides: SetOpt = None,
+    config: ConfigOpt = None,
+    accelerator: Annotated[
+        Optional[str],
+        typer.Option("--accelerator", "-a", help="Size for this accelerator type (e.g. v4-64), not the cluster's.",
+                     show_default=False),
+    ] = None,
+) -> None:
+    from tpuft.errors import UsageError
 
-    print(find(name).read_text(encoding="utf-8"), end="")
+    if not summary:
+        given = [flag for flag, value in (("--json", json_out), ("--set", overrides), ("--config", config),
+                                          ("--accelerator", accelerator)) if value]
+        if given:
+            raise UsageError(f"{', '.join(given)} only go with --summary", hint=f"tpuft recipes show --summary {name}")
+        from tpuft.ops.recipes import find
+
+        print(find(name).read_text(encoding="utf-8"), end="")
+        return
+    from tpuft.ops.recipes import summary as summarize
+
+    found = summarize(Path(name), overrides, config=config, accelerator=accelerator)
+    if json_out:
+        print(json.dumps(found.to_json(), indent=2))
+        return
+    _print_summary(found)
+
+
+def _print_summary(found: Summary) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from tpuft.model_summary import fmt_bytes, fmt_count
+
+    console = out_console()
+    model = found.model
+    console.print(f"[bold]{escape(found.recipe)}[/bold] ({found.backend}): {escape(model.name)} "
+                  f"({escape(model.origin)})\n  {model.describe()}", soft_wrap=True)
+    params = Table("module", "parameters", "trainable", "", title="Parameters", title_justify="left")
+    for column in params.columns[1:3]:
+        column.justify = "right"
+    for row in found.modules:
+        params.add_row(row.module, f"{row.params:,}", f"{row.trainable:,}", row.note)
+    share = found.trainable_params / found.total_params if found.total_params else 0.0
+    params.add_row("[bold]total[/bold]", f"[bold]{found.total_params:,}[/bold]", f"[bold]{found.trainable_params:,}[/bold]",
+                   f"{fmt_count(found.total_params)}, {share:.{1 if share == 0 or share >= 0.001 else 4}%} trainable")
+    console.print(params)
+    setup, dev = found.setup, found.device_word
+    title = (f"Memory per {dev}: {found.accelerator}, {found.devices} {dev}s of {fmt_bytes(found.hbm_bytes)} HBM; "
+             f"sharding {setup.sharding}, {setup.optimizer}, {setup.precision}, {found.examples_per_device} "
+             f"example{'s' if found.examples_per_device != 1 else ''} per {dev} per micro-batch")
+    memory = Table("", f"per {dev}", "how", title=title, title_justify="left")
+    memory.columns[1].justify = "right"
+    for row in found.memory:
+        memory.add_row(row.what, fmt_bytes(row.bytes), row.how)
+    verdict = ("[green]fits[/green]", "to spare") if found.fits else ("[red]does not fit[/red]", "short")
+    memory.add_row("[bold]total[/bold]", f"[bold]{fmt_bytes(found.total_bytes)}[/bold]",
+                   f"of {fmt_bytes(found.hbm_bytes)}: {verdict[0]}, {fmt_bytes(abs(found.margin_bytes))} {verdict[1]}")
+    console.print(memory)
+    for note in found.notes:
+        console.print(f"note: {escape(note)}", soft_wrap=True)
 
 
 @recipe_command("cp")
@@ -54,7 +120,8 @@ def recipes_validate(recipe: RecipeArg, overrides: SetOpt = None, config: Config
     cfg = load_cluster_file(config)
     console = out_console()
     checked = preflight_with_status(cfg, loaded, console)
-    counts = ", ".join(f"{check.examples:,} {key}" for key, check in checked.files.items())
+    counts = ", ".join(f"{check.examples:,} {key}" + (f" ({check.dropped:,} dropped by data.preprocess)" if check.dropped else "")
+                       for key, check in checked.files.items())
     console.print(
         f"[green]{loaded.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
         f"examples read: {counts}"

@@ -1,14 +1,18 @@
-"""recipes ls / show / cp / validate, modelled on torchtune's ``tune ls`` and ``tune cp``."""
+"""recipes ls / show / cp / validate, modelled on torchtune's ``tune ls`` and ``tune cp``; ``show --summary``."""
 
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuft.config import load_recipe
-from tpuft.errors import UsageError
+from tpuft.errors import ConfigError, UsageError
 from tpuft.paths import recipes_dir, shipped_recipe
+
+if TYPE_CHECKING:
+    from tpuft.model_summary import Summary
 
 
 @dataclass
@@ -68,3 +72,25 @@ def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
     target.write_text(text, encoding="utf-8")
     shutil.copymode(source, target)
     return target
+
+
+def summary(
+    recipe: Path, overrides: list[str] | None = None, *, config: Path | None = None, accelerator: str | None = None
+) -> Summary:
+    """The recipe's model, parameters and memory per device on the cluster's accelerator (``accelerator`` instead:
+    e.g. ``v4-64``); offline, nothing is created and the data is not read. A model the summary cannot size is a
+    :class:`ConfigError` located at the recipe key to change (exit 2)."""
+    from tpuft.accelerators import lookup
+    from tpuft.config import load_cluster
+    from tpuft.model_summary import ModelUnknown, summarize
+
+    loaded = load_recipe(recipe, overrides or [], check_files=False)
+    cluster = load_cluster(config).value
+    chosen = lookup(accelerator) if accelerator is not None else lookup(cluster.accelerator)
+    slices = cluster.gcp.slices if cluster.provider == "gcp" and accelerator is None else 1
+    try:
+        return summarize(loaded.value, chosen, slices=slices, recipe_dir=Path(loaded.source).resolve().parent)
+    except ModelUnknown as exc:
+        error = ConfigError([loaded.problem(exc.path, exc.message)], source=loaded.source)
+        error.hint = exc.hint
+        raise error from None
