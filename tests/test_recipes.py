@@ -44,3 +44,30 @@ def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def
 def test_recipe_by_name(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
     result = cli("recipes", "validate", "quickstart", "-c", str(cluster_file))
     assert result.code == 0 and "is valid" in result.out
+
+
+def _rehearsal_settings(path: Path) -> list[str] | None:
+    """The ``--set`` settings of the header's CPU rehearsal command line, if it has one."""
+    import shlex
+
+    lines = path.read_text().split("\nname:")[0].splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("# CPU rehearsal") and index + 1 < len(lines):
+            words = shlex.split(lines[index + 1].lstrip("# "))
+            assert words[:3] == ["tpuft", "up", path.stem], lines[index + 1]
+            return [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+    return None
+
+
+REHEARSED = [p for p in SHIPPED if _rehearsal_settings(p) is not None]
+
+
+@pytest.mark.parametrize("path", REHEARSED, ids=[p.stem for p in REHEARSED])
+def test_the_cpu_rehearsal_line_in_the_header_validates(path: Path) -> None:
+    """The rehearsal a header promises must load (random init, shipped or local data) and fit the local pod."""
+    from tpuft.backends.registry import get_backend
+    from tpuft.config import ClusterConfig
+
+    recipe = load_recipe(path, _rehearsal_settings(path), check_files=path.stem not in USER_DATA).value
+    assert recipe.model.name_or_path is None  # nothing to download
+    assert get_backend(recipe.backend.kind).check(recipe, ClusterConfig(local={"workers": 2}).shape()) == []

@@ -313,6 +313,15 @@ def _backend_union() -> Any:
 Backend = _backend_union()
 
 
+class PromptTuning(StrictModel):
+    """Soft prompt tuning (Lester et al., 2021): the model is frozen and only a few prompt embeddings learn."""
+
+    tokens: int = Field(100, ge=1, le=4096, description="Prompt length in embedding vectors.")
+    init: Literal["vocab", "random"] = Field(
+        "vocab", description="'vocab': start from the embeddings of random vocabulary tokens (the paper's best); 'random'."
+    )
+
+
 class ModelConfig(StrictModel):
     name_or_path: ModelRef | None = Field(
         None, description="A Hugging Face model id or a local directory to start from (e.g. google/t5-v1_1-small)."
@@ -324,6 +333,23 @@ class ModelConfig(StrictModel):
         "byt5", description="'byt5' for the byte-level ByT5 tokenizer (needs no files), or an HF id / local path."
     )
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="Override the model's dropout rate.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory for about a third more compute."
+    )
+    freeze: list[Literal["embeddings", "encoder", "decoder"]] = Field(
+        default_factory=list, max_length=3, description="Parts whose weights are not trained (they stay bit-identical)."
+    )
+    prompt_tuning: PromptTuning | None = Field(
+        None, description="Soft prompt tuning: train only `tokens` prompt vectors put before every input; the model is frozen."
+    )
+
+    @field_validator("freeze")
+    @classmethod
+    def _freeze_once(cls, value: list[str]) -> list[str]:
+        twice = sorted({part for part in value if value.count(part) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed twice")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -342,6 +368,51 @@ class ModelConfig(StrictModel):
                 )
             ]
         return []
+
+
+TransformName = Literal["strip_diacritics", "lowercase", "nfc", "nfkc", "collapse_whitespace", "strip"]
+"""Text transforms a recipe names (tpuft/worker/transforms.py); seed 003's task is ``source_transforms:
+[strip_diacritics]`` on the same field as the target."""
+
+
+class HfDataset(StrictModel):
+    """A Hugging Face dataset: a hub id (the workers must reach the hub), a local dataset folder, or a builder
+    (``json``, ``csv``, ``parquet``, ``text``) over ``data_files`` that may be local or ``gs://``."""
+
+    path: str = Field(description="Hub id (e.g. wmt16), a local folder, or a builder: json, csv, parquet, text.")
+    name: str | None = Field(None, description="The dataset's configuration, e.g. ro-en.")
+    split: str = Field("train", description="Split to train on.")
+    eval_split: str | None = Field(None, description="Split to evaluate on (e.g. validation); none: no evaluation data.")
+    data_files: list[PathText] | dict[str, list[PathText]] = Field(
+        default_factory=list, max_length=100_000,
+        description="For a builder: files (or globs) of the train split, or {split: [files]}; local or gs://.",
+    )
+    streaming: bool = Field(True, description="Stream the data (never held whole in memory); false: download, map.")
+    revision: str | None = Field(None, description="Hub revision (a tag, branch or commit) for reproducibility.")
+    shuffle_buffer: int = Field(10_000, ge=0, le=10_000_000, description="Streaming shuffle buffer in examples (0: off).")
+    loader_workers: int = Field(1, ge=0, le=64, description="Data-loader processes per worker (0: in the trainer).")
+
+    @field_validator("path")
+    @classmethod
+    def _path_ok(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip() or any(ord(c) < 32 for c in value):
+            raise ValueError(f"expected a dataset id, folder or builder name (got {value!r})")
+        if value.startswith((".", "/", "~")):
+            path = Path(os.path.normpath(_from_file(value, info)))
+            if (info.context or {}).get("check_files", True) and not path.is_dir():
+                raise ValueError(f"dataset folder not found: {path}")
+            return str(path)
+        return value
+
+    @field_validator("data_files")
+    @classmethod
+    def _files_ok(cls, value: list[str] | dict[str, list[str]], info: ValidationInfo) -> list[str] | dict[str, list[str]]:
+        def resolve(items: list[str]) -> list[str]:
+            return [item if item.startswith("gs://") else str(Path(os.path.normpath(_from_file(item, info)))) for item in items]
+
+        if isinstance(value, dict):
+            return {split: resolve(items) for split, items in value.items()}
+        return resolve(value)
 
 
 class DataConfig(StrictModel):
@@ -369,6 +440,23 @@ class DataConfig(StrictModel):
         "head",
         description="Which tokens of an input longer than max_source_length are kept: 'head' the first ones, 'tail' "
         "the last ones, 'head+tail' the first and the last half (long questions whose end matters too).",
+    )
+    source_transforms: list[TransformName] = Field(
+        default_factory=list, max_length=16,
+        description="Named text transforms applied to the input, in order, e.g. [strip_diacritics] with source_field "
+        "and target_field the same field: the task of restoring diacritics, with no code.",
+    )
+    target_transforms: list[TransformName] = Field(
+        default_factory=list, max_length=16, description="Named text transforms applied to the output, in order."
+    )
+    preprocess: str | None = Field(
+        None,
+        description="A hook for anything else: 'file.py:function' (relative to the recipe, shipped to the workers) or "
+        "'package.module:function' (installed in the worker venv). It gets each record (a dict) and returns the "
+        "record to use, or None to drop it.",
+    )
+    hf: HfDataset | None = Field(
+        None, description="A Hugging Face dataset instead of data.train/data.eval files: streamed, sharded over workers."
     )
     label_field: str | None = Field(
         None, description="Classification: the JSON field holding each example's label (a name from labels, or its index)."
@@ -412,6 +500,29 @@ class DataConfig(StrictModel):
             files.extend(found)
         return files
 
+    @field_validator("preprocess")
+    @classmethod
+    def _preprocess_ok(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        target, sep, function = value.rpartition(":")
+        if not sep or not target or not function.isidentifier():
+            raise ValueError(f"expected 'file.py:function' or 'package.module:function' (got {value!r})")
+        if target.endswith(".py"):
+            path = Path(os.path.normpath(_from_file(target, info)))
+            if (info.context or {}).get("check_files", True) and not path.is_file():
+                raise ValueError(f"file not found: {path}")
+            return f"{path}:{function}"
+        if not all(part.isidentifier() for part in target.split(".")):
+            raise ValueError(f"{target!r} is neither a .py file nor a dotted module name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_dataset(self) -> DataConfig:
+        if self.hf is not None and (self.train is not None or self.eval is not None):
+            raise ValueError("give data.hf or data.train/data.eval files, not both")
+        return self
+
     @field_validator("labels")
     @classmethod
     def _labels_ok(cls, value: list[str]) -> list[str]:
@@ -454,20 +565,61 @@ class EarlyStopping(StrictModel):
     min_delta: float = Field(0.0, ge=0.0, le=1e6, description="An improvement smaller than this does not count.")
 
 
+class AdafactorSettings(StrictModel):
+    """Adafactor as transformers implements it, every knob of seed 003's call exposed; the defaults are the T5
+    fine-tuning ones (fixed learning rate from train.learning_rate and the schedule)."""
+
+    eps: list[float] = Field(
+        default_factory=lambda: [1e-30, 1e-3], min_length=2, max_length=2,
+        description="[eps1, eps2]: regularisers of the squared gradient and of the update scale.",
+    )
+    clip_threshold: float = Field(1.0, gt=0.0, le=1e6, description="Clip the update's RMS to this.")
+    decay_rate: float = Field(-0.8, ge=-10.0, le=0.0, description="Second-moment decay exponent.")
+    beta1: float | None = Field(None, ge=0.0, lt=1.0, description="First moment (momentum); null: none (saves memory).")
+    scale_parameter: bool = Field(False, description="Scale the learning rate by the parameter's RMS.")
+    relative_step: bool = Field(False, description="Adafactor's own time-dependent rate (ignores learning_rate).")
+    warmup_init: bool = Field(False, description="With relative_step: warm the relative step up from 1e-6.")
+
+    @field_validator("eps")
+    @classmethod
+    def _eps_ok(cls, value: list[float]) -> list[float]:
+        if not all(0.0 < e < 1.0 for e in value):
+            raise ValueError(f"expected two numbers between 0 and 1 (got {value})")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AdafactorSettings:
+        if self.warmup_init and not self.relative_step:
+            raise ValueError("warmup_init needs relative_step: true")
+        return self
+
+
 class TrainConfig(StrictModel):
     steps: Count = Field(description="Optimizer steps in total.")
     batch_size: int = Field(32, ge=1, le=1 << 20, description="Global batch: split evenly across workers.")
     optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Adafactor (T5's) or AdamW.")
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
-    schedule: Literal["linear", "constant", "inverse_sqrt"] = Field(
+    schedule: Literal["linear", "cosine", "constant", "inverse_sqrt"] = Field(
         "linear",
-        description="After warm-up: 'linear' decays to 0 at the last step, 'constant' stays at the peak, "
+        description="After warm-up: 'linear' decays to 0 at the last step, 'cosine' follows half a cosine to 0, "
+        "'constant' stays at the peak, "
         "'inverse_sqrt' (T5's pretraining schedule) holds the peak for the warm-up steps, then peak*sqrt(warmup/step).",
     )
     warmup_steps: int = Field(0, ge=0, le=1_000_000_000, description="Linear warm-up from 0 to the peak learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     max_grad_norm: float | None = Field(1.0, gt=0.0, le=1e6, description="Clip the global gradient norm; null disables it.")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="Seeds model init and data order; the same on every worker.")
+    grad_accum_steps: Count = Field(
+        1, description="Micro-batches per optimizer step: batch_size is still the global batch the optimizer sees."
+    )
+    precision: Literal["float32", "bf16"] = Field(
+        "float32", description="'bf16': XLA bfloat16 compute on TPU, autocast on CPU (weights and optimizer stay float32)."
+    )
+    adafactor: AdafactorSettings = Field(default_factory=lambda: AdafactorSettings(), description="Adafactor's knobs.")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Label smoothing of the cross-entropy loss.")
+    sharding: Literal["data", "fsdp"] = Field(
+        "data", description="'data': a full copy per replica; 'fsdp': parameters sharded over every chip (SPMD)."
+    )
     log_every: Count = Field(10, description="Write a metrics line every N steps.")
     checkpoint_every: Count | None = Field(
         None, description="Worker 0 saves a checkpoint every N steps (and always at the end)."
@@ -494,10 +646,29 @@ class TrainConfig(StrictModel):
         return value
 
 
+EvalMetric = Literal["exact_match", "accuracy", "token_accuracy", "loss", "bleu", "rouge_l"]
+
+
 class EvalConfig(StrictModel):
     every: Count | None = Field(100, description="Evaluate every N steps (and at the end); null: only at the end.")
     batch_size: int = Field(64, ge=1, le=1 << 20, description="Global eval batch.")
     max_examples: Count | None = Field(None, description="Evaluate on at most this many held-out examples.")
+    metric: EvalMetric | None = Field(
+        None,
+        description="What ranks evaluations (keep_best, early_stopping): exact_match, accuracy, token_accuracy, loss, "
+        "bleu or rouge_l; default: exact match (text-to-text) or accuracy (classification).",
+    )
+    generate_examples: int = Field(
+        0, ge=0, le=1_000_000,
+        description="Greedy-decode this many held-out examples at every evaluation for BLEU and ROUGE-L (on the host; "
+        "default 256 when eval.metric is bleu or rouge_l).",
+    )
+
+    @model_validator(mode="after")
+    def _decodes_for_text_metrics(self) -> EvalConfig:
+        if self.metric in ("bleu", "rouge_l") and not self.generate_examples:
+            self.generate_examples = 256
+        return self
 
 
 class ExportConfig(StrictModel):

@@ -123,10 +123,21 @@ def test_text2text_refuses_classification_keys(recipe_dir: Path) -> None:
 
 def test_other_backends_refuse_what_only_keras_does(recipe_dir: Path) -> None:
     torch_recipe = write(recipe_dir, MINIMAL_RECIPE)
-    for setting in ("train.early_stopping={patience: 2}", "train.keep_best=true", "data.labels=[a, b]"):
-        message = refused(torch_recipe, [setting])
-        assert "not supported by the torch_xla backend" in message, message
+    message = refused(torch_recipe, ["data.labels=[a, b]"])
+    assert "not supported by the torch_xla backend" in message, message
+    for setting in ("train.early_stopping={patience: 2}", "train.keep_best=true"):  # PyTorch/XLA has them too ...
+        assert "needs evaluations: give data.eval" in refused(torch_recipe, [setting])  # ... given held-out data
     assert load_recipe(torch_recipe, ["data.truncation=head+tail"]).value.data.truncation == "head+tail"
+
+
+def test_keras_refuses_what_only_pytorch_xla_does(recipe_dir: Path) -> None:
+    path = write(recipe_dir, TEXT2TEXT)
+    for setting in ("train.grad_accum_steps=2", "train.precision=bf16", "model.freeze=[encoder]",
+                    "model.prompt_tuning.tokens=4", "train.sharding=fsdp", "train.label_smoothing=0.1"):
+        assert "not supported by the keras backend" in refused(path, [setting]), setting
+    assert "needs greedy decodes" in refused(path, ["eval.metric=bleu"])
+    assert "a text2text run has" in refused(path, ["eval.metric=accuracy"])
+    assert load_recipe(path, ["train.schedule=cosine", "eval.metric=token_accuracy"]).value.eval.metric == "token_accuracy"
 
 
 def test_shared_keys_validate(recipe_dir: Path) -> None:

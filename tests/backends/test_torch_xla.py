@@ -34,7 +34,12 @@ def test_batch_is_checked_against_replicas_not_hosts(recipe) -> None:  # type: i
     assert BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []  # 24 over 2 workers
     (path, message), = BACKEND.check(recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu"))  # 16 chips
     assert path == ("train", "batch_size")
-    assert "24 does not split evenly over 16 replicas (4 hosts x 4 chips)" in message and "e.g. 16" in message
+    assert "24 does not split evenly over 16 replicas (4 hosts x 4 devices)" in message and "e.g. 16" in message
+    (_, message), = BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="tpu", devices_per_chip=2))
+    assert "24 does not split evenly over 16 replicas (2 hosts x 8 devices)" in message  # a v3-16: 16 TensorCores
+    accumulated = recipe.model_copy(update={"train": recipe.train.model_copy(update={"grad_accum_steps": 5})})
+    (_, message), = BACKEND.check(accumulated, ClusterShape(hosts=2, chips_per_host=4, target="cpu"))
+    assert "24 does not split evenly over 2 workers x 5 accumulation steps (use a multiple of 10" in message
 
 
 def test_launch_plan_runs_on_every_host_with_the_runtime_env(recipe) -> None:  # type: ignore[no-untyped-def]
@@ -42,7 +47,7 @@ def test_launch_plan_runs_on_every_host_with_the_runtime_env(recipe) -> None:  #
     assert cpu.workers == (0, 1, 2) and cpu.env["PJRT_DEVICE"] == "CPU" and cpu.argv == ("-m", "tpuft.worker")
     tpu = BACKEND.plan(recipe, ClusterShape(hosts=2, chips_per_host=4, target="tpu"))
     assert tpu.env["PJRT_DEVICE"] == "TPU" and "TF_CPP_MIN_LOG_LEVEL" not in tpu.env
-    assert cpu.ship == ("train", "eval")
+    assert cpu.ship == ("train", "eval", "preprocess")
 
 
 def test_layout_names_and_finds_checkpoints(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def test_keep_tokens_and_epoch_length() -> None:
 
 
 def test_schedules_match_the_shared_definition(keras_python: str) -> None:
-    cases = [(100, 10, "linear"), (100, 0, "linear"), (100, 10, "constant"), (100, 10, "inverse_sqrt")]
+    cases = [(100, 10, "linear"), (100, 0, "linear"), (100, 10, "constant"), (100, 10, "inverse_sqrt"), (100, 10, "cosine")]
     got = run_in_venv(keras_python, f"""
         import json, tensorflow as tf
         from tpuft.worker.keras_train import make_schedule

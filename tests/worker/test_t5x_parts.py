@@ -545,6 +545,7 @@ def gin_parsed(t5x_python: str, corpus: Path, sentencepiece: dict[str, str], sta
         "linear": [*warm, "train.schedule=linear"],
         "inverse_sqrt": [*warm, "train.schedule=inverse_sqrt"],
         "constant": [*warm, "train.schedule=constant"],
+        "cosine": [*warm, "train.schedule=cosine"],
         "constant_no_warmup": ["train.steps=100", "train.warmup_steps=0", "train.schedule=constant"],
     }
     qualify = ["PjitPartitioner.num_partitions", "infer_eval/DatasetConfig.batch_size", "Trainer.num_microbatches",
@@ -666,6 +667,11 @@ def test_learning_rate_schedules_built_by_t5x(gin_parsed: dict[str, Any]) -> Non
     assert lr[5] == pytest.approx(peak / 2, rel=1e-5) and lr[10:] == pytest.approx([peak] * 91, rel=1e-5)
     flat = schedules["constant_no_warmup"]
     assert flat["lr"] == pytest.approx([flat["peak"]] * 101, rel=1e-5)
+    cosine = schedules["cosine"]
+    peak, lr = cosine["peak"], cosine["lr"]
+    assert lr[5] == pytest.approx(peak / 2, rel=1e-5) and lr[10] == pytest.approx(peak, rel=1e-5)
+    assert lr[55] == pytest.approx(peak / 2, rel=1e-5) and lr[99] < peak * 1e-3  # half a cosine to ~0
+    assert all(a >= b for a, b in zip(lr[10:100], lr[11:100]))
 
 
 # ---------------------------------------------------------------------------------------------------------------

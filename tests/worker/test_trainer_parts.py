@@ -4,6 +4,7 @@ the backend's venv: the digest is what tells that data-parallel replicas ended w
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import textwrap
 
@@ -65,3 +66,11 @@ def test_the_weight_digest_changes_with_any_weight(torch_python: str) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"same": True, "changed": [True, True, True], "reshaped": True, "renamed": True, "dtype": True, "empty": True}
+
+
+def test_cosine_after_warm_up_is_half_a_cosine_to_zero() -> None:
+    factor = lr_factor(steps=110, warmup=10, schedule="cosine")
+    assert [round(factor(s), 3) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]
+    assert factor(10) == 1.0 and factor(60) == pytest.approx(0.5) and factor(110) == pytest.approx(0.0)
+    assert factor(35) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert all(factor(s) >= factor(s + 1) for s in range(10, 110))

@@ -99,7 +99,7 @@ class LaunchPlan:
     """After the venv's python."""
     env: dict[str, str] = field(default_factory=dict)
     """What the backend's runtime needs on each launched worker (e.g. PJRT_DEVICE)."""
-    ship: tuple[str, ...] = ("train", "eval")
+    ship: tuple[str, ...] = ("train", "eval", "preprocess")
     """Recipe keys whose files are copied to workers that cannot read this machine's disk: ``data`` keys by name,
     others dotted (``backend.gin_files``); a list ships each of its files; ``gs://`` URLs stay."""
 
@@ -254,6 +254,22 @@ def unsupported(recipe: RecipeConfig, kind: str, *keys: KeyPath) -> list[tuple[K
         if getattr(owner, name) != default:
             found.append((key, f"not supported by the {kind} backend; remove it"))
     return found
+
+
+PYTORCH_XLA_KEYS: tuple[KeyPath, ...] = (
+    ("data", "hf"), ("train", "grad_accum_steps"), ("train", "precision"), ("train", "adafactor"),
+    ("train", "label_smoothing"), ("train", "sharding"), ("model", "gradient_checkpointing"), ("model", "freeze"),
+    ("model", "prompt_tuning"), ("eval", "generate_examples"),
+)
+"""Shared recipe keys that only the PyTorch/XLA trainer implements so far (the other backends refuse them)."""
+
+
+def text_metric_problems(recipe: RecipeConfig, kind: str) -> list[tuple[KeyPath, str]]:
+    """``eval.metric`` bleu/rouge_l needs greedy decodes, which only the PyTorch/XLA trainer makes."""
+    if recipe.eval.metric in ("bleu", "rouge_l"):
+        return [(("eval", "metric"), f"{recipe.eval.metric} needs greedy decodes, which the {kind} backend does not "
+                 "make; use exact_match, token_accuracy or loss (or the torch_xla backend)")]
+    return []
 
 
 class Backend(Protocol):

@@ -29,7 +29,18 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, RunLayout, Target, weight_digest_summary
+from tpuft.backends.base import (
+    PYTORCH_XLA_KEYS,
+    ClusterShape,
+    EnvSpec,
+    KeyPath,
+    LaunchPlan,
+    RunLayout,
+    Target,
+    text_metric_problems,
+    unsupported,
+    weight_digest_summary,
+)
 from tpuft.config_types import Requirement, StrictModel
 
 if TYPE_CHECKING:
@@ -117,8 +128,15 @@ class KerasBackend(StrictModel):
                           "model.config"))
         elif model.name_or_path is None and model.config is None:
             found.append((("model",), "give exactly one of model.name_or_path (pretrained) or model.config (random init)"))
-        if data.train is None:
+        if data.train is None and data.hf is None:
             found.append((("data", "train"), "required key is missing: training examples, JSON lines"))
+        found += unsupported(recipe, "keras", *PYTORCH_XLA_KEYS) + text_metric_problems(recipe, "keras")
+        if recipe.eval.metric == "accuracy" and self.task == "text2text":
+            found.append((("eval", "metric"), "accuracy is the classification metric; a text2text run has "
+                          "exact_match, token_accuracy and loss"))
+        if recipe.eval.metric in ("exact_match", "token_accuracy") and self.task == "classification":
+            found.append((("eval", "metric"), f"{recipe.eval.metric} is a text2text metric; a classification run "
+                          "has accuracy and loss"))
         if data.corpus:
             found.append((("data", "corpus"), "a pretraining corpus is for the t5x backend's span_corruption task; "
                           "the keras backend trains on data.train (JSON lines)"))

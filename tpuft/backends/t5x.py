@@ -28,7 +28,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, RunLayout, Target, unsupported
+from tpuft.backends.base import (
+    PYTORCH_XLA_KEYS,
+    ClusterShape,
+    EnvSpec,
+    KeyPath,
+    LaunchPlan,
+    RunLayout,
+    Target,
+    text_metric_problems,
+    unsupported,
+)
 from tpuft.config_types import PathText, Requirement, StrictModel, path_from_file
 
 if TYPE_CHECKING:
@@ -286,7 +296,9 @@ class T5xBackend(StrictModel):
                               f"other (train.checkpoint_every is {train.checkpoint_every})"))
         # seqio trims inputs at their end; T5X keeps the best checkpoint by the eval metric anyway (keep_best)
         found += unsupported(recipe, "t5x", ("data", "truncation"), ("data", "label_field"), ("data", "labels"),
-                             ("train", "early_stopping"))
+                             ("train", "early_stopping"), ("data", "source_transforms"), ("data", "target_transforms"),
+                             ("data", "preprocess"), *PYTORCH_XLA_KEYS)
+        found += text_metric_problems(recipe, "t5x")
         return found
 
 

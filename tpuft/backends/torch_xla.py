@@ -28,6 +28,9 @@ _COMMON = (
     "pydantic>=2.6",
     "pyyaml>=6",
     "google-cloud-storage>=2.14",  # a run dir in a bucket is mirrored from the worker (tpuft/storage/sync.py)
+    "datasets>=4.0,<6",  # data.hf: streamed, sharded Hugging Face datasets (tpuft/worker/hf_data.py)
+    "gcsfs>=2024.2",  # data.hf.data_files on gs://, read by datasets through fsspec
+    "accelerate>=1.0",  # transformers' Seq2SeqTrainer, the baseline of benchmarks/train_step.py
 )
 
 
@@ -42,15 +45,27 @@ class TorchXlaBackend(StrictModel):
 
     def recipe_problems(self, recipe: RecipeConfig) -> list[tuple[KeyPath, str]]:
         found: list[tuple[KeyPath, str]] = []
-        if recipe.model.name_or_path is None and recipe.model.config is None:
+        model, data, train = recipe.model, recipe.data, recipe.train
+        if model.name_or_path is None and model.config is None:
             found.append((("model",), "give exactly one of model.name_or_path (pretrained) or model.config (random init)"))
-        if recipe.data.train is None:
-            found.append((("data", "train"), "required key is missing: training examples, JSON lines"))
-        if recipe.data.corpus:
+        if data.train is None and data.hf is None:
+            found.append((("data", "train"), "required key is missing: training examples, JSON lines (or data.hf, "
+                          "a Hugging Face dataset)"))
+        if data.corpus:
             found.append((("data", "corpus"), "a pretraining corpus is for the t5x backend's span_corruption task; "
-                          "the torch_xla backend trains on data.train (JSON lines)"))
-        found += unsupported(recipe, "torch_xla", ("data", "label_field"), ("data", "labels"),
-                             ("train", "early_stopping"), ("train", "keep_best"))
+                          "the torch_xla backend trains on data.train (JSON lines) or data.hf"))
+        found += unsupported(recipe, "torch_xla", ("data", "label_field"), ("data", "labels"))
+        if recipe.eval.metric == "accuracy":
+            found.append((("eval", "metric"), "accuracy is the classification metric; a text2text run has "
+                          "exact_match, token_accuracy, loss, bleu and rouge_l"))
+        has_eval = data.eval is not None or (data.hf is not None and data.hf.eval_split is not None)
+        for key, on in (("keep_best", train.keep_best), ("early_stopping", train.early_stopping is not None)):
+            if on and not has_eval:
+                found.append((("train", key), "needs evaluations: give data.eval (or data.hf.eval_split)"))
+        if model.prompt_tuning is not None and model.freeze:
+            found.append((("model", "freeze"), "prompt tuning already freezes the whole model; remove model.freeze"))
+        if set(model.freeze) >= {"embeddings", "encoder", "decoder"}:
+            found.append((("model", "freeze"), "that freezes every weight: nothing would train"))
         return found
 
 
@@ -74,19 +89,23 @@ class TorchXla:
 
     @staticmethod
     def replicas(shape: ClusterShape) -> int:
-        """Data-parallel copies: one per chip on TPU hosts (a process each), one per worker on the CPU pod."""
-        return shape.chips if shape.target == "tpu" else shape.hosts
+        """Data-parallel copies: one per TPU device on TPU hosts (a chip; each of a v2/v3 chip's two TensorCores),
+        one per worker on the CPU pod."""
+        return shape.chips * shape.devices_per_chip if shape.target == "tpu" else shape.hosts
 
     def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
         replicas = self.replicas(shape)
-        what = f"{replicas} replicas ({shape.hosts} hosts x {shape.chips_per_host} chips)" if shape.target == "tpu" else f"{replicas} workers"
-        batch = recipe.train.batch_size
-        if batch % replicas:
+        per_host = shape.chips_per_host * shape.devices_per_chip
+        what = f"{replicas} replicas ({shape.hosts} hosts x {per_host} devices)" if shape.target == "tpu" else f"{replicas} workers"
+        batch, accum = recipe.train.batch_size, recipe.train.grad_accum_steps
+        unit = replicas * accum
+        if batch % unit:
+            split = f"{what} x {accum} accumulation steps" if accum > 1 else what
             return [
                 (
                     ("train", "batch_size"),
-                    f"{batch} does not split evenly over {what} (use a multiple of {replicas}, "
-                    f"e.g. {max(replicas, batch // replicas * replicas)})",
+                    f"{batch} does not split evenly over {split} (use a multiple of {unit}, "
+                    f"e.g. {max(unit, batch // unit * unit)})",
                 )
             ]
         return []
@@ -95,6 +114,8 @@ class TorchXla:
         env = {"PJRT_DEVICE": "TPU" if shape.target == "tpu" else "CPU", "TOKENIZERS_PARALLELISM": "false"}
         if shape.target == "cpu":
             env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's C++ start-up chatter, one block per worker
+        if recipe.train.sharding == "fsdp" and shape.target == "tpu":
+            env["XLA_USE_SPMD"] = "1"  # one SPMD process per host (the trainer calls use_spmd() too)
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:

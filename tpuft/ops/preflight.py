@@ -17,6 +17,7 @@ from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.errors import ConfigError
 from tpuft.worker.data import Fields, FileCheck, check_file
+from tpuft.worker.text_transforms import HookError
 
 DataProgress = Callable[[Path, int, int], None]
 """(file, bytes read, file size): called now and then while a big data file is read."""
@@ -49,7 +50,10 @@ def data_problems(
     recipe: Loaded[RecipeConfig], workers: int, progress: DataProgress | None = None
 ) -> tuple[list[str], dict[str, FileCheck]]:
     data = recipe.value.data
-    fields = Fields.of(data)
+    try:
+        fields = Fields.of(data)
+    except HookError as exc:  # the preprocess hook does not load: nothing can be checked without it
+        return [recipe.problem(("data", "preprocess"), str(exc).split(": ", 1)[-1])], {}
     problems: list[str] = []
     checks: dict[str, FileCheck] = {}
     for key in ("train", "eval"):

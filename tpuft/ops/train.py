@@ -115,6 +115,9 @@ def train(
 
     run_id = rundir.new_run_id(recipe.value.name)
     run = Run(run_id, str(open_storage(session.cluster.bucket).run_dir(run_id)), config.gcp.project)
+    if _remote_fleet(session) and _local_only_dataset(recipe.value):
+        raise UsageError(f"{_local_only_dataset(recipe.value)}, which the workers cannot read",
+                         hint="put the files in the bucket (gs://...) or name a hub dataset the workers can download")
     shipped = _shipped_data(recipe.value, plan) if _remote_fleet(session) else {}
     resolved = _ship_data(session, recipe.value, run_id, plan) if shipped else recipe.value
     run.storage.write_text(rundir.RECIPE, dump_recipe(resolved))
@@ -343,7 +346,32 @@ def _recipe_value(recipe: RecipeConfig, key: str) -> Any:
 
 def _local_file(value: Any) -> bool:
     """Only files of this machine travel; ``gs://`` URLs and names such as ``byt5`` stay as they are."""
-    return value is not None and not str(value).startswith("gs://") and Path(str(value)).is_file()
+    path, _ = _hook_parts(value)
+    return path is not None and not str(path).startswith("gs://") and Path(str(path)).is_file()
+
+
+def _hook_parts(value: Any) -> tuple[Any, str]:
+    """``data.preprocess`` names a file and a function (``/x/hooks.py:clean``): the file travels, the function name
+    stays; any other value is all path."""
+    text = str(value) if value is not None else ""
+    head, sep, tail = text.rpartition(":")
+    if sep and head.endswith(".py") and tail.isidentifier():
+        return head, sep + tail
+    return value, ""
+
+
+def _local_only_dataset(recipe: RecipeConfig) -> str | None:
+    """A ``data.hf`` that only this machine can read (a local folder or local data files), or None."""
+    hf = recipe.data.hf
+    if hf is None:
+        return None
+    files = hf.data_files if isinstance(hf.data_files, list) else [f for fs in hf.data_files.values() for f in fs]
+    local = [f for f in files if not f.startswith("gs://")]
+    if local:
+        return f"data.hf.data_files: {local[0]} is on this machine"
+    if Path(hf.path).is_dir():
+        return f"data.hf.path: {hf.path} is a folder on this machine"
+    return None
 
 
 def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, Any]:
@@ -365,12 +393,13 @@ def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: Launch
     folder = f".tpuft/data/{run_id}"
     updates: dict[str, dict[str, Any]] = {}
 
-    def ship(path: Any, name: str) -> Any:
-        if not _local_file(path):
-            return path
+    def ship(value: Any, name: str) -> Any:
+        if not _local_file(value):
+            return value
+        path, function = _hook_parts(value)
         remote = f"{folder}/{name}-{Path(str(path)).name}"
         session.fleet.put(Path(str(path)), remote, workers=plan.workers)
-        return type(path)(remote) if isinstance(path, Path) else remote
+        return type(value)(remote) if isinstance(value, Path) else remote + function
 
     for key in plan.ship:
         value = _recipe_value(recipe, key)

@@ -18,7 +18,7 @@ import json
 import math
 import random
 import string
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,16 +57,29 @@ class Fields:
     source_template: str | None = None
     target_template: str | None = None
     prefix: str = ""
+    source_transform: Callable[[str], str] | None = None
+    """``data.source_transforms`` in order (before the prefix is put in front)."""
+    target_transform: Callable[[str], str] | None = None
+    preprocess: Callable[[dict[str, Any]], Any] | None = None
+    """``data.preprocess``: the record to use instead, or None to drop the example."""
+    preprocess_name: str = ""
 
     @classmethod
     def of(cls, data_config: Any) -> Fields:
+        from tpuft.worker.text_transforms import load_preprocess, text_transform
+
         label_field = getattr(data_config, "label_field", None)  # classification: the label is the target text
+        hook = getattr(data_config, "preprocess", None)
         return cls(
             source_field=data_config.source_field,
             target_field=label_field or data_config.target_field,
             source_template=data_config.source_template,
             target_template=data_config.target_template,
             prefix=data_config.prefix,
+            source_transform=text_transform(getattr(data_config, "source_transforms", [])),
+            target_transform=text_transform(getattr(data_config, "target_transforms", [])),
+            preprocess=load_preprocess(hook) if hook else None,
+            preprocess_name=hook or "",
         )
 
 
@@ -107,12 +120,34 @@ class _TemplateFormatter(string.Formatter):
 _FORMATTER = _TemplateFormatter()
 
 
-def make_example(record: Any, *, line: int, path: Path, fields: Fields = Fields()) -> Example:
+def make_example(record: Any, *, line: int, path: Path | str, fields: Fields = Fields()) -> Example | None:
+    """The example of one JSON record; None when ``data.preprocess`` drops it."""
     if type(record) is not dict:
         raise DataError(f"{path}:{line}", f"expected a JSON object, got {_json_kind(record)}")
+    if fields.preprocess is not None:
+        record = _preprocessed(record, fields, path, line)
+        if record is None:
+            return None
     source = _build(record, fields.source_template, fields.source_field, "source", path, line)
     target = _build(record, fields.target_template, fields.target_field, "target", path, line)
+    if fields.source_transform is not None:
+        source = fields.source_transform(source)
+    if fields.target_transform is not None:
+        target = fields.target_transform(target)
     return Example(fields.prefix + source, target, line)
+
+
+def _preprocessed(record: dict[str, Any], fields: Fields, path: Path | str, line: int) -> dict[str, Any] | None:
+    assert fields.preprocess is not None
+    try:
+        out = fields.preprocess(dict(record))  # a copy: a hook that edits in place cannot change the caller's record
+    except Exception as exc:
+        raise DataError(f"{path}:{line}", f"data.preprocess {fields.preprocess_name} failed: "
+                        f"{type(exc).__name__}: {exc}") from None
+    if out is not None and type(out) is not dict:
+        raise DataError(f"{path}:{line}", f"data.preprocess {fields.preprocess_name} returned "
+                        f"{_json_kind(out)}; expected a record (a dict) or None to drop the example")
+    return out
 
 
 def _build(record: dict[str, Any], template: str | None, name: str, what: str, path: Path, line: int) -> str:
@@ -180,7 +215,9 @@ def iter_shard(path: Path, worker: int, num_workers: int, fields: Fields = Field
         raise ValueError(f"worker {worker} out of range for {num_workers} workers")
     for index, (number, raw) in enumerate(_lines(path)):
         if index % num_workers == worker:
-            yield make_example(parse_line(path, number, raw), line=number, path=path, fields=fields)
+            example = make_example(parse_line(path, number, raw), line=number, path=path, fields=fields)
+            if example is not None:
+                yield example
 
 
 def load_shard(path: Path, worker: int, num_workers: int, fields: Fields = Fields()) -> list[Example]:
@@ -202,6 +239,8 @@ class FileCheck:
     """(side, field) of every "no field" problem, listed or not."""
     """Problems beyond the first ``MAX_PROBLEMS``, counted but not listed."""
     bytes_read: int = 0
+    dropped: int = 0
+    """Records ``data.preprocess`` dropped."""
 
 
 def check_file(path: Path, fields: Fields, *, progress: Any = None) -> FileCheck:
@@ -217,11 +256,14 @@ def check_file(path: Path, fields: Fields, *, progress: Any = None) -> FileCheck
                 progress(check.bytes_read, total)
                 next_report += 1 << 24
             try:
-                make_example(parse_line(path, number, raw), line=number, path=path, fields=fields)
+                example = make_example(parse_line(path, number, raw), line=number, path=path, fields=fields)
             except DataError as exc:
                 _note(check, exc)
                 continue
-            check.examples += 1
+            if example is None:
+                check.dropped += 1
+            else:
+                check.examples += 1
     except DataError as exc:  # the byte-order mark: nothing after it can be trusted
         _note(check, exc)
     except OSError as exc:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -47,6 +48,7 @@ from tpuft.worker import data as data_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import Heartbeat
 from tpuft.worker.resume import TRAINER_STATE, find_resume_checkpoint, load_resume_point, open_metrics, resuming
+from tpuft.worker.selection import Selector
 
 OPTIMIZER_STATE = "optimizer.npz"
 IGNORE = -100
@@ -350,8 +352,9 @@ class KerasRun:
         epoch = epoch_length(train.steps, evaluation.every if self.eval_files else None, train.checkpoint_every)
         self.epoch = epoch
         self.run_started = time.time() - float(self.trainer_state.get("elapsed_s", 0.0))
-        self.best = self.trainer_state.get("best")  # {"metric", "value", "step"} of the best eval so far
-        self.bad_evals = int(self.trainer_state.get("bad_evals", 0))
+        # best-so-far and early stopping (tpuft.worker.selection), restored from the checkpoint's trainer state
+        self.selector = Selector(self.recipe.eval.metric, train.early_stopping, self.trainer_state)
+        self.best = self.selector.best  # {"metric", "value", "step"} of the best eval so far
         strategy = self.strategy
         dataset = strategy.distribute_datasets_from_function(
             self._dataset_fn(self.train_files, self.local_batch, train=True, skip_steps=self.start_step)
@@ -396,28 +399,15 @@ class KerasRun:
         return result
 
     def judge(self, result: dict[str, float]) -> bool:
-        """Best-so-far and early stopping, from an evaluation's metric (identical on every replica). True when this
-        evaluation is the best so far."""
-        ranked = rundir.best_eval_metric({**result, "step": self.step})
-        if ranked is None:
-            return False
-        name, value, _ = ranked
-        better = dict(rundir.BEST_METRICS)[name]  # max, or min for a loss
-        stopping = self.recipe.train.early_stopping
-        delta = stopping.min_delta if stopping else 0.0
-        improved = self.best is None or (better(value, self.best["value"]) == value and
-                                         abs(value - self.best["value"]) > delta)
-        if improved:
-            self.best = {"metric": name, "value": value, "step": self.step}
-            self.bad_evals = 0
-        else:
-            self.bad_evals += 1
-            if stopping and self.bad_evals >= stopping.patience:
-                self.stopped_early = (f"early stopping at step {self.step}: {name} has not improved on "
-                                      f"{self.best['value']:.4f} (step {self.best['step']}) for {self.bad_evals} evaluations")
-                self.say(self.stopped_early)
-                self.model.stop_training = True
-        return improved
+        """Best-so-far and early stopping, from an evaluation's metric (identical on every replica): the shared
+        :class:`~tpuft.worker.selection.Selector`. True when this evaluation is the best so far."""
+        verdict = self.selector.judge(self.step, result)
+        self.best = self.selector.best
+        if verdict.stop:
+            self.stopped_early = verdict.reason
+            self.say(verdict.reason)
+            self.model.stop_training = True
+        return verdict.improved
 
     def wait_for_everyone(self) -> None:
         """A barrier (an all-reduce of one number) at the end: a worker of a MultiWorkerMirrored run that exits while
@@ -444,7 +434,7 @@ class KerasRun:
         state = {
             "step": self.step, "run_id": self.ctx.run_id, "recipe": self.recipe.name, "backend": "keras",
             "tokenizer": self.recipe.model.tokenizer, "time": time.time(), "elapsed_s": started - self.run_started,
-            "replicas": self.replicas, "best": self.best, "bad_evals": self.bad_evals,
+            "replicas": self.replicas, **self.selector.state(),  # best, bad_evals, stopped_early
         }  # fmt: skip
         (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
         LAYOUT.write_manifest(tmp)
@@ -691,7 +681,13 @@ def make_schedule(tf: Any, peak: float, steps: int, warmup: int, kind: str) -> A
             warm = float(max(warmup, 1))
             if kind == "inverse_sqrt":
                 return peak * tf.sqrt(warm / tf.maximum(step, warm))
-            factor = tf.constant(1.0) if kind == "constant" else tf.maximum(0.0, (steps - step) / max(1, steps - warmup))
+            if kind == "constant":
+                factor = tf.constant(1.0)
+            elif kind == "cosine":
+                progress = tf.minimum(1.0, (step - warmup) / max(1, steps - warmup))
+                factor = 0.5 * (1.0 + tf.cos(math.pi * progress))
+            else:
+                factor = tf.maximum(0.0, (steps - step) / max(1, steps - warmup))
             if warmup:
                 factor = tf.where(step < warmup, (step + 1.0) / warmup, factor)
             return peak * factor

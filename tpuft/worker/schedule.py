@@ -3,12 +3,13 @@ PyTorch/XLA trainer uses it as its LambdaLR factor, and the Keras trainer's TF s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 
 def lr_factor(steps: int, warmup: int, schedule: str) -> Callable[[int], float]:
-    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0 or constant; or
-    T5's inverse square root."""
+    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0, half a cosine to 0,
+    or constant; or T5's inverse square root."""
 
     def factor(step: int) -> float:
         if schedule == "inverse_sqrt":  # T5's: the peak for the warm-up steps, then 1/sqrt(step) from there
@@ -17,6 +18,9 @@ def lr_factor(steps: int, warmup: int, schedule: str) -> Callable[[int], float]:
             return (step + 1) / warmup
         if schedule == "constant":
             return 1.0
+        if schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
         remaining = steps - step
         return max(0.0, remaining / max(1, steps - warmup))
 

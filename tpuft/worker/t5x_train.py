@@ -528,6 +528,10 @@ def learning_rate_bindings(recipe: RecipeConfig, initial: int) -> dict[str, Any]
         warm = max(warmup, 1)
         bindings = {"factors": "linear_decay", "base_learning_rate": peak, "warmup_steps": warm,
                     "decay_factor": 1.0 / max(steps - warm, 1)}  # fmt: skip
+    elif train.schedule == "cosine":  # T5X's cosine factor decays from the end of the warm-up to the last step
+        bindings = {"factors": "constant * linear_warmup * cosine_decay" if warmup else "constant * cosine_decay",
+                    "base_learning_rate": peak, "warmup_steps": max(warmup, 1),
+                    "steps_per_cycle": max(steps - warmup, 1)}  # fmt: skip
     elif train.schedule == "inverse_sqrt":
         bindings = {"factors": "constant * rsqrt_normalized_decay", "base_learning_rate": peak, "warmup_steps": max(warmup, 1)}
     else:
@@ -706,12 +710,12 @@ def batch_counts(batch: Any) -> tuple[int, int, int]:
 
 def eval_score(row: dict[str, Any]) -> float | None:
     """Higher is better: the metric that ranks a run's evaluations everywhere (``rundir.BEST_METRICS``: exact match,
-    else accuracy, else token accuracy, else the eval loss), negated where lower is better."""
-    ranked = rundir.best_eval_metric(row)
-    if ranked is None:
-        return None
-    name, value, _ = ranked
-    return value if dict(rundir.BEST_METRICS)[name] is max else -value
+    else accuracy, else token accuracy, else the eval loss), negated where lower is better; the shared ranking of
+    ``tpuft.worker.selection`` (T5X's teacher-forced and inference evaluations are separate rows, so it keeps the
+    default ranking rather than ``eval.metric``)."""
+    from tpuft.worker.selection import score
+
+    return score(row)
 
 
 def write_manifest(folder: str) -> None:

@@ -57,10 +57,15 @@ from tpuft.worker.resume import TRAINER_STATE, find_resume_checkpoint, load_resu
 from tpuft.worker.schedule import lr_factor
 
 OPTIMIZER_STATE = "optimizer.pt"
+PROMPT_FILE = "prompt.safetensors"
+"""Prompt tuning: the learned prompt, in each checkpoint and beside the Hugging Face export (``export/``)."""
 
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
-    if os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU":
+    tpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU"
+    if recipe.train.sharding == "fsdp":  # SPMD: one process per host drives every local chip
+        return Trainer(ctx, recipe, tpu=tpu).run()
+    if tpu:
         import torch_xla
 
         torch_xla.launch(_tpu_process, args=(ctx, recipe))
@@ -135,6 +140,29 @@ class _Gloo:
         self.dist.destroy_process_group()
 
 
+class _SpmdHosts:
+    """TPU with ``train.sharding: fsdp``: one SPMD program over every chip of every host. Each host feeds its slice
+    of the global batch; the compiler inserts the gradient reductions, so there is nothing to average, and a sum
+    over the global batch is already global."""
+
+    implicit = True
+
+    def __init__(self) -> None:
+        import torch_xla.runtime as xr
+
+        self.rank, self.world = xr.process_index(), xr.process_count()
+        self.local_rank = 0
+
+    def reduce_gradients(self, params: list[Any], optimizer: Any, extras: Any) -> Any:
+        return extras
+
+    def sum(self, tensor: Any) -> Any:
+        return tensor.cpu()
+
+    def close(self) -> None:
+        pass
+
+
 class _XlaCollectives:
     """TPU: every chip of every host is a replica; XLA all-reduces over ICI/DCN inside the step's graph."""
 
@@ -167,6 +195,7 @@ class _Batch:
     labels: Any
     weights: Any
     tokens: int
+    """Input and target tokens (for throughput)."""
 
 
 class Trainer:
@@ -174,6 +203,8 @@ class Trainer:
         self.ctx = ctx
         self.recipe = recipe
         self.tpu = tpu
+        self.spmd = recipe.train.sharding == "fsdp"
+        self.mesh: Any = None
 
     # -- setup ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -184,6 +215,8 @@ class Trainer:
         finally:
             self.metrics.close()
             self.replicas.close()
+            if hasattr(self, "batches"):
+                self.batches.close()  # data-loader processes
         return 0
 
     def setup(self) -> None:
@@ -191,15 +224,22 @@ class Trainer:
         import torch_xla
         import transformers
 
+        self.setup_started = time.time()
+        self.first_step_s: float | None = None
+        self.first_step_logged = False
         transformers.utils.logging.disable_progress_bar()  # per-file bars garble the interleaved worker logs
         cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         if cpus:
             torch.set_num_threads(len(cpus))
         self.torch = torch
         self.torch_xla = torch_xla
+        if self.spmd:
+            self._setup_mesh()
         self.device = torch_xla.device()
-        if self.tpu:
-            self.replicas: Any = _XlaCollectives()
+        if self.tpu and self.spmd:
+            self.replicas: Any = _SpmdHosts()
+        elif self.tpu:
+            self.replicas = _XlaCollectives()
         elif self.ctx.num_workers > 1:
             self.replicas = _Gloo(self.ctx.worker_id, self.ctx.num_workers, self.ctx.coordinator, self.device)
         else:
@@ -219,12 +259,62 @@ class Trainer:
         start = load_resume_point(self.ctx, LAYOUT, found, self.recipe.train.steps, self._say)
         self.checkpoint, self.trainer_state = start.checkpoint, start.state
         self.metrics = open_metrics(self.ctx, chief=self.chief, restart_at=self.start_step if self.resuming else None)
+        from tpuft.worker.selection import Selector
+
+        self.selector = Selector(self.recipe.eval.metric, self.recipe.train.early_stopping, self.trainer_state)
+        self.stopped_early: str | None = None
+        self.last_eval: dict[str, Any] = {}
+        self.saved_steps: set[int] = set()
         self._setup_tokenizer()
         self._setup_model()
         self._setup_optimizer()
         self._setup_data()
         if self.resuming:
             self._check_same_start()
+
+    def _setup_mesh(self) -> None:
+        """FSDP via SPMD (FSDPv2's layout): a 1-D mesh named ``fsdp`` over every device of every host; parameters
+        are sharded on it as ``tpuft.fsdp_plan`` says, the batch on its first dimension. On the CPU pod the mesh is
+        this worker's CPU devices (``CPU_NUM_DEVICES``; one is still the SPMD code path) and workers average
+        gradients over gloo as in data-parallel runs."""
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()  # before the first device is touched
+        devices = xr.global_runtime_device_count()
+        self.mesh = xs.Mesh(np.arange(devices), (devices,), ("fsdp",))
+        xs.set_global_mesh(self.mesh)
+        self.local_devices = xr.addressable_runtime_device_count()
+
+    def _shard_parameters(self) -> None:
+        from tpuft.fsdp_plan import partition_spec
+        import torch_xla.distributed.spmd as xs
+
+        size = self.mesh.size()
+        sharded = 0
+        for name, param in self.model.named_parameters():
+            spec = partition_spec(name, tuple(param.shape), size)
+            if any(axis is not None for axis in spec):
+                xs.mark_sharding(param, self.mesh, spec)
+                sharded += 1
+        if self.prompt is not None:
+            xs.mark_sharding(self.prompt.weight, self.mesh, partition_spec("prompt.weight", tuple(self.prompt.weight.shape), size))
+        self._say(f"fsdp: {sharded} parameter tensors sharded over a mesh of {size} devices")
+
+    def _to_device(self, *tensors: Any) -> list[Any]:
+        """Host tensors to the device; under SPMD each host's batch becomes its slice of the global batch, sharded
+        on the batch dimension."""
+        if self.mesh is None:
+            return [t.to(self.device) for t in tensors]
+        import torch_xla.core.xla_model as xm
+        import torch_xla.distributed.spmd as xs
+
+        out = []
+        for tensor in tensors:
+            spec = xs.ShardingSpec(self.mesh, ("fsdp", *([None] * (tensor.dim() - 1))), minibatch=True)
+            out.append(xm.send_cpu_data_to_device([tensor], self.device, spec)[0])
+        return out
 
     def _beat(self, step: int, status: str = "running", phase: str = "step", **extra: Any) -> None:
         if self.beats:
@@ -233,7 +323,7 @@ class Trainer:
     def _check_same_start(self) -> None:
         """Every replica picks the latest complete checkpoint itself: make sure they all picked the same one (a
         replica that went on from another step would silently train different weights)."""
-        if self.replicas.world == 1:
+        if self.replicas.world == 1 or getattr(self.replicas, "implicit", False):
             return
         parts = [self.start_step % 4096, self.start_step // 4096]  # int32-safe sums over thousands of replicas
         total = self.replicas.sum(self.torch.tensor(parts, dtype=self.torch.int32, device=self.device))
@@ -252,6 +342,8 @@ class Trainer:
 
     def _setup_model(self) -> None:
         from transformers import T5Config, T5ForConditionalGeneration
+
+        from tpuft.worker import torch_parts
 
         torch = self.torch
         model_cfg = self.recipe.model
@@ -273,39 +365,80 @@ class Trainer:
             model = T5ForConditionalGeneration(T5Config(**settings))
         else:
             model = T5ForConditionalGeneration.from_pretrained(model_cfg.name_or_path, **overrides)
+        if model_cfg.gradient_checkpointing:
+            self._checkpoint_activations(model)
+        tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
         self.model = model.to(self.device)
-        self.model.tie_weights()  # moving to an XLA device un-shares the embedding tables; share them again
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        count = sum(p.numel() for p in self.params)
+        if tied:  # moving to an XLA device un-shares the embedding tables; share them again (only if they were:
+            self.model.tie_weights()  # a T5 v1.1 / mT5 checkpoint's own output layer must survive)
+        self.prompt: Any = None  # a torch_parts.SoftPrompt when prompt tuning
+        tuning = model_cfg.prompt_tuning
+        if tuning is not None:  # the whole model is frozen; only the prompt learns
+            self.model.requires_grad_(False)
+            self.prompt = torch_parts.SoftPrompt(self.model.get_input_embeddings(), tuning.tokens, tuning.init,
+                                                 self.recipe.train.seed)
+            if self.checkpoint is not None:
+                from safetensors.torch import load_file
+
+                self.prompt.weight.data.copy_(load_file(str(self.checkpoint / PROMPT_FILE))["prompt"])
+            self.prompt.to(self.device)
+            self.named_params = [("prompt.weight", self.prompt.weight)]
+        else:
+            frozen = torch_parts.freeze(self.model, model_cfg.freeze)
+            if frozen:
+                self._say(f"frozen: {', '.join(model_cfg.freeze)} ({len(frozen)} tensors)")
+            self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if self.mesh is not None:
+            self._shard_parameters()
+        self.params = [p for _, p in self.named_params]
+        count = sum(p.numel() for p in self.model.parameters())
+        trainable = sum(p.numel() for p in self.params)
         origin = self.checkpoint or ("random init" if model_cfg.config is not None else model_cfg.name_or_path)
-        self._say(f"model: {count / 1e6:.2f}M parameters ({origin})")
+        self._say(f"model: {count / 1e6:.2f}M parameters, {trainable / 1e6:.3f}M trained ({origin})")
+
+    def _checkpoint_activations(self, model: Any) -> None:
+        """Recompute each block's activations in the backward pass. On XLA the checkpoint must be torch_xla's, which
+        puts an optimization barrier before the saved inputs (or the compiler merges the recomputation back into
+        the forward pass and nothing is saved); it is re-entrant, so the input embeddings are made to require grad."""
+        from functools import partial
+
+        import torch_xla.utils.checkpoint as xla_checkpoint
+
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable({"use_reentrant": True})
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=partial(xla_checkpoint.checkpoint, use_reentrant=True))
+        model.config.use_cache = False
 
     def _setup_optimizer(self) -> None:
+        from tpuft.worker import torch_parts
+
         torch = self.torch
         train = self.recipe.train
-        if train.optimizer == "adafactor":
-            from transformers.optimization import Adafactor
-
-            self.optimizer = Adafactor(
-                self.params,
-                lr=train.learning_rate,
-                scale_parameter=False,
-                relative_step=False,
-                warmup_init=False,
-                weight_decay=train.weight_decay,
-                clip_threshold=1.0,
-            )
-        else:
-            self.optimizer = torch.optim.AdamW(
-                self.params, lr=train.learning_rate, weight_decay=train.weight_decay, foreach=False
-            )
+        groups = torch_parts.parameter_groups(self.named_params, train.weight_decay)
+        self.optimizer = torch_parts.make_optimizer(train, groups)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(train.steps, train.warmup_steps, train.schedule))
         if self.checkpoint is not None:
             saved = torch.load(self.checkpoint / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(saved["optimizer"])  # moves the state onto the parameters' device
             self.scheduler.load_state_dict(saved["scheduler"])
+            if self.mesh is not None:  # loaded state is replicated: shard it like its parameter
+                self._shard_optimizer_state()
+
+    def _shard_optimizer_state(self) -> None:
+        from tpuft.fsdp_plan import partition_spec
+        import torch_xla.distributed.spmd as xs
+
+        for name, param in self.named_params:
+            spec = partition_spec(name, tuple(param.shape), self.mesh.size())
+            if all(axis is None for axis in spec):
+                continue
+            for value in self.optimizer.state.get(param, {}).values():
+                if isinstance(value, self.torch.Tensor) and value.shape == param.shape:
+                    xs.mark_sharding(value, self.mesh, spec)
 
     def _setup_data(self) -> None:
+        from tpuft.worker.streams import load_eval_examples, open_train_stream
+
         cfg = self.recipe.data
         world, rank = self.replicas.world, self.replicas.rank
         if self.recipe.train.batch_size % world:
@@ -314,29 +447,32 @@ class Trainer:
             )
         self.local_batch = self.recipe.train.batch_size // world
         self.local_eval_batch = max(1, self.recipe.eval.batch_size // world)
-        fields = data_mod.Fields.of(cfg)
-        self.train_shard = data_mod.load_shard(cfg.train, rank, world, fields)
-        self.eval_shard: list[data_mod.Example] = []
-        if cfg.eval is not None:
-            eval_examples = list(data_mod.iter_shard(cfg.eval, rank, world, fields))
-            limit = self.recipe.eval.max_examples
-            if limit is not None:  # the first `limit` examples of the file, wherever their shard is
-                eval_examples = eval_examples[: len(range(rank, limit, world))]
-            self.eval_shard = eval_examples
-        self._say(
-            f"data: {len(self.train_shard)} train / {len(self.eval_shard)} eval examples on replica {rank} "
-            f"(batch {self.local_batch} per replica, {self.recipe.train.batch_size} global)",
-            everyone=True,
-        )
+        if self.mesh is not None:  # the batch dimension is sharded over this host's devices
+            devices = self.local_devices
+            self.local_eval_batch = -(-self.local_eval_batch // devices) * devices
         saved_world = self.trainer_state.get("replicas", world)
         if saved_world != world:
             self._say(
                 f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data is sharded "
                 "differently, so this run goes on from the checkpoint but not exactly as the original would have"
             )
-        self.batches = data_mod.batches(
-            self.train_shard, self.local_batch, self.recipe.train.seed + 7919 * rank, cfg.shuffle,
-            consumed=self.start_step * self.local_batch,
+        position = self.trainer_state.get("data_position") if self.checkpoint is not None else None
+        if self.checkpoint is not None and position is None:  # a checkpoint from before data positions were saved
+            position = {"consumed": self.start_step * self.local_batch}
+        self.batches = open_train_stream(cfg, rank=rank, world=world, local_batch=self.local_batch,
+                                         seed=self.recipe.train.seed, position=position)
+        has_eval = cfg.eval is not None or (cfg.hf is not None and cfg.hf.eval_split is not None)
+        self.eval_shard: list[data_mod.Example] | None = None
+        self.generate_shard: list[data_mod.Example] = []
+        if has_eval:
+            self.eval_shard = load_eval_examples(cfg, rank=rank, world=world, limit=self.recipe.eval.max_examples)
+            wanted = self.recipe.eval.generate_examples  # the first ones of the set, wherever their shard is
+            self.generate_shard = self.eval_shard[: len(range(rank, wanted, world))]
+        self._say(
+            f"data: {'streamed' if cfg.hf is not None else 'sharded'} train / {len(self.eval_shard or [])} eval "
+            f"examples on replica {rank} (batch {self.local_batch} per replica, {self.recipe.train.batch_size} "
+            f"global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
+            everyone=True,
         )
 
     def _encode(self, examples: list[data_mod.Example], pad_to: int | None = None) -> _Batch:
@@ -356,11 +492,13 @@ class Trainer:
         weights = torch.zeros(len(sources))
         weights[:real] = 1.0
         tokens = int(enc["attention_mask"][:real].sum() + dec["attention_mask"][:real].sum())
+        input_ids, attention_mask, labels_on, weights_on = self._to_device(
+            enc["input_ids"], enc["attention_mask"], labels, weights)
         return _Batch(
-            input_ids=enc["input_ids"].to(self.device),
-            attention_mask=enc["attention_mask"].to(self.device),
-            labels=labels.to(self.device),
-            weights=weights.to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels_on,
+            weights=weights_on,
             tokens=tokens,
         )
 
@@ -380,13 +518,30 @@ class Trainer:
         # minutes): a fresh run's first step creates the optimizer state and the gradients inside its graph, so its
         # second step compiles again; a resumed run has both in place from the start.
         warm_at = self.step + (1 if self.checkpoint is not None else 2)
+        if self.selector.stopped_early:  # the checkpoint is where an early-stopped run ended: nothing more to train
+            self.stopped_early = self.selector.stopped_early
+            self._say(f"resumed after {self.stopped_early}")
+            return
         collective = self.replicas.world > 1
+        accum = train.grad_accum_steps
+        micro = self.local_batch // accum
         while self.step < train.steps:
-            batch = self._encode(next(self.batches))
+            examples = next(self.batches)
+            pieces = [self._encode(examples[i * micro : (i + 1) * micro]) for i in range(accum)]
+            # The loss is summed over tokens and divided by the tokens of the whole step: accumulated micro-batches
+            # give the update one batch of them all would.
+            # (on the device: under SPMD the step's tokens are those of the global batch, which no host counts)
+            scale = 1.0 / torch.stack([(p.labels != -100).sum() for p in pieces]).sum().clamp(min=1).float()
             self.model.train()
-            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels)
-            out.loss.backward()
-            extras = torch.stack([out.loss.detach(), torch.tensor(float(batch.tokens), device=self.device)])
+            loss = None
+            for index, piece in enumerate(pieces):
+                part = self._loss_sum(piece) * scale
+                part.backward()
+                loss = part.detach() if loss is None else loss + part.detach()
+                if index < accum - 1:
+                    self.torch_xla.sync()  # one micro-batch per graph: activations of one at a time
+            tokens = torch.tensor(float(sum(p.tokens for p in pieces)), device=self.device)
+            extras = torch.stack([loss, tokens])
             if collective and self.step >= warm_at:
                 self._beat(self.step, phase="collective")
             window.append(self.replicas.reduce_gradients(self.params, self.optimizer, extras))
@@ -397,33 +552,68 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=False)
             self.torch_xla.sync()
             self.step += 1
+            if self.first_step_s is None:  # wait for the step itself: compilation and all, as a user waits
+                window[-1].to("cpu")
+                self.first_step_s = round(time.time() - self.setup_started, 2)
+                self._say(f"first step done {self.first_step_s:.1f}s after start-up (model, data, compilation)")
             logged: dict[str, Any] = {}  # what the heartbeat repeats of a metrics row
             if self.step % train.log_every == 0 or self.step == train.steps:
                 stats = torch.stack([w.detach().to("cpu").float() for w in window])
                 elapsed = time.time() - window_start
-                loss = float(stats[:, 0].mean())
+                loss_value = float(stats[:, 0].mean())
                 row = {
-                    "loss": round(loss, 6),
+                    "loss": round(loss_value, 6),
                     "lr": self.scheduler.get_last_lr()[0],
                     "examples_per_s": round(len(window) * train.batch_size / elapsed, 2),
                     "tokens_per_s": round(float(stats[:, 1].sum()) * self.replicas.world / elapsed, 1),
                     "elapsed_s": round(time.time() - self.run_started, 1),
                 }
+                if not self.first_step_logged:
+                    row["first_step_s"] = self.first_step_s
+                    self.first_step_logged = True
                 self.metrics.log(self.step, row)
                 logged = {k: row[k] for k in ("loss", "lr", "examples_per_s", "tokens_per_s")}
                 self._say(
-                    f"step {self.step}/{train.steps} loss {loss:.4f} lr {row['lr']:.2e} "
+                    f"step {self.step}/{train.steps} loss {loss_value:.4f} lr {row['lr']:.2e} "
                     f"{row['examples_per_s']:.1f} ex/s {row['tokens_per_s']:.0f} tok/s"
                 )
                 window_start, window = time.time(), []
             self._beat(self.step, phase="step" if self.step >= warm_at else "starting", **logged)
+            saved = False
             every = self.recipe.eval.every
-            if every and self.step % every == 0 and self.step < train.steps and self.recipe.data.eval is not None:
-                self.evaluate()
+            if every and self.step % every == 0 and self.step < train.steps and self.eval_shard is not None:
+                self.last_eval = self.evaluate()
+                verdict = self.selector.judge(self.step, self.last_eval)
+                if verdict.stop:
+                    self.stopped_early = verdict.reason
+                    self._say(f"{verdict.reason}")
+                    break
+                if verdict.improved and train.keep_best:
+                    self.save_checkpoint()  # the best so far becomes a checkpoint, whatever checkpoint_every says
+                    saved = True
             ckpt_every = train.checkpoint_every
-            if ckpt_every and self.step % ckpt_every == 0 and self.step < train.steps:
+            if ckpt_every and self.step % ckpt_every == 0 and self.step < train.steps and not saved:
                 self.save_checkpoint()
+                saved = True
+            if saved:
                 self._seed_rngs()  # where a run resumed from this checkpoint starts: the same draws from here on
+
+    def _autocast(self) -> Any:
+        """bf16 compute (``train.precision``): XLA's autocast, which on a TPU is what torch_xla.amp does and on the
+        CPU pod runs the same bf16 casts on the CPU; weights, gradients and the optimizer stay float32."""
+        return self.torch.autocast("xla", dtype=self.torch.bfloat16, enabled=self.recipe.train.precision == "bf16")
+
+    def _logits(self, batch: _Batch) -> Any:
+        from tpuft.worker import torch_parts
+
+        inputs = torch_parts.encoder_inputs(self.model, self.prompt, batch.input_ids, batch.attention_mask)
+        with self._autocast():
+            return self.model(**inputs, decoder_input_ids=self.model._shift_right(batch.labels), use_cache=False).logits
+
+    def _loss_sum(self, batch: _Batch) -> Any:
+        from tpuft.worker import torch_parts
+
+        return torch_parts.token_loss_sum(self._logits(batch), batch.labels, self.recipe.train.label_smoothing)
 
     def _seed_rngs(self) -> None:
         """Seed python's ``random``, torch's CPU generator and the XLA device RNG from (seed, replica, step): done
@@ -448,9 +638,11 @@ class Trainer:
         self.torch_xla.sync()
 
     def evaluate(self) -> dict[str, float]:
-        """Teacher-forced loss, token accuracy and exact match over every replica's eval shard."""
+        """Teacher-forced loss, token accuracy and exact match over every replica's eval shard; BLEU and ROUGE-L of
+        greedy decodes of the first ``eval.generate_examples`` held-out examples, decoded on the device (TPU or the
+        CPU pod's XLA device) with static shapes and scored on the host."""
         torch = self.torch
-        if self.recipe.data.eval is None:
+        if self.eval_shard is None:
             return {}
         self._beat(self.step, phase="eval")
         self.model.eval()
@@ -460,9 +652,7 @@ class Trainer:
             for start in range(0, len(self.eval_shard), self.local_eval_batch):
                 chunk = self.eval_shard[start : start + self.local_eval_batch]
                 batch = self._encode(chunk, pad_to=self.local_eval_batch)
-                logits = self.model(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels
-                ).logits
+                logits = self._logits(batch)
                 mask = (batch.labels != -100) & (batch.weights[:, None] > 0)
                 safe_labels = batch.labels.clamp(min=0)
                 token_loss = torch.nn.functional.cross_entropy(
@@ -474,6 +664,7 @@ class Trainer:
                     [(token_loss * mask).sum(), mask.sum().float(), correct.sum().float(), exact.sum(), batch.weights.sum()]
                 )
                 self.torch_xla.sync()
+            decoded = self._decode(self.generate_shard) if self.recipe.eval.generate_examples else None
         totals = self.replicas.sum(sums)
         loss_sum, tokens, correct_tokens, exact_sum, examples = (float(x) for x in totals)
         result = {
@@ -481,24 +672,68 @@ class Trainer:
             "eval_token_accuracy": round(correct_tokens / max(tokens, 1.0), 6),
             "eval_exact_match": round(exact_sum / max(examples, 1.0), 6),
             "eval_examples": int(examples),
-            "eval_seconds": round(time.time() - started, 2),
         }
+        if decoded is not None:
+            result.update(self._text_scores(decoded))
+        result["eval_seconds"] = round(time.time() - started, 2)
         self.metrics.log(self.step, result)
+        scores = "".join(f" {key[5:]} {result[key]:.2f}" for key in ("eval_bleu", "eval_rouge_l") if key in result)
         self._say(
             f"eval @ {self.step}: loss {result['eval_loss']:.4f} token acc {result['eval_token_accuracy']:.4f} "
-            f"exact match {result['eval_exact_match']:.4f} ({result['eval_examples']} examples)"
+            f"exact match {result['eval_exact_match']:.4f}{scores} ({result['eval_examples']} examples)"
         )
         self.model.train()
         return result
+
+    def _decode(self, examples: list[data_mod.Example]) -> list[str]:
+        """Greedy decodes of ``examples`` (this replica's share), as text, in batches of the eval batch."""
+        from tpuft.worker import torch_parts
+
+        texts: list[str] = []
+        eos = self.tokenizer.eos_token_id
+        for start in range(0, len(examples), self.local_eval_batch):
+            chunk = examples[start : start + self.local_eval_batch]
+            batch = self._encode(chunk, pad_to=self.local_eval_batch)
+            with self._autocast():
+                ids = torch_parts.greedy_decode(self.model, self.prompt, batch.input_ids, batch.attention_mask,
+                                                self.recipe.data.max_target_length, self.torch_xla.sync)
+            for row in ids[: len(chunk)].to("cpu").tolist():
+                row = row[: row.index(eos)] if eos in row else row
+                texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
+        return texts
+
+    def _text_scores(self, decoded: list[str]) -> dict[str, float]:
+        """Corpus BLEU and mean ROUGE-L over every replica's decodes, from sufficient statistics summed across
+        replicas (a corpus BLEU is not the mean of per-replica BLEUs)."""
+        from tpuft.worker import text_metrics
+
+        references = [e.target for e in self.generate_shard]
+        local = [*text_metrics.bleu_statistics(decoded, references), text_metrics.rouge_l_sum(decoded, references),
+                 float(len(decoded))]
+        totals = [float(x) for x in self.replicas.sum(self.torch.tensor(local, dtype=self.torch.float64, device="cpu")
+                                                      .to(self.device))]
+        self.last_decodes = list(zip(self.generate_shard, decoded))
+        return {
+            "eval_bleu": round(text_metrics.bleu_from_statistics(totals[:-2]), 4),
+            "eval_rouge_l": round(100.0 * totals[-2] / max(totals[-1], 1.0), 4),
+            "eval_decoded": int(totals[-1]),
+        }
 
     # -- checkpoints and the end ------------------------------------------------------------------------------
     def _cpu_state(self) -> dict[str, Any]:
         return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
 
+    def _trained_state(self) -> dict[str, Any]:
+        """What the weight digest covers: the model, and the prompt when prompt tuning."""
+        state = self._cpu_state()
+        if self.prompt is not None:
+            state["prompt.weight"] = self.prompt.weight.detach().to("cpu")
+        return state
+
     def save_checkpoint(self) -> Path | None:
         """Worker 0 writes ``checkpoints/step_N`` (HF weights + optimizer + trainer state) via a temp dir."""
-        if not self.chief:
-            return None
+        if not self.chief or self.step in self.saved_steps:
+            return LAYOUT.checkpoint_dir(self.ctx.run_dir, self.step) if self.chief else None
         torch = self.torch
         self._beat(self.step, phase="checkpoint")
         final = LAYOUT.checkpoint_dir(self.ctx.run_dir, self.step)
@@ -508,46 +743,72 @@ class Trainer:
         elapsed = started - self.run_started
         self.model.save_pretrained(tmp, state_dict=self._cpu_state(), safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
+        if self.prompt is not None:
+            from safetensors.torch import save_file
+
+            save_file({"prompt": self.prompt.weight.detach().to("cpu").contiguous()}, str(tmp / PROMPT_FILE))
         optimizer_state = _to_cpu(torch, self.optimizer.state_dict())
         torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, tmp / OPTIMIZER_STATE)
         state = {
             "step": self.step, "run_id": self.ctx.run_id, "recipe": self.recipe.name, "backend": "torch_xla",
             "tokenizer": self.recipe.model.tokenizer, "time": time.time(), "elapsed_s": elapsed,
             "replicas": self.replicas.world, "examples_per_replica": self.step * self.local_batch,
+            "data_position": self.batches.position(), **self.selector.state(),
             "rng": "reseeded from (train.seed, replica, step) at this step",
         }  # fmt: skip
         (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
         LAYOUT.write_manifest(tmp)  # last: the checkpoint is complete once every file it lists is there
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        for _, old in LAYOUT.local_checkpoints(self.ctx.run_dir / LAYOUT.checkpoints)[: -self.recipe.train.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        self.saved_steps.add(self.step)
+        keep = {step for step, _ in LAYOUT.local_checkpoints(self.ctx.run_dir / LAYOUT.checkpoints)[-self.recipe.train.keep_checkpoints :]}
+        best = self.selector.best
+        if self.recipe.train.keep_best and best is not None:
+            keep.add(int(best["step"]))  # the best evaluation's checkpoint stays besides the last ones
+        for step, old in LAYOUT.local_checkpoints(self.ctx.run_dir / LAYOUT.checkpoints):
+            if step not in keep:
+                shutil.rmtree(old, ignore_errors=True)
         self._say(f"checkpoint saved: {final} ({time.time() - started:.1f}s)")
         return final
 
     def finish(self) -> None:
-        result = self.evaluate()
+        if self.stopped_early is None:  # an early stop has just evaluated at this step
+            result = self.evaluate()
+            if result:
+                self.selector.judge(self.step, result)
+            self.last_eval = result
         ckpt = self.save_checkpoint()  # the loop never saves at the last step: this is the final checkpoint
-        digest = params_digest(self._cpu_state())
+        digest = params_digest(self._trained_state())
         self._say(f"weights sha256 {digest[:16]} (replica {self.replicas.rank})", everyone=True)
         if self.chief and self.recipe.export.hf and ckpt is not None:
             from tpuft.convert.hf_ckpt import export_checkpoint
 
+            best = self.selector.best
+            if self.recipe.train.keep_best and best is not None and int(best["step"]) != self.step:
+                ckpt = LAYOUT.checkpoint_dir(self.ctx.run_dir, int(best["step"]))
+                self._say(f"exporting the best checkpoint: step {best['step']} ({best['metric']} {best['value']:.4f})")
             out = self.ctx.run_dir / rundir.EXPORT_HF
             self._beat(self.step, phase="export")
             export_checkpoint(ckpt, out, dtype=self.recipe.export.dtype)
             self._say(f"Hugging Face export: {out}")
+            if self.prompt is not None:  # beside the HF dir: the frozen model plus this file is the tuned model
+                shutil.copyfile(ckpt / PROMPT_FILE, out.parent / PROMPT_FILE)
+                self._say(f"soft prompt: {out.parent / PROMPT_FILE} ({self.prompt.weight.shape[0]} vectors)")
             self._show_samples(out)
+        extra = {k: v for k, v in self.last_eval.items() if k.startswith("eval_")}
+        if self.stopped_early:
+            extra["stopped_early"] = self.stopped_early
         self._beat(
             self.step,
             "finished",
             params_sha256=digest,
             train_seconds=round(time.time() - self.run_started, 1),
-            **{k: v for k, v in result.items() if k.startswith("eval_")},
+            **extra,
         )
 
     def _show_samples(self, export_dir: Path, count: int = 3) -> None:
-        """Greedy-decode a few held-out inputs with the exported model, on the host CPU, as a user would."""
+        """Greedy-decode a few held-out inputs with the exported model (and the soft prompt), on the host CPU, as a
+        user would."""
         if not self.eval_shard:
             return
         from transformers import T5ForConditionalGeneration
@@ -556,6 +817,15 @@ class Trainer:
         examples = self.eval_shard[:count]
         enc = self.tokenizer([e.source for e in examples], return_tensors="pt", padding=True)
         with self.torch.no_grad():
+            if self.prompt is not None:
+                from safetensors.torch import load_file
+
+                prompt = load_file(str(export_dir.parent / PROMPT_FILE))["prompt"]
+                embeds = model.get_input_embeddings()(enc["input_ids"])
+                batch = embeds.shape[0]
+                enc = {"inputs_embeds": self.torch.cat([prompt.unsqueeze(0).expand(batch, -1, -1), embeds], 1),
+                       "attention_mask": self.torch.cat([self.torch.ones(batch, prompt.shape[0], dtype=enc["attention_mask"].dtype),
+                                                         enc["attention_mask"]], 1)}
             out = model.generate(**enc, max_new_tokens=self.recipe.data.max_target_length)
         lines = []
         for example, text in zip(examples, self.tokenizer.batch_decode(out, skip_special_tokens=True)):

@@ -1,0 +1,169 @@
+"""The PyTorch/XLA trainer's fine-tuning features, each on the real trainer (one PJRT CPU replica, the quickstart's
+tiny T5 and data), in the backend's venv: gradient accumulation, freezing, soft prompt tuning, bf16, gradient
+checkpointing, Adafactor's knobs and the decay groups, early stopping with keep_best, and the greedy decoder behind
+BLEU/ROUGE-L."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+HARNESS = Path(__file__).with_name("torch_harness.py")
+QUICKSTART = REPO / "recipes" / "quickstart.yaml"
+SHORT = ["train.log_every=5", "eval.every=null", "eval.max_examples=64", "eval.batch_size=32", "train.warmup_steps=0",
+         "export.hf=false"]
+
+pytestmark = pytest.mark.slow
+
+
+def run(torch_python: str, tmp_path: Path, name: str, settings: list[str], probe: tuple[str, ...] = (),
+        recipe: Path = QUICKSTART, env: dict[str, str] | None = None) -> dict[str, Any]:
+    config = tmp_path / f"{name}.json"
+    config.write_text(json.dumps({"recipe": str(recipe), "set": settings, "run_dir": str(tmp_path / name),
+                                  "probe": list(probe)}))
+    done = subprocess.run([torch_python, str(HARNESS), str(config)], capture_output=True, text=True, timeout=900,
+                          cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                         "TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(torch_python: str, a: str, b: str) -> list[dict[str, float]]:
+    """Per saved state (a list of gradient dicts, or one weight dict): the largest difference between ``a`` and ``b``
+    over every tensor, and the largest magnitude in ``a`` (computed in the venv: the controller has no torch)."""
+    script = ("import json, sys, torch\n"
+              "a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])\n"
+              "a, b = (a, b) if isinstance(a, list) else ([a], [b])\n"
+              "assert len(a) == len(b) and all(x.keys() == y.keys() for x, y in zip(a, b))\n"
+              "print(json.dumps([{'diff': max(float((x[k].double() - y[k].double()).abs().max()) for k in x),\n"
+              "                   'scale': max(float(x[k].double().abs().max()) for k in x)} for x, y in zip(a, b)]))")
+    done = subprocess.run([torch_python, "-c", script, a, b], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_one_accumulated_step_of_4x8_gives_the_update_of_one_step_of_32(torch_python: str, tmp_path: Path) -> None:
+    """Targets have 2 to 5 tokens, so the micro-batches' token counts differ: averaging per micro-batch would not
+    give the big batch's gradient; summing over the step's tokens does."""
+    base = [*SHORT, "train.steps=2", "train.batch_size=32", "train.max_grad_norm=null", "train.optimizer=adamw"]
+    one = run(torch_python, tmp_path, "one", [*base, "train.grad_accum_steps=1"], ("grads",))
+    four = run(torch_python, tmp_path, "four", [*base, "train.grad_accum_steps=4"], ("grads",))
+    steps = compare(torch_python, one["grads"], four["grads"])
+    assert len(steps) == 2 and all(step["diff"] <= 1e-5 * step["scale"] for step in steps)
+    (weights,) = compare(torch_python, one["final"], four["final"])
+    assert weights["diff"] <= 1e-4  # AdamW's first steps normalise each gradient element: lr 1e-3 per step
+
+
+def test_frozen_parts_stay_bit_identical_and_the_rest_trains(torch_python: str, tmp_path: Path) -> None:
+    got = run(torch_python, tmp_path, "frozen", [*SHORT, "train.steps=10", "model.freeze=[encoder,embeddings]",
+                                                 "train.weight_decay=0.1"])
+    aliases = ("decoder.embed_tokens.", "lm_head.")  # the state dict's other names of the shared embedding
+    assert set(got["unchanged"]) >= {"shared.weight", "encoder.final_layer_norm.weight"}
+    assert all(n.startswith(("encoder.", "shared.", *aliases)) for n in got["unchanged"])
+    assert not any(n.startswith("encoder.") for n in got["changed"])
+    assert got["changed"] and all(n.startswith("decoder.") and not n.startswith(aliases) for n in got["changed"])
+
+
+def test_prompt_tuning_trains_only_the_prompt_and_learns_a_tiny_task(torch_python: str, tmp_path: Path) -> None:
+    """The model is a frozen random T5; the task is a constant answer, which a prompt alone can learn. The export
+    has the prompt beside the HF dir, and the generated samples use it."""
+    data = tmp_path / "constant.jsonl"
+    data.write_text("".join(json.dumps({"words": f"input number {i}", "digits": "42"}) + "\n" for i in range(256)))
+    got = run(torch_python, tmp_path, "prompt", [
+        "train.log_every=10", "eval.every=null", "train.steps=120", "train.batch_size=16", "train.optimizer=adamw",
+        "train.learning_rate=0.3", "train.warmup_steps=0", f"data.train={data}", f"data.eval={data}",
+        "eval.max_examples=32", "model.prompt_tuning.tokens=8", "model.prompt_tuning.init=vocab"])
+    assert got["changed"] == ["prompt.weight"]
+    assert "shared.weight" in got["unchanged"] and len(got["unchanged"]) > 20
+    assert got["last_eval"]["eval_exact_match"] == 1.0
+    export = tmp_path / "prompt" / "export"
+    assert (export / "prompt.safetensors").is_file() and (export / "hf" / "config.json").is_file()
+
+
+def test_bf16_computes_in_bfloat16_and_still_learns(torch_python: str, tmp_path: Path) -> None:
+    got = run(torch_python, tmp_path, "bf16", [*SHORT, "train.steps=60", "train.precision=bf16"], ("logits_dtype",))
+    assert got["logits_dtype"] == "torch.bfloat16"
+    rows = [json.loads(line) for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(torch_python: str, tmp_path: Path) -> None:
+    base = [*SHORT, "train.steps=1", "train.max_grad_norm=null", "model.dropout=0.0"]
+    plain = run(torch_python, tmp_path, "plain", base, ("grads",))
+    recomputed = run(torch_python, tmp_path, "ckpt", [*base, "model.gradient_checkpointing=true"], ("grads",))
+    (step,) = compare(torch_python, plain["grads"], recomputed["grads"])
+    assert step["diff"] <= 1e-6 * step["scale"]
+
+
+def test_adafactor_gets_every_knob_and_norms_and_biases_get_no_decay(torch_python: str, tmp_path: Path) -> None:
+    got = run(torch_python, tmp_path, "adafactor", [
+        *SHORT, "train.steps=2", "train.optimizer=adafactor", "train.learning_rate=1e-4", "train.weight_decay=0.01",
+        "train.adafactor.eps=[1e-30,1e-3]", "train.adafactor.clip_threshold=1.0", "train.adafactor.decay_rate=-0.8",
+        "train.adafactor.beta1=0.9"], ("optimizer",))
+    optimizer = got["optimizer"]
+    assert optimizer["class"] == "Adafactor"
+    assert optimizer["defaults"] | {"eps": [1e-30, 1e-3]} == optimizer["defaults"]
+    assert {k: optimizer["defaults"][k] for k in ("lr", "clip_threshold", "decay_rate", "beta1", "relative_step",
+                                                   "scale_parameter", "warmup_init")} == {
+        "lr": 1e-4, "clip_threshold": 1.0, "decay_rate": -0.8, "beta1": 0.9, "relative_step": False,
+        "scale_parameter": False, "warmup_init": False}
+    assert [g["weight_decay"] for g in optimizer["groups"]] == [0.01, 0.0]
+    no_decay = got["no_decay"]
+    assert any("layer_norm" in n for n in no_decay) and "decoder.final_layer_norm.weight" in no_decay
+    assert all("layer_norm" in n or "bias" in n for n in no_decay)  # norms, and T5's relative attention biases
+    assert "encoder.block.0.layer.0.SelfAttention.q.weight" not in no_decay
+
+
+def test_early_stopping_and_keep_best_on_the_real_trainer(torch_python: str, tmp_path: Path) -> None:
+    """An improvement must beat the best by 0.5 exact match: the second evaluation cannot, so training stops there
+    (step 20) and the export is the first evaluation's checkpoint, kept besides the last one."""
+    got = run(torch_python, tmp_path, "early", [
+        "train.log_every=5", "eval.every=10", "eval.max_examples=32", "train.steps=100", "train.checkpoint_every=1000",
+        "train.keep_checkpoints=1", "train.keep_best=true", "train.early_stopping.patience=1",
+        "train.early_stopping.min_delta=0.5"])
+    assert got["step"] == 20 and "early stopping at step 20" in got["stopped_early"]
+    assert got["best"]["step"] == 10 and got["best"]["metric"] == "eval_exact_match"
+    kept = sorted(p.name for p in (tmp_path / "early" / "checkpoints").iterdir())
+    assert kept == ["step_00000010", "step_00000020"]
+    state = json.loads((tmp_path / "early" / "checkpoints" / "step_00000020" / "trainer_state.json").read_text())
+    assert state["best"]["step"] == 10 and state["stopped_early"] == got["stopped_early"]
+    beats = json.loads((tmp_path / "early" / "heartbeat" / "worker-0.json").read_text())
+    assert beats["status"] == "finished" and beats["stopped_early"] == got["stopped_early"]
+
+
+def test_greedy_decodes_on_the_device_match_generate_and_score_bleu(torch_python: str, tmp_path: Path) -> None:
+    got = run(torch_python, tmp_path, "decode", [
+        "train.log_every=50", "eval.every=null", "train.steps=150", "eval.max_examples=48", "eval.metric=bleu",
+        "eval.generate_examples=24", "eval.batch_size=16"], ("decodes",))
+    decodes = got["decodes"]
+    assert len(decodes["ours"]) == 24 and decodes["ours"] == decodes["generate"]
+    result = got["last_eval"]
+    assert result["eval_decoded"] == 24 and 0.0 <= result["eval_bleu"] <= 100.0
+    hits = sum(a == b for a, b in zip(decodes["ours"], decodes["targets"]))
+    if hits == 24:
+        assert result["eval_bleu"] == pytest.approx(100.0)
+    assert got["best"]["metric"] == "eval_bleu"
+
+
+def test_fsdp_over_a_two_device_mesh_shards_the_weights_and_matches_data_parallel(torch_python: str,
+                                                                                   tmp_path: Path) -> None:
+    """The SPMD code path on two PJRT CPU devices in one process: large matrices split on the fsdp axis, norms whole,
+    the batch split over the devices, and the same two steps as the unsharded run."""
+    base = [*SHORT, "train.steps=2", "train.max_grad_norm=null", "train.optimizer=adamw"]
+    plain = run(torch_python, tmp_path, "replicated", base)
+    sharded = run(torch_python, tmp_path, "fsdp", [*base, "train.sharding=fsdp"], ("sharding",),
+                  env={"CPU_NUM_DEVICES": "2"})
+    assert sharded["mesh_devices"] == 2
+    specs = sharded["sharding"]
+    assert specs["shared.weight"].startswith("{devices=[2,1]")  # 384 x 128: the vocabulary split
+    assert specs["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"].startswith("{devices=[2,1]")  # 256 x 128
+    assert specs["encoder.block.0.layer.0.layer_norm.weight"] in ("", "{replicated}")
+    (weights,) = compare(torch_python, plain["final"], sharded["final"])
+    assert weights["diff"] <= 1e-4
