@@ -414,6 +414,22 @@ class HfDataset(StrictModel):
             return {split: resolve(items) for split, items in value.items()}
         return resolve(value)
 
+    @model_validator(mode="after")
+    def _splits_have_files(self) -> HfDataset:
+        """A list of data_files is the train split's; with data_files given, load_dataset knows no other split."""
+        if isinstance(self.data_files, list):
+            if self.data_files and self.eval_split is not None and self.eval_split != self.split:
+                raise ValueError(
+                    f"data_files is a list, the files of split {self.split!r}: to evaluate on {self.eval_split!r} "
+                    f"give both, e.g. data_files: {{{self.split}: [...], {self.eval_split}: [...]}}"
+                )
+            return self
+        for role, split in (("split", self.split), ("eval_split", self.eval_split)):
+            if split is not None and split not in self.data_files:
+                raise ValueError(f"{role} {split!r} has no files in data_files (it names: "
+                                 f"{', '.join(self.data_files) or 'none'})")
+        return self
+
 
 class DataConfig(StrictModel):
     train: LaxPath | None = Field(

@@ -19,22 +19,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tpuft.t5_config import TRANSFORMERS_DEFAULTS
+
 Shape = tuple[int, ...]
 
+ARCHITECTURE_KEYS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
+                     "relative_attention_num_buckets", "feed_forward_proj")
 T5_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 32128,
-    "d_model": 512,
-    "d_kv": 64,
-    "d_ff": 2048,
-    "num_layers": 6,
-    "num_decoder_layers": None,
-    "num_heads": 8,
-    "relative_attention_num_buckets": 32,
-    "feed_forward_proj": "relu",
-    "tie_word_embeddings": True,
+    **{key: TRANSFORMERS_DEFAULTS[key] for key in ARCHITECTURE_KEYS},
+    "tie_word_embeddings": True,  # PretrainedConfig's
 }
-"""The architecture keys and transformers' defaults for them (``tpuft.t5_config.TRANSFORMERS_DEFAULTS`` has them all;
-``tie_word_embeddings`` is PretrainedConfig's)."""
+"""The architecture keys and transformers' defaults for them (from ``tpuft.t5_config.TRANSFORMERS_DEFAULTS``)."""
 
 MODEL_TYPES = ("t5", "mt5")
 """``model_type`` values of config.json that this module describes (ByT5's config.json says t5)."""

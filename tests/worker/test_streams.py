@@ -67,6 +67,12 @@ def test_replicas_and_loader_processes_read_disjoint_parts_that_cover_the_split(
     assert all(seen)  # every replica got a share
 
 
+def test_a_downloaded_not_streamed_split_is_shared_out_the_same_way(files: list[str]) -> None:
+    seen = one_epoch(config(files, streaming=False), 2)
+    every = [source for part in seen for source in part]
+    assert sorted(every) == sorted(f"ex{i}" for i in range(39)) and all(seen)
+
+
 def test_the_next_epoch_is_reshuffled_and_covers_the_split_again(files: list[str]) -> None:
     cfg = config(files, shuffle_buffer=8)
     stream = open_train_stream(cfg, rank=0, world=1, local_batch=1, seed=0, position=None)

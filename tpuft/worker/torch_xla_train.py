@@ -469,7 +469,7 @@ class Trainer:
             wanted = self.recipe.eval.generate_examples  # the first ones of the set, wherever their shard is
             self.generate_shard = self.eval_shard[: len(range(rank, wanted, world))]
         self._say(
-            f"data: {'streamed' if cfg.hf is not None else 'sharded'} train / {len(self.eval_shard or [])} eval "
+            f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} eval "
             f"examples on replica {rank} (batch {self.local_batch} per replica, {self.recipe.train.batch_size} "
             f"global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
             everyone=True,

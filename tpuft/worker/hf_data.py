@@ -1,0 +1,539 @@
+"""Training batches for the PyTorch/XLA trainer, from JSON lines or a Hugging Face dataset, with a position that a
+checkpoint keeps and that a resumed run continues from exactly.
+
+What the trainer calls::
+
+    stream = open_train_stream(data_cfg, rank=r, world=W, local_batch=b, seed=train.seed, position=saved_or_None)
+    batch = next(stream)                  # b Examples, endlessly, epoch after epoch
+    state["data_position"] = stream.position()
+    stream.close()                        # data-loader processes
+    load_eval_examples(data_cfg, rank=r, world=W, limit=eval.max_examples)
+
+**The position is the same on every replica**: ``{"consumed": n, ...}``, the examples each replica has drawn (every
+replica draws ``local_batch`` a batch), so the chief's copy in ``trainer_state.json`` is right for all of them. A
+JSON-lines position and a Hugging Face one have the same meaning, and ``{"consumed": step * local_batch}`` (what a
+checkpoint from before positions were saved implies) is a valid position of both.
+
+JSON lines (``data.train``): today's path unchanged. Each replica keeps its shard in memory (line i goes to replica
+i mod W) and draws reshuffled epochs from it (:func:`tpuft.worker.data.batches`; resuming is arithmetic).
+
+A Hugging Face dataset (``data.hf``) is read as a stream, never held whole:
+
+* Readers. The split is cut into ``readers = W x max(1, loader_workers)`` disjoint parts that together cover it;
+  replica r owns readers ``r*k .. r*k+k-1``. Whole files when the split's files (its shards) can be dealt out evenly:
+  their number is a multiple of the readers, or at least 16 per reader (each reader then opens only its own files);
+  else every ``readers``-th example of the split (each reader scans the whole split and keeps its own). A dataset
+  folder written by ``save_to_disk`` (or a split downloaded with ``streaming: false``) is on disk with random access:
+  each reader takes a contiguous range of rows.
+* Order. Each epoch each reader reads its files (or 64 slices of its rows) in an order drawn from (seed, epoch,
+  reader), through a bounded shuffle buffer (``shuffle_buffer`` records, drawn from the same generator); with
+  ``data.shuffle: false``, in file order without the buffer. The replica takes one example from each of its readers
+  in turn (reader 0 first each epoch), skipping those whose part of the epoch is over; the epoch ends when all are.
+  The readers' parts do not change from epoch to epoch, only their order.
+* Resume from ``consumed = n``. The interleaving above is a function of the parts' sizes alone, so the place of
+  every reader after n examples is arithmetic once they are known. Each reader counts its part (examples, after
+  ``data.preprocess`` drops, capped at n + 1: a run early in its first epoch counts only that far), then the epoch
+  ``n // epoch_length`` is opened and each reader skips what it had given of it. The cost, once, at start-up: at most
+  one epoch read to count, plus the current epoch up to the position; nothing is held.
+* Data-loader processes (``loader_workers`` > 0): each reader is a process (``spawn``: the trainer's XLA runtime
+  threads must not be forked) that reads its part epoch after epoch into a bounded queue, in chunks. Not
+  ``torch.utils.data.DataLoader``: the examples are Python strings, not tensors, so it would add nothing but its own
+  worker scheduling, and this module's exact resume needs to place each reader itself. The order is the same as
+  with ``loader_workers: 0`` or 1 (one reader in the trainer's process); a position saved with another number of
+  readers per replica is refused, as the order would not continue.
+* Locations. A bad record is reported as ``hf:PATH[SPLIT] FILE:N``, N the 1-based record number in that file (for a
+  builder over data files and for the hub's files), or ``hf:PATH[SPLIT]:N``, N the 1-based row of the split (a
+  dataset folder).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import queue as queue_mod
+import random
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from tpuft.worker import data as data_mod
+from tpuft.worker.data import DataError, Example
+
+EPOCH_END = "<epoch end>"
+"""What a reader gives after its part of an epoch (the next epoch's part follows)."""
+READ_BATCH = 1000
+"""Rows per Arrow batch read from the dataset (one dict per row is built from it)."""
+CHUNK = 256
+"""Examples per message from a data-loader process (one message per example would cost more than the reading)."""
+QUEUE_CHUNKS = 8
+"""Messages a data-loader process keeps ready: bounded, so a fast reader cannot fill the host's memory."""
+FILES_PER_READER = 16
+"""With at least this many files per reader, whole files are dealt out even when they do not divide evenly."""
+SLICES = 64
+"""A reader's rows of an on-disk dataset are read in this many slices, in a new order every epoch."""
+
+
+class TrainStream(Iterator[list[Example]]):
+    """Endless batches of ``local_batch`` examples of one replica."""
+
+    epoch: int
+    """The epoch of the last example drawn (0 before any)."""
+    consumed: int
+    """Examples drawn, from the start of training."""
+
+    @abstractmethod
+    def __next__(self) -> list[Example]: ...
+
+    @abstractmethod
+    def position(self) -> dict[str, Any]:
+        """After the batches drawn so far; JSON-able, the same on every replica."""
+
+    def close(self) -> None:
+        """Stop the data-loader processes (if any)."""
+
+
+def open_train_stream(data_cfg: Any, *, rank: int, world: int, local_batch: int, seed: int,
+                      position: dict[str, Any] | None) -> TrainStream:
+    """This replica's training batches (``seed``: ``train.seed``, the same on every replica), from ``position`` (None:
+    the start)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"replica {rank} out of range for {world} replicas")
+    if local_batch < 1:
+        raise ValueError(f"local_batch must be >= 1, got {local_batch}")
+    kind = JsonlStream if data_cfg.hf is None else HfStream
+    return kind(data_cfg, rank=rank, world=world, local_batch=local_batch, seed=seed, position=position)
+
+
+def load_eval_examples(data_cfg: Any, *, rank: int, world: int, limit: int | None) -> list[Example]:
+    """This replica's share of the held-out examples (the i-th goes to replica i mod W), of the first ``limit`` of the
+    set overall; eval-sized, so held in memory. Every replica reads the set (up to ``limit``) in order."""
+    fields = data_mod.Fields.of(data_cfg)
+    if data_cfg.hf is None:
+        if data_cfg.eval is None:
+            return []
+        examples = list(data_mod.iter_shard(data_cfg.eval, rank, world, fields))
+        return examples[: len(range(rank, limit, world))] if limit is not None else examples
+    hf = data_cfg.hf
+    if hf.eval_split is None:
+        return []
+    dataset = load_split(hf, hf.eval_split)
+    out: list[Example] = []
+    kept = 0
+    for where, line, record in _records(dataset, _label(hf, hf.eval_split), 0, 1, None):
+        if limit is not None and kept >= limit:
+            break
+        example = data_mod.make_example(record, line=line, path=where, fields=fields)
+        if example is None:
+            continue
+        if kept % world == rank:
+            out.append(example)
+        kept += 1
+    return out
+
+
+def _consumed(position: dict[str, Any] | None) -> int:
+    if not position:
+        return 0
+    if "consumed" not in position:
+        raise ValueError(f"unrecognised data position {position!r}: expected {{'consumed': n, ...}}")
+    consumed = int(position["consumed"])
+    if consumed < 0:
+        raise ValueError(f"data position: consumed must be >= 0, got {consumed}")
+    return consumed
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# JSON lines
+
+
+class JsonlStream(TrainStream):
+    """Today's JSON-lines stream: the replica's shard in memory, reshuffled every epoch."""
+
+    def __init__(self, cfg: Any, *, rank: int, world: int, local_batch: int, seed: int,
+                 position: dict[str, Any] | None) -> None:
+        self.consumed = _consumed(position)
+        shard = data_mod.load_shard(cfg.train, rank, world, data_mod.Fields.of(cfg))
+        self.examples = len(shard)
+        self._batches = data_mod.batches(shard, local_batch, seed + 7919 * rank, cfg.shuffle, consumed=self.consumed)
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        return max(self.consumed - 1, 0) // self.examples
+
+    def __next__(self) -> list[Example]:
+        batch = next(self._batches)
+        self.consumed += len(batch)
+        return batch
+
+    def position(self) -> dict[str, Any]:
+        return {"consumed": self.consumed}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hugging Face datasets: reading
+
+
+def _label(hf: Any, split: str) -> str:
+    return f"hf:{hf.path}{'/' + hf.name if hf.name else ''}[{split}]"
+
+
+def load_split(hf: Any, split: str) -> Any:
+    """The split: a ``save_to_disk`` folder (``load_from_disk``), or ``load_dataset`` of a hub id, a folder of data
+    files or a builder (json, csv, parquet, text) over ``data_files`` (a list: the files of ``hf.split``)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    if os.path.isdir(hf.path) and any(os.path.isfile(os.path.join(hf.path, name))
+                                      for name in ("dataset_dict.json", "state.json")):
+        loaded = datasets.load_from_disk(hf.path)
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise DataError(_label(hf, split), f"the dataset folder has no split {split!r} (it has: "
+                                f"{', '.join(loaded) or 'none'})")
+            return loaded[split]
+        if split != hf.split:
+            raise DataError(_label(hf, split), "the dataset folder holds one split (saved from a Dataset, not a "
+                            f"DatasetDict): it is data.hf.split {hf.split!r}")
+        return loaded
+    files: Any = hf.data_files or None
+    if isinstance(files, list):
+        files = {hf.split: files}
+    return datasets.load_dataset(hf.path, hf.name, split=split, data_files=files, streaming=hf.streaming,
+                                 revision=hf.revision)
+
+
+def whole_files(shards: int, readers: int) -> bool:
+    """Whether ``shards`` files are dealt out to ``readers`` whole (else every ``readers``-th example)."""
+    return shards >= readers and (shards % readers == 0 or shards >= FILES_PER_READER * readers)
+
+
+def _records(dataset: Any, label: str, reader: int, readers: int, rng: random.Random | None
+             ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """(where, line, record) of ``reader``'s part of the split; its files (or slices) in ``rng``'s order, or in the
+    split's order when ``rng`` is None."""
+    import datasets
+
+    if isinstance(dataset, datasets.Dataset):  # on disk, random access: a contiguous range of rows per reader
+        rows = len(dataset)
+        low, high = rows * reader // readers, rows * (reader + 1) // readers
+        count = max(1, min(SLICES, high - low))
+        slices = [(low + (high - low) * i // count, low + (high - low) * (i + 1) // count) for i in range(count)]
+        if rng is not None:
+            rng.shuffle(slices)
+        for start, stop in slices:
+            if stop > start:
+                yield from _rows(dataset.select(range(start, stop)), label, base=start)
+        return
+    shards = dataset.num_shards
+    files = _shard_files(dataset, shards)
+
+    def shard(index: int) -> tuple[Any, str]:
+        where = f"{label} {files[index]}" if files else f"{label} shard {index + 1} of {shards}"
+        return (dataset.shard(num_shards=shards, index=index) if shards > 1 else dataset), where
+
+    if whole_files(shards, readers):
+        mine = list(range(reader, shards, readers))
+        if rng is not None:
+            rng.shuffle(mine)
+        for index in mine:
+            yield from _rows(*shard(index))
+        return
+    seen = 0  # the split's example index of the next file's first record; the reader keeps seen % readers == reader
+    for index in range(shards):
+        seen += yield from _rows(*shard(index), every=readers, first=(reader - seen) % readers)
+
+
+def _rows(dataset: Any, where: str, *, base: int = 0, every: int = 1, first: int = 0
+          ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """Rows ``first``, ``first + every``, ... of ``dataset`` as (where, base + row + 1, record), read in Arrow
+    batches; returns how many rows the dataset has."""
+    rows = 0
+    for batch in dataset.iter(batch_size=READ_BATCH):
+        names = list(batch)
+        columns = [batch[name] for name in names]
+        size = len(columns[0]) if columns else 0
+        start = first - rows if rows <= first else (first - rows) % every
+        for i in range(start, size, every):
+            yield where, base + rows + i + 1, dict(zip(names, [column[i] for column in columns]))
+        rows += size
+    return rows
+
+
+def _shard_files(dataset: Any, shards: int) -> list[str] | None:
+    """The file behind each shard of a builder's stream, for error messages (best effort: ``datasets`` keeps them in
+    a private attribute; without them a record is located by shard number)."""
+    try:
+        kwargs = dataset._ex_iterable.kwargs
+        for key in ("original_files", "files"):
+            files = kwargs.get(key)
+            if isinstance(files, list) and len(files) == shards and all(isinstance(f, str) for f in files):
+                return files
+    except Exception:  # noqa: BLE001 - only a nicer message is lost
+        pass
+    return None
+
+
+def _buffer_shuffle(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """A bounded shuffle: keep ``size`` items, give a random one of them for each new one (memory: ``size`` records)."""
+    buffer: list[Any] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        index = rng.randrange(size)
+        buffer[index], item = item, buffer[index]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def _reader_examples(cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int
+                     ) -> Iterator[Example | str]:
+    """Reader ``reader``'s part, epoch after epoch from ``epoch`` (whose first ``skip`` examples are left out), with
+    EPOCH_END after each epoch's part."""
+    hf = cfg.hf
+    fields = data_mod.Fields.of(cfg)
+    dataset = load_split(hf, hf.split)
+    label = _label(hf, hf.split)
+    for current in itertools.count(epoch):
+        rng = random.Random(f"tpuft-data/{seed}/{current}/{reader}") if cfg.shuffle else None
+        records: Iterator[tuple[str, int, dict[str, Any]]] = _records(dataset, label, reader, readers, rng)
+        if rng is not None and hf.shuffle_buffer > 1:
+            records = _buffer_shuffle(records, hf.shuffle_buffer, rng)
+        left = skip if current == epoch else 0
+        for where, line, record in records:
+            example = data_mod.make_example(record, line=line, path=where, fields=fields)
+            if example is None:
+                continue
+            if left:
+                left -= 1
+                continue
+            yield example
+        yield EPOCH_END
+
+
+def _count(cfg: Any, reader: int, readers: int, cap: int) -> int:
+    """The examples of ``reader``'s part (after data.preprocess drops), counting no further than ``cap``."""
+    hf = cfg.hf
+    fields = data_mod.Fields.of(cfg)
+    count = 0
+    for where, line, record in _records(load_split(hf, hf.split), _label(hf, hf.split), reader, readers, None):
+        if data_mod.make_example(record, line=line, path=where, fields=fields) is not None:
+            count += 1
+            if count >= cap:
+                break
+    return count
+
+
+def round_robin(sizes: list[int], drawn: int) -> tuple[list[int], int]:
+    """Where readers with parts of ``sizes`` examples are after ``drawn`` examples of an epoch taken from them in
+    turn (each in order, skipping those whose part is over): how many each has given, and whose turn is next."""
+    low, high = 0, max(sizes, default=0)
+    while low < high:  # the most full rounds that fit: sum(min(size, rounds)) <= drawn
+        middle = (low + high + 1) // 2
+        if sum(min(size, middle) for size in sizes) <= drawn:
+            low = middle
+        else:
+            high = middle - 1
+    taken = [min(size, low) for size in sizes]
+    left, turn = drawn - sum(taken), 0
+    for index, size in enumerate(sizes):  # the round under way: one each from the first readers that still have some
+        if left and size > low:
+            taken[index] += 1
+            left -= 1
+            turn = (index + 1) % len(sizes)
+    if left:
+        raise ValueError(f"{drawn} examples drawn from parts of {sizes} examples: more than an epoch")
+    return taken, turn
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Readers: in the trainer's process, or data-loader processes
+
+
+class _InProcessReader:
+    def __init__(self, cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int) -> None:
+        self._items = _reader_examples(cfg, reader, readers, seed, epoch, skip)
+
+    def get(self) -> Example | str:
+        return next(self._items)
+
+    def close(self) -> None:
+        self._items.close()
+
+
+def _loader_main(cfg_json: dict[str, Any], reader: int, readers: int, seed: int, epoch: int, skip: int,
+                 cap: int | None, out: Any) -> None:
+    """A data-loader process: its part (epoch after epoch, in chunks; None ends an epoch's part) into ``out``, or its
+    count up to ``cap``; a failure as ("error", ...). It leaves when the trainer's process is gone."""
+    parent = multiprocessing.parent_process()
+
+    def send(message: Any) -> None:
+        while True:
+            try:
+                out.put(message, timeout=5)
+                return
+            except queue_mod.Full:
+                if parent is not None and not parent.is_alive():
+                    raise SystemExit(0) from None
+
+    chunk: list[tuple[str, str, int] | None] = []
+    try:
+        from tpuft.config import DataConfig
+
+        cfg = DataConfig.model_validate(cfg_json, context={"check_files": False})
+        if cap is not None:
+            send(("count", _count(cfg, reader, readers, cap)))
+            return
+        for item in _reader_examples(cfg, reader, readers, seed, epoch, skip):
+            chunk.append(None if isinstance(item, str) else (item.source, item.target, item.line))
+            if len(chunk) >= CHUNK:
+                send(chunk)
+                chunk = []
+    except Exception as exc:  # noqa: BLE001 - the trainer reports it; a reader that dies silently would hang it
+        if chunk:  # the examples before the failure first, as a reader in the trainer's process would give them
+            send(chunk)
+        if isinstance(exc, DataError):  # located at its record: the trainer raises it as it is
+            send(("error", "DataError", exc.where, exc.message))
+        else:
+            send(("error", type(exc).__name__, "", str(exc)))
+
+
+class _ProcessReader:
+    def __init__(self, cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int,
+                 cap: int | None = None) -> None:
+        context = multiprocessing.get_context("spawn")  # the trainer's XLA runtime threads must not be forked
+        self.reader = reader
+        self._queue = context.Queue(QUEUE_CHUNKS)
+        self._ready: deque[tuple[str, str, int] | None] = deque()
+        self._process = context.Process(
+            target=_loader_main, name=f"tpuft-data-{reader}", daemon=True,
+            args=(cfg.model_dump(mode="json"), reader, readers, seed, epoch, skip, cap, self._queue),
+        )
+        self._process.start()
+
+    def _receive(self) -> Any:
+        while True:
+            try:
+                message = self._queue.get(timeout=30)
+                break
+            except queue_mod.Empty:
+                if not self._process.is_alive():
+                    raise RuntimeError(f"the data-loader process of reader {self.reader} died "
+                                       f"(exit code {self._process.exitcode})") from None
+        if isinstance(message, tuple) and message[0] == "error":
+            _, kind, where, text = message
+            if kind == "DataError":
+                raise DataError(where, text)
+            raise RuntimeError(f"data-loader process of reader {self.reader}: {kind}: {text}")
+        return message
+
+    def count(self) -> int:
+        return int(self._receive()[1])
+
+    def get(self) -> Example | str:
+        if not self._ready:
+            self._ready.extend(self._receive())
+        item = self._ready.popleft()
+        return EPOCH_END if item is None else Example(*item)
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join(timeout=10)
+        self._queue.cancel_join_thread()
+        self._queue.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hugging Face datasets: the replica's stream
+
+
+class HfStream(TrainStream):
+    """Endless batches from this replica's readers; see the module's docstring."""
+
+    def __init__(self, cfg: Any, *, rank: int, world: int, local_batch: int, seed: int,
+                 position: dict[str, Any] | None) -> None:
+        self.cfg, self.rank, self.local_batch, self.seed = cfg, rank, local_batch, seed
+        self.per_replica = max(1, cfg.hf.loader_workers)
+        self.readers = world * self.per_replica
+        self.mine = [rank * self.per_replica + j for j in range(self.per_replica)]
+        self._processes = cfg.hf.loader_workers > 0
+        self._live: list[_InProcessReader | _ProcessReader] = []
+        saved = (position or {}).get("readers_per_replica")
+        if saved is not None and int(saved) != self.per_replica:
+            raise ValueError(
+                f"the data position was saved with {saved} readers per replica and this run has {self.per_replica} "
+                f"(data.hf.loader_workers changed): the examples would not continue exactly; set it back to "
+                f"{saved} to resume"
+            )
+        self.consumed = _consumed(position)
+        epoch, taken, turn = self._place(self.consumed)
+        self.epoch = epoch - 1 if self.consumed and not any(taken) else epoch  # at a boundary: the last one's
+        kind = _ProcessReader if self._processes else _InProcessReader
+        self._live = [kind(cfg, reader, self.readers, seed, epoch, skip) for reader, skip in zip(self.mine, taken)]
+        self._reading, self.turn = epoch, turn
+        self._done = [False] * self.per_replica
+        self._epoch_examples = sum(taken)
+
+    def _empty(self) -> DataError:
+        return DataError(_label(self.cfg.hf, self.cfg.hf.split),
+                         f"replica {self.rank}'s readers ({self.mine} of {self.readers}: replicas x "
+                         "data.hf.loader_workers) got no examples: the split has too few")
+
+    def _place(self, consumed: int) -> tuple[int, list[int], int]:
+        """(epoch, examples each reader has given of it, whose turn) after ``consumed`` examples."""
+        if consumed == 0:
+            return 0, [0] * self.per_replica, 0
+        cap = consumed + 1  # a part with more than consumed examples: still in the first epoch
+        if self._processes:
+            counters = [_ProcessReader(self.cfg, reader, self.readers, self.seed, 0, 0, cap=cap) for reader in self.mine]
+            try:
+                sizes = [counter.count() for counter in counters]
+            finally:
+                for counter in counters:
+                    counter.close()
+        else:
+            sizes = [_count(self.cfg, reader, self.readers, cap) for reader in self.mine]
+        epoch, drawn = 0, consumed
+        if all(size < cap for size in sizes):  # every part counted whole: the epoch's length is known
+            if not sum(sizes):
+                raise self._empty()
+            epoch, drawn = divmod(consumed, sum(sizes))
+        taken, turn = round_robin(sizes, drawn)
+        return epoch, taken, turn
+
+    def _next_example(self) -> Example:
+        while True:
+            if all(self._done):  # the epoch is over: the next one, in a new order
+                if not self._epoch_examples:
+                    raise self._empty()
+                self._reading += 1
+                self._done = [False] * self.per_replica
+                self._epoch_examples = 0
+                self.turn = 0
+            index = self.turn
+            self.turn = (index + 1) % self.per_replica
+            if self._done[index]:
+                continue
+            item = self._live[index].get()
+            if isinstance(item, str):
+                self._done[index] = True
+                continue
+            self._epoch_examples += 1
+            self.consumed += 1
+            self.epoch = self._reading
+            return item
+
+    def __next__(self) -> list[Example]:
+        return [self._next_example() for _ in range(self.local_batch)]
+
+    def position(self) -> dict[str, Any]:
+        return {"consumed": self.consumed, "readers_per_replica": self.per_replica}
+
+    def close(self) -> None:
+        for reader in self._live:
+            reader.close()
+        self._live = []
