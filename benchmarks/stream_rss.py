@@ -1,10 +1,11 @@
 """Peak memory of a worker's training stream over a Hugging Face dataset as the dataset grows (target: flat).
 
 Generates JSON-lines shards of sentence pairs (``--sizes`` in MB, written once to ``--dir``), then streams one
-epoch of each through ``tpuft.worker.streams.open_train_stream`` (``data.hf: {path: json, data_files: [...]}``,
-shuffle buffer 10,000, batches of 32) in a fresh process, and prints a table: dataset size, examples, seconds,
-examples/s and the peak resident memory of the trainer's process and of its data-loader processes
-(``resource.getrusage``'s maximum RSS). Run: ``python benchmarks/stream_rss.py --sizes 100,1000``
+epoch of each through ``open_train_stream`` of ``--module`` (``tpuft.worker.hf_data``; ``data.hf: {path: json,
+data_files: [...]}``, shuffle buffer 10,000, batches of 32) in a fresh process, and prints a table: dataset size,
+examples, seconds, examples/s, the peak resident memory of the trainer's process (``getrusage``) and of each
+data-loader process (``VmHWM`` in /proc, sampled: a fork server's children are not the trainer's).
+Run: ``python benchmarks/stream_rss.py --sizes 200,2000``
 """
 
 from __future__ import annotations
@@ -22,26 +23,41 @@ REPO = Path(__file__).resolve().parent.parent
 
 CHILD = textwrap.dedent(
     """
-    import json, resource, sys, time
+    import importlib, json, resource, sys, time
     sys.path.insert(0, sys.argv[2])
     from tpuft.config import DataConfig
-    from tpuft.worker.streams import open_train_stream
+
+    def loader_peak_mb(stream):
+        peak = 0
+        for reader in getattr(stream, "_live", []):
+            process = getattr(reader, "_process", None)
+            try:
+                with open(f"/proc/{process.pid}/status") as status:
+                    for line in status:
+                        if line.startswith("VmHWM:"):
+                            peak = max(peak, int(line.split()[1]) / 1024)
+            except (AttributeError, OSError):
+                pass
+        return peak
 
     def main():
         files, workers = json.loads(sys.argv[1]), int(sys.argv[3])
+        open_train_stream = importlib.import_module(sys.argv[4]).open_train_stream
         cfg = DataConfig.model_validate({"hf": {"path": "json", "data_files": files, "shuffle_buffer": 10000,
                                                 "loader_workers": workers}, "source_field": "source",
                                          "target_field": "target"}, context={"check_files": False})
         started = time.time()
         stream = open_train_stream(cfg, rank=0, world=1, local_batch=32, seed=0, position=None)
-        examples = 0
+        examples = loaders = 0
         while stream.epoch == 0:
             examples += len(next(stream))
+            if examples % 32768 == 0:
+                loaders = max(loaders, loader_peak_mb(stream))
+        loaders = max(loaders, loader_peak_mb(stream))
         stream.close()
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(json.dumps({"examples": examples, "seconds": time.time() - started, "rss_mb": own,
-                          "loader_rss_mb": children}))
+                          "loader_rss_mb": loaders}))
 
     if __name__ == "__main__":
         main()
@@ -77,6 +93,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,1000", help="dataset sizes in MB, comma-separated")
     parser.add_argument("--loader-workers", type=int, default=2)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/tpuft-stream-bench"))
+    parser.add_argument("--module", default="tpuft.worker.hf_data", help="the module whose open_train_stream to use")
     args = parser.parse_args()
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
@@ -85,18 +102,20 @@ def main() -> None:
         started = time.time()
         script = args.dir / "child.py"
         script.write_text(CHILD)  # a file, not -c: data-loader processes are spawned and re-import the main module
-        done = subprocess.run([sys.executable, str(script), json.dumps(files), str(REPO), str(args.loader_workers)],
+        done = subprocess.run([sys.executable, str(script), json.dumps(files), str(REPO), str(args.loader_workers),
+                               args.module],
                               capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             raise SystemExit(done.stderr[-3000:])
         got = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append((on_disk, got, time.time() - started))
-    print(f"\none epoch, batches of 32, shuffle buffer 10,000, {args.loader_workers} data-loader processes\n")
-    print("| dataset MB | examples | seconds | examples/s | trainer peak RSS MB | loader peak RSS MB |")
-    print("|-----------:|---------:|--------:|-----------:|--------------------:|-------------------:|")
+    print(f"\n{args.module}: one epoch, batches of 32, shuffle buffer 10,000, {args.loader_workers} data-loader "
+          "processes\n")
+    print("| dataset MB | examples | seconds | examples/s | trainer peak RSS MB | peak RSS MB per loader |")
+    print("|-----------:|---------:|--------:|-----------:|--------------------:|-----------------------:|")
     for on_disk, got, _ in rows:
         print(f"| {on_disk:10.0f} | {got['examples']:8d} | {got['seconds']:7.1f} | {got['examples'] / got['seconds']:10.0f} "
-              f"| {got['rss_mb']:19.0f} | {got['loader_rss_mb']:18.0f} |")
+              f"| {got['rss_mb']:19.0f} | {got['loader_rss_mb']:22.0f} |")
 
 
 if __name__ == "__main__":

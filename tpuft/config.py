@@ -371,7 +371,7 @@ class ModelConfig(StrictModel):
 
 
 TransformName = Literal["strip_diacritics", "lowercase", "nfc", "nfkc", "collapse_whitespace", "strip"]
-"""Text transforms a recipe names (tpuft/worker/transforms.py); seed 003's task is ``source_transforms:
+"""Text transforms a recipe names (tpuft/worker/text_transforms.py); seed 003's task is ``source_transforms:
 [strip_diacritics]`` on the same field as the target."""
 
 

@@ -27,6 +27,8 @@ def test_every_transform_the_config_allows_exists_and_they_compose_in_order() ->
     both = text_transform(["collapse_whitespace", "lowercase"])
     assert both is not None and both("  Școala   ÎNCEPE \n") == "școala începe"
     assert TRANSFORMS["nfkc"]("ﬁ①") == "fi1" and TRANSFORMS["nfc"]("e\u0301") == "é"
+    assert TRANSFORMS["strip"]("\t a  b \n") == "a  b" and TRANSFORMS["lowercase"]("ȘTIU ÎNCĂ") == "știu încă"
+    assert TRANSFORMS["collapse_whitespace"]("a \t\n b") == "a b"
 
 
 def test_seed_003_task_from_one_field(tmp_path: Path) -> None:

@@ -35,12 +35,13 @@ A Hugging Face dataset (``data.hf``) is read as a stream, never held whole:
   ``data.preprocess`` drops, capped at n + 1: a run early in its first epoch counts only that far), then the epoch
   ``n // epoch_length`` is opened and each reader skips what it had given of it. The cost, once, at start-up: at most
   one epoch read to count, plus the current epoch up to the position; nothing is held.
-* Data-loader processes (``loader_workers`` > 0): each reader is a process (``spawn``: the trainer's XLA runtime
-  threads must not be forked) that reads its part epoch after epoch into a bounded queue, in chunks. Not
+* Data-loader processes (``loader_workers`` > 0): each reader is a process (from a fork server: the trainer's XLA
+  runtime threads must not be forked) that reads its part epoch after epoch into a bounded queue, in chunks. Not
   ``torch.utils.data.DataLoader``: the examples are Python strings, not tensors, so it would add nothing but its own
-  worker scheduling, and this module's exact resume needs to place each reader itself. The order is the same as
-  with ``loader_workers: 0`` or 1 (one reader in the trainer's process); a position saved with another number of
-  readers per replica is refused, as the order would not continue.
+  worker scheduling, and this module's exact resume needs to place each reader itself. ``loader_workers`` 0 and 1
+  are both one reader per replica (in the trainer's process, or in one loader process) and give the same order; 2
+  or more cut the replica's part further, another order: a position saved with another number of readers per
+  replica is refused, as the examples would not continue.
 * Locations. A bad record is reported as ``hf:PATH[SPLIT] FILE:N``, N the 1-based record number in that file (for a
   builder over data files and for the hub's files), or ``hf:PATH[SPLIT]:N``, N the 1-based row of the split (a
   dataset folder).
@@ -53,6 +54,7 @@ import multiprocessing
 import os
 import queue as queue_mod
 import random
+import signal
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Iterator
@@ -370,14 +372,20 @@ def _loader_main(cfg_json: dict[str, Any], reader: int, readers: int, seed: int,
     count up to ``cap``; a failure as ("error", ...). It leaves when the trainer's process is gone."""
     parent = multiprocessing.parent_process()
 
+    def stop(signum: int, frame: Any) -> None:  # close(): leave through the normal exit, which releases what
+        out.cancel_join_thread()                # datasets' locks hold, without waiting for the trainer to read
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
     def send(message: Any) -> None:
         while True:
             try:
                 out.put(message, timeout=5)
                 return
             except queue_mod.Full:
-                if parent is not None and not parent.is_alive():
-                    raise SystemExit(0) from None
+                if parent is not None and not parent.is_alive():  # nobody will read: no flushing of the queue either
+                    os._exit(0)
 
     chunk: list[tuple[str, str, int] | None] = []
     try:
@@ -401,10 +409,19 @@ def _loader_main(cfg_json: dict[str, Any], reader: int, readers: int, seed: int,
             send(("error", type(exc).__name__, "", str(exc)))
 
 
+def _process_context() -> Any:
+    """Processes forked from a fork server that has imported this module and ``datasets`` (a new one starts in
+    milliseconds, not the second a fresh interpreter takes): never forked from the trainer, whose XLA runtime threads
+    must not be."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tpuft.worker.hf_data", "tpuft.config", "datasets"])  # before it first starts
+    return context
+
+
 class _ProcessReader:
     def __init__(self, cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int,
                  cap: int | None = None) -> None:
-        context = multiprocessing.get_context("spawn")  # the trainer's XLA runtime threads must not be forked
+        context = _process_context()
         self.reader = reader
         self._queue = context.Queue(QUEUE_CHUNKS)
         self._ready: deque[tuple[str, str, int] | None] = deque()
@@ -442,6 +459,9 @@ class _ProcessReader:
     def close(self) -> None:
         if self._process.is_alive():
             self._process.terminate()
+            self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
         self._process.join(timeout=10)
         self._queue.cancel_join_thread()
         self._queue.close()
@@ -473,7 +493,12 @@ class HfStream(TrainStream):
         epoch, taken, turn = self._place(self.consumed)
         self.epoch = epoch - 1 if self.consumed and not any(taken) else epoch  # at a boundary: the last one's
         kind = _ProcessReader if self._processes else _InProcessReader
-        self._live = [kind(cfg, reader, self.readers, seed, epoch, skip) for reader, skip in zip(self.mine, taken)]
+        try:
+            for reader, skip in zip(self.mine, taken):
+                self._live.append(kind(cfg, reader, self.readers, seed, epoch, skip))
+        except BaseException:
+            self.close()
+            raise
         self._reading, self.turn = epoch, turn
         self._done = [False] * self.per_replica
         self._epoch_examples = sum(taken)
@@ -489,8 +514,10 @@ class HfStream(TrainStream):
             return 0, [0] * self.per_replica, 0
         cap = consumed + 1  # a part with more than consumed examples: still in the first epoch
         if self._processes:
-            counters = [_ProcessReader(self.cfg, reader, self.readers, self.seed, 0, 0, cap=cap) for reader in self.mine]
-            try:
+            counters: list[_ProcessReader] = []
+            try:  # the readers count in parallel
+                for reader in self.mine:
+                    counters.append(_ProcessReader(self.cfg, reader, self.readers, self.seed, 0, 0, cap=cap))
                 sizes = [counter.count() for counter in counters]
             finally:
                 for counter in counters:

@@ -437,7 +437,7 @@ class Trainer:
                     xs.mark_sharding(value, self.mesh, spec)
 
     def _setup_data(self) -> None:
-        from tpuft.worker.streams import load_eval_examples, open_train_stream
+        from tpuft.worker.hf_data import load_eval_examples, open_train_stream
 
         cfg = self.recipe.data
         world, rank = self.replicas.world, self.replicas.rank
