@@ -74,3 +74,36 @@ def test_cosine_after_warm_up_is_half_a_cosine_to_zero() -> None:
     assert factor(10) == 1.0 and factor(60) == pytest.approx(0.5) and factor(110) == pytest.approx(0.0)
     assert factor(35) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
     assert all(factor(s) >= factor(s + 1) for s in range(10, 110))
+
+
+LOSS = textwrap.dedent(
+    """
+    import json, torch
+    from tpuft.worker.torch_parts import token_loss_sum
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5, dtype=torch.bfloat16)
+    labels = torch.tensor([[1, 4, -100], [0, -100, -100]])
+    logp = torch.log_softmax(logits.float(), -1)
+    out = {}
+    for eps in (0.0, 0.1):
+        manual = sum(-(1 - eps) * logp[b, t, labels[b, t]] - eps * logp[b, t].mean()
+                     for b in range(2) for t in range(3) if labels[b, t] != -100)
+        out[str(eps)] = [float(token_loss_sum(logits, labels, eps)), float(manual)]
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_loss_is_summed_over_real_tokens_in_float32_with_label_smoothing(torch_python: str) -> None:
+    """Padding (-100) does not count, bf16 logits are scored in float32, and label smoothing spreads eps over the
+    vocabulary as torch's cross-entropy defines it."""
+    from tests.conftest import REPO
+
+    out = subprocess.run([torch_python, "-c", LOSS], capture_output=True, text=True, timeout=300, cwd=REPO,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for ours, manual in result.values():
+        assert ours == pytest.approx(manual, rel=1e-6)
+    assert result["0.1"][0] != pytest.approx(result["0.0"][0], rel=1e-3)
