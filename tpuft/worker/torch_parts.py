@@ -91,30 +91,29 @@ class SoftPrompt(torch.nn.Module):
             start = torch.empty(tokens, weight.shape[1]).uniform_(-0.5, 0.5, generator=generator)
         self.weight = torch.nn.Parameter(start.float())
 
-    def prepend(self, embeds: Any, mask: Any) -> tuple[Any, Any]:
-        batch = embeds.shape[0]
-        prompt = self.weight.to(embeds.dtype).unsqueeze(0).expand(batch, -1, -1)
-        ones = torch.ones(batch, self.weight.shape[0], dtype=mask.dtype, device=mask.device)
-        return torch.cat([prompt, embeds], dim=1), torch.cat([ones, mask], dim=1)
 
 
-def encoder_inputs(model: Any, prompt: SoftPrompt | None, input_ids: Any, mask: Any) -> dict[str, Any]:
-    """The encoder's keyword arguments: token ids, or embeddings with the soft prompt in front."""
+def encoder_inputs(model: Any, prompt: Any, input_ids: Any, mask: Any) -> dict[str, Any]:
+    """The encoder's keyword arguments: token ids, or embeddings with the soft prompt (a [tokens, d_model] tensor,
+    e.g. a SoftPrompt's weight or the exported ``prompt.safetensors``) in front, and the mask widened to match."""
     if prompt is None:
         return {"input_ids": input_ids, "attention_mask": mask}
-    embeds, mask = prompt.prepend(model.get_input_embeddings()(input_ids), mask)
-    return {"inputs_embeds": embeds, "attention_mask": mask}
+    embeds = model.get_input_embeddings()(input_ids)
+    batch = embeds.shape[0]
+    vectors = prompt.to(embeds.dtype).unsqueeze(0).expand(batch, -1, -1)
+    ones = torch.ones(batch, prompt.shape[0], dtype=mask.dtype, device=mask.device)
+    return {"inputs_embeds": torch.cat([vectors, embeds], dim=1), "attention_mask": torch.cat([ones, mask], dim=1)}
 
 
-def greedy_decode(model: Any, prompt: SoftPrompt | None, input_ids: Any, mask: Any, length: int, sync: Any) -> Any:
+def greedy_decode(model: Any, prompt: Any, input_ids: Any, mask: Any, length: int, sync: Any) -> Any:
     """Greedy decodes of ``length`` tokens (the decoder start token first), in one compiled graph per step shape.
-    ``sync``: the device's step barrier (``torch_xla.sync``), so each step's graph is cut and reused."""
+    ``prompt``: the soft prompt's vectors or None; ``sync``: the device's step barrier (``torch_xla.sync``), so each
+    step's graph is cut and reused."""
     device = input_ids.device
     start = model.config.decoder_start_token_id
-    encoder = model.get_encoder()(**encoder_inputs(model, prompt, input_ids, mask))
-    enc_mask = mask if prompt is None else torch.cat(
-        [torch.ones(mask.shape[0], prompt.weight.shape[0], dtype=mask.dtype, device=device), mask], dim=1
-    )
+    inputs = encoder_inputs(model, prompt, input_ids, mask)
+    encoder = model.get_encoder()(**inputs)
+    enc_mask = inputs["attention_mask"]
     decoded = torch.full((input_ids.shape[0], length + 1), start, dtype=torch.long, device=device)
     for t in range(length):
         here = torch.tensor([t], device=device)  # data, not a constant: every step is the same graph

@@ -292,15 +292,15 @@ class Trainer:
         import torch_xla.distributed.spmd as xs
 
         size = self.mesh.size()
-        sharded = 0
-        for name, param in self.model.named_parameters():
+        named = list(self.model.named_parameters()) + ([("prompt.weight", self.prompt.weight)] if self.prompt is not None else [])
+        self.shard_specs: dict[int, tuple[str | None, ...]] = {}
+        """The partition spec of each sharded parameter (by id), which its optimizer state gets too."""
+        for name, param in named:
             spec = partition_spec(name, tuple(param.shape), size)
             if any(axis is not None for axis in spec):
                 xs.mark_sharding(param, self.mesh, spec)
-                sharded += 1
-        if self.prompt is not None:
-            xs.mark_sharding(self.prompt.weight, self.mesh, partition_spec("prompt.weight", tuple(self.prompt.weight.shape), size))
-        self._say(f"fsdp: {sharded} parameter tensors sharded over a mesh of {size} devices")
+                self.shard_specs[id(param)] = spec
+        self._say(f"fsdp: {len(self.shard_specs)} parameter tensors sharded over a mesh of {size} devices")
 
     def _to_device(self, *tensors: Any) -> list[Any]:
         """Host tensors to the device; under SPMD each host's batch becomes its slice of the global batch, sharded
@@ -425,12 +425,11 @@ class Trainer:
                 self._shard_optimizer_state()
 
     def _shard_optimizer_state(self) -> None:
-        from tpuft.fsdp_plan import partition_spec
         import torch_xla.distributed.spmd as xs
 
-        for name, param in self.named_params:
-            spec = partition_spec(name, tuple(param.shape), self.mesh.size())
-            if all(axis is None for axis in spec):
+        for param in self.params:
+            spec = self.shard_specs.get(id(param))
+            if spec is None:
                 continue
             for value in self.optimizer.state.get(param, {}).values():
                 if isinstance(value, self.torch.Tensor) and value.shape == param.shape:
@@ -606,9 +605,12 @@ class Trainer:
     def _logits(self, batch: _Batch) -> Any:
         from tpuft.worker import torch_parts
 
-        inputs = torch_parts.encoder_inputs(self.model, self.prompt, batch.input_ids, batch.attention_mask)
+        inputs = torch_parts.encoder_inputs(self.model, self._prompt_vectors(), batch.input_ids, batch.attention_mask)
         with self._autocast():
             return self.model(**inputs, decoder_input_ids=self.model._shift_right(batch.labels), use_cache=False).logits
+
+    def _prompt_vectors(self) -> Any:
+        return None if self.prompt is None else self.prompt.weight
 
     def _loss_sum(self, batch: _Batch) -> Any:
         from tpuft.worker import torch_parts
@@ -695,7 +697,7 @@ class Trainer:
             chunk = examples[start : start + self.local_eval_batch]
             batch = self._encode(chunk, pad_to=self.local_eval_batch)
             with self._autocast():
-                ids = torch_parts.greedy_decode(self.model, self.prompt, batch.input_ids, batch.attention_mask,
+                ids = torch_parts.greedy_decode(self.model, self._prompt_vectors(), batch.input_ids, batch.attention_mask,
                                                 self.recipe.data.max_target_length, self.torch_xla.sync)
             for row in ids[: len(chunk)].to("cpu").tolist():
                 row = row[: row.index(eos)] if eos in row else row
@@ -820,12 +822,10 @@ class Trainer:
             if self.prompt is not None:
                 from safetensors.torch import load_file
 
+                from tpuft.worker import torch_parts
+
                 prompt = load_file(str(export_dir.parent / PROMPT_FILE))["prompt"]
-                embeds = model.get_input_embeddings()(enc["input_ids"])
-                batch = embeds.shape[0]
-                enc = {"inputs_embeds": self.torch.cat([prompt.unsqueeze(0).expand(batch, -1, -1), embeds], 1),
-                       "attention_mask": self.torch.cat([self.torch.ones(batch, prompt.shape[0], dtype=enc["attention_mask"].dtype),
-                                                         enc["attention_mask"]], 1)}
+                enc = torch_parts.encoder_inputs(model, prompt, enc["input_ids"], enc["attention_mask"])
             out = model.generate(**enc, max_new_tokens=self.recipe.data.max_target_length)
         lines = []
         for example, text in zip(examples, self.tokenizer.batch_decode(out, skip_special_tokens=True)):
