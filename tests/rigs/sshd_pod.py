@@ -26,8 +26,8 @@ def sshd_available() -> bool:
     return Path(SSHD).exists() and shutil.which("ssh-keygen") is not None
 
 
-def worker_address(index: int) -> str:
-    return f"127.0.1.{10 + index}"
+def worker_address(index: int, first: int = 10) -> str:
+    return f"127.0.1.{first + index}"
 
 
 def _free_port(addresses: list[str]) -> int:
@@ -77,12 +77,14 @@ class SshdPod:
     root: Path
     workers: int
     port: int = 0
+    first_address: int = 10
+    """Worker i listens on 127.0.1.(first_address + i): a second pod on other addresses plays a recreated node."""
     user: str = field(default_factory=lambda: os.environ.get("USER") or "root")
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def addresses(self) -> list[str]:
-        return [worker_address(i) for i in range(self.workers)]
+        return [worker_address(i, self.first_address) for i in range(self.workers)]
 
     @property
     def client_key(self) -> Path:

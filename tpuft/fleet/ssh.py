@@ -47,6 +47,8 @@ class SshSettings:
     keepalive_s: int = 30
     max_parallel_connects: int = 64
     """Bounded fan-out for the handshakes (each costs sshd a fork and a key exchange)."""
+    known_hosts: Path | None = None
+    """The cluster's pinned host keys (from the TPU API's guest attributes); None: no pinning (tests, benchmarks)."""
 
 
 class SshConnectError(TpuftError):
