@@ -42,9 +42,11 @@ VERBS: tuple[Verb, ...] = (
          "tpuft train quickstart --set train.steps=200",
          "Ctrl-C (or a closed terminal, a dropped connection) detaches: the run goes on, and stops on every worker when "
          "one fails or hangs. Re-attach with tpuft attach, stop with tpuft stop; --detach returns at once, "
-         "--stop-on-interrupt makes Ctrl-C stop the run."),
+         "--stop-on-interrupt makes Ctrl-C stop the run. --recover (or recover: true in the cluster file) also "
+         "recovers it from preemption: recreate the node, set up, resume from the last checkpoint."),
     Verb("up", "Training", "Create, set up, train, summarize and export in one go.", "tpuft up quickstart",
-         "Attached like train: Ctrl-C detaches and the run goes on (--stop-on-interrupt stops it instead)."),
+         "Attached like train: Ctrl-C detaches and the run goes on (--stop-on-interrupt stops it instead); "
+         "--recover recovers it from preemption."),
     Verb("attach", "Training", "Re-attach to a run that trains on the workers: its last lines, then live until it ends.",
          "tpuft attach --since 10m",
          "Ctrl-C (or closing the terminal) only detaches: the run goes on. Reconnects by itself when a connection drops."),
@@ -53,7 +55,8 @@ VERBS: tuple[Verb, ...] = (
     Verb("resume", "Training", "Continue a stopped or failed run, same id, from its last complete checkpoint.",
          "tpuft resume quickstart-20261123",
          "Weights, optimizer, learning-rate schedule, data order and RNG continue exactly; metrics of the steps after "
-         "that checkpoint are re-run and replaced."),
+         "that checkpoint are re-run and replaced. With --recover it also watches the run and recovers it from "
+         "preemption; on a running run it takes over the watch (from any machine)."),
     Verb("monitor", "Results",
          "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log tails.",
          "tpuft monitor --plot curves.png",

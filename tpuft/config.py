@@ -190,6 +190,27 @@ class SshConfig(StrictModel):
         return value
 
 
+class RecoverConfig(StrictModel):
+    """Preemption recovery: a watcher on the controller recreates a lost node and resumes the run from its last
+    complete checkpoint. ``recover: true`` in the cluster file turns it on with these defaults."""
+
+    enabled: bool = Field(False, description="Watch every run and recover it from infrastructure failures.")
+    max_attempts: int = Field(10, ge=1, le=1000, description="Recoveries per run before the watcher gives up.")
+    backoff: Duration = Field(30.0, description="Wait before the first recovery; doubles after each, up to backoff_max.")
+    backoff_max: Duration = Field(900.0, description="The longest wait between two recoveries.")
+    poll: Duration = Field(30.0, description="How often the watcher asks the TPU API about the node while attached.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bool(cls, value: Any) -> Any:
+        """``recover: true`` / ``false`` is short for ``{enabled: ...}``; a mapping without ``enabled`` turns it on."""
+        if isinstance(value, bool):
+            return {"enabled": value}
+        if isinstance(value, dict) and value and "enabled" not in value:
+            return {**value, "enabled": True}
+        return value
+
+
 class ClusterConfig(StrictModel):
     """Where training runs: the provider, the TPU shape and the bucket."""
 
@@ -207,6 +228,7 @@ class ClusterConfig(StrictModel):
     local: LocalConfig = Field(default_factory=LocalConfig)
     gcp: GcpConfig = Field(default_factory=GcpConfig)
     ssh: SshConfig = Field(default_factory=SshConfig)
+    recover: RecoverConfig = Field(default_factory=RecoverConfig)
 
     @field_validator("bucket")
     @classmethod

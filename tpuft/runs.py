@@ -200,6 +200,17 @@ class RunSnapshot:
         return self.status not in {"running", "starting", "stale", "unknown"}
 
     @property
+    def recovery_line(self) -> str | None:
+        """``attempt 3, 2 recoveries (last: node PREEMPTED at step 812, 12 steps redone)``; None without recoveries."""
+        done = self.info.get("recoveries") or []
+        if not done:
+            return None
+        last = done[-1]
+        return (f"attempt {self.info.get('attempt', 1)}, {len(done)} recover{'y' if len(done) == 1 else 'ies'} (last: "
+                f"{last.get('cause')} at step {last.get('last_step')}, {last.get('steps_lost', 0)} steps redone from "
+                f"the checkpoint at {last.get('checkpoint_step')})")
+
+    @property
     def best_metric(self) -> tuple[str, float, int] | None:
         return best_eval_metric(self.best_eval)
 
@@ -214,6 +225,7 @@ class RunSnapshot:
             "cause": self.info.get("cause"),
             "culprit": self.info.get("culprit"),
             "attempt": self.info.get("attempt", 1),
+            "recoveries": self.info.get("recoveries") or [],
             "node_state": self.node_state,
             "step": self.step,
             "total_steps": self.total_steps,

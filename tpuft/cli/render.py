@@ -104,6 +104,7 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
             "last_eval": result.last_eval,
             "export_dir": str(result.export_dir) if result.export_dir else None,
             "attempt": result.attempt,
+            "recoveries": getattr(result, "recoveries", []),
             **result.extras,  # the backend's own (PyTorch/XLA: weight_digests per worker)
         }
         print(json.dumps(payload, indent=2))
@@ -121,6 +122,10 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
             table.add_row(key.replace("_", " "), fmt(value))
     for label, value in result.rows:
         table.add_row(label, value)
+    for done in getattr(result, "recoveries", []):
+        table.add_row(f"recovery (attempt {done.get('attempt')})",
+                      f"{done.get('cause')} at step {done.get('last_step')}; {done.get('steps_lost', 0)} steps redone from "
+                      f"step {done.get('checkpoint_step')}; training again after {fmt_seconds(done.get('back_s'))}")
     table.add_row("run dir", str(result.run_dir))
     if result.export_dir:
         table.add_row("HF export", str(result.export_dir))
@@ -142,6 +147,8 @@ def snapshot_view(snap: Any) -> Any:
         f"step {snap.step}/{snap.total_steps or '?'}  elapsed {fmt_seconds(snap.elapsed_s)}  ETA {fmt_seconds(snap.eta_s)}"
     )
     parts: list[Any] = [head]
+    if snap.recovery_line:
+        parts.append(Text(snap.recovery_line, style="yellow"))
     if snap.ended and info.get("cause"):
         lines = [f"cause: {info['cause']}"] + [f"  {line}" for line in (info.get("culprit_tail") or [])[-5:]]
         parts.append(Text("\n".join(lines), style=colour))

@@ -71,16 +71,25 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     if json_out:
         print(json.dumps([r.as_json() | {"started": r.info.get("started")} for r in found], indent=2))
         return
-    table = Table("run", "recipe", "backend", "status", "steps", "best eval", "started")
+    table = Table("run", "recipe", "backend", "status", "steps", "attempt", "best eval", "started")
     for r in found:
         best = r.best_metric
         started = r.info.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "-"
         status = r.label + (f" ({fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
         table.add_row(r.run_id, str(r.info.get("recipe", "-")), str(r.info.get("backend", "-")), status,
-                      f"{r.step}/{r.total_steps or '?'}", f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", when)
+                      f"{r.step}/{r.total_steps or '?'}", _attempt_cell(r.info), f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", when)
     console = out_console()
     console.print(table if found else "no runs yet (start one: tpuft up quickstart)")
+
+
+def _attempt_cell(info: dict[str, Any]) -> str:
+    """``2 (1 recovery: node PREEMPTED)``: how many attempts, and what the recoveries were for."""
+    recoveries = info.get("recoveries") or []
+    text = str(info.get("attempt", 1))
+    if recoveries:
+        text += f" ({len(recoveries)} recover{'y' if len(recoveries) == 1 else 'ies'}: {recoveries[-1].get('cause')})"
+    return text
 
 
 @command("logs")

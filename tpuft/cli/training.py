@@ -21,6 +21,16 @@ StopOnInterruptOpt = Annotated[
     bool,
     typer.Option("--stop-on-interrupt", help="Ctrl-C stops the run on every worker (default: Ctrl-C only detaches, the run goes on)."),
 ]
+RecoverOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--recover/--no-recover",
+        help="Watch the run and recover it when the node is preempted, repaired or deleted: recreate, set up, resume "
+        "from the last checkpoint (default: the cluster file's recover). With --detach the watcher runs in the "
+        "background on this machine.",
+        show_default=False,
+    ),
+]
 RunArg = Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
 
 
@@ -49,13 +59,14 @@ def train(
     detach: DetachOpt = False,
     stop_on_interrupt: StopOnInterruptOpt = False,
     resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this stopped or failed run from its last checkpoint instead (same as: tpuft resume RUN).", show_default=False)] = None,
+    recover: RecoverOpt = None,
 ) -> None:
     from tpuft.errors import UsageError
 
     if resume is not None:
         if recipe is not None or overrides:
             raise UsageError("--resume continues a run with the recipe it was started with: drop RECIPE and --set")
-        _resume(resume, config, json_out, detach, stop_on_interrupt)
+        _resume(resume, config, json_out, detach, stop_on_interrupt, recover)
         return
     if recipe is None:
         raise UsageError("missing RECIPE: tpuft train RECIPE (or tpuft train --resume RUN)")
@@ -65,6 +76,7 @@ def train(
     cfg = load_cluster_file(config)
     console = err_console() if json_out else out_console()  # stdout carries only the JSON
     preflight_with_status(cfg, loaded, console)
+    recovering = cfg.recover.enabled if recover is None else recover
     result = train_op(
         cfg,
         loaded,
@@ -72,10 +84,54 @@ def train(
         on_start=lambda run_id, run_dir: console.print(f"run [bold]{run_id}[/bold] -> {run_dir}"),
         on_notice=console.print,
         checked=True,
-        detach=detach,
+        detach=detach or recovering,
         stop_on_interrupt=stop_on_interrupt,
     )
+    if recovering:
+        result = _watch(cfg, config, result.run_id, console, detach, stop_on_interrupt, new_run=True, started=result)
     print_train_summary(console, result, json_out)
+
+
+def _watch(cfg: object, config: Path | None, run_id: str, console: object, detach: bool, stop_on_interrupt: bool,
+           *, new_run: bool, started: object = None) -> object:
+    """The recovery watcher: here (attached), or started in the background on this machine (``--detach``)."""
+    from tpuft.ops.recover import Callbacks, resume_and_watch, watch_new_run
+    from tpuft.ops.train import TrainResult
+
+    if detach:
+        pid, log = _spawn_watcher(run_id, config)
+        console.print(f"recovery watcher: pid {pid} on this machine, log {log}")  # type: ignore[attr-defined]
+        return started or TrainResult(run_id, "", 0.0, 0, detached=True)
+    shown: list[str] = []
+
+    def progress(text: str) -> None:  # the provider repeats its state while it waits: show each change once
+        if not shown or shown[-1] != text:
+            shown.append(text)
+            console.print(f"  {text}")  # type: ignore[attr-defined]
+
+    callbacks = Callbacks(on_line=line_printer(console), on_notice=lambda text: console.print(f"[yellow]{text}[/yellow]"),  # type: ignore[arg-type,attr-defined]
+                          on_progress=progress)
+    if new_run:
+        return watch_new_run(cfg, TrainResult(run_id, "", 0.0, 0), callbacks, stop_on_interrupt=stop_on_interrupt)  # type: ignore[arg-type]
+    return resume_and_watch(cfg, run_id, callbacks, stop_on_interrupt=stop_on_interrupt)  # type: ignore[arg-type]
+
+
+def _spawn_watcher(run_id: str, config: Path | None) -> tuple[int, Path]:
+    """``tpuft resume RUN --recover`` in a session of its own: a closed terminal does not end it (a sleeping laptop
+    does: run it on a machine that stays up, or take it over from one with the same command)."""
+    import os
+    import subprocess
+    import sys
+
+    from tpuft.paths import tpuft_home
+
+    log = tpuft_home() / "watchers" / f"{run_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "tpuft", "resume", run_id, "--recover", *(["-c", str(config.resolve())] if config else [])]
+    with open(log, "ab") as sink:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                 start_new_session=True, cwd=os.getcwd(), env={**os.environ, "COLUMNS": "160"})
+    return child.pid, log
 
 
 @command("resume")
@@ -85,15 +141,23 @@ def resume(
     json_out: JsonOpt = False,
     detach: DetachOpt = False,
     stop_on_interrupt: StopOnInterruptOpt = False,
+    recover: RecoverOpt = None,
 ) -> None:
-    _resume(run_id, config, json_out, detach, stop_on_interrupt)
+    _resume(run_id, config, json_out, detach, stop_on_interrupt, recover)
 
 
-def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop_on_interrupt: bool) -> None:
+def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop_on_interrupt: bool,
+            recover: bool | None = None) -> None:
     from tpuft.ops.train import resume as resume_op
 
     cfg = load_cluster_file(config)
     console = err_console() if json_out else out_console()
+    if cfg.recover.enabled if recover is None else recover:
+        from tpuft.runs import resolve_run
+
+        result = _watch(cfg, config, resolve_run(cfg, run_id).id, console, detach, stop_on_interrupt, new_run=False)
+        print_train_summary(console, result, json_out)  # type: ignore[arg-type]
+        return
     result = resume_op(
         cfg, run_id, on_line=line_printer(console), on_notice=console.print, detach=detach, stop_on_interrupt=stop_on_interrupt,
         on_start=lambda rid, rdir: console.print(f"resuming run [bold]{rid}[/bold] -> {rdir}"),
@@ -181,6 +245,7 @@ def up(
     yes: YesOpt = False,
     detach: DetachOpt = False,
     stop_on_interrupt: StopOnInterruptOpt = False,
+    recover: RecoverOpt = None,
 ) -> None:
     from tpuft.ops.cluster import CreateResult
     from tpuft.ops.setup import SetupResult
@@ -200,11 +265,15 @@ def up(
         console.rule(f"{index + 1}/{len(STEPS)} {title}")
 
     preflight_with_status(cfg, loaded, console)
+    recovering = cfg.recover.enabled if recover is None else recover
     result = up_op(
         cfg, loaded, confirm=confirm_cost(cfg, yes, console), on_step=step, on_line=line_printer(console),
         on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"), on_notice=console.print,
-        checked=True, detach=detach, stop_on_interrupt=stop_on_interrupt,
+        checked=True, detach=detach or recovering, stop_on_interrupt=stop_on_interrupt,
     )
+    if recovering:
+        result.train = _watch(cfg, config, result.train.run_id, console, detach, stop_on_interrupt, new_run=True,  # type: ignore[assignment]
+                              started=result.train)
     print_train_summary(console, result.train, json_out)
     if not json_out and not result.train.detached:
         console.print(f"total time {fmt_seconds(result.seconds)}")

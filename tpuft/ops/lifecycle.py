@@ -165,17 +165,71 @@ class AttachOutcome:
     """The terminal went away (SIGHUP): detached like Ctrl-C, whatever ``--stop-on-interrupt`` says."""
     lost: tuple[int, ...] = ()
     """Workers that could not be reached again after their connection dropped."""
+    gone: str | None = None
+    """The provider's reason why the workers are gone (``node PREEMPTED``, ...), from the ``watch`` of ``attach``."""
 
 
 def attach(
     session: Session, run: Run, launch: Launch, on_line: LineSink | None, *, tail: int | None = None,
     since: str | None = None, sleep: Callable[[float], None] = time.sleep,
+    watch: Callable[[], str | None] | None = None, watch_every: float = 30.0,
 ) -> AttachOutcome:
     """Stream every worker's log of the run (``[wN]`` lines through ``on_line``) until the run ends there. A dropped
-    connection re-attaches from the next line, with back-off; Ctrl-C (and SIGHUP) only ends the followers."""
+    connection re-attaches from the next line, with back-off; Ctrl-C (and SIGHUP) only ends the followers.
+
+    ``watch`` (the recovery watcher's question to the provider: why are the workers gone, or None) is asked every
+    ``watch_every`` seconds and before each re-attach: a preempted VM's connections may hang rather than drop, and
+    re-attaching to a node that is gone would only wait out SSH's retries. An answer ends the attach (``gone``)."""
     next_line: dict[int, int] = {}
     lock = threading.Lock()
+    with _watching(session, watch, watch_every) as gone:
+        outcome = _attach(session, run, launch, on_line, next_line, lock, tail, since, sleep, watch, gone)
+    if gone and not outcome.interrupted:
+        return AttachOutcome(ended=False, lost=outcome.lost or tuple(launch.hosts), gone=gone[0])
+    return outcome
 
+
+@contextmanager
+def _watching(session: Session, watch: Callable[[], str | None] | None, every: float) -> Iterator[list[str]]:
+    """Ask ``watch`` in the background; on an answer, close the fleet's connections so the followers end now."""
+    gone: list[str] = []
+    if watch is None:
+        yield gone
+        return
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(every):
+            problem = _ask(watch)
+            if problem:
+                gone.append(problem)
+                close = getattr(session.fleet, "close", None)
+                if close is not None:
+                    close()
+                return
+
+    thread = threading.Thread(target=loop, name="tpuft-watch", daemon=True)
+    thread.start()
+    try:
+        yield gone
+    finally:
+        done.set()
+        thread.join(timeout=5)
+
+
+def _ask(watch: Callable[[], str | None]) -> str | None:
+    """A failed question (the API unreachable for a moment) is no answer: the run may be fine."""
+    try:
+        return watch()
+    except Exception:  # noqa: BLE001 - the next question will tell
+        return None
+
+
+def _attach(
+    session: Session, run: Run, launch: Launch, on_line: LineSink | None, next_line: dict[int, int], lock: threading.Lock,
+    tail: int | None, since: str | None, sleep: Callable[[float], None], watch: Callable[[], str | None] | None,
+    gone: list[str],
+) -> AttachOutcome:
     def sink(index: int, line: str) -> None:
         if line.startswith(FROM_LINE_MARKER):
             with lock:
@@ -209,6 +263,11 @@ def attach(
                 results = _follow_groups(session, launch, groups, env, sink)
             except KeyboardInterrupt:  # a signal between two fleet runs
                 return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
+            except TpuftError:  # no connection after the fleet's own retries (sshd down, or the VM gone)
+                if watch is None:
+                    raise
+                results = []
+                dropped = list(pending)
             for result in results:
                 if result.interrupted:
                     return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
@@ -216,8 +275,13 @@ def attach(
             first = False
             if not dropped:
                 return AttachOutcome(ended=True)
+            if gone:
+                return AttachOutcome(ended=False, lost=tuple(dropped))
             if retries >= len(REATTACH_DELAYS) or _attempt_over(run):
                 return AttachOutcome(ended=_attempt_over(run), lost=tuple(dropped))
+            if watch is not None and (problem := _ask(watch)):
+                gone.append(problem)
+                return AttachOutcome(ended=False, lost=tuple(dropped))
             try:
                 sleep(REATTACH_DELAYS[retries])
             except KeyboardInterrupt:

@@ -52,6 +52,8 @@ class TrainResult:
     detached: bool = False
     """The run goes on without this process (``--detach``, or Ctrl-C while attached)."""
     attempt: int = 1
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    """The recovery watcher's records (run.json ``recoveries``): cause, steps redone, time to train again."""
 
 
 def _peer_addresses(hosts: list[str], coordinator: str) -> list[str]:
@@ -138,6 +140,7 @@ def train(
         "attempt": 1,
         "attempts": [{"attempt": 1, "started": started}],
         "launch": launch.as_json(),
+        "addresses": _addresses(session, plan),
         "shipped_data": shipped,
     }
     _write_info(run, info)
@@ -156,8 +159,11 @@ def resume(
     on_notice: Notice | None = None,
     detach: bool = False,
     stop_on_interrupt: bool = False,
+    recovery: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Continue a stopped or failed run, same id, from its last complete checkpoint (a new attempt)."""
+    """Continue a stopped or failed run, same id, from its last complete checkpoint (a new attempt).
+
+    ``recovery``: the recovery watcher's record of why (kept in run.json's ``recoveries`` with the new attempt)."""
     run = resolve_run(config, run_id)
     info = run.info()
     if not info:
@@ -189,8 +195,13 @@ def resume(
     if attempts and "ended" not in attempts[-1]:  # its supervisors died without a last word (the VM went away)
         attempts[-1] = {**attempts[-1], "ended": now, "status": "lost"}
     info = {k: v for k, v in info.items() if k not in {"cause", "culprit", "culprit_tail", "ended"}}
-    info.update(status="running", attempt=attempt, launch=launch.as_json(),
-                attempts=[*attempts, {"attempt": attempt, "started": now, "resumed": True}])
+    entry: dict[str, Any] = {"attempt": attempt, "started": now, "resumed": True}
+    if recovery is not None:
+        recovery = {**recovery, "resumed_attempt": attempt, "resumed": now}
+        info["recoveries"] = [*(info.get("recoveries") or []), recovery]
+        entry["recovery"] = recovery.get("cause")
+    info.update(status="running", attempt=attempt, launch=launch.as_json(), addresses=_addresses(session, plan),
+                attempts=[*attempts, entry])
     _write_info(run, info)
     if on_start is not None:
         on_start(run.id, run.url)
@@ -237,6 +248,11 @@ def _prepare_workers(
         if on_notice is not None:
             on_notice(f"cleaned {line}")
     return launch
+
+
+def _addresses(session: Session, plan: LaunchPlan) -> list[str]:
+    """The launched workers' addresses: a node that comes back READY with other ones has been replaced."""
+    return [session.cluster.workers[i].address for i in plan.workers]
 
 
 def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
@@ -433,4 +449,5 @@ def summarize(run: Run, backend: Backend, seconds: float, launched: int, attempt
         extras=extras,
         rows=rows,
         attempt=attempt,
+        recoveries=list(snap.info.get("recoveries") or []),
     )

@@ -1,0 +1,164 @@
+"""Preemption recovery end to end on the stand-ins: the fake TPU API (a spot queued resource), two sshd pods (the
+node before and after it is recreated, on other loopback addresses) and the GCS emulator. Workers run the real
+PyTorch/XLA trainer on CPU.
+
+One run goes through what a week on spot TPUs does to it: every worker's sshd restarts for 20 s (the run goes on,
+the attached watcher re-attaches without losing or repeating a line), the watcher's machine dies and another takes
+over, the node is preempted (its VMs die), the queued resource comes back only after a wait, on new addresses;
+the run ends with the step count of an uninterrupted one, resumed from its last checkpoint, one recovery recorded.
+A second run fails in the user's code on a healthy node: not retried."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.e2e.test_gcp_rigs import _bucket_json, _staged_step, rig_cluster
+from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.gcs_emulator import GcsEmulator
+from tests.rigs.sshd_pod import SshdPod, sshd_available
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
+
+RECOVER = "recover: {max_attempts: 2, backoff: 1s, poll: 2s}\n"
+
+
+def _publish_host_keys(tpu: FakeTpuServer, *pods: SshdPod) -> None:
+    """Every pod's host keys in the fake API's guest attributes, as a real node publishes its own."""
+    if not hasattr(tpu, "host_keys"):
+        return
+    tpu.host_keys = {pod.addresses[i]: pod.host_public_key(i) for pod in pods for i in range(pod.workers)}
+
+
+def _restart_sshd(pod: SshdPod, down_s: float) -> None:
+    """Every worker's sshd goes away (listeners and sessions; not the trainers, which live in their own sessions) and
+    comes back ``down_s`` seconds later on the same address and port."""
+    argvs = [list(proc.args) for proc in pod.processes]  # type: ignore[arg-type]
+    pod.drop_sessions()
+    for proc in pod.processes:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    pod.processes.clear()
+    time.sleep(down_s)
+    for argv in argvs:
+        pod.processes.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL, start_new_session=True))
+    pod._wait_listening(30.0)
+
+
+def _checkpoints(gcs: GcsEmulator, run_url: str) -> list[int]:
+    from tpuft.runs import Run
+
+    os.environ.update(gcs.env())
+    run = Run.from_url(run_url)
+    return sorted(run.layout().checkpoint_steps(run.storage))
+
+
+def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tmp_path: Path) -> None:
+    with FakeTpuServer(operation_polls=1, queued_gets_per_state=3) as tpu, \
+            SshdPod(tmp_path / "pod-a", workers=2) as first, GcsEmulator() as gcs, \
+            SshdPod(tmp_path / "pod-b", workers=2, first_address=20, port=first.port) as second:  # real hosts share 22
+        cluster, env = rig_cluster(tmp_path, tpu, first, gcs)
+        _publish_host_keys(tpu, first, second)
+        (second.root / "authorized_keys").write_text(Path(f"{first.client_key}.pub").read_text())  # the user's one key
+        cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  queued: true\n  spot: true\n") + RECOVER)
+
+        total = 600
+        args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
+                "--set", "eval.every=1000", "--set", "eval.max_examples=16", "--set", "train.checkpoint_every=100"]
+        out_a = tmp_path / "watcher-a.out"
+        watcher_a = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--yes", *args],
+                                     env=env, stdout=out_a.open("w"), stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_until(lambda: _staged_step(first, 0) >= 10, 600, "step 10 on the first node")
+            _restart_sshd(first, 20.0)
+            upto = (_staged_step(first, 0) // 10 + 2) * 10
+            assert upto < total, "the run ended while sshd was down: give it more steps"
+            wait_until(lambda: f"step {upto}/{total} " in out_a.read_text(), 240, f"the watcher to stream step {upto}")
+            streamed = out_a.read_text()
+            for step in range(10, upto + 1, 10):  # re-attached from the next line: nothing lost, nothing twice
+                assert streamed.count(f"step {step}/{total} ") == 1, (step, streamed[-3000:])
+        finally:
+            watcher_a.kill()  # the first watcher's machine dies
+            watcher_a.wait(timeout=10)
+        run_id = next((first.home(0) / ".tpuft" / "runs").iterdir()).name
+        run_url = f"gs://e2e-bucket/runs/{run_id}"
+
+        other_machine = {**env, "TPUFT_HOME": str(tmp_path / "other-home")}
+        out_b = tmp_path / "watcher-b.out"
+        watcher_b = subprocess.Popen([sys.executable, "-m", "tpuft", "resume", run_id, "--recover", "-c", str(cluster), "--json"],
+                                     env=other_machine, stdout=subprocess.PIPE, stderr=out_b.open("w"), text=True)
+        wait_until(lambda: (bool(_checkpoints(gcs, run_url)) and "watching run" in out_b.read_text())
+                   or _staged_step(first, 0) >= total - 150,
+                   300, "a checkpoint in the bucket and the second watcher attached")
+        reached = _staged_step(first, 0)
+        assert reached < total - 50, f"the run reached step {reached} before the preemption: give it more steps"
+        preempted_at = time.time()
+        tpu.preempt("e2e-gcp")
+        tpu.worker_addresses = second.addresses  # the recreated node comes back elsewhere
+        first.stop()  # the VMs die with everything on them
+        stdout, _ = watcher_b.communicate(timeout=900)
+        log_b = out_b.read_text()
+        assert watcher_b.returncode == 0, log_b[-6000:]
+        summary = json.loads(stdout)
+        assert summary["run_id"] == run_id and summary["last_train"]["step"] == total, summary
+
+        info = _bucket_json(gcs, f"runs/{run_id}/run.json")
+        assert info["status"] == "finished" and info["attempt"] == 2, info
+        (recovery,) = info["recoveries"]
+        assert recovery["cause"].startswith("node PREEMPTED") and recovery["recreated"] is True, recovery
+        assert recovery["checkpoint_step"] >= 100 and recovery["steps_lost"] == recovery["last_step"] - recovery["checkpoint_step"]
+        assert info["addresses"] == second.addresses and info["attempts"][1]["recovery"].startswith("node PREEMPTED")
+        assert summary["recoveries"][0]["back_s"] > 0
+        assert "queued resource e2e-gcp: ACCEPTED" in log_b or "WAITING" in log_b or "PROVISIONING" in log_b, log_b[-4000:]
+        assert len(tpu.calls("CreateQueuedResource")) == 2
+
+        # The resumed attempt started at the checkpoint: its first logged step is the one after it.
+        resumed_log = (second.home(0) / ".tpuft" / "runs" / run_id / "logs" / "worker-0.log").read_text()
+        assert f"step {recovery['checkpoint_step'] + 10}/{total} " in resumed_log
+        assert f"step {recovery['checkpoint_step']}/{total} " not in resumed_log
+        rows: list[dict] = []
+        metrics = (second.home(0) / ".tpuft" / "runs" / run_id / "metrics.jsonl")
+        if metrics.is_file():
+            rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip().startswith("{")]
+        first_again = min((r["time"] for r in rows if r.get("step", 0) > recovery["checkpoint_step"] and "time" in r), default=None)
+        print(f"recovery: trainers running again {recovery['back_s']} s after the watcher saw the preemption; first "
+              f"logged step after it {first_again - preempted_at if first_again else float('nan'):.1f} s after the "
+              f"preemption; run ended {time.time() - preempted_at:.0f} s after it")
+
+        shown = subprocess.run([sys.executable, "-m", "tpuft", "runs", "-c", str(cluster), "--json"], env=env,
+                               capture_output=True, text=True)
+        assert json.loads(shown.stdout)[-1]["recoveries"][0]["cause"].startswith("node PREEMPTED")
+
+
+def test_a_failure_of_the_users_code_is_not_retried(tmp_path: Path) -> None:
+    hook = tmp_path / "hooks.py"
+    hook.write_text(
+        "import os\n\n"
+        "def clean(record):\n"
+        "    if os.environ.get('TPUFT_WORKER_ID') == '1':\n"
+        "        raise RuntimeError('bad record on worker 1')\n"
+        "    return record\n"
+    )
+    with FakeTpuServer(operation_polls=1) as tpu, SshdPod(tmp_path / "pod", workers=2) as pod, GcsEmulator() as gcs:
+        cluster, env = rig_cluster(tmp_path, tpu, pod, gcs)
+        _publish_host_keys(tpu, pod)
+        cluster.write_text(cluster.read_text() + RECOVER)
+        done = subprocess.run([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--yes",
+                               "--set", f"data.preprocess={hook}:clean", "--set", "train.steps=20",
+                               "--set", "train.warmup_steps=5"],
+                              env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode != 0
+        assert "bad record on worker 1" in done.stdout + done.stderr, (done.stdout + done.stderr)[-4000:]
+        assert "recovery" not in done.stdout.lower()
+        run_id = next((pod.home(0) / ".tpuft" / "runs").iterdir()).name
+        info = _bucket_json(gcs, f"runs/{run_id}/run.json")
+        assert info["status"] == "failed" and not info.get("recoveries") and info["attempt"] == 1
+        assert len(tpu.calls("CreateNode")) == 1  # never recreated

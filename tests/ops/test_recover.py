@@ -1,0 +1,117 @@
+"""The recovery watcher's parts that need no training: the cluster file's ``recover``, the question it asks the
+(fake) TPU API about a run's node, and the lease that keeps two watchers from recreating one node. The whole loop,
+preemption to finished run, is tests/e2e/test_recovery_rigs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tpuft.providers.gcp as gcp_module
+from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.gcs_emulator import GcsEmulator
+from tpuft.config import ClusterConfig, load_cluster
+from tpuft.errors import UsageError
+from tpuft.ops.recover import WATCHER, node_problem, watcher_lease
+from tpuft.providers import get_provider
+from tpuft.runs import Run
+
+
+def test_recover_in_the_cluster_file(tmp_path: Path) -> None:
+    assert ClusterConfig.model_validate({}).recover.enabled is False
+    on = ClusterConfig.model_validate({"recover": True}).recover
+    assert on.enabled and on.max_attempts == 10 and on.backoff == 30.0
+    tuned = ClusterConfig.model_validate({"recover": {"max_attempts": 2, "backoff": "1m", "poll": "5s"}}).recover
+    assert tuned.enabled and (tuned.max_attempts, tuned.backoff, tuned.poll) == (2, 60.0, 5.0)
+    assert ClusterConfig.model_validate({"recover": {"enabled": False, "max_attempts": 3}}).recover.enabled is False
+
+    bad = tmp_path / "tpuft.yaml"
+    bad.write_text("name: c\nrecover:\n  max_attempts: 0\n  backof: 10s\n")
+    with pytest.raises(Exception) as caught:
+        load_cluster(bad)
+    text = str(getattr(caught.value, "message", caught.value))
+    assert "tpuft.yaml:3" in text and "recover.max_attempts" in text
+    assert "tpuft.yaml:4" in text and "recover.backof" in text
+
+
+@pytest.fixture
+def fake_gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[FakeTpuServer, ClusterConfig]]:
+    monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)
+    monkeypatch.setenv("TPUFT_HOME", str(tmp_path / "home"))
+    with GcsEmulator() as gcs, FakeTpuServer(operation_polls=1) as tpu:
+        for key, value in gcs.env().items():
+            monkeypatch.setenv(key, value)
+        config = ClusterConfig.model_validate({
+            "name": "rc", "provider": "gcp", "accelerator": "v4-16",
+            "gcp": {"project": "tpuft-test", "zone": "us-central2-b", "tpu_api_endpoint": tpu.endpoint},
+        })
+        yield tpu, config
+
+
+def test_node_problem_names_what_the_api_says(fake_gcp: tuple[FakeTpuServer, ClusterConfig]) -> None:
+    tpu, config = fake_gcp
+    cluster, _ = get_provider(config).create()
+    info = {"launch": {"hosts": [0, 1]}, "addresses": [w.address for w in cluster.workers]}
+    assert node_problem(config, info) is None
+    assert node_problem(config, {**info, "addresses": ["10.0.0.1", "10.0.0.2"]}) == "the workers came back with new addresses"
+    tpu.preempt("rc")
+    assert node_problem(config, info) == "node PREEMPTED"
+    get_provider(config).delete()
+    assert node_problem(config, info) == "node NOT_FOUND"
+
+
+def _run(tmp_path: Path) -> Run:
+    folder = tmp_path / "runs" / "r-1"
+    folder.mkdir(parents=True)
+    return Run.from_url(folder)
+
+
+def test_a_live_watcher_keeps_its_run_and_a_dead_or_silent_one_is_taken_over(tmp_path: Path) -> None:
+    policy = ClusterConfig.model_validate({"recover": {"poll": "2s"}}).recover
+    run = _run(tmp_path)
+    with watcher_lease(run, policy) as renew:
+        held = json.loads((run.storage.local_root / WATCHER).read_text())  # type: ignore[operator]
+        assert held["pid"] == os.getpid() and held["host"] == socket.gethostname()
+        renew()
+    assert json.loads(run.storage.read_text(WATCHER) or "{}")["ended"]  # let go: the next one needs no wait
+
+    elsewhere = {"host": "laptop.example", "pid": 4242, "seen": time.time()}
+    run.storage.write_text(WATCHER, json.dumps(elsewhere))
+    with pytest.raises(UsageError) as refused:
+        with watcher_lease(run, policy):
+            pass
+    assert "pid 4242 on laptop.example" in refused.value.message and "--recover" in (refused.value.hint or "")
+
+    run.storage.write_text(WATCHER, json.dumps({**elsewhere, "seen": time.time() - 3600}))  # the laptop slept
+    with watcher_lease(run, policy):
+        assert json.loads(run.storage.read_text(WATCHER) or "{}")["pid"] == os.getpid()
+
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    run.storage.write_text(WATCHER, json.dumps({"host": socket.gethostname(), "pid": dead, "seen": time.time()}))
+    with watcher_lease(run, policy):  # killed on this machine a moment ago: no need to wait
+        pass
+
+
+def test_a_detached_watcher_outlives_its_terminal_and_logs_to_the_state_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--detach --recover`` starts ``tpuft resume RUN --recover`` in a session of its own, output to a log."""
+    from tpuft.cli.training import _spawn_watcher
+
+    monkeypatch.setenv("TPUFT_HOME", str(tmp_path / "home"))
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(f"name: w\nprovider: local\nbucket: {tmp_path / 'bucket'}\n")
+    pid, log = _spawn_watcher("no-such-run", cluster)
+    assert log == tmp_path / "home" / "watchers" / "no-such-run.log"
+    assert os.getsid(pid) == pid  # its own session: a closed terminal's SIGHUP does not reach it
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "error" not in log.read_text():
+        time.sleep(0.1)
+    assert "error: no runs in" in log.read_text()  # what the watcher would have said on a terminal

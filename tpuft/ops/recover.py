@@ -1,0 +1,284 @@
+"""Preemption recovery: watch a run from the controller and bring it back when the infrastructure loses it.
+
+Spot and preemptible TPU VMs are reclaimed; maintenance repairs nodes; a node may come back with new addresses. The
+trainers and their supervisors live on the workers, so the only thing that can notice a whole node going away is a
+watcher outside it. This one attaches like ``tpuft attach`` and asks the provider about the node every
+``recover.poll`` seconds (a reclaimed VM's connections may hang instead of dropping). When the node is not READY, is
+gone, or answers on other addresses, it waits (back-off), recreates the node the way ``create`` does (queued
+resources included, waiting for capacity), runs ``setup`` again, and resumes the run from its last complete
+checkpoint through the resume path: a new attempt, recorded in run.json's ``recoveries``.
+
+What it does not retry: a run that failed on a healthy node (the user's code), a run that was stopped, and more than
+``recover.max_attempts`` recoveries. A watcher holds a lease in the run dir (``watcher.json``), so two never
+recreate the same node; one that died (its laptop closed, its process killed) is taken over by
+``tpuft resume RUN --recover`` on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tpuft import rundir
+from tpuft.backends import get_backend
+from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
+from tpuft.errors import Interrupted, TpuftError, UsageError
+from tpuft.fleet.base import LineSink
+from tpuft.ops.lifecycle import Launch, attach, finalize, run_is_alive, stop, wait_for_outcome
+from tpuft.ops.common import open_session
+from tpuft.ops.setup import setup
+from tpuft.ops.train import Notice, TrainResult, finished_result, resume
+from tpuft.providers import get_provider
+from tpuft.records import Progress, State
+from tpuft.runs import Run, resolve_run
+from tpuft.worker.supervisor import is_alive
+
+WATCHER = "watcher.json"
+"""The watcher's lease, in the run dir: who watches (host, pid) and when it last said so."""
+
+
+@dataclass
+class Callbacks:
+    """How the watcher talks to whoever runs it (the CLI renders; tests collect)."""
+
+    on_line: LineSink | None = None
+    on_notice: Notice | None = None
+    on_progress: Progress | None = None
+
+    def notice(self, text: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(text)
+
+
+def node_problem(config: ClusterConfig, info: dict[str, Any]) -> str | None:
+    """Why the run's workers are gone, in the provider's words; None while the node is READY on the run's addresses."""
+    cluster = get_provider(config).get()
+    if cluster.state != State.READY:
+        problem = cluster.details.get("problem") or cluster.details.get("symptoms")
+        return f"node {cluster.state}" + (f" ({problem})" if problem else "")
+    hosts = (info.get("launch") or {}).get("hosts") or []
+    recorded = info.get("addresses")
+    if recorded and hosts:
+        now = [cluster.workers[h].address if h < len(cluster.workers) else None for h in hosts]
+        if now != recorded:
+            return "the workers came back with new addresses"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The lease
+
+
+def _stale_after(policy: RecoverConfig) -> float:
+    return 3 * policy.poll + 30.0
+
+
+@contextmanager
+def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None]]:
+    """Claim the run for this watcher (refused while another one lives); yields the function that renews it."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    held = rundir.read_json_text(run.storage.read_text(WATCHER))
+    if held and not held.get("ended") and (held.get("host"), held.get("pid")) != (me["host"], me["pid"]):
+        age = time.time() - float(held.get("seen") or 0.0)
+        dead_here = held.get("host") == me["host"] and not is_alive(held.get("pid"))
+        if age < _stale_after(policy) and not dead_here:
+            raise UsageError(
+                f"run {run.id} is already watched for recovery by pid {held.get('pid')} on {held.get('host')} "
+                f"(last seen {age:.0f} s ago)",
+                hint=f"Stop that watcher (Ctrl-C there), or wait {_stale_after(policy):.0f} s after it is gone: "
+                f"tpuft resume {run.id} --recover then takes over",
+            )
+
+    def renew() -> None:
+        run.storage.write_text(WATCHER, json.dumps({**me, "seen": time.time()}))
+
+    renew()
+    try:
+        yield renew
+    finally:
+        current = rundir.read_json_text(run.storage.read_text(WATCHER)) or {}
+        if (current.get("host"), current.get("pid")) == (me["host"], me["pid"]):
+            run.storage.write_text(WATCHER, json.dumps({**me, "seen": time.time(), "ended": time.time()}))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Watching
+
+
+def watch(
+    config: ClusterConfig, run_id: str, callbacks: Callbacks, *, policy: RecoverConfig | None = None,
+    stop_on_interrupt: bool = False, tail: int | None = None, resume_ended: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TrainResult:
+    """Attach to a run and recover it from infrastructure failures until it finishes; returns its summary, or raises
+    how it ended otherwise (the user's failure, a stop, recoveries used up). ``resume_ended``: the user asked to
+    resume, so a stopped or failed run is resumed first (on a recreated node if its node is gone)."""
+    policy = policy or config.recover
+    run = resolve_run(config, run_id)
+    with watcher_lease(run, policy) as renew:
+        while True:
+            info = finalize(run) or run.info()
+            status = info.get("status")
+            launch = Launch.of(run, info)
+            if status == "finished" or (status == "stopped" and not resume_ended):
+                return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
+            problem = node_problem(config, info)
+            if problem is None and status in {"failed", "stopped"}:
+                if not resume_ended:  # the user's code failed on a healthy node: not retried
+                    return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
+                resume(config, run.id, on_notice=callbacks.on_notice, detach=True)
+                resume_ended, tail = False, None
+                continue
+            if problem is None:  # running (or starting): follow it
+                problem = _attach_and_watch(config, run, info, launch, callbacks, policy, renew, stop_on_interrupt, tail)
+                tail = None  # later attempts are followed from their first line
+                if problem is None:
+                    continue  # the attempt ended: its outcome decides
+            _recover(config, run, info, problem, callbacks, policy, sleep, renew)
+            resume_ended, tail = False, None
+
+
+def _attach_and_watch(
+    config: ClusterConfig, run: Run, info: dict[str, Any], launch: Launch, callbacks: Callbacks, policy: RecoverConfig,
+    renew: Callable[[], None], stop_on_interrupt: bool, tail: int | None,
+) -> str | None:
+    """Follow the attempt until it ends (None) or its workers are gone (the reason)."""
+
+    def question() -> str | None:
+        renew()
+        return node_problem(config, info)
+
+    callbacks.notice(f"watching run {run.id} (attempt {info.get('attempt', 1)}) to recover it from preemption")
+    session = open_session(config)
+    try:
+        outcome = attach(session, run, launch, callbacks.on_line, tail=tail, watch=question, watch_every=policy.poll)
+    finally:
+        close = getattr(session.fleet, "close", None) if "fleet" in session.__dict__ else None
+        if close is not None:
+            close()
+    if outcome.interrupted:
+        if stop_on_interrupt and not outcome.hung_up:
+            stopped = stop(config, run, reason="interrupted on the controller (Ctrl-C)")
+            raise Interrupted(f"stopped run {run.id} ({stopped.status})", hint=f"Continue it: tpuft resume {run.id}")
+        raise Interrupted(f"stopped watching run {run.id}; it goes on without recovery",
+                          hint=f"Watch and recover it again from any machine: tpuft resume {run.id} --recover")
+    if outcome.gone:
+        return outcome.gone
+    if outcome.ended:
+        wait_for_outcome(run)
+        if finalize(run) is None and not run_is_alive(run):
+            return "the workers' supervisors are gone (the VMs restarted?)"
+        return None
+    problem = question()
+    if problem is None and not run_is_alive(run):
+        return "the workers' supervisors are gone (the VMs restarted?)"
+    if problem is None:
+        lost = ", ".join(map(str, outcome.lost))
+        raise TpuftError(f"lost contact with worker(s) {lost} of run {run.id}, but the TPU API says the node is READY",
+                         hint=f"Look: tpuft monitor {run.id}   Watch again: tpuft resume {run.id} --recover")
+    return problem
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recovering
+
+
+def _recover(
+    config: ClusterConfig, run: Run, info: dict[str, Any], problem: str, callbacks: Callbacks, policy: RecoverConfig,
+    sleep: Callable[[float], None], renew: Callable[[], None],
+) -> None:
+    """Recreate (when the node is not READY), set up and resume; one recovery, recorded in run.json."""
+    done = list(info.get("recoveries") or [])
+    if len(done) >= policy.max_attempts:
+        raise TpuftError(
+            f"run {run.id}: {problem}; recover.max_attempts ({policy.max_attempts}) recoveries are used up",
+            hint=f"When capacity is back: tpuft resume {run.id} --recover",
+        )
+    detected = time.time()
+    last_step = run.snapshot().step
+    checkpoint = max(run.layout().checkpoint_steps(run.storage), default=0)
+    delay = min(policy.backoff * 2 ** len(done), policy.backoff_max)
+    attempt = int(info.get("attempt", 1))
+    callbacks.notice(
+        f"run {run.id}: {problem} at step {last_step} (attempt {attempt}); recovery {len(done) + 1} of "
+        f"{policy.max_attempts} from the checkpoint at step {checkpoint} in {delay:.0f} s"
+    )
+    try:
+        _sleep_renewing(delay, sleep, renew, policy.poll)
+        provider = get_provider(config)
+        cluster = provider.get()
+        recreated = cluster.state != State.READY
+        started = time.time()
+        if recreated:
+            if cluster.state != State.NOT_FOUND:
+                callbacks.notice(f"deleting {config.name} ({cluster.state})")
+                provider.delete(callbacks.on_progress)
+            callbacks.notice(f"recreating {config.name}")
+            provider.create(callbacks.on_progress)
+        renew()
+        made = time.time()
+        text = run.storage.read_text(rundir.RECIPE)
+        if text is None:
+            raise UsageError(f"run {run.id}: {run.url}/{rundir.RECIPE} is missing: it cannot be resumed")
+        recipe = recipe_from_text(text, f"{run.url}/{rundir.RECIPE}", check_files=False)
+        callbacks.notice(f"setting up {recipe.backend.kind} on the workers of {config.name}")
+        setup(config, recipe, on_line=callbacks.on_line)
+        renew()
+        set_up = time.time()
+        record = {
+            "attempt": attempt, "cause": problem, "detected": detected, "last_step": last_step,
+            "checkpoint_step": checkpoint, "steps_lost": max(0, last_step - checkpoint), "waited_s": round(delay, 1),
+            "recreated": recreated, "recreate_s": round(made - started, 1), "setup_s": round(set_up - made, 1),
+        }
+        resume(config, run.id, on_notice=callbacks.on_notice, detach=True, recovery=record)
+        _note_back(run, time.time() - detected)
+    except KeyboardInterrupt:
+        raise Interrupted(f"recovery of run {run.id} interrupted; nothing of the run is lost",
+                          hint=f"Go on with it: tpuft resume {run.id} --recover") from None
+    callbacks.notice(f"run {run.id} resumed from step {checkpoint} {time.time() - detected:.0f} s after the failure")
+
+
+def _note_back(run: Run, seconds: float) -> None:
+    """The recovery's cost as a user feels it: from noticing the failure to every trainer running again."""
+    info = run.info()
+    done = list(info.get("recoveries") or [])
+    if done:
+        done[-1] = {**done[-1], "back_s": round(seconds, 1)}
+        run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, "recoveries": done}, indent=2, sort_keys=True))
+
+
+def _sleep_renewing(seconds: float, sleep: Callable[[float], None], renew: Callable[[], None], every: float) -> None:
+    """A long back-off keeps the lease alive, so another machine does not take over a watcher that is only waiting."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        sleep(min(left, every))
+        renew()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entry points
+
+
+def watch_new_run(config: ClusterConfig, started: TrainResult, callbacks: Callbacks, *,
+                  stop_on_interrupt: bool = False) -> TrainResult:
+    """``train --recover`` / ``up --recover``: the run was started detached; watch it from its first line."""
+    return watch(config, started.run_id, callbacks, stop_on_interrupt=stop_on_interrupt, tail=None)
+
+
+def resume_and_watch(config: ClusterConfig, run_id: str | None, callbacks: Callbacks, *,
+                     stop_on_interrupt: bool = False) -> TrainResult:
+    """``resume RUN --recover`` (and ``train --resume RUN --recover``): take over a running run's watch, recover a run
+    whose node is gone, or resume a stopped or failed one; then watch it to the end."""
+    run = resolve_run(config, run_id)
+    info = finalize(run) or run.info()
+    if not info:
+        raise UsageError(f"run {run.id} has no run.json: it cannot be resumed")
+    if info.get("status") == "finished":
+        raise UsageError(f"run {run.id} has finished: there is nothing to resume or watch")
+    return watch(config, run.id, callbacks, stop_on_interrupt=stop_on_interrupt, resume_ended=True, tail=20)
