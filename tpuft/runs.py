@@ -206,9 +206,11 @@ class RunSnapshot:
         if not done:
             return None
         last = done[-1]
-        return (f"attempt {self.info.get('attempt', 1)}, {len(done)} recover{'y' if len(done) == 1 else 'ies'} (last: "
-                f"{last.get('cause')} at step {last.get('last_step')}, {last.get('steps_lost', 0)} steps redone from "
-                f"the checkpoint at {last.get('checkpoint_step')})")
+        head = f"attempt {self.info.get('attempt', 1)}, {len(done)} recover{'y' if len(done) == 1 else 'ies'} (last: "
+        if last.get("error"):
+            return head + f"{last.get('cause')}; could not recreate the node yet: {last['error']})"
+        return head + (f"{last.get('cause')} at step {last.get('last_step')}, {last.get('steps_lost', 0)} steps redone "
+                       f"from the checkpoint at {last.get('checkpoint_step')})")
 
     @property
     def best_metric(self) -> tuple[str, float, int] | None:

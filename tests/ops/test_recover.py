@@ -115,3 +115,60 @@ def test_a_detached_watcher_outlives_its_terminal_and_logs_to_the_state_folder(t
     while time.monotonic() < deadline and "error" not in log.read_text():
         time.sleep(0.1)
     assert "error: no runs in" in log.read_text()  # what the watcher would have said on a terminal
+
+
+def test_a_stockout_while_recreating_is_tried_again_after_a_longer_back_off(
+    fake_gcp: tuple[FakeTpuServer, ClusterConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recreate half of a recovery on the fake API. ``setup`` and ``resume`` are replaced by recorders here: they
+    need the sshd pod and a trainer, and the whole path runs in tests/e2e/test_recovery_rigs.py."""
+    import tpuft.ops.recover as recover_module
+    from tpuft.errors import TpuftError
+    from tpuft.ops.recover import Callbacks, _recover
+
+    tpu, config = fake_gcp
+    cluster, _ = get_provider(config).create()
+    run = _run(tmp_path)
+    run.storage.write_text("recipe.yaml", (Path(__file__).parents[2] / "recipes" / "quickstart.yaml").read_text())
+    run.storage.write_text("run.json", json.dumps({
+        "run_id": "r-1", "status": "running", "attempt": 1, "backend": "torch_xla", "total_steps": 100,
+        "launch": {"hosts": [0, 1], "python": "py", "package": "pkg"}, "addresses": [w.address for w in cluster.workers],
+    }))
+    done: list[object] = []
+    monkeypatch.setattr(recover_module, "setup", lambda config, recipe, on_line=None: done.append(("setup", recipe.name)))
+    monkeypatch.setattr(recover_module, "resume", lambda config, run_id, **kw: done.append(("resume", kw["recovery"]["cause"])))
+    policy = config.recover.model_copy(update={"max_attempts": 2, "backoff": 1.0, "poll": 1.0})
+    slept: list[float] = []
+    notices: list[str] = []
+
+    tpu.preempt("rc")
+    tpu.fail_next_create()  # the zone has no capacity right now
+    _recover(config, run, run.info(), "node PREEMPTED", Callbacks(on_notice=notices.append), policy, slept.append, lambda: None)
+    (first,) = run.info()["recoveries"]
+    assert "no more capacity" in first["error"] and done == [] and slept == [1.0]
+    assert any("could not recreate rc now" in n for n in notices)
+    assert node_problem(config, run.info()) == "node NOT_FOUND"
+
+    _recover(config, run, run.info(), "node NOT_FOUND", Callbacks(), policy, slept.append, lambda: None)
+    assert slept == [1.0, 1.0, 1.0] and done == [("setup", "quickstart"), ("resume", "node NOT_FOUND")]  # 2 s, in polls
+    assert get_provider(config).get().state == "READY" and len(tpu.calls("CreateNode")) == 3
+
+    run.storage.write_text("run.json", json.dumps({**run.info(), "recoveries": [first, first]}))
+    with pytest.raises(TpuftError) as used_up:
+        _recover(config, run, run.info(), "node PREEMPTED", Callbacks(), policy, slept.append, lambda: None)
+    assert "recover.max_attempts (2) recoveries are used up" in used_up.value.message
+    assert "tpuft resume r-1 --recover" in (used_up.value.hint or "")
+
+
+def test_runs_and_monitor_show_the_recoveries(tmp_path: Path) -> None:
+    from tpuft.cli.results import _attempt_cell
+
+    info = {"attempt": 2, "recoveries": [{"attempt": 1, "cause": "node PREEMPTED", "last_step": 130,
+                                           "checkpoint_step": 100, "steps_lost": 30}]}
+    assert _attempt_cell(info) == "2 (1 recovery: node PREEMPTED)"
+    run = _run(tmp_path)
+    run.storage.write_text("run.json", json.dumps({**info, "status": "running", "backend": "torch_xla"}))
+    snap = run.snapshot()
+    assert snap.recovery_line == ("attempt 2, 1 recovery (last: node PREEMPTED at step 130, 30 steps redone from the "
+                                  "checkpoint at 100)")
+    assert snap.as_json()["recoveries"][0]["steps_lost"] == 30

@@ -39,6 +39,10 @@ from tpuft.records import Progress, State
 from tpuft.runs import Run, resolve_run
 from tpuft.worker.supervisor import is_alive
 
+CAPACITY_ERRORS = {"ResourceExhausted", "TooManyRequests", "ServiceUnavailable", "InternalServerError"}
+"""API refusals that mean "not now" (a zone stocked out, quota busy, the API down): the recovery is tried again
+after the next back-off, and the try counts against ``recover.max_attempts``."""
+
 WATCHER = "watcher.json"
 """The watcher's lease, in the run dir: who watches (host, pid) and when it last said so."""
 
@@ -220,7 +224,16 @@ def _recover(
                 callbacks.notice(f"deleting {config.name} ({cluster.state})")
                 provider.delete(callbacks.on_progress)
             callbacks.notice(f"recreating {config.name}")
-            provider.create(callbacks.on_progress)
+            try:
+                provider.create(callbacks.on_progress)
+            except TpuftError as exc:
+                if not _not_now(exc):
+                    raise
+                _record(run, {"attempt": attempt, "cause": problem, "detected": detected, "last_step": last_step,
+                              "checkpoint_step": checkpoint, "waited_s": round(delay, 1), "recreated": False,
+                              "error": exc.message[:500]})
+                callbacks.notice(f"could not recreate {config.name} now: {exc.message}")
+                return
         renew()
         made = time.time()
         text = run.storage.read_text(rundir.RECIPE)
@@ -244,6 +257,20 @@ def _recover(
     callbacks.notice(f"run {run.id} resumed from step {checkpoint} {time.time() - detected:.0f} s after the failure")
 
 
+def _not_now(exc: TpuftError) -> bool:
+    """A capacity or availability refusal (try again later), not a mistake in the cluster file or the account."""
+    return getattr(exc, "kind", "") in CAPACITY_ERRORS or (
+        "queued resource" in exc.message and any(word in exc.message for word in ("FAILED", "SUSPENDED"))
+    )
+
+
+def _record(run: Run, recovery: dict[str, Any]) -> None:
+    """A recovery that did not get the run back (the node could not be recreated now) still counts and shows."""
+    info = run.info()
+    info["recoveries"] = [*(info.get("recoveries") or []), recovery]
+    run.storage.write_text(rundir.RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
+
+
 def _note_back(run: Run, seconds: float) -> None:
     """The recovery's cost as a user feels it: from noticing the failure to every trainer running again."""
     info = run.info()
@@ -255,9 +282,11 @@ def _note_back(run: Run, seconds: float) -> None:
 
 def _sleep_renewing(seconds: float, sleep: Callable[[float], None], renew: Callable[[], None], every: float) -> None:
     """A long back-off keeps the lease alive, so another machine does not take over a watcher that is only waiting."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        sleep(min(left, every))
+    left = seconds
+    while left > 0:
+        step = min(left, every)
+        sleep(step)
+        left -= step
         renew()
 
 
