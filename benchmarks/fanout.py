@@ -5,13 +5,16 @@ and the fake TPU API (tests/rigs/fake_tpu.py) hands their addresses out as the n
 1, 8, 32, 64 workers, each method runs `true` on every worker, 5 times after a warm-up; the table shows medians:
 - tpuft fleet: a fresh Python process (start-up included) running tpuft's SSH fleet on the N workers;
 - tpuft exec: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the cluster's workers as remembered from
-  the last API answer in the past 10 minutes, then the fleet);
+  the last API answer in the past 10 minutes, then the fleet), with the connection agent off (TPUFT_NO_AGENT=1);
+- tpuft exec (warm agent): the same command once the cluster's connection agent (tpuft/fleet/agent.py) runs: one run
+  starts it, then the command goes through its open connections (no cluster file loading, no handshake);
 - parallel ssh / sequential ssh: OpenSSH's client, same key, same workers.
 It also reports the fleet's client-side CPU per worker (the part that would not parallelise on a real pod, where
 every worker has its own CPUs) and the time to the first output line (`echo` instead of `true`).
 
 On this 2-core machine the sshd servers share the client's cores, so the parallel-ssh column is the physical floor.
-Targets: at 64 workers <= 1.1x the parallel-ssh column; at 1 worker <= 0.5 s; far ahead of the sequential loop.
+Targets: at 64 workers <= 1.1x the parallel-ssh column; at 1 worker <= 0.5 s; far ahead of the sequential loop. With a
+warm agent: at 1 worker <= one plain `ssh host true`; at 64 workers <= 0.5x the parallel-ssh column.
 Needs openssh-server and root (to bind the loopback addresses). Run: python benchmarks/fanout.py
 """
 
@@ -83,10 +86,36 @@ def tpuft_exec_cluster(pod, server, count: int, root: Path) -> Path:
     return path
 
 
-def tpuft_exec(cluster: Path) -> float:
+def tpuft_exec(cluster: Path, *, agent: bool = False) -> float:
+    """One `tpuft exec -- true`; without ``agent`` the connection agent is off (the cold path every time)."""
+    env = dict(ENV) if agent else {**ENV, "TPUFT_NO_AGENT": "1"}
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"], check=True, capture_output=True, cwd=REPO, env=ENV)
+    subprocess.run([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"], check=True, capture_output=True, cwd=REPO, env=env)
     return time.perf_counter() - started
+
+
+def agent_call(what: str, cluster: Path) -> object:
+    """``ping`` or ``stop`` the cluster's agent from here, in the tpuft subprocesses' environment."""
+    from tpuft.fleet import agent_client
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update({k: v for k, v in ENV.items() if k != "TPUFT_NO_AGENT"})
+    try:
+        return getattr(agent_client, what)(str(cluster))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def warm_agent(cluster: Path, timeout: float = 120) -> None:
+    """Run once with the agent on (the cold run starts it in the background) and wait until it answers."""
+    tpuft_exec(cluster, agent=True)
+    deadline = time.monotonic() + timeout
+    while agent_call("ping", cluster) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the connection agent did not start; see {ENV['TPUFT_HOME']}/agents/*.log")
+        time.sleep(0.2)
 
 
 def ssh_sequential(pod, count: int) -> float:
@@ -127,13 +156,19 @@ def main() -> None:
         GcsEmulator() as gcs,
     ):
         server.worker_addresses = pod.addresses
-        ENV.update({**os.environ, **gcs.env(), "TPUFT_HOME": str(Path(tmp) / "home")})
+        server.host_keys.update(pod.host_keys)  # the workers' host keys, as the API publishes them
+        ENV.update({**os.environ, **gcs.env(), "TPUFT_HOME": str(Path(tmp) / "home"), "TPUFT_AGENT_IDLE_S": "600"})
+        ENV.pop("TPUFT_NO_AGENT", None)
         for count in sizes:
             cluster = tpuft_exec_cluster(pod, server, count, Path(tmp))
             tpuft_exec(cluster)  # warm-up; also publishes the key in the node metadata once
             tpuft_fanout(pod, count, ["true"])  # warm-up (page cache, sshd host key loads)
             ssh_parallel(pod, count)
             cli = [tpuft_exec(cluster) for _ in range(args.runs)]
+            warm_agent(cluster)
+            tpuft_exec(cluster, agent=True)  # warm-up of the warm path itself
+            warm = [tpuft_exec(cluster, agent=True) for _ in range(args.runs)]
+            agent_call("stop", cluster)  # its connections would share the cores with the other columns
             tp = [tpuft_fanout(pod, count, ["true"]) for _ in range(args.runs)]
             par = [ssh_parallel(pod, count) for _ in range(args.runs)]
             seq = [ssh_sequential(pod, count) for _ in range(args.runs)]
@@ -142,6 +177,7 @@ def main() -> None:
                 "workers": count,
                 "tpuft": statistics.median(t["wall"] for t in tp),
                 "tpuft_exec": statistics.median(cli),
+                "tpuft_exec_warm": statistics.median(warm),
                 "parallel_ssh": statistics.median(par),
                 "sequential_ssh": statistics.median(seq),
                 "cpu_per_worker": statistics.median(t["cpu"] for t in tp) / count,
@@ -151,18 +187,20 @@ def main() -> None:
             console.log(f"{count} workers done")
     table = Table(title=f"fan-out: `true` on N loopback sshd workers (median of {args.runs}, after a warm-up)")
     for column in (
-        "workers", "tpuft exec s", "tpuft fleet s", "parallel ssh s", "sequential ssh s", "exec / parallel",
-        "fleet / parallel", "fleet CPU ms/worker", "first line s",
+        "workers", "tpuft exec s", "tpuft exec (warm agent) s", "tpuft fleet s", "parallel ssh s", "sequential ssh s",
+        "exec / parallel", "warm / parallel", "fleet / parallel", "fleet CPU ms/worker", "first line s",
     ):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             str(row["workers"]),
             f"{row['tpuft_exec']:.3f}",
+            f"{row['tpuft_exec_warm']:.3f}",
             f"{row['tpuft']:.3f}",
             f"{row['parallel_ssh']:.3f}",
             f"{row['sequential_ssh']:.3f}",
             f"{row['tpuft_exec'] / row['parallel_ssh']:.2f}x",
+            f"{row['tpuft_exec_warm'] / row['parallel_ssh']:.2f}x",
             f"{row['tpuft'] / row['parallel_ssh']:.2f}x",
             f"{row['cpu_per_worker'] * 1000:.1f}",
             f"{row['first_line']:.3f}",
@@ -173,6 +211,12 @@ def main() -> None:
         f"targets (tpuft exec): {big['workers']} workers {big['tpuft_exec'] / big['parallel_ssh']:.2f}x parallel ssh "
         f"(<= 1.1x); {small['workers']} worker {small['tpuft_exec']:.2f} s (<= 0.5 s); sequential ssh loop at "
         f"{big['workers']} workers {big['sequential_ssh'] / big['tpuft_exec']:.1f}x slower than tpuft exec"
+    )
+    one = next((row for row in rows if row["workers"] == 1), None)
+    console.print(
+        f"targets (warm agent): {big['workers']} workers {big['tpuft_exec_warm'] / big['parallel_ssh']:.2f}x parallel ssh "
+        f"(<= 0.5x)"
+        + (f"; 1 worker {one['tpuft_exec_warm']:.3f} s vs {one['parallel_ssh']:.3f} s for one plain ssh (<= 1x)" if one else "")
     )
 
 

@@ -1,7 +1,8 @@
 """The ``tpuft`` entry point. Top-level ``--help``/``--version`` are answered from the command table
 (:mod:`tpuft.commands`, which the Typer app reads too) without importing Typer and Rich (they cost ~10x Python's own
-start-up), and so is the common shape of ``tpuft exec`` (people run it in loops and scripts); everything else goes
-to the Typer app in :mod:`tpuft.cli`.
+start-up), and so is the common shape of ``tpuft exec`` (people run it in loops and scripts): it first hands the
+command to the cluster's connection agent (:mod:`tpuft.fleet.agent_client`, no heavy import), and loads the cluster
+file and opens SSH itself only when there is none. Everything else goes to the Typer app in :mod:`tpuft.cli`.
 
 ``tests/test_cli.py`` checks that both ways of running ``exec`` print the same thing.
 """
@@ -43,12 +44,10 @@ def parse_fast_exec(args: list[str]) -> tuple[dict[str, str], list[str]] | None:
 
 
 def _fast_exec(options: dict[str, str], command: list[str]) -> int:
-    from pathlib import Path
-
-    from tpuft.config import load_cluster
+    """The warm path first (the cluster's connection agent, no heavy import at all), then the normal one."""
     from tpuft.errors import TpuftError
-    from tpuft.ops.cluster import exec_command
-    from tpuft.ops.common import raise_on_failure
+    from tpuft.fleet import agent_client
+    from tpuft.fleet.base import failure_error
 
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     lock = threading.Lock()
@@ -62,9 +61,22 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
             sys.stdout.flush()
 
     try:
-        config = load_cluster(Path(options["config"]) if "config" in options else None).value
-        result = exec_command(config, command, workers=options.get("worker"), on_line=on_line)
-        raise_on_failure(result, "the command")
+        result = agent_client.try_exec(agent_client.resolve_cluster_path(options.get("config")), command, options.get("worker"), on_line)
+        if result is None:
+            from pathlib import Path
+
+            from tpuft.config import load_cluster
+            from tpuft.ops.cluster import exec_command
+
+            path = Path(options["config"]) if "config" in options else None
+            config = load_cluster(path).value
+            result = exec_command(
+                config, command, workers=options.get("worker"), on_line=on_line, cluster_path=path, use_agent=True,
+                agent_tried=True,
+            )
+        error = failure_error(result, "the command")
+        if error is not None:
+            raise error
     except TpuftError as exc:
         label = "interrupted:" if exc.exit_code == 130 else "error:"
         sys.stderr.write(f"{label} {exc.message}\n" + (f"{exc.hint}\n" if exc.hint else ""))

@@ -123,7 +123,7 @@ def exec_(
     from tpuft.ops.common import raise_on_failure
 
     cfg = load_cluster_file(config)
-    result = exec_command(cfg, command, workers=worker, on_line=line_printer(out_console()))
+    result = exec_command(cfg, command, workers=worker, on_line=line_printer(out_console()), cluster_path=config, use_agent=True)
     raise_on_failure(result, "the command")
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from tpuft.errors import UsageError
+from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.formats import ENV_NAME
 from tpuft.records import Worker
 
@@ -52,6 +52,28 @@ class FleetResult:
     @property
     def failed(self) -> list[WorkerResult]:
         return [r for r in self.results if r.exit_code not in (0, None)]
+
+
+def failure_error(result: FleetResult, what: str) -> TpuftError | None:
+    """The error a failed (or interrupted) fleet run is reported as; None when it went well. Here rather than in
+    ``ops`` so that the warm ``exec`` path (:mod:`tpuft.fleet.agent_client`) words it exactly like the cold one."""
+    if result.interrupted:
+        stopped = ", ".join(str(r.index) for r in result.results)
+        return Interrupted(f"interrupted during {what}: stopped the processes of worker(s) {stopped}")
+    if result.ok:
+        return None
+    culprit_index = result.first_failure if result.first_failure is not None else result.failed[0].index
+    culprit = next(r for r in result.results if r.index == culprit_index)
+    stopped = [r.index for r in result.results if r.exit_code is None]
+    lines = [f"{what} failed on worker {culprit.index} (exit code {culprit.exit_code})"]
+    if stopped:
+        lines.append(f"stopped the other worker(s): {', '.join(map(str, stopped))}")
+    if culprit.tail:
+        lines.append(f"last lines of worker {culprit.index}:")
+        lines.extend("  " + line for line in culprit.tail[-15:])
+    if culprit.log_path is not None:
+        lines.append(f"full log: {culprit.log_path}")
+    return WorkerFailure("\n".join(lines))
 
 
 def check_env(env: dict[str, str], worker: int | None = None) -> dict[str, str]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tpuft.accelerators import AcceleratorType, lookup
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.fleet.base import FleetResult, LineSink
+from tpuft.fleet.spec import command_argv, exec_env, parse_worker_list
 from tpuft.providers import get_provider
 from tpuft.records import Cluster, Progress, State
 from tpuft.ops.common import Session, open_session
@@ -77,59 +79,59 @@ def delete(config: ClusterConfig, progress: Progress | None = None, *, force: bo
         if progress:
             progress(f"stopping run {run.id}")
         stop(config, run, reason=f"cluster {config.name} deleted (tpuft delete --force)")
-    return get_provider(config).delete(progress)
+    provider = get_provider(config)
+    deleted = provider.delete(progress)
+    if config.provider != "local":  # its agent ends by itself once the cluster is forgotten; its ssh masters go now
+        from tpuft.fleet.agent_client import forget_control_paths
 
-
-def parse_worker_list(text: str | None, count: int) -> list[int] | None:
-    """``"0,2"`` or ``"1-3"`` -> indices, checked against the cluster; None means all workers."""
-    if text is None or text.strip() in {"", "all"}:
-        return None
-    chosen: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                chosen.extend(range(lo, hi + 1))
-            else:
-                chosen.append(int(part))
-        except ValueError:
-            raise UsageError(f"--worker {text!r}: expected indices like 0,2 or 1-3") from None
-    bad = [i for i in chosen if not 0 <= i < count]
-    if bad:
-        raise UsageError(f"--worker {text!r}: no worker {bad[0]} (the cluster has workers 0..{count - 1})")
-    return sorted(set(chosen))
+        forget_control_paths(provider.state_dir())
+    return deleted
 
 
 def exec_command(
-    config: ClusterConfig, command: Sequence[str], *, workers: str | None = None, on_line: LineSink | None = None
+    config: ClusterConfig,
+    command: Sequence[str],
+    *,
+    workers: str | None = None,
+    on_line: LineSink | None = None,
+    cluster_path: Path | None = None,
+    use_agent: bool = False,
+    agent_tried: bool = False,
 ) -> FleetResult:
-    """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv."""
-    if not command:
-        raise UsageError("no command given: tpuft exec -- COMMAND [ARGS...]")
-    from tpuft.fleet.ssh import SshConnectError
+    """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv.
 
-    argv = ["bash", "-c", command[0]] if len(command) == 1 else list(command)
+    ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.fleet.agent`), unless the caller
+    already did (``agent_tried``), and after a run over SSH start one for next time. ``cluster_path`` is the file
+    ``config`` came from (None: the default lookup), which names the agent."""
+    argv = command_argv(command)
+    from tpuft.fleet import agent_client
+
+    path = agent_client.resolve_cluster_path(None if cluster_path is None else str(cluster_path)) if use_agent else None
+    if path is not None and not agent_tried:
+        warm = agent_client.try_exec(path, command, workers, on_line or (lambda index, line: None))
+        if warm is not None:
+            return warm
+    from tpuft.fleet.ssh import SshConnectError, SshFleet
+
     session = open_session(config, cached=True)
     try:
-        return _exec(session, argv, workers, on_line)
+        result = _exec(session, argv, workers, on_line)
     except SshConnectError:
         forget = getattr(session.provider, "forget", None)
         if forget is None:
             raise
         forget()  # the remembered addresses may be stale (the node was recreated): ask the API and retry once
-        return _exec(open_session(config), argv, workers, on_line)
+        session = open_session(config)
+        result = _exec(session, argv, workers, on_line)
+    if path is not None and isinstance(session.fleet, SshFleet):
+        agent_client.ensure_agent(path)
+    return result
 
 
 def _exec(session: Session, argv: list[str], workers: str | None, on_line: LineSink | None) -> FleetResult:
     chosen = parse_worker_list(workers, len(session.cluster.workers))
-    count = str(len(session.cluster.workers))
-    return session.fleet.run(
-        argv,
-        workers=chosen,
-        on_line=on_line,
-        env=lambda w: {"TPUFT_WORKER_ID": str(w.index), "TPUFT_NUM_WORKERS": count},
-    )
+    count = len(session.cluster.workers)
+    return session.fleet.run(argv, workers=chosen, on_line=on_line, env=lambda w: exec_env(w.index, count))
 
 
 def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str, str], str | None]:
@@ -141,13 +143,18 @@ def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str,
     target = session.cluster.workers[worker]
     if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
         return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)
+    from tpuft.fleet import agent_client
+
     session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata
     settings = session.provider.ssh_settings()  # type: ignore[attr-defined]
-    known_hosts = session.provider.state_dir() / "known_hosts"  # per cluster: a recreated node may reuse an IP
+    known_hosts = settings.known_hosts or session.provider.state_dir() / "known_hosts"  # pinned from the API by prepare
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     argv = [
         "ssh", "-t", "-i", str(settings.key_file), "-p", str(settings.port),
-        "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known_hosts}",
-        "-o", "ServerAliveInterval=30", f"{settings.user}@{target.address}",
+        "-o", f"StrictHostKeyChecking={'yes' if settings.known_hosts else 'accept-new'}",
+        "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "ServerAliveInterval=30",
+        *agent_client.control_options(session.provider.state_dir(), target.address, settings),
+        f"{settings.user}@{target.address}",
     ]
     return argv, {}, None

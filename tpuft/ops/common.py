@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig
-from tpuft.errors import Interrupted, UsageError, WorkerFailure
-from tpuft.fleet.base import Fleet, FleetResult
+from tpuft.errors import UsageError
+from tpuft.fleet.base import Fleet, FleetResult, failure_error
 from tpuft.paths import package_root
 from tpuft.providers import Provider, get_provider
 from tpuft.records import Cluster, State
@@ -85,20 +85,6 @@ def on_worker(session: Session, index: int, relative: str) -> str:
 
 
 def raise_on_failure(result: FleetResult, what: str) -> None:
-    if result.interrupted:
-        stopped = ", ".join(str(r.index) for r in result.results)
-        raise Interrupted(f"interrupted during {what}: stopped the processes of worker(s) {stopped}")
-    if result.ok:
-        return
-    culprit_index = result.first_failure if result.first_failure is not None else result.failed[0].index
-    culprit = next(r for r in result.results if r.index == culprit_index)
-    stopped = [r.index for r in result.results if r.exit_code is None]
-    lines = [f"{what} failed on worker {culprit.index} (exit code {culprit.exit_code})"]
-    if stopped:
-        lines.append(f"stopped the other worker(s): {', '.join(map(str, stopped))}")
-    if culprit.tail:
-        lines.append(f"last lines of worker {culprit.index}:")
-        lines.extend("  " + line for line in culprit.tail[-15:])
-    if culprit.log_path is not None:
-        lines.append(f"full log: {culprit.log_path}")
-    raise WorkerFailure("\n".join(lines))
+    error = failure_error(result, what)
+    if error is not None:
+        raise error
