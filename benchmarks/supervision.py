@@ -105,6 +105,7 @@ def failfast_bucket(rounds: int) -> list[tuple[str, str]]:
         root = Path(tmp)
         with FakeTpuServer(operation_polls=1) as tpu, SshdPod(root / "pod", workers=2) as pod, GcsEmulator() as gcs:
             tpu.worker_addresses = pod.addresses
+            tpu.host_keys.update(pod.host_keys)  # the workers' host keys, as the API publishes them
             venv = root / "venvs" / BACKEND.env_spec(TorchXlaBackend(), "cpu", "python3").key
             (venv / "bin").mkdir(parents=True)
             (venv / MARKER).write_text(json.dumps({"python": f"{sys.version_info.major}.{sys.version_info.minor}"}))

@@ -26,6 +26,7 @@ def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulat
     """The cluster file and the environment of a user whose cloud is the three stand-ins. ``worker_env``: the
     workers' environment (default: the emulator's, ``STORAGE_EMULATOR_HOST``)."""
     tpu.worker_addresses = pod.addresses
+    tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish: tpuft pins them
     cluster = tmp_path / "tpuft.yaml"
     cluster.write_text(
         f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"

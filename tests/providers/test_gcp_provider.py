@@ -25,6 +25,7 @@ def gcs() -> Iterator[GcsEmulator]:
 def fake_tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)
     monkeypatch.setattr(gcp_module, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(gcp_module, "HOSTKEY_WAIT_S", 1.0)  # a test that forgot to publish host keys fails fast
     for key, value in gcs.env().items():  # `create` makes the bucket: in the emulator
         monkeypatch.setenv(key, value)
     with FakeTpuServer(operation_polls=2) as server:
@@ -134,6 +135,7 @@ def test_failed_queued_resource_shows_why(cli, tmp_path: Path, fake_tpu: FakeTpu
 @pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
 def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
     with SshdPod(tmp_path / "pod", workers=2) as pod:
+        fake_tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish
         ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  connect_attempts: 2\n  retry_delay_s: 0.1\n"
         cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
         assert cli("create", "-c", str(cluster), "--yes").code == 0
@@ -168,6 +170,7 @@ def test_missing_key_is_created_like_gcloud(tmp_path: Path, fake_tpu: FakeTpuSer
     key = tmp_path / "keys" / "google_compute_engine"
     ssh = f"ssh:\n  user: alice\n  key_file: {key}\n"
     config = load_cluster(cluster_yaml(tmp_path, fake_tpu, ssh=ssh)).value
+    fake_tpu.host_keys.update(dict.fromkeys(["127.0.1.10", "127.0.1.11"], "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHost"))
     provider = get_provider(config)
     cluster, _ = provider.create()
     provider.fleet(cluster)
@@ -184,6 +187,7 @@ def test_ssh_to_one_worker(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
     import sys
 
     with SshdPod(tmp_path / "pod", workers=2) as pod:
+        fake_tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish
         ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
         cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
         env = {**os.environ, "TPUFT_GCP_POLL_SECONDS": "0.01"}  # STORAGE_EMULATOR_HOST comes from the fixture
@@ -202,6 +206,7 @@ def test_exec_uses_the_remembered_cluster_and_recovers_when_it_is_stale(cli, tmp
     from tpuft.providers.gcp import GcpProvider
 
     with SshdPod(tmp_path / "pod", workers=2) as pod:
+        fake_tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish
         ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  connect_attempts: 1\n  retry_delay_s: 0\n"
         cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
         assert cli("exec", "-c", str(cluster), "--", "true").code == 2  # no cluster yet

@@ -56,10 +56,13 @@ What the real client does with this server's answers (google-api-core maps REST 
 * The client asks for ``$alt=json;enum-encoding=int``; this server then writes enums as numbers (as Google does) and
   as names otherwise (the operations client does not ask, so operation responses carry names).
 
+Guest attributes: ``:getGuestAttributes`` answers each worker's SSH host keys from ``host_keys`` (address -> public
+key line), the way a TPU VM's guest agent publishes them and ``gcloud compute tpus tpu-vm ssh`` reads them.
+
 Test controls (thread-safe): ``preempt``, ``add_symptom``, ``fail_next_create``, ``transient_errors``, ``deny``,
 ``allow``, ``fail_queued``, ``suspend_queued``, ``settle``, ``reset``; settings ``operation_polls``,
-``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``,
-``default_external_ips``; the log ``requests``. Wrapping it in a fixture is one line::
+``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``, ``default_external_ips``,
+``host_keys``, ``omit_unpublished``; the log ``requests``. Wrapping it in a fixture is one line::
 
     @pytest.fixture
     def fake_tpu() -> Iterator[FakeTpuServer]:
@@ -414,6 +417,13 @@ class FakeTpuServer:
         """Addresses handed to workers in order (free ones first, then reused cyclically); None = 127.0.1.(10+i)."""
         self.external_addresses: list[str] | None = None
         """externalIp per entry of ``worker_addresses`` (same index); None = externalIp equals ipAddress."""
+        self.host_keys: dict[str, str] = {}
+        """Worker address (ipAddress or externalIp) -> its OpenSSH public host key line(s), ``"ssh-ed25519 AAAA..."``,
+        published by the worker's guest agent as guest attributes (namespace ``hostkeys``, key = the key type, value =
+        the base64 blob). A worker whose address is absent has published nothing yet: its entry has no items."""
+        self.omit_unpublished = False
+        """Leave workers with no published keys out of a GetGuestAttributes answer instead of giving them an empty
+        entry (the real service's choice is undocumented; callers must not map answers to workers by position)."""
         self.default_external_ips = True
         """Whether a node created without networkConfig gets external IPs (with one, enableExternalIps decides)."""
         self.requests: list[RecordedRequest] = []
@@ -652,7 +662,10 @@ class FakeTpuServer:
         collection, item, verb = match["collection"], match["id"], match["verb"]
         name = f"{parent}/{collection}/{item}" if item else parent
         if verb:
-            raise ApiError("UNIMPLEMENTED", f"fake_tpu does not implement :{verb} on {collection}")
+            if (collection, call.method, verb) != ("nodes", "POST", "getGuestAttributes") or item is None:
+                raise ApiError("UNIMPLEMENTED", f"fake_tpu does not implement :{verb} on {collection}")
+            run = lambda: self._get_guest_attributes(name, call)  # noqa: E731
+            return _Route("GetGuestAttributes", "tpu.nodes.get", name, run)
         table: dict[tuple[str, str, bool], tuple[str, str, Callable[[], Json]]] = {
             ("nodes", "GET", False): ("ListNodes", "tpu.nodes.list", lambda: self._list_nodes(parent, call)),
             ("nodes", "POST", False): ("CreateNode", "tpu.nodes.create", lambda: self._create_node(parent, call)),
@@ -686,6 +699,50 @@ class FakeTpuServer:
     def _list_nodes(self, parent: str, call: _Call) -> Json:
         nodes = [render_node(n, call.ints) for name, n in self._nodes.items() if name.startswith(f"{parent}/nodes/")]
         return self._page(nodes, "nodes", call.query)
+
+    def _get_guest_attributes(self, name: str, call: _Call) -> Json:
+        """GetGuestAttributes: one ``{queryPath, queryValue: {items}}`` per asked worker (all when ``workerIds`` is
+        empty), in the order asked; items are the ``hostkeys`` namespace built from ``host_keys``."""
+        node = self._nodes.get(name)
+        if node is None:
+            raise not_found(name)
+        body = call.body if call.body is not None else {}
+        if not isinstance(body, dict):
+            raise invalid("Invalid JSON payload received. Expected an object for 'GetGuestAttributesRequest'.")
+        known = {"queryPath": "queryPath", "query_path": "queryPath",  # proto3 JSON takes either spelling
+                 "workerIds": "workerIds", "worker_ids": "workerIds"}  # fmt: skip
+        unknown = sorted(set(body) - set(known))
+        if unknown:
+            raise invalid(f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
+        fields = {known[k]: v for k, v in body.items()}
+        query_path = fields.get("queryPath", "")
+        worker_ids = fields.get("workerIds", [])
+        if not isinstance(query_path, str) or not isinstance(worker_ids, list):
+            raise invalid("Invalid JSON payload received: queryPath is a string and workerIds a list of strings.")
+        endpoints = node.get("networkEndpoints", [])
+        if not endpoints:
+            raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; it has no workers to query yet.")
+        chosen: list[int] = []
+        for worker_id in worker_ids or [str(i) for i in range(len(endpoints))]:
+            if not isinstance(worker_id, str) or not worker_id.isdigit() or int(worker_id) >= len(endpoints):
+                raise invalid(f"Invalid worker id {worker_id!r}: node '{name}' has workers 0..{len(endpoints) - 1}.")
+            chosen.append(int(worker_id))
+        namespace, _, key = query_path.strip("/").partition("/")
+        entries = []
+        for index in chosen:
+            endpoint = endpoints[index]
+            published = self.host_keys.get(endpoint["ipAddress"])
+            if published is None:
+                published = self.host_keys.get(endpoint.get("accessConfig", {}).get("externalIp", ""))
+            items = [
+                {"namespace": "hostkeys", "key": parts[0], "value": parts[1]}
+                for parts in (line.split() for line in (published or "").splitlines())
+                if len(parts) >= 2 and namespace in ("", "hostkeys") and key in ("", parts[0])
+            ]
+            if not items and self.omit_unpublished:
+                continue
+            entries.append({"queryPath": query_path, "queryValue": {"items": items} if items else {}})
+        return {"guestAttributes": entries} if entries else {}
 
     def _get_node(self, name: str, call: _Call) -> Json:
         if name not in self._nodes:

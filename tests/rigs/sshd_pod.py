@@ -3,7 +3,10 @@
 Worker i listens on 127.0.1.(10+i) (Linux routes all of 127.0.0.0/8 to loopback). Each sshd runs with a private
 config whose ``ForceCommand`` goes through a wrapper that gives the worker its own HOME (so workers look like
 separate hosts that share this machine's Python and disk) and then runs the client's command with bash. Keys are
-made fresh per pod: one host key, one client key (ed25519) that is the only authorized key.
+made fresh per pod: one ed25519 host key per worker (so pinning one host's key is tested against the others'), one
+client key (ed25519) that is the only authorized key. ``host_keys`` is what the fake TPU API publishes as the
+workers' guest attributes (``tpu.host_keys.update(pod.host_keys)``); ``swap_host_key(i)`` gives worker i a new key,
+as a re-imaged host or a man in the middle would, and restarts its sshd on the same address and port.
 
 Needs ``openssh-server`` (``.ci/run`` installs it) and root, or at least the right to bind the port.
 """
@@ -93,40 +96,77 @@ class SshdPod:
     def home(self, index: int) -> Path:
         return self.root / "homes" / f"worker-{index}"
 
+    def host_key(self, index: int) -> Path:
+        """Worker ``index``'s private host key (its ``.pub`` is beside it)."""
+        return self.root / f"host_key-{index}"
+
+    def host_public_key(self, index: int) -> str:
+        """The OpenSSH public key line of worker ``index``'s host key, without the comment: ``ssh-ed25519 AAAA...``."""
+        kind, blob = Path(f"{self.host_key(index)}.pub").read_text().split()[:2]
+        return f"{kind} {blob}"
+
+    @property
+    def host_keys(self) -> dict[str, str]:
+        """Address -> public host key line for every worker: what ``FakeTpuServer.host_keys`` publishes. A copy, so a
+        later ``swap_host_key`` does not change what the API says (that is the mismatch to be caught)."""
+        return {address: self.host_public_key(i) for i, address in enumerate(self.addresses)}
+
     def start(self, timeout: float = 30.0) -> SshdPod:
         self.root.mkdir(parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
-        host_key = self.root / "host_key"
-        for key in (host_key, self.client_key):
+        for key in (*(self.host_key(i) for i in range(self.workers)), self.client_key):
             if not key.exists():
-                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+                _keygen(key)
         authorized = self.root / "authorized_keys"
         authorized.write_text(Path(f"{self.client_key}.pub").read_text())
         self.port = self.port or _free_port(self.addresses)
-        for index, address in enumerate(self.addresses):
+        for index in range(self.workers):
             wrapper = self.root / f"wrapper-{index}.sh"
             wrapper.write_text(WRAPPER.format(home=self.home(index)))
             wrapper.chmod(0o755)
-            config = self.root / f"sshd-{index}.conf"
-            config.write_text(
-                CONFIG.format(
-                    address=address,
-                    port=self.port,
-                    host_key=host_key,
-                    pid_file=self.root / f"sshd-{index}.pid",
-                    authorized_keys=authorized,
-                    wrapper=wrapper,
-                )
-            )
-            self.processes.append(
-                subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL, start_new_session=True)
-            )
+            self.processes.append(self._launch(index))
         self._wait_listening(timeout)
         return self
 
-    def _wait_listening(self, timeout: float) -> None:
+    def _launch(self, index: int) -> subprocess.Popen[bytes]:
+        """Write worker ``index``'s sshd config (its own host key) and start its listener."""
+        config = self.root / f"sshd-{index}.conf"
+        config.write_text(
+            CONFIG.format(
+                address=self.addresses[index],
+                port=self.port,
+                host_key=self.host_key(index),
+                pid_file=self.root / f"sshd-{index}.pid",
+                authorized_keys=self.root / "authorized_keys",
+                wrapper=self.root / f"wrapper-{index}.sh",
+            )
+        )
+        return subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def swap_host_key(self, index: int, timeout: float = 30.0) -> str:
+        """Give worker ``index`` a new host key and restart its sshd on the same address and port (its open sessions
+        end with the old listener's process group, so nothing outlives the pod). Returns the new public key line."""
+        old = self.processes[index]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(old.pid, sig)
+                old.wait(timeout=5)
+                break
+            except ProcessLookupError:
+                old.wait()
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for path in (self.host_key(index), Path(f"{self.host_key(index)}.pub")):
+            path.unlink(missing_ok=True)
+        _keygen(self.host_key(index))
+        self.processes[index] = self._launch(index)
+        self._wait_listening(timeout, [self.addresses[index]])
+        return self.host_public_key(index)
+
+    def _wait_listening(self, timeout: float, addresses: list[str] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        pending = set(self.addresses)
+        pending = set(addresses or self.addresses)
         while pending and time.monotonic() < deadline:
             for address in list(pending):
                 with socket.socket() as probe:
@@ -183,6 +223,10 @@ class SshdPod:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
 def _parents() -> dict[int, int]:

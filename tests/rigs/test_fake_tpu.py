@@ -197,6 +197,40 @@ def test_internal_only_network_has_no_access_config(client: Any) -> None:
     assert endpoint.ip_address == "127.0.1.10" and endpoint.access_config.external_ip == ""
 
 
+def test_guest_attributes_carry_each_workers_host_keys(server: FakeTpuServer, client: Any) -> None:
+    """The real client parses GetGuestAttributes: one entry per asked worker, in the order asked, keys split into
+    key type and base64 blob like a TPU VM's guest agent publishes them; unpublished workers have no items."""
+    server.host_keys = {"127.0.1.10": "ssh-ed25519 AAAAkey0 root@w0",
+                        "127.0.1.12": "ssh-ed25519 AAAAkey2\nssh-rsa AAAArsa2"}  # fmt: skip
+    node = create_ready(client, "hk", "v4-32")
+    request = tpu_v2.GetGuestAttributesRequest(name=node.name, query_path="hostkeys/")
+    every = client.get_guest_attributes(request=request).guest_attributes
+    items = [[(i.namespace, i.key, i.value) for i in entry.query_value.items] for entry in every]
+    assert items == [
+        [("hostkeys", "ssh-ed25519", "AAAAkey0")],
+        [],
+        [("hostkeys", "ssh-ed25519", "AAAAkey2"), ("hostkeys", "ssh-rsa", "AAAArsa2")],
+        [],
+    ]
+    assert every[0].query_path == "hostkeys/"
+    request = tpu_v2.GetGuestAttributesRequest(name=node.name, query_path="hostkeys/ssh-ed25519", worker_ids=["2", "0"])
+    picked = client.get_guest_attributes(request=request).guest_attributes
+    assert [[i.value for i in entry.query_value.items] for entry in picked] == [["AAAAkey2"], ["AAAAkey0"]]
+    assert server.calls("GetGuestAttributes")[-1].body == {"queryPath": "hostkeys/ssh-ed25519", "workerIds": ["2", "0"]}
+
+    server.omit_unpublished = True
+    answer = client.get_guest_attributes(request={"name": node.name, "query_path": "hostkeys/"})
+    assert len(answer.guest_attributes) == 2
+    with pytest.raises(gexc.BadRequest, match="Invalid worker id '4'"):
+        client.get_guest_attributes(request={"name": node.name, "worker_ids": ["4"]})
+    with pytest.raises(gexc.NotFound):
+        client.get_guest_attributes(request={"name": f"{PARENT}/nodes/missing"})
+    status, body = raw(server, "POST", f"/v2/{node.name}:getGuestAttributes", {"queryPath": "/", "bogus": 1})
+    assert status == 400 and 'Unknown name "bogus"' in body["error"]["message"]
+    status, body = raw(server, "POST", f"/v2/{node.name}:reset", {})
+    assert (status, body["error"]["status"]) == (501, "UNIMPLEMENTED")
+
+
 # ---- reading, updating, deleting ----------------------------------------------------------------------------------
 
 

@@ -8,12 +8,19 @@ others become one line naming the project, zone and call, with the likely fix.
 The client is built lazily (the CLI never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or
 ``$TPUFT_TPU_API_ENDPOINT``) points it at a private endpoint; anonymous credentials are used only for a loopback
 ``http://`` endpoint, which is how the tests talk to a fake TPU API server.
+
+Workers' SSH host keys are pinned from the API, never learnt from whatever answers on port 22: each TPU VM's guest
+agent publishes its host keys as guest attributes (namespace ``hostkeys``), which ``GetGuestAttributes`` returns, the
+way ``gcloud compute tpus tpu-vm ssh`` checks them. ``prepare`` writes them to ``state_dir()/known_hosts`` for the
+addresses the fleet connects to, and refreshes that file from the API only when the node (its ``id``) or the
+addresses change; the SSH fleet refuses a host whose key is not the pinned one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +40,11 @@ POLL_SECONDS = float(os.environ.get("TPUFT_GCP_POLL_SECONDS", "5"))
 """How often to ask about a long-running operation or a queued resource (tests set it low)."""
 RETRY_BASE_S = float(os.environ.get("TPUFT_GCP_RETRY_BASE_S", "1"))
 """First back-off after a transient API error; doubles up to 30 s, 6 tries in all."""
+HOSTKEY_WAIT_S = float(os.environ.get("TPUFT_GCP_HOSTKEY_WAIT_S", "300"))
+"""How long a fresh VM's guest agent may take to publish its SSH host keys before we refuse (tests set it low)."""
+HOSTKEY_NAMESPACE = "hostkeys"
+_KEY_TYPE = re.compile(r"(ssh|ecdsa|sk)-[a-z0-9@.-]+")
+_KEY_BLOB = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 CREATE_TIMEOUT_S = 3600.0
 BAD_STATES = {"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "REPAIRING", "HIDING", "HIDDEN", "UNHIDING"}
 QUEUED_FAILED = {"FAILED", "SUSPENDED", "SUSPENDING"}
@@ -362,9 +374,11 @@ class GcpProvider:
             except gexc.NotFound:
                 pass
         nodes = []
+        found_ids = []
         for node_id in self.node_ids():
             try:
                 nodes.append(self._call("reading TPU node", self.client().get_node, name=self.node_path(node_id), missing_ok=True))
+                found_ids.append(node_id)
             except gexc.NotFound:
                 continue
         details: dict[str, str] = {"project": self.project, "zone": self.zone}
@@ -394,7 +408,8 @@ class GcpProvider:
         if len(nodes) < len(self.node_ids()) and state == State.READY:
             state = State.BROKEN
         cluster = Cluster(self.config.name, self.name, state, self.shape_of(nodes[0]), workers, self.bucket_url, details)
-        self._remember(cluster)
+        identity = [[node_id, str(node.id), len(node.network_endpoints)] for node_id, node in zip(found_ids, nodes)]
+        self._remember(cluster, identity)
         return cluster
 
     # -- a short-lived local memory of the cluster, so `exec` and `ssh` need no API round trip ----------------
@@ -404,7 +419,9 @@ class GcpProvider:
     def _cache_path(self) -> Path:
         return self.state_dir() / "cluster.json"
 
-    def _remember(self, cluster: Cluster) -> None:
+    def _remember(self, cluster: Cluster, nodes: list[list[Any]] | None = None) -> None:
+        """``nodes``: [node id, the API's unique ``id``, worker count] per slice; the ``id`` changes when a node is
+        recreated under the same name, which is what tells ``prepare`` that the pinned host keys are stale."""
         previous = self._read_cache() or {}
         workers = [[w.index, w.address, w.internal_address] for w in cluster.workers]
         record = {
@@ -414,7 +431,9 @@ class GcpProvider:
             "bucket": cluster.bucket,
             "details": cluster.details,
             "workers": workers,
+            "nodes": nodes or [],
             "key": previous.get("key", "") if previous.get("workers") == workers else "",  # same node, same metadata
+            "pins": previous.get("pins"),  # checked against nodes and addresses before use (see _pin_host_keys)
         }
         self._write_cache(record)
 
@@ -483,11 +502,18 @@ class GcpProvider:
             port=ssh.port,
             connect_attempts=ssh.connect_attempts,
             retry_delay_s=ssh.retry_delay_s,
+            known_hosts=self.known_hosts_path,
         )
+
+    @property
+    def known_hosts_path(self) -> Path:
+        """Per cluster, not ~/.ssh/known_hosts: a recreated node may reuse an address with new keys."""
+        return self.state_dir() / "known_hosts"
 
     def prepare(self, cluster: Cluster) -> None:
         """Make this machine able to log in: the key pair exists and (without OS Login) its public half is in the
-        node's metadata, as gcloud does it; remembered with the cluster, so it costs an API call once per node."""
+        node's metadata, as gcloud does it; and the workers' host keys are pinned from the API. Both are remembered
+        with the cluster, so each costs API calls once per node."""
         from tpuft.providers.ssh_keys import ensure_key
 
         settings = self.ssh_settings()
@@ -498,6 +524,82 @@ class GcpProvider:
             self.ensure_key_in_metadata(settings.user, public)
             if record:
                 self._write_cache({**record, "key": entry})
+        self._pin_host_keys(cluster, settings.port)
+
+    # -- host keys: pinned from the API's guest attributes ----------------------------------------------------------
+    def _pin_host_keys(self, cluster: Cluster, port: int) -> None:
+        """Make ``known_hosts`` hold the host keys the API publishes for exactly these workers. Free when the pins
+        are for the same nodes (same ``id``) and addresses; else one GetGuestAttributes per slice replaces them."""
+        hosts = [known_hosts_host(worker.address, port) for worker in cluster.workers]
+        record = self._read_cache() or {}
+        same_workers = record.get("workers") == [[w.index, w.address, w.internal_address] for w in cluster.workers]
+        nodes = record.get("nodes") if same_workers else None
+        wanted = {"nodes": nodes, "hosts": hosts}
+        if nodes and record.get("pins") == wanted and self.known_hosts_path.exists():
+            return
+        keys = self.fetch_host_keys(cluster, nodes)
+        header = f"# SSH host keys of TPU {self.config.name} ({self.project}/{self.zone}) from the TPU API's guest attributes"
+        write_known_hosts(self.known_hosts_path, hosts, keys, header)
+        if nodes:  # only a cluster that get() described can be recognised next time
+            self._write_cache({**(self._read_cache() or record), "pins": wanted})
+
+    def fetch_host_keys(self, cluster: Cluster, nodes: list[list[Any]] | None = None) -> list[list[str]]:
+        """Every worker's host keys (``"ssh-ed25519 AAAA..."`` lines), in worker order across slices. ``nodes`` gives
+        the workers per slice; without it the slices split the workers evenly (they share one shape)."""
+        if nodes:
+            counts = [(str(node_id), int(count)) for node_id, _, count in nodes]
+        else:
+            slices = len(self.node_ids())
+            per_node, extra = divmod(len(cluster.workers), slices)
+            if extra:
+                raise GcpError(f"TPU {self.config.name}: {len(cluster.workers)} workers on {slices} slices", hint="See: tpuft status")
+            counts = [(node_id, per_node) for node_id in self.node_ids()]
+        if sum(count for _, count in counts) != len(cluster.workers):
+            raise GcpError(f"TPU {self.config.name} changed while being read", hint="Retry, or see: tpuft status")
+        keys: list[list[str]] = []
+        for node_id, count in counts:
+            keys.extend(self._node_host_keys(node_id, count, cluster.workers[len(keys) : len(keys) + count]))
+        return keys
+
+    def _node_host_keys(self, node_id: str, count: int, workers: list[Worker]) -> list[list[str]]:
+        """One slice's keys; a VM that has just booted may not have published them yet, so ask again for the
+        missing workers until ``HOSTKEY_WAIT_S`` runs out, then refuse: an unpinned host is never trusted."""
+        found: dict[int, list[str]] = {}
+        deadline = time.monotonic() + HOSTKEY_WAIT_S
+        while True:
+            missing = [i for i in range(count) if i not in found]
+            found.update(self._ask_host_keys(node_id, missing))
+            missing = [i for i in range(count) if i not in found]
+            if not missing:
+                return [found[i] for i in range(count)]
+            if time.monotonic() >= deadline:
+                worker = workers[missing[0]]
+                others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise GcpError(
+                    f"worker {worker.index} ({worker.address}) of TPU node {node_id}{others} has not published its SSH "
+                    f"host keys (guest attributes) after {HOSTKEY_WAIT_S:.0f}s, so its identity cannot be checked",
+                    hint="A VM that has just started publishes them within a few minutes: retry soon. If it never "
+                    "does, its guest agent is not running: recreate the node (tpuft delete --yes && tpuft create).",
+                )
+            time.sleep(POLL_SECONDS)
+
+    def _ask_host_keys(self, node_id: str, worker_ids: list[int]) -> dict[int, list[str]]:
+        """One GetGuestAttributes for these workers of one slice: slice-local worker id -> its keys (absent: nothing
+        published). The answer carries no worker ids, so it is matched by position only when it has one entry per
+        worker asked; otherwise each worker is asked alone."""
+        from google.cloud import tpu_v2
+
+        request = tpu_v2.GetGuestAttributesRequest(
+            name=self.node_path(node_id), query_path=f"{HOSTKEY_NAMESPACE}/", worker_ids=[str(i) for i in worker_ids]
+        )
+        what = f"reading the SSH host keys of TPU node {node_id}"
+        entries = list(self._call(what, self.client().get_guest_attributes, request=request).guest_attributes)
+        if len(entries) != len(worker_ids):
+            if len(worker_ids) == 1:
+                return {}
+            return {i: keys for one in worker_ids for i, keys in self._ask_host_keys(node_id, [one]).items()}
+        found = {i: host_key_lines(entry.query_value.items) for i, entry in zip(worker_ids, entries)}
+        return {i: keys for i, keys in found.items() if keys}
 
     def fleet(self, cluster: Cluster) -> SshFleet:
         from tpuft.fleet.ssh import SshFleet
@@ -527,3 +629,30 @@ class GcpProvider:
             self._wait_operation(f"updating metadata of {node_id}", operation, None, None)
             changed = True
         return changed
+
+
+def known_hosts_host(address: str, port: int) -> str:
+    """The host field of a known_hosts line as OpenSSH and paramiko look it up: ``[addr]:port`` off port 22."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def host_key_lines(items: Any) -> list[str]:
+    """``"type base64"`` lines from guest-attribute entries of the ``hostkeys`` namespace (key = key type, value =
+    the base64 blob, as the guest agent publishes them). Anything malformed is dropped, so a value can never add a
+    line (or a host pattern) of its own to known_hosts."""
+    lines = []
+    for item in items:
+        kind, value = str(item.key), str(item.value).strip()
+        if item.namespace == HOSTKEY_NAMESPACE and _KEY_TYPE.fullmatch(kind) and _KEY_BLOB.fullmatch(value):
+            lines.append(f"{kind} {value}")
+    return lines
+
+
+def write_known_hosts(path: Path, hosts: list[str], keys: list[list[str]], header: str) -> None:
+    """Replace ``path`` at once (write then rename): a fleet never reads a half-written file, and a recreated node's
+    pins never sit next to the old node's."""
+    lines = [header] + [f"{host} {key}" for host, host_keys in zip(hosts, keys, strict=True) for key in host_keys]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text("\n".join(lines) + "\n")
+    os.replace(partial, path)
