@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, Uni
 from pydantic import (
     BaseModel,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -190,6 +191,26 @@ class SshConfig(StrictModel):
         return value
 
 
+_ENV_TOKEN = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env_tokens(text: str) -> tuple[str, list[str]]:
+    """``${VAR}`` -> its value in this process's environment, ``$$`` -> ``$``; returns the text and the names that are
+    not set (left as written)."""
+    missing: list[str] = []
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "$"
+        if name not in os.environ:
+            missing.append(name)
+            return match.group(0)
+        return os.environ[name]
+
+    return _ENV_TOKEN.sub(one, text), missing
+
+
 class RecoverConfig(StrictModel):
     """Preemption recovery: a watcher on the controller recreates a lost node and resumes the run from its last
     complete checkpoint. ``recover: true`` in the cluster file turns it on with these defaults."""
@@ -223,12 +244,16 @@ class ClusterConfig(StrictModel):
         "(default ~/.tpuft/buckets/<name>).",
     )
     worker_env: dict[str, str] = Field(
-        default_factory=dict, description="Extra environment for every worker process, e.g. XLA_FLAGS (no secrets)."
+        default_factory=dict,
+        description="Extra environment for every worker process, e.g. XLA_FLAGS; ${VAR} takes VAR from this machine's "
+        "environment (HF_TOKEN: ${HF_TOKEN}), $$ is a $. Sent over SSH's stdin, never in a command line.",
     )
     local: LocalConfig = Field(default_factory=LocalConfig)
     gcp: GcpConfig = Field(default_factory=GcpConfig)
     ssh: SshConfig = Field(default_factory=SshConfig)
     recover: RecoverConfig = Field(default_factory=RecoverConfig)
+    _unset_env: dict[str, str] = PrivateAttr(default_factory=dict)
+    """worker_env keys whose ``${VAR}`` is not set here (reported by ``cross_problems``)."""
 
     @field_validator("bucket")
     @classmethod
@@ -274,11 +299,29 @@ class ClusterConfig(StrictModel):
         except Exception as exc:  # UsageError carries the list of valid types
             raise ValueError(str(exc)) from None
 
+    @model_validator(mode="after")
+    def _expand_env_tokens(self) -> ClusterConfig:
+        """``${VAR}`` from the controller's environment, so a token is named in the file and never written in it.
+        An unset VAR stays as written here and is reported, at its key, by ``cross_problems``."""
+        expanded, unset = {}, {}
+        for key, text in self.worker_env.items():
+            expanded[key], missing = expand_env_tokens(text)
+            if missing:
+                unset[key] = missing[0]
+        self.worker_env = expanded
+        self._unset_env = unset
+        return self
+
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
         from tpuft.accelerators import lookup
 
         found: list[tuple[KeyPath, str]] = []
         for key, value in self.worker_env.items():
+            unset = self._unset_env.get(key)
+            if unset:
+                found.append((("worker_env", key), f"${{{unset}}} is not set in this machine's environment "
+                                                   f"(export {unset}=... before running tpuft; $$ writes a $)"))
+                continue
             problem = formats.env_name_problem(key) or formats.env_value_problem(value)
             if problem:
                 found.append((("worker_env", key), problem))

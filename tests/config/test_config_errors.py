@@ -123,3 +123,20 @@ def test_embedded_default_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.chdir(tmp_path)
     loaded = load_cluster()
     assert loaded.value.provider == "local" and loaded.value.num_workers == 2
+
+
+def test_worker_env_names_secrets_from_the_controllers_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HF_TOKEN: ${HF_TOKEN}``: the file names the token, the controller's environment holds it; unset is located."""
+    path = tmp_path / "tpuft.yaml"
+    path.write_text("name: c\nworker_env:\n  HF_TOKEN: ${TPUFT_T_TOKEN}\n  PRICE: \"$$5 and $${NOT_A_TOKEN}\"\n"
+                    "  WANDB_API_KEY: \"k-${TPUFT_T_UNSET}\"\n")
+    monkeypatch.setenv("TPUFT_T_TOKEN", "hf_abc")
+    monkeypatch.delenv("TPUFT_T_UNSET", raising=False)
+    with pytest.raises(ConfigError) as caught:
+        load_cluster(path)
+    text = str(caught.value)
+    assert "tpuft.yaml:5" in text and "worker_env.WANDB_API_KEY" in text and "${TPUFT_T_UNSET} is not set" in text
+    assert "PRICE" not in text  # $$ is a literal $, so ${NOT_A_TOKEN} after it is text, not a token
+    monkeypatch.setenv("TPUFT_T_UNSET", "wb")
+    env = load_cluster(path).value.worker_env
+    assert env == {"HF_TOKEN": "hf_abc", "PRICE": "$5 and ${NOT_A_TOKEN}", "WANDB_API_KEY": "k-wb"}

@@ -65,7 +65,10 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
     with FakeTpuServer(operation_polls=1, queued_gets_per_state=3) as tpu, \
             SshdPod(tmp_path / "pod-a", workers=2) as first, GcsEmulator() as gcs, \
             SshdPod(tmp_path / "pod-b", workers=2, first_address=20, port=first.port) as second:  # real hosts share 22
-        cluster, env = rig_cluster(tmp_path, tpu, first, gcs)
+        marker = f"hf_secret_{os.getpid()}_{int(time.time())}"
+        cluster, env = rig_cluster(tmp_path, tpu, first, gcs, worker_env={**gcs.env(), "HF_TOKEN": "${TPUFT_TEST_TOKEN}"})
+        env["TPUFT_TEST_TOKEN"] = marker  # named in the cluster file, taken from the controller's environment
+        argv_scan = _ArgvScan(marker)
         _publish_host_keys(tpu, first, second)
         (second.root / "authorized_keys").write_text(Path(f"{first.client_key}.pub").read_text())  # the user's one key
         cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  queued: true\n  spot: true\n") + RECOVER)
@@ -136,6 +139,53 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         shown = subprocess.run([sys.executable, "-m", "tpuft", "runs", "-c", str(cluster), "--json"], env=env,
                                capture_output=True, text=True)
         assert json.loads(shown.stdout)[-1]["recoveries"][0]["cause"].startswith("node PREEMPTED")
+
+        # The secret reached the trainers (their environment), and nothing else: no process's argv while it ran, no
+        # file tpuft wrote (state, worker homes, logs, watcher logs, the run dir in the bucket).
+        argv_scan.stop()
+        assert argv_scan.trainer_had_it and argv_scan.in_argv == [], (argv_scan.trainer_had_it, argv_scan.in_argv)
+        written = [p for p in tmp_path.rglob("*") if p.is_file() and marker.encode() in p.read_bytes()]
+        assert written == []
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        bucket = storage.Client(project="proj", credentials=AnonymousCredentials()).bucket("e2e-bucket")
+        for blob in bucket.list_blobs(prefix=f"runs/{run_id}/"):
+            if "/checkpoints/" not in blob.name and "/export/" not in blob.name:
+                assert marker.encode() not in blob.download_as_bytes(), blob.name
+
+
+class _ArgvScan:
+    """Looks at every process's argv (what ``ps`` shows any user) for the secret while the run goes on, and at the
+    trainers' environment to see that it did arrive."""
+
+    def __init__(self, marker: str) -> None:
+        import threading
+
+        self.marker = marker.encode()
+        self.in_argv: list[str] = []
+        self.trainer_had_it = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(0.2):
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    argv = (entry / "cmdline").read_bytes()
+                    if self.marker in argv:
+                        self.in_argv.append(argv.decode(errors="replace")[:200])
+                    if b"-m\x00tpuft.worker\x00" in argv and self.marker in (entry / "environ").read_bytes():
+                        self.trainer_had_it = True
+                except OSError:
+                    continue
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def test_a_failure_of_the_users_code_is_not_retried(tmp_path: Path) -> None:

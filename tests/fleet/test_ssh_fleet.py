@@ -109,3 +109,39 @@ def test_an_environment_name_never_becomes_shell(pod: SshdPod, tmp_path: Path, n
     finally:
         fleet.close()
     assert not marker.exists()
+
+
+def test_environment_values_never_reach_a_command_line(pod: SshdPod) -> None:
+    """Secrets (an HF token in worker_env) travel on the channel's stdin: while the remote command runs, no process
+    on the machine (client, sshd, the worker's shell, the command) has the value in its argv; the command's
+    environment has it."""
+    import secrets
+    import threading
+
+    marker = f"tpuft-secret-{secrets.token_hex(8)}"
+    fleet = make_fleet(pod)
+    seen_in_argv: list[str] = []
+    running = threading.Event()
+
+    def scan() -> None:
+        while not running.wait(0.05):
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        if marker.encode() in (entry / "cmdline").read_bytes():
+                            seen_in_argv.append(entry.name)
+                    except OSError:
+                        continue
+
+    scanner = threading.Thread(target=scan, daemon=True)
+    scanner.start()
+    lines: list[str] = []
+    try:
+        result = fleet.run(["bash", "-c", "sleep 1.5; printenv TPUFT_TEST_SECRET"], env=lambda w: {"TPUFT_TEST_SECRET": marker},
+                           on_line=lambda i, line: lines.append(line))
+    finally:
+        running.set()
+        scanner.join()
+        fleet.close()
+    assert result.ok and lines.count(marker) == pod.workers
+    assert seen_in_argv == []

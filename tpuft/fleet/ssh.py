@@ -9,8 +9,10 @@ the process-group id of everything the command starts. The command first prints 
 a worker (fail-fast, Ctrl-C) then kills the remote process group through a second channel: SIGTERM, then SIGKILL
 after a grace period. Closing the connection alone would not stop a remote ``python`` that ignores SIGHUP.
 
-Environment variables travel inside the command (``env K=V ...``, each value quoted with ``shlex``) because stock
-sshd does not accept arbitrary ``SetEnv`` names.
+Environment variables (the cluster file's ``worker_env``, tokens such as ``HF_TOKEN`` among them) travel on the
+channel's stdin, never in the command line: a remote command line is visible to every user of the worker in ``ps``.
+The command only says ``eval "$(cat)"``; the quoted ``export K=V`` lines follow on stdin, which is then closed. Stock
+sshd does not accept arbitrary ``SetEnv`` names, so this is the channel that works everywhere.
 """
 
 from __future__ import annotations
@@ -99,7 +101,11 @@ class SshFleet:
         last: Exception | None = None
         for attempt in range(1, settings.connect_attempts + 1):
             client = paramiko.SSHClient()
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # new TPU VMs have new host keys
+            if settings.known_hosts is not None:  # only the keys the TPU API published for this node
+                client.load_host_keys(str(settings.known_hosts))
+                client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            else:
+                client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
             try:
                 client.connect(
                     worker.address,
@@ -116,6 +122,15 @@ class SshFleet:
                 assert transport is not None
                 transport.set_keepalive(settings.keepalive_s)
                 return client
+            except paramiko.BadHostKeyException as exc:
+                client.close()
+                raise SshConnectError(
+                    f"worker {worker.index} ({worker.address}:{settings.port}) presented a {exc.key.get_name()} host key "
+                    f"{_fingerprint(exc.key)}, not the one pinned from the TPU API ({_fingerprint(exc.expected_key)}) in "
+                    f"{settings.known_hosts}: refused, nothing was sent to it",
+                    hint="If the node was recreated, `tpuft status` re-reads its keys from the API; if the node is the "
+                    "same, something else answers on this address: do not connect, delete and recreate the node.",
+                ) from None
             except paramiko.AuthenticationException as exc:
                 client.close()
                 raise SshConnectError(
@@ -124,6 +139,13 @@ class SshFleet:
                 ) from None
             except (OSError, paramiko.SSHException) as exc:
                 client.close()
+                if settings.known_hosts is not None and "not found in known_hosts" in str(exc):
+                    raise SshConnectError(
+                        f"worker {worker.index} ({worker.address}:{settings.port}) has no host key pinned in "
+                        f"{settings.known_hosts}: refused, nothing was sent to it",
+                        hint="Re-read the node's keys from the TPU API: tpuft status (a node that has not published "
+                        "them yet: wait a minute and retry)",
+                    ) from None
                 last = exc
                 if attempt < settings.connect_attempts:
                     time.sleep(settings.retry_delay_s)
@@ -161,9 +183,11 @@ class SshFleet:
 
         def start(handles: list[Handle], changed: threading.Event) -> None:
             for worker in chosen:
-                command = remote_command(argv, env(worker) if env is not None else {}, cwd_home=cwd_home)
+                worker_env = env(worker) if env is not None else {}
+                command = remote_command(argv, worker_env, cwd_home=cwd_home)
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
-                handles.append(_RemoteProcess(self, worker, command, Output(worker.index, log_path, on_line, timestamps=log_timestamps), changed))
+                output = Output(worker.index, log_path, on_line, timestamps=log_timestamps)
+                handles.append(_RemoteProcess(self, worker, command, output, changed, env_payload(worker_env)))
 
         return run_supervised(start, fail_fast)
 
@@ -209,16 +233,34 @@ class SshFleet:
             list(pool.map(one, chosen))
 
 
+def _fingerprint(key: Any) -> str:
+    """``SHA256:...`` as ``ssh-keygen -l`` prints it, so a user can compare with what the VM's console says."""
+    import base64
+    import hashlib
+
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
 def remote_command(argv: Sequence[str], env: dict[str, str], *, cwd_home: bool = True) -> str:
-    """The shell line sent to a worker: report the process-group id, go home, then exec the quoted argv.
-    Names are checked (``check_env``) and values quoted, so nothing in ``env`` or ``argv`` is read as shell."""
+    """The shell line sent to a worker: report the process-group id, go home, read the environment from stdin (see
+    :func:`env_payload`), then exec the quoted argv. No value of ``env`` is in it: only its presence."""
     check_env(env)
     parts = [f"echo {PGID_MARKER} $$"]
     if cwd_home:
         parts.append('cd "$HOME"')
-    assignments = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
-    parts.append(f"exec env {assignments} {shlex.join(argv)}" if assignments else f"exec {shlex.join(argv)}")
+    if env:
+        parts.append('eval "$(cat)"')  # builtins only: the values never become any process's argv
+    parts.append(f"exec {shlex.join(argv)}")
     return " && ".join(parts)
+
+
+def env_payload(env: dict[str, str]) -> bytes | None:
+    """``export K='V'`` lines for the remote shell's ``eval`` (names checked, values quoted, so nothing is read as
+    shell); None when there is nothing to send."""
+    check_env(env)
+    if not env:
+        return None
+    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items()).encode()
 
 
 def _tar(source: Path) -> bytes:
@@ -235,7 +277,8 @@ def _tar(source: Path) -> bytes:
 class _RemoteProcess:
     """One worker's command on its channel; stopping it kills the remote process group."""
 
-    def __init__(self, fleet: SshFleet, worker: Worker, command: str, output: Output, changed: threading.Event) -> None:
+    def __init__(self, fleet: SshFleet, worker: Worker, command: str, output: Output, changed: threading.Event,
+                 stdin: bytes | None = None) -> None:
         self.fleet = fleet
         self.changed = changed
         self.worker = worker
@@ -252,6 +295,8 @@ class _RemoteProcess:
         self.channel = fleet._client(worker).get_transport().open_session()
         self.channel.set_combine_stderr(True)
         self.channel.exec_command(command)
+        if stdin is not None:
+            self.channel.sendall(stdin)
         self.channel.shutdown_write()
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
