@@ -181,6 +181,11 @@ class SshConfig(StrictModel):
     os_login: bool = Field(False, description="The project uses OS Login: do not put the key in instance metadata.")
     connect_attempts: int = Field(10, ge=1, le=100, description="Connection tries per worker (like gcloud).")
     retry_delay_s: float = Field(5.0, ge=0.0, le=300.0, description="Seconds between connection tries.")
+    ssh_config: LaxPath | None = Field(
+        Path("~/.ssh/config"),
+        description="OpenSSH client config whose Host blocks apply to the workers (User, Port, IdentityFile, "
+        "ProxyJump); user/key_file/port written in this file win over it. null: read none.",
+    )
 
     @field_validator("key_file")
     @classmethod
@@ -189,6 +194,22 @@ class SshConfig(StrictModel):
         if value.expanduser().is_dir():
             raise ValueError(f"{value} is a folder; give the private key file (e.g. ~/.ssh/google_compute_engine)")
         return value
+
+    @field_validator("ssh_config")
+    @classmethod
+    def _ssh_config_ok(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            check(formats.path_text_problem(str(value)))
+            if value.expanduser().is_dir():
+                raise ValueError(f"{value} is a folder; give the ssh client config file (e.g. ~/.ssh/config)")
+        return value
+
+    def explicit(self) -> tuple[str, ...]:
+        """Which of user, key_file and port this file (or --set) wrote with a value, sorted: those win over
+        ssh_config's Host blocks; the rest are defaults that a Host block replaces (``user: null`` is a default)."""
+        return tuple(
+            name for name in ("key_file", "port", "user") if name in self.model_fields_set and getattr(self, name) is not None
+        )
 
 
 _ENV_TOKEN = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -113,7 +113,8 @@ def test_an_environment_name_never_becomes_shell(pod: SshdPod, tmp_path: Path, n
 
 def test_environment_values_never_reach_a_command_line(pod: SshdPod) -> None:
     """Secrets (an HF token in worker_env) travel on the channel's stdin: while the remote command runs, no process
-    on the machine (client, sshd, the worker's shell, the command) has the value in its argv; the command's
+    on the machine (client, sshd, the pod's ForceCommand wrapper and its ``bash -c "$SSH_ORIGINAL_COMMAND"``, the
+    worker's shell, the command) has the value in its argv, by ``ps -eo args`` or /proc/*/cmdline; the command's
     environment has it."""
     import secrets
     import threading
@@ -121,10 +122,16 @@ def test_environment_values_never_reach_a_command_line(pod: SshdPod) -> None:
     marker = f"tpuft-secret-{secrets.token_hex(8)}"
     fleet = make_fleet(pod)
     seen_in_argv: list[str] = []
+    saw_the_command: list[bool] = []
     running = threading.Event()
 
     def scan() -> None:
         while not running.wait(0.05):
+            listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            if marker in listing:
+                seen_in_argv.append("ps")
+            if "sleep 3; printenv TPUFT_TEST_SECRET" in listing:
+                saw_the_command.append(True)  # the scan ran while the remote commands did
             for entry in Path("/proc").iterdir():
                 if entry.name.isdigit():
                     try:
@@ -137,11 +144,11 @@ def test_environment_values_never_reach_a_command_line(pod: SshdPod) -> None:
     scanner.start()
     lines: list[str] = []
     try:
-        result = fleet.run(["bash", "-c", "sleep 1.5; printenv TPUFT_TEST_SECRET"], env=lambda w: {"TPUFT_TEST_SECRET": marker},
+        result = fleet.run(["bash", "-c", "sleep 3; printenv TPUFT_TEST_SECRET"], env=lambda w: {"TPUFT_TEST_SECRET": marker},
                            on_line=lambda i, line: lines.append(line))
     finally:
         running.set()
         scanner.join()
         fleet.close()
     assert result.ok and lines.count(marker) == pod.workers
-    assert seen_in_argv == []
+    assert seen_in_argv == [] and saw_the_command

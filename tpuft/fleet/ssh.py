@@ -1,4 +1,12 @@
-"""The SSH fleet: run a command on every TPU-VM worker over SSH (paramiko), like ``gcloud ... ssh --worker=all``.
+"""The SSH fleet: run a command on every TPU-VM worker over SSH (Fabric over paramiko), like ``gcloud ... ssh
+--worker=all``.
+
+Each worker's connection is a ``fabric.Connection``, so the user's ~/.ssh/config applies as ssh would apply it: a
+``Host`` block's ``User``, ``Port``, ``IdentityFile``, ``HostName``, ``ProxyJump`` (through one shared bastion
+connection) and ``ProxyCommand``. What the cluster file sets explicitly (``SshSettings.explicit``) wins over it;
+the cluster file's defaults lose to it. Only the connection set-up goes through Fabric: commands run on raw paramiko
+channels (``connection.client.get_transport().open_session()``), because the PGID marker, streaming and remote
+kill below need the channel itself, which Fabric's ``run`` hides.
 
 One connection per worker, opened in parallel (bounded) and kept for the fleet's life, so ``put`` then ``run`` then
 ``run`` again costs one handshake per worker. Connecting retries like gcloud does (a fresh VM's sshd may not be up
@@ -12,12 +20,15 @@ after a grace period. Closing the connection alone would not stop a remote ``pyt
 Environment variables (the cluster file's ``worker_env``, tokens such as ``HF_TOKEN`` among them) travel on the
 channel's stdin, never in the command line: a remote command line is visible to every user of the worker in ``ps``.
 The command only says ``eval "$(cat)"``; the quoted ``export K=V`` lines follow on stdin, which is then closed. Stock
-sshd does not accept arbitrary ``SetEnv`` names, so this is the channel that works everywhere.
+sshd does not accept arbitrary ``SetEnv`` names, so this is the channel that works everywhere. ``$(cat)`` rather
+than bash's ``read -d ''``: the remote line runs in the user's login shell, which need not be bash; ``cat`` gets
+no arguments, ``eval`` and ``export`` are builtins, so no value ever becomes a process's argv.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import shlex
 import tarfile
 import threading
@@ -51,10 +62,24 @@ class SshSettings:
     """Bounded fan-out for the handshakes (each costs sshd a fork and a key exchange)."""
     known_hosts: Path | None = None
     """The cluster's pinned host keys (from the TPU API's guest attributes); None: no pinning (tests, benchmarks)."""
+    ssh_config: Path | None = Path("~/.ssh/config")
+    """The OpenSSH client config whose ``Host`` blocks apply to the workers (``User``, ``Port``, ``IdentityFile``,
+    ``HostName``, ``ProxyJump``, ``ProxyCommand``, ``ConnectTimeout``); a missing file is an empty one; None reads
+    none. Only this file: like ``ssh -F FILE``, not also /etc/ssh/ssh_config."""
+    explicit: tuple[str, ...] = ("key_file", "port", "user")
+    """Which of ``user``, ``key_file`` and ``port`` the cluster file set. Those win over ``ssh_config``; the others
+    are defaults (local user name, ~/.ssh/google_compute_engine, 22) that a matching ``Host`` block replaces. Code
+    that builds settings itself (tests, benchmarks) means what it gives, hence all three by default. A sorted tuple,
+    not a set: the settings' repr names the connection agent's socket and must be the same in every process."""
 
 
 class SshConnectError(TpuftError):
     pass
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    """The name a known_hosts line (and paramiko's lookup) uses for a host: ``[host]:port`` off port 22."""
+    return host if port == 22 else f"[{host}]:{port}"
 
 
 class SshFleet:
@@ -62,27 +87,84 @@ class SshFleet:
         self.workers = workers
         self.settings = settings
         self._clients: dict[int, Any] = {}
+        self._connections: dict[int, Any] = {}
         self._lock = threading.Lock()
-        self._key: Any = None
+        self._build_lock = threading.Lock()
+        self._keys: dict[str, Any] = {}
+        self._key_files: dict[int, Path] = {}
+        self._fabric_config: Any = None
+        self._pins: Any = None
+        self._gateways: dict[str, tuple[Any, threading.Lock]] = {}
 
     # -- connections ---------------------------------------------------------------------------------------
-    def _load_key(self) -> Any:
+    def _load_key(self, key_file: Path) -> Any:
+        """The private key at ``key_file``, read once per fleet (64 workers share one parse)."""
         import paramiko
 
-        if self._key is None:
-            path = str(self.settings.key_file.expanduser())
-            errors = []
-            for kind in (paramiko.Ed25519Key, paramiko.RSAKey, paramiko.ECDSAKey):
+        path = str(key_file.expanduser())
+        with self._lock:
+            if path in self._keys:
+                return self._keys[path]
+        errors = []
+        for kind in (paramiko.Ed25519Key, paramiko.RSAKey, paramiko.ECDSAKey):
+            try:
+                key = kind.from_private_key_file(path)
+                break
+            except (paramiko.SSHException, ValueError) as exc:
+                errors.append(str(exc))
+            except FileNotFoundError:
+                raise SshConnectError(f"SSH key {path} does not exist") from None
+        else:
+            raise SshConnectError(f"cannot read SSH key {path}: {'; '.join(errors)}")
+        with self._lock:
+            self._keys[path] = key
+        return key
+
+    def _config(self) -> Any:
+        """One Fabric config per fleet: the ssh_config file parsed once. Its fallbacks are ssh's own (local user
+        name, port 22), which is what a ProxyJump host gets; workers get the cluster file's (see ``_connection``).
+        ``lazy`` and an explicit SSHConfig object keep Fabric from reading anything else (/etc/fabric.yaml,
+        ~/.fabric.yaml, /etc/ssh/ssh_config): one documented source."""
+        import fabric
+        import paramiko
+
+        with self._lock:
+            if self._fabric_config is None:
+                settings = self.settings
+                parsed = paramiko.SSHConfig()
+                if settings.ssh_config is not None:
+                    path = settings.ssh_config.expanduser()
+                    try:
+                        parsed = paramiko.SSHConfig.from_path(str(path))
+                    except FileNotFoundError:
+                        pass
+                    except (OSError, ValueError, paramiko.SSHException) as exc:
+                        raise SshConnectError(
+                            f"cannot read the SSH client config {path}: {exc}",
+                            hint="Fix the file, or set ssh.ssh_config: null in the cluster file to ignore it.",
+                        ) from None
+                self._fabric_config = fabric.Config(
+                    ssh_config=parsed,
+                    lazy=True,
+                    overrides={"timeouts": {"connect": settings.connect_timeout_s}, "load_ssh_configs": False},
+                )
+            return self._fabric_config
+
+    def _pinned(self) -> Any:
+        """The cluster's pinned known_hosts, read once per fleet; a missing file pins nothing (every worker is then
+        refused as unknown, never accepted)."""
+        import paramiko
+
+        with self._lock:
+            if self._pins is None:
+                pins = paramiko.HostKeys()
+                assert self.settings.known_hosts is not None
                 try:
-                    self._key = kind.from_private_key_file(path)
-                    break
-                except (paramiko.SSHException, ValueError) as exc:
-                    errors.append(str(exc))
+                    pins.load(str(self.settings.known_hosts.expanduser()))
                 except FileNotFoundError:
-                    raise SshConnectError(f"SSH key {path} does not exist") from None
-            else:
-                raise SshConnectError(f"cannot read SSH key {path}: {'; '.join(errors)}")
-        return self._key
+                    pass
+                self._pins = pins
+            return self._pins
 
     def _client(self, worker: Worker) -> Any:
         with self._lock:
@@ -94,63 +176,157 @@ class SshFleet:
             self._clients[worker.index] = client
         return client
 
+    def _connection(self, worker: Worker) -> Any:
+        """A Fabric connection to ``worker`` (not yet open): ssh_config's ``Host`` block for its address applies,
+        except what the cluster file set explicitly; our own key, host-key policy and a shared bastion."""
+        import fabric
+        import paramiko
+
+        settings = self.settings
+        config = self._config()
+        # A Connection writes into its config (``inline_ssh_env``), and invoke rebuilds the whole config on a write:
+        # shared between threads, another worker's connection would read it half-built. Each gets its own clone
+        # (0.5 ms), made one at a time.
+        with self._build_lock:
+            says = config.base_ssh_config.lookup(worker.address)  # what ~/.ssh/config says for this worker
+            connection = fabric.Connection(
+                worker.address,
+                user=settings.user if "user" in settings.explicit or "user" not in says else None,
+                port=settings.port if "port" in settings.explicit or "port" not in says else None,
+                config=config.clone(),
+            )
+        key_file = settings.key_file
+        if "key_file" not in settings.explicit:  # the Host block's IdentityFile: the first that exists, as ssh skips
+            found = [Path(name).expanduser() for name in connection.ssh_config.get("identityfile") or []]
+            key_file = next((path for path in found if path.is_file()), found[0] if found else key_file)
+        with self._lock:
+            self._key_files[worker.index] = key_file
+        connection.connect_kwargs = {  # replaces Fabric's merged key_filename list: one key, no agent, no guessing
+            "pkey": self._load_key(key_file),
+            "look_for_keys": False,
+            "allow_agent": False,
+            "banner_timeout": settings.connect_timeout_s,
+            "auth_timeout": settings.connect_timeout_s,
+        }
+        client = connection.client
+        if settings.known_hosts is not None:  # only the keys the TPU API published for this node
+            name = known_hosts_name(connection.host, int(connection.port))
+            pinned = self._pinned()
+            for lookup in (known_hosts_name(worker.address, settings.port), worker.address, name):
+                found = pinned.lookup(lookup)
+                if found:  # pinned by the worker's address, checked under the name paramiko will look up
+                    for kind in found.keys():
+                        client.get_host_keys().add(name, kind, found[kind])
+                    break
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        else:
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        if isinstance(connection.gateway, fabric.Connection):
+            connection.gateway = self._shared_gateway(connection)
+        return connection
+
+    def _shared_gateway(self, connection: Any) -> Any:
+        """One bastion connection for every worker behind the same ``ProxyJump`` (ssh opens one per worker; one
+        handshake instead of 64), its host key checked as ssh would (see :func:`_prepare_bastion`)."""
+        jump = str(connection.ssh_config.get("proxyjump"))
+        with self._lock:
+            shared = self._gateways.get(jump)
+            if shared is None:
+                hop = connection.gateway
+                while hop is not None and not isinstance(hop, str):
+                    _prepare_bastion(hop)
+                    hop = hop.gateway
+                shared = self._gateways[jump] = (connection.gateway, threading.Lock())
+        return shared[0]
+
+    def _open_gateway(self, worker: Worker, connection: Any) -> None:
+        """Open the shared bastion once (under its lock: Fabric's ``open`` is not safe to race); a bastion that is
+        not who ~/.ssh/known_hosts says is refused, never retried."""
+        import paramiko
+
+        entry = self._gateways.get(str(connection.ssh_config.get("proxyjump")))
+        if entry is None:
+            return
+        gateway, lock = entry
+        with lock:
+            if gateway.is_connected:
+                return
+            try:
+                gateway.open()
+            except paramiko.BadHostKeyException as exc:
+                raise SshConnectError(
+                    f"the ProxyJump host {gateway.host}:{gateway.port} (on the way to worker {worker.index}, "
+                    f"{worker.address}) presented a {exc.key.get_name()} host key {_fingerprint(exc.key)}, not the one "
+                    f"in your known_hosts ({_fingerprint(exc.expected_key)}): refused, nothing was sent through it",
+                    hint="If the bastion was rebuilt, check its new key out of band, then: ssh-keygen -R "
+                    f"{known_hosts_name(gateway.host, int(gateway.port))} and ssh {gateway.host} once.",
+                ) from None
+            except paramiko.AuthenticationException as exc:
+                raise SshConnectError(
+                    f"the ProxyJump host {gateway.user}@{gateway.host}:{gateway.port} refused the login: {exc}",
+                    hint="Check its User and IdentityFile in your ~/.ssh/config (ssh -J works with the same file).",
+                ) from None
+            except paramiko.SSHException as exc:
+                if "not found in known_hosts" not in str(exc):
+                    raise
+                raise SshConnectError(
+                    f"the ProxyJump host {gateway.host}:{gateway.port} is not in your known_hosts: refused, as "
+                    "ssh does in batch mode",
+                    hint=f"Connect once with ssh {gateway.host} and check the key it shows, or set "
+                    "StrictHostKeyChecking accept-new for it in ~/.ssh/config.",
+                ) from None
+            transport = gateway.client.get_transport()
+            if transport is not None:
+                transport.set_keepalive(self.settings.keepalive_s)
+
     def _connect(self, worker: Worker) -> Any:
         import paramiko
 
         settings = self.settings
         last: Exception | None = None
+        where = f"{worker.address}:{settings.port}"
         for attempt in range(1, settings.connect_attempts + 1):
-            client = paramiko.SSHClient()
-            if settings.known_hosts is not None:  # only the keys the TPU API published for this node
-                client.load_host_keys(str(settings.known_hosts))
-                client.set_missing_host_key_policy(paramiko.RejectPolicy())
-            else:
-                client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            connection = self._connection(worker)
+            where = f"{connection.host}:{connection.port}"
             try:
-                client.connect(
-                    worker.address,
-                    port=settings.port,
-                    username=settings.user,
-                    pkey=self._load_key(),
-                    look_for_keys=False,
-                    allow_agent=False,
-                    timeout=settings.connect_timeout_s,
-                    banner_timeout=settings.connect_timeout_s,
-                    auth_timeout=settings.connect_timeout_s,
-                )
+                self._open_gateway(worker, connection)
+                connection.open()
+                client = connection.client
                 transport = client.get_transport()
                 assert transport is not None
                 transport.set_keepalive(settings.keepalive_s)
+                with self._lock:
+                    self._connections[worker.index] = connection
                 return client
             except paramiko.BadHostKeyException as exc:
-                client.close()
+                connection.close()
                 raise SshConnectError(
-                    f"worker {worker.index} ({worker.address}:{settings.port}) presented a {exc.key.get_name()} host key "
-                    f"{_fingerprint(exc.key)}, not the one pinned from the TPU API ({_fingerprint(exc.expected_key)}) in "
-                    f"{settings.known_hosts}: refused, nothing was sent to it",
-                    hint="If the node was recreated, `tpuft status` re-reads its keys from the API; if the node is the "
-                    "same, something else answers on this address: do not connect, delete and recreate the node.",
+                    f"worker {worker.index} ({worker.address}, reached at {where}) presented a {exc.key.get_name()} "
+                    f"host key {_fingerprint(exc.key)}, not the one pinned from the TPU API ({exc.expected_key.get_name()} "
+                    f"{_fingerprint(exc.expected_key)}) in {settings.known_hosts}: refused, nothing was sent to it",
+                    hint="The node was recreated or someone else answers on this address: run `tpuft status` to "
+                    "refresh the keys from the API; if the node is the same, delete and recreate it.",
                 ) from None
             except paramiko.AuthenticationException as exc:
-                client.close()
+                connection.close()
                 raise SshConnectError(
-                    f"worker {worker.index} ({settings.user}@{worker.address}:{settings.port}): SSH key "
-                    f"{settings.key_file} was refused: {exc}"
+                    f"worker {worker.index} ({connection.user}@{where}): SSH key "
+                    f"{self._key_files.get(worker.index)} was refused: {exc}"
                 ) from None
             except (OSError, paramiko.SSHException) as exc:
-                client.close()
+                connection.close()
                 if settings.known_hosts is not None and "not found in known_hosts" in str(exc):
                     raise SshConnectError(
-                        f"worker {worker.index} ({worker.address}:{settings.port}) has no host key pinned in "
+                        f"worker {worker.index} ({worker.address}, reached at {where}) has no host key pinned in "
                         f"{settings.known_hosts}: refused, nothing was sent to it",
-                        hint="Re-read the node's keys from the TPU API: tpuft status (a node that has not published "
-                        "them yet: wait a minute and retry)",
+                        hint="Refresh the keys from the TPU API: tpuft status (a node that has not published them "
+                        "yet: wait a minute and retry); if the node is the same, delete and recreate it.",
                     ) from None
                 last = exc
                 if attempt < settings.connect_attempts:
                     time.sleep(settings.retry_delay_s)
         raise SshConnectError(
-            f"worker {worker.index} ({worker.address}:{settings.port}): cannot connect over SSH after "
+            f"worker {worker.index} ({where}): cannot connect over SSH after "
             f"{settings.connect_attempts} attempts: {last}"
         )
 
@@ -162,8 +338,12 @@ class SshFleet:
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+            self._connections = {}
+            gateways, self._gateways = [gateway for gateway, _ in self._gateways.values()], {}
         for client in clients:
             client.close()
+        for gateway in gateways:
+            gateway.close()
 
     # -- run -----------------------------------------------------------------------------------------------
     def run(
@@ -231,6 +411,54 @@ class SshFleet:
         self.connect_all(chosen)
         with ThreadPoolExecutor(max_workers=min(len(chosen), self.settings.max_parallel_connects) or 1) as pool:
             list(pool.map(one, chosen))
+
+
+def host_block(settings: SshSettings, address: str) -> dict[str, Any]:
+    """What ``settings.ssh_config`` says for ``address`` (lower-case keys, as paramiko's lookup gives them); {} when
+    there is no file."""
+    import paramiko
+
+    if settings.ssh_config is None:
+        return {}
+    try:
+        return dict(paramiko.SSHConfig.from_path(str(settings.ssh_config.expanduser())).lookup(address))
+    except FileNotFoundError:
+        return {}
+
+
+def openssh_options(settings: SshSettings, address: str) -> list[str]:
+    """Options that make OpenSSH's client (``tpuft ssh``) reach ``address`` as the fleet does: the same config file
+    (``-F``; /dev/null for none or a missing one), and ``-l``/``-p``/``-i`` only for what the cluster file set or no
+    Host block says, so the rest comes from the Host block as in the fleet."""
+    path = settings.ssh_config.expanduser() if settings.ssh_config is not None else None
+    says = host_block(settings, address)
+    options = ["-F", str(path) if path is not None and path.is_file() else "/dev/null"]
+    if "user" in settings.explicit or "user" not in says:
+        options += ["-l", settings.user]
+    if "port" in settings.explicit or "port" not in says:
+        options += ["-p", str(settings.port)]
+    if "key_file" in settings.explicit or "identityfile" not in says:
+        options += ["-i", str(settings.key_file.expanduser())]
+    return options
+
+
+def _prepare_bastion(hop: Any) -> None:
+    """A ProxyJump host is a host of the user's, not a TPU worker: its key is checked the way ``ssh -J`` would, from
+    the known_hosts files its ``Host`` block names (default ~/.ssh/known_hosts, ~/.ssh/known_hosts2 and the global
+    /etc/ssh/ssh_known_hosts), refusing an unknown one (ssh in batch mode) unless its ``StrictHostKeyChecking`` is
+    ``accept-new`` or ``no``. A changed key is always refused. Its User, Port and IdentityFile are ssh's too."""
+    import paramiko
+
+    config = hop.ssh_config
+    files = str(config.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")).split()
+    files += str(config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")).split()
+    for name in files:
+        path = os.path.expanduser(name)
+        if os.path.isfile(path):
+            hop.client.load_system_host_keys(path)
+    strict = str(config.get("stricthostkeychecking", "ask")).lower()
+    lenient = strict in {"no", "off", "accept-new"}
+    hop.client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if lenient else paramiko.RejectPolicy())
 
 
 def _fingerprint(key: Any) -> str:

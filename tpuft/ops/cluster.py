@@ -144,17 +144,20 @@ def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str,
     if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
         return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)
     from tpuft.fleet import agent_client
+    from tpuft.fleet.ssh import known_hosts_name, openssh_options
 
     session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata
     settings = session.provider.ssh_settings()  # type: ignore[attr-defined]
     known_hosts = settings.known_hosts or session.provider.state_dir() / "known_hosts"  # pinned from the API by prepare
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     argv = [
-        "ssh", "-t", "-i", str(settings.key_file), "-p", str(settings.port),
+        "ssh", "-t", *openssh_options(settings, target.address),  # ~/.ssh/config applies as in the fleet
         "-o", f"StrictHostKeyChecking={'yes' if settings.known_hosts else 'accept-new'}",
         "-o", f"UserKnownHostsFile={known_hosts}",
+        # the pins are by the worker's address and the cluster's port, whatever a Host block's HostName/Port say
+        *(["-o", f"HostKeyAlias={known_hosts_name(target.address, settings.port)}"] if settings.known_hosts else []),
         "-o", "ServerAliveInterval=30",
         *agent_client.control_options(session.provider.state_dir(), target.address, settings),
-        f"{settings.user}@{target.address}",
+        target.address,
     ]
     return argv, {}, None

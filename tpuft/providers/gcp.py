@@ -503,6 +503,8 @@ class GcpProvider:
             connect_attempts=ssh.connect_attempts,
             retry_delay_s=ssh.retry_delay_s,
             known_hosts=self.known_hosts_path,
+            ssh_config=ssh.ssh_config.expanduser() if ssh.ssh_config is not None else None,
+            explicit=ssh.explicit(),
         )
 
     @property
