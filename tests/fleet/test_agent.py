@@ -122,7 +122,7 @@ def write_cluster(path: Path, tpu: FakeTpuServer, pod: SshdPod) -> None:
     path.write_text(
         f"name: agent-test\nprovider: gcp\naccelerator: v4-32\nbucket: gs://agent-bucket\n"
         f"gcp: {{project: tpuft-test, zone: us-central2-b, tpu_api_endpoint: '{tpu.endpoint}'}}\n"
-        f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}}}\n"
+        f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}, ssh_config: '{path.parent / 'ssh_config'}'}}\n"
     )
 
 
@@ -312,6 +312,33 @@ def test_a_recreated_cluster_does_not_reach_the_old_agent(fresh: Rig, tmp_path: 
             rig.tpu.worker_addresses = rig.pod.addresses
             assert rig.tpuft("delete", "-c", str(rig.cluster), "--yes", env=rig.cold_env).returncode == 0
             assert rig.tpuft("create", "-c", str(rig.cluster), "--yes", env=rig.cold_env).returncode == 0
+
+
+def test_an_edited_ssh_config_or_another_node_does_not_reach_the_old_agent(fresh: Rig) -> None:
+    """The agent's connections were made under the ssh client config and pins of their time: once the config file
+    changes (a new ProxyJump, another IdentityFile), the next exec must not reach them, and the old agent ends."""
+    rig = fresh
+    ssh_config = rig.cluster.parent / "ssh_config"
+    ssh_config.write_text("# no Host blocks yet\n")
+    try:
+        assert rig.exec("--", "true").returncode == 0
+        old = rig.wait_agent()
+        ssh_config.write_text(f"Host 203.0.113.*\n    User someone-else\n")  # matches no worker: same workers reached
+        assert rig.ping() is None  # the client's agent id changed: the old socket is not this cluster's any more
+        result = rig.exec("--", "echo still")
+        assert result.returncode == 0 and result.stdout.count("still") == 4, result.stderr
+        wait_gone(old["pid"])  # the old agent saw the file change and ended
+        assert rig.wait_agent()["pid"] != old["pid"]
+    finally:
+        rig.stop_agent()  # while the client still names it: stopped cleanly, its socket removed
+        ssh_config.unlink(missing_ok=True)
+    # A node recreated under the same name on the same addresses is another node: its id is part of the agent's.
+    from tpuft.fleet import agent_client
+
+    pointer = {"settings": "s", "files": [str(ssh_config)]}
+    record = {"workers": [[0, "10.0.0.2", "10.0.0.2"]], "nodes": [["n", "1", 1]]}
+    again = {**record, "nodes": [["n", "2", 1]]}
+    assert agent_client.agent_id_of("k", pointer, record) != agent_client.agent_id_of("k", pointer, again)
 
 
 def test_turned_off_no_agent_starts(fresh: Rig) -> None:

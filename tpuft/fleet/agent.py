@@ -6,7 +6,7 @@ Started detached by a cold ``tpuft exec`` (:func:`tpuft.fleet.agent_client.ensur
 ``python -m tpuft.fleet.agent --config FILE``. It serves a Unix socket in ``$TPUFT_HOME/agents`` (0700) named by the
 cluster's identity (:mod:`tpuft.fleet.agent_client`), answers only its own user (``SO_PEERCRED``), and ends itself:
 after ``$TPUFT_AGENT_IDLE_S`` seconds without a request (default 300), when the cluster file, the remembered workers
-or its socket change, when a worker cannot be reached, or when asked (``stop``). It holds keys only in memory, as
+or node, the ssh client config, the pinned host keys or its socket change, when a worker cannot be reached, or when asked (``stop``). It holds keys only in memory, as
 the fleet does, and writes only its pointer (paths and hashes) and a log of its own events (never a command).
 
 A request runs on the public :class:`~tpuft.fleet.ssh.SshFleet` API (``run``/``close``) exactly as the cold path
@@ -108,8 +108,8 @@ class Agent:
         try:
             with open(self.pointer["record"], encoding="utf-8") as handle:
                 record = json.load(handle)
-            if record.get("state") != "READY" or record.get("workers") != self.identity.workers:
-                return False
+            if record.get("state") != "READY" or wire.agent_id_of(self.identity.key, self.pointer, record) != self.identity.agent:
+                return False  # other workers, another node, other SSH settings, an edited ssh config or new pins
         except (OSError, ValueError, KeyError):
             return False
         try:
@@ -130,7 +130,7 @@ class Agent:
                     log(f"idle for {self.idle_s:g} s: ending")
                     break
                 if not self.still_current():
-                    log("the cluster file, the remembered workers or the socket changed: ending")
+                    log("the cluster file, the workers, the node, the ssh config, the pins or the socket changed: ending")
                     break
                 continue
             if not _same_user(conn):
@@ -302,10 +302,12 @@ def start(config_path: str) -> int:
     if not (hasattr(provider, "ssh_settings") and hasattr(provider, "cached")):
         log(f"provider {config.provider} does not use SSH: no agent")
         return 0
+    settings = provider.ssh_settings()
     pointer = {
         "config": config_path,
         "record": str(provider.state_dir() / "cluster.json"),
-        "settings": settings_fingerprint(provider.ssh_settings()),
+        "settings": settings_fingerprint(settings),
+        "files": [str(path) for path in (settings.ssh_config, settings.known_hosts) if path is not None],
         "cache_seconds": float(getattr(provider, "CACHE_SECONDS", 600.0)),
     }
     wire.write_pointer(folder, key, pointer)

@@ -8,8 +8,10 @@ Python's start-up and nothing else). It finds the agent without loading the clus
 * ``file key``: a hash of the cluster file's absolute path, its bytes, and the environment that can change what it
   means (``TPUFT_*``, the login name, HOME). The agent writes ``agents/<file key>.json`` (the *pointer*: where the
   provider remembers the cluster, a fingerprint of the SSH settings, how long the memory is trusted).
-* ``agent id``: a hash of the file key, the remembered workers and the settings fingerprint. It names the socket, so
-  a recreated node (other addresses) or other SSH settings never reach an agent holding old connections.
+* ``agent id``: a hash of the file key, the remembered workers and node ids, the settings fingerprint and the
+  contents of the ssh client config and the pinned known_hosts. It names the socket, so a recreated node (other
+  addresses, or the same ones under a new node id), other SSH settings, an edited ``~/.ssh/config`` or refreshed host
+  keys never reach an agent holding old connections.
 * The remembered cluster must be READY and fresh, as the cold path's ``open_session(cached=True)`` requires; the
   worker spec is parsed by the same function; anything unexpected falls back to the cold path, which then reports
   the problem in its own words.
@@ -107,8 +109,23 @@ def file_key(path: str) -> str | None:
     return digest.hexdigest()[:24]
 
 
-def agent_id(key: str, workers: Any, settings: str) -> str:
-    return hashlib.sha256(json.dumps([PROTOCOL, key, workers, settings]).encode()).hexdigest()[:16]
+def agent_id(key: str, workers: Any, nodes: Any, settings: str, files: Sequence[str]) -> str:
+    """``nodes``: the API's unique ids of the slices (a node recreated on the same addresses is another node);
+    ``files``: files whose contents change how a worker is reached (the ssh client config, the pinned host keys)."""
+    contents = []
+    for name in files:
+        try:
+            with open(name, "rb") as handle:
+                contents.append(hashlib.sha256(handle.read()).hexdigest())
+        except OSError:
+            contents.append("")
+    return hashlib.sha256(json.dumps([PROTOCOL, key, workers, nodes, settings, contents]).encode()).hexdigest()[:16]
+
+
+def agent_id_of(key: str, pointer: dict[str, Any], record: dict[str, Any]) -> str:
+    """The agent id for a remembered cluster record, whatever its age (the agent checks it is still the one)."""
+    files = pointer.get("files") or []
+    return agent_id(key, record["workers"], record.get("nodes") or [], str(pointer["settings"]), [str(f) for f in files])
 
 
 @dataclass(frozen=True)
@@ -153,7 +170,7 @@ def identity_for(folder: Path, key: str, pointer: dict[str, Any], now: float | N
         workers = record["workers"]
         if not isinstance(workers, list) or not workers:
             return None
-        return Identity(folder, key, agent_id(key, workers, str(pointer["settings"])), workers)
+        return Identity(folder, key, agent_id_of(key, pointer, record), workers)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
