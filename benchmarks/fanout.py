@@ -11,6 +11,8 @@ and the fake TPU API (tests/rigs/fake_tpu.py) hands their addresses out as the n
 - parallel ssh / sequential ssh: OpenSSH's client, same key, same workers.
 It also reports the fleet's client-side CPU per worker (the part that would not parallelise on a real pod, where
 every worker has its own CPUs) and the time to the first output line (`echo` instead of `true`).
+``--login stock`` makes the workers' sessions skip the login user's ~/.bashrc (see ``SshdPod.stock_login``): what each
+session costs a server is then sshd's own work, as on a TPU VM, instead of this machine's pyenv init.
 
 On this 2-core machine the sshd servers share the client's cores, so the parallel-ssh column is the physical floor.
 Targets: at 64 workers <= 1.1x the parallel-ssh column; at 1 worker <= 0.5 s; far ahead of the sequential loop. With a
@@ -138,6 +140,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1,8,32,64")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--login", choices=("machine", "stock"), default="machine",
+        help="machine: the workers' sessions run this machine's login shell as it is (root's ~/.bashrc: pyenv init, "
+        "about 0.1 CPU-second each, on the client's cores); stock: the shell skips ~/.bashrc, as a stock TPU VM "
+        "image's non-interactive shells effectively do",
+    )
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
@@ -151,7 +159,7 @@ def main() -> None:
     rows = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        SshdPod(Path(tmp) / "pod", workers=max(sizes)) as pod,
+        SshdPod(Path(tmp) / "pod", workers=max(sizes), stock_login=args.login == "stock") as pod,
         FakeTpuServer(operation_polls=0) as server,
         GcsEmulator() as gcs,
     ):
@@ -185,7 +193,8 @@ def main() -> None:
             }
             rows.append(row)
             console.log(f"{count} workers done")
-    table = Table(title=f"fan-out: `true` on N loopback sshd workers (median of {args.runs}, after a warm-up)")
+    table = Table(title=f"fan-out: `true` on N loopback sshd workers (median of {args.runs}, after a warm-up; "
+                        f"--login {args.login})")
     for column in (
         "workers", "tpuft exec s", "tpuft exec (warm agent) s", "tpuft fleet s", "parallel ssh s", "sequential ssh s",
         "exec / parallel", "warm / parallel", "fleet / parallel", "fleet CPU ms/worker", "first line s",

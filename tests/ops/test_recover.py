@@ -18,7 +18,7 @@ from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft.config import ClusterConfig, load_cluster
 from tpuft.errors import UsageError
-from tpuft.ops.recover import WATCHER, node_problem, watcher_lease
+from tpuft.ops.recover import WATCHER, WatchTakenOver, node_problem, watcher_lease
 from tpuft.providers import get_provider
 from tpuft.runs import Run
 
@@ -99,6 +99,52 @@ def test_a_live_watcher_keeps_its_run_and_a_dead_or_silent_one_is_taken_over(tmp
     run.storage.write_text(WATCHER, json.dumps({"host": socket.gethostname(), "pid": dead, "seen": time.time()}))
     with watcher_lease(run, policy):  # killed on this machine a moment ago: no need to wait
         pass
+
+
+@pytest.fixture(params=["local", "gcs"])
+def lease_run(request: pytest.FixtureRequest, tmp_path: Path) -> Run:
+    """A run dir in a folder, or in a bucket on the GCS emulator (whose uploads honour ifGenerationMatch)."""
+    if request.param == "local":
+        return _run(tmp_path)
+    emulator = request.getfixturevalue("gcs")
+    emulator.reset()
+    emulator.client().create_bucket("lease-bucket")
+    return Run.from_url("gs://lease-bucket/runs/r-1")
+
+
+def test_a_watcher_whose_lease_was_taken_over_stops_and_leaves_it(lease_run: Run) -> None:
+    """The laptop slept past the stale time and another machine took the run over: when the first watcher wakes,
+    its next renewal raises (before it could touch the node again) and its exit does not undo the takeover."""
+    policy = ClusterConfig.model_validate({"recover": {"poll": "2s"}}).recover
+    other = {"host": "workstation.example", "pid": 777, "seen": time.time()}
+    with pytest.raises(WatchTakenOver) as taken:
+        with watcher_lease(lease_run, policy) as renew:
+            renew()
+            lease_run.storage.write_text(WATCHER, json.dumps(other))  # the takeover, as the other machine writes it
+            renew()
+    assert "pid 777 on workstation.example" in taken.value.message
+    assert json.loads(lease_run.storage.read_text(WATCHER) or "{}") == other  # still theirs
+
+
+def test_two_watchers_claiming_at_the_same_moment_cannot_both_win(lease_run: Run) -> None:
+    """Both read "nobody watches"; the other one's claim lands between this one's read and write: refused."""
+    policy = ClusterConfig.model_validate({"recover": {"poll": "2s"}}).recover
+    storage = lease_run.storage
+    real_read = storage.read_versioned
+    other = {"host": "workstation.example", "pid": 777, "seen": time.time()}
+
+    def read_then_lose_the_race(relpath: str) -> tuple[str | None, str]:
+        seen = real_read(relpath)
+        storage.write_text(relpath, json.dumps(other))  # the other watcher's claim, just after our read
+        object.__setattr__(storage, "read_versioned", real_read)  # (once)
+        return seen
+
+    object.__setattr__(storage, "read_versioned", read_then_lose_the_race)
+    with pytest.raises(UsageError) as refused:
+        with watcher_lease(lease_run, policy):
+            pass
+    assert "at the same moment" in refused.value.message and "pid 777" in refused.value.message
+    assert json.loads(storage.read_text(WATCHER) or "{}") == other
 
 
 def test_a_detached_watcher_outlives_its_terminal_and_logs_to_the_state_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,8 +53,10 @@ Gaps, and what this rig does about them
 * **An empty ``uploadType=media`` upload crashes the emulator** (it takes ``len()`` of a missing body): TensorFlow's
   GCS filesystem writes such zero-byte ``dir/`` markers in ``makedirs`` and retries the 500 for ever. The rig stores
   the empty object itself.
-* Preconditions (``ifGenerationMatch`` and friends) are ignored: every conditional write succeeds. Harmless while
-  each object has one writer at a time, as in the runs these rigs host (Orbax's hosts write their own OCDBT files).
+* **Preconditions are ignored** by the emulator: every conditional write succeeds. The rig answers uploads with
+  ``ifGenerationMatch`` itself (412 ``conditionNotMet`` when the object is at another generation, 0 meaning "must not
+  exist"), which the recovery watcher's lease relies on; the other preconditions stay ignored (harmless while each
+  object has one writer at a time, as in the runs these rigs host: Orbax's hosts write their own OCDBT files).
 * An object's ``mediaLink`` names the host of the request that uploaded it (the ``Host`` header): a front that
   forwards requests here must send the emulator's own address (``tests/rigs/gcs_proxy.py`` does).
 * Not emulated at all, and not used by tpuft: IAM enforcement (everything is allowed, so ``Forbidden`` cannot be
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import itertools
 import json
 import logging
@@ -156,7 +159,9 @@ class _Handler(RequestHandler):
         self._record("POST")
         if self._injected_fault("POST"):
             return
-        if not (self._bucket_insert() or self._multipart("POST") or self._empty_media_upload()):
+        if not (
+            self._bucket_insert() or self._multipart("POST") or self._failed_precondition() or self._empty_media_upload()
+        ):
             super().do_POST()
 
     def do_PUT(self) -> None:
@@ -271,6 +276,33 @@ class _Handler(RequestHandler):
             "x-goog-metageneration": str(obj.get("metageneration", "1")),
             "x-goog-stored-content-length": str(obj.get("size", "")),
         }
+
+    def _failed_precondition(self) -> bool:
+        """An upload with ``ifGenerationMatch`` (0: the object must not exist) whose object is at another generation:
+        412 ``conditionNotMet``, nothing stored, as GCS does. A matching one goes on to the emulator, its body put
+        back for it to read."""
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        match = _MEDIA_UPLOAD_PATH.match(url.path)
+        if match is None or "ifGenerationMatch" not in query:
+            return False
+        body = self._body()
+        self.rfile = io.BytesIO(body)
+        name = (query.get("name") or [None])[0]
+        if name is None:  # a multipart upload: the name is in its JSON part
+            found = re.search(rb'"name"\s*:\s*("(?:[^"\\]|\\.)*")', body)
+            name = json.loads(found.group(1)) if found else None
+        if name is None:
+            return False
+        try:
+            generation = str(self.storage.get_file_obj(match["bucket"], name).get("generation", ""))
+        except NotFound:
+            generation = "0"
+        if generation == query["ifGenerationMatch"][0]:
+            return False
+        message = f"At least one of the pre-conditions you specified did not hold. ({name} is at {generation})"
+        self._json(412, {"error": {"code": 412, "message": message, "errors": [{"reason": "conditionNotMet", "message": message}]}})
+        return True
 
     def _empty_media_upload(self) -> bool:
         """``POST .../o?uploadType=media&name=N`` with no body: a zero-byte object (the emulator would crash)."""

@@ -83,6 +83,11 @@ class SshdPod:
     first_address: int = 10
     """Worker i listens on 127.0.1.(first_address + i): a second pod on other addresses plays a recreated node."""
     user: str = field(default_factory=lambda: os.environ.get("USER") or "root")
+    stock_login: bool = False
+    """True: a session's shell skips the login user's ~/.bashrc (sshd sets SHLVL=1, and bash sources ~/.bashrc for
+    sshd only at level 1). On a stock TPU VM image ~/.bashrc returns at once for a non-interactive shell; this
+    machine's root runs pyenv's init there (about 0.1 CPU-second per session), which is this machine's cost, not a
+    worker's. For benchmarks; tests keep the machine's login as it is."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -140,6 +145,7 @@ class SshdPod:
                 authorized_keys=self.root / "authorized_keys",
                 wrapper=self.root / f"wrapper-{index}.sh",
             )
+            + ("SetEnv SHLVL=1\n" if self.stock_login else "")
         )
         return subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL, start_new_session=True)
 

@@ -116,6 +116,25 @@ def test_write_read_exists_list(store: Storage) -> None:
     assert store.read_text("runs/a/run.json") == '{"status": "done"}'
 
 
+def test_a_conditional_write_loses_to_a_write_it_did_not_see(store: Storage) -> None:
+    """The compare-and-write the recovery lease stands on: two writers that read the same version, one wins; a
+    version of an absent file ("only if nobody made it") included; a plain write moves the version too."""
+    text, absent = store.read_versioned("runs/r/lease.json")
+    assert text is None
+    first = store.write_text_if("runs/r/lease.json", "a", absent)
+    assert first is not None and first != absent
+    assert store.write_text_if("runs/r/lease.json", "b", absent) is None  # made meanwhile: refused
+    assert store.read_versioned("runs/r/lease.json") == ("a", first)
+    second = store.write_text_if("runs/r/lease.json", "c", first)
+    assert second is not None and second != first
+    assert store.write_text_if("runs/r/lease.json", "d", first) is None  # a stale version: refused, nothing written
+    assert store.read_text("runs/r/lease.json") == "c"
+    store.write_text("runs/r/lease.json", "e")
+    assert store.write_text_if("runs/r/lease.json", "f", second) is None
+    assert store.read_versioned("runs/r/lease.json")[0] == "e"
+    assert store.list("runs/r") == ["runs/r/lease.json"]  # whatever the compare-and-write keeps beside it is not listed
+
+
 def test_sizes_are_the_listing_with_each_files_size(store: Storage, tmp_path: Path) -> None:
     """How a checkpoint's manifest is checked in one listing (tpuft/backends/base.py RunLayout.checkpoint_steps)."""
     weights = tmp_path / "model.safetensors"

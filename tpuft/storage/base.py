@@ -113,6 +113,16 @@ class Storage(Protocol):
         """The file's text, None when it does not exist."""
         ...
 
+    def read_versioned(self, relpath: str) -> tuple[str | None, str]:
+        """The file's text (None when it does not exist) and its version: what :meth:`write_text_if` compares."""
+        ...
+
+    def write_text_if(self, relpath: str, text: str, version: str) -> str | None:
+        """Write only if the file is still at ``version`` (as :meth:`read_versioned` gave it; the absent file has
+        one too), atomically against other writers using this method on any machine; returns the new version, or
+        None when someone else wrote first (nothing written). A bucket's object generation, a local file's lock."""
+        ...
+
     def read_bytes(self, relpath: str, *, start: int = 0) -> bytes | None:
         """The file's bytes from ``start`` (a ranged read), None when it does not exist."""
         ...

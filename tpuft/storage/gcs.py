@@ -121,6 +121,40 @@ class GcsStorage(TreeDownloads):
                 return None
         return data.decode("utf-8")
 
+    def read_versioned(self, relpath: str) -> tuple[str | None, str]:
+        """The object's text and generation ("0": no object), read as one: the bytes of exactly that generation."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        name = self._name(relpath)
+        with gcs_call("download", self._url_of(name)):
+            for _ in range(5):  # rewritten between the two calls: read the newer one
+                blob = self._bucket().get_blob(name)
+                if blob is None:
+                    return None, "0"
+                try:
+                    data: bytes = blob.download_as_bytes(if_generation_match=blob.generation)
+                except (NotFound, PreconditionFailed):
+                    continue
+                return data.decode("utf-8"), str(blob.generation)
+        raise TpuftError(f"{self._url_of(name)}: rewritten faster than it can be read (5 tries)")
+
+    def write_text_if(self, relpath: str, text: str, version: str) -> str | None:
+        """An upload with ``ifGenerationMatch`` (0: only if there is no object), which GCS applies atomically."""
+        from google.api_core.exceptions import PreconditionFailed
+        from google.cloud.storage.retry import DEFAULT_RETRY_IF_GENERATION_SPECIFIED
+
+        name = self._name(relpath)
+        with gcs_call("upload", self._url_of(name)):
+            blob = self._bucket().blob(name)
+            try:
+                blob.upload_from_string(
+                    text.encode("utf-8"), content_type="text/plain; charset=utf-8",
+                    if_generation_match=int(version), retry=DEFAULT_RETRY_IF_GENERATION_SPECIFIED,
+                )
+            except PreconditionFailed:
+                return None
+        return str(blob.generation)
+
     def read_bytes(self, relpath: str, *, start: int = 0) -> bytes | None:
         """The object's bytes from offset ``start`` on (a ranged GET); None if there is no object."""
         from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +61,22 @@ class LocalStorage(TreeDownloads):
             return self._path(relpath).read_text(encoding="utf-8")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+
+    def read_versioned(self, relpath: str) -> tuple[str | None, str]:
+        target = self._path(relpath)
+        with _locked(target):
+            return self.read_text(relpath), _version(target)
+
+    def write_text_if(self, relpath: str, text: str, version: str) -> str | None:
+        """Under an advisory lock beside the file (``.NAME.lock.tpuft-part``, never listed); every write replaces the file, so its inode and
+        mtime are a version that changes with each write."""
+        target = self._path(relpath)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(target):
+            if _version(target) != version:
+                return None
+            self.write_text(relpath, text)
+            return _version(target)
 
     def read_bytes(self, relpath: str, *, start: int = 0) -> bytes | None:
         """The file's bytes from offset ``start`` on (for following a growing log); None if there is no file."""
@@ -123,3 +141,27 @@ class LocalStorage(TreeDownloads):
             Meter(0, progress)
             return TreeTransfer(0, 0, 0, 0)
         return sync_tree(source, target, include, progress)
+
+
+def _version(path: Path) -> str:
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "0"
+    return f"{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock for ``path``'s compare-and-write; a missing folder needs none (nothing to race)."""
+    try:
+        # named like a partial file: never listed, uploaded or synced
+        fd = os.open(path.with_name(f".{path.name}.lock{PARTIAL_SUFFIX}"), os.O_WRONLY | os.O_CREAT, 0o644)
+    except (FileNotFoundError, NotADirectoryError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
