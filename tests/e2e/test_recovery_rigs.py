@@ -132,9 +132,10 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         if metrics.is_file():
             rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip().startswith("{")]
         first_again = min((r["time"] for r in rows if r.get("step", 0) > recovery["checkpoint_step"] and "time" in r), default=None)
-        print(f"recovery: trainers running again {recovery['back_s']} s after the watcher saw the preemption; first "
+        print(f"recovery: the watcher saw the preemption {recovery['detected'] - preempted_at:.1f} s after it; trainers "
+              f"running again {recovery['back_s']} s after that; first "
               f"logged step after it {first_again - preempted_at if first_again else float('nan'):.1f} s after the "
-              f"preemption; run ended {time.time() - preempted_at:.0f} s after it")
+              f"preemption; run ended {time.time() - preempted_at:.0f} s after it; the record: {json.dumps(recovery)}")
 
         shown = subprocess.run([sys.executable, "-m", "tpuft", "runs", "-c", str(cluster), "--json"], env=env,
                                capture_output=True, text=True)
