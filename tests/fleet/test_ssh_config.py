@@ -165,6 +165,31 @@ def test_proxyjump_reaches_every_worker_through_one_bastion_connection(
     assert bastion.logins() == logins + 1
 
 
+def test_proxycommand_reaches_the_workers_with_their_pinned_keys(pod: SshdPod, bastion: Bastion, tmp_path: Path) -> None:
+    """The older way through a bastion, ``ProxyCommand ssh -W %h:%p``: each worker's connection runs over that
+    command's stdin/stdout, and the worker's key is still checked against the pins (a wrong pin is refused)."""
+    bastion_known = tmp_path / "bastion_known_hosts"
+    bastion_known.write_text(bastion.known_hosts_line())
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host 127.0.1.1? 127.0.1.2?\n"
+        f"  ProxyCommand ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile={bastion_known} -i {bastion.client_key} "
+        f"-p {bastion.port} {bastion.user}@{bastion.address} -W %h:%p\n"
+    )
+    settings = SshSettings(pod.user, pod.client_key, pod.port, known_hosts=pinned(pod, tmp_path / "known_hosts"),
+                           ssh_config=config, connect_attempts=1)
+    forwarded = len(bastion.forwarded())
+    assert lines_of(SshFleet(workers_of(pod), settings), ["echo", "ok"]) == [f"{i}:ok" for i in range(WORKERS)]
+    deadline = time.monotonic() + 5
+    while len(bastion.forwarded()) < forwarded + WORKERS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(bastion.forwarded()[forwarded:]) == [(a, pod.port) for a in pod.addresses]
+    wrong = SshSettings(pod.user, pod.client_key, pod.port, ssh_config=config, connect_attempts=1,
+                        known_hosts=pinned(pod, tmp_path / "wrong_known_hosts", {0: other_public_key(tmp_path)}))
+    with pytest.raises(SshConnectError, match=r"worker 0 .* presented a ssh-ed25519 host key"):
+        SshFleet(workers_of(pod), wrong).run(["true"])
+
+
 def test_an_unknown_bastion_is_refused_like_ssh_does(pod: SshdPod, bastion: Bastion, tmp_path: Path) -> None:
     empty = tmp_path / "bastion_known_hosts"
     empty.write_text("")

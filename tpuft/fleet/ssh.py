@@ -131,11 +131,11 @@ class SshFleet:
         with self._lock:
             if self._fabric_config is None:
                 settings = self.settings
-                parsed = paramiko.SSHConfig()
+                parsed = _worker_ssh_config_class()()
                 if settings.ssh_config is not None:
                     path = settings.ssh_config.expanduser()
                     try:
-                        parsed = paramiko.SSHConfig.from_path(str(path))
+                        parsed = _worker_ssh_config_class().from_path(str(path))
                     except FileNotFoundError:
                         pass
                     except (OSError, ValueError, paramiko.SSHException) as exc:
@@ -143,6 +143,8 @@ class SshFleet:
                             f"cannot read the SSH client config {path}: {exc}",
                             hint="Fix the file, or set ssh.ssh_config: null in the cluster file to ignore it.",
                         ) from None
+                explicit = {name: getattr(settings, name) for name in ("port", "user") if name in settings.explicit}
+                parsed.worker_tokens = ({w.address for w in self.workers}, explicit)
                 self._fabric_config = fabric.Config(
                     ssh_config=parsed,
                     lazy=True,
@@ -188,7 +190,9 @@ class SshFleet:
         # shared between threads, another worker's connection would read it half-built. Each gets its own clone
         # (0.5 ms), made one at a time.
         with self._build_lock:
-            says = config.base_ssh_config.lookup(worker.address)  # what ~/.ssh/config says for this worker
+            # what ~/.ssh/config says for this worker (the clone below has a plain paramiko SSHConfig: this one
+            # expands %p and %r as the connection will use them)
+            says = config.base_ssh_config.lookup(worker.address)
             connection = fabric.Connection(
                 worker.address,
                 user=settings.user if "user" in settings.explicit or "user" not in says else None,
@@ -223,6 +227,8 @@ class SshFleet:
             client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
         if isinstance(connection.gateway, fabric.Connection):
             connection.gateway = self._shared_gateway(connection)
+        elif isinstance(connection.gateway, str):  # ProxyCommand, its %p/%r expanded as for this connection
+            connection.gateway = says.get("proxycommand", connection.gateway)
         return connection
 
     def _shared_gateway(self, connection: Any) -> Any:
@@ -440,6 +446,24 @@ def openssh_options(settings: SshSettings, address: str) -> list[str]:
     if "key_file" in settings.explicit or "identityfile" not in says:
         options += ["-i", str(settings.key_file.expanduser())]
     return options
+
+
+def _worker_ssh_config_class() -> Any:
+    """paramiko's SSHConfig, except that for a worker's address ``%p`` and ``%r`` (in ``ProxyCommand``, say) mean the
+    port and user the connection will use: the cluster file's explicit ones win over the Host block, as ``ssh -p``
+    and ``-l`` do. paramiko expands them from the Host block alone; a bastion's lookup is left as it is."""
+    import paramiko
+
+    class WorkerSshConfig(paramiko.SSHConfig):  # type: ignore[misc]
+        worker_tokens: tuple[set[str], dict[str, Any]] = (set(), {})
+
+        def _tokenize(self, config: Any, target_hostname: str, key: str, value: Any) -> Any:
+            workers, explicit = self.worker_tokens
+            if explicit and target_hostname in workers:
+                config = {**config, **explicit}
+            return super()._tokenize(config, target_hostname, key, value)
+
+    return WorkerSshConfig
 
 
 def _prepare_bastion(hop: Any) -> None:
