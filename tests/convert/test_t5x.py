@@ -36,6 +36,11 @@ CHECK_LOGITS = textwrap.dedent(
         config = transformers.AutoConfig.from_pretrained(job["model"])
         cls = getattr(transformers, config.architectures[0])
         model, info = cls.from_pretrained(job["model"], output_loading_info=True, dtype=torch.float32)
+        written = json.load(open(job["model"] + "/config.json"))
+        if written.get("model_type") == "umt5" and not hasattr(model.config, "scale_decoder_outputs"):
+            # transformers 5.0-5.23 force UMT5's tie_word_embeddings to true and so rescale the decoder output even
+            # before an own head (5.24 fixed it; 4.x never did it): compare the weights as T5X computes with them
+            model.config.tie_word_embeddings = written.get("tie_word_embeddings", True)
         ids = torch.from_numpy(ref["encoder_input_tokens"].astype(np.int64))
         dec = torch.from_numpy(ref["decoder_input_tokens"].astype(np.int64))
         with torch.no_grad():
@@ -232,9 +237,13 @@ MAKE_REFERENCES = textwrap.dedent(
     common = dict(vocab_size=100, d_model=16, d_kv=4, d_ff=24, num_heads=4, relative_attention_num_buckets=8,
                   dropout_rate=0.0)
     umt5 = transformers.UMT5ForConditionalGeneration(transformers.UMT5Config(
-        num_layers=3, num_decoder_layers=2, feed_forward_proj="gated-gelu", **common))
-    # give it a head of its own (transformers 5 builds UMT5 tied; T5X's UMT5 is not)
+        num_layers=3, num_decoder_layers=2, feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common))
+    # give it a head of its own (transformers 5 builds UMT5 tied; T5X's UMT5 is not) and T5X's logits for it: no
+    # d_model**-0.5 rescale before an own head (5.0-5.23 read tie_word_embeddings, which they force to true; 5.24+
+    # read scale_decoder_outputs)
     umt5.lm_head.weight = torch.nn.Parameter(torch.randn(100, 16) * 0.5)
+    umt5.config.tie_word_embeddings = False
+    umt5.config.scale_decoder_outputs = False
     for block in list(umt5.encoder.block) + list(umt5.decoder.block):  # distinct per-layer biases
         torch.nn.init.normal_(block.layer[0].SelfAttention.relative_attention_bias.weight, std=1.0)
     save(umt5, "umt5")
