@@ -73,7 +73,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         (second.root / "authorized_keys").write_text(Path(f"{first.client_key}.pub").read_text())  # the user's one key
         cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  queued: true\n  spot: true\n") + RECOVER)
 
-        total = 600
+        total = 400  # enough for the sshd restart, the takeover and the preemption before the end (guards below)
         args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
                 "--set", "eval.every=1000", "--set", "eval.max_examples=16", "--set", "train.checkpoint_every=100"]
         out_a = tmp_path / "watcher-a.out"
