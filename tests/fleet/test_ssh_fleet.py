@@ -44,6 +44,30 @@ def test_unreachable_worker_is_retried_then_named(pod: SshdPod) -> None:
     fleet.close()
 
 
+def test_closing_calls_off_the_connection_tries_under_way(pod: SshdPod) -> None:
+    """The recovery watcher closes the fleet when the TPU API says the node is gone: a follower that was connecting
+    to the dead workers then must not wait out its 10 tries x 5 s (measured before: the watcher acted 45 s late)."""
+    import threading
+
+    fleet = SshFleet([Worker(index=0, address="127.0.1.250")],  # nothing listens there: refused at once, retried
+                     SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port, connect_attempts=10,
+                                 retry_delay_s=5.0, connect_timeout_s=2))
+    closer = threading.Timer(0.5, fleet.close)
+    closer.start()
+    started = time.monotonic()
+    with pytest.raises(SshConnectError, match=r"worker 0 \(127.0.1.250:\d+\): connecting was called off .* after 1 attempt"):
+        fleet.run(["true"])
+    assert time.monotonic() - started < 3.0
+    # a close calls off only what is under way: a fleet closed before it connects tries with its whole budget
+    quick = SshFleet(fleet.workers, SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port,
+                                                connect_attempts=2, retry_delay_s=0.3, connect_timeout_s=2))
+    quick.close()
+    started = time.monotonic()
+    with pytest.raises(SshConnectError, match="cannot connect over SSH after 2 attempts"):
+        quick.run(["true"])
+    assert time.monotonic() - started >= 0.3
+
+
 def test_wrong_key_is_refused_clearly(pod: SshdPod, tmp_path: Path) -> None:
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)

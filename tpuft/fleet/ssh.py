@@ -95,6 +95,9 @@ class SshFleet:
         self._fabric_config: Any = None
         self._pins: Any = None
         self._gateways: dict[str, tuple[Any, threading.Lock]] = {}
+        self._called_off = threading.Event()
+        """Set by :meth:`close` for the connection attempts under way then: a watcher that learned the node is gone
+        must not wait out ``connect_attempts`` x ``retry_delay_s`` of tries to it first."""
 
     # -- connections ---------------------------------------------------------------------------------------
     def _load_key(self, key_file: Path) -> Any:
@@ -291,7 +294,12 @@ class SshFleet:
         settings = self.settings
         last: Exception | None = None
         where = f"{worker.address}:{settings.port}"
+        with self._lock:
+            called_off = self._called_off
         for attempt in range(1, settings.connect_attempts + 1):
+            if called_off.is_set():
+                raise SshConnectError(f"worker {worker.index} ({where}): connecting was called off (the connections "
+                                      f"were closed) after {attempt - 1} attempt(s): {last}")
             connection = self._connection(worker)
             where = f"{connection.host}:{connection.port}"
             try:
@@ -330,7 +338,7 @@ class SshFleet:
                     ) from None
                 last = exc
                 if attempt < settings.connect_attempts:
-                    time.sleep(settings.retry_delay_s)
+                    called_off.wait(settings.retry_delay_s)
         raise SshConnectError(
             f"worker {worker.index} ({where}): cannot connect over SSH after "
             f"{settings.connect_attempts} attempts: {last}"
@@ -342,10 +350,13 @@ class SshFleet:
             list(pool.map(self._client, workers))
 
     def close(self) -> None:
+        """Close every connection, and call off the attempts to connect under way (later ones start afresh)."""
         with self._lock:
+            called_off, self._called_off = self._called_off, threading.Event()
             clients, self._clients = list(self._clients.values()), {}
             self._connections = {}
             gateways, self._gateways = [gateway for gateway, _ in self._gateways.values()], {}
+        called_off.set()
         for client in clients:
             client.close()
         for gateway in gateways:

@@ -249,6 +249,8 @@ def _attach(
     # While attached, a closed terminal (SIGHUP) ends the followers like Ctrl-C does, and is told apart from it.
     with _signals_seen((signal.SIGHUP,), interrupt=True) as hangup:
         while pending:
+            if gone:  # the watcher's answer came while waiting to re-attach: connecting again would only wait
+                return AttachOutcome(ended=False, lost=tuple(pending))
             # One fleet run per distinct argument list: the first round has one; a re-attach continues each worker
             # from the line after the last one it delivered.
             groups: dict[tuple[str, ...], list[int]] = {}
