@@ -3,8 +3,11 @@ through the machine-wide cache (~/.cache/tpuft/venvs), as they are for users."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +15,41 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The quick tests first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after them, each
+    group in its usual order; the venvs the slow ones need are built in the background meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
+_venv_builder: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    from tests.venvs import prebuild, wanted
+
+    slow = [item for item in session.items if item.get_closest_marker("slow") is not None]
+    if slow and len(slow) < len(session.items):  # only when quick tests can run beside the build
+        cache = getattr(session.config, "cache", None)
+        log = (cache.mkdir("tpuft-venvs") if cache is not None else Path(tempfile.gettempdir())) / "venv-prebuild.log"
+        child = prebuild(wanted(slow), log)
+        if child is not None:
+            _venv_builder.append((child, log))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A session that ends first (``-x``, Ctrl-C) stops the build: an unfinished venv is rebuilt next time."""
+    for child, _ in _venv_builder:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)  # pip included
+            child.wait(timeout=30)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for child, log in _venv_builder:
+        if child.returncode:
+            terminalreporter.write_line(f"backend venvs: the background build failed or was stopped; its log: {log}")
 
 
 @dataclass

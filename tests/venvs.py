@@ -3,6 +3,9 @@ cached-venv bootstrap (the same cache ``tpuft setup`` uses), so a test run after
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tpuft.backends.base import EnvSpec
@@ -58,6 +61,39 @@ def keras_python() -> str:
     return ensure(keras_spec())
 
 
+SPECS: dict[str, Callable[[], EnvSpec]] = {"torch_xla": torch_spec, "keras": keras_spec, "t5x": t5x_spec}
+FIXTURES = {"torch_python": "torch_xla", "keras_python": "keras", "t5x_python": "t5x"}
+"""The session fixtures that hand a test a backend's python; a test that gets a venv through ``tpuft setup``
+instead (the e2e quickstarts) says so with ``pytest.mark.backend_venvs(KIND, ...)``."""
+
+
+def wanted(items: Iterable[object]) -> list[str]:
+    """The backend venvs the tests ``items`` need (pytest items), in the order they first need them."""
+    kinds: list[str] = []
+    for item in items:
+        marker = item.get_closest_marker("backend_venvs")  # type: ignore[attr-defined]
+        found = [FIXTURES[name] for name in item.fixturenames if name in FIXTURES]  # type: ignore[attr-defined]
+        for kind in [*found, *(marker.args if marker else ())]:
+            if kind not in kinds:
+                kinds.append(kind)
+    return kinds
+
+
+def prebuild(kinds: list[str], log: Path) -> subprocess.Popen[bytes] | None:
+    """Build the venvs of ``kinds`` that this machine lacks in a child process, one after another, while the quick
+    tests run: on a new machine (CI) their downloads and installs (about 4 minutes here) then overlap with tests
+    instead of adding to them. A test that needs one waits on the build's lock (``bootstrap.ensure_venv``); one the
+    child failed to build, the test builds itself and shows the error."""
+    from tpuft.worker.bootstrap import is_ready
+
+    missing = [kind for kind in kinds if not is_ready(venv_cache() / SPECS[kind]().key)]
+    if not missing:
+        return None
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "tests.venvs", *missing], cwd=Path(__file__).resolve().parents[1],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...] = ()) -> Path:
     """A throwaway pure-Python wheel (``import <name>`` gives ``VALUE = 42``) written with zipfile, for tests of venv
     building that must not reach an index; ``requires`` become its Requires-Dist lines."""
@@ -84,3 +120,14 @@ def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...]
         for path, text in files.items():
             archive.writestr(path, text)
     return wheel
+
+
+if __name__ == "__main__":  # the child of :func:`prebuild`
+    failed = 0
+    for kind in sys.argv[1:]:
+        try:
+            print(f"{kind}: {ensure(SPECS[kind]())}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - the test that needs it builds it again and fails with the cause
+            print(f"{kind}: not built: {exc}", flush=True)
+            failed += 1
+    sys.exit(1 if failed else 0)

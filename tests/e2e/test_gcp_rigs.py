@@ -18,7 +18,8 @@ from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.paths import venv_cache
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
+pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla"),
+              pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
 
 
 def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulator,

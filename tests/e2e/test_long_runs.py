@@ -20,7 +20,7 @@ from tpuft import rundir
 from tpuft.backends.torch_xla import LAYOUT
 from tpuft.worker.supervisor import is_alive
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla")]
 
 SETTINGS = [
     "--set", "train.steps=48", "--set", "train.warmup_steps=4", "--set", "train.log_every=4",

@@ -19,7 +19,7 @@ import pytest
 from tpuft import rundir
 from tpuft.backends.torch_xla import LAYOUT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla")]
 
 
 @dataclass

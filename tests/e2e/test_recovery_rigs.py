@@ -26,7 +26,8 @@ from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
+pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla"),
+              pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
 
 RECOVER = "recover: {max_attempts: 2, backoff: 1s, poll: 2s}\n"
 

@@ -89,8 +89,8 @@ def test_the_run_dir_holds_what_tpuft_reads(quickstart: Finished, pod: Pod) -> N
 
 
 def test_a_killed_host_fails_the_run_fast_and_resume_continues(pod: Pod) -> None:
-    settings = [*SOURCE, "--set", "train.steps=150", "--set", "train.checkpoint_every=50", "--set", "train.log_every=10",
-                "--set", "eval.every=150", "--set", "eval.max_examples=40", "--set", "train.warmup_steps=10"]
+    settings = [*SOURCE, "--set", "train.steps=80", "--set", "train.checkpoint_every=20", "--set", "train.log_every=10",
+                "--set", "eval.every=80", "--set", "eval.max_examples=40", "--set", "train.warmup_steps=10"]
     started = pod.tpuft("train", "t5x_quickstart", "--detach", "--json", *settings)
     assert started.returncode == 0, started.stderr[-4000:]
     run = pod.runs / json.loads(started.stdout)["run_id"]
@@ -98,8 +98,8 @@ def test_a_killed_host_fails_the_run_fast_and_resume_continues(pod: Pod) -> None
     def step(worker: int) -> int:
         return int((rundir.read_json(rundir.heartbeat_path(run, worker)) or {}).get("step") or 0)
 
-    wait_until(lambda: 50 in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)) and step(1) >= 60, 600,
-               "the checkpoint at step 50 and step 60")
+    wait_until(lambda: 20 in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)) and step(1) >= 30, 600,
+               "the checkpoint at step 20 and step 30")
     record = json.loads((run / "attempts" / "1" / "worker-1.json").read_text())
     killed_at = time.monotonic()
     os.kill(record["trainer_pid"], signal.SIGKILL)
@@ -117,9 +117,9 @@ def test_a_killed_host_fails_the_run_fast_and_resume_continues(pod: Pod) -> None
     log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
     assert "resuming from checkpoint_" in log
     train_steps = [r["step"] for r in rows(run) if "loss" in r]
-    assert train_steps == list(range(10, 151, 10))  # rows after the checkpoint were dropped and logged anew
-    assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == 150
-    assert "TRAIN_STEPS = 150" in (run / "t5x" / "run.gin").read_text()
+    assert train_steps == list(range(10, 81, 10))  # rows after the checkpoint were dropped and logged anew
+    assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == 80
+    assert "TRAIN_STEPS = 80" in (run / "t5x" / "run.gin").read_text()
 
 
 def test_span_corruption_loss_falls(pod: Pod) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,46 +23,82 @@ SHORT = ["train.log_every=5", "eval.every=null", "eval.max_examples=64", "eval.b
 pytestmark = pytest.mark.slow
 
 
-def run(torch_python: str, tmp_path: Path, name: str, settings: list[str], probe: tuple[str, ...] = (),
+class Harness:
+    """One harness process in the backend's venv for the module's runs (``torch_harness.py --serve``): torch,
+    torch_xla and transformers are imported once, not once per run. A run that needs another environment (a device
+    count) gets a process of its own."""
+
+    def __init__(self, torch_python: str, folder: Path) -> None:
+        self.python, self.folder = torch_python, folder
+        self.log = folder / "harness.err"
+        self.proc = subprocess.Popen([torch_python, str(HARNESS), "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True, cwd=REPO,
+                                     env=harness_env(folder))
+
+    def ask(self, config: Path) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{config}\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("__TPUFT_HARNESS_DONE__ "):
+                out = json.loads(Path(line.split(" ", 1)[1].strip()).read_text())
+                assert not (isinstance(out, dict) and "error" in out), out["error"] + self.log.read_text()[-3000:]
+                return out
+        raise AssertionError(f"the harness ended (exit code {self.proc.wait()}): {self.log.read_text()[-6000:]}")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def harness_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2",
+            "TOKENIZERS_PARALLELISM": "false", **(extra or {})}
+
+
+@pytest.fixture(scope="module")
+def harness(torch_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    server = Harness(torch_python, tmp_path_factory.mktemp("torch-harness"))
+    yield server
+    server.close()
+
+
+def run(harness: Harness, tmp_path: Path, name: str, settings: list[str], probe: tuple[str, ...] = (),
         recipe: Path = QUICKSTART, env: dict[str, str] | None = None) -> dict[str, Any]:
     config = tmp_path / f"{name}.json"
     config.write_text(json.dumps({"recipe": str(recipe), "set": settings, "run_dir": str(tmp_path / name),
-                                  "probe": list(probe)}))
-    done = subprocess.run([torch_python, str(HARNESS), str(config)], capture_output=True, text=True, timeout=900,
-                          cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                         "TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+                                  "probe": list(probe), "result": str(tmp_path / f"{name}.out.json")}))
+    if env is None:
+        return harness.ask(config)
+    done = subprocess.run([harness.python, str(HARNESS), str(config)], capture_output=True, text=True, timeout=900,
+                          cwd=REPO, env=harness_env(tmp_path, env))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def compare(torch_python: str, a: str, b: str) -> list[dict[str, float]]:
+def compare(harness: Harness, a: str, b: str) -> list[dict[str, float]]:
     """Per saved state (a list of gradient dicts, or one weight dict): the largest difference between ``a`` and ``b``
     over every tensor, and the largest magnitude in ``a`` (computed in the venv: the controller has no torch)."""
-    script = ("import json, sys, torch\n"
-              "a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])\n"
-              "a, b = (a, b) if isinstance(a, list) else ([a], [b])\n"
-              "assert len(a) == len(b) and all(x.keys() == y.keys() for x, y in zip(a, b))\n"
-              "print(json.dumps([{'diff': max(float((x[k].double() - y[k].double()).abs().max()) for k in x),\n"
-              "                   'scale': max(float(x[k].double().abs().max()) for k in x)} for x, y in zip(a, b)]))")
-    done = subprocess.run([torch_python, "-c", script, a, b], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    config = Path(a).with_name(f"compare-{Path(a).stem}-{Path(b).parent.name}.json")
+    config.write_text(json.dumps({"compare": [a, b], "result": str(config.with_suffix(".out.json"))}))
+    return harness.ask(config)
 
 
-def test_one_accumulated_step_of_4x8_gives_the_update_of_one_step_of_32(torch_python: str, tmp_path: Path) -> None:
+def test_one_accumulated_step_of_4x8_gives_the_update_of_one_step_of_32(harness: Harness, tmp_path: Path) -> None:
     """Targets have 2 to 5 tokens, so the micro-batches' token counts differ: averaging per micro-batch would not
     give the big batch's gradient; summing over the step's tokens does."""
     base = [*SHORT, "train.steps=2", "train.batch_size=32", "train.max_grad_norm=null", "train.optimizer=adamw"]
-    one = run(torch_python, tmp_path, "one", [*base, "train.grad_accum_steps=1"], ("grads",))
-    four = run(torch_python, tmp_path, "four", [*base, "train.grad_accum_steps=4"], ("grads",))
-    steps = compare(torch_python, one["grads"], four["grads"])
+    one = run(harness, tmp_path, "one", [*base, "train.grad_accum_steps=1"], ("grads",))
+    four = run(harness, tmp_path, "four", [*base, "train.grad_accum_steps=4"], ("grads",))
+    steps = compare(harness, one["grads"], four["grads"])
     assert len(steps) == 2 and all(step["diff"] <= 1e-5 * step["scale"] for step in steps)
-    (weights,) = compare(torch_python, one["final"], four["final"])
+    (weights,) = compare(harness, one["final"], four["final"])
     assert weights["diff"] <= 1e-4  # AdamW's first steps normalise each gradient element: lr 1e-3 per step
 
 
-def test_frozen_parts_stay_bit_identical_and_the_rest_trains(torch_python: str, tmp_path: Path) -> None:
-    got = run(torch_python, tmp_path, "frozen", [*SHORT, "train.steps=10", "model.freeze=[encoder,embeddings]",
+def test_frozen_parts_stay_bit_identical_and_the_rest_trains(harness: Harness, tmp_path: Path) -> None:
+    got = run(harness, tmp_path, "frozen", [*SHORT, "train.steps=10", "model.freeze=[encoder,embeddings]",
                                                  "train.weight_decay=0.1"])
     aliases = ("decoder.embed_tokens.", "lm_head.")  # the state dict's other names of the shared embedding
     assert set(got["unchanged"]) >= {"shared.weight", "encoder.final_layer_norm.weight"}
@@ -70,12 +107,12 @@ def test_frozen_parts_stay_bit_identical_and_the_rest_trains(torch_python: str, 
     assert got["changed"] and all(n.startswith("decoder.") and not n.startswith(aliases) for n in got["changed"])
 
 
-def test_prompt_tuning_trains_only_the_prompt_and_learns_a_tiny_task(torch_python: str, tmp_path: Path) -> None:
+def test_prompt_tuning_trains_only_the_prompt_and_learns_a_tiny_task(harness: Harness, tmp_path: Path) -> None:
     """The model is a frozen random T5; the task is a constant answer, which a prompt alone can learn. The export
     has the prompt beside the HF dir, and the generated samples use it."""
     data = tmp_path / "constant.jsonl"
     data.write_text("".join(json.dumps({"words": f"input number {i}", "digits": "42"}) + "\n" for i in range(256)))
-    got = run(torch_python, tmp_path, "prompt", [
+    got = run(harness, tmp_path, "prompt", [
         "train.log_every=10", "eval.every=null", "train.steps=120", "train.batch_size=16", "train.optimizer=adamw",
         "train.learning_rate=0.3", "train.warmup_steps=0", f"data.train={data}", f"data.eval={data}",
         "eval.max_examples=32", "model.prompt_tuning.tokens=8", "model.prompt_tuning.init=vocab"])
@@ -86,24 +123,24 @@ def test_prompt_tuning_trains_only_the_prompt_and_learns_a_tiny_task(torch_pytho
     assert (export / "prompt.safetensors").is_file() and (export / "hf" / "config.json").is_file()
 
 
-def test_bf16_computes_in_bfloat16_and_still_learns(torch_python: str, tmp_path: Path) -> None:
-    got = run(torch_python, tmp_path, "bf16", [*SHORT, "train.steps=60", "train.precision=bf16"], ("logits_dtype",))
+def test_bf16_computes_in_bfloat16_and_still_learns(harness: Harness, tmp_path: Path) -> None:
+    got = run(harness, tmp_path, "bf16", [*SHORT, "train.steps=60", "train.precision=bf16"], ("logits_dtype",))
     assert got["logits_dtype"] == "torch.bfloat16"
     rows = [json.loads(line) for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert losses[-1] < 0.7 * losses[0]
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(torch_python: str, tmp_path: Path) -> None:
+def test_gradient_checkpointing_gives_the_same_gradients(harness: Harness, tmp_path: Path) -> None:
     base = [*SHORT, "train.steps=1", "train.max_grad_norm=null", "model.dropout=0.0"]
-    plain = run(torch_python, tmp_path, "plain", base, ("grads",))
-    recomputed = run(torch_python, tmp_path, "ckpt", [*base, "model.gradient_checkpointing=true"], ("grads",))
-    (step,) = compare(torch_python, plain["grads"], recomputed["grads"])
+    plain = run(harness, tmp_path, "plain", base, ("grads",))
+    recomputed = run(harness, tmp_path, "ckpt", [*base, "model.gradient_checkpointing=true"], ("grads",))
+    (step,) = compare(harness, plain["grads"], recomputed["grads"])
     assert step["diff"] <= 1e-6 * step["scale"]
 
 
-def test_adafactor_gets_every_knob_and_norms_and_biases_get_no_decay(torch_python: str, tmp_path: Path) -> None:
-    got = run(torch_python, tmp_path, "adafactor", [
+def test_adafactor_gets_every_knob_and_norms_and_biases_get_no_decay(harness: Harness, tmp_path: Path) -> None:
+    got = run(harness, tmp_path, "adafactor", [
         *SHORT, "train.steps=2", "train.optimizer=adafactor", "train.learning_rate=1e-4", "train.weight_decay=0.01",
         "train.adafactor.eps=[1e-30,1e-3]", "train.adafactor.clip_threshold=1.0", "train.adafactor.decay_rate=-0.8",
         "train.adafactor.beta1=0.9"], ("optimizer",))
@@ -121,10 +158,10 @@ def test_adafactor_gets_every_knob_and_norms_and_biases_get_no_decay(torch_pytho
     assert "encoder.block.0.layer.0.SelfAttention.q.weight" not in no_decay
 
 
-def test_early_stopping_and_keep_best_on_the_real_trainer(torch_python: str, tmp_path: Path) -> None:
+def test_early_stopping_and_keep_best_on_the_real_trainer(harness: Harness, tmp_path: Path) -> None:
     """An improvement must beat the best by 0.5 exact match: the second evaluation cannot, so training stops there
     (step 20) and the export is the first evaluation's checkpoint, kept besides the last one."""
-    got = run(torch_python, tmp_path, "early", [
+    got = run(harness, tmp_path, "early", [
         "train.log_every=5", "eval.every=10", "eval.max_examples=32", "train.steps=100", "train.checkpoint_every=1000",
         "train.keep_checkpoints=1", "train.keep_best=true", "train.early_stopping.patience=1",
         "train.early_stopping.min_delta=0.5"])
@@ -138,8 +175,8 @@ def test_early_stopping_and_keep_best_on_the_real_trainer(torch_python: str, tmp
     assert beats["status"] == "finished" and beats["stopped_early"] == got["stopped_early"]
 
 
-def test_greedy_decodes_on_the_device_match_generate_and_score_bleu(torch_python: str, tmp_path: Path) -> None:
-    got = run(torch_python, tmp_path, "decode", [
+def test_greedy_decodes_on_the_device_match_generate_and_score_bleu(harness: Harness, tmp_path: Path) -> None:
+    got = run(harness, tmp_path, "decode", [
         "train.log_every=50", "eval.every=null", "train.steps=150", "eval.max_examples=48", "eval.metric=bleu",
         "eval.generate_examples=24", "eval.batch_size=16"], ("decodes",))
     decodes = got["decodes"]
@@ -152,18 +189,18 @@ def test_greedy_decodes_on_the_device_match_generate_and_score_bleu(torch_python
     assert got["best"]["metric"] == "eval_bleu"
 
 
-def test_fsdp_over_a_two_device_mesh_shards_the_weights_and_matches_data_parallel(torch_python: str,
+def test_fsdp_over_a_two_device_mesh_shards_the_weights_and_matches_data_parallel(harness: Harness,
                                                                                    tmp_path: Path) -> None:
     """The SPMD code path on two PJRT CPU devices in one process: large matrices split on the fsdp axis, norms whole,
     the batch split over the devices, and the same two steps as the unsharded run."""
     base = [*SHORT, "train.steps=2", "train.max_grad_norm=null", "train.optimizer=adamw"]
-    plain = run(torch_python, tmp_path, "replicated", base)
-    sharded = run(torch_python, tmp_path, "fsdp", [*base, "train.sharding=fsdp"], ("sharding",),
+    plain = run(harness, tmp_path, "replicated", base)
+    sharded = run(harness, tmp_path, "fsdp", [*base, "train.sharding=fsdp"], ("sharding",),
                   env={"CPU_NUM_DEVICES": "2"})
     assert sharded["mesh_devices"] == 2
     specs = sharded["sharding"]
     assert specs["shared.weight"].startswith("{devices=[2,1]")  # 384 x 128: the vocabulary split
     assert specs["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"].startswith("{devices=[2,1]")  # 256 x 128
     assert specs["encoder.block.0.layer.0.layer_norm.weight"] in ("", "{replicated}")
-    (weights,) = compare(torch_python, plain["final"], sharded["final"])
+    (weights,) = compare(harness, plain["final"], sharded["final"])
     assert weights["diff"] <= 1e-4

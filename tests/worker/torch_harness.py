@@ -2,6 +2,9 @@
 
 Executed in the backend's venv by ``tests/worker/test_torch_features.py``: ``python torch_harness.py CONFIG.json``
 prints one JSON line. CONFIG: {"recipe": path, "set": [overrides], "run_dir": path, "probe": [what to report]}.
+``python torch_harness.py --serve`` takes CONFIG paths on stdin, one per line, runs each in this one process (the
+imports and XLA's in-memory compilations are paid once for the module's tests), writes the JSON to CONFIG's "result"
+path and prints ``DONE PATH``. A CONFIG {"compare": [a, b], "result": path} compares two saved states instead.
 The trainer is the real one (``Trainer.setup/train/finish``); the harness only looks at it between the phases:
 the weights before training, the gradients each optimizer step received, logits under autocast, decodes."""
 
@@ -13,8 +16,42 @@ import sys
 from pathlib import Path
 
 
+DONE = "__TPUFT_HARNESS_DONE__"
+
+
 def main() -> None:
-    cfg = json.loads(Path(sys.argv[1]).read_text())
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
+    print(json.dumps(harness(json.loads(Path(sys.argv[1]).read_text()))))
+
+
+def serve() -> None:
+    import traceback
+
+    for line in sys.stdin:
+        cfg = json.loads(Path(line.strip()).read_text())
+        try:
+            out = compare(*cfg["compare"]) if "compare" in cfg else harness(cfg)
+        except BaseException:  # noqa: BLE001 - reported to the test, which fails with it
+            out = {"error": traceback.format_exc()}
+        Path(cfg["result"]).write_text(json.dumps(out))
+        print(f"{DONE} {cfg['result']}", flush=True)
+
+
+def compare(a: str, b: str) -> list[dict[str, float]]:
+    """Per saved state (a list of gradient dicts, or one weight dict): the largest difference between ``a`` and ``b``
+    over every tensor, and the largest magnitude in ``a``."""
+    import torch
+
+    x, y = torch.load(a), torch.load(b)
+    x, y = (x, y) if isinstance(x, list) else ([x], [y])
+    assert len(x) == len(y) and all(p.keys() == q.keys() for p, q in zip(x, y))
+    return [{"diff": max(float((p[k].double() - q[k].double()).abs().max()) for k in p),
+             "scale": max(float(p[k].double().abs().max()) for k in p)} for p, q in zip(x, y)]
+
+
+def harness(cfg: dict) -> dict:
     run_dir = Path(cfg["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.update({"TPUFT_RUN_ID": run_dir.name, "TPUFT_RUN_DIR": str(run_dir), "TPUFT_WORKER_ID": "0",
@@ -87,7 +124,7 @@ def main() -> None:
             ids = host.generate(**enc, max_new_tokens=recipe.data.max_target_length, do_sample=False, num_beams=1)
         out["decodes"] = {"ours": ours, "generate": trainer.tokenizer.batch_decode(ids, skip_special_tokens=True),
                           "targets": [e.target for e in examples]}
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
