@@ -186,8 +186,37 @@ def test_proxycommand_reaches_the_workers_with_their_pinned_keys(pod: SshdPod, b
     assert sorted(bastion.forwarded()[forwarded:]) == [(a, pod.port) for a in pod.addresses]
     wrong = SshSettings(pod.user, pod.client_key, pod.port, ssh_config=config, connect_attempts=1,
                         known_hosts=pinned(pod, tmp_path / "wrong_known_hosts", {0: other_public_key(tmp_path)}))
+    refused = SshFleet(workers_of(pod), wrong)
     with pytest.raises(SshConnectError, match=r"worker 0 .* presented a ssh-ed25519 host key"):
-        SshFleet(workers_of(pod), wrong).run(["true"])
+        refused.run(["true"])
+    refused.close()
+
+
+def test_a_proxycommand_that_exits_ends_its_connection(pod: SshdPod, bastion: Bastion, tmp_path: Path) -> None:
+    """The bastion goes away (here: the ``ssh -W`` processes die): each connection sees its end, as over a socket.
+    paramiko's own ProxyCommand read the ended pipe in a loop, so each transport's thread spun a core for good and
+    the connection never counted as dropped (a watcher would not re-attach; CI ran 30% slower beside such threads)."""
+    bastion_known = tmp_path / "bastion_known_hosts"
+    bastion_known.write_text(bastion.known_hosts_line())
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host 127.0.1.1? 127.0.1.2?\n"
+        f"  ProxyCommand ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile={bastion_known} -i {bastion.client_key} "
+        f"-p {bastion.port} {bastion.user}@{bastion.address} -W %h:%p\n"
+    )
+    fleet = SshFleet(workers_of(pod), SshSettings(pod.user, pod.client_key, pod.port, connect_attempts=1,
+                                                  known_hosts=pinned(pod, tmp_path / "known_hosts"), ssh_config=config))
+    try:
+        fleet.connect_all(workers_of(pod))
+        transports = [client.get_transport() for client in fleet._clients.values()]
+        assert len(transports) == WORKERS and all(t.is_active() for t in transports)
+        for transport in transports:
+            transport.sock.process.kill()  # the command's end, not a close from this side
+        for transport in transports:
+            transport.join(timeout=10)
+            assert not transport.is_alive() and not transport.is_active()
+    finally:
+        fleet.close()
 
 
 def test_an_unknown_bastion_is_refused_like_ssh_does(pod: SshdPod, bastion: Bastion, tmp_path: Path) -> None:

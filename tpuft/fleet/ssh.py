@@ -231,7 +231,8 @@ class SshFleet:
         if isinstance(connection.gateway, fabric.Connection):
             connection.gateway = self._shared_gateway(connection)
         elif isinstance(connection.gateway, str):  # ProxyCommand, its %p/%r expanded as for this connection
-            connection.gateway = says.get("proxycommand", connection.gateway)
+            command = connection.gateway = says.get("proxycommand", connection.gateway)
+            connection.open_gateway = lambda: _proxy_command_class()(command)  # not paramiko's: see there
         return connection
 
     def _shared_gateway(self, connection: Any) -> Any:
@@ -475,6 +476,45 @@ def _worker_ssh_config_class() -> Any:
             return super()._tokenize(config, target_hostname, key, value)
 
     return WorkerSshConfig
+
+
+def _proxy_command_class() -> Any:
+    """paramiko's ProxyCommand, except that the end of the command's output ends the connection. paramiko's ``recv``
+    loops while ``select`` says the pipe is readable and ``read`` returns nothing, which is what a pipe does once the
+    command has exited (the bastion went away, ``ssh -W`` died): the transport's thread then spins a core for good
+    and never sees the connection drop, so nothing reconnects. Here EOF returns what was read (``b""`` at the end),
+    which paramiko takes, as from a socket, for a closed connection."""
+    import select
+    import socket
+
+    import paramiko
+
+    class EofProxyCommand(paramiko.ProxyCommand):  # type: ignore[misc]
+        def recv(self, size: int) -> bytes:
+            buffer = b""
+            started = time.time()
+            try:
+                while len(buffer) < size:
+                    wait = None
+                    if self.timeout is not None:
+                        wait = self.timeout - (time.time() - started)
+                        if wait <= 0:
+                            raise socket.timeout()
+                    readable, _, _ = select.select([self.process.stdout], [], [], wait)
+                    if readable:
+                        chunk = os.read(self.process.stdout.fileno(), size - len(buffer))
+                        if not chunk:  # EOF: the command has exited
+                            return buffer
+                        buffer += chunk
+                return buffer
+            except socket.timeout:
+                if buffer:
+                    return buffer
+                raise
+            except OSError as exc:
+                raise paramiko.ProxyCommandFailure(" ".join(self.cmd), exc.strerror) from None
+
+    return EofProxyCommand
 
 
 def _prepare_bastion(hop: Any) -> None:
