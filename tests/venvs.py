@@ -82,16 +82,19 @@ def wanted(items: Iterable[object]) -> list[str]:
 def prebuild(kinds: list[str], log: Path) -> subprocess.Popen[bytes] | None:
     """Build the venvs of ``kinds`` that this machine lacks in a child process, one after another, while the quick
     tests run: on a new machine (CI) their downloads and installs (about 4 minutes here) then overlap with tests
-    instead of adding to them. A test that needs one waits on the build's lock (``bootstrap.ensure_venv``); one the
-    child failed to build, the test builds itself and shows the error."""
+    instead of adding to them. The child runs at the lowest CPU priority: the quick tests leave most of 2 cores idle
+    (they wait on processes and sockets), and the build takes only that; at the same priority pip's unpacking and
+    byte-compiling slowed them down by more than the build took. A test that needs one waits on the build's lock
+    (``bootstrap.ensure_venv``); one the child failed to build, the test builds itself and shows the error."""
     from tpuft.worker.bootstrap import is_ready
 
     missing = [kind for kind in kinds if not is_ready(venv_cache() / SPECS[kind]().key)]
     if not missing:
         return None
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "tests.venvs", *missing], cwd=Path(__file__).resolve().parents[1],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.venvs", *missing],
+                                cwd=Path(__file__).resolve().parents[1], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...] = ()) -> Path:
