@@ -165,9 +165,8 @@ def test_proxyjump_reaches_every_worker_through_one_bastion_connection(
     assert bastion.logins() == logins + 1
 
 
-def test_proxycommand_reaches_the_workers_with_their_pinned_keys(pod: SshdPod, bastion: Bastion, tmp_path: Path) -> None:
-    """The older way through a bastion, ``ProxyCommand ssh -W %h:%p``: each worker's connection runs over that
-    command's stdin/stdout, and the worker's key is still checked against the pins (a wrong pin is refused)."""
+def proxycommand_config(bastion: Bastion, tmp_path: Path) -> Path:
+    """An ssh_config that reaches the pod's workers through ``ProxyCommand ssh -W %h:%p`` on the bastion."""
     bastion_known = tmp_path / "bastion_known_hosts"
     bastion_known.write_text(bastion.known_hosts_line())
     config = tmp_path / "ssh_config"
@@ -176,6 +175,13 @@ def test_proxycommand_reaches_the_workers_with_their_pinned_keys(pod: SshdPod, b
         f"  ProxyCommand ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile={bastion_known} -i {bastion.client_key} "
         f"-p {bastion.port} {bastion.user}@{bastion.address} -W %h:%p\n"
     )
+    return config
+
+
+def test_proxycommand_reaches_the_workers_with_their_pinned_keys(pod: SshdPod, bastion: Bastion, tmp_path: Path) -> None:
+    """The older way through a bastion, ``ProxyCommand ssh -W %h:%p``: each worker's connection runs over that
+    command's stdin/stdout, and the worker's key is still checked against the pins (a wrong pin is refused)."""
+    config = proxycommand_config(bastion, tmp_path)
     settings = SshSettings(pod.user, pod.client_key, pod.port, known_hosts=pinned(pod, tmp_path / "known_hosts"),
                            ssh_config=config, connect_attempts=1)
     forwarded = len(bastion.forwarded())
@@ -196,14 +202,7 @@ def test_a_proxycommand_that_exits_ends_its_connection(pod: SshdPod, bastion: Ba
     """The bastion goes away (here: the ``ssh -W`` processes die): each connection sees its end, as over a socket.
     paramiko's own ProxyCommand read the ended pipe in a loop, so each transport's thread spun a core for good and
     the connection never counted as dropped (a watcher would not re-attach; CI ran 30% slower beside such threads)."""
-    bastion_known = tmp_path / "bastion_known_hosts"
-    bastion_known.write_text(bastion.known_hosts_line())
-    config = tmp_path / "ssh_config"
-    config.write_text(
-        "Host 127.0.1.1? 127.0.1.2?\n"
-        f"  ProxyCommand ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile={bastion_known} -i {bastion.client_key} "
-        f"-p {bastion.port} {bastion.user}@{bastion.address} -W %h:%p\n"
-    )
+    config = proxycommand_config(bastion, tmp_path)
     fleet = SshFleet(workers_of(pod), SshSettings(pod.user, pod.client_key, pod.port, connect_attempts=1,
                                                   known_hosts=pinned(pod, tmp_path / "known_hosts"), ssh_config=config))
     try:
