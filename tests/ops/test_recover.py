@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import tpuft.providers.gcp as gcp_module
+import tpuft.providers.gcp.tuning as gcp_module
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft.config import ClusterConfig, load_cluster

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import tpuft.providers.gcp as gcp_module
+import tpuft.providers.gcp.tuning as gcp_module
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available

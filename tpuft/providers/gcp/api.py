@@ -1,0 +1,147 @@
+"""One cluster's conversation with the Cloud TPU API: the client, its retries and errors, and the resource names.
+
+Every call goes through ``TpuApi.call``: transient errors (UNAVAILABLE, 429, 500) are retried with backoff, the
+others become one line naming the project, zone and call, with the likely fix. The client is built lazily (the CLI
+never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or ``$TPUFT_TPU_API_ENDPOINT``) points it
+at a private endpoint; anonymous credentials are used only for a loopback ``http://`` endpoint, which is how the
+tests talk to a fake TPU API server.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tpuft.errors import TpuftError
+from tpuft.providers.gcp import tuning
+from tpuft.records import Progress
+
+T = TypeVar("T")
+
+_HINTS = {
+    "NotFound": "check gcp.project and gcp.zone (and that the TPU API is enabled: gcloud services enable tpu.googleapis.com)",
+    "PermissionDenied": "your account needs roles/tpu.admin in the project (gcloud auth application-default login?)",
+    "Forbidden": "your account needs roles/tpu.admin in the project (gcloud auth application-default login?)",
+    "ResourceExhausted": "no quota or no capacity for this shape here: try another zone, spot, or gcp.queued: true",
+    "TooManyRequests": "the API is rate-limiting this project: wait a minute and try again",
+    "InvalidArgument": "the API refused the request: check the accelerator type, runtime version and zone",
+    "BadRequest": "the API refused the request: check the accelerator type, runtime version and zone",
+    "Unauthenticated": "no valid credentials: run gcloud auth application-default login",
+    "FailedPrecondition": "the resource is in a state that does not allow this call",
+    "AlreadyExists": "a resource with this name exists already",
+    "Conflict": "a resource with this name exists already (or is being changed): see tpuft status",
+}
+
+
+class GcpError(TpuftError):
+    pass
+
+
+def _loopback_http(endpoint: str) -> bool:
+    return endpoint.startswith(("http://127.", "http://localhost", "http://[::1]"))
+
+
+class TpuApi:
+    """The API as one cluster sees it: ``name`` in ``project``/``zone``, as ``slices`` nodes (one node unless
+    multislice, then ``name-0``, ``name-1``, ...), possibly behind a queued resource of the same name."""
+
+    def __init__(self, project: str, zone: str, name: str, slices: int, endpoint: str | None) -> None:
+        self.project = project
+        self.zone = zone
+        self.name = name
+        self.slices = slices
+        self.parent = f"projects/{project}/locations/{zone}"
+        self._configured_endpoint = endpoint
+        self._client: Any = None
+
+    # -- names ---------------------------------------------------------------------------------------------
+    def node_ids(self) -> list[str]:
+        if self.slices > 1:
+            return [f"{self.name}-{i}" for i in range(self.slices)]
+        return [self.name]
+
+    def node_path(self, node_id: str) -> str:
+        return f"{self.parent}/nodes/{node_id}"
+
+    def queued_path(self) -> str:
+        return f"{self.parent}/queuedResources/{self.name}"
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str | None:
+        return self._configured_endpoint or os.environ.get("TPUFT_TPU_API_ENDPOINT") or None
+
+    def client(self) -> Any:
+        if self._client is None:
+            from google.cloud import tpu_v2
+
+            options: dict[str, Any] = {}
+            credentials = None
+            if self.endpoint:
+                options["client_options"] = {"api_endpoint": self.endpoint}
+                if _loopback_http(self.endpoint):
+                    from google.auth.credentials import AnonymousCredentials
+
+                    credentials = AnonymousCredentials()
+            try:
+                self._client = tpu_v2.TpuClient(transport="rest", credentials=credentials, **options)
+            except Exception as exc:  # google.auth.exceptions.DefaultCredentialsError and friends
+                raise GcpError(
+                    f"cannot create the Cloud TPU client: {exc}",
+                    hint="Log in with: gcloud auth application-default login",
+                ) from None
+        return self._client
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any, missing_ok: bool = False, **kwargs: Any) -> T:
+        """One API call with retries for transient errors and a clear message for the rest.
+        With ``missing_ok``, NotFound is raised as it is, for callers to which absence is an answer."""
+        import requests
+        from google.api_core import exceptions as gexc
+
+        transient = (gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, gexc.GatewayTimeout)
+        for attempt in range(6):
+            try:
+                return fn(*args, **kwargs)
+            except gexc.NotFound as exc:
+                if missing_ok:
+                    raise
+                raise self.explain(what, exc) from None
+            except transient as exc:
+                if attempt == 5:
+                    raise self.explain(f"{what} (after {attempt + 1} tries)", exc) from None
+                time.sleep(min(tuning.RETRY_BASE_S * 2**attempt, 30.0))
+            except gexc.GoogleAPICallError as exc:
+                raise self.explain(what, exc) from None
+            except requests.exceptions.ConnectionError as exc:
+                if attempt == 5:
+                    raise GcpError(
+                        f"{what}: cannot reach the Cloud TPU API at {self.endpoint or 'tpu.googleapis.com'}: {exc}"
+                    ) from None
+                time.sleep(min(tuning.RETRY_BASE_S * 2**attempt, 30.0))
+        raise AssertionError("unreachable")
+
+    def explain(self, what: str, exc: Exception) -> GcpError:
+        kind = type(exc).__name__
+        message = getattr(exc, "message", None) or str(exc)
+        hint = _HINTS.get(kind, "")
+        error = GcpError(f"{what} in project {self.project}, zone {self.zone} failed: {kind}: {message}", hint=hint or None)
+        error.kind = kind  # type: ignore[attr-defined]
+        return error
+
+    def wait_operation(self, what: str, operation: Any, progress: Progress | None, watch: Callable[[], str] | None) -> Any:
+        """Poll a long-running operation, telling ``progress`` the resource's state while it runs."""
+        from google.api_core import exceptions as gexc
+
+        deadline = time.monotonic() + tuning.CREATE_TIMEOUT_S
+        while not self.call(f"{what} (polling)", operation.done):
+            if progress and watch:
+                progress(watch())
+            if time.monotonic() > deadline:
+                raise GcpError(f"{what}: still not done after {tuning.CREATE_TIMEOUT_S:.0f}s", hint="See: tpuft status")
+            time.sleep(tuning.POLL_SECONDS)
+        try:
+            return operation.result(timeout=60)
+        except gexc.GoogleAPICallError as exc:
+            raise self.explain(what, exc) from None

@@ -1,0 +1,225 @@
+"""TPU VM nodes and queued resources: what to ask for, creating, reading and deleting them.
+
+The node's ``network_endpoints`` are the workers, in order (index i is ``--worker i``). The API's own state words
+(READY, CREATING, PREEMPTED, ...; ACCEPTED, PROVISIONING, ACTIVE, FAILED, SUSPENDED for queued resources) are passed
+through.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from tpuft.accelerators import AcceleratorType
+from tpuft.config import parse_duration
+from tpuft.providers.gcp import tuning
+from tpuft.providers.gcp.api import GcpError, TpuApi
+from tpuft.records import Cluster, Progress, State, Worker
+
+if TYPE_CHECKING:
+    from tpuft.config import GcpConfig
+
+BAD_STATES = {"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "REPAIRING", "HIDING", "HIDDEN", "UNHIDING"}
+QUEUED_FAILED = {"FAILED", "SUSPENDED", "SUSPENDING"}
+
+
+class TpuNodes:
+    """The cluster's node(s) as the cluster file describes them (``gcp``) and as the API has them."""
+
+    def __init__(self, api: TpuApi, gcp: GcpConfig, accelerator: AcceleratorType) -> None:
+        self.api = api
+        self.gcp = gcp
+        self.accelerator = accelerator
+
+    # -- the node spec ---------------------------------------------------------------------------------------
+    def node_spec(self) -> Any:
+        from google.cloud import tpu_v2
+
+        gcp = self.gcp
+        node = tpu_v2.Node(
+            runtime_version=gcp.runtime_version or self.accelerator.default_runtime,
+            labels={"created-by": "tpuft", **gcp.labels},
+            metadata=dict(gcp.metadata),
+            network_config=tpu_v2.NetworkConfig(
+                network=gcp.network or "",
+                subnetwork=gcp.subnetwork or "",
+                enable_external_ips=not gcp.internal_ip,
+            ),
+            scheduling_config=tpu_v2.SchedulingConfig(preemptible=gcp.preemptible, spot=gcp.spot, reserved=gcp.reserved),
+        )
+        if gcp.topology:
+            generation = self.accelerator.generation.name
+            type_name = {"v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}.get(generation, generation.upper())
+            node.accelerator_config = tpu_v2.AcceleratorConfig(type_=type_name, topology=gcp.topology)
+        else:
+            node.accelerator_type = self.accelerator.name
+        if gcp.service_account:
+            node.service_account = tpu_v2.ServiceAccount(email=gcp.service_account, scope=list(gcp.scopes))
+        return node
+
+    @staticmethod
+    def shape_of(node: Any) -> str:
+        if node.accelerator_type:
+            return str(node.accelerator_type)
+        config = node.accelerator_config
+        return f"{config.type_.name if hasattr(config.type_, 'name') else config.type_}:{config.topology}"
+
+    def wanted_shape(self) -> str:
+        return self.shape_of(self.node_spec())
+
+    # -- creating --------------------------------------------------------------------------------------------
+    def create_node(self, progress: Progress | None) -> None:
+        api = self.api
+        node_id = api.name
+        operation = api.call("creating TPU node", api.client().create_node, parent=api.parent, node_id=node_id, node=self.node_spec())
+        api.wait_operation(f"creating TPU node {node_id}", operation, progress, lambda: f"{node_id}: {self.node_state(node_id)}")
+
+    def create_queued(self, progress: Progress | None) -> None:
+        from google.cloud import tpu_v2
+        from google.protobuf import duration_pb2, timestamp_pb2
+
+        api, gcp = self.api, self.gcp
+        QR = tpu_v2.QueuedResource
+        spec = QR.Tpu.NodeSpec(parent=api.parent, node=self.node_spec())
+        if gcp.slices > 1:
+            spec.multislice_params = QR.Tpu.NodeSpec.MultisliceParams(node_count=gcp.slices, node_id_prefix=api.name)
+        else:
+            spec.node_id = api.name
+        resource = QR(tpu=QR.Tpu(node_spec=[spec]))
+        if gcp.spot:
+            resource.spot = QR.Spot()
+        else:
+            resource.guaranteed = QR.Guaranteed()  # reserved capacity: node scheduling_config + reservation_name
+        if gcp.reservation:
+            resource.reservation_name = gcp.reservation
+        if gcp.valid_until:
+            seconds = parse_duration(gcp.valid_until)
+            if seconds is not None:
+                resource.queueing_policy = QR.QueueingPolicy(valid_until_duration=duration_pb2.Duration(seconds=seconds))
+            else:
+                stamp = timestamp_pb2.Timestamp()
+                stamp.FromJsonString(gcp.valid_until)
+                resource.queueing_policy = QR.QueueingPolicy(valid_until_time=stamp)
+        operation = api.call(
+            "creating queued resource",
+            api.client().create_queued_resource,
+            parent=api.parent,
+            queued_resource_id=api.name,
+            queued_resource=resource,
+        )
+        api.wait_operation(f"creating queued resource {api.name}", operation, None, None)
+        deadline = time.monotonic() + tuning.CREATE_TIMEOUT_S * 24
+        while True:
+            state, problem = self.queued_state()
+            if progress:
+                progress(f"queued resource {api.name}: {state}")
+            if state == "ACTIVE":
+                return
+            if state in QUEUED_FAILED:
+                raise GcpError(
+                    f"queued resource {api.name} is {state}: {problem or 'no reason given'}",
+                    hint="Delete it (tpuft delete --yes) so it stops holding quota, then retry or change zone/shape.",
+                )
+            if time.monotonic() > deadline:
+                raise GcpError(f"queued resource {api.name} still {state}", hint="See: tpuft status")
+            time.sleep(tuning.POLL_SECONDS)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def queued_state(self) -> tuple[str, str]:
+        api = self.api
+        resource = api.call("reading queued resource", api.client().get_queued_resource, name=api.queued_path(), missing_ok=True)
+        state = resource.state.state.name
+        problem = ""
+        if state == "FAILED":
+            problem = resource.state.failed_data.error.message
+        return state, problem
+
+    def node_state(self, node_id: str) -> str:
+        from google.api_core import exceptions as gexc
+
+        api = self.api
+        try:
+            return api.call("reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True).state.name
+        except gexc.NotFound:
+            return "REQUESTED"
+        except GcpError as exc:
+            return f"unknown ({getattr(exc, 'kind', 'error')})"
+
+    def describe(self, provider: str, accelerator: str, bucket: str) -> tuple[Cluster, list[list[Any]] | None]:
+        """The cluster as the API has it, and (when any node exists) [node id, the API's ``id``, worker count] per
+        slice, which is what tells a recreated node from the one seen before."""
+        from google.api_core import exceptions as gexc
+
+        api = self.api
+        queued_state = ""
+        queued_problem = ""
+        if self.gcp.queued:
+            try:
+                queued_state, queued_problem = self.queued_state()
+            except gexc.NotFound:
+                pass
+        nodes = []
+        found_ids = []
+        for node_id in api.node_ids():
+            try:
+                nodes.append(api.call("reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True))
+                found_ids.append(node_id)
+            except gexc.NotFound:
+                continue
+        details: dict[str, str] = {"project": api.project, "zone": api.zone}
+        if queued_state:
+            details["queued_resource"] = queued_state
+            if queued_problem:
+                details["problem"] = queued_problem
+        if not nodes:
+            state = queued_state or State.NOT_FOUND
+            return Cluster(api.name, provider, state, accelerator, [], bucket, details), None
+        workers: list[Worker] = []
+        states = []
+        for node in nodes:
+            states.append(node.state.name)
+            for endpoint in node.network_endpoints:
+                external = endpoint.access_config.external_ip if endpoint.access_config else ""
+                address = endpoint.ip_address if self.gcp.internal_ip or not external else external
+                workers.append(Worker(index=len(workers), address=address, internal_address=endpoint.ip_address))
+        details["shape"] = self.shape_of(nodes[0])
+        details["health"] = ", ".join(sorted({n.health.name for n in nodes if n.health}))
+        symptoms = [s.details for n in nodes for s in n.symptoms]
+        if symptoms:
+            details["symptoms"] = "; ".join(symptoms)
+        if len(nodes) < len(api.node_ids()):
+            details["problem"] = f"{len(nodes)} of {len(api.node_ids())} slices exist"
+        state = states[0] if len(set(states)) == 1 else ",".join(states)
+        if len(nodes) < len(api.node_ids()) and state == State.READY:
+            state = State.BROKEN
+        cluster = Cluster(api.name, provider, state, self.shape_of(nodes[0]), workers, bucket, details)
+        identity = [[node_id, str(node.id), len(node.network_endpoints)] for node_id, node in zip(found_ids, nodes)]
+        return cluster, identity
+
+    # -- deleting --------------------------------------------------------------------------------------------
+    def delete(self, progress: Progress | None) -> bool:
+        """Delete the queued resource (forced, so its nodes go with it and no abandoned request keeps holding
+        quota) or else each node. Returns False when there was nothing to delete."""
+        from google.api_core import exceptions as gexc
+        from google.cloud import tpu_v2
+
+        api = self.api
+        client = api.client()
+        if self.gcp.queued:
+            try:
+                request = tpu_v2.DeleteQueuedResourceRequest(name=api.queued_path(), force=True)
+                operation = api.call("deleting queued resource", client.delete_queued_resource, request=request, missing_ok=True)
+            except gexc.NotFound:
+                pass
+            else:
+                api.wait_operation(f"deleting queued resource {api.name}", operation, progress, lambda: "deleting")
+                return True
+        deleted = False
+        for node_id in api.node_ids():
+            try:
+                operation = api.call("deleting TPU node", client.delete_node, name=api.node_path(node_id), missing_ok=True)
+            except gexc.NotFound:
+                continue
+            api.wait_operation(f"deleting TPU node {node_id}", operation, progress, lambda n=node_id: f"{n}: {self.node_state(n)}")
+            deleted = True
+        return deleted
