@@ -25,7 +25,8 @@ import pytest
 
 from tests.conftest import REPO
 from tpuft.config import dump_recipe, load_recipe
-from tpuft.worker.t5x_train import eval_score, initial_step, network_module, task_name
+from tpuft.worker.t5x_gin import initial_step, network_module, task_name
+from tpuft.worker.t5x_train import eval_score
 
 QUICKSTART = REPO / "recipes" / "t5x_quickstart.yaml"
 NUMBERS = REPO / "recipes" / "data" / "numbers"
@@ -424,7 +425,8 @@ GIN = textwrap.dedent(
     from t5x import gin_utils, utils
     from tpuft.config import load_recipe
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.t5x_train import GIN_IMPORTS, T5xRun, initial_step, learning_rate_bindings, qualify, run_gin
+    from tpuft.worker.t5x_gin import GIN_IMPORTS, initial_step, learning_rate_bindings, qualify, run_gin
+    from tpuft.worker.t5x_train import T5xRun
 
     __main__.train = train_script.train  # the gin binds `__main__.train`: t5x.train runs as __main__
     SEARCH = [os.path.dirname(os.path.dirname(t5x.__file__))]

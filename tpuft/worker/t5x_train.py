@@ -3,8 +3,9 @@
 What a user of T5X would otherwise do by hand, and the traps on the way:
 
 * ``run_dir/t5x/tasks.py`` registers the task from the recipe (:mod:`tpuft.worker.t5x_tasks`), and
-  ``run_dir/t5x/run.gin`` includes the model gin (t5x's example by family and size, or the user's) and
-  ``finetune.gin``, then binds what the recipe says. Both stay in the run dir, so a run can be read and re-run.
+  ``run_dir/t5x/run.gin`` (:mod:`tpuft.worker.t5x_gin`) includes the model gin (t5x's example by family and size,
+  or the user's) and ``finetune.gin``, then binds what the recipe says. Both stay in the run dir, so a run can be
+  read and re-run.
 * ``TRAIN_STEPS`` is absolute in T5X: the recipe's ``train.steps`` counts this run's steps, so the gin says
   ``initial checkpoint's step + train.steps``; the learning-rate schedule is offset by the same step, and tpuft's
   own step (heartbeats, metrics.jsonl, monitor) counts from 0 as with every backend. A resumed run is the same
@@ -13,7 +14,7 @@ What a user of T5X would otherwise do by hand, and the traps on the way:
   (:data:`tpuft.backends.t5x.PRETRAINING_LOSS_FACTOR`) when fine-tuning a public checkpoint.
 
 ``MODEL_DIR`` is the run's ``checkpoints/`` (in the bucket for a gs:// run dir: T5X writes there itself). tpuft turns
-T5X's progress into its run-dir contract by hooking three places, nothing else:
+T5X's progress into its run-dir contract by hooking a few places (:mod:`tpuft.worker.t5x_hooks`), nothing else:
 
 * the trainer's batch iterator: a heartbeat per step (phase ``collective`` on a pod: each step is an all-reduce);
 * the metrics writer of host 0 (``MetricsManager._create_writer``): ``metrics.jsonl`` rows (loss, lr, examples/s,
@@ -32,29 +33,23 @@ from __future__ import annotations
 
 import json
 import os
-import pprint
-import re
-import runpy
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from tpuft import rundir
-from tpuft.backends.t5x import LAYOUT, PRETRAINING_LOSS_FACTOR, checkpoint_step, gin_value, model_gins
+from tpuft.backends.t5x import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
+from tpuft.worker.t5x_gin import initial_step, run_gin, task_spec, tasks_module
+from tpuft.worker.t5x_hooks import activate, exit_on_sigterm, install_hooks, run_t5x_train
 
 RESUME_ENV = "TPUFT_RESUME"
 GENERATED = "t5x"
 """Folder of the run dir holding the generated ``run.gin``, ``tasks.py`` and ``task.json``."""
 PREDICTIONS = "eval"
-
-_ACTIVE: T5xRun | None = None
-"""The run in this process, for the hooks T5X calls (its seqio logger is built by gin, without arguments)."""
-
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
     return T5xRun(ctx, recipe).run()
@@ -84,8 +79,7 @@ class T5xRun:
 
     # -- the run ------------------------------------------------------------------------------------------------
     def run(self) -> int:
-        global _ACTIVE
-        _ACTIVE = self
+        activate(self)
         exit_on_sigterm()
         self.beat(phase="starting")
         self._distributed()
@@ -103,12 +97,12 @@ class T5xRun:
             else:
                 self.say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from the start")
         gin_file = self.write_generated()
-        _install_hooks()
+        install_hooks()
         self.say(
             f"T5X on {self._process_count()} host(s): steps {self.initial_step + self.step + 1}..{self.total_steps} "
             f"(TRAIN_STEPS {self.total_steps}), MODEL_DIR {self.model_dir}"
         )
-        _run_t5x_train(gin_file)
+        run_t5x_train(gin_file)
         self.finish()
         self.metrics.close()
         return 0
@@ -152,40 +146,7 @@ class T5xRun:
 
     # -- generated files ----------------------------------------------------------------------------------------
     def task_spec(self) -> dict[str, Any]:
-        from tpuft.worker.t5x_tasks import DEFAULT_VOCABULARIES
-
-        backend, data = self.backend, self.recipe.data
-        if backend.vocabulary is not None:
-            vocab, extra_ids = backend.vocabulary, backend.extra_ids
-        else:
-            vocab, default_extra = DEFAULT_VOCABULARIES[backend.family or "byt5"]
-            extra_ids = default_extra if backend.family != "byt5" else backend.extra_ids
-        spec: dict[str, Any] = {
-            "name": task_name(self.ctx.run_id),
-            "task": backend.task,
-            "vocabulary": vocab,
-            "extra_ids": extra_ids,
-        }
-        if backend.task == "span_corruption":
-            spec.update(
-                corpus=list(data.corpus),
-                inputs_length=data.max_source_length,
-                noise_density=backend.noise_density,
-                mean_noise_span_length=backend.mean_noise_span_length,
-            )
-        else:
-            spec.update(
-                train=str(data.train),
-                eval=str(data.eval) if data.eval is not None else None,
-                fields={
-                    "source_field": data.source_field,
-                    "target_field": data.target_field,
-                    "source_template": data.source_template,
-                    "target_template": data.target_template,
-                    "prefix": data.prefix,
-                },
-            )
-        return spec
+        return task_spec(self.ctx.run_id, self.recipe)
 
     def write_generated(self) -> Path:
         """``run_dir/t5x/{task.json,tasks.py,run.gin}``; every host writes its own copy (atomically: on the local
@@ -341,346 +302,7 @@ class T5xRun:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Hooks into T5X (installed once per process)
-
-
-def _install_hooks() -> None:
-    import seqio
-    from clu import metric_writers
-    from t5x import checkpoints as checkpoints_lib
-    from t5x import trainer as trainer_lib
-
-    if getattr(trainer_lib, "_tpuft_hooked", False):
-        return
-    trainer_lib._tpuft_hooked = True
-
-    class TpuftWriter(metric_writers.MultiWriter):
-        """Host 0's metric writer for one T5X metrics collection (``train``, or a task's teacher-forced eval)."""
-
-        def __init__(self, name: str) -> None:
-            super().__init__([])
-            self.collection = name
-
-        def write_scalars(self, step: int, scalars: Any) -> None:
-            if _ACTIVE is None:
-                return
-            if self.collection == "train":
-                _ACTIVE.on_train_scalars(int(step), dict(scalars))
-            else:
-                _ACTIVE.on_eval_scalars(int(step), dict(scalars))
-
-    def create_writer(self: Any, name: str, summary_dir: str | None = None) -> Any:
-        return TpuftWriter(name)
-
-    trainer_lib.MetricsManager._create_writer = create_writer
-
-    original_train = trainer_lib.BaseTrainer.train
-
-    def train(self: Any, batch_iter: Any, num_steps: int, start_step: int | None = None) -> Any:
-        start = int(start_step if start_step is not None else self.train_state.step)
-        first = not getattr(self, "_tpuft_warm", False)
-        self._tpuft_warm = True
-
-        def beating() -> Any:
-            for offset in range(num_steps):
-                batch = next(batch_iter)
-                if _ACTIVE is not None:
-                    _ACTIVE.on_batch(start + offset, first and offset == 0, batch)
-                yield batch
-
-        return original_train(self, beating(), num_steps, start_step=start_step)
-
-    trainer_lib.BaseTrainer.train = train
-
-    def in_phase(method: Any, phase: str) -> Any:
-        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if _ACTIVE is not None:
-                _ACTIVE.beat(phase=phase)
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                if _ACTIVE is not None:
-                    _ACTIVE.beat(phase="step")
-
-        return wrapped
-
-    # Evaluations are long and quiet (decoding every held-out example): the supervisor gives them more time.
-    trainer_lib.BaseTrainer.eval = in_phase(trainer_lib.BaseTrainer.eval, "eval")
-    seqio.Evaluator.evaluate = in_phase(seqio.Evaluator.evaluate, "eval")
-
-    manager = checkpoints_lib.OrbaxCheckpointManagerInterface
-    original_save = manager.save
-
-    def save(self: Any, train_state: Any, state_transformation_fns: Any = (), force: bool = True) -> bool:
-        from t5x import utils
-
-        step = int(utils.get_local_data(train_state.step))
-        if _ACTIVE is not None:
-            _ACTIVE.beat(phase="checkpoint")
-        saved = original_save(self, train_state, state_transformation_fns, force)
-        if saved:
-            self.wait_until_finished()
-            if _ACTIVE is not None:
-                _ACTIVE.on_checkpoint_saved(step)
-                _ACTIVE.beat(phase="step")
-        return saved
-
-    manager.save = save
-
-
-class EvalLogger:
-    """A seqio logger (bound in the run gin): the inference eval's metrics and decoded predictions to tpuft."""
-
-    def __init__(self, output_dir: str | None = None) -> None:
-        self.output_dir = output_dir
-
-    def __call__(self, task_name: str, step: int | None, metrics: Any, dataset: Any, inferences: Any, targets: Any) -> None:
-        if _ACTIVE is None or not _ACTIVE.chief or step is None:
-            return
-        values = {name: getattr(value, "value", value) for name, value in (metrics or {}).items()}
-        outputs = list((inferences or {}).get("output", []))
-        predictions = []
-        inputs = []
-        if dataset is not None:
-            for example in dataset.as_numpy_iterator():
-                text = example.get("inputs_pretokenized")
-                inputs.append(text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text))
-                if len(inputs) >= len(outputs):
-                    break
-        for index, output in enumerate(outputs):
-            target = targets[index] if targets is not None and index < len(targets) else None
-            predictions.append({"input": inputs[index] if index < len(inputs) else None, "prediction": _text(output),
-                                "target": _text(target)})
-        _ACTIVE.on_inference_eval(int(step), values, predictions)
-
-
-def exit_on_sigterm() -> None:
-    """Stop at once on SIGTERM (``tpuft stop``, or the supervisor stopping this host because a peer failed).
-
-    JAX's distributed runtime takes SIGTERM as a preemption notice that T5X never asks about at the pinned commit, so
-    the process would run on until the supervisor's SIGKILL; and a host whose peer died is blocked inside a
-    collective, where a Python signal handler never gets to run. So SIGTERM is blocked in every thread (threads
-    started later inherit the mask) and taken by one thread that waits for it and exits the process. A checkpoint
-    being written is left in its temporary folder, which Orbax and tpuft ignore."""
-    import signal
-    import threading
-
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-    def wait() -> None:
-        signal.sigwait({signal.SIGTERM})
-        print("[tpuft] SIGTERM: stopping this host's trainer", flush=True)
-        os._exit(128 + signal.SIGTERM)
-
-    threading.Thread(target=wait, name="tpuft-sigterm", daemon=True).start()
-
-
-def _run_t5x_train(gin_file: Path) -> None:
-    """``python -m t5x.train --gin_file=...`` in this process: gin binds ``__main__.train``, so the module must
-    run as ``__main__``; absl ends it with ``sys.exit``."""
-    import logging
-
-    # One warning per parameter that Adafactor does not factor (all of a small model's): noise in a worker's log.
-    logging.getLogger("absl").addFilter(lambda record: "falls back to heuristics" not in record.getMessage())
-    argv = sys.argv
-    sys.argv = ["t5x.train", f"--gin_file={gin_file}", "--verbosity=-1"]  # absl: warnings and up
-    try:
-        runpy.run_module("t5x.train", run_name="__main__", alter_sys=True)
-    except SystemExit as done:
-        if done.code not in (None, 0):
-            raise
-    finally:
-        sys.argv = argv
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Pure helpers (unit-tested against real gin and seqio)
-
-
-def task_name(run_id: str) -> str:
-    return "tpuft_" + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
-
-
-def initial_step(recipe: RecipeConfig) -> int:
-    backend = recipe.backend
-    if backend.initial_checkpoint is None:
-        return 0
-    if backend.initial_step is not None:
-        return backend.initial_step
-    return checkpoint_step(backend.initial_checkpoint) or 0
-
-
-def tasks_module(spec: dict[str, Any]) -> str:
-    return (
-        '"""The seqio task of this tpuft run (generated from its recipe; see tpuft/worker/t5x_tasks.py)."""\n\n'
-        "from tpuft.worker.t5x_tasks import register\n\n"
-        f"TASK = register({pprint.pformat(spec, indent=4, sort_dicts=True)})\n"
-    )
-
-
-def learning_rate_bindings(recipe: RecipeConfig, initial: int) -> dict[str, Any]:
-    """tpuft's schedule over this run's steps as T5X's ``create_learning_rate_scheduler`` factors, offset by the
-    initial checkpoint's step (T5X's step is absolute)."""
-    train = recipe.train
-    peak, warmup, steps = train.learning_rate, train.warmup_steps, train.steps
-    prefix = "utils.create_learning_rate_scheduler"
-    if train.schedule == "linear":
-        warm = max(warmup, 1)
-        bindings = {"factors": "linear_decay", "base_learning_rate": peak, "warmup_steps": warm,
-                    "decay_factor": 1.0 / max(steps - warm, 1)}  # fmt: skip
-    elif train.schedule == "cosine":  # T5X's cosine factor decays from the end of the warm-up to the last step
-        bindings = {"factors": "constant * linear_warmup * cosine_decay" if warmup else "constant * cosine_decay",
-                    "base_learning_rate": peak, "warmup_steps": max(warmup, 1),
-                    "steps_per_cycle": max(steps - warmup, 1)}  # fmt: skip
-    elif train.schedule == "inverse_sqrt":
-        bindings = {"factors": "constant * rsqrt_normalized_decay", "base_learning_rate": peak, "warmup_steps": max(warmup, 1)}
-    else:
-        bindings = {"factors": "constant * linear_warmup" if warmup else "constant", "base_learning_rate": peak,
-                    "warmup_steps": max(warmup, 1)}  # fmt: skip
-    bindings["step_offset"] = initial
-    return {f"{prefix}.{key}": value for key, value in bindings.items()}
-
-
-def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initial_step: int, cpu: bool,
-            resumed_at: int = 0) -> str:
-    """The run's gin: the model gin(s), T5X's fine-tuning run gin, then every binding the recipe implies, then the
-    user's ``gin_overrides`` (last, so they win).
-
-    The training data's shuffle seed is ``train.seed`` (T5X's default draws a new one from the clock), plus the step
-    a resumed run starts at: T5X does not checkpoint a seqio pipeline's position, so a resumed run reads the data in
-    a new order (rather than again from the start of the same one) that is still reproducible."""
-    backend, train, data, evaluation = recipe.backend, recipe.train, recipe.data, recipe.eval
-    includes = list(backend.gin_files) or list(model_gins(backend.family, backend.size) or ())
-    has_eval = backend.task == "finetune" and data.eval is not None
-    inputs_length = data.max_source_length
-    targets_length = data.max_target_length
-    if backend.task == "span_corruption":
-        from tpuft.worker.t5x_tasks import random_spans_helper
-
-        needed = random_spans_helper(inputs_length, backend.noise_density, backend.mean_noise_span_length)[1]
-        targets_length = max(targets_length, needed)
-    if backend.loss_normalizing_factor == "auto":
-        factor = None
-        if backend.initial_checkpoint is not None and backend.task == "finetune" and backend.family is not None:
-            factor = PRETRAINING_LOSS_FACTOR.get(backend.family)
-    else:
-        factor = backend.loss_normalizing_factor
-    vocab = spec["vocabulary"]
-    if vocab == "byt5":
-        vocabulary = {"seqio.ByteVocabulary.extra_ids": spec["extra_ids"]}
-    else:
-        vocabulary = {"seqio.SentencePieceVocabulary.sentencepiece_model_file": vocab,
-                      "seqio.SentencePieceVocabulary.extra_ids": spec["extra_ids"]}  # fmt: skip
-    binds: dict[str, Any] = {
-        "MODEL_DIR": model_dir,
-        "MIXTURE_OR_TASK_NAME": spec["name"],
-        "TASK_FEATURE_LENGTHS": {"inputs": inputs_length, "targets": targets_length},
-        "TRAIN_STEPS": initial_step + train.steps,
-        "INITIAL_CHECKPOINT_PATH": backend.initial_checkpoint,
-        "USE_CACHED_TASKS": False,
-        "BATCH_SIZE": train.batch_size,
-        "RANDOM_SEED": train.seed,
-        "train/utils.DatasetConfig.seed": train.seed + resumed_at,
-        "LOSS_NORMALIZING_FACTOR": factor,
-        "EVAL_PERIOD": evaluation.every or train.steps,
-        "EVALUATOR_NUM_EXAMPLES": evaluation.max_examples,
-        "train_script.train.stats_period": train.log_every,
-        "utils.SaveCheckpointConfig.period": train.checkpoint_every or train.steps,
-        "utils.SaveCheckpointConfig.keep": None,  # tpuft prunes: the last ones and the best
-        "trainer.Trainer.num_microbatches": backend.num_microbatches,
-        "partitioning.PjitPartitioner.num_partitions": backend.num_partitions,
-        "network.T5Config.dtype": backend.dtype or ("float32" if cpu else "bfloat16"),
-        "seqio.Evaluator.logger_cls": ["@seqio.PyLoggingLogger", "@t5x_train.EvalLogger"],
-        "infer_eval/utils.DatasetConfig.batch_size": evaluation.batch_size,
-        "EVAL_STEPS": -(-evaluation.max_examples // train.batch_size) if evaluation.max_examples else 20,
-    }
-    if recipe.model.dropout is not None:
-        binds["DROPOUT_RATE"] = recipe.model.dropout
-    if train.weight_decay:
-        binds["adafactor.Adafactor.weight_decay_rate"] = train.weight_decay
-    if train.max_grad_norm is not None:
-        binds["adafactor.Adafactor.global_norm_clip_threshold"] = train.max_grad_norm
-    if not has_eval:
-        binds["train_script.train.train_eval_dataset_cfg"] = None
-        binds["train_script.train.infer_eval_dataset_cfg"] = None
-    binds.update(learning_rate_bindings(recipe, initial_step))
-    network = network_module(backend.family, [_read_text(path) for path in backend.gin_files])
-    if network is None:
-        binds.pop("network.T5Config.dtype")  # the user's gin names its own network module: dtype is theirs to bind
-    imports = dict(GIN_IMPORTS)
-    if network is not None:
-        imports["network"] = network
-    lines = [
-        "# Generated by tpuft for this run from its recipe; T5X reads it as --gin_file.",
-        "from __gin__ import dynamic_registration",
-        "import __main__ as train_script",
-        "import seqio",
-        *(f"from {module.rsplit('.', 1)[0]} import {name}" for name, module in imports.items() if name != "seqio"),
-        "",
-    ]
-    lines += [f"include {path!r}" for path in includes]
-    lines += ["include 't5x/configs/runs/finetune.gin'", ""]
-    lines += [f"VOCABULARY = @{next(iter(vocabulary)).rsplit('.', 1)[0]}()"]
-    lines += [f"{name} = {gin_value(value)}" for name, value in vocabulary.items()]
-    lines += [f"{name} = {gin_value(value)}" for name, value in binds.items()]
-    if backend.gin_overrides:
-        lines += ["", "# backend.gin_overrides"]
-        lines += [f"{qualify(name, imports)} = {gin_value(value)}" for name, value in backend.gin_overrides.items()]
-    return "\n".join(lines) + "\n"
-
-
-GIN_IMPORTS = {
-    "seqio": "seqio",
-    "adafactor": "t5x.adafactor",
-    "models": "t5x.models",
-    "partitioning": "t5x.partitioning",
-    "trainer": "t5x.trainer",
-    "utils": "t5x.utils",
-    "t5x_train": "tpuft.worker.t5x_train",
-}
-"""Modules the run gin imports (gin's dynamic registration needs every configurable's module imported)."""
-
-
-def network_module(family: str | None, user_gins: list[str]) -> str | None:
-    """The module whose ``T5Config`` the model gin configures: t5x's T5 network for t5_1_0/t5_1_1/mt5/byt5, the
-    scalable one for umt5, or whatever the user's gin imports as ``network``."""
-    if family == "umt5":
-        return "t5x.examples.scalable_t5.network"
-    if family is not None:
-        return "t5x.examples.t5.network"
-    for text in user_gins:
-        match = re.search(r"^from\s+([\w.]+)\s+import\s+network\s*$", text, re.MULTILINE)
-        if match:
-            return f"{match.group(1)}.network"
-    return None
-
-
-def qualify(binding: str, imports: dict[str, str]) -> str:
-    """``PjitPartitioner.num_partitions`` -> ``partitioning.PjitPartitioner.num_partitions``: under dynamic
-    registration a binding names its module; the short form users copy from T5X's docs is given the imported module
-    that has that name."""
-    scope, _, name = binding.rpartition("/")
-    head = name.split(".", 1)[0]
-    if head in imports or "." not in name or head.isupper():
-        return binding
-    import importlib
-
-    for alias, module in imports.items():
-        try:
-            if hasattr(importlib.import_module(module), head):
-                return f"{scope + '/' if scope else ''}{alias}.{name}"
-        except ImportError:
-            continue
-    return binding
-
-
-def _read_text(path: str) -> str:
-    if path.startswith("gs://"):
-        import tensorflow as tf
-
-        with tf.io.gfile.GFile(path) as handle:
-            return handle.read()
-    return Path(path).read_text(encoding="utf-8")
+# Pure helpers
 
 
 def batch_counts(batch: Any) -> tuple[int, int, int]:
@@ -773,11 +395,3 @@ def _is_number(value: Any) -> bool:
         return not isinstance(value, (bool, str, bytes)) and float(value) == float(value)
     except (TypeError, ValueError):
         return False
-
-
-def _text(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return value
