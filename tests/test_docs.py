@@ -116,3 +116,20 @@ def test_every_relative_link_reaches_a_file_that_exists() -> None:
 def test_the_link_check_sees_links() -> None:
     """The check above is not vacuous: the README links into docs/."""
     assert any(link.startswith("docs/") for link in _relative_links(REPO / "README.md"))
+
+
+_REPO_PATH = re.compile(r"`((?:tpuft|tests|benchmarks|recipes|docs|\.ci)/[^`\s]*)`")
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    """A module that moves takes its mentions along: `tpuft/...`, `tests/...` paths in code spans must exist
+    (placeholders such as `<kind>` and globs are skipped; `path:line` and `path::test` name the path)."""
+    missing = []
+    for page in _markdown_files():
+        for path in _REPO_PATH.findall(page.read_text(encoding="utf-8")):
+            if any(mark in path for mark in ("<", "*", "{", "NAME")):
+                continue
+            path = re.split(r"::|:|\(", path)[0]
+            if not (REPO / path).exists():
+                missing.append(f"{page.relative_to(REPO)}: {path}")
+    assert missing == [], missing
