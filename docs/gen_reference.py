@@ -290,6 +290,7 @@ def recipe_reference() -> str:
     rows = model_rows(RecipeConfig, skip=("backend",))
     top = [row for row in rows if "." not in row.path]
     lines += ["## Top level", "", *table([*top[:2], _backend_row(), *top[2:]]), ""]
+    lines += capability_table()
     for section, group in _grouped(rows).items():
         if len(group) > 1:
             lines += [f"## `{section}`", "", *table(group[1:]), ""]
@@ -301,6 +302,39 @@ def recipe_reference() -> str:
             lines += [doc, ""]
         lines += [*table(model_rows(model, "backend.")), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def capability_table() -> list[str]:
+    """Which backend implements which optional shared key and eval metric, from each backend's capabilities record
+    (``backends/<kind>_schema.py``); a key set to a non-default value is refused by the backends without a mark."""
+    from tpuft.backends import registry
+
+    ask = getattr(registry, "capabilities", None)
+    if not callable(ask):
+        return []
+    declared = ask()
+    kinds = sorted(declared)
+    keys = sorted({tuple(map(str, key)) for caps in declared.values() for key in getattr(caps, "keys", ())})
+    metrics = sorted({metric for caps in declared.values() for metric in getattr(caps, "metrics", ())})
+    if not keys and not metrics:
+        return []
+    lines = [
+        "## What each backend supports",
+        "",
+        "The optional shared keys and eval metrics, as each backend declares them in its capabilities record "
+        "(`backends/<kind>_schema.py`). A recipe that sets one of these keys to anything but its default, or asks "
+        "for a metric, with a backend not marked here is refused at its line, naming the backends that support it.",
+        "",
+        "| key | " + " | ".join(f"`{kind}`" for kind in kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for key in keys:
+        marks = ["yes" if key in {tuple(map(str, k)) for k in declared[kind].keys} else "—" for kind in kinds]
+        lines.append(f"| `{'.'.join(key)}` | " + " | ".join(marks) + " |")
+    for metric in metrics:
+        marks = ["yes" if metric in declared[kind].metrics else "—" for kind in kinds]
+        lines.append(f"| `eval.metric: {metric}` | " + " | ".join(marks) + " |")
+    return [*lines, ""]
 
 
 def _backend_row() -> Row:
