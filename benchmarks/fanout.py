@@ -6,7 +6,7 @@ and the fake TPU API (tests/rigs/fake_tpu.py) hands their addresses out as the n
 - tpuft fleet: a fresh Python process (start-up included) running tpuft's SSH fleet on the N workers;
 - tpuft exec: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the cluster's workers as remembered from
   the last API answer in the past 10 minutes, then the fleet), with the connection agent off (TPUFT_NO_AGENT=1);
-- tpuft exec (warm agent): the same command once the cluster's connection agent (tpuft/fleet/agent.py) runs: one run
+- tpuft exec (warm agent): the same command once the cluster's connection agent (tpuft/ops/agent.py) runs: one run
   starts it, then the command goes through its open connections (no cluster file loading, no handshake);
 - parallel ssh / sequential ssh: OpenSSH's client, same key, same workers.
 It also reports the fleet's client-side CPU per worker (the part that would not parallelise on a real pod, where
@@ -98,7 +98,7 @@ def tpuft_exec(cluster: Path, *, agent: bool = False) -> float:
 
 def agent_call(what: str, cluster: Path) -> object:
     """``ping`` or ``stop`` the cluster's agent from here, in the tpuft subprocesses' environment."""
-    from tpuft.fleet import agent_client
+    from tpuft.ops import agent_client
 
     saved = dict(os.environ)
     os.environ.clear()

@@ -1,7 +1,7 @@
 """The ``tpuft`` entry point. Top-level ``--help``/``--version`` are answered from the command table
 (:mod:`tpuft.commands`, which the Typer app reads too) without importing Typer and Rich (they cost ~10x Python's own
 start-up), and so is the common shape of ``tpuft exec`` (people run it in loops and scripts): it first hands the
-command to the cluster's connection agent (:mod:`tpuft.fleet.agent_client`, no heavy import), and loads the cluster
+command to the cluster's connection agent (:mod:`tpuft.ops.agent_client`, no heavy import), and loads the cluster
 file and opens SSH itself only when there is none. Everything else goes to the Typer app in :mod:`tpuft.cli`.
 
 ``tests/test_cli.py`` checks that both ways of running ``exec`` print the same thing.
@@ -46,7 +46,7 @@ def parse_fast_exec(args: list[str]) -> tuple[dict[str, str], list[str]] | None:
 def _fast_exec(options: dict[str, str], command: list[str]) -> int:
     """The warm path first (the cluster's connection agent, no heavy import at all), then the normal one."""
     from tpuft.errors import TpuftError
-    from tpuft.fleet import agent_client
+    from tpuft.ops import agent_client
     from tpuft.fleet.base import failure_error
 
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ

@@ -7,19 +7,27 @@ and is fail-fast: the first worker to exit non-zero gets the others terminated, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
-from tpuft.formats import ENV_NAME
 from tpuft.records import Worker
 
 LineSink = Callable[[int, str], None]
 """Called with (worker index, line without newline) for every output line, from reader threads."""
 
 EnvFor = Callable[[Worker], dict[str, str]]
+
+LogStamp = Callable[[], str]
+"""What starts each log-file line (the run dir's arrival time, :func:`tpuft.rundir.log_timestamp`): passed in by
+the caller, because the fleet is a leaf that knows no run-dir format."""
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""POSIX's environment variable name. The same rule as :data:`tpuft.formats.ENV_NAME` (which checks the cluster
+file; a test keeps the two equal), written here because the fleet is a leaf and guards every other caller."""
 
 
 @dataclass
@@ -56,7 +64,7 @@ class FleetResult:
 
 def failure_error(result: FleetResult, what: str) -> TpuftError | None:
     """The error a failed (or interrupted) fleet run is reported as; None when it went well. Here rather than in
-    ``ops`` so that the warm ``exec`` path (:mod:`tpuft.fleet.agent_client`) words it exactly like the cold one."""
+    ``ops`` so that the warm ``exec`` path (:mod:`tpuft.ops.agent_client`) words it exactly like the cold one."""
     if result.interrupted:
         stopped = ", ".join(str(r.index) for r in result.results)
         return Interrupted(f"interrupted during {what}: stopped the processes of worker(s) {stopped}")
@@ -109,10 +117,10 @@ class Fleet(Protocol):
         on_line: LineSink | None = None,
         fail_fast: bool = True,
         cwd_home: bool = True,
-        log_timestamps: bool = False,
+        log_stamp: LogStamp | None = None,
     ) -> FleetResult:
         """Run ``argv`` on the chosen workers (all by default) in parallel; returns when all have ended.
-        ``log_timestamps`` starts each log-file line with the time it arrived (see ``Output``)."""
+        ``log_stamp`` starts each log-file line with, e.g., the time it arrived (see ``Output``)."""
         ...
 
     def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:

@@ -1,5 +1,5 @@
 """Worker specs (``--worker 0,2`` or ``1-3``) and the argv of an ad-hoc command, shared by the cold ``exec`` path
-(:mod:`tpuft.ops.cluster`) and the warm one (:mod:`tpuft.fleet.agent_client`), so both refuse and run the same
+(:mod:`tpuft.ops.cluster`) and the warm one (:mod:`tpuft.ops.agent_client`), so both refuse and run the same
 things. Standard library and :mod:`tpuft.errors` only: the warm path must start fast.
 """
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
+from tpuft.fleet.base import FleetResult, LineSink, LogStamp, WorkerResult
 
 TAIL_LINES = 30
 POLL_SECONDS = 0.05
@@ -48,17 +48,13 @@ class Handle(Protocol):
 class Output:
     """One worker's output: each line goes to its log file, the tail buffer and the caller's sink.
 
-    With ``timestamps`` each log-file line starts with the UTC time it arrived (``2026-11-22T06:12:03.123Z ``, as
-    ``docker logs --timestamps`` writes them), so ``tpuft logs`` can interleave workers in time order; the caller's
-    sink and the tail get the bare line."""
+    With a ``stamp`` each log-file line starts with what it returns, e.g. the UTC time the line arrived
+    (:func:`tpuft.rundir.log_timestamp`, ``2026-11-22T06:12:03.123Z ``, as ``docker logs --timestamps`` writes them),
+    so ``tpuft logs`` can interleave workers in time order; the caller's sink and the tail get the bare line."""
 
-    def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None, *, timestamps: bool = False) -> None:
+    def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None, *, stamp: LogStamp | None = None) -> None:
         self.index = index
-        self._stamp: Callable[[], str] | None = None
-        if timestamps:  # imported only here: `tpuft exec` (no stamps) starts ~4 ms faster without tpuft.rundir
-            from tpuft.rundir import log_timestamp
-
-            self._stamp = log_timestamp
+        self._stamp = stamp
         self.log_path = log_path
         self.on_line = on_line
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)

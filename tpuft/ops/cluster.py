@@ -82,7 +82,7 @@ def delete(config: ClusterConfig, progress: Progress | None = None, *, force: bo
     provider = get_provider(config)
     deleted = provider.delete(progress)
     if config.provider != "local":  # its agent ends by itself once the cluster is forgotten; its ssh masters go now
-        from tpuft.fleet.agent_client import forget_control_paths
+        from tpuft.ops.agent_client import forget_control_paths
 
         forget_control_paths(provider.state_dir())
     return deleted
@@ -100,11 +100,11 @@ def exec_command(
 ) -> FleetResult:
     """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv.
 
-    ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.fleet.agent`), unless the caller
+    ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.ops.agent`), unless the caller
     already did (``agent_tried``), and after a run over SSH start one for next time. ``cluster_path`` is the file
     ``config`` came from (None: the default lookup), which names the agent."""
     argv = command_argv(command)
-    from tpuft.fleet import agent_client
+    from tpuft.ops import agent_client
 
     path = agent_client.resolve_cluster_path(None if cluster_path is None else str(cluster_path)) if use_agent else None
     if path is not None and not agent_tried:
@@ -143,7 +143,7 @@ def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str,
     target = session.cluster.workers[worker]
     if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
         return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)
-    from tpuft.fleet import agent_client
+    from tpuft.ops import agent_client
     from tpuft.fleet.ssh import known_hosts_name, openssh_options
 
     session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata

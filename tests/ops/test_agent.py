@@ -1,4 +1,4 @@
-"""The per-cluster connection agent (tpuft/fleet/agent.py) against real OpenSSH servers and the fake TPU API: a
+"""The per-cluster connection agent (tpuft/ops/agent.py) against real OpenSSH servers and the fake TPU API: a
 second `tpuft exec` reuses the agent's connections, prints and exits exactly like the cold path (failures, fail-fast,
 Ctrl-C), and anything wrong with the agent (killed, a stale or lying socket, a recreated node, idle) means the cold
 path, never a wrong answer."""
@@ -59,7 +59,7 @@ class Rig:
         os.environ.clear()
         os.environ.update(self.env)
         try:
-            from tpuft.fleet import agent_client
+            from tpuft.ops import agent_client
 
             return getattr(agent_client, what)(str(self.cluster))
         finally:
@@ -106,7 +106,7 @@ def agent_pids(cluster: Path) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"tpuft.fleet.agent" in argv and str(cluster).encode() in argv and alive(int(entry.name)):
+            if b"tpuft.ops.agent" in argv and str(cluster).encode() in argv and alive(int(entry.name)):
                 found.append(int(entry.name))
     return found
 
@@ -333,7 +333,7 @@ def test_an_edited_ssh_config_or_another_node_does_not_reach_the_old_agent(fresh
         rig.stop_agent()  # while the client still names it: stopped cleanly, its socket removed
         ssh_config.unlink(missing_ok=True)
     # A node recreated under the same name on the same addresses is another node: its id is part of the agent's.
-    from tpuft.fleet import agent_client
+    from tpuft.ops import agent_client
 
     pointer = {"settings": "s", "files": [str(ssh_config)]}
     record = {"workers": [[0, "10.0.0.2", "10.0.0.2"]], "nodes": [["n", "1", 1]]}

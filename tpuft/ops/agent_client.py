@@ -1,4 +1,4 @@
-"""The warm path of ``tpuft exec``: hand the command to this cluster's connection agent (:mod:`tpuft.fleet.agent`)
+"""The warm path of ``tpuft exec``: hand the command to this cluster's connection agent (:mod:`tpuft.ops.agent`)
 instead of starting an SSH fleet, like OpenSSH's ControlMaster. Never needed for correctness: every ``None`` below
 means "no usable agent, run the normal way", and the caller does.
 
@@ -432,7 +432,7 @@ def ensure_agent(config_path: str | None) -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root().parent), env.get("PYTHONPATH", "")) if p)
     try:
         subprocess.Popen(
-            [sys.executable, "-m", "tpuft.fleet.agent", "--config", config_path],
+            [sys.executable, "-m", "tpuft.ops.agent", "--config", config_path],
             stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, close_fds=True, env=env,
             cwd=str(folder),
         )

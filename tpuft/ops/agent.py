@@ -2,9 +2,9 @@
 runs ``tpuft exec`` commands on them, so a repeated command pays neither Python's imports nor a handshake per
 worker (OpenSSH's ControlMaster/ControlPersist, for the whole pod at once).
 
-Started detached by a cold ``tpuft exec`` (:func:`tpuft.fleet.agent_client.ensure_agent`) as
-``python -m tpuft.fleet.agent --config FILE``. It serves a Unix socket in ``$TPUFT_HOME/agents`` (0700) named by the
-cluster's identity (:mod:`tpuft.fleet.agent_client`), answers only its own user (``SO_PEERCRED``), and ends itself:
+Started detached by a cold ``tpuft exec`` (:func:`tpuft.ops.agent_client.ensure_agent`) as
+``python -m tpuft.ops.agent --config FILE``. It serves a Unix socket in ``$TPUFT_HOME/agents`` (0700) named by the
+cluster's identity (:mod:`tpuft.ops.agent_client`), answers only its own user (``SO_PEERCRED``), and ends itself:
 after ``$TPUFT_AGENT_IDLE_S`` seconds without a request (default 300), when the cluster file, the remembered workers
 or node, the ssh client config, the pinned host keys or its socket change, when a worker cannot be reached, or when asked (``stop``). It holds keys only in memory, as
 the fleet does, and writes only its pointer (paths and hashes) and a log of its own events (never a command).
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.fleet import agent_client as wire
+from tpuft.ops import agent_client as wire
 from tpuft.fleet.spec import exec_env
 
 MAX_IDLE_FLEETS = 2
@@ -365,7 +365,7 @@ def start(config_path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tpuft.fleet.agent", description="tpuft's per-cluster SSH agent")
+    parser = argparse.ArgumentParser(prog="python -m tpuft.ops.agent", description="tpuft's per-cluster SSH agent")
     parser.add_argument("--config", required=True, help="the cluster file (absolute path)")
     args = parser.parse_args(argv)
     try:
