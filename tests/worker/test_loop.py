@@ -46,7 +46,7 @@ class Hooks:
         self.calls.append(("start", step))
         return self.warm_up
 
-    def step(self, step: int) -> None:
+    def train_step(self, step: int) -> None:
         self.calls.append(("step", step))
         self.window.append(1.0 / (step + 1))
 
@@ -213,8 +213,12 @@ def test_the_heartbeat_says_starting_until_the_step_is_warm(tmp_path: Path, monk
     loop = start(run_dir, recipe(steps=3, eval_every=None, checkpoint_every=None))
     phases: list[tuple[int, str]] = []
     beat = loop.beat
-    loop.beat = lambda step, status="running", phase="step", **extra: (phases.append((step, phase)),  # type: ignore[method-assign]
-                                                                      beat(step, status, phase, **extra))
+
+    def recording(step: int, status: str = "running", phase: str = "step", **extra: Any) -> None:
+        phases.append((step, phase))
+        beat(step, status, phase, **extra)
+
+    loop.beat = recording  # type: ignore[method-assign]
     loop_mod.train(loop, Hooks(loop, warm_up=2))
     assert phases == [(1, "starting"), (2, "step"), (3, "step")]
 

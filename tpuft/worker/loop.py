@@ -317,7 +317,7 @@ class TrainerHooks(Protocol):
         ``starting`` until then."""
         ...
 
-    def step(self, step: int) -> None:
+    def train_step(self, step: int) -> None:
         """Train one optimizer step, from ``step`` to ``step + 1``."""
         ...
 
@@ -354,7 +354,7 @@ def train(loop: RunLoop, hooks: TrainerHooks) -> None:
         loop.say(f"resumed after {loop.stopped_early}")
         return
     while loop.step < total:
-        hooks.step(loop.step)
+        hooks.train_step(loop.step)
         loop.step += 1
         step = loop.step
         if loop.first_step_s is None:
