@@ -65,7 +65,7 @@ REHEARSED = [p for p in SHIPPED if _rehearsal_settings(p) is not None]
 @pytest.mark.parametrize("path", REHEARSED, ids=[p.stem for p in REHEARSED])
 def test_the_cpu_rehearsal_line_in_the_header_validates(path: Path) -> None:
     """The rehearsal a header promises must load (random init, shipped or local data) and fit the local pod."""
-    from tpuft.backends.registry import get_backend
+    from tpuft.backends import get_backend
     from tpuft.config import ClusterConfig
 
     recipe = load_recipe(path, _rehearsal_settings(path), check_files=path.stem not in USER_DATA).value

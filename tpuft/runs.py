@@ -24,7 +24,7 @@ from tpuft.errors import UsageError
 from tpuft.storage import Storage, open_storage
 
 if TYPE_CHECKING:
-    from tpuft.backends.base import RunLayout
+    from tpuft.backends.spec import RunLayout
 
 STALE_AFTER_SECONDS = 120.0
 """A running worker whose heartbeat is older than this is flagged as stale."""
@@ -98,10 +98,10 @@ def read_run_info(storage: Storage) -> dict[str, Any] | None:
 def layout_of(info: dict[str, Any]) -> RunLayout | None:
     """The layout of the backend that wrote the run (run.json names it); None when tpuft does not know that backend
     (a run dir written by another tool, or by an older tpuft)."""
-    from tpuft.backends.registry import MODULES, get_backend
+    from tpuft.backends.registry import MODULES, layout
 
     kind = info.get("backend")
-    return get_backend(kind).layout if isinstance(kind, str) and kind in MODULES else None
+    return layout(kind) if isinstance(kind, str) and kind in MODULES else None
 
 
 def layout_for(info: dict[str, Any], storage: Storage) -> RunLayout:
@@ -109,13 +109,13 @@ def layout_for(info: dict[str, Any], storage: Storage) -> RunLayout:
     known = layout_of(info)
     if known is not None:
         return known
-    from tpuft.backends.base import RunLayout
-    from tpuft.backends.registry import MODULES, get_backend
+    from tpuft.backends.registry import MODULES, layout
+    from tpuft.backends.spec import RunLayout
 
     for kind in MODULES:
-        layout = get_backend(kind).layout
-        if layout.checkpoint_steps(storage):
-            return layout
+        candidate = layout(kind)
+        if candidate.checkpoint_steps(storage):
+            return candidate
     return RunLayout()
 
 

@@ -1,235 +1,55 @@
 """What a backend tells the rest of tpuft: its recipe section, what to install on a worker, which workers run what,
-where its trainer puts things in the run dir, and what its summary says.
+where its trainer puts things in the run dir, what it supports of the shared recipe, and what its summary says.
 
 The controller never imports a backend's framework; it only builds requirement lists, argv and layouts. The heavy
 lifting happens in ``tpuft/worker/<kind>_train.py`` inside the venv that these requirements describe. Shared code asks
-these questions and never names a backend: one backend = ``backends/<kind>.py`` + ``worker/<kind>_train.py`` + one
-line in the registry.
+these questions and never names a backend: one backend = its own files (``backends/<kind>_schema.py`` for its recipe
+section, capabilities and run layout, ``backends/<kind>.py`` for its venv and launch plan, ``worker/<kind>_train.py``)
++ one line in the registry.
+
+The plain records live in :mod:`tpuft.backends.spec` (a module low enough for the cluster schema and the registry to
+import); they are re-exported here, where the :class:`Backend` protocol names them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tpuft.backends.spec import (
+    MANIFEST_FORMAT,
+    VENV_LAYOUT_VERSION,
+    Capabilities,
+    ClusterShape,
+    EnvSpec,
+    KeyPath,
+    LaunchPlan,
+    RunLayout,
+    Target,
+    manifest_gaps,
+    manifest_text,
+)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from tpuft.config import RecipeConfig
+    from tpuft.config.recipe import RecipeConfig
     from tpuft.runs import RunSnapshot
-    from tpuft.storage import Storage
 
-Target = Literal["cpu", "tpu"]
-"""CPU for the local pod, TPU for real TPU hosts: the same backend needs different wheels for each."""
-
-VENV_LAYOUT_VERSION = "1"
-"""Bump when the way venvs are built changes, so that cached ones are rebuilt."""
-
-KeyPath = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """A backend venv: its requirements, and the cache key that names it on every worker."""
-
-    kind: str
-    requirements: tuple[str, ...]
-    python: str
-    """Interpreter the venv is built from, on the worker."""
-    pip_args: tuple[str, ...] = ()
-    no_deps: tuple[str, ...] = ()
-    """Installed after ``requirements`` with ``--no-deps`` (packages whose own dependency lists cannot be trusted)."""
-    min_python: str | None = None
-    """The oldest Python the pins install on; the bootstrap looks for a newer interpreter on the worker if needed."""
-    local_sources: tuple[str, ...] = ()
-    """Paths on this machine that ``no_deps`` names (a wheel, a checkout, a wheelhouse's wheels): shipped to workers
-    that cannot read this machine's disk, and named there by their shipped copies."""
-    sources_digest: str = ""
-    """Content hash of ``local_sources``: a changed wheel or checkout gives a new venv."""
-
-    @property
-    def key(self) -> str:
-        fields: list[object] = [VENV_LAYOUT_VERSION, self.kind, self.python, self.requirements, self.pip_args]
-        if self.no_deps or self.min_python or self.sources_digest:
-            fields += [self.no_deps, self.min_python, self.sources_digest]
-        payload = json.dumps(fields)
-        return f"{self.kind}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
-
-    def payload(self, no_deps: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """What ``tpuft/worker/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this spec's own
-        for workers that install shipped copies of ``local_sources`` (``~/``-relative there); the key stays this
-        spec's, so every worker caches the venv under the same name."""
-        return {
-            "key": self.key,
-            "kind": self.kind,
-            "requirements": list(self.requirements),
-            "python": self.python,
-            "pip_args": list(self.pip_args),
-            "no_deps": list(self.no_deps if no_deps is None else no_deps),
-            "min_python": self.min_python,
-        }
-
-
-@dataclass(frozen=True)
-class ClusterShape:
-    """What a backend needs to know of the cluster to plan a run: hosts (workers), chips per host, and the target."""
-
-    hosts: int
-    chips_per_host: int
-    target: Target
-    devices_per_chip: int = 1
-    """TPU devices per chip as TensorFlow counts replicas: 2 TensorCores on v2/v3, 1 from v4 on."""
-
-    @property
-    def chips(self) -> int:
-        return self.hosts * self.chips_per_host
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """Which workers run the trainer and how. The same list drives ``setup`` (it installs there only), the launch,
-    ``TPUFT_NUM_WORKERS`` / ``TPUFT_WORKER_ID`` (position in this list) and the workers ``run.json`` counts."""
-
-    workers: tuple[int, ...]
-    argv: tuple[str, ...] = ("-m", "tpuft.worker")
-    """After the venv's python."""
-    env: dict[str, str] = field(default_factory=dict)
-    """What the backend's runtime needs on each launched worker (e.g. PJRT_DEVICE)."""
-    ship: tuple[str, ...] = ("train", "eval", "preprocess")
-    """Recipe keys whose files are copied to workers that cannot read this machine's disk: ``data`` keys by name,
-    others dotted (``backend.gin_files``); a list ships each of its files; ``gs://`` URLs stay."""
-
-
-MANIFEST_FORMAT = "tpuft-checkpoint-manifest-1"
-"""The ``format`` of a checkpoint manifest: ``{"format": ..., "files": {relpath: size in bytes}}``."""
-
-
-@dataclass(frozen=True)
-class RunLayout:
-    """Where a backend's trainer puts things in the run dir, and so how pull, monitor, convert and resume read them."""
-
-    metrics: Literal["jsonl", "tensorboard"] = "jsonl"
-    """``metrics.jsonl`` (one JSON object per logged step), or TensorBoard events only."""
-    checkpoints: str = "checkpoints"
-    """The folder (under the run dir) holding one folder per checkpoint."""
-    checkpoint_format: str = "step_{step:08d}"
-    checkpoint_pattern: str = r"^step_(\d+)$"
-    """A complete checkpoint folder's name; group 1 is its step. A half-written one is named otherwise (``*.tmp``)."""
-    writes_to_bucket: bool = False
-    """True: the trainer writes a ``gs://`` run dir itself; False: it writes locally and tpuft mirrors it up."""
-    exports_hf: bool = True
-    """True: the trainer writes ``export/hf`` itself; False: ``tpuft convert --run`` makes it after the run."""
-    manifest: str | None = None
-    """A file the trainer writes last into each checkpoint, listing every other file of it with its size. When set,
-    a checkpoint is complete only when its manifest is there and every file listed is there with that size: a
-    checkpoint mirrored to a bucket is uploaded file by file under its final name, so there a well-named folder can
-    be partial. A folder without the manifest is incomplete. None: the folder's name alone says it is complete."""
-
-    def step_of(self, name: str) -> int | None:
-        match = re.match(self.checkpoint_pattern, name)
-        return int(match.group(1)) if match else None
-
-    def checkpoint_dir(self, run_dir: Path, step: int) -> Path:
-        return run_dir / self.checkpoints / self.checkpoint_format.format(step=step)
-
-    def local_checkpoints(self, folder: Path) -> list[tuple[int, Path]]:
-        """Complete checkpoints in ``folder`` (a checkpoints folder), oldest first."""
-        if not folder.is_dir():
-            return []
-        found = [(self.step_of(child.name), child) for child in folder.iterdir() if child.is_dir()]
-        return sorted((step, path) for step, path in found if step is not None and self.is_complete(path))
-
-    def checkpoint_steps(self, storage: Storage) -> dict[int, str]:
-        """step -> folder name of each complete checkpoint of a run dir (local or in a bucket). With a manifest: one
-        listing of the checkpoints folder, and one read per checkpoint whose manifest is there."""
-        named = {}
-        for name in storage.folders(self.checkpoints):
-            step = self.step_of(name)
-            if step is not None:
-                named[step] = name
-        if self.manifest is None or not named:
-            return named
-        contents: dict[str, dict[str, int]] = {}  # folder name -> {path inside it: size}
-        for rel, size in storage.sizes(self.checkpoints).items():
-            name, _, inside = rel[len(self.checkpoints) + 1 :].partition("/")
-            contents.setdefault(name, {})[inside] = size
-        steps = {}
-        for step, name in named.items():
-            files = contents.get(name, {})
-            if self.manifest in files:
-                if not manifest_gaps(storage.read_text(f"{self.checkpoints}/{name}/{self.manifest}"), files):
-                    steps[step] = name
-        return steps
-
-    def is_complete(self, checkpoint: Path) -> bool:
-        """Whether a local checkpoint folder holds every file its manifest lists, at the listed size (always true for
-        a layout without a manifest)."""
-        if self.manifest is None:
-            return True
-        try:
-            listed = _manifest_files((checkpoint / self.manifest).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
-            return False
-        if listed is None:
-            return False
-        for rel, size in listed.items():
-            path = checkpoint.joinpath(*rel.split("/"))
-            if not path.is_file() or path.stat().st_size != size:
-                return False
-        return True
-
-    def write_manifest(self, checkpoint: Path) -> Path:
-        """List every file of ``checkpoint`` with its size in the manifest, written last (through a temp name)."""
-        assert self.manifest is not None, "this layout has no checkpoint manifest"
-        files = {
-            path.relative_to(checkpoint).as_posix(): path.stat().st_size
-            for path in sorted(checkpoint.rglob("*"))
-            if path.is_file() and path.name != self.manifest
-        }
-        target = checkpoint / self.manifest
-        partial = target.with_name(f".{self.manifest}.partial")
-        partial.write_text(manifest_text(files))
-        partial.replace(target)
-        return target
-
-
-def manifest_text(files: dict[str, int]) -> str:
-    """A checkpoint manifest: every file of the checkpoint (path inside it -> size in bytes)."""
-    return json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True)
-
-
-def _manifest_files(text: str | None) -> dict[str, int] | None:
-    """The manifest's ``{relpath: size}``; None when it is not one (unreadable, or cut short)."""
-    try:
-        data = json.loads(text) if text is not None else None
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("files"), dict):
-        return None
-    files = data["files"]
-    if not all(isinstance(rel, str) and type(size) is int and size >= 0 for rel, size in files.items()):
-        return None
-    return files
-
-
-def manifest_gaps(manifest_text: str | None, sizes: dict[str, int]) -> list[str]:
-    """What keeps a checkpoint from being complete, given its manifest's text and the files it has (``{relpath
-    inside the checkpoint: size}``): an empty list when every listed file is there with its listed size."""
-    files = _manifest_files(manifest_text)
-    if files is None:
-        return ["no readable manifest"]
-    gaps = []
-    for rel, size in sorted(files.items()):
-        have = sizes.get(rel)
-        if have is None:
-            gaps.append(f"{rel}: missing")
-        elif have != size:
-            gaps.append(f"{rel}: {have} bytes, expected {size}")
-    return gaps
+__all__ = [
+    "MANIFEST_FORMAT",
+    "VENV_LAYOUT_VERSION",
+    "Backend",
+    "Capabilities",
+    "ClusterShape",
+    "EnvSpec",
+    "KeyPath",
+    "LaunchPlan",
+    "RunLayout",
+    "Target",
+    "manifest_gaps",
+    "manifest_text",
+    "weight_digest_summary",
+]
 
 
 def weight_digest_summary(snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -242,41 +62,13 @@ def weight_digest_summary(snapshot: RunSnapshot, launched: int) -> tuple[dict[st
     return {"weight_digests": digests}, [("weights", "identical on all workers" if same else "DIFFER between workers")]
 
 
-def unsupported(recipe: RecipeConfig, kind: str, *keys: KeyPath) -> list[tuple[KeyPath, str]]:
-    """Shared recipe keys that ``kind`` does not implement, located where the recipe sets them (to a non-default)."""
-    found = []
-    for key in keys:
-        owner: Any = recipe
-        for part in key[:-1]:
-            owner = getattr(owner, str(part))
-        name = str(key[-1])
-        default = type(owner).model_fields[name].get_default(call_default_factory=True)
-        if getattr(owner, name) != default:
-            found.append((key, f"not supported by the {kind} backend; remove it"))
-    return found
-
-
-PYTORCH_XLA_KEYS: tuple[KeyPath, ...] = (
-    ("data", "hf"), ("train", "grad_accum_steps"), ("train", "precision"), ("train", "adafactor"),
-    ("train", "label_smoothing"), ("train", "sharding"), ("model", "gradient_checkpointing"), ("model", "freeze"),
-    ("model", "prompt_tuning"), ("eval", "generate_examples"),
-)
-"""Shared recipe keys that only the PyTorch/XLA trainer implements so far (the other backends refuse them)."""
-
-
-def text_metric_problems(recipe: RecipeConfig, kind: str) -> list[tuple[KeyPath, str]]:
-    """``eval.metric`` bleu/rouge_l needs greedy decodes, which only the PyTorch/XLA trainer makes."""
-    if recipe.eval.metric in ("bleu", "rouge_l"):
-        return [(("eval", "metric"), f"{recipe.eval.metric} needs greedy decodes, which the {kind} backend does not "
-                 "make; use exact_match, token_accuracy or loss (or the torch_xla backend)")]
-    return []
-
-
 class Backend(Protocol):
     kind: str
     config_model: type[BaseModel]
     """The recipe's ``backend:`` section for this kind (a StrictModel with ``kind: Literal[...]``)."""
     layout: RunLayout
+    capabilities: Capabilities
+    """The optional shared recipe keys and the eval metrics this backend implements."""
 
     def env_spec(self, backend_config: object, target: Target, python: str) -> EnvSpec:
         """The venv this backend needs on a worker of the given target."""

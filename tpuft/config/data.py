@@ -1,0 +1,220 @@
+"""The recipe's ``data:`` section: JSON-lines files, a pretraining corpus, or a Hugging Face dataset, with the
+fields, templates, transforms and the preprocess hook that turn a record into a source and a target.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from tpuft.config_types import LaxPath, PathText, StrictModel, path_from_file as _from_file
+from tpuft.templates import TemplateError, template_fields
+
+
+TransformName = Literal["strip_diacritics", "lowercase", "nfc", "nfkc", "collapse_whitespace", "strip"]
+"""Text transforms a recipe names (tpuft/worker/text_transforms.py); seed 003's task is ``source_transforms:
+[strip_diacritics]`` on the same field as the target."""
+
+
+class HfDataset(StrictModel):
+    """A Hugging Face dataset: a hub id (the workers must reach the hub), a local dataset folder, or a builder
+    (``json``, ``csv``, ``parquet``, ``text``) over ``data_files`` that may be local or ``gs://``."""
+
+    path: str = Field(description="Hub id (e.g. wmt16), a local folder, or a builder: json, csv, parquet, text.")
+    name: str | None = Field(None, description="The dataset's configuration, e.g. ro-en.")
+    split: str = Field("train", description="Split to train on.")
+    eval_split: str | None = Field(None, description="Split to evaluate on (e.g. validation); none: no evaluation data.")
+    data_files: list[PathText] | dict[str, list[PathText]] = Field(
+        default_factory=list, max_length=100_000,
+        description="For a builder: files (or globs) of the train split, or {split: [files]}; local or gs://.",
+    )
+    streaming: bool = Field(True, description="Stream the data (never held whole in memory); false: download, map.")
+    revision: str | None = Field(None, description="Hub revision (a tag, branch or commit) for reproducibility.")
+    shuffle_buffer: int = Field(10_000, ge=0, le=10_000_000, description="Streaming shuffle buffer in examples (0: off).")
+    loader_workers: int = Field(1, ge=0, le=64, description="Data-loader processes per worker (0: in the trainer).")
+
+    @field_validator("path")
+    @classmethod
+    def _path_ok(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip() or any(ord(c) < 32 for c in value):
+            raise ValueError(f"expected a dataset id, folder or builder name (got {value!r})")
+        if value.startswith((".", "/", "~")):
+            path = Path(os.path.normpath(_from_file(value, info)))
+            if (info.context or {}).get("check_files", True) and not path.is_dir():
+                raise ValueError(f"dataset folder not found: {path}")
+            return str(path)
+        return value
+
+    @field_validator("data_files")
+    @classmethod
+    def _files_ok(cls, value: list[str] | dict[str, list[str]], info: ValidationInfo) -> list[str] | dict[str, list[str]]:
+        def resolve(items: list[str]) -> list[str]:
+            return [item if item.startswith("gs://") else str(Path(os.path.normpath(_from_file(item, info)))) for item in items]
+
+        if isinstance(value, dict):
+            return {split: resolve(items) for split, items in value.items()}
+        return resolve(value)
+
+    @model_validator(mode="after")
+    def _splits_have_files(self) -> HfDataset:
+        """A list of data_files is the train split's; with data_files given, load_dataset knows no other split."""
+        if isinstance(self.data_files, list):
+            if self.data_files and self.eval_split is not None and self.eval_split != self.split:
+                raise ValueError(
+                    f"data_files is a list, the files of split {self.split!r}: to evaluate on {self.eval_split!r} "
+                    f"give both, e.g. data_files: {{{self.split}: [...], {self.eval_split}: [...]}}"
+                )
+            return self
+        for role, split in (("split", self.split), ("eval_split", self.eval_split)):
+            if split is not None and split not in self.data_files:
+                raise ValueError(f"{role} {split!r} has no files in data_files (it names: "
+                                 f"{', '.join(self.data_files) or 'none'})")
+        return self
+
+
+class DataConfig(StrictModel):
+    train: LaxPath | None = Field(
+        None, description="Training examples, JSON lines; relative paths are from the recipe's folder."
+    )
+    corpus: list[PathText] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="Plain text for pretraining (span corruption), one document a line: files or globs, local "
+        "(relative to the recipe's folder) or gs://.",
+    )
+    eval: LaxPath | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
+    source_field: str = Field("source", description="JSON field holding the input text (dots reach into objects).")
+    target_field: str = Field("target", description="JSON field holding the output text.")
+    source_template: str | None = Field(
+        None, description="Build the input from several fields, e.g. 'question: {question} context: {context}'."
+    )
+    target_template: str | None = Field(None, description="Build the output from several fields, e.g. '{label}'.")
+    prefix: str = Field("", max_length=4096, description="Task prefix prepended to every input, e.g. 'translate English to German: '.")
+    max_source_length: int = Field(128, ge=1, le=65536, description="Inputs are truncated to this many tokens.")
+    max_target_length: int = Field(32, ge=1, le=65536, description="Targets are truncated to this many tokens.")
+    shuffle: bool = Field(True, description="Shuffle each worker's shard every epoch (seeded).")
+    truncation: Literal["head", "tail", "head+tail"] = Field(
+        "head",
+        description="Which tokens of an input longer than max_source_length are kept: 'head' the first ones, 'tail' "
+        "the last ones, 'head+tail' the first and the last half (long questions whose end matters too).",
+    )
+    source_transforms: list[TransformName] = Field(
+        default_factory=list, max_length=16,
+        description="Named text transforms applied to the input, in order, e.g. [strip_diacritics] with source_field "
+        "and target_field the same field: the task of restoring diacritics, with no code.",
+    )
+    target_transforms: list[TransformName] = Field(
+        default_factory=list, max_length=16, description="Named text transforms applied to the output, in order."
+    )
+    preprocess: str | None = Field(
+        None,
+        description="A hook for anything else: 'file.py:function' (relative to the recipe, shipped to the workers) or "
+        "'package.module:function' (installed in the worker venv). It gets each record (a dict) and returns the "
+        "record to use, or None to drop it.",
+    )
+    hf: HfDataset | None = Field(
+        None, description="A Hugging Face dataset instead of data.train/data.eval files: streamed, sharded over workers."
+    )
+    label_field: str | None = Field(
+        None, description="Classification: the JSON field holding each example's label (a name from labels, or its index)."
+    )
+    labels: list[str] = Field(
+        default_factory=list, max_length=100_000, description="Classification: the label names, in class-id order."
+    )
+
+    @field_validator("train", "eval")
+    @classmethod
+    def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        path = Path(os.path.normpath(_from_file(str(value), info)))
+        if (info.context or {}).get("check_files", True):
+            if not path.exists():
+                raise ValueError(f"file not found: {path}")
+            if not path.is_file():
+                raise ValueError(f"{path} is not a regular file (a folder, device or FIFO)")
+        return path
+
+    @field_validator("corpus")
+    @classmethod
+    def _corpus_files(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """Local globs are expanded now (sorted, so every worker sees the same list) and must match a file."""
+        import glob
+
+        files: list[str] = []
+        for text in value:
+            if text.startswith("gs://"):
+                files.append(text)
+                continue
+            pattern = str(Path(os.path.normpath(_from_file(text, info))))
+            found = sorted(p for p in glob.glob(pattern) if os.path.isfile(p)) if glob.has_magic(pattern) else [pattern]
+            if (info.context or {}).get("check_files", True):
+                if not found:
+                    raise ValueError(f"{text!r} matches no file")
+                for path in found:
+                    if not os.path.isfile(path):
+                        raise ValueError(f"file not found: {path}")
+            files.extend(found)
+        return files
+
+    @field_validator("preprocess")
+    @classmethod
+    def _preprocess_ok(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        target, sep, function = value.rpartition(":")
+        if not sep or not target or not function.isidentifier():
+            raise ValueError(f"expected 'file.py:function' or 'package.module:function' (got {value!r})")
+        if target.endswith(".py"):
+            path = Path(os.path.normpath(_from_file(target, info)))
+            if (info.context or {}).get("check_files", True) and not path.is_file():
+                raise ValueError(f"file not found: {path}")
+            return f"{path}:{function}"
+        if not all(part.isidentifier() for part in target.split(".")):
+            raise ValueError(f"{target!r} is neither a .py file nor a dotted module name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_dataset(self) -> DataConfig:
+        if self.hf is not None and (self.train is not None or self.eval is not None):
+            raise ValueError("give data.hf or data.train/data.eval files, not both")
+        return self
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_ok(cls, value: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for name in value:
+            if not name.strip():
+                raise ValueError("a label name is empty")
+            if name in seen:
+                raise ValueError(f"label {name!r} is listed twice")
+            seen.add(name)
+        if len(value) == 1:
+            raise ValueError("one label is no classification: list at least two")
+        return value
+
+    @field_validator("source_field", "target_field", "label_field")
+    @classmethod
+    def _field_name_ok(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value or any(part == "" for part in value.split(".")) or any(ord(c) < 32 for c in value):
+            raise ValueError(f"expected a JSON field name, with dots to reach into objects (got {value!r})")
+        return value
+
+    @field_validator("source_template", "target_template")
+    @classmethod
+    def _template_ok(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            fields = template_fields(value)
+        except TemplateError as exc:
+            raise ValueError(f"{exc} (got {value!r})") from None
+        if not fields:
+            raise ValueError(f"the template names no field, so every example would be the same text (got {value!r})")
+        return value
