@@ -15,6 +15,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import textwrap
 from collections import Counter
@@ -25,8 +26,8 @@ import pytest
 
 from tests.conftest import REPO
 from tpuft.config import dump_recipe, load_recipe
+from tpuft.worker.selection import score
 from tpuft.worker.t5x_gin import initial_step, network_module, task_name
-from tpuft.worker.t5x_train import eval_score
 
 QUICKSTART = REPO / "recipes" / "t5x_quickstart.yaml"
 NUMBERS = REPO / "recipes" / "data" / "numbers"
@@ -795,7 +796,91 @@ def test_small_helpers() -> None:
     assert network_module("umt5", []) == "t5x.examples.scalable_t5.network"
     assert network_module(None, ["import seqio\nfrom my.models import network\n"]) == "my.models.network"
     assert network_module(None, ["import seqio\n"]) is None
-    assert eval_score({"eval_exact_match": 0.5, "eval_loss": 0.1}) == 0.5
-    assert eval_score({"eval_token_accuracy": 0.7}) == 0.7
-    assert eval_score({"eval_loss": 2.0}) == -2.0
-    assert eval_score({"loss": 2.0}) is None
+    assert score({"eval_exact_match": 0.5, "eval_loss": 0.1}) == 0.5
+    assert score({"eval_token_accuracy": 0.7}) == 0.7
+    assert score({"eval_loss": 2.0}) == -2.0
+    assert score({"loss": 2.0}) is None
+
+
+def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *,
+                    resume: bool) -> dict[str, Any]:
+    """What T5X's hooks report for a 40-step run (a row, an evaluation of each kind and a checkpoint every 10
+    steps; exact match 0.5, 0.8, 0.7, 0.75), fed to the trainer's adapter without T5X; resumed, from the latest
+    checkpoint on."""
+    import numpy as np
+
+    from tpuft.worker import t5x_train
+    from tpuft.worker.context import WorkerContext
+
+    exported: list[int] = []
+    monkeypatch.setattr(t5x_train, "remove_checkpoint", shutil.rmtree)
+    monkeypatch.setattr(t5x_train, "export_hf", lambda ctx, model_dir, step, dtype: exported.append(step) or run_dir / "export" / "hf")
+    monkeypatch.setattr(t5x_train.T5xRun, "_process_count", staticmethod(lambda: 1))
+    if resume:
+        monkeypatch.setenv("TPUFT_RESUME", "1")
+    else:
+        monkeypatch.delenv("TPUFT_RESUME", raising=False)
+    recipe = load_recipe(QUICKSTART, ["train.steps=40", "train.keep_checkpoints=1", "train.warmup_steps=5",
+                                      "eval.every=10", "train.checkpoint_every=10"]).value
+    ctx = WorkerContext(run_id="adapter-1", run_dir=run_dir, worker_id=0, num_workers=1, coordinator="127.0.0.1:1",
+                        run_url=str(run_dir))
+    run = t5x_train.T5xRun(ctx, recipe)
+    run._resume()
+    batch = {"decoder_target_tokens": np.array([[5, 6, 0], [7, 0, 0]]),  # 3 + 4 real tokens, 2 examples a row
+             "encoder_input_tokens": np.array([[1, 2, 3], [4, 0, 0]])}
+    exact = {10: 0.5, 20: 0.8, 30: 0.7, 40: 0.75}
+    start = run.step
+    for taken in range(start, 40):
+        run.on_batch(taken, taken == start, batch)
+        step = taken + 1
+        if step % 10:
+            continue
+        run.on_train_scalars(step, {"loss": 2.0 / step, "loss_per_nonpadding_target_token": 1.0 / step,
+                                    "learning_rate": 0.001, "timing/seqs_per_second": 100.0, "accuracy": step / 100})
+        run.on_eval_scalars(step, {"loss_per_nonpadding_target_token": 0.9 / step, "accuracy": 0.99})
+        run.on_inference_eval(step, {"exact_match": exact[step]}, [{"input": "a", "prediction": "1", "target": "1"}])
+        checkpoint = run_dir / "checkpoints" / f"checkpoint_{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "state").write_text("x" * step)
+        run.on_checkpoint_saved(step)
+    run.finish()
+    assert run.loop.metrics is not None
+    run.loop.metrics.close()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"rows": [{k: v for k, v in row.items() if k not in ("time", "elapsed_s")} for row in rows],
+            "lines": capsys.readouterr().out.replace(str(run_dir), "RUN").splitlines(), "exported": exported,
+            "kept": sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir()),
+            "beat": json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())}
+
+
+def test_the_t5x_adapter_reports_through_the_run_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """T5X's reports become the run's rows, lines and heartbeats; the best inference evaluation's checkpoint is kept
+    besides the last and exported, and still is after a resume (the teacher-forced rows' token accuracy, higher than
+    any exact match, does not rank: the rows are judged as they were during the run)."""
+    first = t5x_adapter_run(tmp_path, monkeypatch, capsys, resume=False)
+    expected_rows = []
+    for step in (10, 20, 30, 40):
+        expected_rows += [
+            {"step": step, "loss": round(1.0 / step, 6), "lr": 0.001, "examples_per_s": 100.0, "tokens_per_s": 350.0,
+             "token_accuracy": step / 100},  # T5X's rows per second, times this host's examples and real tokens a row
+            {"step": step, "eval_loss": round(0.9 / step, 6), "eval_token_accuracy": 0.99},
+            {"step": step, "eval_exact_match": {10: 0.5, 20: 0.8, 30: 0.7, 40: 0.75}[step], "eval_examples": 1,
+             "checkpoint": f"checkpoint_{step}"},
+        ]  # fmt: skip
+    assert first["rows"] == expected_rows
+    assert first["lines"][:3] == ["[tpuft] step 10/40 loss 0.1000 lr 1.00e-03 100.0 ex/s 350 tok/s",
+                                  "[tpuft] eval @ 10: exact_match 0.5000 (1 examples)",
+                                  "[tpuft] checkpoint saved: RUN/checkpoints/checkpoint_10"]
+    assert first["lines"][-1] == "[tpuft] Hugging Face export of checkpoint_20: RUN/export/hf"
+    assert first["kept"] == [20, 40] and first["exported"] == [20]
+    beat = first["beat"]
+    assert beat["status"] == "finished" and beat["step"] == 40 and beat["phase"] == "step"
+    assert beat["exported_from"] == "checkpoint_20" and beat["loss"] == 0.025 and "train_seconds" in beat
+    assert (tmp_path / "eval" / "predictions-00000040.jsonl").is_file()
+
+    shutil.rmtree(tmp_path / "checkpoints" / "checkpoint_40")  # as if the run had died after its checkpoint at 20
+    resumed = t5x_adapter_run(tmp_path, monkeypatch, capsys, resume=True)
+    assert resumed["lines"][0] == "[tpuft] resuming from checkpoint_20 (step 20 of 40)"
+    assert resumed["rows"] == expected_rows  # the rows after the checkpoint forgotten, then logged anew
+    assert resumed["kept"] == [20, 40] and resumed["exported"] == [20]

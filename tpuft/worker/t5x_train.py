@@ -14,7 +14,8 @@ What a user of T5X would otherwise do by hand, and the traps on the way:
   (:data:`tpuft.backends.t5x.PRETRAINING_LOSS_FACTOR`) when fine-tuning a public checkpoint.
 
 ``MODEL_DIR`` is the run's ``checkpoints/`` (in the bucket for a gs:// run dir: T5X writes there itself). tpuft turns
-T5X's progress into its run-dir contract by hooking a few places (:mod:`tpuft.worker.t5x_hooks`), nothing else:
+T5X's progress into its run-dir contract, through the run skeleton every backend shares (:mod:`tpuft.worker.loop`),
+by hooking a few places (:mod:`tpuft.worker.t5x_hooks`), nothing else:
 
 * the trainer's batch iterator: a heartbeat per step (phase ``collective`` on a pod: each step is an all-reduce);
 * the metrics writer of host 0 (``MetricsManager._create_writer``): ``metrics.jsonl`` rows (loss, lr, examples/s,
@@ -34,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +42,30 @@ from tpuft import rundir
 from tpuft.backends.t5x import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.metrics import Heartbeat, MetricsWriter, fetch_missing_metrics
+from tpuft.worker.loop import RunLoop, steps_to_keep
+from tpuft.worker.metrics import fetch_missing_metrics
+from tpuft.worker.resume import RESUME_ENV, find_resume_checkpoint
+from tpuft.worker.selection import Selector
 from tpuft.worker.t5x_gin import initial_step, run_gin, task_spec, tasks_module
 from tpuft.worker.t5x_hooks import activate, exit_on_sigterm, install_hooks, run_t5x_train
 
-RESUME_ENV = "TPUFT_RESUME"
 GENERATED = "t5x"
 """Folder of the run dir holding the generated ``run.gin``, ``tasks.py`` and ``task.json``."""
 PREDICTIONS = "eval"
+
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
     return T5xRun(ctx, recipe).run()
 
 
 class T5xRun:
+    """T5X's loop reported through the shared run skeleton (:class:`tpuft.worker.loop.RunLoop`): T5X trains,
+    evaluates and checkpoints as the gin says, and the hooks (:mod:`tpuft.worker.t5x_hooks`) call the ``on_*``
+    methods here, which turn what T5X reports into the loop's events (metrics rows, the progress line, heartbeats,
+    keep-best, the final heartbeat). What stays here is what only T5X has: absolute steps (tpuft's step is T5X's
+    minus the initial checkpoint's), its scalars' names, checkpoints it writes itself (to the bucket, for a gs://
+    run dir), and a resume it does itself."""
+
     def __init__(self, ctx: WorkerContext, recipe: RecipeConfig) -> None:
         self.ctx = ctx
         self.recipe = recipe
@@ -64,18 +74,24 @@ class T5xRun:
         self.initial_step = initial_step(recipe)
         self.total_steps = self.initial_step + recipe.train.steps
         self.model_dir = f"{ctx.run_url}/{LAYOUT.checkpoints}" if ctx.remote else str(ctx.run_dir / LAYOUT.checkpoints)
-        self.heartbeat = Heartbeat(ctx.run_dir, ctx.worker_id, recipe.train.steps)
-        self.resuming = os.environ.get(RESUME_ENV, "") not in ("", "0")
-        self.step = 0
+        self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
+        # Only the inference evaluations are judged (T5X's teacher-forced ones are rows of their own), by the default
+        # ranking (exact match); T5X refuses train.early_stopping, and always keeps the best checkpoint.
+        self.loop.selector = Selector(None, None)
         self.phase = "starting"
-        self.started = time.time()
-        self.best: tuple[float, int] | None = None
-        """(score, absolute step) of the best eval so far; higher score is better."""
-        self.metrics: MetricsWriter | None = None
         self.counted = (0, 0, 0)
         """Rows, examples and real (non-padding) input + target tokens this host has taken since the last metrics row:
         T5X packs several examples into a row, and its own rates count rows and target tokens only."""
         self.counted_lock = threading.Lock()
+
+    @property
+    def chief(self) -> bool:
+        return self.loop.chief
+
+    @property
+    def step(self) -> int:
+        """tpuft's step (T5X's minus the initial checkpoint's), as the last heartbeat said it."""
+        return self.loop.step
 
     # -- the run ------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -83,19 +99,8 @@ class T5xRun:
         exit_on_sigterm()
         self.beat(phase="starting")
         self._distributed()
-        self.chief = self._process_index() == 0
-        if self.resuming and self.chief:
-            fetch_missing_metrics(self.ctx)
-        self.metrics = MetricsWriter(self.ctx.run_dir, chief=self.chief)
-        if self.resuming:
-            latest = self._latest_checkpoint()
-            if latest is not None:
-                self.step = latest - self.initial_step
-                self.metrics.restart_at(self.step)
-                self.best = self._best_from_metrics()
-                self.say(f"resuming from checkpoint_{latest} (step {self.step} of {self.recipe.train.steps})")
-            else:
-                self.say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from the start")
+        self.loop.chief = self._process_index() == 0
+        self._resume()
         gin_file = self.write_generated()
         install_hooks()
         self.say(
@@ -104,8 +109,30 @@ class T5xRun:
         )
         run_t5x_train(gin_file)
         self.finish()
-        self.metrics.close()
+        assert self.loop.metrics is not None
+        self.loop.metrics.close()
         return 0
+
+    def _resume(self) -> None:
+        """The metrics writer, and where a resumed run starts. T5X restores the latest checkpoint in MODEL_DIR by
+        itself; tpuft finds its step where the run dir really is, forgets the rows logged after it, and judges the
+        inference evaluations before it again for keep-best (T5X's checkpoints hold no state of tpuft's)."""
+        loop = self.loop
+        if loop.resuming and loop.chief:
+            fetch_missing_metrics(self.ctx)
+        found = find_resume_checkpoint(self.ctx, LAYOUT) if loop.resuming else None
+        if found is None:
+            loop.open_metrics(None)
+            if loop.resuming:
+                self.say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from the start")
+            return
+        latest = found[0]
+        loop.start_step = loop.step = latest - self.initial_step
+        loop.open_metrics(loop.start_step)
+        for row in _logged_rows(self.ctx.run_dir / rundir.METRICS):
+            if "eval_examples" in row and isinstance(row.get("step"), int):  # an inference evaluation's row
+                loop.selector.judge(row["step"], row)
+        self.say(f"resuming from checkpoint_{latest} (step {loop.start_step} of {self.recipe.train.steps})")
 
     def _distributed(self) -> None:
         """The local CPU pod: JAX's coordination service on worker 0, gloo collectives between the processes. TPU
@@ -134,15 +161,16 @@ class T5xRun:
         return jax.process_count()
 
     def say(self, message: str) -> None:
-        if getattr(self, "chief", self.ctx.chief):
-            print(f"[tpuft] {message}", flush=True)
+        self.loop.say(message)
 
     def beat(self, step: int | None = None, status: str = "running", phase: str | None = None, **extra: Any) -> None:
+        """The heartbeat; T5X's hooks that know no step (evaluations, checkpoints) repeat the last one's, and a
+        beat without a phase keeps the last one's."""
         if step is not None:
-            self.step = step
+            self.loop.step = step
         if phase is not None:
             self.phase = phase
-        self.heartbeat.beat(self.step, status, self.phase, **extra)
+        self.loop.beat(self.loop.step, status, self.phase, **extra)
 
     # -- generated files ----------------------------------------------------------------------------------------
     def task_spec(self) -> dict[str, Any]:
@@ -180,10 +208,11 @@ class T5xRun:
         self.beat(absolute_step - self.initial_step, phase=phase)
 
     def on_train_scalars(self, absolute_step: int, scalars: dict[str, Any]) -> None:
-        assert self.metrics is not None
+        metrics = self.loop.metrics
+        assert metrics is not None
         step = absolute_step - self.initial_step
         numbers = {k: float(v) for k, v in scalars.items() if _is_number(v)}
-        self.metrics.tensorboard(step, {f"t5x/{k}": v for k, v in numbers.items()})
+        metrics.tensorboard(step, {f"t5x/{k}": v for k, v in numbers.items()})
         loss = _per_token_loss(numbers)
         if loss is None:
             return
@@ -191,25 +220,20 @@ class T5xRun:
             rows, examples, tokens = self.counted
             self.counted = (0, 0, 0)
         rows_per_s = numbers.get("timing/seqs_per_second", 0.0)  # T5X's own clock for the window
-        row = {
-            "loss": round(loss, 6),
-            "lr": numbers.get("learning_rate", numbers.get("learning_rate/current", 0.0)),
-            "examples_per_s": round(rows_per_s * examples / rows, 2) if rows else round(rows_per_s, 2),
-            "tokens_per_s": round(rows_per_s * tokens / rows, 1) if rows else 0.0,
-            "elapsed_s": round(time.time() - self.started, 1),
-        }
-        if "accuracy" in numbers:
-            row["token_accuracy"] = round(numbers["accuracy"], 6)
-        self.metrics.log(step, row)
-        self.beat(step, **{k: row[k] for k in ("loss", "lr", "examples_per_s", "tokens_per_s")})
-        self.say(
-            f"step {step}/{self.recipe.train.steps} loss {row['loss']:.4f} lr {row['lr']:.2e} "
-            f"{row['examples_per_s']:.1f} ex/s {row['tokens_per_s']:.0f} tok/s"
+        extra = {"token_accuracy": round(numbers["accuracy"], 6)} if "accuracy" in numbers else {}
+        logged = self.loop.log_train(
+            step,
+            loss=round(loss, 6),
+            lr=numbers.get("learning_rate", numbers.get("learning_rate/current", 0.0)),
+            examples_per_s=round(rows_per_s * examples / rows, 2) if rows else round(rows_per_s, 2),
+            tokens_per_s=round(rows_per_s * tokens / rows, 1) if rows else 0.0,
+            extra=extra,
         )
+        self.beat(step, **logged)
 
     def on_eval_scalars(self, absolute_step: int, scalars: dict[str, Any]) -> None:
-        """Teacher-forced eval on the validation split (T5X's "training eval")."""
-        assert self.metrics is not None
+        """Teacher-forced eval on the validation split (T5X's "training eval"): a row, not judged."""
+        assert self.loop.metrics is not None
         numbers = {k: float(v) for k, v in scalars.items() if _is_number(v)}
         row: dict[str, Any] = {}
         loss = _per_token_loss(numbers)
@@ -218,23 +242,19 @@ class T5xRun:
         if "accuracy" in numbers:
             row["eval_token_accuracy"] = round(numbers["accuracy"], 6)
         if row:
-            self.metrics.log(absolute_step - self.initial_step, row)
+            self.loop.metrics.log(absolute_step - self.initial_step, row)
 
     def on_inference_eval(self, absolute_step: int, metrics: dict[str, Any], predictions: list[dict[str, Any]]) -> None:
-        assert self.metrics is not None
         step = absolute_step - self.initial_step
         row: dict[str, Any] = {f"eval_{k}": round(float(v), 6) for k, v in metrics.items() if _is_number(v)}
         row["eval_examples"] = len(predictions)
         row["checkpoint"] = LAYOUT.checkpoint_format.format(step=absolute_step)
-        self.metrics.log(step, row)
         folder = self.ctx.run_dir / PREDICTIONS
         folder.mkdir(parents=True, exist_ok=True)
         _write(folder / f"predictions-{step:08d}.jsonl", "".join(json.dumps(p) + "\n" for p in predictions))
         shown = " ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in row.items() if isinstance(v, float))
-        self.say(f"eval @ {step}: {shown} ({len(predictions)} examples)")
-        score = eval_score(row)
-        if score is not None and (self.best is None or score > self.best[0]):
-            self.best = (score, absolute_step)
+        self.loop.record_eval(step, row, line=f"eval @ {step}: {shown} ({len(predictions)} examples)")
+        if self.loop.judge(step, row).improved:
             self._prune()
 
     def on_checkpoint_saved(self, absolute_step: int) -> None:
@@ -246,20 +266,21 @@ class T5xRun:
         self._prune()
         self.say(f"checkpoint saved: {folder}")
 
+    def _best_step(self) -> int | None:
+        """T5X's (absolute) step of the best inference evaluation so far."""
+        best = self.loop.best
+        return int(best["step"]) + self.initial_step if best is not None else None
+
     def _prune(self) -> None:
         """Keep the last ``train.keep_checkpoints`` complete checkpoints and the best one; never the initial one
         (it is not in MODEL_DIR)."""
         if not self.chief:
             return
-        import tensorflow as tf
-
-        steps = sorted(self._complete_steps())
-        keep = set(steps[-self.recipe.train.keep_checkpoints :])
-        if self.best is not None:
-            keep.add(self.best[1])
-        for step in steps:
+        steps = self._complete_steps()
+        keep = steps_to_keep(steps, self.recipe.train.keep_checkpoints, self._best_step())
+        for step in sorted(steps):
             if step not in keep:
-                tf.io.gfile.rmtree(f"{self.model_dir}/{LAYOUT.checkpoint_format.format(step=step)}")
+                remove_checkpoint(f"{self.model_dir}/{LAYOUT.checkpoint_format.format(step=step)}")
 
     def _complete_steps(self) -> list[int]:
         if self.ctx.remote:
@@ -268,37 +289,21 @@ class T5xRun:
             return list(LAYOUT.checkpoint_steps(open_storage(self.ctx.run_url)))
         return [step for step, _ in LAYOUT.local_checkpoints(Path(self.model_dir))]
 
-    def _latest_checkpoint(self) -> int | None:
-        steps = self._complete_steps()
-        return max(steps) if steps else None
-
-    def _best_from_metrics(self) -> tuple[float, int] | None:
-        best: tuple[float, int] | None = None
-        path = self.ctx.run_dir / rundir.METRICS
-        if not path.is_file():
-            return None
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            score = eval_score(row) if isinstance(row, dict) else None
-            if score is not None and isinstance(row.get("step"), int) and (best is None or score > best[0]):
-                best = (score, row["step"] + self.initial_step)
-        return best
-
     # -- the end ------------------------------------------------------------------------------------------------
     def finish(self) -> None:
-        extra: dict[str, Any] = {"train_seconds": round(time.time() - self.started, 1)}
+        """Host 0 exports the best checkpoint (else the last) to Hugging Face format; then the final heartbeat."""
+        extra: dict[str, Any] = {}
         if self.chief and self.recipe.export.hf:
             steps = self._complete_steps()
-            chosen = self.best[1] if self.best is not None and self.best[1] in steps else (max(steps) if steps else None)
+            best = self._best_step()
+            chosen = best if best is not None and best in steps else (max(steps) if steps else None)
             if chosen is not None:
                 self.beat(phase="export")
                 out = export_hf(self.ctx, self.model_dir, chosen, self.recipe.export.dtype)
                 extra["exported_from"] = LAYOUT.checkpoint_format.format(step=chosen)
                 self.say(f"Hugging Face export of {extra['exported_from']}: {out}")
-        self.beat(self.recipe.train.steps, "finished", phase="step", **extra)
+        self.phase = "step"
+        self.loop.finished(self.recipe.train.steps, **extra)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -330,14 +335,11 @@ def batch_counts(batch: Any) -> tuple[int, int, int]:
     return int(targets.shape[0]), examples, tokens
 
 
-def eval_score(row: dict[str, Any]) -> float | None:
-    """Higher is better: the metric that ranks a run's evaluations everywhere (``rundir.BEST_METRICS``: exact match,
-    else accuracy, else token accuracy, else the eval loss), negated where lower is better; the shared ranking of
-    ``tpuft.worker.selection`` (T5X's teacher-forced and inference evaluations are separate rows, so it keeps the
-    default ranking rather than ``eval.metric``)."""
-    from tpuft.worker.selection import score
+def remove_checkpoint(folder: str) -> None:
+    """A checkpoint folder pruned, local or gs:// (through TensorFlow's gfile, which T5X writes with)."""
+    import tensorflow as tf
 
-    return score(row)
+    tf.io.gfile.rmtree(folder)
 
 
 def write_manifest(folder: str) -> None:
@@ -395,3 +397,18 @@ def _is_number(value: Any) -> bool:
         return not isinstance(value, (bool, str, bytes)) and float(value) == float(value)
     except (TypeError, ValueError):
         return False
+
+
+def _logged_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl (none when there is no file; a torn line is skipped)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
