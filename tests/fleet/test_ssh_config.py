@@ -246,7 +246,7 @@ def test_a_bastion_with_another_key_is_refused(pod: SshdPod, bastion: Bastion, t
 
 def test_tpuft_ssh_gets_the_same_precedence(tmp_path: Path) -> None:
     """`tpuft ssh` is OpenSSH: it reads the same file (-F) and is given -l/-p/-i only where the fleet would use them."""
-    from tpuft.fleet.ssh import openssh_options
+    from tpuft.fleet.ssh_config import openssh_options
 
     config = tmp_path / "ssh_config"
     config.write_text("Host 10.0.0.*\n  User alice\n  Port 2222\n  IdentityFile ~/.ssh/alice\n")

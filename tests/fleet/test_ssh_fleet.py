@@ -118,7 +118,7 @@ def test_an_environment_name_never_becomes_shell(pod: SshdPod, tmp_path: Path, n
     """Names are refused before any command line is built (the cluster file refuses them earlier still); values
     and argv travel quoted, so what a worker gets is the text, not a command."""
     from tpuft.errors import UsageError
-    from tpuft.fleet.ssh import remote_command
+    from tpuft.fleet.ssh_remote import remote_command
 
     marker = tmp_path / "owned"
     fleet = make_fleet(pod)

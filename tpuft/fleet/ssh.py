@@ -27,59 +27,30 @@ no arguments, ``eval`` and ``export`` are builtins, so no value ever becomes a p
 
 from __future__ import annotations
 
-import io
-import os
 import shlex
-import tarfile
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpuft.errors import TpuftError
-from tpuft.fleet.base import EnvFor, FleetResult, LineSink, LogStamp, WorkerResult, check_env, select_workers
+from tpuft.fleet.base import EnvFor, FleetResult, LineSink, LogStamp, select_workers
+from tpuft.fleet.ssh_config import (
+    SshConnectError,
+    SshSettings,
+    fingerprint,
+    known_hosts_name,
+    prepare_bastion,
+    proxy_command_class,
+    worker_ssh_config_class,
+)
+from tpuft.fleet.ssh_remote import RemoteProcess, env_payload, remote_command, tar_payload
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.records import Worker
 
-PGID_MARKER = "__TPUFT_PGID__"
-STOP_GRACE_SECONDS = 5.0
+__all__ = ["SshConnectError", "SshFleet", "SshSettings", "known_hosts_name"]
 
-
-@dataclass(frozen=True)
-class SshSettings:
-    user: str
-    key_file: Path
-    port: int = 22
-    connect_attempts: int = 10
-    """Like gcloud: a VM that has just turned READY may need a while before sshd answers."""
-    retry_delay_s: float = 5.0
-    connect_timeout_s: float = 20.0
-    keepalive_s: int = 30
-    max_parallel_connects: int = 64
-    """Bounded fan-out for the handshakes (each costs sshd a fork and a key exchange)."""
-    known_hosts: Path | None = None
-    """The cluster's pinned host keys (from the TPU API's guest attributes); None: no pinning (tests, benchmarks)."""
-    ssh_config: Path | None = Path("~/.ssh/config")
-    """The OpenSSH client config whose ``Host`` blocks apply to the workers (``User``, ``Port``, ``IdentityFile``,
-    ``HostName``, ``ProxyJump``, ``ProxyCommand``, ``ConnectTimeout``); a missing file is an empty one; None reads
-    none. Only this file: like ``ssh -F FILE``, not also /etc/ssh/ssh_config."""
-    explicit: tuple[str, ...] = ("key_file", "port", "user")
-    """Which of ``user``, ``key_file`` and ``port`` the cluster file set. Those win over ``ssh_config``; the others
-    are defaults (local user name, ~/.ssh/google_compute_engine, 22) that a matching ``Host`` block replaces. Code
-    that builds settings itself (tests, benchmarks) means what it gives, hence all three by default. A sorted tuple,
-    not a set: the settings' repr names the connection agent's socket and must be the same in every process."""
-
-
-class SshConnectError(TpuftError):
-    pass
-
-
-def known_hosts_name(host: str, port: int) -> str:
-    """The name a known_hosts line (and paramiko's lookup) uses for a host: ``[host]:port`` off port 22."""
-    return host if port == 22 else f"[{host}]:{port}"
 
 
 class SshFleet:
@@ -134,11 +105,11 @@ class SshFleet:
         with self._lock:
             if self._fabric_config is None:
                 settings = self.settings
-                parsed = _worker_ssh_config_class()()
+                parsed = worker_ssh_config_class()()
                 if settings.ssh_config is not None:
                     path = settings.ssh_config.expanduser()
                     try:
-                        parsed = _worker_ssh_config_class().from_path(str(path))
+                        parsed = worker_ssh_config_class().from_path(str(path))
                     except FileNotFoundError:
                         pass
                     except (OSError, ValueError, paramiko.SSHException) as exc:
@@ -232,19 +203,19 @@ class SshFleet:
             connection.gateway = self._shared_gateway(connection)
         elif isinstance(connection.gateway, str):  # ProxyCommand, its %p/%r expanded as for this connection
             command = connection.gateway = says.get("proxycommand", connection.gateway)
-            connection.open_gateway = lambda: _proxy_command_class()(command)  # not paramiko's: see there
+            connection.open_gateway = lambda: proxy_command_class()(command)  # not paramiko's: see there
         return connection
 
     def _shared_gateway(self, connection: Any) -> Any:
         """One bastion connection for every worker behind the same ``ProxyJump`` (ssh opens one per worker; one
-        handshake instead of 64), its host key checked as ssh would (see :func:`_prepare_bastion`)."""
+        handshake instead of 64), its host key checked as ssh would (see :func:`prepare_bastion`)."""
         jump = str(connection.ssh_config.get("proxyjump"))
         with self._lock:
             shared = self._gateways.get(jump)
             if shared is None:
                 hop = connection.gateway
                 while hop is not None and not isinstance(hop, str):
-                    _prepare_bastion(hop)
+                    prepare_bastion(hop)
                     hop = hop.gateway
                 shared = self._gateways[jump] = (connection.gateway, threading.Lock())
         return shared[0]
@@ -266,8 +237,8 @@ class SshFleet:
             except paramiko.BadHostKeyException as exc:
                 raise SshConnectError(
                     f"the ProxyJump host {gateway.host}:{gateway.port} (on the way to worker {worker.index}, "
-                    f"{worker.address}) presented a {exc.key.get_name()} host key {_fingerprint(exc.key)}, not the one "
-                    f"in your known_hosts ({_fingerprint(exc.expected_key)}): refused, nothing was sent through it",
+                    f"{worker.address}) presented a {exc.key.get_name()} host key {fingerprint(exc.key)}, not the one "
+                    f"in your known_hosts ({fingerprint(exc.expected_key)}): refused, nothing was sent through it",
                     hint="If the bastion was rebuilt, check its new key out of band, then: ssh-keygen -R "
                     f"{known_hosts_name(gateway.host, int(gateway.port))} and ssh {gateway.host} once.",
                 ) from None
@@ -317,8 +288,8 @@ class SshFleet:
                 connection.close()
                 raise SshConnectError(
                     f"worker {worker.index} ({worker.address}, reached at {where}) presented a {exc.key.get_name()} "
-                    f"host key {_fingerprint(exc.key)}, not the one pinned from the TPU API ({exc.expected_key.get_name()} "
-                    f"{_fingerprint(exc.expected_key)}) in {settings.known_hosts}: refused, nothing was sent to it",
+                    f"host key {fingerprint(exc.key)}, not the one pinned from the TPU API ({exc.expected_key.get_name()} "
+                    f"{fingerprint(exc.expected_key)}) in {settings.known_hosts}: refused, nothing was sent to it",
                     hint="The node was recreated or someone else answers on this address: run `tpuft status` to "
                     "refresh the keys from the API; if the node is the same, delete and recreate it.",
                 ) from None
@@ -385,13 +356,17 @@ class SshFleet:
                 command = remote_command(argv, worker_env, cwd_home=cwd_home)
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
                 output = Output(worker.index, log_path, on_line, stamp=log_stamp)
-                handles.append(_RemoteProcess(self, worker, command, output, changed, env_payload(worker_env)))
+                handles.append(RemoteProcess(self, worker, command, output, changed, env_payload(worker_env)))
 
         return run_supervised(start, fail_fast)
 
+    def session(self, worker: Worker) -> Any:
+        """A new channel on the worker's connection (connecting first if need be): one per command."""
+        return self._client(worker).get_transport().open_session()
+
     def exec_simple(self, worker: Worker, command: str, stdin: bytes | None = None) -> tuple[int, bytes]:
         """Run a short command and return (exit code, combined output); for put and for killing process groups."""
-        channel = self._client(worker).get_transport().open_session()
+        channel = self.session(worker)
         try:
             channel.set_combine_stderr(True)
             channel.exec_command(command)
@@ -412,7 +387,7 @@ class SshFleet:
     def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:
         """Copy a file or a folder to every chosen worker in parallel, as one tar stream per worker."""
         chosen = select_workers(self.workers, workers)
-        payload = _tar(source)
+        payload = tar_payload(source)
         quoted = shlex.quote(dest)
         if source.is_dir():
             command = f"mkdir -p {quoted} && tar -x -m -C {quoted} -f -"
@@ -429,249 +404,3 @@ class SshFleet:
         self.connect_all(chosen)
         with ThreadPoolExecutor(max_workers=min(len(chosen), self.settings.max_parallel_connects) or 1) as pool:
             list(pool.map(one, chosen))
-
-
-def host_block(settings: SshSettings, address: str) -> dict[str, Any]:
-    """What ``settings.ssh_config`` says for ``address`` (lower-case keys, as paramiko's lookup gives them); {} when
-    there is no file."""
-    import paramiko
-
-    if settings.ssh_config is None:
-        return {}
-    try:
-        return dict(paramiko.SSHConfig.from_path(str(settings.ssh_config.expanduser())).lookup(address))
-    except FileNotFoundError:
-        return {}
-
-
-def openssh_options(settings: SshSettings, address: str) -> list[str]:
-    """Options that make OpenSSH's client (``tpuft ssh``) reach ``address`` as the fleet does: the same config file
-    (``-F``; /dev/null for none or a missing one), and ``-l``/``-p``/``-i`` only for what the cluster file set or no
-    Host block says, so the rest comes from the Host block as in the fleet."""
-    path = settings.ssh_config.expanduser() if settings.ssh_config is not None else None
-    says = host_block(settings, address)
-    options = ["-F", str(path) if path is not None and path.is_file() else "/dev/null"]
-    if "user" in settings.explicit or "user" not in says:
-        options += ["-l", settings.user]
-    if "port" in settings.explicit or "port" not in says:
-        options += ["-p", str(settings.port)]
-    if "key_file" in settings.explicit or "identityfile" not in says:
-        options += ["-i", str(settings.key_file.expanduser())]
-    return options
-
-
-def _worker_ssh_config_class() -> Any:
-    """paramiko's SSHConfig, except that for a worker's address ``%p`` and ``%r`` (in ``ProxyCommand``, say) mean the
-    port and user the connection will use: the cluster file's explicit ones win over the Host block, as ``ssh -p``
-    and ``-l`` do. paramiko expands them from the Host block alone; a bastion's lookup is left as it is."""
-    import paramiko
-
-    class WorkerSshConfig(paramiko.SSHConfig):  # type: ignore[misc]
-        worker_tokens: tuple[set[str], dict[str, Any]] = (set(), {})
-
-        def _tokenize(self, config: Any, target_hostname: str, key: str, value: Any) -> Any:
-            workers, explicit = self.worker_tokens
-            if explicit and target_hostname in workers:
-                config = {**config, **explicit}
-            return super()._tokenize(config, target_hostname, key, value)
-
-    return WorkerSshConfig
-
-
-def _proxy_command_class() -> Any:
-    """paramiko's ProxyCommand, except that the end of the command's output ends the connection. paramiko's ``recv``
-    loops while ``select`` says the pipe is readable and ``read`` returns nothing, which is what a pipe does once the
-    command has exited (the bastion went away, ``ssh -W`` died): the transport's thread then spins a core for good
-    and never sees the connection drop, so nothing reconnects. Here EOF returns what was read (``b""`` at the end),
-    which paramiko takes, as from a socket, for a closed connection."""
-    import select
-    import socket
-
-    import paramiko
-
-    class EofProxyCommand(paramiko.ProxyCommand):  # type: ignore[misc]
-        def recv(self, size: int) -> bytes:
-            buffer = b""
-            started = time.time()
-            try:
-                while len(buffer) < size:
-                    wait = None
-                    if self.timeout is not None:
-                        wait = self.timeout - (time.time() - started)
-                        if wait <= 0:
-                            raise socket.timeout()
-                    readable, _, _ = select.select([self.process.stdout], [], [], wait)
-                    if readable:
-                        chunk = os.read(self.process.stdout.fileno(), size - len(buffer))
-                        if not chunk:  # EOF: the command has exited
-                            return buffer
-                        buffer += chunk
-                return buffer
-            except socket.timeout:
-                if buffer:
-                    return buffer
-                raise
-            except OSError as exc:
-                raise paramiko.ProxyCommandFailure(" ".join(self.cmd), exc.strerror) from None
-
-    return EofProxyCommand
-
-
-def _prepare_bastion(hop: Any) -> None:
-    """A ProxyJump host is a host of the user's, not a TPU worker: its key is checked the way ``ssh -J`` would, from
-    the known_hosts files its ``Host`` block names (default ~/.ssh/known_hosts, ~/.ssh/known_hosts2 and the global
-    /etc/ssh/ssh_known_hosts), refusing an unknown one (ssh in batch mode) unless its ``StrictHostKeyChecking`` is
-    ``accept-new`` or ``no``. A changed key is always refused. Its User, Port and IdentityFile are ssh's too."""
-    import paramiko
-
-    config = hop.ssh_config
-    files = str(config.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")).split()
-    files += str(config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")).split()
-    for name in files:
-        path = os.path.expanduser(name)
-        if os.path.isfile(path):
-            hop.client.load_system_host_keys(path)
-    strict = str(config.get("stricthostkeychecking", "ask")).lower()
-    lenient = strict in {"no", "off", "accept-new"}
-    hop.client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if lenient else paramiko.RejectPolicy())
-
-
-def _fingerprint(key: Any) -> str:
-    """``SHA256:...`` as ``ssh-keygen -l`` prints it, so a user can compare with what the VM's console says."""
-    import base64
-    import hashlib
-
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-
-
-def remote_command(argv: Sequence[str], env: dict[str, str], *, cwd_home: bool = True) -> str:
-    """The shell line sent to a worker: report the process-group id, go home, read the environment from stdin (see
-    :func:`env_payload`), then exec the quoted argv. No value of ``env`` is in it: only its presence."""
-    check_env(env)
-    parts = [f"echo {PGID_MARKER} $$"]
-    if cwd_home:
-        parts.append('cd "$HOME"')
-    if env:
-        parts.append('eval "$(cat)"')  # builtins only: the values never become any process's argv
-    parts.append(f"exec {shlex.join(argv)}")
-    return " && ".join(parts)
-
-
-def env_payload(env: dict[str, str]) -> bytes | None:
-    """``export K='V'`` lines for the remote shell's ``eval`` (names checked, values quoted, so nothing is read as
-    shell); None when there is nothing to send."""
-    check_env(env)
-    if not env:
-        return None
-    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items()).encode()
-
-
-def _tar(source: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        if source.is_dir():
-            for child in sorted(source.iterdir()):
-                archive.add(child, arcname=child.name)
-        else:
-            archive.add(source, arcname=source.name)
-    return buffer.getvalue()
-
-
-class _RemoteProcess:
-    """One worker's command on its channel; stopping it kills the remote process group."""
-
-    def __init__(self, fleet: SshFleet, worker: Worker, command: str, output: Output, changed: threading.Event,
-                 stdin: bytes | None = None) -> None:
-        self.fleet = fleet
-        self.changed = changed
-        self.worker = worker
-        self.index = worker.index
-        self.output = output
-        self.started = time.monotonic()
-        self.ended: float | None = None
-        self.exit_code: int | None = None
-        self.pgid: int | None = None
-        self.pgid_seen = threading.Event()
-        self.stopped_by_us = False
-        self.stop_requested_at: float | None = None
-        self.killed = False
-        self.channel = fleet._client(worker).get_transport().open_session()
-        self.channel.set_combine_stderr(True)
-        self.channel.exec_command(command)
-        if stdin is not None:
-            self.channel.sendall(stdin)
-        self.channel.shutdown_write()
-        self.reader = threading.Thread(target=self._pump, daemon=True)
-        self.reader.start()
-
-    def _pump(self) -> None:
-        stream = self.channel.makefile("rb")
-        try:
-            for raw in stream:
-                if self.pgid is None and raw.startswith(PGID_MARKER.encode()):
-                    try:
-                        self.pgid = int(raw.split()[1])
-                    except (IndexError, ValueError):
-                        pass
-                    self.pgid_seen.set()
-                    continue
-                self.output.feed(raw)
-        except OSError:
-            pass
-        finally:
-            self.pgid_seen.set()
-            code = self.channel.recv_exit_status()
-            self.exit_code = code if code >= 0 else 255
-            self.ended = time.monotonic()
-            self.changed.set()
-
-    def poll(self) -> int | None:
-        return self.exit_code if self.ended is not None else None
-
-    def _signal_group(self, signal_name: str) -> None:
-        self.pgid_seen.wait(timeout=STOP_GRACE_SECONDS)
-        if self.pgid is None:
-            return
-        try:
-            self.fleet.exec_simple(self.worker, f"kill -{signal_name} -- -{self.pgid} 2>/dev/null; true")
-        except Exception:  # noqa: BLE001 - the worker may already be unreachable; nothing more to do
-            pass
-
-    def stop(self) -> None:
-        if self.poll() is not None or self.stopped_by_us:
-            return
-        self.stopped_by_us = True
-        self.stop_requested_at = time.monotonic()
-        threading.Thread(target=self._signal_group, args=("TERM",), daemon=True).start()
-
-    def escalate(self) -> None:
-        if (
-            not self.killed
-            and self.stop_requested_at is not None
-            and time.monotonic() - self.stop_requested_at > STOP_GRACE_SECONDS
-        ):
-            self.killed = True
-            threading.Thread(target=self._signal_group, args=("KILL",), daemon=True).start()
-
-    def finish(self) -> None:
-        deadline = time.monotonic() + 2 * STOP_GRACE_SECONDS
-        while self.poll() is None and time.monotonic() < deadline:
-            if self.stopped_by_us:
-                self.escalate()
-            time.sleep(0.05)
-        if self.poll() is None:
-            self._signal_group("KILL")
-            self.channel.close()
-        self.reader.join(timeout=5)
-        self.output.close()
-
-    def result(self) -> WorkerResult:
-        end = self.ended if self.ended is not None else time.monotonic()
-        return WorkerResult(
-            index=self.index,
-            exit_code=None if self.stopped_by_us else self.exit_code,
-            seconds=end - self.started,
-            tail=list(self.output.tail),
-            log_path=self.output.log_path,
-            pid=self.pgid,
-        )

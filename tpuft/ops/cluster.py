@@ -144,7 +144,7 @@ def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str,
     if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
         return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)
     from tpuft.ops import agent_client
-    from tpuft.fleet.ssh import known_hosts_name, openssh_options
+    from tpuft.fleet.ssh_config import known_hosts_name, openssh_options
 
     session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata
     settings = session.provider.ssh_settings()  # type: ignore[attr-defined]
