@@ -41,6 +41,20 @@ def test_select_one_steps_parameters_only() -> None:
         select_files(["a/b.txt"], None, "gs://b/x")
 
 
+def test_what_a_conversion_fetches_is_what_the_layouts_say() -> None:
+    """The backends' RunLayouts decide: a Keras run's optimizer variables and trainer state stay in the bucket too
+    (its step_N folders are named like PyTorch/XLA's, so a file is fetched only when both layouts read it)."""
+    run = ["run.json", *(f"checkpoints/step_00000100/{f}" for f in ("config.json", "tf_model.h5", "optimizer.npz",
+                                                                     "trainer_state.json", "manifest.json"))]
+    chosen = select_files(run, None, "gs://b/runs/k", lambda folder: [])
+    assert chosen.files == {"checkpoints/step_00000100/config.json", "checkpoints/step_00000100/tf_model.h5",
+                            "checkpoints/step_00000100/manifest.json"}
+    orbax = ["checkpoint_4/state/_METADATA", "checkpoint_4/state/ocdbt.process_0/d/1", "checkpoint_4/_CHECKPOINT_METADATA",
+             "checkpoint_4/config.gin", "train/events.out.tfevents.1"]
+    chosen = select_files(orbax, None, "gs://b/m", lambda folder: ["no readable manifest"])  # T5X's own: no manifest
+    assert chosen.checkpoint == "checkpoint_4" and chosen.files == set(orbax[:4])
+
+
 def test_a_half_uploaded_torch_checkpoint_is_never_picked() -> None:
     """The syncer uploads a checkpoint file by file: step 1000 has its config but not all its weights yet."""
     run = ["checkpoints/step_00000500/config.json", "checkpoints/step_00000500/model.safetensors",

@@ -125,7 +125,7 @@ class KerasBackend(StrictModel):
         return max(d for d in range(1, min(common, 100) + 1) if common % d == 0)
 
 
-LAYOUT = RunLayout(manifest="manifest.json")
+LAYOUT = RunLayout(manifest="manifest.json", not_weights=("optimizer.npz", "trainer_state.json"))
 """metrics.jsonl; ``checkpoints/step_N`` written by the chief through a temp dir: the HF model (``tf_model.h5``,
 which tpuft's converter reads), the optimizer's variables and ``trainer_state.json``, then ``manifest.json``; the
 best one by the eval metric is kept besides the last ``train.keep_checkpoints``; an HF (PyTorch) export at the end."""

@@ -9,6 +9,7 @@ converters import these without importing a backend, the recipe or the controlle
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -124,10 +125,33 @@ class RunLayout:
     a checkpoint is complete only when its manifest is there and every file listed is there with that size: a
     checkpoint mirrored to a bucket is uploaded file by file under its final name, so there a well-named folder can
     be partial. A folder without the manifest is incomplete. None: the folder's name alone says it is complete."""
+    markers: tuple[str, ...] = ("config.json",)
+    """Paths inside a checkpoint folder that mark it as one a conversion reads (any one of them)."""
+    weights: tuple[str, ...] = ("*",)
+    """What a conversion reads of a checkpoint, as patterns over its files: a pattern names a file directly in the
+    folder, one ending in ``/`` a whole subfolder (``state/``); the optimizer state of a large model is never fetched."""
+    not_weights: tuple[str, ...] = ()
+    """Files directly in a checkpoint folder that a conversion does not read (optimizer and trainer state)."""
+    companions: tuple[str, ...] = ()
+    """Files a conversion also reads beside the checkpoint: in its folder or in the folder above (T5X's config.gin)."""
+    foreign_checkpoints: bool = False
+    """True: checkpoints of this layout also come from elsewhere, without tpuft's manifest (T5X's own model dirs, the
+    public checkpoints): a conversion takes them by their folder's name."""
 
     def step_of(self, name: str) -> int | None:
         match = re.match(self.checkpoint_pattern, name)
         return int(match.group(1)) if match else None
+
+    def conversion_reads(self, inside: str) -> bool:
+        """Whether a conversion reads this file of a checkpoint (its path inside the checkpoint folder)."""
+        top, nested, _ = inside.partition("/")
+        for pattern in self.weights:
+            if pattern.endswith("/"):
+                if nested and fnmatch.fnmatchcase(top, pattern[:-1]):
+                    return True
+            elif not nested and fnmatch.fnmatchcase(inside, pattern) and inside not in self.not_weights:
+                return True
+        return False
 
     def checkpoint_dir(self, run_dir: Path, step: int) -> Path:
         return run_dir / self.checkpoints / self.checkpoint_format.format(step=step)

@@ -314,10 +314,17 @@ LAYOUT = RunLayout(
     checkpoint_format="checkpoint_{step}",
     checkpoint_pattern=r"^checkpoint_(\d+)$",
     manifest="manifest.json",
+    markers=("checkpoint", "state/_METADATA"),
+    weights=("checkpoint", "_CHECKPOINT_METADATA", "target.*", "target.*/", "state/"),
+    companions=("config.gin",),
+    foreign_checkpoints=True,
 )
 """T5X writes ``checkpoints/checkpoint_N`` (Orbax) itself, the run's MODEL_DIR: in the bucket for a gs:// run dir.
 Worker 0 adds tpuft's ``manifest.json`` once Orbax has finished a checkpoint, so pull, convert and resume take only
-complete ones. TensorBoard events, metrics.jsonl and predictions go to the run dir as with every backend."""
+complete ones. TensorBoard events, metrics.jsonl and predictions go to the run dir as with every backend.
+A conversion reads one step's parameters only: a legacy checkpoint's msgpack file and ``target.*`` arrays (never
+``state.*``), an Orbax checkpoint's ``state/`` store (the optimizer state shares its OCDBT files), and the run's
+``config.gin``."""
 
 
 CAPABILITIES = Capabilities(

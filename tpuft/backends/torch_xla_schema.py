@@ -46,7 +46,10 @@ class TorchXlaBackend(StrictModel):
         return found
 
 
-LAYOUT = RunLayout(manifest="manifest.json")
+LAYOUT = RunLayout(
+    manifest="manifest.json",
+    not_weights=("optimizer.pt", "trainer_state.json", "scheduler.pt", "rng_state.pth"),
+)
 """metrics.jsonl; ``checkpoints/step_N`` (HF weights + optimizer + trainer state, then ``manifest.json``) written by
 worker 0 through a temp dir; an HF export at the end. A bucket run is written locally on each worker and mirrored up
 file by file, so a checkpoint there is complete once every file its manifest lists is there at its size."""

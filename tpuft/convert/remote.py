@@ -2,9 +2,10 @@
 
 A T5X model dir in GCS holds every step and the optimizer state (for t5-xxl, tens of GB beside the weights); the
 converter needs one step's parameters. So the listing decides the step first, then only that step's files are
-downloaded: for legacy T5X the msgpack file and the ``target.*`` arrays (never ``state.*``), for Orbax the
-``state/`` store (optimizer state shares its OCDBT files), for a torch checkpoint everything but optimizer and
-trainer state. Downloads resume (same size + CRC32C are skipped), so a re-run after an interruption is cheap.
+downloaded. Which folders are checkpoints, which of their files hold the weights and which checkpoints are complete,
+each backend's :class:`~tpuft.backends.spec.RunLayout` says (``markers``, ``weights``, ``not_weights``,
+``companions``, ``manifest``), asked through the registry: no backend is named here. Downloads resume (same size +
+CRC32C are skipped), so a re-run after an interruption is cheap.
 """
 
 from __future__ import annotations
@@ -16,16 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft.backends.base import manifest_gaps
-from tpuft.backends.torch_xla import LAYOUT as TORCH_LAYOUT
+from tpuft.backends.registry import kinds, layout
+from tpuft.backends.spec import RunLayout, manifest_gaps
 from tpuft.convert.model_source import ConvertError, pick_step
 from tpuft.paths import tpuft_home
 from tpuft.storage import open_storage
-
-_T5X_MARKERS = re.compile(r"^(?:(?P<parent>.*)/)?(?P<dir>checkpoint_(?P<step>\d+))/(?P<marker>checkpoint|state/_METADATA)$")
-_TORCH_MARKER = re.compile(r"^(?:(?P<parent>.*)/)?(?P<dir>step_(?P<step>\d+))/config\.json$")
-_TORCH_SKIP = {"optimizer.pt", "trainer_state.json", "scheduler.pt", "rng_state.pth"}
-MANIFEST = TORCH_LAYOUT.manifest or "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -39,62 +35,85 @@ def cache_dir(url: str) -> Path:
     return tpuft_home() / "cache" / "convert" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
+def checkpoint_kinds() -> list[list[RunLayout]]:
+    """The registered layouts, grouped where they name and mark checkpoints alike (two backends may write the same
+    ``step_N`` folders): a group reads a file that every layout of it reads."""
+    groups: dict[tuple[str, tuple[str, ...]], list[RunLayout]] = {}
+    for kind in kinds():
+        one = layout(kind)
+        groups.setdefault((one.checkpoint_pattern, one.markers), []).append(one)
+    return list(groups.values())
+
+
+def _reads(group: list[RunLayout], inside: str) -> bool:
+    return all(one.conversion_reads(inside) for one in group)
+
+
+def _files(group: list[RunLayout], names: list[str], checkpoint: str) -> set[str]:
+    prefix = f"{checkpoint}/" if checkpoint else ""
+    return {n for n in names if n.startswith(prefix) and _reads(group, n[len(prefix) :])}
+
+
+def _companions(group: list[RunLayout], names: set[str], checkpoint: str) -> set[str]:
+    """Companion files in the checkpoint's folder and in the folder above it."""
+    folders = [checkpoint] + ([checkpoint.rpartition("/")[0]] if checkpoint else [])
+    wanted = {f"{folder}/{name}" if folder else name for one in group for name in one.companions for folder in folders}
+    return wanted & names
+
+
+def _is_hf_dir(names: set[str]) -> bool:
+    """A save_pretrained dir (an export, or a step_N folder given as the URL): a config and its weights."""
+    return "config.json" in names and ("tf_model.h5" in names or any(n.startswith("model") and n.endswith(".safetensors") for n in names))
+
+
 def select_files(
     names: list[str], step: int | None, url: str, complete: Callable[[str], list[str]] | None = None
 ) -> Selection:
     """Pick one checkpoint among the listed object names and the files of it that a conversion reads.
-    ``complete(folder)`` says what keeps a torch checkpoint folder from being complete (its manifest's gaps): a
+    ``complete(folder)`` says what keeps a checkpoint folder from being complete (its manifest's gaps): a
     half-uploaded one is never picked, and one asked for by step is refused with what it lacks."""
     name_set = set(names)
-    if "checkpoint" in name_set or "state/_METADATA" in name_set:  # the URL is one T5X checkpoint_N
-        return Selection("", frozenset(_t5x_files(names, "")) | _gin(name_set, ""))
-    if "config.json" in name_set and ("tf_model.h5" in name_set or any(n.startswith("model") and n.endswith(".safetensors") for n in names)):
-        return Selection("", frozenset(n for n in names if "/" not in n and n not in _TORCH_SKIP))
-    for pattern in (_T5X_MARKERS, _TORCH_MARKER):
-        found: dict[int, str] = {}
-        for name in names:
-            match = pattern.match(name)
-            if match:
-                found.setdefault(int(match.group("step")), name[: match.end("dir")])
+    groups = checkpoint_kinds()
+    for group in groups:  # the URL is one checkpoint
+        markers = group[0].markers
+        if any(m in name_set for m in markers) and (markers != ("config.json",) or _is_hf_dir(name_set)):
+            return Selection("", frozenset(_files(group, names, "") | _companions(group, name_set, "")))
+    for group in groups:
+        found = _checkpoints(group[0], names)
         if not found:
             continue
-        shallowest = min(p.count("/") for p in found.values())
-        found = {s: p for s, p in found.items() if p.count("/") == shallowest}
-        if pattern is _TORCH_MARKER and complete is not None:
+        if complete is not None and not all(one.foreign_checkpoints for one in group):
             gaps = {s: complete(p) for s, p in found.items()}
             if step is not None and gaps.get(step):
                 raise ConvertError(f"{url}: checkpoint {found[step]} is incomplete ({'; '.join(gaps[step][:3])}); "
                                    "it was being written or uploaded when its run stopped")
             found = {s: p for s, p in found.items() if not gaps[s]}
             if not found:
-                raise ConvertError(f"{url}: no complete checkpoint (each step_N/ lacks its manifest or a listed file)")
-        chosen = pick_step(sorted((s, p) for s, p in found.items()), step, url)
-        if pattern is _T5X_MARKERS:
-            parent = chosen.rpartition("/")[0]
-            return Selection(chosen, frozenset(_t5x_files(names, chosen)) | _gin(name_set, chosen) | _gin(name_set, parent))
-        prefix = chosen + "/"
-        files = {n for n in names if n.startswith(prefix) and "/" not in n[len(prefix) :] and n[len(prefix) :] not in _TORCH_SKIP}
-        return Selection(chosen, frozenset(files))
-    raise ConvertError(
-        f"{url}: no checkpoint found (looked for T5X checkpoint_N/, torch checkpoints/step_N/, or a save_pretrained dir)"
-    )
+                raise ConvertError(f"{url}: no complete checkpoint (each checkpoint folder lacks its manifest or a "
+                                   "listed file)")
+        chosen = pick_step(sorted(found.items()), step, url)
+        return Selection(chosen, frozenset(_files(group, names, chosen) | _companions(group, name_set, chosen)))
+    looked = ", ".join(f"{group[0].checkpoint_format.format(step=0)}/{group[0].markers[0]}" for group in groups)
+    raise ConvertError(f"{url}: no checkpoint found (looked for checkpoint folders like {looked}, or a save_pretrained dir)")
 
 
-def _t5x_files(names: list[str], ckpt: str) -> list[str]:
-    prefix = f"{ckpt}/" if ckpt else ""
-    wanted = []
+def _checkpoints(kind: RunLayout, names: list[str]) -> dict[int, str]:
+    """step -> path of each checkpoint folder of this layout in the listing (the shallowest ones)."""
+    marker = "|".join(re.escape(m) for m in kind.markers)
+    folder = kind.checkpoint_pattern.removeprefix("^").removesuffix("$")
+    pattern = re.compile(rf"^(?:.*/)?(?P<dir>{folder})/(?:{marker})$")
+    found: dict[int, str] = {}
     for name in names:
-        if not name.startswith(prefix):
-            continue
-        rest = name[len(prefix) :]
-        if rest == "checkpoint" or rest.startswith("target.") or rest.startswith("state/") or rest == "_CHECKPOINT_METADATA":
-            wanted.append(name)
-    return wanted
-
-
-def _gin(names: set[str], folder: str) -> frozenset[str]:
-    path = f"{folder}/config.gin" if folder else "config.gin"
-    return frozenset({path} & names)
+        match = pattern.match(name)
+        if match:
+            path = name[: match.end("dir")]
+            step = kind.step_of(path.rpartition("/")[2])
+            if step is not None:
+                found.setdefault(step, path)
+    if not found:
+        return {}
+    shallowest = min(p.count("/") for p in found.values())
+    return {s: p for s, p in found.items() if p.count("/") == shallowest}
 
 
 def fetch_checkpoint(url: str, step: int | None, *, project: str | None = None) -> Path:
@@ -104,9 +123,14 @@ def fetch_checkpoint(url: str, step: int | None, *, project: str | None = None) 
     if not sizes:
         raise ConvertError(f"{url}: no such checkpoint (nothing is stored under it)")
 
+    manifests = sorted({one.manifest for group in checkpoint_kinds() for one in group if one.manifest})
+
     def gaps(folder: str) -> list[str]:
         inside = {rel[len(folder) + 1 :]: size for rel, size in sizes.items() if rel.startswith(folder + "/")}
-        return manifest_gaps(storage.read_text(f"{folder}/{MANIFEST}"), inside)
+        manifest = next((m for m in manifests if m in inside), None)
+        if manifest is None:
+            return ["no readable manifest"]
+        return manifest_gaps(storage.read_text(f"{folder}/{manifest}"), inside)
 
     selection = select_files(sorted(sizes), step, url, gaps)
     local = cache_dir(url)
