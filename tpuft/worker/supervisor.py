@@ -22,6 +22,8 @@ while this one lives and the leftovers of a dead one (a supervisor killed with i
 supervisor, a process still holding the TPU chips) are cleaned before the next one starts (``check``).
 
 Stdlib only at import time (``follow`` and ``check`` must start fast); the storage layer is imported when needed.
+This module is the command (``python -m tpuft.worker.supervisor check|start|run|stop|follow``); the supervisor
+itself is :mod:`tpuft.worker.supervision`, and this worker's state and its clean-up are :mod:`tpuft.worker.host_state`.
 """
 
 from __future__ import annotations
@@ -29,424 +31,44 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from tpuft import rundir
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.metrics import PATIENT_PHASES
+from tpuft.worker.host_state import (
+    check_worker,
+    is_alive,
+    kill_group,
+    kill_pid,
+    process_environ,
+    read_current,
+    start_ticks,
+    state_dir,
+    supervisor_alive,
+    tpu_holders,
+    worker_lock,
+    write_current,
+)
+from tpuft.worker.supervision import STOP_GRACE_SECONDS, Supervisor
 
-STATE_DIR = ".tpuft/supervisor"
-"""Under the worker's HOME."""
+__all__ = [  # what the controller side and the tests use by this module's name
+    "BUSY_EXIT", "FROM_LINE_MARKER", "NO_RUN_EXIT", "check_worker", "is_alive", "locate_start", "main",
+    "process_environ", "read_current", "start_ticks", "tpu_holders", "write_current",
+]
+
 BUSY_EXIT = 4
 """``check`` / ``start``: the worker is busy with another live run."""
 NO_RUN_EXIT = 3
 """``follow`` / ``stop``: this worker has no such run."""
 FROM_LINE_MARKER = "__TPUFT_FROM_LINE__"
 """``follow`` first prints the index of the first log line it sends, so that a re-attach continues exactly."""
-
-STOP_GRACE_SECONDS = 10.0
-"""SIGTERM, then SIGKILL after this long: a trainer gets time to exit cleanly, not to finish a checkpoint."""
-ALIVE_EVERY_SECONDS = 15.0
-TICK_SECONDS = 0.25
-TAIL_LINES = 30
-PATIENT_FACTOR = 3.0
-PATIENT_MIN_SECONDS = 60.0
-WAITING_FACTOR = 2.0
-TPU_DEVICES = ("/dev/accel", "/dev/vfio/")
-TPU_LOCKFILE = "/tmp/libtpu_lockfile"
-
-
-def control_poll_seconds(remote: bool) -> float:
-    """How often a supervisor looks for a stop request or a failed peer: a local file is cheap, a bucket listing
-    costs an API call per worker (and the 10 s fail-fast budget still holds)."""
-    return float(os.environ.get("TPUFT_CONTROL_POLL_SECONDS", "2.5" if remote else "0.5"))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# This worker's state on its own disk
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("HOME") or Path.home()) / STATE_DIR
-
-
-def current_path() -> Path:
-    return state_dir() / "current.json"
-
-
-@contextlib.contextmanager
-def worker_lock() -> Iterator[None]:
-    """One ``check``/``start`` at a time on a worker: two ``tpuft train`` racing cannot both claim it."""
-    state_dir().mkdir(parents=True, exist_ok=True)
-    with open(state_dir() / "lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def read_current() -> dict[str, Any]:
-    return rundir.read_json(current_path()) or {}
-
-
-def write_current(data: dict[str, Any]) -> None:
-    rundir.write_json_atomic(current_path(), data)
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22): with the pid it names one process, not
-    whichever later one reuses the number."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields else None
-
-
-def process_state(pid: int) -> str | None:
-    """``R``, ``S``, ``D``, ``T`` (stopped), ``Z``...; None when there is no such process."""
-    fields = _stat(pid)
-    return fields[0] if fields else None
-
-
-def is_alive(pid: int | None, ticks: int | None = None) -> bool:
-    fields = _stat(pid) if pid else None
-    if fields is None or fields[0] in {"Z", "X"}:
-        return False
-    return ticks is None or int(fields[19]) == ticks
-
-
-def supervisor_alive(current: dict[str, Any]) -> bool:
-    return current.get("status") in {"starting", "running"} and is_alive(current.get("supervisor_pid"), current.get("supervisor_ticks"))
-
-
-def process_environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def kill_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def kill_pid(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# check: is this worker free? clean what dead runs left behind
-
-
-def leftover_processes(home: str, keep_run: str | None) -> list[tuple[int, str]]:
-    """(pid, run id) of processes of this worker (its HOME) that belong to a tpuft run other than ``keep_run``: the
-    trainers, supervisors and followers of runs that are no longer alive."""
-    found = []
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in {me, os.getppid()}:
-            continue
-        env = process_environ(int(entry.name))
-        run = env.get("TPUFT_RUN_ID")
-        if run and env.get("HOME") == home and run != keep_run:
-            found.append((int(entry.name), run))
-    return found
-
-
-def tpu_holders(devices: tuple[str, ...] = TPU_DEVICES) -> list[int]:
-    """Processes holding a TPU chip open (``/dev/accel*``, ``/dev/vfio/*``): a crashed run's trainer keeps the chips
-    and the next one fails with "TPU in use", as MaxText's multihost runner knows."""
-    holders = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            fds = list((entry / "fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith(devices):
-                holders.append(int(entry.name))
-                break
-    return holders
-
-
-def check_worker(*, free_tpu: bool, devices: tuple[str, ...] = TPU_DEVICES, lockfile: str = TPU_LOCKFILE) -> dict[str, Any]:
-    """Under the worker lock: {"busy": run id of a live run, or None; "cleaned": what was stopped or removed}."""
-    current = read_current()
-    if supervisor_alive(current):
-        return {"busy": current.get("run_id"), "since": current.get("started"), "attempt": current.get("attempt"), "cleaned": []}
-    cleaned = []
-    home = os.environ.get("HOME") or str(Path.home())
-    for pid, run in leftover_processes(home, None):
-        with contextlib.suppress(OSError):
-            pgid = os.getpgid(pid)
-            if pgid != os.getpgid(0):
-                kill_group(pgid, signal.SIGKILL)
-        kill_pid(pid, signal.SIGKILL)
-        cleaned.append(f"killed pid {pid}, left over from run {run}")
-    if free_tpu:
-        for pid in tpu_holders(devices):
-            kill_pid(pid, signal.SIGKILL)
-            cleaned.append(f"killed pid {pid}, which held the TPU chips")
-        if os.path.exists(lockfile):
-            with contextlib.suppress(OSError):
-                os.remove(lockfile)
-                cleaned.append(f"removed {lockfile}")
-    if current and current.get("status") in {"starting", "running"}:
-        write_current({**current, "status": "ended", "cleaned": time.time()})
-        cleaned.append(f"run {current.get('run_id')} had lost its supervisor (pid {current.get('supervisor_pid')})")
-    return {"busy": None, "cleaned": cleaned}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The supervisor proper
-
-
-class StartError(Exception):
-    """The trainer's command could not be started (its python is gone, say)."""
-
-
-class TrainerOutput:
-    """The trainer's stdout+stderr: each line, time-stamped, to the worker's log; the last lines kept for a failure
-    report."""
-
-    def __init__(self, log_path: Path, stream: BinaryIO) -> None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = open(log_path, "ab")  # noqa: SIM115 - closed by close()
-        self.lock = threading.Lock()
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
-        self.thread.start()
-
-    def _pump(self, stream: BinaryIO) -> None:
-        for raw in iter(stream.readline, b""):
-            self.write(raw)
-
-    def write(self, raw: bytes) -> None:
-        with self.lock:
-            self.log.write(rundir.log_timestamp().encode() + b" " + (raw if raw.endswith(b"\n") else raw + b"\n"))
-            self.log.flush()
-            self.tail.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-
-    def say(self, message: str) -> None:
-        self.write(f"[supervisor] {message}\n".encode())
-
-    def close(self) -> None:
-        self.thread.join(timeout=10)
-        with self.lock:
-            self.log.close()
-
-
-class Supervisor:
-    def __init__(self, ctx: WorkerContext, argv: list[str], attempt: int, hang_timeout: float, storage: Any) -> None:
-        self.ctx = ctx
-        self.argv = argv
-        self.attempt = attempt
-        self.hang_timeout = hang_timeout
-        self.storage = storage
-        self.record_path = rundir.attempt_record(attempt, ctx.worker_id)
-        self.record: dict[str, Any] = {
-            "worker": ctx.worker_id, "attempt": attempt, "host": socket.gethostname(), "supervisor_pid": os.getpid(),
-            "status": "starting", "started": time.time(),
-        }
-        self.stop_reason: str | None = None
-        self.hang: tuple[str, bool] | None = None
-        """(what happened, whether it was only waiting for peers) once the trainer is declared hung."""
-        self.stop_sent_at: float | None = None
-        self.killed = False
-        self.pending_stop: str | None = None
-        """Set by the signal handler (SIGTERM from ``tpuft stop``), acted on at the next tick."""
-        self.trainer_started = time.time()
-
-    # -- records ---------------------------------------------------------------------------------------------
-    def publish(self, **changes: Any) -> None:
-        self.record.update(changes, alive=time.time())
-        text = json.dumps(self.record, indent=2, sort_keys=True)
-        try:
-            if self.record.get("status") in rundir.FAILED and "status" in changes:  # the peers poll for these
-                self.storage.write_text(rundir.failure_record(self.attempt, self.ctx.worker_id), text)
-            self.storage.write_text(self.record_path, text)
-        except Exception as exc:  # noqa: BLE001 - the bucket may hiccup; the next beat retries, training goes on
-            print(f"[supervisor] cannot write {self.record_path}: {exc}", flush=True)
-
-    # -- the run ---------------------------------------------------------------------------------------------
-    def run(self) -> int:
-        syncer = self._stage() if self.ctx.remote else None
-        output = None
-        try:
-            env = {**os.environ, "TPUFT_ATTEMPT": str(self.attempt)}
-            log = rundir.log_path(self.ctx.run_dir, self.ctx.worker_id)
-            try:
-                trainer = subprocess.Popen(
-                    self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                )
-            except OSError as exc:  # what a shell would report as exit 126/127: one line, no traceback
-                raise StartError(f"worker {self.ctx.worker_id}: cannot start {self.argv[0]}: {exc.strerror or exc}") from None
-            assert trainer.stdout is not None
-            output = TrainerOutput(log, trainer.stdout)
-            output.say(f"attempt {self.attempt}: trainer pid {trainer.pid} started (supervisor pid {os.getpid()})")
-            self.trainer_started = time.time()
-            self.publish(status="running", trainer_pid=trainer.pid, trainer_ticks=start_ticks(trainer.pid))
-            with worker_lock():
-                write_current({**read_current(), "status": "running", "trainer_pid": trainer.pid})
-            code = self._watch(trainer, output)
-            return self._end(code, output, syncer)
-        except BaseException as exc:
-            reason = str(exc) if isinstance(exc, StartError) else f"supervisor error: {type(exc).__name__}: {exc}"
-            self.publish(status="failed", reason=reason[:2000], ended=time.time(), final=True)
-            rundir.finalize_run(self.storage, self.attempt)
-            if isinstance(exc, StartError):
-                print(reason, flush=True)
-                return 1
-            raise
-        finally:
-            if output is not None:
-                output.close()
-            with worker_lock():
-                current = read_current()
-                if current.get("supervisor_pid") == os.getpid():
-                    write_current({**current, "status": "ended", "ended": time.time()})
-
-    def _stage(self) -> Any:
-        """A gs:// run dir: the trainer writes a local staging folder; mirror it to the bucket while it grows."""
-        from tpuft.storage.sync import RunDirSync
-
-        self.ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        text = self.storage.read_text(rundir.RECIPE)
-        if text is None:
-            raise SystemExit(f"tpuft supervisor: {self.ctx.run_url}/{rundir.RECIPE} not found")
-        (self.ctx.run_dir / rundir.RECIPE).write_text(text)
-        syncer = RunDirSync(self.ctx.run_dir, self.storage)
-        syncer.changed_files()  # what is here already came from there, or is an earlier attempt's: not sent again
-        return syncer.start()
-
-    def _watch(self, trainer: subprocess.Popen[bytes], output: TrainerOutput) -> int:
-        poll = control_poll_seconds(self.ctx.remote)
-        next_control = time.monotonic() + poll
-        next_alive = time.monotonic() + ALIVE_EVERY_SECONDS
-        while True:
-            code = trainer.poll()
-            if code is not None:
-                return code
-            now = time.monotonic()
-            if self.stop_reason is None and self.hang is None:
-                if now >= next_control or self.pending_stop:
-                    next_control = now + poll
-                    reason = self._stop_wanted()
-                    if reason:
-                        self._stop(trainer, output, reason)
-                hang = self._hang_check(trainer.pid)
-                if hang is not None:
-                    self.hang = hang
-                    output.say(f"worker {self.ctx.worker_id} {hang[0]}: stopping it")
-                    kill_group(trainer.pid, signal.SIGKILL)  # a stopped (SIGSTOP) process cannot act on SIGTERM
-                    self.publish(status="hung", reason=hang[0], waiting=hang[1], ended=time.time(), tail=list(output.tail))
-            elif self.stop_sent_at is not None and not self.killed and now - self.stop_sent_at > STOP_GRACE_SECONDS:
-                output.say(f"the trainer ignored SIGTERM for {STOP_GRACE_SECONDS:.0f} s: SIGKILL")
-                kill_group(trainer.pid, signal.SIGKILL)
-                self.killed = True
-            if now >= next_alive:
-                next_alive = now + ALIVE_EVERY_SECONDS
-                self.publish(step=self._beat().get("step"))
-            time.sleep(TICK_SECONDS)
-
-    def request_stop(self, reason: str) -> None:
-        self.pending_stop = reason
-
-    def _stop_wanted(self) -> str | None:
-        if self.pending_stop:
-            return self.pending_stop
-        try:
-            stop = rundir.read_json_text(self.storage.read_text(rundir.stop_request(self.attempt)))
-            if stop is not None:
-                return str(stop.get("reason") or "stop requested")
-            records = rundir.attempt_records(self.storage, self.attempt, "failures")
-        except Exception as exc:  # noqa: BLE001 - a bucket hiccup: look again next time
-            print(f"[supervisor] cannot read the run's control files: {exc}", flush=True)
-            return None
-        culprit = rundir.failure_culprit({w: r for w, r in records.items() if w != self.ctx.worker_id})
-        if culprit is not None:
-            return f"worker {culprit.get('worker')} {'hung' if culprit.get('status') == 'hung' else 'failed'}"
-        return None
-
-    def _stop(self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str) -> None:
-        self.stop_reason = reason
-        output.say(f"stopping the trainer: {reason}")
-        kill_group(trainer.pid, signal.SIGTERM)
-        self.stop_sent_at = time.monotonic()
-
-    def _beat(self) -> dict[str, Any]:
-        return rundir.read_json(rundir.heartbeat_path(self.ctx.run_dir, self.ctx.worker_id)) or {}
-
-    def _hang_check(self, pid: int) -> tuple[str, bool] | None:
-        """(what, waiting) when the trainer has made no progress for too long, else None."""
-        beat = self._beat()
-        beat_time = float(beat.get("time") or 0.0)
-        if beat_time < self.trainer_started:  # nothing yet from this attempt (an earlier one's beat is still there)
-            beat, beat_time = {"phase": "starting"}, self.trainer_started
-        quiet = time.time() - beat_time
-        phase = str(beat.get("phase") or "step")
-        step = beat.get("step")
-        limit = max(self.hang_timeout * PATIENT_FACTOR, PATIENT_MIN_SECONDS) if phase in PATIENT_PHASES else self.hang_timeout
-        if quiet <= limit:
-            return None
-        stopped = process_state(pid) in {"T", "t"}
-        at = f"(last step {step}, phase {phase})" if step is not None else f"(phase {phase})"
-        if phase == "collective" and not stopped:
-            if quiet <= self.hang_timeout * WAITING_FACTOR:
-                return None  # waiting for a peer: that peer's supervisor reports it
-            return f"waited for its peers in a collective for {quiet:.0f} s and none reported a failure {at}", True
-        what = "was stopped (SIGSTOP)" if stopped else "made no progress"
-        return f"{what} for {quiet:.0f} s {at}", False
-
-    def _end(self, code: int, output: TrainerOutput, syncer: Any) -> int:
-        ended = time.time()
-        if self.hang is not None:
-            status = "hung"
-            extra: dict[str, Any] = {}
-        elif self.stop_reason is not None:
-            status, extra = "stopped", {"reason": self.stop_reason}
-        elif code == 0:
-            status, extra = "finished", {}
-        else:
-            status, extra = "failed", {"reason": f"exit code {code}" if code > 0 else f"killed by signal {-code}"}
-        if self.hang is None:
-            self.publish(status=status, exit_code=code, ended=ended, tail=list(output.tail), **extra)
-        output.say(f"trainer ended: {status} (exit code {code})")
-        output.close()
-        if syncer is not None:
-            syncer.close()  # the last metrics, checkpoints, export and the whole log reach the bucket
-        self.publish(final=True)
-        rundir.finalize_run(self.storage, self.attempt)
-        return 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
