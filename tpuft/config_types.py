@@ -1,9 +1,10 @@
 """The building blocks of tpuft's config models: a strict base model and the checked string types.
 
 Shared by :mod:`tpuft.config` (the cluster file and the recipe) and by each backend's own recipe section
-(``tpuft/backends/<kind>.py``), which :mod:`tpuft.config` gathers from the registry. Strict: YAML ``true`` is not 1,
-``1.5`` is not an int, ``"10"`` is not a number; NaN and infinity are refused. Pydantic and the stdlib only: the worker
-imports it too.
+(``tpuft/backends/<kind>_schema.py``), which :mod:`tpuft.config` gathers from the registry; it stays outside the
+``tpuft/config/`` package so that a backend's section imports these without running the package that imports it.
+Strict: YAML ``true`` is not 1, ``1.5`` is not an int, ``"10"`` is not a number; NaN and infinity are refused.
+Pydantic and the stdlib only: the worker imports it too.
 """
 
 from __future__ import annotations
