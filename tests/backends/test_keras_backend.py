@@ -89,6 +89,22 @@ def test_batches_split_over_replicas_cores_on_tpu_workers_on_cpu(recipe_dir: Pat
     assert ("train", "batch_size") not in found  # 16 over 16 cores
 
 
+def test_gradient_accumulation_splits_each_replicas_batch(recipe_dir: Path) -> None:
+    """``train.grad_accum_steps`` is the Keras backend's (its capabilities): the global batch must split into
+    replicas x micro-batches; the eval batch is not accumulated."""
+    recipe = load_recipe(write(recipe_dir, TEXT2TEXT), ["train.grad_accum_steps=4", "eval.batch_size=6"]).value
+    assert recipe.train.grad_accum_steps == 4
+    assert BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []  # 16 = 2 x 4 x 2
+    assert BACKEND.check(recipe, ClusterShape(hosts=3, chips_per_host=4, target="cpu")) == [
+        (("train", "batch_size"), "16 does not split evenly over 3 workers x 4 accumulation steps (use a multiple "
+         "of 12, e.g. 12)")
+    ]
+    found = dict(BACKEND.check(recipe, ClusterShape(hosts=1, chips_per_host=4, target="tpu", devices_per_chip=2)))
+    assert found == {("train", "batch_size"): "16 does not split evenly over 8 TPU cores x 4 accumulation steps (use "
+                     "a multiple of 32, e.g. 32)", ("eval", "batch_size"): "6 does not split evenly over 8 TPU cores "
+                     "(use a multiple of 8, e.g. 8)"}
+
+
 def test_steps_per_execution_auto_and_checked(recipe_dir: Path) -> None:
     path = write(recipe_dir, TEXT2TEXT)
     recipe = load_recipe(path, ["train.log_every=25", "eval.every=500", "train.checkpoint_every=200"]).value
@@ -132,7 +148,7 @@ def test_other_backends_refuse_what_only_keras_does(recipe_dir: Path) -> None:
 
 def test_keras_refuses_what_only_pytorch_xla_does(recipe_dir: Path) -> None:
     path = write(recipe_dir, TEXT2TEXT)
-    for setting in ("train.grad_accum_steps=2", "train.precision=bf16", "model.freeze=[encoder]",
+    for setting in ("train.precision=bf16", "model.freeze=[encoder]",
                     "model.prompt_tuning.tokens=4", "train.sharding=fsdp", "train.label_smoothing=0.1"):
         assert "not supported by the keras backend" in refused(path, [setting]), setting
     assert "bleu is not computed by the keras backend (the torch_xla backend computes it)" in refused(path, ["eval.metric=bleu"])

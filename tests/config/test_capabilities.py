@@ -79,8 +79,8 @@ def test_giving_a_backend_a_feature_is_one_entry_in_its_own_file(recipe_dir: Pat
     """What a one-line edit of ``backends/keras_schema.py``'s CAPABILITIES does: the key is then accepted there."""
     path = recipe_dir / "r.yaml"
     path.write_text(KERAS)
-    assert any("train.grad_accum_steps: not supported by the keras backend" in p
-               for p in refused(path, ["train.grad_accum_steps=2"]))
-    more = dataclasses.replace(keras_schema.CAPABILITIES, keys=keras_schema.CAPABILITIES.keys | {("train", "grad_accum_steps")})
+    assert any("train.label_smoothing: not supported by the keras backend" in p
+               for p in refused(path, ["train.label_smoothing=0.1"]))
+    more = dataclasses.replace(keras_schema.CAPABILITIES, keys=keras_schema.CAPABILITIES.keys | {("train", "label_smoothing")})
     monkeypatch.setattr(keras_schema, "CAPABILITIES", more)
-    assert load_recipe(path, ["train.grad_accum_steps=2"]).value.train.grad_accum_steps == 2
+    assert load_recipe(path, ["train.label_smoothing=0.1"]).value.train.label_smoothing == 0.1

@@ -6,6 +6,8 @@
 * the train step under ``model.fit``: with steps_per_execution it gives the same weights as one step per call, and
   the summed-gradient loss scaling gives the gradient of the global mean over replicas (2 CPU replicas of a
   MirroredStrategy against one replica with the whole batch);
+* gradient accumulation (``train.grad_accum_steps``): one optimizer step over 4 micro-batches, or over 2 replicas x 2
+  micro-batches, gives the update of one step over the whole batch, and the optimizer counts optimizer steps;
 * eval sums: exact match with teacher forcing and token accuracy, weight-0 padding rows ignored.
 
 Each check runs in a subprocess of the Keras venv and prints JSON; the assertions are made here."""
@@ -160,6 +162,70 @@ def test_train_step_scaling_and_steps_per_execution(keras_python: str) -> None:
     assert got["diff"] < 2e-5, got  # 2 replicas x half batch == 1 replica x whole batch
     assert got["chunk_diff"] < 1e-5, got  # float sums in another order, no more
     assert got["loss_one"] == pytest.approx(got["loss_two"], rel=1e-5)
+
+
+def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) -> None:
+    """Like PyTorch/XLA's: targets have 2 to 5 tokens, so the micro-batches count different tokens and averaging per
+    micro-batch would not give the big batch's gradient; dividing by the whole step's tokens does. SGD makes the
+    weights' change the gradient itself (times the rate); AdamW then checks that the optimizer's iterations, hence the
+    learning-rate schedule, and the logged loss count optimizer steps, not micro-batches."""
+    got = run_in_venv(keras_python, """
+        import json, types, numpy as np, tensorflow as tf, transformers
+        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                                   [tf.config.LogicalDeviceConfiguration()] * 2)
+        from tpuft.worker.keras_train import build_trainable, make_schedule
+        rng = np.random.default_rng(0)
+        n = 16
+        labels = rng.integers(3, 40, size=(n, 5)).astype(np.int32)
+        for row, length in enumerate(rng.integers(2, 6, size=n)):
+            labels[row, length:] = -100
+        data = {"input_ids": rng.integers(3, 40, size=(n, 7)).astype(np.int32), "attention_mask": np.ones((n, 7), np.int32),
+                "labels": labels, "weight": np.ones(n, np.float32)}
+        shapes = types.SimpleNamespace(max_source_length=7, max_target_length=5)
+        def train(devices, accum, optimizer, steps):
+            strategy = tf.distribute.MirroredStrategy(devices)
+            tf.keras.utils.set_random_seed(1)
+            with strategy.scope():
+                config = transformers.T5Config(vocab_size=48, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=1,
+                                               dropout_rate=0.0, decoder_start_token_id=0)
+                model = build_trainable(tf, transformers.TFT5ForConditionalGeneration(config), classify=False,
+                                        start_token=0, clip_norm=None, accum_steps=accum)
+                model.distribute_reduction_method = "first"
+                model.build_all(shapes)  # the trainer builds every weight before fit, as here
+                before = [w.numpy() for w in model.hf.trainable_weights]
+                schedule = make_schedule(tf, 0.5 if optimizer == "sgd" else 1e-3, 10, 4, "linear")
+                opt = tf.keras.optimizers.SGD(schedule) if optimizer == "sgd" else tf.keras.optimizers.AdamW(schedule)
+                model.compile(optimizer=opt)
+            dist = strategy.experimental_distribute_dataset(
+                tf.data.Dataset.from_tensor_slices(data).repeat().batch(n, drop_remainder=True))
+            history = model.fit(dist, steps_per_epoch=1, epochs=steps, verbose=0)
+            after = [w.numpy() for w in model.hf.trainable_weights]
+            return {"delta": [a - b for a, b in zip(after, before)], "iterations": int(opt.iterations.numpy()),
+                    "loss": history.history["loss"], "lr": float(schedule(opt.iterations))}
+        out = {}
+        for optimizer, steps in (("sgd", 1), ("adamw", 3)):
+            big = train(["/cpu:0"], 1, optimizer, steps)
+            for name, devices, accum in (("accum4", ["/cpu:0"], 4), ("replicas2_accum2", ["/cpu:0", "/cpu:1"], 2)):
+                run = train(devices, accum, optimizer, steps)
+                out[f"{optimizer}_{name}"] = {
+                    "diff": max(float(np.abs(a - b).max()) for a, b in zip(big["delta"], run["delta"])),
+                    "scale": max(float(np.abs(a).max()) for a in big["delta"]),
+                    "iterations": [big["iterations"], run["iterations"]], "loss": [big["loss"], run["loss"]],
+                    "lr": [big["lr"], run["lr"]]}
+        print(json.dumps(out))
+    """)
+    for name, case in got.items():
+        print(f"\nkeras {name}: max |weight change diff| {case['diff']:.2e} (changes up to {case['scale']:.2e})")
+        assert case["scale"] > 0, name
+        if name.startswith("sgd"):  # the change is the gradient times the rate: float sums in another order, no more
+            assert case["diff"] <= 1e-4 * case["scale"], (name, case)
+        else:  # AdamW's first steps normalise every element: lr 1e-3 a step
+            assert case["diff"] <= 1e-5, (name, case)
+        steps = 1 if name.startswith("sgd") else 3
+        assert case["iterations"] == [steps, steps], (name, case)  # one optimizer step per fit step, not per micro-batch
+        assert case["lr"][0] == case["lr"][1], (name, case)
+        big, accumulated = case["loss"]
+        assert len(accumulated) == steps and accumulated == pytest.approx(big, rel=1e-5), (name, case)
 
 
 def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:

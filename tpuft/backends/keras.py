@@ -79,14 +79,16 @@ class Keras:
         return shape.chips * shape.devices_per_chip if shape.target == "tpu" else shape.hosts
 
     def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
-        replicas = self.replicas(shape)
+        """Each replica's train batch splits into ``train.grad_accum_steps`` equal micro-batches (static shapes)."""
+        replicas, accum = self.replicas(shape), recipe.train.grad_accum_steps
+        what = f"{replicas} TPU cores" if shape.target == "tpu" else f"{replicas} workers"
         found: list[tuple[KeyPath, str]] = []
-        for section, key in (("train", "batch_size"), ("eval", "batch_size")):
+        for section, key, unit in (("train", "batch_size", replicas * accum), ("eval", "batch_size", replicas)):
             batch = getattr(getattr(recipe, section), key)
-            if batch % replicas:
-                what = f"{replicas} TPU cores" if shape.target == "tpu" else f"{replicas} workers"
-                found.append(((section, key), f"{batch} does not split evenly over {what} (use a multiple of "
-                              f"{replicas}, e.g. {max(replicas, batch // replicas * replicas)})"))
+            if batch % unit:
+                split = f"{what} x {accum} accumulation steps" if unit != replicas else what
+                found.append(((section, key), f"{batch} does not split evenly over {split} (use a multiple of "
+                              f"{unit}, e.g. {max(unit, batch // unit * unit)})"))
         return found
 
     def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan:

@@ -141,6 +141,7 @@ CAPABILITIES = Capabilities(
             ("data", "label_field"),
             ("data", "labels"),
             ("train", "early_stopping"),
+            ("train", "grad_accum_steps"),
         }
     ),
     metrics=frozenset({"exact_match", "token_accuracy", "loss", "accuracy"}),

@@ -172,7 +172,8 @@ class KerasRun:
         self.eval_examples = eval_examples
         self.say(
             f"data: {len(train_examples)} train / {len(eval_examples)} eval examples on worker {self.ctx.worker_id} "
-            f"(batch {self.local_batch} per replica, {train.batch_size} global)",
+            f"(batch {self.local_batch} per replica, {train.batch_size} global"
+            f"{f', {train.grad_accum_steps} micro-batches a step' if train.grad_accum_steps > 1 else ''})",
             everyone=True,
         )
         self.data_dir = self._data_dir()
@@ -324,7 +325,8 @@ class KerasRun:
                 hf = transformers.TFT5ForConditionalGeneration(config)
         start = 0 if self.classify else int(hf.config.decoder_start_token_id)
         self.model = build_trainable(tf, hf, classify=self.classify, start_token=start,
-                                     clip_norm=self.recipe.train.max_grad_norm)
+                                     clip_norm=self.recipe.train.max_grad_norm,
+                                     accum_steps=self.recipe.train.grad_accum_steps)
         self.model.distribute_reduction_method = "first"  # what train/test steps return is global already
         self.model.build_all(self.recipe.data)
         count = sum(int(tf.size(v)) for v in hf.trainable_variables)
@@ -546,8 +548,14 @@ def run_callback(run: KerasRun) -> Any:
     return Callback()
 
 
-def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_norm: float | None) -> Any:
-    """The Keras model ``fit`` trains: the HF model, our train/test steps and the metrics they keep."""
+def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_norm: float | None,
+                    accum_steps: int = 1) -> Any:
+    """The Keras model ``fit`` trains: the HF model, our train/test steps and the metrics they keep.
+
+    ``accum_steps`` > 1 accumulates gradients over that many micro-batches of each replica's batch inside one
+    ``train_step`` and applies them once: ``fit`` still sees one step per optimizer step, so the optimizer's
+    iterations, the learning-rate schedule, the logged loss, checkpoints and the data position all count optimizer
+    steps as without accumulation; only the activations of one micro-batch are alive at a time."""
 
     class Trainable(tf.keras.Model):
         def __init__(self) -> None:
@@ -577,31 +585,38 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
             return self.hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            decoder_input_ids=decoder_inputs, training=training).logits
 
+        def _mask_of(self, batch: dict[str, Any]) -> Any:
+            """What counts in the loss: the real target tokens, or the real examples (padding rows weigh 0)."""
+            if classify:
+                return batch["weight"]
+            return tf.cast(batch["labels"] != IGNORE, tf.float32) * batch["weight"][:, None]
+
         def _item_losses(self, batch: dict[str, Any], logits: Any) -> tuple[Any, Any, Any]:
             """Per-item losses, their mask (target tokens, or examples), and whether each item is right."""
             logits = tf.cast(logits, tf.float32)
-            weight = batch["weight"]
             labels = batch["labels"]
-            if classify:
-                mask = weight
-                safe = labels
-            else:
-                mask = tf.cast(labels != IGNORE, tf.float32) * weight[:, None]
-                safe = tf.where(labels == IGNORE, 0, labels)
+            mask = self._mask_of(batch)
+            safe = labels if classify else tf.where(labels == IGNORE, 0, labels)
             loss = tf.keras.losses.sparse_categorical_crossentropy(safe, logits, from_logits=True)
             right = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), safe), tf.float32)
             return loss, mask, right
 
         def train_step(self, batch: dict[str, Any]) -> dict[str, Any]:
             context = tf.distribute.get_replica_context()
-            with tf.GradientTape() as tape:
-                logits = self._logits_of(batch, training=True)
-                loss, mask, _ = self._item_losses(batch, logits)
-                local_count = tf.reduce_sum(mask)
+            if accum_steps > 1:  # the weights exist already: the trainer builds them before fit (build_all)
+                variables = self.hf.trainable_variables
+                local_count = tf.reduce_sum(self._mask_of(batch))
                 total = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
-                scaled = tf.reduce_sum(loss * mask) / tf.maximum(total, 1.0)  # sums over replicas to the global mean
-            variables = self.hf.trainable_variables
-            grads = tape.gradient(scaled, variables)
+                scaled, grads = self._accumulated(batch, tf.maximum(total, 1.0), variables)
+            else:
+                with tf.GradientTape() as tape:
+                    logits = self._logits_of(batch, training=True)
+                    loss, mask, _ = self._item_losses(batch, logits)
+                    local_count = tf.reduce_sum(mask)
+                    total = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
+                    scaled = tf.reduce_sum(loss * mask) / tf.maximum(total, 1.0)  # sums over replicas to the global mean
+                variables = self.hf.trainable_variables
+                grads = tape.gradient(scaled, variables)
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
             if clip_norm is not None:
                 grads, _ = tf.clip_by_global_norm(grads, clip_norm)
@@ -613,6 +628,30 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
                 tokens += local_count
             self.token_tracker.update_state(tokens)  # a SUM metric: the replicas' tokens add up
             return {"loss": global_loss}
+
+        def _accumulated(self, batch: dict[str, Any], total: Any, variables: list[Any]) -> tuple[Any, list[Any]]:
+            """This replica's share of the step's loss and its gradients, summed over ``accum_steps`` micro-batches
+            (consecutive slices of the batch). Every micro-batch's summed loss is divided by the tokens (examples) of
+            the whole global step, not its own: micro-batches count different tokens, and only this division makes
+            the sum the gradient of the big batch's mean. A ``tf.while_loop`` with one iteration at a time keeps a
+            single micro-batch's activations alive; the accumulators are dense (an embedding's sparse gradient
+            included)."""
+            pieces = {key: tf.reshape(value, [accum_steps, -1, *value.shape[1:]]) for key, value in batch.items()}
+
+            def one(index: Any, loss_sum: Any, sums: list[Any]) -> tuple[Any, Any, list[Any]]:
+                piece = {key: value[index] for key, value in pieces.items()}
+                with tf.GradientTape() as tape:
+                    loss, mask, _ = self._item_losses(piece, self._logits_of(piece, training=True))
+                    part = tf.reduce_sum(loss * mask) / total
+                grads = tape.gradient(part, variables)
+                dense = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g)
+                         for g, v in zip(grads, variables)]
+                return index + 1, loss_sum + part, [s + g for s, g in zip(sums, dense)]
+
+            start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, v.dtype) for v in variables])
+            _, scaled, grads = tf.while_loop(lambda index, *_: index < accum_steps, one, start,
+                                             parallel_iterations=1, maximum_iterations=accum_steps)
+            return scaled, grads
 
         def test_step(self, batch: dict[str, Any]) -> dict[str, Any]:
             logits = self._logits_of(batch, training=False)
