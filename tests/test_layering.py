@@ -15,6 +15,7 @@ sanctioned inversion that lets the recipe find a backend's section without the b
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,19 @@ def test_no_shared_module_names_a_backend() -> None:
             named = f"tpuft.backends.{kind}" in imported or f"worker.{kind}_train" in imported
             assert not named, (rel, kind)
             assert kind not in strings, (rel, kind)
+
+
+def test_loading_the_config_imports_no_backend_planner() -> None:
+    """``import tpuft.config`` finds each backend's recipe section through the registry (its ``_schema`` module)
+    without importing the backend's planner, a trainer, or the controller's run and provider code."""
+    code = "import sys, tpuft.config; print(' '.join(sorted(m for m in sys.modules if m.startswith('tpuft'))))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                cwd=PACKAGE.parent).stdout.split())
+    planners = {f"tpuft.backends.{kind}" for kind in backend_kinds()}
+    assert {f"tpuft.backends.{kind}_schema" for kind in backend_kinds()} <= loaded
+    bad = sorted(m for m in loaded if m in planners or m.startswith(("tpuft.worker", "tpuft.runs", "tpuft.providers",
+                                                                      "tpuft.ops", "tpuft.cli", "tpuft.fleet")))
+    assert bad == [], bad
 
 
 if __name__ == "__main__":
