@@ -109,7 +109,7 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("TPUFT_HOME", str(home))
     monkeypatch.delenv("TPUFT_CONFIG", raising=False)
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setenv("TPUFT_NO_AGENT", "1")  # no background connection agents; tests/fleet/test_agent.py turns them on
+    monkeypatch.setenv("TPUFT_NO_AGENT", "1")  # no background connection agents; tests/ops/test_agent.py turns them on
     for forced in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # tests read plain text
         monkeypatch.delenv(forced, raising=False)
     yield home

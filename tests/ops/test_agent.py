@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import default_sigint
 from tests.fleet.test_local_fleet import alive, wait_for_files
+from tests.ops.argv_watch import ArgvWatch
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
@@ -451,3 +452,29 @@ def test_a_stale_memory_of_the_cluster_goes_the_cold_way(fresh: Rig) -> None:
     again = rig.wait_agent()
     assert rig.exec("--", "true").returncode == 0
     assert rig.ping()["requests"] == again["requests"] + 1  # type: ignore[index]
+
+
+def test_the_warm_path_sends_worker_env_as_the_cold_path_does(fresh: Rig) -> None:
+    """The cluster file's worker_env reaches a warm ``exec`` too (on the channel's stdin, never in an argv: not the
+    agent's, not the commands'); see tests/ops/test_worker_env.py for the cold path and ``setup``."""
+    import secrets
+    from dataclasses import replace
+
+    marker = f"tpuft-secret-{secrets.token_hex(8)}"
+    original = fresh.cluster.read_text()
+    fresh.cluster.write_text(original + "worker_env: {MY_SECRET: '${TPUFT_TEST_TOKEN}'}\n")
+    rig = replace(fresh, env={**fresh.env, "TPUFT_TEST_TOKEN": marker})  # the agent's name depends on TPUFT_*
+    command = 'sleep 1; echo "saw MY_SECRET=$MY_SECRET"'
+    expected = [f"[w{i}] saw MY_SECRET={marker}" for i in range(4)]
+    try:
+        with ArgvWatch(marker, "sleep 1; echo") as watch:
+            cold = rig.exec("--", command)
+            assert cold.returncode == 0 and sorted(cold.stdout.splitlines()) == expected, cold.stderr
+            agent = rig.wait_agent()
+            warm = rig.exec("--", command)
+            assert warm.returncode == 0 and sorted(warm.stdout.splitlines()) == expected, warm.stderr
+        assert rig.ping()["requests"] == agent["requests"] + 1  # type: ignore[index]  # the agent ran it
+        assert watch.saw_probe and watch.in_argv == []
+    finally:
+        rig.stop_agent()
+        fresh.cluster.write_text(original)

@@ -10,7 +10,8 @@ or node, the ssh client config, the pinned host keys or its socket change, when 
 the fleet does, and writes only its pointer (paths and hashes) and a log of its own events (never a command).
 
 A request runs on the public :class:`~tpuft.fleet.ssh.SshFleet` API (``run``/``close``) exactly as the cold path
-runs it: same argv, same environment, fail-fast. Connections are pooled per fleet: a request takes an idle fleet or
+runs it: same argv, same environment (the cluster file's ``worker_env`` too, through
+:func:`tpuft.ops.common.worker_env`, on the channel's stdin), fail-fast. Connections are pooled per fleet: a request takes an idle fleet or
 makes a new one, so concurrent requests never share one fleet. Ctrl-C on the client (or its death) interrupts the
 request's ``run`` the way Ctrl-C interrupts it in the foreground: the fleet stops the remote process groups.
 """
@@ -32,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.ops import agent_client as wire
 from tpuft.fleet.spec import exec_env
+from tpuft.ops import agent_client as wire
+from tpuft.ops.common import worker_env
 
 MAX_IDLE_FLEETS = 2
 """Connection sets kept between requests (more are made for concurrent requests, then closed)."""
@@ -51,8 +53,12 @@ def settings_fingerprint(settings: Any) -> str:
 
 
 class Agent:
-    def __init__(self, config_path: str, folder: Path, identity: wire.Identity, provider: Any, cluster: Any) -> None:
+    def __init__(
+        self, config_path: str, folder: Path, identity: wire.Identity, provider: Any, cluster: Any, config: Any
+    ) -> None:
         self.config_path = config_path
+        self.config = config
+        """The cluster file as loaded at start; a changed file changes the identity, which ends this agent."""
         self.folder = folder
         self.identity = identity
         self.provider = provider
@@ -240,7 +246,8 @@ class Request:
         threading.Thread(target=self.watch, daemon=True).start()
         try:
             try:
-                result = fleet.run(self.argv, env=lambda w: exec_env(w.index, count), workers=self.chosen, on_line=self.on_line)
+                env = lambda w: worker_env(self.agent.config, exec_env(w.index, count))  # noqa: E731 - as the cold path's
+                result = fleet.run(self.argv, env=env, workers=self.chosen, on_line=self.on_line)
             finally:
                 with self.state_lock:
                     self.running = False
@@ -324,7 +331,7 @@ def start(config_path: str) -> int:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another agent of this identity is alive (or starting)
-    agent = Agent(config_path, folder, identity, provider, cluster)
+    agent = Agent(config_path, folder, identity, provider, cluster, config)
     agent.pointer = pointer
     signal.signal(signal.SIGTERM, lambda signum, frame: agent.stopping.set())  # end cleanly: socket, connections
     try:

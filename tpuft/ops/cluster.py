@@ -11,9 +11,9 @@ from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.fleet.spec import command_argv, exec_env, parse_worker_list
+from tpuft.ops.common import Session, open_session, worker_env
 from tpuft.providers import get_provider
 from tpuft.records import Cluster, Progress, State
-from tpuft.ops.common import Session, open_session
 
 
 @dataclass
@@ -99,6 +99,8 @@ def exec_command(
     agent_tried: bool = False,
 ) -> FleetResult:
     """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv.
+    Each sees the cluster file's ``worker_env`` and its place (``TPUFT_WORKER_ID``, ``TPUFT_NUM_WORKERS``), sent as
+    every worker process's environment is (:func:`tpuft.ops.common.worker_env`), warm or cold.
 
     ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.ops.agent`), unless the caller
     already did (``agent_tried``), and after a run over SSH start one for next time. ``cluster_path`` is the file
@@ -131,7 +133,9 @@ def exec_command(
 def _exec(session: Session, argv: list[str], workers: str | None, on_line: LineSink | None) -> FleetResult:
     chosen = parse_worker_list(workers, len(session.cluster.workers))
     count = len(session.cluster.workers)
-    return session.fleet.run(argv, workers=chosen, on_line=on_line, env=lambda w: exec_env(w.index, count))
+    return session.fleet.run(
+        argv, workers=chosen, on_line=on_line, env=lambda w: worker_env(session.config, exec_env(w.index, count))
+    )
 
 
 def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str, str], str | None]:
@@ -143,8 +147,8 @@ def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str,
     target = session.cluster.workers[worker]
     if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
         return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)
-    from tpuft.ops import agent_client
     from tpuft.fleet.ssh_config import known_hosts_name, openssh_options
+    from tpuft.ops import agent_client
 
     session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata
     settings = session.provider.ssh_settings()  # type: ignore[attr-defined]

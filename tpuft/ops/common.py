@@ -6,7 +6,7 @@ import functools
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,17 @@ class Session:
         """One fleet per session: SSH connections are opened once and reused by every step of a verb."""
         self.provider.prepare(self.cluster)
         return self.provider.fleet(self.cluster)
+
+
+def worker_env(config: ClusterConfig, own: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every worker process tpuft starts (``exec``, ``setup``'s bootstrap, ``train``'s check and
+    its supervisors and trainers): the cluster file's ``worker_env``, then tpuft's own variables for that process,
+    which win (the cluster file may not name ``TPUFT_*``, ``HOME`` or ``PYTHONPATH`` anyway).
+
+    It is handed to the fleet as ``env``, the one secret-safe channel: over SSH the values travel on the channel's
+    stdin (:func:`tpuft.fleet.ssh_remote.env_payload`), on the local pod in the process environment, never in an
+    argv that ``ps`` would show. Every caller goes through here, so no verb can forget ``worker_env``."""
+    return {**config.worker_env, **(own or {})}
 
 
 def open_session(config: ClusterConfig, *, require_ready: bool = True, cached: bool = False) -> Session:

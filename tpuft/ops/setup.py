@@ -1,4 +1,7 @@
-"""setup: build the backend's venv on every worker, in parallel, cached by a hash of its requirements."""
+"""setup: build the backend's venv on every worker, in parallel, cached by a hash of its requirements.
+
+The bootstrap runs with the cluster file's ``worker_env`` (a private index's ``PIP_INDEX_URL``, a token), sent
+as every worker process gets it (:func:`tpuft.ops.common.worker_env`): never on a command line."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from tpuft.backends import get_backend
 from tpuft.backends.base import EnvSpec, LaunchPlan
 from tpuft.config import ClusterConfig, RecipeConfig
 from tpuft.fleet.base import LineSink
-from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package
+from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 
 BOOTSTRAP = "tpuft/worker/bootstrap.py"
 SOURCES_HOME = ".tpuft/sources"
@@ -84,7 +87,7 @@ def setup(config: ClusterConfig, recipe: RecipeConfig, *, on_line: LineSink | No
     no_deps = ship_sources(session, spec, workers)
     log_dir = session.provider.state_dir() / "logs" / "setup"
     argv = bootstrap_argv(session, package, spec, no_deps=no_deps)
-    result = session.fleet.run(argv, workers=workers, log_dir=log_dir, on_line=on_line)
+    result = session.fleet.run(argv, workers=workers, log_dir=log_dir, on_line=on_line, env=lambda w: worker_env(config))
     raise_on_failure(result, f"setup of the {recipe.backend.kind} environment")
     return SetupResult(
         backend=recipe.backend.kind,

@@ -19,7 +19,7 @@ from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
 from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.fleet.base import LineSink
-from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package
+from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 from tpuft.ops.lifecycle import (
     AttachOutcome, Launch, attach, claim_workers, deferred_interrupts, finalize, start_supervisors, stop, wait_for_outcome,
 )
@@ -82,7 +82,8 @@ def _coordinator_port(host: str) -> int:
 
 def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: LaunchPlan) -> str:
     spec = env_spec(session, recipe)
-    check = session.fleet.run(bootstrap_argv(session, package, spec, check=True), workers=plan.workers, fail_fast=False)
+    argv = bootstrap_argv(session, package, spec, check=True)
+    check = session.fleet.run(argv, workers=plan.workers, fail_fast=False, env=lambda w: worker_env(session.config))
     missing = [r.index for r in check.results if r.exit_code == 3]
     if missing:
         raise UsageError(
@@ -266,13 +267,12 @@ def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resu
     hosts = [(workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1") for i in plan.workers]
     coordinator = f"{hosts[0]}:{_coordinator_port(hosts[0])}"
     peers = _peer_addresses(hosts, coordinator)
-    env = {
-        **config.worker_env,
+    env = worker_env(config, {
         "TPUFT_COORDINATOR": coordinator,
         "TPUFT_PEERS": ",".join(peers),
         "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
         **plan.env,
-    }
+    })
     if resume:
         env["TPUFT_RESUME"] = "1"
     return env
