@@ -27,7 +27,10 @@ backend. Two ways to use it, one logic:
   - ``finished(step, **extra)``: the final heartbeat (status ``finished``, the last eval's numbers, the early stop).
 
 * **A driver** (:func:`train`, :func:`finish`, or :func:`run` for both), for a trainer that owns its loop (PyTorch/XLA):
-  it calls the events above in the order every backend keeps, and the trainer's :class:`TrainerHooks` for the work.
+  it calls the events above in the order every backend keeps, and the trainer's :class:`TrainerHooks` for the work:
+  ``start`` (put the restored state in place, seed), ``train_step``, ``progress`` (the window's loss, lr, tokens),
+  ``evaluate``, ``save`` (which writes through ``RunLoop.save_checkpoint``), ``digest``, ``export``. Building the
+  engine and restoring it from ``RunLoop.resume.checkpoint`` is the trainer's set-up, before the driver runs.
 
 The order of one step (the driver's, and what a framework adapter should keep): the step; its metrics row on
 ``log_every`` (and the last step); the heartbeat; on ``eval.every`` (not the last step) an evaluation, judged: an
