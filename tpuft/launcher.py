@@ -4,7 +4,7 @@ start-up), and so is the common shape of ``tpuft exec`` (people run it in loops 
 command to the cluster's connection agent (:mod:`tpuft.ops.agent_client`, no heavy import), and loads the cluster
 file and opens SSH itself only when there is none. Everything else goes to the Typer app in :mod:`tpuft.cli`.
 
-``tests/test_cli.py`` checks that both ways of running ``exec`` print the same thing.
+``tests/cli/test_cli.py`` checks that both ways of running ``exec`` print the same thing.
 """
 
 from __future__ import annotations

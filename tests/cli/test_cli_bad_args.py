@@ -10,7 +10,7 @@ import pytest
 
 from tpuft import rundir
 
-T5X = Path(__file__).resolve().parent / "data" / "t5x" / "t5_1_1_tiny" / "legacy"
+T5X = Path(__file__).resolve().parents[1] / "data" / "t5x" / "t5_1_1_tiny" / "legacy"
 
 
 @pytest.fixture
