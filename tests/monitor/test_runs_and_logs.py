@@ -159,7 +159,7 @@ def test_bucket_run_monitor_runs_and_logs(cli, gcs: GcsEmulator, tmp_path: Path,
 
 def test_t5x_style_run_with_only_tensorboard_events(cli, cluster: Path, tmp_path: Path) -> None:
     """A backend that writes no metrics.jsonl (T5X): monitor, runs and --plot read its TensorBoard events."""
-    from tests.monitor.test_tb_and_plot import png_size, t5x_tb
+    from tests.monitor.tb_files import png_size, t5x_tb
 
     run = tmp_path / "bucket" / "runs" / "t5x-1"
     t5x_tb(run / rundir.TB_DIR)
@@ -185,7 +185,7 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(cluster: Path, t
     import urllib.request
 
     from tests.conftest import default_sigint
-    from tests.monitor.test_tb_and_plot import t5x_tb
+    from tests.monitor.tb_files import t5x_tb
 
     run = tmp_path / "bucket" / "runs" / "t5x-1"
     t5x_tb(run / rundir.TB_DIR)
