@@ -1,6 +1,7 @@
-"""The PyTorch/XLA trainer's model-side parts, each small enough to test on its own in the backend's venv: which
-weights train (``model.freeze``, prompt tuning), the optimizer's parameter groups, the loss, and a greedy decoder
-with static shapes.
+"""The PyTorch/XLA trainer's model-side parts, each small enough to test on its own in the backend's venv: the model
+it loads, which weights train (``model.freeze``, prompt tuning), the optimizer's parameter groups, batches with
+static shapes, the loss, the teacher-forced eval sums, a greedy decoder with static shapes, and the scores and
+samples of decodes.
 
 Why a decoder of our own: ``generate()`` grows the decoder input by one token per step, so XLA would compile a new
 graph for every length. Here the decoder input always has the target length; step t reads position t and writes its
@@ -12,6 +13,8 @@ compiled graph (on a TPU as on the CPU pod). It recomputes the decoder over the 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -123,3 +126,133 @@ def greedy_decode(model: Any, prompt: Any, input_ids: Any, mask: Any, length: in
         decoded = decoded.index_copy(1, here + 1, step[:, None])
         sync()
     return decoded[:, 1:]
+
+
+def load_model(model_cfg: Any, tokenizer: Any, checkpoint: Any) -> Any:
+    """The T5 to train, on the host: the checkpoint's (its config, overrides included, and weights) when resuming,
+    else a random one of ``model.config``, else the pretrained ``model.name_or_path``; with ``model.dropout`` and
+    gradient checkpointing applied. The caller seeds torch first (identical initial weights on every replica)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    overrides: dict[str, Any] = {}
+    if model_cfg.dropout is not None:
+        overrides["dropout_rate"] = model_cfg.dropout
+    if checkpoint is not None:
+        model = T5ForConditionalGeneration.from_pretrained(checkpoint, **overrides)
+    elif model_cfg.config is not None:
+        settings = {
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.pad_token_id,
+            **model_cfg.config.kwargs(),
+            **overrides,
+        }
+        model = T5ForConditionalGeneration(T5Config(**settings))
+    else:
+        model = T5ForConditionalGeneration.from_pretrained(model_cfg.name_or_path, **overrides)
+    if model_cfg.gradient_checkpointing:
+        checkpoint_activations(model)
+    return model
+
+
+def checkpoint_activations(model: Any) -> None:
+    """Recompute each block's activations in the backward pass. On XLA the checkpoint must be torch_xla's, which
+    puts an optimization barrier before the saved inputs (or the compiler merges the recomputation back into
+    the forward pass and nothing is saved); it is re-entrant, so the input embeddings are made to require grad."""
+    from functools import partial
+
+    import torch_xla.utils.checkpoint as xla_checkpoint
+
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": True})
+    model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=partial(xla_checkpoint.checkpoint, use_reentrant=True))
+    model.config.use_cache = False
+
+
+def eval_sums(logits: Any, labels: Any, weights: Any) -> Any:
+    """One eval batch's [loss x tokens, tokens, correct tokens, exact matches, examples] with teacher forcing: a
+    target is matched when the argmax at every target position is the reference token (EOS included), which is
+    exactly when greedy decoding would produce it. Rows of weight 0 (static-shape padding) count for nothing."""
+    mask = (labels != -100) & (weights[:, None] > 0)
+    safe_labels = labels.clamp(min=0)
+    token_loss = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), safe_labels.reshape(-1), reduction="none"
+    ).view_as(safe_labels)
+    correct = (logits.argmax(-1) == safe_labels) & mask
+    exact = ((correct | ~mask).all(-1) & (weights > 0)).float()
+    return torch.stack([(token_loss * mask).sum(), mask.sum().float(), correct.sum().float(), exact.sum(), weights.sum()])
+
+
+def sample_lines(export_dir: Any, tokenizer: Any, examples: list[Any], max_length: int, prompt_file: Any) -> list[str]:
+    """Greedy decodes of ``examples`` with the exported model (and the soft prompt in ``prompt_file``, when given),
+    on the host CPU as a user would: ``'source' -> 'decoded' (expected 'target') ok|MISS`` each."""
+    from transformers import T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration.from_pretrained(export_dir)
+    enc = tokenizer([e.source for e in examples], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        if prompt_file is not None:
+            from safetensors.torch import load_file
+
+            prompt = load_file(str(prompt_file))["prompt"]
+            enc = encoder_inputs(model, prompt, enc["input_ids"], enc["attention_mask"])
+        out = model.generate(**enc, max_new_tokens=max_length)
+    lines = []
+    for example, text in zip(examples, tokenizer.batch_decode(out, skip_special_tokens=True)):
+        mark = "ok" if text == example.target else "MISS"
+        lines.append(f"{example.source!r} -> {text!r} (expected {example.target!r}) {mark}")
+    return lines
+
+
+@dataclass
+class Batch:
+    input_ids: Any
+    attention_mask: Any
+    labels: Any
+    """Target ids, -100 at padding (no loss)."""
+    weights: Any
+    """1 for a real example, 0 for a row that pads a batch to its static shape."""
+    tokens: int
+    """Input and target tokens of the real examples (for throughput)."""
+
+
+def encode_batch(tokenizer: Any, data_cfg: Any, examples: list[Any], pad_to: int | None,
+                 to_device: Callable[..., list[Any]]) -> Batch:
+    """Examples as fixed-shape tensors (``data.max_source_length`` / ``max_target_length``), padded with weight-0 rows
+    to ``pad_to`` examples (static shapes: one compiled graph per batch size), placed by ``to_device``."""
+    real = len(examples)
+    sources = [e.source for e in examples]
+    targets = [e.target for e in examples]
+    if pad_to is not None and real < pad_to:
+        sources += [""] * (pad_to - real)
+        targets += [""] * (pad_to - real)
+    from tpuft.worker.data import encode_texts
+
+    ids, mask = encode_texts(tokenizer, sources, data_cfg.max_source_length, data_cfg.truncation)
+    enc = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+    dec = tokenizer(targets, max_length=data_cfg.max_target_length, padding="max_length", truncation=True,
+                    return_tensors="pt")
+    labels = dec["input_ids"].clone()
+    labels[dec["attention_mask"] == 0] = -100
+    weights = torch.zeros(len(sources))
+    weights[:real] = 1.0
+    tokens = int(enc["attention_mask"][:real].sum() + dec["attention_mask"][:real].sum())
+    input_ids, attention_mask, labels_on, weights_on = to_device(enc["input_ids"], enc["attention_mask"], labels, weights)
+    return Batch(input_ids=input_ids, attention_mask=attention_mask, labels=labels_on, weights=weights_on, tokens=tokens)
+
+
+def text_scores(decoded: list[str], references: list[str], sum_over_replicas: Callable[[Any], Any],
+                device: Any) -> dict[str, float]:
+    """Corpus BLEU and mean ROUGE-L over every replica's decodes, from sufficient statistics summed across replicas
+    (a corpus BLEU is not the mean of per-replica BLEUs)."""
+    from tpuft.worker import text_metrics
+
+    local = [*text_metrics.bleu_statistics(decoded, references), text_metrics.rouge_l_sum(decoded, references),
+             float(len(decoded))]
+    totals = [float(x) for x in sum_over_replicas(torch.tensor(local, dtype=torch.float64, device="cpu").to(device))]
+    return {
+        "eval_bleu": round(text_metrics.bleu_from_statistics(totals[:-2]), 4),
+        "eval_rouge_l": round(100.0 * totals[-2] / max(totals[-1], 1.0), 4),
+        "eval_decoded": int(totals[-1]),
+    }
