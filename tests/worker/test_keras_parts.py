@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import REPO
 from tpuft.worker.data import keep_tokens
-from tpuft.worker.keras_train import epoch_length, eval_row
+from tpuft.worker.keras_parts import epoch_length, eval_row
 from tpuft.worker.schedule import lr_factor
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ def test_schedules_match_the_shared_definition(keras_python: str) -> None:
     cases = [(100, 10, "linear"), (100, 0, "linear"), (100, 10, "constant"), (100, 10, "inverse_sqrt"), (100, 10, "cosine")]
     got = run_in_venv(keras_python, f"""
         import json, tensorflow as tf
-        from tpuft.worker.keras_train import make_schedule
+        from tpuft.worker.keras_parts import make_schedule
         out = []
         for steps, warmup, kind in {cases!r}:
             schedule = make_schedule(tf, 2.0, steps, warmup, kind)
@@ -89,7 +89,7 @@ def test_optimizer_state_round_trips_and_digest(keras_python: str, tmp_path) -> 
     got = run_in_venv(keras_python, f"""
         import json, numpy as np, tensorflow as tf
         from pathlib import Path
-        from tpuft.worker.keras_train import save_optimizer, restore_optimizer, weights_digest
+        from tpuft.worker.keras_parts import save_optimizer, restore_optimizer, weights_digest
         out = {{}}
         for name in ("adamw", "adafactor"):
             tf.keras.backend.clear_session()
@@ -130,7 +130,7 @@ def test_train_step_scaling_and_steps_per_execution(keras_python: str) -> None:
         import json, numpy as np, tensorflow as tf, transformers
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
-        from tpuft.worker.keras_train import build_trainable, make_schedule
+        from tpuft.worker.keras_parts import build_trainable, make_schedule
         rng = np.random.default_rng(0)
         n = 16
         labels = rng.integers(3, 40, size=(n, 5)).astype(np.int32)
@@ -173,7 +173,7 @@ def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) ->
         import json, types, numpy as np, tensorflow as tf, transformers
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
-        from tpuft.worker.keras_train import build_trainable, make_schedule
+        from tpuft.worker.keras_parts import build_trainable, make_schedule
         rng = np.random.default_rng(0)
         n = 16
         labels = rng.integers(3, 40, size=(n, 5)).astype(np.int32)
@@ -231,7 +231,7 @@ def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) ->
 def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:
     got = run_in_venv(keras_python, """
         import json, numpy as np, tensorflow as tf, transformers
-        from tpuft.worker.keras_train import build_trainable, eval_row
+        from tpuft.worker.keras_parts import build_trainable, eval_row
         tf.keras.utils.set_random_seed(3)
         config = transformers.T5Config(vocab_size=32, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=1,
                                        decoder_start_token_id=0)
