@@ -52,7 +52,9 @@ class Output:
     (:func:`tpuft.rundir.log_timestamp`, ``2026-11-22T06:12:03.123Z ``, as ``docker logs --timestamps`` writes them),
     so ``tpuft logs`` can interleave workers in time order; the caller's sink and the tail get the bare line."""
 
-    def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None, *, stamp: LogStamp | None = None) -> None:
+    def __init__(
+        self, index: int, log_path: Path | None, on_line: LineSink | None, *, stamp: LogStamp | None = None
+    ) -> None:
         self.index = index
         self._stamp = stamp
         self.log_path = log_path

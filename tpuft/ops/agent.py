@@ -11,9 +11,10 @@ the fleet does, and writes only its pointer (paths and hashes) and a log of its 
 
 A request runs on the public :class:`~tpuft.fleet.ssh.SshFleet` API (``run``/``close``) exactly as the cold path
 runs it: same argv, same environment (the cluster file's ``worker_env`` too, through
-:func:`tpuft.ops.common.worker_env`, on the channel's stdin), fail-fast. Connections are pooled per fleet: a request takes an idle fleet or
-makes a new one, so concurrent requests never share one fleet. Ctrl-C on the client (or its death) interrupts the
-request's ``run`` the way Ctrl-C interrupts it in the foreground: the fleet stops the remote process groups.
+:func:`tpuft.ops.common.worker_env`, on the channel's stdin), fail-fast. Connections are pooled per fleet: a request
+takes an idle fleet or makes a new one, so concurrent requests never share one fleet. Ctrl-C on the client (or its
+death) interrupts the request's ``run`` the way Ctrl-C interrupts it in the foreground: the fleet stops the remote
+process groups.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +237,10 @@ class Request:
                 self.interrupt()
                 return
 
+    def env_for(self, count: int) -> Callable[[Any], dict[str, str]]:
+        """Each worker's environment, as the cold path builds it (:func:`tpuft.ops.cluster.exec_command`)."""
+        return lambda worker: worker_env(self.agent.config, exec_env(worker.index, count))
+
     def run(self) -> None:
         from tpuft.fleet.ssh import SshConnectError
 
@@ -246,8 +252,7 @@ class Request:
         threading.Thread(target=self.watch, daemon=True).start()
         try:
             try:
-                env = lambda w: worker_env(self.agent.config, exec_env(w.index, count))  # noqa: E731 - as the cold path's
-                result = fleet.run(self.argv, env=env, workers=self.chosen, on_line=self.on_line)
+                result = fleet.run(self.argv, env=self.env_for(count), workers=self.chosen, on_line=self.on_line)
             finally:
                 with self.state_lock:
                     self.running = False
