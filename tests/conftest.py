@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,30 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):  #
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_files(paths: list[Path], timeout: float = 15.0) -> None:
+    """Until every file of ``paths`` exists with some text in it (a worker wrote it), at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(p.exists() and p.read_text().strip() for p in paths):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not written in time: {[str(p) for p in paths if not p.exists()]}")
 
 
 def default_sigint() -> None:

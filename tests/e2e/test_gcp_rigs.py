@@ -15,32 +15,11 @@ import pytest
 from tests.conftest import wait_until
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
+from tests.e2e.gcp_rig import bucket_json, rig_cluster, staged_step
 from tests.rigs.sshd_pod import SshdPod, sshd_available
-from tpuft.paths import venv_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla"),
               pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
-
-
-def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulator,
-                worker_env: dict[str, str] | None = None) -> tuple[Path, dict[str, str]]:
-    """The cluster file and the environment of a user whose cloud is the three stand-ins. ``worker_env``: the
-    workers' environment (default: the emulator's, ``STORAGE_EMULATOR_HOST``)."""
-    tpu.worker_addresses = pod.addresses
-    tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish: tpuft pins them
-    cluster = tmp_path / "tpuft.yaml"
-    cluster.write_text(
-        f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"
-        f"worker_env: {json.dumps(gcs.env() if worker_env is None else worker_env)}\n"
-        f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
-        f"  worker_device: cpu\n  venv_cache: {venv_cache()}\n"
-        f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
-    )
-    env = {
-        **os.environ, **gcs.env(), "TPUFT_HOME": str(tmp_path / "home"), "TPUFT_GCP_POLL_SECONDS": "0.02",
-        "TPUFT_SYNC_SECONDS": "2", "COLUMNS": "200",
-    }
-    return cluster, env
 
 
 def test_up_on_gcp_rigs(tmp_path: Path) -> None:
@@ -102,24 +81,6 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         assert deleted.returncode == 0 and tpu.node("e2e-gcp") is None
 
 
-def _bucket_json(gcs: GcsEmulator, name: str) -> dict | None:
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    os.environ.update(gcs.env())
-    blob = storage.Client(project="proj", credentials=AnonymousCredentials()).bucket("e2e-bucket").blob(name)
-    return json.loads(blob.download_as_text()) if blob.exists() else None
-
-
-def _staged_step(pod: SshdPod, worker: int) -> int:
-    """The trainer's last step, from its heartbeat in the worker's staging folder."""
-    beats = list((pod.home(worker) / ".tpuft" / "runs").glob(f"*/heartbeat/worker-{worker}.json"))
-    try:
-        return max(int(json.loads(b.read_text()).get("step") or 0) for b in beats) if beats else 0
-    except (ValueError, json.JSONDecodeError):
-        return 0
-
-
 def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path: Path) -> None:
     """Leftovers of a dead run are cleaned; dropped SSH sessions and a kill -9 of the controller leave the run to
     finish and export; ``stop`` leaves no trainer on any worker."""
@@ -141,7 +102,7 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
         controller = subprocess.Popen([sys.executable, "-m", "tpuft", "train", "quickstart", "-c", str(cluster), *args],
                                       env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         assert leftover.wait(timeout=120) == -signal.SIGKILL  # cleaned before the run started
-        wait_until(lambda: _staged_step(pod, 0) >= 5, 180, "step 5")
+        wait_until(lambda: staged_step(pod, 0) >= 5, 180, "step 5")
         assert pod.drop_sessions() >= 2  # every SSH connection of the controller, gone at once
         out = tmp_path / "train.out"
         wait_until(lambda: "step 50/200" in out.read_text(), 180, "the controller to re-attach and stream step 50")
@@ -153,9 +114,9 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
             assert text.count(f"step {step}/200 ") == 1, (step, text[-3000:])
         run_id = next((pod.home(0) / ".tpuft" / "runs").iterdir()).name
         prefix = f"runs/{run_id}"
-        info = wait_until(lambda: (i := _bucket_json(gcs, f"{prefix}/run.json")) and i["status"] != "running" and i, 300, "the run to end")
+        info = wait_until(lambda: (i := bucket_json(gcs, f"{prefix}/run.json")) and i["status"] != "running" and i, 300, "the run to end")
         assert info["status"] == "finished", info
-        assert _bucket_json(gcs, f"{prefix}/export/hf/config.json") is not None
+        assert bucket_json(gcs, f"{prefix}/export/hf/config.json") is not None
         shown = subprocess.run([sys.executable, "-m", "tpuft", "runs", "-c", str(cluster), "--json"], env=env,
                                capture_output=True, text=True)
         assert json.loads(shown.stdout)[-1]["status"] == "finished"
@@ -165,7 +126,7 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
                                  env=env, capture_output=True, text=True, timeout=300)
         assert started.returncode == 0, started.stderr[-4000:]
         second = json.loads(started.stdout)["run_id"]
-        wait_until(lambda: _staged_step(pod, 0) >= 3 and _staged_step(pod, 1) >= 3, 180, "the second run to train")
+        wait_until(lambda: staged_step(pod, 0) >= 3 and staged_step(pod, 1) >= 3, 180, "the second run to train")
         t0 = time.monotonic()
         stopped = subprocess.run([sys.executable, "-m", "tpuft", "stop", second, "-c", str(cluster), "--json"], env=env,
                                  capture_output=True, text=True, timeout=120)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from tests.e2e.test_gcp_rigs import _bucket_json, _staged_step, rig_cluster
+from tests.e2e.gcp_rig import bucket_json, rig_cluster, staged_step
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
@@ -81,9 +81,9 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         watcher_a = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--yes", *args],
                                      env=env, stdout=out_a.open("w"), stderr=subprocess.STDOUT, text=True)
         try:
-            wait_until(lambda: _staged_step(first, 0) >= 10, 600, "step 10 on the first node")
+            wait_until(lambda: staged_step(first, 0) >= 10, 600, "step 10 on the first node")
             _restart_sshd(first, 20.0)
-            upto = (_staged_step(first, 0) // 10 + 2) * 10
+            upto = (staged_step(first, 0) // 10 + 2) * 10
             assert upto < total, "the run ended while sshd was down: give it more steps"
             wait_until(lambda: f"step {upto}/{total} " in out_a.read_text(), 240, f"the watcher to stream step {upto}")
             streamed = out_a.read_text()
@@ -100,9 +100,9 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         watcher_b = subprocess.Popen([sys.executable, "-m", "tpuft", "resume", run_id, "--recover", "-c", str(cluster), "--json"],
                                      env=other_machine, stdout=subprocess.PIPE, stderr=out_b.open("w"), text=True)
         wait_until(lambda: (bool(_checkpoints(gcs, run_url)) and "watching run" in out_b.read_text())
-                   or _staged_step(first, 0) >= total - 150,
+                   or staged_step(first, 0) >= total - 150,
                    300, "a checkpoint in the bucket and the second watcher attached")
-        reached = _staged_step(first, 0)
+        reached = staged_step(first, 0)
         assert reached < total - 50, f"the run reached step {reached} before the preemption: give it more steps"
         preempted_at = time.time()
         tpu.preempt("e2e-gcp")
@@ -114,7 +114,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         summary = json.loads(stdout)
         assert summary["run_id"] == run_id and summary["last_train"]["step"] == total, summary
 
-        info = _bucket_json(gcs, f"runs/{run_id}/run.json")
+        info = bucket_json(gcs, f"runs/{run_id}/run.json")
         assert info["status"] == "finished" and info["attempt"] == 2, info
         (recovery,) = info["recoveries"]
         assert recovery["cause"].startswith("node PREEMPTED") and recovery["recreated"] is True, recovery
@@ -211,6 +211,6 @@ def test_a_failure_of_the_users_code_is_not_retried(tmp_path: Path) -> None:
         assert "bad record on worker 1" in done.stdout + done.stderr, (done.stdout + done.stderr)[-4000:]
         assert "recovery" not in done.stdout.lower()
         run_id = next((pod.home(0) / ".tpuft" / "runs").iterdir()).name
-        info = _bucket_json(gcs, f"runs/{run_id}/run.json")
+        info = bucket_json(gcs, f"runs/{run_id}/run.json")
         assert info["status"] == "failed" and not info.get("recoveries") and info["attempt"] == 1
         assert len(tpu.calls("CreateNode")) == 1  # never recreated

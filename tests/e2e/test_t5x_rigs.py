@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
-from tests.e2e.test_gcp_rigs import rig_cluster
+from tests.e2e.gcp_rig import rig_cluster
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.gcs_proxy import GcsProxy

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.test_local_fleet import alive
+from tests.conftest import alive
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.errors import UsageError
 from tpuft.fleet.base import Fleet

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import default_sigint
+from tests.conftest import alive, default_sigint, wait_for_files
 from tpuft.fleet.local import LocalFleet
 from tpuft.records import Worker
 
@@ -26,28 +26,6 @@ def make_workers(tmp_path: Path, count: int) -> list[Worker]:
         home.mkdir()
         workers.append(Worker(index=i, address="localhost", home=home))
     return workers
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_for_files(paths: list[Path], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(p.exists() and p.read_text().strip() for p in paths):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not written in time: {[str(p) for p in paths if not p.exists()]}")
 
 
 def test_sigterm_ignored_gets_killed_after_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import default_sigint
-from tests.fleet.test_local_fleet import alive, wait_for_files
+from tests.conftest import alive, wait_for_files
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
 from tpuft.records import Worker

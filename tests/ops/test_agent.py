@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import default_sigint
-from tests.fleet.test_local_fleet import alive, wait_for_files
+from tests.conftest import alive, wait_for_files
 from tests.ops.argv_watch import ArgvWatch
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator

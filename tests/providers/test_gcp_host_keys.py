@@ -27,12 +27,6 @@ KEY0 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey0published0by0the0guest0agent000
 KEY1 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey1published0by0the0guest0agent0000"
 
 
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[GcsEmulator]:
-    with GcsEmulator() as emulator:
-        yield emulator
-
-
 @pytest.fixture
 def tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)

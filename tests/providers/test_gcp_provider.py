@@ -15,12 +15,6 @@ from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 
 
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[GcsEmulator]:
-    with GcsEmulator() as emulator:
-        yield emulator
-
-
 @pytest.fixture
 def fake_tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)
