@@ -181,7 +181,8 @@ def eval_sums(logits: Any, labels: Any, weights: Any) -> Any:
     ).view_as(safe_labels)
     correct = (logits.argmax(-1) == safe_labels) & mask
     exact = ((correct | ~mask).all(-1) & (weights > 0)).float()
-    return torch.stack([(token_loss * mask).sum(), mask.sum().float(), correct.sum().float(), exact.sum(), weights.sum()])
+    return torch.stack([(token_loss * mask).sum(), mask.sum().float(), correct.sum().float(), exact.sum(),
+                        weights.sum()])
 
 
 def sample_lines(export_dir: Any, tokenizer: Any, examples: list[Any], max_length: int, prompt_file: Any) -> list[str]:
@@ -238,8 +239,10 @@ def encode_batch(tokenizer: Any, data_cfg: Any, examples: list[Any], pad_to: int
     weights = torch.zeros(len(sources))
     weights[:real] = 1.0
     tokens = int(enc["attention_mask"][:real].sum() + dec["attention_mask"][:real].sum())
-    input_ids, attention_mask, labels_on, weights_on = to_device(enc["input_ids"], enc["attention_mask"], labels, weights)
-    return Batch(input_ids=input_ids, attention_mask=attention_mask, labels=labels_on, weights=weights_on, tokens=tokens)
+    input_ids, attention_mask, labels_on, weights_on = to_device(enc["input_ids"], enc["attention_mask"], labels,
+                                                                 weights)
+    return Batch(input_ids=input_ids, attention_mask=attention_mask, labels=labels_on, weights=weights_on,
+                 tokens=tokens)
 
 
 def text_scores(decoded: list[str], references: list[str], sum_over_replicas: Callable[[Any], Any],

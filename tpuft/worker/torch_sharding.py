@@ -43,7 +43,8 @@ def shard_parameters(mesh: Any, named: list[tuple[str, Any]]) -> dict[int, tuple
     return specs
 
 
-def shard_optimizer_state(mesh: Any, optimizer: Any, params: list[Any], specs: dict[int, tuple[str | None, ...]]) -> None:
+def shard_optimizer_state(mesh: Any, optimizer: Any, params: list[Any],
+                          specs: dict[int, tuple[str | None, ...]]) -> None:
     """A loaded optimizer state is replicated: shard each tensor of a parameter's shape like its parameter."""
     import torch
     import torch_xla.distributed.spmd as xs

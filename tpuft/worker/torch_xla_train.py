@@ -206,7 +206,8 @@ class Trainer:
 
             named = list(self.model.named_parameters()) + ([("prompt.weight", self.prompt.weight)] if self.prompt is not None else [])
             self.shard_specs = shard_parameters(self.mesh, named)
-            self._say(f"fsdp: {len(self.shard_specs)} parameter tensors sharded over a mesh of {self.mesh.size()} devices")
+            self._say(f"fsdp: {len(self.shard_specs)} parameter tensors sharded over a mesh of {self.mesh.size()} "
+                      "devices")
         self.params = [p for _, p in self.named_params]
         count = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.params)
@@ -330,7 +331,8 @@ class Trainer:
     def progress(self) -> tuple[float, float, float]:
         stats = self.torch.stack([w.detach().to("cpu").float() for w in self.window])
         self.window = []
-        return float(stats[:, 0].mean()), self.scheduler.get_last_lr()[0], float(stats[:, 1].sum()) * self.replicas.world
+        tokens = float(stats[:, 1].sum()) * self.replicas.world
+        return float(stats[:, 0].mean()), self.scheduler.get_last_lr()[0], tokens
 
     def _autocast(self) -> Any:
         """bf16 compute (``train.precision``): XLA's autocast, which on a TPU is what torch_xla.amp does and on the
