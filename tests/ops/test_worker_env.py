@@ -11,7 +11,6 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,12 +72,6 @@ def test_exec_and_setup_see_worker_env_on_the_local_pod(tmp_path: Path, cli, mar
     assert set_up.code == 0, set_up.err
     assert set_up.out.count(f"setup saw MY_SECRET={marker}") == 2 and set_up.out.count("venv ready (cached)") == 2
     assert watch.saw_probe and watch.in_argv == []
-
-
-@pytest.fixture
-def gcs() -> Iterator[GcsEmulator]:
-    with GcsEmulator() as emulator:
-        yield emulator
 
 
 @pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
