@@ -169,9 +169,9 @@ def test_early_stopping_stops_every_worker_at_the_same_evaluation(pod: Pod) -> N
 
 
 def test_gradient_accumulation_trains_as_the_whole_batch_does(pod: Pod) -> None:
-    """The quickstart's first 100 steps (its warm-up) with 4 micro-batches a step (4 examples each per replica) and without: the
-    train_step that tests/worker/test_keras_parts.py checks step by step, here under MultiWorkerMirroredStrategy with
-    fit, the schedule, checkpoints and the callback's rows. The losses agree to float noise, which Adam's steps grow
+    """The quickstart's first 100 steps (its warm-up) with 4 micro-batches a step (4 examples each per replica) and
+    without: the train_step that tests/worker/test_keras_parts.py checks step by step, here under
+    MultiWorkerMirroredStrategy with fit, the schedule, checkpoints and the callback's rows. The losses agree to float noise, which Adam's steps grow
     (measured: equal at step 25, 1e-5 apart at 50, 2e-3 at 100); the weights of each run's two workers are identical."""
     settings = ["--set", "train.steps=100", "--set", "train.log_every=25", "--set", "eval.every=null",
                 "--set", "eval.max_examples=64", "--set", "train.checkpoint_every=50"]
