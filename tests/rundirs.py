@@ -1,5 +1,5 @@
 """One builder for the fake run dirs that tests read (monitor, runs, logs, pull, convert --run): the layout of
-ARCHITECTURE.md's run directory, written with tpuft's own helpers where the workers use them."""
+docs/ARCHITECTURE.md's run directory, written with tpuft's own helpers where the workers use them."""
 
 from __future__ import annotations
 

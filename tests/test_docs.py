@@ -133,3 +133,14 @@ def test_every_repository_path_the_docs_name_exists() -> None:
             if not (REPO / path).exists():
                 missing.append(f"{page.relative_to(REPO)}: {path}")
     assert missing == [], missing
+
+
+def test_the_code_cites_the_architecture_page_where_it_is() -> None:
+    """Docstrings cite the rulebook; a bare `ARCHITECTURE.md` names a file a clone does not have at that path."""
+    bare = []
+    for path in [*sorted((REPO / "tpuft").rglob("*.py")), *sorted((REPO / "tests").rglob("*.py"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if re.search(r"(?<![/\w])ARCHITECTURE\.md", line):
+                bare.append(f"{path.relative_to(REPO)}:{number}")
+    assert bare == [], bare
+    assert (DOCS / "ARCHITECTURE.md").is_file()

@@ -1,4 +1,4 @@
-"""The run directory contract (ARCHITECTURE.md), shared by the worker that writes it and the tools that read it.
+"""The run directory contract (docs/ARCHITECTURE.md), shared by the worker that writes it and the tools that read it.
 Checkpoints are the backend's business: their folder and names are its :class:`~tpuft.backends.base.RunLayout`.
 
 Stdlib only: imported by the worker inside the backend venv and by ``monitor`` on the controller.

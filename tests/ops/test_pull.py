@@ -34,7 +34,7 @@ BIG = f"{CKPT}/step_00000020/state/shard-0.bin"
 
 
 def make_run(root: Path, *, metrics: list[dict[str, Any]] | None = None) -> dict[str, bytes]:
-    """A run dir as ARCHITECTURE.md lays it out, with checkpoints at steps 10 and 20 and a half-written one at 30;
+    """A run dir as docs/ARCHITECTURE.md lays it out, with checkpoints at steps 10 and 20 and a half-written one at 30;
     returns relpath -> bytes of every file."""
     rows = (
         metrics
