@@ -136,9 +136,11 @@ def test_every_repository_path_the_docs_name_exists() -> None:
 
 
 def test_the_code_cites_the_architecture_page_where_it_is() -> None:
-    """Docstrings cite the rulebook; a bare `ARCHITECTURE.md` names a file a clone does not have at that path."""
+    """Docstrings cite the rulebook by its path in the repository (docs/), the only place a clone has it."""
     bare = []
     for path in [*sorted((REPO / "tpuft").rglob("*.py")), *sorted((REPO / "tests").rglob("*.py"))]:
+        if path == Path(__file__).resolve():
+            continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if re.search(r"(?<![/\w])ARCHITECTURE\.md", line):
                 bare.append(f"{path.relative_to(REPO)}:{number}")
