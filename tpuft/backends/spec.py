@@ -255,7 +255,7 @@ def manifest_gaps(manifest_text: str | None, sizes: dict[str, int]) -> list[str]
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend implements of the recipe's optional shared parts, stated in the backend's own schema module
-    (``backends/<kind>_schema.py``). One validation (:mod:`tpuft.config.capabilities`) refuses, at its line, a key that
+    (``backends/<kind>_schema.py``). One validation (``capability_problems`` in :mod:`tpuft.config.recipe`) refuses, at its line, a key that
     some backend declares and this one does not, when the recipe sets it to a non-default value, and names the
     backends that do support it. Giving a backend a feature is one more entry here, in its own file."""
 

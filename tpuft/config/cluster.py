@@ -152,7 +152,7 @@ class SshConfig(StrictModel):
     key_file: LaxPath = Field(
         Path("~/.ssh/google_compute_engine"), description="Private key (gcloud's by default; created if missing)."
     )
-    port: int = Field(22, ge=1, le=65535)
+    port: int = Field(22, ge=1, le=65535, description="SSH port of the workers.")
     os_login: bool = Field(False, description="The project uses OS Login: do not put the key in instance metadata.")
     connect_attempts: int = Field(10, ge=1, le=100, description="Connection tries per worker (like gcloud).")
     retry_delay_s: float = Field(5.0, ge=0.0, le=300.0, description="Seconds between connection tries.")

@@ -129,7 +129,7 @@ class TrainConfig(StrictModel):
         "'inverse_sqrt' (T5's pretraining schedule) holds the peak for the warm-up steps, then peak*sqrt(warmup/step).",
     )
     warmup_steps: int = Field(0, ge=0, le=1_000_000_000, description="Linear warm-up from 0 to the peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="Decoupled weight decay (AdamW's; 0 disables it).")
     max_grad_norm: float | None = Field(1.0, gt=0.0, le=1e6, description="Clip the global gradient norm; null disables it.")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="Seeds model init and data order; the same on every worker.")
     grad_accum_steps: Count = Field(
@@ -203,13 +203,13 @@ class RecipeConfig(StrictModel):
     """What to train: backend, model, data and the training/eval/export settings."""
 
     name: str = Field(description="Short recipe name; it prefixes run ids.")
-    description: str = Field("", max_length=100_000)
+    description: str = Field("", max_length=100_000, description="What the recipe does, for `tpuft recipes ls` and show.")
     backend: Backend
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig
-    train: TrainConfig
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model: pretrained weights or a config, and the tokenizer.")
+    data: DataConfig = Field(description="Training and held-out data: files or a Hugging Face dataset, fields, lengths.")
+    train: TrainConfig = Field(description="Steps, batch, optimizer, schedule, checkpoints, keep-best, early stopping.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation: how often, on how many, which metric.")
+    export: ExportConfig = Field(default_factory=ExportConfig, description="The Hugging Face export at the end of a run.")
 
     @field_validator("name")
     @classmethod
