@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.e2e.gcp_rig import bucket_json, rig_cluster, staged_step
+from tests.ops.argv_watch import ArgvWatch
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
@@ -69,7 +70,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         marker = f"hf_secret_{os.getpid()}_{int(time.time())}"
         cluster, env = rig_cluster(tmp_path, tpu, first, gcs, worker_env={**gcs.env(), "HF_TOKEN": "${TPUFT_TEST_TOKEN}"})
         env["TPUFT_TEST_TOKEN"] = marker  # named in the cluster file, taken from the controller's environment
-        argv_scan = _ArgvScan(marker)
+        argv_scan = ArgvWatch(marker, "-m\x00tpuft.worker\x00", interval=0.2).start()  # the trainers' argv
         _publish_host_keys(tpu, first, second)
         (second.root / "authorized_keys").write_text(Path(f"{first.client_key}.pub").read_text())  # the user's one key
         cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  queued: true\n  spot: true\n") + RECOVER)
@@ -145,7 +146,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         # The secret reached the trainers (their environment), and nothing else: no process's argv while it ran, no
         # file tpuft wrote (state, worker homes, logs, watcher logs, the run dir in the bucket).
         argv_scan.stop()
-        assert argv_scan.trainer_had_it and argv_scan.in_argv == [], (argv_scan.trainer_had_it, argv_scan.in_argv)
+        assert argv_scan.probe_had_secret and argv_scan.in_argv == [], (argv_scan.probe_had_secret, argv_scan.in_argv)
         written = [p for p in tmp_path.rglob("*") if p.is_file() and marker.encode() in p.read_bytes()]
         assert written == []
         from google.auth.credentials import AnonymousCredentials
@@ -155,39 +156,6 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         for blob in bucket.list_blobs(prefix=f"runs/{run_id}/"):
             if "/checkpoints/" not in blob.name and "/export/" not in blob.name:
                 assert marker.encode() not in blob.download_as_bytes(), blob.name
-
-
-class _ArgvScan:
-    """Looks at every process's argv (what ``ps`` shows any user) for the secret while the run goes on, and at the
-    trainers' environment to see that it did arrive."""
-
-    def __init__(self, marker: str) -> None:
-        import threading
-
-        self.marker = marker.encode()
-        self.in_argv: list[str] = []
-        self.trainer_had_it = False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._done.wait(0.2):
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    argv = (entry / "cmdline").read_bytes()
-                    if self.marker in argv:
-                        self.in_argv.append(argv.decode(errors="replace")[:200])
-                    if b"-m\x00tpuft.worker\x00" in argv and self.marker in (entry / "environ").read_bytes():
-                        self.trainer_had_it = True
-                except OSError:
-                    continue
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()
 
 
 def test_a_failure_of_the_users_code_is_not_retried(tmp_path: Path) -> None:
