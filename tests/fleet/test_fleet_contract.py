@@ -125,16 +125,6 @@ def test_an_environment_name_is_refused_before_any_command_runs(rig: Rig, name: 
     assert not marker.exists()  # worker 0, if it was started, was stopped with the rest
 
 
-def test_a_log_stamp_starts_each_log_line_but_not_the_printed_one(rig: Rig, tmp_path: Path) -> None:
-    """The fleet knows no run-dir format: the caller passes what starts each log-file line (a leaf, see
-    tests/test_layering.py), as the run dir's arrival time once did through a flag."""
-    lines: list[tuple[int, str]] = []
-    result = rig.fleet.run(["echo", "hello"], workers=[0], log_dir=tmp_path / "logs",
-                           on_line=lambda i, line: lines.append((i, line)), log_stamp=lambda: "STAMP")  # fmt: skip
-    assert result.ok and lines == [(0, "hello")]
-    assert (tmp_path / "logs" / "worker-0.log").read_text() == "STAMP hello\n"
-
-
 def test_the_fleet_checks_environment_names_by_the_cluster_files_rule() -> None:
     from tpuft import formats
     from tpuft.fleet import base

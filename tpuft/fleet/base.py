@@ -21,10 +21,6 @@ LineSink = Callable[[int, str], None]
 
 EnvFor = Callable[[Worker], dict[str, str]]
 
-LogStamp = Callable[[], str]
-"""What starts each log-file line (the run dir's arrival time, :func:`tpuft.rundir.log_timestamp`): passed in by
-the caller, because the fleet is a leaf that knows no run-dir format."""
-
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """POSIX's environment variable name. The same rule as :data:`tpuft.formats.ENV_NAME` (which checks the cluster
 file; a test keeps the two equal), written here because the fleet is a leaf and guards every other caller."""
@@ -117,10 +113,8 @@ class Fleet(Protocol):
         on_line: LineSink | None = None,
         fail_fast: bool = True,
         cwd_home: bool = True,
-        log_stamp: LogStamp | None = None,
     ) -> FleetResult:
-        """Run ``argv`` on the chosen workers (all by default) in parallel; returns when all have ended.
-        ``log_stamp`` starts each log-file line with, e.g., the time it arrived (see ``Output``)."""
+        """Run ``argv`` on the chosen workers (all by default) in parallel; returns when all have ended."""
         ...
 
     def put(self, source: Path, dest: str, *, workers: Sequence[int] | None = None) -> None:

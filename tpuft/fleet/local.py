@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tpuft.errors import TpuftError
-from tpuft.fleet.base import EnvFor, FleetResult, LineSink, LogStamp, WorkerResult, check_env, select_workers
+from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.records import Worker
 
@@ -51,7 +51,6 @@ class LocalFleet:
         on_line: LineSink | None = None,
         fail_fast: bool = True,
         cwd_home: bool = True,
-        log_stamp: LogStamp | None = None,
     ) -> FleetResult:
         chosen = select_workers(self.workers, workers)
 
@@ -62,7 +61,7 @@ class LocalFleet:
                     worker_env.update(check_env(env(worker), worker.index))
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
                 cwd = worker.home if cwd_home and worker.home is not None else None
-                output = Output(worker.index, log_path, on_line, stamp=log_stamp)
+                output = Output(worker.index, log_path, on_line)
                 handles.append(_Process(worker, list(argv), worker_env, cwd, output, changed))
 
         return run_supervised(start, fail_fast)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.errors import TpuftError
-from tpuft.fleet.base import EnvFor, FleetResult, LineSink, LogStamp, select_workers
+from tpuft.fleet.base import EnvFor, FleetResult, LineSink, select_workers
 from tpuft.fleet.ssh_config import (
     SshConnectError,
     SshSettings,
@@ -345,7 +345,6 @@ class SshFleet:
         on_line: LineSink | None = None,
         fail_fast: bool = True,
         cwd_home: bool = True,
-        log_stamp: LogStamp | None = None,
     ) -> FleetResult:
         chosen = select_workers(self.workers, workers)
         self.connect_all(chosen)
@@ -355,7 +354,7 @@ class SshFleet:
                 worker_env = env(worker) if env is not None else {}
                 command = remote_command(argv, worker_env, cwd_home=cwd_home)
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
-                output = Output(worker.index, log_path, on_line, stamp=log_stamp)
+                output = Output(worker.index, log_path, on_line)
                 handles.append(RemoteProcess(self, worker, command, output, changed, env_payload(worker_env)))
 
         return run_supervised(start, fail_fast)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from tpuft.fleet.base import FleetResult, LineSink, LogStamp, WorkerResult
+from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
 
 TAIL_LINES = 30
 POLL_SECONDS = 0.05
@@ -46,17 +46,11 @@ class Handle(Protocol):
 
 
 class Output:
-    """One worker's output: each line goes to its log file, the tail buffer and the caller's sink.
+    """One worker's output: each line goes to its log file, the tail buffer and the caller's sink. (A run's worker
+    logs, which ``tpuft logs`` interleaves in time order, are stamped on the worker by its supervisor.)"""
 
-    With a ``stamp`` each log-file line starts with what it returns, e.g. the UTC time the line arrived
-    (:func:`tpuft.rundir.log_timestamp`, ``2026-11-22T06:12:03.123Z ``, as ``docker logs --timestamps`` writes them),
-    so ``tpuft logs`` can interleave workers in time order; the caller's sink and the tail get the bare line."""
-
-    def __init__(
-        self, index: int, log_path: Path | None, on_line: LineSink | None, *, stamp: LogStamp | None = None
-    ) -> None:
+    def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None) -> None:
         self.index = index
-        self._stamp = stamp
         self.log_path = log_path
         self.on_line = on_line
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -67,8 +61,6 @@ class Output:
 
     def feed(self, raw: bytes) -> None:
         if self._log is not None:
-            if self._stamp is not None:
-                self._log.write(self._stamp().encode() + b" ")
             self._log.write(raw if raw.endswith(b"\n") else raw + b"\n")
             self._log.flush()
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
