@@ -290,11 +290,7 @@ class KerasRun:
         self.say(f"weights sha256 {digest[:16]} (worker {self.ctx.worker_id})", everyone=True)
         if self.chief and self.recipe.export.hf and ckpt is not None:
             loop.beat(loop.step, phase="export")
-            best = loop.best
-            source = ckpt
-            if self.recipe.train.keep_best and best is not None:  # said even when it is the last: users read it
-                source = LAYOUT.checkpoint_dir(self.ctx.run_dir, int(best["step"]))
-                self.say(f"exporting the best checkpoint: step {best['step']} ({best['metric']} {best['value']:.4f})")
+            source = loop.export_source(ckpt, say_when_last=True)
             out = export_hf(self.ctx, source, self.recipe.export.dtype)
             self.say(f"Hugging Face export: {out}")
         self.wait_for_everyone()

@@ -292,11 +292,11 @@ class RunLoop:
                 shutil.rmtree(path, ignore_errors=True)
 
     # -- the end ----------------------------------------------------------------------------------------------
-    def export_source(self, checkpoint: Path) -> Path:
-        """The checkpoint to export: the best one under ``train.keep_best`` (said when it is not the last), else
-        ``checkpoint`` (the final one)."""
+    def export_source(self, checkpoint: Path, *, say_when_last: bool = False) -> Path:
+        """The checkpoint to export: the best one under ``train.keep_best`` (said when it is not the last, or always
+        with ``say_when_last``: Keras's users and tests read the line), else ``checkpoint`` (the final one)."""
         best = self.best
-        if self.recipe.train.keep_best and best is not None and int(best["step"]) != self.step:
+        if self.recipe.train.keep_best and best is not None and (say_when_last or int(best["step"]) != self.step):
             self.say(f"exporting the best checkpoint: step {best['step']} ({best['metric']} {best['value']:.4f})")
             return self.layout.checkpoint_dir(self.ctx.run_dir, int(best["step"]))
         return checkpoint
