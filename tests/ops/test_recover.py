@@ -206,6 +206,35 @@ def test_a_stockout_while_recreating_is_tried_again_after_a_longer_back_off(
     assert "tpuft resume r-1 --recover" in (used_up.value.hint or "")
 
 
+def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(
+    fake_gcp: tuple[FakeTpuServer, ClusterConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The followers may see the VMs die (their supervisors end) before the watch asks the API: the cause is then the
+    node's state, which decides whether the recovery recreates the node. ``attach`` is replaced by its outcome here
+    (the race needs a dying sshd pod; the whole path runs in tests/e2e/test_recovery_rigs.py)."""
+    import tpuft.ops.recover as recover_module
+    from tpuft.ops.lifecycle import AttachOutcome, Launch
+    from tpuft.ops.recover import Callbacks, _attach_and_watch
+
+    tpu, config = fake_gcp
+    cluster, _ = get_provider(config).create()
+    run = _run(tmp_path)
+    info = {"run_id": "r-1", "status": "running", "attempt": 1, "launch": {"hosts": [0, 1]},
+            "addresses": [w.address for w in cluster.workers]}
+    run.storage.write_text("run.json", json.dumps(info))
+    monkeypatch.setattr(recover_module, "open_session", lambda config: type("S", (), {})())
+    monkeypatch.setattr(recover_module, "attach", lambda *a, **kw: AttachOutcome(ended=True))
+    monkeypatch.setattr(recover_module, "wait_for_outcome", lambda run: None)
+    monkeypatch.setattr(recover_module, "finalize", lambda run: None)  # no outcome was written: the workers died
+    monkeypatch.setattr(recover_module, "run_is_alive", lambda run: False)
+    launch = Launch(hosts=(0, 1), python="py", package="pkg")
+    watch = lambda: _attach_and_watch(config, run, info, launch, Callbacks(), config.recover, lambda: None, False, None)  # noqa: E731
+
+    assert watch() == "the workers' supervisors are gone (the VMs restarted?)"  # the node is READY: no better word
+    tpu.preempt("rc")
+    assert watch() == "node PREEMPTED"
+
+
 def test_runs_and_monitor_show_the_recoveries(tmp_path: Path) -> None:
     from tpuft.cli.results import _attempt_cell
 

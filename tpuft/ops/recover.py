@@ -218,6 +218,7 @@ def _attach_and_watch(
             close()
     if taken:
         raise taken[0]
+    gone_without_word = "the workers' supervisors are gone (the VMs restarted?)"
     if outcome.interrupted:
         if stop_on_interrupt and not outcome.hung_up:
             stopped = stop(config, run, reason="interrupted on the controller (Ctrl-C)")
@@ -228,12 +229,19 @@ def _attach_and_watch(
         return outcome.gone
     if outcome.ended:
         wait_for_outcome(run)
-        if finalize(run) is None and not run_is_alive(run):
-            return "the workers' supervisors are gone (the VMs restarted?)"
-        return None
+        if finalize(run) is not None or run_is_alive(run):
+            return None
+        # The VMs died under the followers (they saw the end before the watch saw the node): the provider's word
+        # (node PREEMPTED, ...) says more than "gone", and decides whether the recovery recreates the node.
+        problem = question()
+        if taken:
+            raise taken[0]
+        return problem or gone_without_word
     problem = question()
+    if taken:
+        raise taken[0]
     if problem is None and not run_is_alive(run):
-        return "the workers' supervisors are gone (the VMs restarted?)"
+        return gone_without_word
     if problem is None:
         lost = ", ".join(map(str, outcome.lost))
         raise TpuftError(f"lost contact with worker(s) {lost} of run {run.id}, but the TPU API says the node is READY",
