@@ -97,6 +97,14 @@ class GcpConfig(StrictModel):
     tpu_api_endpoint: Endpoint | None = Field(
         None, description="Cloud TPU API endpoint (private endpoints; tests); also $TPUFT_TPU_API_ENDPOINT."
     )
+    timeout: Duration = Field(
+        30.0,
+        le=3600.0,
+        description=(
+            "Budget for one command's calls to Google Cloud (TPU API, Storage, token refresh), retries included: "
+            "when the network is down a command fails within it."
+        ),
+    )
     venv_cache: PathText = Field("~/.cache/tpuft/venvs", description="Where workers keep backend venvs (a path on the workers).")
     python: Command = Field("python3", description="Interpreter on the workers that venvs are built from.")
     worker_device: Literal["tpu", "cpu"] = Field(
