@@ -21,6 +21,7 @@ from tpuft.providers.gcp import tuning
 from tpuft.providers.gcp.api import GcpError, TpuApi
 from tpuft.providers.gcp.cache import WorkerCache, worker_rows
 from tpuft.records import Cluster, Worker
+from tpuft.waiting import waiting
 
 if TYPE_CHECKING:
     from tpuft.config import SshConfig
@@ -126,25 +127,31 @@ class HostKeyPins:
 
     def _node_host_keys(self, node_id: str, count: int, workers: list[Worker]) -> list[list[str]]:
         """One slice's keys; a VM that has just booted may not have published them yet, so ask again for the
-        missing workers until ``HOSTKEY_WAIT_S`` runs out, then refuse: an unpinned host is never trusted."""
+        missing workers until ``HOSTKEY_WAIT_S`` runs out, then refuse: an unpinned host is never trusted. The wait
+        is shown on stderr after a moment: up to five minutes of silence reads as a hang."""
         found: dict[int, list[str]] = {}
-        deadline = time.monotonic() + tuning.HOSTKEY_WAIT_S
-        while True:
-            missing = [i for i in range(count) if i not in found]
-            found.update(self._ask_host_keys(node_id, missing))
-            missing = [i for i in range(count) if i not in found]
-            if not missing:
-                return [found[i] for i in range(count)]
-            if time.monotonic() >= deadline:
-                worker = workers[missing[0]]
-                others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-                raise GcpError(
-                    f"worker {worker.index} ({worker.address}) of TPU node {node_id}{others} has not published its SSH "
-                    f"host keys (guest attributes) after {tuning.HOSTKEY_WAIT_S:.0f}s, so its identity cannot be checked",
-                    hint="A VM that has just started publishes them within a few minutes: retry soon. If it never "
-                    "does, its guest agent is not running: recreate the node (tpuft delete --yes && tpuft create).",
-                )
-            time.sleep(tuning.POLL_SECONDS)
+        span = f"{workers[0].index}-{workers[-1].index}" if len(workers) > 1 else f"{workers[0].index}" if workers else "-"
+        what = (f"the SSH host keys of TPU node {node_id} worker(s) {span} (each VM's guest agent publishes them "
+                "as guest attributes once it has booted)")
+        with waiting(what, tuning.HOSTKEY_WAIT_S) as wait:
+            while True:
+                missing = [i for i in range(count) if i not in found]
+                found.update(self._ask_host_keys(node_id, missing))
+                missing = [i for i in range(count) if i not in found]
+                if not missing:
+                    return [found[i] for i in range(count)]
+                wait.update(f"{len(found)} of {count} published, missing: {_workers_named(workers, missing)}")
+                if wait.expired():
+                    worker = workers[missing[0]]
+                    others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                    raise GcpError(
+                        f"worker {worker.index} ({worker.address}) of TPU node {node_id}{others} has not published its "
+                        f"SSH host keys (guest attributes) after {tuning.HOSTKEY_WAIT_S:.0f}s, so its identity cannot "
+                        "be checked",
+                        hint="A VM that has just started publishes them within a few minutes: retry soon. If it never "
+                        "does, its guest agent is not running: recreate the node (tpuft delete --yes && tpuft create).",
+                    )
+                time.sleep(min(tuning.POLL_SECONDS, wait.left() or 0.0))
 
     def _ask_host_keys(self, node_id: str, worker_ids: list[int]) -> dict[int, list[str]]:
         """One GetGuestAttributes for these workers of one slice: slice-local worker id -> its keys (absent: nothing
@@ -164,6 +171,12 @@ class HostKeyPins:
             return {i: keys for one in worker_ids for i, keys in self._ask_host_keys(node_id, [one]).items()}
         found = {i: host_key_lines(entry.query_value.items) for i, entry in zip(worker_ids, entries)}
         return {i: keys for i, keys in found.items() if keys}
+
+
+def _workers_named(workers: list[Worker], missing: list[int]) -> str:
+    """``worker 1`` or ``workers 1, 3`` (the first few), by their cluster-wide indexes."""
+    names = [str(workers[i].index) for i in missing[:4]] + (["..."] if len(missing) > 4 else [])
+    return ("worker " if len(missing) == 1 else "workers ") + ", ".join(names)
 
 
 def known_hosts_host(address: str, port: int) -> str:
