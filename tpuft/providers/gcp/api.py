@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from tpuft.errors import TpuftError
 from tpuft.providers.gcp import tuning
 from tpuft.records import Progress
+from tpuft.waiting import waiting
 
 T = TypeVar("T")
 
@@ -131,16 +132,16 @@ class TpuApi:
         return error
 
     def wait_operation(self, what: str, operation: Any, progress: Progress | None, watch: Callable[[], str] | None) -> Any:
-        """Poll a long-running operation, telling ``progress`` the resource's state while it runs."""
+        """Poll a long-running operation, saying what it waits for, the resource's state (``watch``) and the time
+        left through ``progress``, or on stderr when no one listens (tpuft.waiting)."""
         from google.api_core import exceptions as gexc
 
-        deadline = time.monotonic() + tuning.CREATE_TIMEOUT_S
-        while not self.call(f"{what} (polling)", operation.done):
-            if progress and watch:
-                progress(watch())
-            if time.monotonic() > deadline:
-                raise GcpError(f"{what}: still not done after {tuning.CREATE_TIMEOUT_S:.0f}s", hint="See: tpuft status")
-            time.sleep(tuning.POLL_SECONDS)
+        with waiting(f"the Cloud TPU API to finish {what}", tuning.CREATE_TIMEOUT_S, progress=progress) as wait:
+            while not self.call(f"{what} (polling)", operation.done):
+                wait.update(watch() if watch else "")
+                if wait.expired():
+                    raise GcpError(f"{what}: still not done after {tuning.CREATE_TIMEOUT_S:.0f}s", hint="See: tpuft status")
+                time.sleep(tuning.POLL_SECONDS)
         try:
             return operation.result(timeout=60)
         except gexc.GoogleAPICallError as exc:
