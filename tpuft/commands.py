@@ -116,3 +116,40 @@ def top_level_help(color: bool) -> str:
         lines.append("")
     lines.append("Run 'tpuft COMMAND --help' for a command's options and an example.")
     return "\n".join(lines)
+
+
+# How a command ends when the reader of its output goes away (``tpuft runs | head -1``). Here because both entry
+# points (the launcher, stdlib only, and the Typer app) need it and neither may import the other.
+
+PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: what `git log | head` reports, so `set -o pipefail` scripts see the same
+_pipe_closed: list[bool] = []
+
+
+def silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: the interpreter's last flush of what is still buffered would raise
+    BrokenPipeError again (and print a traceback from inside its shutdown) otherwise."""
+    import os
+    import sys
+
+    _pipe_closed.append(True)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout already closed or not a real file: nothing left to flush into a pipe
+        pass
+
+
+def stdout_closed() -> bool:
+    """Whether the reader went away during this command: its workers were stopped for that, not by the user."""
+    return bool(_pipe_closed)
+
+
+def closed_pipe_in_thread() -> None:
+    """A reader thread (``exec``'s worker lines) found the pipe closed: silence stdout and interrupt the main thread,
+    which stops the workers as Ctrl-C does; the entry point then exits quietly with :data:`PIPE_CLOSED_EXIT`."""
+    import _thread
+
+    if not _pipe_closed:
+        silence_stdout()
+        _thread.interrupt_main()

@@ -14,7 +14,7 @@ import sys
 import threading
 
 from tpuft import __version__
-from tpuft.commands import top_level_help
+from tpuft.commands import PIPE_CLOSED_EXIT, closed_pipe_in_thread, silence_stdout, stdout_closed, top_level_help
 
 _EXEC_OPTIONS = {"-c": "config", "--config": "config", "-w": "worker", "--worker": "worker"}
 _COLOURS = ("36", "35", "32", "33", "34", "31", "96", "95")  # the CLI's cyan, magenta, green, ... as ANSI codes
@@ -57,8 +57,13 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
         if colour:
             prefix = f"\033[{_COLOURS[index % len(_COLOURS)]}m{prefix}\033[0m"
         with lock:
-            sys.stdout.write(f"{prefix} {line}\n")
-            sys.stdout.flush()
+            if stdout_closed():
+                return
+            try:
+                sys.stdout.write(f"{prefix} {line}\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                closed_pipe_in_thread()
 
     try:
         result = agent_client.try_exec(agent_client.resolve_cluster_path(options.get("config")), command, options.get("worker"), on_line)
@@ -74,31 +79,44 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
                 config, command, workers=options.get("worker"), on_line=on_line, cluster_path=path, use_agent=True,
                 agent_tried=True,
             )
-        error = failure_error(result, "the command")
+        error = failure_error(result, "the command", worker_exit_code=True)
         if error is not None:
             raise error
-    except TpuftError as exc:
+    except (TpuftError, KeyboardInterrupt) as exc:
+        if stdout_closed():  # the reader went away (`tpuft exec -- ... | head`): the workers were stopped for that
+            return PIPE_CLOSED_EXIT
+        if isinstance(exc, KeyboardInterrupt):
+            sys.stderr.write("interrupted\n")
+            return 130
         label = "interrupted:" if exc.exit_code == 130 else "error:"
         sys.stderr.write(f"{label} {exc.message}\n" + (f"{exc.hint}\n" if exc.hint else ""))
         return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return 130
     return 0
 
 
 def main() -> None:
-    args = sys.argv[1:]
+    """Every way out of tpuft, fast or not, ends quietly when the reader of its output has gone away."""
+    try:
+        code = _dispatch(sys.argv[1:])
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not in the interpreter's last flush
+    except BrokenPipeError:
+        silence_stdout()
+        code = PIPE_CLOSED_EXIT
+    sys.exit(code)
+
+
+def _dispatch(args: list[str]) -> int:
     fast = parse_fast_exec(args)
     if fast is not None:
-        sys.exit(_fast_exec(*fast))
+        return _fast_exec(*fast)
     if args in ([], ["--help"], ["-h"]):
         color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         print(top_level_help(color))
-        sys.exit(0)
-    if args == ["--version"]:
+        return 0
+    if args in (["--version"], ["-V"]):
         print(f"tpuft {__version__}")
-        sys.exit(0)
+        return 0
     from tpuft.cli import main as cli_main
 
     cli_main()
+    return 0

@@ -8,7 +8,10 @@ help and ``tpuft exec`` without this package; both read the verbs from :mod:`tpu
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
+from collections.abc import Callable
 from typing import Annotated, Optional
 
 import typer
@@ -29,52 +32,123 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
+    version: Annotated[
+        Optional[bool], typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
 ) -> None:
     pass
 
 
 def main() -> None:
-    """Entry point: user mistakes and worker failures become one clear message and an exit code, not a traceback."""
-    from tpuft.errors import TpuftError
+    """Entry point: user mistakes and worker failures become one clear message and an exit code, not a traceback;
+    with ``--json`` that message is JSON on stdout, so a script reads one format whatever happened. A reader that
+    goes away (``tpuft runs | head -1``) ends the command quietly, as ``git log | head`` does."""
+    from tpuft.commands import PIPE_CLOSED_EXIT, silence_stdout
 
     try:
+        code = _run(wants_json(sys.argv[1:]))
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not in the interpreter's last flush
+    except BrokenPipeError:
+        silence_stdout()
+        code = PIPE_CLOSED_EXIT
+    sys.exit(code)
+
+
+def wants_json(args: list[str]) -> bool:
+    """``--json`` among tpuft's own arguments (not in the command ``exec`` runs after ``--``)."""
+    own = args[: args.index("--")] if "--" in args else args
+    return "--json" in own
+
+
+def _run(json_errors: bool) -> int:
+    from tpuft.commands import PIPE_CLOSED_EXIT, stdout_closed
+    from tpuft.errors import TpuftError
+
+    report = _json_error if json_errors else _text_error
+    started_on_pipe = _stdout_is(stat.S_ISFIFO)
+    try:
         code = app(standalone_mode=False)
-    except TpuftError as exc:
-        console = err_console()
-        from rich.markup import escape
-
-        label = "[yellow]interrupted:[/yellow]" if exc.exit_code == 130 else "[bold red]error:[/bold red]"
-        console.print(f"{label} {escape(exc.message)}", soft_wrap=True)
-        if exc.hint:
-            console.print(escape(exc.hint), soft_wrap=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console().print("[yellow]interrupted: every worker process was stopped[/yellow]")
-        sys.exit(130)
+    except SystemExit as exc:
+        if exc.code == 1 and _reader_went_away(started_on_pipe):
+            return PIPE_CLOSED_EXIT  # Click's and Rich's own answer to a closed pipe is a quiet exit 1: give git's code
+        raise
+    except (TpuftError, KeyboardInterrupt, typer.Abort) as exc:
+        if stdout_closed():  # a reader thread found the pipe closed and stopped the workers: not the user's Ctrl-C
+            return PIPE_CLOSED_EXIT
+        if isinstance(exc, TpuftError):
+            return report(exc.message, exc.hint, exc.exit_code, getattr(exc, "problems", None))
+        if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+            return report("interrupted: every worker process was stopped", None, 130, bare=True)  # Abort: click's Ctrl-C
+        return report("aborted", None, 1)
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
+    except BrokenPipeError:
+        raise
     except OSError as exc:  # a path or address of the user's that the system refused: one line, not a traceback
-        import os
-
         if os.environ.get("TPUFT_DEBUG"):
             raise
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
-        err_console().print(f"[bold red]error:[/bold red] {exc.strerror or exc}{where}", soft_wrap=True)
-        err_console().print("(TPUFT_DEBUG=1 shows where it happened)")
-        sys.exit(1)
-    except typer.Abort as exc:  # click turns Ctrl-C into Abort outside standalone mode
-        if isinstance(exc.__cause__, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
-            err_console().print("[yellow]interrupted: every worker process was stopped[/yellow]")
-            sys.exit(130)
-        err_console().print("aborted")
-        sys.exit(1)
+        return report(f"{exc.strerror or exc}{where}", "(TPUFT_DEBUG=1 shows where it happened)", 1)
     except Exception as exc:
         show = getattr(exc, "show", None)
         if callable(show) and isinstance(getattr(exc, "exit_code", None), int):  # click's usage errors
-            show()
-            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+            if not json_errors:
+                show()
+                return exc.exit_code  # type: ignore[attr-defined,no-any-return]
+            context = getattr(exc, "ctx", None)
+            hint = f"Try '{context.command_path} --help' for help." if context is not None else None
+            return report(exc.format_message(), hint, exc.exit_code)  # type: ignore[attr-defined]
         raise
+    if stdout_closed():
+        return PIPE_CLOSED_EXIT
     if code == 130:  # click returns 130 for a Ctrl-C that it caught itself
-        err_console().print("[yellow]interrupted[/yellow]")
-    sys.exit(code if isinstance(code, int) else 0)
+        return report("interrupted", None, 130, bare=True)
+    return code if isinstance(code, int) else 0
+
+
+def _stdout_is(kind: Callable[[int], bool]) -> bool:
+    try:
+        return kind(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _reader_went_away(started_on_pipe: bool) -> bool:
+    """Whether Click (which wraps stdout to silence its flushes) or Rich (which points it at /dev/null) ended the
+    command because stdout's pipe was closed."""
+    from click.utils import PacifyFlushWrapper
+
+    if isinstance(sys.stdout, PacifyFlushWrapper):
+        return True
+    try:
+        now, devnull = os.fstat(sys.stdout.fileno()), os.stat(os.devnull)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return started_on_pipe and (now.st_dev, now.st_ino) == (devnull.st_dev, devnull.st_ino)
+
+
+def _text_error(message: str, hint: str | None, exit_code: int, problems: list[str] | None = None, *, bare: bool = False) -> int:
+    """``bare``: the message is the whole line (a Ctrl-C), not something after ``error:``."""
+    from rich.markup import escape
+
+    console = err_console()
+    label = "[yellow]interrupted:[/yellow]" if exit_code == 130 else "[bold red]error:[/bold red]"
+    if bare:
+        console.print(f"[yellow]{escape(message)}[/yellow]", soft_wrap=True)
+    else:
+        console.print(f"{label} {escape(message)}", soft_wrap=True)
+    if hint:
+        console.print(escape(hint), soft_wrap=True)
+    return exit_code
+
+
+def _json_error(message: str, hint: str | None, exit_code: int, problems: list[str] | None = None, *, bare: bool = False) -> int:
+    """The error as one JSON object on stdout, where the verb's JSON would have gone (``problems``: a config
+    error's located lines, one per problem)."""
+    import json
+
+    payload: dict[str, object] = {"error": message, "hint": hint, "exit_code": exit_code}
+    if problems:
+        payload["problems"] = list(problems)
+    print(json.dumps(payload, indent=2))
+    return exit_code

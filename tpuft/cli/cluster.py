@@ -124,7 +124,7 @@ def exec_(
 
     cfg = load_cluster_file(config)
     result = exec_command(cfg, command, workers=worker, on_line=line_printer(out_console()), cluster_path=config, use_agent=True)
-    raise_on_failure(result, "the command")
+    raise_on_failure(result, "the command", worker_exit_code=True)
 
 
 @command("ssh")

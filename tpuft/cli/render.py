@@ -3,6 +3,7 @@ monitor view, the train summary, byte progress bars. Rich is imported only when 
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,14 @@ WORKER_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_c
 def out_console() -> Console:
     from rich.console import Console
 
-    return Console(highlight=False)
+    class OutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            """Rich's own answer exits 1 from wherever it prints; the entry point's is the quiet exit every verb
+            shares (:func:`tpuft.commands.silence_stdout`), so the error goes there."""
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of stdout went away")
+
+    return OutConsole(highlight=False)
 
 
 def err_console() -> Console:
@@ -31,9 +39,16 @@ def line_printer(console: Console):  # type: ignore[no-untyped-def]
     """Worker output, one line at a time, behind a coloured ``[wN]`` prefix (called from reader threads)."""
     from rich.markup import escape
 
+    from tpuft.commands import closed_pipe_in_thread, stdout_closed
+
     def on_line(index: int, line: str) -> None:
+        if stdout_closed():
+            return
         colour = WORKER_COLOURS[index % len(WORKER_COLOURS)]
-        console.print(f"[{colour}]\\[w{index}][/{colour}] {escape(line)}", soft_wrap=True)
+        try:
+            console.print(f"[{colour}]\\[w{index}][/{colour}] {escape(line)}", soft_wrap=True)
+        except BrokenPipeError:  # `tpuft exec -- ... | head`: stop the workers, as Ctrl-C would, and end quietly
+            closed_pipe_in_thread()
 
     return on_line
 

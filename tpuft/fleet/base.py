@@ -58,9 +58,12 @@ class FleetResult:
         return [r for r in self.results if r.exit_code not in (0, None)]
 
 
-def failure_error(result: FleetResult, what: str) -> TpuftError | None:
+def failure_error(result: FleetResult, what: str, *, worker_exit_code: bool = False) -> TpuftError | None:
     """The error a failed (or interrupted) fleet run is reported as; None when it went well. Here rather than in
-    ``ops`` so that the warm ``exec`` path (:mod:`tpuft.ops.agent_client`) words it exactly like the cold one."""
+    ``ops`` so that the warm ``exec`` path (:mod:`tpuft.ops.agent_client`) words it exactly like the cold one.
+
+    ``worker_exit_code`` (``tpuft exec``): the error exits with the failing worker's own code, as ``ssh host cmd``
+    would; when several fail, the first to fail (the one that stopped the others) gives it."""
     if result.interrupted:
         stopped = ", ".join(str(r.index) for r in result.results)
         return Interrupted(f"interrupted during {what}: stopped the processes of worker(s) {stopped}")
@@ -77,7 +80,15 @@ def failure_error(result: FleetResult, what: str) -> TpuftError | None:
         lines.extend("  " + line for line in culprit.tail[-15:])
     if culprit.log_path is not None:
         lines.append(f"full log: {culprit.log_path}")
-    return WorkerFailure("\n".join(lines))
+    error = WorkerFailure("\n".join(lines))
+    if worker_exit_code and culprit.exit_code is not None:
+        error.exit_code = shell_exit_code(culprit.exit_code)
+    return error
+
+
+def shell_exit_code(code: int) -> int:
+    """A process's return code as a shell reports it: a death by signal N (Python's -N) is 128 + N."""
+    return 128 - code if code < 0 else code & 0xFF or 1
 
 
 def check_env(env: dict[str, str], worker: int | None = None) -> dict[str, str]:

@@ -95,7 +95,7 @@ def on_worker(session: Session, index: int, relative: str) -> str:
     return str(home / relative) if home is not None else relative
 
 
-def raise_on_failure(result: FleetResult, what: str) -> None:
-    error = failure_error(result, what)
+def raise_on_failure(result: FleetResult, what: str, *, worker_exit_code: bool = False) -> None:
+    error = failure_error(result, what, worker_exit_code=worker_exit_code)
     if error is not None:
         raise error
