@@ -109,7 +109,14 @@ def top_level_help(color: bool) -> str:
     bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
     width = max(len(v.name) for v in VERBS)
     lines = [f"{bold('Usage:')} tpuft [OPTIONS] COMMAND [ARGS]...", "", f" {SUMMARY}", "", f" {QUICKSTART}", ""]
-    lines += [bold("Options:"), "  --version   Print the version and exit.", "  -h, --help  Show this message and exit.", ""]
+    lines += [
+        bold("Options:"),
+        "  -V, --version         Print the version and exit.",
+        "  --install-completion  Install completion for the current shell.",
+        "  --show-completion     Show completion for the current shell, to copy it or customize the installation.",
+        "  -h, --help            Show this message and exit.",
+        "",
+    ]
     for panel in PANELS:
         lines.append(bold(f"{panel}:"))
         lines += [f"  {v.name.ljust(width)}  {v.summary}" for v in VERBS if v.panel == panel]

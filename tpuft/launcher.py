@@ -106,6 +106,10 @@ def main() -> None:
 
 
 def _dispatch(args: list[str]) -> int:
+    if "_TPUFT_COMPLETE" in os.environ:  # the shell asks for completions (argv is empty then): Typer answers
+        from tpuft.cli import main as cli_main
+
+        cli_main()
     fast = parse_fast_exec(args)
     if fast is not None:
         return _fast_exec(*fast)

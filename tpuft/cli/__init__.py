@@ -116,9 +116,7 @@ def _stdout_is(kind: Callable[[int], bool]) -> bool:
 def _reader_went_away(started_on_pipe: bool) -> bool:
     """Whether Click (which wraps stdout to silence its flushes) or Rich (which points it at /dev/null) ended the
     command because stdout's pipe was closed."""
-    from click.utils import PacifyFlushWrapper
-
-    if isinstance(sys.stdout, PacifyFlushWrapper):
+    if "PacifyFlushWrapper" in type(sys.stdout).__name__:  # Click's (Typer vendors its own copy of Click)
         return True
     try:
         now, devnull = os.fstat(sys.stdout.fileno()), os.stat(os.devnull)

@@ -20,7 +20,7 @@ ConfigOpt = Annotated[
 ]
 SetOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--set", "-s", help="Override a recipe key, e.g. --set train.steps=50 (repeatable).", show_default=False),
+    typer.Option("--set", "-s", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set train.steps=50 (repeatable).", show_default=False),
 ]
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
