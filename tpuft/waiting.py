@@ -6,8 +6,8 @@ A wait is silent for its first ``SILENT_S`` seconds (most waits end sooner, and 
 writes to stderr what it waits for, its latest detail and the time it has left (or has waited, when it has no
 bound). On a terminal that is one line, rewritten in place about once a second and erased when the wait ends;
 concurrent waits (one SSH connection per worker) share it. Anywhere else (a pipe, a log file, a worker's output
-streamed over SSH) it is plain lines: one when the wait is first shown, one every ``EVERY_S`` seconds at most while
-the detail stays the same, one when the detail changes, and one at the end.
+streamed over SSH) it is plain lines: one when the wait is first shown, then one every ``EVERY_S`` seconds (every
+third of that when the detail changed), and one at the end.
 
 A wait whose caller already reports through a ``Progress`` callback (the CLI's spinner for ``create``, the
 recovery watcher's lines) says it there instead, never twice: the callback gets the same text whenever it changes,
@@ -113,11 +113,12 @@ class Wait:
             self.progress(text)
 
     def line_due(self, now: float) -> bool:
-        """Off a terminal: a line is due when the wait is first shown, when its detail changed, or ``every_s`` after
-        the last one."""
+        """Off a terminal: a line is due when the wait is first shown, ``every_s`` after the last one, or a third of
+        that after it when the detail changed (news, but not a line per poll)."""
         if now - self.started < self.silent_s:
             return False
-        return not self.shown or self.detail != self._last_detail or now - self._last_line >= self.every_s
+        since = now - self._last_line
+        return not self.shown or since >= self.every_s or (self.detail != self._last_detail and since >= self.every_s / 3)
 
     def mark_line(self, now: float) -> None:
         self.shown = True

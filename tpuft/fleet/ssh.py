@@ -48,6 +48,7 @@ from tpuft.fleet.ssh_config import (
 from tpuft.fleet.ssh_remote import RemoteProcess, env_payload, remote_command, tar_payload
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.records import Worker
+from tpuft.waiting import Wait, waiting
 
 __all__ = ["SshConnectError", "SshFleet", "SshSettings", "known_hosts_name"]
 
@@ -142,12 +143,12 @@ class SshFleet:
                 self._pins = pins
             return self._pins
 
-    def _client(self, worker: Worker) -> Any:
+    def _client(self, worker: Worker, retries: _Retries | None = None) -> Any:
         with self._lock:
             client = self._clients.get(worker.index)
         if client is not None and client.get_transport() is not None and client.get_transport().is_active():
             return client
-        client = self._connect(worker)
+        client = self._connect(worker, retries)
         with self._lock:
             self._clients[worker.index] = client
         return client
@@ -260,7 +261,7 @@ class SshFleet:
             if transport is not None:
                 transport.set_keepalive(self.settings.keepalive_s)
 
-    def _connect(self, worker: Worker) -> Any:
+    def _connect(self, worker: Worker, retries: _Retries | None = None) -> Any:
         import paramiko
 
         settings = self.settings
@@ -283,6 +284,8 @@ class SshFleet:
                 transport.set_keepalive(settings.keepalive_s)
                 with self._lock:
                     self._connections[worker.index] = connection
+                if retries is not None:
+                    retries.connected(worker.index)
                 return client
             except paramiko.BadHostKeyException as exc:
                 connection.close()
@@ -310,6 +313,9 @@ class SshFleet:
                     ) from None
                 last = exc
                 if attempt < settings.connect_attempts:
+                    if retries is not None:
+                        why = (str(exc).splitlines() or [type(exc).__name__])[0][:100]
+                        retries.failed(worker.index, f"attempt {attempt} of {settings.connect_attempts}: {why}")
                     called_off.wait(settings.retry_delay_s)
         raise SshConnectError(
             f"worker {worker.index} ({where}): cannot connect over SSH after "
@@ -317,9 +323,17 @@ class SshFleet:
         )
 
     def connect_all(self, workers: Sequence[Worker]) -> None:
-        """Handshake with every worker in parallel (bounded); raises for the first that cannot be reached."""
-        with ThreadPoolExecutor(max_workers=min(len(workers), self.settings.max_parallel_connects) or 1) as pool:
-            list(pool.map(self._client, workers))
+        """Handshake with every worker in parallel (bounded); raises for the first that cannot be reached. Past a
+        couple of seconds the handshakes say on stderr whom they wait for (a fresh VM's sshd may take a minute)."""
+        settings = self.settings
+        bound = settings.connect_attempts * (settings.connect_timeout_s + settings.retry_delay_s)
+        what = f"SSH on {len(workers)} workers to answer"
+        if len(workers) == 1:
+            what = f"SSH on worker {workers[0].index} ({workers[0].address}:{settings.port}) to answer"
+        with waiting(what, bound) as wait:
+            retries = _Retries(wait, len(workers))
+            with ThreadPoolExecutor(max_workers=min(len(workers), settings.max_parallel_connects) or 1) as pool:
+                list(pool.map(lambda worker: self._client(worker, retries), workers))
 
     def close(self) -> None:
         """Close every connection, and call off the attempts to connect under way (later ones start afresh)."""
@@ -403,3 +417,34 @@ class SshFleet:
         self.connect_all(chosen)
         with ThreadPoolExecutor(max_workers=min(len(chosen), self.settings.max_parallel_connects) or 1) as pool:
             list(pool.map(one, chosen))
+
+
+class _Retries:
+    """The handshakes under way, for the wait's one line: how many answered, and the workers being retried."""
+
+    def __init__(self, wait: Wait, total: int) -> None:
+        self.wait = wait
+        self.total = total
+        self.lock = threading.Lock()
+        self.answered = 0
+        self.retrying: dict[int, str] = {}
+
+    def failed(self, index: int, why: str) -> None:
+        with self.lock:
+            self.retrying[index] = why
+            self._tell()
+
+    def connected(self, index: int) -> None:
+        with self.lock:
+            self.answered += 1
+            self.retrying.pop(index, None)
+            self._tell()
+
+    def _tell(self) -> None:
+        if not self.retrying:
+            self.wait.update(f"{self.answered} of {self.total} connected")
+            return
+        first = min(self.retrying)
+        more = f" and {len(self.retrying) - 1} more" if len(self.retrying) > 1 else ""
+        self.wait.update(f"{self.answered} of {self.total} connected; retrying worker {first}{more} "
+                         f"({self.retrying[first]})")
