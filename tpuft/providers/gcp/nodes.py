@@ -8,6 +8,7 @@ through.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpuft.accelerators import AcceleratorType
@@ -23,6 +24,23 @@ BAD_STATES = {"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "REP
 QUEUED_FAILED = {"FAILED", "SUSPENDED", "SUSPENDING"}
 
 
+@dataclass(frozen=True)
+class CreateRequest:
+    """One create call: the RPC, its parent and id, and the message (a ``tpu_v2`` Node or QueuedResource)."""
+
+    rpc: str
+    parent: str
+    id_field: str
+    id: str
+    message: Any
+
+    def body(self) -> dict[str, Any]:
+        """The message as the REST body carries it (camelCase; proto3: fields at their defaults left out)."""
+        from google.protobuf import json_format
+
+        return json_format.MessageToDict(type(self.message).pb(self.message))
+
+
 class TpuNodes:
     """The cluster's node(s) as the cluster file describes them (``gcp``) and as the API has them."""
 
@@ -31,8 +49,14 @@ class TpuNodes:
         self.gcp = gcp
         self.accelerator = accelerator
 
-    # -- the node spec ---------------------------------------------------------------------------------------
-    def node_spec(self) -> Any:
+    # -- the create requests --------------------------------------------------------------------------------
+    # What gcloud sends for the same intent (google-cloud-sdk, GA track, API v2; see docs/gcp.md, "What create
+    # sends"): ``tpu-vm create`` puts spot / preemptible / reserved in the node's ``schedulingConfig``;
+    # ``queued-resources create`` leaves the node's scheduling alone and says it once, on the queued resource
+    # (``spot: {}``, or a ``reservationName`` for reserved capacity). tests/providers/test_create_bodies.py pins each
+    # body against gcloud's.
+    def node_spec(self, *, queued: bool = False) -> Any:
+        """The Node to create; ``queued``: as a queued resource's node spec, whose tier is the queued resource's."""
         from google.cloud import tpu_v2
 
         gcp = self.gcp
@@ -41,12 +65,15 @@ class TpuNodes:
             labels={"created-by": "tpuft", **gcp.labels},
             metadata=dict(gcp.metadata),
             network_config=tpu_v2.NetworkConfig(
-                network=gcp.network or "",
+                network=gcp.network or "default",  # gcloud's --network default; the API's too
                 subnetwork=gcp.subnetwork or "",
                 enable_external_ips=not gcp.internal_ip,
             ),
-            scheduling_config=tpu_v2.SchedulingConfig(preemptible=gcp.preemptible, spot=gcp.spot, reserved=gcp.reserved),
         )
+        if not queued:
+            node.scheduling_config = tpu_v2.SchedulingConfig(preemptible=gcp.preemptible, spot=gcp.spot, reserved=gcp.reserved)
+        elif gcp.preemptible:  # no queued-resource tier says preemptible (gcloud has no flag for it): the node does
+            node.scheduling_config = tpu_v2.SchedulingConfig(preemptible=True)
         if gcp.topology:
             generation = self.accelerator.generation.name
             type_name = {"v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}.get(generation, generation.upper())
@@ -56,6 +83,49 @@ class TpuNodes:
         if gcp.service_account:
             node.service_account = tpu_v2.ServiceAccount(email=gcp.service_account, scope=list(gcp.scopes))
         return node
+
+    def reservation_name(self) -> str:
+        """gcloud's: a reservation's short name in this project and zone, a full path as it is, and for plain
+        ``reserved`` any reservation of the project in the zone (``.../reservations/-``)."""
+        gcp, api = self.gcp, self.api
+        if gcp.reservation:
+            if "/" in gcp.reservation:
+                return gcp.reservation
+            return f"projects/{api.project}/locations/{api.zone}/reservations/{gcp.reservation}"
+        return f"projects/{api.project}/locations/{api.zone}/reservations/-" if gcp.reserved else ""
+
+    def queued_resource(self) -> Any:
+        from google.cloud import tpu_v2
+        from google.protobuf import duration_pb2, timestamp_pb2
+
+        api, gcp = self.api, self.gcp
+        QR = tpu_v2.QueuedResource
+        spec = QR.Tpu.NodeSpec(parent=api.parent, node=self.node_spec(queued=True))
+        if gcp.slices > 1:
+            spec.multislice_params = QR.Tpu.NodeSpec.MultisliceParams(node_count=gcp.slices, node_id_prefix=api.name)
+        else:
+            spec.node_id = api.name
+        resource = QR(tpu=QR.Tpu(node_spec=[spec]))
+        if gcp.spot:
+            resource.spot = QR.Spot()
+        reservation = self.reservation_name()
+        if reservation:
+            resource.reservation_name = reservation
+        if gcp.valid_until:
+            seconds = parse_duration(gcp.valid_until)
+            if seconds is not None:
+                resource.queueing_policy = QR.QueueingPolicy(valid_until_duration=duration_pb2.Duration(seconds=seconds))
+            else:
+                stamp = timestamp_pb2.Timestamp()
+                stamp.FromJsonString(gcp.valid_until)
+                resource.queueing_policy = QR.QueueingPolicy(valid_until_time=stamp)
+        return resource
+
+    def create_request(self) -> CreateRequest:
+        """The one create call, as it will be sent: what ``create`` sends and ``--dry-run`` shows."""
+        if self.gcp.queued:
+            return CreateRequest("CreateQueuedResource", self.api.parent, "queuedResourceId", self.api.name, self.queued_resource())
+        return CreateRequest("CreateNode", self.api.parent, "nodeId", self.api.name, self.node_spec())
 
     @staticmethod
     def shape_of(node: Any) -> str:
@@ -71,41 +141,18 @@ class TpuNodes:
     def create_node(self, progress: Progress | None) -> None:
         api = self.api
         node_id = api.name
-        operation = api.call("creating TPU node", api.client().create_node, parent=api.parent, node_id=node_id, node=self.node_spec())
+        node = self.create_request().message
+        operation = api.call("creating TPU node", api.client().create_node, parent=api.parent, node_id=node_id, node=node)
         api.wait_operation(f"creating TPU node {node_id}", operation, progress, lambda: f"{node_id}: {self.node_state(node_id)}")
 
     def create_queued(self, progress: Progress | None) -> None:
-        from google.cloud import tpu_v2
-        from google.protobuf import duration_pb2, timestamp_pb2
-
-        api, gcp = self.api, self.gcp
-        QR = tpu_v2.QueuedResource
-        spec = QR.Tpu.NodeSpec(parent=api.parent, node=self.node_spec())
-        if gcp.slices > 1:
-            spec.multislice_params = QR.Tpu.NodeSpec.MultisliceParams(node_count=gcp.slices, node_id_prefix=api.name)
-        else:
-            spec.node_id = api.name
-        resource = QR(tpu=QR.Tpu(node_spec=[spec]))
-        if gcp.spot:
-            resource.spot = QR.Spot()
-        else:
-            resource.guaranteed = QR.Guaranteed()  # reserved capacity: node scheduling_config + reservation_name
-        if gcp.reservation:
-            resource.reservation_name = gcp.reservation
-        if gcp.valid_until:
-            seconds = parse_duration(gcp.valid_until)
-            if seconds is not None:
-                resource.queueing_policy = QR.QueueingPolicy(valid_until_duration=duration_pb2.Duration(seconds=seconds))
-            else:
-                stamp = timestamp_pb2.Timestamp()
-                stamp.FromJsonString(gcp.valid_until)
-                resource.queueing_policy = QR.QueueingPolicy(valid_until_time=stamp)
+        api = self.api
         operation = api.call(
             "creating queued resource",
             api.client().create_queued_resource,
             parent=api.parent,
             queued_resource_id=api.name,
-            queued_resource=resource,
+            queued_resource=self.create_request().message,
         )
         api.wait_operation(f"creating queued resource {api.name}", operation, None, None)
         deadline = time.monotonic() + tuning.CREATE_TIMEOUT_S * 24
