@@ -247,14 +247,102 @@ def test_an_unknown_model_says_what_the_summary_needs(cli, tmp_path: Path) -> No
 
 def test_summary_options_need_summary(cli) -> None:  # type: ignore[no-untyped-def]
     result = cli("recipes", "show", "quickstart", "--json")
-    assert result.code == 2 and "--json only go with --summary" in result.err
+    assert result.code == 2 and "--json only go with --summary" in result.out + result.err  # --json: as JSON
     plain = cli("recipes", "show", "quickstart")
     assert plain.code == 0 and plain.out.startswith("#")
 
 
-def test_an_encoder_classifier_is_not_summarized(cli) -> None:  # type: ignore[no-untyped-def]
-    result = cli("recipes", "show", "--summary", "sst2_bert_base_keras")
-    assert result.code == 2 and "T5 text-to-text" in result.err
+def test_an_encoder_classifier_counts_embeddings_layers_pooler_and_head(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli("recipes", "show", "--summary", "sst2_bert_base_keras", "--json")
+    assert result.code == 0, result.err
+    found = json.loads(result.out)
+    modules = {row["module"]: row["params"] for row in found["parameters"]["modules"]}
+    assert modules["classifier"] == 768 * 2 + 2 and modules["pooler"] == 768 * 768 + 768
+    assert found["parameters"]["total"] == 109_482_240 + 768 * 2 + 2  # BertModel's published 109.5M + the head
+    assert found["model"]["config"]["num_labels"] == 2 and found["training"]["target_len"] == 0
+
+
+def test_encoders_the_summary_cannot_count_are_refused_at_their_key(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    source = (REPO / "recipes" / "keras_classification_quickstart.yaml").read_text()
+    path = tmp_path / "c.yaml"
+    path.write_text(source.replace("model_type: bert", "model_type: roberta").replace("data/", str(REPO / "recipes" / "data") + "/"))
+    result = cli("recipes", "show", "--summary", str(path))
+    assert result.code == 2 and "backend.encoder.model_type:" in result.err
+    assert "cannot size this encoder: model_type 'roberta'" in result.err
+
+
+T5X_SMALL = {"vocab_size": 384, "d_model": 128, "d_kv": 32, "num_heads": 4, "d_ff": 256, "num_layers": 2,
+             "num_decoder_layers": 2, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
+
+
+def test_t5x_gin_overrides_resize_the_family_model() -> None:
+    from tpuft.gin_network import family_hub_id, network_config
+
+    small = known_config(family_hub_id("byt5", "small"))
+    overrides = {"network.T5Config.emb_dim": 128, "network.T5Config.num_heads": 4, "T5Config.head_dim": 32,
+                 "network.T5Config.mlp_dim": 256, "network.T5Config.num_encoder_layers": 2,
+                 "network.T5Config.num_decoder_layers": 2, "network.T5Config.dropout_rate": 0.0,
+                 "TRAIN_STEPS": 10, "utils.SaveCheckpointConfig.period": 5, "train/utils.DatasetConfig.seed": 3}
+    assert count(t5_shapes(network_config("byt5", "small", small, overrides))) == count(t5_shapes(T5X_SMALL)) == 886_528
+    relu = network_config("t5_1_1", "tiny", None, {"network.T5Config.mlp_activations": ["relu"],
+                                                    "network.T5Config.logits_via_embedding": True})
+    assert relu["feed_forward_proj"] == "relu" and relu["tie_word_embeddings"] and relu["d_model"] == 8
+    assert family_hub_id("t5_1_0", "xxl") == "t5-11b" and family_hub_id("umt5", "base") is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("network.T5Config.emb_dim", "%EMB_DIM", "not a positive whole number"),
+        ("network.T5Config.num_experts", 8, "no field 'num_experts'"),
+        ("encoder/network.T5Config.num_heads", 2, "scoped binding"),
+        ("network.Transformer.config", "@my.Config()", "builds the network"),
+        ("models.EncoderDecoderModel.module", "@my.Net()", "builds the network"),
+        ("MODEL", "@my.Model()", "MODEL rebound"),
+        ("network", {"T5Config": {"emb_dim": 8}}, "neither a MACRO"),
+        ("network.T5Config.mlp_activations", ["gelu", "linear", "relu"], "one activation"),
+    ],
+)
+def test_a_binding_the_summary_cannot_read_says_so(cli, key: str, value: object, reason: str) -> None:  # type: ignore[no-untyped-def]
+    result = cli("recipes", "show", "--summary", "t5x_quickstart", "--set", f"backend.gin_overrides={json.dumps({key: value})}")
+    assert result.code == 2, result.out
+    assert f"backend.gin_overrides.{key}: the summary cannot size this model" in result.err and reason in result.err
+
+
+SHIPPED_SIZES: dict[str, int | str] = {
+    "keras_classification_quickstart": 364_162,  # BERT 128 x 2 layers over ByT5's 384 ids, 256 positions, 2 labels
+    "keras_quickstart": 837_376,
+    "quickstart": 837_376,
+    "question_quality_t5_base_keras": 222_903_552,  # t5-base: 222.9M
+    "ro_diacritics_mt5_base": "so its size is unknown",  # a hub model the summary does not know offline
+    "ro_mt5x_base_pretrain": 582_401_280,  # mT5 base: 582M
+    "ro_t5x_base_pretrain": 247_577_856 + 2 * (64128 - 32128) * 768,  # T5 v1.1 base 247.6M, vocab 64,128
+    "sst2_bert_base_keras": 109_482_240 + 2 * 768 + 2,  # bert-base 109.5M + a 2-label head
+    "sst2_bert_large_keras": 335_141_888 + 2 * 1024 + 2,  # bert-large 335.1M + a 2-label head
+    "sst2_t5_base_keras": 222_903_552,
+    "sst2_t5_small_keras": 60_506_624,  # t5-small: 60.5M
+    "t2t_translation": 60_506_624,
+    "t5_11b_fsdp": 11_307_321_344,  # t5-11b: 11.3B
+    "t5x_quickstart": 886_528,  # byt5 small resized by its gin_overrides (the T5X e2e test counts the checkpoint)
+    "t5x_span_corruption": 886_528,
+}
+
+
+def test_every_shipped_recipe_is_sized_right_or_says_it_cannot() -> None:
+    from tpuft.errors import ConfigError
+    from tpuft.ops.recipes import summary
+    from tpuft.paths import recipes_dir
+
+    shipped = sorted(p.stem for p in recipes_dir().glob("*.yaml"))
+    assert shipped == sorted(SHIPPED_SIZES)
+    for name in shipped:
+        expected = SHIPPED_SIZES[name]
+        if isinstance(expected, int):
+            found = summary(recipes_dir() / f"{name}.yaml", accelerator="v4-8")
+            assert found.total_params == expected, name
+        else:
+            with pytest.raises(ConfigError, match=expected):
+                summary(recipes_dir() / f"{name}.yaml", accelerator="v4-8")
 
 
 # ---------------------------------------------------------------------------------------------------------------

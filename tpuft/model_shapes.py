@@ -179,6 +179,79 @@ def tokenizer_size(name: str) -> int | None:
         return TOKENIZER_SIZES["byt5"]
     key = _ALIASES.get(name.strip().rstrip("/"), name.strip().rstrip("/"))
     if key not in KNOWN_CONFIGS:
-        return None
+        encoder = known_encoder(key)
+        return None if encoder is None else encoder["vocab_size"]  # BERT's WordPiece: len(tokenizer) = vocab_size
     family = "mt5" if "/mt5-" in key else "byt5" if "/byt5-" in key else "t5"
     return TOKENIZER_SIZES[family]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BERT encoders (sequence classification)
+
+BERT_DEFAULTS: dict[str, Any] = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
+                                 "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
+                                 "type_vocab_size": 2}
+"""``transformers.BertConfig``'s defaults for the keys that set a parameter's shape."""
+
+KNOWN_ENCODERS: dict[str, dict[str, Any]] = {
+    "bert-base-uncased": {},
+    "bert-base-cased": {"vocab_size": 28996},
+    "bert-large-uncased": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                           "intermediate_size": 4096},
+    "bert-large-cased": {"vocab_size": 28996, "hidden_size": 1024, "num_hidden_layers": 24,
+                         "num_attention_heads": 16, "intermediate_size": 4096},
+}
+"""The hub's original BERT checkpoints (also under google-bert/), as config keys over BERT_DEFAULTS."""
+
+
+def known_encoder(name: str) -> dict[str, Any] | None:
+    """The config of a known BERT checkpoint (``bert-base-uncased``, ``google-bert/bert-large-cased``), or None."""
+    key = name.strip().rstrip("/").removeprefix("google-bert/")
+    found = KNOWN_ENCODERS.get(key)
+    return None if found is None else {"model_type": "bert", **BERT_DEFAULTS, **found}
+
+
+def encoder_architecture(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The shape keys of a BERT config, defaults filled in. Raises ValueError for another model type or a bad
+    number (the summary counts BERT only: RoBERTa, ALBERT, ELECTRA... are laid out differently)."""
+    model_type = config.get("model_type", "bert")
+    if model_type != "bert":
+        raise ValueError(f"model_type {model_type!r}: the summary counts BERT encoders only")
+    arch = {key: config.get(key, default) for key, default in BERT_DEFAULTS.items()}
+    for key, value in arch.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key} must be a positive integer (got {value!r})")
+    return arch
+
+
+def bert_classifier_shapes(config: Mapping[str, Any], num_labels: int) -> dict[str, Shape]:
+    """``{name: shape}`` of ``BertForSequenceClassification`` (the TF one has the same tensors): embeddings, the
+    layers, the pooler and the classifier head; names without the ``bert.`` prefix so that the first part is the
+    module (``embeddings``, ``encoder``, ``pooler``, ``classifier``)."""
+    arch = encoder_architecture(config)
+    hidden, inner = arch["hidden_size"], arch["intermediate_size"]
+    shapes: dict[str, Shape] = {
+        "embeddings.word_embeddings.weight": (arch["vocab_size"], hidden),
+        "embeddings.position_embeddings.weight": (arch["max_position_embeddings"], hidden),
+        "embeddings.token_type_embeddings.weight": (arch["type_vocab_size"], hidden),
+        "embeddings.LayerNorm.weight": (hidden,),
+        "embeddings.LayerNorm.bias": (hidden,),
+    }
+    for i in range(arch["num_hidden_layers"]):
+        at = f"encoder.layer.{i}"
+        for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            shapes[f"{at}.{name}.weight"] = (hidden, hidden)
+            shapes[f"{at}.{name}.bias"] = (hidden,)
+        shapes[f"{at}.attention.output.LayerNorm.weight"] = (hidden,)
+        shapes[f"{at}.attention.output.LayerNorm.bias"] = (hidden,)
+        shapes[f"{at}.intermediate.dense.weight"] = (inner, hidden)
+        shapes[f"{at}.intermediate.dense.bias"] = (inner,)
+        shapes[f"{at}.output.dense.weight"] = (hidden, inner)
+        shapes[f"{at}.output.dense.bias"] = (hidden,)
+        shapes[f"{at}.output.LayerNorm.weight"] = (hidden,)
+        shapes[f"{at}.output.LayerNorm.bias"] = (hidden,)
+    shapes["pooler.dense.weight"] = (hidden, hidden)
+    shapes["pooler.dense.bias"] = (hidden,)
+    shapes["classifier.weight"] = (num_labels, hidden)
+    shapes["classifier.bias"] = (num_labels,)
+    return shapes

@@ -1,7 +1,10 @@
 """What ``tpuft recipes show --summary RECIPE`` works out: the recipe's model, its parameters per module (total and
 trainable, after ``model.freeze`` and prompt tuning) and the memory one device needs to train it, against the HBM of
 the cluster's accelerator. Pure Python, offline: the model comes from :mod:`tpuft.model_shapes` (a known hub id, a
-local folder's config.json or the recipe's ``model.config``), the sharding from :mod:`tpuft.fsdp_plan`.
+local folder's config.json or the recipe's ``model.config``; a T5X family and size with the ``T5Config`` bindings of
+``gin_overrides``, :mod:`tpuft.gin_network`; a BERT classifier's encoder, pooler and head), the sharding from
+:mod:`tpuft.fsdp_plan`. A model it cannot size is a located error that says so (:class:`ModelUnknown`), never the
+size of another model.
 
 The memory model, per device (a chip from v4 on; a TensorCore on v2/v3, which frameworks use as two devices):
   weights      float32 (``train.precision: bf16`` is bf16 *compute*: XLA / autocast cast per op; the weights, their
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft import fsdp_plan, model_shapes
+from tpuft import fsdp_plan, gin_network, model_shapes
 from tpuft.errors import UsageError
 from tpuft.model_shapes import Shape
 
@@ -46,7 +49,9 @@ if TYPE_CHECKING:
 
 FLOAT32 = 4
 MODULES = ("shared", "encoder", "decoder", "lm_head", "prompt")
-FREEZE_GROUPS = {"embeddings": ("shared", "lm_head"), "encoder": ("encoder",), "decoder": ("decoder",)}
+ENCODER_MODULES = ("embeddings", "encoder", "pooler", "classifier")
+"""The modules of a BERT classifier (:func:`tpuft.model_shapes.bert_classifier_shapes`)."""
+FREEZE_GROUPS = {"embeddings": ("shared", "lm_head", "embeddings"), "encoder": ("encoder",), "decoder": ("decoder",)}
 PROMPT_PARAM = "prompt.weight"
 """The name the summary gives the soft prompt (prompt tuning): ``tokens x d_model``, trainable."""
 CONFIG_JSON_MAX_BYTES = 1 << 20
@@ -67,38 +72,34 @@ class ModelUnknown(UsageError):
 @dataclass
 class ModelSource:
     name: str
-    """What the recipe names: a hub id, a folder, or ``random init``."""
+    """What the recipe names: a hub id, a folder, ``random init``, or a T5X family and size."""
     origin: str
     """Where the architecture came from, for people: ``known config``, a config.json path, ``model.config``."""
     config: dict[str, Any]
-    """The architecture keys (:func:`tpuft.model_shapes.architecture`)."""
+    """The architecture keys (:func:`tpuft.model_shapes.architecture`, or ``encoder_architecture`` + num_labels)."""
+    kind: str = "t5"
+    """``t5`` (an encoder-decoder) or ``bert`` (an encoder with a classification head)."""
 
     def describe(self) -> str:
         c = self.config
+        if self.kind == "bert":
+            return (f"BERT encoder: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']} "
+                    f"heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, {c['max_position_embeddings']} "
+                    f"positions; pooler and a {c['num_labels']}-label classifier head")
         ff = f"{c['feed_forward_proj']} d_ff {c['d_ff']}"
         tied = "tied output layer" if c["tie_word_embeddings"] else "separate lm_head"
         return (f"d_model {c['d_model']}, {c['num_layers']}+{c['num_decoder_layers']} layers, {ff}, "
                 f"{c['num_heads']} heads x {c['d_kv']}, vocab {c['vocab_size']}, {tied}")
 
 
-_FAMILY_IDS = {
-    "t5_1_0": {"small": "t5-small", "base": "t5-base", "large": "t5-large", "xl": "t5-3b", "xxl": "t5-11b"},
-    "t5_1_1": {s: f"google/t5-v1_1-{s}" for s in ("small", "base", "large", "xl", "xxl")},
-    "mt5": {s: f"google/mt5-{s}" for s in ("small", "base", "large", "xl", "xxl")},
-    "byt5": {s: f"google/byt5-{s}" for s in ("small", "base", "large", "xl", "xxl")},
-}
-"""``backend.family`` + ``backend.size`` (T5X's example gins) -> the hub checkpoint of the same architecture."""
-
-
 def resolve_model(recipe: RecipeConfig, recipe_dir: Path | None = None) -> ModelSource:
     """The recipe's model architecture, offline; :class:`ModelUnknown` (exit 2) when only the hub could tell."""
     backend = recipe.backend
     if getattr(backend, "task", None) == "classification":
-        raise ModelUnknown(("backend", "task"), "the summary covers T5 text-to-text models; this recipe trains an "
-                           "encoder classifier (backend.task: classification)")
+        return _encoder_model(recipe, recipe_dir)
     model = recipe.model
     if model.name_or_path is None and model.config is None and hasattr(backend, "family"):
-        return _family_model(recipe)
+        return _gin_model(recipe)
     if model.config is not None:
         settings = model.config.kwargs()
         vocab = settings.get("vocab_size") or model_shapes.tokenizer_size(model.tokenizer)
@@ -113,10 +114,7 @@ def resolve_model(recipe: RecipeConfig, recipe_dir: Path | None = None) -> Model
     name = model.name_or_path
     folder = _local_folder(name, recipe_dir)
     if folder is not None:
-        path = folder / "config.json"
-        if not path.is_file():
-            raise ModelUnknown(("model", "name_or_path"), f"{folder} has no config.json: the summary reads the model's "
-                               "architecture from it")
+        path = _config_json(folder)
         return ModelSource(name, str(path), _architecture(_read_config(path), ("model", "name_or_path")))
     known = model_shapes.known_config(name)
     if known is None:
@@ -129,23 +127,68 @@ def resolve_model(recipe: RecipeConfig, recipe_dir: Path | None = None) -> Model
     return ModelSource(name, "known config", _architecture(known, ("model", "name_or_path")))
 
 
-def _family_model(recipe: RecipeConfig) -> ModelSource:
-    """A model named by ``backend.family`` + ``backend.size`` (T5X's example gins), with the vocabulary size a
-    ``backend.gin_overrides`` binding may set."""
+def _gin_model(recipe: RecipeConfig) -> ModelSource:
+    """The network the generated gin builds: the example gin of ``backend.family`` + ``backend.size``, then the
+    ``T5Config`` bindings of ``backend.gin_overrides`` (:mod:`tpuft.gin_network`)."""
     backend: Any = recipe.backend
     family, size = getattr(backend, "family", None), getattr(backend, "size", None)
     if family is None or size is None:
-        raise ModelUnknown(("backend", "gin_files"), "the summary knows models named by backend.family and "
-                           "backend.size; a model of your own gin files is not one it can size")
-    hub_id = _FAMILY_IDS.get(family, {}).get(size)
-    if hub_id is None:
-        raise ModelUnknown(("backend", "size"), f"the summary does not know the {family} {size} model (it knows "
-                           f"{', '.join(_FAMILY_IDS)}, small to xxl)")
-    config = model_shapes.known_config(hub_id) or {}
-    vocab = (getattr(backend, "gin_overrides", None) or {}).get("network.T5Config.vocab_size")
-    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
-        config["vocab_size"] = vocab
-    return ModelSource(f"{family} {size}", f"known config of {hub_id}", _architecture(config, ("backend", "family")))
+        raise ModelUnknown(("backend", "gin_files"), "the summary cannot size a model of your own gin files: it knows "
+                           "the models named by backend.family and backend.size")
+    overrides = dict(getattr(backend, "gin_overrides", None) or {})
+    hub_id = gin_network.family_hub_id(family, size)
+    known = model_shapes.known_config(hub_id) if hub_id else None
+    try:
+        config = gin_network.network_config(family, size, known, overrides)
+    except gin_network.GinUnreadable as exc:
+        where: KeyPath = ("backend", "gin_overrides", exc.key) if exc.key else ("backend", "family")
+        raise ModelUnknown(where, f"the summary cannot size this model: {exc}") from None
+    changed = [key for key in overrides if gin_network.binding_effect(key, overrides[key])]
+    origin = f"T5X's {family}/{size}.gin" + (f" + {len(changed)} gin_overrides" if changed else "")
+    return ModelSource(f"{family} {size}", origin, _architecture(config, ("backend", "gin_overrides")))
+
+
+def _encoder_model(recipe: RecipeConfig, recipe_dir: Path | None) -> ModelSource:
+    """An encoder classifier (``backend.task: classification``): a BERT from ``backend.encoder`` (random init, the
+    tokenizer's length as its vocabulary, as the trainer builds it) or from a pretrained checkpoint's config."""
+    backend: Any = recipe.backend
+    labels = len(recipe.data.labels or ())
+    encoder, model = getattr(backend, "encoder", None), recipe.model
+    if encoder is not None:
+        vocab = model_shapes.tokenizer_size(model.tokenizer)
+        if vocab is None:
+            raise ModelUnknown(("model", "tokenizer"), f"a random-init encoder takes its vocabulary size from the "
+                               f"tokenizer {model.tokenizer!r}, which the summary cannot load offline")
+        name, origin, config, where = "random init", "backend.encoder", {**encoder, "vocab_size": vocab}, ("backend", "encoder")
+    elif model.name_or_path is not None:
+        name, where = model.name_or_path, ("model", "name_or_path")
+        folder = _local_folder(name, recipe_dir)
+        known = model_shapes.known_encoder(name)
+        if folder is not None:
+            origin = str(_config_json(folder))
+            config = _read_config(Path(origin))
+        elif known is not None:
+            origin, config = "known config", known
+        else:
+            raise ModelUnknown(where, f"{name!r} is neither a local folder nor an encoder the summary knows offline, "
+                               "so its size is unknown", hint="Known encoders: " + ", ".join(model_shapes.KNOWN_ENCODERS))
+    else:
+        raise ModelUnknown(("model",), "the recipe names no encoder: give model.name_or_path or backend.encoder")
+    try:
+        arch = model_shapes.encoder_architecture(config)
+    except ValueError as exc:
+        if encoder is not None and str(exc).startswith("model_type"):
+            where = ("backend", "encoder", "model_type")
+        raise ModelUnknown(where, f"the summary cannot size this encoder: {exc}") from None
+    return ModelSource(name, origin, {**arch, "num_labels": labels}, kind="bert")
+
+
+def _config_json(folder: Path) -> Path:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelUnknown(("model", "name_or_path"), f"{folder} has no config.json: the summary reads the model's "
+                           "architecture from it")
+    return path
 
 
 def _local_folder(name: str, recipe_dir: Path | None) -> Path | None:
@@ -202,9 +245,10 @@ class ModuleRow:
     note: str = ""
 
 
-def module_rows(shapes: dict[str, Shape], trainable: set[str], tied: bool) -> list[ModuleRow]:
+def module_rows(shapes: dict[str, Shape], trainable: set[str], tied: bool,
+                modules: tuple[str, ...] = MODULES) -> list[ModuleRow]:
     rows = []
-    for module in MODULES:
+    for module in modules:
         names = [n for n in shapes if module_of(n) == module]
         if module == "lm_head" and not names:
             rows.append(ModuleRow("lm_head", 0, 0, "tied: the output layer is shared" if tied else ""))
@@ -214,7 +258,10 @@ def module_rows(shapes: dict[str, Shape], trainable: set[str], tied: bool) -> li
         total = sum(model_shapes.numel(shapes[n]) for n in names)
         learn = sum(model_shapes.numel(shapes[n]) for n in names if n in trainable)
         note = {"shared": "token embeddings of both stacks" + (" and the output layer" if tied else ""),
-                "prompt": "soft prompt (prompt tuning)"}.get(module, "")
+                "prompt": "soft prompt (prompt tuning)", "pooler": "dense + tanh over the first token",
+                "classifier": "the classification head"}.get(module, "")
+        if module == "embeddings":
+            note = "token, position and token-type embeddings, layer norm"
         rows.append(ModuleRow(module, total, learn, note))
     return rows
 
@@ -309,13 +356,27 @@ def activation_bytes(config: dict[str, Any], source_len: int, target_len: int, p
     return (kept + around) * act + logits
 
 
+def encoder_activation_bytes(config: dict[str, Any], source_len: int, precision: str, checkpointing: bool) -> int:
+    """The same estimate for a BERT encoder: per layer the projections, the attention scores and probabilities,
+    the feed-forward outputs (biases and layer norms kept whole); the pooler and the head are negligible."""
+    act = 2 if precision == "bf16" else 4
+    d, ff, h, s = config["hidden_size"], config["intermediate_size"], config["num_attention_heads"], source_len
+    layer = s * (10 * d + 2 * ff) + 2 * h * s * s
+    around = 2 * s * d
+    if checkpointing:
+        kept = config["num_hidden_layers"] * s * d + layer
+    else:
+        kept = config["num_hidden_layers"] * layer
+    return (kept + around) * act
+
+
 def fsdp_working_set(shapes: dict[str, Shape], trainable: set[str]) -> tuple[int, int]:
     """(elements, of which gathered weights) of the largest unit FSDP has whole at once: one block of a stack, or
     a top-level tensor (the embedding table), gathered, plus the full gradient of its trainable part."""
     units: dict[str, tuple[int, int]] = {}
     for name, shape in shapes.items():
         parts = name.split(".")
-        unit = ".".join(parts[:3]) if len(parts) > 3 and parts[1] == "block" else name
+        unit = ".".join(parts[:3]) if len(parts) > 3 and parts[1] in ("block", "layer") else name
         weights, grads = units.get(unit, (0, 0))
         size = model_shapes.numel(shape)
         units[unit] = (weights + size, grads + (size if name in trainable else 0))
@@ -408,12 +469,15 @@ def summarize(recipe: RecipeConfig, accelerator: AcceleratorType, *, slices: int
     """The summary of ``recipe`` trained on ``slices`` slices of ``accelerator``."""
     source = resolve_model(recipe, recipe_dir)
     config = source.config
-    shapes = model_shapes.t5_shapes(config)
+    encoder = source.kind == "bert"
+    shapes = (model_shapes.bert_classifier_shapes(config, config["num_labels"]) if encoder
+              else model_shapes.t5_shapes(config))
     prompt = recipe.model.prompt_tuning
     if prompt is not None:
         shapes[PROMPT_PARAM] = (prompt.tokens, config["d_model"])
     trainable = trainable_names(shapes, list(recipe.model.freeze), prompt is not None)
-    modules = module_rows(shapes, trainable, config["tie_word_embeddings"])
+    modules = (module_rows(shapes, trainable, False, ENCODER_MODULES) if encoder
+               else module_rows(shapes, trainable, config["tie_word_embeddings"]))
 
     per_chip = accelerator.generation.devices_per_chip
     devices = accelerator.chips * slices * per_chip
@@ -422,7 +486,7 @@ def summarize(recipe: RecipeConfig, accelerator: AcceleratorType, *, slices: int
     replicas = max(1, devices // setup.shard_over) if setup.sharding == "model-parallel" else devices
     examples = max(1, math.ceil(recipe.train.batch_size / replicas / setup.grad_accum_steps))
     source_len = recipe.data.max_source_length + (prompt.tokens if prompt is not None else 0)
-    target_len = recipe.data.max_target_length
+    target_len = 0 if encoder else recipe.data.max_target_length
 
     total = model_shapes.count(shapes)
     learn = sum(model_shapes.numel(shapes[n]) for n in trainable)
@@ -441,9 +505,13 @@ def summarize(recipe: RecipeConfig, accelerator: AcceleratorType, *, slices: int
         what = ", and its full gradient" if elements > gathered else " (frozen: no gradient)"
         memory.append(MemoryRow("fsdp working set", elements * FLOAT32,
                                 f"estimate: the largest unit ({fmt_count(gathered)} parameters) gathered{what}"))
-    act = activation_bytes(config, source_len, target_len, setup.precision, setup.gradient_checkpointing)
+    if encoder:
+        act = encoder_activation_bytes(config, source_len, setup.precision, setup.gradient_checkpointing)
+    else:
+        act = activation_bytes(config, source_len, target_len, setup.precision, setup.gradient_checkpointing)
+    tokens = f"{source_len}" if encoder else f"{source_len}+{target_len}"
     memory.append(MemoryRow("activations", act * examples,
-                            f"estimate: {examples} x {fmt_bytes(act)} per example ({source_len}+{target_len} tokens, "
+                            f"estimate: {examples} x {fmt_bytes(act)} per example ({tokens} tokens, "
                             f"{setup.precision}{', gradient checkpointing' if setup.gradient_checkpointing else ''})"))
     notes = list(setup.notes)
     if setup.precision == "bf16":
