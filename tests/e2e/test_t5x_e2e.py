@@ -88,6 +88,22 @@ def test_the_run_dir_holds_what_tpuft_reads(quickstart: Finished, pod: Pod) -> N
     assert json.loads(shown.stdout)["status"] == "finished"
 
 
+def test_the_summary_counts_the_checkpoint_s_parameters(quickstart: Finished) -> None:
+    """``recipes show --summary t5x_quickstart`` sizes the network the generated gin builds (ByT5 small resized by
+    the recipe's gin_overrides): as many parameters as the trained checkpoint's arrays hold."""
+    from tpuft.convert.t5x_ckpt import find_t5x_checkpoint, open_t5x_checkpoint
+    from tpuft.model_shapes import numel
+    from tpuft.ops.recipes import summary
+    from tpuft.paths import recipes_dir
+
+    found = find_t5x_checkpoint(quickstart.run_dir / LAYOUT.checkpoints)
+    assert found is not None
+    arrays = open_t5x_checkpoint(found).params
+    in_checkpoint = sum(numel(param.shape) for param in arrays.values())
+    sized = summary(recipes_dir() / "t5x_quickstart.yaml", accelerator="v4-8")
+    assert sized.total_params == in_checkpoint, sorted((name, param.shape) for name, param in arrays.items())
+
+
 def test_a_killed_host_fails_the_run_fast_and_resume_continues(pod: Pod) -> None:
     settings = [*SOURCE, "--set", "train.steps=80", "--set", "train.checkpoint_every=20", "--set", "train.log_every=10",
                 "--set", "eval.every=80", "--set", "eval.max_examples=40", "--set", "train.warmup_steps=10"]
