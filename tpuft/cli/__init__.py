@@ -67,7 +67,7 @@ def _run(json_errors: bool) -> int:
     report = _json_error if json_errors else _text_error
     started_on_pipe = _stdout_is(stat.S_ISFIFO)
     try:
-        code = app(standalone_mode=False)
+        code = app(prog_name="tpuft", standalone_mode=False)  # also under python -m: completion keys on the name
     except SystemExit as exc:
         if exc.code == 1 and _reader_went_away(started_on_pipe):
             return PIPE_CLOSED_EXIT  # Click's and Rich's own answer to a closed pipe is a quiet exit 1: give git's code

@@ -24,8 +24,8 @@ class Option(TyperOption):
             return None
         if self.metavar is not None:
             return self.metavar
-        label = self.display_type(ctx).strip("<>")  # Typer's <path>, <int>, <list[str]>, <a|b> (choices)
-        label = label.removeprefix("list[").removesuffix("]")
+        label = self.display_type(ctx).strip("<>")  # Typer's <path>, <int>, <int range>, <list[str]>, <a|b> (choices)
+        label = label.removeprefix("list[").removesuffix("]").removesuffix(" range")  # the range is shown after
         if "|" in label:
             return label  # the values themselves, as typed
         return _CLICK_NAMES.get(label, label.upper()) + ("..." if self.nargs != 1 else "")

@@ -1,0 +1,126 @@
+"""What a script or a shell relies on: a closed pipe ends quietly, exec passes a worker's exit code through, --json
+errors are JSON, help shows one metavar style, -V and shell completion work, on both entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuft import __version__
+
+TYPER_ENTRY = "import sys; from tpuft.cli import main; sys.argv[0] = 'tpuft'; main()"
+"""The Typer app without the launcher's fast paths in front of it (``python -c TYPER_ENTRY ARGS``)."""
+
+
+def closed_early(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run ``argv`` with stdout a pipe whose reader is gone before anything is written (what ``| head -1`` becomes
+    when head has read its line): the exit code and all of stderr."""
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    return child.wait(timeout=60), err
+
+
+@pytest.fixture
+def env() -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "120"}
+
+
+def test_a_closed_pipe_ends_every_entry_point_quietly(env: dict[str, str], cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+    assert cli("create", "-c", str(cluster_file)).code == 0
+    launcher = [sys.executable, "-m", "tpuft"]
+    typer_app = [sys.executable, "-c", TYPER_ENTRY]
+    cases = [launcher + ["--help"]] * 8 + [launcher + ["-V"]] * 4 + [
+        typer_app + ["train", "--help"],
+        typer_app + ["recipes", "ls"],
+        typer_app + ["status", "-c", str(cluster_file), "--json"],
+        launcher + ["exec", "-c", str(cluster_file), "--", "seq 1 20000"],  # the fast path's reader threads
+        typer_app + ["exec", "-c", str(cluster_file), "--", "seq 1 20000"],  # Rich's console in reader threads
+    ]
+    for argv in cases:
+        code, err = closed_early(argv, env)
+        assert err == "" and code in (0, 141), (argv[2:], code, err)
+
+
+def test_exec_exits_with_the_failing_workers_own_code(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+    assert cli("create", "-c", str(cluster_file)).code == 0
+    one_fails = cli("exec", "-c", str(cluster_file), "--", 'if [ "$TPUFT_WORKER_ID" = 1 ]; then exit 3; fi')
+    assert one_fails.code == 3 and "failed on worker 1 (exit code 3)" in one_fails.err
+    # Both fail with their own codes: the first to fail (it stops the other) gives tpuft's code.
+    both_fail = cli("exec", "-c", str(cluster_file), "--", 'if [ "$TPUFT_WORKER_ID" = 0 ]; then exit 5; fi; sleep 2; exit 6')
+    assert both_fail.code == 5 and "failed on worker 0 (exit code 5)" in both_fail.err
+    killed = cli("exec", "-c", str(cluster_file), "-w", "0", "--", "kill -9 $$")
+    assert killed.code == 128 + 9  # a death by signal as a shell reports it
+
+
+def test_json_verbs_print_their_errors_as_json(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cases = {
+        ("status", "--json", "-c", str(tmp_path / "missing.yaml")): 2,  # config
+        ("runs", "--json", "--no-such-option"): 2,  # usage, found by Click before the verb runs
+        ("recipes", "show", "no_such_recipe", "--json"): 2,
+        ("monitor", "--json", "--interval", "0"): 2,  # the verb's own check
+    }
+    for args, code in cases.items():
+        result = cli(*args)
+        payload = json.loads(result.out)
+        assert result.code == code == payload["exit_code"] and payload["error"] and result.err == "", (args, result)
+        assert set(payload) <= {"error", "hint", "exit_code", "problems"}
+    assert "missing.yaml" in json.loads(cli("status", "--json", "-c", str(tmp_path / "missing.yaml")).out)["problems"][0]
+    plain = cli("status", "-c", str(tmp_path / "missing.yaml"))
+    assert plain.out == "" and "error:" in plain.err
+
+
+def every_command():  # type: ignore[no-untyped-def]
+    from typer.main import get_command
+
+    from tpuft.cli import app
+
+    root = get_command(app)
+    yield [], root
+    for name, command in root.commands.items():  # type: ignore[attr-defined]
+        yield [name], command
+        for sub, leaf in getattr(command, "commands", {}).items():
+            yield [name, sub], leaf
+
+
+METAVAR = re.compile(r"[A-Z][A-Z_=]*(\.\.\.)?|[a-z0-9_-]+(\|[a-z0-9_-]+)+")
+"""Capitals (PATH, KEY=VALUE, RUN_ID), or a choice's own values (a|b)."""
+
+
+def test_help_shows_one_metavar_style_and_no_bool(cli) -> None:  # type: ignore[no-untyped-def]
+    import typer
+
+    for path, command in every_command():
+        context = typer.Context(command, info_name="tpuft")  # type: ignore[arg-type]
+        for param in command.get_params(context):
+            shown = param.display_type_rich(context)  # type: ignore[attr-defined]
+            if getattr(param, "is_flag", False) or param.param_type_name == "argument":
+                assert not shown, (path, param.name, shown)
+            else:
+                assert METAVAR.fullmatch(shown or ""), (path, param.name, shown)
+            if param.param_type_name == "argument":
+                assert param.display_name_raw.isupper(), (path, param.name)  # type: ignore[attr-defined]
+        text = cli(*path, "--help").out
+        assert not re.search(r"<\w+(\[\w+\])?>|\{[A-Za-z_]+\}", text), (path, text)
+
+
+def test_version_and_completion(cli, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    for flag in ("-V", "--version"):
+        assert cli(flag).out.strip() == f"tpuft {__version__}"
+        fast = subprocess.run([sys.executable, "-m", "tpuft", flag], capture_output=True, text=True, env=env)
+        assert fast.stdout.strip() == f"tpuft {__version__}"
+    script = subprocess.run([sys.executable, "-m", "tpuft", "--show-completion", "bash"], capture_output=True, text=True, env=env)
+    assert script.returncode == 0 and "complete " in script.stdout and "_TPUFT_COMPLETE" in script.stdout
+    # What the shell's completion function does: tpuft with no arguments and the words in the environment.
+    words = {**env, "_TPUFT_COMPLETE": "complete_bash", "COMP_WORDS": "tpuft recipes v", "COMP_CWORD": "2"}
+    answer = subprocess.run([sys.executable, "-m", "tpuft"], capture_output=True, text=True, env=words)
+    assert answer.stdout.split() == ["validate"]
+    fast_help = subprocess.run([sys.executable, "-m", "tpuft", "--help"], capture_output=True, text=True, env=env).stdout
+    assert "-V, --version" in fast_help and "--install-completion" in fast_help
