@@ -16,6 +16,7 @@ from tpuft.config import parse_duration
 from tpuft.providers.gcp import tuning
 from tpuft.providers.gcp.api import GcpError, TpuApi
 from tpuft.records import Cluster, Progress, State, Worker
+from tpuft.waiting import waiting
 
 if TYPE_CHECKING:
     from tpuft.config import GcpConfig
@@ -143,7 +144,7 @@ class TpuNodes:
         node_id = api.name
         node = self.create_request().message
         operation = api.call("creating TPU node", api.client().create_node, parent=api.parent, node_id=node_id, node=node)
-        api.wait_operation(f"creating TPU node {node_id}", operation, progress, lambda: f"{node_id}: {self.node_state(node_id)}")
+        api.wait_operation(f"creating TPU node {node_id}", operation, progress, lambda: f"state {self.node_state(node_id)}")
 
     def create_queued(self, progress: Progress | None) -> None:
         api = self.api
@@ -154,22 +155,22 @@ class TpuNodes:
             queued_resource_id=api.name,
             queued_resource=self.create_request().message,
         )
-        api.wait_operation(f"creating queued resource {api.name}", operation, None, None)
-        deadline = time.monotonic() + tuning.CREATE_TIMEOUT_S * 24
-        while True:
-            state, problem = self.queued_state()
-            if progress:
-                progress(f"queued resource {api.name}: {state}")
-            if state == "ACTIVE":
-                return
-            if state in QUEUED_FAILED:
-                raise GcpError(
-                    f"queued resource {api.name} is {state}: {problem or 'no reason given'}",
-                    hint="Delete it (tpuft delete --yes) so it stops holding quota, then retry or change zone/shape.",
-                )
-            if time.monotonic() > deadline:
-                raise GcpError(f"queued resource {api.name} still {state}", hint="See: tpuft status")
-            time.sleep(tuning.POLL_SECONDS)
+        api.wait_operation(f"creating queued resource {api.name}", operation, progress, None)
+        what = f"Cloud TPU capacity for queued resource {api.name} (ACTIVE once the chips are granted)"
+        with waiting(what, tuning.CREATE_TIMEOUT_S * 24, progress=progress) as wait:
+            while True:
+                state, problem = self.queued_state()
+                if state == "ACTIVE":
+                    return
+                if state in QUEUED_FAILED:
+                    raise GcpError(
+                        f"queued resource {api.name} is {state}: {problem or 'no reason given'}",
+                        hint="Delete it (tpuft delete --yes) so it stops holding quota, then retry or change zone/shape.",
+                    )
+                wait.update(state)
+                if wait.expired():
+                    raise GcpError(f"queued resource {api.name} still {state}", hint="See: tpuft status")
+                time.sleep(tuning.POLL_SECONDS)
 
     # -- reading ---------------------------------------------------------------------------------------------
     def queued_state(self) -> tuple[str, str]:
@@ -259,7 +260,7 @@ class TpuNodes:
             except gexc.NotFound:
                 pass
             else:
-                api.wait_operation(f"deleting queued resource {api.name}", operation, progress, lambda: "deleting")
+                api.wait_operation(f"deleting queued resource {api.name}", operation, progress, None)
                 return True
         deleted = False
         for node_id in api.node_ids():
@@ -267,6 +268,6 @@ class TpuNodes:
                 operation = api.call("deleting TPU node", client.delete_node, name=api.node_path(node_id), missing_ok=True)
             except gexc.NotFound:
                 continue
-            api.wait_operation(f"deleting TPU node {node_id}", operation, progress, lambda n=node_id: f"{n}: {self.node_state(n)}")
+            api.wait_operation(f"deleting TPU node {node_id}", operation, progress, lambda n=node_id: f"state {self.node_state(n)}")
             deleted = True
         return deleted
