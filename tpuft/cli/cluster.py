@@ -16,8 +16,30 @@ from tpuft.cli.render import cluster_json, err_console, line_printer, out_consol
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from tpuft.config import ClusterConfig
+    from tpuft.config import ClusterConfig, Loaded, RecipeConfig
     from tpuft.ops.cluster import CostEstimate
+
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Show the plan and exit: the node(s) or queued resource with the request create would send, the bucket, "
+        "which workers run what, the environment's names and the list price; no API call, no connection.",
+    ),
+]
+
+
+def show_plan(cfg: ClusterConfig, verb: str, json_out: bool, recipe: Loaded[RecipeConfig] | None = None) -> None:
+    """``--dry-run``: the plan as worked out by :mod:`tpuft.ops.plan`, as text or (``--json``) as JSON."""
+    from tpuft.ops.plan import lines, plan
+
+    result = plan(cfg, verb, recipe)
+    if json_out:
+        print(json.dumps(result.as_json(), indent=2))
+        return
+    console = out_console()
+    for line in lines(result):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[CostEstimate], None]:
@@ -38,11 +60,14 @@ def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[C
 
 
 @command("create")
-def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = False) -> None:
+def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False) -> None:
     from tpuft.ops.cluster import cost_to_confirm
     from tpuft.ops.cluster import create as create_op
 
     cfg = load_cluster_file(config)
+    if dry_run:
+        show_plan(cfg, "create", json_out)
+        return
     console = err_console() if json_out else out_console()
     estimate = cost_to_confirm(cfg)
     if estimate is not None:

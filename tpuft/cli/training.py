@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from tpuft.cli.app import command
-from tpuft.cli.cluster import confirm_cost
+from tpuft.cli.cluster import DryRunOpt, confirm_cost, show_plan
 from tpuft.cli.options import ConfigOpt, JsonOpt, RecipeArg, SetOpt, YesOpt, load_cluster_file, load_recipe_file, preflight_with_status
 from tpuft.cli.render import err_console, fmt_seconds, line_printer, out_console, print_train_summary
 
@@ -35,11 +35,15 @@ RunArg = Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix
 
 
 @command("setup")
-def setup(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None, json_out: JsonOpt = False) -> None:
+def setup(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None, json_out: JsonOpt = False,
+          dry_run: DryRunOpt = False) -> None:
     from tpuft.ops.setup import setup as setup_op
 
     loaded = load_recipe_file(recipe, overrides)
     cfg = load_cluster_file(config)
+    if dry_run:
+        show_plan(cfg, "setup", json_out, loaded)
+        return
     console = err_console() if json_out else out_console()
     console.print(f"setting up [bold]{loaded.value.backend.kind}[/bold] on the workers of {cfg.name}")
     result = setup_op(cfg, loaded.value, on_line=line_printer(console))
@@ -60,10 +64,13 @@ def train(
     stop_on_interrupt: StopOnInterruptOpt = False,
     resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this stopped or failed run from its last checkpoint instead (same as: tpuft resume RUN).", show_default=False)] = None,
     recover: RecoverOpt = None,
+    dry_run: DryRunOpt = False,
 ) -> None:
     from tpuft.errors import UsageError
 
     if resume is not None:
+        if dry_run:
+            raise UsageError("--dry-run plans a new run: drop --resume")
         if recipe is not None or overrides:
             raise UsageError("--resume continues a run with the recipe it was started with: drop RECIPE and --set")
         _resume(resume, config, json_out, detach, stop_on_interrupt, recover)
@@ -74,6 +81,9 @@ def train(
 
     loaded = load_recipe_file(recipe, overrides)
     cfg = load_cluster_file(config)
+    if dry_run:
+        show_plan(cfg, "train", json_out, loaded)
+        return
     console = err_console() if json_out else out_console()  # stdout carries only the JSON
     preflight_with_status(cfg, loaded, console)
     recovering = cfg.recover.enabled if recover is None else recover
@@ -246,6 +256,7 @@ def up(
     detach: DetachOpt = False,
     stop_on_interrupt: StopOnInterruptOpt = False,
     recover: RecoverOpt = None,
+    dry_run: DryRunOpt = False,
 ) -> None:
     from tpuft.ops.cluster import CreateResult
     from tpuft.ops.setup import SetupResult
@@ -254,6 +265,9 @@ def up(
 
     loaded = load_recipe_file(recipe, overrides)
     cfg = load_cluster_file(config)
+    if dry_run:
+        show_plan(cfg, "up", json_out, loaded)
+        return
     console = err_console() if json_out else out_console()  # stdout carries only the JSON
 
     def step(index: int, title: str, previous: object) -> None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuft.records import Cluster, Progress, State, Worker
 
@@ -21,6 +21,11 @@ class Provider(Protocol):
 
     def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:
         """Create the node(s) and the bucket, or reuse matching ones. Returns the cluster and whether it was new."""
+        ...
+
+    def plan(self) -> dict[str, Any]:
+        """What ``create`` would make, worked out on this machine alone (no API call, no connection): the
+        ``--dry-run`` of create, setup, train and up."""
         ...
 
     def get(self) -> Cluster:

@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
@@ -49,6 +50,15 @@ class LocalProvider:
 
     def _worker_dir(self, index: int) -> Path:
         return self._state_dir / "workers" / f"worker-{index}"
+
+    def plan(self) -> dict[str, Any]:
+        """What ``create`` would make (``--dry-run``): one folder per worker, each its HOME, and the run storage."""
+        return {
+            "state_dir": str(self._state_dir),
+            "worker_folders": [str(self._worker_dir(index)) for index in range(self.config.num_workers)],
+            "bucket": self.storage_url(),
+            "venv_cache": self.venv_cache(),
+        }
 
     # -- verbs -----------------------------------------------------------------------------------------------
     def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:

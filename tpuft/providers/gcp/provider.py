@@ -114,6 +114,21 @@ class GcpProvider:
         buckets.ensure_bucket(self.bucket_url, self.project, self.region, cluster, progress)
         return cluster, True
 
+    def plan(self) -> dict[str, Any]:
+        """What ``create`` would ask for, built on this machine without an API call or credentials (``--dry-run``):
+        the request as it would be sent, the node(s) it makes, and the bucket."""
+        request = self.nodes.create_request()
+        return {
+            "project": self.project,
+            "zone": self.zone,
+            "nodes": self.api.node_ids(),
+            "queued_resource": self.config.name if self.gcp.queued else None,
+            "request": {"rpc": request.rpc, "parent": request.parent, request.id_field: request.id, "body": request.body()},
+            "bucket": self.bucket_url,
+            "bucket_region": self.region,
+            "venv_cache": self.venv_cache(),
+        }
+
     def _check_reusable(self, cluster: Cluster) -> None:
         wanted = self.nodes.wanted_shape()
         if cluster.details.get("shape") and cluster.details["shape"] != wanted:
