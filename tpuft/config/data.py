@@ -133,7 +133,10 @@ class DataConfig(StrictModel):
         path = Path(os.path.normpath(_from_file(str(value), info)))
         if (info.context or {}).get("check_files", True):
             if not path.exists():
-                raise ValueError(f"file not found: {path}")
+                from tpuft.data_fetch import fetch_command
+
+                command = fetch_command(path)  # data tpuft cannot ship: its folder has the script that fetches it
+                raise ValueError(f"file not found: {path}" + (f"; fetch it: {command}" if command else ""))
             if not path.is_file():
                 raise ValueError(f"{path} is not a regular file (a folder, device or FIFO)")
         return path
