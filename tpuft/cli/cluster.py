@@ -61,7 +61,7 @@ def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[C
 
 @command("create")
 def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False) -> None:
-    from tpuft.ops.cluster import cost_to_confirm
+    from tpuft.ops.cluster import cost_estimate, cost_to_confirm
     from tpuft.ops.cluster import create as create_op
 
     cfg = load_cluster_file(config)
@@ -79,7 +79,8 @@ def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = Fa
         return
     verb = "created" if result.created else "already exists, reused"
     acc = result.accelerator
-    price = f", list price ~${acc.price_per_hour:.2f}/h on GCP" if acc.price_per_hour else ""
+    per_hour = cost_estimate(cfg).per_hour  # the one estimate: --dry-run and the confirmation show it too
+    price = f", list price ~${per_hour:.2f}/h on GCP" if per_hour else ""
     console.print(
         f"[green]cluster {cfg.name} {verb}[/green]: {len(result.cluster.workers)} worker(s); "
         f"{acc.name} = {acc.chips} chips on {acc.hosts} host(s){price}"
