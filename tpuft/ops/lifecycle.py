@@ -27,6 +27,7 @@ from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, on_worker, open_session
 from tpuft.records import Worker
 from tpuft.runs import Run, list_runs
+from tpuft.waiting import waiting
 from tpuft.worker.supervisor import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT, is_alive
 
 SUPERVISOR = ("-m", "tpuft.worker.supervisor")
@@ -285,7 +286,9 @@ def _attach(
                 gone.append(problem)
                 return AttachOutcome(ended=False, lost=tuple(dropped))
             try:
-                sleep(REATTACH_DELAYS[retries])
+                with waiting(f"the next try to re-attach to worker(s) {', '.join(map(str, dropped))} of run {run.id} "
+                             f"({retries + 1} of {len(REATTACH_DELAYS)})", REATTACH_DELAYS[retries]):
+                    sleep(REATTACH_DELAYS[retries])
             except KeyboardInterrupt:
                 return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
             retries += 1
@@ -355,14 +358,15 @@ def finalize(run: Run) -> dict[str, Any] | None:
 def wait_for_outcome(run: Run, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """run.json once the attempt has an outcome; after ``timeout``, whatever run.json says (a worker whose supervisor
     died without a last word leaves the attempt open: ``runs`` shows it as stale, ``resume`` can take over)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = finalize(run)
-        if info is not None and info.get("status") != "running":
-            return info
-        if time.monotonic() >= deadline:
-            return run.info()
-        sleep(0.25)
+    what = f"the supervisors of run {run.id} to record how the attempt ended"
+    with waiting(what, timeout) as wait:
+        while True:
+            info = finalize(run)
+            if info is not None and info.get("status") != "running":
+                return info
+            if wait.expired():
+                return run.info()
+            sleep(0.25)
 
 
 def request_stop(run: Run, attempt: int, reason: str) -> None:

@@ -19,12 +19,16 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 MARKER = ".tpuft-complete"
+WAIT_REPORT_S = float(os.environ.get("TPUFT_WAIT_EVERY_S", "30"))
+"""While another process builds the venv: how often to say that this one still waits (tpuft.waiting's cadence)."""
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 """The Python running this script: the worker's base interpreter, which the venv is built from unless ``min_python``
 asks for a newer one."""
@@ -94,18 +98,44 @@ def _run(argv: list[str], hint: str = "") -> None:
         raise SystemExit(f"[setup] command failed with exit code {proc.returncode}: {' '.join(argv)}{hint}")
 
 
+def _try_lock(handle: Any) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _wait_for_builder(lock: Any, venv: Path) -> None:
+    """Another tpuft process (a worker sharing this disk, or a second setup) builds this venv: say so at once and
+    every ``WAIT_REPORT_S`` seconds while waiting, naming it, so a long pip install is never a silent hang."""
+    builder = lock.read().strip() or "a process that did not say"
+    _say(f"another tpuft process is building this venv ({builder}); waiting for it: {venv}")
+    started = last = time.monotonic()
+    while not _try_lock(lock):
+        time.sleep(0.2)
+        if time.monotonic() - last >= WAIT_REPORT_S:
+            last = time.monotonic()
+            _say(f"still waiting for the venv build by {builder} ({time.monotonic() - started:.0f} s so far; "
+                 "it ends when that pip install does)")
+    if time.monotonic() - started >= 2:
+        _say(f"the other build ended after {time.monotonic() - started:.0f} s of waiting")
+
+
 def ensure_venv(cache: Path, spec: dict) -> Path:
     venv = cache / spec["key"]
     if is_ready(venv):
         _say(f"venv ready (cached): {venv}")
         return venv
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f"{spec['key']}.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say("another worker is building this venv; waiting for it")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    fd = os.open(cache / f"{spec['key']}.lock", os.O_RDWR | os.O_CREAT, 0o644)  # not "w": it names the builder
+    with os.fdopen(fd, "r+") as lock:
+        if not _try_lock(lock):
+            _wait_for_builder(lock, venv)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n")
+        lock.flush()
         if is_ready(venv):
             _say(f"venv ready (built by another worker): {venv}")
             return venv

@@ -12,12 +12,14 @@ import contextlib
 import fcntl
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tpuft import rundir
+from tpuft.waiting import waiting
 
 STATE_DIR = ".tpuft/supervisor"
 """Under the worker's HOME."""
@@ -35,14 +37,36 @@ def current_path() -> Path:
 
 @contextlib.contextmanager
 def worker_lock() -> Iterator[None]:
-    """One ``check``/``start`` at a time on a worker: two ``tpuft train`` racing cannot both claim it."""
+    """One ``check``/``start`` at a time on a worker: two ``tpuft train`` racing cannot both claim it. The holder
+    writes its pid and command into the lock file, so a process kept waiting can say whom it waits for (on stderr,
+    which reaches the controller's terminal as this worker's lines)."""
     state_dir().mkdir(parents=True, exist_ok=True)
-    with open(state_dir() / "lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    fd = os.open(state_dir() / "lock", os.O_RDWR | os.O_CREAT, 0o644)  # not "w": that would erase the holder's name
+    with os.fdopen(fd, "r+") as handle:
+        if not _try_lock(handle):
+            holder = handle.read().strip() or "a process that did not say"
+            with waiting(f"this worker's lock ({state_dir() / 'lock'}), held by another tpuft process: {holder}"):
+                while not _try_lock(handle):
+                    time.sleep(0.1)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} ({' '.join(os.path.basename(a) for a in sys.argv[:3])[:120]})\n")
+        handle.flush()
         try:
             yield
         finally:
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _try_lock(handle: Any) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def read_current() -> dict[str, Any]:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft import rundir
+from tpuft.waiting import waiting
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.host_state import (
     check_worker,
@@ -112,16 +113,16 @@ def cmd_start(args: argparse.Namespace) -> int:
             "supervisor_pid": daemon.pid, "supervisor_ticks": start_ticks(daemon.pid), "status": "starting",
             "started": time.time(), "output": str(out),
         })
-    deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
-        current = read_current()
-        if current.get("status") == "running" and current.get("supervisor_pid") == daemon.pid:
-            print(f"[supervisor] worker {ctx.worker_id}: trainer pid {current.get('trainer_pid')} under supervisor pid "
-                  f"{daemon.pid}", flush=True)
-            return 0
-        if daemon.poll() is not None:
-            break
-        time.sleep(0.05)
+    with waiting(f"worker {ctx.worker_id}'s supervisor (pid {daemon.pid}) to start its trainer", args.wait) as wait:
+        while not wait.expired():
+            current = read_current()
+            if current.get("status") == "running" and current.get("supervisor_pid") == daemon.pid:
+                print(f"[supervisor] worker {ctx.worker_id}: trainer pid {current.get('trainer_pid')} under supervisor "
+                      f"pid {daemon.pid}", flush=True)
+                return 0
+            if daemon.poll() is not None:
+                break
+            time.sleep(0.05)
     tail = out.read_bytes()[-3000:].decode("utf-8", "replace") if out.exists() else ""
     print(f"[supervisor] worker {ctx.worker_id}: the supervisor did not start its trainer "
           f"({'exit code ' + str(daemon.poll()) if daemon.poll() is not None else 'still starting after ' + str(args.wait) + ' s'})",
@@ -153,9 +154,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return 0
     pid = int(current["supervisor_pid"])
     kill_pid(pid, signal.SIGTERM)
-    deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline and is_alive(pid, current.get("supervisor_ticks")):
-        time.sleep(0.1)
+    with waiting(f"the supervisor of run {args.run} (pid {pid}) to stop its trainer and end", args.wait) as wait:
+        while not wait.expired() and is_alive(pid, current.get("supervisor_ticks")):
+            time.sleep(0.1)
     if is_alive(pid, current.get("supervisor_ticks")):
         trainer = current.get("trainer_pid")
         if trainer:
