@@ -70,7 +70,25 @@ Scope = Annotated[str, shaped(formats.scope_problem)]
 Command = Annotated[str, shaped(formats.command_problem)]
 PathText = Annotated[str, shaped(formats.path_text_problem)]
 UserName = Annotated[str, shaped(formats.user_name_problem)]
-Version = Annotated[str, shaped(formats.version_problem)]
+def pip_version_problem(text: str) -> str | None:
+    """:func:`formats.version_problem`, then pip's own parser where it is installed (the controller): a version pip
+    refuses would fail the venv build on every worker, after the cluster is up."""
+    problem = formats.version_problem(text)
+    if problem:
+        return problem
+    try:
+        from packaging.version import InvalidVersion, Version as Parsed
+    except ImportError:  # a worker venv without packaging: the controller has checked it already
+        return None
+    try:
+        Parsed(text)
+    except InvalidVersion:
+        return f"{text!r} is not a version number like 2.9.0 (PEP 440)"
+    return None
+
+
+Version = Annotated[str, shaped(pip_version_problem)]
+"""A release number pip can pin (``2.9.0``, ``2.9.0rc1``, ``2.9.0+cpu``), checked by PEP 440's rules."""
 ModelRef = Annotated[str, shaped(formats.model_ref_problem)]
 Requirement = Annotated[str, shaped(formats.requirement_problem)]
 """One pip requirement (PEP 508), never a pip option."""

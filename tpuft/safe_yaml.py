@@ -148,26 +148,85 @@ def decode_utf8(raw: bytes, what: str) -> str:
         ) from None
 
 
+YAML11_WORDS = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OFF)$")
+"""Plain words that YAML 1.1 (PyYAML, many editors and tools) reads as booleans and YAML 1.2 reads as text."""
+
+
 def load(text: str, *, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[KeyPath, int]]:
     """Parse one YAML document into plain Python values and a map from each key path to its line.
 
     Raises :class:`YamlProblem` for syntax errors, several documents, excessive depth or expansion, cycles,
-    complex keys, duplicate keys and non-core tags.
+    complex keys, duplicate keys and non-core tags; a problem on a key's line names that key's path.
     """
+    data, lines, _ = load_noting_words(text, max_nodes=max_nodes, max_depth=max_depth)
+    return data, lines
+
+
+def load_noting_words(
+    text: str, *, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH
+) -> tuple[Any, dict[KeyPath, int], set[KeyPath]]:
+    """:func:`load`, plus the key paths whose value is an unquoted YAML 1.1 boolean word (``no``, ``on``, ``y``):
+    text here, a boolean to whoever wrote it with YAML 1.1 in mind, so the schema decides whether that is clear."""
     if len(text) > MAX_BYTES:
         raise YamlProblem(f"the text is over {MAX_BYTES:,} characters")
-    _check_events(text, max_depth)
-    loader = CoreLoader(text)
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None, {}
-        lines = _check_graph(node, max_nodes)
-        return loader.construct_document(node), lines
-    except yaml.YAMLError as exc:
-        raise _located(exc, text) from None
-    finally:
-        loader.dispose()
+        _check_events(text, max_depth)
+        loader = CoreLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None, {}, set()
+            lines = _check_graph(node, max_nodes)
+            words: set[KeyPath] = set()
+            _note_words(node, (), words)
+            return loader.construct_document(node), lines, words
+        except yaml.YAMLError as exc:
+            raise _located(exc, text) from None
+        finally:
+            loader.dispose()
+    except YamlProblem as problem:
+        if problem.path is None and problem.line is not None:
+            problem.path = key_path_at(text, problem.line)
+        raise
+
+
+def _note_words(node: yaml.Node, path: KeyPath, words: set[KeyPath]) -> None:
+    if isinstance(node, yaml.ScalarNode):
+        if node.style is None and node.tag == "tag:yaml.org,2002:str" and YAML11_WORDS.match(str(node.value)):
+            words.add(path)
+    elif isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                _note_words(value_node, path + (str(key_node.value),), words)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _note_words(item, path + (index,), words)
+
+
+_BLOCK_KEY = re.compile(r"^(\s*)(?:-\s+)?(?:\"([^\"]+)\"|'([^']+)'|([^\s#'\"{}\[\],&*!|>%@`][^:#{}\[\]]*?))\s*:(?:\s|$)")
+
+
+def key_path_at(text: str, line: int) -> KeyPath | None:
+    """The block-mapping key path on ``line`` (1-based) as the indentation above it gives it, read from the text
+    itself: for a problem found before there is a node graph to ask (a syntax error, an undefined alias, a tag).
+    None when the line holds no key and sits under none."""
+    stack: list[tuple[int, str]] = []
+    found: KeyPath | None = None
+    for number, raw in enumerate(text.splitlines()[:line], start=1):
+        match = _BLOCK_KEY.match(raw)
+        if match is None:
+            if number == line and stack:
+                indent = len(raw) - len(raw.lstrip())
+                found = tuple(key for at, key in stack if at < indent) or None
+            continue
+        indent = len(match.group(1)) + (len(raw[len(match.group(1)) :]) - len(raw[len(match.group(1)) :].lstrip("- ")))
+        key = next(group for group in match.group(2, 3, 4) if group is not None).strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, key))
+        if number == line:
+            found = tuple(key for _, key in stack)
+    return found
 
 
 def _located(exc: yaml.YAMLError, text: str) -> YamlProblem:

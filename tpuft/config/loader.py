@@ -11,7 +11,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from types import UnionType
+from typing import Any, Generic, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -58,13 +59,28 @@ def _locate(path: KeyPath, source: str, lines: dict[KeyPath, int], overrides: di
     return source
 
 
-def _read_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int]]:
+def _read_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int], set[KeyPath]]:
     try:
-        return safe_yaml.load(text)
+        return safe_yaml.load_noting_words(text)
     except safe_yaml.YamlProblem as exc:
         where = f"{source}:{exc.line}" if exc.line is not None else source
         key = f"{_dotted(exc.path)}: " if exc.path else ""
         raise ConfigError([f"{where}: {key}{exc.message}"], source=source) from None
+
+
+def _nothing_in(text: str, source: str, what: str) -> ConfigError:
+    """An empty file, or one of only comments, is one problem, not every required key missing without a line."""
+    words = "only comments" if any(line.strip().startswith("#") for line in text.splitlines()) else ""
+    body = [line for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if body:  # `---`, `~` or `null`: a document with no keys
+        message = f"the {what} has no keys (just {body[0].strip()!r}): give a mapping of keys"
+    elif words:
+        message = f"the {what} has only comments: no key is set"
+    else:
+        message = f"the {what} is empty"
+    if what == "recipe":
+        message += " (start from a shipped one: tpuft recipes cp quickstart mine.yaml)"
+    return ConfigError([f"{source}:1: {message}"], source=source)
 
 
 MAX_OVERRIDE_CHARS = 16_384
@@ -152,7 +168,10 @@ def _walk_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[KeyPath, ty
     return tuple(path), owner
 
 
-_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "none", "is-instance", "lax-or-strict", "json-or-python"}
+_TYPE_TAGS = {
+    "int", "float", "str", "bool", "list", "dict", "none", "is-instance", "lax-or-strict", "json-or-python",
+    "constrained-int", "constrained-float", "constrained-str",
+}
 
 _FRIENDLY = {
     "int_type": "expected a whole number",
@@ -174,9 +193,61 @@ _FRIENDLY = {
 }
 
 
-def _describe_error(model: type[BaseModel], err: dict[str, Any]) -> tuple[KeyPath, str]:
+def _shown(value: Any) -> str:
+    """A value as the user wrote it in YAML: null, true, 'text', 12."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _bound(ctx: dict[str, Any], name: str) -> str:
+    value = ctx.get(name)
+    return _shown(value) if not isinstance(value, float) or not value.is_integer() else f"{value:g}"
+
+
+def _choices(text: str) -> list[str]:
+    """pydantic's "'a', 'b' or 'c'" (or "False") as the words a user writes: a, b, c (false)."""
+    words = [word.strip().strip("'") for word in re.split(r",| or ", text) if word.strip()]
+    return [{"True": "true", "False": "false", "None": "null"}.get(word, word) for word in words]
+
+
+_COMPARISONS = {
+    "greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"), "less_than": ("<", "lt"),
+}
+
+
+def _tpuft_words(kind: str, ctx: dict[str, Any], msg: str) -> str:
+    """Pydantic's generic sentences ("Input should be greater than or equal to 1") in tpuft's: "must be >= 1"."""
+    if kind in _COMPARISONS:
+        sign, name = _COMPARISONS[kind]
+        return f"must be {sign} {_bound(ctx, name)}"
+    if kind in {"too_short", "too_long"}:
+        limit = ctx.get("min_length" if kind == "too_short" else "max_length")
+        return f"must have at {'least' if kind == 'too_short' else 'most'} {limit} item(s), got {ctx.get('actual_length')}"
+    if kind in {"string_too_short", "string_too_long"}:
+        limit = ctx.get("min_length" if kind == "string_too_short" else "max_length")
+        return f"must be at {'least' if kind == 'string_too_short' else 'most'} {limit} character(s) long"
+    if kind == "multiple_of":
+        return f"must be a multiple of {_bound(ctx, 'multiple_of')}"
+    if kind in {"literal_error", "enum"}:
+        choices = _choices(str(ctx.get("expected", "")))
+        return f"must be {choices[0]}" if len(choices) == 1 else f"must be one of {', '.join(choices)}"
+    if kind == "string_pattern_mismatch":
+        return f"must match the pattern {ctx.get('pattern')}"
+    if msg.startswith(("Value error, ", "Assertion failed, ")):
+        return msg.split(", ", 1)[1]
+    if msg.startswith("Input should be "):  # the rest of pydantic's wording: "expected ..." as everywhere else
+        return "expected " + msg[len("Input should be ") :]
+    return msg
+
+
+def _describe_error(model: type[BaseModel], err: dict[str, Any], words: set[KeyPath] = frozenset()) -> tuple[KeyPath, str]:
     path, owner = _walk_loc(model, tuple(err["loc"]))
     kind = err["type"]
+    ctx = err.get("ctx") or {}
     got = err.get("input")
     last = path[-1] if path else None
     if kind == "extra_forbidden":
@@ -188,19 +259,126 @@ def _describe_error(model: type[BaseModel], err: dict[str, Any]) -> tuple[KeyPat
         info = owner.model_fields.get(last) if owner is not None and isinstance(last, str) else None
         desc = info.description if info is not None and info.description else ""
         return path, "required key is missing" + (f": {desc}" if desc else "")
-    msg = _FRIENDLY.get(kind) or err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    if kind in {"literal_error", "union_tag_invalid"}:
-        expected = re.findall(r"'([^']+)'", msg.split("expected", 1)[-1])
-        probe = got.get("kind", "") if isinstance(got, dict) else got
-        close = difflib.get_close_matches(str(probe), expected, n=1, cutoff=0.5)
+    if kind in {"union_tag_invalid", "union_tag_not_found"}:  # about the `kind:` line, not the section's
+        tags = _choices(str(ctx.get("expected_tags", ""))) or _union_tags(owner, last)
+        key = path + (str(ctx.get("discriminator", "kind")).strip("'"),)
+        if kind == "union_tag_not_found":
+            typo = difflib.get_close_matches(key[-1], [str(k) for k in got] if isinstance(got, dict) else [], n=1)
+            if typo:
+                return path + (typo[0],), f"unknown key; did you mean {key[-1]!r}? (one of {', '.join(tags)})"
+            return key, f"required key is missing: one of {', '.join(tags)}"
+        probe = ctx.get("tag", got.get("kind") if isinstance(got, dict) else got)
+        close = difflib.get_close_matches(str(probe), tags, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return key, f"must be one of {', '.join(tags)}{hint} (got {_shown(probe)})"
+    msg = _tpuft_words(kind, ctx, _FRIENDLY.get(kind) or err["msg"])
+    if kind == "literal_error":
+        close = difflib.get_close_matches(str(got), _choices(str(ctx.get("expected", ""))), n=1, cutoff=0.5)
         if close:
             msg += f"; did you mean {close[0]!r}?"
-    if got is not None and not isinstance(got, (dict, list)) and kind not in {"value_error", "assertion_error"}:
-        shown = repr(got)
-        msg += f" (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
+    if kind in {"bool_type", "bool_parsing"} and path in words:
+        return path, f"expected true or false, got the text {got!r}: tpuft reads YAML 1.2, where only true and false are booleans"
+    if got is None and kind not in {"value_error", "assertion_error"}:
+        return path, f"{msg}, not null (leave the key out for its default)"
+    if kind in _COMPARISONS:
+        msg += f", got {_shown(got)}"
+    elif not isinstance(got, (dict, list)) and kind not in {"value_error", "assertion_error"}:
+        msg += f" (got {_shown(got)})"
     return path, msg
+
+
+def _union_tags(owner: type[BaseModel] | None, key: Any) -> list[str]:
+    info = owner.model_fields.get(key) if owner is not None and isinstance(key, str) else None
+    models = _models_in(info.annotation) if info is not None else []
+    return sorted(str(m.model_fields["kind"].default) for m in models if "kind" in m.model_fields)
+
+
+def _merged(problems: list[tuple[KeyPath, str]]) -> list[tuple[KeyPath, str]]:
+    """One line per key: a value that fits no member of a union (a number, 'auto' or null) fails each member, and
+    pydantic reports each; the user needs one sentence."""
+    by_path: dict[KeyPath, list[str]] = {}
+    for path, message in problems:
+        by_path.setdefault(path, [])
+        if message not in by_path[path]:
+            by_path[path].append(message)
+    out = []
+    for path, messages in by_path.items():
+        if len(messages) > 1:
+            got = re.search(r"(?: \(got (.*)\)|, got (.*))$", messages[0])
+            bare = [re.sub(r"(?: \(got .*\)|, got .*)$", "", m) for m in messages]
+            rest = [re.sub(r"^(expected|must be) ", "", m) for m in bare[1:]]
+            out.append((path, ", or ".join([bare[0], *rest]) + (f" (got {got.group(1) or got.group(2)})" if got else "")))
+        else:
+            out += [(path, m) for m in messages]
+    return out
+
+
+def _yaml11_words(value: BaseModel, words: set[KeyPath]) -> list[tuple[KeyPath, str]]:
+    """A plain ``no``/``yes``/``on``/``off`` where the schema takes text only is the text (what it says); where it
+    takes booleans and text alike (a gin binding, an encoder's config), YAML 1.1 readers and the user may mean false
+    and tpuft would pass the text on: refused, with the two ways to say it."""
+    found = []
+    for path in sorted(words, key=lambda p: tuple(map(str, p))):
+        annotation = _annotation_at(value, path)
+        if annotation is not _NOT_FOUND and _admits_bool(annotation):
+            word = _value_at(value, path)
+            meant = "true" if str(word).lower() in {"y", "yes", "on"} else "false"
+            found.append((path, f"{word!r} is ambiguous here (YAML 1.1 reads it as {meant}, YAML 1.2 and tpuft as "
+                          f"text): write {meant} for the boolean, or quote it ('{word}') for the text"))
+    return found
+
+
+_NOT_FOUND = object()
+
+
+def _annotation_at(value: Any, path: KeyPath) -> Any:
+    """The declared type of the value at ``path`` in a validated model (into dicts and lists by their item type)."""
+    annotation: Any = _NOT_FOUND
+    for part in path:
+        if isinstance(value, BaseModel) and isinstance(part, str) and part in type(value).model_fields:
+            annotation = type(value).model_fields[part].annotation
+            value = getattr(value, part)
+            continue
+        if annotation is _NOT_FOUND:
+            return _NOT_FOUND
+        annotation = _item_type(annotation, part)
+        try:
+            value = value[part]
+        except (KeyError, IndexError, TypeError):
+            value = None
+    return annotation
+
+
+def _value_at(value: Any, path: KeyPath) -> Any:
+    for part in path:
+        value = getattr(value, str(part)) if isinstance(value, BaseModel) else value[part]
+    return value
+
+
+def _leaves(annotation: Any) -> list[Any]:
+    if getattr(annotation, "__metadata__", None) is not None:  # Annotated[T, ...]
+        return _leaves(annotation.__origin__)
+    args = getattr(annotation, "__args__", None)
+    if get_origin(annotation) in (Union, UnionType):
+        return [leaf for arg in args for leaf in _leaves(arg)]
+    return [annotation]
+
+
+def _item_type(annotation: Any, part: str | int) -> Any:
+    items = []
+    for leaf in _leaves(annotation):
+        origin, args = get_origin(leaf), get_args(leaf)
+        if origin is dict and len(args) == 2 and isinstance(part, str):
+            items.append(args[1])
+        elif origin is list and args and isinstance(part, int):
+            items.append(args[0])
+        elif leaf is Any:
+            items.append(Any)
+    return Union[tuple(items)] if len(items) > 1 else (items[0] if items else _NOT_FOUND)  # noqa: UP007
+
+
+def _admits_bool(annotation: Any) -> bool:
+    return any(leaf is Any or leaf is bool for leaf in _leaves(annotation))
 
 
 def _cross_problems(value: BaseModel, prefix: KeyPath = ()) -> list[tuple[KeyPath, str]]:
@@ -209,17 +387,16 @@ def _cross_problems(value: BaseModel, prefix: KeyPath = ()) -> list[tuple[KeyPat
 
 
 def _validate(
-    model: type[M], data: Any, source: str, lines: dict[KeyPath, int], overrides: dict[KeyPath, str], context: dict
+    model: type[M], data: Any, source: str, lines: dict[KeyPath, int], overrides: dict[KeyPath, str], context: dict,
+    words: set[KeyPath] = frozenset(),
 ) -> M:
     try:
         value = model.model_validate(data, context=context)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors(include_url=False):
-            path, message = _describe_error(model, err)
-            problems.append(f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}")
+        described = _merged([_describe_error(model, err, words) for err in exc.errors(include_url=False)])
+        problems = [f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}" for path, message in described]
         raise ConfigError(problems, source=source) from None
-    found = _cross_problems(value)
+    found = _yaml11_words(value, words) + _cross_problems(value)
     if found:
         raise ConfigError(
             [f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}" for path, message in found],
@@ -229,14 +406,18 @@ def _validate(
 
 
 def _load(
-    model: type[M], text: str, source: str, base_dir: Path | None, overrides: list[str], check_files: bool
+    model: type[M], text: str, source: str, base_dir: Path | None, overrides: list[str], check_files: bool,
+    what: str,
 ) -> Loaded[M]:
-    data, lines = _read_yaml(text, source)
-    if data is not None and not isinstance(data, dict):
+    data, lines, words = _read_yaml(text, source)
+    if data is None:
+        raise _nothing_in(text, source, what)
+    if not isinstance(data, dict):
         raise ConfigError([f"{source}:1: expected a mapping of keys at the top level"], source=source)
-    data, where = _apply_overrides(data or {}, parse_overrides(overrides))
+    data, where = _apply_overrides(data, parse_overrides(overrides))
     context = {"base_dir": base_dir, "check_files": check_files}
-    value = _validate(model, data, source, lines, where, context)
+    words = {w for w in words if not any(w[:depth] in where for depth in range(1, len(w) + 1))}
+    value = _validate(model, data, source, lines, where, context, words)
     return Loaded(value=value, source=source, lines=lines, overrides=where, raw=data)
 
 
@@ -268,14 +449,17 @@ def load_cluster(path: Path | None = None, overrides: list[str] | None = None) -
         from tpuft.paths import package_root
 
         default = package_root() / "_defaults" / "tpuft.yaml"
-        return _load(ClusterConfig, default.read_text(), "(embedded default tpuft.yaml)", None, overrides or [], True)
-    return _load(ClusterConfig, _read_text(chosen, "cluster file"), str(chosen), chosen.parent, overrides or [], True)
+        return _load(ClusterConfig, default.read_text(), "(embedded default tpuft.yaml)", None, overrides or [], True,
+                     "cluster file")
+    return _load(ClusterConfig, _read_text(chosen, "cluster file"), str(chosen), chosen.parent, overrides or [], True,
+                 "cluster file")
 
 
 def load_recipe(path: Path, overrides: list[str] | None = None, *, check_files: bool = True) -> Loaded[RecipeConfig]:
     path = resolve_recipe_path(path)
     return _load(
-        RecipeConfig, _read_text(path, "recipe"), str(path), path.parent.resolve(), overrides or [], check_files
+        RecipeConfig, _read_text(path, "recipe"), str(path), path.parent.resolve(), overrides or [], check_files,
+        "recipe",
     )
 
 
@@ -297,4 +481,4 @@ def dump_recipe(recipe: RecipeConfig) -> str:
 def recipe_from_text(text: str, source: str, *, check_files: bool = True) -> RecipeConfig:
     """Load a resolved recipe (paths already absolute) on the worker side; on the controller (``resume``) without
     checking its files: a remote run's recipe names the workers' copies of its data (``~/.tpuft/data/<run>/...``)."""
-    return _load(RecipeConfig, text, source, None, [], check_files).value
+    return _load(RecipeConfig, text, source, None, [], check_files, "recipe").value

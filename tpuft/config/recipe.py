@@ -71,16 +71,29 @@ class ModelConfig(StrictModel):
         return self
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
+        found = self._nulls_in_config()
         vocab = self.config.vocab_size if self.config is not None else None
         if self.tokenizer == "byt5" and vocab is not None and vocab < BYT5_VOCAB:
-            return [
+            found.append(
                 (
                     ("config", "vocab_size"),
                     f"{vocab} is smaller than the byt5 tokenizer's {BYT5_VOCAB} ids (leave it out: the tokenizer's "
                     "size is the default)",
                 )
-            ]
-        return []
+            )
+        return found
+
+    def _nulls_in_config(self) -> list[tuple[KeyPath, str]]:
+        """``d_model: null`` (or ``d_model:`` with nothing after it) validates as "not given", but the key was given:
+        the resolved recipe passes ``d_model=None`` to transformers.T5Config on every worker, which crashes there."""
+        if self.config is None:
+            return []
+        return [
+            (("config", key), f"is null: give a value ({str(type(self.config).model_fields[key].description).rstrip('.')}) or leave "
+             "the key out for transformers' default")
+            for key in sorted(self.config.model_fields_set)
+            if getattr(self.config, key) is None
+        ]
 
 
 class EarlyStopping(StrictModel):
@@ -204,7 +217,7 @@ class RecipeConfig(StrictModel):
 
     name: str = Field(description="Short recipe name; it prefixes run ids.")
     description: str = Field("", max_length=100_000, description="What the recipe does, for `tpuft recipes ls` and show.")
-    backend: Backend
+    backend: Backend = Field(description="How the model is trained: a mapping whose kind is torch_xla, keras or t5x.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model: pretrained weights or a config, and the tokenizer.")
     data: DataConfig = Field(description="Training and held-out data: files or a Hugging Face dataset, fields, lengths.")
     train: TrainConfig = Field(description="Steps, batch, optimizer, schedule, checkpoints, keep-best, early stopping.")
