@@ -125,16 +125,25 @@ def read_config_text(path: Path, what: str) -> str:
         raise YamlProblem(f"{what} is a directory, not a file")
     if not stat.S_ISREG(info.st_mode):
         raise YamlProblem(f"{what} is not a regular file (a device, FIFO or socket)")
-    if info.st_size > MAX_BYTES:
-        raise YamlProblem(f"{what} is {info.st_size:,} bytes; the limit is {MAX_BYTES:,} (is this the right file?)")
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_BYTES + 1)
     except OSError as exc:
         raise YamlProblem(f"cannot read {what}: {exc.strerror or exc}") from None
     if len(raw) > MAX_BYTES:
-        raise YamlProblem(f"{what} is over {MAX_BYTES:,} bytes (is this the right file?)")
+        raise _too_big(raw, what, max(info.st_size, len(raw)))
     return decode_utf8(raw, what)
+
+
+def _too_big(raw: bytes, what: str, size: int) -> YamlProblem:
+    """Located where the file passes the limit, with the key being written there: a value of megabytes (a pasted
+    data set, a runaway template) is the usual cause, and the user needs to know which one."""
+    line = raw.count(b"\n", 0, MAX_BYTES) + 1
+    text = raw[:MAX_BYTES].decode("utf-8", "replace")
+    return YamlProblem(
+        f"{what} is {size:,} bytes, over the limit of {MAX_BYTES:,}, and passes it here: a value this long belongs "
+        "in a data file", line, key_path_at(text, line),
+    )
 
 
 def decode_utf8(raw: bytes, what: str) -> str:
@@ -212,7 +221,8 @@ def key_path_at(text: str, line: int) -> KeyPath | None:
     None when the line holds no key and sits under none."""
     stack: list[tuple[int, str]] = []
     found: KeyPath | None = None
-    for number, raw in enumerate(text.splitlines()[:line], start=1):
+    for number, whole in enumerate(text.splitlines()[:line], start=1):
+        raw = whole[:1000]  # a key is short; a value of megabytes is not read through
         match = _BLOCK_KEY.match(raw)
         if match is None:
             if number == line and stack:

@@ -127,7 +127,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
 def test_big_folder_and_binary_files(tmp_path: Path) -> None:
     big = tmp_path / "big.yaml"
     big.write_text("description: " + "x" * (2 << 20) + "\n")
-    with pytest.raises(ConfigError, match=r"big.yaml: recipe is 2,097,166 bytes; the limit is 1,048,576"):
+    with pytest.raises(ConfigError, match=r"big.yaml:1: description: recipe is 2,097,166 bytes, over the limit of 1,048,576"):
         load_recipe(big)
     with pytest.raises(ConfigError, match=r"tpuft.yaml: cluster file is a directory"):
         (tmp_path / "tpuft.yaml").mkdir()

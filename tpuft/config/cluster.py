@@ -258,6 +258,8 @@ class ClusterConfig(StrictModel):
     recover: RecoverConfig = Field(default_factory=RecoverConfig)
     _unset_env: dict[str, str] = PrivateAttr(default_factory=dict)
     """worker_env keys whose ``${VAR}`` is not set here (reported by ``cross_problems``)."""
+    _shape_origin: str = PrivateAttr(default="")
+    """Where the worker count was written (``tpuft.yaml:5: local.workers: 3``), set by the loader."""
 
     @field_validator("bucket")
     @classmethod
@@ -346,6 +348,17 @@ class ClusterConfig(StrictModel):
                 found.append((("gcp", "topology"), problem))
         found += [(("gcp", *path), message) for path, message in self.gcp.cross_problems()]
         return found
+
+    def shape_keys(self) -> list[KeyPath]:
+        """The keys that decide how many workers there are: what to point at when a recipe does not fit them."""
+        if self.provider == "local":
+            return [("local", "workers")] if self.local.workers is not None else [("accelerator",)]
+        return [("accelerator",), ("gcp", "slices")] if self.gcp.slices > 1 else [("accelerator",)]
+
+    def shape_origin(self) -> str:
+        """``tpuft.yaml:5: local.workers: 3``: where the cluster's worker count comes from, for an error that is
+        about the recipe and the cluster together (a batch that does not split over the workers)."""
+        return self._shape_origin or f"accelerator: {self.accelerator} ({self.num_workers} workers)"
 
     @property
     def num_workers(self) -> int:

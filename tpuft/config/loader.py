@@ -426,7 +426,8 @@ def _read_text(path: Path, what: str) -> str:
         return safe_yaml.read_config_text(path, what)
     except safe_yaml.YamlProblem as exc:
         where = f"{path}:{exc.line}" if exc.line is not None else str(path)
-        raise ConfigError([f"{where}: {exc.message}"], source=str(path)) from None
+        key = f"{_dotted(exc.path)}: " if exc.path else ""
+        raise ConfigError([f"{where}: {key}{exc.message}"], source=str(path)) from None
 
 
 DEFAULT_CLUSTER_FILE = "tpuft.yaml"
@@ -449,10 +450,20 @@ def load_cluster(path: Path | None = None, overrides: list[str] | None = None) -
         from tpuft.paths import package_root
 
         default = package_root() / "_defaults" / "tpuft.yaml"
-        return _load(ClusterConfig, default.read_text(), "(embedded default tpuft.yaml)", None, overrides or [], True,
-                     "cluster file")
-    return _load(ClusterConfig, _read_text(chosen, "cluster file"), str(chosen), chosen.parent, overrides or [], True,
-                 "cluster file")
+        loaded = _load(ClusterConfig, default.read_text(), "(embedded default tpuft.yaml)", None, overrides or [], True,
+                       "cluster file")
+    else:
+        loaded = _load(ClusterConfig, _read_text(chosen, "cluster file"), str(chosen), chosen.parent, overrides or [],
+                       True, "cluster file")
+    cluster = loaded.value
+    origins = []
+    for key in cluster.shape_keys():
+        value = cluster.local.workers if key == ("local", "workers") else (
+            cluster.gcp.slices if key == ("gcp", "slices") else f"{cluster.accelerator} ({cluster.num_workers} workers)"
+        )
+        origins.append(f"{loaded.where(key)}: {_dotted(key)}: {value}")
+    cluster._shape_origin = "; ".join(origins)
+    return loaded
 
 
 def load_recipe(path: Path, overrides: list[str] | None = None, *, check_files: bool = True) -> Loaded[RecipeConfig]:

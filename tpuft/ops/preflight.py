@@ -34,10 +34,12 @@ class Preflight:
         return found.examples if found is not None else None
 
 
-def cluster_problems(recipe: Loaded[RecipeConfig], shape: ClusterShape) -> list[str]:
-    """Recipe settings that are only wrong for this cluster (the backend says which), located in the recipe file."""
+def cluster_problems(recipe: Loaded[RecipeConfig], shape: ClusterShape, cluster: ClusterConfig | None = None) -> list[str]:
+    """Recipe settings that are only wrong for this cluster (the backend says which), located in the recipe file
+    and, given the cluster, at the cluster file's line that sets the worker count too."""
     backend = get_backend(recipe.value.backend.kind)
-    return [recipe.problem(path, message) for path, message in backend.check(recipe.value, shape)]
+    workers = f" (the workers: {cluster.shape_origin()})" if cluster is not None else ""
+    return [recipe.problem(path, message + workers) for path, message in backend.check(recipe.value, shape)]
 
 
 def check_against_cluster(recipe: Loaded[RecipeConfig], shape: ClusterShape) -> None:
@@ -102,7 +104,7 @@ def preflight(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: Dat
     """Every problem at once (the recipe against the cluster, then the data), as one ConfigError: exit code 2."""
     shape = config.shape()
     launched = len(get_backend(recipe.value.backend.kind).plan(recipe.value, shape).workers)
-    problems = cluster_problems(recipe, shape)
+    problems = cluster_problems(recipe, shape, config)
     found, checks = data_problems(recipe, launched, progress)
     problems += found
     if problems:
