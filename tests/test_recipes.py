@@ -12,18 +12,102 @@ from tpuft.paths import recipes_dir
 SHIPPED = sorted(recipes_dir().glob("*.yaml"))
 
 
-USER_DATA = {"sst2_bert_base_keras", "sst2_bert_large_keras", "sst2_t5_small_keras", "sst2_t5_base_keras",
-             "question_quality_t5_base_keras"}
-"""TPU recipes of the seeds whose data the user downloads (their header says how): their files are not checked."""
+USER_DATA = {"sst2_bert_base_keras": "glue/sst2", "sst2_bert_large_keras": "glue/sst2",
+             "sst2_t5_small_keras": "glue/sst2", "sst2_t5_base_keras": "glue/sst2",
+             "question_quality_t5_base_keras": "so_quality"}
+"""Recipes whose data the user fetches (it cannot be shipped) -> the folder under recipes/data/ whose fetch.py does."""
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_shipped_recipe_loads(path: Path) -> None:
     loaded = load_recipe(path, check_files=path.stem not in USER_DATA)
+    header = path.read_text().split("\nname:")[0]
     if path.stem in USER_DATA:
-        assert "Data:" in path.read_text().split("\nname:")[0]  # the header says where the data comes from
+        assert f"Fetch it: python recipes/data/{USER_DATA[path.stem]}/fetch.py" in header
     assert loaded.value.name == path.stem
-    assert path.read_text().startswith("# ")  # opens with what it is and how to run it
+    first = header.splitlines()[0]
+    assert first.startswith("# ") and first.endswith(".") and len(first) <= 140, first  # a whole one-line summary
+    assert "../" not in header and "seeds/" not in header  # names nothing outside the repository
+
+
+def test_ls_shows_whole_first_lines(cli) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    listed = cli("recipes", "ls", "--json")
+    assert listed.code == 0, listed.err
+    summaries = {row["name"]: row["summary"] for row in json.loads(listed.out)}
+    assert summaries == {p.stem: p.read_text().splitlines()[0][2:] for p in SHIPPED}
+
+
+def test_validate_tells_missing_data_from_a_bad_recipe(cli, tmp_path: Path, cluster_file: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tpuft.ops.recipes import DATA_MISSING_EXIT
+
+    monkeypatch.chdir(tmp_path)  # the fetch command is shown relative to the current folder
+    recipe = tmp_path / "sst2.yaml"
+    (tmp_path / "glue").mkdir()
+    (tmp_path / "glue" / "fetch.py").write_text("")
+    text = (recipes_dir() / "sst2_bert_base_keras.yaml").read_text().replace("data/glue/sst2/", "glue/")
+    recipe.write_text(text)
+    missing = cli("recipes", "validate", str(recipe), "-c", str(cluster_file))
+    assert missing.code == DATA_MISSING_EXIT == 3, missing.err
+    lines = [line.strip() for line in missing.err.splitlines() if "missing " in line]
+    number = {key: 1 + next(i for i, line in enumerate(text.splitlines()) if line.startswith(f"  {key}:"))
+              for key in ("train", "eval")}
+    assert lines == [f"{recipe}:{number[key]}: data.{key}: missing {tmp_path / 'glue' / name}; fetch it: python glue/fetch.py"
+                     for key, name in (("train", "train.jsonl"), ("eval", "validation.jsonl"))]
+    skipped = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--no-data-check")
+    assert skipped.code == 0 and "data not checked" in skipped.out
+    (tmp_path / "glue" / "fetch.py").unlink()
+    unknown = cli("recipes", "validate", str(recipe), "-c", str(cluster_file))
+    assert unknown.code == 3 and "the recipe's header says where it comes from" in unknown.err
+    bad = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--set", "train.steps=0")
+    assert bad.code == 2  # a problem in the recipe is still exit 2, with or without the data
+    assert cli("recipes", "validate", str(recipe), "--no-data-check", "--set", "train.steps=0").code == 2
+
+
+def _fetch_module(folder: str):  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"fetch_{folder.replace('/', '_')}", recipes_dir() / "data" / folder / "fetch.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sst2_fetch_writes_what_the_recipes_read(tmp_path: Path) -> None:
+    """The writer of recipes/data/glue/sst2/fetch.py on rows shaped as the hub's (the download needs the network)."""
+    fetch = _fetch_module("glue/sst2")
+    rows = [{"sentence": "a gorgeous , witty film ", "label": 1, "idx": 0}, {"sentence": "dull", "label": 0, "idx": 1}]
+    for split, name in fetch.SPLITS.items():
+        assert fetch.write_jsonl(rows, tmp_path / name) == 2
+    with pytest.raises(ValueError, match="not 0 or 1"):
+        fetch.write_jsonl([{"sentence": "unlabelled test row", "label": -1}], tmp_path / "test.jsonl")
+    recipe = (recipes_dir() / "sst2_t5_small_keras.yaml").read_text().replace("data/glue/sst2/", f"{tmp_path}/")
+    (tmp_path / "r.yaml").write_text(recipe)
+    from tpuft.config import load_cluster
+    from tpuft.ops.preflight import preflight
+
+    checked = preflight(load_cluster(None).value, load_recipe(tmp_path / "r.yaml"))
+    assert checked.examples("train") == 2 and checked.examples("eval") == 2
+
+
+def test_the_question_quality_fetch_converts_kaggle_s_csv(tmp_path: Path) -> None:
+    fetch = _fetch_module("so_quality")
+    rows = 'Id,Title,Body,Tags,CreationDate,Y\n1,"Why, oh why?","<p>a ""quoted""\nbody</p>",<python>,2016-01-01,HQ\n' \
+           '2,Closed,<p>x</p>,<c>,2016-01-02,LQ_CLOSE\n3,Edit me,<p>y</p>,<c>,2016-01-03,LQ_EDIT\n'
+    (tmp_path / "csv").mkdir()
+    for name in fetch.FILES:
+        (tmp_path / "csv" / name).write_text(rows)
+    assert fetch.main(["--csv", str(tmp_path / "csv"), "--out", str(tmp_path)]) == 0
+    import json
+
+    written = [json.loads(line) for line in (tmp_path / "valid.jsonl").read_text().splitlines()]
+    assert written[0] == {"Title": "Why, oh why?", "Body": '<p>a "quoted"\nbody</p>', "label": "high"}
+    assert [row["label"] for row in written] == ["high", "none", "low"]
+    recipe = (recipes_dir() / "question_quality_t5_base_keras.yaml").read_text().replace("data/so_quality/", f"{tmp_path}/")
+    (tmp_path / "r.yaml").write_text(recipe)
+    assert load_recipe(tmp_path / "r.yaml").value.data.train == tmp_path / "train.jsonl"
 
 
 def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -38,7 +122,9 @@ def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def
     again = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
     assert again.code == 2 and "--overwrite" in again.err
     unknown = cli("recipes", "show", "quikstart")
-    assert unknown.code == 2 and "shipped recipes: " in unknown.err and " quickstart," in unknown.err
+    assert unknown.code == 2 and "quickstart" in unknown.err
+    mine = cli("recipes", "show", str(tmp_path / "mine.yaml"))  # a file, as show --summary and every verb take
+    assert mine.code == 0 and mine.out == (tmp_path / "mine.yaml").read_text()
 
 
 def test_recipe_by_name(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
@@ -68,6 +154,12 @@ def test_the_cpu_rehearsal_line_in_the_header_validates(path: Path) -> None:
     from tpuft.backends import get_backend
     from tpuft.config import ClusterConfig
 
-    recipe = load_recipe(path, _rehearsal_settings(path), check_files=path.stem not in USER_DATA).value
+    from tpuft.ops.preflight import preflight
+
+    loaded = load_recipe(path, _rehearsal_settings(path))  # its data is here: shipped, or the rehearsal points at some
+    recipe = loaded.value
     assert recipe.model.name_or_path is None  # nothing to download
-    assert get_backend(recipe.backend.kind).check(recipe, ClusterConfig(local={"workers": 2}).shape()) == []
+    cluster = ClusterConfig(local={"workers": 2})
+    assert get_backend(recipe.backend.kind).check(recipe, cluster.shape()) == []
+    checked = preflight(cluster, loaded)  # the data read through as the workers will
+    assert all(check.examples > 0 for check in checked.files.values())

@@ -34,7 +34,7 @@ def recipes_ls(json_out: JsonOpt = False) -> None:
 
 @recipe_command("show")
 def recipes_show(
-    name: Annotated[str, typer.Argument(help="A shipped recipe's name; with --summary also a recipe file.", metavar="RECIPE")],
+    name: Annotated[str, typer.Argument(help="A recipe file, or the name of a shipped recipe.", metavar="RECIPE")],
     summary: Annotated[
         bool, typer.Option("--summary", help="The model's parameters per module and the memory per chip instead.")
     ] = False,
@@ -54,9 +54,9 @@ def recipes_show(
                                           ("--accelerator", accelerator)) if value]
         if given:
             raise UsageError(f"{', '.join(given)} only go with --summary", hint=f"tpuft recipes show --summary {name}")
-        from tpuft.ops.recipes import find
+        from tpuft.ops.recipes import recipe_file
 
-        print(find(name).read_text(encoding="utf-8"), end="")
+        print(recipe_file(name).read_text(encoding="utf-8"), end="")
         return
     from tpuft.ops.recipes import summary as summarize
 
@@ -115,10 +115,30 @@ def recipes_cp(
 
 
 @recipe_command("validate")
-def recipes_validate(recipe: RecipeArg, overrides: SetOpt = None, config: ConfigOpt = None) -> None:
-    loaded = load_recipe_file(recipe, overrides)
+def recipes_validate(
+    recipe: RecipeArg,
+    overrides: SetOpt = None,
+    config: ConfigOpt = None,
+    no_data_check: Annotated[
+        bool, typer.Option("--no-data-check", help="Check the recipe and the cluster, not whether its data is here.")
+    ] = False,
+) -> None:
+    """Exit 0: valid and its data read through; 2: a problem in the recipe or the cluster file; 3: valid, but
+    data files it names are not on this machine (one line each, with the command that fetches it)."""
+    from tpuft.config import load_recipe
+    from tpuft.ops.preflight import check_against_cluster
+    from tpuft.ops.recipes import check_data_present
+
+    schema = load_recipe(recipe, overrides or [], check_files=False)
     cfg = load_cluster_file(config)
     console = out_console()
+    if no_data_check:
+        check_against_cluster(schema, cfg.shape())
+        console.print(f"[green]{schema.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
+                      "data not checked (--no-data-check)")
+        return
+    check_data_present(schema)
+    loaded = load_recipe_file(recipe, overrides)
     checked = preflight_with_status(cfg, loaded, console)
     counts = ", ".join(f"{check.examples:,} {key}" + (f" ({check.dropped:,} dropped by data.preprocess)" if check.dropped else "")
                        for key, check in checked.files.items())

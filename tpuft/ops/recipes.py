@@ -8,11 +8,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpuft.config import load_recipe
-from tpuft.errors import ConfigError, UsageError
+from tpuft.data_fetch import fetch_command
+from tpuft.errors import ConfigError, TpuftError, UsageError
 from tpuft.paths import recipes_dir, shipped_recipe
 
 if TYPE_CHECKING:
+    from tpuft.config import Loaded, RecipeConfig
     from tpuft.model_summary import Summary
+
+DATA_MISSING_EXIT = 3
+"""``recipes validate``'s exit code when the recipe is valid but data files it names are not on this machine."""
+
+
+class DataMissing(TpuftError):
+    """The recipe's keys are fine; its data is not here yet (one line per file, with the command that fetches it)."""
+
+    exit_code = DATA_MISSING_EXIT
 
 
 @dataclass
@@ -39,6 +50,40 @@ def list_recipes() -> list[RecipeInfo]:
         loaded = load_recipe(path, check_files=False)
         found.append(RecipeInfo(path.stem, path, loaded.value.backend.kind, _summary(path)))
     return found
+
+
+def missing_data(loaded: Loaded[RecipeConfig]) -> list[str]:
+    """One line per local data file the recipe names that is not on this machine (``file:line: data.train:
+    missing PATH; fetch it: COMMAND`` where the file's folder ships a fetch.py). ``loaded`` is loaded without the
+    file check, so that the schema and the data are told apart."""
+    data = loaded.value.data
+    named = [(("data", key), getattr(data, key)) for key in ("train", "eval")]
+    named += [(("data", "corpus"), Path(text)) for text in data.corpus if not text.startswith("gs://")]
+    lines = []
+    for key, path in named:
+        if path is None or path.exists():
+            continue
+        command = fetch_command(path)
+        how = f"; fetch it: {command}" if command else "; the recipe's header says where it comes from"
+        lines.append(loaded.problem(key, f"missing {path}{how}"))
+    return lines
+
+
+def check_data_present(loaded: Loaded[RecipeConfig]) -> None:
+    """:class:`DataMissing` (exit 3) when :func:`missing_data` finds any."""
+    lines = missing_data(loaded)
+    if lines:
+        raise DataMissing(f"{loaded.source}: the recipe is valid, but {len(lines)} data file(s) are not here:\n"
+                          + "\n".join(f"  {line}" for line in lines),
+                          hint="Fetch them (the command above), or check the rest: tpuft recipes validate --no-data-check")
+
+
+def recipe_file(name: str) -> Path:
+    """What ``recipes show`` prints: a recipe file (a path, as every verb takes) or a shipped recipe's."""
+    from tpuft.config.loader import resolve_recipe_path
+
+    path = resolve_recipe_path(Path(name))
+    return path if path.is_file() else find(name)
 
 
 def find(name: str) -> Path:
