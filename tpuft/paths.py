@@ -14,7 +14,8 @@ def tpuft_home() -> Path:
 
 def venv_cache() -> Path:
     """Backend venvs are multi-GB and keyed by a requirements hash, so they are shared machine-wide, outside any
-    repo and outside ``TPUFT_HOME`` (a test's throw-away home must not rebuild them)."""
+    repo and outside ``TPUFT_HOME`` (a test's throw-away home must not rebuild them): ``$TPUFT_VENV_CACHE`` moves
+    them, else the XDG cache folder (docs/how-it-works.md, "Where things live on this machine")."""
     explicit = os.environ.get("TPUFT_VENV_CACHE")
     if explicit:
         return Path(explicit).expanduser()

@@ -124,3 +124,19 @@ def test_version_and_completion(cli, env: dict[str, str]) -> None:  # type: igno
     assert answer.stdout.split() == ["validate"]
     fast_help = subprocess.run([sys.executable, "-m", "tpuft", "--help"], capture_output=True, text=True, env=env).stdout
     assert "-V, --version" in fast_help and "--install-completion" in fast_help
+
+
+def test_the_venv_cache_moves_with_its_own_variable(cli, cluster_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """TPUFT_VENV_CACHE moves it, XDG_CACHE_HOME too; TPUFT_HOME (a throw-away home) does not: the venvs are shared
+    (docs/how-it-works.md, 'Where things live on this machine')."""
+    assert cli("create", "-c", str(cluster_file)).code == 0
+
+    def shown() -> str:
+        return json.loads(cli("status", "-c", str(cluster_file), "--json").out)["details"]["venv_cache"]
+
+    monkeypatch.delenv("TPUFT_VENV_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert shown() == str((tmp_path / "xdg" / "tpuft" / "venvs").resolve())
+    monkeypatch.setenv("TPUFT_VENV_CACHE", str(tmp_path / "venvs"))
+    assert shown() == str((tmp_path / "venvs").resolve())
+    assert not shown().startswith(os.environ["TPUFT_HOME"])
