@@ -88,6 +88,7 @@ def parse(command: Command) -> tuple[object, dict[str, object]]:
     node = get_command(app)
     path = ["tpuft"]
     while True:
+        _disarm(node)
         context = _context(node, path, words, command)
         rest = [*getattr(context, "_protected_args", []), *context.args]
         subcommands = getattr(node, "commands", None)
@@ -98,6 +99,15 @@ def parse(command: Command) -> tuple[object, dict[str, object]]:
             return node, {}  # `recipes ls/show/cp/validate`: a table's shorthand for several verbs
         assert name in subcommands, f"{command}: {' '.join(path)} has no command {name!r}"
         node, path = subcommands[name], [*path, name]
+
+
+def _disarm(node) -> None:  # type: ignore[no-untyped-def]
+    """Parse without acting: no option callback runs (``--install-completion`` would edit the shell's rc file,
+    ``--help`` and ``--version`` would print)."""
+    import typer
+
+    for param in node.get_params(typer.Context(node)):
+        param.callback = None
 
 
 def _context(node, path: list[str], words: list[str], command: Command):  # type: ignore[no-untyped-def]

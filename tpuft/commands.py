@@ -32,7 +32,9 @@ VERBS: tuple[Verb, ...] = (
     Verb("status", "Cluster", "Show the cluster's state and its workers.", "tpuft status --json"),
     Verb("delete", "Cluster", "Delete the cluster's workers. Runs in the bucket are kept.", "tpuft delete --yes"),
     Verb("exec", "Cluster", "Run a command on every worker (or some) in parallel, with prefixed output.",
-         "tpuft exec -- 'hostname; nproc'"),
+         "tpuft exec -- 'hostname; nproc'",
+         "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS. When one fails the others are stopped, and tpuft "
+         "exits with its exit code, as ssh would (the first to fail gives it)."),
     Verb("ssh", "Cluster", "Open an interactive shell on one worker (SSH on GCP; the worker's folder locally).",
          "tpuft ssh --worker 1"),
     Verb("setup", "Training",
