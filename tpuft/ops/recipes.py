@@ -75,7 +75,8 @@ def check_data_present(loaded: Loaded[RecipeConfig]) -> None:
     if lines:
         raise DataMissing(f"{loaded.source}: the recipe is valid, but {len(lines)} data file(s) are not here:\n"
                           + "\n".join(f"  {line}" for line in lines),
-                          hint="Fetch them (the command above), or check the rest: tpuft recipes validate --no-data-check")
+                          hint="Fetch them with the command shown, or check the rest without the data: "
+                          "tpuft recipes validate RECIPE --no-data-check")
 
 
 def recipe_file(name: str) -> Path:
