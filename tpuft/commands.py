@@ -86,7 +86,7 @@ VERBS: tuple[Verb, ...] = (
 
 RECIPE_VERBS: tuple[Verb, ...] = (
     Verb("ls", "Recipes", "List the shipped recipes.", "tpuft recipes ls"),
-    Verb("show", "Recipes", "Print a shipped recipe; --summary: its model's parameters and the memory per chip.",
+    Verb("show", "Recipes", "Print a recipe (a file or a shipped name); --summary: its model's parameters and the memory per chip.",
          "tpuft recipes show --summary my_recipe.yaml --accelerator v4-64",
          "--summary works offline: parameters per module (total and trainable, after model.freeze and prompt "
          "tuning), then weights, gradients, optimizer state and an activation estimate per chip for the recipe's "
@@ -97,7 +97,8 @@ RECIPE_VERBS: tuple[Verb, ...] = (
          "Check a recipe (and the cluster file) without running anything; exit 2 with every problem listed.",
          "tpuft recipes validate my_recipe.yaml --set train.steps=10",
          "Reads the recipe's data files through (every line, as the workers will) and checks the batch against the "
-         "cluster's workers; creates and runs nothing."),
+         "cluster's workers; creates and runs nothing. Exit 3: the recipe is valid but data files it names are not "
+         "here (one line each, with the command that fetches it); --no-data-check skips the data."),
 )  # fmt: skip
 
 PANELS = ("Cluster", "Training", "Results", "Recipes")
