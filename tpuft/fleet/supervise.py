@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
+from tpuft.waiting import waiting
 
 TAIL_LINES = 30
 POLL_SECONDS = 0.05
+STOP_BOUND_S = 10.0
+"""How long stopping the workers' commands may take: the fleets' 5 s SIGTERM grace, then SIGKILL and its answer."""
 
 
 class Handle(Protocol):
@@ -95,7 +98,9 @@ def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_
 
 
 def _stop_all(handles: list[Handle]) -> None:
-    with _interrupts_ignored():
+    running = [str(h.index) for h in handles if h.poll() is None]
+    what = f"the command on worker(s) {', '.join(running)} to end (SIGTERM now, SIGKILL after a 5 s grace)"
+    with _interrupts_ignored(), waiting(what, STOP_BOUND_S):
         for handle in handles:
             handle.stop()
         for handle in handles:
