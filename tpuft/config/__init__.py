@@ -36,6 +36,7 @@ from tpuft.config.loader import (
     load_recipe,
     parse_overrides,
     recipe_from_text,
+    recipe_suggestion,
     resolve_recipe_path,
 )
 from tpuft.config.recipe import (
@@ -86,5 +87,6 @@ __all__ = [
     "parse_duration",
     "parse_overrides",
     "recipe_from_text",
+    "recipe_suggestion",
     "resolve_recipe_path",
 ]

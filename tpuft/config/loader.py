@@ -20,7 +20,7 @@ from tpuft import safe_yaml
 from tpuft.config.cluster import ClusterConfig
 from tpuft.config.recipe import RecipeConfig
 from tpuft.config_types import KeyPath, StrictModel
-from tpuft.errors import ConfigError
+from tpuft.errors import ConfigError, UsageError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -475,13 +475,45 @@ def load_recipe(path: Path, overrides: list[str] | None = None, *, check_files: 
 
 
 def resolve_recipe_path(path: Path) -> Path:
-    """A recipe is a file path, or the name of a shipped recipe (``quickstart`` -> recipes/quickstart.yaml)."""
+    """What a verb's RECIPE names: a file path as given; else ``./NAME.yaml`` (or ``.yml``) in the current folder,
+    which wins over a shipped recipe of the same name, as a path would; else a shipped recipe's name
+    (``quickstart`` -> recipes/quickstart.yaml). Anything else is a :class:`UsageError` (exit 2) that suggests the
+    closest shipped or local name."""
     if os.path.lexists(path):
         return path
+    text = str(path)
+    bare = "/" not in text and os.sep not in text and text not in ("", ".", "..")
+    if bare and not text.endswith((".yaml", ".yml")):
+        for suffix in (".yaml", ".yml"):
+            local = Path(text + suffix)
+            if local.is_file():
+                return local
     from tpuft.paths import shipped_recipe
 
-    shipped = shipped_recipe(str(path))
-    return shipped if shipped is not None else path
+    shipped = shipped_recipe(text) if bare else None
+    if shipped is not None:
+        return shipped
+    raise UsageError(f"{text}: recipe not found{recipe_suggestion(path, bare)}", hint="List the shipped recipes: tpuft recipes ls")
+
+
+def recipe_suggestion(path: Path, bare: bool) -> str:
+    """``; did you mean 'quickstart'?`` over the shipped recipes and the recipes in the current folder (or, for a
+    path, the YAML files in its folder)."""
+    from tpuft.paths import recipes_dir
+
+    folder = Path(".") if bare else path.parent
+    try:
+        local = [p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()] if folder.is_dir() else []
+    except OSError:
+        local = []
+    names = {p.stem: p.stem if bare else str(p) for p in local[:1000]}
+    if bare:
+        names.update({p.stem: p.stem for p in recipes_dir().glob("*.yaml")})
+    stem = path.name.rsplit(".", 1)[0] if path.suffix in (".yaml", ".yml") else path.name
+    close = difflib.get_close_matches(stem, sorted(names), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {names[close[0]]!r}?"
+    return " (not a file, ./NAME.yaml or a shipped recipe)" if bare else ""
 
 
 def dump_recipe(recipe: RecipeConfig) -> str:
