@@ -131,8 +131,7 @@ class HostKeyPins:
         is shown on stderr after a moment: up to five minutes of silence reads as a hang."""
         found: dict[int, list[str]] = {}
         span = f"{workers[0].index}-{workers[-1].index}" if len(workers) > 1 else f"{workers[0].index}" if workers else "-"
-        what = (f"the SSH host keys of TPU node {node_id} worker(s) {span} (each VM's guest agent publishes them "
-                "as guest attributes once it has booted)")
+        what = f"the SSH host keys of TPU node {node_id} worker(s) {span} (each VM's guest agent publishes them at boot)"
         with waiting(what, tuning.HOSTKEY_WAIT_S) as wait:
             while True:
                 missing = [i for i in range(count) if i not in found]
