@@ -33,14 +33,24 @@ def env() -> dict[str, str]:
     return {**os.environ, "COLUMNS": "120"}
 
 
-def test_a_closed_pipe_ends_every_entry_point_quietly(env: dict[str, str], cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_closed_pipe_ends_every_entry_point_quietly(env: dict[str, str], cli, cluster_file: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tpuft import rundir
+
     assert cli("create", "-c", str(cluster_file)).code == 0
+    with_run = tmp_path / "with-run.yaml"  # a finished run with a long log, for `runs` and `logs`
+    with_run.write_text(f"name: pipes\nbucket: {tmp_path / 'bucket'}\nlocal:\n  workers: 2\n")
+    run = tmp_path / "bucket" / "runs" / "x-1"
+    rundir.log_path(run, 0).parent.mkdir(parents=True)
+    rundir.log_path(run, 0).write_text("".join(f"line {i}\n" for i in range(20000)))
+    (run / rundir.RUN_INFO).write_text(json.dumps({"run_id": "x-1", "status": "finished"}))
     launcher = [sys.executable, "-m", "tpuft"]
     typer_app = [sys.executable, "-c", TYPER_ENTRY]
     cases = [launcher + ["--help"]] * 8 + [launcher + ["-V"]] * 4 + [
         typer_app + ["train", "--help"],
         typer_app + ["recipes", "ls"],
         typer_app + ["status", "-c", str(cluster_file), "--json"],
+        launcher + ["runs", "-c", str(with_run)],
+        launcher + ["logs", "x-1", "-c", str(with_run)],
         launcher + ["exec", "-c", str(cluster_file), "--", "seq 1 20000"],  # the fast path's reader threads
         typer_app + ["exec", "-c", str(cluster_file), "--", "seq 1 20000"],  # Rich's console in reader threads
     ]
