@@ -135,8 +135,10 @@ def recipe_of(command: Command, params: dict[str, object]) -> Path | None:
     if named is None or is_placeholder(str(named)):
         return None
     name = str(named)
-    if name in command.created:
-        name = command.created[name]
+    for copied in (name, f"{name}.yaml"):  # `recipes validate mine` finds ./mine.yaml by its stem
+        if copied in command.created:
+            name = command.created[copied]
+            break
     found = shipped_recipe(name) or next((p for p in (REPO / name, REPO / "recipes" / name) if p.is_file()), None)
     assert found is not None, f"{command}: no shipped recipe {name!r} (see: tpuft recipes ls)"
     return found
