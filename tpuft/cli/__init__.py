@@ -79,7 +79,7 @@ def _run(json_errors: bool) -> int:
             return report(exc.message, exc.hint, exc.exit_code, getattr(exc, "problems", None))
         if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
             return report("interrupted: every worker process was stopped", None, 130, bare=True)  # Abort: click's Ctrl-C
-        return report("aborted", None, 1)
+        return report("aborted", None, 1, bare=True)
     except typer.Exit as exc:
         return exc.exit_code
     except BrokenPipeError:
