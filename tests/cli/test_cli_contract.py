@@ -45,7 +45,7 @@ def test_a_closed_pipe_ends_every_entry_point_quietly(env: dict[str, str], cli, 
     (run / rundir.RUN_INFO).write_text(json.dumps({"run_id": "x-1", "status": "finished"}))
     launcher = [sys.executable, "-m", "tpuft"]
     typer_app = [sys.executable, "-c", TYPER_ENTRY]
-    cases = [launcher + ["--help"]] * 8 + [launcher + ["-V"]] * 4 + [
+    cases = [launcher + ["--help"]] * 6 + [launcher + ["-V"]] * 2 + [
         typer_app + ["train", "--help"],
         typer_app + ["recipes", "ls"],
         typer_app + ["status", "-c", str(cluster_file), "--json"],
@@ -150,3 +150,32 @@ def test_the_venv_cache_moves_with_its_own_variable(cli, cluster_file: Path, tmp
     monkeypatch.setenv("TPUFT_VENV_CACHE", str(tmp_path / "venvs"))
     assert shown() == str((tmp_path / "venvs").resolve())
     assert not shown().startswith(os.environ["TPUFT_HOME"])
+
+
+def test_a_network_error_of_a_json_verb_is_json(tmp_path: Path, env: dict[str, str]) -> None:
+    """Credentials whose token endpoint and the TPU API are closed ports of this machine: the one located error,
+    as JSON on stdout, exit code 1 (the input was fine)."""
+    import socket
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    with socket.socket() as probe:  # a port nothing listens on: bound, then released
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    account = {"type": "service_account", "project_id": "tpuft-test", "private_key_id": "k1", "private_key": pem.decode(),
+               "client_email": "t@tpuft-test.iam.gserviceaccount.com", "client_id": "1", "token_uri": f"http://127.0.0.1:{port}/token"}
+    (tmp_path / "adc.json").write_text(json.dumps(account))
+    (tmp_path / "tpuft.yaml").write_text(
+        "name: t5-v4\nprovider: gcp\naccelerator: v4-8\ngcp:\n  project: tpuft-test\n  zone: us-central2-b\n  timeout: 1s\n"
+        f"  tpu_api_endpoint: https://127.0.0.1:{port}\n"
+    )
+    quiet = {k: v for k, v in env.items() if not k.upper().endswith("_PROXY") and k not in ("STORAGE_EMULATOR_HOST", "API_ENDPOINT_OVERRIDE")}
+    quiet.update(GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "adc.json"), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), NO_PROXY="*")
+    done = subprocess.run([sys.executable, "-m", "tpuft", "status", "--json", "-c", str(tmp_path / "tpuft.yaml")],
+                          env=quiet, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    payload = json.loads(done.stdout)
+    assert done.returncode == payload["exit_code"] == 1 and done.stderr == "", done
+    assert f"127.0.0.1:{port}" in payload["error"] and payload["hint"], payload
