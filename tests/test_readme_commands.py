@@ -52,19 +52,22 @@ def commands_on(page: Path) -> Iterator[Command]:
             line = line.strip()
             if prompted and not line.startswith("$ "):
                 continue  # a transcript's output
-            for part in re.split(r"&&|;|\|\|?", line.removeprefix("$ ")):
-                part = part.strip()
-                if part.startswith(("tpuft ", ".venv/bin/tpuft ")) or part in ("tpuft", ".venv/bin/tpuft"):
-                    found.append((first + offset, part))
+            found += [(first + offset, part) for part in tpuft_parts(line.removeprefix("$ "))]
     prose = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     for match in _INLINE.finditer(prose):
-        found.append((prose.count("\n", 0, match.start()) + 1, match.group(1)))
+        found += [(prose.count("\n", 0, match.start()) + 1, part) for part in tpuft_parts(match.group(1))]
     created: dict[str, str] = {}
     for line, command in sorted(found):
         yield Command(page, line, command, dict(created))
         words = command.split()
         if words[1:3] == ["recipes", "cp"] and len(words) >= 5:
             created[words[4]] = words[3]
+
+
+def tpuft_parts(line: str) -> list[str]:
+    """The tpuft commands of a shell line (``a && tpuft x | head``: ``tpuft x``)."""
+    parts = (part.strip() for part in re.split(r"&&|;|\|\|?", line))
+    return [p for p in parts if p.startswith(("tpuft ", ".venv/bin/tpuft ")) or p in ("tpuft", ".venv/bin/tpuft")]
 
 
 ALL = [c for page in PAGES for c in commands_on(page)]
