@@ -139,7 +139,7 @@ def _too_big(raw: bytes, what: str, size: int) -> YamlProblem:
     """Located where the file passes the limit, with the key being written there: a value of megabytes (a pasted
     data set, a runaway template) is the usual cause, and the user needs to know which one."""
     line = raw.count(b"\n", 0, MAX_BYTES) + 1
-    text = raw[:MAX_BYTES].decode("utf-8", "replace")
+    text = raw.decode("utf-8", "replace")  # up to and including the byte past the limit: its line is in it
     return YamlProblem(
         f"{what} is {size:,} bytes, over the limit of {MAX_BYTES:,}, and passes it here: a value this long belongs "
         "in a data file", line, key_path_at(text, line),

@@ -71,7 +71,7 @@ def _read_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int], set[Key
 def _nothing_in(text: str, source: str, what: str) -> ConfigError:
     """An empty file, or one of only comments, is one problem, not every required key missing without a line."""
     words = "only comments" if any(line.strip().startswith("#") for line in text.splitlines()) else ""
-    body = [line for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    body = [line for line in text.splitlines() if line.strip() not in ("", "---", "...") and not line.strip().startswith("#")]
     if body:  # `---`, `~` or `null`: a document with no keys
         message = f"the {what} has no keys (just {body[0].strip()!r}): give a mapping of keys"
     elif words:
@@ -278,8 +278,12 @@ def _describe_error(model: type[BaseModel], err: dict[str, Any], words: set[KeyP
             msg += f"; did you mean {close[0]!r}?"
     if kind in {"bool_type", "bool_parsing"} and path in words:
         return path, f"expected true or false, got the text {got!r}: tpuft reads YAML 1.2, where only true and false are booleans"
+    info = owner.model_fields.get(last) if owner is not None and isinstance(last, str) else None
     if got is None and kind not in {"value_error", "assertion_error"}:
-        return path, f"{msg}, not null (leave the key out for its default)"
+        optional = info is not None and not info.is_required()
+        return path, f"{msg}, not null" + (" (leave the key out for its default)" if optional else "")
+    if info is not None and info.discriminator is not None and isinstance(got, str) and got in _union_tags(owner, last):
+        return path, f"{msg}: write {last}: {{{info.discriminator}: {got}}} (got {_shown(got)})"
     if kind in _COMPARISONS:
         msg += f", got {_shown(got)}"
     elif not isinstance(got, (dict, list)) and kind not in {"value_error", "assertion_error"}:
