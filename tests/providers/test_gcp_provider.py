@@ -143,7 +143,7 @@ def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(cli, tmp_path:
         assert cli("exec", "-c", str(cluster), "--worker", "1", "--", "true").code == 0
         assert len(fake_tpu.calls("UpdateNode")) == 1  # the key is there now: no second update
         failing = cli("exec", "-c", str(cluster), "--", 'if [ "$TPUFT_WORKER_ID" = 1 ]; then echo broken; exit 3; fi; sleep 30')
-        assert failing.code == 1 and "failed on worker 1 (exit code 3)" in failing.err and "broken" in failing.err
+        assert failing.code == 3 and "failed on worker 1 (exit code 3)" in failing.err and "broken" in failing.err
 
 
 def test_bucket_in_another_region_is_warned_about(cli, tmp_path: Path, fake_tpu: FakeTpuServer, gcs: GcsEmulator) -> None:  # type: ignore[no-untyped-def]

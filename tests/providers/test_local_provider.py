@@ -59,7 +59,7 @@ def test_exec_on_chosen_workers(cli, cluster_file: Path) -> None:  # type: ignor
     bad = cli("exec", "-c", str(cluster_file), "--worker", "5", "--", "true")
     assert bad.code == 2 and "no worker 5" in bad.err
     failing = cli("exec", "-c", str(cluster_file), "--", "echo oops; exit 4")
-    assert failing.code == 1 and "failed on worker" in failing.err and "oops" in failing.err
+    assert failing.code == 4 and "failed on worker" in failing.err and "oops" in failing.err
 
 
 def test_train_without_cluster_says_what_to_do(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
