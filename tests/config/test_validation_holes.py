@@ -63,7 +63,7 @@ def write(folder: Path, text: str, name: str = "r.yaml") -> Path:
 def test_a_null_in_model_config_is_refused_at_its_key(recipe_dir: Path, key: str, null: str) -> None:
     text = MINIMAL_RECIPE.replace("  config: {d_model: 8}", f"  config:\n    num_heads: 2\n    {key}: {null}")
     path = write(recipe_dir, text)
-    assert f"{path}:7: model.config.{key}: is null: give a value" in refused(path)
+    assert f"{path}:7: model.config.{key}: is null: leave the key out" in refused(path)
 
 
 @pytest.mark.parametrize("version", ["latest", "2.9.x", "2.9.0-beta", ">=2.9", "2.9.*", "v2.9.0", "2.9.0 ", "1!2.0", ""])
@@ -82,6 +82,8 @@ def test_a_pep440_version_is_accepted(recipe_dir: Path, version: str) -> None:
 def test_yaml11_words_where_a_boolean_goes_are_refused_with_the_hint(recipe_dir: Path, word: str) -> None:
     path = write(recipe_dir, MINIMAL_RECIPE + f"export:\n  hf: {word}\n")
     assert f"{path}:12: export.hf: expected true or false, got the text {word!r}: tpuft reads YAML 1.2" in refused(path)
+    path.write_text(MINIMAL_RECIPE)
+    assert f"--set export.hf={word}: export.hf: expected true or false, got the text {word!r}" in refused(path, [f"export.hf={word}"])
 
 
 @pytest.mark.parametrize(("recipe", "old", "line", "key"), [

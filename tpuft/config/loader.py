@@ -418,9 +418,11 @@ def _load(
         raise _nothing_in(text, source, what)
     if not isinstance(data, dict):
         raise ConfigError([f"{source}:1: expected a mapping of keys at the top level"], source=source)
-    data, where = _apply_overrides(data, parse_overrides(overrides))
+    parsed = parse_overrides(overrides)
+    data, where = _apply_overrides(data, parsed)
     context = {"base_dir": base_dir, "check_files": check_files}
     words = {w for w in words if not any(w[:depth] in where for depth in range(1, len(w) + 1))}
+    words |= {path for path, _, text in parsed if safe_yaml.YAML11_WORDS.match(text.partition("=")[2].strip())}
     value = _validate(model, data, source, lines, where, context, words)
     return Loaded(value=value, source=source, lines=lines, overrides=where, raw=data)
 

@@ -89,8 +89,8 @@ class ModelConfig(StrictModel):
         if self.config is None:
             return []
         return [
-            (("config", key), f"is null: give a value ({str(type(self.config).model_fields[key].description).rstrip('.')}) or leave "
-             "the key out for transformers' default")
+            (("config", key), "is null: leave the key out for transformers' default, or give a value: "
+             f"{type(self.config).model_fields[key].description}")
             for key in sorted(self.config.model_fields_set)
             if getattr(self.config, key) is None
         ]
