@@ -7,6 +7,7 @@ as a :class:`~tpuft.errors.ConfigError` (exit code 2), before anything runs.
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
 import re
 from dataclasses import dataclass, field
@@ -70,11 +71,11 @@ def _read_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int], set[Key
 
 def _nothing_in(text: str, source: str, what: str) -> ConfigError:
     """An empty file, or one of only comments, is one problem, not every required key missing without a line."""
-    words = "only comments" if any(line.strip().startswith("#") for line in text.splitlines()) else ""
+    comments = any(line.strip().startswith("#") for line in text.splitlines())
     body = [line for line in text.splitlines() if line.strip() not in ("", "---", "...") and not line.strip().startswith("#")]
     if body:  # `---`, `~` or `null`: a document with no keys
         message = f"the {what} has no keys (just {body[0].strip()!r}): give a mapping of keys"
-    elif words:
+    elif comments:
         message = f"the {what} has only comments: no key is set"
     else:
         message = f"the {what} is empty"
@@ -499,20 +500,23 @@ def resolve_recipe_path(path: Path) -> Path:
     shipped = shipped_recipe(text) if bare else None
     if shipped is not None:
         return shipped
-    raise UsageError(f"{text}: recipe not found{recipe_suggestion(path, bare)}", hint="List the shipped recipes: tpuft recipes ls")
+    raise UsageError(f"{text}: recipe not found{recipe_suggestion(text)}", hint="List the shipped recipes: tpuft recipes ls")
 
 
-def recipe_suggestion(path: Path, bare: bool) -> str:
-    """``; did you mean 'quickstart'?`` over the shipped recipes and the recipes in the current folder (or, for a
-    path, the YAML files in its folder)."""
+def recipe_suggestion(name: str) -> str:
+    """``; did you mean 'quickstart'?`` for a RECIPE that names nothing, over the shipped recipes and the recipes in
+    the current folder (or, for a path, the YAML files in its folder); a sentence of where it looked when nothing is
+    close. For every verb that takes a recipe (``recipes cp`` too)."""
     from tpuft.paths import recipes_dir
 
+    path = Path(name)
+    bare = "/" not in name and os.sep not in name
     folder = Path(".") if bare else path.parent
     try:
-        local = [p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()] if folder.is_dir() else []
+        entries = list(itertools.islice(folder.iterdir(), 10_000)) if folder.is_dir() else []  # not all of a huge folder
     except OSError:
-        local = []
-    names = {p.stem: p.stem if bare else str(p) for p in local[:1000]}
+        entries = []
+    names = {p.stem: p.stem if bare else str(p) for p in entries if p.suffix in (".yaml", ".yml") and p.is_file()}
     if bare:
         names.update({p.stem: p.stem for p in recipes_dir().glob("*.yaml")})
     stem = path.name.rsplit(".", 1)[0] if path.suffix in (".yaml", ".yml") else path.name
