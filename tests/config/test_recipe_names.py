@@ -46,14 +46,15 @@ def test_a_missing_path_is_not_matched_against_shipped_names(tmp_path: Path) -> 
     assert info.value.message == f"{tmp_path / 'quickstart.yaml'}: recipe not found"
 
 
-@pytest.mark.parametrize("verb", [["up"], ["train"], ["setup"], ["recipes", "validate"], ["recipes", "show"]])
+@pytest.mark.parametrize("verb", [["up"], ["train"], ["setup"], ["recipes", "validate"], ["recipes", "show"], ["recipes", "cp"]])
 def test_every_verb_suggests_and_exits_2(recipe_dir: Path, monkeypatch: pytest.MonkeyPatch, cli, cluster_file: Path, verb: list[str]) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(recipe_dir)
-    config = [] if verb == ["recipes", "show"] else ["--config", str(cluster_file)]
-    result = cli(*verb, "quickstrat", *config)
+    rest = {"show": [], "cp": ["copy.yaml"]}.get(verb[-1], ["--config", str(cluster_file)])
+    result = cli(*verb, "quickstrat", *rest)
     assert result.code == 2, (result.code, result.err)
-    assert "quickstrat: recipe not found; did you mean 'quickstart'?" in result.err
-    assert "Traceback" not in result.err
+    expected = "unknown recipe 'quickstrat'; did you mean 'quickstart'?" if verb[-1] == "cp" else "quickstrat: recipe not found; did you mean 'quickstart'?"
+    assert expected in result.err and "Traceback" not in result.err
+    assert not (recipe_dir / "copy.yaml").exists()
 
 
 def test_recipes_validate_finds_mine_yaml_by_its_stem(recipe_dir: Path, monkeypatch: pytest.MonkeyPatch, cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]

@@ -503,17 +503,17 @@ def resolve_recipe_path(path: Path) -> Path:
     raise UsageError(f"{text}: recipe not found{recipe_suggestion(text)}", hint="List the shipped recipes: tpuft recipes ls")
 
 
-def recipe_suggestion(name: str) -> str:
-    """``; did you mean 'quickstart'?`` for a RECIPE that names nothing, over the shipped recipes and the recipes in
-    the current folder (or, for a path, the YAML files in its folder); a sentence of where it looked when nothing is
-    close. For every verb that takes a recipe (``recipes cp`` too)."""
+def recipe_suggestion(name: str, *, local: bool = True) -> str:
+    """``; did you mean 'quickstart'?`` for a RECIPE that names nothing, over the shipped recipes and (``local``)
+    the recipes in the current folder (or, for a path, the YAML files in its folder); a sentence of where it looked
+    when nothing is close. For every verb that takes a recipe (``recipes cp``, which copies shipped ones: not local)."""
     from tpuft.paths import recipes_dir
 
     path = Path(name)
     bare = "/" not in name and os.sep not in name
     folder = Path(".") if bare else path.parent
     try:
-        entries = list(itertools.islice(folder.iterdir(), 10_000)) if folder.is_dir() else []  # not all of a huge folder
+        entries = list(itertools.islice(folder.iterdir(), 10_000)) if local and folder.is_dir() else []  # not all of a huge one
     except OSError:
         entries = []
     names = {p.stem: p.stem if bare else str(p) for p in entries if p.suffix in (".yaml", ".yml") and p.is_file()}
@@ -523,7 +523,7 @@ def recipe_suggestion(name: str) -> str:
     close = difflib.get_close_matches(stem, sorted(names), n=1, cutoff=0.6)
     if close:
         return f"; did you mean {names[close[0]]!r}?"
-    return " (not a file, ./NAME.yaml or a shipped recipe)" if bare else ""
+    return " (not a file, ./NAME.yaml or a shipped recipe)" if bare and local else ""
 
 
 def dump_recipe(recipe: RecipeConfig) -> str:

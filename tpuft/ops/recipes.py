@@ -91,7 +91,10 @@ def find(name: str) -> Path:
     path = shipped_recipe(name)
     if path is None:
         known = ", ".join(r.stem for r in sorted(recipes_dir().glob("*.yaml")))
-        raise UsageError(f"unknown recipe {name!r}; shipped recipes: {known}", hint="List them: tpuft recipes ls")
+        from tpuft.config import recipe_suggestion
+
+        close = recipe_suggestion(name, local=False)
+        raise UsageError(f"unknown recipe {name!r}{close or ';'} shipped recipes: {known}", hint="List them: tpuft recipes ls")
     return path
 
 
