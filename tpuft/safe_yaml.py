@@ -105,6 +105,17 @@ class CoreDumper(yaml.SafeDumper):
     yaml_implicit_resolvers = CoreLoader.yaml_implicit_resolvers
 
 
+def _represent_text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    """``no``, ``on``, ``y``... quoted: they are text here, and tpuft refuses them unquoted where a boolean could go too,
+    so a resolved recipe must read back as written (the workers and ``resume`` load it again)."""
+    if YAML11_WORDS.match(value):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'")
+    return dumper.represent_str(value)
+
+
+CoreDumper.add_representer(str, _represent_text)
+
+
 def dump(data: Any) -> str:
     return yaml.dump(data, Dumper=CoreDumper, sort_keys=False, allow_unicode=True)
 

@@ -180,3 +180,14 @@ def test_a_batch_that_does_not_split_names_the_accelerator_line_too(recipe_dir: 
     assert f"(the workers: {cluster}:3: accelerator: v4-16 (2 workers))" in result.err
     result = cli("recipes", "validate", str(recipe), "--config", str(cluster), "--set", "train.batch_size=5")
     assert "--set train.batch_size=5: train.batch_size: 5 does not split" in result.err
+
+
+def test_a_quoted_yaml11_word_survives_the_resolved_recipe(recipe_dir: Path) -> None:
+    """The workers and ``resume`` load the resolved recipe again: a quoted ``'no'`` must not come back unquoted (and
+    ambiguous)."""
+    from tpuft.config import dump_recipe, recipe_from_text
+
+    path = write(recipe_dir, T5X_RECIPE.replace("network.T5Config.emb_dim: 128", "network.T5Config.name: 'no'"))
+    resolved = dump_recipe(load_recipe(path).value)
+    assert "'no'" in resolved
+    assert recipe_from_text(resolved, "run.yaml").backend.gin_overrides == {"network.T5Config.name": "no"}  # type: ignore[union-attr]
