@@ -29,8 +29,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 
 def load_cluster_file(config: Path | None) -> ClusterConfig:
     from tpuft.config import load_cluster
+    from tpuft.storage.network import CLOCK
 
-    return load_cluster(config).value
+    cluster = load_cluster(config).value
+    CLOCK.arm(cluster.gcp.timeout)  # every Google Cloud call of this command (a gs:// path too) shares one budget
+    return cluster
 
 
 def load_recipe_file(recipe: Path, overrides: list[str] | None) -> Loaded[RecipeConfig]:
