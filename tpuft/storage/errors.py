@@ -1,7 +1,9 @@
 """Google Cloud Storage failures as one line a user can act on: which call, which object, what to do.
 
 Every GCS call runs inside :func:`gcs_call`, which turns the client's exceptions (HTTP errors, auth errors,
-corrupted downloads, dropped connections) into :class:`~tpuft.errors.TpuftError` with a hint.
+corrupted downloads, dropped connections) into :class:`~tpuft.errors.TpuftError` with a hint. A network that does
+not answer (Storage or the token endpoint: refused, unresolvable, timed out, retries run out) is told apart by
+:mod:`tpuft.storage.network`, the classification the TPU API shares, and becomes its one line.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tpuft.errors import TpuftError
+from tpuft.storage.network import CLOCK, CloudUnreachable, is_network_error, unreachable
 
 
 LOGIN_HINT = "Run: gcloud auth application-default login (on a VM, check its service account and scopes)"
@@ -19,15 +22,23 @@ LOGIN_HINT = "Run: gcloud auth application-default login (on a VM, check its ser
 @contextmanager
 def gcs_call(call: str, target: str) -> Iterator[None]:
     """Turn what google-cloud-storage raises into a :class:`TpuftError` that names the object and the call."""
+    CLOCK.begin_call()
     try:
         yield
+    except CloudUnreachable as exc:  # the budget ran out inside the library: say which call it ended
+        raise unreachable(f"{call} {target}", exc, endpoint=STORAGE_ENDPOINT) from None
     except TpuftError:
         raise
     except Exception as exc:
         raise as_tpuft(exc, call, target) from exc
 
 
+STORAGE_ENDPOINT = "Cloud Storage"
+
+
 def as_tpuft(exc: BaseException, call: str, target: str) -> TpuftError:
+    if is_network_error(exc):
+        return unreachable(f"{call} {target}", exc, endpoint=STORAGE_ENDPOINT)
     bucket = "gs://" + target.removeprefix("gs://").split("/", 1)[0]
     for kind, explain in _EXPLAINERS:
         if kind(exc):

@@ -1,7 +1,8 @@
 """Run storage in ``gs://bucket[/prefix]`` through google-cloud-storage (and its transfer_manager for trees).
 
 google-cloud-storage is imported only when a ``gs://`` storage is first used: the CLI imports this package at
-start-up and most commands never touch GCS.
+start-up and most commands never touch GCS. Every call passes a retry that ends with the command's network budget
+(:func:`_retry`, :mod:`tpuft.storage.network`), and the client's sessions bound each request and token refresh.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpuft.errors import TpuftError, UsageError
 from tpuft.storage.base import TreeDownloads, Failures, MiB, Progress, RUNS, TreeTransfer, clean_relpath, join_relpath, run_order
 from tpuft.storage.transfer import Meter, PartialWriter, check_download, file_md5, finish_download, interruptible, partial_path, raise_failures, same_content, target_in, walk_files
 from tpuft.storage.errors import LOGIN_HINT, gcs_call
+from tpuft.storage.network import CLOCK, budget_session
 
 if TYPE_CHECKING:
     from google.cloud.storage import Blob, Bucket, Client
@@ -81,7 +83,9 @@ class GcsStorage(TreeDownloads):
         """Run ids, oldest first. GCS keeps no time on a "folder", so order by the time stamp inside the id."""
         folder = self._folder(RUNS)
         with gcs_call("list runs", f"gs://{self.bucket}/{folder}"):
-            pages = self._gcs().list_blobs(self.bucket, prefix=folder, delimiter="/", fields="prefixes,nextPageToken")
+            pages = self._gcs().list_blobs(
+                self.bucket, prefix=folder, delimiter="/", fields="prefixes,nextPageToken", retry=_retry()
+            )
             for _ in pages:  # prefixes are collected while the pages are read
                 pass
             ids = [p[len(folder) :].rstrip("/") for p in pages.prefixes]
@@ -94,21 +98,19 @@ class GcsStorage(TreeDownloads):
         existing bucket is in another region than asked, because every step would then read across regions."""
         target = f"gs://{self.bucket}"
         with gcs_call("get bucket", target):
-            bucket = self._gcs().lookup_bucket(self.bucket)
+            bucket = self._gcs().lookup_bucket(self.bucket, retry=_retry())
         if bucket is None:
             if self._create_bucket(location):
                 return True, None
             with gcs_call("get bucket", target):
-                bucket = self._gcs().get_bucket(self.bucket)
+                bucket = self._gcs().get_bucket(self.bucket, retry=_retry())
         return False, _region_warning(target, bucket.location, location)
 
     def write_text(self, relpath: str, text: str) -> None:
-        from google.cloud.storage.retry import DEFAULT_RETRY
-
         name = self._name(relpath)
         with gcs_call("upload", self._url_of(name)):
             blob = self._bucket().blob(name)
-            blob.upload_from_string(text.encode("utf-8"), content_type="text/plain; charset=utf-8", retry=DEFAULT_RETRY)
+            blob.upload_from_string(text.encode("utf-8"), content_type="text/plain; charset=utf-8", retry=_retry())
 
     def read_text(self, relpath: str) -> str | None:
         from google.api_core.exceptions import NotFound
@@ -116,7 +118,7 @@ class GcsStorage(TreeDownloads):
         name = self._name(relpath)
         with gcs_call("download", self._url_of(name)):
             try:
-                data: bytes = self._bucket().blob(name).download_as_bytes()
+                data: bytes = self._bucket().blob(name).download_as_bytes(retry=_retry())
             except NotFound:
                 return None
         return data.decode("utf-8")
@@ -128,11 +130,11 @@ class GcsStorage(TreeDownloads):
         name = self._name(relpath)
         with gcs_call("download", self._url_of(name)):
             for _ in range(5):  # rewritten between the two calls: read the newer one
-                blob = self._bucket().get_blob(name)
+                blob = self._bucket().get_blob(name, retry=_retry())
                 if blob is None:
                     return None, "0"
                 try:
-                    data: bytes = blob.download_as_bytes(if_generation_match=blob.generation)
+                    data: bytes = blob.download_as_bytes(if_generation_match=blob.generation, retry=_retry())
                 except (NotFound, PreconditionFailed):
                     continue
                 return data.decode("utf-8"), str(blob.generation)
@@ -141,7 +143,6 @@ class GcsStorage(TreeDownloads):
     def write_text_if(self, relpath: str, text: str, version: str) -> str | None:
         """An upload with ``ifGenerationMatch`` (0: only if there is no object), which GCS applies atomically."""
         from google.api_core.exceptions import PreconditionFailed
-        from google.cloud.storage.retry import DEFAULT_RETRY_IF_GENERATION_SPECIFIED
 
         name = self._name(relpath)
         with gcs_call("upload", self._url_of(name)):
@@ -149,7 +150,7 @@ class GcsStorage(TreeDownloads):
             try:
                 blob.upload_from_string(
                     text.encode("utf-8"), content_type="text/plain; charset=utf-8",
-                    if_generation_match=int(version), retry=DEFAULT_RETRY_IF_GENERATION_SPECIFIED,
+                    if_generation_match=int(version), retry=_retry(),  # the generation is given: safe to retry
                 )
             except PreconditionFailed:
                 return None
@@ -163,7 +164,7 @@ class GcsStorage(TreeDownloads):
         with gcs_call("download", self._url_of(name)):
             try:
                 blob = self._bucket().blob(name)
-                return blob.download_as_bytes(start=start) if start else blob.download_as_bytes()
+                return blob.download_as_bytes(start=start, retry=_retry()) if start else blob.download_as_bytes(retry=_retry())
             except NotFound:
                 return None
             except RequestRangeNotSatisfiable:  # nothing past the end yet
@@ -172,7 +173,7 @@ class GcsStorage(TreeDownloads):
     def exists(self, relpath: str) -> bool:
         name = self._name(relpath)
         with gcs_call("get object", self._url_of(name)):
-            return bool(self._bucket().blob(name).exists())
+            return bool(self._bucket().blob(name).exists(retry=_retry()))
 
     def list(self, prefix: str = "") -> list[str]:
         """Objects under the folder ``prefix``, recursively, as sorted paths relative to the storage root."""
@@ -190,21 +191,21 @@ class GcsStorage(TreeDownloads):
         objects are below them."""
         folder = self._folder(prefix)
         with gcs_call("list folders", f"gs://{self.bucket}/{folder}"):
-            pages = self._gcs().list_blobs(self.bucket, prefix=folder, delimiter="/", fields="prefixes,nextPageToken")
+            pages = self._gcs().list_blobs(
+                self.bucket, prefix=folder, delimiter="/", fields="prefixes,nextPageToken", retry=_retry()
+            )
             for _ in pages:  # prefixes are collected while the pages are read
                 pass
             return sorted(p[len(folder) :].rstrip("/") for p in pages.prefixes)
 
     def upload_file(self, local_path: Path | str, relpath: str) -> None:
         """Upload one file (GCS shows the object only once it is complete); big ones go in parallel slices."""
-        from google.cloud.storage.retry import DEFAULT_RETRY
-
         path, name = Path(local_path), self._name(relpath)
         with gcs_call("upload", self._url_of(name)):
             if path.stat().st_size >= self.sliced_threshold:
                 self._upload_sliced(path, name, workers=8)
             else:
-                self._bucket().blob(name).upload_from_filename(str(path), retry=DEFAULT_RETRY)
+                self._bucket().blob(name).upload_from_filename(str(path), retry=_retry())
 
     # ---- trees -------------------------------------------------------------------------------------------------
 
@@ -272,12 +273,11 @@ class GcsStorage(TreeDownloads):
         if not todo:
             return []
         from google.cloud.storage import transfer_manager
-        from google.cloud.storage.retry import DEFAULT_RETRY
 
         pairs = [(str(path), self._bucket().blob(name)) for path, name in todo]
         with gcs_call("upload", self._url_of(self._folder(""))):
             results = transfer_manager.upload_many(
-                pairs, upload_kwargs={"retry": DEFAULT_RETRY}, worker_type=transfer_manager.THREAD, max_workers=workers
+                pairs, upload_kwargs={"retry": _retry()}, worker_type=transfer_manager.THREAD, max_workers=workers
             )
         return [(self._url_of(name), r) for (_, name), r in zip(todo, results, strict=True) if _failed(r)]
 
@@ -291,6 +291,7 @@ class GcsStorage(TreeDownloads):
             chunk_size=max(self.slice_size, _XML_MIN_PART),
             worker_type=transfer_manager.THREAD,
             max_workers=workers,
+            retry=_retry(),
         )
 
     def _download_many(self, todo: Sequence[tuple[Blob, Path]], workers: int, meter: Meter | None = None) -> Failures:
@@ -309,7 +310,7 @@ class GcsStorage(TreeDownloads):
                 results = interruptible(
                     lambda: transfer_manager.download_many(
                         pairs,
-                        download_kwargs={"raw_download": True},
+                        download_kwargs={"raw_download": True, "retry": _retry()},
                         worker_type=transfer_manager.THREAD,
                         max_workers=workers,
                     ),
@@ -345,6 +346,7 @@ class GcsStorage(TreeDownloads):
                 worker_type=transfer_manager.THREAD,
                 max_workers=workers,
                 crc32c_checksum=blob.crc32c is not None,
+                download_kwargs={"retry": _retry()},
             )
             got_md5 = file_md5(partial) if blob.crc32c is None and blob.md5_hash else None
             check_download(url, blob, partial.stat().st_size, blob.crc32c, got_md5)
@@ -378,7 +380,7 @@ class GcsStorage(TreeDownloads):
         """Objects under a folder, keyed by their path inside it ("folder" placeholder objects left out)."""
         folder = self._folder(relprefix)
         with gcs_call("list objects", f"gs://{self.bucket}/{folder}"):
-            blobs = list(self._gcs().list_blobs(self.bucket, prefix=folder))
+            blobs = list(self._gcs().list_blobs(self.bucket, prefix=folder, retry=_retry()))
         return {blob.name[len(folder) :]: blob for blob in blobs if not blob.name.endswith("/")}
 
     def _bucket(self) -> Bucket:
@@ -406,7 +408,7 @@ class GcsStorage(TreeDownloads):
         bucket.iam_configuration.public_access_prevention = "enforced"
         with gcs_call(f"create bucket in {location or 'the default location'}", f"gs://{self.bucket}"):
             try:
-                client.create_bucket(bucket, location=location, project=project)
+                client.create_bucket(bucket, location=location, project=project, retry=_retry())
             except Conflict:
                 return False
         return True
@@ -429,7 +431,7 @@ def _make_client(bucket: str, project: str | None) -> Client:
 
         # google-cloud-storage itself sends every request (JSON, media and XML API) to the emulator's address.
         project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or EMULATOR_PROJECT
-        return _widen_pool(storage.Client(project=project, credentials=AnonymousCredentials()))
+        return _budgeted(storage.Client(project=project, credentials=AnonymousCredentials()))
 
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
@@ -441,17 +443,22 @@ def _make_client(bucket: str, project: str | None) -> Client:
     except DefaultCredentialsError as exc:
         raise TpuftError(f"gs://{bucket}: no Google Cloud credentials found ({exc})", hint=LOGIN_HINT) from None
     project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or default_project
-    return _widen_pool(storage.Client(project=project, credentials=credentials))
+    return _budgeted(storage.Client(project=project, credentials=credentials))
 
 
-def _widen_pool(client: Client) -> Client:
-    """Keep up to :data:`POOL_SIZE` connections per host instead of requests' 10: with more transfer workers than
-    that, each extra connection was closed after one request ("Connection pool is full, discarding connection") and
-    the next request paid a new TCP and TLS handshake. A mutual-TLS adapter, if one is configured, is left alone."""
-    from requests.adapters import HTTPAdapter
-
-    session = client._http
-    for scheme in ("https://", "http://"):
-        if type(session.adapters.get(scheme)) is HTTPAdapter:
-            session.mount(scheme, HTTPAdapter(pool_maxsize=POOL_SIZE))
+def _budgeted(client: Client) -> Client:
+    """The client's sessions (requests, and google-auth's token refreshes) under the network budget, keeping up to
+    :data:`POOL_SIZE` connections per host instead of requests' 10: with more transfer workers than that, each extra
+    connection was closed after one request ("Connection pool is full, discarding connection") and the next request
+    paid a new TCP and TLS handshake. A mutual-TLS adapter, if one is configured, is left alone."""
+    budget_session(client._http, "Cloud Storage", pool_maxsize=POOL_SIZE)
     return client
+
+
+def _retry() -> Any:
+    """Storage's default retry, ending where the command's network budget does (the library's own 120 s where no
+    budget is armed: on the workers)."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    deadline = CLOCK.retry_deadline()
+    return DEFAULT_RETRY if deadline is None else DEFAULT_RETRY.with_timeout(deadline)

@@ -1,7 +1,10 @@
 """One cluster's conversation with the Cloud TPU API: the client, its retries and errors, and the resource names.
 
-Every call goes through ``TpuApi.call``: transient errors (UNAVAILABLE, 429, 500) are retried with backoff, the
-others become one line naming the project, zone and call, with the likely fix. The client is built lazily (the CLI
+Every call goes through ``TpuApi.call``: transient errors (UNAVAILABLE, 429, 500) and a network that does not answer
+are retried with backoff until the cluster file's ``gcp.timeout`` is spent (one budget for the whole command, kept
+by :mod:`tpuft.storage.network`, which also bounds each request and the token refresh), then become one line naming
+what was being done and the endpoint; the others become one line naming the project, zone and call, with the likely
+fix. The client is built lazily (the CLI
 never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or ``$TPUFT_TPU_API_ENDPOINT``) points it
 at a private endpoint; anonymous credentials are used only for a loopback ``http://`` endpoint, which is how the
 tests talk to a fake TPU API server.
@@ -17,6 +20,7 @@ from typing import Any, TypeVar
 from tpuft.errors import TpuftError
 from tpuft.providers.gcp import tuning
 from tpuft.records import Progress
+from tpuft.storage.network import CLOCK, DEFAULT_TIMEOUT_S, budget_session, is_network_error, unreachable
 from tpuft.waiting import waiting
 
 T = TypeVar("T")
@@ -48,7 +52,10 @@ class TpuApi:
     """The API as one cluster sees it: ``name`` in ``project``/``zone``, as ``slices`` nodes (one node unless
     multislice, then ``name-0``, ``name-1``, ...), possibly behind a queued resource of the same name."""
 
-    def __init__(self, project: str, zone: str, name: str, slices: int, endpoint: str | None) -> None:
+    def __init__(
+        self, project: str, zone: str, name: str, slices: int, endpoint: str | None, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        CLOCK.arm(timeout)  # this process is the controller, with a cluster file: its cloud calls get the budget
         self.project = project
         self.zone = zone
         self.name = name
@@ -87,43 +94,60 @@ class TpuApi:
 
                     credentials = AnonymousCredentials()
             try:
-                self._client = tpu_v2.TpuClient(transport="rest", credentials=credentials, **options)
+                client = tpu_v2.TpuClient(transport="rest", credentials=credentials, **options)
             except Exception as exc:  # google.auth.exceptions.DefaultCredentialsError and friends
                 raise GcpError(
                     f"cannot create the Cloud TPU client: {exc}",
                     hint="Log in with: gcloud auth application-default login",
                 ) from None
+            session = getattr(client._transport, "_session", None)
+            if session is not None:  # the REST transport's AuthorizedSession: requests and token refreshes budgeted
+                budget_session(session, "the Cloud TPU API")
+            self._client = client
         return self._client
+
+    @property
+    def endpoint_label(self) -> str:
+        return f"the Cloud TPU API at {self.endpoint or 'https://tpu.googleapis.com'}"
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, missing_ok: bool = False, **kwargs: Any) -> T:
         """One API call with retries for transient errors and a clear message for the rest.
         With ``missing_ok``, NotFound is raised as it is, for callers to which absence is an answer."""
-        import requests
         from google.api_core import exceptions as gexc
 
         transient = (gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, gexc.GatewayTimeout)
-        for attempt in range(6):
+        located = _located(what, kwargs)
+        CLOCK.begin_call()
+        attempt = 0
+        while True:
+            started = time.monotonic()
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                CLOCK.answered()
+                return result
             except gexc.NotFound as exc:
+                CLOCK.answered()
                 if missing_ok:
                     raise
                 raise self.explain(what, exc) from None
-            except transient as exc:
-                if attempt == 5:
+            except Exception as exc:  # noqa: BLE001 - sorted below: transient, the network's, or the API's answer
+                network = is_network_error(exc)
+                if not network and not isinstance(exc, transient):
+                    if isinstance(exc, gexc.GoogleAPICallError):
+                        raise self.explain(what, exc) from None
+                    raise
+                if not CLOCK.failing_for():  # an answer (e.g. a 503) that the transport did not see as a failure
+                    CLOCK.failed(started, self.endpoint_label, type(exc).__name__)
+                left = CLOCK.remaining() or 0.0
+                pause = min(tuning.RETRY_BASE_S * 2**attempt, 30.0, left)
+                if left <= 0 or pause <= 0:
+                    if network:
+                        raise unreachable(located, exc, endpoint=self.endpoint_label) from None
                     raise self.explain(f"{what} (after {attempt + 1} tries)", exc) from None
-                time.sleep(min(tuning.RETRY_BASE_S * 2**attempt, 30.0))
-            except gexc.GoogleAPICallError as exc:
-                raise self.explain(what, exc) from None
-            except requests.exceptions.ConnectionError as exc:
-                if attempt == 5:
-                    raise GcpError(
-                        f"{what}: cannot reach the Cloud TPU API at {self.endpoint or 'tpu.googleapis.com'}: {exc}"
-                    ) from None
-                time.sleep(min(tuning.RETRY_BASE_S * 2**attempt, 30.0))
-        raise AssertionError("unreachable")
+                attempt += 1
+                time.sleep(pause)
 
-    def explain(self, what: str, exc: Exception) -> GcpError:
+    def explain(self, what: str, exc: BaseException) -> GcpError:
         kind = type(exc).__name__
         message = getattr(exc, "message", None) or str(exc)
         hint = _HINTS.get(kind, "")
@@ -146,3 +170,11 @@ class TpuApi:
             return operation.result(timeout=60)
         except gexc.GoogleAPICallError as exc:
             raise self.explain(what, exc) from None
+
+
+def _located(what: str, kwargs: dict[str, Any]) -> str:
+    """``reading TPU node`` -> ``reading TPU node nodes/t5-v4``: the resource the call was about, when it names one."""
+    target = kwargs.get("name") or getattr(kwargs.get("request"), "name", "") or ""
+    if not target:
+        return what
+    return f"{what} {'/'.join(str(target).split('/')[-2:])}"

@@ -35,7 +35,7 @@ class GcpProvider:
         self.project = str(self.gcp.project)
         self.zone = str(self.gcp.zone)
         self.accelerator: AcceleratorType = lookup(config.accelerator)
-        self.api = TpuApi(self.project, self.zone, config.name, self.gcp.slices, self.gcp.tpu_api_endpoint)
+        self.api = TpuApi(self.project, self.zone, config.name, self.gcp.slices, self.gcp.tpu_api_endpoint, self.gcp.timeout)
         self.parent = self.api.parent
         self.nodes = TpuNodes(self.api, self.gcp, self.accelerator)
 

@@ -1,0 +1,292 @@
+"""When Google Cloud cannot be reached: one time budget for a command's cloud calls, and one way to say so.
+
+Every HTTP request the controller sends to Google (the Cloud TPU API, Cloud Storage, the OAuth2 token endpoint)
+goes through a session that :func:`budget_session` has fitted with :class:`BudgetedAdapter`. The adapter keeps the
+process-wide :data:`CLOCK`, an outage clock: it starts at the first request that fails for the network's sake
+(refused, unresolvable, timed out, a 5xx or 429 answer) and stops at the next one that gets an answer. While it runs,
+no request may wait longer than what is left of the budget (``gcp.timeout``), and the callers' retries stop at its
+end (``TpuApi.call``'s loop; Storage's ``Retry`` objects get :meth:`OutageClock.retry_deadline`). Once it is spent,
+each new call (:meth:`OutageClock.begin_call`) gets one try and any further request fails at once with
+:class:`CloudUnreachable`, which no library retries, not even the ones tpuft does not steer. So a command that makes
+ten calls while the network is down fails within the budget, not ten times it, while a long ``train`` attach, a
+``monitor`` or the recovery watcher rides out an outage: their next poll is a new call, and any answer stops the
+clock.
+
+The clock is armed only where a cluster file's ``gcp.timeout`` is read (the controller's TPU API client arms it):
+the workers, which mirror their run dir for hours and retry on their own, keep the libraries' own retries.
+
+:func:`unreachable` is the one classification of "the network failed" shared by the TPU API (``providers/gcp/api``)
+and Cloud Storage (``storage/errors``): it turns a transport error, a DNS failure, a refused connection, a timeout or
+an exhausted retry into one located line: what was being done, which endpoint, what to check. This module is in the
+storage layer because Storage needs it and may import nothing above itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from tpuft.errors import TpuftError
+
+if TYPE_CHECKING:
+    import requests
+
+DEFAULT_TIMEOUT_S = 30.0
+"""``gcp.timeout``'s default: how long one command keeps trying to reach Google Cloud before it gives up."""
+LAST_TRY_S = 2.0
+"""Once the budget is spent, a new call (a long-lived command's next poll) still gets one try this long, so that
+the clock can stop when the network is back."""
+TOKEN_ENDPOINT = "the OAuth2 token endpoint"
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+
+CHECK_HINT = (
+    "Check the network and any proxy (HTTPS_PROXY), then the credentials (gcloud auth application-default login) "
+    "and the cluster file's gcp.tpu_api_endpoint if set; gcp.timeout is how long tpuft keeps trying"
+)
+
+
+class CloudUnreachable(TpuftError):
+    """Google Cloud did not answer within the budget: the input was fine, so exit code 1 (not 2)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = CHECK_HINT, endpoint: str = "", reason: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.endpoint = endpoint
+        self.reason = reason
+
+
+class OutageClock:
+    """How long the cloud has been failing, against the budget. Shared by every thread (transfers run many)."""
+
+    def __init__(self) -> None:
+        self.budget_s: float | None = None
+        self.failing_since: float | None = None
+        self.endpoint = ""
+        self.reason = ""
+        self._one_try = False
+        self._lock = threading.Lock()
+
+    def arm(self, seconds: float) -> None:
+        """Give this process's cloud calls a budget (the controller does; workers never do)."""
+        with self._lock:
+            self.budget_s = float(seconds)
+            self.failing_since = None  # a new cluster, a new command (in tests: the next test): no old outage
+
+    def disarm(self) -> None:
+        with self._lock:
+            self.budget_s = None
+            self.failing_since = None
+
+    @property
+    def armed(self) -> bool:
+        return self.budget_s is not None
+
+    def failing_for(self) -> float:
+        with self._lock:
+            return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
+
+    def remaining(self) -> float | None:
+        """Seconds left of the budget (the whole budget while nothing fails); None when unarmed."""
+        if self.budget_s is None:
+            return None
+        return self.budget_s - self.failing_for()
+
+    def spent(self) -> bool:
+        left = self.remaining()
+        return left is not None and left <= 0
+
+    def failed(self, started: float, endpoint: str, reason: str) -> None:
+        """A request begun at ``started`` (monotonic) got no useful answer: the outage began then at the latest."""
+        with self._lock:
+            if self.failing_since is None or started < self.failing_since:
+                self.failing_since = started
+            self.endpoint, self.reason = endpoint, reason
+
+    def begin_call(self) -> None:
+        """A new call starts (not a library's retry of one): if the budget is spent, it may still try once."""
+        with self._lock:
+            self._one_try = True
+
+    def may_send(self) -> bool:
+        """Whether a request may go out now: always while budget is left, else once per call."""
+        if not self.spent():
+            return True
+        with self._lock:
+            allowed, self._one_try = self._one_try, False
+            return allowed
+
+    def answered(self) -> None:
+        with self._lock:
+            self.failing_since = None
+
+    def request_timeout(self, asked: Any) -> Any:
+        """The library's per-request timeout, cut to what is left of the budget (at least :data:`LAST_TRY_S`)."""
+        left = self.remaining()
+        if left is None:
+            return asked
+        cap = max(left, LAST_TRY_S)
+        if asked is None:
+            return cap
+        if isinstance(asked, tuple):
+            return tuple(cap if t is None else min(float(t), cap) for t in asked)
+        return min(float(asked), cap)
+
+    def retry_deadline(self) -> float | None:
+        """For a google.api_core ``Retry``: the seconds its retries may take (None: the library's own)."""
+        left = self.remaining()
+        return None if left is None else max(left, 0.0)
+
+
+CLOCK = OutageClock()
+
+
+def _adapter_class() -> type:
+    """Built on first use: ``requests`` is imported only by the commands that talk to the cloud."""
+    global _ADAPTER
+    if _ADAPTER is None:
+        from requests.adapters import HTTPAdapter
+
+        class BudgetedAdapter(HTTPAdapter):
+            """An HTTP adapter that keeps :data:`CLOCK`: capped timeouts, failures timed, no request past the budget."""
+
+            def __init__(self, role: str, **kwargs: Any) -> None:
+                self.role = role
+                super().__init__(**kwargs)
+
+            def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+                endpoint = endpoint_label(self.role, request.url or "")
+                if not CLOCK.may_send():
+                    raise CloudUnreachable(
+                        f"no answer from {CLOCK.endpoint or endpoint} for {CLOCK.failing_for():.0f}s ({CLOCK.reason})",
+                        endpoint=CLOCK.endpoint or endpoint,
+                        reason=CLOCK.reason,
+                    )
+                kwargs["timeout"] = CLOCK.request_timeout(kwargs.get("timeout"))
+                started = time.monotonic()
+                try:
+                    response = super().send(request, *args, **kwargs)
+                except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors too
+                    CLOCK.failed(started, endpoint, reason_of(exc))
+                    raise
+                if response.status_code in TRANSIENT_STATUS:
+                    CLOCK.failed(started, endpoint, f"HTTP {response.status_code}")
+                else:
+                    CLOCK.answered()
+                return response
+
+        _ADAPTER = BudgetedAdapter
+    return _ADAPTER
+
+
+_ADAPTER: type | None = None
+
+
+def budget_session(session: Any, role: str, *, pool_maxsize: int = 10) -> Any:
+    """Fit a requests session (and, for google-auth's ``AuthorizedSession``, the session its token refreshes use)
+    with the budgeted adapter. A mutual-TLS adapter, if one is configured, is left alone."""
+    from requests.adapters import HTTPAdapter
+
+    adapter = _adapter_class()
+    for scheme in ("https://", "http://"):
+        if type(session.adapters.get(scheme)) in (HTTPAdapter, adapter):
+            session.mount(scheme, adapter(role, pool_maxsize=pool_maxsize))
+    auth_request = getattr(session, "_auth_request", None)
+    token_session = getattr(auth_request, "session", None)
+    if token_session is not None and token_session is not session:
+        for scheme in ("https://", "http://"):
+            if type(token_session.adapters.get(scheme)) in (HTTPAdapter, adapter):
+                token_session.mount(scheme, adapter(TOKEN_ENDPOINT))
+    return session
+
+
+def endpoint_label(role: str, url: str) -> str:
+    """``Cloud Storage at http://127.0.0.1:9/`` - the service and where it was asked."""
+    parts = urlsplit(url)
+    where = f"{parts.scheme}://{parts.netloc}" if parts.netloc else url
+    if role == TOKEN_ENDPOINT:
+        where += parts.path
+    return f"{role} at {where}"
+
+
+def reason_of(exc: BaseException) -> str:
+    """The network's own words for a failure, short: ``connection refused``, ``name not resolved``, ``timed out``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    words = ""
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if isinstance(current, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(current, socket.gaierror) or "NameResolution" in name:
+            return "name not resolved"
+        if isinstance(current, TimeoutError | socket.timeout) or "Timeout" in name:
+            words = words or "timed out"
+        if "SSL" in name:
+            words = words or "TLS handshake failed"
+        if isinstance(current, CloudUnreachable) and current.reason:
+            return current.reason
+        current = current.__cause__ or current.__context__ or _wrapped(current)
+    if words:
+        return words
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _wrapped(exc: BaseException) -> BaseException | None:
+    """What a library kept inside its own exception: a RetryError's ``cause``, urllib3's ``reason``, an args[0]."""
+    for attribute in ("cause", "reason", "last_exc"):
+        inner = getattr(exc, attribute, None)
+        if isinstance(inner, BaseException):
+            return inner
+    args = getattr(exc, "args", ())
+    if args and isinstance(args[0], BaseException):
+        return args[0]
+    return None
+
+
+def is_network_error(exc: BaseException) -> bool:
+    """True for a failure of the way to the cloud, not of the request: transport and token-endpoint failures, DNS,
+    refused or dropped connections, timeouts, 503/504 and retries that ran out on any of these."""
+    import requests
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, CloudUnreachable | auth_exc.TransportError | requests.ConnectionError | requests.Timeout):
+            return True
+        if isinstance(current, gexc.ServiceUnavailable | gexc.DeadlineExceeded | gexc.GatewayTimeout):
+            return True
+        if isinstance(current, auth_exc.RefreshError) and _refresh_failed_on_the_way(current):
+            return True
+        if isinstance(current, gexc.RetryError):
+            current = current.cause
+            continue
+        if isinstance(current, ConnectionError | TimeoutError | socket.gaierror | socket.herror):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _refresh_failed_on_the_way(exc: BaseException) -> bool:
+    """A RefreshError is the network's when the token endpoint never answered (retries of 5xx, a timeout)."""
+    text = str(exc).lower()
+    return any(word in text for word in ("timed out", "timeout", "unavailable", "connection", "503", "504"))
+
+
+def unreachable(what: str, exc: BaseException, *, endpoint: str = "") -> CloudUnreachable:
+    """The one line for a network failure: ``what`` was being done, which ``endpoint`` (the failing one as the
+    clock saw it, else the service's), the reason and for how long."""
+    inner = exc if isinstance(exc, CloudUnreachable) else None
+    where = (inner.endpoint if inner else "") or CLOCK.endpoint or endpoint
+    reason = (inner.reason if inner else "") or reason_of(exc)
+    seconds = CLOCK.failing_for()
+    waited = f" for {seconds:.0f}s" if seconds >= 1 else ""
+    return CloudUnreachable(f"{what}: no answer from {where or 'Google Cloud'}{waited} ({reason})", endpoint=where, reason=reason)
