@@ -202,3 +202,71 @@ def test_the_baseline_is_a_plain_start(down: Down) -> None:
 def test_the_default_budget_is_at_most_30s() -> None:
     assert GcpConfig().timeout <= 30
     assert GcpConfig(timeout="5s").timeout == 5
+
+
+def test_a_silent_endpoint_is_bounded_too() -> None:
+    """A port that accepts and never answers (a firewall that drops, a dead proxy): each request waits at most what
+    is left of the budget, not the libraries' 60-120 s."""
+    from tpuft.providers.gcp.api import TpuApi
+    from tpuft.storage.network import CLOCK, LAST_TRY_S, CloudUnreachable
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the backlog; nothing ever reads or answers
+        port = silent.getsockname()[1]
+        api = TpuApi("tpuft-test", "us-central2-b", "t5-v4", 1, f"http://127.0.0.1:{port}", timeout=1.0)
+        started = time.monotonic()
+        try:
+            with pytest.raises(CloudUnreachable, match=r"no answer from the Cloud TPU API at .* \(timed out\)"):
+                api.call("reading TPU node", api.client().get_node, name=api.node_path("t5-v4"))
+        finally:
+            CLOCK.disarm()
+        assert time.monotonic() - started < 1.0 + LAST_TRY_S + 1.0
+
+
+NETWORK_OR_NOT: dict[str, bool] = {
+    "TransportError": True,  # google.auth: the token endpoint did not answer
+    "requests.ConnectionError": True,
+    "requests.Timeout": True,
+    "socket.gaierror": True,  # DNS
+    "ConnectionRefusedError": True,
+    "RetryError(ConnectionError)": True,  # a library's retries ran out on the network
+    "ServiceUnavailable": True,  # 503, and gRPC's UNAVAILABLE as google.api_core maps it
+    "DeadlineExceeded": True,
+    "RefreshError(invalid_grant)": False,  # the token endpoint answered: the credentials are bad
+    "PermissionDenied": False,
+    "NotFound": False,
+    "FileNotFoundError": False,
+    "ValueError": False,
+}
+
+
+def an_error(name: str) -> BaseException:
+    import requests
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    return {
+        "TransportError": lambda: auth.TransportError("token endpoint down"),
+        "requests.ConnectionError": lambda: requests.ConnectionError("refused"),
+        "requests.Timeout": lambda: requests.Timeout("read timed out"),
+        "socket.gaierror": lambda: socket.gaierror(-2, "Name or service not known"),
+        "ConnectionRefusedError": lambda: ConnectionRefusedError(111, "Connection refused"),
+        "RetryError(ConnectionError)": lambda: api.RetryError("Timeout of 120.0s exceeded", requests.ConnectionError()),
+        "ServiceUnavailable": lambda: api.ServiceUnavailable("503"),
+        "DeadlineExceeded": lambda: api.DeadlineExceeded("504"),
+        "RefreshError(invalid_grant)": lambda: auth.RefreshError("invalid_grant: Bad Request"),
+        "PermissionDenied": lambda: api.PermissionDenied("403"),
+        "NotFound": lambda: api.NotFound("404"),
+        "FileNotFoundError": lambda: FileNotFoundError(2, "No such file"),
+        "ValueError": lambda: ValueError("bad"),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", list(NETWORK_OR_NOT))
+def test_what_counts_as_the_network_failing(name: str) -> None:
+    """One classification for the TPU API and Storage: the way to the cloud failed (retry, then say so), or the
+    cloud answered no (say what it said, at once)."""
+    from tpuft.storage.network import is_network_error
+
+    assert is_network_error(an_error(name)) is NETWORK_OR_NOT[name]
