@@ -12,13 +12,15 @@ ten calls while the network is down fails within the budget, not ten times it, w
 ``monitor`` or the recovery watcher rides out an outage: their next poll is a new call, and any answer stops the
 clock.
 
-The clock is armed only where a cluster file's ``gcp.timeout`` is read (the controller's TPU API client arms it):
-the workers, which mirror their run dir for hours and retry on their own, keep the libraries' own retries.
+The clock is armed only where a cluster file's ``gcp.timeout`` is read, on the controller (the CLI when it loads the
+cluster file, and the TPU API client): the workers, which mirror their run dir for hours and retry on their own, keep
+the libraries' own retries.
 
-:func:`unreachable` is the one classification of "the network failed" shared by the TPU API (``providers/gcp/api``)
-and Cloud Storage (``storage/errors``): it turns a transport error, a DNS failure, a refused connection, a timeout or
-an exhausted retry into one located line: what was being done, which endpoint, what to check. This module is in the
-storage layer because Storage needs it and may import nothing above itself.
+:func:`is_network_error` is the one classification of "the network failed" shared by the TPU API
+(``providers/gcp/api``) and Cloud Storage (``storage/errors``), and :func:`unreachable` the one line it becomes: a
+transport error, a DNS failure, a refused connection, a timeout or an exhausted retry, said as what was being done,
+which endpoint, why, and what to check. This module is in the storage layer because Storage needs it and may import
+nothing above itself.
 """
 
 from __future__ import annotations
@@ -144,6 +146,9 @@ class OutageClock:
 CLOCK = OutageClock()
 
 
+_ADAPTER: type | None = None
+
+
 def _adapter_class() -> type:
     """Built on first use: ``requests`` is imported only by the commands that talk to the cloud."""
     global _ADAPTER
@@ -180,9 +185,6 @@ def _adapter_class() -> type:
 
         _ADAPTER = BudgetedAdapter
     return _ADAPTER
-
-
-_ADAPTER: type | None = None
 
 
 def budget_session(session: Any, role: str, *, pool_maxsize: int = 10) -> Any:
