@@ -99,7 +99,6 @@ class GcpConfig(StrictModel):
     )
     timeout: Duration = Field(
         30.0,
-        le=3600.0,
         description=(
             "Budget for one command's calls to Google Cloud (TPU API, Storage, token refresh), retries included: "
             "when the network is down a command fails within it."
