@@ -235,6 +235,36 @@ def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(
     assert watch() == "node PREEMPTED"
 
 
+def test_the_watcher_waits_out_an_outage_of_its_own_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A laptop that wakes up has no network for a while: the watcher must not give up a week's run for it. The
+    storage reads fail (as ``CloudUnreachable``, what ``gcp.timeout`` ends in) three rounds, then the run is found
+    finished. ``finalize`` and the summary are replaced here; the outage itself is tests/providers/test_network_down.py."""
+    import tpuft.ops.recover as recover_module
+    from tpuft.ops.recover import Callbacks, watch
+    from tpuft.storage.network import CloudUnreachable
+
+    run = _run(tmp_path)
+    config = ClusterConfig.model_validate({"name": "rc", "recover": {"poll": "5s"}})
+    rounds: list[int] = []
+
+    def finalize(run: Run) -> dict[str, object]:
+        rounds.append(1)
+        if len(rounds) <= 3:
+            raise CloudUnreachable("list runs gs://b/runs/: no answer from the Cloud Storage API for 30s (connection refused)")
+        return {"run_id": "r-1", "status": "finished", "backend": "torch_xla", "launch": {"hosts": [0, 1], "python": "py", "package": "pkg"}}
+
+    monkeypatch.setattr(recover_module, "resolve_run", lambda config, run_id: run)
+    monkeypatch.setattr(recover_module, "finalize", finalize)
+    monkeypatch.setattr(recover_module, "finished_result", lambda run, info, backend, hosts: ("finished", hosts))
+    notices: list[str] = []
+    slept: list[float] = []
+    assert watch(config, "r-1", Callbacks(on_notice=notices.append), sleep=slept.append) == ("finished", 2)
+    assert slept == [5.0, 5.0, 5.0] and len(rounds) == 4
+    assert len(notices) == 2, notices  # one word on the outage (not one per poll), one when it is over
+    assert "cannot reach Google Cloud (list runs gs://b/runs/: no answer" in notices[0] and "every 5 s" in notices[0]
+    assert notices[1].startswith("Google Cloud answers again after")
+
+
 def test_runs_and_monitor_show_the_recoveries(tmp_path: Path) -> None:
     from tpuft.cli.results import _attempt_cell
 

@@ -37,6 +37,7 @@ from tpuft.ops.train import Notice, TrainResult, finished_result, resume
 from tpuft.providers import get_provider
 from tpuft.records import Progress, State
 from tpuft.runs import Run, resolve_run
+from tpuft.storage.network import CloudUnreachable
 from tpuft.worker.supervisor import is_alive
 
 CAPACITY_ERRORS = {"ResourceExhausted", "TooManyRequests", "ServiceUnavailable", "InternalServerError"}
@@ -170,26 +171,59 @@ def watch(
     policy = policy or config.recover
     run = resolve_run(config, run_id)
     with watcher_lease(run, policy) as renew:
+        outage = _Outage(callbacks, policy.poll)
         while True:
-            info = finalize(run) or run.info()
-            status = info.get("status")
-            launch = Launch.of(run, info)
-            if status == "finished" or (status == "stopped" and not resume_ended):
-                return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
-            problem = node_problem(config, info)
-            if problem is None and status in {"failed", "stopped"}:
-                if not resume_ended:  # the user's code failed on a healthy node: not retried
+            try:
+                info = finalize(run) or run.info()
+                outage.over()
+                status = info.get("status")
+                launch = Launch.of(run, info)
+                if status == "finished" or (status == "stopped" and not resume_ended):
                     return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
-                resume(config, run.id, on_notice=callbacks.on_notice, detach=True)
+                problem = node_problem(config, info)
+                if problem is None and status in {"failed", "stopped"}:
+                    if not resume_ended:  # the user's code failed on a healthy node: not retried
+                        return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
+                    resume(config, run.id, on_notice=callbacks.on_notice, detach=True)
+                    resume_ended, tail = False, None
+                    continue
+                if problem is None:  # running (or starting): follow it
+                    problem = _attach_and_watch(config, run, info, launch, callbacks, policy, renew, stop_on_interrupt, tail)
+                    tail = None  # later attempts are followed from their first line
+                    if problem is None:
+                        continue  # the attempt ended: its outcome decides
+                _recover(config, run, info, problem, callbacks, policy, sleep, renew)
                 resume_ended, tail = False, None
-                continue
-            if problem is None:  # running (or starting): follow it
-                problem = _attach_and_watch(config, run, info, launch, callbacks, policy, renew, stop_on_interrupt, tail)
-                tail = None  # later attempts are followed from their first line
-                if problem is None:
-                    continue  # the attempt ended: its outcome decides
-            _recover(config, run, info, problem, callbacks, policy, sleep, renew)
-            resume_ended, tail = False, None
+            except CloudUnreachable as exc:  # the watcher's own network (a laptop waking up): wait it out
+                outage.wait(exc, sleep)
+
+
+class _Outage:
+    """The watcher outlives an outage of its own network: a run lasts days, the laptop that watches it sleeps and
+    wakes, and one command's ``gcp.timeout`` is no reason to give up recovering a week. Each failed round waits a
+    poll and tries again (the lease keeps two watchers apart meanwhile: a watcher away too long finds its lease
+    taken over and stops); said once, then every ten minutes, and once more when Google Cloud answers again."""
+
+    def __init__(self, callbacks: Callbacks, poll: float) -> None:
+        self.callbacks = callbacks
+        self.poll = poll
+        self.since: float | None = None
+        self.said = 0.0
+
+    def wait(self, exc: CloudUnreachable, sleep: Callable[[float], None]) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        if now - self.said >= 600.0:
+            self.said = now
+            self.callbacks.notice(f"cannot reach Google Cloud ({exc.message}); the watcher tries again every "
+                                  f"{self.poll:.0f} s (down for {now - self.since:.0f} s)")
+        sleep(self.poll)
+
+    def over(self) -> None:
+        if self.since is not None:
+            self.callbacks.notice(f"Google Cloud answers again after {time.monotonic() - self.since:.0f} s")
+            self.since, self.said = None, 0.0
 
 
 def _attach_and_watch(
