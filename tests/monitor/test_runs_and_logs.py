@@ -203,3 +203,37 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(cluster: Path, t
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+
+
+def test_a_live_monitor_outlives_an_outage_of_the_network(cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live view (a terminal) keeps the last snapshot and says it cannot reach Google Cloud, instead of ending on
+    one refresh's ``gcp.timeout``; it goes on when the bucket answers again. The outage is raised by a stand-in of
+    ``tpuft.monitor.watch`` (a bucket that stops answering is tests/providers/test_network_down.py)."""
+    import io
+
+    from rich.console import Console
+
+    import tpuft.cli.results as results
+    import tpuft.monitor
+    from tpuft.storage.network import CloudUnreachable
+
+    run = write_run(tmp_path / "bucket", "delta-4", status="running", steps=40, evals=[])
+    real_watch = tpuft.monitor.watch
+    calls: list[int] = []
+
+    def flaky_watch(config, run_):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) in (2, 3):
+            raise CloudUnreachable("reading gs://b/runs/delta-4/run.json: no answer from the Cloud Storage API for 30s")
+        if len(calls) == 4:
+            info = json.loads((run / "run.json").read_text())
+            (run / "run.json").write_text(json.dumps({**info, "status": "finished"}))
+        return real_watch(config, run_)
+
+    screen = io.StringIO()
+    monkeypatch.setattr(tpuft.monitor, "watch", flaky_watch)
+    monkeypatch.setattr(results, "out_console", lambda: Console(file=screen, force_terminal=True, width=200))
+    results.monitor("delta-4", once=False, interval=0.3, plot=None, config=cluster, json_out=False)
+    assert len(calls) == 4
+    assert "cannot reach Google Cloud (reading gs://b/runs/delta-4/run.json" in screen.getvalue()
+    assert "finished" in screen.getvalue()

@@ -47,14 +47,22 @@ def monitor(
         return
     import time
 
+    from rich.console import Group
     from rich.live import Live
+    from rich.text import Text
+
+    from tpuft.storage.network import CloudUnreachable
 
     try:
         with Live(snapshot_view(snap), console=console, refresh_per_second=2, screen=False) as live:
             while not snap.ended:
                 time.sleep(interval)
-                snap = watch(cfg, run)
-                live.update(snapshot_view(snap))
+                try:
+                    snap = watch(cfg, run)
+                    live.update(snapshot_view(snap))
+                except CloudUnreachable as exc:  # a live view outlives the network's outage: the last view, said so
+                    note = f"cannot reach Google Cloud ({exc.message}); the last view, tried again every {interval:.0f} s"
+                    live.update(Group(snapshot_view(snap), Text(note, style="yellow")))
     except KeyboardInterrupt:
         console.print("[dim]stopped watching; the run goes on[/dim]")
 
