@@ -48,11 +48,7 @@ class Rig:
                               text=True, timeout=timeout, cwd=REPO)
 
     def exec(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        done = self.tpuft("exec", "-c", str(self.cluster), *args, env=env)
-        # sshd's bash sources root's ~/.bashrc on this machine, whose pyenv init sometimes says it cannot rehash
-        # (another session holds its lock): the machine's noise, not tpuft's output.
-        done.stdout = "".join(line for line in done.stdout.splitlines(keepends=True) if "pyenv: cannot rehash" not in line)
-        return done
+        return self.tpuft("exec", "-c", str(self.cluster), *args, env=env)
 
     def client(self, what: str) -> object:
         """Ask the agent client (in this process, with the rig's environment) ``ping`` or ``stop``."""

@@ -83,11 +83,12 @@ class SshdPod:
     first_address: int = 10
     """Worker i listens on 127.0.1.(first_address + i): a second pod on other addresses plays a recreated node."""
     user: str = field(default_factory=lambda: os.environ.get("USER") or "root")
-    stock_login: bool = False
-    """True: a session's shell skips the login user's ~/.bashrc (sshd sets SHLVL=1, and bash sources ~/.bashrc for
-    sshd only at level 1). On a stock TPU VM image ~/.bashrc returns at once for a non-interactive shell; this
-    machine's root runs pyenv's init there (about 0.1 CPU-second per session), which is this machine's cost, not a
-    worker's. For benchmarks; tests keep the machine's login as it is."""
+    stock_login: bool = True
+    """True (the default): a session's shell skips the login user's ~/.bashrc (sshd sets SHLVL=1, and bash sources
+    ~/.bashrc for sshd only at level 1), as on a stock TPU VM image, whose ~/.bashrc returns at once for a
+    non-interactive shell. This machine's root runs pyenv's init there: about 0.1 CPU-second per session (the quick
+    ssh tests ran 20% faster without it) and, when two sessions rehash at once, a stray "pyenv: cannot rehash" line
+    in a worker's output (a flaky CI failure). False keeps the machine's login as it is."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
