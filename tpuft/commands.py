@@ -6,6 +6,9 @@ app (each command's ``--help``), so the two cannot drift apart. Stdlib only, imp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NoReturn
+
 SUMMARY = "T5-family fine-tuning on Cloud TPU VMs, end to end: create, setup, train, monitor, convert."
 QUICKSTART = "Quick start on this machine (a local CPU 'pod' of 2 workers): tpuft up quickstart"
 
@@ -148,6 +151,21 @@ def silence_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):  # stdout already closed or not a real file: nothing left to flush into a pipe
         pass
+
+
+def exit_with(command: Callable[[], int]) -> NoReturn:
+    """Run an entry point's ``command`` and exit with its code; a reader that went away (``tpuft runs | head -1``)
+    ends it quietly with :data:`PIPE_CLOSED_EXIT`, as ``git log | head`` does. Both entry points (the fast launcher
+    and the Typer app) end here."""
+    import sys
+
+    try:
+        code = command()
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not in the interpreter's last flush
+    except BrokenPipeError:
+        silence_stdout()
+        code = PIPE_CLOSED_EXIT
+    sys.exit(code)
 
 
 def stdout_closed() -> bool:

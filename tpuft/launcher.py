@@ -14,7 +14,7 @@ import sys
 import threading
 
 from tpuft import __version__
-from tpuft.commands import PIPE_CLOSED_EXIT, closed_pipe_in_thread, silence_stdout, stdout_closed, top_level_help
+from tpuft.commands import PIPE_CLOSED_EXIT, closed_pipe_in_thread, exit_with, stdout_closed, top_level_help
 
 _EXEC_OPTIONS = {"-c": "config", "--config": "config", "-w": "worker", "--worker": "worker"}
 _COLOURS = ("36", "35", "32", "33", "34", "31", "96", "95")  # the CLI's cyan, magenta, green, ... as ANSI codes
@@ -96,13 +96,7 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
 
 def main() -> None:
     """Every way out of tpuft, fast or not, ends quietly when the reader of its output has gone away."""
-    try:
-        code = _dispatch(sys.argv[1:])
-        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not in the interpreter's last flush
-    except BrokenPipeError:
-        silence_stdout()
-        code = PIPE_CLOSED_EXIT
-    sys.exit(code)
+    exit_with(lambda: _dispatch(sys.argv[1:]))
 
 
 def _dispatch(args: list[str]) -> int:

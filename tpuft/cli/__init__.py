@@ -43,15 +43,9 @@ def main() -> None:
     """Entry point: user mistakes and worker failures become one clear message and an exit code, not a traceback;
     with ``--json`` that message is JSON on stdout, so a script reads one format whatever happened. A reader that
     goes away (``tpuft runs | head -1``) ends the command quietly, as ``git log | head`` does."""
-    from tpuft.commands import PIPE_CLOSED_EXIT, silence_stdout
+    from tpuft.commands import exit_with
 
-    try:
-        code = _run(wants_json(sys.argv[1:]))
-        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not in the interpreter's last flush
-    except BrokenPipeError:
-        silence_stdout()
-        code = PIPE_CLOSED_EXIT
-    sys.exit(code)
+    exit_with(lambda: _run(wants_json(sys.argv[1:])))
 
 
 def wants_json(args: list[str]) -> bool:
