@@ -8,6 +8,7 @@ import io
 import os
 import pty
 import re
+import select
 import sys
 import time
 
@@ -68,7 +69,10 @@ def test_on_a_terminal_the_wait_is_one_line_rewritten_and_erased(monkeypatch: py
             time.sleep(1.5)
             wait.update("state READY")
             time.sleep(1.2)
-        written = os.read(master, 65536).decode()
+        chunks = []  # a pseudo-terminal hands over what was written in pieces: read until it has been quiet a while
+        while select.select([master], [], [], 0.5)[0]:
+            chunks.append(os.read(master, 65536))
+        written = b"".join(chunks).decode()
     finally:
         terminal.close()
         os.close(master)
