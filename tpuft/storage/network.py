@@ -193,15 +193,16 @@ def budget_session(session: Any, role: str, *, pool_maxsize: int = 10) -> Any:
     from requests.adapters import HTTPAdapter
 
     adapter = _adapter_class()
-    for scheme in ("https://", "http://"):
-        if type(session.adapters.get(scheme)) in (HTTPAdapter, adapter):
-            session.mount(scheme, adapter(role, pool_maxsize=pool_maxsize))
-    auth_request = getattr(session, "_auth_request", None)
-    token_session = getattr(auth_request, "session", None)
-    if token_session is not None and token_session is not session:
+
+    def fit(target: Any, role: str, **settings: Any) -> None:
         for scheme in ("https://", "http://"):
-            if type(token_session.adapters.get(scheme)) in (HTTPAdapter, adapter):
-                token_session.mount(scheme, adapter(TOKEN_ENDPOINT))
+            if type(target.adapters.get(scheme)) in (HTTPAdapter, adapter):
+                target.mount(scheme, adapter(role, **settings))
+
+    fit(session, role, pool_maxsize=pool_maxsize)
+    token_session = getattr(getattr(session, "_auth_request", None), "session", None)
+    if token_session is not None and token_session is not session:
+        fit(token_session, TOKEN_ENDPOINT)
     return session
 
 

@@ -46,8 +46,7 @@ def worker_lock() -> Iterator[None]:
         if not _try_lock(handle):
             holder = handle.read().strip() or "a process that did not say"
             with waiting(f"this worker's lock ({state_dir() / 'lock'}), held by another tpuft process: {holder}"):
-                while not _try_lock(handle):
-                    time.sleep(0.1)
+                fcntl.flock(handle, fcntl.LOCK_EX)  # blocks until the holder lets go; the wait line tells the time
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} ({' '.join(os.path.basename(a) for a in sys.argv[:3])[:120]})\n")
