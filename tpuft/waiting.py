@@ -55,15 +55,14 @@ class Wait:
     """One wait: what it is for, its bound, its latest detail. ``update`` is cheap: call it every poll."""
 
     def __init__(self, what: str, timeout: float | None, *, detail: str = "", progress: Callable[[str], None] | None = None,
-                 silent_s: float | None = None, every_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 silent_s: float | None = None, every_s: float | None = None) -> None:
         self.what = what
         self.timeout = timeout
         self.detail = detail
         self.progress = progress
         self.silent_s = SILENT_S if silent_s is None else silent_s
         self.every_s = EVERY_S if every_s is None else every_s
-        self.clock = clock
-        self.started = clock()
+        self.started = time.monotonic()
         self.shown = False
         """Whether a line (or a progress message) has been written for this wait."""
         self._last_line = float("-inf")
@@ -74,7 +73,7 @@ class Wait:
 
     @property
     def elapsed(self) -> float:
-        return self.clock() - self.started
+        return time.monotonic() - self.started
 
     def left(self) -> float | None:
         """Seconds left before the bound (never below 0), or None for a wait without one."""
@@ -165,16 +164,12 @@ class _Board:
                     if self.drawn:
                         self._write(stream, "\r\x1b[K")
                         self.drawn = False
-                    self._draw(stream, self.clock_now())
+                    self._draw(stream, time.monotonic())
                 elif wait.shown and outcome is not None:
                     self._write(stream, f"{outcome}: {wait.what} (after {duration(wait.elapsed)})\n")
             except (OSError, ValueError):
                 pass
         self.wake.set()
-
-    @staticmethod
-    def clock_now() -> float:
-        return time.monotonic()
 
     def _run(self) -> None:
         while True:
@@ -182,7 +177,7 @@ class _Board:
                 if not self.waits:
                     self.thread = None
                     return
-                now = self.clock_now()
+                now = time.monotonic()
                 waits = list(self.waits)
             nearest = min(max(0.05, w.started + w.silent_s - now) for w in waits)
             self.wake.wait(min(REDRAW_S, nearest) if not all(w.shown for w in waits) else REDRAW_S)
@@ -191,9 +186,9 @@ class _Board:
                 stream = self.stream()
                 try:
                     if self.on_terminal(stream):
-                        self._draw(stream, self.clock_now())
+                        self._draw(stream, time.monotonic())
                     else:
-                        self._lines(stream, self.clock_now())
+                        self._lines(stream, time.monotonic())
                 except (OSError, ValueError):  # stderr closed under us (a pipe whose reader left)
                     pass
 
