@@ -80,6 +80,12 @@ class ClusterShape:
     target: Target
     devices_per_chip: int = 1
     """TPU devices per chip as TensorFlow counts replicas: 2 TensorCores on v2/v3, 1 from v4 on."""
+    local_devices: int = 1
+    """Devices each local CPU worker exposes (``local.devices_per_worker``), so the local pod rehearses the slice's
+    device layout; the TPU target ignores it (a TPU host has its chips)."""
+    local_devices_set: bool = False
+    """Whether the user wrote ``local.devices_per_worker``: a backend that cannot rehearse several devices per worker
+    refuses an explicit value with the reason, and uses 1 with a note when the default asked for more."""
 
     @property
     def chips(self) -> int:

@@ -51,6 +51,13 @@ class LocalConfig(StrictModel):
     workers: int | None = Field(
         None, ge=1, le=64, description="Number of local workers; default: the accelerator type's host count."
     )
+    devices_per_worker: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Devices each local worker exposes, to rehearse the slice's device layout (replicas x partitions, "
+        "batch split); default: the accelerator's chips per host. Lower it for speed. See docs/device-layout.md.",
+    )
     state_dir: LaxPath | None = Field(
         None, description="Where worker folders live; default: $TPUFT_HOME/local/<name> (~/.tpuft/local/<name>)."
     )
@@ -345,6 +352,14 @@ class ClusterConfig(StrictModel):
             )
             if problem:
                 found.append((("gcp", "topology"), problem))
+        if self.provider == "gcp" and self.local.devices_per_worker is not None:
+            found.append(
+                (
+                    ("local", "devices_per_worker"),
+                    f"applies to provider local only; on gcp each worker drives its host's chips "
+                    f"({accelerator.chips_per_host}): remove local.devices_per_worker",
+                )
+            )
         found += [(("gcp", *path), message) for path, message in self.gcp.cross_problems()]
         return found
 
@@ -373,6 +388,10 @@ class ClusterConfig(StrictModel):
         from tpuft.backends.spec import ClusterShape
 
         accelerator = lookup(self.accelerator)
-        target = "cpu" if self.provider == "local" else self.gcp.worker_device
-        return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, target,
-                            accelerator.generation.devices_per_chip)
+        if self.provider != "local":
+            return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, self.gcp.worker_device,
+                                accelerator.generation.devices_per_chip)
+        chosen = self.local.devices_per_worker
+        return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, "cpu",
+                            accelerator.generation.devices_per_chip,
+                            local_devices=chosen or accelerator.chips_per_host, local_devices_set=chosen is not None)
