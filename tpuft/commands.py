@@ -40,6 +40,12 @@ VERBS: tuple[Verb, ...] = (
          "exits with its exit code, as ssh would (the first to fail gives it)."),
     Verb("ssh", "Cluster", "Open an interactive shell on one worker (SSH on GCP; the worker's folder locally).",
          "tpuft ssh --worker 1"),
+    Verb("doctor", "Cluster", "Check every worker for what would break the recipe's run; one table, culprits named.",
+         "tpuft doctor quickstart",
+         "On each worker the launch plan uses, in parallel: the backend venv (same key, complete), the same tpuft, "
+         "on TPU hosts libtpu importable and no stale TPU process or libtpu lockfile, the coordinator port free on "
+         "worker 0, disk for the checkpoints the recipe keeps, the clock against this machine's. Only looks: nothing "
+         "is changed. Exit 1 when a check fails (warnings do not), 2 for a usage or config error."),
     Verb("setup", "Training",
          "Install the recipe's backend environment on every worker, in parallel (cached: the second time takes seconds).",
          "tpuft setup quickstart"),

@@ -9,7 +9,7 @@ import pytest
 
 from tpuft import __version__
 
-VERBS = ["create", "setup", "train", "up", "monitor", "convert", "delete", "status", "exec", "ssh"]
+VERBS = ["create", "setup", "train", "up", "monitor", "convert", "delete", "status", "exec", "ssh", "doctor"]
 
 
 @pytest.mark.parametrize("verb", VERBS + ["recipes ls", "recipes show", "recipes cp", "recipes validate"])

@@ -1,16 +1,18 @@
-"""The Cluster panel: create, status, delete, exec, ssh."""
+"""The Cluster panel: create, status, delete, exec, ssh, doctor."""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from tpuft.cli.app import command
-from tpuft.cli.options import ConfigOpt, JsonOpt, YesOpt, load_cluster_file
+from tpuft.cli.options import ConfigOpt, JsonOpt, SetOpt, YesOpt, load_cluster_file, load_recipe_file
 from tpuft.cli.render import cluster_json, err_console, line_printer, out_console
 
 if TYPE_CHECKING:
@@ -170,3 +172,49 @@ def ssh(
     if cwd:
         os.chdir(cwd)
     os.execvpe(argv[0], argv, {**os.environ, **env})
+
+
+@command("doctor")
+def doctor(
+    recipe: Annotated[Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")],
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from rich.table import Table
+
+    from tpuft.ops.doctor import CHECKS, CONTROLLER
+    from tpuft.ops.doctor import doctor as doctor_op
+
+    loaded = load_recipe_file(recipe, overrides)
+    cfg = load_cluster_file(config)
+    console = err_console() if json_out else out_console()
+    with console.status(f"asking the workers of {cfg.name} ..."):
+        report = doctor_op(cfg, loaded)
+    if json_out:
+        print(json.dumps(report.as_json(), indent=2))
+        if not report.ok:
+            raise typer.Exit(1)
+        return
+    console.print(f"cluster [bold]{report.cluster}[/bold] ({report.target}), {report.backend} venv {report.venv_key}, "
+                  f"tpuft {report.package}")
+    columns = [c for c in CHECKS if any(f.check == c and f.status != "skip" for f in report.findings)]
+    table = Table("worker", *columns)
+    colours = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+    rows = [*report.workers, *([CONTROLLER] if any(f.worker == CONTROLLER for f in report.findings) else [])]
+    for index in rows:
+        cells = []
+        for check in columns:
+            found = report.cell(index, check)
+            cells.append("" if found is None else f"[{colours[found.status]}]{found.cell}[/{colours[found.status]}]")
+        table.add_row("this machine" if index == CONTROLLER else str(index), *cells)
+    console.print(table)
+    for note in report.notes:
+        console.print(note, soft_wrap=True, markup=False, highlight=False)
+    for line in report.warnings():
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
+    for line in report.problems():
+        console.print(f"[red]problem:[/red] {escape(line)}", soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(1)
+    console.print("[green]all checks pass[/green]" + (" (with warnings)" if report.warnings() else ""))

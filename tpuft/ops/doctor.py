@@ -1,0 +1,373 @@
+"""doctor: before paying for a run, ask every worker the launch plan uses what would break it there.
+
+One short probe per worker, in parallel through the fleet (:mod:`tpuft.worker.doctor_probe`, shipped alone and run
+with the worker's base python, since the venv and the tpuft package are among the questions), then one tiny timed
+command for the clocks. The probe only looks; this module judges: each check of each worker is ``ok``, ``warn`` (worth
+knowing, the run would go on) or ``fail`` (the run would break), with the culprit named (the worker, the pid, the
+file, the port) and the numbers behind it.
+
+Some failures ``train`` clears itself before it launches (it kills this user's processes holding the TPU chips and
+removes a stale libtpu lockfile when it may): ``tpuft doctor`` shows them all, as they are now;
+:func:`doctor_problems`, the check to run before ``train``, leaves those out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tpuft.accelerators import lookup
+from tpuft.backends.registry import layout
+from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+from tpuft.errors import TpuftError, UsageError
+from tpuft.model_summary import fmt_bytes, summarize
+from tpuft.ops.common import Session, open_session, package_hash, worker_env
+from tpuft.ops.preflight import check_against_cluster
+from tpuft.ops.setup import env_spec, launch_plan
+from tpuft.ops.train import COORDINATOR_PORT
+from tpuft.worker import doctor_probe
+from tpuft.worker.bootstrap import MARKER
+from tpuft.worker.host_state import TPU_DEVICES, TPU_LOCKFILE
+
+Status = Literal["ok", "warn", "fail", "skip"]
+CHECKS = ("venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "disk", "clock")
+"""The table's columns, in order; the controller's own row has only ``disk`` (a local run storage)."""
+PROBE_HOME = ".tpuft/doctor"
+"""Under each worker's HOME: the probe, in a folder named by its content."""
+VENV_ESTIMATE_BYTES = 8 * 2**30
+"""Disk a backend venv takes once built (measured: 1.7 GB Keras, 3.3 GB T5X, 7.7 GB PyTorch/XLA on CPU): an
+estimate for a worker whose venv is still to be built."""
+CLOCK_WARN_S = 1.0
+CLOCK_FAIL_S = 15.0
+"""Beyond this the workers' and the controller's liveness records disagree: a supervisor refreshes its record every
+15 s and a run counts as alive while a record is under a minute old."""
+CONTROLLER = -1
+"""The ``worker`` of a finding about this machine (the run storage when it is a local folder)."""
+
+
+@dataclass
+class Finding:
+    check: str
+    worker: int
+    """A cluster worker's index, or :data:`CONTROLLER`."""
+    status: Status
+    cell: str
+    """A few words for the table's cell."""
+    detail: str = ""
+    """One line: what is wrong, the culprit named, what to do."""
+    cleared_by_train: bool = False
+    """``train`` clears it before launching (this user's stale TPU processes, a removable stale lockfile)."""
+
+    @property
+    def where(self) -> str:
+        return "this machine" if self.worker == CONTROLLER else f"worker {self.worker}"
+
+    def line(self) -> str:
+        return f"{self.where}: {self.check}: {self.detail or self.cell}"
+
+
+@dataclass
+class DoctorReport:
+    cluster: str
+    backend: str
+    target: str
+    workers: tuple[int, ...]
+    venv_key: str
+    package: str
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.status == "fail" for f in self.findings)
+
+    def problems(self, *, before_train: bool = False) -> list[str]:
+        """The failures, one line each; ``before_train``: only those ``train`` would not clear itself."""
+        return [f.line() for f in self.findings if f.status == "fail" and not (before_train and f.cleared_by_train)]
+
+    def warnings(self) -> list[str]:
+        return [f.line() for f in self.findings if f.status == "warn"]
+
+    def cell(self, worker: int, check: str) -> Finding | None:
+        return next((f for f in self.findings if f.worker == worker and f.check == check), None)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "cluster": self.cluster, "backend": self.backend, "target": self.target,
+            "workers": list(self.workers), "venv_key": self.venv_key, "package": self.package,
+            "problems": self.problems(), "warnings": self.warnings(), "notes": self.notes,
+            "checks": [asdict(f) for f in self.findings],
+        }
+
+
+def doctor(config: ClusterConfig, recipe: Loaded[RecipeConfig]) -> DoctorReport:
+    """``tpuft doctor RECIPE``: the recipe against the cluster's shape (a located error, exit 2), then every check."""
+    session = open_session(config)
+    check_against_cluster(recipe, session.shape)
+    return examine(session, recipe.value, Path(recipe.source).resolve().parent)
+
+
+def doctor_problems(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = None) -> list[str]:
+    """What would break ``recipe``'s run on this session's cluster and ``train`` would not clear itself: one line
+    per worker and check. For ``train``'s preflight, after the venv is known to be there."""
+    return examine(session, recipe, recipe_dir).problems(before_train=True)
+
+
+def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = None) -> DoctorReport:
+    spec = env_spec(session, recipe)
+    plan = launch_plan(session, recipe)
+    workers = tuple(plan.workers)
+    tpu = session.shape.target == "tpu"
+    report = DoctorReport(session.config.name, recipe.backend.kind, session.shape.target, workers, spec.key, package_hash())
+    hosts = {w.index: (w.internal_address or w.address) for w in session.cluster.workers}
+    port = None if hosts[workers[0]] in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
+    probe_spec = {
+        "venv": {"cache": session.provider.venv_cache(), "key": spec.key, "marker": MARKER},
+        "package": {"folder": f".tpuft/pkg/{report.package}", "hash": report.package},
+        "tpu": {"devices": list(TPU_DEVICES), "lockfile": TPU_LOCKFILE} if tpu else None,
+    }
+    reports = _probe(session, spec.python, workers, probe_spec, port)
+    checkpoint, how = _checkpoint_bytes(session, recipe, recipe_dir)
+    keep = recipe.train.keep_checkpoints + 2
+    staged_on_worker = session.cluster.bucket.startswith("gs://") and not layout(recipe.backend.kind).writes_to_bucket
+    report.notes.append(how)
+    for index in workers:
+        data = reports[index]
+        found = [_venv(data, spec.key), _package(data, report.package), *(_tpu(data) if tpu else ()),
+                 _port(data, port if index == workers[0] else None),
+                 _disk(data, probe_spec, checkpoint * keep if staged_on_worker and index == workers[0] else 0, keep)]
+        report.findings += [Finding(check, index, status, cell, detail, cleared) for check, status, cell, detail, cleared in found]
+    if not session.cluster.bucket.startswith("gs://"):
+        report.findings.append(_storage_disk(session.cluster.bucket, checkpoint * keep if checkpoint else None, keep))
+    for index, (skew, rtt) in _clocks(session, spec.python, workers).items():
+        report.findings.append(_clock(index, skew, rtt))
+    return report
+
+
+Judged = tuple[str, Status, str, str, bool]
+"""(check, status, cell, detail, cleared by train)."""
+
+
+def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[str, Any], port: int | None) -> dict[int, dict[str, Any]]:
+    """Ship the probe, run it on every worker at once, and read each one's JSON line."""
+    source = Path(doctor_probe.__file__)
+    folder = f"{PROBE_HOME}/{package_hash()}"
+    with tempfile.TemporaryDirectory() as tmp:  # a copy: the fleet's put wants a file it may name as it likes
+        staged = Path(tmp) / source.name
+        staged.write_bytes(source.read_bytes())
+        session.fleet.put(staged, f"{folder}/{source.name}", workers=workers)
+    lines: dict[int, list[str]] = {}
+    lock = threading.Lock()
+
+    def collect(index: int, line: str) -> None:
+        with lock:
+            lines.setdefault(index, []).append(line)
+
+    override = os.environ.get(doctor_probe.TPU_PATHS_ENV)
+    extra = {doctor_probe.TPU_PATHS_ENV: override} if override else {}
+    found: dict[int, dict[str, Any]] = {}
+    # One argv for all (the port is cheap to ask everywhere; only the coordinator's worker is judged on it).
+    argv = [python, f"{folder}/{source.name}", "--spec", json.dumps({**spec, "port": port})]
+    env = lambda w: worker_env(session.config, extra)  # noqa: E731
+    result = session.fleet.run(argv, env=env, workers=workers, on_line=collect, fail_fast=False)
+    for r in result.results:
+        data = _last_json(lines.get(r.index, []))
+        if r.exit_code != 0 or data is None:
+            tail = "\n".join("  " + line for line in r.tail[-10:])
+            raise TpuftError(f"the doctor's probe failed on worker {r.index} (exit code {r.exit_code}):\n{tail}")
+        found[r.index] = data
+    return found
+
+
+def _last_json(lines: list[str]) -> dict[str, Any] | None:
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                return data
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Judging one worker's report
+
+
+def _venv(data: dict[str, Any], key: str) -> Judged:
+    venv = data["venv"]
+    state = venv["state"]
+    if state == "ready":
+        return ("venv", "ok", "ready", "", False)
+    why = {
+        "missing": f"the venv {venv['path']} is not there",
+        "incomplete": f"the venv {venv['path']} has no completion marker ({MARKER}): its build was cut off",
+        "stale": f"the venv {venv['path']} was built by Python {venv.get('built_by')}, this worker's is {venv['python']}",
+    }[state]
+    return ("venv", "fail", state, f"{why}; run: tpuft setup RECIPE", False)
+
+
+def _package(data: dict[str, Any], expected: str) -> Judged:
+    package = data["package"]
+    if package["state"] == "same":
+        return ("tpuft", "ok", expected, "", False)
+    if package["state"] == "missing":
+        return ("tpuft", "warn", "not shipped", f"this tpuft ({expected}) is not on the worker yet: train ships it", False)
+    return ("tpuft", "warn", "changed", f"{package['path']} hashes to {package['hash']}, not {expected} (changed on the "
+            "worker): train copies it again", False)
+
+
+def _who(process: dict[str, Any]) -> str:
+    run = f", run {process['run_id']}" if process.get("run_id") else ""
+    return f"pid {process['pid']} ({process.get('command') or '?'}{run})"
+
+
+def _tpu(data: dict[str, Any]) -> list[Judged]:
+    tpu = data["tpu"]
+    found: list[Judged] = []
+    libtpu = data.get("libtpu")
+    if libtpu is None:
+        found.append(("libtpu", "skip", "no venv", "", False))
+    elif libtpu["ok"]:
+        found.append(("libtpu", "ok", "imports", "", False))
+    else:
+        found.append(("libtpu", "fail", "no import", f"libtpu does not import in the venv: {libtpu['error']}", False))
+    holders = tpu["holders"]
+    if not tpu["devices"]:
+        found.append(("TPU chips", "fail", "no chips", "no TPU device (/dev/accel*, /dev/vfio/*) on this host", False))
+    elif holders:
+        mine = all(p.get("ours") for p in holders)
+        who = "; ".join(_who(p) for p in holders)
+        fix = "train kills it before launching" if mine else "train cannot kill it (another user's): stop it on the host"
+        found.append(("TPU chips", "fail", f"held by {holders[0]['pid']}", f"the TPU chips are held by {who}: {fix}", mine))
+    else:
+        found.append(("TPU chips", "ok", f"{len(tpu['devices'])} free", "", False))
+    lock = tpu["lockfile"]
+    if not lock["exists"]:
+        found.append(("libtpu lock", "ok", "none", "", False))
+    elif lock["holders"]:
+        who = "; ".join(_who(p) for p in lock["holders"])
+        found.append(("libtpu lock", "fail", "in use", f"{lock['path']} is held by {who}", False))
+    else:
+        fix = "train removes it before launching" if lock["removable"] else "train cannot remove it (not this user's): remove it on the host"
+        found.append(("libtpu lock", "fail", "stale", f"{lock['path']} is left by a process that is gone: {fix}", lock["removable"]))
+    return found
+
+
+def _port(data: dict[str, Any], port: int | None) -> Judged:
+    if port is None:
+        return ("port", "skip", "-", "", False)
+    state = data.get("port") or {}
+    if state.get("free"):
+        return ("port", "ok", f"{port} free", "", False)
+    who = "; ".join(_who(p) for p in state.get("listeners", [])) or "a process this user cannot see"
+    return ("port", "fail", f"{port} taken", f"the coordinator's port {port} is taken ({state.get('error')}) by {who}", False)
+
+
+def _disk(data: dict[str, Any], spec: dict[str, Any], checkpoints: int, keep: int) -> Judged:
+    """HOME needs the staged checkpoints (worker 0 of a bucket run), the venv cache a venv still to build; on one
+    filesystem, both."""
+    home, cache = data["disk"]["~"], data["disk"][spec["venv"]["cache"]]
+    venv = VENV_ESTIMATE_BYTES if data["venv"]["state"] != "ready" else 0
+    needs = {home["device"]: 0, cache["device"]: 0}
+    needs[home["device"]] += checkpoints
+    needs[cache["device"]] += venv
+    short = [(device, need) for device, need in needs.items() if need > (home if device == home["device"] else cache)["free"]]
+    free = min(home["free"], cache["free"])
+    parts = ([f"{keep} checkpoints {fmt_bytes(checkpoints)}"] if checkpoints else []) + ([f"a venv ~{fmt_bytes(venv)}"] if venv else [])
+    wants = f"needs {fmt_bytes(sum(needs.values()))} ({' + '.join(parts)})" if parts else "nothing to write here"
+    if short:
+        where = home["at"] if short[0][0] == home["device"] else cache["at"]
+        return ("disk", "fail", f"{fmt_bytes(free)} free", f"{fmt_bytes(free)} free at {where}, {wants}", False)
+    return ("disk", "ok", f"{fmt_bytes(free)} free", f"{fmt_bytes(free)} free, {wants}", False)
+
+
+def _storage_disk(folder: str, needed: int | None, keep: int) -> Finding:
+    path = Path(folder).expanduser()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+    if needed is None:
+        return Finding("disk", CONTROLLER, "warn", f"{fmt_bytes(free)} free", f"{fmt_bytes(free)} free for the run storage "
+                       f"{folder}; the checkpoints' size is unknown")
+    status: Status = "fail" if needed > free else "ok"
+    return Finding("disk", CONTROLLER, status, f"{fmt_bytes(free)} free",
+                   f"{fmt_bytes(free)} free for the run storage {folder}, needs {fmt_bytes(needed)} ({keep} checkpoints)")
+
+
+def _checkpoint_bytes(session: Session, recipe: RecipeConfig, recipe_dir: Path | None) -> tuple[int, str]:
+    """One checkpoint's size from the paper estimate (:mod:`tpuft.model_summary`): float32 weights and the optimizer
+    state, whole. 0 when the model cannot be sized offline (a note says so)."""
+    try:
+        summary = summarize(recipe, lookup(session.config.accelerator), recipe_dir=recipe_dir)
+    except UsageError as exc:
+        return 0, f"checkpoint size unknown ({exc.message}): the disk check counts the venv only"
+    optimizer = next((row.bytes for row in summary.memory if row.what == "optimizer"), 0) * summary.setup.shard_over
+    size = summary.total_params * 4 + optimizer
+    keep = recipe.train.keep_checkpoints
+    return size, (f"a checkpoint is ~{fmt_bytes(size)} ({summary.total_params:,} float32 parameters and the optimizer "
+                  f"state); the disk check counts {keep + 2}: train.keep_checkpoints ({keep}), the best, and the one "
+                  "being written")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Clocks
+
+
+CLOCK_COMMAND = (
+    "import os, time\n"
+    "now = time.time()\n"
+    "try:\n"
+    "    ticks = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n"
+    "    ran = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf('SC_CLK_TCK')\n"
+    "except (OSError, ValueError, AttributeError, IndexError):\n"
+    "    ran = 0.0\n"
+    "print(repr(now), repr(max(ran, 0.0)), flush=True)\n"
+)
+"""Prints the worker's time and how long its python had been running by then (its start-up, which is no part of
+the round trip's uncertainty: the time was read after it)."""
+CLOCK_TICK_S = 0.02
+"""The start-up is known to a clock tick (10 ms): the window is widened by two."""
+
+
+def _clocks(session: Session, python: str, workers: tuple[int, ...]) -> dict[int, tuple[float, float]]:
+    """worker -> (its clock minus this one's, the window the reading fell in), from one tiny command: its time was
+    read after its python started and before its line arrived here, so it is compared with the midpoint of that
+    window (connections are open by now: the probe ran)."""
+    arrived: dict[int, tuple[float, float]] = {}
+    started = time.time()
+
+    def stamp(index: int, line: str) -> None:
+        now = time.time()
+        try:
+            theirs, ran = (float(part) for part in line.split())
+        except ValueError:
+            return
+        earliest = min(started + max(ran - CLOCK_TICK_S, 0.0), now)
+        arrived[index] = (theirs - (earliest + now) / 2, now - earliest)
+
+    argv = [python, "-c", CLOCK_COMMAND]
+    session.fleet.run(argv, env=lambda w: worker_env(session.config), workers=workers, on_line=stamp, fail_fast=False)
+    return {index: arrived.get(index, (float("nan"), float("nan"))) for index in workers}
+
+
+def _clock(index: int, skew: float, rtt: float) -> Finding:
+    if skew != skew:  # NaN: no line came back
+        return Finding("clock", index, "warn", "no answer", "the clock command printed no time")
+    cell = f"{skew:+.2f} s"
+    detail = f"clock {skew:+.3f} s from this machine's (± {rtt / 2:.3f} s)"
+    off = abs(skew) - rtt / 2  # what is certainly off, wherever in its window the reading fell
+    if off > CLOCK_FAIL_S:
+        return Finding("clock", index, "fail", cell, f"{detail}: liveness records would be misread; sync it (chrony/NTP)")
+    if off > CLOCK_WARN_S:
+        return Finding("clock", index, "warn", cell, f"{detail}: logs and heartbeats misorder; sync it (chrony/NTP)")
+    return Finding("clock", index, "ok", cell, detail)
+
+

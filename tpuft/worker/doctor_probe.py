@@ -1,0 +1,227 @@
+"""``tpuft doctor``'s look at one worker: what would break a run here, as one JSON line on stdout.
+
+Runs with the worker's base ``python3`` (the one setup's bootstrap runs with: the backend venv may be missing or
+broken, which is what is being asked), shipped alone (not the tpuft package, whose presence is one of the
+questions), so it is stdlib only and runnable as a plain script: ``python3 doctor_probe.py --spec JSON``. It only
+looks: nothing is killed, removed or built; the controller (:mod:`tpuft.ops.doctor`) judges what it reports.
+
+The controller's spec says what to look at (the venv cache and key, the package folder and hash, the TPU device
+paths and libtpu's lockfile of :mod:`tpuft.worker.host_state`, the coordinator port). ``TPUFT_DOCTOR_TPU_PATHS``
+(JSON: ``{"devices": [...], "lockfile": ...}``) replaces the TPU paths: the tests use it to put fake chips and a
+fake lockfile on hosts that have none; a user has no reason to set it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+TPU_PATHS_ENV = "TPUFT_DOCTOR_TPU_PATHS"
+PACKAGE_SUFFIXES = {".py", ".yaml", ".typed"}
+"""The files :func:`tpuft.ops.common.package_hash` hashes: the same rule names the same package."""
+IMPORT_TIMEOUT_S = 120.0
+
+
+def venv_state(cache: str, key: str, marker: str) -> dict[str, Any]:
+    """missing / incomplete (a build was cut off) / stale (built by another base Python) / ready, the way setup's
+    bootstrap (``is_ready``) tells them apart."""
+    venv = Path(os.path.expanduser(cache)) / key
+    found: dict[str, Any] = {"path": str(venv), "python": PYTHON}
+    if not venv.is_dir():
+        return {**found, "state": "missing"}
+    try:
+        record = json.loads((venv / marker).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {**found, "state": "incomplete"}
+    built_by = record.get("base_python", record.get("python"))
+    if built_by != PYTHON:
+        return {**found, "state": "stale", "built_by": built_by}
+    return {**found, "state": "ready", "built_at": record.get("built_at")}
+
+
+def package_state(folder: str, expected: str) -> dict[str, Any]:
+    """Whether the controller's tpuft is on this worker, by the same hash of its files the controller names it by."""
+    root = Path(os.path.expanduser(folder)) / "tpuft"
+    if not root.is_dir():
+        return {"state": "missing", "path": str(root)}
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix in PACKAGE_SUFFIXES:
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    found = digest.hexdigest()[:16]
+    return {"state": "same" if found == expected else "different", "hash": found, "path": str(root)}
+
+
+def libtpu_state(venv: str) -> dict[str, Any]:
+    """Import libtpu with the venv's python (its package only: nothing opens the chips)."""
+    argv = [str(Path(venv) / "bin" / "python"), "-c", "import os, libtpu; print(os.path.dirname(libtpu.__file__))"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        return {"ok": False, "error": last[:300]}
+    return {"ok": True, "path": proc.stdout.strip()}
+
+
+def _processes() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit() and int(entry.name) != os.getpid()]
+
+
+def _open_files(pid: int) -> list[str]:
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return []
+    targets = []
+    for fd in fds:
+        try:
+            targets.append(os.readlink(fd))
+        except OSError:
+            continue
+    return targets
+
+
+def describe_process(pid: int) -> dict[str, Any]:
+    """pid, owner, command line, the tpuft run it belongs to (readable for one's own processes), and whether this
+    user may signal it (what ``train``'s clean-up needs)."""
+    info: dict[str, Any] = {"pid": pid}
+    try:
+        info["uid"] = Path(f"/proc/{pid}").stat().st_uid
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        info["command"] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+    except OSError:
+        pass
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        run = next((item.split(b"=", 1)[1].decode(errors="replace") for item in environ if item.startswith(b"TPUFT_RUN_ID=")), None)
+        if run:
+            info["run_id"] = run
+    except OSError:
+        pass
+    info["ours"] = os.geteuid() == 0 or info.get("uid") == os.geteuid()
+    return info
+
+
+def device_paths(prefixes: list[str]) -> list[str]:
+    """The chips' device files: ``/dev/accel0``... for a prefix ``/dev/accel``, everything in ``/dev/vfio/``."""
+    found = []
+    for prefix in prefixes:
+        folder, start = os.path.split(prefix)
+        try:
+            names = sorted(os.listdir(folder or "."))
+        except OSError:
+            continue
+        found += [os.path.join(folder, name) for name in names if name.startswith(start)]
+    return found
+
+
+def tpu_state(devices: list[str], lockfile: str) -> dict[str, Any]:
+    """Who holds the chips open (what ``train``'s ``--free-tpu`` check kills), and libtpu's lockfile: its holders,
+    or none (stale: left by a process that is gone)."""
+    prefixes = tuple(devices)
+    holders, lock_holders = [], []
+    for pid in _processes():
+        files = _open_files(pid)
+        if any(target.startswith(prefixes) for target in files):
+            holders.append(describe_process(pid))
+        if lockfile in files:
+            lock_holders.append(describe_process(pid))
+    lock: dict[str, Any] = {"path": lockfile, "exists": os.path.lexists(lockfile)}
+    if lock["exists"]:
+        try:
+            owner = os.lstat(lockfile).st_uid
+        except OSError:
+            owner = None
+        folder = os.path.dirname(lockfile) or "."
+        sticky = bool(os.stat(folder).st_mode & 0o1000) if os.path.isdir(folder) else False
+        lock.update(
+            holders=lock_holders,
+            uid=owner,
+            removable=os.access(folder, os.W_OK) and (not sticky or os.geteuid() in (0, owner)),
+        )
+    return {"devices": device_paths(list(devices)), "holders": holders, "lockfile": lock}
+
+
+def _listeners(port: int) -> list[dict[str, Any]]:
+    """The processes listening on ``port`` (any address), from /proc/net/tcp*: who took the coordinator's port."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return []
+    return [describe_process(pid) for pid in _processes() if inodes & set(_open_files(pid))]
+
+
+def port_state(port: int) -> dict[str, Any]:
+    """Whether the coordinator could listen on ``port`` on every address, as it will (a socket lingering in
+    TIME_WAIT does not count: servers set SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+            probe.listen(1)
+        except OSError as exc:
+            return {"port": port, "free": False, "error": exc.strerror or str(exc), "listeners": _listeners(port)}
+    return {"port": port, "free": True}
+
+
+def disk_state(paths: list[str]) -> dict[str, Any]:
+    """Free bytes where each path lives (its nearest existing folder), and which filesystem that is."""
+    found = {}
+    for name in paths:
+        path = Path(os.path.expanduser(name))
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        usage = shutil.disk_usage(path)
+        found[name] = {"free": usage.free, "total": usage.total, "device": os.stat(path).st_dev, "at": str(path)}
+    return found
+
+
+def probe(spec: dict[str, Any]) -> dict[str, Any]:
+    report: dict[str, Any] = {"python": PYTHON, "host": socket.gethostname()}
+    venv = spec["venv"]
+    report["venv"] = venv_state(venv["cache"], venv["key"], venv["marker"])
+    report["package"] = package_state(spec["package"]["folder"], spec["package"]["hash"])
+    tpu = spec.get("tpu")
+    if tpu is not None:
+        override = os.environ.get(TPU_PATHS_ENV)
+        if override:
+            tpu = {**tpu, **json.loads(override)}
+        report["tpu"] = tpu_state(list(tpu["devices"]), str(tpu["lockfile"]))
+        if report["venv"]["state"] == "ready":
+            report["libtpu"] = libtpu_state(report["venv"]["path"])
+    if spec.get("port"):
+        report["port"] = port_state(int(spec["port"]))
+    report["disk"] = disk_state(["~", venv["cache"]])
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", required=True, help="JSON: venv {cache, key, marker}, package {folder, hash}, tpu, port")
+    args = parser.parse_args(argv)
+    print(json.dumps(probe(json.loads(args.spec))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
