@@ -13,6 +13,7 @@ import); they are re-exported here, where the :class:`Backend` protocol names th
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuft.backends.spec import (
@@ -41,6 +42,7 @@ __all__ = [
     "Backend",
     "Capabilities",
     "ClusterShape",
+    "CompilePlan",
     "EnvSpec",
     "KeyPath",
     "LaunchPlan",
@@ -50,6 +52,32 @@ __all__ = [
     "manifest_text",
     "weight_digest_summary",
 ]
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """How to compile a recipe's real train step for a TPU slice on this machine's CPU (``recipes show --compile``,
+    ``--check-fit``): a backend that can says so through the registry (:func:`tpuft.backends.registry.compile_planner`)
+    with this record, and ``tpuft.ops.compile_fit`` builds the venv, runs the program and reads its answer. Like the
+    rest of a backend's planning it is lists and argv: the controller never imports the framework.
+
+    The program prints one JSON object on stdout: per-device ``argument_bytes``, ``output_bytes``, ``alias_bytes``,
+    ``temp_bytes``, ``generated_code_bytes``, ``flops_per_device``, ``devices``, ``mesh`` (axis -> size),
+    ``compile_s``; or ``{"error": ...}`` with exit code 2 for a setting the user must change."""
+
+    env: EnvSpec
+    """The framework's venv (the backend's CPU venv: the same one the local pod trains with)."""
+    overlay: tuple[str, ...]
+    """Requirements installed with ``pip install --target`` into a folder of their own beside the venvs (libtpu):
+    on ``PYTHONPATH`` for the compile only, so the venv's key, and the local pod's venv, stay the same."""
+    overlay_key: str
+    """The overlay folder's name in the venv cache (e.g. ``libtpu-0.0.42.1``)."""
+    module: str
+    """Run as ``python -m MODULE REQUEST.json`` with tpuft's package and the overlay on ``PYTHONPATH``."""
+    request: dict[str, Any]
+    env_vars: dict[str, str] = field(default_factory=dict)
+    what: str = ""
+    """What is compiled, for the progress line (``the T5X train step of byt5 small``)."""
 
 
 def weight_digest_summary(snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:

@@ -25,6 +25,16 @@ MODULES = {"keras": "tpuft.backends.keras", "t5x": "tpuft.backends.t5x", "torch_
 
 SCHEMA_SUFFIX = "_schema"
 
+COMPILE_PLANNERS = {"t5x": "tpuft.backends.t5x_compile"}
+"""kind -> the module whose ``compile_plan(recipe, accelerator, python)`` gives a
+:class:`~tpuft.backends.base.CompilePlan`: the backends whose train step can be compiled for a TPU slice offline."""
+
+NO_COMPILE = {
+    "torch_xla": "tpuft does not export a PyTorch/XLA step to StableHLO for libtpu yet",
+    "keras": "TensorFlow compiles for a TPU only on a TPU host (TPUStrategy needs a live TPU system)",
+}
+"""kind -> why its step cannot be compiled offline: the summary stays a paper estimate, labelled with this."""
+
 
 def kinds() -> list[str]:
     return sorted(MODULES)
@@ -50,6 +60,18 @@ def config_models() -> list[type[BaseModel]]:
 def capabilities() -> dict[str, Capabilities]:
     """kind -> what that backend implements of the shared recipe."""
     return {kind: schema(kind).CAPABILITIES for kind in kinds()}
+
+
+def compile_planner(kind: str) -> ModuleType | None:
+    """The backend's compile planner (see :data:`COMPILE_PLANNERS`), or None when it has none
+    (:func:`no_compile_reason` says why)."""
+    module_of(kind)
+    name = COMPILE_PLANNERS.get(kind)
+    return importlib.import_module(name) if name else None
+
+
+def no_compile_reason(kind: str) -> str:
+    return NO_COMPILE.get(kind, "this backend has no offline compile")
 
 
 def layout(kind: str) -> RunLayout:

@@ -14,6 +14,7 @@ from tpuft.cli.render import out_console
 
 if TYPE_CHECKING:
     from tpuft.model_summary import Summary
+    from tpuft.ops.compile_fit import FitReport
 
 
 @recipe_command("ls")
@@ -46,12 +47,17 @@ def recipes_show(
         typer.Option("--accelerator", "-a", help="Size for this accelerator type (e.g. v4-64), not the cluster's.",
                      show_default=False),
     ] = None,
+    compile_step: Annotated[
+        bool,
+        typer.Option("--compile", help="Also compile the real train step for the accelerator on this machine's CPU "
+                     "(T5X; builds the backend's venv and libtpu once) and report its bytes per chip against HBM."),
+    ] = False,
 ) -> None:
     from tpuft.errors import UsageError
 
     if not summary:
         given = [flag for flag, value in (("--json", json_out), ("--set", overrides), ("--config", config),
-                                          ("--accelerator", accelerator)) if value]
+                                          ("--accelerator", accelerator), ("--compile", compile_step)) if value]
         if given:
             raise UsageError(f"{', '.join(given)} only go with --summary", hint=f"tpuft recipes show --summary {name}")
         from tpuft.ops.recipes import recipe_file
@@ -61,10 +67,55 @@ def recipes_show(
     from tpuft.ops.recipes import summary as summarize
 
     found = summarize(Path(name), overrides, config=config, accelerator=accelerator)
+    fit = None
+    if compile_step:
+        from tpuft.ops.recipes import compile_fit
+
+        if not json_out:
+            _print_summary(found)
+        fit = compile_fit(Path(name), overrides, config=config, accelerator=accelerator)
     if json_out:
-        print(json.dumps(found.to_json(), indent=2))
+        print(json.dumps({**found.to_json(), "compile": fit.to_json()} if fit else found.to_json(), indent=2))
         return
-    _print_summary(found)
+    if fit is None:
+        _print_summary(found)
+    else:
+        _print_fit(fit)
+
+
+def _print_fit(fit: FitReport) -> None:
+    from rich.table import Table
+
+    from tpuft.ops.compile_fit import gib
+
+    console = out_console()
+    step = fit.step
+    if step is None:
+        console.print(f"{'[green]' if fit.fits else '[red]'}{fit.verdict()}[/]", soft_wrap=True)
+        return
+    mesh = " x ".join(f"{size} {axis}" for axis, size in step.mesh.items())
+    table = Table("", f"per {fit.device_word}", "what", title_justify="left",
+                  title=f"Compiled for {fit.accelerator}: {step.devices} {fit.device_word}s ({mesh}), "
+                        f"XLA's TPU compiler on this CPU in {step.compile_s:.0f} s")
+    table.columns[1].justify = "right"
+    for what, size, how in fit.rows():
+        table.add_row(what, gib(size), how)
+    table.add_row("[bold]total[/bold]", f"[bold]{gib(step.total_bytes)}[/bold]", f"of {gib(fit.hbm_bytes)} HBM")
+    console.print(table)
+    console.print(f"{'[green]' if fit.fits else '[red]'}{fit.verdict()}[/]", soft_wrap=True)
+    if fit.step_time_s is not None:
+        flops = step.flops_per_device * step.devices
+        cost = f"; {fit.steps:,} steps at least {_dollars(fit.cost_usd)} at list price" if fit.cost_usd is not None else ""
+        console.print(f"{flops:.3g} FLOPs per step: at least {_seconds(fit.step_time_s)} per step at peak bf16{cost} "
+                      "(lower bounds: real steps reach a fraction of peak)", soft_wrap=True)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def _dollars(value: float | None) -> str:
+    return f"${value:,.2f}" if value is not None and value >= 0.01 else "$0.01"
 
 
 def _print_summary(found: Summary) -> None:

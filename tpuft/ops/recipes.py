@@ -13,8 +13,11 @@ from tpuft.errors import ConfigError, TpuftError, UsageError
 from tpuft.paths import recipes_dir, shipped_recipe
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tpuft.config import Loaded, RecipeConfig
     from tpuft.model_summary import Summary
+    from tpuft.ops.compile_fit import FitReport
 
 DATA_MISSING_EXIT = 3
 """``recipes validate``'s exit code when the recipe is valid but data files it names are not on this machine."""
@@ -143,3 +146,21 @@ def summary(
         error = ConfigError([loaded.problem(exc.path, exc.message)], source=loaded.source)
         error.hint = exc.hint
         raise error from None
+
+
+def compile_fit(
+    recipe: Path, overrides: list[str] | None = None, *, config: Path | None = None, accelerator: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> FitReport:
+    """``show --summary --compile``: the recipe's real train step compiled for the accelerator (the cluster's, or
+    ``accelerator``) on this machine's CPU, against the chip's HBM (:mod:`tpuft.ops.compile_fit`); a backend that
+    cannot compile offline gets its paper estimate, labelled."""
+    from tpuft.accelerators import lookup
+    from tpuft.config import load_cluster
+    from tpuft.ops.compile_fit import fit_report
+
+    loaded = load_recipe(recipe, overrides or [], check_files=False)
+    cluster = load_cluster(config).value
+    chosen = lookup(accelerator) if accelerator is not None else lookup(cluster.accelerator)
+    return fit_report(loaded.value, chosen, python=cluster.local.python,
+                      recipe_dir=Path(loaded.source).resolve().parent, progress=progress)

@@ -1,0 +1,46 @@
+"""T5X's offline compile (``recipes show --compile``, ``train/up --check-fit``): the plan that has
+``tpuft/worker/t5x_compile.py`` compile the run's real train step for a TPU slice on this machine's CPU.
+
+The venv is the T5X backend's CPU venv, the one the local pod trains with (same key: built once for both). libtpu,
+the TPU compiler, comes as an overlay folder on ``PYTHONPATH`` rather than in the venv (``jax[tpu]`` would change
+the venv's key and rebuild it): the version ``jax[tpu]==JAX_VERSION`` pins, built only when a compile is asked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tpuft.backends.base import CompilePlan
+from tpuft.backends.t5x import BACKEND, JAX_VERSION
+from tpuft.config.loader import dump_recipe
+
+if TYPE_CHECKING:
+    from tpuft.accelerators import AcceleratorType
+    from tpuft.config.recipe import RecipeConfig
+
+LIBTPU_FOR_JAX = {"0.10.2": "0.0.42.1"}
+"""``jax[tpu]==X`` -> the libtpu it pins (``pip install --dry-run --report`` of ``jax[tpu]``): the TPU compiler of
+the same XLA as the venv's jaxlib."""
+
+LIBTPU_VERSION = LIBTPU_FOR_JAX[JAX_VERSION]
+
+
+def compile_plan(recipe: RecipeConfig, accelerator: AcceleratorType, python: str) -> CompilePlan:
+    backend = recipe.backend
+    topology = accelerator.topology()
+    model = f"{backend.family} {backend.size}" if backend.family else "the model of backend.gin_files"
+    return CompilePlan(
+        env=BACKEND.env_spec(backend, "cpu", python),
+        overlay=(f"libtpu=={LIBTPU_VERSION}",),
+        overlay_key=f"libtpu-{LIBTPU_VERSION}",
+        module="tpuft.worker.t5x_compile",
+        request={
+            "recipe": dump_recipe(recipe),
+            "topology": {"name": topology.name, "chip_config": topology.chip_config,
+                         "chips_per_host_bounds": list(topology.chips_per_host_bounds), "num_slices": 1},
+        },
+        # libtpu looks for the TPU it would run on; on a CPU host these say there is none to find
+        env_vars={"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": accelerator.name, "TPU_WORKER_HOSTNAMES": "localhost",
+                  "TF_CPP_MIN_LOG_LEVEL": "3"},
+        what=f"T5X's train step of {model} ({topology.devices} devices, {topology.name})",
+    )
