@@ -153,9 +153,9 @@ def backend_kinds() -> list[str]:
 
 def is_own_file(rel: str, kind: str) -> bool:
     """A backend's own files are named after it: ``backends/<kind>.py`` (planning), ``backends/<kind>_schema.py``
-    (its recipe section, capabilities and run layout), ``worker/<kind>_train.py`` and its other worker parts
-    (``worker/<kind>_*.py``)."""
-    return rel in (f"tpuft/backends/{kind}.py", f"tpuft/backends/{kind}_schema.py") or rel.startswith(f"tpuft/worker/{kind}_")
+    (its recipe section, capabilities and run layout) and its other planning parts (``backends/<kind>_*.py``, e.g.
+    ``t5x_compile.py``), ``worker/<kind>_train.py`` and its other worker parts (``worker/<kind>_*.py``)."""
+    return rel == f"tpuft/backends/{kind}.py" or rel.startswith((f"tpuft/backends/{kind}_", f"tpuft/worker/{kind}_"))
 
 
 def test_no_shared_module_names_a_backend() -> None:
