@@ -141,7 +141,7 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
         data = reports[index]
         found = [_venv(data, spec.key), _package(data, report.package), *(_tpu(data) if tpu else ()),
                  _port(data, port if index == workers[0] else None),
-                 _disk(data, probe_spec, checkpoint * keep if staged_on_worker and index == workers[0] else 0, keep)]
+                 _disk(data, probe_spec, checkpoint if staged_on_worker and index == workers[0] else 0, keep)]
         report.findings += [Finding(check, index, status, cell, detail, cleared) for check, status, cell, detail, cleared in found]
     if not session.cluster.bucket.startswith("gs://"):
         report.findings.append(_storage_disk(session.cluster.bucket, checkpoint * keep if checkpoint else None, keep))
@@ -271,10 +271,11 @@ def _port(data: dict[str, Any], port: int | None) -> Judged:
     return ("port", "fail", f"{port} taken", f"the coordinator's port {port} is taken ({state.get('error')}) by {who}", False)
 
 
-def _disk(data: dict[str, Any], spec: dict[str, Any], checkpoints: int, keep: int) -> Judged:
-    """HOME needs the staged checkpoints (worker 0 of a bucket run), the venv cache a venv still to build; on one
-    filesystem, both."""
+def _disk(data: dict[str, Any], spec: dict[str, Any], checkpoint: int, keep: int) -> Judged:
+    """HOME needs ``keep`` staged checkpoints of ``checkpoint`` bytes (worker 0 of a bucket run whose trainer does
+    not write the bucket itself), the venv cache a venv still to build; on one filesystem, both."""
     home, cache = data["disk"]["~"], data["disk"][spec["venv"]["cache"]]
+    checkpoints = checkpoint * keep
     venv = VENV_ESTIMATE_BYTES if data["venv"]["state"] != "ready" else 0
     needs = {home["device"]: 0, cache["device"]: 0}
     needs[home["device"]] += checkpoints

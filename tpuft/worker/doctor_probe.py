@@ -7,8 +7,8 @@ looks: nothing is killed, removed or built; the controller (:mod:`tpuft.ops.doct
 
 The controller's spec says what to look at (the venv cache and key, the package folder and hash, the TPU device
 paths and libtpu's lockfile of :mod:`tpuft.worker.host_state`, the coordinator port). ``TPUFT_DOCTOR_TPU_PATHS``
-(JSON: ``{"devices": [...], "lockfile": ...}``) replaces the TPU paths: the tests use it to put fake chips and a
-fake lockfile on hosts that have none; a user has no reason to set it.
+(JSON: ``{"devices": [...], "lockfile": ...}``, ``~/`` for the worker's HOME) replaces the TPU paths: the tests use it
+to put fake chips and a fake lockfile on hosts that have none; a user has no reason to set it.
 """
 
 from __future__ import annotations
@@ -206,7 +206,8 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         override = os.environ.get(TPU_PATHS_ENV)
         if override:
             tpu = {**tpu, **json.loads(override)}
-        report["tpu"] = tpu_state(list(tpu["devices"]), str(tpu["lockfile"]))
+        devices = [os.path.expanduser(path) for path in tpu["devices"]]  # "~/": per worker, for the tests' fakes
+        report["tpu"] = tpu_state(devices, os.path.expanduser(str(tpu["lockfile"])))
         if report["venv"]["state"] == "ready":
             report["libtpu"] = libtpu_state(report["venv"]["path"])
     if spec.get("port"):

@@ -1,0 +1,162 @@
+"""doctor: every worker of the launch plan is asked, in parallel, what would break the run; each problem is named at
+its worker with its culprit, and the exit code says whether the run would break (1) or not (0, warnings included).
+
+The local pod has no TPU and its coordinator port is picked free at launch, so the TPU-host checks and the fixed
+coordinator port are tested on an sshd pod planned as TPU hosts (``gcp.worker_device: tpu``), with fake chips and a
+fake libtpu lockfile under each worker's HOME that the probe is pointed at by ``TPUFT_DOCTOR_TPU_PATHS``, an
+environment variable for tests only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.ops.standin import RECIPE, built_venv
+from tests.rigs.sshd_pod import SshdPod, sshd_available
+from tpuft.config import load_cluster, load_recipe
+from tpuft.fleet.ssh import SshFleet, SshSettings
+from tpuft.ops import doctor
+from tpuft.ops.common import Session, ship_package
+from tpuft.ops.setup import env_spec
+from tpuft.ops.train import COORDINATOR_PORT
+from tpuft.records import Cluster, State, Worker
+from tpuft.worker.bootstrap import MARKER
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+EIGHT = RECIPE.replace("batch_size: 2", "batch_size: 8")
+"""The stand-in recipe with a batch that splits over a v4-16's 8 chips, and over a local pod rehearsing them."""
+
+
+def _statuses(report: dict) -> dict[tuple[int, str], str]:  # type: ignore[type-arg]
+    return {(c["worker"], c["check"]): c["status"] for c in report["checks"]}
+
+
+def test_a_healthy_local_pod_passes_and_a_broken_venv_is_named_at_each_worker(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    cluster, recipe, venv = built_venv(tmp_path, cli, recipe=EIGHT)
+    assert cli("setup", str(recipe), "-c", str(cluster)).code == 0  # ships this tpuft
+    healthy = cli("doctor", str(recipe), "-c", str(cluster), "--json")
+    assert healthy.code == 0, healthy.out + healthy.err
+    report = json.loads(healthy.out)
+    assert report["ok"] and report["problems"] == [] and report["warnings"] == []
+    statuses = _statuses(report)
+    assert {check for (_, check), status in statuses.items() if status == "ok"} == {"venv", "tpuft", "disk", "clock"}
+    assert statuses[(doctor.CONTROLLER, "disk")] == "ok"  # the local run storage, on this machine
+    assert statuses[(0, "port")] == "skip"  # a local pod's coordinator port is picked free at launch
+
+    (venv / MARKER).unlink()  # a build cut off: the workers share the local pod's venv cache
+    broken = cli("doctor", str(recipe), "-c", str(cluster))
+    assert broken.code == 1, broken.out + broken.err
+    for index in (0, 1):
+        assert f"problem: worker {index}: venv: the venv {venv} has no completion marker" in broken.out
+    assert "tpuft setup RECIPE" in broken.out and "all checks pass" not in broken.out
+
+
+def test_disk_and_clock_verdicts_say_the_numbers() -> None:
+    spec = {"venv": {"cache": "venvs"}}
+    small = {"free": 2 * 2**30, "device": 1, "at": "/home/u", "total": 0}
+    data = {"venv": {"state": "missing"}, "disk": {"~": small, "venvs": small}}
+    check, status, _, detail, _ = doctor._disk(data, spec, checkpoint=0, keep=4)
+    assert (check, status) == ("disk", "fail") and "2 GiB free at /home/u, needs 8 GiB (a venv ~8 GiB)" in detail
+    ready = {**data, "venv": {"state": "ready"}}
+    assert doctor._disk(ready, spec, checkpoint=2**29, keep=4)[1] == "ok"  # 4 checkpoints of 0.5 GiB in 2 GiB
+    assert doctor._disk(ready, spec, checkpoint=2**29 + 1, keep=4)[1] == "fail"
+    assert doctor._clock(0, 0.4, 0.1).status == "ok"
+    assert doctor._clock(0, 1.5, 0.2).status == "warn"  # surely more than a second off
+    assert doctor._clock(0, 1.5, 1.2).status == "ok"  # within a second, as far as a 1.2 s round trip can tell
+    assert doctor._clock(1, -20.0, 0.1).status == "fail"
+
+
+class _RigProvider:
+    """What doctor asks of a provider, over an SSH fleet made by the test (the sshd pod plays GCP's TPU hosts)."""
+
+    def __init__(self, fleet: SshFleet) -> None:
+        self._fleet = fleet
+
+    def prepare(self, cluster: Cluster) -> None:
+        pass
+
+    def fleet(self, cluster: Cluster) -> SshFleet:
+        return self._fleet
+
+    def venv_cache(self) -> str:
+        return "venvs"
+
+    def python(self) -> str:
+        return sys.executable
+
+
+def _venv_with_libtpu(home: Path, key: str) -> Path:
+    """A venv the bootstrap counts as built whose python finds a stand-in ``libtpu`` (under the worker's HOME)."""
+    venv = home / "venvs" / key
+    (venv / "bin").mkdir(parents=True)
+    (venv / MARKER).write_text(json.dumps({"python": PY, "base_python": PY}))
+    (home / "lib" / "libtpu").mkdir(parents=True)
+    (home / "lib" / "libtpu" / "__init__.py").write_text("")
+    python = venv / "bin" / "python"
+    python.write_text(f"#!/bin/bash\nexport PYTHONPATH={home / 'lib'}\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    (home / "dev").mkdir()
+    (home / "dev" / "accel0").write_text("")  # a chip, as far as the probe is told
+    return venv
+
+
+@pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
+def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no_libtpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUFT_DOCTOR_TPU_PATHS", json.dumps({"devices": ["~/dev/accel"], "lockfile": "~/libtpu_lockfile"}))
+    (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
+    (tmp_path / "r.yaml").write_text(EIGHT)
+    recipe = load_recipe(tmp_path / "r.yaml").value
+    with SshdPod(tmp_path / "pod", workers=2) as pod:
+        (tmp_path / "tpuft.yaml").write_text(
+            f"name: rig\nprovider: gcp\naccelerator: v4-16\nbucket: gs://rig-bucket\n"
+            f"gcp: {{project: tpuft-test, zone: us-central2-b, python: {sys.executable}, venv_cache: venvs}}\n"
+            f"ssh: {{user: {pod.user}, key_file: {pod.client_key}, port: {pod.port}}}\n"
+        )
+        config = load_cluster(tmp_path / "tpuft.yaml").value
+        workers = [Worker(i, address, internal_address=address) for i, address in enumerate(pod.addresses)]
+        fleet = SshFleet(workers, SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port))
+        cluster = Cluster("rig", "gcp", State.READY, "v4-16", workers, bucket="gs://rig-bucket")
+        session = Session(config=config, provider=_RigProvider(fleet), cluster=cluster)  # type: ignore[arg-type]
+        holder = None
+        try:
+            assert session.shape.target == "tpu"
+            key = env_spec(session, recipe).key
+            for index in (0, 1):
+                _venv_with_libtpu(pod.home(index), key)
+            ship_package(session, [0, 1])
+            healthy = doctor.examine(session, recipe)
+            assert healthy.ok and not healthy.warnings(), healthy.as_json()
+            assert {(f.worker, f.check) for f in healthy.findings if f.status == "ok"} >= {
+                (0, "libtpu"), (1, "libtpu"), (0, "TPU chips"), (1, "libtpu lock"), (0, "port"), (0, "disk"), (1, "clock")}
+
+            holder = subprocess.Popen(  # a crashed run's trainer that still holds worker 0's chip
+                [sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); print('open', flush=True); time.sleep(60)",
+                 str(pod.home(0) / "dev" / "accel0")], stdout=subprocess.PIPE, text=True)
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+            (pod.home(1) / "libtpu_lockfile").write_text("")  # left by a process that is gone
+            shutil.rmtree(pod.home(1) / "lib" / "libtpu")
+            with socket.socket() as taken:
+                taken.bind((pod.addresses[0], COORDINATOR_PORT))
+                taken.listen(1)
+                broken = doctor.examine(session, recipe)
+        finally:
+            if holder is not None:
+                holder.kill()
+                holder.wait()
+            fleet.close()
+    failed = {(f.worker, f.check): f for f in broken.findings if f.status == "fail"}
+    assert sorted(failed) == [(0, "TPU chips"), (0, "port"), (1, "libtpu"), (1, "libtpu lock")], broken.as_json()
+    assert f"held by pid {holder.pid}" in failed[(0, "TPU chips")].detail and failed[(0, "TPU chips")].cleared_by_train
+    assert f"port {COORDINATOR_PORT} is taken" in failed[(0, "port")].detail
+    assert f"by pid {os.getpid()} " in failed[(0, "port")].detail  # this test's listening socket
+    assert "No module named 'libtpu'" in failed[(1, "libtpu")].detail
+    assert "libtpu_lockfile is left by a process that is gone: train removes it" in failed[(1, "libtpu lock")].detail
+    # What train would still trip over (it kills its user's chip holders and removes a stale lockfile itself):
+    assert broken.problems(before_train=True) == [failed[(0, "port")].line(), failed[(1, "libtpu")].line()]
