@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.standin import RECIPE, built_venv
+from tests.ops.standin import RECIPE, built_venv, worker_home
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.config import load_cluster, load_recipe
 from tpuft.fleet.ssh import SshFleet, SshSettings
@@ -28,6 +28,7 @@ from tpuft.ops.setup import env_spec
 from tpuft.ops.train import COORDINATOR_PORT
 from tpuft.records import Cluster, State, Worker
 from tpuft.worker.bootstrap import MARKER
+from tpuft.worker.host_state import STATE_DIR, start_ticks
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 EIGHT = RECIPE.replace("batch_size: 2", "batch_size: 8")
@@ -38,7 +39,7 @@ def _statuses(report: dict) -> dict[tuple[int, str], str]:  # type: ignore[type-
     return {(c["worker"], c["check"]): c["status"] for c in report["checks"]}
 
 
-def test_a_healthy_local_pod_passes_and_a_broken_venv_is_named_at_each_worker(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_healthy_local_pod_passes_and_a_cut_off_venv_and_a_busy_worker_are_named(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
     cluster, recipe, venv = built_venv(tmp_path, cli, recipe=EIGHT)
     assert cli("setup", str(recipe), "-c", str(cluster)).code == 0  # ships this tpuft
     healthy = cli("doctor", str(recipe), "-c", str(cluster), "--json")
@@ -46,15 +47,21 @@ def test_a_healthy_local_pod_passes_and_a_broken_venv_is_named_at_each_worker(tm
     report = json.loads(healthy.out)
     assert report["ok"] and report["problems"] == [] and report["warnings"] == []
     statuses = _statuses(report)
-    assert {check for (_, check), status in statuses.items() if status == "ok"} == {"venv", "tpuft", "disk", "clock"}
+    assert {check for (_, check), status in statuses.items() if status == "ok"} == {"free", "venv", "tpuft", "disk", "clock"}
     assert statuses[(doctor.CONTROLLER, "disk")] == "ok"  # the local run storage, on this machine
     assert statuses[(0, "port")] == "skip"  # a local pod's coordinator port is picked free at launch
 
     (venv / MARKER).unlink()  # a build cut off: the workers share the local pod's venv cache
+    current = worker_home(1) / STATE_DIR / "current.json"  # worker 1's supervisor serves a live run (this process)
+    current.parent.mkdir(parents=True)
+    current.write_text(json.dumps({"run_id": "r-1", "status": "running", "supervisor_pid": os.getpid(),
+                                   "supervisor_ticks": start_ticks(os.getpid())}))
     broken = cli("doctor", str(recipe), "-c", str(cluster))
     assert broken.code == 1, broken.out + broken.err
     for index in (0, 1):
         assert f"problem: worker {index}: venv: the venv {venv} has no completion marker" in broken.out
+    assert f"problem: worker 1: free: run r-1 is training here (supervisor pid {os.getpid()})" in broken.out
+    assert "worker 0: free" not in broken.out
     assert "tpuft setup RECIPE" in broken.out and "all checks pass" not in broken.out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,16 +26,17 @@ from tpuft.backends.registry import layout
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.errors import TpuftError, UsageError
 from tpuft.model_summary import fmt_bytes, summarize
-from tpuft.ops.common import Session, open_session, package_hash, worker_env
+from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
+from tpuft.ops.lifecycle import _last_json
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
 from tpuft.ops.train import COORDINATOR_PORT
 from tpuft.worker import doctor_probe
 from tpuft.worker.bootstrap import MARKER
-from tpuft.worker.host_state import TPU_DEVICES, TPU_LOCKFILE
+from tpuft.worker.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 
 Status = Literal["ok", "warn", "fail", "skip"]
-CHECKS = ("venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "disk", "clock")
+CHECKS = ("free", "venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "disk", "clock")
 """The table's columns, in order; the controller's own row has only ``disk`` (a local run storage)."""
 PROBE_HOME = ".tpuft/doctor"
 """Under each worker's HOME: the probe, in a folder named by its content."""
@@ -126,10 +126,12 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
     tpu = session.shape.target == "tpu"
     report = DoctorReport(session.config.name, recipe.backend.kind, session.shape.target, workers, spec.key, package_hash())
     hosts = {w.index: (w.internal_address or w.address) for w in session.cluster.workers}
+    # train's rule (ops/train.py, _coordinator_port): workers on this machine get a port picked free at launch.
     port = None if hosts[workers[0]] in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
     probe_spec = {
         "venv": {"cache": session.provider.venv_cache(), "key": spec.key, "marker": MARKER},
-        "package": {"folder": f".tpuft/pkg/{report.package}", "hash": report.package},
+        "package": {"folder": f"{PACKAGE_HOME}/{report.package}", "hash": report.package},
+        "current": f"~/{STATE_DIR}/current.json",
         "tpu": {"devices": list(TPU_DEVICES), "lockfile": TPU_LOCKFILE} if tpu else None,
     }
     reports = _probe(session, spec.python, workers, probe_spec, port)
@@ -139,7 +141,7 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
     report.notes.append(how)
     for index in workers:
         data = reports[index]
-        found = [_venv(data, spec.key), _package(data, report.package), *(_tpu(data) if tpu else ()),
+        found = [_free(data), _venv(data, spec.key), _package(data, report.package), *(_tpu(data) if tpu else ()),
                  _port(data, port if index == workers[0] else None),
                  _disk(data, probe_spec, checkpoint if staged_on_worker and index == workers[0] else 0, keep)]
         report.findings += [Finding(check, index, status, cell, detail, cleared) for check, status, cell, detail, cleared in found]
@@ -158,10 +160,7 @@ def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[s
     """Ship the probe, run it on every worker at once, and read each one's JSON line."""
     source = Path(doctor_probe.__file__)
     folder = f"{PROBE_HOME}/{package_hash()}"
-    with tempfile.TemporaryDirectory() as tmp:  # a copy: the fleet's put wants a file it may name as it likes
-        staged = Path(tmp) / source.name
-        staged.write_bytes(source.read_bytes())
-        session.fleet.put(staged, f"{folder}/{source.name}", workers=workers)
+    session.fleet.put(source, f"{folder}/{source.name}", workers=workers)
     lines: dict[int, list[str]] = {}
     lock = threading.Lock()
 
@@ -185,20 +184,17 @@ def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[s
     return found
 
 
-def _last_json(lines: list[str]) -> dict[str, Any] | None:
-    for line in reversed(lines):
-        if line.startswith("{"):
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(data, dict):
-                return data
-    return None
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Judging one worker's report
+
+
+def _free(data: dict[str, Any]) -> Judged:
+    busy = data.get("busy")
+    if busy is None:
+        return ("free", "ok", "yes", "", False)
+    run = busy.get("run_id")
+    return ("free", "fail", f"run {run}", f"run {run} is training here (supervisor pid {busy['supervisor_pid']}): "
+            f"train refuses a busy cluster; stop it: tpuft stop {run}", False)
 
 
 def _venv(data: dict[str, Any], key: str) -> Judged:
@@ -243,9 +239,10 @@ def _tpu(data: dict[str, Any]) -> list[Judged]:
     if not tpu["devices"]:
         found.append(("TPU chips", "fail", "no chips", "no TPU device (/dev/accel*, /dev/vfio/*) on this host", False))
     elif holders:
-        mine = all(p.get("ours") for p in holders)
+        mine = all(p.get("ours") for p in holders) and data.get("busy") is None
         who = "; ".join(_who(p) for p in holders)
-        fix = "train kills it before launching" if mine else "train cannot kill it (another user's): stop it on the host"
+        fix = ("train kills it before launching" if mine else "a live run's: stop it first" if data.get("busy")
+               else "train cannot kill it (another user's): stop it on the host")
         found.append(("TPU chips", "fail", f"held by {holders[0]['pid']}", f"the TPU chips are held by {who}: {fix}", mine))
     else:
         found.append(("TPU chips", "ok", f"{len(tpu['devices'])} free", "", False))

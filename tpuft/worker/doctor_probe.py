@@ -196,11 +196,35 @@ def disk_state(paths: list[str]) -> dict[str, Any]:
     return found
 
 
+def _start_ticks(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def busy_state(current: str) -> dict[str, Any] | None:
+    """The run this worker's supervisor serves, when that supervisor lives (the record and the test of
+    :mod:`tpuft.worker.host_state`: the pid with its start time, so a reused pid does not count)."""
+    try:
+        record = json.loads(Path(os.path.expanduser(current)).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    pid, ticks = record.get("supervisor_pid"), record.get("supervisor_ticks")
+    if record.get("status") not in {"starting", "running"} or not isinstance(pid, int):
+        return None
+    alive = _start_ticks(pid)
+    if alive is None or (ticks is not None and alive != ticks):
+        return None
+    return {"run_id": record.get("run_id"), "supervisor_pid": pid}
+
+
 def probe(spec: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"python": PYTHON, "host": socket.gethostname()}
     venv = spec["venv"]
     report["venv"] = venv_state(venv["cache"], venv["key"], venv["marker"])
     report["package"] = package_state(spec["package"]["folder"], spec["package"]["hash"])
+    report["busy"] = busy_state(spec["current"])
     tpu = spec.get("tpu")
     if tpu is not None:
         override = os.environ.get(TPU_PATHS_ENV)
@@ -218,7 +242,7 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--spec", required=True, help="JSON: venv {cache, key, marker}, package {folder, hash}, tpu, port")
+    parser.add_argument("--spec", required=True, help="JSON: venv {cache, key, marker}, package {folder, hash}, current, tpu, port")
     args = parser.parse_args(argv)
     print(json.dumps(probe(json.loads(args.spec))), flush=True)
     return 0
