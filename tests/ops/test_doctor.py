@@ -160,7 +160,7 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
             fleet.close()
     failed = {(f.worker, f.check): f for f in broken.findings if f.status == "fail"}
     assert sorted(failed) == [(0, "TPU chips"), (0, "port"), (1, "libtpu"), (1, "libtpu lock")], broken.as_json()
-    assert f"held by pid {holder.pid}" in failed[(0, "TPU chips")].detail and failed[(0, "TPU chips")].cleared_by_train
+    assert f"held by pid {holder.pid}" in failed[(0, "TPU chips")].detail and failed[(0, "TPU chips")].train_handles
     assert f"port {COORDINATOR_PORT} is taken" in failed[(0, "port")].detail
     assert f"by pid {os.getpid()} " in failed[(0, "port")].detail  # this test's listening socket
     assert "No module named 'libtpu'" in failed[(1, "libtpu")].detail

@@ -6,9 +6,9 @@ command for the clocks. The probe only looks; this module judges: each check of 
 knowing, the run would go on) or ``fail`` (the run would break), with the culprit named (the worker, the pid, the
 file, the port) and the numbers behind it.
 
-Some failures ``train`` clears itself before it launches (it kills this user's processes holding the TPU chips and
-removes a stale libtpu lockfile when it may): ``tpuft doctor`` shows them all, as they are now;
-:func:`doctor_problems`, the check to run before ``train``, leaves those out.
+Some failures ``train`` deals with itself before it launches: it kills this user's processes holding the TPU chips,
+removes a stale libtpu lockfile when it may, and refuses a busy worker naming the live run. ``tpuft doctor`` shows
+them all, as they are now; :func:`doctor_problems`, the check to run before ``train``, leaves those out.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ class Finding:
     """A few words for the table's cell."""
     detail: str = ""
     """One line: what is wrong, the culprit named, what to do."""
-    cleared_by_train: bool = False
-    """``train`` clears it before launching (this user's stale TPU processes, a removable stale lockfile)."""
+    train_handles: bool = False
+    """``train`` deals with it itself before launching: it clears it (this user's stale TPU processes, a removable
+    stale lockfile) or refuses with its own message (a busy worker: the live run's id and how to stop it)."""
 
     @property
     def where(self) -> str:
@@ -88,8 +89,8 @@ class DoctorReport:
         return not any(f.status == "fail" for f in self.findings)
 
     def problems(self, *, before_train: bool = False) -> list[str]:
-        """The failures, one line each; ``before_train``: only those ``train`` would not clear itself."""
-        return [f.line() for f in self.findings if f.status == "fail" and not (before_train and f.cleared_by_train)]
+        """The failures, one line each; ``before_train``: only those ``train`` would not deal with itself."""
+        return [f.line() for f in self.findings if f.status == "fail" and not (before_train and f.train_handles)]
 
     def warnings(self) -> list[str]:
         return [f.line() for f in self.findings if f.status == "warn"]
@@ -114,7 +115,8 @@ def doctor(config: ClusterConfig, recipe: Loaded[RecipeConfig]) -> DoctorReport:
 
 
 def doctor_problems(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = None) -> list[str]:
-    """What would break ``recipe``'s run on this session's cluster and ``train`` would not clear itself: one line
+    """What would break ``recipe``'s run on this session's cluster that ``train`` would not deal with itself (it
+    clears stale TPU processes and lockfiles of its user, and refuses a busy cluster with its own message): one line
     per worker and check. For ``train``'s preflight, after the venv is known to be there."""
     return examine(session, recipe, recipe_dir).problems(before_train=True)
 
@@ -144,7 +146,7 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
         found = [_free(data), _venv(data, spec.key), _package(data, report.package), *(_tpu(data) if tpu else ()),
                  _port(data, port if index == workers[0] else None),
                  _disk(data, probe_spec, checkpoint if staged_on_worker and index == workers[0] else 0, keep)]
-        report.findings += [Finding(check, index, status, cell, detail, cleared) for check, status, cell, detail, cleared in found]
+        report.findings += [Finding(check, index, status, cell, detail, handled) for check, status, cell, detail, handled in found]
     if not session.cluster.bucket.startswith("gs://"):
         report.findings.append(_storage_disk(session.cluster.bucket, checkpoint * keep if checkpoint else None, keep))
     for index, (skew, rtt) in _clocks(session, spec.python, workers).items():
@@ -153,7 +155,7 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
 
 
 Judged = tuple[str, Status, str, str, bool]
-"""(check, status, cell, detail, cleared by train)."""
+"""(check, status, cell, detail, whether train handles it itself)."""
 
 
 def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[str, Any], port: int | None) -> dict[int, dict[str, Any]]:
@@ -194,7 +196,7 @@ def _free(data: dict[str, Any]) -> Judged:
         return ("free", "ok", "yes", "", False)
     run = busy.get("run_id")
     return ("free", "fail", f"run {run}", f"run {run} is training here (supervisor pid {busy['supervisor_pid']}): "
-            f"train refuses a busy cluster; stop it: tpuft stop {run}", False)
+            f"train refuses a busy cluster; stop it: tpuft stop {run}", True)
 
 
 def _venv(data: dict[str, Any], key: str) -> Judged:
