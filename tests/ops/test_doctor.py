@@ -62,7 +62,7 @@ def test_a_healthy_local_pod_passes_and_a_cut_off_venv_and_a_busy_worker_are_nam
         assert f"problem: worker {index}: venv: the venv {venv} has no completion marker" in broken.out
     assert f"problem: worker 1: free: run r-1 is training here (supervisor pid {os.getpid()})" in broken.out
     assert "worker 0: free" not in broken.out
-    assert "tpuft setup RECIPE" in broken.out and "all checks pass" not in broken.out
+    assert "run: tpuft setup t" in broken.out  # the recipe's name and "all checks pass" not in broken.out
 
 
 def test_disk_and_clock_verdicts_say_the_numbers() -> None:

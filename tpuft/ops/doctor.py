@@ -143,7 +143,7 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
     report.notes.append(how)
     for index in workers:
         data = reports[index]
-        found = [_free(data), _venv(data, spec.key), _package(data, report.package), *(_tpu(data) if tpu else ()),
+        found = [_free(data), _venv(data, recipe.name), _package(data, report.package), *(_tpu(data) if tpu else ()),
                  _port(data, port if index == workers[0] else None),
                  _disk(data, probe_spec, checkpoint if staged_on_worker and index == workers[0] else 0, keep)]
         report.findings += [Finding(check, index, status, cell, detail, handled) for check, status, cell, detail, handled in found]
@@ -199,7 +199,7 @@ def _free(data: dict[str, Any]) -> Judged:
             f"train refuses a busy cluster; stop it: tpuft stop {run}", True)
 
 
-def _venv(data: dict[str, Any], key: str) -> Judged:
+def _venv(data: dict[str, Any], recipe: str) -> Judged:
     venv = data["venv"]
     state = venv["state"]
     if state == "ready":
@@ -209,13 +209,13 @@ def _venv(data: dict[str, Any], key: str) -> Judged:
         "incomplete": f"the venv {venv['path']} has no completion marker ({MARKER}): its build was cut off",
         "stale": f"the venv {venv['path']} was built by Python {venv.get('built_by')}, this worker's is {venv['python']}",
     }[state]
-    return ("venv", "fail", state, f"{why}; run: tpuft setup RECIPE", False)
+    return ("venv", "fail", state, f"{why}; run: tpuft setup {recipe}", False)
 
 
 def _package(data: dict[str, Any], expected: str) -> Judged:
     package = data["package"]
     if package["state"] == "same":
-        return ("tpuft", "ok", expected, "", False)
+        return ("tpuft", "ok", "same", "", False)
     if package["state"] == "missing":
         return ("tpuft", "warn", "not shipped", f"this tpuft ({expected}) is not on the worker yet: train ships it", False)
     return ("tpuft", "warn", "changed", f"{package['path']} hashes to {package['hash']}, not {expected} (changed on the "
