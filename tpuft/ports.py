@@ -7,6 +7,11 @@ import socket
 
 from tpuft.errors import UsageError
 
+COORDINATOR_PORT = 8476
+"""Worker 0's rendezvous port on real hosts (a worker's TF peer port is the next one); workers that share this
+machine get a free one instead. Here, not in ops/train.py, so ``doctor`` can check it without importing train (which
+runs doctor's checks)."""
+
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET

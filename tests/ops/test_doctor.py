@@ -25,7 +25,7 @@ from tpuft.fleet.ssh import SshFleet, SshSettings
 from tpuft.ops import doctor
 from tpuft.ops.common import Session, ship_package
 from tpuft.ops.setup import env_spec
-from tpuft.ops.train import COORDINATOR_PORT
+from tpuft.ports import COORDINATOR_PORT
 from tpuft.records import Cluster, State, Worker
 from tpuft.worker.bootstrap import MARKER
 from tpuft.worker.host_state import STATE_DIR, start_ticks

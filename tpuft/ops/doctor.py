@@ -30,7 +30,7 @@ from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, 
 from tpuft.ops.lifecycle import _last_json
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
-from tpuft.ops.train import COORDINATOR_PORT
+from tpuft.ports import COORDINATOR_PORT
 from tpuft.worker import doctor_probe
 from tpuft.worker.bootstrap import MARKER
 from tpuft.worker.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
