@@ -89,6 +89,22 @@ def test_batches_split_over_replicas_cores_on_tpu_workers_on_cpu(recipe_dir: Pat
     assert ("train", "batch_size") not in found  # 16 over 16 cores
 
 
+def test_a_local_worker_with_several_devices_is_that_many_replicas(recipe_dir: Path) -> None:
+    """``local.devices_per_worker``: every logical CPU device of every worker is a replica (a v4-16 rehearsed as 2
+    workers x 4 devices has the slice's 8), the plan tells each worker its count, and both batches split over all."""
+    recipe = load_recipe(write(recipe_dir, TEXT2TEXT), ["eval.batch_size=12"]).value
+    rehearsal = ClusterShape(hosts=2, chips_per_host=4, target="cpu", local_devices=4)
+    assert BACKEND.replicas(rehearsal) == 8 == BACKEND.replicas(ClusterShape(hosts=2, chips_per_host=4, target="tpu"))
+    assert BACKEND.check(recipe, rehearsal) == [
+        (("eval", "batch_size"), "12 does not split evenly over 8 replicas (2 workers x 4 devices) (use a multiple "
+         "of 8, e.g. 8)")
+    ]
+    assert BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu", local_devices=2)) == []
+    assert BACKEND.plan(recipe, rehearsal).env["TPUFT_LOCAL_DEVICES"] == "4"
+    assert BACKEND.plan(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")).env["TPUFT_LOCAL_DEVICES"] == "1"
+    assert "TPUFT_LOCAL_DEVICES" not in BACKEND.plan(recipe, ClusterShape(hosts=2, chips_per_host=4, target="tpu")).env
+
+
 def test_gradient_accumulation_splits_each_replicas_batch(recipe_dir: Path) -> None:
     """``train.grad_accum_steps`` is the Keras backend's (its capabilities): the global batch must split into
     replicas x micro-batches; the eval batch is not accumulated."""

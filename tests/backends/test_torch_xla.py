@@ -76,3 +76,17 @@ def test_summary_says_whether_every_replica_ended_with_the_same_weights() -> Non
     assert BACKEND.summarize(_snap(["a", "b"]), launched=2)[1] == [("weights", "DIFFER between workers")]
     assert BACKEND.summarize(_snap(["a", None]), launched=2)[1] == [("weights", "DIFFER between workers")]  # one missing
     assert BACKEND.summarize(_snap([None, None]), launched=2) == ({"weight_digests": {}}, [])
+
+
+def test_a_local_worker_with_several_devices_is_that_many_replicas(recipe) -> None:  # type: ignore[no-untyped-def]
+    """``local.devices_per_worker``: the CPU pod has the slice's replica count (a v4-32 rehearsed as 4 workers x 4
+    devices is 16 replicas, as on the slice), each worker is told its count and the batch splits over all."""
+    rehearsal = ClusterShape(hosts=4, chips_per_host=4, target="cpu", local_devices=4)
+    assert BACKEND.replicas(rehearsal) == 16 == BACKEND.replicas(ClusterShape(hosts=4, chips_per_host=4, target="tpu"))
+    (path, message), = BACKEND.check(recipe, rehearsal)
+    assert path == ("train", "batch_size")
+    assert "24 does not split evenly over 16 replicas (4 workers x 4 devices)" in message and "e.g. 16" in message
+    assert BACKEND.check(recipe, ClusterShape(hosts=3, chips_per_host=4, target="cpu", local_devices=2)) == []
+    assert BACKEND.plan(recipe, rehearsal).env["TPUFT_LOCAL_DEVICES"] == "4"  # the trainer's CPU_NUM_DEVICES
+    assert BACKEND.plan(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")).env["TPUFT_LOCAL_DEVICES"] == "1"
+    assert "TPUFT_LOCAL_DEVICES" not in BACKEND.plan(recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu")).env

@@ -262,3 +262,42 @@ def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:
     assert got["eval_examples"] == 5 and got["eval_exact_match"] == pytest.approx(3 / 5), got
     assert got["tokens"] == 19 and got["eval_token_accuracy"] == pytest.approx(got["reference"], abs=1e-6), got
     assert got["eval_token_accuracy"] < 1.0
+
+
+def test_two_workers_with_two_cpu_devices_each_are_four_replicas_in_sync(keras_python: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``local.devices_per_worker: 2`` on a 2-worker pod (``tpuft/worker/keras_devices.py``): each worker's two
+    logical CPU devices are replicas of one MultiWorkerMirroredStrategy (TF alone would take one CPU device per
+    worker), the all-reduce spans all four, and a short ``fit`` ends with the same weights on both workers."""
+    from tpuft.ports import free_port
+
+    peers = json.dumps([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        index = int(sys.argv[1])
+        os.environ["TF_CONFIG"] = json.dumps({{"cluster": {{"worker": {peers}}}, "task": {{"type": "worker", "index": index}}}})
+        import tensorflow as tf
+        from tpuft.worker.keras_devices import cpu_strategy
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        strategy = cpu_strategy(tf, 2, 2, options)
+        ids = strategy.run(lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group + 1, tf.float32))
+        total = float(strategy.reduce("SUM", ids, axis=None))
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(4,))])
+            model.compile(optimizer="sgd", loss="mse")
+        x = tf.random.stateless_normal((32, 4), seed=(1, index))
+        data = tf.data.Dataset.from_tensor_slices((x, tf.reduce_sum(x, 1, keepdims=True))).repeat().batch(4)
+        model.fit(strategy.distribute_datasets_from_function(lambda _: data), epochs=1, steps_per_epoch=3, verbose=0)
+        print(json.dumps({{"replicas": strategy.num_replicas_in_sync, "local": len(strategy.extended.worker_devices),
+                          "sum": total, "weights": [float(w) for w in model.get_weights()[0].ravel()]}}))
+    """)
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TF_USE_LEGACY_KERAS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    procs = [subprocess.Popen([keras_python, "-c", code, str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for i in range(2)]
+    outs = [proc.communicate(timeout=300) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(err[-3000:] for _, err in outs)
+    first, second = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    assert first["replicas"] == second["replicas"] == 4 and first["local"] == second["local"] == 2
+    assert first["sum"] == second["sum"] == 1 + 2 + 3 + 4  # every replica of both workers in one all-reduce
+    assert first["weights"] == second["weights"]

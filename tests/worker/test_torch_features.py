@@ -189,12 +189,17 @@ def test_greedy_decodes_on_the_device_match_generate_and_score_bleu(harness: Har
     assert got["best"]["metric"] == "eval_bleu"
 
 
-def test_fsdp_over_a_two_device_mesh_shards_the_weights_and_matches_data_parallel(harness: Harness,
-                                                                                   tmp_path: Path) -> None:
-    """The SPMD code path on two PJRT CPU devices in one process: large matrices split on the fsdp axis, norms whole,
-    the batch split over the devices, and the same two steps as the unsharded run."""
+
+def test_two_cpu_devices_run_data_parallel_or_fsdp_and_both_match_one_device(harness: Harness, tmp_path: Path) -> None:
+    """The SPMD code path on two PJRT CPU devices in one process (``local.devices_per_worker: 2``: the plan's
+    ``TPUFT_LOCAL_DEVICES=2``, the runtime's ``CPU_NUM_DEVICES``). Without FSDP: a ``data`` mesh, the batch split
+    over the devices, every weight replicated, as one process per chip does on a TPU host. With FSDP: large matrices
+    split on the fsdp axis, norms whole. Both end two steps with the one-device run's weights."""
     base = [*SHORT, "train.steps=2", "train.max_grad_norm=null", "train.optimizer=adamw"]
-    plain = run(harness, tmp_path, "replicated", base)
+    plain = run(harness, tmp_path, "one-device", base)
+    local = run(harness, tmp_path, "data-parallel", base, ("sharding",), env={"TPUFT_LOCAL_DEVICES": "2"})
+    assert local["mesh_devices"] == 2 and local["step"] == 2
+    assert set(local["sharding"].values()) <= {"", "{replicated}"}  # data parallel: no weight is split
     sharded = run(harness, tmp_path, "fsdp", [*base, "train.sharding=fsdp"], ("sharding",),
                   env={"CPU_NUM_DEVICES": "2"})
     assert sharded["mesh_devices"] == 2
@@ -202,5 +207,6 @@ def test_fsdp_over_a_two_device_mesh_shards_the_weights_and_matches_data_paralle
     assert specs["shared.weight"].startswith("{devices=[2,1]")  # 384 x 128: the vocabulary split
     assert specs["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"].startswith("{devices=[2,1]")  # 256 x 128
     assert specs["encoder.block.0.layer.0.layer_norm.weight"] in ("", "{replicated}")
-    (weights,) = compare(harness, plain["final"], sharded["final"])
-    assert weights["diff"] <= 1e-4
+    for other in (local, sharded):
+        (weights,) = compare(harness, plain["final"], other["final"])
+        assert weights["diff"] <= 1e-4

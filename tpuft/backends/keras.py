@@ -7,7 +7,11 @@ Where the TF program runs:
 
 * Local CPU pod: every worker runs the same trainer under ``MultiWorkerMirroredStrategy``; ``TF_CONFIG`` is built
   from the launched workers' addresses (``TPUFT_PEERS``), so the rehearsal is a real multi-worker Keras run with
-  gradients all-reduced over gRPC.
+  gradients all-reduced over gRPC. Each worker splits its CPU into ``local.devices_per_worker`` logical devices
+  (``TPUFT_LOCAL_DEVICES``), every one a replica, so the run has the slice's replica count and per-replica batch
+  (``tpuft/worker/keras_devices.py``: MultiWorkerMirroredStrategy alone would take one CPU device per worker). What
+  it does not rehearse: on a slice one program drives every host (one input pipeline per host, the data in the
+  bucket); on the CPU pod every worker runs its own program on its own shard.
 * TPU VM: TensorFlow drives every chip of a slice from one Python program. A single-host slice runs it on its host
   (``TPUClusterResolver(tpu="local")``); on a pod slice it runs on worker 0 and the other hosts serve the TPU
   runtime (started by the ``-pod`` runtime image), so those hosts need no venv and run no trainer: ``setup``
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target, weight_digest_summary
 from tpuft.backends.keras_schema import CAPABILITIES, ENCODER_TYPES, LAYOUT, KerasBackend, Precision
+from tpuft.backends.spec import LOCAL_DEVICES_ENV
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
@@ -74,14 +79,19 @@ class Keras:
 
     @staticmethod
     def replicas(shape: ClusterShape) -> int:
-        """Data-parallel copies: every TPU device of the slice (one program drives them all: a v3-8 has 8), one per
-        worker on the CPU pod."""
-        return shape.chips * shape.devices_per_chip if shape.target == "tpu" else shape.hosts
+        """Data-parallel copies: every TPU device of the slice (one program drives them all: a v3-8 has 8), every
+        logical CPU device of every worker on the CPU pod."""
+        return shape.chips * shape.devices_per_chip if shape.target == "tpu" else shape.hosts * shape.local_devices
 
     def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
         """Each replica's train batch splits into ``train.grad_accum_steps`` equal micro-batches (static shapes)."""
         replicas, accum = self.replicas(shape), recipe.train.grad_accum_steps
-        what = f"{replicas} TPU cores" if shape.target == "tpu" else f"{replicas} workers"
+        if shape.target == "tpu":
+            what = f"{replicas} TPU cores"
+        elif shape.local_devices > 1:
+            what = f"{replicas} replicas ({shape.hosts} workers x {shape.local_devices} devices)"
+        else:
+            what = f"{replicas} workers"
         found: list[tuple[KeyPath, str]] = []
         for section, key, unit in (("train", "batch_size", replicas * accum), ("eval", "batch_size", replicas)):
             batch = getattr(getattr(recipe, section), key)
@@ -96,6 +106,7 @@ class Keras:
         if shape.target == "tpu":
             env["TPUFT_TPU_HOSTS"] = str(shape.hosts)
             return LaunchPlan(workers=(0,), env=env)  # one program drives every host of the slice
+        env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # logical CPU devices, each a replica
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:

@@ -1,8 +1,17 @@
 """PyTorch/XLA: one trainer process per worker host on the PJRT runtime.
 
 On TPU hosts torch-xla drives the local chips and reduces gradients with XLA collectives over the ICI/DCN. On the
-local CPU pod every worker is one PJRT CPU device, and gradients are averaged across workers with torch.distributed
-over gloo (worker 0 is the rendezvous), so the run is data-parallel in the same way.
+local CPU pod each worker exposes ``local.devices_per_worker`` PJRT CPU devices (the trainer sets
+``CPU_NUM_DEVICES`` from ``TPUFT_LOCAL_DEVICES``), as many as a
+host of the target slice has chips: with more than one, the worker runs one SPMD program over a 1-D mesh of its own
+devices (the batch split over them, the weights replicated; with ``train.sharding: fsdp`` the weights sharded too),
+so the run has the slice's replica count and per-replica batch. Gradients are averaged across workers with
+torch.distributed over gloo (worker 0 is the rendezvous).
+
+What the CPU pod cannot rehearse: one global SPMD mesh across the worker processes. torch_xla's PJRT CPU client
+is created per process with its own ``CPU_NUM_DEVICES`` and no distributed runtime (no coordinator, no cross-process
+collectives; ``xr.global_runtime_device_count()`` is the process's own devices), so each worker's mesh is local and
+workers meet over gloo instead of inside the step's graph. On a TPU slice an FSDP mesh spans every host.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target, weight_digest_summary
+from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.torch_xla_schema import CAPABILITIES, LAYOUT, TorchXlaBackend
 
 if TYPE_CHECKING:
@@ -50,13 +60,17 @@ class TorchXla:
     @staticmethod
     def replicas(shape: ClusterShape) -> int:
         """Data-parallel copies: one per TPU device on TPU hosts (a chip; each of a v2/v3 chip's two TensorCores),
-        one per worker on the CPU pod."""
-        return shape.chips * shape.devices_per_chip if shape.target == "tpu" else shape.hosts
+        one per CPU device of every worker on the CPU pod."""
+        return shape.chips * shape.devices_per_chip if shape.target == "tpu" else shape.hosts * shape.local_devices
 
     def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
         replicas = self.replicas(shape)
-        per_host = shape.chips_per_host * shape.devices_per_chip
-        what = f"{replicas} replicas ({shape.hosts} hosts x {per_host} devices)" if shape.target == "tpu" else f"{replicas} workers"
+        if shape.target == "tpu":
+            what = f"{replicas} replicas ({shape.hosts} hosts x {shape.chips_per_host * shape.devices_per_chip} devices)"
+        elif shape.local_devices > 1:
+            what = f"{replicas} replicas ({shape.hosts} workers x {shape.local_devices} devices)"
+        else:
+            what = f"{replicas} workers"
         batch, accum = recipe.train.batch_size, recipe.train.grad_accum_steps
         unit = replicas * accum
         if batch % unit:
@@ -74,6 +88,7 @@ class TorchXla:
         env = {"PJRT_DEVICE": "TPU" if shape.target == "tpu" else "CPU", "TOKENIZERS_PARALLELISM": "false"}
         if shape.target == "cpu":
             env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's C++ start-up chatter, one block per worker
+            env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # CPU_NUM_DEVICES; SPMD over them when more than one
         if recipe.train.sharding == "fsdp" and shape.target == "tpu":
             env["XLA_USE_SPMD"] = "1"  # one SPMD process per host (the trainer calls use_spmd() too)
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)

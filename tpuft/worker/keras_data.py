@@ -64,7 +64,7 @@ class RecordData:
             # Static shapes, and on the CPU pod every worker runs the same number of eval batches (their steps meet
             # in collectives): each program pads its examples with weight-0 rows to whole batches.
             total = eval_count(cfg, self.recipe.eval.max_examples) if world > 1 else len(eval_examples)
-            per_program = self.eval_batch * (self.replicas if self.tpu_hosts else 1)
+            per_program = self.eval_batch * (self.replicas // world)  # a program's batches feed its replicas
             largest_share = -(-total // world)  # ceil: the worker with the most examples
             self.eval_batches = -(-largest_share // per_program)
             padding = [data_mod.Example("", "", 0)] * (self.eval_batches * per_program - len(eval_examples))

@@ -9,7 +9,8 @@ final heartbeat) is the shared :class:`~tpuft.worker.loop.RunLoop`: ``fit`` driv
 
 Strategy (``tpuft/backends/keras.py`` says where the program runs):
 - local CPU pod: ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG`` built from ``TPUFT_PEERS``; every worker runs
-  this trainer on its own shard, gradients are all-reduced by TF's collectives.
+  this trainer on its own shard, gradients are all-reduced by TF's collectives. A worker with several devices
+  (``local.devices_per_worker``) makes them logical CPU devices, each a replica (``tpuft/worker/keras_devices.py``).
 - TPU: ``TPUStrategy`` over every core of the slice, from worker 0 alone (``TPUFT_TPU_HOSTS`` hosts).
 
 The training step is our own ``train_step`` inside ``fit`` (``tpuft/worker/keras_parts.py``; ``steps_per_execution``
@@ -43,6 +44,7 @@ from tpuft import rundir
 from tpuft.backends.keras_schema import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
+from tpuft.worker import keras_devices
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.keras_data import RecordData
 from tpuft.worker.keras_parts import (
@@ -142,9 +144,13 @@ class KerasRun:
             os.environ["TF_CONFIG"] = json.dumps(
                 {"cluster": {"worker": peers}, "task": {"type": "worker", "index": self.ctx.worker_id}}
             )
-            options = tf.distribute.experimental.CommunicationOptions(
-                implementation=tf.distribute.experimental.CommunicationImplementation.RING
-            )
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
+        devices = keras_devices.local_devices()
+        if devices > 1:
+            return keras_devices.cpu_strategy(tf, devices, self.ctx.num_workers, options)
+        if self.ctx.num_workers > 1:
             return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         return tf.distribute.OneDeviceStrategy("/cpu:0")
 

@@ -1,10 +1,13 @@
-"""FSDP via SPMD for the PyTorch/XLA trainer (``train.sharding: fsdp``, FSDPv2's layout): a 1-D mesh named ``fsdp``
+"""SPMD for the PyTorch/XLA trainer. FSDP (``train.sharding: fsdp``, FSDPv2's layout): a 1-D mesh named ``fsdp``
 over every device of every host; parameters are sharded on it as :mod:`tpuft.fsdp_plan` says, their optimizer state
 like them, and each host's batch becomes its slice of the global batch, sharded on the batch dimension.
 
-On the CPU pod the mesh is this worker's CPU devices (``CPU_NUM_DEVICES``; one is still the SPMD code path) and
-workers average gradients over gloo as in data-parallel runs. torch_xla is imported in each function: this module
-is imported by the trainer before the runtime is chosen.
+On the CPU pod the mesh is this worker's CPU devices (``local.devices_per_worker``, ``CPU_NUM_DEVICES``; one is
+still the SPMD code path) and workers average gradients over gloo as in data-parallel runs: torch_xla's PJRT CPU
+client has no distributed runtime, so no mesh spans processes. A CPU worker with several devices and no FSDP runs
+data-parallel SPMD: a mesh named ``data`` over its devices, the batch split on it, the weights replicated, which is
+what one process per chip does on a TPU host. torch_xla is imported in each function: this module is imported by the
+trainer before the runtime is chosen.
 """
 
 from __future__ import annotations
@@ -12,16 +15,28 @@ from __future__ import annotations
 from typing import Any
 
 
-def setup_mesh() -> tuple[Any, int]:
-    """Turn SPMD on (before the first device is touched) and set the global mesh; returns (mesh, this host's device
-    count)."""
+def cpu_devices() -> int:
+    """The PJRT CPU devices of this worker: the launch plan's count (``TPUFT_LOCAL_DEVICES``) handed to the runtime
+    as ``CPU_NUM_DEVICES`` (read when its client starts, so call this before the first device is touched)."""
+    import os
+
+    from tpuft.backends.spec import LOCAL_DEVICES_ENV
+
+    if os.environ.get(LOCAL_DEVICES_ENV):
+        os.environ["CPU_NUM_DEVICES"] = os.environ[LOCAL_DEVICES_ENV]
+    return int(os.environ.get("CPU_NUM_DEVICES") or 1)
+
+
+def setup_mesh(axis: str) -> tuple[Any, int]:
+    """Turn SPMD on (before the first device is touched) and set the global mesh, one axis named ``axis`` (``fsdp``
+    or ``data``); returns (mesh, this host's device count)."""
     import numpy as np
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
     xr.use_spmd()
     devices = xr.global_runtime_device_count()
-    mesh = xs.Mesh(np.arange(devices), (devices,), ("fsdp",))
+    mesh = xs.Mesh(np.arange(devices), (devices,), (axis,))
     xs.set_global_mesh(mesh)
     return mesh, xr.addressable_runtime_device_count()
 
@@ -64,7 +79,8 @@ def batch_to_device(mesh: Any, device: Any, tensors: tuple[Any, ...]) -> list[An
     import torch_xla.distributed.spmd as xs
 
     out = []
+    axis = mesh.axis_names[0]
     for tensor in tensors:
-        spec = xs.ShardingSpec(mesh, ("fsdp", *([None] * (tensor.dim() - 1))), minibatch=True)
+        spec = xs.ShardingSpec(mesh, (axis, *([None] * (tensor.dim() - 1))), minibatch=True)
         out.append(xm.send_cpu_data_to_device([tensor], device, spec)[0])
     return out

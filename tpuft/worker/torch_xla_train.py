@@ -10,9 +10,9 @@ Shapes are static (inputs padded to the recipe's max lengths, the last eval batc
 compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla passes
 Python scalars into graphs as data.
 
-Replication (:mod:`tpuft.worker.torch_replicas`): gloo between the local CPU pod's workers, XLA collectives between
-a TPU slice's chips (one process per chip), or one SPMD program per host with ``train.sharding: fsdp``
-(:mod:`tpuft.worker.torch_sharding`).
+Replication (:mod:`tpuft.worker.torch_replicas`): gloo between the local CPU pod's workers (each one SPMD program
+over its CPU devices when it has several), XLA collectives between a TPU slice's chips (one process per chip), or
+one SPMD program per host with ``train.sharding: fsdp`` (:mod:`tpuft.worker.torch_sharding`).
 
 Resume (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the trainer continues from the run's
 latest complete checkpoint (listed in the bucket and downloaded by every worker for a ``gs://`` run) and ends with
@@ -146,8 +146,8 @@ class Trainer:
             torch.set_num_threads(len(cpus))
         self.torch = torch
         self.torch_xla = torch_xla
-        if self.spmd:
-            self.mesh, self.local_devices = torch_sharding.setup_mesh()
+        if self.spmd or (not self.tpu and torch_sharding.cpu_devices() > 1):  # FSDP, or data-parallel SPMD
+            self.mesh, self.local_devices = torch_sharding.setup_mesh("fsdp" if self.spmd else "data")
         self.device = torch_xla.device()
         ctx = self.ctx
         self.replicas = make_replicas(tpu=self.tpu, spmd=self.spmd, workers=ctx.num_workers, worker=ctx.worker_id,
@@ -158,9 +158,10 @@ class Trainer:
         self.loop.setup_started = setup_started
         self.start_step = self.loop.find_checkpoint()
         self.loop.beat(self.start_step, phase="starting")
+        mesh = "" if self.mesh is None else f" (a {self.mesh.axis_names[0]} mesh of {self.local_devices} devices)"
         self._say(
-            f"worker {ctx.worker_id}/{ctx.num_workers}: replica {self.replicas.rank} of "
-            f"{self.replicas.world} on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
+            f"worker {ctx.worker_id}/{ctx.num_workers}: replica {self.replicas.rank} of {self.replicas.world} on "
+            f"{self.device}{mesh} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
         )
         start = self.loop.load_checkpoint()
         self.checkpoint, self.trainer_state = start.checkpoint, start.state
@@ -201,7 +202,7 @@ class Trainer:
             if frozen:
                 self._say(f"frozen: {', '.join(model_cfg.freeze)} ({len(frozen)} tensors)")
             self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        if self.mesh is not None:
+        if self.spmd:
             from tpuft.worker.torch_sharding import shard_parameters
 
             named = list(self.model.named_parameters()) + ([("prompt.weight", self.prompt.weight)] if self.prompt is not None else [])
@@ -226,7 +227,7 @@ class Trainer:
             saved = torch.load(self.checkpoint / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(saved["optimizer"])  # moves the state onto the parameters' device
             self.scheduler.load_state_dict(saved["scheduler"])
-            if self.mesh is not None:  # loaded state is replicated: shard it like its parameter
+            if self.spmd:  # loaded state is replicated: shard it like its parameter
                 from tpuft.worker.torch_sharding import shard_optimizer_state
 
                 shard_optimizer_state(self.mesh, self.optimizer, self.params, self.shard_specs)
@@ -236,15 +237,13 @@ class Trainer:
 
         cfg = self.recipe.data
         world, rank = self.replicas.world, self.replicas.rank
-        if self.recipe.train.batch_size % world:
-            raise ValueError(
-                f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of replicas ({world})"
-            )
+        devices = 1 if self.mesh is None else self.local_devices  # the batch dimension is sharded over them
+        if self.recipe.train.batch_size % (world * devices):
+            raise ValueError(f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of "
+                             f"replicas ({world} x {devices} devices)")
         self.local_batch = self.recipe.train.batch_size // world
         self.local_eval_batch = max(1, self.recipe.eval.batch_size // world)
-        if self.mesh is not None:  # the batch dimension is sharded over this host's devices
-            devices = self.local_devices
-            self.local_eval_batch = -(-self.local_eval_batch // devices) * devices
+        self.local_eval_batch = -(-self.local_eval_batch // devices) * devices
         saved_world = self.trainer_state.get("replicas", world)
         if saved_world != world:
             self._say(
@@ -263,9 +262,10 @@ class Trainer:
             self.eval_shard = load_eval_examples(cfg, rank=rank, world=world, limit=self.recipe.eval.max_examples)
             wanted = self.recipe.eval.generate_examples  # the first ones of the set, wherever their shard is
             self.generate_shard = self.eval_shard[: len(range(rank, wanted, world))]
+        split = f" over {devices} devices" if devices > 1 else ""
         self._say(
             f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} eval "
-            f"examples on replica {rank} (batch {self.local_batch} per replica, {self.recipe.train.batch_size} "
+            f"examples on replica {rank} (batch {self.local_batch} per replica{split}, {self.recipe.train.batch_size} "
             f"global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
             everyone=True,
         )
