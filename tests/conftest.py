@@ -172,9 +172,9 @@ def recipe_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def cluster_file(tmp_path: Path) -> Path:
-    """A 2-worker local cluster file in a temp dir."""
+    """A 2-worker local cluster file in a temp dir; one device per worker (the device-layout tests ask for more)."""
     path = tmp_path / "tpuft.yaml"
-    path.write_text("name: test-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    path.write_text("name: test-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
     return path
 
 

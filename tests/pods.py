@@ -41,9 +41,10 @@ class Finished:
 
 
 def created_pod(home: Path, name: str) -> Pod:
-    """A created 2-worker local pod named ``name`` whose TPUFT_HOME is under ``home``."""
+    """A created 2-worker local pod named ``name`` whose TPUFT_HOME is under ``home``; one device per worker, the
+    fast rehearsal (a test about the device layout writes its own cluster file for the same pod)."""
     cluster = home / "tpuft.yaml"
-    cluster.write_text(f"name: {name}\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    cluster.write_text(f"name: {name}\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
     env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
     pod = Pod(env, cluster, home / "tpuft-home" / "buckets" / name / "runs")
     created = pod.tpuft("create")

@@ -136,6 +136,9 @@ CLUSTER_CASES = [
     ("provider: gcp\ngcp: {project: my-project, zone: us-central2-b}\nssh:\n  user: 'root; reboot'\n", 4, "ssh.user", "is not a login name"),
     ("provider: gcp\ngcp: {project: my-project, zone: us-central2-b}\nssh:\n  user: -oProxyCommand=x\n", 4, "ssh.user", "is not a login name"),
     ("provider: gcp\naccelerator: v4-32\nlocal:\n  workers: 2\ngcp: {project: my-project, zone: us-central2-b}\n", 4, "local.workers", "v4-32 (4)"),
+    ("provider: gcp\naccelerator: v4-16\nlocal:\n  devices_per_worker: 2\ngcp: {project: my-project, zone: us-central2-b}\n", 4, "local.devices_per_worker", "its host's chips (4)"),
+    ("local:\n  devices_per_worker: 0\n", 2, "local.devices_per_worker", "must be >= 1, got 0"),
+    ("local:\n  devices_per_worker: 65\n", 2, "local.devices_per_worker", "must be <= 64, got 65"),
     ("provider: local\nbucket: gs://runs\n", 2, "bucket", "the local provider keeps runs in a local folder"),
     ("local:\n  python: '-c'\n", 2, "local.python", "is not a command name"),
 ]

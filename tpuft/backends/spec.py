@@ -28,6 +28,11 @@ VENV_LAYOUT_VERSION = "1"
 
 KeyPath = tuple[str | int, ...]
 
+LOCAL_DEVICES_ENV = "TPUFT_LOCAL_DEVICES"
+"""Set by a backend's launch plan on local CPU workers: how many devices the trainer exposes (``local.devices_per_
+worker``). A variable of tpuft's rather than the runtime's own (``XLA_FLAGS``), so that the trainer merges it into
+what the user's ``worker_env`` already sets instead of replacing it."""
+
 
 @dataclass(frozen=True)
 class EnvSpec:

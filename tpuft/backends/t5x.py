@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target
+from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.t5x_schema import (
     CAPABILITIES,
     LAYOUT,
@@ -142,18 +143,31 @@ class T5x:
         )
 
     @staticmethod
-    def data_parallel(recipe: RecipeConfig, shape: ClusterShape) -> int:
-        """Data-parallel replicas: every device (chips on TPU, one CPU device per host locally) over the
-        model-parallel partitions."""
-        devices = shape.chips if shape.target == "tpu" else shape.hosts
-        return max(1, devices // recipe.backend.num_partitions)
+    def devices(shape: ClusterShape) -> int:
+        """Every device of the run: the slice's chips on TPU; on the local pod each worker's CPU devices
+        (``local.devices_per_worker``, the slice's chips per host by default), so the layout is the slice's."""
+        return shape.chips if shape.target == "tpu" else shape.hosts * shape.local_devices
+
+    @classmethod
+    def data_parallel(cls, recipe: RecipeConfig, shape: ClusterShape) -> int:
+        """Data-parallel replicas: every device over the model-parallel partitions."""
+        return max(1, cls.devices(shape) // recipe.backend.num_partitions)
 
     def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
         found: list[tuple[KeyPath, str]] = []
         backend = recipe.backend
-        devices = shape.chips if shape.target == "tpu" else shape.hosts
-        if devices % backend.num_partitions:
-            found.append((("backend", "num_partitions"), f"{backend.num_partitions} does not divide the {devices} devices"))
+        devices = self.devices(shape)
+        partitions = backend.num_partitions
+        if devices % partitions:
+            found.append((("backend", "num_partitions"), f"{partitions} does not divide the {devices} devices"))
+            return found
+        per_worker = shape.local_devices
+        if shape.target == "cpu" and partitions % per_worker and per_worker % partitions:
+            # A partition group must be whole workers, or lie within one: the mesh is cut from the devices in
+            # worker order, and T5X feeds each worker the rows of the replicas its devices hold.
+            found.append((("backend", "num_partitions"), f"{partitions} partitions do not tile the local workers' "
+                          f"{per_worker} devices each (local.devices_per_worker): use a divisor or a multiple of "
+                          f"{per_worker}"))
             return found
         replicas = self.data_parallel(recipe, shape)
         step = replicas * (backend.num_microbatches or 1)
@@ -167,6 +181,7 @@ class T5x:
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
         if shape.target == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
+            env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # the trainer adds it to XLA_FLAGS as a host device count
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=("train", "eval", "corpus", "backend.gin_files", "backend.vocabulary"))
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:

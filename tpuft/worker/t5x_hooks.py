@@ -9,7 +9,10 @@ gin, each of which calls the active run (:class:`HookedRun`, the trainer's ``T5x
   gives it more time);
 * the Orbax checkpoint manager's ``save``: the ``checkpoint`` phase, then, once the save is complete,
   :meth:`HookedRun.on_checkpoint_saved`;
-* :class:`EvalLogger` (``seqio.Evaluator.logger_cls`` in the gin): the inference eval's metrics and predictions.
+* :class:`EvalLogger` (``seqio.Evaluator.logger_cls`` in the gin): the inference eval's metrics and predictions;
+* the trainer's construction: :meth:`HookedRun.on_layout` with the mesh and how the parameters are sharded over it;
+* on CPU, T5X's ``default_mesh``: T5X's own CPU mesh is hosts x devices per host whatever ``num_partitions`` says,
+  so the local pod would not rehearse the slice's replicas x partitions; :func:`cpu_mesh` cuts it as the recipe says.
 
 The run is found through a module global (:func:`activate`) because gin builds the seqio logger without arguments.
 """
@@ -44,6 +47,8 @@ class HookedRun(Protocol):
 
     def on_checkpoint_saved(self, absolute_step: int) -> None: ...
 
+    def on_layout(self, layout: dict[str, Any]) -> None: ...
+
 
 _ACTIVE: HookedRun | None = None
 """The run in this process, for the hooks T5X calls (its seqio logger is built by gin, without arguments)."""
@@ -58,6 +63,7 @@ def install_hooks() -> None:
     import seqio
     from clu import metric_writers
     from t5x import checkpoints as checkpoints_lib
+    from t5x import partitioning
     from t5x import trainer as trainer_lib
 
     if getattr(trainer_lib, "_tpuft_hooked", False):
@@ -136,6 +142,69 @@ def install_hooks() -> None:
         return saved
 
     manager.save = save
+
+    original_init = trainer_lib.BaseTrainer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if _ACTIVE is not None:
+            _ACTIVE.on_layout(device_layout(self._partitioner.mesh, self.train_state.params))
+
+    trainer_lib.BaseTrainer.__init__ = init
+
+    original_mesh = partitioning.default_mesh
+
+    def default_mesh(num_partitions: int, model_parallel_submesh: Any = None, backend: str | None = None,
+                     ici_mesh_shape: Any = None, dcn_mesh_shape: Any = None) -> Any:
+        import jax
+
+        if jax.devices(backend)[-1].platform == "cpu" and not model_parallel_submesh and ici_mesh_shape is None:
+            return cpu_mesh(num_partitions, backend)
+        return original_mesh(num_partitions, model_parallel_submesh, backend, ici_mesh_shape, dcn_mesh_shape)
+
+    partitioning.default_mesh = default_mesh
+
+
+def cpu_mesh(num_partitions: int, backend: str | None = None) -> Any:
+    """The ``data`` x ``model`` mesh of the local pod's CPU devices: replicas x ``num_partitions``, cut from the
+    devices in worker order, so a partition group lies within one worker (as on a TPU host, over its fast links) or
+    spans whole workers. T5X's own CPU mesh ignores ``num_partitions`` (hosts x devices per host)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    devices = sorted(jax.devices(backend), key=lambda device: (device.process_index, device.id))
+    if len(devices) % num_partitions:
+        raise ValueError(f"num_partitions {num_partitions} does not divide the {len(devices)} CPU devices")
+    return Mesh(np.array(devices, dtype=object).reshape(-1, num_partitions), ("data", "model"))
+
+
+def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
+    """What the run really got: the mesh's shape and how many devices each host drives, and the parameters that
+    are split over the ``model`` axis, read from the arrays on the devices (the largest one as the example)."""
+    import jax
+
+    sharded = []
+    total = 0
+    for path, array in jax.tree_util.tree_flatten_with_path(params)[0]:
+        total += 1
+        spec = getattr(getattr(array, "sharding", None), "spec", None)
+        if spec is None or "model" not in [axis for entry in spec for axis in (entry if isinstance(entry, tuple) else (entry,))]:
+            continue
+        name = "/".join(str(getattr(key, "key", key)) for key in path)
+        local = tuple(array.addressable_shards[0].data.shape)
+        sharded.append((int(array.size), name, tuple(array.shape), str(spec), local))
+    layout: dict[str, Any] = {
+        "mesh": {str(axis): int(size) for axis, size in mesh.shape.items()},
+        "hosts": jax.process_count(),
+        "devices_per_host": jax.local_device_count(),
+        "params": total,
+        "params_sharded": len(sharded),
+    }
+    if sharded:
+        _, name, shape, spec, local = max(sharded)
+        layout["example"] = {"name": name, "shape": list(shape), "spec": spec, "per_device": list(local)}
+    return layout
 
 
 class EvalLogger:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft import rundir
+from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.t5x import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker.context import WorkerContext
@@ -98,13 +99,14 @@ class T5xRun:
         activate(self)
         exit_on_sigterm()
         self.beat(phase="starting")
+        self._expose_local_devices()
         self._distributed()
         self.loop.chief = self._process_index() == 0
         self._resume()
         gin_file = self.write_generated()
         install_hooks()
         self.say(
-            f"T5X on {self._process_count()} host(s): steps {self.initial_step + self.step + 1}..{self.total_steps} "
+            f"T5X on {self._process_count()} host(s) x {self._local_device_count()} device(s): steps {self.initial_step + self.step + 1}..{self.total_steps} "
             f"(TRAIN_STEPS {self.total_steps}), MODEL_DIR {self.model_dir}"
         )
         run_t5x_train(gin_file)
@@ -134,6 +136,13 @@ class T5xRun:
                 loop.selector.judge(row["step"], row)
         self.say(f"resuming from checkpoint_{latest} (step {loop.start_step} of {self.recipe.train.steps})")
 
+    def _expose_local_devices(self) -> None:
+        """The local pod: as many CPU devices in this process as the slice's hosts have chips (the launch plan's
+        count), added to the XLA_FLAGS the worker already has; before JAX starts its CPU client, which reads them."""
+        count = os.environ.get(LOCAL_DEVICES_ENV)
+        if self.cpu and count:
+            os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), int(count))
+
     def _distributed(self) -> None:
         """The local CPU pod: JAX's coordination service on worker 0, gloo collectives between the processes. TPU
         hosts need nothing: the TPU runtime finds its peers."""
@@ -159,6 +168,12 @@ class T5xRun:
         import jax
 
         return jax.process_count()
+
+    @staticmethod
+    def _local_device_count() -> int:
+        import jax
+
+        return jax.local_device_count()
 
     def say(self, message: str) -> None:
         self.loop.say(message)
@@ -257,6 +272,13 @@ class T5xRun:
         if self.loop.judge(step, row).improved:
             self._prune()
 
+    def on_layout(self, layout: dict[str, Any]) -> None:
+        """The mesh T5X built and how the parameters are split over it: a line in the log, and (host 0)
+        ``run_dir/t5x/layout.json``, so a rehearsal shows the layout the slice will get."""
+        self.say(layout_line(layout))
+        if self.chief:
+            _write(self.ctx.run_dir / GENERATED / "layout.json", json.dumps(layout, indent=2, sort_keys=True) + "\n")
+
     def on_checkpoint_saved(self, absolute_step: int) -> None:
         """Host 0, once Orbax has finished ``checkpoint_<step>``: the manifest, then pruning."""
         if not self.chief:
@@ -333,6 +355,27 @@ def batch_counts(batch: Any) -> tuple[int, int, int]:
     else:
         examples = int((targets > 0).any(axis=-1).sum())
     return int(targets.shape[0]), examples, tokens
+
+
+def with_host_device_count(flags: str, count: int) -> str:
+    """``XLA_FLAGS`` with XLA's host-platform device count set to ``count`` (replacing one already there), the
+    other flags kept as they were."""
+    kept = [flag for flag in flags.split() if not flag.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={count}"])
+
+
+def layout_line(layout: dict[str, Any]) -> str:
+    """``device layout: 2 host(s) x 2 device(s), mesh data 2 x model 2 (2 replicas x 2 partitions); ...``"""
+    mesh = layout["mesh"]
+    line = (f"device layout: {layout['hosts']} host(s) x {layout['devices_per_host']} device(s), mesh "
+            + " x ".join(f"{axis} {size}" for axis, size in mesh.items())
+            + f" ({mesh.get('data', 1)} replicas x {mesh.get('model', 1)} partitions); "
+            f"{layout['params_sharded']} of {layout['params']} parameter arrays split over 'model'")
+    example = layout.get("example")
+    if example:
+        line += (f", e.g. {example['name']} {tuple(example['shape'])} as {example['spec']}: "
+                 f"{tuple(example['per_device'])} per device")
+    return line
 
 
 def remove_checkpoint(folder: str) -> None:
