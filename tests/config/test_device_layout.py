@@ -90,3 +90,16 @@ def test_the_layout_line_names_the_mesh_and_a_sharded_parameter() -> None:
         "device layout: 2 host(s) x 2 device(s), mesh data 2 x model 2 (2 replicas x 2 partitions); 40 of 52 "
         "parameter arrays split over 'model', e.g. token_embedder/embedding (384, 128) as P('model', None): "
         "(192, 128) per device")
+
+
+def test_the_dry_run_shows_the_layout(tmp_path: Path) -> None:
+    from tpuft.ops.plan import lines, plan
+
+    path = tmp_path / "tpuft.yaml"
+    path.write_text(f"name: lp\nprovider: local\naccelerator: v4-16\nlocal:\n  devices_per_worker: 2\n  state_dir: {tmp_path}\n")
+    recipe = load_recipe(REPO / "recipes" / "t5x_quickstart.yaml", ["backend.num_partitions=2"])
+    shown = lines(plan(load_cluster(path).value, "up", recipe))
+    assert "  device layout: 2 worker(s) x 2 CPU device(s) = 4 devices: 2 replica(s) x 2 partition(s)" in shown
+    gcp = tmp_path / "gcp.yaml"
+    gcp.write_text("name: tp\nprovider: gcp\naccelerator: v4-32\ngcp: {project: my-project, zone: us-central2-b}\n")
+    assert plan(load_cluster(gcp).value, "up", recipe).layout == "4 worker(s) x 4 TPU device(s) = 16 devices: 8 replica(s) x 2 partition(s)"

@@ -17,6 +17,7 @@ from typing import Any
 
 from tpuft.accelerators import lookup
 from tpuft.backends import get_backend
+from tpuft.backends.spec import LOCAL_DEVICES_ENV, ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.ops.cluster import cost_estimate
 from tpuft.providers import get_provider
@@ -67,6 +68,8 @@ class Plan:
     roles: list[WorkerRole] = field(default_factory=list)
     env: dict[str, list[str]] = field(default_factory=dict)
     """Per process kind (``setup``, ``trainer``): the NAMES of the variables it gets."""
+    layout: str | None = None
+    """The run's devices: workers x devices each (and replicas x partitions where the recipe partitions the model)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"dry_run": True, **asdict(self)}
@@ -124,11 +127,27 @@ def _add_recipe(result: Plan, config: ClusterConfig, recipe: Loaded[RecipeConfig
         result.roles.append(WorkerRole(index, runs if result.verb != "setup" else runs.split("; train:")[0]))
     result.env = {"setup": sorted(config.worker_env)}
     if result.verb != "setup":
+        result.layout = device_layout(shape, launch.env, getattr(value.backend, "num_partitions", None))
+    if result.verb != "setup":
         result.env["trainer"] = sorted({*config.worker_env, *TRAINER_ENV, *launch.env})
         result.price.steps = value.train.steps
         if result.price.per_hour is not None:
             result.price.run_note = (f"{value.train.steps} steps; no step-time estimate for this recipe, so the "
                                      "run's total is not estimated: per hour only")
+
+
+def device_layout(shape: ClusterShape, launch_env: dict[str, str], partitions: int | None) -> str:
+    """``2 worker(s) x 2 device(s) = 4 devices: 2 replicas x 2 partitions``. A local worker exposes the devices its
+    backend's launch plan asks for (``TPUFT_LOCAL_DEVICES``), one where the backend asks for none."""
+    if shape.target == "tpu":
+        per_worker, what = shape.chips_per_host * shape.devices_per_chip, "TPU device(s)"
+    else:
+        per_worker, what = int(launch_env.get(LOCAL_DEVICES_ENV, "1")), "CPU device(s)"
+    devices = shape.hosts * per_worker
+    text = f"{shape.hosts} worker(s) x {per_worker} {what} = {devices} devices"
+    if partitions:
+        text += f": {max(1, devices // partitions)} replica(s) x {partitions} partition(s)"
+    return text
 
 
 def lines(result: Plan) -> list[str]:
@@ -153,6 +172,8 @@ def lines(result: Plan) -> list[str]:
     out.append(f"recipe {result.recipe}: backend {result.backend}")
     out.append(f"  venv: {result.venv}")
     out += [f"    {requirement}" for requirement in result.requirements]
+    if result.layout:
+        out.append(f"  device layout: {result.layout}")
     out += [f"  worker {role.worker}: {role.runs}" for role in result.roles]
     for kind, names in result.env.items():
         out.append(f"  environment of the {kind} processes (names only): {', '.join(names) or '-'}")

@@ -175,8 +175,8 @@ class T5xRun:
 
         return jax.local_device_count()
 
-    def say(self, message: str) -> None:
-        self.loop.say(message)
+    def say(self, message: str, *, everyone: bool = False) -> None:
+        self.loop.say(message, everyone=everyone)
 
     def beat(self, step: int | None = None, status: str = "running", phase: str | None = None, **extra: Any) -> None:
         """The heartbeat; T5X's hooks that know no step (evaluations, checkpoints) repeat the last one's, and a
@@ -216,6 +216,9 @@ class T5xRun:
             rows, examples, tokens = batch_counts(batch)
             with self.counted_lock:
                 self.counted = (self.counted[0] + rows, self.counted[1] + examples, self.counted[2] + tokens)
+            if first_of_run:  # T5X feeds each host the rows of the replicas its devices hold
+                self.say(f"batch split: this host feeds {rows} of each batch's {self.recipe.train.batch_size} rows",
+                         everyone=True)
         if first_of_run:
             phase = "starting"
         else:
@@ -275,7 +278,7 @@ class T5xRun:
     def on_layout(self, layout: dict[str, Any]) -> None:
         """The mesh T5X built and how the parameters are split over it: a line in the log, and (host 0)
         ``run_dir/t5x/layout.json``, so a rehearsal shows the layout the slice will get."""
-        self.say(layout_line(layout))
+        self.say(layout_line(layout), everyone=True)
         if self.chief:
             _write(self.ctx.run_dir / GENERATED / "layout.json", json.dumps(layout, indent=2, sort_keys=True) + "\n")
 
