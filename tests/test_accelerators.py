@@ -61,3 +61,40 @@ def test_local_workers_follow_the_catalogue(tmp_path) -> None:  # type: ignore[n
     assert load_cluster(path).value.num_workers == 4
     path.write_text("provider: local\naccelerator: v4-32\nlocal:\n  workers: 2\n")
     assert load_cluster(path).value.num_workers == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "topology", "chip_config", "per_host", "devices"),
+    [
+        ("v4-8", "v4:2x2x1", "megacore", (2, 2, 1), 4),
+        ("v4-16", "v4:2x2x2", "megacore", (2, 2, 1), 8),
+        ("v4-32", "v4:2x2x4", "megacore", (2, 2, 1), 16),
+        ("v4-64", "v4:2x4x4", "megacore", (2, 2, 1), 32),
+        ("v5p-8", "v5p:2x2x1", "megacore", (2, 2, 1), 4),
+        ("v5litepod-1", "v5e:1x1", "default", (1, 1, 1), 1),
+        ("v5litepod-8", "v5e:2x4", "default", (2, 4, 1), 8),
+        ("v5litepod-16", "v5e:4x4", "default", (2, 2, 1), 16),
+        ("v6e-4", "v6e:2x2", "default", (2, 2, 1), 4),
+        ("v3-8", "v3:2x2", "default", (2, 2, 1), 8),
+        ("v2-32", "v2:4x4", "default", (2, 2, 1), 32),
+    ],
+)
+def test_topology_as_libtpu_names_it(name: str, topology: str, chip_config: str, per_host: tuple[int, ...],
+                                     devices: int) -> None:
+    """What ``get_topology_desc`` is given for ``--compile``: the torus, each host's block of chips, and the devices
+    a framework sees (v2/v3: two TensorCores per chip; megacore v4/v5p: one device per chip)."""
+    found = lookup(name).topology()
+    assert (found.name, found.chip_config, found.chips_per_host_bounds, found.devices) == (
+        topology, chip_config, per_host, devices)
+    dims = [int(d) for d in found.name.split(":")[1].split("x")]
+    assert devices == lookup(name).chips * lookup(name).generation.devices_per_chip
+    product = 1
+    for d in dims:
+        product *= d
+    assert product == lookup(name).chips
+
+
+def test_peak_flops_per_device() -> None:
+    assert lookup("v4-8").generation.peak_flops_per_device == 275e12
+    assert lookup("v3-8").generation.peak_flops_per_device == 123e12 / 2  # per TensorCore
+    assert lookup("v6e-8").generation.peak_bf16_flops_per_chip == 918e12

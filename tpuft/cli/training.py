@@ -31,6 +31,11 @@ RecoverOpt = Annotated[
         show_default=False,
     ),
 ]
+CheckFitOpt = Annotated[
+    bool,
+    typer.Option("--check-fit", help="Before anything is created or launched, compile the train step for the cluster's "
+                 "accelerator on this CPU (T5X; others: the paper estimate) and stop (exit 2) if it does not fit HBM."),
+]
 RunArg = Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
 
 
@@ -65,14 +70,16 @@ def train(
     resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this stopped or failed run from its last checkpoint instead (same as: tpuft resume RUN).", show_default=False)] = None,
     recover: RecoverOpt = None,
     dry_run: DryRunOpt = False,
+    check_fit: CheckFitOpt = False,
 ) -> None:
     from tpuft.errors import UsageError
 
     if resume is not None:
         if dry_run:
             raise UsageError("--dry-run plans a new run: drop --resume")
-        if recipe is not None or overrides:
-            raise UsageError("--resume continues a run with the recipe it was started with: drop RECIPE and --set")
+        if recipe is not None or overrides or check_fit:
+            raise UsageError("--resume continues a run with the recipe it was started with: drop RECIPE, --set and "
+                             "--check-fit")
         _resume(resume, config, json_out, detach, stop_on_interrupt, recover)
         return
     if recipe is None:
@@ -96,6 +103,7 @@ def train(
         checked=True,
         detach=detach or recovering,
         stop_on_interrupt=stop_on_interrupt,
+        check_fit=check_fit,
     )
     if recovering:
         result = _watch(cfg, config, result.run_id, console, detach, stop_on_interrupt, new_run=True, started=result)
@@ -257,6 +265,7 @@ def up(
     stop_on_interrupt: StopOnInterruptOpt = False,
     recover: RecoverOpt = None,
     dry_run: DryRunOpt = False,
+    check_fit: CheckFitOpt = False,
 ) -> None:
     from tpuft.ops.cluster import CreateResult
     from tpuft.ops.setup import SetupResult
@@ -283,7 +292,7 @@ def up(
     result = up_op(
         cfg, loaded, confirm=confirm_cost(cfg, yes, console), on_step=step, on_line=line_printer(console),
         on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"), on_notice=console.print,
-        checked=True, detach=detach or recovering, stop_on_interrupt=stop_on_interrupt,
+        checked=True, detach=detach or recovering, stop_on_interrupt=stop_on_interrupt, check_fit=check_fit,
     )
     if recovering:
         result.train = _watch(cfg, config, result.train.run_id, console, detach, stop_on_interrupt, new_run=True,  # type: ignore[assignment]

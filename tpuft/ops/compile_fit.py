@@ -238,7 +238,7 @@ def fit_report(recipe: RecipeConfig, accelerator: AcceleratorType, *, python: st
 
 def require_fit(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: Callable[[str], None] | None = None) -> FitReport:
     """``--check-fit``: compile for the cluster's accelerator before anything is created or launched; a step that
-    does not fit stops here (exit 2) with its bytes and what to change."""
+    does not fit stops here (exit 2) with its bytes and what to change. Its waits are shown on stderr."""
     accelerator = lookup(config.accelerator)
     found = fit_report(recipe.value, accelerator, python=config.local.python,
                        recipe_dir=Path(recipe.source).resolve().parent, progress=progress)

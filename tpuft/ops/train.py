@@ -104,13 +104,22 @@ def train(
     checked: bool = False,
     detach: bool = False,
     stop_on_interrupt: bool = False,
+    check_fit: bool = False,
 ) -> TrainResult:
     """Start a new run under the workers' supervisors, then attach to it (unless ``detach``).
 
     ``checked``: the caller has run :func:`tpuft.ops.preflight.preflight` already (``up`` does, before create).
-    Ctrl-C while attached detaches (the run goes on; the result says ``detached``) unless ``stop_on_interrupt``."""
+    Ctrl-C while attached detaches (the run goes on; the result says ``detached``) unless ``stop_on_interrupt``.
+    ``check_fit``: compile the step for the cluster's accelerator first, before any cloud call, and stop when it does
+    not fit (:func:`tpuft.ops.compile_fit.require_fit`)."""
     if not checked:
         preflight(config, recipe)
+    if check_fit:
+        from tpuft.ops.compile_fit import require_fit
+
+        fit = require_fit(config, recipe)
+        if on_notice is not None:
+            on_notice(f"check-fit on {fit.accelerator}: {fit.verdict()}")
     session = open_session(config)
     check_against_cluster(recipe, session.shape)
     plan = launch_plan(session, recipe.value)

@@ -12,6 +12,7 @@ from typing import Any
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.fleet.base import LineSink
 from tpuft.ops.cluster import CostEstimate, CreateResult, cost_to_confirm, create
+from tpuft.ops.compile_fit import require_fit
 from tpuft.ops.preflight import preflight
 from tpuft.ops.setup import SetupResult, setup
 from tpuft.ops.train import TrainResult, train
@@ -39,15 +40,21 @@ def up(
     checked: bool = False,
     detach: bool = False,
     stop_on_interrupt: bool = False,
+    check_fit: bool = False,
 ) -> UpResult:
     """``confirm(estimate)`` is called before a new cloud cluster is created and raises to stop. ``on_step(i, what,
     previous)`` announces step i of :data:`STEPS` with the result of the step before it (None for the first); the
     last step, the summary, is the caller's to render. ``checked``: the caller has run the preflight already;
-    ``detach`` and ``stop_on_interrupt`` are :func:`tpuft.ops.train.train`'s."""
+    ``detach``, ``stop_on_interrupt`` and ``check_fit`` are :func:`tpuft.ops.train.train`'s (the fit is checked
+    here, before the cluster is created)."""
     started = time.monotonic()
     step = on_step or (lambda index, what, previous: None)
     if not checked:
         preflight(config, recipe)
+    if check_fit:
+        fit = require_fit(config, recipe)
+        if on_notice is not None:
+            on_notice(f"check-fit on {fit.accelerator}: {fit.verdict()}")
     step(0, f"create {config.name}", None)
     estimate = cost_to_confirm(config)
     if estimate is not None:
