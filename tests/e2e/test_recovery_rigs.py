@@ -2,9 +2,9 @@
 node before and after it is recreated, on other loopback addresses) and the GCS emulator. Workers run the real
 PyTorch/XLA trainer on CPU.
 
-One run goes through what a week on spot TPUs does to it: every worker's sshd restarts for 20 s (the run goes on,
-the attached watcher re-attaches without losing or repeating a line), the watcher's machine dies and another takes
-over, the node is preempted (its VMs die), the queued resource comes back only after a wait, on new addresses;
+One run goes through what a week on spot TPUs does to it: every worker's sshd restarts for 6 s (the run goes on,
+the attached watcher's first two re-attach tries fail, its third gets in without losing or repeating a line), the
+watcher's machine dies and another takes over, the node is preempted (its VMs die), the queued resource comes back only after a wait, on new addresses;
 the run ends with the step count of an uninterrupted one, resumed from its last checkpoint, one recovery recorded.
 A second run fails in the user's code on a healthy node: not retried."""
 
@@ -31,6 +31,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla"),
               pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
 
 RECOVER = "recover: {max_attempts: 2, backoff: 1s, poll: 2s}\n"
+SSHD_DOWN_S = 6.0
+"""Longer than the watcher's first two re-attach delays (1 s, 2 s: tpuft.ops.lifecycle.REATTACH_DELAYS), shorter than
+the third (5 s more): two tries fail, the third gets in. At 20 s the watcher sat 38 s, and the run had to be longer."""
 
 
 def _publish_host_keys(tpu: FakeTpuServer, *pods: SshdPod) -> None:
@@ -75,7 +78,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         (second.root / "authorized_keys").write_text(Path(f"{first.client_key}.pub").read_text())  # the user's one key
         cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  queued: true\n  spot: true\n") + RECOVER)
 
-        total = 400  # enough for the sshd restart, the takeover and the preemption before the end (guards below)
+        total = 300  # enough for the sshd restart, the takeover and the preemption before the end (guards below)
         args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
                 "--set", "eval.every=1000", "--set", "eval.max_examples=16", "--set", "train.checkpoint_every=100"]
         out_a = tmp_path / "watcher-a.out"
@@ -83,7 +86,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
                                      env=env, stdout=out_a.open("w"), stderr=subprocess.STDOUT, text=True)
         try:
             wait_until(lambda: staged_step(first, 0) >= 10, 600, "step 10 on the first node")
-            _restart_sshd(first, 20.0)
+            _restart_sshd(first, SSHD_DOWN_S)
             upto = (staged_step(first, 0) // 10 + 2) * 10
             assert upto < total, "the run ended while sshd was down: give it more steps"
             wait_until(lambda: f"step {upto}/{total} " in out_a.read_text(), 240, f"the watcher to stream step {upto}")

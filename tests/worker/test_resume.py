@@ -204,9 +204,10 @@ def digest(run: Path, out: str) -> str:
 
 @pytest.mark.slow
 def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(torch_python: str, tmp_path: Path) -> None:
+    """The uninterrupted run trains beside the one that is killed: each is one process, mostly importing torch, so
+    on two cores the pair takes about the time of one."""
     whole = new_run(tmp_path, "whole")
-    expected = digest(whole, finish(start(torch_python, whole), whole))
-
+    uninterrupted = start(torch_python, whole)
     run = new_run(tmp_path, "killed")
     proc = start(torch_python, run)
     step_8 = LAYOUT.checkpoint_dir(run, 8)
@@ -219,6 +220,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(torch_pytho
     assert not LAYOUT.checkpoint_dir(run, 12).exists()  # killed before the end
     logged = [row["step"] for row in rundir.read_metrics(run).rows]
     assert max(logged) > 8
+    expected = digest(whole, finish(uninterrupted, whole))
 
     proc = start(torch_python, run, resume=True)
     first_beat: dict[str, object] = {}
