@@ -4,8 +4,9 @@ PyTorch/XLA trainer on CPU.
 
 One run goes through what a week on spot TPUs does to it: every worker's sshd restarts for 6 s (the run goes on,
 the attached watcher's first two re-attach tries fail, its third gets in without losing or repeating a line), the
-watcher's machine dies and another takes over, the node is preempted (its VMs die), the queued resource comes back only after a wait, on new addresses;
-the run ends with the step count of an uninterrupted one, resumed from its last checkpoint, one recovery recorded.
+watcher's machine dies and another takes over, the node is preempted (its VMs die), the queued resource comes back
+only after a wait, on new addresses; the run ends with the step count of an uninterrupted one, resumed from its last
+checkpoint, one recovery recorded.
 A second run fails in the user's code on a healthy node: not retried."""
 
 from __future__ import annotations
