@@ -2,8 +2,9 @@
 numbers across replicas), the RNG seed each replica draws from, and the weight digest that shows they all ended with
 identical weights.
 
-- local CPU pod: one PJRT CPU device per worker process; gradients (and the step's loss and token count, in the same
-  buffer) are averaged with torch.distributed over gloo, worker 0 being the rendezvous (:class:`Gloo`).
+- local CPU pod: one process per worker, over its PJRT CPU devices (one, or an SPMD mesh of
+  ``local.devices_per_worker``: :mod:`tpuft.worker.torch_sharding`); gradients (and the step's loss and token count,
+  in the same buffer) are averaged with torch.distributed over gloo, worker 0 being the rendezvous (:class:`Gloo`).
 - TPU host: one process per local chip (``torch_xla.launch``); gradients are averaged with XLA collectives
   (``xm.reduce_gradients``) across every chip of every host (:class:`XlaCollectives`).
 - TPU with ``train.sharding: fsdp``: one SPMD program per host over every chip (:class:`SpmdHosts`).
