@@ -231,14 +231,14 @@ def _index_reachable() -> str | None:
 
 @pytest.fixture(scope="module")
 def resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[Case, Resolution]:
-    pip = version("pip")
-    if int(pip.split(".")[0]) < PIP_MAJOR:
-        pytest.fail(f"pip {pip} downloads every wheel of a dry run; pip >= {PIP_MAJOR} is in the test extra")
     why = _index_reachable()
     if why is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the TPU install sets need the package index under CI: {why}")
         pytest.skip(f"the TPU install sets need the package index: {why}")
+    pip = version("pip")
+    if int(pip.split(".")[0]) < PIP_MAJOR:
+        pytest.fail(f"pip {pip} downloads every wheel of a dry run; pip >= {PIP_MAJOR} is in the test extra")
     work = tmp_path_factory.mktemp("tpu-sets")
     cases = (*CASES, BELOW_FLOOR)
     with ThreadPoolExecutor(len(cases) + 1) as pool:
