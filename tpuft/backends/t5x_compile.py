@@ -39,8 +39,11 @@ def compile_plan(recipe: RecipeConfig, accelerator: AcceleratorType, python: str
             "topology": {"name": topology.name, "chip_config": topology.chip_config,
                          "chips_per_host_bounds": list(topology.chips_per_host_bounds), "num_slices": 1},
         },
-        # libtpu looks for the TPU it would run on; on a CPU host these say there is none to find
+        # libtpu looks for the TPU it would run on (these say there is none to find), and holds /tmp/libtpu_lockfile
+        # against a second process, which two compiles at once (or a compile beside a test) are here. A step that
+        # does not fit HBM is compiled all the same, for its bytes, rather than refused with the temporaries' only.
         env_vars={"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": accelerator.name, "TPU_WORKER_HOSTNAMES": "localhost",
+                  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "LIBTPU_INIT_ARGS": "--xla_tpu_no_crash_on_oom=true",
                   "TF_CPP_MIN_LOG_LEVEL": "3"},
         what=f"T5X's train step of {model} ({topology.devices} devices, {topology.name})",
     )
