@@ -39,8 +39,9 @@ def test_a_tpu_host_ignores_it(tmp_path: Path) -> None:
     assert (shape.target, shape.chips, shape.local_devices) == ("tpu", 16, 1)
 
 
-def quickstart(*overrides: str):  # type: ignore[no-untyped-def]
-    return load_recipe(REPO / "recipes" / "t5x_quickstart.yaml", list(overrides)).value
+def quickstart(*overrides: str, eval_batch: int = 240):  # type: ignore[no-untyped-def]
+    """The T5X quickstart; its eval batch 240 splits over 2, 3, 4, 8 and 16 replicas (the recipe's 250 over 2)."""
+    return load_recipe(REPO / "recipes" / "t5x_quickstart.yaml", [f"eval.batch_size={eval_batch}", *overrides]).value
 
 
 def local(hosts: int, devices: int) -> ClusterShape:
@@ -55,6 +56,10 @@ def test_t5x_splits_the_batch_over_every_local_device_as_on_the_slice() -> None:
     assert T5x.data_parallel(quickstart(), local(2, 2)) == 4
     (path, message), = BACKEND.check(quickstart("train.batch_size=6"), local(2, 2))
     assert path == ("train", "batch_size") and message == "6 does not split evenly over 4 data-parallel replicas (use a multiple of 4)"
+    # the inference eval's batch too: T5X stops at its first evaluation otherwise (the quickstart's 250 on 8 replicas)
+    (path, message), = BACKEND.check(quickstart(eval_batch=250), local(2, 4))
+    assert path == ("eval", "batch_size") and message.startswith("250 does not split evenly over 8 data-parallel replicas")
+    assert BACKEND.check(quickstart(eval_batch=250), local(2, 1)) == []
     (path, message), = BACKEND.check(quickstart("backend.num_partitions=8"), local(2, 2))
     assert path == ("backend", "num_partitions") and message == "8 does not divide the 4 devices"
 
@@ -97,7 +102,7 @@ def test_the_dry_run_shows_the_layout(tmp_path: Path) -> None:
 
     path = tmp_path / "tpuft.yaml"
     path.write_text(f"name: lp\nprovider: local\naccelerator: v4-16\nlocal:\n  devices_per_worker: 2\n  state_dir: {tmp_path}\n")
-    recipe = load_recipe(REPO / "recipes" / "t5x_quickstart.yaml", ["backend.num_partitions=2"])
+    recipe = load_recipe(REPO / "recipes" / "t5x_quickstart.yaml", ["backend.num_partitions=2", "eval.batch_size=240"])
     shown = lines(plan(load_cluster(path).value, "up", recipe))
     assert "  device layout: 2 worker(s) x 2 CPU device(s) = 4 devices: 2 replica(s) x 2 partition(s)" in shown
     gcp = tmp_path / "gcp.yaml"

@@ -7,7 +7,8 @@ dir, so nobody writes Python or pastes gin by hand, and starts ``t5x.train`` in-
 
 On TPU hosts JAX's runtime finds the other hosts itself (every host must start: one that does not makes the others
 wait). On the local CPU pod the trainer calls ``jax.distributed.initialize`` with worker 0 as the coordinator, and
-JAX's gloo CPU collectives make the rehearsal a real 2-host run.
+JAX's gloo CPU collectives make the rehearsal a real 2-host run; each worker exposes ``local.devices_per_worker`` CPU
+devices, so the mesh has the slice's replicas x partitions (``docs/device-layout.md``).
 
 Pins (tested together on Python 3.11 and in CI, see ``../shared/wheels/README.md`` for how they were found):
 jax/jaxlib 0.10.2 need Python >= 3.11 (jax >= 0.11 needs 3.12). The TPU VM images built on Ubuntu 22.04
@@ -175,6 +176,10 @@ class T5x:
             what = f"{replicas} data-parallel replicas" + (f" x {backend.num_microbatches} microbatches" if backend.num_microbatches else "")
             found.append((("train", "batch_size"), f"{recipe.train.batch_size} does not split evenly over {what} "
                           f"(use a multiple of {step})"))
+        evaluates = backend.task == "finetune" and recipe.data.eval is not None
+        if evaluates and recipe.eval.batch_size % replicas:  # T5X's inference eval splits its batch the same way
+            found.append((("eval", "batch_size"), f"{recipe.eval.batch_size} does not split evenly over {replicas} "
+                          f"data-parallel replicas (use a multiple of {replicas}; T5X pads the last batch)"))
         return found
 
     def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan:

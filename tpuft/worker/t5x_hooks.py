@@ -191,8 +191,10 @@ def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
         spec = getattr(getattr(array, "sharding", None), "spec", None)
         if spec is None or "model" not in [axis for entry in spec for axis in (entry if isinstance(entry, tuple) else (entry,))]:
             continue
-        name = "/".join(str(getattr(key, "key", key)) for key in path)
         local = tuple(array.addressable_shards[0].data.shape)
+        if local == tuple(array.shape):  # named for 'model', but the axis is 1 device long: whole on every device
+            continue
+        name = "/".join(str(getattr(key, "key", key)) for key in path)
         sharded.append((int(array.size), name, tuple(array.shape), str(spec), local))
     layout: dict[str, Any] = {
         "mesh": {str(axis): int(size) for axis, size in mesh.shape.items()},
