@@ -10,7 +10,7 @@ import typer
 
 from tpuft.cli.app import recipe_command
 from tpuft.cli.options import ConfigOpt, JsonOpt, RecipeArg, SetOpt, load_cluster_file, load_recipe_file, preflight_with_status
-from tpuft.cli.render import out_console
+from tpuft.cli.render import err_console, out_console
 
 if TYPE_CHECKING:
     from tpuft.model_summary import Summary
@@ -66,19 +66,31 @@ def recipes_show(
         return
     from tpuft.ops.recipes import summary as summarize
 
-    found = summarize(Path(name), overrides, config=config, accelerator=accelerator)
-    fit = None
-    if compile_step:
-        from tpuft.ops.recipes import compile_fit
-
-        if not json_out:
+    if not compile_step:
+        found = summarize(Path(name), overrides, config=config, accelerator=accelerator)
+        if json_out:
+            print(json.dumps(found.to_json(), indent=2))
+        else:
             _print_summary(found)
-        fit = compile_fit(Path(name), overrides, config=config, accelerator=accelerator)
-    if json_out:
-        print(json.dumps({**found.to_json(), "compile": fit.to_json()} if fit else found.to_json(), indent=2))
         return
-    if fit is None:
-        _print_summary(found)
+    from tpuft.errors import ConfigError
+    from tpuft.ops.recipes import compile_fit
+
+    paper: Summary | None = None
+    problem = ""
+    try:  # a model the paper summary cannot size (e.g. from the user's own gin files) may still compile
+        paper = summarize(Path(name), overrides, config=config, accelerator=accelerator)
+    except ConfigError as exc:
+        problem = str(exc)
+    if not json_out:
+        if paper is not None:
+            _print_summary(paper)
+        else:
+            err_console().print(f"no paper summary: {problem}", soft_wrap=True)
+    fit = compile_fit(Path(name), overrides, config=config, accelerator=accelerator)
+    if json_out:
+        head = paper.to_json() if paper is not None else {"summary_error": problem}
+        print(json.dumps({**head, "compile": fit.to_json()}, indent=2))
     else:
         _print_fit(fit)
 
@@ -115,7 +127,7 @@ def _seconds(value: float) -> str:
 
 
 def _dollars(value: float | None) -> str:
-    return f"${value:,.2f}" if value is not None and value >= 0.01 else "$0.01"
+    return "$0" if not value else f"${value:,.2f}" if value >= 0.01 else f"${value:.2g}"
 
 
 def _print_summary(found: Summary) -> None:
