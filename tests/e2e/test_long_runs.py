@@ -44,7 +44,7 @@ def digests(run: Path) -> set[str]:
 def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(tmp_path: Path) -> None:
     env = {**os.environ, "TPUFT_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     cluster = tmp_path / "tpuft.yaml"
-    cluster.write_text("name: long\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    cluster.write_text("name: long\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
     runs = tmp_path / "home" / "buckets" / "long" / "runs"
 
     def tpuft(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -92,7 +92,7 @@ def test_a_sigstopped_worker_is_named_hung_and_the_run_stopped(tmp_path: Path) -
     0 that waits for it in gloo's all-reduce; both trainers end, well before gloo's own 30-minute timeout."""
     env = {**os.environ, "TPUFT_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     cluster = tmp_path / "tpuft.yaml"
-    cluster.write_text("name: hang\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    cluster.write_text("name: hang\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
     started = subprocess.run(
         [sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--detach", "--json", "--set", "train.steps=5000",
          "--set", "train.hang_timeout=5s", "--set", "eval.every=100000", "--set", "train.log_every=10"],

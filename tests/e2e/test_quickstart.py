@@ -2,6 +2,10 @@
 
 One `tpuft up quickstart` (create -> setup -> train on 2 data-parallel workers -> export) is shared by the tests
 below. The first run on a machine builds the backend venv (several GB, a few minutes); later runs reuse it.
+
+It trains ``STEPS`` steps, not the recipe's 1500: the recipe leaves a user a wide margin (0.996 held-out exact match),
+CI needs the bar, with a margin, in a fifth less training time. Measured with the same recipe, its schedule decaying
+to 0 at the last step: 1200 steps reach 0.984; 1000 steps only 0.914, too near the bar.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from tpuft import rundir
 from tpuft.backends.torch_xla import LAYOUT
 
 pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla")]
+
+STEPS = 1200
 
 
 @dataclass
@@ -41,9 +47,9 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Run:
     home = tmp_path_factory.mktemp("e2e")
     env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
     cluster = home / "tpuft.yaml"
-    cluster.write_text("name: e2e-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n")
+    cluster.write_text("name: e2e-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
     started = time.monotonic()
-    up = tpuft(env, "up", "quickstart", "-c", str(cluster), "--json")
+    up = tpuft(env, "up", "quickstart", "-c", str(cluster), "--json", "--set", f"train.steps={STEPS}")
     seconds = time.monotonic() - started
     assert up.returncode == 0, up.stderr[-5000:]
     summary = json.loads(up.stdout)
@@ -63,7 +69,7 @@ def test_reaches_the_accuracy_bar(quickstart: Run) -> None:
     assert metrics.skipped == []
     losses = [r["loss"] for r in metrics.train_rows]
     assert losses[-1] < losses[0] / 10
-    assert metrics.train_rows[-1]["step"] == 1500
+    assert metrics.train_rows[-1]["step"] == STEPS
     assert all(r["examples_per_s"] > 0 and r["tokens_per_s"] > 0 for r in metrics.train_rows)
 
 
@@ -81,7 +87,7 @@ def test_run_dir_follows_the_contract(quickstart: Run) -> None:
     run = quickstart.run_dir
     assert (run / "recipe.yaml").is_file() and (run / "metrics.jsonl").is_file()
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert [step for step, _ in LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)] == [1500]
+    assert [step for step, _ in LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)] == [STEPS]
     assert json.loads((run / "run.json").read_text())["status"] == "finished"
 
 
@@ -92,7 +98,7 @@ def test_tensorboard_events_are_readable(quickstart: Run) -> None:
     events.Reload()
     tags = events.Tags()["scalars"]
     assert {"train/loss", "train/lr", "eval/exact_match"} <= set(tags)
-    assert events.Scalars("train/loss")[-1].step == 1500
+    assert events.Scalars("train/loss")[-1].step == STEPS
 
 
 GENERATE = """
@@ -135,7 +141,7 @@ def test_convert_and_monitor_on_the_finished_run(quickstart: Run, tmp_path: Path
     shown = tpuft(quickstart.env, "monitor", "-c", str(quickstart.cluster), "--json")
     assert shown.returncode == 0, shown.stderr
     snap = json.loads(shown.stdout)
-    assert snap["status"] == "finished" and snap["step"] == 1500
+    assert snap["status"] == "finished" and snap["step"] == STEPS
     assert [w["status"] for w in snap["workers"]] == ["finished", "finished"]
     assert all(w["loss"] is not None and w["last_log_line"] for w in snap["workers"])
 
@@ -146,7 +152,7 @@ def test_convert_and_monitor_on_the_finished_run(quickstart: Run, tmp_path: Path
     assert logs.returncode == 0, logs.stderr
     lines = logs.stdout.splitlines()
     assert any(line.startswith("[w0] ") for line in lines) and any(line.startswith("[w1] ") for line in lines)
-    assert any("step 1500/1500" in line for line in lines)
+    assert any(f"step {STEPS}/{STEPS}" in line for line in lines)
 
 
 WORKER_MEETS_BAD_DATA = """
@@ -193,7 +199,7 @@ def test_bad_data_is_refused_before_launch_and_a_worker_that_meets_it_says_so_on
 def test_fine_tune_from_the_export_with_adafactor_on_one_worker(quickstart: Run, tmp_path: Path) -> None:
     """A pretrained start (the quickstart's own HF export), Adafactor, and the single-replica path."""
     cluster = tmp_path / "one.yaml"
-    cluster.write_text("name: e2e-one\nprovider: local\naccelerator: v4-8\n")
+    cluster.write_text("name: e2e-one\nprovider: local\naccelerator: v4-8\nlocal:\n  devices_per_worker: 1\n")
     assert tpuft(quickstart.env, "create", "-c", str(cluster)).returncode == 0
     result = tpuft(
         quickstart.env, "up", "quickstart", "-c", str(cluster), "--json",
