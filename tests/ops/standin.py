@@ -40,7 +40,7 @@ def built_venv(tmp_path: Path, cli, trainer: str | None = "stand-in", recipe: st
     ``trainer=None``). Returns the cluster file, the recipe and the venv."""
     cluster = tmp_path / "tpuft.yaml"
     cache = tmp_path / "venvs"
-    cluster.write_text(f"name: stand-in\nlocal:\n  workers: 2\n  venv_cache: {cache}\n  python: {sys.executable}\n")
+    cluster.write_text(f"name: stand-in\nlocal:\n  workers: 2\n  devices_per_worker: 1\n  venv_cache: {cache}\n  python: {sys.executable}\n")
     (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n' * 4)
     recipe_file = tmp_path / "r.yaml"
     recipe_file.write_text(recipe)

@@ -53,7 +53,7 @@ def mark_venv_built(cache: Path, python: Path) -> None:
 def test_exec_and_setup_see_worker_env_on_the_local_pod(tmp_path: Path, cli, marker: str) -> None:  # type: ignore[no-untyped-def]
     python = announcing_python(tmp_path)
     cluster = tmp_path / "tpuft.yaml"
-    cluster.write_text(f"name: env-pod\n{WORKER_ENV}local:\n  workers: 2\n  venv_cache: {tmp_path / 'venvs'}\n"
+    cluster.write_text(f"name: env-pod\n{WORKER_ENV}local:\n  workers: 2\n  devices_per_worker: 1\n  venv_cache: {tmp_path / 'venvs'}\n"
                        f"  python: {python}\n")  # fmt: skip
     mark_venv_built(tmp_path / "venvs", python)
     (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n' * 4)
