@@ -8,8 +8,8 @@ workers' addresses, gradients all-reduced by TF's collectives), through the real
   best checkpoint by accuracy is kept and exported, and the PyTorch model of the export gives the Keras model's
   logits (< 1e-4), as does the T5 export of the quickstart.
 * Early stopping stops both workers at the same evaluation and says why.
-* Gradient accumulation (``train.grad_accum_steps=4``) through the real trainer: the same losses as without it (dropout
-  is off), both workers identical.
+* Gradient accumulation (``train.grad_accum_steps=4``) through the real trainer: the same losses as the quickstart run's
+  warm-up without it (dropout is off), both workers identical.
 * A worker's trainer killed mid-run fails the run fast (its peer does not wait forever in a collective), and
   ``tpuft resume`` continues from the last checkpoint to the recipe's step count, the metrics without duplicates.
 """
@@ -34,6 +34,12 @@ from tpuft.backends.keras import LAYOUT
 
 pytestmark = pytest.mark.slow
 
+QUICKSTART_STEPS = 1000
+"""Not the recipe's 1500: a 1000-step run (its schedule decays to 0 at its last step) clears the quickstart's 0.9 bar
+with margin (measured: 0.968 held-out exact match, twice), in a third less training time."""
+CLASSIFIER_STEPS = 400
+"""Not the recipe's 600, for the same reason (measured: best accuracy 0.958, at step 400)."""
+
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory, keras_python: str) -> Pod:
@@ -46,12 +52,12 @@ def pod(tmp_path_factory: pytest.TempPathFactory, keras_python: str) -> Pod:
 
 @pytest.fixture(scope="module")
 def quickstart(pod: Pod) -> Finished:
-    return pod.up("keras_quickstart")
+    return pod.up("keras_quickstart", "--set", f"train.steps={QUICKSTART_STEPS}")
 
 
 @pytest.fixture(scope="module")
 def classifier(pod: Pod) -> Finished:
-    return pod.up("keras_classification_quickstart")
+    return pod.up("keras_classification_quickstart", "--set", f"train.steps={CLASSIFIER_STEPS}")
 
 
 def rows(run: Path) -> list[dict[str, Any]]:
@@ -65,15 +71,15 @@ def test_the_quickstart_reaches_the_bar_with_identical_workers(quickstart: Finis
     assert len(digests) == 2 and len(set(digests.values())) == 1, digests  # MWMS kept the replicas in sync
     metrics = rows(run)
     train = [r for r in metrics if "loss" in r]
-    assert [r["step"] for r in train] == list(range(25, 1501, 25))
+    assert [r["step"] for r in train] == list(range(25, QUICKSTART_STEPS + 1, 25))
     assert all(r["examples_per_s"] > 0 and r["tokens_per_s"] > 0 for r in train) and train[-1]["loss"] < train[0]["loss"] / 10
-    assert [r["step"] for r in metrics if "eval_exact_match" in r] == [500, 1000, 1500]
+    assert [r["step"] for r in metrics if "eval_exact_match" in r] == list(range(500, QUICKSTART_STEPS + 1, 500))
     for worker in (0, 1):
         beat = rundir.read_json(rundir.heartbeat_path(run, worker)) or {}
-        assert beat["status"] == "finished" and beat["step"] == 1500, beat
+        assert beat["status"] == "finished" and beat["step"] == QUICKSTART_STEPS, beat
     complete = dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
-    assert list(complete) == [1500] and (complete[1500] / "tf_model.h5").is_file()
-    assert (complete[1500] / "optimizer.npz").is_file()
+    assert list(complete) == [QUICKSTART_STEPS] and (complete[QUICKSTART_STEPS] / "tf_model.h5").is_file()
+    assert (complete[QUICKSTART_STEPS] / "optimizer.npz").is_file()
     assert (run / rundir.EXPORT_HF / "model.safetensors").is_file()
     log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
     assert "CollectiveAllReduceStrategy with 2 replicas" in log and "25 per execution" in log
@@ -97,60 +103,69 @@ def test_the_classifier_reaches_the_bar_and_exports_its_best(classifier: Finishe
     assert f"exporting the best checkpoint: step {best}" in log
 
 
-# Runs in the Keras venv: the Keras model of a checkpoint, its logits on a few inputs.
+# Runs in the Keras venv: the Keras model of each checkpoint, its logits on a few inputs (one process for both models:
+# TensorFlow's import is most of the time).
 KERAS_LOGITS = textwrap.dedent(
     """
-    import json, sys
+    import sys
     import numpy as np, tensorflow as tf, transformers
-    checkpoint, kind, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    rng = np.random.default_rng(0)
-    feed = {"input_ids": rng.integers(3, 250, size=(3, 12)).astype(np.int32)}
-    feed["attention_mask"] = np.ones_like(feed["input_ids"])
-    if kind == "t5":
-        model = transformers.TFT5ForConditionalGeneration.from_pretrained(checkpoint)
-        feed["decoder_input_ids"] = rng.integers(3, 250, size=(3, 5)).astype(np.int32)
-    else:
-        model = transformers.TFAutoModelForSequenceClassification.from_pretrained(checkpoint)
-    logits = model(**{k: tf.constant(v) for k, v in feed.items()}, training=False).logits.numpy()
-    np.savez(out, logits=logits, **feed)
+    for checkpoint, kind, out in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
+        rng = np.random.default_rng(0)
+        feed = {"input_ids": rng.integers(3, 250, size=(3, 12)).astype(np.int32)}
+        feed["attention_mask"] = np.ones_like(feed["input_ids"])
+        if kind == "t5":
+            model = transformers.TFT5ForConditionalGeneration.from_pretrained(checkpoint)
+            feed["decoder_input_ids"] = rng.integers(3, 250, size=(3, 5)).astype(np.int32)
+        else:
+            model = transformers.TFAutoModelForSequenceClassification.from_pretrained(checkpoint)
+        logits = model(**{k: tf.constant(v) for k, v in feed.items()}, training=False).logits.numpy()
+        np.savez(out, logits=logits, **feed)
     """
 )
-# Runs in the torch venv (transformers 5): the exported PyTorch model on the same inputs.
+# Runs in the torch venv (transformers 5): each exported PyTorch model on the same inputs.
 TORCH_LOGITS = textwrap.dedent(
     """
     import json, sys
     import numpy as np, torch, transformers
-    export, kind, reference = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
-    cls = transformers.T5ForConditionalGeneration if kind == "t5" else transformers.AutoModelForSequenceClassification
-    model = cls.from_pretrained(export, dtype=torch.float32).eval()
-    names = ["input_ids", "attention_mask"] + (["decoder_input_ids"] if kind == "t5" else [])
-    with torch.no_grad():
-        logits = model(**{k: torch.from_numpy(reference[k].astype(np.int64)) for k in names}).logits.numpy()
-    print(json.dumps({"diff": float(np.abs(logits - reference["logits"]).max()),
-                      "scale": float(np.abs(reference["logits"]).max())}))
+    got = {}
+    for export, kind, reference in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
+        reference = np.load(reference)
+        cls = transformers.T5ForConditionalGeneration if kind == "t5" else transformers.AutoModelForSequenceClassification
+        model = cls.from_pretrained(export, dtype=torch.float32).eval()
+        names = ["input_ids", "attention_mask"] + (["decoder_input_ids"] if kind == "t5" else [])
+        with torch.no_grad():
+            logits = model(**{k: torch.from_numpy(reference[k].astype(np.int64)) for k in names}).logits.numpy()
+        got[kind] = {"diff": float(np.abs(logits - reference["logits"]).max()),
+                     "scale": float(np.abs(reference["logits"]).max())}
+    print(json.dumps(got))
     """
 )
 
 
-@pytest.mark.parametrize("kind", ["t5", "bert"])
-def test_the_hf_export_gives_the_keras_models_logits(kind: str, quickstart: Finished, classifier: Finished,
-                                                     keras_python: str, torch_python: str, tmp_path: Path) -> None:
-    run = quickstart.run_dir if kind == "t5" else classifier.run_dir
-    log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
-    exported = max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)))
-    if "exporting the best checkpoint: step " in log:
-        exported = int(log.split("exporting the best checkpoint: step ")[1].split()[0])
-    reference = tmp_path / "reference.npz"
-    for python, script, args in ((keras_python, KERAS_LOGITS, [str(LAYOUT.checkpoint_dir(run, exported)), kind, str(reference)]),
-                                 (torch_python, TORCH_LOGITS, [str(run / rundir.EXPORT_HF), kind, str(reference)])):
+def test_the_hf_exports_give_the_keras_models_logits(quickstart: Finished, classifier: Finished, keras_python: str,
+                                                      torch_python: str, tmp_path: Path) -> None:
+    """The T5 export of the quickstart and the BERT export of the classifier (its best checkpoint, not its last)."""
+    keras_args: list[str] = []
+    torch_args: list[str] = []
+    for kind, run in (("t5", quickstart.run_dir), ("bert", classifier.run_dir)):
+        log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
+        exported = max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)))
+        if "exporting the best checkpoint: step " in log:
+            exported = int(log.split("exporting the best checkpoint: step ")[1].split()[0])
+        reference = str(tmp_path / f"{kind}.npz")
+        keras_args += [str(LAYOUT.checkpoint_dir(run, exported)), kind, reference]
+        torch_args += [str(run / rundir.EXPORT_HF), kind, reference]
+    for python, script, args in ((keras_python, KERAS_LOGITS, keras_args), (torch_python, TORCH_LOGITS, torch_args)):
         path = tmp_path / "script.py"
         path.write_text(script)
         env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO)}
         done = subprocess.run([python, str(path), *args], capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr[-4000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"\nkeras {kind} export: max |logits diff| {got['diff']:.2e} (logits up to {got['scale']:.2f})")
-    assert got["diff"] < 1e-4 and got["scale"] > 0.1, got
+    assert set(got) == {"t5", "bert"}, got
+    for kind, compared in got.items():
+        print(f"\nkeras {kind} export: max |logits diff| {compared['diff']:.2e} (logits up to {compared['scale']:.2f})")
+        assert compared["diff"] < 1e-4 and compared["scale"] > 0.1, (kind, compared)
 
 
 def test_early_stopping_stops_every_worker_at_the_same_evaluation(pod: Pod) -> None:
@@ -168,27 +183,30 @@ def test_early_stopping_stops_every_worker_at_the_same_evaluation(pod: Pod) -> N
     assert "exporting the best checkpoint: step 50" in (run / rundir.LOGS_DIR / "worker-0.log").read_text()
 
 
-def test_gradient_accumulation_trains_as_the_whole_batch_does(pod: Pod) -> None:
-    """The quickstart's first 100 steps (its warm-up) with 4 micro-batches a step (4 examples each per replica) and
-    without: the train_step that tests/worker/test_keras_parts.py checks step by step, here under
-    MultiWorkerMirroredStrategy with fit, the schedule, checkpoints and the callback's rows. The losses agree to float noise, which Adam's steps grow
-    (measured: equal at step 25, 1e-5 apart at 50, 2e-3 at 100); the weights of each run's two workers are identical."""
+def test_gradient_accumulation_trains_as_the_whole_batch_does(pod: Pod, quickstart: Finished) -> None:
+    """The quickstart's first 100 steps (its warm-up) with 4 micro-batches a step (4 examples each per replica), against
+    the quickstart run's own first 100 steps: the warm-up's learning rates do not depend on the run's length, so that
+    run is the whole-batch reference (measured: the same losses to the last digit as a 100-step run's). The
+    train_step that tests/worker/test_keras_parts.py checks step by step, here under MultiWorkerMirroredStrategy with
+    fit, the schedule, checkpoints and the callback's rows. The losses agree to float noise, which Adam's steps grow
+    (measured: equal at step 25, 1e-5 apart at 50, 2e-3 at 100); the weights of the run's two workers are identical."""
     settings = ["--set", "train.steps=100", "--set", "train.log_every=25", "--set", "eval.every=null",
                 "--set", "eval.max_examples=64", "--set", "train.checkpoint_every=50"]
-    whole = pod.up("keras_quickstart", *settings)
     accumulated = pod.up("keras_quickstart", *settings, "--set", "train.grad_accum_steps=4")
-    losses = [[r["loss"] for r in rows(done.run_dir) if "loss" in r] for done in (whole, accumulated)]
+    whole = [r["loss"] for r in rows(quickstart.run_dir) if "loss" in r and r["step"] <= 100]
+    losses = [r["loss"] for r in rows(accumulated.run_dir) if "loss" in r]
     assert [r["step"] for r in rows(accumulated.run_dir) if "loss" in r] == [25, 50, 75, 100]
-    assert losses[1][:2] == pytest.approx(losses[0][:2], rel=1e-4), losses
-    assert losses[1] == pytest.approx(losses[0], rel=2e-2), losses
+    assert losses[:2] == pytest.approx(whole[:2], rel=1e-4), (whole, losses)
+    assert losses == pytest.approx(whole, rel=2e-2), (whole, losses)
     assert len(set(accumulated.summary["weight_digests"].values())) == 1
     log = (accumulated.run_dir / rundir.LOGS_DIR / "worker-0.log").read_text()
     assert "(batch 16 per replica, 32 global, 4 micro-batches a step)" in log
 
 
 def test_a_killed_worker_fails_the_run_fast_and_resume_continues(pod: Pod) -> None:
-    settings = ["--set", "train.steps=300", "--set", "train.checkpoint_every=100", "--set", "train.log_every=25",
-                "--set", "eval.every=300", "--set", "eval.max_examples=64"]
+    total = 200
+    settings = ["--set", f"train.steps={total}", "--set", "train.checkpoint_every=50", "--set", "train.log_every=25",
+                "--set", f"eval.every={total}", "--set", "eval.max_examples=64"]
     started = pod.tpuft("train", "keras_quickstart", "--detach", "--json", *settings)
     assert started.returncode == 0, started.stderr[-4000:]
     run = pod.runs / json.loads(started.stdout)["run_id"]
@@ -196,8 +214,8 @@ def test_a_killed_worker_fails_the_run_fast_and_resume_continues(pod: Pod) -> No
     def step(worker: int) -> int:
         return int((rundir.read_json(rundir.heartbeat_path(run, worker)) or {}).get("step") or 0)
 
-    wait_until(lambda: 100 in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)) and step(1) >= 150, 600,
-               "the checkpoint at step 100 and step 150")
+    wait_until(lambda: 50 in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)) and step(1) >= 75, 600,
+               "the checkpoint at step 50 and step 75")
     record = json.loads((run / "attempts" / "1" / "worker-1.json").read_text())
     killed_at = time.monotonic()
     os.kill(record["trainer_pid"], signal.SIGKILL)
@@ -212,8 +230,8 @@ def test_a_killed_worker_fails_the_run_fast_and_resume_continues(pod: Pod) -> No
     resumed = pod.tpuft("resume", run.name, "--json")
     assert resumed.returncode == 0, resumed.stderr[-6000:]
     log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
-    assert "resuming from checkpoint step_00000100" in log or "resuming from checkpoint step_00000200" in log, log[-3000:]
-    assert [r["step"] for r in rows(run) if "loss" in r] == list(range(25, 301, 25))  # no duplicates, no gaps
-    assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == 300
+    assert any(f"resuming from checkpoint step_{at:08d}" in log for at in (50, 100, 150)), log[-3000:]
+    assert [r["step"] for r in rows(run) if "loss" in r] == list(range(25, total + 1, 25))  # no duplicates, no gaps
+    assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == total
     summary = json.loads(resumed.stdout)
     assert len(set(summary["weight_digests"].values())) == 1
