@@ -106,7 +106,7 @@ def test_cli_exit_code_2_without_traceback(recipe_dir: Path, cli, cluster_file: 
 
 def test_batch_size_must_split_over_workers(recipe_dir: Path, cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cluster = tmp_path / "three.yaml"
-    cluster.write_text("provider: local\nlocal:\n  workers: 3\n")
+    cluster.write_text("provider: local\nlocal:\n  workers: 3\n  devices_per_worker: 1\n")
     path = write(recipe_dir, GOOD)
     result = cli("recipes", "validate", str(path), "--config", str(cluster))
     assert result.code == 2

@@ -173,7 +173,7 @@ def test_a_value_of_megabytes_is_located_where_the_file_passes_the_limit(recipe_
 
 def test_a_batch_that_does_not_split_names_the_accelerator_line_too(recipe_dir: Path, cli) -> None:  # type: ignore[no-untyped-def]
     recipe = write(recipe_dir, MINIMAL_RECIPE.replace("batch_size: 4", "batch_size: 3"))
-    cluster = write(recipe_dir, "name: pod\nprovider: local\naccelerator: v4-16\n", "tpuft.yaml")
+    cluster = write(recipe_dir, "name: pod\nprovider: local\naccelerator: v4-16\nlocal:\n  devices_per_worker: 1\n", "tpuft.yaml")
     result = cli("recipes", "validate", str(recipe), "--config", str(cluster))
     assert result.code == 2
     assert f"{recipe}:10: train.batch_size: 3 does not split evenly over 2 workers" in result.err
