@@ -77,7 +77,7 @@ def test_backends_without_a_compile_keep_the_estimate_labelled() -> None:
     torch = load_recipe(RECIPES / "quickstart.yaml", check_files=False).value
     found = estimate_report(torch, lookup("v4-8"), 40 * GIB, no_compile_reason("torch_xla"))
     assert found.step is None and not found.fits
-    assert "(estimate (no compile for torch_xla: " in found.verdict()
+    assert "; estimate (no compile for torch_xla: " in found.verdict()
     assert found.to_json()["source"].startswith("estimate (no compile for torch_xla")
 
 
@@ -128,7 +128,7 @@ def test_check_fit_stops_a_model_too_big_before_any_api_call(cli, tmp_path: Path
         cluster = tmp_path / "tpuft.yaml"
         cluster.write_text("name: tp\nprovider: gcp\naccelerator: v2-8\n"
                            f"gcp:\n  project: tpuft-test\n  zone: us-central1-f\n  tpu_api_endpoint: {server.endpoint}\n")
-        done = cli("train", str(wide), "-c", str(cluster), "--check-fit", *SOURCE)
+        done = cli("train", str(wide), "-c", str(cluster), "--check-fit", "--set", "eval.batch_size=256", *SOURCE)
         assert server.requests == []
     assert done.code == 2, done.out + done.err
     assert "does not fit: needs " in done.err and "of 8.0 GiB per core on v2-8" in done.err

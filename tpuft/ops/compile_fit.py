@@ -115,7 +115,7 @@ class FitReport:
 
     def verdict(self) -> str:
         """``fits with 27.1 GiB to spare`` or ``does not fit: needs 45.2 of 32.0 GiB per chip, try ...``."""
-        source = "" if self.step is not None else f" ({self.estimate})"
+        source = "" if self.step is not None else f"; {self.estimate}"
         if self.fits:
             tight = (" (tight: the TPU runtime keeps some HBM for itself; XLA gave a v2 core 7.48 of its 8 GiB)"
                      if self.margin_bytes < self.hbm_bytes * (1 - HEADROOM) else "")
