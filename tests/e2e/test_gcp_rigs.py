@@ -96,8 +96,9 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
         pod.home(1).mkdir(parents=True, exist_ok=True)
         leftover = subprocess.Popen(["sleep", "300"], env={**os.environ, "HOME": str(pod.home(1)), "TPUFT_RUN_ID": "old-run"},
                                     start_new_session=True)
-        args = ["--set", "train.steps=200", "--set", "train.warmup_steps=5", "--set", "train.log_every=5",
-                "--set", "eval.every=100", "--set", "eval.max_examples=32", "--set", "train.checkpoint_every=50"]
+        total = 120  # the run goes on for ~70 steps after the controller is killed (guarded below)
+        args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=5",
+                "--set", "eval.every=60", "--set", "eval.max_examples=32", "--set", "train.checkpoint_every=50"]
         log = (tmp_path / "train.out").open("w")
         controller = subprocess.Popen([sys.executable, "-m", "tpuft", "train", "quickstart", "-c", str(cluster), *args],
                                       env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -105,13 +106,14 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
         wait_until(lambda: staged_step(pod, 0) >= 5, 180, "step 5")
         assert pod.drop_sessions() >= 2  # every SSH connection of the controller, gone at once
         out = tmp_path / "train.out"
-        wait_until(lambda: "step 50/200" in out.read_text(), 180, "the controller to re-attach and stream step 50")
+        wait_until(lambda: f"step 50/{total}" in out.read_text(), 180, "the controller to re-attach and stream step 50")
         controller.kill()
         controller.wait(timeout=10)
+        assert staged_step(pod, 0) < total, "the run ended before its controller was killed: give it more steps"
         text = out.read_text()
         assert "cleaned worker 1: killed pid" in text
         for step in range(5, 51, 5):  # re-attached from the next line: nothing lost, nothing twice
-            assert text.count(f"step {step}/200 ") == 1, (step, text[-3000:])
+            assert text.count(f"step {step}/{total} ") == 1, (step, text[-3000:])
         run_id = next((pod.home(0) / ".tpuft" / "runs").iterdir()).name
         prefix = f"runs/{run_id}"
         info = wait_until(lambda: (i := bucket_json(gcs, f"{prefix}/run.json")) and i["status"] != "running" and i, 300, "the run to end")
