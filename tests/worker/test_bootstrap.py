@@ -126,6 +126,25 @@ def test_a_newer_python_on_path_builds_the_venv_and_it_stays_ready(tmp_path: Pat
     assert "venv ready (cached)" in capsys.readouterr().out
 
 
+def test_a_python_past_the_ceiling_is_passed_over_for_the_newest_within_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T5X's pins stop at 3.12 (no editdistance wheel for 3.13): a worker with both a python3.20 and a python3.19
+    that run builds from 3.19 when the spec says ``max_python: 3.19``; with none within the range it stops with what
+    to install."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for minor in (19, 20):
+        fake = bin_dir / f"python3.{minor}"
+        fake.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo 3.{minor}; exit 0; fi\nexec {sys.executable} "$@"\n')
+        fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert bootstrap.pick_python({**SPEC, "min_python": "3.19", "max_python": "3.19"}) == (str(bin_dir / "python3.19"), "3.19")
+    assert bootstrap.pick_python({**SPEC, "min_python": "3.19"}) == (str(bin_dir / "python3.20"), "3.20")
+    assert bootstrap.pick_python({**SPEC, "max_python": bootstrap.PYTHON})[1] == bootstrap.PYTHON
+    with pytest.raises(SystemExit) as stopped:
+        bootstrap.pick_python({**SPEC, "kind": "t5x", "min_python": "3.21", "max_python": "3.22"})
+    assert "needs Python >= 3.21 and <= 3.22" in str(stopped.value) and "no python3.21 .. python3.22 on PATH" in str(stopped.value)
+
+
 def test_the_key_names_the_sources_and_the_payload_keeps_it() -> None:
     spec = EnvSpec(kind="t5x", requirements=("jax",), python="python3", no_deps=("/w/t5x.whl",), local_sources=("/w/t5x.whl",),
                    min_python="3.11", sources_digest="aaaa")

@@ -47,6 +47,9 @@ class EnvSpec:
     """Installed after ``requirements`` with ``--no-deps`` (packages whose own dependency lists cannot be trusted)."""
     min_python: str | None = None
     """The oldest Python the pins install on; the bootstrap looks for a newer interpreter on the worker if needed."""
+    max_python: str | None = None
+    """The newest Python the pins install on as wheels (a dependency without wheels past it would build from source).
+    Not part of the key: it only narrows which interpreter builds the venv, and a venv built past it never completed."""
     local_sources: tuple[str, ...] = ()
     """Paths on this machine that ``no_deps`` names (a wheel, a checkout, a wheelhouse's wheels): shipped to workers
     that cannot read this machine's disk, and named there by their shipped copies."""
@@ -73,6 +76,7 @@ class EnvSpec:
             "pip_args": list(self.pip_args),
             "no_deps": list(self.no_deps if no_deps is None else no_deps),
             "min_python": self.min_python,
+            "max_python": self.max_python,
         }
 
 

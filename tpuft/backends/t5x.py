@@ -13,9 +13,9 @@ devices, so the mesh has the slice's replicas x partitions (``docs/device-layout
 Pins (tested together on Python 3.11 and in CI, see ``../shared/wheels/README.md`` for how they were found):
 jax/jaxlib 0.10.2 need Python >= 3.11 (jax >= 0.11 needs 3.12). The TPU VM images built on Ubuntu 22.04
 (``tpu-ubuntu2204-base``, ``v2-alpha-tpuv4-pod``, ``v2-alpha-tpuv5``/``v6e``) ship Python 3.10, where jaxlib stops at
-0.6.2: ``tpuft setup`` then builds the venv from a newer interpreter found on the worker (python3.13/3.12/3.11) and,
-when there is none, stops with what to install (``gcp.python`` names the interpreter to use). t5x, airio and
-jestimator are not on PyPI and name their git dependencies unpinned, so they are installed with ``--no-deps`` after
+0.6.2: ``tpuft setup`` then builds the venv from a newer interpreter found on the worker (python3.12 or 3.11: seqio's
+editdistance has no 3.13 wheel) and, when there is none, stops with what to install (``gcp.python`` names the
+interpreter to use). t5x, airio and jestimator are not on PyPI and name their git dependencies unpinned, so they are installed with ``--no-deps`` after
 the pinned PyPI set: from their git repositories at the tested commits, or from ``backend.t5x_source``.
 """
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AIRIO_COMMIT", "BACKEND", "CAPABILITIES", "GIT_SOURCES", "JAX_VERSION", "JESTIMATOR_COMMIT", "LAYOUT",
-    "MIN_PYTHON", "PINNED", "PRETRAINING_LOSS_FACTOR", "SENTINELS_BUILT_IN", "SOURCE_PACKAGES", "T5X_COMMIT", "Family",
+    "MAX_PYTHON", "MIN_PYTHON", "PINNED", "PRETRAINING_LOSS_FACTOR", "SENTINELS_BUILT_IN", "SOURCE_PACKAGES", "T5X_COMMIT", "Family",
     "Size", "T5x", "T5xBackend", "checkpoint_step", "gin_value", "model_gins", "sentencepiece_last_piece",
     "source_digest", "source_requirements",
 ]  # fmt: skip
@@ -65,6 +65,8 @@ SOURCE_PACKAGES = ("t5x", "airio", "jestimator")
 
 JAX_VERSION = "0.10.2"
 MIN_PYTHON = "3.11"
+MAX_PYTHON = "3.12"
+"""seqio needs editdistance, which has no wheel for 3.13 (tests/backends/test_tpu_install_sets.py resolves 3.13 to show it)."""
 PINNED = (
     "flax==0.12.8",
     "orbax-checkpoint==0.12.8",
@@ -139,6 +141,7 @@ class T5x:
             python=python,
             no_deps=no_deps,
             min_python=MIN_PYTHON,
+            max_python=MAX_PYTHON,
             local_sources=local,
             sources_digest=source_digest(local) if local else "",
         )

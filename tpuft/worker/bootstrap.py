@@ -66,25 +66,43 @@ def _probe(command: str) -> str | None:
 
 
 def pick_python(spec: dict) -> tuple[str, str]:
-    """(interpreter to build the venv from, its ``major.minor``): the spec's own when it is new enough for
-    ``min_python``, else the newest ``python3.N`` on PATH that is; exits with what to do when there is none."""
+    """(interpreter to build the venv from, its ``major.minor``): the spec's own when it is within ``min_python`` ..
+    ``max_python``, else the newest ``python3.N`` on PATH that is; exits with what to do when there is none. The
+    ceiling exists because a pin can stop at a Python (T5X's seqio needs editdistance, which has no wheel past 3.12):
+    a worker whose newest interpreter is past it would build from source and fail without a compiler."""
     base = spec.get("python") or sys.executable
-    needed = spec.get("min_python")
-    if not needed or _version(PYTHON) >= _version(needed):
+    needed, ceiling = spec.get("min_python"), spec.get("max_python")
+    if _within(PYTHON, needed, ceiling):
         return base, PYTHON
-    major, minor = _version(needed)[:2]
-    for candidate in range(max(NEWEST_MINOR, minor), minor - 1, -1):
+    major, minor = _version(needed or PYTHON)[:2]
+    top = _version(ceiling)[1] if ceiling else max(NEWEST_MINOR, minor)
+    for candidate in range(top, minor - 1, -1):
         command = f"python{major}.{candidate}"
         found = _probe(command)
-        if found is not None and _version(found) >= _version(needed):
-            _say(f"{spec.get('kind', 'this')} venv needs Python >= {needed} and {base} is {PYTHON}: using {command} ({found})")
+        if found is not None and _within(found, needed, ceiling):
+            _say(f"{spec.get('kind', 'this')} venv needs Python {_span(needed, ceiling)} and {base} is {PYTHON}: using {command} ({found})")
             return str(shutil.which(command)), found
+    wanted = f"python{major}.{top}" if ceiling else f"python{major}.{minor}"
+    where = (f"no python{major}.{minor} .. python{major}.{top} on PATH" if ceiling
+             else f"no python{major}.{minor} or newer on PATH")
     raise SystemExit(
-        f"[setup] the {spec.get('kind', spec['key'])} venv needs Python >= {needed} (its pinned wheels do), but this "
-        f"worker's {base} is Python {PYTHON} and there is no python{major}.{minor} or newer on PATH: install one with "
-        f"its venv module on the workers (e.g. apt-get install python{major}.{minor} python{major}.{minor}-venv), or set "
-        "gcp.python in the cluster file to an interpreter that is new enough"
+        f"[setup] the {spec.get('kind', spec['key'])} venv needs Python {_span(needed, ceiling)} (its pinned wheels do), but this "
+        f"worker's {base} is Python {PYTHON} and there is {where}: install one with "
+        f"its venv module on the workers (e.g. apt-get install {wanted} {wanted}-venv), or set "
+        "gcp.python in the cluster file to an interpreter that fits"
     )
+
+
+def _within(version: str, lowest: str | None, highest: str | None) -> bool:
+    """Whether ``major.minor`` lies in [lowest, highest] (either bound may be absent; the ceiling counts minors)."""
+    have = _version(version)[:2]
+    return (not lowest or have >= _version(lowest)[:2]) and (not highest or have <= _version(highest)[:2])
+
+
+def _span(lowest: str | None, highest: str | None) -> str:
+    if lowest and highest:
+        return f">= {lowest} and <= {highest}"
+    return f">= {lowest}" if lowest else f"<= {highest}"
 
 
 def _say(message: str) -> None:
@@ -169,7 +187,7 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cache", required=True, help="folder holding cached venvs")
-    parser.add_argument("--spec", required=True, help="JSON: key, requirements, python, pip_args, no_deps, min_python (EnvSpec.payload)")
+    parser.add_argument("--spec", required=True, help="JSON: key, requirements, python, pip_args, no_deps, min_python, max_python (EnvSpec.payload)")
     parser.add_argument("--check", action="store_true", help="only report whether the venv is ready (exit 3 if not)")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
