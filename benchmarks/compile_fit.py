@@ -112,8 +112,8 @@ def main() -> int:
             if args.only and recipe.stem not in args.only:
                 continue
             row = compile_one(recipe, accelerator, Path(folder) / "home")
-            print(f"{recipe.stem} on {accelerator}: {row.get('verdict', row.get('error'))} ({row['wall_s']:.0f} s)",
-                  file=sys.stderr, flush=True)
+            print(f"{recipe.stem} on {accelerator}: {row.get('verdict', row.get('error'))} ({row['wall_s']:.0f} s)\n"
+                  f"{table([row]).splitlines()[-1]}", file=sys.stderr, flush=True)  # the row now: a long run may be cut
             rows.append(row)
     print(table(rows))
     return 0
