@@ -23,16 +23,16 @@ from tpuft.ops.common import Session, open_session, raise_on_failure, ship_packa
 from tpuft.ops.lifecycle import (
     AttachOutcome, Launch, attach, claim_workers, deferred_interrupts, finalize, start_supervisors, stop, wait_for_outcome,
 )
+from tpuft.ops.doctor import doctor_problems
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, venv_python
-from tpuft.ports import free_port
+from tpuft.ports import COORDINATOR_PORT, free_port
 from tpuft.runs import Run, resolve_run
 from tpuft.storage import open_storage
 
 Notice = Callable[[str], None]
 """Told what tpuft did besides training (leftovers of dead runs cleaned from the workers)."""
 
-COORDINATOR_PORT = 8476
 
 
 @dataclass
@@ -257,6 +257,11 @@ def _prepare_workers(
     for line in cleaned:
         if on_notice is not None:
             on_notice(f"cleaned {line}")
+    # After the claim: leftovers of a dead run on these workers (a held port, the chips) are gone by now.
+    problems = doctor_problems(session, recipe)
+    if problems:
+        raise TpuftError("the workers are not ready for this run:\n" + "\n".join(f"  {p}" for p in problems),
+                         hint=f"Every check, worker by worker: tpuft doctor {recipe.name}")
     return launch
 
 
