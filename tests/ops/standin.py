@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend
+from tpuft.fleet.ssh import SshFleet
+from tpuft.records import Cluster
 from tpuft.worker.bootstrap import MARKER
 
 RECIPE = """\
@@ -66,3 +68,23 @@ def script(index: int, **behaviour: Any) -> None:
     home = worker_home(index)
     home.mkdir(parents=True, exist_ok=True)
     (home / "standin.json").write_text(json.dumps(behaviour))
+
+
+class RigProvider:
+    """Just what setup's and doctor's steps ask of a provider, for a session over an SSH fleet made by the test (the
+    sshd pod playing GCP's TPU hosts)."""
+
+    def __init__(self, fleet: SshFleet | None) -> None:
+        self._fleet = fleet
+
+    def prepare(self, cluster: Cluster) -> None:
+        pass
+
+    def fleet(self, cluster: Cluster) -> SshFleet | None:
+        return self._fleet
+
+    def venv_cache(self) -> str:
+        return "venvs"  # HOME-relative, as on GCP: each worker builds its own
+
+    def python(self) -> str:
+        return sys.executable

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.standin import RECIPE, built_venv, worker_home
+from tests.ops.standin import RECIPE, RigProvider, built_venv, worker_home
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.config import load_cluster, load_recipe
 from tpuft.fleet.ssh import SshFleet, SshSettings
@@ -80,25 +80,6 @@ def test_disk_and_clock_verdicts_say_the_numbers() -> None:
     assert doctor._clock(1, -20.0, 0.1).status == "fail"
 
 
-class _RigProvider:
-    """What doctor asks of a provider, over an SSH fleet made by the test (the sshd pod plays GCP's TPU hosts)."""
-
-    def __init__(self, fleet: SshFleet) -> None:
-        self._fleet = fleet
-
-    def prepare(self, cluster: Cluster) -> None:
-        pass
-
-    def fleet(self, cluster: Cluster) -> SshFleet:
-        return self._fleet
-
-    def venv_cache(self) -> str:
-        return "venvs"
-
-    def python(self) -> str:
-        return sys.executable
-
-
 def _venv_with_libtpu(home: Path, key: str) -> Path:
     """A venv the bootstrap counts as built whose python finds a stand-in ``libtpu`` (under the worker's HOME)."""
     venv = home / "venvs" / key
@@ -130,7 +111,7 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
         workers = [Worker(i, address, internal_address=address) for i, address in enumerate(pod.addresses)]
         fleet = SshFleet(workers, SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port))
         cluster = Cluster("rig", "gcp", State.READY, "v4-16", workers, bucket="gs://rig-bucket")
-        session = Session(config=config, provider=_RigProvider(fleet), cluster=cluster)  # type: ignore[arg-type]
+        session = Session(config=config, provider=RigProvider(fleet), cluster=cluster)  # type: ignore[arg-type]
         holder = None
         try:
             assert session.shape.target == "tpu"

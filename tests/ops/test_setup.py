@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.standin import built_venv
+from tests.ops.standin import RigProvider, built_venv
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tests.venvs import tiny_wheel
 from tpuft.backends.base import EnvSpec
@@ -36,25 +36,9 @@ def test_setup_ships_the_package_and_finds_the_venv_on_every_planned_worker(tmp_
     assert result.err.count("venv ready (cached)") == 2  # each worker checked it, none rebuilt it
 
 
-class _RigProvider:
-    """Just what setup's steps ask of a provider, for a session over an SSH fleet made by the test."""
-
-    def __init__(self, fleet: SshFleet) -> None:
-        self._fleet = fleet
-
-    def prepare(self, cluster: Cluster) -> None:
-        pass
-
-    def fleet(self, cluster: Cluster) -> SshFleet:
-        return self._fleet
-
-    def venv_cache(self) -> str:
-        return "venvs"  # HOME-relative, as on GCP: each worker builds its own
-
-
 def _session(workers: list[Worker], fleet: SshFleet | None = None) -> Session:
     cluster = Cluster(name="rig", provider="gcp", state=State.READY, accelerator="v4-16", workers=workers)
-    return Session(config=None, provider=_RigProvider(fleet), cluster=cluster)  # type: ignore[arg-type]
+    return Session(config=None, provider=RigProvider(fleet), cluster=cluster)  # type: ignore[arg-type]
 
 
 def _source_spec(wheel: Path) -> EnvSpec:

@@ -80,6 +80,14 @@ class CompilePlan:
     """What is compiled, for the progress line (``the T5X train step of byt5 small``)."""
 
 
+def local_replicas(shape: ClusterShape, replicas: int) -> str:
+    """How a CPU pod's replicas are counted, for a batch-split error: per worker, or workers x devices when each
+    worker exposes several (``local.devices_per_worker``)."""
+    if shape.local_devices > 1:
+        return f"{replicas} replicas ({shape.hosts} workers x {shape.local_devices} devices)"
+    return f"{replicas} workers"
+
+
 def weight_digest_summary(snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """For data-parallel backends whose every replica records a sha256 of its weights at the end: equal digests on
     every launched worker mean data parallelism kept them in sync."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target, weight_digest_summary
+from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target, local_replicas, weight_digest_summary
 from tpuft.backends.keras_schema import CAPABILITIES, ENCODER_TYPES, LAYOUT, KerasBackend, Precision
 from tpuft.backends.spec import LOCAL_DEVICES_ENV
 
@@ -86,12 +86,7 @@ class Keras:
     def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
         """Each replica's train batch splits into ``train.grad_accum_steps`` equal micro-batches (static shapes)."""
         replicas, accum = self.replicas(shape), recipe.train.grad_accum_steps
-        if shape.target == "tpu":
-            what = f"{replicas} TPU cores"
-        elif shape.local_devices > 1:
-            what = f"{replicas} replicas ({shape.hosts} workers x {shape.local_devices} devices)"
-        else:
-            what = f"{replicas} workers"
+        what = f"{replicas} TPU cores" if shape.target == "tpu" else local_replicas(shape, replicas)
         found: list[tuple[KeyPath, str]] = []
         for section, key, unit in (("train", "batch_size", replicas * accum), ("eval", "batch_size", replicas)):
             batch = getattr(getattr(recipe, section), key)

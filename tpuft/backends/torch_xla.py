@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target, weight_digest_summary
+from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target, local_replicas, weight_digest_summary
 from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.torch_xla_schema import CAPABILITIES, LAYOUT, TorchXlaBackend
 
@@ -67,10 +67,8 @@ class TorchXla:
         replicas = self.replicas(shape)
         if shape.target == "tpu":
             what = f"{replicas} replicas ({shape.hosts} hosts x {shape.chips_per_host * shape.devices_per_chip} devices)"
-        elif shape.local_devices > 1:
-            what = f"{replicas} replicas ({shape.hosts} workers x {shape.local_devices} devices)"
         else:
-            what = f"{replicas} workers"
+            what = local_replicas(shape, replicas)
         batch, accum = recipe.train.batch_size, recipe.train.grad_accum_steps
         unit = replicas * accum
         if batch % unit:
