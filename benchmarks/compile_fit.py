@@ -65,7 +65,7 @@ def compile_one(recipe: Path, accelerator: str, home: Path) -> dict[str, object]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO, timeout=3600)
     wall = time.monotonic() - started
     if done.returncode != 0:
-        return {"recipe": recipe.stem, "accelerator": accelerator, "error": done.stderr.strip().splitlines()[-1:],
+        return {"recipe": recipe.stem, "accelerator": accelerator, "error": " / ".join(done.stderr.strip().splitlines()[-5:]),
                 "wall_s": wall}
     data = json.loads(done.stdout)
     return {**data["compile"], "wall_s": wall, "paper_total_bytes": data.get("total_bytes")}
