@@ -93,6 +93,25 @@ def test_the_compile_plan_is_the_local_pods_venv_and_the_slices_topology() -> No
                                         "chips_per_host_bounds": [2, 2, 1], "num_slices": 1}
 
 
+def test_a_compiler_refusal_is_one_line_and_the_output_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libtpu answers "Invalid TPU program" for a step with one buffer past a device's HBM (seen here: the quickstart
+    at 3072 source bytes x 512 examples on a v2-8): the user gets XLA's words and what to try, not a traceback."""
+    from tpuft.backends.base import CompilePlan
+    from tpuft.ops import compile_fit
+
+    monkeypatch.setenv("TPUFT_HOME", str(tmp_path))
+    plan = CompilePlan(env=None, overlay=(), overlay_key="", module="m", request={}, what="T5X's train step")  # type: ignore[arg-type]
+    stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+              "jax.errors.JaxRuntimeError: INVALID_ARGUMENT: Invalid TPU program.\n")
+    refused = compile_fit._compile_failure(plan, 1, stderr)
+    assert refused.message == "XLA's TPU compiler refused T5X's train step: INVALID_ARGUMENT: Invalid TPU program."
+    assert "data.max_source_length" in (refused.hint or "") and "Traceback" not in str(refused)
+    log = Path(str(refused.hint).rsplit(": ", 1)[1])
+    assert log.read_text() == stderr and log.is_relative_to(tmp_path)
+    other = compile_fit._compile_failure(plan, 1, "Traceback ...\nValueError: no such gin binding: x.y\n")
+    assert other.message.endswith("T5X's train step: ValueError: no such gin binding: x.y")
+
+
 # -- the real compile (T5X venv + libtpu) --------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_quickstart_compiles_for_its_slice_and_fits(cli, t5x_python: str) -> None:  # type: ignore[no-untyped-def]

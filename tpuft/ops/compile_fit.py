@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import tpuft
 from tpuft.accelerators import GENERATIONS, AcceleratorType, lookup
 from tpuft.errors import TpuftError, UsageError
-from tpuft.paths import venv_cache
+from tpuft.paths import tpuft_home, venv_cache
 from tpuft.waiting import waiting
 
 if TYPE_CHECKING:
@@ -272,8 +273,7 @@ def run_compile(plan: CompilePlan, progress: Callable[[str], None] | None = None
         if answer is not None and "error" in answer:
             raise UsageError(f"the compile refused the recipe's settings: {answer['error']}")
         if done.returncode != 0 or answer is None:
-            tail = _tail(errors.read_text(encoding="utf-8", errors="replace"))
-            raise TpuftError(f"the compile failed (exit code {done.returncode}): {plan.what}\n{tail}")
+            raise _compile_failure(plan, done.returncode, errors.read_text(encoding="utf-8", errors="replace"))
     return CompiledStep.from_json(answer)
 
 
@@ -341,6 +341,32 @@ def _last_json(text: str) -> dict[str, Any] | None:
             if isinstance(value, dict):
                 return value
     return None
+
+
+def _compile_failure(plan: CompilePlan, code: int, stderr: str) -> TpuftError:
+    """One line a user can act on, not the compiler's traceback: the exception the program died of (XLA's own words),
+    and the whole of its stderr kept in a log file for a bug report."""
+    log = tpuft_home() / "logs" / f"compile-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(stderr, encoding="utf-8")
+        kept = str(log)
+    except OSError:
+        kept = ""
+    raised = [line.strip() for line in stderr.splitlines() if _RAISED.match(line.strip())]
+    if raised and "Invalid TPU program" in raised[-1]:
+        return TpuftError(f"XLA's TPU compiler refused {plan.what}: {raised[-1].split(': ', 1)[-1]}",
+                          hint="libtpu says this of a step with one buffer larger than a device's HBM (e.g. attention "
+                               "scores of long sequences), among other causes: try a shorter data.max_source_length, a "
+                               "smaller batch or more backend.num_microbatches"
+                               + (f"; the compiler's whole output: {kept}" if kept else ""))
+    said = raised[-1] if raised else _tail(stderr)
+    return TpuftError(f"the compile failed (exit code {code}): {plan.what}: {said}",
+                      hint=f"The compiler's whole output: {kept}" if kept else None)
+
+
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exhausted)\b.*: ")
+"""The line a Python traceback ends with (``jax.errors.JaxRuntimeError: INVALID_ARGUMENT: ...``)."""
 
 
 def _tail(text: str, lines: int = 15) -> str:
