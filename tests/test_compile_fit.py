@@ -19,7 +19,7 @@ from tests.venvs import WHEELS
 from tpuft.accelerators import lookup
 from tpuft.backends.registry import compile_planner, no_compile_reason
 from tpuft.config import load_recipe
-from tpuft.ops.compile_fit import GIB, CompiledStep, FitReport, estimate_report, report
+from tpuft.ops.compile_fit import GIB, CompiledStep, estimate_report, report
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
