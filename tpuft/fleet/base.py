@@ -7,11 +7,12 @@ and is fail-fast: the first worker to exit non-zero gets the others terminated, 
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.records import Worker
@@ -84,6 +85,20 @@ def failure_error(result: FleetResult, what: str, *, worker_exit_code: bool = Fa
     if worker_exit_code and culprit.exit_code is not None:
         error.exit_code = shell_exit_code(culprit.exit_code)
     return error
+
+
+def last_json_object(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The last line that is a JSON object: how a tool run on a worker (or in a venv) answers, after whatever its
+    libraries printed before it."""
+    for line in reversed(list(lines)):
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                return data
+    return None
 
 
 def shell_exit_code(code: int) -> int:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import tpuft
 from tpuft.accelerators import GENERATIONS, AcceleratorType, lookup
 from tpuft.errors import TpuftError, UsageError
+from tpuft.fleet.base import last_json_object
 from tpuft.paths import tpuft_home, venv_cache
 from tpuft.waiting import waiting
 
@@ -269,7 +270,7 @@ def run_compile(plan: CompilePlan, progress: Callable[[str], None] | None = None
             with errors.open("wb") as err:
                 done = subprocess.run([python, "-m", plan.module, str(request)], env=env, stdout=subprocess.PIPE,
                                       stderr=err, stdin=subprocess.DEVNULL, check=False)
-        answer = _last_json(done.stdout.decode("utf-8", "replace"))
+        answer = last_json_object(done.stdout.decode("utf-8", "replace").splitlines())
         if answer is not None and "error" in answer:
             raise UsageError(f"the compile refused the recipe's settings: {answer['error']}")
         if done.returncode != 0 or answer is None:
@@ -329,18 +330,6 @@ def _run_with_progress(argv: list[str], what: str, progress: Callable[[str], Non
         code = proc.wait()
     if code != 0:
         raise TpuftError(f"command failed (exit code {code}): {' '.join(argv[:6])} ...\n{_tail(chr(10).join(lines))}")
-
-
-def _last_json(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.splitlines()):
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
 
 
 def _compile_failure(plan: CompilePlan, code: int, stderr: str) -> TpuftError:

@@ -25,9 +25,9 @@ from tpuft.accelerators import lookup
 from tpuft.backends.registry import layout
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.errors import TpuftError, UsageError
+from tpuft.fleet.base import last_json_object
 from tpuft.model_summary import fmt_bytes, summarize
 from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
-from tpuft.ops.lifecycle import _last_json
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
 from tpuft.ports import COORDINATOR_PORT
@@ -178,7 +178,7 @@ def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[s
     env = lambda w: worker_env(session.config, extra)  # noqa: E731
     result = session.fleet.run(argv, env=env, workers=workers, on_line=collect, fail_fast=False)
     for r in result.results:
-        data = _last_json(lines.get(r.index, []))
+        data = last_json_object(lines.get(r.index, []))
         if r.exit_code != 0 or data is None:
             tail = "\n".join("  " + line for line in r.tail[-10:])
             raise TpuftError(f"the doctor's probe failed on worker {r.index} (exit code {r.exit_code}):\n{tail}")

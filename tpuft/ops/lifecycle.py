@@ -23,7 +23,7 @@ from typing import Any
 from tpuft import rundir
 from tpuft.config import ClusterConfig
 from tpuft.errors import TpuftError, UsageError
-from tpuft.fleet.base import LineSink
+from tpuft.fleet.base import LineSink, last_json_object
 from tpuft.ops.common import Session, on_worker, open_session
 from tpuft.records import Worker
 from tpuft.runs import Run, list_runs
@@ -95,7 +95,7 @@ def claim_workers(session: Session, launch: Launch, *, free_tpu: bool) -> list[s
     argv = [launch.python, *SUPERVISOR, "check", *(["--free-tpu"] if free_tpu else [])]
     result = session.fleet.run(argv, env=_tool_env(session, launch), workers=launch.hosts, on_line=collect, fail_fast=False)
     for r in result.results:
-        report = _last_json(lines.get(r.index, []))
+        report = last_json_object(lines.get(r.index, []))
         if r.exit_code not in (0, BUSY_EXIT) or report is None:
             tail = "\n".join("  " + line for line in r.tail[-10:])
             raise TpuftError(f"checking worker {r.index} for a running run failed (exit code {r.exit_code}):\n{tail}")
@@ -110,18 +110,6 @@ def claim_workers(session: Session, launch: Launch, *, free_tpu: bool) -> list[s
             hint=f"Watch it: tpuft attach {run_ids[0]}   Stop it: tpuft stop {run_ids[0]}",
         )
     return cleaned
-
-
-def _last_json(lines: list[str]) -> dict[str, Any] | None:
-    for line in reversed(lines):
-        if line.startswith("{"):
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(data, dict):
-                return data
-    return None
 
 
 # ----------------------------------------------------------------------------------------------------------------
