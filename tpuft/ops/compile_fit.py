@@ -295,9 +295,11 @@ def ensure_overlay(plan: CompilePlan, python: str, progress: Callable[[str], Non
     """The overlay folder (libtpu), installed once per machine under a lock; a half-written one is replaced."""
     import fcntl
 
+    from tpuft.worker.bootstrap import MARKER
+
     cache = venv_cache()
     folder = cache / plan.overlay_key
-    marker = folder / ".tpuft-complete"
+    marker = folder / MARKER
     if marker.is_file():
         return folder
     cache.mkdir(parents=True, exist_ok=True)
