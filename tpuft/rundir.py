@@ -82,6 +82,11 @@ class MetricsLog:
     def eval_rows(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if any(k.startswith("eval_") for k in r)]
 
+    @property
+    def test_row(self) -> dict[str, Any]:
+        """The run's test evaluation (``data.test``; {} without one): the last row with ``test_*`` keys."""
+        return next((r for r in reversed(self.rows) if any(k.startswith("test_") for k in r)), {})
+
     def last(self, key: str) -> Any:
         for row in reversed(self.rows):
             if key in row:
@@ -236,6 +241,12 @@ def finalize_run(storage: Any, attempt: int | None = None) -> dict[str, Any] | N
     storage.write_text(RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
     return info
 
+
+TEST_DIR = "test"
+"""The test evaluation's predictions, one ``predictions-<process>.jsonl`` per process (``tpuft.worker.predictions``)."""
+
+TEST_SCORES = ("test_exact_match", "test_accuracy", "test_macro_f1", "test_bleu", "test_rouge_l", "test_loss")
+"""The scores of a test row, in the order tables show them (``test_loss`` only from a backend that computes it)."""
 
 BEST_METRICS = (
     ("eval_exact_match", max), ("eval_accuracy", max), ("eval_token_accuracy", max), ("eval_loss", min),

@@ -111,7 +111,7 @@ class LaunchPlan:
     """After the venv's python."""
     env: dict[str, str] = field(default_factory=dict)
     """What the backend's runtime needs on each launched worker (e.g. PJRT_DEVICE)."""
-    ship: tuple[str, ...] = ("train", "eval", "preprocess")
+    ship: tuple[str, ...] = ("train", "eval", "test", "preprocess")
     """Recipe keys whose files are copied to workers that cannot read this machine's disk: ``data`` keys by name,
     others dotted (``backend.gin_files``); a list ships each of its files; ``gs://`` URLs stay."""
 

@@ -190,7 +190,7 @@ class T5x:
         if shape.target == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
             env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # the trainer adds it to XLA_FLAGS as a host device count
-        return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=("train", "eval", "corpus", "backend.gin_files", "backend.vocabulary"))
+        return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=("train", "eval", "test", "corpus", "backend.gin_files", "backend.vocabulary"))
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """The best checkpoint by the eval metric: kept besides the last ones, and the one export/hf is made from."""

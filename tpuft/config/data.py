@@ -27,6 +27,9 @@ class HfDataset(StrictModel):
     name: str | None = Field(None, description="The dataset's configuration, e.g. ro-en.")
     split: str = Field("train", description="Split to train on.")
     eval_split: str | None = Field(None, description="Split to evaluate on (e.g. validation); none: no evaluation data.")
+    test_split: str | None = Field(
+        None, description="Split evaluated once at the end of training, on the best (keep_best) or last checkpoint "
+        "(test_* metrics); none: no test evaluation.")
     data_files: list[PathText] | dict[str, list[PathText]] = Field(
         default_factory=list, max_length=100_000,
         description="For a builder: files (or globs) of the train split, or {split: [files]}; local or gs://.",
@@ -62,13 +65,14 @@ class HfDataset(StrictModel):
     def _splits_have_files(self) -> HfDataset:
         """A list of data_files is the train split's; with data_files given, load_dataset knows no other split."""
         if isinstance(self.data_files, list):
-            if self.data_files and self.eval_split is not None and self.eval_split != self.split:
-                raise ValueError(
-                    f"data_files is a list, the files of split {self.split!r}: to evaluate on {self.eval_split!r} "
-                    f"give both, e.g. data_files: {{{self.split}: [...], {self.eval_split}: [...]}}"
-                )
+            for other in (self.eval_split, self.test_split):
+                if self.data_files and other is not None and other != self.split:
+                    raise ValueError(
+                        f"data_files is a list, the files of split {self.split!r}: to evaluate on {other!r} "
+                        f"give both, e.g. data_files: {{{self.split}: [...], {other}: [...]}}"
+                    )
             return self
-        for role, split in (("split", self.split), ("eval_split", self.eval_split)):
+        for role, split in (("split", self.split), ("eval_split", self.eval_split), ("test_split", self.test_split)):
             if split is not None and split not in self.data_files:
                 raise ValueError(f"{role} {split!r} has no files in data_files (it names: "
                                  f"{', '.join(self.data_files) or 'none'})")
@@ -86,6 +90,10 @@ class DataConfig(StrictModel):
         "(relative to the recipe's folder) or gs://.",
     )
     eval: LaxPath | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
+    test: LaxPath | None = Field(
+        None, description="Test examples in the same format: evaluated once at the end of training, on the best "
+        "(train.keep_best) or last checkpoint, by the run's backend on the slice; test_* metrics and the predictions "
+        "in the run dir.")
     source_field: str = Field("source", description="JSON field holding the input text (dots reach into objects).")
     target_field: str = Field("target", description="JSON field holding the output text.")
     source_template: str | None = Field(
@@ -125,7 +133,7 @@ class DataConfig(StrictModel):
         default_factory=list, max_length=100_000, description="Classification: the label names, in class-id order."
     )
 
-    @field_validator("train", "eval")
+    @field_validator("train", "eval", "test")
     @classmethod
     def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
@@ -182,8 +190,8 @@ class DataConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_dataset(self) -> DataConfig:
-        if self.hf is not None and (self.train is not None or self.eval is not None):
-            raise ValueError("give data.hf or data.train/data.eval files, not both")
+        if self.hf is not None and (self.train is not None or self.eval is not None or self.test is not None):
+            raise ValueError("give data.hf or data.train/data.eval/data.test files, not both")
         return self
 
     @field_validator("labels")

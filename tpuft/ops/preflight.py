@@ -58,7 +58,7 @@ def data_problems(
         return [recipe.problem(("data", "preprocess"), str(exc).split(": ", 1)[-1])], {}
     problems: list[str] = []
     checks: dict[str, FileCheck] = {}
-    for key in ("train", "eval"):
+    for key in ("train", "eval", "test"):
         path = getattr(data, key)
         if path is None:
             continue
@@ -83,11 +83,11 @@ def data_problems(
                     f"{path} has {check.examples} example(s) for {workers} workers; every worker needs at least one",
                 )
             )
-        if key == "eval" and check.examples == 0:
+        if key in ("eval", "test") and check.examples == 0:
             problems.append(
                 recipe.problem(
-                    ("data", "eval"),
-                    f"{path} has no examples (it would report a perfect eval loss of 0): fill it, or remove data.eval",
+                    ("data", key),
+                    f"{path} has no examples (it would report a perfect {key} loss of 0): fill it, or remove data.{key}",
                 )
             )
     return problems, checks

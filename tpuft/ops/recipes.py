@@ -60,7 +60,7 @@ def missing_data(loaded: Loaded[RecipeConfig]) -> list[str]:
     missing PATH; fetch it: COMMAND`` where the file's folder ships a fetch.py). ``loaded`` is loaded without the
     file check, so that the schema and the data are told apart."""
     data = loaded.value.data
-    named = [(("data", key), getattr(data, key)) for key in ("train", "eval")]
+    named = [(("data", key), getattr(data, key)) for key in ("train", "eval", "test")]
     named += [(("data", "corpus"), Path(text)) for text in data.corpus if not text.startswith("gs://")]
     lines = []
     for key, path in named:
@@ -114,7 +114,7 @@ def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
     # Data paths in shipped recipes are relative to recipes/; keep them pointing at the shipped data.
     loaded = load_recipe(source, check_files=False)
     data = loaded.value.data
-    for key, value in (("train", data.train), ("eval", data.eval)):
+    for key, value in (("train", data.train), ("eval", data.eval), ("test", data.test)):
         if value is None:
             continue
         relative = str(Path(loaded.raw["data"][key]))

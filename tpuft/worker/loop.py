@@ -23,6 +23,11 @@ backend. Two ways to use it, one logic:
   - ``checkpoint_due(step)`` / ``save_checkpoint(step, write, ...)``: a checkpoint folder written through a
     temp dir, its ``trainer_state.json`` and manifest, then pruning to the last ``train.keep_checkpoints`` and the
     best (``train.keep_best``);
+  - ``test_due()`` / ``test_checkpoint()`` / ``record_test(result, seconds, checkpoint_step)``: the test evaluation
+    (``data.test``) once at the end, before the final checkpoint, on the best checkpoint under ``keep_best`` (else
+    the weights in memory, the last); its ``test_*`` row and line. The result goes into the final checkpoint's
+    ``trainer_state.json`` (``test``), so a run resumed from that checkpoint does not test again: exactly one test
+    row per run;
   - ``export_source(checkpoint)``: the checkpoint to export (the best one under ``keep_best``);
   - ``finished(step, **extra)``: the final heartbeat (status ``finished``, the last eval's numbers, the early stop).
 
@@ -36,7 +41,8 @@ The order of one step (the driver's, and what a framework adapter should keep): 
 ``log_every`` (and the last step); the heartbeat; on ``eval.every`` (not the last step) an evaluation, judged: an
 early stop ends training there, a new best under ``keep_best`` is checkpointed at once; else a checkpoint on
 ``train.checkpoint_every`` (not the last step). The end: a final evaluation (unless an early stop has just
-evaluated), the final checkpoint, the weight digest, the export (chief only), the final heartbeat.
+evaluated), the test evaluation (``data.test``, once per run), the final checkpoint, the weight digest, the export
+(chief only), the final heartbeat.
 
 Stop and hang signals are the heartbeat: the worker's supervisor (``tpuft/worker/supervisor.py``) declares a trainer
 hung when its heartbeat is older than the hang timeout for its phase, and stops it with SIGTERM.
@@ -54,7 +60,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tpuft import rundir
 from tpuft.worker.metrics import Heartbeat, MetricsWriter
+from tpuft.worker.predictions import prefixed
 from tpuft.worker.resume import TRAINER_STATE, ResumePoint, find_resume_checkpoint, load_resume_point, open_metrics
 from tpuft.worker.resume import resuming as resume_requested
 from tpuft.worker.selection import Selector, Verdict
@@ -63,6 +71,9 @@ if TYPE_CHECKING:
     from tpuft.backends.base import RunLayout
     from tpuft.config import RecipeConfig
     from tpuft.worker.context import WorkerContext
+
+TEST_STATE = "test"
+"""The key of the test row in a checkpoint's ``trainer_state.json``."""
 
 HEARTBEAT_KEYS = ("loss", "lr", "examples_per_s", "tokens_per_s")
 """What a heartbeat repeats of the latest metrics row (``monitor`` shows them per worker)."""
@@ -84,6 +95,12 @@ def eval_line(step: int, result: Mapping[str, Any]) -> str:
         shown = f"loss {result['eval_loss']:.4f} accuracy {result['eval_accuracy']:.4f}"
     scores = "".join(f" {key[5:]} {result[key]:.2f}" for key in ("eval_bleu", "eval_rouge_l") if key in result)
     return f"eval @ {step}: {shown}{scores} ({result['eval_examples']} examples)"
+
+
+def test_line(result: Mapping[str, Any]) -> str:
+    """The line the test evaluation prints: every ``test_*`` score, on which checkpoint, over how many examples."""
+    shown = " ".join(f"{key[5:].replace('_', ' ')} {result[key]:.4f}" for key in rundir.TEST_SCORES if key in result)
+    return f"test (checkpoint step {result['test_checkpoint_step']}): {shown} ({result['test_examples']} examples)"
 
 
 def steps_to_keep(steps: list[int], keep_last: int, best_step: int | None) -> set[int]:
@@ -121,6 +138,10 @@ class RunLoop:
         self.has_eval = False
         """Set by the trainer once its data is set up: there is a held-out set to evaluate on."""
         self.last_eval: dict[str, Any] = {}
+        self.has_test = False
+        """Set by the trainer once its data is set up: there is a test set (``data.test``) to evaluate at the end."""
+        self.test_result: dict[str, Any] = {}
+        """The test row (``test_*``); restored from the checkpoint a run resumes from, so it is made once."""
         self.stopped_early: str | None = None
         self.saved_steps: set[int] = set()
         self.first_step_s: float | None = None
@@ -155,6 +176,7 @@ class RunLoop:
         self.resume = load_resume_point(self.ctx, self.layout, self._found, self.recipe.train.steps, self.say)
         self.open_metrics(self.start_step if self.resuming else None)
         self.selector = Selector(self.recipe.eval.metric, self.recipe.train.early_stopping, self.resume.state)
+        self.test_result = dict(self.resume.state.get(TEST_STATE) or {})
         return self.resume
 
     def open_metrics(self, restart_at: int | None) -> MetricsWriter:
@@ -245,6 +267,33 @@ class RunLoop:
         """``{"metric", "value", "step"}`` of the best evaluation so far, or None."""
         return self.selector.best
 
+    # -- the test evaluation ----------------------------------------------------------------------------------
+    def test_due(self) -> bool:
+        """Whether the end of this run tests: there is a test set and no test of this run is on record."""
+        return self.has_test and not self.test_result
+
+    def test_checkpoint(self) -> tuple[int, Path | None]:
+        """What the test evaluates: ``(step, folder)`` of the best checkpoint under ``train.keep_best`` when that is
+        not the current step, else ``(current step, None)``: the weights in memory, the last."""
+        best = self.best
+        if self.recipe.train.keep_best and best is not None and int(best["step"]) != self.step:
+            return int(best["step"]), self.layout.checkpoint_dir(self.ctx.run_dir, int(best["step"]))
+        return self.step, None
+
+    def test_predictions_dir(self) -> Path:
+        """Where every process writes its share of the test predictions (:func:`tpuft.worker.predictions.shard_name`)."""
+        return self.ctx.run_dir / rundir.TEST_DIR
+
+    def record_test(self, result: Mapping[str, Any], seconds: float, checkpoint_step: int) -> dict[str, Any]:
+        """The test row: ``result``'s scores (:func:`tpuft.worker.predictions.scores`, unprefixed, already summed
+        over every replica) as ``test_*``, with ``test_seconds`` and ``test_checkpoint_step``, logged at the current
+        step; its line. Every process calls it (the row is the chief's) and keeps the result for the checkpoint."""
+        row = {**prefixed(dict(result), "test"), "test_seconds": round(seconds, 2), "test_checkpoint_step": checkpoint_step}
+        self._log(self.step, row)
+        self.say(test_line(row))
+        self.test_result = row
+        return row
+
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint_due(self, step: int) -> bool:
         every = self.recipe.train.checkpoint_every
@@ -260,6 +309,8 @@ class RunLoop:
             return None
         final = self.layout.checkpoint_dir(self.ctx.run_dir, step)
         if step in self.saved_steps:
+            if self.test_result:
+                self._note_test(final)
             return final
         self.beat(step, phase="checkpoint")
         tmp = final.with_name(final.name + ".tmp")
@@ -270,7 +321,7 @@ class RunLoop:
         trainer_state = {
             "step": step, "run_id": self.ctx.run_id, "recipe": self.recipe.name, "backend": backend,
             "tokenizer": self.recipe.model.tokenizer, "time": time.time(), "elapsed_s": elapsed, "replicas": replicas,
-            **(state or {}), **self.selector.state(),
+            **(state or {}), **self.selector.state(), **({TEST_STATE: self.test_result} if self.test_result else {}),
         }  # fmt: skip
         (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
         self.layout.write_manifest(tmp)  # last: the checkpoint is complete once every file it lists is there
@@ -280,6 +331,20 @@ class RunLoop:
         self.prune()
         self.say(f"checkpoint saved: {final} ({time.time() - started:.1f}s)")
         return final
+
+    def _note_test(self, folder: Path) -> None:
+        """A checkpoint saved before the test (an early stop on a checkpoint step) gets the test result in its
+        ``trainer_state.json`` too, through a temp file, and its manifest anew."""
+        path = folder / TRAINER_STATE
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        if state.get(TEST_STATE) == self.test_result:
+            return
+        state[TEST_STATE] = self.test_result
+        rundir.write_json_atomic(path, state)
+        self.layout.write_manifest(folder)
 
     def prune(self) -> None:
         """Keep the last ``train.keep_checkpoints`` complete checkpoints and, under ``train.keep_best``, the best."""
@@ -305,6 +370,7 @@ class RunLoop:
         """The final heartbeat: ``extra`` (e.g. the weight digest), the training time, the last evaluation's numbers
         and, after an early stop, why."""
         tail = {key: value for key, value in self.last_eval.items() if key.startswith("eval_")}
+        tail.update((key, value) for key, value in self.test_result.items() if key.startswith("test_"))
         if self.stopped_early:
             tail["stopped_early"] = self.stopped_early
         self.beat(step, "finished", **extra, train_seconds=round(time.time() - self.run_started, 1), **tail)
@@ -342,6 +408,13 @@ class TrainerHooks(Protocol):
 
     def export(self, checkpoint: Path) -> None:
         """Chief only, when ``export.hf``: ``checkpoint`` to Hugging Face format (and what goes with it)."""
+        ...
+
+    def test(self, checkpoint: Path | None) -> dict[str, Any]:
+        """Every process: predict this replica's share of the test set with the weights of ``checkpoint`` (None:
+        those in memory), write the share to ``RunLoop.test_predictions_dir()``, sum the
+        :func:`tpuft.worker.predictions.statistics` over the replicas and return their ``scores`` (the same on every
+        process). The weights in memory are as before when it returns (the final checkpoint saves them)."""
         ...
 
 
@@ -397,6 +470,8 @@ def finish(loop: RunLoop, hooks: TrainerHooks) -> None:
         if result:
             loop.selector.judge(loop.step, result)  # for the best to export; training is over either way
         loop.last_eval = result
+    if loop.test_due():
+        run_test(loop, hooks.test)
     checkpoint = hooks.save(loop.step)
     digest = hooks.digest()
     if loop.chief and loop.recipe.export.hf and checkpoint is not None:
@@ -404,6 +479,17 @@ def finish(loop: RunLoop, hooks: TrainerHooks) -> None:
         loop.beat(loop.step, phase="export")
         hooks.export(source)
     loop.finished(loop.step, params_sha256=digest)
+
+
+def run_test(loop: RunLoop, test: Callable[[Path | None], dict[str, Any]]) -> dict[str, Any]:
+    """The test evaluation in the ``eval`` phase: ``test(folder)`` on what :meth:`RunLoop.test_checkpoint` picks,
+    recorded. For a framework-driven trainer too (Keras, T5X), with its own ``test``."""
+    step, folder = loop.test_checkpoint()
+    loop.beat(loop.step, phase="eval")
+    loop.say(f"testing {'the best checkpoint, step ' + str(step) if folder is not None else 'the final weights'} on {loop.recipe.data.test or 'the test split'}")
+    started = time.time()
+    result = test(folder)
+    return loop.record_test(result, time.time() - started, step)
 
 
 def run(loop: RunLoop, hooks: TrainerHooks) -> None:
