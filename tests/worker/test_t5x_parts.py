@@ -388,7 +388,7 @@ def test_finetune_shards_are_disjoint_and_cover_the_validation_split(finetune: d
     assert all(200 <= sum(shard.values()) <= 300 for shard in shards)
     assert not set(shards[0]) & set(shards[1])
     assert shards[0] + shards[1] == expected
-    assert finetune["train_count"] == 9500
+    assert finetune["train_count"] == 9000
 
 
 @pytest.mark.slow
