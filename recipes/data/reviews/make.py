@@ -4,6 +4,10 @@ A review is one clause about an invented product praising or faulting one aspect
 "not" flipping it ("the lens was not flimsy" is positive). So a classifier has to read a word in its context, not
 just spot happy words, and a tiny encoder over bytes learns it within minutes on a CPU. Deterministic:
 re-running writes the same files. Run: python recipes/data/reviews/make.py
+
+Three files from one stream of 6,000 reviews: train.jsonl (the first 5,000), test.jsonl (the next 500: ``data.test``,
+evaluated once at the end of training) and eval.jsonl (the last 500, the same file as before there was a test split,
+byte for byte, so eval numbers measured before stay comparable). Until issue 27 train.jsonl held the first 5,500.
 """
 
 import json
@@ -42,7 +46,7 @@ def main() -> None:
     folder = Path(__file__).resolve().parent
     rng = random.Random(20261123)
     rows = [review(rng) for _ in range(6000)]
-    for name, part in (("train.jsonl", rows[:5500]), ("eval.jsonl", rows[5500:])):
+    for name, part in (("train.jsonl", rows[:5000]), ("test.jsonl", rows[5000:5500]), ("eval.jsonl", rows[5500:])):
         with open(folder / name, "w", encoding="utf-8") as out:
             for row in part:
                 out.write(json.dumps(row) + "\n")
