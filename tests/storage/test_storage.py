@@ -375,3 +375,12 @@ def test_opening_gcs_storage_does_not_import_google_cloud() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_remove_tree_deletes_a_folder_and_nothing_beside_it(store: Storage) -> None:
+    for name in ("out.shards/job.json", "out.shards/shard-000000/predictions-00000.jsonl", "out.shards-x/keep", "keep"):
+        store.write_text(name, "x")
+    assert store.remove_tree("out.shards") == 2
+    assert store.list() == ["keep", "out.shards-x/keep"]
+    assert store.remove_tree("out.shards") == 0
+    assert store.remove_tree("") == 0 and store.list() == ["keep", "out.shards-x/keep"]  # never the root

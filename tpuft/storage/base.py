@@ -148,6 +148,11 @@ class Storage(Protocol):
         """Copy a local folder under ``relprefix``, skipping files already there with the same content."""
         ...
 
+    def remove_tree(self, relprefix: str) -> int:
+        """Delete every file below the folder ``relprefix`` (``tpuft predict --overwrite``'s old shards); returns how
+        many. A bucket has no folders, so nothing else is left behind either."""
+        ...
+
     def download_tree(
         self,
         relprefix: str,

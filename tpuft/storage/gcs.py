@@ -209,6 +209,15 @@ class GcsStorage(TreeDownloads):
 
     # ---- trees -------------------------------------------------------------------------------------------------
 
+    def remove_tree(self, relprefix: str) -> int:
+        if not clean_relpath(relprefix):
+            return 0  # never the whole bucket
+        blobs = self._objects(clean_relpath(relprefix))
+        for blob in blobs.values():
+            with gcs_call("delete", self._url_of(blob.name)):
+                blob.delete(retry=_retry())
+        return len(blobs)
+
     def upload_tree(self, local_dir: Path | str, relprefix: str, *, workers: int = 8) -> int:
         """Upload ``local_dir`` to ``relprefix`` with ``workers`` parallel requests; returns how many files were sent
         (objects with the same size and CRC32C are skipped)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -115,6 +116,14 @@ class LocalStorage(TreeDownloads):
     def upload_file(self, local_path: Path | str, relpath: str) -> None:
         """Copy one file in, through a temporary name (a reader never sees half of it)."""
         copy_atomic(Path(local_path), self._path(relpath))
+
+    def remove_tree(self, relprefix: str) -> int:
+        base = self._path(relprefix)
+        if not clean_relpath(relprefix) or not base.is_dir():
+            return 0  # never the root itself
+        count = sum(1 for _ in walk_files(base))
+        shutil.rmtree(base)
+        return count
 
     def upload_tree(self, local_dir: Path | str, relprefix: str, *, workers: int = 8) -> int:
         """Copy ``local_dir`` to ``relprefix``; returns how many files were copied (unchanged ones are skipped).
