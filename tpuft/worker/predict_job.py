@@ -15,7 +15,8 @@ Stdlib only: it runs in every backend's venv and on the controller.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 JOB_FILE = "job.json"
@@ -48,7 +49,7 @@ class PredictJob:
     shard_lines: int = SHARD_LINES
     total_lines: int | None = None
     """The input's line count when the controller counted it (for the progress bar's total and ETA)."""
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # the attribute `field` shadows the function
     """Anything else a backend's engine reads (e.g. the device: ``{"device": "cpu"}``)."""
 
     def to_json(self) -> str:
