@@ -41,13 +41,20 @@ def test_batch_is_checked_against_replicas_not_hosts(recipe) -> None:  # type: i
     (_, message), = BACKEND.check(accumulated, ClusterShape(hosts=2, chips_per_host=4, target="cpu"))
     assert "24 does not split evenly over 2 workers x 5 accumulation steps (use a multiple of 10" in message
 
+    fsdp = recipe.model_copy(update={"train": recipe.train.model_copy(update={"sharding": "fsdp"}),
+                                     "data": recipe.data.model_copy(update={"test": recipe.data.train})})
+    assert BACKEND.check(fsdp, ClusterShape(hosts=1, chips_per_host=4, target="tpu")) == []
+    assert BACKEND.check(fsdp, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []
+    (path, message), = BACKEND.check(fsdp, ClusterShape(hosts=2, chips_per_host=4, target="tpu"))
+    assert path == ("data", "test") and "fsdp runs on one TPU host only (2 here" in message
+
 
 def test_launch_plan_runs_on_every_host_with_the_runtime_env(recipe) -> None:  # type: ignore[no-untyped-def]
     cpu = BACKEND.plan(recipe, ClusterShape(hosts=3, chips_per_host=4, target="cpu"))
     assert cpu.workers == (0, 1, 2) and cpu.env["PJRT_DEVICE"] == "CPU" and cpu.argv == ("-m", "tpuft.worker")
     tpu = BACKEND.plan(recipe, ClusterShape(hosts=2, chips_per_host=4, target="tpu"))
     assert tpu.env["PJRT_DEVICE"] == "TPU" and "TF_CPP_MIN_LOG_LEVEL" not in tpu.env
-    assert cpu.ship == ("train", "eval", "preprocess")
+    assert cpu.ship == ("train", "eval", "test", "preprocess")
 
 
 def test_layout_names_and_finds_checkpoints(tmp_path: Path) -> None:

@@ -67,6 +67,8 @@ def harness(torch_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def run(harness: Harness, tmp_path: Path, name: str, settings: list[str], probe: tuple[str, ...] = (),
         recipe: Path = QUICKSTART, env: dict[str, str] | None = None) -> dict[str, Any]:
     config = tmp_path / f"{name}.json"
+    if not any(setting.startswith("data.test=") for setting in settings):
+        settings = ["data.test=null", *settings]  # the quickstart's 500 test decodes: only where a test looks at them
     config.write_text(json.dumps({"recipe": str(recipe), "set": settings, "run_dir": str(tmp_path / name),
                                   "probe": list(probe), "result": str(tmp_path / f"{name}.out.json")}))
     if env is None:
@@ -160,11 +162,14 @@ def test_adafactor_gets_every_knob_and_norms_and_biases_get_no_decay(harness: Ha
 
 def test_early_stopping_and_keep_best_on_the_real_trainer(harness: Harness, tmp_path: Path) -> None:
     """An improvement must beat the best by 0.5 exact match: the second evaluation cannot, so training stops there
-    (step 20) and the export is the first evaluation's checkpoint, kept besides the last one."""
+    (step 20) and the export is the first evaluation's checkpoint, kept besides the last one. The test set is
+    decoded with that best checkpoint's weights, swapped in and out again: the final checkpoint holds the last."""
+    lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
+    (tmp_path / "test.jsonl").write_text("\n".join(lines[:24]) + "\n\n" + lines[24] + "\n")  # a blank line: ids skip it
     got = run(harness, tmp_path, "early", [
         "train.log_every=5", "eval.every=10", "eval.max_examples=32", "train.steps=100", "train.checkpoint_every=1000",
         "train.keep_checkpoints=1", "train.keep_best=true", "train.early_stopping.patience=1",
-        "train.early_stopping.min_delta=0.5"])
+        "train.early_stopping.min_delta=0.5", f"data.test={tmp_path / 'test.jsonl'}", "eval.batch_size=16"], ("test",))
     assert got["step"] == 20 and "early stopping at step 20" in got["stopped_early"]
     assert got["best"]["step"] == 10 and got["best"]["metric"] == "eval_exact_match"
     kept = sorted(p.name for p in (tmp_path / "early" / "checkpoints").iterdir())
@@ -173,6 +178,14 @@ def test_early_stopping_and_keep_best_on_the_real_trainer(harness: Harness, tmp_
     assert state["best"]["step"] == 10 and state["stopped_early"] == got["stopped_early"]
     beats = json.loads((tmp_path / "early" / "heartbeat" / "worker-0.json").read_text())
     assert beats["status"] == "finished" and beats["stopped_early"] == got["stopped_early"]
+    test = got["test_result"]
+    assert test["test_checkpoint_step"] == 10 and test["test_examples"] == 25 and 0.0 <= test["test_exact_match"] <= 1.0
+    assert {"test_bleu", "test_rouge_l", "test_seconds"} <= set(test) and beats["test_exact_match"] == test["test_exact_match"]
+    assert state["test"] == test  # in the final checkpoint: a run resumed from it does not test again
+    assert got["weights_vs_checkpoints"] == {"step_00000010": False, "step_00000020": True}
+    rows = [json.loads(line) for line in (tmp_path / "early" / "test" / "predictions-00000.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [*range(24), 25] and rows[-1]["target"] == json.loads(lines[24])["digits"]
+    assert sum(r["correct"] for r in rows) == round(test["test_exact_match"] * 25)
 
 
 def test_greedy_decodes_on_the_device_match_generate_and_score_bleu(harness: Harness, tmp_path: Path) -> None:

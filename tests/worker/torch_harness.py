@@ -113,6 +113,13 @@ def harness(cfg: dict) -> dict:
         out["grads"] = str(run_dir / "grads.pt")
     torch.save(after, run_dir / "final.pt")
     out["final"] = str(run_dir / "final.pt")
+    if "test" in probe:  # the test row, and which checkpoints hold the weights the run ended with in memory
+        from tpuft.worker.torch_test import checkpoint_state
+
+        out["test_result"] = trainer.loop.test_result
+        out["weights_vs_checkpoints"] = {
+            folder.name: all(torch.equal(value, after[name]) for name, value in checkpoint_state(folder, None).items())
+            for folder in sorted((run_dir / "checkpoints").iterdir())}
     if "decodes" in probe:  # the static-shape greedy decoder against transformers' generate() on the host
         from transformers import T5ForConditionalGeneration
 

@@ -70,6 +70,13 @@ class TorchXla:
         else:
             what = local_replicas(shape, replicas)
         batch, accum = recipe.train.batch_size, recipe.train.grad_accum_steps
+        data = recipe.data
+        if (data.test is not None or (data.hf is not None and data.hf.test_split is not None)) and (
+                recipe.train.sharding == "fsdp" and shape.target == "tpu" and shape.hosts > 1):
+            key = ("data", "test") if data.hf is None else ("data", "hf", "test_split")
+            return [(key, f"the test evaluation of train.sharding: fsdp runs on one TPU host only ({shape.hosts} here: "
+                     "one SPMD program spans them and a host cannot read back its own decodes); drop it and run "
+                     "tpuft predict on the run's checkpoint")]
         unit = replicas * accum
         if batch % unit:
             split = f"{what} x {accum} accumulation steps" if accum > 1 else what

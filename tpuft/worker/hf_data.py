@@ -111,26 +111,44 @@ def open_train_stream(data_cfg: Any, *, rank: int, world: int, local_batch: int,
 def load_eval_examples(data_cfg: Any, *, rank: int, world: int, limit: int | None) -> list[Example]:
     """This replica's share of the held-out examples (the i-th goes to replica i mod W), of the first ``limit`` of the
     set overall; eval-sized, so held in memory. Every replica reads the set (up to ``limit``) in order."""
+    return [example for _, example in held_out(data_cfg, "eval", rank=rank, world=world, limit=limit)]
+
+
+def has_held_out(data_cfg: Any, role: str) -> bool:
+    """Whether the recipe has a ``role`` set ("eval" or "test"): its file, or its split of ``data.hf``."""
+    if data_cfg.hf is None:
+        return getattr(data_cfg, role) is not None
+    return getattr(data_cfg.hf, f"{role}_split") is not None
+
+
+def held_out(data_cfg: Any, role: str, *, rank: int, world: int, limit: int | None = None
+             ) -> list[tuple[int, Example]]:
+    """``(position, example)`` of this replica's share of the ``role`` set ("eval": ``data.eval`` or
+    ``data.hf.eval_split``; "test": ``data.test`` or ``data.hf.test_split``), as :func:`load_eval_examples` deals
+    it. The position is the example's 0-based place in its source (a file's line index, a split's row in order): the
+    ``id`` of its prediction, which puts every replica's predictions back in input order."""
     fields = data_mod.Fields.of(data_cfg)
     if data_cfg.hf is None:
-        if data_cfg.eval is None:
+        path = getattr(data_cfg, role)
+        if path is None:
             return []
-        examples = list(data_mod.iter_shard(data_cfg.eval, rank, world, fields))
+        examples = [(example.line - 1, example) for example in data_mod.iter_shard(path, rank, world, fields)]
         return examples[: len(range(rank, limit, world))] if limit is not None else examples
     hf = data_cfg.hf
-    if hf.eval_split is None:
+    split = getattr(hf, f"{role}_split")
+    if split is None:
         return []
-    dataset = load_split(hf, hf.eval_split)
-    out: list[Example] = []
+    dataset = load_split(hf, split)
+    out: list[tuple[int, Example]] = []
     kept = 0
-    for where, line, record in _records(dataset, _label(hf, hf.eval_split), 0, 1, None):
+    for position, (where, line, record) in enumerate(_records(dataset, _label(hf, split), 0, 1, None)):
         if limit is not None and kept >= limit:
             break
         example = data_mod.make_example(record, line=line, path=where, fields=fields)
         if example is None:
             continue
         if kept % world == rank:
-            out.append(example)
+            out.append((position, example))
         kept += 1
     return out
 

@@ -2,9 +2,10 @@
 
 Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data; the
 run's skeleton (:mod:`tpuft.worker.loop`: rows, progress line, heartbeats, periodic eval and checkpoints, keep-best,
-early stopping, the final export) drives the hooks below: ``start``, ``step``, ``progress``, ``evaluate``, ``save``,
-``digest``, ``export``. ``train()`` and ``finish()`` are the loop's two halves; at the end every worker records its
-weight digest (all workers must end with identical weights).
+early stopping, the test evaluation, the final export) drives the hooks below: ``start``, ``step``, ``progress``,
+``evaluate``, ``test`` (:mod:`tpuft.worker.torch_test`), ``save``, ``digest``, ``export``. ``train()`` and
+``finish()`` are the loop's two halves; at the end every worker records its weight digest (all workers must end with
+identical weights).
 
 Shapes are static (inputs padded to the recipe's max lengths, the last eval batch padded with weight-0 rows), so XLA
 compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla passes
@@ -169,7 +170,7 @@ class Trainer:
         self._setup_model()
         self._setup_optimizer()
         self._setup_data()
-        self.loop.has_eval = self.eval_shard is not None
+        self.loop.has_eval, self.loop.has_test = self.eval_shard is not None, self.test_shard is not None
         if self.loop.resuming:
             from tpuft.worker.torch_replicas import check_same_start
 
@@ -233,7 +234,7 @@ class Trainer:
                 shard_optimizer_state(self.mesh, self.optimizer, self.params, self.shard_specs)
 
     def _setup_data(self) -> None:
-        from tpuft.worker.hf_data import load_eval_examples, open_train_stream
+        from tpuft.worker.hf_data import has_held_out, held_out, load_eval_examples, open_train_stream
 
         cfg = self.recipe.data
         world, rank = self.replicas.world, self.replicas.rank
@@ -255,18 +256,18 @@ class Trainer:
             position = {"consumed": self.start_step * self.local_batch}
         self.batches = open_train_stream(cfg, rank=rank, world=world, local_batch=self.local_batch,
                                          seed=self.recipe.train.seed, position=position)
-        has_eval = cfg.eval is not None or (cfg.hf is not None and cfg.hf.eval_split is not None)
+        self.test_shard = held_out(cfg, "test", rank=rank, world=world) if has_held_out(cfg, "test") else None
         self.eval_shard: list[data_mod.Example] | None = None
         self.generate_shard: list[data_mod.Example] = []
-        if has_eval:
+        if has_held_out(cfg, "eval"):
             self.eval_shard = load_eval_examples(cfg, rank=rank, world=world, limit=self.recipe.eval.max_examples)
             wanted = self.recipe.eval.generate_examples  # the first ones of the set, wherever their shard is
             self.generate_shard = self.eval_shard[: len(range(rank, wanted, world))]
         split = f" over {devices} devices" if devices > 1 else ""
         self._say(
-            f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} eval "
-            f"examples on replica {rank} (batch {self.local_batch} per replica{split}, {self.recipe.train.batch_size} "
-            f"global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
+            f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} eval / "
+            f"{len(self.test_shard or [])} test examples on replica {rank} (batch {self.local_batch} per replica{split}, "
+            f"{self.recipe.train.batch_size} global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
             everyone=True,
         )
 
@@ -407,6 +408,11 @@ class Trainer:
             result.update(self._text_scores(decoded))
         self.model.train()
         return result
+
+    def test(self, checkpoint: Path | None) -> dict[str, Any]:
+        from tpuft.worker.torch_test import run_test
+
+        return run_test(self, self.test_shard or [], checkpoint, PROMPT_FILE)
 
     def _decode(self, examples: list[data_mod.Example]) -> list[str]:
         """Greedy decodes of ``examples`` (this replica's share), as text, in batches of the eval batch."""
