@@ -285,3 +285,40 @@ def join(
         predictions.write_predictions(Path(target).expanduser(), joined())
     return {"rows": rows, "shards": count, "output": target,
             "scores": predictions.scores(totals, labels) if totals is not None else None}
+
+
+RESULT_PREFIX = "[tpuft] predict result "
+"""The chief's last line: the join's summary as JSON, for the controller."""
+
+
+def model_folder(url: str) -> Path:
+    """The job's model as a folder on this machine: itself, or a ``gs://`` prefix's cached download (files already
+    there and intact are skipped, so a resumed job does not fetch them again)."""
+    if not url.startswith("gs://"):
+        return Path(url).expanduser()
+    import hashlib
+    import os
+
+    from tpuft.storage import GcsStorage
+
+    cache = Path(os.environ.get("TPUFT_PREDICT_CACHE", "~/.cache/tpuft/predict-model")).expanduser()
+    folder = cache / hashlib.sha256(url.encode()).hexdigest()[:16]
+    if GcsStorage.from_url(url.rstrip("/")).fetch_tree("", folder).files == 0:
+        raise UsageError(f"{url}: no model there (no objects under that prefix)")
+    return folder
+
+
+def serve(
+    job: PredictJob, engine: Engine, *, process: int, processes: int, recipe: Any, run_dir: Path | None = None,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> int:
+    """What every engine's ``main`` does with its engine: :func:`run`, then on process 0, when the job names an
+    output, :func:`join` and the result line. The engine is closed either way."""
+    try:
+        run(job, engine, process=process, processes=processes, recipe=recipe, run_dir=run_dir, say=say)
+    finally:
+        engine.close()
+    if process == 0 and job.output:
+        result = join(job)
+        say(RESULT_PREFIX + json.dumps(result, sort_keys=True))
+    return 0

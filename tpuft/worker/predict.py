@@ -1,0 +1,71 @@
+"""``python -m tpuft.worker.predict --job FILE`` (or the job's JSON in ``$TPUFT_PREDICT_JOB``): one worker's share
+of a ``tpuft predict`` job, handed to the backend's engine module ``tpuft.worker.<backend>_predict``.
+
+On the cluster it runs where the trainer would (the backend's venv, under the worker's supervisor, whose
+environment gives the worker's place: ``TPUFT_WORKER_ID``, ``TPUFT_NUM_WORKERS``, ``TPUFT_RUN_DIR`` for the
+heartbeat). ``--local`` runs the Hugging Face engine (``hf``) as the only process, on this machine, without a
+supervisor: the model is then an HF model folder (a run's export, or any).
+
+Every engine module offers ``main(ctx, recipe, job) -> int``, which builds its engine and hands it to
+:func:`tpuft.worker.predict_loop.serve`. The last line a chief prints is ``[tpuft] predict result {json}``: the join's
+summary (rows, shards, output, scores), for the controller to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from tpuft.config import recipe_from_text
+from tpuft.errors import TpuftError
+from tpuft.worker.context import WorkerContext, pin_cpus
+from tpuft.worker.data import DataError
+from tpuft.worker.predict_job import PredictJob
+
+JOB_ENV = "TPUFT_PREDICT_JOB"
+
+
+def load_job(path: str | None) -> PredictJob:
+    if path:
+        return PredictJob.from_json(Path(path).expanduser().read_text(encoding="utf-8"))
+    text = os.environ.get(JOB_ENV)
+    if not text:
+        raise SystemExit(f"tpuft.worker.predict: give --job FILE or the job's JSON in ${JOB_ENV}")
+    return PredictJob.from_json(text)
+
+
+def local_context(job: PredictJob) -> WorkerContext:
+    """The one process of a ``--local`` job: no run dir (no heartbeat), worker 0 of 1."""
+    return WorkerContext(run_id="predict-local", run_dir=Path(job.shards), worker_id=0, num_workers=1,
+                         coordinator="127.0.0.1:0", run_url="")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpuft.worker.predict", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", help="the job's JSON file (default: $TPUFT_PREDICT_JOB)")
+    parser.add_argument("--local", action="store_true", help="the hf engine, one process, no supervisor")
+    args = parser.parse_args(argv)
+    job = load_job(args.job)
+    ctx = local_context(job) if args.local else WorkerContext.from_env()
+    if not args.local:
+        pin_cpus()
+    backend = "hf" if args.local else job.backend
+    try:
+        recipe = recipe_from_text(job.recipe, f"{job.shards}/recipe.yaml", check_files=False)
+        engine_module = importlib.import_module(f"tpuft.worker.{backend}_predict")
+        return int(engine_module.main(ctx, recipe, job) or 0)
+    except (DataError, TpuftError) as exc:  # the user's input or model: one located line, no traceback
+        hint = getattr(exc, "hint", None)
+        print(f"[tpuft] error on worker {ctx.worker_id}: {exc}" + (f"\n  hint: {hint}" if hint else ""), flush=True)
+        return 2
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
