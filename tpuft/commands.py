@@ -68,6 +68,15 @@ VERBS: tuple[Verb, ...] = (
          "Weights, optimizer, learning-rate schedule, data order and RNG continue exactly; metrics of the steps after "
          "that checkpoint are re-run and replaced. With --recover it also watches the run and recovers it from "
          "preemption; on a running run it takes over the watch (from any machine)."),
+    Verb("predict", "Training", "Run a trained model on an input file (a run, a checkpoint or a Hugging Face folder) on the workers, or here with --local.",
+         "tpuft predict quickstart --input numbers.jsonl --output predictions.jsonl",
+         "SOURCE: a run id or prefix (its best checkpoint under keep_best, else its last), a checkpoint folder or a "
+         "Hugging Face model folder. IN: JSON lines, CSV or TSV (local or gs://), read with the recipe's fields, "
+         "prefix and templates (or --field), and checked line by line before anything starts. OUT: JSON lines in "
+         "input order (id, input, prediction; target and correct when the input has targets, and then the scores "
+         "are printed). Written in shards that a killed predict resumes from (--resume); an existing OUT needs "
+         "--resume or --overwrite. Like train it runs under the workers' supervisors: Ctrl-C detaches, tpuft "
+         "attach / stop / logs work on its run id."),
     Verb("monitor", "Results",
          "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log tails.",
          "tpuft monitor --plot curves.png",

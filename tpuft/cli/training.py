@@ -201,6 +201,15 @@ def attach(
     tail = lines if lines is not None else (None if since else 20)
     cfg = load_cluster_file(config)
     console = err_console() if json_out else out_console()
+    from tpuft.ops.predict_launch import is_predict_run
+
+    predict_run = is_predict_run(cfg, run_id)
+    if predict_run is not None:
+        from tpuft.cli.predict import attach_predict_run
+
+        attach_predict_run(cfg, predict_run, console, json_out, tail=tail, since=_since_stamp(since),
+                           stop_on_interrupt=stop_on_interrupt)
+        return
     result = attach_run(cfg, run_id, on_line=line_printer(console), tail=tail, since=_since_stamp(since),
                         stop_on_interrupt=stop_on_interrupt)
     print_train_summary(console, result, json_out)

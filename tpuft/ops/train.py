@@ -44,6 +44,8 @@ class TrainResult:
     workers: int
     last_train: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
+    test: dict[str, Any] = field(default_factory=dict)
+    """The test evaluation's ``test_*`` items (:attr:`tpuft.runs.RunSnapshot.test`); {} without a test set."""
     export_dir: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     """The backend's own summary values (``--json``)."""
@@ -178,6 +180,9 @@ def resume(
     info = run.info()
     if not info:
         raise UsageError(f"run {run.id} has no run.json: it cannot be resumed")
+    if info.get("job") == "predict":
+        raise UsageError(f"run {run.id} is a predict job: it continues with the command that started it and --resume",
+                         hint=f"{(info.get('predict') or {}).get('command', 'tpuft predict ...')} --resume")
     if info.get("status") == "finished":
         raise UsageError(f"run {run.id} has finished: there is nothing to resume",
                          hint=f"Train longer in a new run: tpuft train {info.get('recipe')} --set train.steps=...")
@@ -459,6 +464,7 @@ def summarize(run: Run, backend: Backend, seconds: float, launched: int, attempt
         workers=launched,
         last_train=snap.last_train,
         last_eval=snap.last_eval,
+        test=snap.test,
         export_dir=f"{run.url}/{rundir.EXPORT_HF}" if exported else None,
         extras=extras,
         rows=rows,
