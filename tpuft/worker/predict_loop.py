@@ -186,11 +186,13 @@ def _check_processes(shards: Shards, names: set[str], process: int, processes: i
 
 def run(
     job: PredictJob, engine: Engine, *, process: int = 0, processes: int = 1, recipe: Any = None,
-    run_dir: Path | None = None, say: Callable[[str], None] = lambda line: print(line, flush=True),
+    run_dir: Path | None = None, worker: int | None = None,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> dict[str, Any]:
     """Predict this process's part of every unfinished shard; returns ``{"shards", "records", "predicted",
     "skipped", "processes"}``. ``recipe``: the job's parsed recipe (parsed from ``job.recipe`` when not given);
-    ``run_dir``: where the heartbeat goes (``heartbeat/worker-<process>.json``), when a supervisor watches."""
+    ``run_dir``: where the heartbeat goes (``heartbeat/worker-<worker>.json``; ``worker`` defaults to ``process``),
+    when a supervisor watches."""
     if not 0 <= process < processes:
         raise ValueError(f"process {process} out of range for {processes} processes")
     if recipe is None:
@@ -201,7 +203,7 @@ def run(
     shards = Shards(job.shards)
     names = shards.names()
     _check_processes(shards, names, process, processes)
-    progress = Progress.of(process, job.total_lines, say, run_dir)
+    progress = Progress.of(process if worker is None else worker, job.total_lines, say, run_dir)
     skipped = predicted = count = total = 0
     stream = records(job.input, fields_for(recipe.data, job.field), labels)
     for k, shard, size in _shards(stream, job.shard_lines):
@@ -310,12 +312,12 @@ def model_folder(url: str) -> Path:
 
 def serve(
     job: PredictJob, engine: Engine, *, process: int, processes: int, recipe: Any, run_dir: Path | None = None,
-    say: Callable[[str], None] = lambda line: print(line, flush=True),
+    worker: int | None = None, say: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> int:
     """What every engine's ``main`` does with its engine: :func:`run`, then on process 0, when the job names an
     output, :func:`join` and the result line. The engine is closed either way."""
     try:
-        run(job, engine, process=process, processes=processes, recipe=recipe, run_dir=run_dir, say=say)
+        run(job, engine, process=process, processes=processes, recipe=recipe, run_dir=run_dir, worker=worker, say=say)
     finally:
         engine.close()
     if process == 0 and job.output:
