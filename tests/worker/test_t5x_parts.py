@@ -812,7 +812,17 @@ def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     from tpuft.worker import t5x_train
     from tpuft.worker.context import WorkerContext
 
+    from tpuft.worker import t5x_test
+
     exported: list[int] = []
+    tested: list[tuple[str, int]] = []
+
+    def fake_test(loop: Any, recipe: Any, gin_file: Path, checkpoint: str, step: int) -> dict[str, Any]:
+        tested.append((checkpoint.replace(str(run_dir), "RUN"), step))
+        return loop.record_test({"examples": 3, "exact_match": 0.5}, 1.0, step)
+
+    monkeypatch.setattr(t5x_test, "run_test", fake_test)
+    monkeypatch.setattr(t5x_test, "agree", list)  # one host: its own values
     monkeypatch.setattr(t5x_train, "remove_checkpoint", shutil.rmtree)
     monkeypatch.setattr(t5x_train, "export_hf", lambda ctx, model_dir, step, dtype: exported.append(step) or run_dir / "export" / "hf")
     monkeypatch.setattr(t5x_train.T5xRun, "_process_count", staticmethod(lambda: 1))
@@ -849,6 +859,7 @@ def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"rows": [{k: v for k, v in row.items() if k not in ("time", "elapsed_s")} for row in rows],
             "lines": capsys.readouterr().out.replace(str(run_dir), "RUN").splitlines(), "exported": exported,
+            "tested": tested,
             "kept": sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir()),
             "beat": json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())}
 
@@ -868,14 +879,18 @@ def test_the_t5x_adapter_reports_through_the_run_loop(tmp_path: Path, monkeypatc
             {"step": step, "eval_exact_match": {10: 0.5, 20: 0.8, 30: 0.7, 40: 0.75}[step], "eval_examples": 1,
              "checkpoint": f"checkpoint_{step}"},
         ]  # fmt: skip
+    test_row = {"step": 40, "test_examples": 3, "test_exact_match": 0.5, "test_seconds": 1.0, "test_checkpoint_step": 20}
+    expected_rows.append(test_row)  # the best checkpoint tested once, at the end, before the export
     assert first["rows"] == expected_rows
+    assert first["tested"] == [("RUN/checkpoints/checkpoint_20", 20)]
     split = "[tpuft] batch split: this host feeds 2 of each batch's 32 rows"  # the log line every host now writes
     assert first["lines"].count(split) == 1
     first["lines"].remove(split)
     assert first["lines"][:3] == ["[tpuft] step 10/40 loss 0.1000 lr 1.00e-03 100.0 ex/s 350 tok/s",
                                   "[tpuft] eval @ 10: exact_match 0.5000 (1 examples)",
                                   "[tpuft] checkpoint saved: RUN/checkpoints/checkpoint_10"]
-    assert first["lines"][-1] == "[tpuft] Hugging Face export of checkpoint_20: RUN/export/hf"
+    assert first["lines"][-2:] == ["[tpuft] test (checkpoint step 20): exact match 0.5000 (3 examples)",
+                                   "[tpuft] Hugging Face export of checkpoint_20: RUN/export/hf"]
     assert first["kept"] == [20, 40] and first["exported"] == [20]
     beat = first["beat"]
     assert beat["status"] == "finished" and beat["step"] == 40 and beat["phase"] == "step"
@@ -887,3 +902,9 @@ def test_the_t5x_adapter_reports_through_the_run_loop(tmp_path: Path, monkeypatc
     assert [line for line in resumed["lines"] if line != split][0] == "[tpuft] resuming from checkpoint_20 (step 20 of 40)"
     assert resumed["rows"] == expected_rows  # the rows after the checkpoint forgotten, then logged anew
     assert resumed["kept"] == [20, 40] and resumed["exported"] == [20]
+    assert resumed["tested"] == [("RUN/checkpoints/checkpoint_20", 20)]  # the test row had gone with step 40's rows
+
+    again = t5x_adapter_run(tmp_path, monkeypatch, capsys, resume=True)  # resumed from the final checkpoint
+    assert again["tested"] == [] and again["rows"] == expected_rows  # tested already: exactly one test row
+    assert {k: again["beat"][k] for k in ("test_exact_match", "test_checkpoint_step")} == {"test_exact_match": 0.5,
+                                                                                         "test_checkpoint_step": 20}

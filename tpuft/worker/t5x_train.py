@@ -134,6 +134,8 @@ class T5xRun:
         for row in _logged_rows(self.ctx.run_dir / rundir.METRICS):
             if "eval_examples" in row and isinstance(row.get("step"), int):  # an inference evaluation's row
                 loop.selector.judge(row["step"], row)
+            if "test_examples" in row:  # this run has tested (tpuft.worker.t5x_test): not again
+                loop.test_result = row
         self.say(f"resuming from checkpoint_{latest} (step {loop.start_step} of {self.recipe.train.steps})")
 
     def _expose_local_devices(self) -> None:
@@ -315,13 +317,27 @@ class T5xRun:
         return [step for step, _ in LAYOUT.local_checkpoints(Path(self.model_dir))]
 
     # -- the end ------------------------------------------------------------------------------------------------
+    def _final_checkpoint(self) -> int | None:
+        """T5X's step of the checkpoint a run ends with, for the test and the export: the best, else the last."""
+        steps = self._complete_steps()
+        best = self._best_step()
+        return best if best is not None and best in steps else (max(steps) if steps else None)
+
     def finish(self) -> None:
-        """Host 0 exports the best checkpoint (else the last) to Hugging Face format; then the final heartbeat."""
+        """The test evaluation (``data.test``, once per run, every host: :mod:`tpuft.worker.t5x_test`); host 0
+        exports the best checkpoint (else the last) to Hugging Face format; then the final heartbeat."""
         extra: dict[str, Any] = {}
+        self.loop.step = self.recipe.train.steps  # the test row's step (the last heartbeat's may be the one before)
+        self.loop.has_test = self.recipe.data.test is not None and self.recipe.backend.task == "finetune"
+        if self.loop.has_test:
+            from tpuft.worker.t5x_test import agree, run_test
+
+            due, chosen = agree([int(self.loop.test_due()), self._final_checkpoint() or -1] if self.chief else [0, -1])
+            if due and chosen >= 0:
+                run_test(self.loop, self.recipe, self.ctx.run_dir / GENERATED / "run.gin",
+                         f"{self.model_dir}/{LAYOUT.checkpoint_format.format(step=chosen)}", chosen - self.initial_step)
         if self.chief and self.recipe.export.hf:
-            steps = self._complete_steps()
-            best = self._best_step()
-            chosen = best if best is not None and best in steps else (max(steps) if steps else None)
+            chosen = self._final_checkpoint()
             if chosen is not None:
                 self.beat(phase="export")
                 out = export_hf(self.ctx, self.model_dir, chosen, self.recipe.export.dtype)
