@@ -234,8 +234,11 @@ def finalize_run(storage: Any, attempt: int | None = None) -> dict[str, Any] | N
         cause = {"cause": outcome["cause"]} if outcome.get("cause") else {}
         attempts[-1] = {**attempts[-1], "ended": ended, "status": outcome["status"], **cause}
     seconds = sum(float(a.get("ended", ended)) - float(a.get("started", ended)) for a in attempts) if attempts else None
-    info = {k: v for k, v in info.items() if k not in {"cause", "culprit", "culprit_tail"}}
+    info = {k: v for k, v in info.items() if k not in {"cause", "culprit", "culprit_tail", "test"}}
     info.update(outcome, ended=ended, attempts=attempts)
+    test = final_test(storage, int(info.get("workers") or 0)) if outcome["status"] == "finished" else {}
+    if test:
+        info["test"] = test
     if seconds is not None:
         info["seconds"] = round(seconds, 1)
     storage.write_text(RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
@@ -247,6 +250,22 @@ TEST_DIR = "test"
 
 TEST_SCORES = ("test_exact_match", "test_accuracy", "test_macro_f1", "test_bleu", "test_rouge_l", "test_loss")
 """The scores of a test row, in the order tables show them (``test_loss`` only from a backend that computes it)."""
+
+
+def test_items(row: dict[str, Any]) -> dict[str, Any]:
+    """The ``test_*`` items of a row: a metrics row, a final heartbeat, run.json's ``test``."""
+    return {key: value for key, value in row.items() if key.startswith("test_")}
+
+
+def final_test(storage: Any, workers: int) -> dict[str, Any]:
+    """The test evaluation as the finished trainers' final heartbeats carry it (every process that beats has the
+    row): run.json's ``test``, so that ``runs`` and a summary need not read metrics.jsonl. The first heartbeat there
+    is decides (reads one small file when all is well)."""
+    for worker in range(workers):
+        beat = read_json_text(storage.read_text(f"{HEARTBEAT_DIR}/worker-{worker}.json"))
+        if beat is not None:
+            return test_items(beat)
+    return {}
 
 BEST_METRICS = (
     ("eval_exact_match", max), ("eval_accuracy", max), ("eval_token_accuracy", max), ("eval_loss", min),

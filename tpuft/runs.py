@@ -177,6 +177,9 @@ class RunSnapshot:
     last_train: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
     best_eval: dict[str, Any] = field(default_factory=dict)
+    test: dict[str, Any] = field(default_factory=dict)
+    """The test evaluation's ``test_*`` scores (``data.test``), with ``test_checkpoint_step``, ``test_examples`` and
+    ``test_seconds``; {} before it (or without a test set)."""
     workers: list[WorkerView] = field(default_factory=list)
     skipped_lines: list[int] = field(default_factory=list)
     eta_s: float | None = None
@@ -240,6 +243,7 @@ class RunSnapshot:
             "last_train": self.last_train,
             "last_eval": self.last_eval,
             "best_eval": self.best_eval,
+            "test": self.test,
             "workers": [w.__dict__ for w in self.workers],
             "skipped_metric_lines": self.skipped_lines,
         }
@@ -336,8 +340,10 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
     workers = []
     count = int(info.get("workers") or 0) or len(list((run_dir / rundir.HEARTBEAT_DIR).glob("worker-*.json")))
     records = _local_attempt_records(run_dir, int(info.get("attempt", 1)))
+    test = rundir.test_items(metrics.test_row) or rundir.test_items(info.get("test") or {})
     for index in range(count):
         beat = rundir.read_json(rundir.heartbeat_path(run_dir, index)) or {}
+        test = test or rundir.test_items(beat)  # metrics as TensorBoard events may not carry the row
         age = now - beat["time"] if "time" in beat else None
         status = beat.get("status", "no heartbeat")
         record = records.get(index, {})
@@ -376,6 +382,7 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
         last_train=train_rows[-1] if train_rows else {},
         last_eval=eval_rows[-1] if eval_rows else {},
         best_eval=best,
+        test=test,
         workers=workers,
         skipped_lines=metrics.skipped,
         eta_s=eta,

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from tpuft.rundir import TEST_SCORES
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -117,6 +119,7 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
             "seconds": round(result.seconds, 1),
             "last_train": result.last_train,
             "last_eval": result.last_eval,
+            "test": getattr(result, "test", {}),
             "export_dir": str(result.export_dir) if result.export_dir else None,
             "attempt": result.attempt,
             "recoveries": getattr(result, "recoveries", []),
@@ -135,6 +138,8 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
     for key, value in result.last_eval.items():
         if key.startswith("eval_") and key not in {"eval_examples", "eval_seconds"}:
             table.add_row(key.replace("_", " "), fmt(value))
+    for label, value in test_rows(getattr(result, "test", {})):
+        table.add_row(label, value)
     for label, value in result.rows:
         table.add_row(label, value)
     for done in getattr(result, "recoveries", []):
@@ -145,6 +150,23 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
     if result.export_dir:
         table.add_row("HF export", str(result.export_dir))
     console.print(table)
+
+
+def test_rows(test: dict[str, Any]) -> list[tuple[str, str]]:
+    """The test evaluation's rows of a table: every score (``test exact match``, ...), then which checkpoint and
+    how many examples (``step 1200, 500 examples``). None before the test, or without a test set."""
+    rows = [(key.replace("_", " "), fmt(test[key])) for key in TEST_SCORES if key in test]
+    if rows and "test_checkpoint_step" in test:
+        rows.append(("test checkpoint", f"step {test['test_checkpoint_step']}, {fmt(test.get('test_examples'))} examples"))
+    return rows
+
+
+def test_cell(test: dict[str, Any]) -> str:
+    """``runs``' test column: the first score, on which checkpoint (``exact_match 0.988 @1200``), or ``-``."""
+    key = next((key for key in TEST_SCORES if key in test), None)
+    if key is None:
+        return "-"
+    return f"{key[5:]} {fmt(test[key])} @{test.get('test_checkpoint_step', '?')}"
 
 
 def snapshot_view(snap: Any) -> Any:
@@ -180,6 +202,8 @@ def snapshot_view(snap: Any) -> Any:
     best = snap.best_metric
     if best:
         table.add_row(f"best {best[0]}", f"{fmt(best[1])} at step {best[2]}")
+    for label, value in test_rows(snap.test):
+        table.add_row(label, value)
     parts.append(table)
     workers = Table("worker", "status", "step", "loss", "lr", "ex/s", "tok/s", "heartbeat", "last log line", title="workers", title_justify="left")
     for w in snap.workers:

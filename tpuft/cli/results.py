@@ -10,7 +10,7 @@ import typer
 
 from tpuft.cli.app import command
 from tpuft.cli.options import ConfigOpt, JsonOpt, load_cluster_file
-from tpuft.cli.render import byte_progress, fmt, fmt_seconds, out_console, snapshot_view
+from tpuft.cli.render import byte_progress, fmt, fmt_seconds, out_console, snapshot_view, test_cell
 
 
 @command("monitor")
@@ -79,14 +79,14 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     if json_out:
         print(json.dumps([r.as_json() | {"started": r.info.get("started")} for r in found], indent=2))
         return
-    table = Table("run", "recipe", "backend", "status", "steps", "attempt", "best eval", "started")
+    table = Table("run", "recipe", "backend", "status", "steps", "attempt", "best eval", "test", "started")
     for r in found:
         best = r.best_metric
         started = r.info.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "-"
         status = r.label + (f" ({fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
         table.add_row(r.run_id, str(r.info.get("recipe", "-")), str(r.info.get("backend", "-")), status,
-                      f"{r.step}/{r.total_steps or '?'}", _attempt_cell(r.info), f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", when)
+                      f"{r.step}/{r.total_steps or '?'}", _attempt_cell(r.info), f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", test_cell(r.test), when)
     console = out_console()
     console.print(table if found else "no runs yet (start one: tpuft up quickstart)")
 
