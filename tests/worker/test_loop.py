@@ -1,5 +1,6 @@
 """The shared run skeleton (``tpuft.worker.loop``) with plain Python hooks, no backend venv: the cadence of rows,
-evaluations and checkpoints, the progress line, keep-best and early stopping, resume, the final export and heartbeat."""
+evaluations and checkpoints, the progress line, keep-best and early stopping, resume, the test evaluation (once per
+run), the final export and heartbeat."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def recipe(*, steps: int = 10, log_every: int = 4, eval_every: int | None = 5, c
                               keep_checkpoints=keep_checkpoints, keep_best=keep_best, early_stopping=stopping),
         eval=SimpleNamespace(every=eval_every, metric=None),
         export=SimpleNamespace(hf=export),
+        data=SimpleNamespace(test="test.jsonl"),
     )
 
 
@@ -75,6 +77,10 @@ class Hooks:
 
     def export(self, checkpoint: Path) -> None:
         self.calls.append(("export", checkpoint.name))
+
+    def test(self, checkpoint: Path | None) -> dict[str, Any]:
+        self.calls.append(("test", None if checkpoint is None else checkpoint.name))
+        return {"examples": 4, "exact_match": 0.75, "bleu": 50.0, "rouge_l": 60.0}
 
     def named(self, kind: str) -> list[Any]:
         return [value for name, value in self.calls if name == kind]
@@ -241,3 +247,62 @@ def test_pruning_keeps_the_last_ones_and_the_best() -> None:
     assert steps_to_keep([2, 4, 6, 8], 2, None) == {6, 8}
     assert steps_to_keep([2, 4, 6, 8], 1, 2) == {2, 8}
     assert steps_to_keep([], 3, None) == set()
+
+
+def test_the_test_runs_once_before_the_final_save_on_the_best_checkpoint_and_never_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep_best and an early stop at step 6 (the best: step 2): the test decodes step 2's checkpoint, before the
+    final checkpoint, which records it; a run resumed from that checkpoint does not test again, and still ends with
+    the scores in its heartbeat and one test row in metrics.jsonl."""
+    monkeypatch.delenv("TPUFT_RESUME", raising=False)
+    run_dir = tmp_path / "run"
+    cfg = recipe(steps=100, log_every=2, eval_every=2, checkpoint_every=None, keep_checkpoints=1, keep_best=True,
+                 patience=2)
+    loop = start(run_dir, cfg)
+    loop.has_test = True
+    hooks = Hooks(loop, scores={2: 0.5, 4: 0.4, 6: 0.45})
+    loop_mod.run(loop, hooks)
+    assert hooks.named("test") == ["step_00000002"]
+    assert hooks.calls.index(("test", "step_00000002")) < hooks.calls.index(("save", 6))
+    expected = {"test_examples": 4, "test_exact_match": 0.75, "test_bleu": 50.0, "test_rouge_l": 60.0,
+                "test_checkpoint_step": 2}
+    (row,) = [r for r in rows(run_dir) if "test_exact_match" in r]
+    assert row["step"] == 6 and expected.items() <= row.items() and "test_seconds" in row
+    assert rundir.read_metrics(run_dir).test_row == row
+    state = json.loads((run_dir / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())
+    assert expected.items() <= state["test"].items()
+    assert expected.items() <= heartbeat(run_dir).items()
+    out = capsys.readouterr().out
+    assert "[tpuft] testing the best checkpoint, step 2 on test.jsonl" in out
+    assert "[tpuft] test (checkpoint step 2): exact match 0.7500 bleu 50.0000 rouge l 60.0000 (4 examples)" in out
+
+    monkeypatch.setenv("TPUFT_RESUME", "1")
+    again = start(run_dir, cfg)
+    again.has_test = True
+    resumed = Hooks(again)
+    loop_mod.run(again, resumed)
+    assert resumed.named("test") == [] and again.test_result == state["test"]
+    assert [r for r in rows(run_dir) if "test_exact_match" in r] == [row]
+    assert expected.items() <= heartbeat(run_dir).items()
+
+
+def test_a_test_after_the_last_step_was_saved_is_noted_in_that_checkpoint(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A framework that saves the last step before the loop's end (the events, not the driver): the final save
+    finds the step saved and writes the test into its trainer_state.json, the manifest anew (still complete). Without
+    keep_best the test takes the weights in memory."""
+    monkeypatch.delenv("TPUFT_RESUME", raising=False)
+    run_dir = tmp_path / "run"
+    loop = start(run_dir, recipe(steps=3, eval_every=None, checkpoint_every=None))
+    loop.has_test = True
+    hooks = Hooks(loop)
+    loop_mod.train(loop, hooks)
+    folder = hooks.save(3)
+    assert folder is not None and "test" not in json.loads((folder / "trainer_state.json").read_text())
+    assert loop.test_due() and loop.test_checkpoint() == (3, None)
+    loop_mod.run_test(loop, hooks.test)
+    assert not loop.test_due() and hooks.named("test") == [None]
+    assert hooks.save(3) == folder
+    state = json.loads((folder / "trainer_state.json").read_text())
+    assert state["test"]["test_exact_match"] == 0.75 and state["test"]["test_checkpoint_step"] == 3
+    assert LAYOUT.is_complete(folder)
