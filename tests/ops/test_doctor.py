@@ -25,7 +25,7 @@ from tpuft.fleet.ssh import SshFleet, SshSettings
 from tpuft.ops import doctor
 from tpuft.ops.common import Session, ship_package
 from tpuft.ops.setup import env_spec
-from tpuft.ports import COORDINATOR_PORT
+from tpuft.ports import free_port
 from tpuft.records import Cluster, State, Worker
 from tpuft.worker.bootstrap import MARKER
 from tpuft.worker.host_state import STATE_DIR, start_ticks
@@ -97,6 +97,10 @@ def _venv_with_libtpu(home: Path, key: str) -> Path:
 
 @pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
 def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no_libtpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The coordinator's port is checked on every address of the machine, where anything may listen on the fixed one
+    # (another program on a CI machine): the test's coordinator port is one the kernel says is free now.
+    port = free_port()
+    monkeypatch.setattr(doctor, "COORDINATOR_PORT", port)
     monkeypatch.setenv("TPUFT_DOCTOR_TPU_PATHS", json.dumps({"devices": ["~/dev/accel"], "lockfile": "~/libtpu_lockfile"}))
     (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
     (tmp_path / "r.yaml").write_text(EIGHT)
@@ -120,9 +124,12 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
                 _venv_with_libtpu(pod.home(index), key)
             ship_package(session, [0, 1])
             healthy = doctor.examine(session, recipe)
-            assert healthy.ok and not healthy.warnings(), healthy.as_json()
-            assert {(f.worker, f.check) for f in healthy.findings if f.status == "ok"} >= {
-                (0, "libtpu"), (1, "libtpu"), (0, "TPU chips"), (1, "libtpu lock"), (0, "port"), (0, "disk"), (1, "clock")}
+            # The checks this test stages must pass; disk and clock are this machine's own (a CI machine's full disk
+            # is a true finding, not this test's), so they only must not be failures of the staged kind.
+            staged = {(0, "libtpu"), (1, "libtpu"), (0, "TPU chips"), (1, "TPU chips"), (0, "libtpu lock"),
+                      (1, "libtpu lock"), (0, "port"), (0, "venv"), (1, "venv"), (0, "tpuft"), (1, "tpuft"), (0, "free"), (1, "free")}
+            assert {(f.worker, f.check) for f in healthy.findings if f.status == "ok"} >= staged, (healthy.problems(), healthy.warnings())
+            assert {f.check for f in healthy.findings if f.status not in ("ok", "skip")} <= {"disk", "clock"}, (healthy.problems(), healthy.warnings())
 
             holder = subprocess.Popen(  # a crashed run's trainer that still holds worker 0's chip
                 [sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); print('open', flush=True); time.sleep(60)",
@@ -131,7 +138,7 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
             (pod.home(1) / "libtpu_lockfile").write_text("")  # left by a process that is gone
             shutil.rmtree(pod.home(1) / "lib" / "libtpu")
             with socket.socket() as taken:
-                taken.bind((pod.addresses[0], COORDINATOR_PORT))
+                taken.bind((pod.addresses[0], port))
                 taken.listen(1)
                 broken = doctor.examine(session, recipe)
         finally:
@@ -142,7 +149,7 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
     failed = {(f.worker, f.check): f for f in broken.findings if f.status == "fail"}
     assert sorted(failed) == [(0, "TPU chips"), (0, "port"), (1, "libtpu"), (1, "libtpu lock")], broken.as_json()
     assert f"held by pid {holder.pid}" in failed[(0, "TPU chips")].detail and failed[(0, "TPU chips")].train_handles
-    assert f"port {COORDINATOR_PORT} is taken" in failed[(0, "port")].detail
+    assert f"port {port} is taken" in failed[(0, "port")].detail
     assert f"by pid {os.getpid()} " in failed[(0, "port")].detail  # this test's listening socket
     assert "No module named 'libtpu'" in failed[(1, "libtpu")].detail
     assert "libtpu_lockfile is left by a process that is gone: train removes it" in failed[(1, "libtpu lock")].detail
