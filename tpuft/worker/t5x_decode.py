@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tpuft.errors import TpuftError
+
 
 @contextlib.contextmanager
 def t5x_train_as_main() -> Iterator[None]:
@@ -104,7 +106,7 @@ class T5xDecoder:
         state, _ = utils.create_checkpoint_manager_and_restore(initializer, partitioner, restore, checkpoint, None,
                                                                use_orbax=True)
         if state is None:
-            raise FileNotFoundError(f"{checkpoint}: no T5X checkpoint to restore")
+            raise TpuftError(f"{checkpoint}: no T5X checkpoint to restore there")
         self.params = state.params
         self.sharding = NamedSharding(partitioner.mesh, partitioner.data_partition_spec)
 

@@ -99,8 +99,7 @@ class T5xRun:
         activate(self)
         exit_on_sigterm()
         self.beat(phase="starting")
-        self._expose_local_devices()
-        self._distributed()
+        start_jax(self.ctx, self.recipe)
         self.loop.chief = self._process_index() == 0
         self._resume()
         gin_file = self.write_generated()
@@ -137,27 +136,6 @@ class T5xRun:
             if "test_examples" in row:  # this run has tested (tpuft.worker.t5x_test): not again
                 loop.test_result = row
         self.say(f"resuming from checkpoint_{latest} (step {loop.start_step} of {self.recipe.train.steps})")
-
-    def _expose_local_devices(self) -> None:
-        """The local pod: as many CPU devices in this process as the slice's hosts have chips (the launch plan's
-        count), added to the XLA_FLAGS the worker already has; before JAX starts its CPU client, which reads them."""
-        count = os.environ.get(LOCAL_DEVICES_ENV)
-        if self.cpu and count:
-            os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), int(count))
-
-    def _distributed(self) -> None:
-        """The local CPU pod: JAX's coordination service on worker 0, gloo collectives between the processes. TPU
-        hosts need nothing: the TPU runtime finds its peers."""
-        import jax
-
-        if self.cpu and self.ctx.num_workers > 1:
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            jax.distributed.initialize(
-                coordinator_address=self.ctx.coordinator,
-                num_processes=self.ctx.num_workers,
-                process_id=self.ctx.worker_id,
-                initialization_timeout=max(60, int(self.recipe.train.hang_timeout)),
-            )
 
     @staticmethod
     def _process_index() -> int:
@@ -345,6 +323,24 @@ class T5xRun:
                 self.say(f"Hugging Face export of {extra['exported_from']}: {out}")
         self.phase = "step"
         self.loop.finished(self.recipe.train.steps, **extra)
+
+
+def start_jax(ctx: WorkerContext, recipe: RecipeConfig) -> None:
+    """What every T5X process does before JAX starts (a training, a ``tpuft predict`` job). The local pod: as many
+    CPU devices in this process as the slice's hosts have chips (the launch plan's count, in the XLA_FLAGS that
+    JAX's CPU client reads), and JAX's coordination service on worker 0 with gloo collectives between the
+    processes. TPU hosts need nothing: the TPU runtime finds its peers."""
+    if os.environ.get("JAX_PLATFORMS", "") != "cpu":
+        return
+    count = os.environ.get(LOCAL_DEVICES_ENV)
+    if count:
+        os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), int(count))
+    if ctx.num_workers > 1:
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=ctx.coordinator, num_processes=ctx.num_workers,
+                                   process_id=ctx.worker_id, initialization_timeout=max(60, int(recipe.train.hang_timeout)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
