@@ -117,6 +117,7 @@ def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(cluster_fi
     part = tmp_path / "out.jsonl.shards" / "shard-000000" / "predictions-00000.jsonl"
     part.parent.mkdir()
     part.write_text('{"id": 0}\n')
+    (tmp_path / "out.jsonl.shards" / "processes.json").write_text('{"processes": 1}')
 
     with pytest.raises(UsageError, match="an unfinished job's shards.* exists"):
         ops.claim_output(first, output, given)  # type: ignore[arg-type]

@@ -260,6 +260,10 @@ def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = Fa
         console.print(f"run {result.run_id} has already ended ({result.status}); nothing to stop")
         return
     console.print(f"[yellow]run {result.run_id}: {result.status}[/yellow] on {len(result.trainers)} worker(s)")
+    predict = run.info().get("predict")
+    if predict:  # a predict job continues from its finished shards with the command that started it
+        console.print(f"predict the rest later: {predict.get('command', 'tpuft predict ...')} --resume")
+        return
     console.print(f"continue it later: tpuft resume {result.run_id}")
 
 

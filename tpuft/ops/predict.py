@@ -15,6 +15,7 @@ the workers' supervisors). Both write shards that a killed job resumes from and 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import threading
@@ -290,7 +291,7 @@ def claim_output(job: PredictJob, output: str, options: PredictOptions, project:
         raise UsageError("--resume keeps an earlier job's shards and --overwrite removes them: give one")
     shards = open_storage(job.shards, project=project)
     recorded = shards.read_text(JOB_FILE)
-    done = len(finished_shards(shards))
+    done = kept_shards(shards)
     if options.overwrite:
         _remove_shards(job.shards, project)
         done = 0
@@ -330,6 +331,18 @@ def finished_shards(shards: Any) -> dict[int, int]:
             index = int(shard.removeprefix("shard-"))
             parts[index] = parts.get(index, 0) + 1
     return parts
+
+
+def kept_shards(shards: Any) -> int:
+    """Shards every process of an earlier job has written its part of (a resume skips them)."""
+    from tpuft.worker.predict_loop import PROCESSES_FILE
+
+    try:
+        processes = int(json.loads(shards.read_text(PROCESSES_FILE) or "{}").get("processes") or 0)
+    except (ValueError, AttributeError):
+        processes = 0
+    parts = finished_shards(shards)
+    return sum(1 for count in parts.values() if count >= max(processes, 1)) if processes else 0
 
 
 def examples_done(job: PredictJob, parts: dict[int, int]) -> int:
