@@ -14,7 +14,7 @@ import pytest
 from tpuft.config import DataConfig
 from tpuft.worker import data as data_mod
 from tpuft.worker.data import DataError
-from tpuft.worker.hf_data import load_eval_examples, open_train_stream, round_robin, whole_files
+from tpuft.worker.hf_data import has_held_out, held_out, load_eval_examples, open_train_stream, round_robin, whole_files
 
 SIZES = [7, 3, 11, 5, 9, 4]  # uneven files, 39 examples; ids are unique over all of them
 
@@ -222,6 +222,22 @@ def test_eval_examples_are_shared_out_and_limited(files: list[str]) -> None:
     whole = [load_eval_examples(cfg, rank=r, world=3, limit=None) for r in range(3)]
     assert sorted(e.source for part in whole for e in part) == [f"ex{i}" for i in range(10, 26)]
     assert load_eval_examples(config(files[:1]), rank=0, world=1, limit=None) == []  # no eval_split
+
+
+def test_the_test_split_is_dealt_like_eval_with_each_example_s_position_as_its_id(tmp_path: Path, files: list[str]) -> None:
+    """data.hf.test_split and data.test: replica r gets the examples i % W == r, each with its 0-based place in the
+    split or file (a blank line keeps its number), so the predictions of all replicas merge back in order."""
+    cfg = config({"train": files[:1], "test": files[2:4]}, test_split="test")
+    assert has_held_out(cfg, "test") and not has_held_out(cfg, "eval")
+    parts = [held_out(cfg, "test", rank=r, world=2) for r in (0, 1)]
+    assert [(i, e.source) for i, e in parts[1]] == [(i, f"ex{10 + i}") for i in range(1, 16, 2)]
+    assert sorted(i for part in parts for i, _ in part) == list(range(16)) and held_out(cfg, "eval", rank=0, world=1) == []
+    path = tmp_path / "test.jsonl"
+    path.write_text('{"source": "a", "target": "1"}\n\n{"source": "b", "target": "2"}\n{"source": "c", "target": "3"}\n')
+    plain = DataConfig.model_validate({"train": str(path), "test": str(path)}, context={"check_files": False})
+    assert [(i, e.source) for i, e in held_out(plain, "test", rank=1, world=2)] == [(2, "b")]
+    assert [(i, e.source) for i, e in held_out(plain, "test", rank=0, world=2)] == [(0, "a"), (3, "c")]
+    assert not has_held_out(plain, "eval") and held_out(plain, "eval", rank=0, world=1) == []
 
 
 def test_an_eval_split_needs_its_own_files(files: list[str]) -> None:
