@@ -214,3 +214,52 @@ def test_fine_tune_from_the_export_with_adafactor_on_one_worker(quickstart: Run,
     assert summary["last_eval"]["eval_examples"] == 200
     assert summary["last_eval"]["eval_exact_match"] >= 0.9  # it kept what it had learned
     assert list(summary["weight_digests"]) == ["0"]
+
+
+def test_predict_on_the_pod_matches_the_final_eval_and_a_killed_job_resumes(quickstart: Run, tmp_path: Path) -> None:
+    """``tpuft predict RUN`` on the 2-worker pod (its last checkpoint, decoded on the workers' XLA devices) scores the
+    held-out set exactly as the run's final evaluation did. A job whose worker is killed mid-way fails naming the
+    command that resumes it; ``--resume`` keeps the finished shards and ends with every row once, in input order."""
+    from tests.conftest import wait_until
+    from tpuft.paths import recipes_dir
+
+    env, cluster, run_id = quickstart.env, str(quickstart.cluster), quickstart.run_dir.name
+    held_out = recipes_dir() / "data/numbers/eval.jsonl"
+    out = tmp_path / "eval.predictions.jsonl"
+    done = tpuft(env, "predict", run_id, "--input", str(held_out), "--output", str(out), "--shard-lines", "100",
+                 "--json", "-c", cluster, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["rows"] == 500 and result["scores"]["examples"] == 500
+    assert result["scores"]["exact_match"] == quickstart.summary["last_eval"]["eval_exact_match"]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = [json.loads(line) for line in held_out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(500))
+    assert [(r["input"], r["target"]) for r in rows] == [(e["words"], e["digits"]) for e in expected]
+    print(f"\npredict on the pod: 500 rows at {result['examples_per_s']} examples/s, exact match "
+          f"{result['scores']['exact_match']}")
+
+    big = tmp_path / "big.jsonl"
+    big.write_text(held_out.read_text() * 6)
+    out2 = tmp_path / "big.predictions.jsonl"
+    args = ["predict", run_id, "--input", str(big), "--output", str(out2), "--shard-lines", "100", "-c", cluster]
+    started = tpuft(env, *args, "--detach", "--json")
+    assert started.returncode == 0, started.stderr[-3000:]
+    job_run = quickstart.run_dir.parent / json.loads(started.stdout)["run_id"]
+    shards = Path(f"{out2}.shards")
+    wait_until(lambda: len(list(shards.glob("shard-*/predictions-*.jsonl"))) >= 4, 300, "the first shards")
+    record = json.loads((job_run / "attempts" / "1" / "worker-1.json").read_text())
+    os.kill(int(record["trainer_pid"]), 9)
+    failed = tpuft(env, "attach", job_run.name, "-c", cluster)
+    assert failed.returncode == 1 and f"predict run {job_run.name} failed" in failed.stderr, failed.stderr[-3000:]
+    assert "--resume" in failed.stderr and not out2.exists()
+    info = json.loads((job_run / "run.json").read_text())
+    assert info["job"] == "predict" and info["status"] == "failed"
+
+    resumed = tpuft(env, *args, "--resume", "--json", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads(resumed.stdout)
+    assert 1 <= again["resumed_shards"] < 30 and again["rows"] == 3000
+    joined = [json.loads(line) for line in out2.read_text().splitlines()]
+    assert [r["id"] for r in joined] == list(range(3000))  # none missing, none twice
+    assert [r["prediction"] for r in joined] == [r["prediction"] for r in rows] * 6
