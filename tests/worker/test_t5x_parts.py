@@ -26,6 +26,8 @@ import pytest
 
 from tests.conftest import REPO
 from tpuft.config import dump_recipe, load_recipe
+from tpuft.worker import predictions
+from tpuft.worker.predict_job import PredictJob
 from tpuft.worker.selection import score
 from tpuft.worker.t5x_gin import initial_step, network_module, task_name
 
@@ -742,8 +744,8 @@ def test_a_short_run_exports_a_model_with_t5xs_logits(t5x_python: str, torch_pyt
     recipe = load_recipe(
         QUICKSTART,
         ["train.steps=4", "train.checkpoint_every=null", "train.log_every=2", "train.warmup_steps=1",
-         "train.batch_size=8", "eval.every=null", "data.eval=null"],
-    ).value
+         "train.batch_size=8", "eval.every=null", "eval.max_examples=32"],
+    ).value  # T5X's inference eval once, at the end, on the first 32 held-out numbers; the test on all 500
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
@@ -759,6 +761,30 @@ def test_a_short_run_exports_a_model_with_t5xs_logits(t5x_python: str, torch_pyt
     assert [row["step"] for row in rows if "loss" in row] == [2, 4]
     assert all(math.isfinite(row["loss"]) and row["loss"] > 0 for row in rows if "loss" in row)
     assert (run_dir / "t5x" / "run.gin").is_file() and (run_dir / "export" / "hf" / "config.json").is_file()
+    test_row = [row for row in rows if "test_examples" in row]
+    assert len(test_row) == 1 and test_row[0]["step"] == 4 and test_row[0]["test_checkpoint_step"] == 4, rows
+    tested = predictions.merged(run_dir / "test")
+    assert test_row[0]["test_examples"] == 500 and [row["id"] for row in tested] == list(range(500))
+    assert sorted(path.name for path in (run_dir / "test").iterdir()) == ["predictions-00000.jsonl"]
+    assert test_row[0]["test_exact_match"] == round(sum(row["correct"] for row in tested) / 500, 6)
+    assert heartbeat["test_exact_match"] == test_row[0]["test_exact_match"]
+
+    # tpuft predict's engine on the same checkpoint: T5X's own inference eval, row for row (one decoder: the test's)
+    evaluated = [json.loads(line) for line in (run_dir / "eval" / "predictions-00000004.jsonl").read_text().splitlines()]
+    source = tmp_path / "eval32.jsonl"
+    source.write_text("".join(json.dumps({"words": r["input"], "digits": r["target"]}) + "\n" for r in evaluated))
+    for beams in (1, 2):
+        job = PredictJob(input=str(source), shards=str(tmp_path / f"shards-{beams}"), output=str(tmp_path / f"out-{beams}.jsonl"),
+                         backend="t5x", model=str(checkpoint), recipe=dump_recipe(recipe), batch_size=8, shard_lines=20,
+                         num_beams=beams)
+        (tmp_path / "job.json").write_text(job.to_json())
+        done = subprocess.run([t5x_python, "-m", "tpuft.worker.predict", "--job", str(tmp_path / "job.json")],
+                              capture_output=True, text=True, timeout=600, cwd=REPO, env={**env, "TPUFT_RUN_DIR": str(tmp_path / "p")})
+        assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
+        out = [json.loads(line) for line in Path(job.output or "").read_text().splitlines()]
+        assert [row["id"] for row in out] == list(range(32)) and all("correct" in row for row in out)
+        if beams == 1:
+            assert [row["prediction"] for row in out] == [row["prediction"] for row in evaluated]
 
     pairs = [["four thousand two", "4002"], ["nine hundred one", "9170"], ["seven", "7000"]]
     reference = tmp_path / "t5x_logits.npz"
@@ -879,17 +905,17 @@ def test_the_t5x_adapter_reports_through_the_run_loop(tmp_path: Path, monkeypatc
             {"step": step, "eval_exact_match": {10: 0.5, 20: 0.8, 30: 0.7, 40: 0.75}[step], "eval_examples": 1,
              "checkpoint": f"checkpoint_{step}"},
         ]  # fmt: skip
-    test_row = {"step": 40, "test_examples": 3, "test_exact_match": 0.5, "test_seconds": 1.0, "test_checkpoint_step": 20}
-    expected_rows.append(test_row)  # the best checkpoint tested once, at the end, before the export
+    test_row = {"step": 40, "test_examples": 3, "test_exact_match": 0.5, "test_seconds": 1.0, "test_checkpoint_step": 40}
+    expected_rows.append(test_row)  # the last checkpoint (no keep_best) tested once, at the end, before the export
     assert first["rows"] == expected_rows
-    assert first["tested"] == [("RUN/checkpoints/checkpoint_20", 20)]
+    assert first["tested"] == [("RUN/checkpoints/checkpoint_40", 40)]
     split = "[tpuft] batch split: this host feeds 2 of each batch's 32 rows"  # the log line every host now writes
     assert first["lines"].count(split) == 1
     first["lines"].remove(split)
     assert first["lines"][:3] == ["[tpuft] step 10/40 loss 0.1000 lr 1.00e-03 100.0 ex/s 350 tok/s",
                                   "[tpuft] eval @ 10: exact_match 0.5000 (1 examples)",
                                   "[tpuft] checkpoint saved: RUN/checkpoints/checkpoint_10"]
-    assert first["lines"][-2:] == ["[tpuft] test (checkpoint step 20): exact match 0.5000 (3 examples)",
+    assert first["lines"][-2:] == ["[tpuft] test (checkpoint step 40): exact match 0.5000 (3 examples)",
                                    "[tpuft] Hugging Face export of checkpoint_20: RUN/export/hf"]
     assert first["kept"] == [20, 40] and first["exported"] == [20]
     beat = first["beat"]
@@ -902,9 +928,9 @@ def test_the_t5x_adapter_reports_through_the_run_loop(tmp_path: Path, monkeypatc
     assert [line for line in resumed["lines"] if line != split][0] == "[tpuft] resuming from checkpoint_20 (step 20 of 40)"
     assert resumed["rows"] == expected_rows  # the rows after the checkpoint forgotten, then logged anew
     assert resumed["kept"] == [20, 40] and resumed["exported"] == [20]
-    assert resumed["tested"] == [("RUN/checkpoints/checkpoint_20", 20)]  # the test row had gone with step 40's rows
+    assert resumed["tested"] == [("RUN/checkpoints/checkpoint_40", 40)]  # the test row had gone with step 40's rows
 
     again = t5x_adapter_run(tmp_path, monkeypatch, capsys, resume=True)  # resumed from the final checkpoint
     assert again["tested"] == [] and again["rows"] == expected_rows  # tested already: exactly one test row
     assert {k: again["beat"][k] for k in ("test_exact_match", "test_checkpoint_step")} == {"test_exact_match": 0.5,
-                                                                                         "test_checkpoint_step": 20}
+                                                                                         "test_checkpoint_step": 40}

@@ -150,7 +150,11 @@ class T5xDecoder:
         arrays = {name: jax.make_array_from_callback(value.shape, self.sharding, lambda index, v=value: v[index])
                   for name, value in batch.items()}
         decodes = self._step(self.params, arrays)
-        mine = np.asarray(decodes.addressable_data(0))[self.process * self.batch_size :][: len(sources)]
+        if decodes.is_fully_replicated:  # as asked: every host holds every decode
+            every = np.asarray(decodes.addressable_data(0))
+        else:
+            every = np.asarray(multihost_utils.process_allgather(decodes, tiled=True))
+        mine = every[self.process * self.batch_size :][: len(sources)]
         return [self.output_vocabulary.decode(row.tolist()) for row in mine]
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
-"""T5X's test evaluation (``data.test``) at the end of a fine-tuning run: the checkpoint the export takes (the best
-by the inference eval's exact match, else the last) decodes every test example with T5X's own decoding
+"""T5X's test evaluation (``data.test``) at the end of a fine-tuning run: the checkpoint every backend tests and
+``tpuft predict RUN`` takes (the best by the inference eval's exact match under ``train.keep_best``, else the last)
+decodes every test example with T5X's own decoding
 (:class:`tpuft.worker.t5x_decode.T5xDecoder`, the ``tpuft predict`` engine's too), every process its share (example
 ``i`` of the file goes to process ``i % processes``) in lock-step; the shares are scored with
 :mod:`tpuft.worker.predictions`, their statistics summed over the processes, and written to ``run_dir/test/``.

@@ -295,10 +295,12 @@ class T5xRun:
         return [step for step, _ in LAYOUT.local_checkpoints(Path(self.model_dir))]
 
     # -- the end ------------------------------------------------------------------------------------------------
-    def _final_checkpoint(self) -> int | None:
-        """T5X's step of the checkpoint a run ends with, for the test and the export: the best, else the last."""
+    def _final_checkpoint(self, best_always: bool = True) -> int | None:
+        """T5X's step of the checkpoint the export takes (the best, else the last), or with ``best_always=False``
+        the one the test takes, as every backend's and ``tpuft predict RUN``: the best under ``train.keep_best``,
+        else the last."""
         steps = self._complete_steps()
-        best = self._best_step()
+        best = self._best_step() if best_always or self.recipe.train.keep_best else None
         return best if best is not None and best in steps else (max(steps) if steps else None)
 
     def finish(self) -> None:
@@ -310,7 +312,7 @@ class T5xRun:
         if self.loop.has_test:
             from tpuft.worker.t5x_test import agree, run_test
 
-            due, chosen = agree([int(self.loop.test_due()), self._final_checkpoint() or -1] if self.chief else [0, -1])
+            due, chosen = agree([int(self.loop.test_due()), self._final_checkpoint(False) or -1] if self.chief else [0, -1])
             if due and chosen >= 0:
                 run_test(self.loop, self.recipe, self.ctx.run_dir / GENERATED / "run.gin",
                          f"{self.model_dir}/{LAYOUT.checkpoint_format.format(step=chosen)}", chosen - self.initial_step)
