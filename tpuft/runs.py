@@ -340,7 +340,8 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
     workers = []
     count = int(info.get("workers") or 0) or len(list((run_dir / rundir.HEARTBEAT_DIR).glob("worker-*.json")))
     records = _local_attempt_records(run_dir, int(info.get("attempt", 1)))
-    test = rundir.test_items(metrics.test_row) or rundir.test_items(info.get("test") or {})
+    recorded = info.get("test")
+    test = rundir.test_items(metrics.test_row) or rundir.test_items(recorded if isinstance(recorded, dict) else {})
     for index in range(count):
         beat = rundir.read_json(rundir.heartbeat_path(run_dir, index)) or {}
         test = test or rundir.test_items(beat)  # metrics as TensorBoard events may not carry the row
