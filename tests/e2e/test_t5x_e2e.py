@@ -3,7 +3,9 @@ real CLI, with the real T5X venv (t5x, airio and jestimator from ../shared/wheel
 
 * ``tpuft up t5x_quickstart``: T5X learns the numbers task to >= 0.9 held-out exact match (its inference eval), and
   the run dir holds what monitor, pull, convert and resume read: metrics rows, heartbeats, complete checkpoints
-  named ``checkpoint_N`` with tpuft's manifest, predictions, the generated gin and task module, and export/hf.
+  named ``checkpoint_N`` with tpuft's manifest, predictions, the generated gin and task module, and export/hf; the
+  test evaluation's row (>= 0.9 on the 500 test numbers) and both hosts' predictions; ``tpuft predict`` of the run
+  on the pod gives the same predictions and scores.
 * A host's trainer killed mid-run: the other host does not wait forever in its collective (its supervisor stops it);
   ``tpuft resume`` continues from the last checkpoint (T5X restores it from MODEL_DIR itself) and ends at the step
   count of the recipe, the metrics continuing without duplicates.
@@ -28,12 +30,15 @@ from tests.conftest import wait_until
 from tests.pods import Finished, Pod, created_pod
 from tests.venvs import WHEELS
 
+from tests.conftest import REPO
 from tpuft import rundir
 from tpuft.backends.t5x import LAYOUT
+from tpuft.worker import predictions
 
 pytestmark = pytest.mark.slow
 
 SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
+TEST_SET = REPO / "recipes" / "data" / "numbers" / "test.jsonl"
 QUICK = ["--set", "train.steps=600", "--set", "eval.every=300", "--set", "train.checkpoint_every=300"]
 
 
@@ -89,9 +94,33 @@ def test_the_run_dir_holds_what_tpuft_reads(quickstart: Finished, pod: Pod) -> N
     best = max(evals, key=lambda r: r["eval_exact_match"])["step"]
     assert max(complete) == 600 and best in complete and len(complete) <= 3  # the last 2 and the best
     assert (run / rundir.EXPORT_HF / "config.json").is_file()
+    tests = [r for r in metrics if "test_examples" in r]  # data.test, decoded once by both hosts in lock-step
+    assert len(tests) == 1 and tests[0]["test_examples"] == 500 and tests[0]["test_checkpoint_step"] == 600, tests
+    assert tests[0]["test_exact_match"] >= 0.9, tests
+    assert sorted(p.name for p in (run / rundir.TEST_DIR).iterdir()) == [predictions.shard_name(0), predictions.shard_name(1)]
+    tested = predictions.merged(run / rundir.TEST_DIR)
+    assert [r["id"] for r in tested] == list(range(500))
+    assert predictions.score([r["prediction"] for r in tested], [r["target"] for r in tested])["exact_match"] == \
+        tests[0]["test_exact_match"]
     shown = pod.tpuft("monitor", run.name, "--once", "--json", timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["status"] == "finished"
+
+
+def test_predict_on_the_pod_gives_the_test_evaluation_s_answers(quickstart: Finished, pod: Pod, tmp_path: Path) -> None:
+    """``tpuft predict RUN`` on the 2-host pod: T5X's engine on the run's last checkpoint, both hosts in lock-step,
+    gives the test evaluation's predictions row for row, and its scores are the run's ``test_*``."""
+    out = tmp_path / "numbers-test.jsonl"
+    done = pod.tpuft("predict", quickstart.run_dir.name, "--input", str(TEST_SET), "--output", str(out),
+                     "--batch-size", "64", "--shard-lines", "300", "--json")
+    assert done.returncode == 0, done.stderr[-6000:]
+    result = json.loads(done.stdout)
+    test = next(r for r in rows(quickstart.run_dir) if "test_examples" in r)
+    assert result["rows"] == 500 and result["scores"]["exact_match"] == test["test_exact_match"], (result, test)
+    predicted = [json.loads(line) for line in out.read_text().splitlines()]
+    tested = predictions.merged(quickstart.run_dir / rundir.TEST_DIR)
+    assert [(r["id"], r["prediction"]) for r in predicted] == [(r["id"], r["prediction"]) for r in tested]
+    print(f"\nt5x predict on 2 hosts: {result['examples_per_s']} examples/s, exact match {test['test_exact_match']}")
 
 
 def test_the_summary_counts_the_checkpoint_s_parameters(quickstart: Finished) -> None:
@@ -142,6 +171,8 @@ def test_a_killed_host_fails_the_run_fast_and_resume_continues(pod: Pod) -> None
     assert train_steps == list(range(10, 81, 10))  # rows after the checkpoint were dropped and logged anew
     assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == 80
     assert "TRAIN_STEPS = 80" in (run / "t5x" / "run.gin").read_text()
+    tests = [r for r in rows(run) if "test_examples" in r]  # the resumed run ends with the run's one test
+    assert len(tests) == 1 and tests[0]["test_checkpoint_step"] == 80 and tests[0]["test_examples"] == 500, tests
 
 
 def test_span_corruption_loss_falls_over_2_replicas_x_2_partitions(pod: Pod) -> None:
@@ -176,7 +207,7 @@ def test_fine_tuning_from_a_t5x_checkpoint_counts_steps_after_it(quickstart: Fin
     done = pod.tpuft("train", "t5x_quickstart", "--json", *SOURCE, "--set", f"backend.initial_checkpoint={initial}",
                      "--set", "train.steps=40", "--set", "train.warmup_steps=0", "--set", "train.log_every=20",
                      "--set", "train.checkpoint_every=null", "--set", "eval.every=40", "--set", "eval.max_examples=100",
-                     "--set", "train.learning_rate=1.0e-3")
+                     "--set", "train.learning_rate=1.0e-3", "--set", "data.test=null")  # the quickstart tests
     assert done.returncode == 0, done.stderr[-6000:]
     summary = json.loads(done.stdout)
     run = Path(summary["run_dir"])
