@@ -215,6 +215,11 @@ BAD_T5X = [
         9, ["data.eval: task span_corruption reads data.corpus, not JSON lines"],
     ),
     (
+        "span-with-test",
+        SPAN, "  corpus: [corpus.txt]", "  corpus: [corpus.txt]\n  test: train.jsonl",
+        9, ["data.test: task span_corruption reads data.corpus, not JSON lines"],
+    ),
+    (
         "adamw",
         T5X_RECIPE, "  batch_size: 4", "  batch_size: 4\n  optimizer: adamw",
         11, ["train.optimizer: the t5x model gins train with T5X's Adafactor"],

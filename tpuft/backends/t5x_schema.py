@@ -217,9 +217,10 @@ class T5xBackend(StrictModel):
         else:
             if not data.corpus:
                 found.append((("data", "corpus"), "required for task span_corruption: text files or globs, one document a line"))
-            if data.train is not None or data.eval is not None:
-                key = "train" if data.train is not None else "eval"
-                found.append((("data", key), "task span_corruption reads data.corpus, not JSON lines"))
+            for key in ("train", "eval", "test"):  # a pretraining run has nothing to decode for a test either
+                if getattr(data, key) is not None:
+                    found.append((("data", key), "task span_corruption reads data.corpus, not JSON lines"))
+                    break
         train = recipe.train
         if train.optimizer != "adafactor":
             found.append((("train", "optimizer"), "the t5x model gins train with T5X's Adafactor; set adafactor (or "
