@@ -8,7 +8,9 @@
   MirroredStrategy against one replica with the whole batch);
 * gradient accumulation (``train.grad_accum_steps``): one optimizer step over 4 micro-batches, or over 2 replicas x 2
   micro-batches, gives the update of one step over the whole batch, and the optimizer counts optimizer steps;
-* eval sums: exact match with teacher forcing and token accuracy, weight-0 padding rows ignored.
+* eval sums: exact match with teacher forcing and token accuracy, weight-0 padding rows ignored;
+* the prediction engine (test evaluation and ``tpuft predict``): greedy and beam decodes and the classifier's argmax
+  on the device, over two replicas, as transformers computes them; the test's weight swap.
 
 Each check runs in a subprocess of the Keras venv and prints JSON; the assertions are made here."""
 
@@ -301,3 +303,71 @@ def test_two_workers_with_two_cpu_devices_each_are_four_replicas_in_sync(keras_p
     assert first["replicas"] == second["replicas"] == 4 and first["local"] == second["local"] == 2
     assert first["sum"] == second["sum"] == 1 + 2 + 3 + 4  # every replica of both workers in one all-reduce
     assert first["weights"] == second["weights"]
+
+
+def test_the_prediction_engine_decodes_and_classifies_on_the_device(keras_python: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``keras_predict.KerasEngine`` (the test evaluation's and ``tpuft predict``'s) under a MirroredStrategy of two
+    CPU devices, with a batch that does not fill its static size: the greedy decodes on the device equal
+    transformers' own greedy ``generate`` row for row (so the rows come back in order from both replicas), beam
+    search equals ``generate``'s with the same beams, and the classifier's argmax on the device gives the label of
+    the host's argmax. Then the test evaluation's weight swap: a checkpoint's weights loaded into the model by name
+    (``keras_test.swap_in``), the last ones put back."""
+    got = run_in_venv(keras_python, f"""
+        import json, types, numpy as np, tensorflow as tf, transformers
+        from pathlib import Path
+        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                                   [tf.config.LogicalDeviceConfiguration()] * 2)
+        from tpuft.backends.keras import LAYOUT
+        from tpuft.worker.data import encode_texts, load_tokenizer
+        from tpuft.worker.keras_parts import weights_digest
+        from tpuft.worker.keras_predict import KerasEngine
+        from tpuft.worker.keras_test import swap_in
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        tok = load_tokenizer("byt5")
+        data = types.SimpleNamespace(max_source_length=12, max_target_length=6, truncation="head", labels=[])
+        sources = ["one two", "seven", "forty four", "nine hundred", "zero", "a b c d e f g h"]
+        out = {{}}
+        with strategy.scope():
+            tf.keras.utils.set_random_seed(5)
+            config = transformers.T5Config(vocab_size=len(tok), d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=1,
+                                           pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+            t5 = transformers.TFT5ForConditionalGeneration(config)
+        recipe = types.SimpleNamespace(data=data, backend=types.SimpleNamespace(task="text2text"))
+        ids, masks = encode_texts(tok, sources, 12, "head")
+        for beams in (1, 2):
+            engine = KerasEngine(tf, strategy, t5, tok, recipe, batch_size=4, num_beams=beams)  # 2 calls: 4 + 2 rows
+            ref = t5.generate(tf.constant(ids), attention_mask=tf.constant(masks), max_new_tokens=6, num_beams=beams,
+                              do_sample=False).numpy()[:, 1:]
+            out[f"beams{{beams}}"] = [engine.predict(sources), [engine.decode(row) for row in ref], engine.batch]
+        with strategy.scope():
+            bert = transformers.TFBertForSequenceClassification(transformers.BertConfig(
+                vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                num_labels=3))
+        labels = ["red", "green", "blue"]
+        recipe = types.SimpleNamespace(data=types.SimpleNamespace(**{{**vars(data), "labels": labels}}),
+                                       backend=types.SimpleNamespace(task="classification"))
+        engine = KerasEngine(tf, strategy, bert, tok, recipe, batch_size=3)
+        host = bert(tf.constant(ids), attention_mask=tf.constant(masks), training=False).logits.numpy().argmax(-1)
+        out["classes"] = [engine.predict(sources), [labels[i] for i in host]]
+        # the weight swap: a checkpoint folder as the trainer writes it, the model changed after it
+        folder = Path({str(tmp_path)!r}) / "step_00000001"
+        t5.save_pretrained(folder)
+        LAYOUT.write_manifest(folder)
+        saved = weights_digest(t5)
+        for variable in t5.weights:
+            variable.assign(variable + 0.5)
+        changed = weights_digest(t5)
+        run = types.SimpleNamespace(model=types.SimpleNamespace(hf=t5), ctx=None, loop=types.SimpleNamespace(layout=LAYOUT))
+        last = swap_in(run, folder)
+        loaded = weights_digest(t5)
+        for variable, value in zip(t5.weights, last):
+            variable.assign(value)
+        out["swap"] = [saved != changed, loaded == saved, weights_digest(t5) == changed]
+        print(json.dumps(out))
+    """)
+    greedy, reference, batch = got["beams1"]
+    assert batch == 4 and greedy == reference and len(greedy) == 6 and len(set(greedy)) > 2, got
+    assert got["beams2"][0] == got["beams2"][1], got
+    predicted, host = got["classes"]
+    assert predicted == host and len(predicted) == 6 and len(set(predicted)) > 1, got
+    assert got["swap"] == [True, True, True], got

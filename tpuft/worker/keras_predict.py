@@ -19,10 +19,9 @@ TensorFlow is passed in: this module imports without it.
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuft.errors import UsageError
 from tpuft.worker import data as data_mod
 from tpuft.worker import keras_model
 
@@ -125,21 +124,11 @@ class KerasEngine:
         self._step = None
 
 
-def local_model(model: str) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
-    """The job's checkpoint as a local folder: in place, or downloaded from ``gs://`` into a temp folder."""
-    if not model.startswith("gs://"):
-        return Path(model), None
-    from tpuft.storage import open_storage
-
-    held = tempfile.TemporaryDirectory(prefix="tpuft-keras-model-")
-    open_storage(model).download_tree("", Path(held.name))
-    return Path(held.name), held
-
-
 def main(ctx: WorkerContext, recipe: RecipeConfig, job: PredictJob) -> int:
     """``tpuft predict`` on a Keras run's checkpoint: the strategy as the trainer sets it up for this many workers
     (one program over a TPU slice; on the CPU pod every worker with its logical devices), the model from
-    ``job.model``, the engine, and the shared shard loop (this process's part of every unfinished shard)."""
+    ``job.model``, the engine, and the shared shard loop (``predict_loop.serve``: this process's part of every
+    unfinished shard; worker 0 joins them)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
@@ -149,21 +138,18 @@ def main(ctx: WorkerContext, recipe: RecipeConfig, job: PredictJob) -> int:
     strategy = keras_model.make_strategy(tf, ctx, hosts)
     precision = keras_model.set_precision(tf, recipe.backend, hosts)  # type: ignore[arg-type]
     keras_model.quiet_transformers()
-    folder, held = local_model(job.model)
-    try:
-        named = recipe.model.tokenizer  # byt5 needs no files; an HF tokenizer is in the checkpoint (no download)
-        saved = named != "byt5" and (folder / "tokenizer_config.json").is_file()
-        tokenizer = data_mod.load_tokenizer(str(folder) if saved else named)
-        with strategy.scope():
-            hf = keras_model.build_hf_model(recipe, tokenizer, folder)
-        engine = KerasEngine(tf, strategy, hf, tokenizer, recipe, batch_size=job.batch_size,
-                             max_new_tokens=job.max_new_tokens, num_beams=job.num_beams)
-        process, processes = (0, 1) if hosts else (ctx.worker_id, ctx.num_workers)
-        print(f"[tpuft] keras predict: {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas, "
-              f"{precision}, process {process} of {processes}, {engine.batch} examples per call", flush=True)
-        predict_loop.run(job, engine, process=process, processes=processes, recipe=recipe, run_dir=ctx.run_dir)
-        engine.close()
-    finally:
-        if held is not None:
-            held.cleanup()
-    return 0
+    folder = predict_loop.model_folder(job.model)
+    if not (folder / "tf_model.h5").is_file():
+        raise UsageError(f"{job.model}: not a Keras checkpoint (no tf_model.h5)")
+    named = recipe.model.tokenizer  # byt5 needs no files; an HF tokenizer is in the checkpoint (no download)
+    saved = named != "byt5" and (folder / "tokenizer_config.json").is_file()
+    tokenizer = data_mod.load_tokenizer(str(folder) if saved else named)
+    with strategy.scope():
+        hf = keras_model.build_hf_model(recipe, tokenizer, folder)
+    engine = KerasEngine(tf, strategy, hf, tokenizer, recipe, batch_size=job.batch_size,
+                         max_new_tokens=job.max_new_tokens, num_beams=job.num_beams)
+    process, processes = (0, 1) if hosts else (ctx.worker_id, ctx.num_workers)
+    print(f"[tpuft] keras predict: {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas, "
+          f"{precision}, process {process} of {processes}, {engine.batch} examples per call", flush=True)
+    return predict_loop.serve(job, engine, process=process, processes=processes, recipe=recipe,
+                              run_dir=ctx.run_dir if ctx.run_url else None, worker=ctx.worker_id)

@@ -2,9 +2,10 @@
 
 Reads top to bottom: ``KerasRun.setup()`` picks the strategy, writes the data as TFRecords and builds the model and
 optimizer in the strategy's scope; ``train()`` is one ``model.fit``; ``finish()`` evaluates, checkpoints, exports to
-Hugging Face (PyTorch) format and records the weight digest. The run's bookkeeping (resume, metrics rows and the
-progress line, heartbeats, evaluations judged for keep-best and early stopping, checkpoint folders and pruning, the
-final heartbeat) is the shared :class:`~tpuft.worker.loop.RunLoop`: ``fit`` drives the steps, and its callback
+Hugging Face (PyTorch) format and records the weight digest; with ``data.test`` it first tests the best (keep_best)
+or last weights once, on the device (``tpuft/worker/keras_test.py``). The run's bookkeeping (resume, metrics rows
+and the progress line, heartbeats, evaluations judged for keep-best and early stopping, checkpoint folders and
+pruning, the test evaluation's record, the final heartbeat) is the shared :class:`~tpuft.worker.loop.RunLoop`: ``fit`` drives the steps, and its callback
 (:func:`run_callback`) calls the loop's events between executions, in the order the loop's driver keeps.
 
 Strategy (``tpuft/backends/keras.py`` says where the program runs):
@@ -34,7 +35,6 @@ every replica at the same evaluation (the metric is the same on all of them).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -44,7 +44,7 @@ from tpuft import rundir
 from tpuft.backends.keras_schema import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
-from tpuft.worker import keras_devices
+from tpuft.worker import keras_model, keras_test
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.keras_data import RecordData
 from tpuft.worker.keras_parts import (
@@ -56,7 +56,7 @@ from tpuft.worker.keras_parts import (
     save_optimizer,
     weights_digest,
 )
-from tpuft.worker.loop import RunLoop
+from tpuft.worker.loop import RunLoop, run_test
 
 OPTIMIZER_STATE = "optimizer.npz"
 
@@ -73,7 +73,7 @@ class KerasRun:
         self.recipe = recipe
         self.backend: KerasBackend = recipe.backend
         self.classify = self.backend.task == "classification"
-        self.tpu_hosts = int(os.environ.get("TPUFT_TPU_HOSTS", "0"))
+        self.tpu_hosts = keras_model.tpu_hosts()
         self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
         self.say = self.loop.say
         self.last_eval_step = -1
@@ -100,19 +100,10 @@ class KerasRun:
         if cpus and not self.tpu_hosts:
             tf.config.threading.set_intra_op_parallelism_threads(len(cpus))
             tf.config.threading.set_inter_op_parallelism_threads(2)
-        self.strategy = self._strategy()
+        self.strategy = keras_model.make_strategy(tf, self.ctx, self.tpu_hosts)
         self.replicas = self.strategy.num_replicas_in_sync
-        precision = self.backend.precision
-        if precision == "auto":
-            precision = "mixed_bfloat16" if self.tpu_hosts else "float32"
-        tf.keras.mixed_precision.set_global_policy(precision)
-        import warnings
-
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()  # "TF classes are deprecated", once per worker
-        warnings.filterwarnings("ignore", message="The initializer .* is unseeded")  # seeded globally above
+        precision = keras_model.set_precision(tf, self.backend, self.tpu_hosts)
+        transformers = keras_model.quiet_transformers()
         self.say(
             f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: {type(self.strategy).__name__} with "
             f"{self.replicas} replicas, {precision} (tensorflow {tf.__version__}, transformers {transformers.__version__})"
@@ -123,72 +114,17 @@ class KerasRun:
                                replicas=self.replicas, tpu_hosts=self.tpu_hosts, say=self.say)
         self.data.prepare()
         loop.has_eval = bool(self.data.eval_files)
+        loop.has_test = self.recipe.data.test is not None
         tf.keras.utils.set_random_seed(self.recipe.train.seed)  # identical initial weights on every replica
         with self.strategy.scope():
             self._setup_model()
             self._setup_optimizer()
 
-    def _strategy(self) -> Any:
-        tf = self.tf
-        if self.tpu_hosts:
-            # One host: its own chips. A pod slice: the node by name; the other hosts serve the TPU runtime.
-            name = "local" if self.tpu_hosts == 1 else os.environ.get("TPU_NAME") or os.environ["TPUFT_NODE"]
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-            return tf.distribute.TPUStrategy(resolver)
-        if self.ctx.num_workers > 1:
-            peers = os.environ.get("TPUFT_PEERS", "").split(",")
-            if len(peers) != self.ctx.num_workers:
-                raise RuntimeError(f"TPUFT_PEERS names {len(peers)} workers, the run has {self.ctx.num_workers}")
-            os.environ["TF_CONFIG"] = json.dumps(
-                {"cluster": {"worker": peers}, "task": {"type": "worker", "index": self.ctx.worker_id}}
-            )
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING
-        )
-        devices = keras_devices.local_devices()
-        if devices > 1:
-            return keras_devices.cpu_strategy(tf, devices, self.ctx.num_workers, options)
-        if self.ctx.num_workers > 1:
-            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-        return tf.distribute.OneDeviceStrategy("/cpu:0")
-
     # -- model and optimizer ----------------------------------------------------------------------------------
     def _setup_model(self) -> None:
-        import transformers
-
         tf = self.tf
-        model_cfg, tokenizer = self.recipe.model, self.tokenizer
-        overrides: dict[str, Any] = {}
-        if model_cfg.dropout is not None:
-            overrides["dropout_rate" if not self.classify else "hidden_dropout_prob"] = model_cfg.dropout
-        source = self.checkpoint or model_cfg.name_or_path  # pretrained weights, or None: random init
-        if self.classify:
-            labels = self.recipe.data.labels
-            label_maps = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
-                          "label2id": {name: i for i, name in enumerate(labels)}}
-            if source is not None:
-                hf = transformers.TFAutoModelForSequenceClassification.from_pretrained(source, **label_maps, **overrides)
-            else:
-                settings = dict(self.backend.encoder or {})
-                model_type = settings.pop("model_type")
-                config = transformers.AutoConfig.for_model(
-                    model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                    **settings, **label_maps, **overrides,
-                )
-                hf = transformers.TFAutoModelForSequenceClassification.from_config(config)
-        else:
-            if source is not None:
-                hf = transformers.TFT5ForConditionalGeneration.from_pretrained(source, **overrides)
-            else:
-                assert model_cfg.config is not None
-                config = transformers.T5Config(
-                    vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-                    **{**model_cfg.config.kwargs(), **overrides},
-                )
-                hf = transformers.TFT5ForConditionalGeneration(config)
+        source = self.checkpoint or self.recipe.model.name_or_path  # pretrained weights, or None: random init
+        hf = keras_model.build_hf_model(self.recipe, self.tokenizer, source)
         start = 0 if self.classify else int(hf.config.decoder_start_token_id)
         self.model = build_trainable(tf, hf, classify=self.classify, start_token=start,
                                      clip_norm=self.recipe.train.max_grad_norm,
@@ -291,6 +227,8 @@ class KerasRun:
         loop = self.loop
         if loop.has_eval and self.last_eval_step != loop.step:  # fit's last evaluation may be at the last step
             self.judge(self.evaluate())
+        if loop.test_due():  # once per run, before the final checkpoint (which records it)
+            run_test(loop, lambda folder: keras_test.evaluate(self, folder))
         ckpt = self.save_checkpoint()
         digest = weights_digest(self.model.hf)
         self.say(f"weights sha256 {digest[:16]} (worker {self.ctx.worker_id})", everyone=True)
