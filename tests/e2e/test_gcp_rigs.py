@@ -77,8 +77,35 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         assert converted.returncode == 0, converted.stderr
         assert json.loads(converted.stdout)["step"] == 40 and (tmp_path / "hf" / "model.safetensors").is_file()
 
+        _predict_in_the_bucket(client, cluster, env, run_url.rsplit("/", 1)[-1])
+
         deleted = subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], env=env, capture_output=True, text=True)
         assert deleted.returncode == 0 and tpu.node("e2e-gcp") is None
+
+
+def _predict_in_the_bucket(client: object, cluster: Path, env: dict[str, str], run_id: str) -> None:
+    """``tpuft predict`` of the run with its input and output in the bucket: the input sharded over the SSH workers,
+    which read the checkpoint and write their parts in the bucket; the controller joins OUT there, in input order."""
+    from tpuft.paths import recipes_dir
+
+    bucket = client.bucket("e2e-bucket")  # type: ignore[attr-defined]
+    lines = (recipes_dir() / "data/numbers/test.jsonl").read_text().splitlines()[:120]
+    bucket.blob("inputs/numbers.jsonl").upload_from_string("\n".join(lines) + "\n")
+    predicted = subprocess.run(
+        [sys.executable, "-m", "tpuft", "predict", run_id, "--input", "gs://e2e-bucket/inputs/numbers.jsonl",
+         "--output", "gs://e2e-bucket/outputs/numbers.jsonl", "--shard-lines", "50", "-c", str(cluster), "--json"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert predicted.returncode == 0, predicted.stderr[-6000:]
+    result = json.loads(predicted.stdout)
+    assert result["rows"] == 120 and result["scores"]["examples"] == 120
+    assert result["shards"] == "gs://e2e-bucket/outputs/numbers.jsonl.shards"
+    parts = {b.name for b in client.list_blobs("e2e-bucket", prefix="outputs/numbers.jsonl.shards/")}  # type: ignore[attr-defined]
+    assert {f"outputs/numbers.jsonl.shards/shard-00000{k}/predictions-0000{p}.jsonl" for k in range(3) for p in range(2)} <= parts
+    rows = [json.loads(line) for line in bucket.blob("outputs/numbers.jsonl").download_as_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(120))
+    assert [r["input"] for r in rows] == [json.loads(line)["words"] for line in lines]
+    assert sum(r["correct"] for r in rows) == round(result["scores"]["exact_match"] * 120)
+    print(f"\npredict on the GCP rigs: 120 rows over 2 SSH workers in {result['seconds']} s")
 
 
 def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path: Path) -> None:
