@@ -5,7 +5,8 @@ pod).
 Greedy decoding runs on the device with static shapes (:func:`tpuft.worker.torch_parts.greedy_decode`, the trainer's
 own eval decoder): every batch is padded to ``job.batch_size`` rows of ``data.max_source_length`` tokens, so one graph
 is compiled per step shape and reused for the whole input. Beam search (``--num-beams`` > 1) goes through
-``generate`` on the device (it recompiles as its sequences grow: slower, but the same answers as the export gives).
+``generate``: on a TPU on the device (it recompiles as its sequences grow: slower than greedy); on the CPU pod on a
+host copy of the model, in eager torch (PJRT CPU would recompile every step for no gain: minutes for a few inputs).
 
 Processes: one per worker on the CPU pod; on a TPU host one per chip, spawned by ``torch_xla.launch`` as the trainer
 spawns its replicas, each taking the part of process ``xr.global_ordinal()`` of ``xr.world_size()``. The parts are
@@ -26,7 +27,7 @@ from tpuft.worker.torch_xla_train import PROMPT_FILE
 
 
 class XlaEngine:
-    def __init__(self, folder: Path, recipe: Any, job: PredictJob) -> None:
+    def __init__(self, folder: Path, recipe: Any, job: PredictJob, *, tpu: bool) -> None:
         import torch
         import torch_xla
         import transformers
@@ -48,6 +49,9 @@ class XlaEngine:
         self.truncation = recipe.data.truncation
         self.length = job.max_new_tokens or recipe.data.max_target_length
         self.num_beams = job.num_beams
+        self.beam_device = self.device if tpu else torch.device("cpu")
+        beams_on_host = not tpu and job.num_beams > 1
+        self.beam_model = T5ForConditionalGeneration.from_pretrained(folder).eval() if beams_on_host else self.model
 
     def predict(self, sources: list[str]) -> list[str]:
         if not sources:
@@ -61,9 +65,11 @@ class XlaEngine:
         mask = torch.tensor(masks, device=self.device)
         with torch.no_grad():  # not inference_mode: XLA's in-place index_copy needs version counters
             if self.num_beams > 1:
-                inputs = torch_parts.encoder_inputs(self.model, self.prompt, input_ids, mask)
-                out = self.model.generate(**inputs, max_new_tokens=self.length, num_beams=self.num_beams,
-                                          do_sample=False)
+                prompt = None if self.prompt is None else self.prompt.to(self.beam_device)
+                inputs = torch_parts.encoder_inputs(self.beam_model, prompt, input_ids.to(self.beam_device),
+                                                    mask.to(self.beam_device))
+                out = self.beam_model.generate(**inputs, max_new_tokens=self.length, num_beams=self.num_beams,
+                                               do_sample=False)
             else:
                 out = torch_parts.greedy_decode(self.model, self.prompt, input_ids, mask, self.length,
                                                 self.torch_xla.sync)
@@ -94,18 +100,20 @@ def main(ctx: WorkerContext, recipe: Any, job: PredictJob) -> int:
 
         torch_xla.launch(_tpu_process, args=(ctx, recipe, job))
         return 0
-    return _predict(ctx, recipe, job, ctx.worker_id, ctx.num_workers)
+    return _predict(ctx, recipe, job, ctx.worker_id, ctx.num_workers, tpu=False)
 
 
 def _tpu_process(local_index: int, ctx: WorkerContext, recipe: Any, job: PredictJob) -> None:
     import torch_xla.runtime as xr
 
-    _predict(ctx, recipe, job, xr.global_ordinal(), xr.world_size(), beats=local_index == 0)
+    _predict(ctx, recipe, job, xr.global_ordinal(), xr.world_size(), tpu=True, beats=local_index == 0)
 
 
-def _predict(ctx: WorkerContext, recipe: Any, job: PredictJob, process: int, processes: int, beats: bool = True) -> int:
+def _predict(
+    ctx: WorkerContext, recipe: Any, job: PredictJob, process: int, processes: int, *, tpu: bool, beats: bool = True
+) -> int:
     """``beats``: this process writes the worker's heartbeat (one per host: the supervisor watches its worker)."""
-    engine = XlaEngine(_model_folder(job), recipe, job)
+    engine = XlaEngine(_model_folder(job), recipe, job, tpu=tpu)
     run_dir = ctx.run_dir if ctx.run_url and beats else None
     return serve(job, engine, process=process, processes=processes, recipe=recipe, run_dir=run_dir,
                  worker=ctx.worker_id)
