@@ -358,7 +358,10 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
                 tokens_per_s=beat.get("tokens_per_s"), last_log_line=last_log_line(rundir.log_path(run_dir, index)),
             )
         )
-    step = int(train_rows[-1]["step"]) if train_rows else max([w.step or 0 for w in workers], default=0)
+    if info.get("job") == "predict":  # each worker counts the examples it predicted: the job has done their sum
+        step = sum(w.step or 0 for w in workers)
+    else:
+        step = int(train_rows[-1]["step"]) if train_rows else max([w.step or 0 for w in workers], default=0)
     status = str(info.get("status", "unknown"))
     stale_for = None
     if status == "running" and workers and all(w.stale or w.status == "no heartbeat" for w in workers):

@@ -172,3 +172,13 @@ def test_local_needs_a_hugging_face_model(cluster_file: Path, tmp_path: Path) ->
     assert ops.hf_model_for_local(source, None) == f"{run}/export/hf"
     export = ops.resolve_source(config, f"{run}/export/hf", options(tmp_path))
     assert (export.kind, export.backend, export.run.id) == ("hf", ops.HF_ENGINE, RUN_ID)  # type: ignore[union-attr]
+
+
+def test_runs_count_a_predict_jobs_examples_over_its_workers(tmp_path: Path) -> None:
+    from tpuft.runs import snapshot
+
+    run = tmp_path / "predict-quickstart-20261126-010000-0002"
+    write_run(run, info={"job": "predict", "workers": 2, "total_steps": 3000, "status": "running"},
+              beats={0: {"step": 1100, "status": "running", "age": 1}, 1: {"step": 1000, "status": "running", "age": 1}})
+    snap = snapshot(run)
+    assert (snap.step, snap.total_steps) == (2100, 3000)

@@ -85,7 +85,8 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
         started = r.info.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "-"
         status = r.label + (f" ({fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
-        table.add_row(r.run_id, str(r.info.get("recipe", "-")), str(r.info.get("backend", "-")), status,
+        recipe = str(r.info.get("recipe", "-")) + (" (predict)" if r.info.get("job") == "predict" else "")
+        table.add_row(r.run_id, recipe, str(r.info.get("backend", "-")), status,
                       f"{r.step}/{r.total_steps or '?'}", _attempt_cell(r.info), f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", test_cell(r.test), when)
     console = out_console()
     console.print(table if found else "no runs yet (start one: tpuft up quickstart)")
