@@ -211,6 +211,7 @@ def run(
         if all(part_path(k, p) in names for p in range(processes)):
             skipped += 1
             progress.done += len(_part(shard, k, job.shard_lines, process, processes))
+            del shard
             continue
         started = time.monotonic()
         part = _part(shard, k, job.shard_lines, process, processes)
@@ -225,6 +226,7 @@ def run(
         seconds = max(time.monotonic() - started, 1e-9)
         say(f"[tpuft] predict shard {k}: {len(part)} examples, {len(part) / seconds:.1f} ex/s")
         progress.beat()
+        del shard, part, outputs, scored  # before the next shard is read: one shard in memory, not two
     summary = {"shards": count, "records": total, "predicted": predicted, "skipped": skipped, "processes": processes}
     shards.write_text(done_path(process), json.dumps(summary))
     progress.beat(phase="collective")
@@ -275,6 +277,7 @@ def join(
             for item in heapq.merge(*parts, key=lambda row: int(row["id"])):
                 rows += 1
                 yield item
+            del parts  # before the next shard's parts are read
 
     if target.startswith("gs://"):
         from tpuft.storage import GcsStorage

@@ -1,0 +1,221 @@
+"""``tpuft predict``'s worker side, measured: throughput of the hf engine (``--local``) against a plain
+``transformers`` loop, and the worker's peak memory on a big input.
+
+* ``throughput``: the quickstart model's export (``--export``; default: the newest ``runs/quickstart-*/export/hf``
+  under ``$TPUFT_HOME`` or ``~/.tpuft``; ``tpuft up quickstart`` makes one) on the 500 held-out numbers, in the
+  PyTorch/XLA venv, on this machine's CPU, with the same batch size and thread count for every row, the model loaded
+  once beforehand (examples/s of the prediction alone; each row is the best of ``--repeat`` passes):
+  - ``tpuft predict --local``: the shard loop (``worker/predict_loop.py``: parts sorted by length, longest first)
+    with the hf engine (``worker/hf_predict.py``: batches padded to their longest input, ``inference_mode``);
+  - ``plain loop``: what a user writes: the file in its order, ``tokenizer(batch, padding=True)`` and
+    ``model.generate(max_new_tokens=8)`` under ``no_grad``;
+  - ``plain loop, max_length padding``: the same with ``padding="max_length"`` to ``data.max_source_length`` (the
+    static shapes of training), as copied from a training script.
+  The whole command (``python -m tpuft.worker.predict --local``: imports and model load included) is timed too, and
+  its exact match is printed beside the training run's last ``eval_exact_match`` when the run dir has one.
+* ``rss``: the peak RSS of one worker process (``python -m tpuft.worker.predict``'s loop, reader, part writer and the
+  join; an echo engine stands in for the model, whose memory does not depend on the input's size) predicting a
+  10,000-line and a 1,000,000-line JSON-lines input generated in a temp folder.
+
+    python benchmarks/predict.py throughput [--export DIR] [--batch-size 32] [--repeat 3]
+    python benchmarks/predict.py rss [--lines 10000 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EVAL = REPO / "recipes" / "data" / "numbers" / "eval.jsonl"
+
+MEASURE = r"""
+import json, sys, time
+from pathlib import Path
+import torch
+from transformers import AutoTokenizer, T5ForConditionalGeneration
+from tpuft.config import recipe_from_text
+from tpuft.worker import predict_loop
+from tpuft.worker.hf_predict import HfEngine
+from tpuft.worker.predict_job import PredictJob
+
+cfg = json.loads(sys.argv[1])
+recipe_text = Path(cfg["recipe"]).read_text()
+recipe = recipe_from_text(recipe_text, cfg["recipe"], check_files=False)
+torch.set_num_threads(cfg["threads"])
+rows = {}
+
+def best(fn):
+    times = []
+    for _ in range(cfg["repeat"]):
+        started = time.perf_counter(); fn(); times.append(time.perf_counter() - started)
+    return min(times)
+
+job = PredictJob(input=cfg["input"], shards=cfg["tmp"] + "/shards", output=None, backend="hf", model=cfg["export"],
+                 recipe=recipe_text, batch_size=cfg["batch_size"], settings={"threads": cfg["threads"]})
+engine = HfEngine(Path(cfg["export"]), recipe, job)
+
+def ours():
+    import shutil
+    shutil.rmtree(job.shards, ignore_errors=True)
+    predict_loop.run(job, engine, recipe=recipe, say=lambda _: None)
+
+rows["tpuft predict --local"] = best(ours)
+tokenizer = AutoTokenizer.from_pretrained(cfg["export"])
+model = T5ForConditionalGeneration.from_pretrained(cfg["export"]).eval()
+sources = [json.loads(line)[recipe.data.source_field] for line in open(cfg["input"]) if line.strip()]
+size = cfg["batch_size"]
+
+def plain(**padding):
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(sources), size):
+            enc = tokenizer(sources[start:start + size], return_tensors="pt", truncation=True,
+                            max_length=recipe.data.max_source_length, **padding)
+            out += tokenizer.batch_decode(model.generate(**enc, max_new_tokens=recipe.data.max_target_length),
+                                          skip_special_tokens=True)
+    return out
+
+rows["plain loop"] = best(lambda: plain(padding=True))
+rows["plain loop, max_length padding"] = best(lambda: plain(padding="max_length"))
+print(json.dumps({"examples": len(sources), "seconds": rows}))
+"""
+
+
+def torch_python() -> str:
+    sys.path.insert(0, str(REPO))
+    from tests.venvs import torch_python as build
+
+    return build()
+
+
+def find_export() -> Path:
+    homes = [Path(os.environ["TPUFT_HOME"])] if os.environ.get("TPUFT_HOME") else []
+    homes.append(Path("~/.tpuft").expanduser())
+    found = [p for home in homes if home.is_dir() for p in home.glob("**/runs/quickstart-*/export/hf")]
+    if not found:
+        raise SystemExit("no quickstart export found: run `tpuft up quickstart`, or give --export DIR")
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def last_eval_exact_match(run_dir: Path) -> float | None:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    found = [json.loads(line).get("eval_exact_match") for line in metrics.read_text().splitlines() if line.strip()]
+    found = [value for value in found if value is not None]
+    return found[-1] if found else None
+
+
+def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None:
+    python = torch_python()
+    run_dir = export.parent.parent
+    recipe = run_dir / "recipe.yaml"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = {"export": str(export), "recipe": str(recipe), "input": str(EVAL), "tmp": tmp, "batch_size": batch_size,
+               "repeat": repeat, "threads": threads}
+        done = subprocess.run([python, "-c", MEASURE, json.dumps(cfg)], capture_output=True, text=True, env=env,
+                              cwd=REPO)
+        if done.returncode:
+            raise SystemExit(done.stderr[-3000:])
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        from tpuft.worker.predict_job import PredictJob
+
+        job = PredictJob(input=str(EVAL), shards=f"{tmp}/cli-shards", output=f"{tmp}/out.jsonl", backend="hf",
+                         model=str(export), recipe=recipe.read_text(), batch_size=batch_size,
+                         settings={"threads": threads})
+        (Path(tmp) / "job.json").write_text(job.to_json())
+        started = time.perf_counter()
+        cli = subprocess.run([python, "-m", "tpuft.worker.predict", "--job", f"{tmp}/job.json", "--local"],
+                             capture_output=True, text=True, env=env, cwd=REPO)
+        wall = time.perf_counter() - started
+        if cli.returncode:
+            raise SystemExit(cli.stdout[-2000:] + cli.stderr[-3000:])
+        result = json.loads(cli.stdout.split("[tpuft] predict result ", 1)[1].splitlines()[0])
+    n = measured["examples"]
+    base = n / measured["seconds"]["plain loop"]
+    print(f"quickstart export {export}, {n} held-out numbers, batch {batch_size}, {threads} threads, "
+          f"best of {repeat}\n")
+    print(f"| {'how':34} | {'examples/s':>10} | {'vs plain loop':>13} |")
+    print(f"|{'-' * 36}|{'-' * 12}:|{'-' * 14}:|")
+    for name, seconds in measured["seconds"].items():
+        rate = n / seconds
+        print(f"| {name:34} | {rate:10.1f} | {rate / base:12.2f}x |")
+    print(f"\nthe whole `python -m tpuft.worker.predict --local` command: {wall:.1f} s "
+          f"(imports and model load included); exact match {result['scores']['exact_match']}, "
+          f"the training run's final eval_exact_match {last_eval_exact_match(run_dir)}")
+
+
+ECHO = r"""
+import json, sys
+from pathlib import Path
+from tpuft.worker import predict_loop
+from tpuft.worker.predict_job import PredictJob
+
+class Echo:
+    def predict(self, sources): return [s[::-1] for s in sources]
+    def close(self): pass
+
+job = PredictJob.from_json(Path(sys.argv[1]).read_text())
+predict_loop.serve(job, Echo(), process=0, processes=1, recipe=None, say=lambda _: None)
+import resource
+print("PEAK_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def rss(lines: list[int]) -> None:
+    recipe = (REPO / "recipes" / "quickstart.yaml").read_text()
+    rows = []
+    for count in lines:
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "in.jsonl"
+            with source.open("w") as handle:
+                for i in range(count):
+                    handle.write(json.dumps({"words": f"number {i} written out in words", "digits": str(i)}) + "\n")
+            from tpuft.worker.predict_job import PredictJob
+
+            job = PredictJob(input=str(source), shards=f"{tmp}/shards", output=f"{tmp}/out.jsonl", backend="echo",
+                             model="-", recipe=recipe, batch_size=32)
+            (Path(tmp) / "job.json").write_text(job.to_json())
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-c", ECHO, f"{tmp}/job.json"], capture_output=True, text=True,
+                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            seconds = time.perf_counter() - started
+            if done.returncode:
+                raise SystemExit(done.stderr[-3000:])
+            peak = int(done.stdout.split("PEAK_KIB ", 1)[1].split()[0]) / 1024
+            out_lines = sum(1 for _ in open(f"{tmp}/out.jsonl"))
+            rows.append((count, source.stat().st_size / 2**20, peak, seconds, out_lines))
+    print("one worker process (loop, reader, part writer, join; an echo engine)\n")
+    print(f"| {'input lines':>11} | {'input MiB':>9} | {'peak RSS MiB':>12} | {'seconds':>7} | {'rows out':>9} |")
+    print(f"|{'-' * 12}:|{'-' * 10}:|{'-' * 13}:|{'-' * 8}:|{'-' * 10}:|")
+    for count, mib, peak, seconds, out_lines in rows:
+        print(f"| {count:11,} | {mib:9.1f} | {peak:12.1f} | {seconds:7.1f} | {out_lines:9,} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    one = sub.add_parser("throughput")
+    one.add_argument("--export", type=Path)
+    one.add_argument("--batch-size", type=int, default=32)
+    one.add_argument("--repeat", type=int, default=3)
+    one.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    two = sub.add_parser("rss")
+    two.add_argument("--lines", type=int, nargs="+", default=[10_000, 1_000_000])
+    args = parser.parse_args()
+    if args.what == "throughput":
+        throughput((args.export or find_export()).resolve(), args.batch_size, args.repeat, args.threads)
+    else:
+        rss(args.lines)
+
+
+if __name__ == "__main__":
+    main()
