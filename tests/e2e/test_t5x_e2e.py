@@ -33,7 +33,7 @@ from tests.venvs import WHEELS
 from tests.conftest import REPO
 from tpuft import rundir
 from tpuft.backends.t5x import LAYOUT
-from tpuft.worker import predictions
+from tpuft.worker.predictions import merged, score, shard_name
 
 pytestmark = pytest.mark.slow
 
@@ -97,10 +97,10 @@ def test_the_run_dir_holds_what_tpuft_reads(quickstart: Finished, pod: Pod) -> N
     tests = [r for r in metrics if "test_examples" in r]  # data.test, decoded once by both hosts in lock-step
     assert len(tests) == 1 and tests[0]["test_examples"] == 500 and tests[0]["test_checkpoint_step"] == 600, tests
     assert tests[0]["test_exact_match"] >= 0.9, tests
-    assert sorted(p.name for p in (run / rundir.TEST_DIR).iterdir()) == [predictions.shard_name(0), predictions.shard_name(1)]
-    tested = predictions.merged(run / rundir.TEST_DIR)
+    assert sorted(p.name for p in (run / rundir.TEST_DIR).iterdir()) == [shard_name(0), shard_name(1)]
+    tested = merged(run / rundir.TEST_DIR)
     assert [r["id"] for r in tested] == list(range(500))
-    assert predictions.score([r["prediction"] for r in tested], [r["target"] for r in tested])["exact_match"] == \
+    assert score([r["prediction"] for r in tested], [r["target"] for r in tested])["exact_match"] == \
         tests[0]["test_exact_match"]
     shown = pod.tpuft("monitor", run.name, "--once", "--json", timeout=120)
     assert shown.returncode == 0, shown.stderr
@@ -118,7 +118,7 @@ def test_predict_on_the_pod_gives_the_test_evaluation_s_answers(quickstart: Fini
     test = next(r for r in rows(quickstart.run_dir) if "test_examples" in r)
     assert result["rows"] == 500 and result["scores"]["exact_match"] == test["test_exact_match"], (result, test)
     predicted = [json.loads(line) for line in out.read_text().splitlines()]
-    tested = predictions.merged(quickstart.run_dir / rundir.TEST_DIR)
+    tested = merged(quickstart.run_dir / rundir.TEST_DIR)
     assert [(r["id"], r["prediction"]) for r in predicted] == [(r["id"], r["prediction"]) for r in tested]
     print(f"\nt5x predict on 2 hosts: {result['examples_per_s']} examples/s, exact match {test['test_exact_match']}")
 
