@@ -272,7 +272,10 @@ def test_predict_on_the_pod_matches_the_final_eval_and_a_killed_job_resumes(quic
     assert started.returncode == 0, started.stderr[-3000:]
     job_run = quickstart.run_dir.parent / json.loads(started.stdout)["run_id"]
     shards = Path(f"{out2}.shards")
-    wait_until(lambda: len(list(shards.glob("shard-*/predictions-*.jsonl"))) >= 4, 300, "the first shards")
+    def finished() -> int:  # shards both workers wrote their part of (they need not run in step)
+        return sum(len(list(shard.glob("predictions-*.jsonl"))) == 2 for shard in shards.glob("shard-*"))
+
+    wait_until(lambda: finished() >= 2, 300, "the first two shards")
     record = json.loads((job_run / "attempts" / "1" / "worker-1.json").read_text())
     os.kill(int(record["trainer_pid"]), 9)
     failed = tpuft(env, "attach", job_run.name, "-c", cluster)
