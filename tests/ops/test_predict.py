@@ -55,6 +55,8 @@ def test_a_run_predicts_with_its_last_complete_checkpoint_or_its_best_under_keep
     best = ops.resolve_source(config, RUN_ID[:12], options(tmp_path))
     assert best.step == 500 and "best eval: eval_exact_match = 0.9 at step 500" in best.notes
 
+    write_run(run.parent / "predict-quickstart-20261126-020000-0001", info={"job": "predict"})  # newer, not a model
+    assert ops.resolve_source(config, "latest", options(tmp_path)).run.id == RUN_ID  # type: ignore[union-attr]
     folder = ops.resolve_source(config, str(run / "checkpoints" / "step_00000500"), options(tmp_path))
     assert (folder.kind, folder.backend, folder.step, folder.run.id) == ("checkpoint", "torch_xla", 500, RUN_ID)  # type: ignore[union-attr]
 

@@ -120,8 +120,18 @@ def resolve_source(config: ClusterConfig, text: str, options: PredictOptions) ->
         return _folder_source(config, text, options)
     if "/" in text or text.startswith("."):
         raise UsageError(f"{text}: no such folder (SOURCE is a run id, a checkpoint folder or a Hugging Face model folder)")
-    run = resolve_run(config, text)
+    run = _latest_training_run(config) if text == "latest" else resolve_run(config, text)
     return _run_source(run, options)
+
+
+def _latest_training_run(config: ClusterConfig) -> Run:
+    """``latest`` as a source: the newest run that trained (predict jobs are runs too)."""
+    from tpuft.runs import list_runs
+
+    for run in reversed(list_runs(config)):
+        if run.info().get("job") != "predict":
+            return run
+    return resolve_run(config, None)  # none: its error names the storage
 
 
 def _run_source(run: Run, options: PredictOptions) -> Source:
