@@ -13,6 +13,7 @@ from tests.rundirs import write_run
 from tpuft.backends.registry import layout
 from tpuft.config import load_cluster, load_recipe
 from tpuft.ops import predict as ops
+from tpuft.ops import predict_shards as shards_ops
 from tpuft.paths import package_root
 from tpuft.runs import run_storage
 from tpuft.worker.predict_job import JOB_FILE
@@ -38,6 +39,10 @@ def make_run(cluster_file: Path, *, steps: tuple[int, ...] = (500, 1000), evals:
         (folder / "config.json").write_text("{}")
         layout("torch_xla").write_manifest(folder)
     return run
+
+
+def flags(resume: bool = False, overwrite: bool = False) -> dict[str, bool]:
+    return {"resume": resume, "overwrite": overwrite}
 
 
 def options(tmp_path: Path, **changes: object) -> ops.PredictOptions:
@@ -110,11 +115,11 @@ def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(cluster_fi
 
     def job(**changes: object) -> object:
         settings = {"model": source.model, "backend": source.backend, "input_url": given.input,
-                    "shards": ops.default_shards(output), "output": None, "total": 3}
+                    "shards": shards_ops.default_shards(output), "output": None, "total": 3}
         return ops.make_job(source, ops.PredictOptions(**{**given.__dict__, **changes}), **settings)  # type: ignore[arg-type]
 
     first = job()
-    assert ops.claim_output(first, output, given) == 0  # type: ignore[arg-type]
+    assert shards_ops.claim_output(first, output, **flags()) == 0  # type: ignore[arg-type]
     assert json.loads((tmp_path / "out.jsonl.shards" / JOB_FILE).read_text())["model"] == source.model
     part = tmp_path / "out.jsonl.shards" / "shard-000000" / "predictions-00000.jsonl"
     part.parent.mkdir()
@@ -122,22 +127,22 @@ def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(cluster_fi
     (tmp_path / "out.jsonl.shards" / "processes.json").write_text('{"processes": 1}')
 
     with pytest.raises(UsageError, match="an unfinished job's shards.* exists"):
-        ops.claim_output(first, output, given)  # type: ignore[arg-type]
-    assert ops.claim_output(first, output, options(tmp_path, resume=True)) == 1  # type: ignore[arg-type]
+        shards_ops.claim_output(first, output, **flags())  # type: ignore[arg-type]
+    assert shards_ops.claim_output(first, output, **flags(resume=True)) == 1  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=r"another job's shards \(num_beams, shard_lines differ\)"):
-        ops.claim_output(job(num_beams=4, shard_lines=7), output, options(tmp_path, resume=True))  # type: ignore[arg-type]
+        shards_ops.claim_output(job(num_beams=4, shard_lines=7), output, **flags(resume=True))  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="give one"):
-        ops.claim_output(first, output, options(tmp_path, resume=True, overwrite=True))  # type: ignore[arg-type]
+        shards_ops.claim_output(first, output, **flags(resume=True, overwrite=True))  # type: ignore[arg-type]
 
-    assert ops.claim_output(job(num_beams=4), output, options(tmp_path, overwrite=True)) == 0  # type: ignore[arg-type]
+    assert shards_ops.claim_output(job(num_beams=4), output, **flags(overwrite=True)) == 0  # type: ignore[arg-type]
     assert not part.exists()  # the earlier job's shards are gone
 
     Path(output).write_text("{}\n")
     (tmp_path / "out.jsonl.shards" / JOB_FILE).unlink()
     with pytest.raises(UsageError, match="out.jsonl exists"):
-        ops.claim_output(first, output, given)  # type: ignore[arg-type]
+        shards_ops.claim_output(first, output, **flags())  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="no shards of the job that wrote it"):
-        ops.claim_output(first, output, options(tmp_path, resume=True))  # type: ignore[arg-type]
+        shards_ops.claim_output(first, output, **flags(resume=True))  # type: ignore[arg-type]
 
 
 def test_progress_counts_the_examples_of_the_parts_written(tmp_path: Path) -> None:
@@ -150,14 +155,14 @@ def test_progress_counts_the_examples_of_the_parts_written(tmp_path: Path) -> No
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")
     (shards / "shard-000001" / "predictions-00001.jsonl.tmp").write_text("")  # being written: not counted
-    found = ops.finished_shards(open_storage(str(shards)))
+    found = shards_ops.finished_shards(open_storage(str(shards)))
     assert found == {0: 2, 1: 1}
     recipe = load_recipe(package_root().parent / "recipes" / "quickstart.yaml", check_files=False).value
     source = ops.Source("hf", ops.HF_ENGINE, "m", recipe, QUICKSTART)
     job = ops.make_job(source, ops.PredictOptions(input="i.jsonl", output="o.jsonl", shard_lines=10), model="m",
                        backend="hf", input_url="i.jsonl", shards=str(shards), output=None, total=25)
-    assert ops.examples_done(job, found) == 10 + 5
-    assert ops.examples_done(job, {0: 2, 1: 2, 2: 2}) == 25
+    assert shards_ops.examples_done(job, found) == 10 + 5
+    assert shards_ops.examples_done(job, {0: 2, 1: 2, 2: 2}) == 25
 
 
 def test_local_needs_a_hugging_face_model(cluster_file: Path, tmp_path: Path) -> None:

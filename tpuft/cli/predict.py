@@ -81,15 +81,15 @@ def predict(
 
 def _local(cfg: Any, found: Any, options: Any, total: int, console: Console, progress: Any, json_out: bool) -> PredictResult:
     from tpuft.ops import predict as ops
+    from tpuft.ops.predict_shards import absolute, claim_output, default_shards, storage_shards
     from tpuft.paths import tpuft_home
 
     model = ops.hf_model_for_local(found, cfg.gcp.project)
-    output = ops.absolute(options.output)
-    shards = ops.default_shards(output) if not output.startswith("gs://") else str(
-        tpuft_home() / "predict" / (ops.storage_shards("", output).rsplit("/", 1)[-1]))
-    job = ops.make_job(found, options, model=model, backend=ops.HF_ENGINE, input_url=ops.absolute(options.input),
+    output = absolute(options.output)
+    shards = default_shards(output) if not output.startswith("gs://") else storage_shards(str(tpuft_home()), output)
+    job = ops.make_job(found, options, model=model, backend=ops.HF_ENGINE, input_url=absolute(options.input),
                        shards=shards, output=None, total=total, settings={"device": "cpu"})
-    resumed = ops.claim_output(job, output, options, cfg.gcp.project)
+    resumed = claim_output(job, output, resume=options.resume, overwrite=options.overwrite, project=cfg.gcp.project)
     from rich.markup import escape
 
     shown = err_console() if json_out else console

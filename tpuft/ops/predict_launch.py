@@ -25,10 +25,8 @@ from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import open_session
 from tpuft.ops.lifecycle import AttachOutcome, Launch, attach, deferred_interrupts, finalize, start_supervisors, stop, wait_for_outcome
-from tpuft.ops.predict import (
-    WORKER_MODULE, PredictOptions, PredictResult, Progress, ProgressWatch, Source, absolute, claim_output, default_shards,
-    join_output, make_job, storage_shards,
-)
+from tpuft.ops.predict import WORKER_MODULE, PredictOptions, PredictResult, Source, make_job
+from tpuft.ops.predict_shards import Progress, ProgressWatch, absolute, claim_output, default_shards, join_output, storage_shards
 from tpuft.ops.setup import launch_plan
 from tpuft.ops.train import Notice, _addresses, _prepare_workers, _remote_fleet, _trainer_env, _write_info
 from tpuft.runs import Run, resolve_run
@@ -62,7 +60,7 @@ def predict_on_cluster(
         input_url = f"{SHIPPED_INPUTS}/{_content_key(Path(input_url))}-{Path(input_url).name}"
     job = make_job(source, options, model=source.model, backend=source.backend, input_url=input_url, shards=shards,
                    output=None, total=total)
-    resumed = claim_output(job, output, options, config.gcp.project)
+    resumed = claim_output(job, output, resume=options.resume, overwrite=options.overwrite, project=config.gcp.project)
     launch = _prepare_workers(session, source.recipe, plan, on_notice)
     if shipped:
         session.fleet.put(Path(absolute(options.input)), input_url, workers=plan.workers)
