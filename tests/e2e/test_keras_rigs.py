@@ -47,11 +47,14 @@ def test_keras_up_on_gcp_rigs(tmp_path: Path, keras_python: str, monkeypatch: py
         assert set(LAYOUT.checkpoint_steps(storage)) == {50, 100}  # complete by their manifests, in the bucket
         names = set(storage.sizes(""))
         for expected in ("checkpoints/step_00000100/tf_model.h5", "checkpoints/step_00000100/optimizer.npz",
-                         "export/hf/model.safetensors", "metrics.jsonl", "logs/worker-1.log"):
+                         "export/hf/model.safetensors", "metrics.jsonl", "logs/worker-1.log",
+                         "test/predictions-00000.jsonl", "test/predictions-00001.jsonl"):  # each host's test share
             assert expected in names, sorted(names)
         rows = [json.loads(line) for line in storage.read_text("metrics.jsonl").splitlines()]
         assert [r["step"] for r in rows if "loss" in r] == [25, 50, 75, 100]
         assert [r["step"] for r in rows if "eval_exact_match" in r] == [50, 100]
+        assert [r["test_examples"] for r in rows if "test_examples" in r] == [500]  # summed over the SSH workers
+        assert summary["test"]["test_examples"] == 500 and summary["test"]["test_checkpoint_step"] == 100
         shown = subprocess.run([sys.executable, "-m", "tpuft", "monitor", "--json", "-c", str(cluster)], env=env,
                                capture_output=True, text=True, timeout=120)
         assert shown.returncode == 0, shown.stderr
