@@ -107,6 +107,16 @@ def _predict_in_the_bucket(client: object, cluster: Path, env: dict[str, str], r
     assert sum(r["correct"] for r in rows) == round(result["scores"]["exact_match"] * 120)
     print(f"\npredict on the GCP rigs: 120 rows over 2 SSH workers in {result['seconds']} s")
 
+    local_in, local_out = cluster.parent / "numbers.jsonl", cluster.parent / "predicted.jsonl"  # this machine's files
+    local_in.write_text("\n".join(lines[:60]) + "\n")
+    here = subprocess.run(
+        [sys.executable, "-m", "tpuft", "predict", run_id, "--input", str(local_in), "--output", str(local_out),
+         "--shard-lines", "50", "-c", str(cluster), "--json"], env=env, capture_output=True, text=True, timeout=600)
+    assert here.returncode == 0, here.stderr[-6000:]
+    shipped = json.loads(here.stdout)
+    assert shipped["shards"].startswith("gs://e2e-bucket/predict/") and shipped["rows"] == 60  # the workers' parts
+    assert [json.loads(line) for line in local_out.read_text().splitlines()] == rows[:60]  # same model, same rows
+
 
 def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path: Path) -> None:
     """Leftovers of a dead run are cleaned; dropped SSH sessions and a kill -9 of the controller leave the run to
