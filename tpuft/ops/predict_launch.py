@@ -60,8 +60,8 @@ def predict_on_cluster(
         input_url = f"{SHIPPED_INPUTS}/{_content_key(Path(input_url))}-{Path(input_url).name}"
     job = make_job(source, options, model=source.model, backend=source.backend, input_url=input_url, shards=shards,
                    output=None, total=total)
+    launch = _prepare_workers(session, source.recipe, plan, on_notice)  # a busy cluster is refused before OUT is touched
     resumed = claim_output(job, output, resume=options.resume, overwrite=options.overwrite, project=config.gcp.project)
-    launch = _prepare_workers(session, source.recipe, plan, on_notice)
     if shipped:
         session.fleet.put(Path(absolute(options.input)), input_url, workers=plan.workers)
 
