@@ -171,3 +171,29 @@ def test_bad_lines_are_located_and_the_check_lists_them_all(tmp_path: Path) -> N
     assert "no field 'words'" in str(check.problems[1])
     assert (check.records, check.examples, check.targets) == (4, 2, 1)
     assert "unknown input format '.txt'" in str(predict_input.check(str(tmp_path / "in.txt"), fields).problems[0])
+
+
+def test_input_shards_and_output_in_a_bucket(gcs: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path of the job a ``gs://`` URL (the emulator): the input downloaded once and streamed, the parts
+    uploaded whole, a shard finished in the bucket skipped on resume, the join uploaded once."""
+    from tpuft.storage import GcsStorage
+
+    monkeypatch.setenv("TPUFT_PREDICT_CACHE", str(tmp_path / "cache"))
+    bucket = GcsStorage.from_url("gs://predict-bucket")
+    bucket.ensure_bucket("us-central2")
+    bucket.upload_file(_input(tmp_path / "in.jsonl", 15), "data/in.jsonl")
+    job = _job(tmp_path, tmp_path, input="gs://predict-bucket/data/in.jsonl", shards="gs://predict-bucket/job/shards",
+               output="gs://predict-bucket/job/out.jsonl")
+    checked = predict_input.check(job.input, Fields(source_field="words", target_field="digits"))
+    assert (checked.records, checked.targets, checked.problems) == (15, 15, [])
+    for process in range(2):
+        predict_loop.run(job, Echo(), process=process, processes=2, say=lambda _: None)
+    again = Echo()
+    assert predict_loop.run(job, again, process=0, processes=2, say=lambda _: None)["skipped"] == 2
+    assert again.calls == []
+    result = predict_loop.join(job, timeout_s=5, poll_s=0.05)
+    assert result["rows"] == 15 and result["scores"]["examples"] == 15
+    rows = [json.loads(line) for line in (bucket.read_text("job/out.jsonl") or "").splitlines()]
+    assert rows == _expected(15)
+    missing = predict_input.check("gs://predict-bucket/data/nope.jsonl", Fields())
+    assert "no such object" in str(missing.problems[0])

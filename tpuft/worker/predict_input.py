@@ -26,7 +26,13 @@ from tpuft.worker import data as data_mod
 from tpuft.worker.data import DataError, Fields
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
-CACHE = Path(os.environ.get("TPUFT_PREDICT_CACHE", "~/.cache/tpuft/predict-input")).expanduser()
+
+
+def cache_folder(url: str) -> Path:
+    """Where a ``gs://`` input or model is downloaded to: ``$TPUFT_PREDICT_CACHE`` (default
+    ``~/.cache/tpuft/predict``), one folder per URL, kept for a resumed job (intact files are not fetched again)."""
+    root = Path(os.environ.get("TPUFT_PREDICT_CACHE", "~/.cache/tpuft/predict")).expanduser()
+    return root / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +72,7 @@ def local_path(url: str) -> Path:
     parent, _, name = url.rstrip("/").rpartition("/")
     if not name or parent == "gs:":
         raise DataError(url, "a gs:// input must name an object (gs://bucket/path/file.jsonl)")
-    folder = CACHE / hashlib.sha256(url.encode()).hexdigest()[:16]
+    folder = cache_folder(url)
     transfer = GcsStorage.from_url(parent).fetch_tree("", folder, include=lambda rel: rel == name)
     if transfer.files == 0:
         raise DataError(url, "no such object")

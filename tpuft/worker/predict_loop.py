@@ -37,7 +37,7 @@ from typing import Any
 
 from tpuft.errors import TpuftError, UsageError
 from tpuft.worker import predictions
-from tpuft.worker.predict_input import Record, fields_for, records
+from tpuft.worker.predict_input import Record, cache_folder, fields_for, records
 from tpuft.worker.predict_job import Engine, PredictJob
 
 PROCESSES_FILE = "processes.json"
@@ -301,13 +301,9 @@ def model_folder(url: str) -> Path:
     there and intact are skipped, so a resumed job does not fetch them again)."""
     if not url.startswith("gs://"):
         return Path(url).expanduser()
-    import hashlib
-    import os
-
     from tpuft.storage import GcsStorage
 
-    cache = Path(os.environ.get("TPUFT_PREDICT_CACHE", "~/.cache/tpuft/predict-model")).expanduser()
-    folder = cache / hashlib.sha256(url.encode()).hexdigest()[:16]
+    folder = cache_folder(url)
     if GcsStorage.from_url(url.rstrip("/")).fetch_tree("", folder).files == 0:
         raise UsageError(f"{url}: no model there (no objects under that prefix)")
     return folder
