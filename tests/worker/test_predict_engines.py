@@ -26,8 +26,8 @@ tok = ByT5Tokenizer()
 t5 = T5ForConditionalGeneration(T5Config(vocab_size=259, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2,
                                          num_decoder_layers=2, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
                                          tie_word_embeddings=False))
-bert = BertForSequenceClassification(BertConfig(vocab_size=259, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                intermediate_size=64, num_labels=2))
+bert = BertForSequenceClassification(BertConfig(vocab_size=259, hidden_size=32, num_hidden_layers=1,
+                                                num_attention_heads=4, intermediate_size=64, num_labels=2))
 with torch.no_grad():  # weights far from init's: decisive, varied decodes (an init T5 says little but padding)
     for p in [*t5.parameters(), *bert.parameters()]:
         p.normal_(0, 0.5)
@@ -37,8 +37,8 @@ t5 = T5ForConditionalGeneration.from_pretrained(out / "t5").eval()  # the truth 
 bert = BertForSequenceClassification.from_pretrained(out / "bert").eval()
 sources = [json.loads(line)["words"] for line in open(sys.argv[2])]
 with torch.inference_mode():
-    one_by_one = [tok.decode(t5.generate(**tok([s], return_tensors="pt"), max_new_tokens=6)[0], skip_special_tokens=True)
-                  for s in sources]
+    one_by_one = [tok.decode(t5.generate(**tok([s], return_tensors="pt"), max_new_tokens=6)[0],
+                             skip_special_tokens=True) for s in sources]
     texts = [json.loads(line)["text"] for line in open(sys.argv[3])]
     picked = [int(bert(**tok([t], return_tensors="pt")).logits.argmax(-1)) for t in texts]
 print(json.dumps({"t5": one_by_one, "bert": picked}))
@@ -56,7 +56,8 @@ def _job(tmp_path: Path, name: str, source: Path, model: Path, recipe: str, **ex
 
 def _predict(torch_python: str, job: Path, tmp_path: Path, *, local: bool) -> list[dict]:
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TOKENIZERS_PARALLELISM": "false",
-           "TPUFT_RUN_ID": "p", "TPUFT_RUN_DIR": str(tmp_path / "run"), "TPUFT_WORKER_ID": "0", "TPUFT_NUM_WORKERS": "1"}
+           "TPUFT_RUN_ID": "p", "TPUFT_RUN_DIR": str(tmp_path / "run"), "TPUFT_WORKER_ID": "0",
+           "TPUFT_NUM_WORKERS": "1"}
     argv = [torch_python, "-m", "tpuft.worker.predict", "--job", str(job)] + (["--local"] if local else [])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -70,7 +71,8 @@ def test_engines_predict_what_unbatched_generate_and_argmax_give(torch_python: s
     lines = (ROOT / "recipes" / "data" / "numbers" / "eval.jsonl").read_text().splitlines()[:13]
     numbers.write_text("\n".join(lines) + "\n")
     reviews = tmp_path / "reviews.jsonl"
-    reviews.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a fine film", "dull", "long and slow, but the end!"]))
+    texts = ["a fine film", "dull", "long and slow, but the end!"]
+    reviews.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     made = subprocess.run([torch_python, "-c", MAKE_MODELS, str(tmp_path), str(numbers), str(reviews)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert made.returncode == 0, made.stderr[-3000:]

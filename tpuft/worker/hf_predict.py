@@ -55,7 +55,7 @@ class HfEngine:
         if self.truncation == "head":
             enc = self.tokenizer(sources, max_length=self.max_source, truncation=True, padding="longest",
                                  return_tensors="pt")
-            return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
+            return {key: enc[key].to(self.device) for key in ("input_ids", "attention_mask")}
         ids, masks = encode_texts(self.tokenizer, sources, self.max_source, self.truncation)
         width = max(sum(mask) for mask in masks)
         return {"input_ids": torch.tensor([row[:width] for row in ids], device=self.device),

@@ -97,7 +97,8 @@ def _raw_records(path: Path, kind: str, where: str) -> Iterator[tuple[int, Any, 
                 row.pop(None, None)  # values beyond the header's columns have no name to be read by
                 yield reader.line_num, row, sum(len(value or "") + 1 for value in row.values())
         except UnicodeDecodeError as exc:
-            yield reader.line_num + 1, DataError(f"{where}:{reader.line_num + 1}", f"not UTF-8: {exc.reason} (save the file as UTF-8)"), 0
+            where_line = f"{where}:{reader.line_num + 1}"
+            yield reader.line_num + 1, DataError(where_line, f"not UTF-8: {exc.reason} (save the file as UTF-8)"), 0
         except csv.Error as exc:
             yield reader.line_num, DataError(f"{where}:{reader.line_num}", f"not valid {kind.upper()}: {exc}"), 0
 
@@ -116,7 +117,9 @@ def _label_name(target: str, labels: Sequence[str]) -> str:
     return target
 
 
-def make_record(raw: Any, *, index: int, line: int, where: str, fields: Fields, labels: Sequence[str] = ()) -> Record | None:
+def make_record(
+    raw: Any, *, index: int, line: int, where: str, fields: Fields, labels: Sequence[str] = ()
+) -> Record | None:
     """One record's source and optional target; None when ``data.preprocess`` drops it."""
     try:
         example = data_mod.make_example(raw, line=line, path=where, fields=fields)

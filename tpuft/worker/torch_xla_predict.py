@@ -37,7 +37,8 @@ class XlaEngine:
         self.torch, self.torch_xla = torch, torch_xla
         self.device = torch_xla.device()
         has_tokenizer = (folder / "tokenizer_config.json").is_file()
-        self.tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else load_tokenizer(recipe.model.tokenizer)
+        self.tokenizer = (AutoTokenizer.from_pretrained(folder) if has_tokenizer
+                          else load_tokenizer(recipe.model.tokenizer))
         self.model = T5ForConditionalGeneration.from_pretrained(folder).to(self.device).eval()
         self.prompt = None
         if (folder / PROMPT_FILE).is_file():
