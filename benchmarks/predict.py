@@ -4,7 +4,8 @@
 * ``throughput``: the quickstart model's export (``--export``; default: the newest ``runs/quickstart-*/export/hf``
   under ``$TPUFT_HOME`` or ``~/.tpuft``; ``tpuft up quickstart`` makes one) on the 500 held-out numbers, in the
   PyTorch/XLA venv, on this machine's CPU, with the same batch size and thread count for every row, the model loaded
-  once beforehand (examples/s of the prediction alone; each row is the best of ``--repeat`` passes):
+  once beforehand (examples/s of the prediction alone; each row is the best of ``--repeat`` passes, the rows'
+  passes interleaved):
   - ``tpuft predict --local``: the shard loop (``worker/predict_loop.py``: parts sorted by length, longest first)
     with the hf engine (``worker/hf_predict.py``: batches padded to their longest input, ``inference_mode``);
   - ``plain loop``: what a user writes: the file in its order, ``tokenizer(batch, padding=True)`` and
@@ -51,12 +52,6 @@ recipe = recipe_from_text(recipe_text, cfg["recipe"], check_files=False)
 torch.set_num_threads(cfg["threads"])
 rows = {}
 
-def best(fn):
-    times = []
-    for _ in range(cfg["repeat"]):
-        started = time.perf_counter(); fn(); times.append(time.perf_counter() - started)
-    return min(times)
-
 job = PredictJob(input=cfg["input"], shards=cfg["tmp"] + "/shards", output=None, backend="hf", model=cfg["export"],
                  recipe=recipe_text, batch_size=cfg["batch_size"], settings={"threads": cfg["threads"]})
 engine = HfEngine(Path(cfg["export"]), recipe, job)
@@ -66,7 +61,6 @@ def ours():
     shutil.rmtree(job.shards, ignore_errors=True)
     predict_loop.run(job, engine, recipe=recipe, say=lambda _: None)
 
-rows["tpuft predict --local"] = best(ours)
 tokenizer = AutoTokenizer.from_pretrained(cfg["export"])
 model = T5ForConditionalGeneration.from_pretrained(cfg["export"]).eval()
 sources = [json.loads(line)[recipe.data.source_field] for line in open(cfg["input"]) if line.strip()]
@@ -82,8 +76,13 @@ def plain(**padding):
                                           skip_special_tokens=True)
     return out
 
-rows["plain loop"] = best(lambda: plain(padding=True))
-rows["plain loop, max_length padding"] = best(lambda: plain(padding="max_length"))
+ways = {"tpuft predict --local": ours, "plain loop": lambda: plain(padding=True),
+        "plain loop, max_length padding": lambda: plain(padding="max_length")}
+for _ in range(cfg["repeat"]):  # interleaved: a machine whose load changes meanwhile weighs on every row alike
+    for name, way in ways.items():
+        started = time.perf_counter()
+        way()
+        rows[name] = min(rows.get(name, float("inf")), time.perf_counter() - started)
 print(json.dumps({"examples": len(sources), "seconds": rows}))
 """
 
@@ -144,7 +143,7 @@ def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None
     print(f"quickstart export {export}, {n} held-out numbers, batch {batch_size}, {threads} threads, "
           f"best of {repeat}\n")
     print(f"| {'how':34} | {'examples/s':>10} | {'vs plain loop':>13} |")
-    print(f"|{'-' * 36}|{'-' * 12}:|{'-' * 14}:|")
+    print(f"|{'-' * 36}|{'-' * 11}:|{'-' * 14}:|")
     for name, seconds in measured["seconds"].items():
         rate = n / seconds
         print(f"| {name:34} | {rate:10.1f} | {rate / base:12.2f}x |")
