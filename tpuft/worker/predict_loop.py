@@ -203,7 +203,8 @@ def run(
     shards = Shards(job.shards)
     names = shards.names()
     _check_processes(shards, names, process, processes)
-    progress = Progress.of(process if worker is None else worker, job.total_lines, say, run_dir)
+    share = math.ceil(job.total_lines / processes) if job.total_lines else None  # this process's examples
+    progress = Progress.of(process if worker is None else worker, share, say, run_dir)
     skipped = predicted = count = total = 0
     stream = records(job.input, fields_for(recipe.data, job.field), labels)
     for k, shard, size in _shards(stream, job.shard_lines):
