@@ -25,8 +25,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla"),
 def test_up_on_gcp_rigs(tmp_path: Path) -> None:
     with FakeTpuServer(operation_polls=1) as tpu, SshdPod(tmp_path / "pod", workers=2) as pod, GcsEmulator() as gcs:
         cluster, env = rig_cluster(tmp_path, tpu, pod, gcs)
+        few = tmp_path / "test.jsonl"  # 32 test numbers, tested on the SSH workers; the score is not the point
+        few.write_text("".join((Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:32]))
         args = ["--set", "train.steps=40", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
-                "--set", "eval.every=20", "--set", "eval.max_examples=64"]
+                "--set", "eval.every=20", "--set", "eval.max_examples=64", "--set", f"data.test={few}"]
         up = subprocess.run([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--yes", "--json", *args],
                             env=env, capture_output=True, text=True, timeout=1800)
         assert up.returncode == 0, up.stderr[-6000:]
@@ -35,6 +37,7 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         assert run_url.startswith("gs://e2e-bucket/runs/quickstart-")
         assert summary["export_dir"] == f"{run_url}/export/hf"
         assert summary["last_eval"]["eval_examples"] == 64
+        assert summary["test"]["test_examples"] == 32 and summary["test"]["test_checkpoint_step"] == 40, summary["test"]
         digests = summary["weight_digests"]
         assert len(digests) == 2 and len(set(digests.values())) == 1  # data-parallel over SSH: identical weights
 
@@ -47,7 +50,8 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         names = {b.name.removeprefix(prefix) for b in client.list_blobs("e2e-bucket", prefix=prefix)}
         for expected in ("recipe.yaml", "run.json", "metrics.jsonl", "heartbeat/worker-0.json", "heartbeat/worker-1.json",
                          "logs/worker-0.log", "logs/worker-1.log", "checkpoints/step_00000040/model.safetensors",
-                         "export/hf/config.json", "export/hf/model.safetensors"):
+                         "export/hf/config.json", "export/hf/model.safetensors",
+                         "test/predictions-00000.jsonl", "test/predictions-00001.jsonl"):
             assert expected in names, sorted(names)
         assert any(n.startswith("tb/events.out.tfevents") for n in names)
         assert json.loads(client.bucket("e2e-bucket").blob(prefix + "run.json").download_as_text())["status"] == "finished"
@@ -135,7 +139,8 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
                                     start_new_session=True)
         total = 120  # the run goes on for ~70 steps after the controller is killed (guarded below)
         args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=5",
-                "--set", "eval.every=60", "--set", "eval.max_examples=32", "--set", "train.checkpoint_every=50"]
+                "--set", "eval.every=60", "--set", "eval.max_examples=32", "--set", "train.checkpoint_every=50",
+                "--set", "data.test=null"]  # the test evaluation is the up test's
         log = (tmp_path / "train.out").open("w")
         controller = subprocess.Popen([sys.executable, "-m", "tpuft", "train", "quickstart", "-c", str(cluster), *args],
                                       env=env, stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -46,13 +46,16 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     cluster = tmp_path / "tpuft.yaml"
     cluster.write_text("name: long\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
     runs = tmp_path / "home" / "buckets" / "long" / "runs"
+    few = tmp_path / "test.jsonl"  # a test set of 40 numbers: the point is how often it is tested, not the score
+    few.write_text("".join((Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:40]))
+    settings = [*SETTINGS, "--set", f"data.test={few}"]
 
     def tpuft(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(cluster)], env=env, capture_output=True,
                               text=True, timeout=timeout)
 
     # 1. The controller is killed mid-run: the run trains on, finishes and exports by itself.
-    controller = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), *SETTINGS],
+    controller = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), *settings],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first = wait_until(lambda: next(iter(runs.iterdir()), None) if runs.is_dir() else None, 600, "the first run dir")
     wait_until(lambda: step_of(first, 0) >= 6, 600, "step 6")
@@ -65,7 +68,7 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     assert len(uninterrupted) == 1 and "None" not in uninterrupted  # both replicas, identical weights
 
     # 2. A worker's trainer is killed after the checkpoint at step 32: the run fails; resumed, it ends identical.
-    started = tpuft("train", "quickstart", "--detach", "--json", *SETTINGS)
+    started = tpuft("train", "quickstart", "--detach", "--json", *settings)
     assert started.returncode == 0, started.stderr[-4000:]
     second = runs / json.loads(started.stdout)["run_id"]
     wait_until(lambda: 32 in dict(LAYOUT.local_checkpoints(second / LAYOUT.checkpoints)) and step_of(second, 1) >= 34, 600,
@@ -84,6 +87,11 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     steps = [r["step"] for r in rundir.read_metrics(second).train_rows]
     assert steps == sorted(set(steps)) and steps[-1] == 48  # re-run steps replaced their rows, none twice
     assert "resuming from checkpoint step_00000032" in (second / "logs" / "worker-0.log").read_text()
+    # The killed attempt never reached its test; the resumed one tested once, as the uninterrupted run did.
+    for run in (first, second):
+        tests = [r for r in rundir.read_metrics(run).rows if "test_examples" in r]
+        assert len(tests) == 1 and tests[0]["test_examples"] == 40 and tests[0]["step"] == 48, tests
+    assert rundir.read_metrics(second).test_row["test_exact_match"] == rundir.read_metrics(first).test_row["test_exact_match"]
     print(f"\nkilled at step {reached}, resumed from the checkpoint at 32: {reached - 32} step(s) re-run, 0 lost")
 
 

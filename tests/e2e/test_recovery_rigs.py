@@ -80,8 +80,11 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  queued: true\n  spot: true\n") + RECOVER)
 
         total = 300  # enough for the sshd restart, the takeover and the preemption before the end (guards below)
+        few = tmp_path / "test.jsonl"  # 24 test numbers: what matters is that the recovered run tests once
+        few.write_text("".join((Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:24]))
         args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
-                "--set", "eval.every=1000", "--set", "eval.max_examples=16", "--set", "train.checkpoint_every=100"]
+                "--set", "eval.every=1000", "--set", "eval.max_examples=16", "--set", "train.checkpoint_every=100",
+                "--set", f"data.test={few}"]
         out_a = tmp_path / "watcher-a.out"
         watcher_a = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--yes", *args],
                                      env=env, stdout=out_a.open("w"), stderr=subprocess.STDOUT, text=True)
@@ -137,6 +140,8 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         metrics = (second.home(0) / ".tpuft" / "runs" / run_id / "metrics.jsonl")
         if metrics.is_file():
             rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip().startswith("{")]
+        tests = [r for r in rows if "test_examples" in r]  # a recovered run still ends with exactly one test
+        assert len(tests) == 1 and tests[0]["test_examples"] == 24 and tests[0]["step"] == total, tests
         first_again = min((r["time"] for r in rows if r.get("step", 0) > recovery["checkpoint_step"] and "time" in r), default=None)
         print(f"recovery: the watcher saw the preemption {recovery['detected'] - preempted_at:.1f} s after it; trainers "
               f"running again {recovery['back_s']} s after that; first "
