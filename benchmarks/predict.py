@@ -20,6 +20,7 @@
 
     python benchmarks/predict.py throughput [--export DIR] [--batch-size 32] [--repeat 3]
     python benchmarks/predict.py rss [--lines 10000 1000000]
+    python benchmarks/predict.py join-rss [--lines 10000 1000000]   # the controller's join of 2 processes' shards
 """
 
 from __future__ import annotations
@@ -199,6 +200,59 @@ def rss(lines: list[int]) -> None:
         print(f"| {count:11,} | {mib:9.1f} | {peak:12.1f} | {seconds:7.1f} | {out_lines:9,} |")
 
 
+JOIN = r"""
+import json, resource, sys, time
+from pathlib import Path
+from tpuft.ops.predict_shards import join_output
+from tpuft.worker.predict_job import PredictJob
+from tpuft.worker.predictions import row, statistics
+
+lines, folder = int(sys.argv[1]), Path(sys.argv[2])
+shard_lines, processes = 10_000, 2
+shards = folder / "shards"
+count = (lines + shard_lines - 1) // shard_lines
+for k in range(count):  # what 2 worker processes leave: parts, their stats, then their done files
+    ids = range(k * shard_lines, min(lines, (k + 1) * shard_lines))
+    for p in range(processes):
+        mine = [i for i in ids if i % processes == p]
+        part = shards / f"shard-{k:06d}"
+        part.mkdir(parents=True, exist_ok=True)
+        preds = [str(i % 9999) for i in mine]
+        (part / f"stats-{p:05d}.json").write_text(json.dumps({"stats": statistics(preds, preds), "labels": [], "rows": len(mine)}))
+        with open(part / f"predictions-{p:05d}.jsonl", "w") as handle:
+            for i, pr in zip(mine, preds):
+                handle.write(json.dumps(row(i, f"number {i} written out in words", pr, pr)) + "\n")
+(shards / "processes.json").write_text(json.dumps({"processes": processes}))
+for p in range(processes):
+    (shards / f"done-{p:05d}.json").write_text(json.dumps({"shards": count, "records": lines, "predicted": count,
+                                                           "skipped": 0, "processes": processes}))
+job = PredictJob(input="in.jsonl", shards=str(shards), output=None, backend="hf", model="m", recipe="",
+                 shard_lines=shard_lines, total_lines=lines)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.monotonic()
+summary = join_output(job, str(folder / "out.jsonl"))
+print(json.dumps({"rows": summary["rows"], "seconds": round(time.monotonic() - started, 1),
+                  "before": round(before / 1024, 1), "peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+"""
+
+
+def join_rss(lines: list[int]) -> None:
+    """The controller's join (``tpuft.ops.predict_shards.join_output``) of shards two processes wrote."""
+    rows = []
+    for count in lines:
+        with tempfile.TemporaryDirectory() as tmp:
+            done = subprocess.run([sys.executable, "-c", JOIN, str(count), tmp], capture_output=True, text=True,
+                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if done.returncode:
+                raise SystemExit(done.stderr[-3000:])
+            rows.append((count, json.loads(done.stdout.splitlines()[-1])))
+    print("the controller's join of 2 processes' shards of 10,000 lines\n")
+    print(f"| {'rows':>9} | {'seconds':>7} | {'peak RSS before the join MiB':>28} | {'peak RSS after it MiB':>21} |")
+    print(f"|{'-' * 10}:|{'-' * 8}:|{'-' * 29}:|{'-' * 22}:|")
+    for count, found in rows:
+        print(f"| {count:9,} | {found['seconds']:7.1f} | {found['before']:28.1f} | {found['peak']:21.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -209,9 +263,13 @@ def main() -> None:
     one.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     two = sub.add_parser("rss")
     two.add_argument("--lines", type=int, nargs="+", default=[10_000, 1_000_000])
+    three = sub.add_parser("join-rss")
+    three.add_argument("--lines", type=int, nargs="+", default=[10_000, 1_000_000])
     args = parser.parse_args()
     if args.what == "throughput":
         throughput((args.export or find_export()).resolve(), args.batch_size, args.repeat, args.threads)
+    elif args.what == "join-rss":
+        join_rss(args.lines)
     else:
         rss(args.lines)
 

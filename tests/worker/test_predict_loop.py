@@ -132,6 +132,17 @@ def test_worker_zero_joins_once_the_others_are_done(tmp_path: Path) -> None:
     assert result["scores"] is None
 
 
+def test_serve_joins_on_process_zero_and_leaves_the_summary_for_a_detached_controller(tmp_path: Path) -> None:
+    job = _job(tmp_path, _input(tmp_path / "in.jsonl", 12))
+    lines: list[str] = []
+    assert predict_loop.joined(job) is None
+    assert predict_loop.serve(job, Echo(), process=0, processes=1, recipe=None, say=lines.append) == 0
+    summary = predict_loop.joined(job)
+    assert summary is not None and summary["rows"] == 12 and summary["output"] == job.output
+    assert lines[-1] == predict_loop.RESULT_PREFIX + json.dumps(summary, sort_keys=True)
+    assert [row["id"] for row in _read(tmp_path / "out.jsonl")] == list(range(12))
+
+
 def test_join_gives_up_on_a_missing_process(tmp_path: Path) -> None:
     job = _job(tmp_path, _input(tmp_path / "in.jsonl", 4))
     predict_loop.run(job, Echo(), process=0, processes=2, say=lambda _: None)

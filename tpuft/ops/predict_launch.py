@@ -6,9 +6,10 @@ environment (``TPUFT_PREDICT_JOB``). So ``attach``, ``stop``, ``logs`` and ``run
 its run.json says ``"job": "predict"`` and keeps the job's settings (``predict``).
 
 The shards go beside OUT (``OUT.shards``) when the workers can write there (a ``gs://`` OUT, or a local pod, whose
-workers share this disk), else into the run storage (:func:`tpuft.ops.predict.storage_shards`). The controller joins
-them into OUT once every worker has finished (streamed, one shard in memory at a time), here or in the ``attach``
-that follows a ``--detach``: OUT on this machine never needs the workers to reach it.
+workers share this disk), else into the run storage (:func:`tpuft.ops.predict.storage_shards`). Worker 0 joins them
+into OUT (streamed, one shard in memory at a time) when the workers can write OUT, so a ``--detach``ed job ends with
+OUT written and nobody attached; OUT on this machine that remote workers cannot reach is joined by the controller,
+here or in the ``attach`` that follows a ``--detach``.
 """
 
 from __future__ import annotations
@@ -58,8 +59,11 @@ def predict_on_cluster(
     shipped = remote and not input_url.startswith("gs://")
     if shipped:
         input_url = f"{SHIPPED_INPUTS}/{_content_key(Path(input_url))}-{Path(input_url).name}"
+    # Worker 0 joins into OUT when the workers can write it (a gs:// OUT, or a local pod on this disk), so that a
+    # detached job ends with OUT written; OUT on this machine, which remote workers cannot reach, is joined here.
+    by_workers = output.startswith("gs://") or not remote
     job = make_job(source, options, model=source.model, backend=source.backend, input_url=input_url, shards=shards,
-                   output=None, total=total)
+                   output=output if by_workers else None, total=total)
     launch = _prepare_workers(session, source.recipe, plan, on_notice)  # a busy cluster is refused before OUT is touched
     resumed = claim_output(job, output, resume=options.resume, overwrite=options.overwrite, project=config.gcp.project)
     if shipped:
@@ -161,9 +165,11 @@ def finish(config: ClusterConfig, run: Run, info: dict[str, Any]) -> PredictResu
     if status != "finished":
         raise TpuftError(f"predict run {run.id} has no outcome yet ({status})", hint=f"Look: tpuft monitor {run.id}")
     job = job_of(run, info, config)
-    summary = join_output(job, str(spec["output"]))
+    from tpuft.worker.predict_loop import joined
+
+    summary = (joined(job) if job.output else None) or join_output(job, str(spec["output"]))  # worker 0 joined, or here
     seconds = float(info.get("seconds") or (time.time() - float(info.get("started") or time.time())))
-    return PredictResult(str(spec["output"]), int(summary.get("rows") or 0), seconds, summary["scores"], run_id=run.id,
+    return PredictResult(str(spec["output"]), int(summary.get("rows") or 0), seconds, dict(summary.get("scores") or {}), run_id=run.id,
                          shards=job.shards, resumed_shards=int(spec.get("resumed_shards") or 0))
 
 

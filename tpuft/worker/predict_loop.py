@@ -41,6 +41,8 @@ from tpuft.worker.predict_input import Record, cache_folder, fields_for, records
 from tpuft.worker.predict_job import Engine, PredictJob
 
 PROCESSES_FILE = "processes.json"
+JOINED_FILE = "joined.json"
+"""Written by process 0 once OUT is whole: a detached job's OUT needs no controller to join it."""
 JOIN_WAIT_S = 1800.0
 """How long worker 0 waits for the other processes' parts before joining: they run in step with it, or nearly."""
 
@@ -322,5 +324,12 @@ def serve(
         engine.close()
     if process == 0 and job.output:
         result = join(job)
+        Shards(job.shards).write_text(JOINED_FILE, json.dumps(result, sort_keys=True))  # after OUT is whole
         say(RESULT_PREFIX + json.dumps(result, sort_keys=True))
     return 0
+
+
+def joined(job: PredictJob) -> dict[str, Any] | None:
+    """The summary process 0 wrote once it had joined the shards into ``job.output`` (None: not joined)."""
+    text = Shards(job.shards).read_text(JOINED_FILE)
+    return json.loads(text) if text else None
