@@ -77,7 +77,7 @@ def plain(**padding):
                                           skip_special_tokens=True)
     return out
 
-ways = {"tpuft predict --local": ours, "plain loop": lambda: plain(padding=True),
+ways = {"tpuft predict --local, 1 process": ours, "plain loop": lambda: plain(padding=True),
         "plain loop, max_length padding": lambda: plain(padding="max_length")}
 for _ in range(cfg["repeat"]):  # interleaved: a machine whose load changes meanwhile weighs on every row alike
     for name, way in ways.items():
@@ -86,6 +86,55 @@ for _ in range(cfg["repeat"]):  # interleaved: a machine whose load changes mean
         rows[name] = min(rows.get(name, float("inf")), time.perf_counter() - started)
 print(json.dumps({"examples": len(sources), "seconds": rows}))
 """
+
+
+PARALLEL = r"""
+import json, sys, time
+from pathlib import Path
+from tpuft.config import recipe_from_text
+from tpuft.worker import predict_loop
+from tpuft.worker.hf_predict import HfEngine
+from tpuft.worker.predict_job import PredictJob
+
+cfg, process = json.loads(sys.argv[1]), int(sys.argv[2])
+text = Path(cfg["recipe"]).read_text()
+recipe = recipe_from_text(text, cfg["recipe"], check_files=False)
+tmp, times, engine = Path(cfg["tmp"]), [], None
+for r in range(cfg["repeat"]):
+    job = PredictJob(input=cfg["input"], shards=f"{tmp}/parallel-{r}", output=None, backend="hf", model=cfg["export"],
+                     recipe=text, batch_size=cfg["batch_size"], settings={"threads": 1})
+    engine = engine or HfEngine(Path(cfg["export"]), recipe, job)  # loaded once, as the other rows' models
+    (tmp / f"ready-{r}-{process}").touch()
+    while not (tmp / f"go-{r}").exists():  # every process starts its share at once
+        time.sleep(0.002)
+    started = time.perf_counter()
+    predict_loop.run(job, engine, process=process, processes=cfg["processes"], recipe=recipe, say=lambda _: None)
+    times.append(time.perf_counter() - started)
+print(json.dumps(times))
+"""
+
+
+def parallel_seconds(python: str, env: dict[str, str], cfg: dict, processes: int) -> float:
+    """``--local --processes N``'s prediction time: N engine processes of one torch thread each, every one its share
+    of the shard (the command's own split), started together once their models are loaded; a pass lasts until its
+    slowest process is done; the best of ``repeat`` passes."""
+    tmp = Path(cfg["tmp"])
+    cfg = {**cfg, "processes": processes}
+    children = [subprocess.Popen([python, "-c", PARALLEL, json.dumps(cfg), str(p)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) for p in range(processes)]
+    for r in range(cfg["repeat"]):
+        while not all((tmp / f"ready-{r}-{p}").exists() for p in range(processes)):
+            if any(child.poll() not in (None, 0) for child in children):
+                raise SystemExit(next(c.stderr.read() for c in children if c.poll())[-3000:])  # type: ignore[union-attr]
+            time.sleep(0.01)
+        (tmp / f"go-{r}").touch()
+    passes = []
+    for child in children:
+        out, err = child.communicate()
+        if child.returncode:
+            raise SystemExit(err[-3000:])
+        passes.append(json.loads(out.strip().splitlines()[-1]))
+    return min(max(times) for times in zip(*passes))
 
 
 def torch_python() -> str:
@@ -126,6 +175,9 @@ def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None
         if done.returncode:
             raise SystemExit(done.stderr[-3000:])
         measured = json.loads(done.stdout.strip().splitlines()[-1])
+        cpus = len(os.sched_getaffinity(0))
+        if cpus > 1:  # the command's default on this machine: a process per CPU (tpuft.ops.predict.local_processes)
+            measured["seconds"][f"tpuft predict --local, {cpus} processes"] = parallel_seconds(python, env, cfg, cpus)
         from tpuft.worker.predict_job import PredictJob
 
         job = PredictJob(input=str(EVAL), shards=f"{tmp}/cli-shards", output=f"{tmp}/out.jsonl", backend="hf",

@@ -6,7 +6,9 @@ of its argmax; the torch_xla engine's static-shape greedy decoder agrees with th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,17 @@ def test_engines_predict_what_unbatched_generate_and_argmax_give(torch_python: s
     assert [row["prediction"] for row in rows] == truth["t5"]
     assert len(set(truth["t5"])) > 3  # the decodes differ: a test that padding or order mixed up rows can fail
     assert [row["id"] for row in rows] == list(range(13)) and all("target" in row for row in rows)
+
+    # The command a user types: --local over 2 engine processes, each its share of every shard, joined in order.
+    out = tmp_path / "cli.jsonl"
+    env = {**os.environ, "TPUFT_VENV_CACHE": str(Path(torch_python).parents[2]), "TPUFT_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-m", "tpuft", "predict", str(tmp_path / "t5"), "-i", str(numbers), "-o", str(out),
+                           "--recipe", str(ROOT / "recipes" / "quickstart.yaml"), "--local", "--processes", "2",
+                           "--batch-size", "4", "--shard-lines", "6", "--max-new-tokens", "6", "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [json.loads(line)["prediction"] for line in out.read_text().splitlines()] == truth["t5"]
+    assert json.loads(done.stdout)["rows"] == 13 and "[p1] [tpuft] predict shard 1" in done.stderr
 
     xla = _predict(torch_python, _job(tmp_path, "xla", numbers, tmp_path / "t5", quickstart), tmp_path, local=False)
     assert [row["prediction"] for row in xla] == truth["t5"]  # the static-shape greedy decoder, on PJRT CPU

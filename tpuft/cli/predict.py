@@ -36,6 +36,7 @@ def predict(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Examples per process per step.")] = 32,
     shard_lines: Annotated[int, typer.Option("--shard-lines", min=1, help="Input lines per shard: the unit a killed predict resumes from.")] = 10_000,
     local: Annotated[bool, typer.Option("--local", help="Predict on this machine's CPU with the run's Hugging Face export, not on the workers.")] = False,
+    processes: Annotated[Optional[int], typer.Option("--processes", min=1, help="--local: engine processes, each on its share of the CPUs (default: one per CPU, at most 8).", show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="OUT's job was cut off: keep its finished shards and predict the rest.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT (and drop an earlier job's shards).")] = False,
     recipe: Annotated[Optional[Path], typer.Option("--recipe", "-r", help="The recipe whose fields, prefix and lengths the input follows (default: the source's run's).", show_default=False)] = None,
@@ -50,11 +51,13 @@ def predict(
 
     if local and detach:
         raise UsageError("--detach leaves the job to the workers' supervisors; --local runs it here: give one")
+    if processes is not None and not local:
+        raise UsageError("--processes is for --local: on the cluster every worker runs the backend's own processes")
     cfg = load_cluster_file(config)
     options = ops.PredictOptions(
         input=input_, output=output, field=field, num_beams=num_beams, max_new_tokens=max_new_tokens,
         batch_size=batch_size, shard_lines=shard_lines, local=local, resume=resume, overwrite=overwrite,
-        recipe=recipe, overrides=tuple(overrides or ()),
+        recipe=recipe, overrides=tuple(overrides or ()), processes=processes,
     )
     console = err_console() if json_out else out_console()
     found = ops.resolve_source(cfg, source, options)
@@ -87,14 +90,15 @@ def _local(cfg: Any, found: Any, options: Any, total: int, console: Console, pro
     model = ops.hf_model_for_local(found, cfg.gcp.project)
     output = absolute(options.output)
     shards = default_shards(output) if not output.startswith("gs://") else storage_shards(str(tpuft_home()), output)
+    processes = options.processes or ops.local_processes()
     job = ops.make_job(found, options, model=model, backend=ops.HF_ENGINE, input_url=absolute(options.input),
-                       shards=shards, output=None, total=total, settings={"device": "cpu"})
+                       shards=shards, output=None, total=total, settings=ops.local_settings(processes))
     resumed = claim_output(job, output, resume=options.resume, overwrite=options.overwrite, project=cfg.gcp.project)
     from rich.markup import escape
 
     shown = err_console() if json_out else console
     return ops.run_local(job, output, on_line=lambda line: shown.print(f"[dim]{escape(line)}[/dim]", soft_wrap=True),
-                         progress=progress, resumed=resumed)
+                         progress=progress, resumed=resumed, processes=processes)
 
 
 class _bar:

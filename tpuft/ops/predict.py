@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ class PredictOptions:
     recipe: Path | None = None
     """``--recipe``: the fields, prefix and lengths for a source that is not (inside) a run."""
     overrides: tuple[str, ...] = ()
+    processes: int | None = None
+    """``--local``'s engine processes (default :func:`local_processes`)."""
 
 
 @dataclass(frozen=True)
@@ -266,9 +269,26 @@ def make_job(source: Source, options: PredictOptions, *, model: str, backend: st
 # --local
 
 
+MAX_LOCAL_PROCESSES = 8
+"""Each process holds a copy of the model: more than a few is memory for little gain."""
+
+
+def local_processes() -> int:
+    """``--local``'s default: one engine process per CPU this process may use (at most :data:`MAX_LOCAL_PROCESSES`).
+    A small seq2seq model's decode is a chain of small matrix products, where torch's threads help little and
+    processes each on a core of their own scale (``benchmarks/predict.py``)."""
+    return max(1, min(MAX_LOCAL_PROCESSES, len(os.sched_getaffinity(0))))
+
+
+def local_settings(processes: int) -> dict[str, Any]:
+    """The engine settings of ``processes`` processes sharing this machine's CPUs: torch threads split evenly."""
+    return {"device": "cpu", "threads": max(1, len(os.sched_getaffinity(0)) // processes)}
+
+
 def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | None = None,
-              progress: Progress | None = None, resumed: int = 0) -> PredictResult:
-    """The job in one process on this machine's CPU (the ``hf`` engine), then the join into OUT."""
+              progress: Progress | None = None, resumed: int = 0, processes: int = 1) -> PredictResult:
+    """The job in ``processes`` processes on this machine's CPU (the ``hf`` engine, each its share of every shard,
+    as a worker's processes share it), then the join into OUT. One failing process stops the others."""
     from tpuft.convert.model_source import ConvertError
     from tpuft.convert.verify import find_verify_python
     from tpuft.paths import package_root
@@ -283,18 +303,30 @@ def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | 
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for name in ("TPUFT_RUN_DIR", "TPUFT_RUN_ID", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS"):
         env.pop(name, None)  # one process, not a worker of a run
-    argv = [python, *WORKER_MODULE, "--local", "--job", f"{job.shards}/{JOB_FILE}"]
+    argv = [python, *WORKER_MODULE, "--local", "--job", f"{job.shards}/{JOB_FILE}", "--processes", str(processes)]
     started = time.monotonic()
     tail: list[str] = []
-    with ProgressWatch(job, progress, every=1.0):
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lock = threading.Lock()
+
+    def follow(index: int, child: subprocess.Popen[str]) -> None:
+        nonlocal tail
         assert child.stdout is not None
-        for line in child.stdout:
-            line = line.rstrip("\n")
-            tail = (tail + [line])[-15:]
-            if on_line is not None:
-                on_line(line)
-        code = child.wait()
+        for raw in child.stdout:
+            line = raw.rstrip("\n") if processes == 1 else f"[p{index}] {raw.rstrip()}"
+            with lock:
+                tail = (tail + [line])[-15:]
+                if on_line is not None:
+                    on_line(line)
+
+    with ProgressWatch(job, progress, every=1.0):
+        children = [subprocess.Popen([*argv, "--process", str(index)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env) for index in range(processes)]
+        readers = [threading.Thread(target=follow, args=(index, child), daemon=True) for index, child in enumerate(children)]
+        for reader in readers:
+            reader.start()
+        code = _wait_all(children)
+        for reader in readers:
+            reader.join(timeout=10)
     if code != 0:
         lines = "\n".join("  " + line for line in tail)
         raise TpuftError(f"predicting on this machine failed (exit code {code}):\n{lines}",
@@ -303,6 +335,23 @@ def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | 
     seconds = time.monotonic() - started
     return PredictResult(output, int(summary.get("rows", job.total_lines or 0)), seconds,
                          dict(summary.get("scores") or {}), shards=job.shards, resumed_shards=resumed)
+
+
+def _wait_all(children: list[subprocess.Popen[str]]) -> int:
+    """The first non-zero exit code (the others are stopped then: a lock-step partner would wait for it), else 0."""
+    while True:
+        codes = [child.poll() for child in children]
+        failed = next((code for code in codes if code not in (None, 0)), None)
+        if failed is not None:
+            for child in children:
+                if child.poll() is None:
+                    child.terminate()
+            for child in children:
+                child.wait()
+            return failed
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.2)
 
 
 def score_line(scores: dict[str, Any]) -> str:

@@ -3,8 +3,9 @@ of a ``tpuft predict`` job, handed to the backend's engine module ``tpuft.worker
 
 On the cluster it runs where the trainer would (the backend's venv, under the worker's supervisor, whose
 environment gives the worker's place: ``TPUFT_WORKER_ID``, ``TPUFT_NUM_WORKERS``, ``TPUFT_RUN_DIR`` for the
-heartbeat). ``--local`` runs the Hugging Face engine (``hf``) as the only process, on this machine, without a
-supervisor: the model is then an HF model folder (a run's export, or any).
+heartbeat). ``--local`` runs the Hugging Face engine (``hf``) on this machine without a supervisor, as process ``--process`` of
+``--processes`` (each its share of every shard, as a worker's processes): the model is then an HF model folder (a
+run's export, or any).
 
 Every engine module offers ``main(ctx, recipe, job) -> int``, which builds its engine and hands it to
 :func:`tpuft.worker.predict_loop.serve`. The last line a chief prints is ``[tpuft] predict result {json}``: the join's
@@ -38,19 +39,24 @@ def load_job(path: str | None) -> PredictJob:
     return PredictJob.from_json(text)
 
 
-def local_context(job: PredictJob) -> WorkerContext:
-    """The one process of a ``--local`` job: no run dir (no heartbeat), worker 0 of 1."""
-    return WorkerContext(run_id="predict-local", run_dir=Path(job.shards), worker_id=0, num_workers=1,
+def local_context(job: PredictJob, process: int = 0, processes: int = 1) -> WorkerContext:
+    """A process of a ``--local`` job (``process`` of ``processes``, each its share of every shard): no run dir (no
+    heartbeat)."""
+    return WorkerContext(run_id="predict-local", run_dir=Path(job.shards), worker_id=process, num_workers=processes,
                          coordinator="127.0.0.1:0", run_url="")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpuft.worker.predict", description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="the job's JSON file (default: $TPUFT_PREDICT_JOB)")
-    parser.add_argument("--local", action="store_true", help="the hf engine, one process, no supervisor")
+    parser.add_argument("--local", action="store_true", help="the hf engine, no supervisor")
+    parser.add_argument("--process", type=int, default=0, help="--local: this process's index")
+    parser.add_argument("--processes", type=int, default=1, help="--local: how many processes share the job")
     args = parser.parse_args(argv)
+    if not 0 <= args.process < args.processes:
+        parser.error(f"--process {args.process} is not one of --processes {args.processes}")
     job = load_job(args.job)
-    ctx = local_context(job) if args.local else WorkerContext.from_env()
+    ctx = local_context(job, args.process, args.processes) if args.local else WorkerContext.from_env()
     if not args.local:
         pin_cpus()
     backend = "hf" if args.local else job.backend
