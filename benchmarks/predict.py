@@ -21,6 +21,7 @@
     python benchmarks/predict.py throughput [--export DIR] [--batch-size 32] [--repeat 3]
     python benchmarks/predict.py rss [--lines 10000 1000000]
     python benchmarks/predict.py join-rss [--lines 10000 1000000]   # the controller's join of 2 processes' shards
+    python benchmarks/predict.py scaling [--run RUN_DIR] [--workers 1 2] [--lines 10000]   # 1 vs 2 local workers
 """
 
 from __future__ import annotations
@@ -305,6 +306,43 @@ def join_rss(lines: list[int]) -> None:
         print(f"| {count:9,} | {found['seconds']:7.1f} | {found['before']:28.1f} | {found['peak']:21.1f} |")
 
 
+def scaling(run_dir: Path, workers: list[int], lines: int) -> None:
+    """``tpuft predict`` of a run's last checkpoint on local pods of 1 and 2 workers (the PyTorch/XLA engine on each
+    worker's PJRT CPU device): examples/s of the whole job (launch, model load, compilation, decode, join) and of the
+    decode alone (the workers' shard lines)."""
+    numbers = REPO / "recipes" / "data" / "numbers"
+    steps = sorted((run_dir / "checkpoints").glob("step_*"))
+    if not steps:
+        raise SystemExit(f"{run_dir} has no checkpoint")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "in.jsonl"
+        with source.open("w") as handle:
+            every = [line for name in ("train", "eval", "test") for line in (numbers / f"{name}.jsonl").open()]
+            for i in range(lines):
+                handle.write(every[i % len(every)])
+        env = {**os.environ, "TPUFT_HOME": f"{tmp}/home"}
+        for count in workers:
+            cluster = Path(tmp) / f"c{count}.yaml"
+            cluster.write_text(f"name: scale{count}\nlocal:\n  workers: {count}\n  devices_per_worker: 1\n")
+            tpuft = [sys.executable, "-m", "tpuft"]
+            subprocess.run([*tpuft, "create", "-c", str(cluster)], env=env, capture_output=True, check=True)
+            done = subprocess.run([*tpuft, "predict", str(steps[-1]), "--recipe", str(run_dir / "recipe.yaml"), "-i",
+                                   str(source), "-o", f"{tmp}/out{count}.jsonl", "-c", str(cluster), "--json"],
+                                  env=env, capture_output=True, text=True, cwd=REPO)
+            if done.returncode:
+                raise SystemExit(done.stderr[-3000:])
+            result = json.loads(done.stdout)
+            decode = sum(float(line.rsplit(", ", 1)[1].split()[0]) for line in done.stderr.splitlines()
+                         if "] [tpuft] predict shard " in line and line.endswith(" ex/s"))
+            rows.append((count, result["seconds"], result["examples_per_s"], decode, result["scores"].get("exact_match")))
+    print(f"tpuft predict of {steps[-1].name} ({run_dir.name}) on {lines:,} numbers, local pods\n")
+    print(f"| {'workers':>7} | {'job s':>6} | {'job examples/s':>14} | {'decode examples/s':>17} | {'exact match':>11} |")
+    print(f"|{'-' * 8}:|{'-' * 7}:|{'-' * 15}:|{'-' * 18}:|{'-' * 12}:|")
+    for count, seconds, rate, decode, exact in rows:
+        print(f"| {count:7} | {seconds:6.1f} | {rate:14.1f} | {decode:17.1f} | {exact:11} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -315,11 +353,17 @@ def main() -> None:
     one.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     two = sub.add_parser("rss")
     two.add_argument("--lines", type=int, nargs="+", default=[10_000, 1_000_000])
+    four = sub.add_parser("scaling")
+    four.add_argument("--run", type=Path, help="a quickstart run dir (default: the newest export's)")
+    four.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    four.add_argument("--lines", type=int, default=10_000)
     three = sub.add_parser("join-rss")
     three.add_argument("--lines", type=int, nargs="+", default=[10_000, 1_000_000])
     args = parser.parse_args()
     if args.what == "throughput":
         throughput((args.export or find_export()).resolve(), args.batch_size, args.repeat, args.threads)
+    elif args.what == "scaling":
+        scaling((args.run or find_export().parent.parent).resolve(), args.workers, args.lines)
     elif args.what == "join-rss":
         join_rss(args.lines)
     else:
