@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
@@ -50,3 +56,35 @@ def staged_step(pod: SshdPod, worker: int) -> int:
         return max(int(json.loads(b.read_text()).get("step") or 0) for b in beats) if beats else 0
     except (ValueError, json.JSONDecodeError):
         return 0
+
+
+def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.CompletedProcess[str]], run_id: str,
+                          name: str, lines: int = 100, shard_lines: int = 40) -> dict[str, Any]:
+    """``tpuft predict RUN`` with its input and OUT in the bucket, on the quickstart's first ``lines`` test numbers:
+    the input sharded over the two SSH workers, which restore the run's checkpoint and write their parts of every
+    shard in the bucket; OUT is every input once, in input order, and the scores are those its rows give.
+    ``tpuft(*args)`` runs the CLI on the rig's cluster. Returns the result's JSON."""
+    from tpuft.paths import recipes_dir
+    from tpuft.worker.predictions import score, shard_name
+
+    bucket = gcs.client().bucket("e2e-bucket")
+    records = (recipes_dir() / "data/numbers/test.jsonl").read_text().splitlines()[:lines]
+    bucket.blob(f"inputs/{name}.jsonl").upload_from_string("\n".join(records) + "\n")
+    output = f"outputs/{name}.jsonl"
+    started = time.monotonic()
+    done = tpuft("predict", run_id, "--input", f"gs://e2e-bucket/inputs/{name}.jsonl", "--output",
+                 f"gs://e2e-bucket/{output}", "--shard-lines", str(shard_lines), "--json")
+    assert done.returncode == 0, done.stderr[-6000:]
+    result = json.loads(done.stdout)
+    assert result["rows"] == lines and result["shards"] == f"gs://e2e-bucket/{output}.shards", result
+    parts = {b.name for b in gcs.client().list_blobs("e2e-bucket", prefix=f"{output}.shards/")}
+    shards = -(-lines // shard_lines)
+    assert {f"{output}.shards/shard-{k:06d}/{shard_name(p)}" for k in range(shards) for p in (0, 1)} <= parts, parts
+    rows = [json.loads(line) for line in bucket.blob(output).download_as_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(lines))
+    assert [r["target"] for r in rows] == [json.loads(record)["digits"] for record in records]
+    assert result["scores"] == pytest.approx(score([r["prediction"] for r in rows], [r["target"] for r in rows]))
+    assert sum(r["correct"] for r in rows) == round(result["scores"]["exact_match"] * lines)
+    print(f"\npredict {name} on the GCP rigs: {lines} rows over 2 SSH workers in {time.monotonic() - started:.0f} s "
+          f"end to end, exact match {result['scores']['exact_match']}")
+    return result

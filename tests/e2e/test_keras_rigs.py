@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.gcp_rig import rig_cluster
+from tests.e2e.gcp_rig import predict_in_the_bucket, rig_cluster
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
@@ -60,3 +60,9 @@ def test_keras_up_on_gcp_rigs(tmp_path: Path, keras_python: str, monkeypatch: py
         assert shown.returncode == 0, shown.stderr
         snapshot = json.loads(shown.stdout)
         assert snapshot["status"] == "finished" and [w["status"] for w in snapshot["workers"]] == ["finished"] * 2
+
+        def tpuft(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(cluster)], env=env,
+                                  capture_output=True, text=True, timeout=900)
+
+        predict_in_the_bucket(gcs, tpuft, run_url.rsplit("/", 1)[-1], "keras")  # the Keras engine on both workers
