@@ -42,7 +42,7 @@ def test_the_hook_file_travels_and_the_recipe_names_the_copy(tmp_path: Path) -> 
 def test_a_dataset_on_this_machine_is_named_for_a_remote_run(tmp_path: Path) -> None:
     data = tmp_path / "part.jsonl"
     data.write_text('{"source": "a", "target": "b"}\n')
-    base = ["data.train=null", "data.eval=null", "data.hf.path=json"]
+    base = ["data.train=null", "data.eval=null", "data.test=null", "data.hf.path=json"]
     local = load_recipe(QUICKSTART, [*base, f"data.hf.data_files=[{data}]"]).value
     assert "data.hf.data_files" in (_local_only_dataset(local) or "")
     remote = load_recipe(QUICKSTART, [*base, "data.hf.data_files=[gs://bucket/part.jsonl]"]).value
