@@ -58,11 +58,12 @@ def staged_step(pod: SshdPod, worker: int) -> int:
         return 0
 
 
-def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.CompletedProcess[str]], run_id: str,
+def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.CompletedProcess[str]], run_url: str,
                           name: str, lines: int = 100, shard_lines: int = 40) -> dict[str, Any]:
     """``tpuft predict RUN`` with its input and OUT in the bucket, on the quickstart's first ``lines`` test numbers:
-    the input sharded over the two SSH workers, which restore the run's checkpoint and write their parts of every
-    shard in the bucket; OUT is every input once, in input order, and the scores are those its rows give.
+    the input sharded over the two SSH workers, which restore the run's last checkpoint from the bucket and write
+    their parts of every shard there; OUT is every input once, in input order, its predictions those of the run's
+    test evaluation (the same weights, in memory at the last step), and the scores those its rows give.
     ``tpuft(*args)`` runs the CLI on the rig's cluster. Returns the result's JSON."""
     from tpuft.paths import recipes_dir
     from tpuft.worker.predictions import score, shard_name
@@ -72,7 +73,7 @@ def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.Comp
     bucket.blob(f"inputs/{name}.jsonl").upload_from_string("\n".join(records) + "\n")
     output = f"outputs/{name}.jsonl"
     started = time.monotonic()
-    done = tpuft("predict", run_id, "--input", f"gs://e2e-bucket/inputs/{name}.jsonl", "--output",
+    done = tpuft("predict", run_url.rsplit("/", 1)[-1], "--input", f"gs://e2e-bucket/inputs/{name}.jsonl", "--output",
                  f"gs://e2e-bucket/{output}", "--shard-lines", str(shard_lines), "--json")
     assert done.returncode == 0, done.stderr[-6000:]
     result = json.loads(done.stdout)
@@ -83,6 +84,10 @@ def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.Comp
     rows = [json.loads(line) for line in bucket.blob(output).download_as_text().splitlines()]
     assert [r["id"] for r in rows] == list(range(lines))
     assert [r["target"] for r in rows] == [json.loads(record)["digits"] for record in records]
+    run = run_url.removeprefix("gs://e2e-bucket/")
+    tested = sorted((json.loads(line) for p in (0, 1) for line in
+                     bucket.blob(f"{run}/test/{shard_name(p)}").download_as_text().splitlines()), key=lambda r: r["id"])
+    assert [r["prediction"] for r in rows] == [r["prediction"] for r in tested[:lines]]
     assert result["scores"] == pytest.approx(score([r["prediction"] for r in rows], [r["target"] for r in rows]))
     assert sum(r["correct"] for r in rows) == round(result["scores"]["exact_match"] * lines)
     print(f"\npredict {name} on the GCP rigs: {lines} rows over 2 SSH workers in {time.monotonic() - started:.0f} s "

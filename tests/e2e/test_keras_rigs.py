@@ -65,4 +65,4 @@ def test_keras_up_on_gcp_rigs(tmp_path: Path, keras_python: str, monkeypatch: py
             return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(cluster)], env=env,
                                   capture_output=True, text=True, timeout=900)
 
-        predict_in_the_bucket(gcs, tpuft, run_url.rsplit("/", 1)[-1], "keras")  # the Keras engine on both workers
+        predict_in_the_bucket(gcs, tpuft, run_url, "keras")  # the Keras engine on both workers

@@ -5,7 +5,8 @@ Unlike PyTorch/XLA, T5X writes ``MODEL_DIR`` (gs://.../checkpoints) itself from 
 ``etils.epath`` (TensorFlow's GCS filesystem) and tensorstore's gcs kvstore; tpuft's T5X trainer lists and reads
 the bucket with google-cloud-storage and ``tf.io.gfile`` (manifests, pruning, export). The workers reach the
 emulator through the variables of :meth:`tests.rigs.gcs_proxy.GcsProxy.env`, given to them as the cluster's
-``worker_env``; TensorFlow's hard-coded Google hosts go through the rig's TLS-terminating proxy.
+``worker_env``; TensorFlow's hard-coded Google hosts go through the rig's TLS-terminating proxy. ``tpuft predict``
+of the run restores its ``checkpoint_N`` from the bucket the same way on both hosts.
 
 The workers share this machine's venv cache (they are loopback hosts): the T5X venv the ``t5x_python`` fixture
 built is the one ``tpuft setup`` finds, through the same key (``backend.t5x_source`` = ``tests.venvs.WHEELS``,
@@ -29,7 +30,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
-from tests.e2e.gcp_rig import rig_cluster
+from tests.e2e.gcp_rig import predict_in_the_bucket, rig_cluster
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.gcs_proxy import GcsProxy
@@ -157,6 +158,8 @@ def test_t5x_up_on_gcp_rigs(rigs: Rigs) -> None:
     snap = json.loads(shown.stdout)
     assert snap["run_dir"] == run_url and snap["status"] == "finished" and snap["step"] == 40
     assert [w["status"] for w in snap["workers"]] == ["finished", "finished"]
+    # both hosts restore checkpoint_40 from gs:// through the proxy and decode their parts of every shard in lock-step
+    predict_in_the_bucket(rigs.gcs, rigs.tpuft, run_url, "t5x")
     proxied = {url.split("/")[2] for method, url in rigs.proxy.requests if method != "CONNECT"}
     assert "www.googleapis.com" in proxied, proxied  # TensorFlow's GCS filesystem was in the path
     assert not any(method == "CONNECT" for method, _ in rigs.proxy.requests), rigs.proxy.requests  # nothing else
