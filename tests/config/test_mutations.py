@@ -192,6 +192,7 @@ def all_mutations(data_dir: Path) -> list[Mutation]:
     recipe = yaml.safe_load((recipes_dir() / "quickstart.yaml").read_text())
     recipe["data"]["train"] = str(data_dir / "train.jsonl")
     recipe["data"]["eval"] = str(data_dir / "eval.jsonl")
+    recipe["data"]["test"] = str(data_dir / "eval.jsonl")
     local_cluster = yaml.safe_load((recipes_dir().parent / "tpuft.yaml").read_text())
     out: list[Mutation] = []
     for kind, base, tree in (("recipe", "quickstart", recipe), ("cluster", "tpuft.yaml", local_cluster), ("cluster", "gcp", GCP_CLUSTER)):
@@ -243,6 +244,7 @@ def test_every_mutation_is_refused_located_and_quick(corpus: tuple[Path, list[Mu
     base_recipe = yaml.safe_load((recipes_dir() / "quickstart.yaml").read_text())
     base_recipe["data"]["train"] = str(data_dir / "train.jsonl")
     base_recipe["data"]["eval"] = str(data_dir / "eval.jsonl")
+    base_recipe["data"]["test"] = str(data_dir / "eval.jsonl")
     (tmp_path / "base-recipe.yaml").write_text(yaml.safe_dump(base_recipe, sort_keys=False))
     (tmp_path / "base-cluster.yaml").write_text("name: mutations\nprovider: local\nlocal:\n  workers: 2\n")
     failures: list[str] = []
