@@ -72,7 +72,7 @@ def rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
 
 
-def tested(done: Finished, data: str, source: str, target: str, step: int,
+def check_tested(done: Finished, data: str, source: str, target: str, step: int,
            labels: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run's test evaluation, checked against its run dir: the summary's ``test`` is the metrics row's (logged at
     the last step, on the checkpoint of ``step``), one predictions file per worker, merged in input order to the
@@ -115,7 +115,7 @@ def test_the_quickstart_reaches_the_bar_with_identical_workers(quickstart: Finis
     assert "CollectiveAllReduceStrategy with 2 replicas" in log and "25 per execution" in log
     shown = pod.tpuft("monitor", run.name, "--once", "--json", timeout=120)
     assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "finished", shown.stderr
-    test, _ = tested(quickstart, "data/numbers/test.jsonl", "words", "digits", QUICKSTART_STEPS)  # the last weights
+    test, _ = check_tested(quickstart, "data/numbers/test.jsonl", "words", "digits", QUICKSTART_STEPS)  # the last weights
     assert test["test_exact_match"] >= 0.9 and {"test_bleu", "test_rouge_l"} <= set(test), test
     state = json.loads((complete[QUICKSTART_STEPS] / "trainer_state.json").read_text())
     assert state["test"] == test  # a resume from the final checkpoint does not test again
@@ -135,7 +135,7 @@ def test_the_classifier_reaches_the_bar_and_exports_its_best(classifier: Finishe
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
     assert f"exporting the best checkpoint: step {best}" in log
-    test, merged = tested(classifier, "data/reviews/test.jsonl", "text", "label", best, ("negative", "positive"))
+    test, merged = check_tested(classifier, "data/reviews/test.jsonl", "text", "label", best, ("negative", "positive"))
     assert test["test_accuracy"] >= 0.9 and test["test_macro_f1"] >= 0.9, test
     assert {r["prediction"] for r in merged} == {"negative", "positive"}  # label names, from the argmax's indices
 
