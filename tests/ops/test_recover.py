@@ -187,11 +187,24 @@ def test_a_stockout_while_recreating_is_tried_again_after_a_longer_back_off(
     slept: list[float] = []
     notices: list[str] = []
 
+    # The bucket's heartbeat says step 70, its newest complete checkpoint is step 100 (a sync round uploads
+    # checkpoints/ before heartbeat/ and the node died in between): the run reached at least 100.
+    from tpuft.backends.torch_xla import LAYOUT
+
+    folder = tmp_path / "runs" / "r-1"
+    checkpoint = LAYOUT.checkpoint_dir(folder, 100)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"w")
+    LAYOUT.write_manifest(checkpoint)
+    (folder / "heartbeat").mkdir()
+    (folder / "heartbeat" / "worker-0.json").write_text(json.dumps({"step": 70, "status": "running", "time": time.time()}))
+
     tpu.preempt("rc")
     tpu.fail_next_create()  # the zone has no capacity right now
     _recover(config, run, run.info(), "node PREEMPTED", Callbacks(on_notice=notices.append), policy, slept.append, lambda: None)
     (first,) = run.info()["recoveries"]
     assert "no more capacity" in first["error"] and done == [] and slept == [1.0]
+    assert first["last_step"] == first["checkpoint_step"] == 100
     assert any("could not recreate rc now" in n for n in notices)
     assert node_problem(config, run.info()) == "node NOT_FOUND"
 

@@ -299,8 +299,10 @@ def _recover(
             hint=f"When capacity is back: tpuft resume {run.id} --recover",
         )
     detected = time.time()
-    last_step = run.snapshot().step
     checkpoint = max(run.layout().checkpoint_steps(run.storage), default=0)
+    # The bucket's heartbeats can be older than its newest checkpoint (a sync round uploads checkpoints/ before
+    # heartbeat/, and the node may die in between): the run reached at least its checkpoint's step.
+    last_step = max(run.snapshot().step, checkpoint)
     delay = min(policy.backoff * 2 ** len(done), policy.backoff_max)
     attempt = int(info.get("attempt", 1))
     callbacks.notice(
