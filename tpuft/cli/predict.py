@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tpuft.ops.predict import PredictResult
 
 
-DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="Return once every worker predicts; tpuft attach RUN later shows the end and joins OUT.")]
+DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="Return once every worker predicts; worker 0 joins OUT when it can reach it, else tpuft attach RUN does.")]
 StopOnInterruptOpt = Annotated[bool, typer.Option("--stop-on-interrupt", help="Ctrl-C stops the job on every worker (default: Ctrl-C only detaches).")]
 
 

@@ -32,10 +32,8 @@ from tpuft.ops.setup import launch_plan
 from tpuft.ops.train import Notice, _addresses, _prepare_workers, _remote_fleet, _trainer_env, _write_info
 from tpuft.runs import Run, resolve_run
 from tpuft.storage import open_storage
-from tpuft.worker.predict_job import JOB_FILE, PredictJob
+from tpuft.worker.predict_job import JOB_ENV, JOB_FILE, PredictJob
 
-JOB_ENV = "TPUFT_PREDICT_JOB"
-"""The job's JSON, in every predicting process's environment."""
 SHIPPED_INPUTS = ".tpuft/data/predict"
 """Under a remote worker's HOME: inputs copied from this machine, named by their content (a resume finds its copy)."""
 

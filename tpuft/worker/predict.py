@@ -25,9 +25,7 @@ from tpuft.config import recipe_from_text
 from tpuft.errors import TpuftError
 from tpuft.worker.context import WorkerContext, pin_cpus
 from tpuft.worker.data import DataError
-from tpuft.worker.predict_job import PredictJob
-
-JOB_ENV = "TPUFT_PREDICT_JOB"
+from tpuft.worker.predict_job import JOB_ENV, PredictJob
 
 
 def load_job(path: str | None) -> PredictJob:

@@ -24,6 +24,9 @@ JOB_FILE = "job.json"
 
 SHARD_LINES = 10_000
 
+JOB_ENV = "TPUFT_PREDICT_JOB"
+"""The job's JSON in every predicting process's environment (the controller sets it, the entry reads it)."""
+
 
 @dataclass(frozen=True)
 class PredictJob:
