@@ -28,6 +28,14 @@ def package_root() -> Path:
     return Path(__file__).resolve().parent
 
 
+def environ_with_package() -> dict[str, str]:
+    """This process's environment for a Python started from it in another interpreter (a backend venv, a detached
+    agent) that must import this very tpuft: its folder first on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_root().parent), env.get("PYTHONPATH")]))
+    return env
+
+
 def repo_root() -> Path | None:
     """The source checkout when running from one (recipes/ and data/ live there); None for an installed wheel."""
     root = package_root().parent

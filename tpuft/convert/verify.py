@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tpuft.convert.model_source import ConvertError, ModelSource
-from tpuft.paths import package_root, venv_cache
+from tpuft.paths import environ_with_package, venv_cache
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": None}
 """Max |logit diff| against the source; bfloat16 output is reported, not judged (it rounds every weight)."""
@@ -45,7 +44,7 @@ def find_verify_python(explicit: str | None) -> str:
 def verify_model(source: ModelSource, out_dir: Path, *, python: str | None = None) -> dict[str, Any]:
     interpreter = find_verify_python(python)
     argv = [interpreter, "-m", "tpuft.convert.verify_worker", "--model", str(out_dir), "--source-kind", source.kind, "--source", str(source.path)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(package_root().parent), os.environ.get("PYTHONPATH")])))
+    env = environ_with_package()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -419,7 +419,7 @@ def ensure_agent(config_path: str | None) -> None:
         return
     import subprocess
 
-    from tpuft.paths import package_root
+    from tpuft.paths import environ_with_package
 
     log = folder / f"{key}.log"
     try:
@@ -428,8 +428,7 @@ def ensure_agent(config_path: str | None) -> None:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError:
         return
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root().parent), env.get("PYTHONPATH", "")) if p)
+    env = environ_with_package()
     try:
         subprocess.Popen(
             [sys.executable, "-m", "tpuft.ops.agent", "--config", config_path],

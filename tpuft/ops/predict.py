@@ -291,14 +291,13 @@ def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | 
     as a worker's processes share it), then the join into OUT. One failing process stops the others."""
     from tpuft.convert.model_source import ConvertError
     from tpuft.convert.verify import find_verify_python
-    from tpuft.paths import package_root
+    from tpuft.paths import environ_with_package
 
     try:
         python = find_verify_python(None)
     except ConvertError as exc:
         raise UsageError(str(exc).replace("--verify needs", "--local needs")) from None
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_root().parent), os.environ.get("PYTHONPATH")]))
+    env = environ_with_package()
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for name in ("TPUFT_RUN_DIR", "TPUFT_RUN_ID", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS"):
