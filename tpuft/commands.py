@@ -109,6 +109,9 @@ RECIPE_VERBS: tuple[Verb, ...] = (
          "--summary works offline: parameters per module (total and trainable, after model.freeze and prompt "
          "tuning), then weights, gradients, optimizer state and an activation estimate per chip for the recipe's "
          "optimizer, precision and sharding, against the accelerator's HBM (the cluster's, or --accelerator)."),
+    Verb("backends", "Recipes", "The capability matrix: which shared recipe keys and eval metrics each backend "
+         "implements, and why an engine cannot.", "tpuft recipes backends --json",
+         "A key a backend refuses is an error at its line in any recipe that sets it, with the same reason."),
     Verb("cp", "Recipes", "Copy a shipped recipe to edit it (its data paths keep pointing at the shipped data).",
          "tpuft recipes cp quickstart my_recipe.yaml"),
     Verb("validate", "Recipes",

@@ -278,3 +278,11 @@ class Capabilities:
     """Shared recipe keys (e.g. ``("train", "grad_accum_steps")``) this backend's trainer honours."""
     metrics: frozenset[str] = frozenset()
     """The ``eval.metric`` values this backend's trainer computes."""
+    why_not: dict[str, str] = field(default_factory=dict)
+    """Why this engine cannot do a shared key (dotted, ``train.sharding``) or metric (``bleu``) that another backend
+    declares: the refusal's reason and the capability matrix's cell. Every shared key and metric another backend
+    declares and this one does not must have its reason here (tests/config/test_capabilities.py checks)."""
+
+    def reason(self, key: KeyPath | str) -> str | None:
+        """Why this backend refuses ``key`` (a key path or a metric name), if it says."""
+        return self.why_not.get(key if isinstance(key, str) else ".".join(map(str, key)))

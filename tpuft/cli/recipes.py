@@ -33,6 +33,26 @@ def recipes_ls(json_out: JsonOpt = False) -> None:
     out_console().print(table)
 
 
+@recipe_command("backends")
+def recipes_backends(json_out: JsonOpt = False) -> None:
+    from rich.table import Table
+
+    from tpuft.backends.matrix import capability_matrix
+
+    matrix = capability_matrix()
+    if json_out:
+        print(json.dumps(matrix.as_json(), indent=2))
+        return
+    table = Table("shared key", *matrix.backends, title="What each backend implements of the shared recipe")
+    for name, cells in matrix.rows:
+        table.add_row(name, *("[green]yes[/]" if cells[k].supported
+                              else "[red]no[/]" + (f": {cells[k].why_not}" if cells[k].why_not else "")
+                              for k in matrix.backends))
+    counts = matrix.counts()
+    table.add_row("[bold]supported[/]", *(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends))
+    out_console().print(table)
+
+
 @recipe_command("show")
 def recipes_show(
     name: Annotated[str, typer.Argument(help="A recipe file, or the name of a shipped recipe.", metavar="RECIPE")],

@@ -255,13 +255,18 @@ def capability_problems(recipe: RecipeConfig) -> list[tuple[KeyPath, str]]:
         if _is_set(recipe, key):
             supporting = [name for name, c in every.items() if key in c.keys]
             verb = "supports" if len(supporting) == 1 else "support"
-            found.append((key, f"not supported by the {kind} backend ({_backends(supporting)} {verb} it); remove it"))
+            why = own.reason(key)
+            because = f": {why}" if why else ""
+            found.append((key, f"not supported by the {kind} backend{because} ({_backends(supporting)} {verb} it); "
+                          "remove it"))
     metric = recipe.eval.metric
     if metric is not None and metric not in own.metrics:
         computing = [name for name, c in every.items() if metric in c.metrics]
         verb = "computes" if len(computing) == 1 else "compute"
         who = f"{_backends(computing)} {verb} it" if computing else "no backend computes it"
-        found.append((("eval", "metric"), f"{metric} is not computed by the {kind} backend ({who}); use "
+        why = own.reason(metric)
+        because = f": {why}" if why else ""
+        found.append((("eval", "metric"), f"{metric} is not computed by the {kind} backend{because} ({who}); use "
                       f"{', '.join(sorted(own.metrics))}"))
     return found
 
