@@ -55,9 +55,10 @@ def capability_matrix() -> Matrix:
     return Matrix(kinds, tuple(rows))
 
 
-def markdown(matrix: Matrix) -> str:
-    """The table docs/backends.md embeds (between its capability-matrix markers), with the reasons as notes."""
-    lines = ["| key | " + " | ".join(matrix.backends) + " |", "|---|" + "---|" * len(matrix.backends)]
+def marked(matrix: Matrix) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """Each row's cells as ``yes`` / ``no (n)`` and the numbered reasons ``n`` refers to: one shape for the terminal
+    table and the docs' table, which would not fit a reason in a cell."""
+    rows: list[tuple[str, list[str]]] = []
     notes: list[str] = []
     for name, cells in matrix.rows:
         marks = []
@@ -66,10 +67,18 @@ def markdown(matrix: Matrix) -> str:
             if cell.supported:
                 marks.append("yes")
             else:
-                notes.append(f"- `{name}` on {kind}: {cell.why_not or 'not implemented'}")
+                notes.append(f"`{name}` on {kind}: {cell.why_not or 'not implemented'}")
                 marks.append(f"no ({len(notes)})")
-        lines.append(f"| `{name}` | " + " | ".join(marks) + " |")
+        rows.append((name, marks))
+    return rows, notes
+
+
+def markdown(matrix: Matrix) -> str:
+    """The table docs/backends.md embeds (between its capability-matrix markers), with the reasons as notes."""
+    rows, notes = marked(matrix)
+    lines = ["| key | " + " | ".join(matrix.backends) + " |", "|---|" + "---|" * len(matrix.backends)]
+    lines += [f"| `{name}` | " + " | ".join(marks) + " |" for name, marks in rows]
     counts = matrix.counts()
-    lines.append(f"| **supported** | " + " | ".join(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends) + " |")
-    numbered = [f"{i}. {note[2:]}" for i, note in enumerate(notes, 1)]
+    lines.append("| **supported** | " + " | ".join(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends) + " |")
+    numbered = [f"{i}. {note}" for i, note in enumerate(notes, 1)]
     return "\n".join(lines) + ("\n\nWhy not:\n\n" + "\n".join(numbered) if numbered else "") + "\n"

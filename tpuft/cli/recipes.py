@@ -37,20 +37,24 @@ def recipes_ls(json_out: JsonOpt = False) -> None:
 def recipes_backends(json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
-    from tpuft.backends.matrix import capability_matrix
+    from tpuft.backends.matrix import capability_matrix, marked
 
     matrix = capability_matrix()
     if json_out:
         print(json.dumps(matrix.as_json(), indent=2))
         return
+    rows, notes = marked(matrix)
     table = Table("shared key", *matrix.backends, title="What each backend implements of the shared recipe")
-    for name, cells in matrix.rows:
-        table.add_row(name, *("[green]yes[/]" if cells[k].supported
-                              else "[red]no[/]" + (f": {cells[k].why_not}" if cells[k].why_not else "")
-                              for k in matrix.backends))
+    for name, marks in rows:
+        table.add_row(name, *(f"[green]{mark}[/]" if mark == "yes" else f"[red]{mark}[/]" for mark in marks))
     counts = matrix.counts()
     table.add_row("[bold]supported[/]", *(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends))
-    out_console().print(table)
+    console = out_console()
+    console.print(table)
+    if notes:
+        console.print("Why not:")
+        for number, note in enumerate(notes, 1):
+            console.print(f"  {number}. {note}", markup=False, highlight=False)
 
 
 @recipe_command("show")
