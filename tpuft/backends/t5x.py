@@ -89,6 +89,8 @@ PINNED = (
     "pydantic>=2.6",
     "pyyaml>=6",
     "google-cloud-storage>=2.14",  # the worker mirrors a gs:// run dir and reads gs:// checkpoints to export
+    "datasets>=4.0,<6",  # data.hf as a seqio source (tpuft/worker/t5x_sources.py through hf_data.py); resolves
+    "gcsfs>=2024.2",  # with the pins above, no downgrade; gcsfs: data.hf.data_files on gs://, read through fsspec
 )
 """The PyPI set that installs and trains with t5x at ``T5X_COMMIT`` (Python 3.11, CPU and TPU)."""
 
