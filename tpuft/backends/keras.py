@@ -22,7 +22,8 @@ Where the TF program runs:
 Pins (why these): TensorFlow 2.20 is the last release with a ``tensorflow-tpu`` wheel (2.21 has none), so the CPU pod
 uses ``tensorflow-cpu`` of the same version and a recipe rehearsed on CPU runs the same TF on a TPU. ``tf-keras`` must
 have TensorFlow's minor version (Keras 2 as a package; Keras 3 cannot run transformers' TF models), selected by
-``TF_USE_LEGACY_KERAS=1``. transformers 5 removed TensorFlow, so it is the last 4.x (4.57). The TPU runtime image to
+``TF_USE_LEGACY_KERAS=1``. transformers 5 removed TensorFlow, so it is the last 4.x (4.57), and ``datasets`` the
+newest that installs beside it. The TPU runtime image to
 create the node with is ``tpu-vm-tf-2.20.0-pjrt`` (``-pod-pjrt`` for a pod slice): libtpu must match TensorFlow.
 """
 
@@ -58,6 +59,10 @@ _COMMON = (
     "pydantic>=2.6",
     "pyyaml>=6",
     "google-cloud-storage>=2.14",  # a run dir in a bucket is mirrored from the worker (tpuft/storage/sync.py)
+    # data.hf (tpuft/worker/hf_data.py, streamed into the TFRecords): 5.0.1 is the newest datasets pip resolves
+    # beside transformers 4.57 (huggingface-hub < 1.0)
+    "datasets==5.0.1",
+    "gcsfs>=2024.2",  # data.hf.data_files on gs://, read by datasets through fsspec
 )
 
 class Keras:
