@@ -192,4 +192,6 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
     train_steps = [r["step"] for r in rigs.rows(run_url) if "loss" in r]
     assert train_steps == [10, 20, 30, 40, 50, 60], train_steps  # rows after the checkpoint dropped and logged anew
     assert max(rigs.checkpoints(run_url)) == 60
+    tests = [r for r in rigs.rows(run_url) if "test_examples" in r]  # the resumed run ends with the run's one test
+    assert len(tests) == 1 and tests[0]["test_checkpoint_step"] == 60, tests
     assert "export/hf/model.safetensors" in rigs.names(run_url)
