@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from tpuft.backends.registry import capabilities, config_models
 from tpuft.config.data import DataConfig
+from tpuft.config.report import ReportConfig
 from tpuft.config_types import Count, Duration, KeyPath, ModelRef, StrictModel
 from tpuft.t5_config import BYT5_VOCAB, T5Settings
 
@@ -223,6 +224,7 @@ class RecipeConfig(StrictModel):
     train: TrainConfig = Field(description="Steps, batch, optimizer, schedule, checkpoints, keep-best, early stopping.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation: how often, on how many, which metric.")
     export: ExportConfig = Field(default_factory=ExportConfig, description="The Hugging Face export at the end of a run.")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="Experiment tracking: TensorBoard (always), W&B, MLflow.")
 
     @field_validator("name")
     @classmethod
