@@ -582,3 +582,23 @@ class HfStream(TrainStream):
         for reader in self._live:
             reader.close()
         self._live = []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One pass over a split, for a trainer that writes its examples once (the Keras trainer's TFRecords)
+
+
+def split_examples(data_cfg: Any, split: str, *, rank: int, world: int) -> Iterator[Example]:
+    """This replica's share of ``split`` of ``data.hf``, read once as a stream (nothing held): the i-th example kept
+    after ``data.preprocess`` goes to replica i mod W, in the split's order, as :func:`held_out` deals a held-out set.
+    For a trainer that writes its examples to files once and shuffles them itself."""
+    hf = data_cfg.hf
+    fields = data_mod.Fields.of(data_cfg)
+    kept = 0
+    for where, line, record in _records(load_split(hf, split), _label(hf, split), 0, 1, None):
+        example = data_mod.make_example(record, line=line, path=where, fields=fields)
+        if example is None:
+            continue
+        if kept % world == rank:
+            yield example
+        kept += 1
