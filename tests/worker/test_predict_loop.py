@@ -181,7 +181,7 @@ def test_bad_lines_are_located_and_the_check_lists_them_all(tmp_path: Path) -> N
     assert [str(p).split(": ", 1)[0][-10:] for p in check.problems] == ["in.jsonl:2", "in.jsonl:3"]
     assert "no field 'words'" in str(check.problems[1])
     assert (check.records, check.examples, check.targets) == (4, 2, 1)
-    assert "unknown input format '.txt'" in str(predict_input.check(str(tmp_path / "in.txt"), fields).problems[0])
+    assert "unknown data format '.txt'" in str(predict_input.check(str(tmp_path / "in.txt"), fields).problems[0])
 
 
 def test_input_shards_and_output_in_a_bucket(gcs: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

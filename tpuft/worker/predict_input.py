@@ -1,5 +1,6 @@
-"""The records of a ``tpuft predict`` input, streamed: JSON lines, CSV or TSV (by the file's suffix), local or
-``gs://``, each turned into the source text the model was trained on.
+"""The records of a ``tpuft predict`` input, streamed: JSON lines, CSV, TSV or Parquet (by the file's suffix), local
+or ``gs://``, read by the training data's reader (:func:`tpuft.worker.data.read_rows`), each turned into the source
+text the model was trained on.
 
 The fields are the training data's (:class:`tpuft.worker.data.Fields`: ``source_field`` or ``source_template``,
 ``prefix``, ``source_transforms``, ``data.preprocess``), so an input that trains also predicts, and a bad line says
@@ -8,15 +9,12 @@ with one is scored, an input without is only predicted. ``--field`` names the so
 
 A CSV or TSV file has a header row naming its columns; its values are text. A ``gs://`` input is downloaded once to
 a cache folder on this machine (kept, so a resumed job does not fetch it again; skipped when intact) and streamed
-from there: never read whole into memory. Stdlib only (the storage client aside, for ``gs://``).
+from there: never read whole into memory.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import hashlib
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +23,8 @@ from typing import Any
 from tpuft.worker import data as data_mod
 from tpuft.worker.data import DataError, Fields
 
-SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
-
-
-def cache_folder(url: str) -> Path:
-    """Where a ``gs://`` input or model is downloaded to: ``$TPUFT_PREDICT_CACHE`` (default
-    ``~/.cache/tpuft/predict``), one folder per URL, kept for a resumed job (intact files are not fetched again)."""
-    root = Path(os.environ.get("TPUFT_PREDICT_CACHE", "~/.cache/tpuft/predict")).expanduser()
-    return root / hashlib.sha256(url.encode()).hexdigest()[:16]
+cache_folder = data_mod.cache_folder
+"""Where a ``gs://`` input or model is downloaded to (predict's models use it too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +38,9 @@ class Record:
     """The processed target when the record has one (for scores), else None."""
 
 
-def input_format(name: str) -> str:
-    """``jsonl``, ``csv`` or ``tsv`` from the name's suffix (before a ``.gz`` would be, which is not supported)."""
-    suffix = Path(name.rstrip("/")).suffix.lower()
-    if suffix not in SUFFIXES:
-        raise DataError(name, f"unknown input format {suffix or '(no suffix)'!r}: name it .jsonl, .json, .csv or .tsv")
-    return SUFFIXES[suffix]
+def input_format(name: str, declared: str = "auto") -> str:
+    """The input's format: ``declared`` (``data.format``) or its name's suffix (:func:`tpuft.worker.data.file_format`)."""
+    return data_mod.file_format(name, declared)[0]
 
 
 def fields_for(data_config: Any, field: str | None = None) -> Fields:
@@ -61,46 +50,6 @@ def fields_for(data_config: Any, field: str | None = None) -> Fields:
     if field:
         fields = dataclasses.replace(fields, source_field=field, source_template=None)
     return fields
-
-
-def local_path(url: str) -> Path:
-    """The input as a file on this machine: itself, or a ``gs://`` object's cached download."""
-    if not url.startswith("gs://"):
-        return Path(url).expanduser()
-    from tpuft.storage import GcsStorage
-
-    parent, _, name = url.rstrip("/").rpartition("/")
-    if not name or parent == "gs:":
-        raise DataError(url, "a gs:// input must name an object (gs://bucket/path/file.jsonl)")
-    folder = cache_folder(url)
-    transfer = GcsStorage.from_url(parent).fetch_tree("", folder, include=lambda rel: rel == name)
-    if transfer.files == 0:
-        raise DataError(url, "no such object")
-    return folder / name
-
-
-def _raw_records(path: Path, kind: str, where: str) -> Iterator[tuple[int, Any, int]]:
-    """(line number, record, bytes) of every non-blank line or CSV row, streamed. A line that cannot be read comes
-    as its :class:`DataError` in the record's place, so a check can go on past it (a JSON line's problem is its
-    own; a CSV reader cannot go on past a broken file, so that error is the last)."""
-    if kind == "jsonl":
-        for number, raw in data_mod._lines(path):
-            try:
-                yield number, data_mod.parse_line(where, number, raw), len(raw)  # type: ignore[arg-type]
-            except DataError as exc:
-                yield number, exc, len(raw)
-        return
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="\t" if kind == "tsv" else ",")
-        try:
-            for row in reader:
-                row.pop(None, None)  # values beyond the header's columns have no name to be read by
-                yield reader.line_num, row, sum(len(value or "") + 1 for value in row.values())
-        except UnicodeDecodeError as exc:
-            where_line = f"{where}:{reader.line_num + 1}"
-            yield reader.line_num + 1, DataError(where_line, f"not UTF-8: {exc.reason} (save the file as UTF-8)"), 0
-        except csv.Error as exc:
-            yield reader.line_num, DataError(f"{where}:{reader.line_num}", f"not valid {kind.upper()}: {exc}"), 0
 
 
 def _target_less(fields: Fields) -> Fields:
@@ -136,8 +85,7 @@ def make_record(
 def records(url: str, fields: Fields, labels: Sequence[str] = ()) -> Iterator[Record]:
     """Every record of the input, in order, streamed; a bad one raises its located :class:`DataError`. A record
     that ``data.preprocess`` drops keeps its index (ids stay input positions) but yields nothing."""
-    kind = input_format(url)
-    for index, (line, raw, _) in enumerate(_raw_records(local_path(url), kind, url)):
+    for index, line, raw, _ in data_mod.read_rows(url, fields.data_format):
         if isinstance(raw, DataError):
             raise raw
         record = make_record(raw, index=index, line=line, where=url, fields=fields, labels=labels)
@@ -161,11 +109,10 @@ def check(url: str, fields: Fields, labels: Sequence[str] = (), *, progress: Any
     bytes_total)`` is called now and then for a long file."""
     result = InputCheck(Path(url))
     try:
-        kind = input_format(url)
-        path = local_path(url)
-        total = path.stat().st_size
+        input_format(url, fields.data_format)
+        total = data_mod.local_copy(url).stat().st_size
         next_report = 1 << 24
-        for index, (line, raw, size) in enumerate(_raw_records(path, kind, url)):
+        for index, line, raw, size in data_mod.read_rows(url, fields.data_format):
             result.records += 1
             result.bytes_read += size
             if progress is not None and result.bytes_read >= next_report:
