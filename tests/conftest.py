@@ -20,7 +20,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The quick tests first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after them, each
-    group in its usual order; the venvs the slow ones need are built in the background meanwhile."""
+    group in its usual order; the venvs the slow ones need are built in the background meanwhile. Without T5X
+    sources (a clone of the repository alone) the tests that need the T5X venv are skipped, with how to get them."""
+    from tests.venvs import t5x_source, wanted
+
+    missing = t5x_source()[1]
+    if missing:
+        for item in items:
+            if "t5x" in wanted([item]):
+                item.add_marker(pytest.mark.skip(reason=missing))
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
 
 
@@ -188,7 +196,8 @@ def torch_python() -> str:
 
 @pytest.fixture(scope="session")
 def t5x_python() -> str:
-    """Python of the T5X backend's CPU venv (jax, flax, seqio, TF, t5x from ../shared/wheels), built once per machine."""
+    """Python of the T5X backend's CPU venv (jax, flax, seqio, TF, t5x from ../shared/wheels or TPUFT_T5X_SOURCE:
+    ``tests.venvs.t5x_source``), built once per machine."""
     from tests.venvs import t5x_python as build
 
     return build()

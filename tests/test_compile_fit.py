@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.fake_tpu import FakeTpuServer
-from tests.venvs import WHEELS
+from tests.venvs import t5x_source_settings
 from tpuft.accelerators import lookup
 from tpuft.backends.registry import compile_planner, no_compile_reason
 from tpuft.config import load_recipe
 from tpuft.ops.compile_fit import GIB, CompiledStep, estimate_report, report
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
+SOURCE = t5x_source_settings()
 
 
 def recipe(overrides: list[str] | None = None, name: str = "t5x_quickstart"):  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@ cached-venv bootstrap (the same cache ``tpuft setup`` uses), so a test run after
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -13,6 +14,39 @@ from tpuft.paths import venv_cache
 
 WHEELS = Path(__file__).resolve().parents[1].parent / "shared" / "wheels"
 """The wheelhouse beside the repository (here and in CI) standing in for t5x, airio and jestimator's git sources."""
+T5X_SOURCE_ENV = "TPUFT_T5X_SOURCE"
+"""Where the T5X tests take t5x, airio and jestimator from: a checkout, a t5x wheel or a wheelhouse (as
+``backend.t5x_source``), or ``git`` for their pinned git repositories (the network); unset, ``WHEELS`` if present."""
+T5X_SOURCES_MISSING = ("T5X sources not available: set TPUFT_T5X_SOURCE to a t5x checkout/wheelhouse, "
+                       "or allow git access (TPUFT_T5X_SOURCE=git)")
+
+
+def t5x_source() -> tuple[str | None, str | None]:
+    """(``backend.t5x_source`` for the T5X tests, why they cannot have one): the one place the tests resolve it. A
+    clone of the repository alone (a contributor's, a packager's) has no ``WHEELS`` beside it and its tests run
+    offline, so without ``TPUFT_T5X_SOURCE`` the T5X tests are skipped with the reason instead of failing every
+    test session at collection; the source is then the default (git), which the quick tests only compare keys of."""
+    from pydantic import ValidationError
+
+    from tpuft.backends.t5x import T5xBackend
+
+    chosen = os.environ.get(T5X_SOURCE_ENV, "").strip()
+    if chosen == "git":
+        return None, None
+    if not chosen and not WHEELS.is_dir():
+        return None, T5X_SOURCES_MISSING
+    try:
+        backend = T5xBackend.model_validate({"family": "byt5", "size": "tiny", "t5x_source": chosen or str(WHEELS)})
+    except ValidationError as exc:
+        problem = "; ".join(str(error["msg"]).removeprefix("Value error, ") for error in exc.errors())
+        return None, f"{T5X_SOURCES_MISSING}: {T5X_SOURCE_ENV if chosen else 'the test wheelhouse'}: {problem}"
+    return backend.t5x_source, None
+
+
+def t5x_source_settings() -> list[str]:
+    """The ``--set`` that gives a T5X recipe the tests' source (none for the git default)."""
+    source, _ = t5x_source()
+    return [] if source is None else ["--set", f"backend.t5x_source={source}"]
 
 
 def ensure(spec: EnvSpec) -> str:
@@ -36,11 +70,11 @@ def torch_python() -> str:
 
 
 def t5x_spec() -> EnvSpec:
-    """The T5X backend's CPU venv (jax, flax, seqio, TensorFlow CPU; t5x, airio, jestimator from ``WHEELS``)."""
+    """The T5X backend's CPU venv (jax, flax, seqio, TensorFlow CPU; t5x, airio, jestimator from :func:`t5x_source`)."""
     from tpuft.backends.t5x import BACKEND, T5xBackend
     from tpuft.config import LocalConfig
 
-    backend = T5xBackend.model_validate({"family": "byt5", "size": "tiny", "t5x_source": str(WHEELS)})
+    backend = T5xBackend.model_validate({"family": "byt5", "size": "tiny", "t5x_source": t5x_source()[0]})
     return BACKEND.env_spec(backend, "cpu", LocalConfig().python)
 
 
@@ -68,9 +102,12 @@ instead (the e2e quickstarts) says so with ``pytest.mark.backend_venvs(KIND, ...
 
 
 def wanted(items: Iterable[object]) -> list[str]:
-    """The backend venvs the tests ``items`` need (pytest items), in the order they first need them."""
+    """The backend venvs the tests ``items`` need (pytest items), in the order they first need them; a skipped test
+    (the T5X ones without sources) needs none."""
     kinds: list[str] = []
     for item in items:
+        if item.get_closest_marker("skip") is not None:  # type: ignore[attr-defined]
+            continue
         marker = item.get_closest_marker("backend_venvs")  # type: ignore[attr-defined]
         found = [FIXTURES[name] for name in item.fixturenames if name in FIXTURES]  # type: ignore[attr-defined]
         for kind in [*found, *(marker.args if marker else ())]:
@@ -97,18 +134,18 @@ def prebuild(kinds: list[str], log: Path) -> subprocess.Popen[bytes] | None:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...] = ()) -> Path:
+def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...] = (), version: str = "0.1") -> Path:
     """A throwaway pure-Python wheel (``import <name>`` gives ``VALUE = 42``) written with zipfile, for tests of venv
     building that must not reach an index; ``requires`` become its Requires-Dist lines."""
     import base64
     import hashlib
     import zipfile
 
-    info = f"{name}-0.1.dist-info"
+    info = f"{name}-{version}.dist-info"
     files = {
         f"{name}/__init__.py": "VALUE = 42\n",
         f"{info}/METADATA": "Metadata-Version: 2.1\n"
-        + f"Name: {name}\nVersion: 0.1\n"
+        + f"Name: {name}\nVersion: {version}\n"
         + "".join(f"Requires-Dist: {r}\n" for r in requires),
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tpuft-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -118,7 +155,7 @@ def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...]
         record.append(f"{path},sha256={digest},{len(text.encode())}")
     files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
     folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / f"{name}-0.1-py3-none-any.whl"
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         for path, text in files.items():
             archive.writestr(path, text)

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.conftest import MINIMAL_RECIPE, REPO
+from tests.venvs import tiny_wheel
 from tpuft.backends import get_backend
 from tpuft.backends.base import ClusterShape
 from tpuft.backends.t5x import (
@@ -33,7 +34,6 @@ from tpuft.ops.preflight import check_against_cluster
 from tpuft.runs import RunSnapshot
 
 BACKEND = get_backend("t5x")
-WHEELS = Path(REPO).parent / "shared" / "wheels"
 SHIPPED = ("t5x_quickstart", "t5x_span_corruption", "ro_t5x_base_pretrain", "ro_mt5x_base_pretrain")
 TPU_RECIPES = ("ro_t5x_base_pretrain", "ro_mt5x_base_pretrain")
 
@@ -458,26 +458,34 @@ def test_env_spec_pins_jax_per_target_and_takes_t5x_from_git() -> None:
     assert extra.requirements[-1] == "einops==0.8.0" and extra.key != cpu.key
 
 
-def test_env_spec_from_a_wheelhouse() -> None:
-    assert WHEELS.is_dir(), f"the test wheelhouse {WHEELS} is missing"
-    spec = _spec(t5x_source=str(WHEELS))
-    wheels = {name.split("-")[0]: str(WHEELS.resolve() / name) for name in
+@pytest.fixture
+def wheelhouse(tmp_path: Path) -> Path:
+    """t5x, airio and jestimator wheels named as ../shared/wheels's: stand-ins (these tests read names and bytes, not
+    code), so that they run in a clone of the repository alone."""
+    for name, version in (("t5x", "0.0.0"), ("airio", "0.0.1"), ("jestimator", "0.3.3")):
+        tiny_wheel(tmp_path / "wheelhouse", name, version=version)
+    return tmp_path / "wheelhouse"
+
+
+def test_env_spec_from_a_wheelhouse(wheelhouse: Path) -> None:
+    spec = _spec(t5x_source=str(wheelhouse))
+    wheels = {name.split("-")[0]: str(wheelhouse.resolve() / name) for name in
               ("t5x-0.0.0-py3-none-any.whl", "airio-0.0.1-py3-none-any.whl", "jestimator-0.3.3-py3-none-any.whl")}
     assert spec.no_deps == (wheels["t5x"], wheels["airio"], wheels["jestimator"])
     assert spec.local_sources == spec.no_deps and all(Path(p).is_file() for p in spec.local_sources)
     assert len(spec.sources_digest) == 16 and spec.key != _spec().key
-    assert source_requirements(str(WHEELS.resolve())) == (spec.no_deps, spec.local_sources)
+    assert source_requirements(str(wheelhouse.resolve())) == (spec.no_deps, spec.local_sources)
 
 
-def test_env_spec_from_one_wheel_or_a_partial_wheelhouse(tmp_path: Path) -> None:
-    wheel = WHEELS.resolve() / "t5x-0.0.0-py3-none-any.whl"
+def test_env_spec_from_one_wheel_or_a_partial_wheelhouse(tmp_path: Path, wheelhouse: Path) -> None:
+    wheel = wheelhouse.resolve() / "t5x-0.0.0-py3-none-any.whl"
     spec = _spec(t5x_source=str(wheel))
     assert spec.no_deps == (str(wheel), f"airio @ git+https://github.com/google/airio@{AIRIO_COMMIT}",
                             f"jestimator @ git+https://github.com/google-research/jestimator@{JESTIMATOR_COMMIT}")
     assert spec.local_sources == (str(wheel),)
     house = tmp_path / "house"
     house.mkdir()
-    shutil.copy(WHEELS / "airio-0.0.1-py3-none-any.whl", house)
+    shutil.copy(wheelhouse / "airio-0.0.1-py3-none-any.whl", house)
     no_deps, local = source_requirements(str(house))
     assert no_deps[0].startswith("t5x @ git+") and no_deps[1] == str(house / "airio-0.0.1-py3-none-any.whl")
     assert no_deps[2].startswith("jestimator @ git+") and local == (str(house / "airio-0.0.1-py3-none-any.whl"),)
@@ -500,9 +508,9 @@ def test_env_spec_from_a_checkout(tmp_path: Path) -> None:
     assert _spec(t5x_source=str(checkout)).key != before
 
 
-def test_the_venv_key_follows_the_local_sources_bytes(tmp_path: Path) -> None:
+def test_the_venv_key_follows_the_local_sources_bytes(tmp_path: Path, wheelhouse: Path) -> None:
     wheel = tmp_path / "t5x-0.0.0-py3-none-any.whl"
-    shutil.copy(WHEELS / wheel.name, wheel)
+    shutil.copy(wheelhouse / wheel.name, wheel)
     first = _spec(t5x_source=str(wheel))
     again = _spec(t5x_source=str(wheel))
     assert again.key == first.key and again.sources_digest == first.sources_digest
@@ -514,8 +522,8 @@ def test_the_venv_key_follows_the_local_sources_bytes(tmp_path: Path) -> None:
     assert changed.no_deps == first.no_deps and changed.requirements == first.requirements
 
 
-def test_a_relative_t5x_source_is_from_the_recipe_folder(t5x_dir: Path) -> None:
-    shutil.copy(WHEELS / "t5x-0.0.0-py3-none-any.whl", t5x_dir)
+def test_a_relative_t5x_source_is_from_the_recipe_folder(t5x_dir: Path, wheelhouse: Path) -> None:
+    shutil.copy(wheelhouse / "t5x-0.0.0-py3-none-any.whl", t5x_dir)
     path = write(t5x_dir, T5X_RECIPE.replace("  size: tiny", "  size: tiny\n  t5x_source: t5x-0.0.0-py3-none-any.whl"))
     assert load_recipe(path).value.backend.t5x_source == str(t5x_dir / "t5x-0.0.0-py3-none-any.whl")
 

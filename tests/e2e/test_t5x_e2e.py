@@ -1,5 +1,6 @@
 """The T5X backend end to end on the local CPU pod: 2 hosts of multi-controller JAX (gloo collectives), through the
-real CLI, with the real T5X venv (t5x, airio and jestimator from ../shared/wheels, as ``backend.t5x_source``).
+real CLI, with the real T5X venv (t5x, airio and jestimator from ../shared/wheels or TPUFT_T5X_SOURCE, as
+``backend.t5x_source``: ``tests.venvs.t5x_source``).
 
 * ``tpuft up t5x_quickstart``: T5X learns the numbers task to >= 0.9 held-out exact match (its inference eval), and
   the run dir holds what monitor, pull, convert and resume read: metrics rows, heartbeats, complete checkpoints
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.pods import Finished, Pod, created_pod
-from tests.venvs import WHEELS
+from tests.venvs import t5x_source_settings
 
 from tests.conftest import REPO
 from tpuft import rundir
@@ -32,7 +33,7 @@ from tpuft.worker.predictions import merged, score, shard_name
 
 pytestmark = pytest.mark.slow
 
-SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
+SOURCE = t5x_source_settings()
 TEST_SET = REPO / "recipes" / "data" / "numbers" / "test.jsonl"
 QUICK = ["--set", "train.steps=600", "--set", "eval.every=300", "--set", "train.checkpoint_every=300"]
 

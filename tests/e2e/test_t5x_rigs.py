@@ -9,7 +9,7 @@ emulator through the variables of :meth:`tests.rigs.gcs_proxy.GcsProxy.env`, giv
 of the run restores its ``checkpoint_N`` from the bucket the same way on both hosts.
 
 The workers share this machine's venv cache (they are loopback hosts): the T5X venv the ``t5x_python`` fixture
-built is the one ``tpuft setup`` finds, through the same key (``backend.t5x_source`` = ``tests.venvs.WHEELS``,
+built is the one ``tpuft setup`` finds, through the same key (``backend.t5x_source`` = ``tests.venvs.t5x_source``,
 shipped to the workers' HOMEs as a remote worker gets it).
 """
 
@@ -35,11 +35,11 @@ from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.gcs_proxy import GcsProxy
 from tests.rigs.sshd_pod import SshdPod, sshd_available
-from tests.venvs import WHEELS
+from tests.venvs import t5x_source_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
 
-SOURCE = ["--set", f"backend.t5x_source={WHEELS}"]
+SOURCE = t5x_source_settings()
 BUCKET = "e2e-bucket"
 
 
