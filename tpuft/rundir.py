@@ -23,6 +23,11 @@ TB_DIR = "tb"
 EXPORT_HF = "export/hf"
 RUN_INFO = "run.json"
 """Written by the controller: run id, recipe name, backend, cluster, start time, final status."""
+TRACKING = "tracking.json"
+"""The tracker sidecar's state (``report.to``: wandb, mlflow): each tracker's run and the rows it has; its runs go
+into run.json's ``tracking`` at the end (:func:`tracking_entry`)."""
+TRACKING_STOP = "tracking-stop.json"
+"""Written by the chief's supervisor when its trainer has ended: the sidecar sends the rest and finishes."""
 
 
 def new_run_id(recipe_name: str) -> str:
@@ -236,6 +241,9 @@ def finalize_run(storage: Any, attempt: int | None = None) -> dict[str, Any] | N
     seconds = sum(float(a.get("ended", ended)) - float(a.get("started", ended)) for a in attempts) if attempts else None
     info = {k: v for k, v in info.items() if k not in {"cause", "culprit", "culprit_tail", "test"}}
     info.update(outcome, ended=ended, attempts=attempts)
+    tracking = tracking_entry(read_json_text(storage.read_text(TRACKING)) or {})
+    if tracking:
+        info["tracking"] = tracking
     test = final_test(storage, int(info.get("workers") or 0)) if outcome["status"] == "finished" else {}
     if test:
         info["test"] = test
@@ -243,6 +251,29 @@ def finalize_run(storage: Any, attempt: int | None = None) -> dict[str, Any] | N
         info["seconds"] = round(seconds, 1)
     storage.write_text(RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
     return info
+
+
+def tracking_entry(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """run.json's ``tracking``: where each tracker has the run (W&B: id, project, mode, url; MLflow: run id, store,
+    experiment) and how many rows it got, without the sidecar's bookkeeping."""
+    return {name: {key: value for key, value in entry.items() if key != "marks"}
+            for name, entry in state.items() if isinstance(entry, dict)}
+
+
+def tracking_lines(entry: dict[str, Any]) -> list[str]:
+    """One line per tracker for ``runs show`` and ``monitor``: ``wandb: <url or project/id (offline: wandb sync
+    DIR)>``, ``mlflow: run <id> in <store> (experiment <name>)``."""
+    lines = []
+    wandb = entry.get("wandb") or {}
+    if wandb:
+        where = wandb.get("url") or f"{wandb.get('project', '?')}/{wandb.get('id', '?')}"
+        offline = f" (offline: wandb sync <run dir>/{wandb['dir']})" if wandb.get("mode") == "offline" and wandb.get("dir") else ""
+        lines.append(f"wandb: {where}{offline}, {wandb.get('rows', 0)} rows")
+    mlflow = entry.get("mlflow") or {}
+    if mlflow:
+        lines.append(f"mlflow: run {mlflow.get('run_id', '?')} in {mlflow.get('tracking_uri', '?')} "
+                     f"(experiment {mlflow.get('experiment', '?')}), {mlflow.get('rows', 0)} rows")
+    return lines
 
 
 TEST_DIR = "test"

@@ -15,6 +15,8 @@ from __future__ import annotations
 from tpuft.backends.spec import EnvSpec
 
 KIND = "tracking"
+PYTHON_ENV = "TPUFT_TRACKING_PYTHON"
+"""Set by ``train`` for the chief's supervisor: the tracking venv's python, which runs the sidecar. Unset: no sidecar."""
 REQUIREMENTS = ("wandb==0.31.0", "mlflow==3.17.2")
 MIN_PYTHON = "3.10"
 """mlflow 3 and wandb 0.31 install on 3.10 and newer."""

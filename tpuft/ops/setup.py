@@ -18,6 +18,7 @@ from tpuft.backends.base import EnvSpec, LaunchPlan
 from tpuft.config import ClusterConfig, RecipeConfig
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
+from tpuft.tracking_env import PYTHON_ENV, tracking_spec
 
 BOOTSTRAP = "tpuft/worker/bootstrap.py"
 SOURCES_HOME = ".tpuft/sources"
@@ -78,6 +79,21 @@ def venv_python(session: Session, spec: EnvSpec) -> str:
     return f"{session.provider.venv_cache()}/{spec.key}/bin/python"
 
 
+def tracking_env(session: Session, recipe: RecipeConfig, package: str, *, on_line: LineSink | None = None) -> dict[str, str]:
+    """The tracker sidecar's venv (wandb, mlflow), built or found on the chief only, when ``report.to`` names a tracker
+    the sidecar feeds: ``{TPUFT_TRACKING_PYTHON: its python}`` for the chief's supervisor; {} otherwise. A venv of
+    its own, so the trackers' packages never meet the backend's pins (tpuft/tracking_env.py)."""
+    if not recipe.report.trackers:
+        return {}
+    spec = tracking_spec(session.provider.python())
+    chief = launch_plan(session, recipe).workers[:1]
+    argv = bootstrap_argv(session, package, spec)
+    log_dir = session.provider.state_dir() / "logs" / "setup"
+    result = session.fleet.run(argv, workers=chief, log_dir=log_dir, on_line=on_line, env=lambda w: worker_env(session.config))
+    raise_on_failure(result, f"setup of the tracking environment (report.to: {', '.join(recipe.report.trackers)})")
+    return {PYTHON_ENV: venv_python(session, spec)}
+
+
 def setup(config: ClusterConfig, recipe: RecipeConfig, *, on_line: LineSink | None = None) -> SetupResult:
     started = time.monotonic()
     session = open_session(config)
@@ -89,6 +105,7 @@ def setup(config: ClusterConfig, recipe: RecipeConfig, *, on_line: LineSink | No
     argv = bootstrap_argv(session, package, spec, no_deps=no_deps)
     result = session.fleet.run(argv, workers=workers, log_dir=log_dir, on_line=on_line, env=lambda w: worker_env(config))
     raise_on_failure(result, f"setup of the {recipe.backend.kind} environment")
+    tracking_env(session, recipe, package, on_line=on_line)
     return SetupResult(
         backend=recipe.backend.kind,
         venv=f"{session.provider.venv_cache()}/{spec.key}",

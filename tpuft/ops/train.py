@@ -25,7 +25,7 @@ from tpuft.ops.lifecycle import (
 )
 from tpuft.ops.doctor import doctor_problems
 from tpuft.ops.preflight import check_against_cluster, preflight
-from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, venv_python
+from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, tracking_env, venv_python
 from tpuft.ports import COORDINATOR_PORT, free_port
 from tpuft.runs import Run, resolve_run
 from tpuft.storage import open_storage
@@ -304,8 +304,9 @@ def _run_attempt(
     attempt = int(info["attempt"])
     try:
         with deferred_interrupts() as deferred:  # half-started supervisors must not be left behind by a Ctrl-C
+            env = {**_trainer_env(session, config, plan, resume), **tracking_env(session, recipe, launch.package)}
             start_supervisors(
-                session, run, launch, _trainer_env(session, config, plan, resume), attempt=attempt,
+                session, run, launch, env, attempt=attempt,
                 hang_timeout=recipe.train.hang_timeout, argv=(launch.python, *plan.argv),
                 free_tpu=session.shape.target == "tpu",
             )

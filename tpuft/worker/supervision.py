@@ -22,6 +22,7 @@ from tpuft import rundir
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.host_state import kill_group, process_state, read_current, start_ticks, worker_lock, write_current
 from tpuft.worker.metrics import PATIENT_PHASES
+from tpuft.worker.tracking_launch import TrackingSidecar
 
 STOP_GRACE_SECONDS = 10.0
 """SIGTERM, then SIGKILL after this long: a trainer gets time to exit cleanly, not to finish a checkpoint."""
@@ -94,6 +95,8 @@ class Supervisor:
         self.pending_stop: str | None = None
         """Set by the signal handler (SIGTERM from ``tpuft stop``), acted on at the next tick."""
         self.trainer_started = time.time()
+        self.sidecar: TrackingSidecar | None = None
+        """The chief's tracker sidecar (``report.to``: wandb, mlflow), beside the trainer; never its concern."""
 
     # -- records ---------------------------------------------------------------------------------------------
     def publish(self, **changes: Any) -> None:
@@ -127,6 +130,7 @@ class Supervisor:
             self.publish(status="running", trainer_pid=trainer.pid, trainer_ticks=start_ticks(trainer.pid))
             with worker_lock():
                 write_current({**read_current(), "status": "running", "trainer_pid": trainer.pid})
+            self.sidecar = TrackingSidecar.start(self.ctx, self.storage, output)
             code = self._watch(trainer, output)
             return self._end(code, output, syncer)
         except BaseException as exc:
@@ -138,6 +142,8 @@ class Supervisor:
                 return 1
             raise
         finally:
+            if self.sidecar is not None:
+                self.sidecar.kill()  # ended by _end already, unless the supervisor itself failed
             if output is not None:
                 output.close()
             with worker_lock():
@@ -251,6 +257,8 @@ class Supervisor:
         if self.hang is None:
             self.publish(status=status, exit_code=code, ended=ended, tail=list(output.tail), **extra)
         output.say(f"trainer ended: {status} (exit code {code})")
+        if self.sidecar is not None:
+            self.sidecar.stop(status, output)  # before the last upload: tracking.json and wandb/ go up with the rest
         output.close()
         if syncer is not None:
             syncer.close()  # the last metrics, checkpoints, export and the whole log reach the bucket

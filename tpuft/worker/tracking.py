@@ -33,8 +33,8 @@ from typing import Any
 from tpuft import rundir
 from tpuft.worker.tracking_sinks import make_sinks, numeric
 
-STATE = "tracking.json"
-STOP = "tracking-stop.json"
+STATE = rundir.TRACKING
+STOP = rundir.TRACKING_STOP
 LOG = "logs/tracking.log"
 RETRY_SECONDS = (10.0, 30.0, 60.0, 120.0, 300.0)
 """The pause after a tracker's 1st, 2nd, ... failure in a row; after the last one it is given up."""
