@@ -1,4 +1,5 @@
-"""The recipe's ``data:`` section: JSON-lines files, a pretraining corpus, or a Hugging Face dataset, with the
+"""The recipe's ``data:`` section: data files (JSON lines, CSV, TSV, Parquet; local or ``gs://``), a pretraining
+corpus, or a Hugging Face dataset, with the
 fields, templates, transforms and the preprocess hook that turn a record into a source and a target.
 """
 
@@ -79,9 +80,19 @@ class HfDataset(StrictModel):
         return self
 
 
+DataFormat = Literal["auto", "jsonl", "csv", "tsv", "parquet"]
+DataFile = LaxPath | str
+"""A local file (a Path once validated; relative to the recipe's folder) or a ``gs://`` URL (kept as text)."""
+
+
 class DataConfig(StrictModel):
-    train: LaxPath | None = Field(
-        None, description="Training examples, JSON lines; relative paths are from the recipe's folder."
+    train: DataFile | None = Field(
+        None, description="Training examples: JSON lines (.jsonl, .json), CSV (.csv), TSV (.tsv) or Parquet (.parquet), "
+        "text formats also .gz; local (relative paths are from the recipe's folder) or gs://bucket/path.",
+    )
+    format: DataFormat = Field(
+        "auto", description="The format of data.train, data.eval and data.test: auto (by each file's suffix), jsonl, "
+        "csv (a header row, RFC 4180 quoting), tsv (a header row, tab-separated, no quoting: GLUE's files) or parquet.",
     )
     corpus: list[PathText] = Field(
         default_factory=list,
@@ -89,13 +100,15 @@ class DataConfig(StrictModel):
         description="Plain text for pretraining (span corruption), one document a line: files or globs, local "
         "(relative to the recipe's folder) or gs://.",
     )
-    eval: LaxPath | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
-    test: LaxPath | None = Field(
+    eval: DataFile | None = Field(None, description="Held-out examples in the same format (for eval.* metrics).")
+    test: DataFile | None = Field(
         None, description="Test examples in the same format: evaluated once at the end of training, on the best "
         "(train.keep_best) or last checkpoint, by the run's backend on the slice; test_* metrics and the predictions "
         "in the run dir.")
-    source_field: str = Field("source", description="JSON field holding the input text (dots reach into objects).")
-    target_field: str = Field("target", description="JSON field holding the output text.")
+    source_field: str = Field(
+        "source", description="Field (JSON key, CSV/TSV column, Parquet column) holding the input text (dots reach "
+        "into objects).")
+    target_field: str = Field("target", description="Field holding the output text.")
     source_template: str | None = Field(
         None, description="Build the input from several fields, e.g. 'question: {question} context: {context}'."
     )
@@ -133,11 +146,28 @@ class DataConfig(StrictModel):
         default_factory=list, max_length=100_000, description="Classification: the label names, in class-id order."
     )
 
+    @field_validator("train", "eval", "test", mode="before")
+    @classmethod
+    def _text_or_path(cls, value: object) -> object:
+        """One message for a value that is neither (not one per member of the union)."""
+        if value is not None and not isinstance(value, (str, Path)):
+            raise ValueError(f"expected a file path or a gs:// URL (got {type(value).__name__} {value!r})")
+        return value
+
     @field_validator("train", "eval", "test")
     @classmethod
-    def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+    def _exists(cls, value: Path | str | None, info: ValidationInfo) -> Path | str | None:
+        """A local file must exist (``recipes validate`` and ``train`` read it); a ``gs://`` object is looked up when
+        the data is checked, through the storage layer, not here (loading a recipe never reaches the network)."""
         if value is None:
             return None
+        if isinstance(value, str) and value.startswith("gs://"):
+            bucket, _, name = value[len("gs://"):].partition("/")
+            if not bucket or not name or name.endswith("/"):
+                raise ValueError(f"expected gs://bucket/path/file (got {value!r})")
+            return value
+        if isinstance(value, str) and (not value.strip() or any(ord(c) < 32 for c in value)):
+            raise ValueError(f"expected a file path (got {value!r})")
         path = Path(os.path.normpath(_from_file(str(value), info)))
         if (info.context or {}).get("check_files", True):
             if not path.exists():

@@ -1,9 +1,10 @@
 """Everything about a recipe that can be checked on this machine before a cluster is created or a worker started.
 
 Loading a recipe checks its keys and values; this checks it against the cluster (the batch splits over the workers)
-and reads its data files through, line by line, the way the workers will: an invalid line, a missing field, a
-non-UTF-8 byte, a ``null`` target or an empty eval file is reported here, at file:line, in seconds, instead of on the
-workers after set-up. Used by ``recipes validate``, ``train`` and ``up``.
+and reads its data files through (JSON lines, CSV, TSV or Parquet; a ``gs://`` one through the storage layer), record
+by record, with the reader the workers use: an invalid line, a missing field or column, a non-UTF-8 byte, a ``null``
+target or an empty eval file is reported here, at file:line, in seconds, instead of on the workers after set-up.
+Used by ``recipes validate``, ``train`` and ``up``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tpuft.backends import get_backend
 from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.errors import ConfigError
-from tpuft.worker.data import Fields, FileCheck, check_file
+from tpuft.worker.data import DataError, Fields, FileCheck, check_file, file_format
 from tpuft.worker.text_transforms import HookError
 
 DataProgress = Callable[[Path, int, int], None]
@@ -48,8 +49,30 @@ def check_against_cluster(recipe: Loaded[RecipeConfig], shape: ClusterShape) -> 
         raise ConfigError(problems, source=recipe.source)
 
 
+PARQUET_READERS = ("pyarrow", "datasets")
+"""Requirements that put pyarrow in a worker venv (``datasets`` depends on it)."""
+
+
+def _format_problem(recipe: Loaded[RecipeConfig], key: str, path: object, shape: ClusterShape | None) -> str | None:
+    """The file's format unknown, or Parquet on a backend whose worker venv has no pyarrow to read it."""
+    try:
+        kind, _ = file_format(str(path), recipe.value.data.format)
+    except DataError as exc:
+        return recipe.problem(("data", key), exc.message)
+    if kind != "parquet" or shape is None:
+        return None
+    backend = get_backend(recipe.value.backend.kind)
+    spec = backend.env_spec(recipe.value.backend, shape.target, "3")
+    names = {requirement.split(";")[0].strip().lower().replace("_", "-") for requirement in spec.requirements}
+    if any(name.startswith(reader) and not name[len(reader):len(reader) + 1].isalnum() for name in names
+           for reader in PARQUET_READERS):
+        return None
+    return recipe.problem(("data", key), f"{path} is Parquet, and the {backend.kind} backend's worker venv has no "
+                          "pyarrow to read it: add pyarrow to backend.extra_requirements, or use JSON lines, CSV or TSV")
+
+
 def data_problems(
-    recipe: Loaded[RecipeConfig], workers: int, progress: DataProgress | None = None
+    recipe: Loaded[RecipeConfig], workers: int, progress: DataProgress | None = None, shape: ClusterShape | None = None
 ) -> tuple[list[str], dict[str, FileCheck]]:
     data = recipe.value.data
     try:
@@ -61,6 +84,10 @@ def data_problems(
     for key in ("train", "eval", "test"):
         path = getattr(data, key)
         if path is None:
+            continue
+        unreadable = _format_problem(recipe, key, path, shape)
+        if unreadable is not None:
+            problems.append(unreadable)
             continue
         report = (lambda done, total, p=path: progress(p, done, total)) if progress is not None else None
         check = check_file(path, fields, progress=report)
@@ -105,7 +132,7 @@ def preflight(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: Dat
     shape = config.shape()
     launched = len(get_backend(recipe.value.backend.kind).plan(recipe.value, shape).workers)
     problems = cluster_problems(recipe, shape, config)
-    found, checks = data_problems(recipe, launched, progress)
+    found, checks = data_problems(recipe, launched, progress, shape)
     problems += found
     if problems:
         raise ConfigError(problems, source=recipe.source)
