@@ -12,8 +12,8 @@ from tpuft.paths import recipes_dir
 SHIPPED = sorted(recipes_dir().glob("*.yaml"))
 
 
-USER_DATA = {"sst2_bert_base_keras": "glue/sst2", "sst2_bert_large_keras": "glue/sst2",
-             "sst2_t5_small_keras": "glue/sst2", "sst2_t5_base_keras": "glue/sst2",
+USER_DATA = {"sst2_bert_base_keras": "glue/SST-2", "sst2_bert_large_keras": "glue/SST-2",
+             "sst2_t5_small_keras": "glue/SST-2", "sst2_t5_base_keras": "glue/SST-2",
              "question_quality_t5_base_keras": "so_quality"}
 """Recipes whose data the user fetches (it cannot be shipped) -> the folder under recipes/data/ whose fetch.py does."""
 
@@ -46,7 +46,7 @@ def test_validate_tells_missing_data_from_a_bad_recipe(cli, tmp_path: Path, clus
     recipe = tmp_path / "sst2.yaml"
     (tmp_path / "glue").mkdir()
     (tmp_path / "glue" / "fetch.py").write_text("")
-    text = (recipes_dir() / "sst2_bert_base_keras.yaml").read_text().replace("data/glue/sst2/", "glue/")
+    text = (recipes_dir() / "sst2_bert_base_keras.yaml").read_text().replace("data/glue/SST-2/", "glue/")
     recipe.write_text(text)
     missing = cli("recipes", "validate", str(recipe), "-c", str(cluster_file))
     assert missing.code == DATA_MISSING_EXIT == 3, missing.err
@@ -54,7 +54,7 @@ def test_validate_tells_missing_data_from_a_bad_recipe(cli, tmp_path: Path, clus
     number = {key: 1 + next(i for i, line in enumerate(text.splitlines()) if line.startswith(f"  {key}:"))
               for key in ("train", "eval")}
     assert lines == [f"{recipe}:{number[key]}: data.{key}: missing {tmp_path / 'glue' / name}; fetch it: python glue/fetch.py"
-                     for key, name in (("train", "train.jsonl"), ("eval", "validation.jsonl"))]
+                     for key, name in (("train", "train.tsv"), ("eval", "dev.tsv"))]
     skipped = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--no-data-check")
     assert skipped.code == 0 and "data not checked" in skipped.out
     (tmp_path / "glue" / "fetch.py").unlink()
@@ -75,21 +75,60 @@ def _fetch_module(folder: str):  # type: ignore[no-untyped-def]
     return module
 
 
-def test_the_sst2_fetch_writes_what_the_recipes_read(tmp_path: Path) -> None:
-    """The writer of recipes/data/glue/sst2/fetch.py on rows shaped as the hub's (the download needs the network)."""
-    fetch = _fetch_module("glue/sst2")
-    rows = [{"sentence": "a gorgeous , witty film ", "label": 1, "idx": 0}, {"sentence": "dull", "label": 0, "idx": 1}]
-    for split, name in fetch.SPLITS.items():
-        assert fetch.write_jsonl(rows, tmp_path / name) == 2
-    with pytest.raises(ValueError, match="not 0 or 1"):
-        fetch.write_jsonl([{"sentence": "unlabelled test row", "label": -1}], tmp_path / "test.jsonl")
-    recipe = (recipes_dir() / "sst2_t5_small_keras.yaml").read_text().replace("data/glue/sst2/", f"{tmp_path}/")
-    (tmp_path / "r.yaml").write_text(recipe)
-    from tpuft.config import load_cluster
-    from tpuft.ops.preflight import preflight
+GLUE_SST2_TRAIN = (
+    "sentence\tlabel\n"
+    "hide new secretions from the parental units \t0\n"
+    "contains no wit , only labored gags \t0\n"
+    "that loves its characters and communicates something rather beautiful about human nature \t1\n"
+    "remains utterly satisfied to remain the same throughout \t0\n"
+    "on the worst revenge-of-the-nerds clich\u00e9s the filmmakers could dredge up \t0\n"
+    "that 's far too tragic to merit such superficial treatment \t0\n"
+    "demonstrates that the director of such hollywood blockbusters as patriot games can still turn out a small , "
+    "personal film with an emotional wallop . \t1\n"
+    "of saucy \t1\n"
+    "a \" quirky \" film that never quite gels \t0\n"
+    "the movie 's \"\" funny \"\" moments \t1\n"
+    "\"a gorgeous , witty , seductive movie . \t1\n"
+    "it 's a charming and often affecting journey . \t1\n"
+)
+"""GLUE's SST-2 train.tsv as it comes: the header, a tab, no quoting, quote characters unpaired, doubled and at the
+start of a sentence (a CSV reader would swallow them or join lines), apostrophes split off as GLUE tokenizes."""
 
-    checked = preflight(load_cluster(None).value, load_recipe(tmp_path / "r.yaml"))
-    assert checked.examples("train") == 2 and checked.examples("eval") == 2
+
+def test_sst2_as_glue_ships_it_is_read_directly(cli, tmp_path: Path, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+    """fetch.py unpacks GLUE's SST-2.zip unchanged (a zip in its layout; the download needs the network), and the
+    shipped recipe validates on those files and reads every sentence, quotes and all, with its label."""
+    import zipfile
+
+    from tpuft.worker.data import Fields, iter_shard
+
+    fetch = _fetch_module("glue/SST-2")
+    archive = tmp_path / "SST-2.zip"
+    dev = "sentence\tlabel\nit 's a charming and often affecting journey . \t1\nunflinchingly bleak \t0\n"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("SST-2/train.tsv", GLUE_SST2_TRAIN)
+        zipped.writestr("SST-2/dev.tsv", dev)
+        zipped.writestr("SST-2/test.tsv", "index\tsentence\n0\tuneasy mishmash of styles and genres .\n")
+        zipped.writestr("SST-2/original/README.txt", "the treebank")
+    out = tmp_path / "data" / "glue" / "SST-2"
+    assert fetch.main(["--zip", str(archive), "--out", str(out)]) == 0
+    assert (out / "train.tsv").read_text() == GLUE_SST2_TRAIN and sorted(p.name for p in out.iterdir()) == [
+        "dev.tsv", "test.tsv", "train.tsv"]
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as zipped:
+        zipped.writestr("CoLA/train.tsv", "x")
+    with pytest.raises(ValueError, match="not GLUE's SST-2.zip"):
+        fetch.extract(tmp_path / "other.zip", tmp_path / "elsewhere")
+    for name in ("sst2_t5_small_keras", "sst2_bert_base_keras"):
+        (tmp_path / f"{name}.yaml").write_text((recipes_dir() / f"{name}.yaml").read_text())
+        validated = cli("recipes", "validate", str(tmp_path / f"{name}.yaml"), "-c", str(cluster_file))
+        assert validated.code == 0, validated.err
+    recipe = load_recipe(tmp_path / "sst2_t5_small_keras.yaml").value
+    examples = list(iter_shard(recipe.data.train, 0, 1, Fields.of(recipe.data)))
+    rows = [line.split("\t") for line in GLUE_SST2_TRAIN.splitlines()[1:]]
+    assert [(e.source, e.target, e.line) for e in examples] == [
+        ("sst2 sentence: " + sentence, label, number) for number, (sentence, label) in enumerate(rows, start=2)]
+    assert examples[8].source == 'sst2 sentence: a " quirky " film that never quite gels '
+    assert examples[10].source == 'sst2 sentence: "a gorgeous , witty , seductive movie . '
 
 
 def test_the_question_quality_fetch_converts_kaggle_s_csv(tmp_path: Path) -> None:
