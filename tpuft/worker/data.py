@@ -199,18 +199,23 @@ def _lines(path: Path, gzipped: bool = False, where: str | None = None) -> Itera
                 yield number, raw
 
 
+def _utf8(raw: bytes, path: Path | str, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start] if exc.start < len(raw) else 0
+        raise DataError(
+            f"{path}:{number}", f"not UTF-8: byte 0x{bad:02x} at column {exc.start + 1} (save the file as UTF-8)"
+        ) from None
+
+
 def parse_line(path: Path | str, number: int, raw: bytes) -> Any:
     """One line's JSON value. The fast path hands the bytes to json (which decodes UTF-8 itself); the slow path,
     only for a bad line, finds the exact byte or column to report."""
     if b"\x00" in raw:
         raise DataError(f"{path}:{number}", "contains a NUL byte (is the file UTF-16? save it as UTF-8)")
     try:
-        return json.loads(raw.decode("utf-8"))  # str, not bytes: json's encoding detection costs 15 %
-    except UnicodeDecodeError as exc:
-        bad = raw[exc.start] if exc.start < len(raw) else 0
-        raise DataError(
-            f"{path}:{number}", f"not UTF-8: byte 0x{bad:02x} at column {exc.start + 1} (save the file as UTF-8)"
-        ) from None
+        return json.loads(_utf8(raw, path, number))  # str, not bytes: json's encoding detection costs 15 %
     except json.JSONDecodeError:
         try:
             json.loads(raw.decode("utf-8").rstrip("\r\n"))  # the column as the line shows it, without its newline
@@ -361,8 +366,12 @@ def iter_records(path: Path | str, data_format: str = "auto") -> Iterator[tuple[
         yield row.line, row.record
 
 
-def _open_text(path: Path, gzipped: bool, **text: Any) -> IO[Any]:
-    return gzip.open(path, "rt", **text) if gzipped else path.open("r", **text)
+def _text_lines(handle: IO[bytes], where: str) -> Iterator[str]:
+    """The file's lines decoded one by one, so that a byte that is not UTF-8 is located at its line (a text-mode
+    file decodes ahead, in blocks); a byte-order mark (spreadsheets write one) is dropped."""
+    for number, raw in enumerate(handle, start=1):
+        text = _utf8(raw, where, number)
+        yield text[1:] if number == 1 and text.startswith("\ufeff") else text
 
 
 def _json_rows(path: Path, gzipped: bool, where: str, keep: Callable[[int], bool] | None) -> Iterator[Row]:
@@ -382,8 +391,8 @@ def _delimited_rows(path: Path, kind: str, gzipped: bool, where: str, keep: Call
     The first row names the columns; every value is text."""
     tsv = kind == "tsv"
     quoting = csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL
-    with _open_text(path, gzipped, encoding="utf-8-sig", newline="") as handle:
-        reader = csv.reader(handle, delimiter="\t" if tsv else ",", quoting=quoting, strict=not tsv)
+    with (gzip.open(path, "rb") if gzipped else path.open("rb")) as handle:
+        reader = csv.reader(_text_lines(handle, where), delimiter="\t" if tsv else ",", quoting=quoting, strict=not tsv)
         header: list[str] | None = None
         index, ended = 0, 0
         while True:
@@ -392,8 +401,6 @@ def _delimited_rows(path: Path, kind: str, gzipped: bool, where: str, keep: Call
                 values = next(reader)
             except StopIteration:
                 return
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{where}:{reader.line_num + 1}", f"not UTF-8: {exc.reason} (save the file as UTF-8)") from None
             except csv.Error as exc:
                 raise DataError(f"{where}:{reader.line_num}", f"not valid {kind.upper()}: {exc}") from None
             ended = reader.line_num
