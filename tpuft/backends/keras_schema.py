@@ -81,9 +81,15 @@ class KerasBackend(StrictModel):
         if recipe.eval.metric == "accuracy" and self.task == "text2text":
             found.append((("eval", "metric"), "accuracy is the classification metric; a text2text run has "
                           "exact_match, token_accuracy and loss"))
-        if recipe.eval.metric in ("exact_match", "token_accuracy") and self.task == "classification":
+        if recipe.eval.metric in ("exact_match", "token_accuracy", "bleu", "rouge_l") and self.task == "classification":
             found.append((("eval", "metric"), f"{recipe.eval.metric} is a text2text metric; a classification run "
                           "has accuracy and loss"))
+        elif recipe.eval.generate_examples and self.task == "classification":
+            found.append((("eval", "generate_examples"), "greedy decodes are text2text's (for BLEU and ROUGE-L); a "
+                          "classifier's eval has accuracy already"))
+        if model.prompt_tuning is not None and self.task == "classification":
+            found.append((("model", "prompt_tuning"), "a soft prompt goes before a T5 encoder's input (task: "
+                          "text2text); a classifier trains its head and encoder"))
         if data.corpus:
             found.append((("data", "corpus"), "a pretraining corpus is for the t5x backend's span_corruption task; "
                           "the keras backend trains on data.train (JSON lines)"))
@@ -142,10 +148,14 @@ CAPABILITIES = Capabilities(
             ("data", "labels"),
             ("train", "early_stopping"),
             ("train", "grad_accum_steps"),
+            ("data", "hf"),
+            ("eval", "generate_examples"),
+            ("model", "prompt_tuning"),
         }
     ),
-    metrics=frozenset({"exact_match", "token_accuracy", "loss", "accuracy"}),
+    metrics=frozenset({"exact_match", "token_accuracy", "loss", "accuracy", "bleu", "rouge_l"}),
 )
-"""Text-to-text and classification (data.label_field/labels); no greedy decodes, so no BLEU or ROUGE-L."""
+"""Text-to-text and classification (data.label_field/labels); BLEU and ROUGE-L from greedy decodes made on the device
+(text to text)."""
 
 SECTION = KerasBackend

@@ -5,12 +5,15 @@ host, which cannot read worker 0's disk: there the records go to the run's bucke
 to ``max_source_length``/``max_target_length``, batches ``drop_remainder``), and the eval set is padded with weight-0
 rows to a whole number of global batches, so that on the CPU pod every worker runs the same number of eval steps
 (their steps meet in collectives). A resumed run skips the batches its checkpoint had consumed, so it sees the data
-the original would have. TensorFlow is passed in: this module imports without it.
+the original would have. ``data.hf`` is streamed into the files (``hf_data.split_examples``: a program's share, in
+the split's order, tokenized a chunk at a time) and read from disk each epoch rather than cached in memory; its
+eval and test splits are dealt as the held-out files are (``hf_data.held_out``). TensorFlow is passed in: this module imports without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from tpuft.errors import UsageError
@@ -20,6 +23,9 @@ from tpuft.worker.keras_parts import IGNORE
 if TYPE_CHECKING:
     from tpuft.config import RecipeConfig
     from tpuft.worker.context import WorkerContext
+
+WRITE_CHUNK = 1024
+"""Examples tokenized and written at a time: a streamed ``data.hf`` split is never in memory whole."""
 
 
 class RecordData:
@@ -42,24 +48,22 @@ class RecordData:
         train = self.recipe.train
         # MWMS: one program per worker, each on its shard. TPU: one program feeds every replica.
         rank, world = (0, 1) if self.tpu_hosts else (self.ctx.worker_id, self.ctx.num_workers)
-        fields = data_mod.Fields.of(cfg)
-        train_examples = data_mod.load_shard(cfg.train, rank, world, fields)
-        eval_examples: list[data_mod.Example] = []
-        if cfg.eval is not None:
-            eval_examples = list(data_mod.iter_shard(cfg.eval, rank, world, fields))
-            limit = self.recipe.eval.max_examples
-            if limit is not None:  # the first `limit` examples of the file, wherever their shard is
-                eval_examples = eval_examples[: len(range(rank, limit, world))]
-        self.eval_examples = eval_examples
+        self.data_dir = self._data_dir()
+        tag = f"w{self.ctx.worker_id}" if not self.tpu_hosts else "all"
+        shards = max(self.tpu_hosts, 1)
+        # data.hf streams into the files (never held whole); the files' order is the split's, so a resumed run
+        # writes the same records and skips the batches its checkpoint consumed, as with JSON lines
+        self.train_files, train_count = self._write_records(f"train-{tag}", self._train_examples(rank, world),
+                                                            shards=shards)
+        if not train_count:
+            raise data_mod.DataError(self._where(), f"worker {self.ctx.worker_id} of {world} got no training examples")
+        self.eval_examples = eval_examples = self._eval_examples(rank, world)
         self.say(
-            f"data: {len(train_examples)} train / {len(eval_examples)} eval examples on worker {self.ctx.worker_id} "
+            f"data: {train_count} train / {len(eval_examples)} eval examples on worker {self.ctx.worker_id} "
             f"(batch {self.local_batch} per replica, {train.batch_size} global"
             f"{f', {train.grad_accum_steps} micro-batches a step' if train.grad_accum_steps > 1 else ''})",
             everyone=True,
         )
-        self.data_dir = self._data_dir()
-        tag = f"w{self.ctx.worker_id}" if not self.tpu_hosts else "all"
-        self.train_files = self._write_records(f"train-{tag}", train_examples, shards=max(self.tpu_hosts, 1))
         if eval_examples:
             # Static shapes, and on the CPU pod every worker runs the same number of eval batches (their steps meet
             # in collectives): each program pads its examples with weight-0 rows to whole batches.
@@ -68,8 +72,33 @@ class RecordData:
             largest_share = -(-total // world)  # ceil: the worker with the most examples
             self.eval_batches = -(-largest_share // per_program)
             padding = [data_mod.Example("", "", 0)] * (self.eval_batches * per_program - len(eval_examples))
-            self.eval_files = self._write_records(f"eval-{tag}", eval_examples + padding,
-                                                  shards=max(self.tpu_hosts, 1), real=len(eval_examples))
+            self.eval_files, _ = self._write_records(f"eval-{tag}", eval_examples + padding, shards=shards,
+                                                     real=len(eval_examples))
+
+    def _train_examples(self, rank: int, world: int) -> Iterable[data_mod.Example]:
+        cfg = self.recipe.data
+        if cfg.hf is not None:
+            from tpuft.worker.hf_data import split_examples
+
+            return split_examples(cfg, cfg.hf.split, rank=rank, world=world)
+        return data_mod.load_shard(cfg.train, rank, world, data_mod.Fields.of(cfg))
+
+    def _eval_examples(self, rank: int, world: int) -> list[data_mod.Example]:
+        """The first ``eval.max_examples`` of the held-out set (wherever their shard is): this program's share."""
+        from tpuft.worker.hf_data import has_held_out, held_out
+
+        cfg = self.recipe.data
+        if not has_held_out(cfg, "eval"):
+            return []
+        return [e for _, e in held_out(cfg, "eval", rank=rank, world=world, limit=self.recipe.eval.max_examples)]
+
+    def _where(self, role: str = "train") -> str:
+        """Where a role's examples come from, for a located error: the file, or the data.hf split."""
+        cfg = self.recipe.data
+        if cfg.hf is None:
+            return str(getattr(cfg, role))
+        split = cfg.hf.split if role == "train" else getattr(cfg.hf, f"{role}_split")
+        return f"hf:{cfg.hf.path}[{split}]"
 
     def _data_dir(self) -> str:
         if self.tpu_hosts > 1:  # the input pipelines run on every host of the slice: they read the bucket
@@ -79,39 +108,54 @@ class RecordData:
             return f"{self.ctx.run_url}/data"
         return str(self.ctx.run_dir / "data")
 
-    def _write_records(self, name: str, examples: list[data_mod.Example], *, shards: int,
-                       real: int | None = None) -> list[str]:
+    def _write_records(self, name: str, examples: Iterable[data_mod.Example], *, shards: int,
+                       real: int | None = None) -> tuple[list[str], int]:
+        """The examples as TFRecords, tokenized ``WRITE_CHUNK`` at a time (a streamed split is never held whole);
+        after the first ``real`` (all when None) come weight-0 padding rows. Returns the files and the real count."""
+        tf = self.tf
+        tf.io.gfile.makedirs(self.data_dir)
+        paths = [f"{self.data_dir}/{name}-{i:05d}-of-{shards:05d}.tfrecord" for i in range(shards)]
+        writers = [tf.io.TFRecordWriter(p) for p in paths]
+        written = count = 0
+        iterator = iter(examples)
+        while chunk := list(itertools.islice(iterator, WRITE_CHUNK)):
+            for row in self._encode(chunk, first=written, real=real):
+                writers[written % shards].write(row)
+                if real is None or written < real:
+                    count += 1
+                written += 1
+        for writer in writers:
+            writer.close()
+        if self.tpu_hosts > 1:
+            self.say(f"data: {written} examples written as TFRecords to {self.data_dir}/{name}-*")
+        return paths, count
+
+    def _encode(self, examples: list[data_mod.Example], *, first: int, real: int | None) -> list[bytes]:
+        """Serialized ``tf.train.Example``s of ``examples`` (the ``first``-th of the file onwards)."""
         tf = self.tf
         cfg = self.recipe.data
-        count = len(examples) if real is None else real  # the rest pad to whole batches (weight 0)
-        tf.io.gfile.makedirs(self.data_dir)
+        weights = [1.0 if real is None or first + i < real else 0.0 for i in range(len(examples))]
         sources, masks = data_mod.encode_texts(
             self.tokenizer, [e.source for e in examples], cfg.max_source_length, cfg.truncation
         )
         if self.classify:
-            targets = [[self._label_id(e)] if i < count else [0] for i, e in enumerate(examples)]
+            targets = [[self._label_id(e)] if w else [0] for e, w in zip(examples, weights)]
         else:
             enc = self.tokenizer([e.target for e in examples], max_length=cfg.max_target_length,
                                  padding="max_length", truncation=True)
             targets = [[t if m else IGNORE for t, m in zip(ids, mask)]
                        for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
-        paths = [f"{self.data_dir}/{name}-{i:05d}-of-{shards:05d}.tfrecord" for i in range(shards)]
-        writers = [tf.io.TFRecordWriter(p) for p in paths]
         int_list = tf.train.Int64List
-        for i, (ids, mask, target) in enumerate(zip(sources, masks, targets)):
+        rows = []
+        for ids, mask, target, weight in zip(sources, masks, targets, weights):
             feature = {
                 "input_ids": tf.train.Feature(int64_list=int_list(value=ids)),
                 "attention_mask": tf.train.Feature(int64_list=int_list(value=mask)),
                 "labels": tf.train.Feature(int64_list=int_list(value=target)),
-                "weight": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0 if i < count else 0.0])),
+                "weight": tf.train.Feature(float_list=tf.train.FloatList(value=[weight])),
             }
-            example = tf.train.Example(features=tf.train.Features(feature=feature))
-            writers[i % shards].write(example.SerializeToString())
-        for writer in writers:
-            writer.close()
-        if self.tpu_hosts > 1:
-            self.say(f"data: {len(examples)} examples written as TFRecords to {self.data_dir}/{name}-*")
-        return paths
+            rows.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return rows
 
     def _label_id(self, example: data_mod.Example) -> int:
         labels = self.recipe.data.labels
@@ -119,7 +163,7 @@ class RecordData:
             return labels.index(example.target)
         if example.target.isdigit() and int(example.target) < len(labels):
             return int(example.target)
-        where = f"{self.recipe.data.eval if example in self.eval_examples else self.recipe.data.train}:{example.line}"
+        where = f"{self._where('eval' if example in self.eval_examples else 'train')}:{example.line}"
         raise data_mod.DataError(where, f"label {example.target!r} is not one of data.labels ({', '.join(labels)}) "
                                  f"nor an index into them")
 
@@ -152,7 +196,8 @@ class RecordData:
             ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=1)
             ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
             if train:
-                ds = ds.cache()
+                if self.recipe.data.hf is None:  # a JSON-lines shard is in memory anyway; a streamed split is not
+                    ds = ds.cache()
                 if self.recipe.data.shuffle:
                     ds = ds.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
                 ds = ds.repeat()
@@ -171,5 +216,9 @@ class RecordData:
 
 def eval_count(cfg: Any, limit: int | None) -> int:
     """How many eval examples the whole run has (every worker pads its shard to the same number of batches)."""
+    if cfg.hf is not None:
+        from tpuft.worker.hf_data import held_out
+
+        return len(held_out(cfg, "eval", rank=0, world=1, limit=limit))
     count = sum(1 for _ in data_mod.iter_shard(cfg.eval, 0, 1, data_mod.Fields.of(cfg)))
     return min(count, limit) if limit is not None else count

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuft.errors import UsageError
 from tpuft.worker import data as data_mod
-from tpuft.worker import keras_model
+from tpuft.worker import keras_model, keras_prompt
 
 if TYPE_CHECKING:
     from tpuft.config import RecipeConfig
@@ -145,7 +145,7 @@ def main(ctx: WorkerContext, recipe: RecipeConfig, job: PredictJob) -> int:
     saved = named != "byt5" and (folder / "tokenizer_config.json").is_file()
     tokenizer = data_mod.load_tokenizer(str(folder) if saved else named)
     with strategy.scope():
-        hf = keras_model.build_hf_model(recipe, tokenizer, folder)
+        hf = keras_prompt.wrap(tf, keras_model.build_hf_model(recipe, tokenizer, folder), recipe, folder)
     engine = KerasEngine(tf, strategy, hf, tokenizer, recipe, batch_size=job.batch_size,
                          max_new_tokens=job.max_new_tokens, num_beams=job.num_beams)
     process, processes = (0, 1) if hosts else (ctx.worker_id, ctx.num_workers)

@@ -1,4 +1,4 @@
-"""The Keras trainer's test evaluation (``data.test``), once at the end of training, before the final checkpoint
+"""The Keras trainer's test evaluation (``data.test`` or ``data.hf.test_split``), once at the end of training, before the final checkpoint
 (``tpuft.worker.loop.run_test`` calls :func:`evaluate`).
 
 Every program predicts its share of the test set with the Keras prediction engine (``keras_predict.KerasEngine``:
@@ -16,27 +16,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpuft.worker import predictions
-from tpuft.worker.keras_predict import KerasEngine
-from tpuft.worker.predict_input import fields_for, records
+from tpuft.worker import keras_generate, predictions
+from tpuft.worker.predict_input import Record, fields_for, records
 
 
 def evaluate(run: Any, folder: Path | None) -> dict[str, Any]:
-    """``run``: the trainer (``keras_train.KerasRun``, not imported: it imports this module). This program's share of the test set predicted with the weights of ``folder`` (None: those in memory),
-    written, scored over every worker."""
+    """``run``: the trainer (``keras_train.KerasRun``, not imported: it imports this module). This program's share of
+    the test set predicted with the weights of ``folder`` (None: those in memory) by the trainer's one engine (the
+    one that decodes for eval's BLEU), written, scored over every worker."""
     recipe, ctx, loop = run.recipe, run.ctx, run.loop
-    cfg = recipe.data
-    assert cfg.test is not None
-    labels = list(cfg.labels)
+    labels = list(recipe.data.labels)
     rank, world = (0, 1) if run.tpu_hosts else (ctx.worker_id, ctx.num_workers)
-    share = [r for r in records(str(cfg.test), fields_for(cfg), labels) if r.index % world == rank]
-    engine = KerasEngine(run.tf, run.strategy, run.model.hf, run.tokenizer, recipe,
-                         batch_size=run.data.eval_batch * len(run.strategy.extended.worker_devices))
+    share = test_share(recipe.data, rank, world)
+    engine = keras_generate.engine(run)
     last = swap_in(run, folder) if folder is not None else None
     try:
         outputs = engine.predict([r.source for r in share])
     finally:
-        engine.close()
         if last is not None:
             for variable, value in zip(run.model.hf.weights, last):
                 variable.assign(value)
@@ -44,7 +40,24 @@ def evaluate(run: Any, folder: Path | None) -> dict[str, Any]:
                                   (predictions.row(r.index, r.source, o, r.target) for r, o in zip(share, outputs)))
     scored = [(o, r.target) for o, r in zip(outputs, share) if r.target is not None]
     stats = predictions.statistics([o for o, _ in scored], [t for _, t in scored], labels)
-    return predictions.scores(summed(run, stats), labels)
+    return predictions.scores(keras_generate.summed(run, stats), labels)
+
+
+def test_share(cfg: Any, rank: int, world: int) -> list[Record]:
+    """This program's records of ``data.test`` (the i-th record if i % world == rank) or of ``data.hf.test_split``
+    (dealt as every held-out set is), a classification target as its label's name."""
+    labels = list(cfg.labels)
+    if cfg.hf is None:
+        return [r for r in records(str(cfg.test), fields_for(cfg), labels) if r.index % world == rank]
+    from tpuft.worker.hf_data import held_out
+
+    share = []
+    for index, example in held_out(cfg, "test", rank=rank, world=world):
+        target = example.target
+        if labels and target not in labels and target.isdigit() and int(target) < len(labels):
+            target = labels[int(target)]  # the data may give the index, as training accepts
+        share.append(Record(index, example.line, example.source, target))
+    return share
 
 
 def swap_in(run: Any, folder: Path) -> list[Any]:
@@ -58,23 +71,10 @@ def swap_in(run: Any, folder: Path) -> list[Any]:
         folder = fetch_checkpoint(run.ctx, run.loop.layout, folder.name)
     hf = run.model.hf
     last = [variable.numpy() for variable in hf.weights]
-    missing, _, mismatched = load_tf_weights(hf, str(folder / "tf_model.h5"))
+    if hasattr(hf, "load_prompt"):  # prompt tuning (keras_prompt.PromptedT5): the checkpoint's prompt too
+        hf.load_prompt(folder)
+    missing, _, mismatched = load_tf_weights(getattr(hf, "inner", hf), str(folder / "tf_model.h5"))
     if missing or mismatched:
         raise RuntimeError(f"{folder}: the checkpoint does not fit the model (missing layers {missing}, "
                            f"mismatched {mismatched})")
     return last
-
-
-def summed(run: Any, stats: list[float]) -> list[float]:
-    """``stats`` summed over the workers of a CPU pod run (one all-reduce; one local replica of each worker brings
-    them, the others zeros); a TPU program has every prediction already."""
-    if run.tpu_hosts or run.ctx.num_workers == 1:
-        return stats
-    tf, strategy = run.tf, run.strategy
-    local = len(strategy.extended.worker_devices)
-    values = strategy.experimental_distribute_values_from_function(
-        lambda context: tf.constant(stats if context.replica_id_in_sync_group % local == 0 else [0.0] * len(stats),
-                                    tf.float64)
-    )
-    total = strategy.reduce("SUM", values, axis=None)
-    return [float(x) for x in total.numpy()]

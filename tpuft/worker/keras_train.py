@@ -36,6 +36,7 @@ every replica at the same evaluation (the metric is the same on all of them).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ from tpuft import rundir
 from tpuft.backends.keras_schema import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
-from tpuft.worker import keras_model, keras_test
+from tpuft.worker import keras_generate, keras_model, keras_prompt, keras_test
+from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.keras_data import RecordData
 from tpuft.worker.keras_parts import (
@@ -114,7 +116,7 @@ class KerasRun:
                                replicas=self.replicas, tpu_hosts=self.tpu_hosts, say=self.say)
         self.data.prepare()
         loop.has_eval = bool(self.data.eval_files)
-        loop.has_test = self.recipe.data.test is not None
+        loop.has_test = has_held_out(self.recipe.data, "test")
         tf.keras.utils.set_random_seed(self.recipe.train.seed)  # identical initial weights on every replica
         with self.strategy.scope():
             self._setup_model()
@@ -125,15 +127,17 @@ class KerasRun:
         tf = self.tf
         source = self.checkpoint or self.recipe.model.name_or_path  # pretrained weights, or None: random init
         hf = keras_model.build_hf_model(self.recipe, self.tokenizer, source)
+        hf = keras_prompt.wrap(tf, hf, self.recipe, self.checkpoint)  # model.prompt_tuning: a soft prompt, T5 frozen
         start = 0 if self.classify else int(hf.config.decoder_start_token_id)
         self.model = build_trainable(tf, hf, classify=self.classify, start_token=start,
                                      clip_norm=self.recipe.train.max_grad_norm,
                                      accum_steps=self.recipe.train.grad_accum_steps)
         self.model.distribute_reduction_method = "first"  # what train/test steps return is global already
         self.model.build_all(self.recipe.data)
-        count = sum(int(tf.size(v)) for v in hf.trainable_variables)
+        count = sum(int(tf.size(v)) for v in hf.weights)
+        trained = sum(int(tf.size(v)) for v in hf.trainable_variables)
         origin = source or "random init"
-        self.say(f"model: {type(hf).__name__}, {count / 1e6:.2f}M parameters ({origin})")
+        self.say(f"model: {type(hf).__name__}, {count / 1e6:.2f}M parameters, {trained / 1e6:.3f}M trained ({origin})")
 
     def _setup_optimizer(self) -> None:
         tf = self.tf
@@ -190,7 +194,8 @@ class KerasRun:
     def record_eval(self, sums: dict[str, Any], seconds: float) -> dict[str, Any]:
         """The loop's eval row and line from the eval sums, at the current step."""
         self.last_eval_step = self.loop.step
-        return self.loop.record_eval(self.loop.step, eval_row(sums, classify=self.classify), seconds)
+        row = {**eval_row(sums, classify=self.classify), **keras_generate.eval_scores(self)}
+        return self.loop.record_eval(self.loop.step, row, seconds)
 
     def judge(self, result: dict[str, Any]) -> bool:
         """Best-so-far and early stopping (the loop's judge; the metric is identical on every replica, so every
@@ -229,6 +234,8 @@ class KerasRun:
             self.judge(self.evaluate())
         if loop.test_due():  # once per run, before the final checkpoint (which records it)
             run_test(loop, lambda folder: keras_test.evaluate(self, folder))
+        for line in keras_generate.sample_lines(getattr(self, "last_decodes", [])):
+            self.say(f"sample: {line}")
         ckpt = self.save_checkpoint()
         digest = weights_digest(self.model.hf)
         self.say(f"weights sha256 {digest[:16]} (worker {self.ctx.worker_id})", everyone=True)
@@ -237,6 +244,9 @@ class KerasRun:
             source = loop.export_source(ckpt, say_when_last=True)
             out = export_hf(self.ctx, source, self.recipe.export.dtype)
             self.say(f"Hugging Face export: {out}")
+            if self.recipe.model.prompt_tuning is not None:  # beside the HF dir: the frozen model plus this file
+                shutil.copyfile(source / keras_prompt.PROMPT_FILE, out.parent / keras_prompt.PROMPT_FILE)
+                self.say(f"soft prompt: {out.parent / keras_prompt.PROMPT_FILE}")
         self.wait_for_everyone()
         loop.finished(loop.step, params_sha256=digest)
 
