@@ -111,12 +111,19 @@ def test_frozen_parts_stay_bit_identical_and_the_rest_trains(harness: Harness, t
 
 def test_prompt_tuning_trains_only_the_prompt_and_learns_a_tiny_task(harness: Harness, tmp_path: Path) -> None:
     """The model is a frozen random T5; the task is a constant answer, which a prompt alone can learn. The export
-    has the prompt beside the HF dir, and the generated samples use it."""
-    data = tmp_path / "constant.jsonl"
-    data.write_text("".join(json.dumps({"words": f"input number {i}", "digits": "42"}) + "\n" for i in range(256)))
+    has the prompt beside the HF dir, and the generated samples use it. The data comes as TSV (train) and Parquet
+    (eval), read in the backend's venv by the one reader every format goes through."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"words": f"input number {i}", "digits": "42"} for i in range(256)]
+    data = tmp_path / "constant.tsv"
+    data.write_text("words\tdigits\n" + "".join(f"{row['words']}\t{row['digits']}\n" for row in rows))
+    held_out = tmp_path / "constant.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), held_out, row_group_size=100)
     got = run(harness, tmp_path, "prompt", [
         "train.log_every=10", "eval.every=null", "train.steps=120", "train.batch_size=16", "train.optimizer=adamw",
-        "train.learning_rate=0.3", "train.warmup_steps=0", f"data.train={data}", f"data.eval={data}",
+        "train.learning_rate=0.3", "train.warmup_steps=0", f"data.train={data}", f"data.eval={held_out}",
         "eval.max_examples=32", "model.prompt_tuning.tokens=8", "model.prompt_tuning.init=vocab"])
     assert got["changed"] == ["prompt.weight"]
     assert "shared.weight" in got["unchanged"] and len(got["unchanged"]) > 20
