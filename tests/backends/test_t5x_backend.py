@@ -192,7 +192,8 @@ BAD_T5X = [
     (
         "finetune-without-train",
         T5X_RECIPE, "  train: train.jsonl", "  max_source_length: 64",
-        6, ["data.train: required for task finetune: training examples, JSON lines"],
+        6, ["data.train: required for task finetune: training examples (a data file, or a Hugging Face dataset as "
+            "data.hf)"],
     ),
     (
         "finetune-with-corpus",

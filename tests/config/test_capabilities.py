@@ -58,11 +58,10 @@ def test_an_unsupported_key_is_located_and_names_who_supports_it(recipe_dir: Pat
 
 def test_a_key_several_backends_support_names_them_all(recipe_dir: Path) -> None:
     path = recipe_dir / "r.yaml"
-    path.write_text(MINIMAL_RECIPE.replace("kind: torch_xla", "kind: t5x\n  family: byt5\n  size: tiny")
-                    .replace("model:\n  config: {d_model: 8}\n", "").replace("steps: 10", "steps: 10\n  optimizer: adafactor"))
-    problems = refused(path, ["data.truncation=tail"])
-    assert any("data.truncation: not supported by the t5x backend (the keras and torch_xla backends support it)" in p
-               for p in problems), problems
+    path.write_text(KERAS)
+    problems = refused(path, ["train.sharding=fsdp"])
+    assert any("train.sharding: not supported by the keras backend" in p
+               and p.endswith("(the t5x and torch_xla backends support it); remove it") for p in problems), problems
 
 
 def test_an_unsupported_metric_names_who_computes_it(recipe_dir: Path) -> None:

@@ -340,10 +340,9 @@ FINETUNE = textwrap.dedent(
     out["encoded"] = {text: vocab.encode(text) for ex in out["shards"][0][:5]
                       for text in (ex["inputs_pretokenized"], ex["targets_pretokenized"])}
 
-    templated = dict(spec, name="tpuft_test_templated", train=cfg["templated"], eval=None,
-                     fields={"source_field": "source", "target_field": "answer",
-                             "source_template": "{question} ({meta.lang})", "target_template": None,
-                             "prefix": "solve: "})
+    templated = dict(spec, name="tpuft_test_templated",
+                     data=dict(spec["data"], train=cfg["templated"], eval=None, test=None, source_field="source",
+                               target_field="answer", source_template="{question} ({meta.lang})", prefix="solve: "))
     task = seqio.get_mixture_or_task(t5x_tasks.register(templated))
     out["templated_splits"] = sorted(task.splits)
     out["templated"] = rows(task, "train")
@@ -369,10 +368,9 @@ def test_the_finetune_spec_is_the_recipes(finetune: dict[str, Any]) -> None:
     recipe = load_recipe(QUICKSTART).value
     assert finetune["spec"] == {
         "name": "tpuft_numbers_1", "task": "finetune", "vocabulary": "byt5", "extra_ids": 0,
-        "train": str(NUMBERS / "train.jsonl"), "eval": str(NUMBERS / "eval.jsonl"),
-        "fields": {"source_field": recipe.data.source_field, "target_field": recipe.data.target_field,
-                   "source_template": None, "target_template": None, "prefix": ""},
+        "data": recipe.data.model_dump(mode="json"), "text_metrics": False,
     }  # fmt: skip
+    assert finetune["spec"]["data"]["train"] == str(NUMBERS / "train.jsonl")
     assert finetune["splits"] == ["train", "validation"]
 
 

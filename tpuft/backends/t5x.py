@@ -89,7 +89,7 @@ PINNED = (
     "pydantic>=2.6",
     "pyyaml>=6",
     "google-cloud-storage>=2.14",  # the worker mirrors a gs:// run dir and reads gs:// checkpoints to export
-    "datasets>=4.0,<6",  # data.hf as a seqio source (tpuft/worker/t5x_sources.py through hf_data.py); resolves
+    "datasets>=4.0,<6",  # data.hf as a seqio source (tpuft/worker/t5x_data.py through hf_data.py); resolves
     "gcsfs>=2024.2",  # with the pins above, no downgrade; gcsfs: data.hf.data_files on gs://, read through fsspec
 )
 """The PyPI set that installs and trains with t5x at ``T5X_COMMIT`` (Python 3.11, CPU and TPU)."""
@@ -181,7 +181,8 @@ class T5x:
             what = f"{replicas} data-parallel replicas" + (f" x {backend.num_microbatches} microbatches" if backend.num_microbatches else "")
             found.append((("train", "batch_size"), f"{recipe.train.batch_size} does not split evenly over {what} "
                           f"(use a multiple of {step})"))
-        evaluates = backend.task == "finetune" and recipe.data.eval is not None
+        data = recipe.data
+        evaluates = backend.task == "finetune" and (data.eval is not None or bool(data.hf and data.hf.eval_split))
         if evaluates and recipe.eval.batch_size % replicas:  # T5X's inference eval splits its batch the same way
             found.append((("eval", "batch_size"), f"{recipe.eval.batch_size} does not split evenly over {replicas} "
                           f"data-parallel replicas (use a multiple of {replicas}; T5X pads the last batch)"))
@@ -192,7 +193,8 @@ class T5x:
         if shape.target == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
             env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # the trainer adds it to XLA_FLAGS as a host device count
-        return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=("train", "eval", "test", "corpus", "backend.gin_files", "backend.vocabulary"))
+        ship = ("train", "eval", "test", "preprocess", "corpus", "backend.gin_files", "backend.vocabulary")
+        return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=ship)
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """The best checkpoint by the eval metric: kept besides the last ones, and the one export/hf is made from."""

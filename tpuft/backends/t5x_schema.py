@@ -210,14 +210,15 @@ class T5xBackend(StrictModel):
                           "SentencePiece .model); remove model.tokenizer"))
         data = recipe.data
         if self.task == "finetune":
-            if data.train is None:
-                found.append((("data", "train"), "required for task finetune: training examples, JSON lines"))
+            if data.train is None and data.hf is None:
+                found.append((("data", "train"), "required for task finetune: training examples (a data file, or "
+                              "a Hugging Face dataset as data.hf)"))
             if data.corpus:
                 found.append((("data", "corpus"), "a corpus is for task span_corruption (backend.task)"))
         else:
             if not data.corpus:
                 found.append((("data", "corpus"), "required for task span_corruption: text files or globs, one document a line"))
-            for key in ("train", "eval", "test"):  # a pretraining run has nothing to decode for a test either
+            for key in ("train", "eval", "test", "hf"):  # a pretraining run has nothing to decode for a test either
                 if getattr(data, key) is not None:
                     found.append((("data", key), "task span_corruption reads data.corpus, not JSON lines"))
                     break
@@ -225,7 +226,7 @@ class T5xBackend(StrictModel):
         if train.optimizer != "adafactor":
             found.append((("train", "optimizer"), "the t5x model gins train with T5X's Adafactor; set adafactor (or "
                           "bind OPTIMIZER in backend.gin_overrides)"))
-        if train.checkpoint_every and recipe.eval.every and data.eval is not None:
+        if train.checkpoint_every and recipe.eval.every and (data.eval is not None or (data.hf and data.hf.eval_split)):
             small, large = sorted((train.checkpoint_every, recipe.eval.every))
             if large % small:
                 found.append((("eval", "every"), f"T5X needs the eval and checkpoint periods to be multiples of each "
@@ -329,11 +330,24 @@ A conversion reads one step's parameters only: a legacy checkpoint's msgpack fil
 
 
 CAPABILITIES = Capabilities(
-    keys=frozenset(),
-    metrics=frozenset({"exact_match", "accuracy", "token_accuracy", "loss"}),
+    keys=frozenset({
+        # the data side, in the seqio task (tpuft/worker/t5x_tasks.py, t5x_data.py)
+        ("data", "truncation"), ("data", "source_transforms"), ("data", "target_transforms"), ("data", "preprocess"),
+        ("data", "hf"), ("eval", "generate_examples"),
+    }),  # fmt: skip
+    metrics=frozenset({"exact_match", "accuracy", "token_accuracy", "loss", "bleu", "rouge_l"}),
+    why_not={
+        "data.label_field": "T5X trains text-to-text models, where a label is the target text (data.target_field or "
+        "data.target_template: '{label}'); an encoder's classification head is the keras backend's backend.task: "
+        "classification",
+        "data.labels": "T5X trains text-to-text models, where a label is the target text as it is written; label "
+        "names for a classification head are the keras backend's backend.task: classification",
+    },
 )
-"""None of the optional shared keys: seqio trims inputs at their end (no data.truncation) and reads fields as they are
-(no transforms or preprocess hook); T5X keeps the best checkpoint by the eval metric anyway (no early stopping); its
-gradient accumulation is backend.num_microbatches; no greedy decodes on the host (no BLEU or ROUGE-L)."""
+"""The data-side keys are the seqio task's: its source builds examples with the shared ``make_example``
+(transforms, the preprocess hook, data files or ``data.hf``), a preprocessor cuts inputs as ``data.truncation``
+says, and its metric_fns score the inference eval's decodes with the shared scorer (BLEU, ROUGE-L), whose first
+``eval.generate_examples`` are shown. T5X keeps the best checkpoint by the eval metric anyway (no early stopping);
+its gradient accumulation is backend.num_microbatches."""
 
 SECTION = T5xBackend

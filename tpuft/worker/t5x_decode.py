@@ -74,11 +74,12 @@ class T5xDecoder:
     """A checkpoint's weights on the mesh and a compiled decode step for a static global batch.
 
     ``batch_size`` is this process's examples per call (the same on every process); ``inputs_length`` is the
-    encoder's length (longer inputs are cut, EOS kept, as seqio's ``append_eos_after_trim``); ``decode_length`` the
-    most tokens a prediction has, EOS included (T5X's targets length)."""
+    encoder's length (longer inputs are cut as ``truncation`` says, ``data.truncation``, EOS kept, as the run's
+    seqio task cuts them); ``decode_length`` the most tokens a prediction has, EOS included (T5X's targets
+    length)."""
 
     def __init__(self, model: Any, partitioner: Any, checkpoint: str, *, batch_size: int, inputs_length: int,
-                 decode_length: int, num_beams: int = 1) -> None:
+                 decode_length: int, num_beams: int = 1, truncation: str = "head") -> None:
         import jax
         import numpy as np
         from jax.sharding import NamedSharding
@@ -90,6 +91,7 @@ class T5xDecoder:
         self.batch_size = batch_size
         self.inputs_length = inputs_length
         self.decode_length = decode_length
+        self.truncation = truncation
         self.processes = jax.process_count()
         self.process = jax.process_index()
         replicas = int(partitioner.mesh.shape.get("data", 1))
@@ -122,12 +124,14 @@ class T5xDecoder:
         """``[batch_size, inputs_length]`` ids: each source encoded, cut to leave room for EOS, EOS, 0-padded."""
         import numpy as np
 
+        from tpuft.worker.data import keep_tokens
+
         if len(sources) > self.batch_size:
             raise ValueError(f"{len(sources)} inputs for a batch of {self.batch_size}")
         ids = np.zeros((self.batch_size, self.inputs_length), np.int32)
         eos = self.vocabulary.eos_id
         for row, text in enumerate(sources):
-            encoded = list(self.vocabulary.encode(text))[: self.inputs_length - 1] + [eos]
+            encoded = keep_tokens(list(self.vocabulary.encode(text)), self.inputs_length - 1, self.truncation) + [eos]
             ids[row, : len(encoded)] = encoded
         return ids
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from tpuft.backends.t5x import PRETRAINING_LOSS_FACTOR, checkpoint_step, gin_value, model_gins
 from tpuft.config import RecipeConfig
+from tpuft.worker.hf_data import has_held_out
+from tpuft.worker.t5x_data import finetune_spec
 
 
 def task_spec(run_id: str, recipe: RecipeConfig) -> dict[str, Any]:
@@ -41,17 +43,7 @@ def task_spec(run_id: str, recipe: RecipeConfig) -> dict[str, Any]:
             mean_noise_span_length=backend.mean_noise_span_length,
         )
     else:
-        spec.update(
-            train=str(data.train),
-            eval=str(data.eval) if data.eval is not None else None,
-            fields={
-                "source_field": data.source_field,
-                "target_field": data.target_field,
-                "source_template": data.source_template,
-                "target_template": data.target_template,
-                "prefix": data.prefix,
-            },
-        )
+        spec.update(finetune_spec(recipe))  # the data section as it is (tpuft/worker/t5x_data.py)
     return spec
 
 
@@ -109,7 +101,7 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
     a new order (rather than again from the start of the same one) that is still reproducible."""
     backend, train, data, evaluation = recipe.backend, recipe.train, recipe.data, recipe.eval
     includes = list(backend.gin_files) or list(model_gins(backend.family, backend.size) or ())
-    has_eval = backend.task == "finetune" and data.eval is not None
+    has_eval = backend.task == "finetune" and has_held_out(data, "eval")
     inputs_length = data.max_source_length
     targets_length = data.max_target_length
     if backend.task == "span_corruption":

@@ -45,7 +45,8 @@ def decoder_for(recipe: Any, job: PredictJob, run_id: str) -> Any:
     model, partitioner = model_and_partitioner()
     return T5xDecoder(model, partitioner, job.model.rstrip("/"), batch_size=job.batch_size,
                       inputs_length=recipe.data.max_source_length,
-                      decode_length=job.max_new_tokens or recipe.data.max_target_length, num_beams=job.num_beams)
+                      decode_length=job.max_new_tokens or recipe.data.max_target_length, num_beams=job.num_beams,
+                      truncation=recipe.data.truncation)
 
 
 def main(ctx: WorkerContext, recipe: Any, job: PredictJob) -> int:

@@ -2,9 +2,13 @@
 
 Two kinds, from the recipe's ``backend.task``:
 
-* ``finetune``: text-to-text examples from JSON lines, read by :mod:`tpuft.worker.data` (the same fields,
-  templates and prefix as every backend, and the same located errors), tokenized with the run's vocabulary, EOS
-  appended after trimming to the feature lengths; metric: exact match of the decoded prediction.
+* ``finetune``: text-to-text examples from data files or a Hugging Face dataset (``data.hf``), built by
+  :func:`tpuft.worker.data.make_example` as on every backend (the same fields, templates, prefix, transforms,
+  preprocess hook and located errors; :mod:`tpuft.worker.t5x_data`), tokenized with the run's vocabulary, an input
+  longer than its feature length cut as ``data.truncation`` says (:func:`keep_input_tokens`, before seqio trims at
+  the end), EOS appended after trimming; metrics of the decoded predictions: exact match, and with
+  ``eval.metric: bleu | rouge_l`` (or ``eval.generate_examples``) corpus BLEU and ROUGE-L, all scored by
+  :mod:`tpuft.worker.predictions`, the scorer of every backend's test evaluation.
 * ``span_corruption``: T5's pretraining objective on plain text (one document a line, local or gs:// files): the
   documents' tokens are concatenated and cut into pieces of the length that, once ~``noise_density`` of them are
   replaced by one sentinel per span, fills the inputs length exactly; targets hold the masked spans, each after its
@@ -25,6 +29,9 @@ from typing import Any
 
 import seqio
 import tensorflow as tf
+
+from tpuft.worker import predictions as scoring
+from tpuft.worker.t5x_data import TEXT_METRICS
 
 DEFAULT_VOCABULARIES = {
     "byt5": ("byt5", 0),
@@ -119,30 +126,55 @@ def span_corruption(dataset: tf.data.Dataset, *, tokens_length: int, vocab_size:
 
 
 def exact_match(targets: list[str], predictions: list[str]) -> dict[str, float]:
-    """The share of predictions equal to their target (whitespace at the ends ignored), 0..1 like tpuft's other
-    backends report it."""
+    """The share of predictions equal to their target (whitespace runs collapsed, the ends stripped: the test
+    evaluation's :func:`tpuft.worker.predictions.correct`), 0..1 like tpuft's other backends report it."""
     if not targets:
         return {"exact_match": 0.0}
-    same = sum(str(p).strip() == str(t).strip() for t, p in zip(targets, predictions))
+    same = sum(scoring.correct(str(p), str(t)) for t, p in zip(targets, predictions))
     return {"exact_match": same / len(targets)}
 
 
-def _jsonl_examples(path: str, fields: dict[str, Any]) -> tf.data.Dataset:
-    from pathlib import Path
+def text_scores(targets: list[str], predictions: list[str]) -> dict[str, float]:
+    """Corpus BLEU and mean ROUGE-L (0-100) of the decodes, by the one scorer of every backend
+    (:func:`tpuft.worker.predictions.score`)."""
+    scores = scoring.score([str(p) for p in predictions], [str(t) for t in targets])
+    return {name: float(scores[name]) for name in TEXT_METRICS}
 
-    from tpuft.worker.data import Fields, iter_shard
+
+def keep_input_tokens(dataset: tf.data.Dataset, sequence_length: dict[str, int] | None = None, *,
+                      mode: str) -> tf.data.Dataset:
+    """``data.truncation`` on the tokenized inputs, before ``append_eos_after_trim`` cuts them at the end: of an
+    input longer than its feature length less one (EOS's room), keep the last tokens (``tail``) or the first and the
+    last half (``head+tail``, the head getting the odd one), as :func:`tpuft.worker.data.keep_tokens` does for the
+    other backends. Without lengths (T5X's inference eval computes them from the longest input) nothing is cut."""
+    if mode == "head" or not sequence_length or not sequence_length.get("inputs"):
+        return dataset
+    limit = int(sequence_length["inputs"]) - 1
+    tail = limit if mode == "tail" else limit // 2
+
+    @seqio.map_over_dataset
+    def cut(features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        ids = features["inputs"]
+        size = tf.size(ids)
+        last = ids[tf.maximum(size - tail, 0) :] if tail else ids[:0]
+        kept = tf.concat([ids[: limit - tail], last], axis=0)
+        return {**features, "inputs": tf.cond(size > limit, lambda: kept, lambda: ids)}
+
+    return cut(dataset)
+
+
+def _finetune_dataset(split: str, shuffle_files: bool, seed: int | None = None, *, data: dict[str, Any]
+                      ) -> tf.data.Dataset:
+    from tpuft.worker.t5x_data import data_config, examples
+
+    cfg = data_config({"data": data})
 
     def generate():  # type: ignore[no-untyped-def]
-        for example in iter_shard(Path(path), 0, 1, Fields(**fields)):
+        for example in examples(cfg, split):
             yield {"inputs": example.source, "targets": example.target}
 
     signature = {"inputs": tf.TensorSpec([], tf.string), "targets": tf.TensorSpec([], tf.string)}
     return tf.data.Dataset.from_generator(generate, output_signature=signature)
-
-
-def _finetune_dataset(split: str, shuffle_files: bool, seed: int | None = None, *, files: dict[str, str],
-                      fields: dict[str, Any]) -> tf.data.Dataset:
-    return _jsonl_examples(files[split], fields)
 
 
 def _has_text(line: tf.Tensor) -> tf.Tensor:
@@ -184,16 +216,20 @@ def register(spec: dict[str, Any]) -> str:
         ]
         metric_fns: list[Any] = []
     else:
-        files = {"train": spec["train"]}
-        if spec.get("eval"):
-            files["validation"] = spec["eval"]
+        from tpuft.worker.t5x_data import data_config, split_names
+
+        cfg = data_config(spec)
         source = seqio.FunctionDataSource(
-            functools.partial(_finetune_dataset, files=files, fields=spec["fields"]),
-            splits=tuple(files),
+            functools.partial(_finetune_dataset, data=spec["data"]),
+            splits=tuple(split_names(cfg)),
             caching_permitted=False,
         )
-        preprocessors = [seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim]
-        metric_fns = [exact_match]
+        preprocessors = [
+            seqio.preprocessors.tokenize,
+            functools.partial(keep_input_tokens, mode=cfg.truncation),
+            seqio.preprocessors.append_eos_after_trim,
+        ]
+        metric_fns = [exact_match, text_scores] if spec.get("text_metrics") else [exact_match]
     features = {
         "inputs": seqio.Feature(vocabulary=vocab, add_eos=True, required=False),
         "targets": seqio.Feature(vocabulary=vocab, add_eos=True),

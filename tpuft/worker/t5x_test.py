@@ -2,7 +2,8 @@
 ``tpuft predict RUN`` takes (the best by the inference eval's exact match under ``train.keep_best``, else the last)
 decodes every test example with T5X's own decoding
 (:class:`tpuft.worker.t5x_decode.T5xDecoder`, the ``tpuft predict`` engine's too), every process its share (example
-``i`` of the file goes to process ``i % processes``) in lock-step; the shares are scored with
+``i`` of ``data.test`` or of ``data.hf.test_split`` goes to process ``i % processes``, as
+:func:`tpuft.worker.hf_data.held_out` deals it for every backend) in lock-step; the shares are scored with
 :mod:`tpuft.worker.predictions`, their statistics summed over the processes, and written to ``run_dir/test/``.
 
 Once per run, also after a resume. T5X writes its checkpoints itself, not through ``RunLoop.save_checkpoint``, and
@@ -21,7 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuft.worker import predictions
-from tpuft.worker.data import Example, Fields, iter_shard
+from tpuft.worker.data import Example
+from tpuft.worker.hf_data import has_held_out, held_out
+from tpuft.worker.t5x_data import held_out_label
 
 if TYPE_CHECKING:
     from tpuft.config import RecipeConfig
@@ -54,10 +57,6 @@ def gathered(values: Sequence[float]) -> list[list[float]]:
     return stacked.reshape(jax.process_count(), -1).tolist()
 
 
-def share(path: Path, fields: Fields, process: int, processes: int) -> list[tuple[int, Example]]:
-    """This process's test examples with their ids (0-based positions among the file's examples)."""
-    return [(index, example) for index, example in enumerate(iter_shard(path, 0, 1, fields))
-            if index % processes == process]
 
 
 def evaluate(decoder: Any, examples: list[tuple[int, Example]], out: Path, labels: Sequence[str] = ()) -> dict[str, Any]:
@@ -83,16 +82,17 @@ def run_test(loop: RunLoop, recipe: RecipeConfig, gin_file: Path, checkpoint: st
 
     from tpuft.worker.t5x_decode import T5xDecoder, model_and_partitioner, parse_run_gin
 
-    assert recipe.data.test is not None
+    assert has_held_out(recipe.data, "test")
     loop.beat(loop.step, phase="eval")
-    loop.say(f"testing {checkpoint.rstrip('/').rsplit('/', 1)[-1]} on {recipe.data.test}")
+    loop.say(f"testing {checkpoint.rstrip('/').rsplit('/', 1)[-1]} on {held_out_label(recipe.data, 'test')}")
     started = time.time()
     parse_run_gin(gin_file)  # anew: t5x.train's __main__, which the run gin imports, has gone with it
     model, partitioner = model_and_partitioner()
     processes = jax.process_count()
     decoder = T5xDecoder(model, partitioner, checkpoint, batch_size=-(-recipe.eval.batch_size // processes),
-                         inputs_length=recipe.data.max_source_length, decode_length=recipe.data.max_target_length)
-    examples = share(Path(recipe.data.test), Fields.of(recipe.data), jax.process_index(), processes)
+                         inputs_length=recipe.data.max_source_length, decode_length=recipe.data.max_target_length,
+                         truncation=recipe.data.truncation)
+    examples = held_out(recipe.data, "test", rank=jax.process_index(), world=processes)
     result = evaluate(decoder, examples, loop.test_predictions_dir())
     decoder.close()
     return loop.record_test(result, time.time() - started, step)

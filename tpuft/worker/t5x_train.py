@@ -43,10 +43,12 @@ from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.t5x import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker.context import WorkerContext
+from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.loop import RunLoop, steps_to_keep
 from tpuft.worker.metrics import fetch_missing_metrics
 from tpuft.worker.resume import RESUME_ENV, find_resume_checkpoint
 from tpuft.worker.selection import Selector
+from tpuft.worker.t5x_data import show_samples
 from tpuft.worker.t5x_gin import initial_step, run_gin, task_spec, tasks_module
 from tpuft.worker.t5x_hooks import activate, exit_on_sigterm, install_hooks, run_t5x_train
 
@@ -252,6 +254,7 @@ class T5xRun:
         _write(folder / f"predictions-{step:08d}.jsonl", "".join(json.dumps(p) + "\n" for p in predictions))
         shown = " ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in row.items() if isinstance(v, float))
         self.loop.record_eval(step, row, line=f"eval @ {step}: {shown} ({len(predictions)} examples)")
+        show_samples(self.loop, step, predictions, self.recipe.eval.generate_examples)
         if self.loop.judge(step, row).improved:
             self._prune()
 
@@ -308,7 +311,7 @@ class T5xRun:
         exports the best checkpoint (else the last) to Hugging Face format; then the final heartbeat."""
         extra: dict[str, Any] = {}
         self.loop.step = self.recipe.train.steps  # the test row's step (the last heartbeat's may be the one before)
-        self.loop.has_test = self.recipe.data.test is not None and self.recipe.backend.task == "finetune"
+        self.loop.has_test = has_held_out(self.recipe.data, "test") and self.recipe.backend.task == "finetune"
         if self.loop.has_test:
             from tpuft.worker.t5x_test import agree, run_test
 
