@@ -58,7 +58,7 @@ class MlflowConfig(StrictModel):
         None,
         description="Where the MLflow run goes: file:PATH, sqlite:///PATH.db (a relative PATH is resolved on the "
         "chief against the run dir) or http(s)://server; default: MLFLOW_TRACKING_URI in the worker's environment "
-        "(the cluster's worker_env), else file:mlruns in the run dir.",
+        "(the cluster's worker_env), else sqlite:///mlflow.db in the run dir.",
     )
     experiment: str = Field("tpuft", max_length=500, description="The MLflow experiment (created when missing).")
 

@@ -125,9 +125,10 @@ def _cell(value: Any) -> Any:
 
 
 def mlflow_uri(configured: str | None, run_dir: Path) -> str:
-    """The store's URI: the recipe's, else ``MLFLOW_TRACKING_URI``, else ``file:`` the run dir's ``mlruns``; a relative
-    path in a ``file:`` or ``sqlite:`` URI is the run dir's."""
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "file:mlruns"
+    """The store's URI: the recipe's, else ``MLFLOW_TRACKING_URI``, else SQLite in the run dir (``mlflow.db``: MLflow 3
+    refuses new file stores unless asked, see :meth:`MlflowSink.start`); a relative path in a ``file:`` or
+    ``sqlite:`` URI is the run dir's."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     if uri.startswith("sqlite:///"):
         path = uri.removeprefix("sqlite:///")
         return uri if path.startswith("/") else f"sqlite:///{run_dir / path}"
@@ -157,6 +158,8 @@ class MlflowSink:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
+        if self.uri.startswith("file:"):  # asked for by name: MLflow 3 keeps its file store, in maintenance mode
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         client = MlflowClient(tracking_uri=self.uri)
         name = str(self.settings.get("experiment") or "tpuft")
         tags = self.context["tags"]
