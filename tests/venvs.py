@@ -95,8 +95,21 @@ def keras_python() -> str:
     return ensure(keras_spec())
 
 
-SPECS: dict[str, Callable[[], EnvSpec]] = {"torch_xla": torch_spec, "keras": keras_spec, "t5x": t5x_spec}
-FIXTURES = {"torch_python": "torch_xla", "keras_python": "keras", "t5x_python": "t5x"}
+def tracking_spec() -> EnvSpec:
+    """The tracker sidecar's venv (wandb, mlflow): what the tracking tests and the e2e quickstarts' trackers use."""
+    from tpuft.config import LocalConfig
+    from tpuft.tracking_env import tracking_spec as spec
+
+    return spec(LocalConfig().python)
+
+
+def tracking_python() -> str:
+    return ensure(tracking_spec())
+
+
+SPECS: dict[str, Callable[[], EnvSpec]] = {"torch_xla": torch_spec, "keras": keras_spec, "t5x": t5x_spec,
+                                           "tracking": tracking_spec}
+FIXTURES = {"torch_python": "torch_xla", "keras_python": "keras", "t5x_python": "t5x", "tracking_python": "tracking"}
 """The session fixtures that hand a test a backend's python; a test that gets a venv through ``tpuft setup``
 instead (the e2e quickstarts) says so with ``pytest.mark.backend_venvs(KIND, ...)``."""
 
