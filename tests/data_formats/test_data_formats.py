@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.ops.test_preflight import RECIPE as PREFLIGHT_RECIPE
 from tpuft.config import load_cluster, load_recipe
 from tpuft.errors import ConfigError
 from tpuft.ops.preflight import preflight
@@ -166,22 +167,10 @@ def test_a_parquet_file_streams_a_row_group_at_a_time(tmp_path: Path, monkeypatc
     assert [e.source for e in shards[1][:2]] == ["t1", "t4"]
 
 
-RECIPE = """\
-name: t
-backend:
-  kind: torch_xla
-model:
-  config: {d_model: 16}
-data:
-  train: train.csv
-  eval: eval.parquet
-  test: test.tsv
-  source_field: title
-  target_field: label
-train:
-  steps: 10
-  batch_size: 4
-"""
+RECIPE = PREFLIGHT_RECIPE.replace(
+    "  train: train.jsonl\n  eval: eval.jsonl\n  source_field: q\n  target_field: a\n",
+    "  train: train.csv\n  eval: eval.parquet\n  test: test.tsv\n  source_field: title\n  target_field: label\n")
+assert "test.tsv" in RECIPE
 
 
 def test_the_controller_checks_each_format_before_launch(tmp_path: Path, cluster_file: Path) -> None:
