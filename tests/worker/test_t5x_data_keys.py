@@ -4,7 +4,8 @@ read back from seqio itself in the T5X venv (one subprocess, no training):
 * ``data.source_transforms`` / ``target_transforms`` / ``preprocess`` with a template and a prefix give the
   sources and targets written out here by hand (the shared ``make_example``, not a copy of it);
 * ``data.truncation``: ``head``, ``tail`` and ``head+tail`` keep the tokens :func:`tpuft.worker.data.keep_tokens`
-  keeps for the other backends, before seqio's trim and EOS; a short input is untouched;
+  keeps for the other backends, before seqio's trim and EOS, and the test evaluation's decoder keeps the same ones;
+  a short input is untouched;
 * ``data.hf``: a ``save_to_disk`` folder and the ``csv`` builder over data files give the same examples, split for
   split, as the JSON lines of the same rows;
 * ``eval.metric: bleu | rouge_l``: the task's metric_fns are the shared scorer's numbers on the same strings
@@ -96,6 +97,12 @@ SCRIPT = textwrap.dedent(
     plain = task("tpuft_plain", cfg["sources"]["jsonl"])
     out["metric_fns"] = [[f.__name__ for f in t.metric_fns] for t in (scored, plain)]
     out["scores"] = {f.__name__: f(cfg["targets"], cfg["predictions"]) for f in scored.metric_fns}
+    from tpuft.worker.t5x_decode import T5xDecoder  # the test evaluation's and predict's tokens: no model needed
+    decoder = T5xDecoder.__new__(T5xDecoder)
+    decoder.vocabulary, decoder.batch_size, decoder.inputs_length = seqio.ByteVocabulary(), 2, cfg["inputs_length"]
+    for mode in ("head", "tail", "head+tail"):
+        decoder.truncation = mode
+        out["cut"][mode + " decoder"] = decoder.tokens([cfg["long_text"], "abc"]).tolist()
     print(json.dumps(out))
     """
 )
@@ -129,7 +136,7 @@ def stack(t5x_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     }
     config = {
         "rows": ROWS, "folder": str(folder / "saved"), "single": str(folder / "single"), "sources": sources,
-        "long": {"train": str(long_file)}, "inputs_length": INPUTS_LENGTH,
+        "long": {"train": str(long_file)}, "inputs_length": INPUTS_LENGTH, "long_text": LONG,
         "targets": ["the cat sat on the mat", "a b c", "42", "hello world"],
         "predictions": ["the cat sat on a mat", "a  b c ", "24", "hello there world"],
     }
@@ -166,6 +173,7 @@ def test_truncation_keeps_the_tokens_the_other_backends_keep(stack: dict[str, An
         assert short_row[2] == [byte + 3 for byte in b"abc"] + [1], mode  # shorter than the limit: as it is
         assert long_row[0] == LONG  # the text the logs and predictions show is the whole input
         assert stack["cut"][mode + " unlimited"][0][2] == ids + [1], mode  # no lengths: nothing to cut
+        assert stack["cut"][mode + " decoder"] == [long_row[2], short_row[2] + [0] * (INPUTS_LENGTH - 4)], mode
 
 
 @pytest.mark.slow
@@ -183,6 +191,15 @@ def test_bleu_and_rouge_l_are_the_shared_scorers(stack: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # the controller side: no venv
+
+
+def test_samples_are_shown_as_the_torch_trainer_shows_them() -> None:
+    from tpuft.worker.t5x_data import sample_lines
+
+    decodes = [{"input": "two", "prediction": "2 ", "target": "2"}, {"input": "ten", "prediction": "1", "target": "10"},
+               {"input": "six", "prediction": "6", "target": "6"}]
+    assert sample_lines(decodes, 2) == ["'two' -> '2 ' (expected '2') ok", "'ten' -> '1' (expected '10') MISS"]
+    assert sample_lines(decodes, 0) == []
 
 
 def recipe_with(tmp_path: Path, overrides: list[str]) -> Any:
