@@ -219,6 +219,15 @@ class RunSnapshot:
     def best_metric(self) -> tuple[str, float, int] | None:
         return best_eval_metric(self.best_eval)
 
+    @property
+    def tracking(self) -> dict[str, Any]:
+        """Where W&B and MLflow have the run (``report.to``): run.json's ``tracking`` once it has ended, the sidecar's
+        ``tracking.json`` while it runs; {} without trackers."""
+        recorded = self.info.get("tracking")
+        if isinstance(recorded, dict) and recorded:
+            return recorded
+        return rundir.tracking_entry(rundir.read_json(self.run_dir / rundir.TRACKING) or {})
+
     def as_json(self) -> dict[str, Any]:
         best = self.best_metric
         return {
@@ -244,6 +253,7 @@ class RunSnapshot:
             "last_eval": self.last_eval,
             "best_eval": self.best_eval,
             "test": self.test,
+            "tracking": self.tracking,
             "workers": [w.__dict__ for w in self.workers],
             "skipped_metric_lines": self.skipped_lines,
         }
@@ -253,7 +263,7 @@ def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> P
     """Copy a remote run's status files (run info, metrics, heartbeats; not checkpoints) into ``mirror``; with
     ``logs`` its worker logs too, and its TensorBoard events when those are its metrics (:func:`metrics_are_events`)."""
     mirror.mkdir(parents=True, exist_ok=True)
-    for name in (rundir.METRICS, rundir.RUN_INFO):
+    for name in (rundir.METRICS, rundir.RUN_INFO, rundir.TRACKING):
         text = run_store.read_text(name)
         if text is not None:
             (mirror / name).write_text(text)

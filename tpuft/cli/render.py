@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from tpuft.rundir import TEST_SCORES
+from tpuft.rundir import TEST_SCORES, tracking_lines
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -186,6 +186,8 @@ def snapshot_view(snap: Any) -> Any:
     parts: list[Any] = [head]
     if snap.recovery_line:
         parts.append(Text(snap.recovery_line, style="yellow"))
+    for line in tracking_lines(snap.tracking):
+        parts.append(Text(f"tracked in {line}", style="cyan"))
     if snap.ended and info.get("cause"):
         lines = [f"cause: {info['cause']}"] + [f"  {line}" for line in (info.get("culprit_tail") or [])[-5:]]
         parts.append(Text("\n".join(lines), style=colour))
