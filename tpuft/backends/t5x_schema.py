@@ -226,12 +226,53 @@ class T5xBackend(StrictModel):
         if train.optimizer != "adafactor":
             found.append((("train", "optimizer"), "the t5x model gins train with T5X's Adafactor; set adafactor (or "
                           "bind OPTIMIZER in backend.gin_overrides)"))
+        found += shared_key_problems(self, recipe)
         if train.checkpoint_every and recipe.eval.every and (data.eval is not None or (data.hf and data.hf.eval_split)):
             small, large = sorted((train.checkpoint_every, recipe.eval.every))
             if large % small:
                 found.append((("eval", "every"), f"T5X needs the eval and checkpoint periods to be multiples of each "
                               f"other (train.checkpoint_every is {train.checkpoint_every})"))
         return found
+
+
+REMAT_FAMILIES = {"umt5"}
+"""Families whose t5x network (the scalable T5) has a remat policy in its config; t5x's T5 network has none."""
+
+
+def microbatches(recipe: RecipeConfig) -> int | None:
+    """T5X's ``num_microbatches``: ``train.grad_accum_steps`` or ``backend.num_microbatches``, one meaning
+    (:func:`shared_key_problems` refuses the two when they disagree)."""
+    steps = recipe.train.grad_accum_steps
+    return steps if steps > 1 else recipe.backend.num_microbatches
+
+
+def shared_key_problems(backend: T5xBackend, recipe: RecipeConfig) -> list[tuple[KeyPath, str]]:
+    """The shared keys where T5X has a setting of its own too, or a condition of its own."""
+    found: list[tuple[KeyPath, str]] = []
+    train, model = recipe.train, recipe.model
+    accum = train.grad_accum_steps
+    if accum > 1 and backend.num_microbatches is not None and backend.num_microbatches != accum:
+        found.append((("train", "grad_accum_steps"), f"{accum} disagrees with backend.num_microbatches "
+                      f"({backend.num_microbatches}): they are the same setting on T5X (its microbatches); give one"))
+    elif accum > 1 and train.batch_size % accum:
+        found.append((("train", "grad_accum_steps"), f"{accum} microbatches do not split train.batch_size "
+                      f"({train.batch_size}) evenly"))
+    if train.precision == "bf16" and backend.dtype == "float32":
+        found.append((("train", "precision"), "bf16 disagrees with backend.dtype (float32): they are the same "
+                      "setting on T5X (the network's activation dtype); give one"))
+    if model.gradient_checkpointing and backend.family is not None and backend.family not in REMAT_FAMILIES:
+        found.append((("model", "gradient_checkpointing"), f"t5x's T5 network (family {backend.family}) has no remat "
+                      "policy to bind; its scalable T5 network has one (family umt5, or backend.gin_files over "
+                      "t5x.examples.scalable_t5.network)"))
+    if train.early_stopping is not None:
+        data = recipe.data
+        if data.eval is None and not (data.hf and data.hf.eval_split):
+            found.append((("train", "early_stopping"), "needs data.eval: T5X stops on its inference evaluations"))
+        elif train.checkpoint_every and recipe.eval.every and recipe.eval.every % train.checkpoint_every:
+            found.append((("train", "early_stopping"), f"T5X stops after an evaluation, so every evaluation must be a "
+                          f"checkpoint step: make eval.every ({recipe.eval.every}) a multiple of "
+                          f"train.checkpoint_every ({train.checkpoint_every})"))
+    return found
 
 
 _BINDING = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(/[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)*")
@@ -331,6 +372,9 @@ A conversion reads one step's parameters only: a legacy checkpoint's msgpack fil
 
 CAPABILITIES = Capabilities(
     keys=frozenset({
+        # the training side, as bindings of the run gin (tpuft/worker/t5x_keys.py)
+        ("train", "precision"), ("train", "adafactor"), ("train", "label_smoothing"), ("train", "grad_accum_steps"),
+        ("train", "sharding"), ("train", "early_stopping"), ("model", "freeze"), ("model", "gradient_checkpointing"),
         # the data side, in the seqio task (tpuft/worker/t5x_tasks.py, t5x_data.py)
         ("data", "truncation"), ("data", "source_transforms"), ("data", "target_transforms"), ("data", "preprocess"),
         ("data", "hf"), ("eval", "generate_examples"),
@@ -342,12 +386,16 @@ CAPABILITIES = Capabilities(
         "classification",
         "data.labels": "T5X trains text-to-text models, where a label is the target text as it is written; label "
         "names for a classification head are the keras backend's backend.task: classification",
+        "model.prompt_tuning": "T5X's prompt tuning is a separate package (google-research/prompt-tuning: its own "
+        "network layers and partitioning rules), not in the pinned T5X stack, and gin bindings of t5x alone cannot "
+        "put trainable vectors before the encoder's inputs",
     },
 )
-"""The data-side keys are the seqio task's: its source builds examples with the shared ``make_example``
-(transforms, the preprocess hook, data files or ``data.hf``), a preprocessor cuts inputs as ``data.truncation``
-says, and its metric_fns score the inference eval's decodes with the shared scorer (BLEU, ROUGE-L), whose first
-``eval.generate_examples`` are shown. T5X keeps the best checkpoint by the eval metric anyway (no early stopping);
-its gradient accumulation is backend.num_microbatches."""
+"""The training-side shared keys are bindings of the run gin (:mod:`tpuft.worker.t5x_keys`; where T5X has the same
+setting of its own, ``backend.num_microbatches`` and ``backend.dtype``, :func:`shared_key_problems` refuses the two
+disagreeing). The data-side keys are the seqio task's: its source builds examples with the shared
+``make_example`` (transforms, the preprocess hook, data files or ``data.hf``), a preprocessor cuts inputs as
+``data.truncation`` says, and its metric_fns score the inference eval's decodes with the shared scorer (BLEU,
+ROUGE-L), whose first ``eval.generate_examples`` are shown."""
 
 SECTION = T5xBackend

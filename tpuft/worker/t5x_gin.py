@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.backends.t5x import PRETRAINING_LOSS_FACTOR, checkpoint_step, gin_value, model_gins
+from tpuft.backends.t5x_schema import microbatches
 from tpuft.config import RecipeConfig
+from tpuft.worker import t5x_keys
 from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.t5x_data import finetune_spec
 
@@ -74,6 +76,9 @@ def learning_rate_bindings(recipe: RecipeConfig, initial: int) -> dict[str, Any]
     train = recipe.train
     peak, warmup, steps = train.learning_rate, train.warmup_steps, train.steps
     prefix = "utils.create_learning_rate_scheduler"
+    relative = t5x_keys.relative_step_schedule(train.adafactor, initial)
+    if relative is not None:  # Adafactor's own rate replaces the recipe's schedule, as in transformers
+        return {f"{prefix}.{key}": value for key, value in relative.items()}
     if train.schedule == "linear":
         warm = max(warmup, 1)
         bindings = {"factors": "linear_decay", "base_learning_rate": peak, "warmup_steps": warm,
@@ -137,9 +142,9 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
         "train_script.train.stats_period": train.log_every,
         "utils.SaveCheckpointConfig.period": train.checkpoint_every or train.steps,
         "utils.SaveCheckpointConfig.keep": None,  # tpuft prunes: the last ones and the best
-        "trainer.Trainer.num_microbatches": backend.num_microbatches,
+        "trainer.Trainer.num_microbatches": microbatches(recipe),
         "partitioning.PjitPartitioner.num_partitions": backend.num_partitions,
-        "network.T5Config.dtype": backend.dtype or ("float32" if cpu else "bfloat16"),
+        "network.T5Config.dtype": t5x_keys.network_dtype(recipe, cpu),
         "seqio.Evaluator.logger_cls": ["@seqio.PyLoggingLogger", "@t5x_hooks.EvalLogger"],
         "infer_eval/utils.DatasetConfig.batch_size": evaluation.batch_size,
         "EVAL_STEPS": -(-evaluation.max_examples // train.batch_size) if evaluation.max_examples else 20,
@@ -155,9 +160,10 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
         binds["train_script.train.infer_eval_dataset_cfg"] = None
     binds.update(learning_rate_bindings(recipe, initial_step))
     network = network_module(backend.family, [_read_text(path) for path in backend.gin_files])
+    binds.update(t5x_keys.key_bindings(recipe, initial_step=initial_step, network=network))
     if network is None:
         binds.pop("network.T5Config.dtype")  # the user's gin names its own network module: dtype is theirs to bind
-    imports = dict(GIN_IMPORTS)
+    imports = {**GIN_IMPORTS, **t5x_keys.GIN_IMPORTS}
     if network is not None:
         imports["network"] = network
     lines = [

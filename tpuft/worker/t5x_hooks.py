@@ -49,6 +49,9 @@ class HookedRun(Protocol):
 
     def on_layout(self, layout: dict[str, Any]) -> None: ...
 
+    @property
+    def stopped_early(self) -> str | None: ...
+
 
 _ACTIVE: HookedRun | None = None
 """The run in this process, for the hooks T5X calls (its seqio logger is built by gin, without arguments)."""
@@ -181,19 +184,23 @@ def cpu_mesh(num_partitions: int, backend: str | None = None) -> Any:
 
 def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
     """What the run really got: the mesh's shape and how many devices each host drives, and the parameters that
-    are split over the ``model`` axis, read from the arrays on the devices (the largest one as the example)."""
+    are split over its axes (``model``; ``data`` too under ``train.sharding: fsdp``), read from the arrays on the
+    devices (the largest one as the example)."""
     import jax
 
+    sizes = {str(axis): int(size) for axis, size in mesh.shape.items()}
     sharded = []
+    over: set[str] = set()
     total = 0
     for path, array in jax.tree_util.tree_flatten_with_path(params)[0]:
         total += 1
         spec = getattr(getattr(array, "sharding", None), "spec", None)
-        if spec is None or "model" not in [axis for entry in spec for axis in (entry if isinstance(entry, tuple) else (entry,))]:
+        named = [axis for entry in spec or () for axis in (entry if isinstance(entry, tuple) else (entry,)) if axis]
+        split = {str(axis) for axis in named if sizes.get(str(axis), 1) > 1}  # an axis 1 device long splits nothing
+        local = tuple(array.addressable_shards[0].data.shape) if split else tuple(array.shape)
+        if local == tuple(array.shape):
             continue
-        local = tuple(array.addressable_shards[0].data.shape)
-        if local == tuple(array.shape):  # named for 'model', but the axis is 1 device long: whole on every device
-            continue
+        over |= split
         name = "/".join(str(getattr(key, "key", key)) for key in path)
         sharded.append((int(array.size), name, tuple(array.shape), str(spec), local))
     layout: dict[str, Any] = {
@@ -202,6 +209,7 @@ def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
         "devices_per_host": jax.local_device_count(),
         "params": total,
         "params_sharded": len(sharded),
+        "sharded_over": sorted(over),
     }
     if sharded:
         _, name, shape, spec, local = max(sharded)
@@ -233,6 +241,15 @@ class EvalLogger:
             predictions.append({"input": inputs[index] if index < len(inputs) else None, "prediction": _text(output),
                                 "target": _text(target)})
         _ACTIVE.on_inference_eval(int(step), values, predictions)
+
+
+class EarlyStop:
+    """A T5X action after each inference eval (``train.actions`` in the gin, for ``train.early_stopping``): stop
+    when the run's judge (the shared early stopping of :mod:`tpuft.worker.loop`) has said so on the eval that
+    :class:`EvalLogger` just reported. T5X asks host 0 and tells the others, then ends its loop."""
+
+    def run(self, train_state: Any, metrics_by_task: Any) -> bool:
+        return _ACTIVE is not None and _ACTIVE.stopped_early is not None
 
 
 def exit_on_sigterm() -> None:

@@ -79,8 +79,9 @@ class T5xRun:
         self.model_dir = f"{ctx.run_url}/{LAYOUT.checkpoints}" if ctx.remote else str(ctx.run_dir / LAYOUT.checkpoints)
         self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
         # Only the inference evaluations are judged (T5X's teacher-forced ones are rows of their own), by the default
-        # ranking (exact match); T5X refuses train.early_stopping, and always keeps the best checkpoint.
-        self.loop.selector = Selector(None, None)
+        # ranking (exact match); T5X always keeps the best checkpoint, and stops early through its actions
+        # (tpuft.worker.t5x_hooks.EarlyStop asks the judge).
+        self.loop.selector = Selector(None, recipe.train.early_stopping)
         self.phase = "starting"
         self.counted = (0, 0, 0)
         """Rows, examples and real (non-padding) input + target tokens this host has taken since the last metrics row:
@@ -90,6 +91,11 @@ class T5xRun:
     @property
     def chief(self) -> bool:
         return self.loop.chief
+
+    @property
+    def stopped_early(self) -> str | None:
+        """Why the judge stopped the run early (the last inference eval did not improve for long enough)."""
+        return self.loop.stopped_early
 
     @property
     def step(self) -> int:
@@ -310,7 +316,8 @@ class T5xRun:
         """The test evaluation (``data.test``, once per run, every host: :mod:`tpuft.worker.t5x_test`); host 0
         exports the best checkpoint (else the last) to Hugging Face format; then the final heartbeat."""
         extra: dict[str, Any] = {}
-        self.loop.step = self.recipe.train.steps  # the test row's step (the last heartbeat's may be the one before)
+        last = self.loop.step if self.loop.stopped_early else self.recipe.train.steps
+        self.loop.step = last  # the test row's step (the last heartbeat's may be the one before)
         self.loop.has_test = has_held_out(self.recipe.data, "test") and self.recipe.backend.task == "finetune"
         if self.loop.has_test:
             from tpuft.worker.t5x_test import agree, run_test
@@ -327,7 +334,7 @@ class T5xRun:
                 extra["exported_from"] = LAYOUT.checkpoint_format.format(step=chosen)
                 self.say(f"Hugging Face export of {extra['exported_from']}: {out}")
         self.phase = "step"
-        self.loop.finished(self.recipe.train.steps, **extra)
+        self.loop.finished(last, **extra)
 
 
 def start_jax(ctx: WorkerContext, recipe: RecipeConfig) -> None:
@@ -390,7 +397,8 @@ def layout_line(layout: dict[str, Any]) -> str:
     line = (f"device layout: {layout['hosts']} host(s) x {layout['devices_per_host']} device(s), mesh "
             + " x ".join(f"{axis} {size}" for axis, size in mesh.items())
             + f" ({mesh.get('data', 1)} replicas x {mesh.get('model', 1)} partitions); "
-            f"{layout['params_sharded']} of {layout['params']} parameter arrays split over 'model'")
+            f"{layout['params_sharded']} of {layout['params']} parameter arrays split over "
+            + " and ".join(f"'{axis}'" for axis in layout.get("sharded_over") or ["model"]))
     example = layout.get("example")
     if example:
         line += (f", e.g. {example['name']} {tuple(example['shape'])} as {example['spec']}: "
