@@ -71,8 +71,8 @@ def ranked(result: Mapping[str, Any], metric: str | None = None) -> tuple[str, f
         return None
     if not _number(result.get(key)):
         have = sorted(k for k, v in result.items() if k in _DIRECTION and _number(v))
-        hint = (" BLEU and ROUGE-L are scored on greedy decodes: they need eval.generate_examples > 0 and a trainer "
-                "that decodes (the torch_xla backend)." if key in ("eval_bleu", "eval_rouge_l") else "")
+        hint = (" BLEU and ROUGE-L are scored on greedy decodes: they need eval.generate_examples > 0 and a held-out "
+                "set." if key in ("eval_bleu", "eval_rouge_l") else "")
         raise MissingMetric(
             f"eval.metric is {key.removeprefix('eval_')}, but the evaluation has no {key} (it has "
             f"{', '.join(have) or 'no ranking metric'}).{hint}"
