@@ -164,12 +164,24 @@ def test_other_backends_refuse_what_only_keras_does(recipe_dir: Path) -> None:
 
 def test_keras_refuses_what_only_pytorch_xla_does(recipe_dir: Path) -> None:
     path = write(recipe_dir, TEXT2TEXT)
-    for setting in ("train.precision=bf16", "model.freeze=[encoder]",
-                    "model.prompt_tuning.tokens=4", "train.sharding=fsdp", "train.label_smoothing=0.1"):
+    for setting in ("train.precision=bf16", "model.freeze=[encoder]", "train.sharding=fsdp", "train.label_smoothing=0.1"):
         assert "not supported by the keras backend" in refused(path, [setting]), setting
-    assert "bleu is not computed by the keras backend (the torch_xla backend computes it)" in refused(path, ["eval.metric=bleu"])
     assert "a text2text run has" in refused(path, ["eval.metric=accuracy"])
     assert load_recipe(path, ["train.schedule=cosine", "eval.metric=token_accuracy"]).value.eval.metric == "token_accuracy"
+
+
+def test_keras_decodes_and_prompt_tunes_text2text_only(recipe_dir: Path) -> None:
+    """data.hf, eval.generate_examples, eval.metric bleu / rouge_l and model.prompt_tuning are the keras backend's
+    too (tests/worker/test_keras_eval_keys.py trains with them); a classifier refuses the decoding ones at their key."""
+    path = write(recipe_dir, TEXT2TEXT)
+    recipe = load_recipe(path, ["eval.metric=bleu", "model.prompt_tuning.tokens=4"]).value
+    assert recipe.eval.generate_examples == 256 and recipe.model.prompt_tuning.tokens == 4
+    assert load_recipe(path, ["eval.metric=rouge_l", "eval.generate_examples=8"]).value.eval.generate_examples == 8
+    classifier = write(recipe_dir, CLASSIFY)
+    assert "bleu is a text2text metric" in refused(classifier, ["eval.metric=bleu"])
+    assert "eval.generate_examples: greedy decodes are text2text's" in refused(classifier, ["eval.generate_examples=4"])
+    assert "model.prompt_tuning: a soft prompt goes before a T5 encoder's input" in refused(
+        classifier, ["model.prompt_tuning.tokens=4"])
 
 
 def test_shared_keys_validate(recipe_dir: Path) -> None:
