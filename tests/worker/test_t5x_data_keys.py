@@ -245,3 +245,23 @@ def test_a_hugging_face_dataset_replaces_data_train_and_a_label_field_is_refused
     with pytest.raises(ConfigError) as info:
         load_recipe(QUICKSTART, ["data.label_field=digits"])
     assert "data.label_field" in str(info.value) and "T5X trains text-to-text models" in str(info.value)
+
+
+@pytest.mark.parametrize(("metric", "ranked_by"), [("bleu", "eval_bleu"), ("rouge_l", "eval_rouge_l"),
+                                                   ("loss", "eval_exact_match"), (None, "eval_exact_match")])
+def test_keep_best_ranks_the_inference_evals_by_eval_metric(tmp_path: Path, metric: str | None, ranked_by: str) -> None:
+    """BLEU and ROUGE-L rank T5X's inference evals like any metric; the teacher-forced eval's loss is a row of its
+    own, so its metric falls back to exact match there."""
+    from tpuft.worker.context import WorkerContext
+    from tpuft.worker.t5x_train import T5xRun
+
+    recipe = load_recipe(QUICKSTART, [f"eval.metric={metric}" if metric else "eval.metric=null"]).value
+    ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="127.0.0.1:1",
+                        run_url=str(tmp_path))
+    run = T5xRun(ctx, recipe)
+    rows = {10: {"eval_exact_match": 0.5, "eval_bleu": 20.0, "eval_rouge_l": 60.0},
+            20: {"eval_exact_match": 0.9, "eval_bleu": 10.0, "eval_rouge_l": 50.0}}
+    for step, row in rows.items():
+        run.loop.judge(step, row)
+    best = 20 if ranked_by == "eval_exact_match" else 10
+    assert run.loop.best == {"metric": ranked_by, "value": rows[best][ranked_by], "step": best}

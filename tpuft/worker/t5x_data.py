@@ -96,3 +96,10 @@ def show_samples(loop: Any, step: int, predictions: Sequence[dict[str, Any]], co
         loop.say(f"sample: {line}")
     if lines and loop.metrics is not None:
         loop.metrics.log_text(step, "samples", "\n\n".join(lines))
+
+
+def ranking_metric(metric: str | None) -> str | None:
+    """What ranks T5X's inference evals (keep-best, early stopping): ``eval.metric`` when the decodes give it
+    (exact match, BLEU, ROUGE-L), else the default ranking; the teacher-forced eval's loss and token accuracy are
+    rows of their own, never judged."""
+    return metric if metric in ("exact_match", *TEXT_METRICS) else None

@@ -48,7 +48,7 @@ from tpuft.worker.loop import RunLoop, steps_to_keep
 from tpuft.worker.metrics import fetch_missing_metrics
 from tpuft.worker.resume import RESUME_ENV, find_resume_checkpoint
 from tpuft.worker.selection import Selector
-from tpuft.worker.t5x_data import show_samples
+from tpuft.worker.t5x_data import ranking_metric, show_samples
 from tpuft.worker.t5x_gin import initial_step, run_gin, task_spec, tasks_module
 from tpuft.worker.t5x_hooks import activate, exit_on_sigterm, install_hooks, run_t5x_train
 
@@ -78,10 +78,10 @@ class T5xRun:
         self.total_steps = self.initial_step + recipe.train.steps
         self.model_dir = f"{ctx.run_url}/{LAYOUT.checkpoints}" if ctx.remote else str(ctx.run_dir / LAYOUT.checkpoints)
         self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
-        # Only the inference evaluations are judged (T5X's teacher-forced ones are rows of their own), by the default
-        # ranking (exact match); T5X always keeps the best checkpoint, and stops early through its actions
-        # (tpuft.worker.t5x_hooks.EarlyStop asks the judge).
-        self.loop.selector = Selector(None, recipe.train.early_stopping)
+        # Only the inference evaluations are judged (T5X's teacher-forced ones are rows of their own), by eval.metric
+        # when the decodes give it (exact match, BLEU, ROUGE-L), else exact match; T5X always keeps the best
+        # checkpoint, and stops early through its actions (tpuft.worker.t5x_hooks.EarlyStop asks the judge).
+        self.loop.selector = Selector(ranking_metric(recipe.eval.metric), recipe.train.early_stopping)
         self.phase = "starting"
         self.counted = (0, 0, 0)
         """Rows, examples and real (non-padding) input + target tokens this host has taken since the last metrics row:
