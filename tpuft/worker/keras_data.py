@@ -198,8 +198,10 @@ class RecordData:
             if train:
                 if self.recipe.data.hf is None:  # a JSON-lines shard is in memory anyway; a streamed split is not
                     ds = ds.cache()
-                if self.recipe.data.shuffle:
-                    ds = ds.shuffle(100_000, seed=seed, reshuffle_each_iteration=True)
+                hf = self.recipe.data.hf  # a streamed split's buffer is the recipe's (data.hf.shuffle_buffer)
+                buffer = 100_000 if hf is None else hf.shuffle_buffer
+                if self.recipe.data.shuffle and buffer > 1:
+                    ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
                 ds = ds.repeat()
             # Per-replica batches (tf.distribute hands a pipeline's batches to its replicas in turn): a resumed run
             # skips every batch its pipeline's replicas consumed before the checkpoint.
