@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, wait_until
+from tests.e2e.tracking_checks import REPORT, check_tracking
 from tests.pods import Finished, Pod, created_pod
 from tpuft import rundir
 from tpuft.backends.keras import LAYOUT
@@ -60,7 +61,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory, keras_python: str) -> Pod:
 
 @pytest.fixture(scope="module")
 def quickstart(pod: Pod) -> Finished:
-    return pod.up("keras_quickstart", "--set", f"train.steps={QUICKSTART_STEPS}")
+    return pod.up("keras_quickstart", "--set", f"train.steps={QUICKSTART_STEPS}", "--set", REPORT)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,10 @@ def test_the_quickstart_reaches_the_bar_with_identical_workers(quickstart: Finis
     assert test["test_exact_match"] >= 0.9 and {"test_bleu", "test_rouge_l"} <= set(test), test
     state = json.loads((complete[QUICKSTART_STEPS] / "trainer_state.json").read_text())
     assert state["test"] == test  # a resume from the final checkpoint does not test again
+
+
+def test_wandb_and_mlflow_hold_the_curves_monitor_plots(quickstart: Finished) -> None:
+    check_tracking(quickstart.run_dir, run_id=quickstart.run_dir.name, backend="keras", accelerator="v4-16")
 
 
 def test_the_classifier_reaches_the_bar_and_exports_its_best(classifier: Finished) -> None:

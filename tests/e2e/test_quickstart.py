@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.tracking_checks import REPORT, check_tracking
 from tpuft import rundir
 from tpuft.backends.torch_xla import LAYOUT
 
@@ -51,7 +52,7 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Run:
     cluster = home / "tpuft.yaml"
     cluster.write_text("name: e2e-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
     started = time.monotonic()
-    up = tpuft(env, "up", "quickstart", "-c", str(cluster), "--json", "--set", f"train.steps={STEPS}")
+    up = tpuft(env, "up", "quickstart", "-c", str(cluster), "--json", "--set", f"train.steps={STEPS}", "--set", REPORT)
     seconds = time.monotonic() - started
     assert up.returncode == 0, up.stderr[-5000:]
     summary = json.loads(up.stdout)
@@ -113,6 +114,10 @@ def test_run_dir_follows_the_contract(quickstart: Run) -> None:
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert [step for step, _ in LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)] == [STEPS]
     assert json.loads((run / "run.json").read_text())["status"] == "finished"
+
+
+def test_wandb_and_mlflow_hold_the_curves_monitor_plots(quickstart: Run) -> None:
+    check_tracking(quickstart.run_dir, run_id=quickstart.run_dir.name, backend="torch_xla", accelerator="v4-16")
 
 
 def test_tensorboard_events_are_readable(quickstart: Run) -> None:

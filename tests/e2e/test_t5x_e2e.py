@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.tracking_checks import REPORT, check_tracking
 from tests.pods import Finished, Pod, created_pod
 from tests.venvs import t5x_source_settings
 
@@ -52,7 +53,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Pod:
 def quickstart(pod: Pod) -> Finished:
     # 600 steps, not the recipe's 800 (its comment: 0.93 exact match at step 500 already): a training proves its
     # point and stops. Two evaluations and two checkpoints still, so keep-best and the export's choice are exercised.
-    return pod.up("t5x_quickstart", *SOURCE, *QUICK)
+    return pod.up("t5x_quickstart", *SOURCE, *QUICK, "--set", REPORT)
 
 
 def rows(run: Path) -> list[dict[str, Any]]:
@@ -64,6 +65,10 @@ def test_the_quickstart_reaches_the_accuracy_bar(quickstart: Finished) -> None:
     assert last_eval["eval_examples"] == 500
     assert last_eval["eval_exact_match"] >= 0.9, last_eval
     assert quickstart.summary["export_dir"]
+
+
+def test_wandb_and_mlflow_hold_the_curves_monitor_plots(quickstart: Finished) -> None:
+    check_tracking(quickstart.run_dir, run_id=quickstart.run_dir.name, backend="t5x", accelerator="v4-16")
 
 
 def test_the_run_dir_holds_what_tpuft_reads(quickstart: Finished, pod: Pod) -> None:

@@ -18,6 +18,8 @@ import yaml
 from tpuft import rundir
 
 REPO = Path(__file__).resolve().parents[2]
+REPORT = "report={to: [tensorboard, wandb, mlflow], wandb: {mode: offline}, samples: 10}"
+"""The ``--set`` an e2e quickstart trains with: W&B offline into the run dir, MLflow into its SQLite store."""
 
 
 def read_back(python: str, run_dir: Path) -> dict[str, Any]:
@@ -34,10 +36,15 @@ def numbers(row: dict[str, Any]) -> dict[str, float]:
             if k not in {"step", "time"} and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def check_tracking(python: str, run_dir: Path, *, run_id: str, backend: str, accelerator: str | None = None,
-                   rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def check_tracking(run_dir: Path, *, run_id: str, backend: str, accelerator: str | None = None,
+                   rows: list[dict[str, Any]] | None = None, python: str | None = None) -> dict[str, Any]:
     """Assert that W&B and MLflow hold the run's curves, config, tags, test summary and samples; returns the
-    readback. ``rows``: the metrics rows to find (default: every row of metrics.jsonl)."""
+    readback. ``rows``: the metrics rows to find (default: every row of metrics.jsonl); ``python``: the tracking
+    venv's (default: built or found through tests/venvs.py)."""
+    if python is None:
+        from tests.venvs import tracking_python
+
+        python = tracking_python()
     back = read_back(python, run_dir)
     rows = rundir.read_metrics(run_dir).rows if rows is None else rows
     recipe = yaml.safe_load((run_dir / rundir.RECIPE).read_text())

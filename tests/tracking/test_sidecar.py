@@ -55,7 +55,7 @@ def test_wandb_offline_and_an_mlflow_file_store_hold_the_runs_curves(tracking_py
     run_dir = write_run_dir(tmp_path / "run", {"wandb": OFFLINE, "mlflow": {"tracking_uri": "file:mlruns"}})
     done = run_sidecar(tracking_python, run_dir)
     assert done.returncode == 0 and "WARNING" not in done.stdout, done.stdout + done.stderr
-    back = check_tracking(tracking_python, run_dir, run_id="synthetic-1", backend="torch_xla", accelerator="v4-8")
+    back = check_tracking(run_dir, python=tracking_python, run_id="synthetic-1", backend="torch_xla", accelerator="v4-8")
     assert back["mlflow"]["status"] == "FINISHED" and back["wandb"][0]["exit_code"] == 0
     assert back["mlflow"]["tables"]["samples_test.json"]["data"][0][:3] == [0, "in 0", "p0"]  # 3 rows, in id order
     assert len(back["mlflow"]["tables"]["samples_test.json"]["data"]) == 3
@@ -87,7 +87,7 @@ def test_a_resumed_run_continues_the_same_runs_and_sends_no_row_twice(tracking_p
     again = json.loads((run_dir / rundir.TRACKING).read_text())
     assert again["wandb"]["id"] == state["wandb"]["id"] and again["mlflow"]["run_id"] == state["mlflow"]["run_id"]
     expected = [*first, *[r for r in redone if r["step"] > 30]]
-    back = check_tracking(tracking_python, run_dir, run_id="synthetic-1", backend="torch_xla", rows=expected)
+    back = check_tracking(run_dir, python=tracking_python, run_id="synthetic-1", backend="torch_xla", rows=expected)
     assert len(back["wandb"]) == 2 and back["mlflow"]["status"] == "FINISHED"
     assert again["mlflow"]["rows"] == len(expected) and back["mlflow"]["metrics"]["loss"] == [
         [r["step"], r["loss"]] for r in [*TRAIN[:3], {**TRAIN[3], "loss": TRAIN[3]["loss"] + 1.0}]]
@@ -116,7 +116,7 @@ def test_an_mlflow_server_on_loopback_gets_the_run(tracking_python: str, tmp_pat
         run_dir = write_run_dir(tmp_path / "run", {"wandb": OFFLINE, "mlflow": {"experiment": "served"}})
         done = run_sidecar(tracking_python, run_dir, env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
         assert done.returncode == 0 and "WARNING" not in done.stdout, done.stdout + done.stderr
-        back = check_tracking(tracking_python, run_dir, run_id="synthetic-1", backend="torch_xla")
+        back = check_tracking(run_dir, python=tracking_python, run_id="synthetic-1", backend="torch_xla")
         assert back["mlflow"]["experiment"] == "served"
         assert json.loads((run_dir / rundir.TRACKING).read_text())["mlflow"]["tracking_uri"] == f"http://127.0.0.1:{port}"
     finally:

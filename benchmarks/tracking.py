@@ -1,0 +1,78 @@
+"""The tracking overhead: training examples/s of the PyTorch/XLA quickstart on the 2-worker local pod with
+``report.to: [wandb, mlflow]`` (W&B offline in the run dir, MLflow in the run dir's SQLite store: the sidecar does
+all the work it does online, less the network) against TensorBoard only, over several runs of each, alternated so
+that a machine's drift hits both alike.
+
+Examples/s is the mean of a run's logged windows after the first (the first holds the compilation); wall is the
+whole ``tpuft train`` (it includes the sidecar's start and its last pass after the trainer ends). One pod is created
+and set up once (the backend and the tracking venvs, cached).
+
+    python benchmarks/tracking.py --runs 3 --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from backends import Pod, table  # noqa: E402 - the benchmarks' shared local-pod helper
+
+MODES = {
+    "tensorboard only": ["--set", "report.to=[tensorboard]"],
+    "wandb + mlflow": ["--set", "report.to=[tensorboard, wandb, mlflow]", "--set", "report.wandb.mode=offline"],
+}
+
+
+def measure(runs: int, steps: int) -> list[tuple[str, ...]]:
+    common = ["--set", f"train.steps={steps}", "--set", "train.log_every=10", "--set", "train.warmup_steps=10",
+              "--set", "eval.every=null", "--set", "train.checkpoint_every=null", "--set", "export.hf=false",
+              "--set", "data.test=null"]
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    rows: list[tuple[str, ...]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pod = Pod(Path(tmp))
+        pod.tpuft("create")
+        ready = pod.tpuft("setup", "quickstart", *MODES["wandb + mlflow"])
+        if ready.returncode != 0:
+            raise SystemExit(ready.stderr[-3000:])
+        for index in range(runs):
+            for mode, extra in MODES.items():
+                started = time.monotonic()
+                done = pod.tpuft("train", "quickstart", "--json", "--stop-on-interrupt", *common, *extra)
+                wall = time.monotonic() - started
+                if done.returncode != 0:
+                    raise SystemExit(f"{mode}: {done.stderr[-3000:]}")
+                run = Path(json.loads(done.stdout)["run_dir"])
+                speeds = [row["examples_per_s"] for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                          if "examples_per_s" in row][1:]
+                tracked = json.loads((run / "run.json").read_text()).get("tracking") or {}
+                sent = ", ".join(f"{name} {entry.get('rows', 0)}" for name, entry in sorted(tracked.items())) or "-"
+                results[mode].append((statistics.mean(speeds), wall))
+                rows.append((mode, str(index + 1), f"{statistics.mean(speeds):.1f}", f"{wall:.0f}", sent))
+                print(f"{mode} run {index + 1}: {statistics.mean(speeds):.1f} examples/s, {wall:.0f} s, rows sent: {sent}",
+                      flush=True)
+    for mode, found in results.items():
+        speeds, walls = [s for s, _ in found], [w for _, w in found]
+        spread = f" ± {statistics.stdev(speeds):.1f}" if len(speeds) > 1 else ""
+        rows.append((mode, "mean", f"{statistics.mean(speeds):.1f}{spread}", f"{statistics.mean(walls):.0f}", ""))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    rows = measure(args.runs, args.steps)
+    print(f"\ntracking overhead: quickstart (torch_xla), {args.steps} steps, global batch 32, 2 local workers")
+    print(table(("report.to", "run", "examples/s", "wall s", "rows sent"), rows))
+
+
+if __name__ == "__main__":
+    main()
