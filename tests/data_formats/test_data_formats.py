@@ -221,3 +221,22 @@ def test_gs_data_files_are_checked_and_read_through_the_storage_layer(
     bad = load_recipe(tmp_path / "r.yaml", ["data.eval=gs://data-bucket/glue/dev.tsv"])
     with pytest.raises(ConfigError, match="gs://data-bucket/glue/dev.tsv: data.eval: no such object"):
         preflight(load_cluster(cluster_file).value, bad)
+
+
+def test_a_gs_data_file_is_not_shipped_and_a_local_one_keeps_its_suffix(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from tpuft.backends.spec import LaunchPlan
+    from tpuft.ops.train import _ship_data, _shipped_data
+
+    write(tmp_path / "train.tsv", ROWS)
+    (tmp_path / "r.yaml").write_text(RECIPE.replace("eval.parquet", "gs://data-bucket/glue/eval.parquet")
+                                     .replace("  test: test.tsv\n", "").replace("train.csv", "train.tsv"))
+    recipe = load_recipe(tmp_path / "r.yaml").value
+    plan = LaunchPlan(workers=(0, 1))
+    puts: list[tuple[Path, str]] = []
+    fleet = SimpleNamespace(put=lambda local, remote, workers: puts.append((local, remote)))
+    shipped = _ship_data(SimpleNamespace(fleet=fleet), recipe, "run-1", plan)
+    assert puts == [(tmp_path / "train.tsv", ".tpuft/data/run-1/train-train.tsv")]
+    assert (str(shipped.data.train), shipped.data.eval) == (puts[0][1], "gs://data-bucket/glue/eval.parquet")
+    assert _shipped_data(recipe, plan) == {"train": str(tmp_path / "train.tsv")}
