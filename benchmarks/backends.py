@@ -6,10 +6,14 @@
   MultiWorkerMirroredStrategy, 25 steps per execution), through ``tpuft train``. Examples/s is the mean of the logged
   windows after the first (the first holds the compilation); wall is the whole command. T5X packs several examples
   into a row: its trainer counts examples by the rows' segments, so every column counts examples.
+* ``mixed``: the same quickstarts (``--backends``) trained with ``train.precision: bf16`` and
+  ``train.grad_accum_steps: 2`` against without, one pod per backend (issue 28's measurement); bfloat16 on a CPU
+  has no native matrix unit, so the local pod says what the keys cost there, not what they give on a TPU.
 * ``setup``: ``tpuft setup`` of the T5X and the Keras recipes, cold (an empty venv cache; pip's own download cache
   stays warm, as on a machine that has installed these wheels before) and cached.
 
     python benchmarks/backends.py throughput --steps 300
+    python benchmarks/backends.py mixed --steps 100 --backends t5x,keras
     python benchmarks/backends.py setup
 """
 
@@ -41,30 +45,57 @@ class Pod:
                               capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def throughput(steps: int, backends: list[str]) -> list[tuple[str, str, str, str]]:
-    rows = []
+RECIPES = {
+    "torch_xla": ("quickstart", []),
+    "t5x": ("t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]),
+    "keras": ("keras_quickstart", []),
+}
+MIXED = ["--set", "train.precision=bf16", "--set", "train.grad_accum_steps=2"]
+
+
+def train_speed(pod: Pod, backend: str, steps: int, sets: list[str]) -> tuple[float, float, float]:
+    """(mean examples/s over the logged windows after the first, their spread, the command's wall seconds)."""
+    recipe, extra = RECIPES[backend]
     common = ["--set", f"train.steps={steps}", "--set", "train.log_every=25", "--set", "train.warmup_steps=10",
               "--set", "eval.every=null", "--set", "train.checkpoint_every=null", "--set", "export.hf=false"]
-    for backend, recipe, extra in (
-        ("torch_xla", "quickstart", []),
-        ("t5x", "t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]),
-        ("keras", "keras_quickstart", []),
-    ):
+    started = time.monotonic()
+    done = pod.tpuft("train", recipe, "--json", "--stop-on-interrupt", *common, *extra, *sets)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{recipe}: {done.stderr[-3000:]}")
+    run = Path(json.loads(done.stdout)["run_dir"])
+    windows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    speeds = [row["examples_per_s"] for row in windows if "examples_per_s" in row][1:]
+    return statistics.mean(speeds), statistics.pstdev(speeds), wall
+
+
+def on_pod(backend: str, runs: list[list[str]], steps: int) -> list[tuple[float, float, float]]:
+    """Each of ``runs`` (recipe --set arguments) trained in turn on one fresh 2-worker pod of ``backend``."""
+    recipe, extra = RECIPES[backend]
+    with tempfile.TemporaryDirectory() as tmp:
+        pod = Pod(Path(tmp))
+        pod.tpuft("create")
+        pod.tpuft("setup", recipe, *extra)
+        return [train_speed(pod, backend, steps, sets) for sets in runs]
+
+
+def throughput(steps: int, backends: list[str]) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for backend in RECIPES:
+        if backend in backends:
+            ((mean, spread, wall),) = on_pod(backend, [[]], steps)
+            rows.append((backend, f"{mean:.1f}", f"{spread:.1f}", f"{wall:.0f}"))
+    return rows
+
+
+def mixed(steps: int, backends: list[str]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for backend in RECIPES:
         if backend not in backends:
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            pod = Pod(Path(tmp))
-            pod.tpuft("create")
-            pod.tpuft("setup", recipe, *extra)
-            started = time.monotonic()
-            done = pod.tpuft("train", recipe, "--json", "--stop-on-interrupt", *common, *extra)
-            wall = time.monotonic() - started
-            if done.returncode != 0:
-                raise SystemExit(f"{recipe}: {done.stderr[-3000:]}")
-            run = Path(json.loads(done.stdout)["run_dir"])
-            windows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-            speeds = [row["examples_per_s"] for row in windows if "examples_per_s" in row][1:]
-            rows.append((backend, f"{statistics.mean(speeds):.1f}", f"{statistics.pstdev(speeds):.1f}", f"{wall:.0f}"))
+        plain, keyed = on_pod(backend, [[], MIXED], steps)
+        for label, (mean, spread, wall) in (("float32", plain), ("bf16 + grad_accum_steps 2", keyed)):
+            rows.append((backend, label, f"{mean:.1f}", f"{spread:.1f}", f"{wall:.0f}", f"{mean / plain[0]:.2f}"))
     return rows
 
 
@@ -91,13 +122,17 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="+", choices=["throughput", "setup"])
+    parser.add_argument("what", nargs="+", choices=["throughput", "mixed", "setup"])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--backends", default="torch_xla,t5x,keras", help="comma-separated, for throughput")
     args = parser.parse_args()
     if "throughput" in args.what:
         print(f"\nthroughput, {args.steps} steps, global batch 32, 2 local workers")
         print(table(("backend", "examples/s", "spread (sd)", "wall s"), throughput(args.steps, args.backends.split(","))))
+    if "mixed" in args.what:
+        print(f"\nbf16 + gradient accumulation, {args.steps} steps, global batch 32, 2 local workers")
+        print(table(("backend", "keys", "examples/s", "spread (sd)", "wall s", "x float32"),
+                    mixed(args.steps, args.backends.split(","))))
     if "setup" in args.what:
         print("\ntpuft setup (2 local workers, one shared venv)")
         print(table(("recipe", "setup", "seconds"), setup()))
