@@ -40,6 +40,13 @@ def check(problem: str | None) -> None:
         raise ValueError(problem)
 
 
+def listed_once(value: list[str]) -> list[str]:
+    """A list of choices where each may appear once (``model.freeze``, ``report.to``): the repeated ones named."""
+    twice = sorted({item for item in value if value.count(item) > 1})
+    check(f"{', '.join(twice)} listed twice" if twice else None)
+    return value
+
+
 def path_from_file(text: str, info: ValidationInfo) -> Path:
     """A path written in a config file: checked for shape, and relative to that file's folder (``base_dir``), so a
     file means the same wherever tpuft runs from."""

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tpuft.backends.registry import capabilities, config_models
 from tpuft.config.data import DataConfig
 from tpuft.config.report import ReportConfig
-from tpuft.config_types import Count, Duration, KeyPath, ModelRef, StrictModel
+from tpuft.config_types import Count, Duration, KeyPath, ModelRef, StrictModel, listed_once
 from tpuft.t5_config import BYT5_VOCAB, T5Settings
 
 
@@ -60,10 +60,7 @@ class ModelConfig(StrictModel):
     @field_validator("freeze")
     @classmethod
     def _freeze_once(cls, value: list[str]) -> list[str]:
-        twice = sorted({part for part in value if value.count(part) > 1})
-        if twice:
-            raise ValueError(f"{', '.join(twice)} listed twice")
-        return value
+        return listed_once(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from tpuft.config_types import StrictModel
+from tpuft.config_types import StrictModel, listed_once
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
 SIDECAR_TRACKERS = ("wandb", "mlflow")
@@ -95,10 +95,7 @@ class ReportConfig(StrictModel):
     @field_validator("to")
     @classmethod
     def _once(cls, value: list[str]) -> list[str]:
-        twice = sorted({name for name in value if value.count(name) > 1})
-        if twice:
-            raise ValueError(f"{', '.join(twice)} listed twice")
-        return value
+        return listed_once(value)
 
     @property
     def trackers(self) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft import rundir
+from tpuft.worker.predictions import merged, read_rows
 from tpuft.worker.tracking_sinks import make_sinks, numeric
 
 STATE = rundir.TRACKING
@@ -112,19 +113,11 @@ def samples(run_dir: Path, limit: int) -> tuple[str, list[dict[str, Any]]]:
         return "", []
     test = sorted((run_dir / rundir.TEST_DIR).glob("predictions-*.jsonl"))
     evals = sorted((run_dir / "eval").glob("predictions-*.jsonl"))
-    source, files = ("test", test) if test else ("eval", evals[-1:])
-    rows: list[dict[str, Any]] = []
-    for path in files:
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(item, dict):
-                rows.append(item)
-    if source == "test":
-        rows.sort(key=lambda item: int(item.get("id", 0)))
-    return (source if rows else ""), rows[:limit]
+    if test:  # written whole (through a temp file), in input order once merged
+        rows = merged(run_dir / rundir.TEST_DIR)
+        return ("test" if rows else ""), rows[:limit]
+    rows = list(read_rows(evals[-1:]))
+    return ("eval" if rows else ""), rows[:limit]
 
 
 class Guarded:

@@ -50,13 +50,23 @@ def sample_columns(rows: list[dict[str, Any]]) -> list[str]:
     return columns
 
 
-class WandbSink:
-    name = "wandb"
+class Sink:
+    """What both trackers keep: the sidecar's context (run dir, run id, recipe, report, tags), their own
+    ``report.<name>`` settings, and their entry of ``tracking.json`` (``saved``: updated as they go)."""
+
+    name = ""
 
     def __init__(self, context: dict[str, Any], saved: dict[str, Any]) -> None:
         self.context = context
-        self.settings = dict(context["report"].get("wandb") or {})
+        self.settings = dict(context["report"].get(self.name) or {})
         self.saved = saved
+
+
+class WandbSink(Sink):
+    name = "wandb"
+
+    def __init__(self, context: dict[str, Any], saved: dict[str, Any]) -> None:
+        super().__init__(context, saved)
         self.run: Any = None
         self.last_step = 0
 
@@ -139,13 +149,11 @@ def mlflow_uri(configured: str | None, run_dir: Path) -> str:
     return uri
 
 
-class MlflowSink:
+class MlflowSink(Sink):
     name = "mlflow"
 
     def __init__(self, context: dict[str, Any], saved: dict[str, Any]) -> None:
-        self.context = context
-        self.settings = dict(context["report"].get("mlflow") or {})
-        self.saved = saved
+        super().__init__(context, saved)
         self.client: Any = None
         self.run_id: str | None = None
         self.uri = mlflow_uri(self.settings.get("tracking_uri"), Path(context["run_dir"]))
