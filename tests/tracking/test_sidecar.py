@@ -175,3 +175,50 @@ def test_the_chiefs_supervisor_runs_the_sidecar_beside_its_trainer(tracking_pyth
     back = read_back(tracking_python, run_dir)
     assert back["mlflow"]["metrics"]["loss"] == [[r["step"], r["loss"]] for r in TRAIN]
     assert back["mlflow"]["tags"]["tpuft.accelerator"] == "v4-8"
+
+
+class Lines:
+    """What the supervisor's TrainerOutput takes from the sidecar: its lines, kept here."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, raw: bytes) -> None:
+        self.lines.append(raw.decode().rstrip("\n"))
+
+    def say(self, message: str) -> None:
+        self.lines.append(f"[supervisor] {message}")
+
+
+@pytest.mark.slow
+def test_a_recovered_chief_on_a_new_node_takes_the_state_from_the_bucket(tracking_python: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gs:// run dir: the chief writes a staging copy, and a new node's copy starts empty. The supervisor brings
+    tracking.json back from the run dir (a local folder stands in for the bucket: the Storage interface is the same)
+    before the sidecar starts, so the W&B run goes on under its id; a worker that is not the chief starts nothing."""
+    from tpuft.storage import LocalStorage
+    from tpuft.tracking_env import PYTHON_ENV
+    from tpuft.worker.context import WorkerContext
+    from tpuft.worker.tracking_launch import TrackingSidecar
+
+    bucket = write_run_dir(tmp_path / "bucket", {"wandb": OFFLINE, "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}})
+    assert run_sidecar(tracking_python, bucket, stop="killed").returncode == 0  # the first node's attempt
+    first = json.loads((bucket / rundir.TRACKING).read_text())
+    staging = write_run_dir(tmp_path / "staging", {"wandb": OFFLINE, "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}})
+    monkeypatch.setenv(PYTHON_ENV, tracking_python)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("TPUFT_TRACKING_POLL_SECONDS", "0.1")
+    for key in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
+        monkeypatch.delenv(key)
+    storage = LocalStorage(bucket)
+    worker_1 = WorkerContext("synthetic-1", staging, 1, 2, "127.0.0.1:1", "gs://b/runs/synthetic-1")
+    assert TrackingSidecar.start(worker_1, storage, Lines()) is None and not (staging / rundir.TRACKING).exists()
+    chief = WorkerContext("synthetic-1", staging, 0, 2, "127.0.0.1:1", "gs://b/runs/synthetic-1")
+    output = Lines()
+    sidecar = TrackingSidecar.start(chief, storage, output)
+    assert sidecar is not None
+    sidecar.stop("finished", output, wait=180)
+    assert sidecar.process.returncode == 0 and any("[tracking] done (finished)" in line for line in output.lines), output.lines
+    again = json.loads((staging / rundir.TRACKING).read_text())
+    assert again["wandb"]["id"] == first["wandb"]["id"] and again["mlflow"]["run_id"] == first["mlflow"]["run_id"]
+    assert again["mlflow"]["rows"] == first["mlflow"]["rows"]  # every row was sent by the first attempt
