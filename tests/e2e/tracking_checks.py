@@ -78,7 +78,7 @@ def check_tracking(run_dir: Path, *, run_id: str, backend: str, accelerator: str
         assert summary == test, (summary, test)
         assert {k: points[-1][1] for k, points in mlflow["metrics"].items() if k.startswith("test_")} == test
     tables = [k for k in last["summary"] if k.startswith("samples/") and k.endswith("/_type")]
-    if (run_dir / rundir.TEST_DIR).is_dir() or (run_dir / "eval").is_dir():
+    if [*(run_dir / rundir.TEST_DIR).glob("predictions-*.jsonl"), *(run_dir / "eval").glob("predictions-*.jsonl")]:
         assert tables, "no samples table in W&B"
         assert mlflow["tables"], "no samples table in MLflow"
         table = next(iter(mlflow["tables"].values()))
