@@ -21,6 +21,7 @@ from tpuft.backends.spec import LOCAL_DEVICES_ENV, ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.ops.cluster import cost_estimate
 from tpuft.providers import get_provider
+from tpuft.tracking_env import tracking_spec
 
 VERBS = ("create", "setup", "train", "up")
 
@@ -117,6 +118,8 @@ def _add_recipe(result: Plan, config: ClusterConfig, recipe: Loaded[RecipeConfig
     result.backend = value.backend.kind
     result.venv = f"{cache if cache.startswith('/') else '~/' + cache}/{spec.key}"  # gcp: HOME-relative
     result.requirements = list(spec.requirements) + [f"{entry} (--no-deps)" for entry in spec.no_deps]
+    if value.report.trackers:  # report.to: the chief also gets the tracker sidecar's own venv
+        result.requirements += [f"{entry} (tracking venv, on the chief only)" for entry in tracking_spec(python).requirements]
     ranks = {worker: rank for rank, worker in enumerate(launch.workers)}
     trainer = " ".join(("<venv>/bin/python", *launch.argv))
     for index in range(result.workers):
