@@ -103,8 +103,13 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     return rundir.read_json(run_dir / STATE) or {}
 
 
-def write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    rundir.write_json_atomic(run_dir / STATE, state)
+def write_state(run_dir: Path, state: dict[str, Any], written: str = "") -> str:
+    """Write ``tracking.json`` when it changed since ``written`` (what the last call returned): a file rewritten every
+    poll would go up to a ``gs://`` run dir at every sync round."""
+    text = json.dumps(state, indent=2, sort_keys=True)
+    if text != written:
+        rundir.write_json_atomic(run_dir / STATE, state)
+    return text
 
 
 def samples(run_dir: Path, limit: int) -> tuple[str, list[dict[str, Any]]]:
@@ -170,6 +175,9 @@ class Sidecar:
         self.trackers = [Guarded(sink) for sink in make_sinks(report.get("to") or [], context, self.state)]
         self.tail = MetricsTail(run_dir / rundir.METRICS)
         self.pending: list[dict[str, Any]] = []
+        """The rows read and not yet sent to every live tracker (each tracker's marks pick its own): one that failed
+        gets them when it recovers."""
+        self.written = ""
         self.test: dict[str, Any] = {}
         """The test row's ``test_*`` items, once it has been read."""
         self.terminated = False
@@ -181,18 +189,13 @@ class Sidecar:
                 continue
             mine = self.state.setdefault(tracker.sink.name, {})
             marks = dict(mine.get("marks") or {})
-            rows = list(unsent(self.pending_all(), marks))
+            rows = list(unsent(self.pending, marks))
             if rows and tracker.call("send", rows):
                 mine.update(tracker.sink.where(), marks=marks, rows=int(mine.get("rows", 0)) + len(rows))
             elif not rows:
                 mine.update(tracker.sink.where())
         self._forget_sent()
-        write_state(self.run_dir, self.state)
-
-    def pending_all(self) -> list[dict[str, Any]]:
-        """The rows read and not yet sent to every tracker (each tracker's marks pick its own): one that failed gets
-        them when it recovers."""
-        return self.pending
+        self.written = write_state(self.run_dir, self.state, self.written)
 
     def _forget_sent(self) -> None:
         """Keep only the rows some live tracker still lacks (a week-long run's rows are not held twice)."""
@@ -213,7 +216,7 @@ class Sidecar:
             tracker.next_try = 0.0
             tracker.call("finish", outcome, self.test, source, rows)
             self.state.setdefault(tracker.sink.name, {}).update(tracker.sink.where(), outcome=outcome)
-        write_state(self.run_dir, self.state)
+        self.written = write_state(self.run_dir, self.state, self.written)
 
     def run(self) -> int:
         names = ", ".join(t.sink.name for t in self.trackers) or "nothing"
