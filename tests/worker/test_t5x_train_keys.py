@@ -161,6 +161,7 @@ def test_an_early_stop_is_the_judges(tmp_path: Path) -> None:
 CHECK = textwrap.dedent(
     """
     import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # the run's devices, for Orbax's restore
     import numpy as np
     import jax, jax.numpy as jnp
     import gin
@@ -207,6 +208,13 @@ CHECK = textwrap.dedent(
     print(json.dumps(out))
     """
 )
+
+
+UMT5 = ["backend.family=umt5", "backend.gin_overrides=" + json.dumps({
+    "network.T5Config.vocab_size": 384, "network.T5Config.emb_dim": 32, "network.T5Config.num_heads": 2,
+    "network.T5Config.head_dim": 16, "network.T5Config.mlp_dim": 64, "network.T5Config.num_encoder_layers": 2,
+    "network.T5Config.num_decoder_layers": 2})]
+"""A tiny umT5 (t5x's scalable T5 network, the one with a remat policy), its vocabulary ByT5's bytes."""
 
 
 @pytest.mark.slow
@@ -256,3 +264,47 @@ def test_a_short_t5x_run_with_the_shared_keys(t5x_python: str, tmp_path: Path) -
     assert all(not p["same"] and p["moved"] > 0 for p in trained.values()), trained
     assert {p["dtype"] for p in params.values()} == {"float32"}  # bf16 compute, float32 parameters
     assert found["state_parts"] == ["decoder"]  # no optimizer state for what does not train
+
+
+REMAT = textwrap.dedent(
+    """
+    import json, os, re, sys
+    from pathlib import Path
+    import __main__
+    import gin, jax, jax.numpy as jnp, t5x
+    import t5x.train as train_script
+    from t5x import gin_utils
+    from tpuft.config import load_recipe
+    from tpuft.worker.t5x_gin import run_gin
+
+    __main__.train = train_script.train  # the gin binds `__main__.train`: t5x.train runs as __main__
+    cfg = json.loads(sys.argv[1])
+
+    def remat_policies(on):
+        # the remat policies in the program of the loss gradient, as T5X builds the model from the run gin
+        recipe = load_recipe(Path(cfg["quickstart"]), [*cfg["umt5"], f"model.gradient_checkpointing={str(on).lower()}"]).value
+        gin_file = os.path.join(cfg["out"], f"umt5-{on}.gin")
+        with open(gin_file, "w") as handle:
+            handle.write(run_gin(recipe, cfg["spec"], model_dir="/m", initial_step=0, cpu=True))
+        gin.clear_config()
+        gin_utils.parse_gin_flags(gin_search_paths=[os.path.dirname(os.path.dirname(t5x.__file__))],
+                                  gin_files=[gin_file], gin_bindings=[])
+        model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+        shapes = {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 4), "decoder_target_tokens": (2, 4)}
+        params = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes)["params"])
+        batch = {**{k: jnp.ones(v, jnp.int32) for k, v in shapes.items()}, "decoder_loss_weights": jnp.ones((2, 4))}
+        program = str(jax.make_jaxpr(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(params))
+        return sorted(set(re.findall(r"policy=(\\w+)", program)))
+
+    print(json.dumps({"on": remat_policies(True), "off": remat_policies(False)}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_gradient_checkpointing_is_umt5s_full_remat(t5x_python: str, tmp_path: Path) -> None:
+    """umT5's gin already saves the matmuls without a batch dimension (its 'minimal' policy); the key makes the
+    backward pass recompute everything (no policy: nothing saved), as the other backends' checkpointing does."""
+    found = run_script(t5x_python, REMAT, {"quickstart": str(QUICKSTART), "umt5": UMT5, "spec": SPEC,
+                                           "out": str(tmp_path)}, tmp_path)
+    assert found == {"on": ["None"], "off": ["DotsSaveable"]}, found
