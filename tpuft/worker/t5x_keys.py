@@ -19,8 +19,8 @@ Each key becomes what a T5X user would write in their gin:
 * ``train.early_stopping``: a T5X action after each inference eval (:class:`tpuft.worker.t5x_hooks.EarlyStop`) that
   asks the run's own judge; T5X then ends its loop, and checkpoints at every evaluation so the stop has one.
 
-Pure functions of the recipe and pydantic-free of JAX at import: the controller's tests read the bindings without the
-T5X venv.
+Pure functions of the recipe, with nothing of JAX or T5X imported at module level: the bindings are read and tested
+without the T5X venv (flax is imported only when gin builds the traversal, on the worker).
 """
 
 from __future__ import annotations
