@@ -37,7 +37,8 @@ class KerasBackend(StrictModel):
         "at most 100.",
     )
     precision: Precision = Field(
-        "auto", description="'mixed_bfloat16' computes in bf16 with float32 weights; auto: it on TPU, float32 on CPU."
+        "auto", description="'mixed_bfloat16' computes in bf16 with float32 weights; auto: it on TPU, float32 on CPU. "
+        "train.precision: bf16 makes it mixed_bfloat16 everywhere (and cannot go with float32 here).",
     )
     encoder: dict[str, str | int | float | bool] | None = Field(
         None,
@@ -107,6 +108,7 @@ class KerasBackend(StrictModel):
             key = "label_field" if data.label_field is not None else "labels"
             found.append((("data", key), "for backend.task: classification; a text2text target is data.target_field "
                           "(or target_template)"))
+        found += self._train_key_problems(recipe)
         every = [("train", "log_every", recipe.train.log_every)]
         if recipe.eval.every:
             every.append(("eval", "every", recipe.eval.every))
@@ -118,6 +120,32 @@ class KerasBackend(StrictModel):
                     found.append(((section, key), f"{value} is not a multiple of backend.steps_per_execution "
                                   f"({self.steps_per_execution}): Keras only comes back to Python between executions"))
         return found
+
+    def _train_key_problems(self, recipe: RecipeConfig) -> list[tuple[KeyPath, str]]:
+        """The shared training keys as the Keras engine does them (``tpuft/worker/keras_layers.py``)."""
+        found: list[tuple[KeyPath, str]] = []
+        if recipe.train.precision == "bf16" and self.precision == "float32":
+            found.append((("backend", "precision"), "float32 contradicts train.precision: bf16; remove one (bf16 is "
+                          "the mixed_bfloat16 policy: bfloat16 compute, float32 weights)"))
+        if self.task == "classification":
+            if "decoder" in recipe.model.freeze:
+                found.append((("model", "freeze"), "a classifier is an encoder: it has embeddings and encoder, no "
+                              "decoder"))
+            if recipe.model.gradient_checkpointing:
+                found.append((("model", "gradient_checkpointing"), "the keras backend recomputes T5 blocks; a "
+                              "classifier's encoder layers are not wrapped (task: text2text has it)"))
+        return found
+
+    def policy(self, train_precision: str, *, tpu: bool) -> str:
+        """The Keras mixed-precision policy: the shared ``train.precision: bf16`` is ``mixed_bfloat16`` on every
+        device (the CPU pod too, to rehearse it); its default (float32) leaves this section's ``precision`` in charge,
+        whose ``auto`` is Keras's TPU habit, bf16 compute on a TPU. The one contradiction, bf16 with ``float32`` here,
+        is refused by :meth:`recipe_problems`."""
+        if train_precision == "bf16":
+            return "mixed_bfloat16"
+        if self.precision == "auto":
+            return "mixed_bfloat16" if tpu else "float32"
+        return self.precision
 
     def steps_per_call(self, recipe: RecipeConfig) -> int:
         """``steps_per_execution`` as run: the user's, or the largest divisor (at most 100) of every interval at
@@ -151,9 +179,18 @@ CAPABILITIES = Capabilities(
             ("data", "hf"),
             ("eval", "generate_examples"),
             ("model", "prompt_tuning"),
+            ("train", "precision"),
+            ("train", "label_smoothing"),
+            ("train", "adafactor"),
+            ("model", "freeze"),
+            ("model", "gradient_checkpointing"),
         }
     ),
     metrics=frozenset({"exact_match", "token_accuracy", "loss", "accuracy", "bleu", "rouge_l"}),
+    why_not={
+        "train.sharding": "fsdp shards parameters over the chips, and TF Keras's TPUStrategy and "
+        "MultiWorkerMirroredStrategy only replicate them (data parallelism is what the keras backend does)",
+    },
 )
 """Text-to-text and classification (data.label_field/labels); BLEU and ROUGE-L from greedy decodes made on the device
 (text to text)."""

@@ -51,11 +51,11 @@ def make_strategy(tf: Any, ctx: WorkerContext, hosts: int) -> Any:
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
-def set_precision(tf: Any, backend: KerasBackend, hosts: int) -> str:
-    """The global Keras policy: the recipe's, or ``auto``: bfloat16 compute on a TPU, float32 on a CPU."""
-    precision = backend.precision
-    if precision == "auto":
-        precision = "mixed_bfloat16" if hosts else "float32"
+def set_precision(tf: Any, backend: KerasBackend, hosts: int, train_precision: str = "float32") -> str:
+    """The global Keras policy (:meth:`KerasBackend.policy`): ``train.precision: bf16`` is ``mixed_bfloat16``
+    everywhere; else ``backend.precision``, whose ``auto`` is bfloat16 compute on a TPU, float32 on a CPU. Layers
+    made after this compute in the policy's dtype and keep float32 weights."""
+    precision = backend.policy(train_precision, tpu=bool(hosts))
     tf.keras.mixed_precision.set_global_policy(precision)
     return precision
 

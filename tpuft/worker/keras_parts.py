@@ -15,13 +15,16 @@ IGNORE = -100
 
 
 def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_norm: float | None,
-                    accum_steps: int = 1) -> Any:
+                    accum_steps: int = 1, label_smoothing: float = 0.0) -> Any:
     """The Keras model ``fit`` trains: the HF model, our train/test steps and the metrics they keep.
 
     ``accum_steps`` > 1 accumulates gradients over that many micro-batches of each replica's batch inside one
     ``train_step`` and applies them once: ``fit`` still sees one step per optimizer step, so the optimizer's
     iterations, the learning-rate schedule, the logged loss, checkpoints and the data position all count optimizer
-    steps as without accumulation; only the activations of one micro-batch are alive at a time."""
+    steps as without accumulation; only the activations of one micro-batch are alive at a time.
+
+    ``label_smoothing`` smooths the training loss as PyTorch's ``cross_entropy(label_smoothing=)`` does (the target
+    weighs 1 - e, every class e / classes); evaluations report the plain cross-entropy, comparable across runs."""
 
     class Trainable(tf.keras.Model):
         def __init__(self) -> None:
@@ -57,13 +60,14 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
                 return batch["weight"]
             return tf.cast(batch["labels"] != IGNORE, tf.float32) * batch["weight"][:, None]
 
-        def _item_losses(self, batch: dict[str, Any], logits: Any) -> tuple[Any, Any, Any]:
-            """Per-item losses, their mask (target tokens, or examples), and whether each item is right."""
+        def _item_losses(self, batch: dict[str, Any], logits: Any, smoothing: float = 0.0) -> tuple[Any, Any, Any]:
+            """Per-item losses (in float32 whatever the compute precision), their mask (target tokens, or examples),
+            and whether each item is right."""
             logits = tf.cast(logits, tf.float32)
             labels = batch["labels"]
             mask = self._mask_of(batch)
             safe = labels if classify else tf.where(labels == IGNORE, 0, labels)
-            loss = tf.keras.losses.sparse_categorical_crossentropy(safe, logits, from_logits=True)
+            loss = smoothed_cross_entropy(tf, safe, logits, smoothing)
             right = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), safe), tf.float32)
             return loss, mask, right
 
@@ -77,7 +81,7 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
             else:
                 with tf.GradientTape() as tape:
                     logits = self._logits_of(batch, training=True)
-                    loss, mask, _ = self._item_losses(batch, logits)
+                    loss, mask, _ = self._item_losses(batch, logits, label_smoothing)
                     local_count = tf.reduce_sum(mask)
                     total = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
                     scaled = tf.reduce_sum(loss * mask) / tf.maximum(total, 1.0)  # sums over replicas to the global mean
@@ -107,7 +111,7 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
             def one(index: Any, loss_sum: Any, sums: list[Any]) -> tuple[Any, Any, list[Any]]:
                 piece = {key: value[index] for key, value in pieces.items()}
                 with tf.GradientTape() as tape:
-                    loss, mask, _ = self._item_losses(piece, self._logits_of(piece, training=True))
+                    loss, mask, _ = self._item_losses(piece, self._logits_of(piece, training=True), label_smoothing)
                     part = tf.reduce_sum(loss * mask) / total
                 grads = tape.gradient(part, variables)
                 dense = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g)
@@ -136,6 +140,16 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
             return {f"{name}": metric.result() for name, metric in self.sums.items()}
 
     return Trainable()
+
+
+def smoothed_cross_entropy(tf: Any, labels: Any, logits: Any, smoothing: float) -> Any:
+    """Cross-entropy of each item against its label smoothed by ``smoothing``: (1 - e) of the label's negative
+    log-likelihood plus e of the mean over all classes (PyTorch's definition, so both backends train the same loss)."""
+    plain = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    if not smoothing:
+        return plain
+    uniform = -tf.reduce_mean(tf.nn.log_softmax(logits, axis=-1), axis=-1)
+    return (1.0 - smoothing) * plain + smoothing * uniform
 
 
 EVAL_SUMS = ("loss_sum", "tokens", "correct", "exact", "examples")

@@ -45,7 +45,7 @@ from tpuft import rundir
 from tpuft.backends.keras_schema import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
 from tpuft.worker import data as data_mod
-from tpuft.worker import keras_generate, keras_model, keras_prompt, keras_test
+from tpuft.worker import keras_adafactor, keras_generate, keras_layers, keras_model, keras_prompt, keras_test
 from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.keras_data import RecordData
@@ -104,7 +104,7 @@ class KerasRun:
             tf.config.threading.set_inter_op_parallelism_threads(2)
         self.strategy = keras_model.make_strategy(tf, self.ctx, self.tpu_hosts)
         self.replicas = self.strategy.num_replicas_in_sync
-        precision = keras_model.set_precision(tf, self.backend, self.tpu_hosts)
+        precision = keras_model.set_precision(tf, self.backend, self.tpu_hosts, self.recipe.train.precision)
         transformers = keras_model.quiet_transformers()
         self.say(
             f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: {type(self.strategy).__name__} with "
@@ -127,11 +127,13 @@ class KerasRun:
         tf = self.tf
         source = self.checkpoint or self.recipe.model.name_or_path  # pretrained weights, or None: random init
         hf = keras_model.build_hf_model(self.recipe, self.tokenizer, source)
+        keras_layers.apply(tf, hf, self.recipe.model, classify=self.classify, say=self.say)  # freeze, recompute
         hf = keras_prompt.wrap(tf, hf, self.recipe, self.checkpoint)  # model.prompt_tuning: a soft prompt, T5 frozen
         start = 0 if self.classify else int(hf.config.decoder_start_token_id)
         self.model = build_trainable(tf, hf, classify=self.classify, start_token=start,
                                      clip_norm=self.recipe.train.max_grad_norm,
-                                     accum_steps=self.recipe.train.grad_accum_steps)
+                                     accum_steps=self.recipe.train.grad_accum_steps,
+                                     label_smoothing=self.recipe.train.label_smoothing)
         self.model.distribute_reduction_method = "first"  # what train/test steps return is global already
         self.model.build_all(self.recipe.data)
         count = sum(int(tf.size(v)) for v in hf.weights)
@@ -143,11 +145,7 @@ class KerasRun:
         tf = self.tf
         train = self.recipe.train
         self.schedule = schedule = make_schedule(tf, train.learning_rate, train.steps, train.warmup_steps, train.schedule)
-        if train.optimizer == "adafactor":
-            optimizer = tf.keras.optimizers.Adafactor(learning_rate=schedule, weight_decay=train.weight_decay or None)
-        else:
-            optimizer = tf.keras.optimizers.AdamW(learning_rate=schedule, weight_decay=train.weight_decay)
-        optimizer.exclude_from_weight_decay(var_names=["layer_norm", "LayerNorm", "bias"])
+        optimizer = keras_adafactor.make_optimizer(tf, train, schedule)
         self.model.compile(optimizer=optimizer, steps_per_execution=self.backend.steps_per_call(self.recipe))
         optimizer.build(self.model.hf.trainable_variables)
         if self.checkpoint is not None:
