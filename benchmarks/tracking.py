@@ -8,13 +8,20 @@ whole ``tpuft train`` (it includes the sidecar's start and its last pass after t
 and set up once (the backend and the tracking venvs, cached).
 
     python benchmarks/tracking.py --runs 3 --steps 300
+    python benchmarks/tracking.py --sidecar-cpu 120
+
+``--sidecar-cpu SECONDS`` measures what the overhead is made of, free of a shared machine's noise: the CPU time the
+sidecar itself uses (imports, tailing, W&B offline and MLflow SQLite writes) while a synthetic run dir gains a train
+row every second for that long (a log step per second is faster than any real run logs), then its last pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,11 +71,50 @@ def measure(runs: int, steps: int) -> list[tuple[str, ...]]:
     return rows
 
 
+def sidecar_cpu(seconds: float) -> list[tuple[str, ...]]:
+    from tpuft import rundir
+    from tpuft.config import LocalConfig
+    from tpuft.paths import venv_cache
+    from tpuft.tracking_env import tracking_spec
+
+    python = venv_cache() / tracking_spec(LocalConfig().python).key / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"no tracking venv at {python}: run the tracking tests (or tpuft setup with report.to) first")
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp)
+        (run / rundir.RECIPE).write_text("name: bench\nbackend: {kind: torch_xla}\nreport:\n  to: [tensorboard, wandb, mlflow]\n"
+                                         "  wandb: {mode: offline}\n  samples: 0\n")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        started = time.monotonic()
+        child = subprocess.Popen([str(python), "-m", "tpuft.worker.tracking", "--run-dir", str(run), "--run-id", "bench",
+                                  "--poll", "5"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        step = 0
+        with (run / rundir.METRICS).open("a") as metrics:
+            while time.monotonic() - started < seconds:
+                step += 10
+                metrics.write(json.dumps({"step": step, "time": time.time(), "loss": 1.0 / step, "lr": 1e-3,
+                                          "examples_per_s": 100.0, "tokens_per_s": 4000.0}) + "\n")
+                metrics.flush()
+                time.sleep(1.0)
+        rundir.write_json_atomic(run / rundir.TRACKING_STOP, {"status": "finished"})
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.monotonic() - started
+        cpu = usage.ru_utime + usage.ru_stime
+        state = json.loads((run / rundir.TRACKING).read_text())
+    sent = ", ".join(f"{name} {entry.get('rows', 0)}" for name, entry in sorted(state.items()))
+    return [(f"{wall:.0f}", str(step // 10), sent, f"{cpu:.1f}", f"{cpu / wall:.1%}")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--sidecar-cpu", type=float, metavar="SECONDS", help="measure the sidecar's own CPU time instead")
     args = parser.parse_args()
+    if args.sidecar_cpu:
+        print("\nthe tracking sidecar's own CPU time (W&B offline, MLflow SQLite in the run dir, a row a second)")
+        print(table(("wall s", "rows written", "rows sent", "sidecar CPU s", "of one core"), sidecar_cpu(args.sidecar_cpu)))
+        return
     rows = measure(args.runs, args.steps)
     print(f"\ntracking overhead: quickstart (torch_xla), {args.steps} steps, global batch 32, 2 local workers")
     print(table(("report.to", "run", "examples/s", "wall s", "rows sent"), rows))
