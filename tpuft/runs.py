@@ -226,7 +226,7 @@ class RunSnapshot:
         recorded = self.info.get("tracking")
         if isinstance(recorded, dict) and recorded:
             return recorded
-        return rundir.tracking_entry(rundir.read_json(self.run_dir / rundir.TRACKING) or {})
+        return rundir.tracking_entry(rundir.read_json(Path(self.run_dir) / rundir.TRACKING) or {})
 
     def as_json(self) -> dict[str, Any]:
         best = self.best_metric
