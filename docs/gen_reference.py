@@ -305,36 +305,23 @@ def recipe_reference() -> str:
 
 
 def capability_table() -> list[str]:
-    """Which backend implements which optional shared key and eval metric, from each backend's capabilities record
-    (``backends/<kind>_schema.py``); a key set to a non-default value is refused by the backends without a mark."""
-    from tpuft.backends import registry
+    """Which backend implements which optional shared key and eval metric, and why an engine cannot: the capability
+    matrix of ``tpuft recipes backends`` (:mod:`tpuft.backends.matrix`, read from each backend's capabilities record
+    in ``backends/<kind>_schema.py``); a key set to a non-default value is refused, with the same reason, by the
+    backends without a mark."""
+    from tpuft.backends.matrix import capability_matrix, markdown
 
-    ask = getattr(registry, "capabilities", None)
-    if not callable(ask):
-        return []
-    declared = ask()
-    kinds = sorted(declared)
-    keys = sorted({tuple(map(str, key)) for caps in declared.values() for key in getattr(caps, "keys", ())})
-    metrics = sorted({metric for caps in declared.values() for metric in getattr(caps, "metrics", ())})
-    if not keys and not metrics:
-        return []
-    lines = [
+    return [
         "## What each backend supports",
         "",
         "The optional shared keys and eval metrics, as each backend declares them in its capabilities record "
-        "(`backends/<kind>_schema.py`). A recipe that sets one of these keys to anything but its default, or asks "
-        "for a metric, with a backend not marked here is refused at its line, naming the backends that support it.",
+        "(`backends/<kind>_schema.py`); `tpuft recipes backends` prints the same matrix. A recipe that sets one of "
+        "these keys to anything but its default, or asks for a metric, with a backend marked no is refused at its "
+        "line, with the reason below and the backends that support it.",
         "",
-        "| key | " + " | ".join(f"`{kind}`" for kind in kinds) + " |",
-        "|---|" + "---|" * len(kinds),
+        *markdown(capability_matrix()).rstrip().splitlines(),
+        "",
     ]
-    for key in keys:
-        marks = ["yes" if key in {tuple(map(str, k)) for k in declared[kind].keys} else "—" for kind in kinds]
-        lines.append(f"| `{'.'.join(key)}` | " + " | ".join(marks) + " |")
-    for metric in metrics:
-        marks = ["yes" if metric in declared[kind].metrics else "—" for kind in kinds]
-        lines.append(f"| `eval.metric: {metric}` | " + " | ".join(marks) + " |")
-    return [*lines, ""]
 
 
 def _backend_row() -> Row:

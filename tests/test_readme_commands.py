@@ -23,7 +23,7 @@ TRANSCRIPT_COLUMNS = 116
 """The terminal width the docs' transcripts were printed at (Rich wraps its tables to it)."""
 
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1", re.MULTILINE | re.DOTALL)
-_INLINE = re.compile(r"`((?:\.venv/bin/)?tpuft(?: [^`]*)?)`")
+_INLINE = re.compile(r"`((?:\.venv/bin/)?tpuft [^`]*)`")  # a bare `tpuft` is a name (W&B's default project)
 _PLACEHOLDER = re.compile(r"\[?(<[^>]+>|[A-Z][A-Z0-9_]*(\.\.\.)?|\.\.\.)\]?")
 """RUN, CKPT, OUT_DIR, CMD..., <run>, [RUN]: a value the reader supplies."""
 
