@@ -149,6 +149,15 @@ def mlflow_uri(configured: str | None, run_dir: Path) -> str:
     return uri
 
 
+def local_artifacts(uri: str) -> str | None:
+    """A SQLite store's artifacts beside its database file: MLflow's default is ``./mlruns`` of whatever folder the
+    process that creates the experiment runs in. None (MLflow's choice) for a file store, which keeps them inside
+    itself, and for a server, which has its own artifact root."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+
+
 class MlflowSink(Sink):
     name = "mlflow"
 
@@ -181,7 +190,8 @@ class MlflowSink(Sink):
                 run_id = None
         if not run_id:
             experiment = client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(name)
+            experiment_id = (experiment.experiment_id if experiment is not None
+                             else client.create_experiment(name, artifact_location=local_artifacts(self.uri)))
             run = client.create_run(experiment_id, run_name=tags["run_id"],
                                     tags={f"tpuft.{key}": value for key, value in tags.items() if value})
             run_id = run.info.run_id
