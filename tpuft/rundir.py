@@ -308,16 +308,39 @@ ROUGE-L (0-100, from greedy decodes) come last: they rank a run only when its re
 ``tpuft.worker.selection``), since an evaluation that has them also has a loss."""
 
 
-def best_eval_metric(row: dict[str, Any]) -> tuple[str, float, int] | None:
-    for name, _ in BEST_METRICS:
+def _ranking(metric: str | None) -> tuple[tuple[str, Any], ...]:
+    """BEST_METRICS, or only the recipe's ``eval.metric`` when it names one: a run whose trainer kept the best
+    checkpoint by BLEU is ranked by BLEU here too, not by the exact match its evaluations also report."""
+    if metric is None:
+        return BEST_METRICS
+    return tuple(entry for entry in BEST_METRICS if entry[0] == f"eval_{metric}") or BEST_METRICS
+
+
+def best_eval_metric(row: dict[str, Any], metric: str | None = None) -> tuple[str, float, int] | None:
+    for name, _ in _ranking(metric):
         if isinstance(row.get(name), (int, float)):
             return name, float(row[name]), int(row.get("step", 0))
     return None
 
 
-def best_eval_row(eval_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    for name, pick in BEST_METRICS:
+def best_eval_row(eval_rows: list[dict[str, Any]], metric: str | None = None) -> dict[str, Any]:
+    """The best evaluation by ``metric`` (the recipe's ``eval.metric``; None: the default order of BEST_METRICS)."""
+    for name, pick in _ranking(metric):
         rows = [r for r in eval_rows if isinstance(r.get(name), (int, float))]
         if rows:
             return pick(rows, key=lambda r: r[name])
     return {}
+
+
+def recipe_metric(recipe_text: str | None) -> str | None:
+    """The ``eval.metric`` of a run's recipe.yaml (None: none set, or no readable recipe): what its trainer ranked by."""
+    if not recipe_text:
+        return None
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(recipe_text)
+    except yaml.YAMLError:
+        return None
+    metric = ((loaded or {}).get("eval") or {}).get("metric") if isinstance(loaded, dict) else None
+    return metric if isinstance(metric, str) else None

@@ -154,6 +154,17 @@ def test_best_prefers_exact_match_then_loss_and_falls_back_to_latest() -> None:
     )
 
 
+def test_best_is_ranked_by_the_recipes_eval_metric(tmp_path: Path) -> None:
+    """A run that kept its best checkpoint by BLEU: pull (and predict) take that one, not the best exact match's."""
+    rows = [{"step": 10, "eval_exact_match": 0.6, "eval_bleu": 20.0}, {"step": 20, "eval_exact_match": 0.4, "eval_bleu": 31.5}]
+    assert choose_checkpoints("best", [10, 20], rows)[0] == [10]
+    assert choose_checkpoints("best", [10, 20], rows, "bleu") == ([20], ["best eval: eval_bleu = 31.5 at step 20"])
+    run = tmp_path / "runs" / RUN_ID
+    make_run(run, metrics=rows)
+    (run / "recipe.yaml").write_text("name: t5-small\neval:\n  metric: bleu\ntrain:\n  steps: 20\n")
+    assert pull(run, tmp_path / "dest", checkpoints="best").checkpoints == [20]
+
+
 def test_best_without_eval_rows_pulls_the_latest(tmp_path: Path) -> None:
     run = tmp_path / "runs" / RUN_ID
     make_run(run, metrics=[{"step": 10, "loss": 2.0}, {"step": 20, "loss": 1.0}])

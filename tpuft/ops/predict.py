@@ -142,10 +142,11 @@ def _run_source(run: Run, options: PredictOptions) -> Source:
     if not steps:
         raise UsageError(f"run {run.id} has no complete checkpoint to predict with",
                          hint=f"Look: tpuft monitor {run.id}   (a run writes one every train.checkpoint_every steps)")
-    from tpuft.ops.pull import choose_checkpoints
+    from tpuft.ops.pull import choose_checkpoints, eval_rows_of
 
-    best = run.snapshot().best_eval if recipe.train.keep_best else {}
-    chosen, notes = choose_checkpoints("best" if recipe.train.keep_best else "latest", sorted(steps), [best] if best else [])
+    evals = eval_rows_of(run.storage.read_text(rundir.METRICS) or "") if recipe.train.keep_best else []
+    chosen, notes = choose_checkpoints("best" if recipe.train.keep_best else "latest", sorted(steps), evals,
+                                       recipe.eval.metric)
     step = chosen[0]
     model = f"{run.url}/{layout.checkpoints}/{steps[step]}"
     return Source("run", recipe.backend.kind, model, recipe, text, run=run, step=step, notes=tuple(notes))

@@ -108,8 +108,9 @@ def pull(
     steps = layout.checkpoint_steps(storage)
     if info is None and not steps and not storage.folders() and storage.read_text(rundir.METRICS) is None:
         raise UsageError(f"{source}: not a run directory (no {rundir.RUN_INFO}, {rundir.METRICS} or folders in it)")
-    eval_rows = _eval_rows(storage.read_text(rundir.METRICS) or "") if mode == "best" else []
-    chosen, notes = choose_checkpoints(mode, sorted(steps), eval_rows)
+    eval_rows = eval_rows_of(storage.read_text(rundir.METRICS) or "") if mode == "best" else []
+    metric = rundir.recipe_metric(storage.read_text(rundir.RECIPE)) if mode == "best" else None
+    chosen, notes = choose_checkpoints(mode, sorted(steps), eval_rows, metric)
 
     include = _selector(layout, {steps[step] for step in chosen})
     transfer = storage.fetch_tree("", dest, workers=workers, include=include, progress=progress)
@@ -132,11 +133,12 @@ def pull(
     )
 
 
-def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, Any]]) -> tuple[list[int], list[str]]:
+def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, Any]], metric: str | None = None
+                       ) -> tuple[list[int], list[str]]:
     """The checkpoint steps to pull out of ``steps`` (sorted), and notes on any fallback taken.
 
-    ``best`` ranks evaluations as ``tpuft monitor`` does (``eval_exact_match`` highest first, ... ``eval_loss``
-    lowest last), so the checkpoint pulled is the one the monitor calls best. Checkpoints are saved less often than
+    ``best`` ranks evaluations by ``metric``, the run's ``eval.metric`` (what its trainer kept the best checkpoint
+    by), else as ``tpuft monitor`` does (``eval_exact_match`` highest first, ... ``eval_loss`` lowest last). Checkpoints are saved less often than
     evaluations run, and old ones are deleted, so the best eval step may have none: then the closest one before it
     (the weights that eval measured are gone; those are the nearest that led to them), else the first after it."""
     if mode == "none":
@@ -147,13 +149,13 @@ def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, An
         return list(steps), []
     if mode == "latest":
         return [steps[-1]], []
-    return _best(steps, eval_rows)
+    return _best(steps, eval_rows, metric)
 
 
-def _best(steps: list[int], eval_rows: list[dict[str, Any]]) -> tuple[list[int], list[str]]:
+def _best(steps: list[int], eval_rows: list[dict[str, Any]], metric: str | None) -> tuple[list[int], list[str]]:
     from tpuft.rundir import best_eval_metric, best_eval_row
 
-    ranked = best_eval_metric(best_eval_row(eval_rows))
+    ranked = best_eval_metric(best_eval_row(eval_rows, metric), metric)
     if ranked is None:
         return [steps[-1]], [f"no eval metrics in {rundir.METRICS}: pulled the latest checkpoint (step {steps[-1]})"]
     name, value, step = ranked
@@ -201,7 +203,7 @@ def _selector(layout: RunLayout, chosen: set[str]) -> Callable[[str], bool]:
     return include
 
 
-def _eval_rows(text: str) -> list[dict[str, Any]]:
+def eval_rows_of(text: str) -> list[dict[str, Any]]:
     """Eval rows of a metrics.jsonl (``rundir.read_metrics`` on text: the file may be remote); bad lines skipped."""
     log = rundir.MetricsLog()
     for line in text.splitlines():
