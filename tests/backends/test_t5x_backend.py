@@ -546,6 +546,8 @@ def test_batch_must_split_over_replicas_and_microbatches(loaded, cpu_pod: Cluste
     assert path == ("train", "batch_size") and "4 does not split evenly over 2 data-parallel replicas x 4 microbatches" in message
     assert "use a multiple of 8" in message
     assert BACKEND.check(loaded("backend.num_microbatches=2").value, cpu_pod) == []
+    (path, message), = BACKEND.check(loaded("train.grad_accum_steps=4").value, cpu_pod)  # the shared key, the same
+    assert path == ("train", "batch_size") and "x 4 microbatches (use a multiple of 8)" in message, message
     # a v4-32: 16 chips; 2 partitions leave 8 data-parallel replicas
     recipe = loaded("train.batch_size=256", "backend.num_partitions=2").value
     assert T5x.data_parallel(recipe, tpu_v4_32) == 8 and BACKEND.check(recipe, tpu_v4_32) == []

@@ -37,6 +37,7 @@ from tpuft.backends.t5x_schema import (
     T5xBackend,
     checkpoint_step,
     gin_value,
+    microbatches,
     model_gins,
     sentencepiece_last_piece,
 )
@@ -176,9 +177,10 @@ class T5x:
                           f"{per_worker}"))
             return found
         replicas = self.data_parallel(recipe, shape)
-        step = replicas * (backend.num_microbatches or 1)
+        micro = microbatches(recipe)  # train.grad_accum_steps or backend.num_microbatches: T5X's one setting
+        step = replicas * (micro or 1)
         if recipe.train.batch_size % step:
-            what = f"{replicas} data-parallel replicas" + (f" x {backend.num_microbatches} microbatches" if backend.num_microbatches else "")
+            what = f"{replicas} data-parallel replicas" + (f" x {micro} microbatches" if micro else "")
             found.append((("train", "batch_size"), f"{recipe.train.batch_size} does not split evenly over {what} "
                           f"(use a multiple of {step})"))
         data = recipe.data
