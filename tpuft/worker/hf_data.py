@@ -134,23 +134,8 @@ def held_out(data_cfg: Any, role: str, *, rank: int, world: int, limit: int | No
             return []
         examples = [(example.line - 1, example) for example in data_mod.iter_shard(path, rank, world, fields)]
         return examples[: len(range(rank, limit, world))] if limit is not None else examples
-    hf = data_cfg.hf
-    split = getattr(hf, f"{role}_split")
-    if split is None:
-        return []
-    dataset = load_split(hf, split)
-    out: list[tuple[int, Example]] = []
-    kept = 0
-    for position, (where, line, record) in enumerate(_records(dataset, _label(hf, split), 0, 1, None)):
-        if limit is not None and kept >= limit:
-            break
-        example = data_mod.make_example(record, line=line, path=where, fields=fields)
-        if example is None:
-            continue
-        if kept % world == rank:
-            out.append((position, example))
-        kept += 1
-    return out
+    split = getattr(data_cfg.hf, f"{role}_split")
+    return [] if split is None else list(_dealt(data_cfg, split, rank=rank, world=world, limit=limit))
 
 
 def _consumed(position: dict[str, Any] | None) -> int:
@@ -589,16 +574,25 @@ class HfStream(TrainStream):
 
 
 def split_examples(data_cfg: Any, split: str, *, rank: int, world: int) -> Iterator[Example]:
-    """This replica's share of ``split`` of ``data.hf``, read once as a stream (nothing held): the i-th example kept
-    after ``data.preprocess`` goes to replica i mod W, in the split's order, as :func:`held_out` deals a held-out set.
-    For a trainer that writes its examples to files once and shuffles them itself."""
+    """This replica's share of ``split`` of ``data.hf``, read once as a stream (nothing held), dealt as
+    :func:`held_out` deals a held-out set. For a trainer that writes its examples to files once and shuffles them
+    itself."""
+    return (example for _, example in _dealt(data_cfg, split, rank=rank, world=world))
+
+
+def _dealt(data_cfg: Any, split: str, *, rank: int, world: int, limit: int | None = None
+           ) -> Iterator[tuple[int, Example]]:
+    """``(position, example)`` of this replica's share of ``split``, streamed: the i-th example kept after
+    ``data.preprocess`` goes to replica i mod W, in the split's order, of the first ``limit`` kept overall."""
     hf = data_cfg.hf
     fields = data_mod.Fields.of(data_cfg)
     kept = 0
-    for where, line, record in _records(load_split(hf, split), _label(hf, split), 0, 1, None):
+    for position, (where, line, record) in enumerate(_records(load_split(hf, split), _label(hf, split), 0, 1, None)):
+        if limit is not None and kept >= limit:
+            return
         example = data_mod.make_example(record, line=line, path=where, fields=fields)
         if example is None:
             continue
         if kept % world == rank:
-            yield example
+            yield position, example
         kept += 1
