@@ -303,8 +303,11 @@ def _run_attempt(
 ) -> TrainResult:
     attempt = int(info["attempt"])
     try:
+        # The tracker venv (report.to) may take minutes to build the first time: before the block a Ctrl-C cannot
+        # cut short, which is for starting the supervisors only.
+        tracking = tracking_env(session, recipe, launch.package)
         with deferred_interrupts() as deferred:  # half-started supervisors must not be left behind by a Ctrl-C
-            env = {**_trainer_env(session, config, plan, resume), **tracking_env(session, recipe, launch.package)}
+            env = {**_trainer_env(session, config, plan, resume), **tracking}
             start_supervisors(
                 session, run, launch, env, attempt=attempt,
                 hang_timeout=recipe.train.hang_timeout, argv=(launch.python, *plan.argv),
