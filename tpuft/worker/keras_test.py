@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.worker import keras_generate, predictions
-from tpuft.worker.predict_input import Record, fields_for, records
+from tpuft.worker.predict_input import Record, fields_for, label_name, records
 
 
 def evaluate(run: Any, folder: Path | None) -> dict[str, Any]:
@@ -53,10 +53,7 @@ def test_share(cfg: Any, rank: int, world: int) -> list[Record]:
 
     share = []
     for index, example in held_out(cfg, "test", rank=rank, world=world):
-        target = example.target
-        if labels and target not in labels and target.isdigit() and int(target) < len(labels):
-            target = labels[int(target)]  # the data may give the index, as training accepts
-        share.append(Record(index, example.line, example.source, target))
+        share.append(Record(index, example.line, example.source, label_name(example.target, labels)))
     return share
 
 

@@ -59,7 +59,7 @@ def _target_less(fields: Fields) -> Fields:
     )
 
 
-def _label_name(target: str, labels: Sequence[str]) -> str:
+def label_name(target: str, labels: Sequence[str]) -> str:
     """A classification target as its label's name (the data may give the index, as training accepts)."""
     if labels and target not in labels and target.isdigit() and int(target) < len(labels):
         return labels[int(target)]
@@ -79,7 +79,7 @@ def make_record(
         return None if example is None else Record(index, line, example.source, None)
     if example is None:
         return None
-    return Record(index, line, example.source, _label_name(example.target, labels))
+    return Record(index, line, example.source, label_name(example.target, labels))
 
 
 def records(url: str, fields: Fields, labels: Sequence[str] = ()) -> Iterator[Record]:
