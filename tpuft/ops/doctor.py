@@ -266,7 +266,14 @@ def _port(data: dict[str, Any], port: int | None) -> Judged:
     state = data.get("port") or {}
     if state.get("free"):
         return ("port", "ok", f"{port} free", "", False)
-    who = "; ".join(_who(p) for p in state.get("listeners", [])) or "a process this user cannot see"
+    listeners = state.get("listeners", [])
+    if listeners:
+        who = "; ".join(_who(p) for p in listeners)
+    elif state.get("lingering"):
+        who = (f"no live process: sockets in {', '.join(state['lingering'])} stayed on it for {state.get('waited_s')} s "
+               "(the remains of a process that ended; the kernel frees them within minutes)")
+    else:
+        who = "a process this user cannot see"
     return ("port", "fail", f"{port} taken", f"the coordinator's port {port} is taken ({state.get('error')}) by {who}", False)
 
 

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +155,17 @@ def tpu_state(devices: list[str], lockfile: str) -> dict[str, Any]:
     return {"devices": device_paths(list(devices)), "holders": holders, "lockfile": lock}
 
 
-def _listeners(port: int) -> list[dict[str, Any]]:
-    """The processes listening on ``port`` (any address), from /proc/net/tcp*: who took the coordinator's port."""
-    inodes = set()
+TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+              "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+PORT_SETTLE_S = 75.0
+"""How long a port held only by sockets without a live listener (a run that just ended: its connections in TIME_WAIT
+for 60 s, a killed process still being torn down) is asked again before it counts as taken."""
+
+
+def _sockets(port: int) -> list[tuple[str, str]]:
+    """(state, inode) of every TCP socket whose local port is ``port``, from /proc/net/tcp*."""
+    found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -164,24 +173,46 @@ def _listeners(port: int) -> list[dict[str, Any]]:
             continue
         for row in rows:
             fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{fields[9]}]")
+            if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.append((TCP_STATES.get(fields[3], fields[3]), fields[9]))
+    return found
+
+
+def _listeners(port: int) -> list[dict[str, Any]]:
+    """The processes listening on ``port`` (any address): who took the coordinator's port."""
+    inodes = {f"socket:[{inode}]" for state, inode in _sockets(port) if state == "LISTEN"}
     if not inodes:
         return []
     return [describe_process(pid) for pid in _processes() if inodes & set(_open_files(pid))]
 
 
-def port_state(port: int) -> dict[str, Any]:
-    """Whether the coordinator could listen on ``port`` on every address, as it will (a socket lingering in
-    TIME_WAIT does not count: servers set SO_REUSEADDR)."""
+def _bind_error(port: int) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("0.0.0.0", port))
             probe.listen(1)
         except OSError as exc:
-            return {"port": port, "free": False, "error": exc.strerror or str(exc), "listeners": _listeners(port)}
-    return {"port": port, "free": True}
+            return exc.strerror or str(exc)
+    return None
+
+
+def port_state(port: int, settle_s: float = PORT_SETTLE_S) -> dict[str, Any]:
+    """Whether the coordinator could listen on ``port`` on every address, as it will. A socket lingering in TIME_WAIT
+    does not count as long as servers set SO_REUSEADDR; when the port is taken all the same and no process listens
+    on it, what holds it is the remains of a run that just ended, so it is asked again for up to ``settle_s``
+    (a relaunch right after a failure would otherwise be refused for a minute of the kernel's bookkeeping)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        error = _bind_error(port)
+        if error is None:
+            return {"port": port, "free": True}
+        listeners = _listeners(port)
+        if listeners or time.monotonic() >= deadline:
+            lingering = sorted({state for state, _ in _sockets(port) if state != "LISTEN"})
+            return {"port": port, "free": False, "error": error, "listeners": listeners, "lingering": lingering,
+                    "waited_s": round(settle_s - max(0.0, deadline - time.monotonic()), 1)}
+        time.sleep(1.0)
 
 
 def disk_state(paths: list[str]) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""The doctor's port probe against real sockets of this machine: what holds the coordinator's port, and the remains of
+a run that just ended, which must not refuse a relaunch."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from tpuft.ports import free_port
+from tpuft.worker.doctor_probe import port_state
+
+
+def _time_wait_on(port: int) -> None:
+    """A connection whose server end closed first, from a listener without SO_REUSEADDR: its end stays in TIME_WAIT
+    on ``port`` for a minute after every socket is closed, the remains of a coordinator that ended."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen(1)
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server closes first: its end goes to TIME_WAIT
+        client.recv(1)
+        client.close()
+
+
+def test_the_remains_of_an_ended_coordinator_are_asked_again_and_then_named() -> None:
+    port = free_port()
+    _time_wait_on(port)
+    started = time.monotonic()
+    state = port_state(port, settle_s=1.5)
+    assert time.monotonic() - started >= 1.5
+    assert state["free"] is False and state["listeners"] == [] and state["lingering"] == ["TIME_WAIT"], state
+    assert state["waited_s"] >= 1.5
+
+
+def test_remains_that_go_away_while_asked_leave_the_port_free() -> None:
+    port = free_port()
+    held = socket.socket()  # bound, not listening, not reusable: refuses the probe's bind; no process listens
+    held.bind(("127.0.0.1", port))
+    threading.Timer(1.0, held.close).start()
+    assert port_state(port, settle_s=20)["free"] is True
+
+
+def test_a_live_listener_is_named_at_once() -> None:
+    port = free_port()
+    holder = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                               f"s.bind(('127.0.0.1', {port})); s.listen(1); print('up', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "up"
+        started = time.monotonic()
+        state = port_state(port, settle_s=20)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert time.monotonic() - started < 5 and state["free"] is False
+    assert [p["pid"] for p in state["listeners"]] == [holder.pid], state
