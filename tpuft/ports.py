@@ -13,6 +13,11 @@ machine get a free one instead. Here, not in ops/train.py, so ``doctor`` can che
 runs doctor's checks)."""
 
 
+MEGASCALE_PORT = 8081
+"""Multislice: the port of the runtime's cross-slice (DCN) coordinator on slice 0 host 0 (``MEGASCALE_PORT``; the
+value Ray's TPU support sets too). Checked by the connectivity preflight like the coordinator's."""
+
+
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 

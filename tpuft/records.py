@@ -35,6 +35,9 @@ class Worker:
     """CPU cores a local worker is pinned to, so local workers do not fight over cores like real hosts would not."""
     internal_address: str = ""
     """The VPC address (GCP); what other workers use to reach this one."""
+    slice: int = 0
+    """Multislice: the slice this host belongs to (0 on a single slice). Workers are ordered slice by slice, so
+    ``index`` is the flat number and ``(slice, host)`` the same worker as ``--worker S:I`` names it."""
 
 
 @dataclass
@@ -51,3 +54,43 @@ class Cluster:
     @property
     def ready(self) -> bool:
         return self.state == State.READY
+
+    @property
+    def layout(self) -> SliceLayout:
+        """How the workers split into slices (every slice has the same hosts)."""
+        slices = max((w.slice for w in self.workers), default=0) + 1
+        return SliceLayout(slices, max(1, len(self.workers) // slices))
+
+
+@dataclass(frozen=True)
+class SliceLayout:
+    """Multislice addressing: flat worker index <-> (slice, host in the slice). Slices are equal (one accelerator
+    type), workers numbered slice by slice: worker ``s * hosts + i`` is host ``i`` of slice ``s``, which is also how
+    JAX numbers the processes of a Multislice job. With one slice a worker is named as before ("worker 3")."""
+
+    slices: int
+    hosts: int
+    """Hosts per slice."""
+
+    @property
+    def workers(self) -> int:
+        return self.slices * self.hosts
+
+    def slice_of(self, index: int) -> int:
+        return index // self.hosts
+
+    def host_of(self, index: int) -> int:
+        return index % self.hosts
+
+    def index_of(self, slice_id: int, host: int) -> int:
+        return slice_id * self.hosts + host
+
+    def ref(self, index: int) -> str:
+        """``S:I`` (what ``--worker`` accepts), or the flat index on one slice."""
+        return f"{self.slice_of(index)}:{self.host_of(index)}" if self.slices > 1 else str(index)
+
+    def name(self, index: int) -> str:
+        """For messages: ``slice 1 host 3 (worker 7)``, or ``worker 7`` on one slice."""
+        if self.slices == 1:
+            return f"worker {index}"
+        return f"slice {self.slice_of(index)} host {self.host_of(index)} (worker {index})"

@@ -95,6 +95,13 @@ class ClusterShape:
     local_devices_set: bool = False
     """Whether the user wrote ``local.devices_per_worker``: a backend that cannot rehearse several devices per worker
     refuses an explicit value with the reason, and uses 1 with a note when the default asked for more."""
+    slices: int = 1
+    """Multislice: ``hosts`` are this many equal slices (workers numbered slice by slice); the slices are the outer
+    data-parallel axis of the mesh. A backend whose engine has no Multislice refuses ``slices > 1`` in ``check``."""
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return self.hosts // self.slices
 
     @property
     def chips(self) -> int:

@@ -49,7 +49,12 @@ class LocalConfig(StrictModel):
     """The local provider: a "pod" of N worker folders on this machine, each a private HOME."""
 
     workers: int | None = Field(
-        None, ge=1, le=64, description="Number of local workers; default: the accelerator type's host count."
+        None, ge=1, le=64, description="Number of local workers (per slice); default: the accelerator type's host count."
+    )
+    slices: int = Field(
+        1, ge=1, le=16, description="Multislice rehearsal: this many slices of `local.workers` workers each, with the "
+        "environment, mesh shape, data sharding and failure semantics of `gcp.slices` (no data-centre network here). "
+        "See docs/multislice.md.",
     )
     devices_per_worker: int | None = Field(
         None,
@@ -366,7 +371,8 @@ class ClusterConfig(StrictModel):
     def shape_keys(self) -> list[KeyPath]:
         """The keys that decide how many workers there are: what to point at when a recipe does not fit them."""
         if self.provider == "local":
-            return [("local", "workers")] if self.local.workers is not None else [("accelerator",)]
+            keys: list[KeyPath] = [("local", "workers")] if self.local.workers is not None else [("accelerator",)]
+            return keys + [("local", "slices")] if self.local.slices > 1 else keys
         return [("accelerator",), ("gcp", "slices")] if self.gcp.slices > 1 else [("accelerator",)]
 
     def shape_origin(self) -> str:
@@ -380,7 +386,19 @@ class ClusterConfig(StrictModel):
         from tpuft.accelerators import lookup
 
         hosts = lookup(self.accelerator).hosts
-        return (self.local.workers or hosts) if self.provider == "local" else hosts * self.gcp.slices
+        return self.hosts_per_slice * self.slices if self.provider == "local" else hosts * self.gcp.slices
+
+    @property
+    def slices(self) -> int:
+        """Multislice: the slices of the cluster (``local.slices`` or ``gcp.slices``); 1 for one slice."""
+        return self.local.slices if self.provider == "local" else self.gcp.slices
+
+    @property
+    def hosts_per_slice(self) -> int:
+        from tpuft.accelerators import lookup
+
+        hosts = lookup(self.accelerator).hosts
+        return (self.local.workers or hosts) if self.provider == "local" else hosts
 
     def shape(self, hosts: int | None = None) -> ClusterShape:
         """The cluster as a backend plans for it; ``hosts``: the workers the provider reports, when known."""
@@ -390,8 +408,9 @@ class ClusterConfig(StrictModel):
         accelerator = lookup(self.accelerator)
         if self.provider != "local":
             return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, self.gcp.worker_device,
-                                accelerator.generation.devices_per_chip)
+                                accelerator.generation.devices_per_chip, slices=self.slices)
         chosen = self.local.devices_per_worker
         return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, "cpu",
                             accelerator.generation.devices_per_chip,
-                            local_devices=chosen or accelerator.chips_per_host, local_devices_set=chosen is not None)
+                            local_devices=chosen or accelerator.chips_per_host, local_devices_set=chosen is not None,
+                            slices=self.slices)

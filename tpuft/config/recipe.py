@@ -165,6 +165,12 @@ class TrainConfig(StrictModel):
     early_stopping: EarlyStopping | None = Field(
         None, description="Stop when the eval metric has not improved for `patience` evaluations."
     )
+    startup_timeout: Duration = Field(
+        1800.0,
+        description="How long the trainers wait for every host (of every slice) to join the run's rendezvous before "
+        "the run fails, naming the hosts that never came; the wait is reported while it lasts: 1800, 30m, 1h. "
+        "Cold starts of many slices take minutes.",
+    )
     hang_timeout: Duration = Field(
         600.0,
         description="A worker whose trainer makes no progress for this long (3x, at least a minute, while compiling, "

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpuft.records import SliceLayout
+
 
 @dataclass(frozen=True)
 class WorkerContext:
@@ -18,6 +20,16 @@ class WorkerContext:
     """``host:port`` of worker 0, for rendezvous on backends that need one."""
     run_url: str = ""
     """The run dir as the launcher named it (``gs://...`` when it is remote, else the same as ``run_dir``)."""
+    num_slices: int = 1
+    """Multislice (``TPUFT_NUM_SLICES``): the launched workers are this many equal slices, numbered slice by slice."""
+
+    @property
+    def layout(self) -> SliceLayout:
+        return SliceLayout(self.num_slices, max(1, self.num_workers // self.num_slices))
+
+    @property
+    def slice_id(self) -> int:
+        return self.layout.slice_of(self.worker_id)
 
     @property
     def remote(self) -> bool:
@@ -44,6 +56,7 @@ class WorkerContext:
             num_workers=int(env["TPUFT_NUM_WORKERS"]),
             coordinator=env.get("TPUFT_COORDINATOR", "127.0.0.1:8476"),
             run_url=url,
+            num_slices=int(env.get("TPUFT_NUM_SLICES", "1")),
         )
 
 
