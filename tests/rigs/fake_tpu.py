@@ -59,6 +59,11 @@ What the real client does with this server's answers (google-api-core maps REST 
 Guest attributes: ``:getGuestAttributes`` answers each worker's SSH host keys from ``host_keys`` (address -> public
 key line), the way a TPU VM's guest agent publishes them and ``gcloud compute tpus tpu-vm ssh`` reads them.
 
+Multislice: a queued resource with ``multisliceParams.nodeCount`` N makes nodes ``PREFIX-0..N-1``, each with its own
+workers (networkEndpoints, addresses drawn slice by slice from the pool) and host keys; ``preempt`` of one slice
+turns the queued resource SUSPENDING; a queued resource created again after a delete gets fresh nodes (new ``id``,
+addresses from ``worker_addresses`` as it is then).
+
 Test controls (thread-safe): ``preempt``, ``add_symptom``, ``fail_next_create``, ``transient_errors``, ``deny``,
 ``allow``, ``fail_queued``, ``suspend_queued``, ``settle``, ``reset``; settings ``operation_polls``,
 ``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``, ``default_external_ips``,
@@ -501,12 +506,22 @@ class FakeTpuServer:
     # ---- test controls ---------------------------------------------------------------------------------------
 
     def preempt(self, node: str) -> None:
-        """Spot/preemptible reclaim: the node goes to PREEMPTED (endpoints kept, health dropped). Its queued
-        resource, if any, is left alone; call ``suspend_queued`` as well to play the queued-resource side."""
+        """Spot/preemptible reclaim: the node goes to PREEMPTED (endpoints kept, health dropped).
+
+        A single node's queued resource, if any, is left alone (call ``suspend_queued`` as well to play that side).
+        One slice of a multislice queued resource takes the whole request with it: the queued resource turns
+        SUSPENDING (initiator SERVICE; the proto: "the resources specified in the QueuedResource request are being
+        deleted ... initiated by the user, or the Cloud TPU service") while the other slices' nodes still show READY;
+        ``suspend_queued`` then ends it SUSPENDED with every node gone. The real service's exact sequence for a
+        multislice spot request is not documented; this is the rig's reading (docs/multislice.md)."""
         with self._lock:
-            record = self._nodes[self._node_name(node)]
+            name = self._node_name(node)
+            record = self._nodes[name]
             record["state"] = "PREEMPTED"
             record.pop("health", None)
+            queued = self._queued.get(str(record.get("queuedResource", "")))
+            if queued is not None and record.get("multisliceNode") and queued.state == "ACTIVE":
+                self._set_queued_state(queued, "SUSPENDING", "SERVICE")
 
     def add_symptom(self, node: str, symptom_type: str = "HBM_OUT_OF_MEMORY", details: str = "", worker_id: str = "0"
                     ) -> None:  # fmt: skip

@@ -495,6 +495,48 @@ def test_suspend_queued_deletes_its_nodes(server: FakeTpuServer, client: Any) ->
     assert list(client.list_nodes(parent=PARENT)) == []
 
 
+def test_a_multislice_queued_resource_loses_one_slice_and_is_recreated_whole(server: FakeTpuServer, client: Any) -> None:
+    """Each slice is its own node with its own workers and host keys; one slice preempted takes the queued resource
+    with it (SUSPENDING, then SUSPENDED with every node gone); created again, it comes back as new nodes on the
+    addresses the pool gives then."""
+    server.worker_addresses = [f"127.0.2.{i}" for i in range(1, 5)]
+    server.host_keys = {a: f"ssh-ed25519 AAAAkey{a.rsplit('.', 1)[1]}" for a in server.worker_addresses}
+    name = f"{PARENT}/queuedResources/ms"
+    client.create_queued_resource(
+        parent=PARENT, queued_resource_id="ms", queued_resource=queued_multislice("ms", "ms", 2, "v4-16")
+    ).result(polling=FAST_POLLING)
+    server.settle()
+    first = [client.get_node(name=f"{PARENT}/nodes/ms-{s}") for s in range(2)]
+    assert [[e.ip_address for e in n.network_endpoints] for n in first] == [["127.0.2.1", "127.0.2.2"],
+                                                                             ["127.0.2.3", "127.0.2.4"]]
+    keys = [[entry.query_value.items[0].value for entry in client.get_guest_attributes(
+        request={"name": n.name, "query_path": "hostkeys/"}).guest_attributes] for n in first]
+    assert keys == [["AAAAkey1", "AAAAkey2"], ["AAAAkey3", "AAAAkey4"]]  # each slice answers for its own workers
+
+    server.preempt("ms-1")
+    states = [client.get_node(name=n.name).state.name for n in first]
+    queued = client.get_queued_resource(name=name)
+    assert states == ["READY", "PREEMPTED"]
+    assert queued.state.state.name == "SUSPENDING" and queued.state.state_initiator.name == "SERVICE"
+    assert queued.state.state.name == client.get_queued_resource(name=name).state.state.name  # it stays there
+    server.suspend_queued("ms")
+    assert client.get_queued_resource(name=name).state.state.name == "SUSPENDED"
+    assert list(client.list_nodes(parent=PARENT)) == []
+
+    client.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)).result(
+        polling=FAST_POLLING)
+    server.worker_addresses = [f"127.0.3.{i}" for i in range(1, 5)]
+    client.create_queued_resource(
+        parent=PARENT, queued_resource_id="ms", queued_resource=queued_multislice("ms", "ms", 2, "v4-16")
+    ).result(polling=FAST_POLLING)
+    server.settle()
+    again = [client.get_node(name=f"{PARENT}/nodes/ms-{s}") for s in range(2)]
+    assert [n.state.name for n in again] == ["READY", "READY"]
+    assert client.get_queued_resource(name=name).state.state.name == "ACTIVE"
+    assert {n.id for n in again}.isdisjoint({n.id for n in first})
+    assert [e.ip_address for n in again for e in n.network_endpoints] == server.worker_addresses
+
+
 # ---- wire format without the client ------------------------------------------------------------------------------
 
 
