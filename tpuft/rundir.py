@@ -190,11 +190,11 @@ def failure_culprit(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None
 
 def describe_failure(record: dict[str, Any]) -> str:
     """One line for run.json's ``cause``: ``hung: worker 1 made no progress for 600 s (last step 1200)`` or
-    ``worker 1: exit code 1``."""
-    worker = record.get("worker")
+    ``worker 1: exit code 1``; on several slices the supervisor's record names it ``slice 1 host 0 (worker 2)``."""
+    worker = record.get("name") or f"worker {record.get('worker')}"
     if record.get("status") == "hung":
-        return f"hung: worker {worker} {record.get('reason') or 'made no progress'}"
-    return f"worker {worker}: {record.get('reason') or 'exit code ' + str(record.get('exit_code'))}"
+        return f"hung: {worker} {record.get('reason') or 'made no progress'}"
+    return f"{worker}: {record.get('reason') or 'exit code ' + str(record.get('exit_code'))}"
 
 
 def attempt_outcome(records: dict[int, dict[str, Any]], workers: int, stop: dict[str, Any] | None) -> dict[str, Any] | None:
