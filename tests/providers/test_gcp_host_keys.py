@@ -173,6 +173,21 @@ def test_multislice_workers_are_pinned_slice_by_slice_in_order(tmp_path: Path, t
     provider.prepare(provider.get())
     assert len(tpu.calls("GetGuestAttributes")) == 2
 
+    # Each worker knows its slice, the remembered cluster too; each slice's node and state is in the details.
+    assert [w.slice for w in cluster.workers] == [0, 0, 1, 1] and cluster.layout.name(3) == "slice 1 host 1 (worker 3)"
+    cached = provider.cached()
+    assert cached is not None and cached.workers == cluster.workers
+    assert {k: v for k, v in cluster.details.items() if k.startswith("slice")} == {"slice 0": "hk-0 READY",
+                                                                                  "slice 1": "hk-1 READY"}
+    tpu.preempt("hk-1")  # one slice lost: the cluster is not READY, and says which slice
+    lost = provider.get()
+    assert lost.state == "READY,PREEMPTED" and lost.details["slice 1"] == "hk-1 PREEMPTED"
+    assert lost.details["queued_resource"] == "SUSPENDING" and [w.slice for w in lost.workers] == [0, 0, 1, 1]
+    tpu.suspend_queued("hk")
+    gone = provider.get()
+    assert gone.details["slice 0"] == "hk-0 NOT_FOUND" and gone.state == "SUSPENDED"
+    assert provider.delete() and tpu.queued_resource("hk") is None
+
 
 @needs_sshd
 def test_exec_refuses_a_worker_whose_host_key_is_not_the_pinned_one(cli, tmp_path: Path, tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]

@@ -16,8 +16,9 @@ from tpuft.records import Cluster, State, Worker
 
 
 def worker_rows(workers: list[Worker]) -> list[list[Any]]:
-    """The workers as the cache stores them: what is compared to tell whether they are still the same machines."""
-    return [[w.index, w.address, w.internal_address] for w in workers]
+    """The workers as the cache stores them: what is compared to tell whether they are still the same machines, and
+    (last) each one's slice, so a remembered multislice cluster is addressed ``S:I`` like a described one."""
+    return [[w.index, w.address, w.internal_address, w.slice] for w in workers]
 
 
 class WorkerCache:
@@ -62,5 +63,6 @@ class WorkerCache:
         record = self.read()
         if not record or record.get("state") != State.READY or time.time() - record.get("time", 0) > self.CACHE_SECONDS:
             return None
-        workers = [Worker(index=i, address=a, internal_address=n) for i, a, n in record["workers"]]
+        workers = [Worker(index=row[0], address=row[1], internal_address=row[2], slice=row[3] if len(row) > 3 else 0)
+                   for row in record["workers"]]
         return Cluster(name, provider, State.READY, record["accelerator"], workers, record["bucket"], record["details"])

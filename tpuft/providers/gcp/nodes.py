@@ -206,30 +206,38 @@ class TpuNodes:
                 queued_state, queued_problem = self.queued_state()
             except gexc.NotFound:
                 pass
-        nodes = []
+        found: list[tuple[int, Any]] = []
         found_ids = []
-        for node_id in api.node_ids():
+        slice_states: dict[str, str] = {}
+        for slice_id, node_id in enumerate(api.node_ids()):
             try:
-                nodes.append(api.call("reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True))
-                found_ids.append(node_id)
+                node = api.call("reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True)
             except gexc.NotFound:
+                slice_states[f"slice {slice_id}"] = f"{node_id} {State.NOT_FOUND}"
                 continue
+            found.append((slice_id, node))
+            found_ids.append(node_id)
+            slice_states[f"slice {slice_id}"] = f"{node_id} {node.state.name}"
         details: dict[str, str] = {"project": api.project, "zone": api.zone}
         if queued_state:
             details["queued_resource"] = queued_state
             if queued_problem:
                 details["problem"] = queued_problem
-        if not nodes:
+        if api.slices > 1:  # each slice's node and state: which one a lost multislice run lost
+            details.update(slice_states)
+        if not found:
             state = queued_state or State.NOT_FOUND
             return Cluster(api.name, provider, state, accelerator, [], bucket, details), None
         workers: list[Worker] = []
         states = []
-        for node in nodes:
+        for slice_id, node in found:
             states.append(node.state.name)
             for endpoint in node.network_endpoints:
                 external = endpoint.access_config.external_ip if endpoint.access_config else ""
                 address = endpoint.ip_address if self.gcp.internal_ip or not external else external
-                workers.append(Worker(index=len(workers), address=address, internal_address=endpoint.ip_address))
+                workers.append(Worker(index=len(workers), address=address, internal_address=endpoint.ip_address,
+                                      slice=slice_id))
+        nodes = [node for _, node in found]
         details["shape"] = self.shape_of(nodes[0])
         details["health"] = ", ".join(sorted({n.health.name for n in nodes if n.health}))
         symptoms = [s.details for n in nodes for s in n.symptoms]
