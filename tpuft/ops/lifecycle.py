@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -25,14 +26,17 @@ from tpuft.config import ClusterConfig
 from tpuft.errors import TpuftError, UsageError
 from tpuft.fleet.base import LineSink, last_json_object
 from tpuft.ops.common import Session, on_worker, open_session
-from tpuft.records import Worker
+from tpuft.records import SliceLayout, Worker
 from tpuft.runs import Run, list_runs
 from tpuft.waiting import waiting
+from tpuft.worker.startup import not_up, waiting_line
 from tpuft.worker.supervisor import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT, is_alive
 
 SUPERVISOR = ("-m", "tpuft.worker.supervisor")
 ALIVE_WITHIN_SECONDS = 60.0
 """A supervisor refreshes its record every 15 s: one silent for a minute is gone (with its VM, or killed)."""
+STARTUP_REPORT_SECONDS = 30.0
+"""While some launched trainers are not up (no first step), the live view says who, this often."""
 REATTACH_DELAYS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 30.0, 30.0, 30.0, 30.0)
 """Back-off between re-attaching to a worker whose follower's connection dropped (a laptop waking up, a VPN)."""
 
@@ -118,12 +122,13 @@ def claim_workers(session: Session, launch: Launch, *, free_tpu: bool) -> list[s
 
 def start_supervisors(
     session: Session, run: Run, launch: Launch, env: dict[str, str], *, attempt: int, hang_timeout: float, argv: tuple[str, ...],
-    free_tpu: bool, on_line: LineSink | None = None,
+    free_tpu: bool, on_line: LineSink | None = None, startup_timeout: float = 1800.0,
 ) -> None:
     """One detached supervisor per launched worker; returns once every trainer runs. A worker that cannot start
     (claimed by a racing run, a broken venv) gets the others stopped and the attempt recorded as failed."""
     command = [launch.python, *SUPERVISOR, "start", "--argv", json.dumps(list(argv)), "--attempt", str(attempt),
-               "--hang-timeout", str(hang_timeout), *(["--free-tpu"] if free_tpu else [])]
+               "--hang-timeout", str(hang_timeout), "--startup-timeout", str(startup_timeout),
+               *(["--free-tpu"] if free_tpu else [])]
     result = session.fleet.run(
         command, env=lambda w: supervisor_env(session, run, launch, w, env), workers=launch.hosts, on_line=on_line,
         fail_fast=False,
@@ -162,16 +167,19 @@ def attach(
     session: Session, run: Run, launch: Launch, on_line: LineSink | None, *, tail: int | None = None,
     since: str | None = None, sleep: Callable[[float], None] = time.sleep,
     watch: Callable[[], str | None] | None = None, watch_every: float = 30.0,
+    on_notice: Callable[[str], None] | None = None,
 ) -> AttachOutcome:
     """Stream every worker's log of the run (``[wN]`` lines through ``on_line``) until the run ends there. A dropped
     connection re-attaches from the next line, with back-off; Ctrl-C (and SIGHUP) only ends the followers.
 
     ``watch`` (the recovery watcher's question to the provider: why are the workers gone, or None) is asked every
     ``watch_every`` seconds and before each re-attach: a preempted VM's connections may hang rather than drop, and
-    re-attaching to a node that is gone would only wait out SSH's retries. An answer ends the attach (``gone``)."""
+    re-attaching to a node that is gone would only wait out SSH's retries. An answer ends the attach (``gone``).
+
+    ``on_notice`` hears, every ~30 s, which trainers are not up yet while the attempt starts (:func:`_reporting_startup`)."""
     next_line: dict[int, int] = {}
     lock = threading.Lock()
-    with _watching(session, watch, watch_every) as gone:
+    with _watching(session, watch, watch_every) as gone, _reporting_startup(run, launch, on_notice):
         outcome = _attach(session, run, launch, on_line, next_line, lock, tail, since, sleep, watch, gone)
     if gone and not outcome.interrupted:
         return AttachOutcome(ended=False, lost=outcome.lost or tuple(launch.hosts), gone=gone[0])
@@ -201,6 +209,46 @@ def _watching(session: Session, watch: Callable[[], str | None] | None, every: f
     thread.start()
     try:
         yield gone
+    finally:
+        done.set()
+        thread.join(timeout=5)
+
+
+def run_layout(info: dict[str, Any]) -> SliceLayout:
+    """The launched workers' slices as run.json records them (one slice for a run.json from before multislice)."""
+    slices = max(1, int(info.get("slices") or 1))
+    return SliceLayout(slices, max(1, int(info.get("workers") or 1) // slices))
+
+
+@contextmanager
+def _reporting_startup(run: Run, launch: Launch, on_notice: Callable[[str], None] | None) -> Iterator[None]:
+    """Start-up as one unit: until every launched trainer is up, say every ~30 s which are not and how much of
+    ``train.startup_timeout`` is left (a multislice runtime waits silently for its last host); then stop asking."""
+    info = run.info()
+    if on_notice is None or not info:
+        yield
+        return
+    every = float(os.environ.get("TPUFT_STARTUP_REPORT_SECONDS", STARTUP_REPORT_SECONDS))
+    attempt = int(info.get("attempt", 1))
+    started = float(((info.get("attempts") or [{}])[-1]).get("started") or time.time())
+    timeout = float(info.get("startup_timeout") or 1800.0)
+    layout = run_layout(info)
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(every):
+            try:
+                missing = not_up(run.storage, attempt, len(launch.hosts), started - 5.0)
+            except Exception:  # noqa: BLE001 - the bucket unreachable for a moment: ask again next time
+                continue
+            if not missing or _attempt_over(run):
+                return
+            on_notice(waiting_line(layout, missing, started + timeout - time.time(), timeout))
+
+    thread = threading.Thread(target=loop, name="tpuft-startup", daemon=True)
+    thread.start()
+    try:
+        yield
     finally:
         done.set()
         thread.join(timeout=5)

@@ -21,12 +21,14 @@ from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 from tpuft.ops.lifecycle import (
-    AttachOutcome, Launch, attach, claim_workers, deferred_interrupts, finalize, start_supervisors, stop, wait_for_outcome,
+    AttachOutcome, Launch, attach, claim_workers, deferred_interrupts, finalize, run_layout, start_supervisors, stop,
+    wait_for_outcome,
 )
 from tpuft.ops.doctor import doctor_problems
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, tracking_env, venv_python
-from tpuft.ports import COORDINATOR_PORT, free_port
+from tpuft.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
+from tpuft.worker.multislice import PORT_ENV as MEGASCALE_PORT_ENV
 from tpuft.runs import Run, resolve_run
 from tpuft.storage import open_storage
 
@@ -82,6 +84,29 @@ def _coordinator_port(host: str) -> int:
     return free_port() if host in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
 
 
+def _megascale_port(host: str, taken: set[str]) -> int:
+    """The cross-slice coordinator's port: the fixed one on real hosts, a free one (not the rendezvous's nor a peer's)
+    where workers share this machine's loopback, as the rendezvous port is chosen."""
+    if _coordinator_port(host) == COORDINATOR_PORT:
+        return MEGASCALE_PORT
+    ports = {address.rsplit(":", 1)[1] for address in taken}
+    port = free_port()
+    while str(port) in ports:
+        port = free_port()
+    return port
+
+
+def launched_slices(session: Session, plan: LaunchPlan, kind: str) -> int:
+    """How many slices the launched workers make: the cluster's, as a multislice run needs every host of every slice
+    (the runtime waits for all of them); a plan that leaves hosts out of a multislice cluster cannot run there."""
+    layout = session.cluster.layout
+    if layout.slices > 1 and list(plan.workers) != list(range(layout.workers)):
+        raise UsageError(f"the {kind} backend's launch plan runs on worker(s) {list(plan.workers)} only, and "
+                         f"this cluster is {layout.slices} slices of {layout.hosts} host(s): a multislice run needs "
+                         "every host of every slice", hint="use a single-slice cluster (gcp.slices: 1) for this backend")
+    return layout.slices
+
+
 def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: LaunchPlan) -> str:
     spec = env_spec(session, recipe)
     argv = bootstrap_argv(session, package, spec, check=True)
@@ -125,6 +150,7 @@ def train(
     session = open_session(config)
     check_against_cluster(recipe, session.shape)
     plan = launch_plan(session, recipe.value)
+    launched_slices(session, plan, recipe.value.backend.kind)  # refused before anything is shipped or claimed
     launch = _prepare_workers(session, recipe.value, plan, on_notice)
 
     run_id = rundir.new_run_id(recipe.value.name)
@@ -153,13 +179,15 @@ def train(
         "attempts": [{"attempt": 1, "started": started}],
         "launch": launch.as_json(),
         "addresses": _addresses(session, plan),
+        **_placement(session, plan),
+        "startup_timeout": recipe.value.train.startup_timeout,
         "shipped_data": shipped,
     }
     _write_info(run, info)
     if on_start is not None:
         on_start(run_id, run.url)
     return _run_attempt(session, config, run, recipe.value, plan, launch, info, on_line=on_line, detach=detach,
-                        stop_on_interrupt=stop_on_interrupt)
+                        stop_on_interrupt=stop_on_interrupt, on_notice=on_notice)
 
 
 def resume(
@@ -197,6 +225,7 @@ def resume(
     if tuple(plan.workers) != previous.hosts:
         raise UsageError(f"run {run.id} trained on worker(s) {list(previous.hosts)}; this cluster would launch it on "
                          f"{list(plan.workers)}: resume it on a cluster of the same shape")
+    launched_slices(session, plan, recipe.backend.kind)
     launch = _prepare_workers(session, recipe, plan, on_notice, resuming=run.id)
     for key, local in (info.get("shipped_data") or {}).items():  # a recreated worker has lost its copy
         worker_paths = _recipe_value(recipe, key)
@@ -216,12 +245,12 @@ def resume(
         info["recoveries"] = [*(info.get("recoveries") or []), recovery]
         entry["recovery"] = recovery.get("cause")
     info.update(status="running", attempt=attempt, launch=launch.as_json(), addresses=_addresses(session, plan),
-                attempts=[*attempts, entry])
+                attempts=[*attempts, entry], startup_timeout=recipe.train.startup_timeout, **_placement(session, plan))
     _write_info(run, info)
     if on_start is not None:
         on_start(run.id, run.url)
     return _run_attempt(session, config, run, recipe, plan, launch, info, on_line=on_line, detach=detach,
-                        stop_on_interrupt=stop_on_interrupt, resume=True)
+                        stop_on_interrupt=stop_on_interrupt, resume=True, on_notice=on_notice)
 
 
 def attach_run(
@@ -275,23 +304,35 @@ def _addresses(session: Session, plan: LaunchPlan) -> list[str]:
     return [session.cluster.workers[i].address for i in plan.workers]
 
 
+def _placement(session: Session, plan: LaunchPlan) -> dict[str, Any]:
+    """run.json's ``slices`` and, per launched worker (rank order, as ``addresses``), its slice and host in the slice
+    (a run.json without them is a single-slice run's)."""
+    layout = session.cluster.layout
+    return {"slices": layout.slices if len(plan.workers) == layout.workers else 1,
+            "placement": [{"slice": layout.slice_of(i), "host": layout.host_of(i)} for i in plan.workers]}
+
+
 def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
     """run.json: what the run is, and (once it ends) how it ended."""
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
 
 
-def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resume: bool) -> dict[str, str]:
+def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resume: bool, kind: str) -> dict[str, str]:
     """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH)."""
     workers = session.cluster.workers
     hosts = [(workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1") for i in plan.workers]
     coordinator = f"{hosts[0]}:{_coordinator_port(hosts[0])}"
     peers = _peer_addresses(hosts, coordinator)
+    slices = launched_slices(session, plan, kind)
     env = worker_env(config, {
         "TPUFT_COORDINATOR": coordinator,
         "TPUFT_PEERS": ",".join(peers),
         "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
+        "TPUFT_NUM_SLICES": str(slices),
         **plan.env,
     })
+    if slices > 1:
+        env[MEGASCALE_PORT_ENV] = str(_megascale_port(hosts[0], {coordinator, *peers}))
     if resume:
         env["TPUFT_RESUME"] = "1"
     return env
@@ -300,6 +341,7 @@ def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resu
 def _run_attempt(
     session: Session, config: ClusterConfig, run: Run, recipe: RecipeConfig, plan: LaunchPlan, launch: Launch,
     info: dict[str, Any], *, on_line: LineSink | None, detach: bool, stop_on_interrupt: bool, resume: bool = False,
+    on_notice: Notice | None = None,
 ) -> TrainResult:
     attempt = int(info["attempt"])
     try:
@@ -307,10 +349,11 @@ def _run_attempt(
         # cut short, which is for starting the supervisors only.
         tracking = tracking_env(session, recipe, launch.package)
         with deferred_interrupts() as deferred:  # half-started supervisors must not be left behind by a Ctrl-C
-            env = {**_trainer_env(session, config, plan, resume), **tracking}
+            env = {**_trainer_env(session, config, plan, resume, recipe.backend.kind), **tracking}
             start_supervisors(
                 session, run, launch, env, attempt=attempt,
-                hang_timeout=recipe.train.hang_timeout, argv=(launch.python, *plan.argv),
+                hang_timeout=recipe.train.hang_timeout, startup_timeout=recipe.train.startup_timeout,
+                argv=(launch.python, *plan.argv),
                 free_tpu=session.shape.target == "tpu",
             )
     except BaseException as exc:  # nothing trains: the run must not say `running` forever
@@ -324,7 +367,7 @@ def _run_attempt(
     if deferred.fired:  # Ctrl-C or SIGHUP while the supervisors started: acted on now that they all run
         outcome = AttachOutcome(ended=False, interrupted=True, hung_up=deferred.hung_up)
     else:
-        outcome = attach(session, run, launch, on_line)
+        outcome = attach(session, run, launch, on_line, on_notice=on_notice)
     return _after_attach(config, run, launch, backend, outcome, stop_on_interrupt, attempt)
 
 
@@ -358,7 +401,7 @@ def finished_result(run: Run, info: dict[str, Any], backend: Backend, launched: 
         culprit = info.get("culprit")
         tail = info.get("culprit_tail") or []
         if tail:
-            lines.append(f"last lines of worker {culprit}:")
+            lines.append(f"last lines of {run_layout(info).name(int(culprit or 0))}:")
             lines += ["  " + line for line in tail]
         if culprit is not None:
             lines.append(f"full log: {run.url}/{rundir.LOGS_DIR}/worker-{culprit}.log")

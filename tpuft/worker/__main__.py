@@ -17,6 +17,7 @@ from tpuft.config import recipe_from_text
 from tpuft.errors import TpuftError
 from tpuft.worker.context import WorkerContext, pin_cpus
 from tpuft.worker.data import DataError
+from tpuft.worker.multislice import apply_megascale_env
 
 
 def _recipe_text(ctx: WorkerContext) -> str:
@@ -36,11 +37,14 @@ def main() -> int:
     ctx = WorkerContext.from_env()
     pin_cpus()
     try:
+        multislice = apply_megascale_env(ctx)  # before the backend's import: the runtime reads them as it loads
+        if multislice:
+            print(f"[tpuft] {multislice}", flush=True)
         recipe = recipe_from_text(_recipe_text(ctx), f"{ctx.run_url}/{rundir.RECIPE}")
         trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
         return int(trainer.main(ctx, recipe) or 0)
     except (DataError, TpuftError) as exc:  # the user's data or recipe: one located line, no traceback
-        print(f"[tpuft] error on worker {ctx.worker_id}: {exc}", flush=True)
+        print(f"[tpuft] error on {ctx.layout.name(ctx.worker_id)}: {exc}", flush=True)
         _record_failure(ctx, str(exc))
         return 2
     except Exception:

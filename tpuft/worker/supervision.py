@@ -22,6 +22,7 @@ from tpuft import rundir
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.host_state import kill_group, process_state, read_current, start_ticks, worker_lock, write_current
 from tpuft.worker.metrics import PATIENT_PHASES
+from tpuft.worker.startup import names, not_up
 from tpuft.worker.tracking_launch import TrackingSidecar
 
 STOP_GRACE_SECONDS = 10.0
@@ -76,16 +77,22 @@ class TrainerOutput:
 
 
 class Supervisor:
-    def __init__(self, ctx: WorkerContext, argv: list[str], attempt: int, hang_timeout: float, storage: Any) -> None:
+    def __init__(
+        self, ctx: WorkerContext, argv: list[str], attempt: int, hang_timeout: float, storage: Any,
+        startup_timeout: float = 1800.0,
+    ) -> None:
         self.ctx = ctx
         self.argv = argv
         self.attempt = attempt
         self.hang_timeout = hang_timeout
+        self.startup_timeout = startup_timeout
+        """``train.startup_timeout``: the patience of the ``starting`` phase, and when the peers must all be up."""
+        self.peers_checked = False
         self.storage = storage
         self.record_path = rundir.attempt_record(attempt, ctx.worker_id)
         self.record: dict[str, Any] = {
-            "worker": ctx.worker_id, "attempt": attempt, "host": socket.gethostname(), "supervisor_pid": os.getpid(),
-            "status": "starting", "started": time.time(),
+            "worker": ctx.worker_id, "name": ctx.layout.name(ctx.worker_id), "attempt": attempt,
+            "host": socket.gethostname(), "supervisor_pid": os.getpid(), "status": "starting", "started": time.time(),
         }
         self.stop_reason: str | None = None
         self.hang: tuple[str, bool] | None = None
@@ -179,10 +186,10 @@ class Supervisor:
                     reason = self._stop_wanted()
                     if reason:
                         self._stop(trainer, output, reason)
-                hang = self._hang_check(trainer.pid)
+                hang = self._startup_check() or self._hang_check(trainer.pid)
                 if hang is not None:
                     self.hang = hang
-                    output.say(f"worker {self.ctx.worker_id} {hang[0]}: stopping it")
+                    output.say(f"{self.ctx.layout.name(self.ctx.worker_id)} {hang[0]}: stopping it")
                     kill_group(trainer.pid, signal.SIGKILL)  # a stopped (SIGSTOP) process cannot act on SIGTERM
                     self.publish(status="hung", reason=hang[0], waiting=hang[1], ended=time.time(), tail=list(output.tail))
             elif self.stop_sent_at is not None and not self.killed and now - self.stop_sent_at > STOP_GRACE_SECONDS:
@@ -210,7 +217,8 @@ class Supervisor:
             return None
         culprit = rundir.failure_culprit({w: r for w, r in records.items() if w != self.ctx.worker_id})
         if culprit is not None:
-            return f"worker {culprit.get('worker')} {'hung' if culprit.get('status') == 'hung' else 'failed'}"
+            who = culprit.get("name") or f"worker {culprit.get('worker')}"
+            return f"{who} {'hung' if culprit.get('status') == 'hung' else 'failed'}"
         return None
 
     def _stop(self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str) -> None:
@@ -222,6 +230,24 @@ class Supervisor:
     def _beat(self) -> dict[str, Any]:
         return rundir.read_json(rundir.heartbeat_path(self.ctx.run_dir, self.ctx.worker_id)) or {}
 
+    def _startup_check(self) -> tuple[str, bool] | None:
+        """Once, ``train.startup_timeout`` after the trainer started: the peers that are not up yet, named, end the
+        run (as a wait for them: the missing hosts are the cause, not this one)."""
+        waited = time.time() - self.trainer_started
+        if self.peers_checked or waited < self.startup_timeout:
+            return None
+        self.peers_checked = True
+        try:
+            missing = [w for w in not_up(self.storage, self.attempt, self.ctx.num_workers, self.trainer_started - 5.0)
+                       if w != self.ctx.worker_id]
+        except Exception as exc:  # noqa: BLE001 - a bucket hiccup is no verdict on the peers
+            print(f"[supervisor] cannot read the peers' records: {exc}", flush=True)
+            return None
+        if not missing:
+            return None
+        return (f"waited {waited:.0f} s (train.startup_timeout {self.startup_timeout:.0f} s) for "
+                f"{names(self.ctx.layout, missing)} to start", True)
+
     def _hang_check(self, pid: int) -> tuple[str, bool] | None:
         """(what, waiting) when the trainer has made no progress for too long, else None."""
         beat = self._beat()
@@ -232,6 +258,8 @@ class Supervisor:
         phase = str(beat.get("phase") or "step")
         step = beat.get("step")
         limit = max(self.hang_timeout * PATIENT_FACTOR, PATIENT_MIN_SECONDS) if phase in PATIENT_PHASES else self.hang_timeout
+        if phase == "starting":  # the runtime's rendezvous waits for every host of every slice: as long as allowed
+            limit = max(limit, self.startup_timeout)
         if quiet <= limit:
             return None
         stopped = process_state(pid) in {"T", "t"}

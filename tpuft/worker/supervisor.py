@@ -104,7 +104,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         with open(out, "ab") as sink:
             daemon = subprocess.Popen(
                 [sys.executable, "-m", "tpuft.worker.supervisor", "run", "--argv", args.argv, "--attempt", str(args.attempt),
-                 "--hang-timeout", str(args.hang_timeout)],
+                 "--hang-timeout", str(args.hang_timeout), "--startup-timeout", str(args.startup_timeout)],
                 stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                 cwd=os.environ.get("HOME"),
             )
@@ -136,7 +136,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     ctx = WorkerContext.from_env()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    supervisor = Supervisor(ctx, json.loads(args.argv), args.attempt, args.hang_timeout, _open_storage(ctx))
+    supervisor = Supervisor(ctx, json.loads(args.argv), args.attempt, args.hang_timeout, _open_storage(ctx),
+                            startup_timeout=args.startup_timeout)
 
     def on_signal(signum: int, frame: object) -> None:
         supervisor.request_stop(f"stop requested on worker {ctx.worker_id} ({signal.Signals(signum).name})")
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("--argv", required=True, help="the trainer's command (the backend venv's python first), as a JSON list")
         cmd.add_argument("--attempt", type=int, default=1)
         cmd.add_argument("--hang-timeout", type=float, default=600.0)
+        cmd.add_argument("--startup-timeout", type=float, default=1800.0)
         if name == "start":
             cmd.add_argument("--free-tpu", action="store_true")
             cmd.add_argument("--wait", type=float, default=120.0)
