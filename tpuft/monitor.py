@@ -4,8 +4,25 @@ renders it (:mod:`tpuft.cli.render`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tpuft.config import ClusterConfig
+from tpuft.records import SliceLayout
 from tpuft.runs import Run, RunSnapshot
+
+
+def run_layout(info: dict[str, Any], workers: int = 0) -> SliceLayout:
+    """The slices of a run's launched workers, from its run.json (``slices``; absent in a one-slice run or one
+    written before multislice), so its workers are labelled and addressed ``S:I`` as the cluster's are.
+    ``workers``: the count seen otherwise (logs, heartbeats) when run.json does not say."""
+    try:
+        slices = max(1, int(info.get("slices") or 1))
+        count = int(info.get("workers") or 0) or workers
+    except (TypeError, ValueError):
+        return SliceLayout(1, max(workers, 1))
+    if slices == 1 or count % slices:
+        return SliceLayout(1, max(count, 1))
+    return SliceLayout(slices, count // slices)
 
 
 def node_state(config: ClusterConfig, *, timeout_s: float = 8.0) -> str:

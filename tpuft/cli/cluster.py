@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from tpuft.cli.app import command
 from tpuft.cli.options import ConfigOpt, JsonOpt, SetOpt, YesOpt, load_cluster_file, load_recipe_file
-from tpuft.cli.render import cluster_json, err_console, line_printer, out_console
+from tpuft.cli.render import cluster_json, cluster_slices, err_console, line_printer, out_console, worker_label
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -84,7 +84,8 @@ def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = Fa
     per_hour = cost_estimate(cfg).per_hour  # the one estimate: --dry-run and the confirmation show it too
     price = f", list price ~${per_hour:.2f}/h on GCP" if per_hour else ""
     console.print(
-        f"[green]cluster {cfg.name} {verb}[/green]: {len(result.cluster.workers)} worker(s); "
+        f"[green]cluster {cfg.name} {verb}[/green]: {len(result.cluster.workers)} worker(s)"
+        f"{f' in {result.cluster.layout.slices} slices' if result.cluster.layout.slices > 1 else ''}; "
         f"{acc.name} = {acc.chips} chips on {acc.hosts} host(s){price}"
     )
     console.print(f"run storage: {result.cluster.bucket}")
@@ -106,14 +107,22 @@ def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     console = out_console()
     colour = "green" if cluster.ready else "yellow" if cluster.state == "NOT_FOUND" else "red"
     console.print(f"cluster [bold]{cluster.name}[/bold] ({cluster.provider}, {cluster.accelerator}): [{colour}]{cluster.state}[/{colour}]")
+    layout = cluster.layout
+    multislice = layout.slices > 1
     for key, value in cluster.details.items():
-        console.print(f"  {key}: {value}")
+        if not (multislice and key.startswith("slice ")):  # shown per slice below
+            console.print(f"  {key}: {value}")
     console.print(f"  run storage: {cluster.bucket}")
+    if multislice:
+        console.print(f"  slices: {layout.slices} x {layout.hosts} host(s); --worker S:I is host I of slice S")
+        for entry in cluster_slices(cluster):
+            node = f"node {entry['node']} " if entry["node"] else ""
+            console.print(f"    slice {entry['slice']}: {node}{entry['state']}, workers {', '.join(entry['workers'])}")
     if cluster.workers:
         table = Table("worker", "address", "internal address", "home", "cpus")
         for w in cluster.workers:
             cpus = ",".join(map(str, w.cpus)) or ("shared" if w.home else "own")
-            table.add_row(str(w.index), w.address, w.internal_address or "-", str(w.home or "-"), cpus)
+            table.add_row(worker_label(w.index, layout), w.address, w.internal_address or "-", str(w.home or "-"), cpus)
         console.print(table)
 
 
@@ -144,7 +153,7 @@ def delete(
 @command("exec", context_settings={"allow_extra_args": True})
 def exec_(
     command: Annotated[list[str], typer.Argument(help="Command to run; one quoted argument is a shell line.")],
-    worker: Annotated[Optional[str], typer.Option("--worker", "-w", help="Workers to run on, e.g. 0,2 or 1-3 (default: all).")] = None,
+    worker: Annotated[Optional[str], typer.Option("--worker", "-w", help="Workers to run on: flat indices (0,2 or 1-3) or, on a multislice cluster, slice:host (1:0, 1:2-3, or 1:* for a whole slice); default: all.")] = None,
     config: ConfigOpt = None,
 ) -> None:
     from tpuft.ops.cluster import exec_command
@@ -157,7 +166,7 @@ def exec_(
 
 @command("ssh")
 def ssh(
-    worker: Annotated[int, typer.Option("--worker", "-w", help="Which worker (0 is the coordinator).")] = 0,
+    worker: Annotated[str, typer.Option("--worker", "-w", help="Which worker: a flat index (0 is the coordinator) or slice:host like 1:0.")] = "0",
     config: ConfigOpt = None,
 ) -> None:
     import os

@@ -88,18 +88,40 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 
 def cluster_json(cluster: Any) -> dict[str, Any]:
+    """``status --json`` (and ``create --json``): every worker with its slice, host and ``--worker`` ref, and one entry
+    per slice (its node and state where the provider reports them)."""
+    layout = cluster.layout
     return {
         "name": cluster.name,
         "provider": cluster.provider,
         "state": cluster.state,
         "accelerator": cluster.accelerator,
         "bucket": cluster.bucket,
+        "hosts_per_slice": layout.hosts if cluster.workers else None,
+        "slices": cluster_slices(cluster),
         "workers": [
-            {"index": w.index, "address": w.address, "internal_address": w.internal_address or None, "home": str(w.home) if w.home else None}
+            {"index": w.index, "slice": w.slice, "host": layout.host_of(w.index), "ref": layout.ref(w.index),
+             "address": w.address, "internal_address": w.internal_address or None, "home": str(w.home) if w.home else None}
             for w in cluster.workers
         ],
         "details": cluster.details,
     }
+
+
+def cluster_slices(cluster: Any) -> list[dict[str, Any]]:
+    """Per slice: its node and state (the provider's ``details["slice S"]`` = ``"NODE STATE"`` where it has one
+    node per slice; otherwise the cluster's state) and its workers' refs."""
+    layout = cluster.layout
+    slices = []
+    for slice_id in sorted({w.slice for w in cluster.workers}):
+        node, _, state = str(cluster.details.get(f"slice {slice_id}", "")).rpartition(" ")
+        slices.append({
+            "slice": slice_id,
+            "node": node or None,
+            "state": state or str(cluster.state),
+            "workers": [layout.ref(w.index) for w in cluster.workers if w.slice == slice_id],
+        })
+    return slices
 
 
 def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
@@ -169,10 +191,30 @@ def test_cell(test: dict[str, Any]) -> str:
     return f"{key[5:]} {fmt(test[key])} @{test.get('test_checkpoint_step', '?')}"
 
 
+def worker_label(index: int, layout: Any) -> str:
+    """``1:0 (w2)`` on a multislice run, as ``--worker`` and the slices' own logs name hosts; the flat index otherwise."""
+    return f"{layout.ref(index)} (w{index})" if layout.slices > 1 else str(index)
+
+
+def snapshot_json(snap: Any) -> dict[str, Any]:
+    """``monitor --json``: the snapshot, each worker with its slice and host on a multislice run."""
+    from tpuft.monitor import run_layout
+
+    data = snap.as_json()
+    layout = run_layout(snap.info, len(snap.workers))
+    if layout.slices > 1:
+        for worker in data["workers"]:
+            worker.update(slice=layout.slice_of(worker["index"]), host=layout.host_of(worker["index"]),
+                          ref=layout.ref(worker["index"]))
+    return data
+
+
 def snapshot_view(snap: Any) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    from tpuft.monitor import run_layout
 
     info = snap.info
     colour = {"running": "green", "finished": "blue", "failed": "red", "stale": "yellow", "interrupted": "yellow", "stopped": "yellow"}.get(snap.status, "white")
@@ -208,11 +250,12 @@ def snapshot_view(snap: Any) -> Any:
         table.add_row(label, value)
     parts.append(table)
     workers = Table("worker", "status", "step", "loss", "lr", "ex/s", "tok/s", "heartbeat", "last log line", title="workers", title_justify="left")
+    layout = run_layout(info, len(snap.workers))
     for w in snap.workers:
         age = f"{fmt_seconds(w.age_s)} ago" + (" [red](stale)[/red]" if w.stale else "") if w.age_s is not None else "-"
         line = (w.last_log_line or "")[-70:]
         workers.add_row(
-            str(w.index), w.status, fmt(w.step), fmt_metric("loss", w.loss), fmt_metric("lr", w.lr),
+            worker_label(w.index, layout), w.status, fmt(w.step), fmt_metric("loss", w.loss), fmt_metric("lr", w.lr),
             fmt_metric("examples_per_s", w.examples_per_s), fmt_metric("tokens_per_s", w.tokens_per_s), age, Text(line),
         )
     parts.append(workers)

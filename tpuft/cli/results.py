@@ -10,7 +10,7 @@ import typer
 
 from tpuft.cli.app import command
 from tpuft.cli.options import ConfigOpt, JsonOpt, load_cluster_file
-from tpuft.cli.render import byte_progress, fmt, fmt_seconds, out_console, snapshot_view, test_cell
+from tpuft.cli.render import byte_progress, fmt, fmt_seconds, out_console, snapshot_json, snapshot_view, test_cell
 
 
 @command("monitor")
@@ -39,7 +39,7 @@ def monitor(
         return
     snap = watch(cfg, run)
     if json_out:
-        print(json.dumps(snap.as_json(), indent=2))
+        print(json.dumps(snapshot_json(snap), indent=2))
         return
     console = out_console()
     if once or snap.ended or not console.is_terminal:
@@ -104,7 +104,7 @@ def _attempt_cell(info: dict[str, Any]) -> str:
 @command("logs")
 def logs(
     run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
-    worker: Annotated[Optional[int], typer.Option("--worker", "-w", help="Only this worker's log (default: all, interleaved in time order).")] = None,
+    worker: Annotated[Optional[str], typer.Option("--worker", "-w", help="Only this worker's log: a flat index, or slice:host like 1:0 on a multislice run (default: all, interleaved in time order).")] = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends.")] = False,
     timestamps: Annotated[bool, typer.Option("--timestamps", "-t", help="Show when each line arrived (UTC).")] = False,
     config: ConfigOpt = None,
@@ -115,7 +115,7 @@ def logs(
     prefix = len(run_logs.sources) > 1 or worker is None
 
     def emit(line: Any) -> None:
-        print(line.render(prefix=prefix, timestamps=timestamps), flush=True)
+        print(line.render(prefix=prefix, timestamps=timestamps, layout=run_logs.layout), flush=True)
 
     if not follow_:
         for line in read_all(run_logs):

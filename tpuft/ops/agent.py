@@ -328,7 +328,9 @@ def start(config_path: str) -> int:
     if identity is None or cluster is None:
         log("the cluster is not remembered as READY: no agent")
         return 0
-    if [[w.index, w.address, w.internal_address] for w in cluster.workers] != identity.workers:
+    from tpuft.providers.gcp.cache import worker_rows
+
+    if worker_rows(cluster.workers) != identity.workers:
         log("the remembered workers changed while starting: no agent")
         return 0
     lock_fd = os.open(folder / f"{identity.agent}.lock", os.O_WRONLY | os.O_CREAT, 0o600)

@@ -31,7 +31,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from tpuft.errors import Interrupted, TpuftError, UsageError
 from tpuft.fleet.base import FleetResult, WorkerResult
 from tpuft.fleet.spec import command_argv, parse_worker_list
 from tpuft.paths import tpuft_home
+from tpuft.records import SliceLayout
 
 OFF_ENV = "TPUFT_NO_AGENT"
 IDLE_ENV = "TPUFT_AGENT_IDLE_S"
@@ -136,7 +137,24 @@ class Identity:
     key: str
     agent: str
     workers: list[list[Any]]
-    """As remembered by the provider: ``[index, address, internal address]`` per worker, in order."""
+    """As remembered by the provider: ``[index, address, internal address(, slice)]`` per worker, in order."""
+    nodes: list[list[Any]] = field(default_factory=list)
+    """As remembered by the provider: ``[node id, API id, worker count]`` per slice."""
+
+    @property
+    def layout(self) -> SliceLayout | None:
+        """The slices of the remembered workers, so ``--worker 1:0`` means here what it means on the cold path;
+        None when the record cannot tell (then only the cold path may read a ``S:I``)."""
+        slices = {row[3] for row in self.workers if len(row) > 3}
+        if slices:
+            count = max(slices) + 1
+        else:
+            count = len(self.nodes) or 1
+            if count > 1 and any(len(node) < 3 or node[2] != len(self.workers) // count for node in self.nodes):
+                return None
+        if len(self.workers) % count:
+            return None
+        return SliceLayout(count, len(self.workers) // count)
 
     @property
     def socket_path(self) -> Path:
@@ -170,7 +188,8 @@ def identity_for(folder: Path, key: str, pointer: dict[str, Any], now: float | N
         workers = record["workers"]
         if not isinstance(workers, list) or not workers:
             return None
-        return Identity(folder, key, agent_id_of(key, pointer, record), workers)
+        nodes = record.get("nodes") or []
+        return Identity(folder, key, agent_id_of(key, pointer, record), workers, nodes if isinstance(nodes, list) else [])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -282,7 +301,10 @@ def try_exec(
         return None
     try:
         argv = command_argv(command)
-        chosen = parse_worker_list(workers, len(identity.workers))
+        layout = identity.layout
+        if layout is None:
+            return None  # the record cannot tell the slices apart: the cold path asks the provider
+        chosen = parse_worker_list(workers, layout)
     except UsageError:
         return None  # the cold path words the refusal
     channel = connect(identity)

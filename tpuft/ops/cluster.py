@@ -10,7 +10,7 @@ from tpuft.accelerators import AcceleratorType, lookup
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.fleet.base import FleetResult, LineSink
-from tpuft.fleet.spec import command_argv, exec_env, parse_worker_list
+from tpuft.fleet.spec import command_argv, exec_env, parse_one_worker, parse_worker_list
 from tpuft.ops.common import Session, open_session, worker_env
 from tpuft.providers import get_provider
 from tpuft.records import Cluster, Progress, State
@@ -131,19 +131,18 @@ def exec_command(
 
 
 def _exec(session: Session, argv: list[str], workers: str | None, on_line: LineSink | None) -> FleetResult:
-    chosen = parse_worker_list(workers, len(session.cluster.workers))
+    chosen = parse_worker_list(workers, session.cluster.layout)
     count = len(session.cluster.workers)
     return session.fleet.run(
         argv, workers=chosen, on_line=on_line, env=lambda w: worker_env(session.config, exec_env(w.index, count))
     )
 
 
-def shell_argv(config: ClusterConfig, worker: int) -> tuple[list[str], dict[str, str], str | None]:
-    """argv, extra environment and working directory for an interactive shell on one worker."""
+def shell_argv(config: ClusterConfig, spec: str) -> tuple[list[str], dict[str, str], str | None]:
+    """argv, extra environment and working directory for an interactive shell on one worker (``spec``: ``--worker``,
+    a flat index or ``S:I``)."""
     session = open_session(config, cached=True)
-    count = len(session.cluster.workers)
-    if not 0 <= worker < count:
-        raise UsageError(f"--worker {worker}: the cluster has workers 0..{count - 1}")
+    worker = parse_one_worker(spec, session.cluster.layout)
     target = session.cluster.workers[worker]
     if target.home is not None:  # local: a shell in the worker's folder, as that worker's HOME
         return ["bash", "-l"], {"HOME": str(target.home), "TPUFT_WORKER_ID": str(worker)}, str(target.home)

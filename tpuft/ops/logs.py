@@ -17,6 +17,9 @@ from pathlib import Path
 from tpuft import rundir
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
+from tpuft.fleet.spec import parse_one_worker
+from tpuft.monitor import run_layout
+from tpuft.records import SliceLayout
 from tpuft.runs import resolve_run
 from tpuft.storage import Storage, open_storage
 
@@ -31,8 +34,11 @@ class LogLine:
     """ISO UTC arrival time (None in logs written before lines were stamped)."""
     text: str
 
-    def render(self, *, prefix: bool, timestamps: bool) -> str:
-        head = f"[w{self.worker}] " if prefix else ""
+    def render(self, *, prefix: bool, timestamps: bool, layout: SliceLayout | None = None) -> str:
+        """``[w5]``, or ``[w5 1:1]`` (slice 1 host 1) on a multislice run: the flat number stays first, as tools that
+        parse ``[wN]`` expect."""
+        where = f" {layout.ref(self.worker)}" if layout is not None and layout.slices > 1 else ""
+        head = f"[w{self.worker}{where}] " if prefix else ""
         when = f"{self.stamp} " if timestamps and self.stamp else ""
         return f"{when}{head}{self.text}"
 
@@ -76,9 +82,12 @@ class RunLogs:
     """Where the logs are read from (for the header line)."""
     folder: Path | None = None
     """A local log folder to rescan for workers whose log appears later (None: a bucket, or one worker asked for)."""
+    layout: SliceLayout | None = None
+    """The run's slices (for the ``[w5 1:1]`` prefixes); None: one slice."""
 
 
-def open_run_logs(config: ClusterConfig, run_id: str | None, worker: int | None = None) -> RunLogs:
+def open_run_logs(config: ClusterConfig, run_id: str | None, worker: str | int | None = None) -> RunLogs:
+    """``worker``: ``--worker``, a flat index or ``S:I`` (slice S, host I of the run's slices)."""
     run = resolve_run(config, run_id)
 
     def is_running() -> bool:
@@ -93,13 +102,26 @@ def open_run_logs(config: ClusterConfig, run_id: str | None, worker: int | None 
         found = sorted((int(m.group(1)), rel) for rel in store.list("") for m in [rundir.LOG_NAME.match(rel)] if m)
         sources = {w: LogSource(w, _object_reader(store, rel)) for w, rel in found}
         where, poll = f"{run.url}/{rundir.LOGS_DIR}", BUCKET_POLL_SECONDS
+    layout = run_layout(run.info(), max(sources, default=-1) + 1)
     if worker is not None:
-        if worker not in sources:
-            have = ", ".join(str(w) for w in sorted(sources)) or "none yet"
-            raise UsageError(f"run {run.id}: no log for worker {worker} (workers with logs: {have})")
-        sources = {worker: sources[worker]}
+        index = _one_worker(str(worker), layout)
+        if index not in sources:
+            have = ", ".join(layout.ref(w) for w in sorted(sources)) or "none yet"
+            raise UsageError(f"run {run.id}: no log for {layout.name(index)} (workers with logs: {have})")
+        sources = {index: sources[index]}
     folder = Path(where) if worker is None and poll == LOCAL_POLL_SECONDS else None
-    return RunLogs(run.id, run.url, sources, is_running, poll, where, folder)
+    return RunLogs(run.id, run.url, sources, is_running, poll, where, folder, layout if layout.slices > 1 else None)
+
+
+def _one_worker(spec: str, layout: SliceLayout) -> int:
+    """A flat index is looked up among the logs as it is (a run may have more logs than run.json says); ``S:I`` is
+    read against the run's slices."""
+    if ":" in spec:
+        return parse_one_worker(spec, layout)
+    try:
+        return int(spec)
+    except ValueError:
+        return parse_one_worker(spec, layout)  # words the refusal as every --worker does
 
 
 def _worker_files(folder: Path) -> list[tuple[int, Path]]:

@@ -2,6 +2,10 @@
 
 It runs the real backend on CPU, so a recipe can be rehearsed (and CI can test the whole path) without a cloud
 account. Workers are pinned to disjoint CPU cores where the machine has enough, as real TPU hosts do not share CPUs.
+
+``local.slices`` rehearses Multislice: ``slices x local.workers`` folders, numbered slice by slice as a queued
+resource's workers are (``worker-5`` is slice 1 host 1 of 4 hosts per slice), each :class:`Worker` with its slice.
+A local "slice" is only a group of worker processes: there is no data-centre network between them.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class LocalProvider:
         return {
             "state_dir": str(self._state_dir),
             "worker_folders": [str(self._worker_dir(index)) for index in range(self.config.num_workers)],
+            **({"slices": self.config.slices} if self.config.slices > 1 else {}),
             "bucket": self.storage_url(),
             "venv_cache": self.venv_cache(),
         }
@@ -63,24 +68,27 @@ class LocalProvider:
     # -- verbs -----------------------------------------------------------------------------------------------
     def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:
         existing = self.get()
-        wanted = self.config.num_workers
+        wanted, slices = self.config.num_workers, self.config.slices
         if existing.state != State.NOT_FOUND:
             recorded = self._read_marker()
-            if recorded.get("workers") == wanted and existing.state == State.READY:
+            shape = (recorded.get("workers"), int(recorded.get("slices", 1)))
+            if shape == (wanted, slices) and existing.state == State.READY:
                 _make_folder(self.bucket())
                 return existing, False
-            if recorded.get("workers") != wanted:
+            if shape != (wanted, slices):
                 raise UsageError(
-                    f"local cluster {self.config.name!r} exists with {recorded.get('workers')} workers, "
-                    f"the cluster file asks for {wanted}",
-                    hint="Delete it first (tpuft delete --yes) or set local.workers to match.",
+                    f"local cluster {self.config.name!r} exists with {_shape_text(*shape)}, "
+                    f"the cluster file asks for {_shape_text(wanted, slices)}",
+                    hint="Delete it first (tpuft delete --yes) or set local.workers"
+                    f"{' and local.slices' if slices > 1 or shape[1] > 1 else ''} to match.",
                 )
         if progress:
-            progress(f"creating {wanted} worker folders under {self._state_dir}")
+            progress(f"creating {_shape_text(wanted, slices)} (worker folders) under {self._state_dir}")
         marker = {
             "name": self.config.name,
             "accelerator": self.config.accelerator,
             "workers": wanted,
+            "slices": slices,
             "created": time.time(),
         }
         for folder in [self._worker_dir(index) for index in range(wanted)] + [self.bucket()]:
@@ -102,8 +110,9 @@ class LocalProvider:
                 bucket=str(self.bucket()),
             )
         count = int(marker.get("workers", 0))
+        per_slice = max(1, count // max(1, int(marker.get("slices", 1))))
         workers = [
-            Worker(index=i, address="localhost", home=self._worker_dir(i), cpus=_cpus_for(i, count))
+            Worker(index=i, address="localhost", home=self._worker_dir(i), cpus=_cpus_for(i, count), slice=i // per_slice)
             for i in range(count)
         ]
         missing = [w.index for w in workers if w.home is None or not w.home.is_dir()]
@@ -139,6 +148,11 @@ class LocalProvider:
             return json.loads((self._state_dir / _MARKER).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
+
+
+def _shape_text(workers: Any, slices: int) -> str:
+    """``2 workers``, or ``4 workers (2 slices of 2)``: what a local cluster's marker and cluster file ask for."""
+    return f"{workers} workers" if slices == 1 else f"{workers} workers ({slices} slices of {int(workers) // slices})"
 
 
 def _make_folder(path: Path) -> None:
