@@ -16,6 +16,7 @@ import pytest
 import tpuft.providers.gcp.tuning as gcp_module
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
+from tpuft import rundir
 from tpuft.config import ClusterConfig, load_cluster
 from tpuft.errors import UsageError
 from tpuft.ops.recover import WATCHER, WatchTakenOver, node_problem, watcher_lease
@@ -217,6 +218,49 @@ def test_a_stockout_while_recreating_is_tried_again_after_a_longer_back_off(
         _recover(config, run, run.info(), "node PREEMPTED", Callbacks(), policy, slept.append, lambda: None)
     assert "recover.max_attempts (2) recoveries are used up" in used_up.value.message
     assert "tpuft resume r-1 --recover" in (used_up.value.hint or "")
+
+
+def test_a_lost_slice_stops_the_others_and_recreates_the_whole_queued_resource(
+    fake_gcp: tuple[FakeTpuServer, ClusterConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Multislice: one preempted slice is the loss of the whole run. The cause names that slice; the trainers of the
+    slice still up are stopped at once (here: the signal recorded; the sshd path runs in
+    tests/e2e/test_recovery_rigs.py), the queued resource is deleted and created again with every slice, then set up
+    and resumed (recorders here too)."""
+    import tpuft.ops.recover as recover_module
+    from tpuft.ops.recover import Callbacks, _recover
+
+    tpu, single = fake_gcp
+    config = ClusterConfig.model_validate({**single.model_dump(exclude_unset=True), "gcp": {
+        **single.gcp.model_dump(exclude_unset=True), "queued": True, "spot": True, "slices": 2}})
+    cluster, _ = get_provider(config).create()
+    assert [w.slice for w in cluster.workers] == [0, 0, 1, 1]
+    run = _run(tmp_path)
+    run.storage.write_text("recipe.yaml", (Path(__file__).parents[2] / "recipes" / "quickstart.yaml").read_text())
+    info = {"run_id": "r-1", "status": "running", "attempt": 1, "backend": "torch_xla", "total_steps": 100,
+            "launch": {"hosts": [0, 1, 2, 3], "python": "py", "package": "pkg"},
+            "addresses": [w.address for w in cluster.workers]}
+    run.storage.write_text("run.json", json.dumps(info))
+    signalled: list[tuple[int, ...]] = []
+    done: list[object] = []
+    monkeypatch.setattr(recover_module, "signal_supervisors", lambda session, run, launch: signalled.append(launch.hosts))
+    monkeypatch.setattr(recover_module, "setup", lambda config, recipe, on_line=None: done.append("setup"))
+    monkeypatch.setattr(recover_module, "resume", lambda config, run_id, **kw: done.append(kw["recovery"]["cause"]))
+    assert node_problem(config, info) is None
+
+    tpu.preempt("rc-1")
+    problem = node_problem(config, info)
+    assert problem == "node rc-1 (slice 1) PREEMPTED"
+    notices: list[str] = []
+    policy = config.recover.model_copy(update={"backoff": 0.0})
+    _recover(config, run, info, problem, Callbacks(on_notice=notices.append), policy, lambda s: None, lambda: None)
+    assert signalled == [(0, 1)]  # slice 0's hosts, not the lost slice's
+    assert "slice 0 host 0 (worker 0), slice 0 host 1 (worker 1)" in "\n".join(notices)
+    assert "the whole run restarts" in (run.storage.read_text(rundir.stop_request(1)) or "")
+    assert [c.query.get("force") for c in tpu.calls("DeleteQueuedResource")] == ["true"]
+    assert len(tpu.calls("CreateQueuedResource")) == 2 and done == ["setup", problem]
+    again = get_provider(config).get()
+    assert again.state == "READY" and again.details["slice 1"] == "rc-1 READY" and len(again.workers) == 4
 
 
 def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(

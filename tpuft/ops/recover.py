@@ -30,12 +30,13 @@ from tpuft.backends import get_backend
 from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
 from tpuft.errors import Interrupted, TpuftError, UsageError
 from tpuft.fleet.base import LineSink
-from tpuft.ops.lifecycle import Launch, attach, finalize, run_is_alive, stop, wait_for_outcome
+from tpuft.ops.lifecycle import (Launch, attach, finalize, request_stop, run_is_alive, signal_supervisors, stop,
+                                 wait_for_outcome)
 from tpuft.ops.common import open_session
 from tpuft.ops.setup import setup
 from tpuft.ops.train import Notice, TrainResult, finished_result, resume
 from tpuft.providers import get_provider
-from tpuft.records import Progress, State
+from tpuft.records import Cluster, Progress, SliceLayout, State
 from tpuft.runs import Run, resolve_run
 from tpuft.storage.network import CloudUnreachable
 from tpuft.worker.supervisor import is_alive
@@ -62,9 +63,13 @@ class Callbacks:
 
 
 def node_problem(config: ClusterConfig, info: dict[str, Any]) -> str | None:
-    """Why the run's workers are gone, in the provider's words; None while the node is READY on the run's addresses."""
+    """Why the run's workers are gone, in the provider's words; None while the node is READY on the run's addresses.
+    On a multislice cluster the lost slice(s) are named: ``node NAME-1 (slice 1) PREEMPTED``."""
     cluster = get_provider(config).get()
     if cluster.state != State.READY:
+        lost = lost_slices(cluster)
+        if lost:
+            return ", ".join(f"node {node} (slice {slice_id}) {state}" for slice_id, node, state in lost)
         problem = cluster.details.get("problem") or cluster.details.get("symptoms")
         return f"node {cluster.state}" + (f" ({problem})" if problem else "")
     hosts = (info.get("launch") or {}).get("hosts") or []
@@ -74,6 +79,23 @@ def node_problem(config: ClusterConfig, info: dict[str, Any]) -> str | None:
         if now != recorded:
             return "the workers came back with new addresses"
     return None
+
+
+def slice_states(cluster: Cluster) -> list[tuple[int, str, str]]:
+    """(slice, node id, state) per slice of a multislice cluster, from the provider's ``slice S`` details
+    (``"NAME-S STATE"``); empty on one slice."""
+    found = []
+    for key, value in cluster.details.items():
+        label, _, number = key.partition(" ")
+        node, _, state = str(value).rpartition(" ")
+        if label == "slice" and number.isdigit() and node:
+            found.append((int(number), node, state))
+    return sorted(found)
+
+
+def lost_slices(cluster: Cluster) -> list[tuple[int, str, str]]:
+    """The slices whose node is not READY (preempted, suspended, gone): any one of them loses the whole run."""
+    return [entry for entry in slice_states(cluster) if entry[2] != State.READY]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -310,6 +332,7 @@ def _recover(
         f"{policy.max_attempts} from the checkpoint at step {checkpoint} in {delay:.0f} s"
     )
     try:
+        _stop_survivors(config, run, info, problem, callbacks)
         _sleep_renewing(delay, sleep, renew, policy.poll)
         provider = get_provider(config)
         cluster = provider.get()
@@ -351,6 +374,35 @@ def _recover(
         raise Interrupted(f"recovery of run {run.id} interrupted; nothing of the run is lost",
                           hint=f"Go on with it: tpuft resume {run.id} --recover") from None
     callbacks.notice(f"run {run.id} resumed from step {checkpoint} {time.time() - detected:.0f} s after the failure")
+
+
+def _stop_survivors(config: ClusterConfig, run: Run, info: dict[str, Any], problem: str, callbacks: Callbacks) -> None:
+    """A lost slice loses the whole run: the trainers of the slices still READY are stopped at once (they would wait
+    on their lost peers, or write to the run dir while the queued resource is recreated), before the queued resource
+    is deleted with them. Best effort: the delete ends them anyway, and an unreachable survivor reads the stop request
+    the run dir holds for its attempt."""
+    if info.get("status") != "running":
+        return
+    cluster = get_provider(config).get()
+    lost = lost_slices(cluster)
+    if not lost:
+        return
+    gone = {slice_id for slice_id, _, _ in lost}
+    layout = SliceLayout(config.slices, config.hosts_per_slice)
+    launch = Launch.of(run, info)
+    survivors = tuple(h for h in launch.hosts if layout.slice_of(h) not in gone)
+    request_stop(run, int(info.get("attempt", 1)), f"{problem}: the whole run restarts")
+    if not survivors:
+        return
+    callbacks.notice(f"stopping the trainers of the slices still up ({', '.join(layout.name(h) for h in survivors)})")
+    if len(cluster.workers) != layout.workers:  # a slice's node is gone: flat indexes no longer match the fleet's
+        callbacks.notice("a slice's node is gone; the survivors stop on the run dir's stop request")
+        return
+    try:
+        session = open_session(config, require_ready=False)
+        signal_supervisors(session, run, Launch(survivors, launch.python, launch.package))
+    except TpuftError as exc:
+        callbacks.notice(f"could not stop them now ({exc.message}); the queued resource's deletion ends them")
 
 
 def _not_now(exc: TpuftError) -> bool:
