@@ -2,7 +2,8 @@
 
 ``$HOME/standin.json`` (all optional): ``seconds`` to run (default 3600), ``exit`` code at the end (0), ``beat`` interval
 (0.1 s), ``wait_for_peer``: beat ``collective`` and stop beating once worker 1-i has been silent for a second, as a
-trainer blocked in an all-reduce would, and ``ignore_term``: survive SIGTERM (only SIGKILL ends it). It records its pid
+trainer blocked in an all-reduce would, ``ignore_term``: survive SIGTERM (only SIGKILL ends it), and ``start_after``: seconds spent in the ``starting`` phase
+first (one beat, then silence, like a runtime waiting in its rendezvous for a host that has not come). It records its pid
 and environment in ``$HOME/trainer.json`` so that tests can check the launch and find the process."""
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def main() -> int:
     if plan.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(f"stand-in trainer {ctx.worker_id} of {ctx.num_workers} (resume: {os.environ.get('TPUFT_RESUME', '0')})", flush=True)
+    beat = rundir.heartbeat_path(ctx.run_dir, ctx.worker_id)
+    if plan.get("start_after"):
+        rundir.write_json_atomic(beat, {"step": 0, "status": "running", "phase": "starting", "time": time.time()})
+        time.sleep(float(plan["start_after"]))
     started = time.time()
     step = 0
-    beat = rundir.heartbeat_path(ctx.run_dir, ctx.worker_id)
     peer = rundir.heartbeat_path(ctx.run_dir, 1 - ctx.worker_id) if ctx.num_workers == 2 else None
     while time.time() - started < float(plan.get("seconds", 3600)):
         step += 1

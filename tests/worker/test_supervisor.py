@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from tpuft import rundir
 from tpuft.storage import LocalStorage
@@ -114,3 +115,46 @@ def test_follow_starts_at_the_latest_of_from_line_tail_and_since(tmp_path: Path)
     assert supervisor.locate_start(log, 0, None, "2027") == (10, 10, at(10))
     assert supervisor.locate_start(log, 12, None, None) == (12, 10, at(10))  # lines 10 and 11 are skipped as they come
     assert supervisor.locate_start(tmp_path / "none.log", 0, 5, None) == (0, 0, 0)
+
+
+def starting_supervisor(tmp_path: Path, worker: int, workers: int, slices: int, **timeouts: float) -> Any:
+    from tpuft.worker.context import WorkerContext
+    from tpuft.worker.supervision import Supervisor
+
+    ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=worker, num_workers=workers,
+                        coordinator="127.0.0.1:8476", num_slices=slices)
+    return Supervisor(ctx, ["true"], 1, timeouts.get("hang", 10.0), LocalStorage(tmp_path),
+                      startup_timeout=timeouts.get("startup", 1800.0))
+
+
+def test_the_starting_phase_waits_out_startup_timeout_before_a_hang(tmp_path: Path) -> None:
+    """A trainer in its rendezvous (phase starting) for 100 s: hung under the old patience (3 x hang_timeout, at least
+    a minute), still waiting under train.startup_timeout."""
+    patient = starting_supervisor(tmp_path, 0, 2, 1, hang=10.0, startup=1800.0)
+    patient.trainer_started = time.time() - 100
+    rundir.write_json_atomic(rundir.heartbeat_path(tmp_path, 0), {"phase": "starting", "time": time.time() - 100})
+    assert patient._hang_check(os.getpid()) is None
+    short = starting_supervisor(tmp_path, 0, 2, 1, hang=10.0, startup=50.0)
+    short.trainer_started = patient.trainer_started
+    hang = short._hang_check(os.getpid())
+    assert hang is not None and hang[0].startswith("made no progress for 100 s (phase starting)")
+
+
+def test_at_startup_timeout_the_missing_hosts_are_named_by_slice(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    now = time.time()
+    for worker in (0, 1, 2):  # worker 2 runs but is still in its rendezvous; worker 3 never started
+        storage.write_text(rundir.attempt_record(1, worker), json.dumps({"worker": worker, "status": "running"}))
+        phase = "starting" if worker == 2 else "step"
+        rundir.write_json_atomic(rundir.heartbeat_path(tmp_path, worker), {"phase": phase, "step": 1, "time": now})
+    early = starting_supervisor(tmp_path, 0, 4, 2, startup=60.0)
+    early.trainer_started = now - 10
+    assert early._startup_check() is None  # not yet: nobody is named before the timeout
+    late = starting_supervisor(tmp_path, 0, 4, 2, startup=5.0)
+    late.trainer_started = now - 10
+    what, waiting = late._startup_check()
+    assert waiting and what == ("waited 10 s (train.startup_timeout 5 s) for slice 1 host 0 (worker 2), "
+                                "slice 1 host 1 (worker 3) to start")
+    assert late._startup_check() is None  # asked once
+    record = {"worker": 0, "name": late.record["name"], "status": "hung", "reason": what}
+    assert rundir.describe_failure(record).startswith("hung: slice 0 host 0 (worker 0) waited 10 s")
