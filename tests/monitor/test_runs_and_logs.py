@@ -94,6 +94,32 @@ def test_logs_cli_all_workers_and_one(cli, cluster: Path, tmp_path: Path) -> Non
     assert missing.code == 2 and "no log for worker 5" in missing.err and "0, 1" in missing.err
 
 
+def test_a_multislice_run_is_labelled_and_addressed_slice_by_slice(cli, cluster: Path, tmp_path: Path) -> None:
+    """run.json's ``slices``: monitor labels the workers ``S:I``, logs prefixes ``[wN S:I]`` and takes ``--worker S:I``;
+    a run without it stays flat (the tests above)."""
+    build_run(
+        tmp_path / "bucket" / "runs" / "multi-1",
+        info={"recipe": "multi", "backend": "t5x", "workers": 4, "slices": 2, "total_steps": 10, "status": "finished"},
+        metrics=[{"step": 10, "loss": 1.0}],
+        beats={w: {"step": 10, "status": "finished", "age": 1.0} for w in range(4)},
+        logs={w: f"2026-11-22T06:00:0{w}.000Z from {w}\n".encode() for w in range(4)},
+    )
+    view = cli("monitor", "multi", "-c", str(cluster), "--once")
+    assert view.code == 0, view.err
+    assert all(f"{w // 2}:{w % 2} (w{w})" in view.out for w in range(4))
+    data = json.loads(cli("monitor", "multi", "-c", str(cluster), "--json").out)
+    assert [(w["index"], w["slice"], w["host"], w["ref"]) for w in data["workers"]] == [
+        (0, 0, 0, "0:0"), (1, 0, 1, "0:1"), (2, 1, 0, "1:0"), (3, 1, 1, "1:1")]
+    assert cli("logs", "multi", "-c", str(cluster)).out.splitlines() == [
+        "[w0 0:0] from 0", "[w1 0:1] from 1", "[w2 1:0] from 2", "[w3 1:1] from 3"]
+    assert cli("logs", "multi", "-c", str(cluster), "-w", "1:0").out.splitlines() == ["from 2"]
+    assert cli("logs", "multi", "-c", str(cluster), "-w", "3").out.splitlines() == ["from 3"]
+    wrong = cli("logs", "multi", "-c", str(cluster), "-w", "2:0")
+    assert wrong.code == 2 and "no slice 2 (the cluster has slices 0..1 of 2 hosts (0..1), workers 0..3)" in wrong.err
+    many = cli("logs", "multi", "-c", str(cluster), "-w", "1:*")
+    assert many.code == 2 and "this command takes one worker" in many.err
+
+
 def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(cluster: Path, tmp_path: Path) -> None:
     run = write_run(tmp_path / "bucket", "live-1", status="running", steps=10, evals=[])
     logs_dir = run / "logs"

@@ -180,6 +180,8 @@ CASES = [
     ["--", 'echo out; echo err >&2; if [ "$TPUFT_WORKER_ID" = 2 ]; then exit 3; fi; sleep 5'],
     ["--worker", "7", "--", "true"],
     ["-w", "x", "--", "true"],
+    ["-w", "0:1-2,0:0", "--", "echo slice $TPUFT_WORKER_ID"],  # S:I on one slice: slice 0 only, warm and cold alike
+    ["-w", "1:0", "--", "true"],
 ]
 
 
@@ -196,7 +198,7 @@ def test_the_warm_path_prints_and_exits_like_the_cold_path(fresh: Rig) -> None:
     assert rig.exec(*CASES[2]).stderr.startswith("error: the command failed on worker 1 (exit code 4)\nstopped the other")
     served = rig.ping()
     assert served is not None and served["pid"] == agent["pid"]
-    assert served["requests"] - agent["requests"] == 5  # the bad worker specs went the cold way
+    assert served["requests"] - agent["requests"] == 6  # the bad worker specs went the cold way
     typer = rig.tpuft("exec", "-c", str(rig.cluster), "echo typer $TPUFT_WORKER_ID")  # no `--`: the Typer command
     assert typer.returncode == 0 and sorted(typer.stdout.split("\n")[:-1]) == [f"[w{i}] typer {i}" for i in range(4)]
     assert rig.ping()["requests"] == served["requests"] + 1  # type: ignore[index]
