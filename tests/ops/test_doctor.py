@@ -99,8 +99,9 @@ def _venv_with_libtpu(home: Path, key: str) -> Path:
 def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no_libtpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The coordinator's port is checked on every address of the machine, where anything may listen on the fixed one
     # (another program on a CI machine): the test's coordinator port is one the kernel says is free now.
-    port = free_port()
+    port, cross_slice = free_port(), free_port()
     monkeypatch.setattr(doctor, "COORDINATOR_PORT", port)
+    monkeypatch.setattr(doctor, "MEGASCALE_PORT", cross_slice)
     monkeypatch.setenv("TPUFT_DOCTOR_TPU_PATHS", json.dumps({"devices": ["~/dev/accel"], "lockfile": "~/libtpu_lockfile"}))
     (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
     (tmp_path / "r.yaml").write_text(EIGHT)
@@ -112,7 +113,8 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
             f"ssh: {{user: {pod.user}, key_file: {pod.client_key}, port: {pod.port}}}\n"
         )
         config = load_cluster(tmp_path / "tpuft.yaml").value
-        workers = [Worker(i, address, internal_address=address) for i, address in enumerate(pod.addresses)]
+        # Two slices of one host: the reachability preflight checks the cross-slice port too.
+        workers = [Worker(i, address, internal_address=address, slice=i) for i, address in enumerate(pod.addresses)]
         fleet = SshFleet(workers, SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port))
         cluster = Cluster("rig", "gcp", State.READY, "v4-16", workers, bucket="gs://rig-bucket")
         session = Session(config=config, provider=RigProvider(fleet), cluster=cluster)  # type: ignore[arg-type]
@@ -127,9 +129,20 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
             # The checks this test stages must pass; disk and clock are this machine's own (a CI machine's full disk
             # is a true finding, not this test's), so they only must not be failures of the staged kind.
             staged = {(0, "libtpu"), (1, "libtpu"), (0, "TPU chips"), (1, "TPU chips"), (0, "libtpu lock"),
-                      (1, "libtpu lock"), (0, "port"), (0, "venv"), (1, "venv"), (0, "tpuft"), (1, "tpuft"), (0, "free"), (1, "free")}
+                      (1, "libtpu lock"), (0, "port"), (0, "venv"), (1, "venv"), (0, "tpuft"), (1, "tpuft"), (0, "free"), (1, "free"),
+                      (0, "reach"), (1, "reach")}
             assert {(f.worker, f.check) for f in healthy.findings if f.status == "ok"} >= staged, (healthy.problems(), healthy.warnings())
             assert {f.check for f in healthy.findings if f.status not in ("ok", "skip")} <= {"disk", "clock"}, (healthy.problems(), healthy.warnings())
+
+            monkeypatch.setenv("TPUFT_DOCTOR_SKIP_LISTEN", str(cross_slice))  # a firewall that lets 8081 through no more
+            walled = {(f.worker, f.check): f for f in doctor.examine(session, recipe).findings if f.check == "reach"}
+            monkeypatch.delenv("TPUFT_DOCTOR_SKIP_LISTEN")
+            assert walled[(0, "reach")].status == "ok" and walled[(1, "reach")].status == "fail"
+            assert walled[(1, "reach")].detail == (
+                f"slice 1 host 0 (worker 1) cannot reach slice 0 host 0 at {pod.addresses[0]}:{cross_slice} (refused): "
+                f"allow tcp:{port},tcp:{cross_slice} from the TPU hosts' range in the VPC network default: gcloud compute "
+                f"firewall-rules create tpuft-rig-internal --network=default --allow=tcp:{port},tcp:{cross_slice} "
+                "--source-ranges=127.0.0.0/16")
 
             holder = subprocess.Popen(  # a crashed run's trainer that still holds worker 0's chip
                 [sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); print('open', flush=True); time.sleep(60)",

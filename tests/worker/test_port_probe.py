@@ -58,3 +58,27 @@ def test_a_live_listener_is_named_at_once() -> None:
         holder.wait()
     assert time.monotonic() - started < 5 and state["free"] is False
     assert [p["pid"] for p in state["listeners"]] == [holder.pid], state
+
+
+def test_the_reachability_listener_and_connector_say_reached_refused_and_done(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tpuft.worker import doctor_probe
+
+    ports = [free_port(), free_port()]
+    monkeypatch.setenv(doctor_probe.SKIP_LISTEN_ENV, str(ports[1]))  # the firewall stand-in: that port stays closed
+    heard: list[dict[str, object]] = []
+    listener = threading.Thread(target=lambda: heard.append(doctor_probe.listen(ports, expect=2, seconds=30)))
+    listener.start()
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    deadline = time.monotonic() + 10
+    while doctor_probe.connect(addresses[:1], 1.0)["reach"][0]["ok"] is False and time.monotonic() < deadline:
+        time.sleep(0.05)  # until it listens (that first connection counts as one of the two expected)
+    assert doctor_probe.connect(addresses, 1.0)["reach"] == [{"address": addresses[0], "ok": True},
+                                                             {"address": addresses[1], "ok": False, "error": "refused"}]
+    listener.join(5)  # its two connections came: it ends by itself
+    assert not listener.is_alive() and heard == [{"accepted": {str(ports[0]): 2}, "bind_errors": {}}]
+    waiting = threading.Thread(target=lambda: heard.append(doctor_probe.listen(ports[:1], expect=5, seconds=30)))
+    waiting.start()
+    while doctor_probe.connect(addresses[:1], 1.0, doctor_probe.DONE)["reach"][0]["ok"] is False and time.monotonic() < deadline:
+        time.sleep(0.05)
+    waiting.join(5)  # told it is done: it does not wait out its 30 s for connections that will not come
+    assert not waiting.is_alive() and heard[1] == {"accepted": {str(ports[0]): 0}, "bind_errors": {}}

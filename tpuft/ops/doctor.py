@@ -13,6 +13,7 @@ them all, as they are now; :func:`doctor_problems`, the check to run before ``tr
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import threading
@@ -30,13 +31,13 @@ from tpuft.model_summary import fmt_bytes, summarize
 from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
-from tpuft.ports import COORDINATOR_PORT
+from tpuft.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.worker import doctor_probe
 from tpuft.worker.bootstrap import MARKER
 from tpuft.worker.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 
 Status = Literal["ok", "warn", "fail", "skip"]
-CHECKS = ("free", "venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "disk", "clock")
+CHECKS = ("free", "venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "reach", "disk", "clock")
 """The table's columns, in order; the controller's own row has only ``disk`` (a local run storage)."""
 PROBE_HOME = ".tpuft/doctor"
 """Under each worker's HOME: the probe, in a folder named by its content."""
@@ -147,6 +148,7 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
                  _port(data, port if index == workers[0] else None),
                  _disk(data, probe_spec, checkpoint if staged_on_worker and index == workers[0] else 0, keep)]
         report.findings += [Finding(check, index, status, cell, detail, handled) for check, status, cell, detail, handled in found]
+    report.findings += _reachability(session, spec.python, workers, port, reports)
     if not session.cluster.bucket.startswith("gs://"):
         report.findings.append(_storage_disk(session.cluster.bucket, checkpoint * keep if checkpoint else None, keep))
     for index, (skew, rtt) in _clocks(session, spec.python, workers).items():
@@ -158,25 +160,36 @@ Judged = tuple[str, Status, str, str, bool]
 """(check, status, cell, detail, whether train handles it itself)."""
 
 
+def _probe_path() -> str:
+    source = Path(doctor_probe.__file__)
+    return f"{PROBE_HOME}/{package_hash()}/{source.name}"
+
+
 def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[str, Any], port: int | None) -> dict[int, dict[str, Any]]:
     """Ship the probe, run it on every worker at once, and read each one's JSON line."""
-    source = Path(doctor_probe.__file__)
-    folder = f"{PROBE_HOME}/{package_hash()}"
-    session.fleet.put(source, f"{folder}/{source.name}", workers=workers)
+    session.fleet.put(Path(doctor_probe.__file__), _probe_path(), workers=workers)
+    # One argv for all (the port is cheap to ask everywhere; only the coordinator's worker is judged on it).
+    return _run_probe(session, python, workers, ["--spec", json.dumps({**spec, "port": port})])
+
+
+def _run_probe(
+    session: Session, python: str, workers: tuple[int, ...], args: list[str], on_line: Any = None,
+) -> dict[int, dict[str, Any]]:
+    """Run the shipped probe with ``args`` on ``workers``; each one's last JSON line (``on_line`` hears them all)."""
     lines: dict[int, list[str]] = {}
     lock = threading.Lock()
 
     def collect(index: int, line: str) -> None:
         with lock:
             lines.setdefault(index, []).append(line)
+        if on_line is not None:
+            on_line(index, line)
 
-    override = os.environ.get(doctor_probe.TPU_PATHS_ENV)
-    extra = {doctor_probe.TPU_PATHS_ENV: override} if override else {}
+    extra = {name: os.environ[name] for name in (doctor_probe.TPU_PATHS_ENV, doctor_probe.SKIP_LISTEN_ENV)
+             if os.environ.get(name)}
     found: dict[int, dict[str, Any]] = {}
-    # One argv for all (the port is cheap to ask everywhere; only the coordinator's worker is judged on it).
-    argv = [python, f"{folder}/{source.name}", "--spec", json.dumps({**spec, "port": port})]
     env = lambda w: worker_env(session.config, extra)  # noqa: E731
-    result = session.fleet.run(argv, env=env, workers=workers, on_line=collect, fail_fast=False)
+    result = session.fleet.run([python, _probe_path(), *args], env=env, workers=workers, on_line=collect, fail_fast=False)
     for r in result.results:
         data = last_json_object(lines.get(r.index, []))
         if r.exit_code != 0 or data is None:
@@ -322,6 +335,100 @@ def _checkpoint_bytes(session: Session, recipe: RecipeConfig, recipe_dir: Path |
     return size, (f"a checkpoint is ~{fmt_bytes(size)} ({summary.total_params:,} float32 parameters and the optimizer "
                   f"state); the disk check counts {keep + 2}: train.keep_checkpoints ({keep}), the best, and the one "
                   "being written")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reachability: the firewall between the hosts
+
+
+REACH_TIMEOUT_S = 5.0
+"""Per address: a VPC firewall drops packets (a connection times out) rather than refusing them."""
+LISTEN_S = 120.0
+"""The listener's longest wait for the connecting hosts (it ends as soon as each has connected, or is told to)."""
+
+
+def _reachability(
+    session: Session, python: str, workers: tuple[int, ...], port: int | None, reports: dict[int, dict[str, Any]],
+) -> list[Finding]:
+    """Before a launch on hosts of their own (GCP, not the local pod): does every launched host reach slice 0 host 0
+    on the in-run coordinator's port and, for several slices, the cross-slice one? Slice 0 host 0 listens on them
+    (only for the check: the port check before has just found them free) while the others connect."""
+    if port is None or len(workers) < 2:
+        return []
+    first = workers[0]
+    if not (reports[first].get("port") or {}).get("free"):
+        return [Finding("reach", first, "skip", "port taken")]  # the port check names what holds it
+    layout = session.cluster.layout
+    ports = [port, *([MEGASCALE_PORT] if layout.slices > 1 else [])]
+    host = next(w.internal_address or w.address for w in session.cluster.workers if w.index == first)
+    listener: list[dict[int, dict[str, Any]]] = []
+    ready = threading.Event()
+    thread = threading.Thread(target=lambda: listener.append(_run_probe(
+        session, python, (first,), ["--listen", ",".join(map(str, ports)), "--expect", str(len(workers) - 1),
+                                    "--seconds", str(LISTEN_S)],
+        on_line=lambda index, line: ready.set() if line.startswith('{"listening"') else None)), daemon=True)
+    thread.start()
+    ready.wait(LISTEN_S)
+    found: dict[int, dict[str, Any]] = {}
+    if ready.is_set():
+        addresses = ",".join(f"{host}:{p}" for p in ports)
+        found = _run_probe(session, python, workers[1:], ["--connect", addresses, "--seconds", str(REACH_TIMEOUT_S)])
+        if thread.is_alive():  # someone could not connect: the listener would wait for it in vain
+            opened = [p for p in ports if p not in _refused_everywhere(found, host)]
+            if opened:
+                _run_probe(session, python, (first,), ["--connect", f"127.0.0.1:{opened[0]}", "--send", "done",
+                                                      "--seconds", str(REACH_TIMEOUT_S)])
+    thread.join(LISTEN_S)
+    if not listener:
+        return [Finding("reach", first, "fail", "no listener", "the reachability probe's listener did not start")]
+    errors = listener[0][first].get("bind_errors") or {}
+    findings = [_listening(first, layout.name(first), errors)]
+    rule = _firewall_rule(session, ports)
+    for index in workers[1:]:
+        failed = [r for r in found.get(index, {}).get("reach", []) if not r["ok"]]
+        if not failed:
+            findings.append(Finding("reach", index, "ok", "ok", f"reaches {host} on tcp:{','.join(map(str, ports))}"))
+            continue
+        what = "; ".join(f"{r['address']} ({r.get('error')})" for r in failed)
+        findings.append(Finding("reach", index, "fail", failed[0].get("error", "no"),
+                                f"{layout.name(index)} cannot reach slice 0 host 0 at {what}: {rule}"))
+    return findings
+
+
+def _refused_everywhere(found: dict[int, dict[str, Any]], host: str) -> set[int]:
+    """Ports no host reached (nothing listens there to be told ``done``)."""
+    results = [r for report in found.values() for r in report.get("reach", [])]
+    return {int(r["address"].rsplit(":", 1)[1]) for r in results
+            if not any(o["ok"] and o["address"] == r["address"] for o in results)}
+
+
+def _listening(index: int, name: str, errors: dict[str, str]) -> Finding:
+    if not errors:
+        return Finding("reach", index, "ok", "listens")
+    what = "; ".join(f"port {port} ({error})" for port, error in errors.items())
+    return Finding("reach", index, "fail", "cannot listen", f"{name} (the coordinators' host) cannot listen on {what}")
+
+
+def _firewall_rule(session: Session, ports: list[int]) -> str:
+    """The missing rule, as a command: the ports, the VPC network, and a source range that covers the hosts'
+    internal addresses."""
+    network = str(session.config.gcp.network or "default")
+    allow = ",".join(f"tcp:{p}" for p in ports)
+    return (f"allow {allow} from the TPU hosts' range in the VPC network {network}: gcloud compute firewall-rules "
+            f"create tpuft-{session.config.name}-internal --network={network} --allow={allow} "
+            f"--source-ranges={_source_range(session)}")
+
+
+def _source_range(session: Session) -> str:
+    """The smallest /16-or-wider range holding every host's internal address (the subnet's own range is better)."""
+    try:
+        addresses = [ipaddress.ip_address(w.internal_address or w.address) for w in session.cluster.workers]
+    except ValueError:
+        return "<the hosts' internal CIDR>"
+    network = ipaddress.ip_network(f"{addresses[0]}/{16 if addresses[0].version == 4 else 64}", strict=False)
+    while not all(a in network for a in addresses):
+        network = network.supernet()
+    return str(network)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -9,14 +9,21 @@ The controller's spec says what to look at (the venv cache and key, the package 
 paths and libtpu's lockfile of :mod:`tpuft.worker.host_state`, the coordinator port). ``TPUFT_DOCTOR_TPU_PATHS``
 (JSON: ``{"devices": [...], "lockfile": ...}``, ``~/`` for the worker's HOME) replaces the TPU paths: the tests use it
 to put fake chips and a fake lockfile on hosts that have none; a user has no reason to set it.
+
+The connectivity preflight runs it in two more modes: ``--listen PORTS`` on slice 0 host 0 (takes the ports only
+for the check, after the port check has let them go; one line once listening, another when done) and ``--connect
+HOST:PORT,...`` on every other launched host (refused, timed out or reached, per address). ``TPUFT_DOCTOR_SKIP_LISTEN``
+(ports, comma-separated) makes the listener leave ports closed: the tests' stand-in for a firewall that drops them.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
+import selectors
 import shutil
 import socket
 import subprocess
@@ -27,6 +34,9 @@ from typing import Any
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 TPU_PATHS_ENV = "TPUFT_DOCTOR_TPU_PATHS"
+SKIP_LISTEN_ENV = "TPUFT_DOCTOR_SKIP_LISTEN"
+DONE = b"done"
+"""What the controller's last connection says to end a listener that will not get all its connections."""
 PACKAGE_SUFFIXES = {".py", ".yaml", ".typed"}
 """The files :func:`tpuft.ops.common.package_hash` hashes: the same rule names the same package."""
 IMPORT_TIMEOUT_S = 120.0
@@ -271,11 +281,83 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def listen(ports: list[int], expect: int, seconds: float) -> dict[str, Any]:
+    """Listen on ``ports`` (every address, as the coordinators will) until each open one has had ``expect``
+    connections, a connection says ``done``, or ``seconds`` pass. Prints ``{"listening": ...}`` once the sockets are
+    open, so that the connecting hosts are started only then."""
+    skip = {int(p) for p in os.environ.get(SKIP_LISTEN_ENV, "").split(",") if p.strip()}
+    selector = selectors.DefaultSelector()
+    errors: dict[str, str] = {}
+    for port in ports:
+        if port in skip:
+            continue
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("0.0.0.0", port))
+            server.listen(128)
+        except OSError as exc:
+            errors[str(port)] = exc.strerror or str(exc)
+            server.close()
+            continue
+        selector.register(server, selectors.EVENT_READ, port)
+    open_ports = sorted(key.data for key in selector.get_map().values())
+    print(json.dumps({"listening": open_ports, "bind_errors": errors}), flush=True)
+    accepted = dict.fromkeys(open_ports, 0)
+    deadline = time.monotonic() + seconds
+    done = False
+    while open_ports and not done and time.monotonic() < deadline and any(n < expect for n in accepted.values()):
+        for key, _ in selector.select(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+            conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    done = done or conn.recv(16).startswith(DONE)
+                except OSError:
+                    pass
+            accepted[key.data] += 0 if done else 1
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    return {"accepted": {str(port): n for port, n in accepted.items()}, "bind_errors": errors}
+
+
+def connect(addresses: list[str], timeout: float, message: bytes = b"hello") -> dict[str, Any]:
+    """Open a TCP connection to each ``host:port``: ``ok``, or why not (``refused``: nothing listens or a firewall
+    rejects; ``timed out``: a firewall drops the packets)."""
+    found = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        entry: dict[str, Any] = {"address": address, "ok": False}
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+                conn.sendall(message)
+            entry["ok"] = True
+        except TimeoutError:
+            entry["error"] = "timed out"
+        except OSError as exc:
+            entry["error"] = "refused" if exc.errno == errno.ECONNREFUSED else (exc.strerror or str(exc))
+        found.append(entry)
+    return {"reach": found}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--spec", required=True, help="JSON: venv {cache, key, marker}, package {folder, hash}, current, tpu, port")
+    parser.add_argument("--spec", help="JSON: venv {cache, key, marker}, package {folder, hash}, current, tpu, port")
+    parser.add_argument("--listen", help="ports to listen on, comma-separated")
+    parser.add_argument("--expect", type=int, default=1, help="--listen: connections to wait for on each port")
+    parser.add_argument("--connect", help="host:port addresses to reach, comma-separated")
+    parser.add_argument("--send", default="hello", help="--connect: what to say once connected")
+    parser.add_argument("--seconds", type=float, default=10.0, help="--listen: the longest wait; --connect: per address")
     args = parser.parse_args(argv)
-    print(json.dumps(probe(json.loads(args.spec))), flush=True)
+    if args.listen:
+        report = listen([int(p) for p in args.listen.split(",")], args.expect, args.seconds)
+    elif args.connect:
+        report = connect(args.connect.split(","), args.seconds, args.send.encode())
+    elif args.spec:
+        report = probe(json.loads(args.spec))
+    else:
+        parser.error("one of --spec, --listen, --connect")
+    print(json.dumps(report), flush=True)
     return 0
 
 
