@@ -563,6 +563,24 @@ def test_partitions_must_divide_the_devices(loaded, cpu_pod: ClusterShape, tpu_v
     assert path == ("backend", "num_partitions") and "4 does not divide the 2 devices" in message
 
 
+def test_multislice_splits_the_batch_over_every_slice_and_keeps_partitions_in_one(loaded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "multislice.yaml"
+    path.write_text("provider: gcp\naccelerator: v4-8\ngcp: {project: my-project, zone: us-central2-b, slices: 2, queued: true}\n")
+    two_slices = load_cluster(path).value.shape()  # 2 slices x 1 host x 4 chips
+    assert two_slices.slices == 2 and two_slices.hosts == 2 and T5x.devices(two_slices) == 8
+    assert BACKEND.check(loaded("train.batch_size=8", "backend.num_partitions=2").value, two_slices) == []
+    (path_, message), = BACKEND.check(loaded("train.batch_size=8", "backend.num_partitions=8").value, two_slices)
+    assert path_ == ("backend", "num_partitions")  # 8 divides the 8 devices, not the 4 of one slice
+    assert message == "8 does not divide the 4 devices of one slice (2 slices): model parallelism stays within a slice"
+    (path_, message), = BACKEND.check(loaded("train.batch_size=6", "backend.num_partitions=2").value, two_slices)
+    assert path_ == ("train", "batch_size")
+    assert message == "6 does not split evenly over 4 data-parallel replicas (2 slices x 2) (use a multiple of 4)"
+    local = ClusterShape(hosts=2, chips_per_host=4, target="cpu", local_devices=2, slices=2)  # 2 slices x 1 worker x 2
+    assert BACKEND.check(loaded("backend.num_partitions=2").value, local) == []
+    (path_, message), = BACKEND.check(loaded("backend.num_partitions=4").value, local)
+    assert message.startswith("4 does not divide the 2 devices of one slice (2 slices)")
+
+
 def test_cluster_problems_are_located_in_the_recipe(t5x_dir: Path, cpu_pod: ClusterShape) -> None:
     path = write(t5x_dir, T5X_RECIPE.replace("  batch_size: 4", "  batch_size: 5"))
     with pytest.raises(ConfigError) as info:

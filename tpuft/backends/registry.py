@@ -26,7 +26,7 @@ MODULES = {"keras": "tpuft.backends.keras", "t5x": "tpuft.backends.t5x", "torch_
 SCHEMA_SUFFIX = "_schema"
 
 COMPILE_PLANNERS = {"t5x": "tpuft.backends.t5x_compile"}
-"""kind -> the module whose ``compile_plan(recipe, accelerator, python)`` gives a
+"""kind -> the module whose ``compile_plan(recipe, accelerator, python, slices=1)`` gives a
 :class:`~tpuft.backends.base.CompilePlan`: the backends whose train step can be compiled for a TPU slice offline."""
 
 NO_COMPILE = {

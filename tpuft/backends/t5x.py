@@ -168,6 +168,12 @@ class T5x:
         if devices % partitions:
             found.append((("backend", "num_partitions"), f"{partitions} does not divide the {devices} devices"))
             return found
+        if shape.slices > 1 and (devices // shape.slices) % partitions:
+            # The slices are joined by the data-centre network only: T5X's mesh puts them on the outer `replica`
+            # axis, and a partition group (whose collectives run every layer) must sit on one slice's fast links.
+            found.append((("backend", "num_partitions"), f"{partitions} does not divide the {devices // shape.slices} "
+                          f"devices of one slice ({shape.slices} slices): model parallelism stays within a slice"))
+            return found
         per_worker = shape.local_devices
         if shape.target == "cpu" and partitions % per_worker and per_worker % partitions:
             # A partition group must be whole workers, or lie within one: the mesh is cut from the devices in
@@ -180,7 +186,9 @@ class T5x:
         micro = microbatches(recipe)  # train.grad_accum_steps or backend.num_microbatches: T5X's one setting
         step = replicas * (micro or 1)
         if recipe.train.batch_size % step:
-            what = f"{replicas} data-parallel replicas" + (f" x {micro} microbatches" if micro else "")
+            what = f"{replicas} data-parallel replicas" + (f" ({shape.slices} slices x {replicas // shape.slices})"
+                                                           if shape.slices > 1 else "")
+            what += f" x {micro} microbatches" if micro else ""
             found.append((("train", "batch_size"), f"{recipe.train.batch_size} does not split evenly over {what} "
                           f"(use a multiple of {step})"))
         data = recipe.data

@@ -25,7 +25,9 @@ the same XLA as the venv's jaxlib."""
 LIBTPU_VERSION = LIBTPU_FOR_JAX[JAX_VERSION]
 
 
-def compile_plan(recipe: RecipeConfig, accelerator: AcceleratorType, python: str) -> CompilePlan:
+def compile_plan(recipe: RecipeConfig, accelerator: AcceleratorType, python: str, slices: int = 1) -> CompilePlan:
+    """``slices`` > 1: the step of a Multislice run, compiled for that many slices of ``accelerator`` (libtpu's
+    topology of several slices, the mesh's ``replica`` axis over them)."""
     backend = recipe.backend
     topology = accelerator.topology()
     model = f"{backend.family} {backend.size}" if backend.family else "the model of backend.gin_files"
@@ -37,7 +39,7 @@ def compile_plan(recipe: RecipeConfig, accelerator: AcceleratorType, python: str
         request={
             "recipe": dump_recipe(recipe),
             "topology": {"name": topology.name, "chip_config": topology.chip_config,
-                         "chips_per_host_bounds": list(topology.chips_per_host_bounds), "num_slices": 1},
+                         "chips_per_host_bounds": list(topology.chips_per_host_bounds), "num_slices": slices},
         },
         # libtpu looks for the TPU it would run on (these say there is none to find), and holds /tmp/libtpu_lockfile
         # against a second process, which two compiles at once (or a compile beside a test) are here. A step that
@@ -45,5 +47,6 @@ def compile_plan(recipe: RecipeConfig, accelerator: AcceleratorType, python: str
         env_vars={"JAX_PLATFORMS": "cpu", "TPU_ACCELERATOR_TYPE": accelerator.name, "TPU_WORKER_HOSTNAMES": "localhost",
                   "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "LIBTPU_INIT_ARGS": "--xla_tpu_no_crash_on_oom=true",
                   "TF_CPP_MIN_LOG_LEVEL": "3"},
-        what=f"T5X's train step of {model} ({topology.devices} devices, {topology.name})",
+        what=f"T5X's train step of {model} ({topology.devices} devices, {topology.name}"
+             + (f", x {slices} slices)" if slices > 1 else ")"),
     )

@@ -227,8 +227,10 @@ def estimate_report(recipe: RecipeConfig, accelerator: AcceleratorType, total_by
 
 # -- running the compile ------------------------------------------------------------------------------------------
 def fit_report(recipe: RecipeConfig, accelerator: AcceleratorType, *, python: str = "python3",
-               recipe_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> FitReport:
-    """Compile the recipe's step for ``accelerator`` (or, for a backend that cannot, the paper estimate)."""
+               recipe_dir: Path | None = None, progress: Callable[[str], None] | None = None,
+               slices: int = 1) -> FitReport:
+    """Compile the recipe's step for ``accelerator`` (``slices`` of it: Multislice), or, for a backend that
+    cannot, the paper estimate."""
     from tpuft.backends.registry import compile_planner, no_compile_reason
 
     planner = compile_planner(recipe.backend.kind)
@@ -237,7 +239,7 @@ def fit_report(recipe: RecipeConfig, accelerator: AcceleratorType, *, python: st
 
         paper = summarize(recipe, accelerator, recipe_dir=recipe_dir)
         return estimate_report(recipe, accelerator, paper.total_bytes, no_compile_reason(recipe.backend.kind))
-    plan = planner.compile_plan(recipe, accelerator, python)
+    plan = planner.compile_plan(recipe, accelerator, python, slices=slices)
     return report(recipe, accelerator, run_compile(plan, progress))
 
 
@@ -246,7 +248,7 @@ def require_fit(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: C
     does not fit stops here (exit 2) with its bytes and what to change. Its waits are shown on stderr."""
     accelerator = lookup(config.accelerator)
     found = fit_report(recipe.value, accelerator, python=config.local.python,
-                       recipe_dir=Path(recipe.source).resolve().parent, progress=progress)
+                       recipe_dir=Path(recipe.source).resolve().parent, progress=progress, slices=config.slices)
     if not found.fits:
         parts = ", ".join(f"{what} {gib(size)}" for what, size, _ in found.rows())
         raise DoesNotFit(f"{recipe.source}: {found.verdict()}" + (f" ({parts})" if parts else ""),

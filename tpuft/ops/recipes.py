@@ -164,4 +164,5 @@ def compile_fit(
     cluster = load_cluster(config).value
     chosen = lookup(accelerator) if accelerator is not None else lookup(cluster.accelerator)
     return fit_report(loaded.value, chosen, python=cluster.local.python,
-                      recipe_dir=Path(loaded.source).resolve().parent, progress=progress)
+                      recipe_dir=Path(loaded.source).resolve().parent, progress=progress,
+                      slices=cluster.slices if accelerator is None else 1)

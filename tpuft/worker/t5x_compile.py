@@ -114,7 +114,8 @@ def compile_step(request: dict[str, Any]) -> dict[str, Any]:
         gin_file = Path(folder) / "run.gin"
         spec = offline_spec(task_spec("compile", recipe))
         gin_file.write_text(run_gin(recipe, spec, model_dir=f"{folder}/checkpoints", initial_step=initial_step(recipe),
-                                    cpu=False), encoding="utf-8")
+                                    cpu=False, slices=topo.get("num_slices", 1), devices=len(devices)),
+                            encoding="utf-8")
         args = _configured_train_args(gin_file)
     model, partitioner, dataset = args["model"], args["partitioner"], args["train_dataset_cfg"]
     real_jax = partitioning.jax
@@ -150,6 +151,7 @@ def compile_step(request: dict[str, Any]) -> dict[str, Any]:
         "devices": len(devices),
         "device_kind": devices[-1].device_kind,
         "hosts": len({d.process_index for d in devices}),
+        "slices": len({getattr(d, "slice_index", 0) for d in devices}),
         "mesh": {name: int(size) for name, size in mesh.shape.items()},
         "num_microbatches": getattr(trainer, "_num_microbatches", None),
         "global_batch": batch_size,

@@ -19,6 +19,7 @@ from tpuft.config import RecipeConfig
 from tpuft.worker import t5x_keys
 from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.t5x_data import finetune_spec
+from tpuft.worker.t5x_multislice import mesh_bindings
 
 
 def task_spec(run_id: str, recipe: RecipeConfig) -> dict[str, Any]:
@@ -97,9 +98,10 @@ def learning_rate_bindings(recipe: RecipeConfig, initial: int) -> dict[str, Any]
 
 
 def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initial_step: int, cpu: bool,
-            resumed_at: int = 0) -> str:
+            resumed_at: int = 0, slices: int = 1, devices: int = 0) -> str:
     """The run's gin: the model gin(s), T5X's fine-tuning run gin, then every binding the recipe implies, then the
-    user's ``gin_overrides`` (last, so they win).
+    user's ``gin_overrides`` (last, so they win). ``slices`` > 1: a Multislice run over ``devices`` in all, the
+    slices as the mesh's outer ``replica`` axis (:func:`tpuft.worker.t5x_multislice.mesh_bindings`).
 
     The training data's shuffle seed is ``train.seed`` (T5X's default draws a new one from the clock), plus the step
     a resumed run starts at: T5X does not checkpoint a seqio pipeline's position, so a resumed run reads the data in
@@ -144,6 +146,7 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
         "utils.SaveCheckpointConfig.keep": None,  # tpuft prunes: the last ones and the best
         "trainer.Trainer.num_microbatches": microbatches(recipe),
         "partitioning.PjitPartitioner.num_partitions": backend.num_partitions,
+        **mesh_bindings(slices, devices, backend.num_partitions),
         "network.T5Config.dtype": t5x_keys.network_dtype(recipe, cpu),
         "seqio.Evaluator.logger_cls": ["@seqio.PyLoggingLogger", "@t5x_hooks.EvalLogger"],
         "infer_eval/utils.DatasetConfig.batch_size": evaluation.batch_size,

@@ -12,7 +12,8 @@ gin, each of which calls the active run (:class:`HookedRun`, the trainer's ``T5x
 * :class:`EvalLogger` (``seqio.Evaluator.logger_cls`` in the gin): the inference eval's metrics and predictions;
 * the trainer's construction: :meth:`HookedRun.on_layout` with the mesh and how the parameters are sharded over it;
 * on CPU, T5X's ``default_mesh``: T5X's own CPU mesh is hosts x devices per host whatever ``num_partitions`` says,
-  so the local pod would not rehearse the slice's replicas x partitions; :func:`cpu_mesh` cuts it as the recipe says.
+  so the local pod would not rehearse the slice's replicas x partitions; :func:`cpu_mesh` cuts it as the recipe says;
+  with several slices, JAX's hybrid mesh groups CPU devices by slice (:mod:`tpuft.worker.t5x_multislice`).
 
 The run is found through a module global (:func:`activate`) because gin builds the seqio logger without arguments.
 """
@@ -24,6 +25,8 @@ import runpy
 import sys
 from pathlib import Path
 from typing import Any, Protocol
+
+from tpuft.worker.t5x_multislice import install_cpu_slice_granules
 
 
 class HookedRun(Protocol):
@@ -166,6 +169,7 @@ def install_hooks() -> None:
         return original_mesh(num_partitions, model_parallel_submesh, backend, ici_mesh_shape, dcn_mesh_shape)
 
     partitioning.default_mesh = default_mesh
+    install_cpu_slice_granules()
 
 
 def cpu_mesh(num_partitions: int, backend: str | None = None) -> Any:

@@ -158,6 +158,12 @@ class T5xRun:
         return jax.process_count()
 
     @staticmethod
+    def _device_count() -> int:
+        import jax
+
+        return jax.device_count()
+
+    @staticmethod
     def _local_device_count() -> int:
         import jax
 
@@ -188,7 +194,7 @@ class T5xRun:
         _write(folder / "task.json", json.dumps(spec, indent=2, sort_keys=True) + "\n")
         _write(folder / "tasks.py", tasks_module(spec))
         gin_text = run_gin(self.recipe, spec, model_dir=self.model_dir, initial_step=self.initial_step, cpu=self.cpu,
-                           resumed_at=self.step)
+                           resumed_at=self.step, slices=self.ctx.num_slices, devices=self._device_count())
         _write(folder / "run.gin", gin_text)
         import importlib.util
 
@@ -341,7 +347,8 @@ def start_jax(ctx: WorkerContext, recipe: RecipeConfig) -> None:
     """What every T5X process does before JAX starts (a training, a ``tpuft predict`` job). The local pod: as many
     CPU devices in this process as the slice's hosts have chips (the launch plan's count, in the XLA_FLAGS that
     JAX's CPU client reads), and JAX's coordination service on worker 0 with gloo collectives between the
-    processes. TPU hosts need nothing: the TPU runtime finds its peers."""
+    processes, waiting up to ``train.startup_timeout`` for every host of every slice to join. TPU hosts need
+    nothing: the TPU runtime finds its peers (and, on several slices, the MEGASCALE variables' coordinator)."""
     if os.environ.get("JAX_PLATFORMS", "") != "cpu":
         return
     count = os.environ.get(LOCAL_DEVICES_ENV)
@@ -352,7 +359,7 @@ def start_jax(ctx: WorkerContext, recipe: RecipeConfig) -> None:
 
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=ctx.coordinator, num_processes=ctx.num_workers,
-                                   process_id=ctx.worker_id, initialization_timeout=max(60, int(recipe.train.hang_timeout)))
+                                   process_id=ctx.worker_id, initialization_timeout=int(recipe.train.startup_timeout))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -392,11 +399,13 @@ def with_host_device_count(flags: str, count: int) -> str:
 
 
 def layout_line(layout: dict[str, Any]) -> str:
-    """``device layout: 2 host(s) x 2 device(s), mesh data 2 x model 2 (2 replicas x 2 partitions); ...``"""
+    """``device layout: 2 host(s) x 2 device(s), mesh data 2 x model 2 (2 replicas x 2 partitions); ...``; on
+    several slices the mesh's ``replica`` axis is the slices (``replica 2 x data 1 x model 2``)."""
     mesh = layout["mesh"]
+    replicas = mesh.get("replica", 1) * mesh.get("data", 1)
     line = (f"device layout: {layout['hosts']} host(s) x {layout['devices_per_host']} device(s), mesh "
             + " x ".join(f"{axis} {size}" for axis, size in mesh.items())
-            + f" ({mesh.get('data', 1)} replicas x {mesh.get('model', 1)} partitions); "
+            + f" ({replicas} replicas x {mesh.get('model', 1)} partitions); "
             f"{layout['params_sharded']} of {layout['params']} parameter arrays split over "
             + " and ".join(f"'{axis}'" for axis in layout.get("sharded_over") or ["model"]))
     example = layout.get("example")
