@@ -115,8 +115,8 @@ def test_two_slices_make_their_workers_and_show_them(cli, tmp_path: Path, monkey
         pinned = [w.cpus for w in LocalProvider(load_cluster(cluster).value).get().workers]
     assert pinned == [(0, 1), (2, 3), (4, 5), (6, 7)]
 
-    ran = cli("exec", "-c", str(cluster), "-w", "1:*", "--", "echo id=$TPUFT_WORKER_ID")
-    assert ran.code == 0 and sorted(ran.out.splitlines()) == ["[w2] id=2", "[w3] id=3"]
+    ran = cli("exec", "-c", str(cluster), "-w", "1:*", "--", "echo id=$TPUFT_WORKER_ID/$TPUFT_NUM_WORKERS slice=$TPUFT_SLICE_ID/$TPUFT_NUM_SLICES")
+    assert ran.code == 0 and sorted(ran.out.splitlines()) == ["[w2] id=2/4 slice=1/2", "[w3] id=3/4 slice=1/2"]
     refused = cli("exec", "-c", str(cluster), "-w", "2:0", "--", "true")
     assert refused.code == 2 and "no slice 2 (the cluster has slices 0..1 of 2 hosts (0..1), workers 0..3)" in refused.err
     one_slice = tmp_path / "one.yaml"  # the same 4 workers as one slice: another shape, refused as local.workers is

@@ -89,6 +89,10 @@ def command_argv(command: Sequence[str]) -> list[str]:
     return ["bash", "-c", command[0]] if len(command) == 1 else list(command)
 
 
-def exec_env(index: int, count: int) -> dict[str, str]:
-    """What every ``tpuft exec`` command sees about its place in the cluster."""
-    return {"TPUFT_WORKER_ID": str(index), "TPUFT_NUM_WORKERS": str(count)}
+def exec_env(index: int, layout: SliceLayout) -> dict[str, str]:
+    """What every ``tpuft exec`` command sees about its place in the cluster; on a multislice cluster also its slice
+    (``TPUFT_SLICE_ID``, ``TPUFT_NUM_SLICES``: the names a run's trainers get), so a script can act per slice."""
+    env = {"TPUFT_WORKER_ID": str(index), "TPUFT_NUM_WORKERS": str(layout.workers)}
+    if layout.slices > 1:
+        env |= {"TPUFT_SLICE_ID": str(layout.slice_of(index)), "TPUFT_NUM_SLICES": str(layout.slices)}
+    return env

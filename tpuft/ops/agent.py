@@ -237,14 +237,15 @@ class Request:
                 self.interrupt()
                 return
 
-    def env_for(self, count: int) -> Callable[[Any], dict[str, str]]:
-        """Each worker's environment, as the cold path builds it (:func:`tpuft.ops.cluster.exec_command`)."""
-        return lambda worker: worker_env(self.agent.config, exec_env(worker.index, count))
+    def env_for(self) -> Callable[[Any], dict[str, str]]:
+        """Each worker's environment, as the cold path builds it (:func:`tpuft.ops.cluster.exec_command`), from the
+        same remembered workers (their slices included)."""
+        layout = self.agent.cluster.layout
+        return lambda worker: worker_env(self.agent.config, exec_env(worker.index, layout))
 
     def run(self) -> None:
         from tpuft.fleet.ssh import SshConnectError
 
-        count = len(self.agent.identity.workers)
         fleet = self.agent.take_fleet()
         healthy = True
         with self.state_lock:
@@ -252,7 +253,7 @@ class Request:
         threading.Thread(target=self.watch, daemon=True).start()
         try:
             try:
-                result = fleet.run(self.argv, env=self.env_for(count), workers=self.chosen, on_line=self.on_line)
+                result = fleet.run(self.argv, env=self.env_for(), workers=self.chosen, on_line=self.on_line)
             finally:
                 with self.state_lock:
                     self.running = False

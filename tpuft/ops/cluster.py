@@ -99,7 +99,8 @@ def exec_command(
     agent_tried: bool = False,
 ) -> FleetResult:
     """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv.
-    Each sees the cluster file's ``worker_env`` and its place (``TPUFT_WORKER_ID``, ``TPUFT_NUM_WORKERS``), sent as
+    Each sees the cluster file's ``worker_env`` and its place (``TPUFT_WORKER_ID``, ``TPUFT_NUM_WORKERS``, and on
+    several slices ``TPUFT_SLICE_ID``, ``TPUFT_NUM_SLICES``), sent as
     every worker process's environment is (:func:`tpuft.ops.common.worker_env`), warm or cold.
 
     ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.ops.agent`), unless the caller
@@ -131,10 +132,10 @@ def exec_command(
 
 
 def _exec(session: Session, argv: list[str], workers: str | None, on_line: LineSink | None) -> FleetResult:
-    chosen = parse_worker_list(workers, session.cluster.layout)
-    count = len(session.cluster.workers)
+    layout = session.cluster.layout
+    chosen = parse_worker_list(workers, layout)
     return session.fleet.run(
-        argv, workers=chosen, on_line=on_line, env=lambda w: worker_env(session.config, exec_env(w.index, count))
+        argv, workers=chosen, on_line=on_line, env=lambda w: worker_env(session.config, exec_env(w.index, layout))
     )
 
 
