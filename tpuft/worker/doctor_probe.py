@@ -313,6 +313,8 @@ def listen(ports: list[int], expect: int, seconds: float) -> dict[str, Any]:
                 conn.settimeout(2.0)
                 try:
                     done = done or conn.recv(16).startswith(DONE)
+                    while conn.recv(16):  # the connecting side closes first: its end, not the port's, lingers
+                        pass
                 except OSError:
                     pass
             accepted[key.data] += 0 if done else 1
