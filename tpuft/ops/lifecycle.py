@@ -25,8 +25,9 @@ from tpuft import rundir
 from tpuft.config import ClusterConfig
 from tpuft.errors import TpuftError, UsageError
 from tpuft.fleet.base import LineSink, last_json_object
+from tpuft.monitor import run_layout  # run.json's slices: the one reading that logs and monitor use too
 from tpuft.ops.common import Session, on_worker, open_session
-from tpuft.records import SliceLayout, Worker
+from tpuft.records import Worker
 from tpuft.runs import Run, list_runs
 from tpuft.waiting import waiting
 from tpuft.worker.startup import not_up, waiting_line
@@ -212,12 +213,6 @@ def _watching(session: Session, watch: Callable[[], str | None] | None, every: f
     finally:
         done.set()
         thread.join(timeout=5)
-
-
-def run_layout(info: dict[str, Any]) -> SliceLayout:
-    """The launched workers' slices as run.json records them (one slice for a run.json from before multislice)."""
-    slices = max(1, int(info.get("slices") or 1))
-    return SliceLayout(slices, max(1, int(info.get("workers") or 1) // slices))
 
 
 @contextmanager
