@@ -36,8 +36,10 @@ VERBS: tuple[Verb, ...] = (
     Verb("delete", "Cluster", "Delete the cluster's workers. Runs in the bucket are kept.", "tpuft delete --yes"),
     Verb("exec", "Cluster", "Run a command on every worker (or some) in parallel, with prefixed output.",
          "tpuft exec -- 'hostname; nproc'",
-         "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS. When one fails the others are stopped, and tpuft "
-         "exits with its exit code, as ssh would (the first to fail gives it)."),
+         "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS (on several slices also TPUFT_SLICE_ID and "
+         "TPUFT_NUM_SLICES). --worker takes flat indices (0,2 or 1-3) or slice:host (1:0, 1:2-3, 1:* for a whole "
+         "slice). When one fails the others are stopped, and tpuft exits with its exit code, as ssh would (the first "
+         "to fail gives it)."),
     Verb("ssh", "Cluster", "Open an interactive shell on one worker (SSH on GCP; the worker's folder locally).",
          "tpuft ssh --worker 1"),
     Verb("doctor", "Cluster", "Check every worker for what would break the recipe's run; one table, culprits named.",
