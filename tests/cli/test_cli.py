@@ -109,3 +109,19 @@ def test_fast_exec_prints_what_the_typer_command_prints(cli, cluster_file, args:
     assert fast.returncode == typer_path.code
     assert sorted(fast.stdout.splitlines()) == sorted(typer_path.out.splitlines())
     assert fast.stderr.strip() == typer_path.err.strip()
+
+
+def test_status_json_gives_each_slice_its_node_state_and_workers() -> None:
+    """A multislice GCP cluster: the provider's ``details["slice S"]`` ("NODE STATE") become the slices' entries."""
+    from tpuft.cli.render import cluster_json
+    from tpuft.records import Cluster, State, Worker
+
+    workers = [Worker(index=i, address=f"34.0.0.{i}", internal_address=f"10.0.{i // 2}.{i % 2}", slice=i // 2) for i in range(4)]
+    details = {"queued_resource": "qr ACTIVE", "slice 0": "demo-0 READY", "slice 1": "demo-1 PREEMPTED"}
+    shown = cluster_json(Cluster("demo", "gcp", State.BROKEN, "v4-16", workers, "gs://b", details))
+    assert shown["slices"] == [{"slice": 0, "node": "demo-0", "state": "READY", "workers": ["0:0", "0:1"]},
+                               {"slice": 1, "node": "demo-1", "state": "PREEMPTED", "workers": ["1:0", "1:1"]}]
+    assert shown["hosts_per_slice"] == 2 and shown["workers"][3]["ref"] == "1:1"
+    assert shown["workers"][3]["internal_address"] == "10.0.1.1"
+    one = cluster_json(Cluster("one", "gcp", State.READY, "v4-16", workers[:2], "gs://b", {}))
+    assert one["slices"] == [{"slice": 0, "node": None, "state": "READY", "workers": ["0", "1"]}]
