@@ -37,12 +37,13 @@ def wrapper() -> str:
     )
 
 
-def built_venv(tmp_path: Path, cli, trainer: str | None = "stand-in", recipe: str = RECIPE) -> tuple[Path, Path, Path]:  # type: ignore[no-untyped-def]
-    """A 2-worker local cluster whose backend venv is marked built; its python is the stand-in wrapper (or absent for
-    ``trainer=None``). Returns the cluster file, the recipe and the venv."""
+def built_venv(tmp_path: Path, cli, trainer: str | None = "stand-in", recipe: str = RECIPE, slices: int = 1) -> tuple[Path, Path, Path]:  # type: ignore[no-untyped-def]
+    """A 2-worker local cluster (``slices`` 2: two slices of one worker) whose backend venv is marked built; its
+    python is the stand-in wrapper (or absent for ``trainer=None``). Returns the cluster file, the recipe and the venv."""
     cluster = tmp_path / "tpuft.yaml"
     cache = tmp_path / "venvs"
-    cluster.write_text(f"name: stand-in\nlocal:\n  workers: 2\n  devices_per_worker: 1\n  venv_cache: {cache}\n  python: {sys.executable}\n")
+    cluster.write_text(f"name: stand-in\nlocal:\n  workers: {2 // slices}\n  slices: {slices}\n  devices_per_worker: 1\n"
+                       f"  venv_cache: {cache}\n  python: {sys.executable}\n")
     (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n' * 4)
     recipe_file = tmp_path / "r.yaml"
     recipe_file.write_text(recipe)

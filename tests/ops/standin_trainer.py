@@ -17,16 +17,20 @@ from pathlib import Path
 
 from tpuft import rundir
 from tpuft.worker.context import WorkerContext
+from tpuft.worker.multislice import apply_megascale_env
 
 
 def main() -> int:
     home = Path(os.environ["HOME"])
     plan = json.loads((home / "standin.json").read_text()) if (home / "standin.json").exists() else {}
     ctx = WorkerContext.from_env()
+    multislice = apply_megascale_env(ctx)  # as tpuft.worker's main does: the MEGASCALE variables land in trainer.json
     (home / "trainer.json").write_text(json.dumps({"pid": os.getpid(), "argv": sys.argv, "env": dict(os.environ)}))
     if plan.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(f"stand-in trainer {ctx.worker_id} of {ctx.num_workers} (resume: {os.environ.get('TPUFT_RESUME', '0')})", flush=True)
+    if multislice:
+        print(multislice, flush=True)
     beat = rundir.heartbeat_path(ctx.run_dir, ctx.worker_id)
     if plan.get("start_after"):
         rundir.write_json_atomic(beat, {"step": 0, "status": "running", "phase": "starting", "time": time.time()})

@@ -253,20 +253,27 @@ def test_peer_addresses_one_per_worker_distinct_ports_on_one_machine() -> None:
 
 @pytest.mark.slow
 def test_a_worker_that_never_starts_is_reported_then_named_at_startup_timeout(tmp_path: Path, cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Start-up as one unit: while worker 1 sits in its rendezvous the live view says so; at train.startup_timeout
-    worker 0's supervisor ends the run naming the host that never came (not itself, which only waited)."""
+    """Start-up as one unit, on 2 slices of one worker: each trainer gets its slice's MEGASCALE variables; while
+    slice 1's host sits in its rendezvous the live view says so; at train.startup_timeout slice 0's supervisor ends
+    the run naming the host that never came (not itself, which only waited)."""
     recipe_text = (Path(__file__).parent / "standin.py").read_text().split('RECIPE = """\\\n')[1].split('"""')[0]
-    cluster, recipe, _ = built_venv(tmp_path, cli, recipe=recipe_text.replace("batch_size: 2}", "batch_size: 2, startup_timeout: 3}"))
+    cluster, recipe, _ = built_venv(tmp_path, cli, recipe=recipe_text.replace("batch_size: 2}", "batch_size: 2, startup_timeout: 3}"),
+                                    slices=2)
     script(0)
     script(1, start_after=3600)
     monkeypatch.setenv("TPUFT_STARTUP_REPORT_SECONDS", "1")
     result = run_tpuft("train", str(recipe), "-c", str(cluster), timeout=90)
     assert result.returncode == 1, result.stderr
-    assert "waiting for worker 1 to start: 1 of 2 up, " in result.stdout, result.stdout
+    assert "waiting for slice 1 host 0 (worker 1) to start: 1 of 2 up, " in result.stdout, result.stdout
     assert "of train.startup_timeout (3 s)" in result.stdout
+    envs = [json.loads((worker_home(i) / "trainer.json").read_text())["env"] for i in range(2)]
+    port = envs[0]["TPUFT_MEGASCALE_PORT"]
+    assert [e["MEGASCALE_SLICE_ID"] for e in envs] == ["0", "1"] and {e["MEGASCALE_NUM_SLICES"] for e in envs} == {"2"}
+    assert {e["MEGASCALE_COORDINATOR_ADDRESS"] for e in envs} == {f"127.0.0.1:{port}"}
+    assert port != envs[0]["TPUFT_COORDINATOR"].rsplit(":", 1)[1]
     info = run_info(the_run(cluster, cli))
     assert info["status"] == "failed" and info["culprit"] == 0 and info["startup_timeout"] == 3.0, info
-    assert info["slices"] == 1 and info["placement"] == [{"slice": 0, "host": 0}, {"slice": 0, "host": 1}]
-    assert info["cause"].startswith("hung: worker 0 waited "), info["cause"]
-    assert info["cause"].endswith("s (train.startup_timeout 3 s) for worker 1 to start"), info["cause"]
-    assert "hung: worker 0 waited" in result.stderr and "for worker 1 to start" in result.stderr
+    assert info["slices"] == 2 and info["placement"] == [{"slice": 0, "host": 0}, {"slice": 1, "host": 0}]
+    assert info["cause"].startswith("hung: slice 0 host 0 (worker 0) waited "), info["cause"]
+    assert info["cause"].endswith("s (train.startup_timeout 3 s) for slice 1 host 0 (worker 1) to start"), info["cause"]
+    assert "last lines of slice 0 host 0 (worker 0):" in result.stderr
