@@ -97,3 +97,16 @@ def test_a_local_worker_with_several_devices_is_that_many_replicas(recipe) -> No
     assert BACKEND.plan(recipe, rehearsal).env["TPUFT_LOCAL_DEVICES"] == "4"  # the trainer's CPU_NUM_DEVICES
     assert BACKEND.plan(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")).env["TPUFT_LOCAL_DEVICES"] == "1"
     assert "TPUFT_LOCAL_DEVICES" not in BACKEND.plan(recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu")).env
+
+
+def test_several_tpu_slices_run_one_spmd_program_per_host_and_refuse_the_test_set(recipe) -> None:  # type: ignore[no-untyped-def]
+    """Multislice over HybridMesh is SPMD: every host of every slice launched with XLA_USE_SPMD, and (as FSDP over
+    several hosts) no test evaluation on the workers; the CPU pod's slices need neither."""
+    two_slices = ClusterShape(hosts=4, chips_per_host=4, target="tpu", slices=2)
+    plan = BACKEND.plan(recipe, two_slices)
+    assert plan.workers == (0, 1, 2, 3) and plan.env["XLA_USE_SPMD"] == "1"
+    assert "XLA_USE_SPMD" not in BACKEND.plan(recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu")).env
+    tested = recipe.model_copy(update={"data": recipe.data.model_copy(update={"test": recipe.data.train})})
+    (path, message), = BACKEND.check(tested, two_slices)
+    assert path == ("data", "test") and "the test evaluation of 2 slices (Multislice) runs on one TPU host only" in message
+    assert BACKEND.check(tested, ClusterShape(hosts=2, chips_per_host=4, target="cpu", slices=2)) == []

@@ -8,6 +8,10 @@ devices (the batch split over them, the weights replicated; with ``train.shardin
 so the run has the slice's replica count and per-replica batch. Gradients are averaged across workers with
 torch.distributed over gloo (worker 0 is the rendezvous).
 
+Multislice (``gcp.slices``): on TPU one SPMD program per host over ``HybridMesh``, the slices the outer ``data``
+axis (:mod:`tpuft.worker.torch_multislice`); on the CPU pod (``local.slices``) the workers are the replicas slice by
+slice, each reading the data shard it would on the slices, and gloo reduces within each slice, then across them.
+
 What the CPU pod cannot rehearse: one global SPMD mesh across the worker processes. torch_xla's PJRT CPU client
 is created per process with its own ``CPU_NUM_DEVICES`` and no distributed runtime (no coordinator, no cross-process
 collectives; ``xr.global_runtime_device_count()`` is the process's own devices), so each worker's mesh is local and
@@ -71,10 +75,12 @@ class TorchXla:
             what = local_replicas(shape, replicas)
         batch, accum = recipe.train.batch_size, recipe.train.grad_accum_steps
         data = recipe.data
+        spmd = "train.sharding: fsdp" if recipe.train.sharding == "fsdp" else (
+            f"{shape.slices} slices (Multislice)" if shape.slices > 1 else None)
         if (data.test is not None or (data.hf is not None and data.hf.test_split is not None)) and (
-                recipe.train.sharding == "fsdp" and shape.target == "tpu" and shape.hosts > 1):
+                spmd and shape.target == "tpu" and shape.hosts > 1):
             key = ("data", "test") if data.hf is None else ("data", "hf", "test_split")
-            return [(key, f"the test evaluation of train.sharding: fsdp runs on one TPU host only ({shape.hosts} here: "
+            return [(key, f"the test evaluation of {spmd} runs on one TPU host only ({shape.hosts} here: "
                      "one SPMD program spans them and a host cannot read back its own decodes); drop it and run "
                      "tpuft predict on the run's checkpoint")]
         unit = replicas * accum
@@ -94,8 +100,8 @@ class TorchXla:
         if shape.target == "cpu":
             env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's C++ start-up chatter, one block per worker
             env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # CPU_NUM_DEVICES; SPMD over them when more than one
-        if recipe.train.sharding == "fsdp" and shape.target == "tpu":
-            env["XLA_USE_SPMD"] = "1"  # one SPMD process per host (the trainer calls use_spmd() too)
+        if (recipe.train.sharding == "fsdp" or shape.slices > 1) and shape.target == "tpu":
+            env["XLA_USE_SPMD"] = "1"  # one SPMD process per host (the trainer calls use_spmd() too), HybridMesh
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:

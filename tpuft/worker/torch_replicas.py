@@ -5,9 +5,13 @@ identical weights.
 - local CPU pod: one process per worker, over its PJRT CPU devices (one, or an SPMD mesh of
   ``local.devices_per_worker``: :mod:`tpuft.worker.torch_sharding`); gradients (and the step's loss and token count,
   in the same buffer) are averaged with torch.distributed over gloo, worker 0 being the rendezvous (:class:`Gloo`).
+  With ``local.slices`` the replicas are the workers slice by slice (replica ``slice * hosts + host``, as on TPU
+  slices, so each one reads the data shard it would there) and the reduction is hierarchical like Multislice's:
+  within each slice, then across the slices between the hosts of one index (the DCN's part).
 - TPU host: one process per local chip (``torch_xla.launch``); gradients are averaged with XLA collectives
   (``xm.reduce_gradients``) across every chip of every host (:class:`XlaCollectives`).
-- TPU with ``train.sharding: fsdp``: one SPMD program per host over every chip (:class:`SpmdHosts`).
+- TPU with ``train.sharding: fsdp``, or several slices (Multislice, over ``HybridMesh``:
+  :mod:`tpuft.worker.torch_multislice`): one SPMD program per host over every chip (:class:`SpmdHosts`).
 
 Imports nothing heavy at module level: :func:`rng_seed` is tested without torch.
 """
@@ -16,7 +20,16 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
+
+from tpuft.records import SliceLayout
+from tpuft.worker.context import WorkerContext
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+"""gloo's bound on one collective (a hung peer is named sooner by its supervisor's ``train.hang_timeout``)."""
 
 
 class Single:
@@ -39,19 +52,19 @@ class Single:
 class Gloo:
     """CPU pod: gradients go to the host, are averaged with gloo, and come back to the XLA device."""
 
-    def __init__(self, rank: int, world: int, coordinator: str, device: Any) -> None:
+    def __init__(self, rank: int, layout: SliceLayout, coordinator: str, device: Any, startup_timeout: float) -> None:
         import torch.distributed as dist
 
         self.dist = dist
-        self.rank, self.world, self.device = rank, world, device
+        self.rank, self.world, self.device = rank, layout.workers, device
         self.local_rank = 0  # one process per worker
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{coordinator}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(minutes=30),
-        )
+        store = rendezvous(coordinator, rank, layout, startup_timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
+        self.groups = reduction_groups(dist, layout, rank)
+
+    def _all_reduce(self, tensor: Any) -> None:
+        for group in self.groups:  # within the slice, then across the slices (or the whole world at once)
+            self.dist.all_reduce(tensor, group=group)
 
     def reduce_gradients(self, params: list[Any], optimizer: Any, extras: Any) -> Any:
         import torch
@@ -59,7 +72,7 @@ class Gloo:
         grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads] + [extras.reshape(-1).to(grads[0].dtype)])
         host = flat.cpu()  # runs the forward/backward graph
-        self.dist.all_reduce(host)
+        self._all_reduce(host)
         host /= self.world
         back = host.to(self.device)
         offset = 0
@@ -71,7 +84,7 @@ class Gloo:
 
     def sum(self, tensor: Any) -> Any:
         host = tensor.cpu()
-        self.dist.all_reduce(host)
+        self._all_reduce(host)
         return host
 
     def close(self) -> None:
@@ -123,15 +136,70 @@ class XlaCollectives:
         pass
 
 
-def make_replicas(*, tpu: bool, spmd: bool, workers: int, worker: int, coordinator: str, device: Any) -> Any:
+def make_replicas(ctx: WorkerContext, *, tpu: bool, spmd: bool, device: Any, startup_timeout: float) -> Any:
     """The strategy for where this process runs (see the module docstring)."""
     if tpu and spmd:
         return SpmdHosts()
     if tpu:
         return XlaCollectives()
-    if workers > 1:
-        return Gloo(worker, workers, coordinator, device)
+    if ctx.num_workers > 1:
+        return Gloo(ctx.worker_id, ctx.layout, ctx.coordinator, device, startup_timeout)
     return Single()
+
+
+def reduction_groups(dist: Any, layout: SliceLayout, rank: int) -> list[Any]:
+    """The gloo groups this rank all-reduces over, in turn: its slice's hosts, then the hosts of its index in every
+    slice (each sum of the first is then summed across slices, as Multislice's DCN reduction does); a stage of one
+    rank is left out, and a stage that spans every rank is the default group (None). Every rank creates every group
+    (torch.distributed's rule), so all ranks call this with the same layout."""
+    stages = [[[layout.index_of(s, h) for h in range(layout.hosts)] for s in range(layout.slices)],
+              [[layout.index_of(s, h) for s in range(layout.slices)] for h in range(layout.hosts)]]
+    groups: list[Any] = []
+    for ranks_per_group in stages:
+        size = len(ranks_per_group[0])
+        if size == 1:
+            continue
+        if size == layout.workers:
+            groups.append(None)
+            continue
+        mine, _ = dist.new_subgroups_by_enumeration(ranks_per_group)
+        groups.append(mine)
+    return groups or [None]
+
+
+def rendezvous(coordinator: str, rank: int, layout: SliceLayout, timeout_s: float,
+               say: Callable[[str], None] | None = None) -> Any:
+    """The gloo group's store (a TCPStore at ``coordinator``, rank 0 serving it) once every worker has joined;
+    bounded by ``train.startup_timeout``: past it, a RuntimeError names the workers that never came ("slice 1 host
+    0 (worker 1)"). Every rank waits and reports every minute, so the first log of any worker shows who is missing."""
+    from torch.distributed import TCPStore
+
+    from tpuft.worker.startup import names as worker_names
+
+    say = say or (lambda line: print(f"[tpuft] {line}", file=sys.stderr, flush=True))
+    host, port = coordinator.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    limit = datetime.timedelta(seconds=max(1.0, timeout_s))
+    try:
+        store = TCPStore(host, int(port), layout.workers, is_master=rank == 0, timeout=limit, wait_for_workers=False)
+    except (RuntimeError, TimeoutError) as exc:  # the client retries until the limit; the master never came up
+        raise RuntimeError(f"{layout.name(rank)}: the run's rendezvous at {coordinator} (served by "
+                           f"{layout.name(0)}) did not answer within train.startup_timeout ({timeout_s:g} s): {exc}") from exc
+    store.set(f"tpuft/joined/{rank}", "1")
+    reported = time.monotonic()
+    while True:
+        missing = [r for r in range(layout.workers) if not store.check([f"tpuft/joined/{r}"])]
+        if not missing:
+            return store
+        now = time.monotonic()
+        names = worker_names(layout, missing)
+        if now >= deadline:
+            raise RuntimeError(f"{len(missing)} of {layout.workers} workers never joined the run's rendezvous within "
+                               f"train.startup_timeout ({timeout_s:g} s): {names}")
+        if now - reported >= 60:
+            say(f"waiting for {names} to join the rendezvous ({deadline - now:.0f} s left of train.startup_timeout)")
+            reported = now
+        time.sleep(0.2)
 
 
 def check_same_start(replicas: Any, torch: Any, device: Any, start_step: int) -> None:

@@ -1,6 +1,7 @@
 """SPMD for the PyTorch/XLA trainer. FSDP (``train.sharding: fsdp``, FSDPv2's layout): a 1-D mesh named ``fsdp``
 over every device of every host; parameters are sharded on it as :mod:`tpuft.fsdp_plan` says, their optimizer state
-like them, and each host's batch becomes its slice of the global batch, sharded on the batch dimension.
+like them, and each host's batch becomes its slice of the global batch, sharded on the batch dimension. On several
+TPU slices the mesh is ``('data', 'fsdp')``, the slices on ``data`` (:mod:`tpuft.worker.torch_multislice`).
 
 On the CPU pod the mesh is this worker's CPU devices (``local.devices_per_worker``, ``CPU_NUM_DEVICES``; one is
 still the SPMD code path) and workers average gradients over gloo as in data-parallel runs: torch_xla's PJRT CPU
@@ -27,16 +28,22 @@ def cpu_devices() -> int:
     return int(os.environ.get("CPU_NUM_DEVICES") or 1)
 
 
-def setup_mesh(axis: str) -> tuple[Any, int]:
+def setup_mesh(axis: str, slices: int = 1) -> tuple[Any, int]:
     """Turn SPMD on (before the first device is touched) and set the global mesh, one axis named ``axis`` (``fsdp``
-    or ``data``); returns (mesh, this host's device count)."""
+    or ``data``), or on several TPU slices the HybridMesh with the slices outer
+    (:func:`tpuft.worker.torch_multislice.hybrid_mesh`); returns (mesh, this host's device count)."""
     import numpy as np
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
     xr.use_spmd()
-    devices = xr.global_runtime_device_count()
-    mesh = xs.Mesh(np.arange(devices), (devices,), (axis,))
+    if slices > 1:
+        from tpuft.worker.torch_multislice import hybrid_mesh
+
+        mesh = hybrid_mesh(slices=slices, fsdp=axis == "fsdp")
+    else:
+        devices = xr.global_runtime_device_count()
+        mesh = xs.Mesh(np.arange(devices), (devices,), (axis,))
     xs.set_global_mesh(mesh)
     return mesh, xr.addressable_runtime_device_count()
 
@@ -46,9 +53,9 @@ def shard_parameters(mesh: Any, named: list[tuple[str, Any]]) -> dict[int, tuple
     id), which its optimizer state gets too."""
     import torch_xla.distributed.spmd as xs
 
-    from tpuft.fsdp_plan import partition_spec
+    from tpuft.fsdp_plan import AXIS, partition_spec
 
-    size = mesh.size()
+    size = mesh.shape()[AXIS]  # the fsdp axis (within a slice on several slices), not the whole mesh
     specs: dict[int, tuple[str | None, ...]] = {}
     for name, param in named:
         spec = partition_spec(name, tuple(param.shape), size)
@@ -79,7 +86,8 @@ def batch_to_device(mesh: Any, device: Any, tensors: tuple[Any, ...]) -> list[An
     import torch_xla.distributed.spmd as xs
 
     out = []
-    axis = mesh.axis_names[0]
+    names = tuple(mesh.axis_names)
+    axis = names[0] if len(names) == 1 else names  # the batch over every axis: ('data', 'fsdp') on several slices
     for tensor in tensors:
         spec = xs.ShardingSpec(mesh, (axis, *([None] * (tensor.dim() - 1))), minibatch=True)
         out.append(xm.send_cpu_data_to_device([tensor], device, spec)[0])

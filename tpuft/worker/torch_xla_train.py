@@ -12,8 +12,8 @@ compiles a handful of graphs once. The learning rate changes every step without 
 Python scalars into graphs as data.
 
 Replication (:mod:`tpuft.worker.torch_replicas`): gloo between the local CPU pod's workers (each one SPMD program
-over its CPU devices when it has several), XLA collectives between a TPU slice's chips (one process per chip), or
-one SPMD program per host with ``train.sharding: fsdp`` (:mod:`tpuft.worker.torch_sharding`).
+over its CPU devices when it has several), XLA collectives between a TPU slice's chips (one process per chip), or one
+SPMD program per host with ``train.sharding: fsdp`` or several slices (:mod:`tpuft.worker.torch_multislice`).
 
 Resume (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the trainer continues from the run's
 latest complete checkpoint (listed in the bucket and downloaded by every worker for a ``gs://`` run) and ends with
@@ -24,16 +24,14 @@ torch's CPU generator and the XLA device RNG from (seed, replica, step) at the s
 step, so an uninterrupted run and a resumed one draw the same dropout masks on every replica without any replica's
 RNG state being saved. ``metrics.jsonl`` and TensorBoard forget what was logged after the checkpoint.
 
-Heartbeats: every step, with the phase the trainer is in (``starting`` until its step's graph is compiled,
-``collective`` before the gradient all-reduce, ``step``, ``eval``, ``checkpoint``, ``export``) for the worker's
-supervisor.
+Heartbeats: every step, with the trainer's phase (``starting`` until its step's graph is compiled, ``collective``
+before the gradient all-reduce, ``step``, ``eval``, ``checkpoint``, ``export``) for the worker's supervisor.
 
-Eval exact match is computed with teacher forcing (:func:`tpuft.worker.torch_parts.eval_sums`): it needs no
-dynamic-shape generation on the device. BLEU and ROUGE-L score greedy decodes made with static shapes.
+Eval exact match is computed with teacher forcing (:func:`tpuft.worker.torch_parts.eval_sums`: no dynamic-shape
+generation on the device); BLEU and ROUGE-L score greedy decodes made with static shapes.
 
-Raises:
-    DataError: a data file line is not JSON or lacks the configured field.
-    ValueError: the global batch does not split evenly over the replicas.
+Raises: DataError (a data file line is not JSON or lacks the configured field); ValueError (the global batch does
+not split evenly over the replicas).
 """
 
 from __future__ import annotations
@@ -52,7 +50,8 @@ from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.loop import RunLoop
 from tpuft.worker.schedule import lr_factor
-from tpuft.worker.torch_replicas import params_digest, rng_seed, to_cpu
+from tpuft.worker.torch_multislice import bound_tpu_startup, trainer_mesh_line
+from tpuft.worker.torch_replicas import make_replicas, params_digest, rng_seed, to_cpu
 
 __all__ = ["Trainer", "main", "params_digest", "rng_seed"]
 
@@ -63,7 +62,10 @@ PROMPT_FILE = "prompt.safetensors"
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
     tpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU"
-    if recipe.train.sharding == "fsdp":  # SPMD: one process per host drives every local chip
+    multislice = tpu and ctx.num_slices > 1  # over HybridMesh; libtpu's wait for every slice bounded
+    if multislice:
+        bound_tpu_startup(recipe.train.startup_timeout, os.environ)
+    if recipe.train.sharding == "fsdp" or multislice:  # SPMD: one process per host drives every local chip
         return Trainer(ctx, recipe, tpu=tpu).run()
     if tpu:
         import torch_xla
@@ -84,7 +86,8 @@ class Trainer:
         self.ctx = ctx
         self.recipe = recipe
         self.tpu = tpu
-        self.spmd = recipe.train.sharding == "fsdp"
+        self.fsdp = recipe.train.sharding == "fsdp"
+        self.spmd = self.fsdp or (tpu and ctx.num_slices > 1)  # one SPMD program per host (FSDP, Multislice)
         self.mesh: Any = None
         self.window: list[Any] = []
         """Per step since the last metrics row: [loss, tokens] averaged over replicas, on the device."""
@@ -138,7 +141,6 @@ class Trainer:
         import transformers
 
         from tpuft.worker import torch_sharding
-        from tpuft.worker.torch_replicas import make_replicas
 
         setup_started = time.time()
         transformers.utils.logging.disable_progress_bar()  # per-file bars garble the interleaved worker logs
@@ -147,23 +149,21 @@ class Trainer:
             torch.set_num_threads(len(cpus))
         self.torch = torch
         self.torch_xla = torch_xla
-        if self.spmd or (not self.tpu and torch_sharding.cpu_devices() > 1):  # FSDP, or data-parallel SPMD
-            self.mesh, self.local_devices = torch_sharding.setup_mesh("fsdp" if self.spmd else "data")
+        ctx, self.local_devices = self.ctx, 1
+        if self.spmd or (not self.tpu and torch_sharding.cpu_devices() > 1):  # FSDP, Multislice, or data-parallel SPMD
+            self.mesh, self.local_devices = torch_sharding.setup_mesh("fsdp" if self.fsdp else "data", ctx.num_slices if self.tpu else 1)
         self.device = torch_xla.device()
-        ctx = self.ctx
-        self.replicas = make_replicas(tpu=self.tpu, spmd=self.spmd, workers=ctx.num_workers, worker=ctx.worker_id,
-                                      coordinator=ctx.coordinator, device=self.device)
+        self.replicas = make_replicas(ctx, tpu=self.tpu, spmd=self.spmd, device=self.device,
+                                      startup_timeout=self.recipe.train.startup_timeout)
         self.chief = self.replicas.rank == 0
         # Heartbeats are per worker host (what monitor shows), written by the host's first process.
         self.loop = RunLoop(ctx, self.recipe, LAYOUT, chief=self.chief, beats=self.replicas.local_rank == 0)
         self.loop.setup_started = setup_started
         self.start_step = self.loop.find_checkpoint()
         self.loop.beat(self.start_step, phase="starting")
-        mesh = "" if self.mesh is None else f" (a {self.mesh.axis_names[0]} mesh of {self.local_devices} devices)"
-        self._say(
-            f"worker {ctx.worker_id}/{ctx.num_workers}: replica {self.replicas.rank} of {self.replicas.world} on "
-            f"{self.device}{mesh} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
-        )
+        self._say(f"worker {ctx.worker_id}/{ctx.num_workers}: replica {self.replicas.rank} of {self.replicas.world} "
+                  f"on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})")
+        self._say(trainer_mesh_line(self))
         start = self.loop.load_checkpoint()
         self.checkpoint, self.trainer_state = start.checkpoint, start.state
         self.tokenizer = data_mod.load_tokenizer(self.recipe.model.tokenizer)
@@ -203,7 +203,7 @@ class Trainer:
             if frozen:
                 self._say(f"frozen: {', '.join(model_cfg.freeze)} ({len(frozen)} tensors)")
             self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        if self.spmd:
+        if self.fsdp:
             from tpuft.worker.torch_sharding import shard_parameters
 
             named = list(self.model.named_parameters()) + ([("prompt.weight", self.prompt.weight)] if self.prompt is not None else [])
@@ -228,7 +228,7 @@ class Trainer:
             saved = torch.load(self.checkpoint / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(saved["optimizer"])  # moves the state onto the parameters' device
             self.scheduler.load_state_dict(saved["scheduler"])
-            if self.spmd:  # loaded state is replicated: shard it like its parameter
+            if self.fsdp:  # loaded state is replicated: shard it like its parameter
                 from tpuft.worker.torch_sharding import shard_optimizer_state
 
                 shard_optimizer_state(self.mesh, self.optimizer, self.params, self.shard_specs)
@@ -238,7 +238,7 @@ class Trainer:
 
         cfg = self.recipe.data
         world, rank = self.replicas.world, self.replicas.rank
-        devices = 1 if self.mesh is None else self.local_devices  # the batch dimension is sharded over them
+        devices = self.local_devices  # the batch dimension is sharded over them (1 without a mesh)
         if self.recipe.train.batch_size % (world * devices):
             raise ValueError(f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of "
                              f"replicas ({world} x {devices} devices)")
