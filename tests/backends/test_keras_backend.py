@@ -222,3 +222,24 @@ def test_the_catalogue_tells_tensorflow_devices_per_chip(tmp_path: Path) -> None
     for accelerator, devices in (("v3-8", 8), ("v2-32", 32), ("v4-16", 8), ("v5litepod-8", 8)):
         path.write_text(f"provider: gcp\naccelerator: {accelerator}\ngcp: {{project: my-project, zone: us-central2-b}}\n")
         assert BACKEND.replicas(load_cluster(path).value.shape()) == devices, accelerator
+
+
+def test_several_slices_are_refused_at_the_backend_and_the_clusters_slices_key(recipe_dir: Path) -> None:
+    """TensorFlow has no Multislice runtime: a cluster of 2 slices is refused before launch, located at the recipe's
+    backend.kind and at the cluster file's line that makes the slices."""
+    from tpuft.config.loader import load_cluster
+    from tpuft.ops.preflight import cluster_problems
+
+    path = write(recipe_dir, TEXT2TEXT)
+    recipe = load_recipe(path)
+    (key, message), = BACKEND.check(recipe.value, ClusterShape(hosts=4, chips_per_host=4, target="tpu", slices=2))
+    assert key == ("backend", "kind") and message.startswith("keras cannot train on 2 slices: TensorFlow has no "
+                                                             "Multislice runtime") and "t5x or torch_xla" in message
+    cluster = recipe_dir / "tpuft.yaml"
+    cluster.write_text("name: two\nprovider: local\naccelerator: v4-8\nlocal:\n  workers: 1\n  slices: 2\n")
+    loaded = load_cluster(cluster).value
+    (problem,) = cluster_problems(recipe, loaded.shape(), loaded)
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("kind:"))
+    assert problem.startswith(f"{path}:{line}: backend.kind: keras cannot train on 2 slices") and (
+        f"{cluster}:6: local.slices: 2" in problem), problem
+    assert BACKEND.check(recipe.value, ClusterShape(hosts=4, chips_per_host=4, target="tpu")) == []  # one slice

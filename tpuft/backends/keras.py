@@ -18,6 +18,8 @@ Where the TF program runs:
   installs on worker 0 only, and ``monitor`` shows one trainer. Input pipelines and checkpoints are then executed on
   remote hosts, which cannot read worker 0's disk: a pod-slice run's data goes to the run's bucket as TFRecords
   (the trainer writes them there and says so) and the run dir must be ``gs://`` (a cluster with a ``bucket``).
+* Several slices (``gcp.slices`` / ``local.slices`` > 1): refused in :meth:`Keras.check`. TensorFlow has no
+  Multislice runtime (JAX and PyTorch/XLA join slices over the data-centre network; TF's TPU strategy spans one).
 
 Pins (why these): TensorFlow 2.20 is the last release with a ``tensorflow-tpu`` wheel (2.21 has none), so the CPU pod
 uses ``tensorflow-cpu`` of the same version and a recipe rehearsed on CPU runs the same TF on a TPU. ``tf-keras`` must
@@ -89,7 +91,12 @@ class Keras:
         return shape.chips * shape.devices_per_chip if shape.target == "tpu" else shape.hosts * shape.local_devices
 
     def check(self, recipe: RecipeConfig, shape: ClusterShape) -> list[tuple[KeyPath, str]]:
-        """Each replica's train batch splits into ``train.grad_accum_steps`` equal micro-batches (static shapes)."""
+        """Each replica's train batch splits into ``train.grad_accum_steps`` equal micro-batches (static shapes); one
+        slice only (TensorFlow has no Multislice runtime)."""
+        if shape.slices > 1:
+            return [(("backend", "kind"), f"keras cannot train on {shape.slices} slices: TensorFlow has no Multislice "
+                     "runtime (nothing joins TPU slices over the data-centre network, as JAX and PyTorch/XLA do); "
+                     "use one slice, or backend kind t5x or torch_xla")]
         replicas, accum = self.replicas(shape), recipe.train.grad_accum_steps
         what = f"{replicas} TPU cores" if shape.target == "tpu" else local_replicas(shape, replicas)
         found: list[tuple[KeyPath, str]] = []

@@ -466,7 +466,8 @@ def load_cluster(path: Path | None = None, overrides: list[str] | None = None) -
     origins = []
     for key in cluster.shape_keys():
         value = cluster.local.workers if key == ("local", "workers") else (
-            cluster.gcp.slices if key == ("gcp", "slices") else f"{cluster.accelerator} ({cluster.num_workers} workers)"
+            cluster.slices if key in (("gcp", "slices"), ("local", "slices"))
+            else f"{cluster.accelerator} ({cluster.num_workers} workers)"
         )
         origins.append(f"{loaded.where(key)}: {_dotted(key)}: {value}")
     cluster._shape_origin = "; ".join(origins)
