@@ -111,6 +111,9 @@ def test_queued_multislice_spot_and_forced_delete(cli, tmp_path: Path, fake_tpu:
     body = fake_tpu.calls("CreateQueuedResource")[0].body
     assert "spot" in body and body["queueingPolicy"]["validUntilDuration"] == "21600s"
     assert body["tpu"]["nodeSpec"][0]["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "tp"}
+    status = json.loads(cli("status", "-c", str(cluster), "--json").out)  # each slice, its node and its workers
+    assert [(s["node"], s["state"], s["workers"]) for s in status["slices"]] == [("tp-0", "READY", ["0:0"]), ("tp-1", "READY", ["1:0"])]
+    assert "slice 1: node tp-1 READY, workers 1:0" in cli("status", "-c", str(cluster)).out
 
     assert cli("delete", "-c", str(cluster), "--yes").code == 0
     assert fake_tpu.calls("DeleteQueuedResource")[0].query.get("force") == "true"
