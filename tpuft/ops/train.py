@@ -261,9 +261,11 @@ def attach_run(
     tail: int | None = None,
     since: str | None = None,
     stop_on_interrupt: bool = False,
+    on_notice: Notice | None = None,
 ) -> TrainResult:
     """Re-attach to a run (the latest by default): its workers' last lines, then live until it ends; then its summary,
-    or the error that says how it ended. A run that has ended already gives that at once."""
+    or the error that says how it ended. A run that has ended already gives that at once. ``on_notice`` hears the
+    start-up's waiting lines while some trainers are not up yet."""
     run = resolve_run(config, run_id)
     info = finalize(run) or run.info()
     launch = Launch.of(run, info)
@@ -271,7 +273,7 @@ def attach_run(
     if info.get("status") != "running":
         return finished_result(run, info, backend, len(launch.hosts))
     session = open_session(config)
-    outcome = attach(session, run, launch, on_line, tail=tail, since=since)
+    outcome = attach(session, run, launch, on_line, tail=tail, since=since, on_notice=on_notice)
     return _after_attach(config, run, launch, backend, outcome, stop_on_interrupt, int(info.get("attempt", 1)))
 
 
@@ -317,13 +319,18 @@ def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
 
 
-def _trainer_env(session: Session, config: ClusterConfig, plan: LaunchPlan, resume: bool, kind: str) -> dict[str, str]:
-    """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH)."""
+def _trainer_env(
+    session: Session, config: ClusterConfig, plan: LaunchPlan, resume: bool, kind: str | None = None,
+) -> dict[str, str]:
+    """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH).
+
+    ``kind``: the training backend, whose run spans every slice; None for a predict job, whose processes shard the
+    input among themselves and are launched as one slice (no cross-slice runtime), as before multislice."""
     workers = session.cluster.workers
     hosts = [(workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1") for i in plan.workers]
     coordinator = f"{hosts[0]}:{_coordinator_port(hosts[0])}"
     peers = _peer_addresses(hosts, coordinator)
-    slices = launched_slices(session, plan, kind)
+    slices = launched_slices(session, plan, kind) if kind is not None else 1
     env = worker_env(config, {
         "TPUFT_COORDINATOR": coordinator,
         "TPUFT_PEERS": ",".join(peers),
@@ -383,8 +390,9 @@ def _after_attach(
                               hint=f"Continue it: tpuft resume {run.id}")
         return TrainResult(run.id, run.url, 0.0, launched, detached=True, attempt=attempt)
     if outcome.lost:
-        lost = ", ".join(map(str, outcome.lost))
-        raise TpuftError(f"lost contact with worker(s) {lost} of run {run.id}; their supervisors may still be training",
+        layout = run_layout(run.info())
+        lost = ", ".join(layout.name(launch.hosts.index(i)) if i in launch.hosts else f"worker {i}" for i in outcome.lost)
+        raise TpuftError(f"lost contact with {lost} of run {run.id}; their supervisors may still be training",
                          hint=f"Look: tpuft monitor {run.id}   Re-attach: tpuft attach {run.id}")
     return finished_result(run, wait_for_outcome(run), backend, launched)
 
