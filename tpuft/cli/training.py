@@ -211,7 +211,7 @@ def attach(
                            stop_on_interrupt=stop_on_interrupt)
         return
     result = attach_run(cfg, run_id, on_line=line_printer(console), tail=tail, since=_since_stamp(since),
-                        stop_on_interrupt=stop_on_interrupt)
+                        stop_on_interrupt=stop_on_interrupt, on_notice=console.print)
     print_train_summary(console, result, json_out)
 
 
