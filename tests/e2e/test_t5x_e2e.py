@@ -9,10 +9,10 @@ real CLI, with the real T5X venv (t5x, airio and jestimator from ../shared/wheel
   on the pod gives the same predictions and scores.
 * A host's trainer killed mid-run, and the resume: tests/e2e/test_t5x_rigs.py does it on the GCP rigs (the same
   supervisor and trainer, with MODEL_DIR in the bucket), so it is not repeated on the local pod.
-* Span corruption on the shipped corpus, on the same pod told to expose 2 devices per worker, with
-  ``num_partitions: 2``: the slice's layout rehearsed (one global mesh of 2 replicas x 2 partitions over the 2
-  processes, each host fed its replica's half of the batch, parameters split over the ``model`` axis), and the loss
-  falls.
+* Span corruption on the shipped corpus, on the same pod told to be 2 slices of 1 worker with 2 devices each, with
+  ``num_partitions: 2``: a Multislice run's layout rehearsed (T5X's hybrid mesh of replica 2 (the slices) x data 1 x
+  model 2 over the 2 processes, each host fed its slice's half of the batch, parameters split over ``model`` only,
+  never over the slices), and the loss falls.
 """
 
 from __future__ import annotations
@@ -140,29 +140,40 @@ def test_the_summary_counts_the_checkpoint_s_parameters(quickstart: Finished) ->
     assert sized.total_params == in_checkpoint, sorted((name, param.shape) for name, param in arrays.items())
 
 
-def test_span_corruption_loss_falls_over_2_replicas_x_2_partitions(pod: Pod) -> None:
-    layout_pod = Pod(pod.env, pod.cluster.with_name("tpuft-2x2.yaml"), pod.runs)  # same workers, same venv
-    layout_pod.cluster.write_text(pod.cluster.read_text().replace("devices_per_worker: 1", "devices_per_worker: 2"))
+def test_span_corruption_loss_falls_over_2_slices_x_2_partitions(pod: Pod) -> None:
+    """Multislice on the local pod: 2 slices x 1 worker x 2 devices (``local.slices: 2``), so T5X's hybrid mesh is
+    built (``replica`` over the slices, as the DCN axis of a real Multislice run; each slice's 2 devices are its 2
+    partitions) and the gradients' all-reduce crosses the slices."""
+    # A pod of its own (the 2-worker one has one slice; `up` creates this one), in the same TPUFT_HOME: same venv.
+    layout_pod = Pod(pod.env, pod.cluster.with_name("tpuft-2slices.yaml"), pod.runs.parents[1] / "t5x-slices" / "runs")
+    layout_pod.cluster.write_text(pod.cluster.read_text().replace("name: t5x-pod", "name: t5x-slices")
+                                  .replace("workers: 2", "workers: 1\n  slices: 2")
+                                  .replace("devices_per_worker: 1", "devices_per_worker: 2"))
     # 60 steps, not the recipe's 400: a step over 2 partitions costs about 3 of one device's on a 2-core machine,
-    # and the loss falls below 0.7 of the first window's by then (3.72, 2.62, 2.38, the same as on 2 x 1 devices).
-    # The quickstart test checks the export, so this one skips it.
+    # and the loss falls below 0.7 of the first window's by then (3.72, 2.62, 2.38 on 1 slice of 2 workers x 2
+    # devices). The quickstart test checks the export, so this one skips it.
     run = layout_pod.up("t5x_span_corruption", *SOURCE, "--set", "backend.num_partitions=2", "--set", "train.steps=60",
                         "--set", "train.log_every=20", "--set", "train.checkpoint_every=null", "--set", "export.hf=false").run_dir
     losses = [r["loss"] for r in rows(run) if "loss" in r]
-    print(f"\nt5x span corruption (2 workers x 2 devices, 2 partitions): loss per logged window {losses}")
+    print(f"\nt5x span corruption (2 slices x 1 worker x 2 devices, 2 partitions): loss per logged window {losses}")
     assert len(losses) == 3 and losses[-1] < losses[0] * 0.7, losses
     spec = json.loads((run / "t5x" / "task.json").read_text())
     assert spec["task"] == "span_corruption" and spec["inputs_length"] == 128
-    assert "partitioning.PjitPartitioner.num_partitions = 2" in (run / "t5x" / "run.gin").read_text()
+    gin = (run / "t5x" / "run.gin").read_text()
+    assert "partitioning.PjitPartitioner.num_partitions = 2" in gin
+    assert "partitioning.PjitPartitioner.ici_mesh_shape = [1, 1, 2]" in gin  # within a slice: 1 replica x 2 partitions
+    assert "partitioning.PjitPartitioner.dcn_mesh_shape = [2, 1, 1]" in gin  # over the slices: 2 replicas
     layout = json.loads((run / "t5x" / "layout.json").read_text())  # read by the trainer from the arrays themselves
-    assert (layout["hosts"], layout["devices_per_host"], layout["mesh"]) == (2, 2, {"data": 2, "model": 2}), layout
+    assert (layout["hosts"], layout["devices_per_host"]) == (2, 2), layout
+    assert layout["mesh"] == {"replica": 2, "data": 1, "model": 2}, layout
     example = layout["example"]
-    assert layout["params_sharded"] > 0 and "'model'" in example["spec"], layout
-    assert sum(example["per_device"]) < sum(example["shape"]), example  # each device holds a part of it
+    assert layout["params_sharded"] > 0 and layout["sharded_over"] == ["model"], layout  # never over the slices
+    assert "'model'" in example["spec"] and sum(example["per_device"]) < sum(example["shape"]), example
     for worker in (0, 1):
         log = (run / rundir.LOGS_DIR / f"worker-{worker}.log").read_text()
-        assert "device layout: 2 host(s) x 2 device(s), mesh data 2 x model 2 (2 replicas x 2 partitions)" in log
-        assert "batch split: this host feeds 16 of each batch's 32 rows" in log
+        assert f"multislice: slice {worker} of 2, host 0 of 1" in log
+        assert "device layout: 2 host(s) x 2 device(s), mesh replica 2 x data 1 x model 2 (2 replicas x 2 partitions)" in log
+        assert "batch split: this host feeds 16 of each batch's 32 rows" in log  # its slice's replica: half of it
 
 
 def test_fine_tuning_from_a_t5x_checkpoint_counts_steps_after_it(quickstart: Finished, pod: Pod) -> None:
