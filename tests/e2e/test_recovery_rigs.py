@@ -1,12 +1,13 @@
-"""Preemption recovery end to end on the stand-ins: the fake TPU API (a spot queued resource), two sshd pods (the
-node before and after it is recreated, on other loopback addresses) and the GCS emulator. Workers run the real
-PyTorch/XLA trainer on CPU.
+"""Preemption recovery end to end on the stand-ins: the fake TPU API (a spot multislice queued resource: 2 slices of
+one host), two sshd pods (the slices before and after the queued resource is recreated, on other loopback addresses)
+and the GCS emulator. Workers run the real PyTorch/XLA trainer on CPU.
 
 One run goes through what a week on spot TPUs does to it: every worker's sshd restarts for 6 s (the run goes on,
 the attached watcher's first two re-attach tries fail, its third gets in without losing or repeating a line), the
-watcher's machine dies and another takes over, the node is preempted (its VMs die), the queued resource comes back
-only after a wait, on new addresses; the run ends with the step count of an uninterrupted one, resumed from its last
-checkpoint, one recovery recorded.
+watcher's machine dies and another takes over, slice 1 is preempted (its VM dies; slice 0 lives on), the watcher
+stops slice 0's trainer and recreates the whole queued resource, which comes back only after a wait, on new
+addresses; the run ends with the step count of an uninterrupted one, resumed from its last checkpoint, one recovery
+recorded, naming the lost slice.
 A second run fails in the user's code on a healthy node: not retried."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.e2e.gcp_rig import bucket_json, rig_cluster, staged_step
 from tests.ops.argv_watch import ArgvWatch
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
-from tests.rigs.sshd_pod import SshdPod, sshd_available
+from tests.rigs.sshd_pod import SshdPod, kill_processes_with_home_under, sshd_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla"),
               pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
@@ -59,6 +60,13 @@ def _restart_sshd(pod: SshdPod, down_s: float) -> None:
     pod._wait_listening(30.0)
 
 
+def _kill_worker(pod: SshdPod, index: int) -> None:
+    """One VM dies with everything on it: its sshd and every process of its HOME (supervisor, trainer)."""
+    kill_processes_with_home_under(pod.home(index))
+    os.killpg(pod.processes[index].pid, signal.SIGKILL)
+    pod.processes[index].wait(timeout=10)
+
+
 def _checkpoints(gcs: GcsEmulator, run_url: str) -> list[int]:
     from tpuft.runs import Run
 
@@ -77,7 +85,9 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         argv_scan = ArgvWatch(marker, "-m\x00tpuft.worker\x00", interval=0.2).start()  # the trainers' argv
         _publish_host_keys(tpu, first, second)
         (second.root / "authorized_keys").write_text(Path(f"{first.client_key}.pub").read_text())  # the user's one key
-        cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  queued: true\n  spot: true\n") + RECOVER)
+        multislice = "gcp:\n  queued: true\n  spot: true\n  slices: 2\n"  # 2 slices x 1 host: e2e-gcp-0, e2e-gcp-1
+        cluster.write_text(cluster.read_text().replace("accelerator: v4-16", "accelerator: v4-8")
+                           .replace("gcp:\n", multislice) + RECOVER)
 
         total = 300  # enough for the sshd restart, the takeover and the preemption before the end (guards below)
         few = tmp_path / "test.jsonl"  # 24 test numbers: what matters is that the recovered run tests once
@@ -113,9 +123,9 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         reached = staged_step(first, 0)
         assert reached < total - 50, f"the run reached step {reached} before the preemption: give it more steps"
         preempted_at = time.time()
-        tpu.preempt("e2e-gcp")
-        tpu.worker_addresses = second.addresses  # the recreated node comes back elsewhere
-        first.stop()  # the VMs die with everything on them
+        tpu.preempt("e2e-gcp-1")  # one slice: the queued resource turns SUSPENDING, slice 0 stays READY
+        tpu.worker_addresses = second.addresses  # the recreated slices come back elsewhere
+        _kill_worker(first, 1)  # slice 1's VM dies with everything on it
         stdout, _ = watcher_b.communicate(timeout=900)
         log_b = out_b.read_text()
         assert watcher_b.returncode == 0, log_b[-6000:]
@@ -125,9 +135,15 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         info = bucket_json(gcs, f"runs/{run_id}/run.json")
         assert info["status"] == "finished" and info["attempt"] == 2, info
         (recovery,) = info["recoveries"]
-        assert recovery["cause"].startswith("node PREEMPTED") and recovery["recreated"] is True, recovery
+        assert recovery["cause"].startswith("node e2e-gcp-1 (slice 1) PREEMPTED") and recovery["recreated"], recovery
         assert recovery["checkpoint_step"] >= 100 and recovery["steps_lost"] == recovery["last_step"] - recovery["checkpoint_step"]
-        assert info["addresses"] == second.addresses and info["attempts"][1]["recovery"].startswith("node PREEMPTED")
+        assert info["addresses"] == second.addresses and info["attempts"][1]["recovery"] == recovery["cause"]
+        assert info["slices"] == 2, info
+        # Slice 0 survived the preemption: the watcher stopped its trainer before deleting the queued resource.
+        assert "stopping the trainers of the slices still up (slice 0 host 0 (worker 0))" in log_b, log_b[-4000:]
+        survivor = bucket_json(gcs, f"runs/{run_id}/attempts/1/worker-0.json")
+        assert survivor is not None and survivor["status"] == "stopped", survivor
+        assert [c.query.get("force") for c in tpu.calls("DeleteQueuedResource")] == ["true"]
         assert summary["recoveries"][0]["back_s"] > 0
         assert "queued resource e2e-gcp: ACCEPTED" in log_b or "WAITING" in log_b or "PROVISIONING" in log_b, log_b[-4000:]
         assert len(tpu.calls("CreateQueuedResource")) == 2
@@ -150,7 +166,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
 
         shown = subprocess.run([sys.executable, "-m", "tpuft", "runs", "-c", str(cluster), "--json"], env=env,
                                capture_output=True, text=True)
-        assert json.loads(shown.stdout)[-1]["recoveries"][0]["cause"].startswith("node PREEMPTED")
+        assert json.loads(shown.stdout)[-1]["recoveries"][0]["cause"].startswith("node e2e-gcp-1 (slice 1) PREEMPTED")
 
         # The secret reached the trainers (their environment), and nothing else: no process's argv while it ran, no
         # file tpuft wrote (state, worker homes, logs, watcher logs, the run dir in the bucket).
