@@ -10,6 +10,10 @@ wait). On the local CPU pod the trainer calls ``jax.distributed.initialize`` wit
 JAX's gloo CPU collectives make the rehearsal a real 2-host run; each worker exposes ``local.devices_per_worker`` CPU
 devices, so the mesh has the slice's replicas x partitions (``docs/device-layout.md``).
 
+Multislice (``gcp.slices`` / ``local.slices``): T5X's own DCN settings, the slices as the outer ``replica`` axis of
+the mesh and model parallelism within a slice (:mod:`tpuft.worker.t5x_multislice`; ``check`` refuses a
+``num_partitions`` that does not divide one slice's devices).
+
 Pins (tested together on Python 3.11 and in CI, see ``../shared/wheels/README.md`` for how they were found):
 jax/jaxlib 0.10.2 need Python >= 3.11 (jax >= 0.11 needs 3.12). The TPU VM images built on Ubuntu 22.04
 (``tpu-ubuntu2204-base``, ``v2-alpha-tpuv4-pod``, ``v2-alpha-tpuv5``/``v6e``) ship Python 3.10, where jaxlib stops at
