@@ -1,6 +1,7 @@
 """Long runs on the local CPU pod with the real PyTorch/XLA trainer: a run outlives a kill -9 of its controller, and a
 run killed after a checkpoint and resumed ends with exactly the weights of the uninterrupted run (same weight digest),
-its metrics continuing without duplicates."""
+its metrics continuing without duplicates. Those two runs are Multislice rehearsals, 2 slices x 1 worker: the worker
+killed is slice 1's, the run fails naming it, and the resume brings both slices back."""
 
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def digests(run: Path) -> set[str]:
 
 def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(tmp_path: Path) -> None:
     env = {**os.environ, "TPUFT_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
-    cluster = tmp_path / "tpuft.yaml"
-    cluster.write_text("name: long\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
+    cluster = tmp_path / "tpuft.yaml"  # 2 slices of 1 worker: the replicas, data shards and digests of 1 x 2 workers
+    cluster.write_text("name: long\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 1\n  slices: 2\n"
+                       "  devices_per_worker: 1\n")
     runs = tmp_path / "home" / "buckets" / "long" / "runs"
     few = tmp_path / "test.jsonl"  # a test set of 40 numbers: the point is how often it is tested, not the score
     few.write_text("".join((Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:40]))
@@ -66,8 +68,11 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     assert (first / rundir.EXPORT_HF / "config.json").is_file()
     uninterrupted = digests(first)
     assert len(uninterrupted) == 1 and "None" not in uninterrupted  # both replicas, identical weights
+    assert info(first)["slices"] == 2 and "mesh: slices 2 x hosts 1 x devices 1 (data)" in (
+        first / "logs" / "worker-0.log").read_text()
 
-    # 2. A worker's trainer is killed after the checkpoint at step 32: the run fails; resumed, it ends identical.
+    # 2. Slice 1's trainer is killed after the checkpoint at step 32: the run fails naming it; resumed (both slices),
+    # it ends identical.
     started = tpuft("train", "quickstart", "--detach", "--json", *settings)
     assert started.returncode == 0, started.stderr[-4000:]
     second = runs / json.loads(started.stdout)["run_id"]
@@ -78,7 +83,8 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     reached = step_of(second, 0)
     wait_until(lambda: info(second).get("status") not in (None, "running"), 60, "the second run to fail")
     failed = info(second)
-    assert failed["status"] == "failed" and failed["culprit"] == 1 and "killed by signal 9" in failed["cause"], failed
+    assert failed["status"] == "failed" and failed["culprit"] == 1, failed
+    assert failed["cause"].startswith("slice 1 host 0 (worker 1): ") and "killed by signal 9" in failed["cause"], failed
 
     resumed = tpuft("resume", second.name, "--json")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
@@ -87,6 +93,7 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     steps = [r["step"] for r in rundir.read_metrics(second).train_rows]
     assert steps == sorted(set(steps)) and steps[-1] == 48  # re-run steps replaced their rows, none twice
     assert "resuming from checkpoint step_00000032" in (second / "logs" / "worker-0.log").read_text()
+    assert {step_of(second, w) for w in range(2)} == {48}  # both slices resumed to the end
     # The killed attempt never reached its test; the resumed one tested once, as the uninterrupted run did.
     for run in (first, second):
         tests = [r for r in rundir.read_metrics(run).rows if "test_examples" in r]
