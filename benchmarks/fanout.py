@@ -17,6 +17,10 @@ session costs a server is then sshd's own work, as on a TPU VM, instead of this 
 On this 2-core machine the sshd servers share the client's cores, so the parallel-ssh column is the physical floor.
 Targets: at 64 workers <= 1.1x the parallel-ssh column; at 1 worker <= 0.5 s; far ahead of the sequential loop. With a
 warm agent: at 1 worker <= one plain `ssh host true`; at 64 workers <= 0.5x the parallel-ssh column.
+Multislice: ``--shapes 1x64,4x16`` compares cluster shapes of the same host count instead (SLICES x HOSTS per slice:
+one v4-512 node against a queued resource of 4 v4-128 slices, nodes ``bench-4x16-0..3`` with 16 workers each); per
+shape, the fan-out of `tpuft exec -- true` to every host (cold, then through a warm agent), the first `tpuft exec`
+after `create` (it reads every slice's node and pins its host keys: one GetGuestAttributes per slice) and parallel ssh.
 Needs openssh-server and root (to bind the loopback addresses). Run: python benchmarks/fanout.py
 """
 
@@ -68,20 +72,23 @@ def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:
     return {"wall": wall, **data}
 
 
-ACCELERATOR_FOR_HOSTS = {1: "v4-8", 8: "v4-64", 32: "v4-256", 64: "v4-512"}
+ACCELERATOR_FOR_HOSTS = {1: "v4-8", 8: "v4-64", 16: "v4-128", 32: "v4-256", 64: "v4-512"}
 
 
 ENV: dict[str, str] = {}
 """Environment of the tpuft subprocesses: the GCS emulator (create makes the bucket) and a private TPUFT_HOME."""
 
 
-def tpuft_exec_cluster(pod, server, count: int, root: Path) -> Path:
-    """A cluster file for `tpuft exec`: a TPU node on the fake TPU API whose workers are the pod's sshd servers."""
+def tpuft_exec_cluster(pod, server, count: int, root: Path, slices: int = 1) -> Path:
+    """A cluster file for `tpuft exec`: a TPU node on the fake TPU API whose workers are the pod's sshd servers; with
+    ``slices`` > 1 a multislice queued resource of that many nodes of ``count`` workers each."""
     accelerator = ACCELERATOR_FOR_HOSTS[count]
-    path = root / f"tpuft-{count}.yaml"
+    name = f"bench-{count}" if slices == 1 else f"bench-{slices}x{count}"
+    multislice = f", queued: true, slices: {slices}" if slices > 1 else ""
+    path = root / f"{name}.yaml"
     path.write_text(
-        f"name: bench-{count}\nprovider: gcp\naccelerator: {accelerator}\n"
-        f"gcp: {{project: tpuft-bench, zone: us-central2-b, tpu_api_endpoint: '{server.endpoint}'}}\n"
+        f"name: {name}\nprovider: gcp\naccelerator: {accelerator}\n"
+        f"gcp: {{project: tpuft-bench, zone: us-central2-b, tpu_api_endpoint: '{server.endpoint}'{multislice}}}\n"
         f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}}}\n"
     )
     subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(path), "--yes"], check=True, capture_output=True, cwd=REPO, env=ENV)
@@ -136,10 +143,41 @@ def ssh_parallel(pod, count: int) -> float:
     return time.perf_counter() - started
 
 
+def compare_shapes(pod, server, shapes: list[tuple[int, int]], runs: int, root: Path, console) -> None:
+    """The same hosts as one slice or several: what multislice costs a command sent to every host."""
+    from rich.table import Table
+
+    rows = []
+    for slices, hosts in shapes:
+        cluster = tpuft_exec_cluster(pod, server, hosts, root, slices)
+        first = tpuft_exec(cluster)  # reads every slice's node, publishes the key, pins every slice's host keys
+        ssh_parallel(pod, slices * hosts)
+        cold = [tpuft_exec(cluster) for _ in range(runs)]
+        warm_agent(cluster)
+        tpuft_exec(cluster, agent=True)
+        warm = [tpuft_exec(cluster, agent=True) for _ in range(runs)]
+        agent_call("stop", cluster)
+        par = [ssh_parallel(pod, slices * hosts) for _ in range(runs)]
+        subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], check=True,
+                       capture_output=True, cwd=REPO, env=ENV)  # the next shape reuses the addresses
+        rows.append((slices, hosts, first, statistics.median(cold), statistics.median(warm), statistics.median(par)))
+        console.log(f"{slices} x {hosts} done")
+    table = Table(title=f"fan-out of `tpuft exec -- true` to every host, one slice against several (median of {runs})")
+    for column in ("shape", "hosts", "first exec after create s", "tpuft exec s", "tpuft exec (warm agent) s",
+                   "parallel ssh s", "exec / parallel"):
+        table.add_column(column, justify="right")
+    for slices, hosts, first, cold, warm, par in rows:
+        table.add_row(f"{slices} x {hosts}", str(slices * hosts), f"{first:.3f}", f"{cold:.3f}", f"{warm:.3f}",
+                      f"{par:.3f}", f"{cold / par:.2f}x")
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1,8,32,64")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--shapes", default="", help="SLICESxHOSTS,... (e.g. 1x64,4x16): compare multislice shapes of "
+                        "the same hosts instead of the sizes")
     parser.add_argument(
         "--login", choices=("machine", "stock"), default="machine",
         help="machine: the workers' sessions run this machine's login shell as it is (root's ~/.bashrc: pyenv init, "
@@ -157,7 +195,8 @@ def main() -> None:
     # A sandbox that sets PYTHONDONTWRITEBYTECODE makes every tpuft process compile its modules from source (about
     # 70 ms a start); an installed tpuft has its bytecode cached, which is what a user's `tpuft exec` runs with.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",") if shape]
+    sizes = [slices * hosts for slices, hosts in shapes] if shapes else [int(s) for s in args.sizes.split(",")]
     console = Console(width=150)
     rows = []
     with (
@@ -170,6 +209,9 @@ def main() -> None:
         server.host_keys.update(pod.host_keys)  # the workers' host keys, as the API publishes them
         ENV.update({**os.environ, **gcs.env(), "TPUFT_HOME": str(Path(tmp) / "home"), "TPUFT_AGENT_IDLE_S": "600"})
         ENV.pop("TPUFT_NO_AGENT", None)
+        if shapes:
+            compare_shapes(pod, server, shapes, args.runs, Path(tmp), console)  # type: ignore[arg-type]
+            return
         for count in sizes:
             cluster = tpuft_exec_cluster(pod, server, count, Path(tmp))
             tpuft_exec(cluster)  # warm-up; also publishes the key in the node metadata once
