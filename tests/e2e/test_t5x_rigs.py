@@ -8,6 +8,10 @@ emulator through the variables of :meth:`tests.rigs.gcs_proxy.GcsProxy.env`, giv
 ``worker_env``; TensorFlow's hard-coded Google hosts go through the rig's TLS-terminating proxy. ``tpuft predict``
 of the run restores its ``checkpoint_N`` from the bucket the same way on both hosts.
 
+The node is a Multislice queued resource of 2 x v4-8 (``gcp.slices: 2``): each slice's one host is an sshd worker,
+the trainers get the MEGASCALE variables and build T5X's hybrid mesh, and a host killed in slice 1 fails the run
+(named ``slice 1 host 0``) that ``resume`` finishes on both slices.
+
 The workers share this machine's venv cache (they are loopback hosts): the T5X venv the ``t5x_python`` fixture
 built is the one ``tpuft setup`` finds, through the same key (``backend.t5x_source`` = ``tests.venvs.t5x_source``,
 shipped to the workers' HOMEs as a remote worker gets it).
@@ -106,6 +110,10 @@ def rigs(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Iterator[
         proxy = stack.enter_context(GcsProxy(gcs))
         # gRPC honours https_proxy as well: JAX's coordinator (worker 0's address) is reached directly
         cluster, env = rig_cluster(root, tpu, pod, gcs, worker_env=proxy.env(no_proxy=pod.addresses))
+        # Multislice: 2 slices x 1 host (nodes e2e-gcp-0 and e2e-gcp-1 of one queued resource), each host's trainer
+        # one process of T5X's hybrid mesh (the slices on its `replica` axis)
+        cluster.write_text(cluster.read_text().replace("accelerator: v4-16", "accelerator: v4-8")
+                           .replace("gcp:\n", "gcp:\n  queued: true\n  slices: 2\n"))
         for key, value in gcs.env().items():
             patch.setenv(key, value)
         rigs = Rigs(tpu, pod, gcs, proxy, cluster, env, root / "cli")
@@ -181,6 +189,7 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
                       300, "the run to fail")
     print(f"\nt5x on the gcp rigs: the run failed {time.monotonic() - killed_at:.1f} s after a host's trainer was killed")
     assert info["status"] == "failed" and info["culprit"] == 1, info
+    assert info["cause"].startswith("slice 1 host 0 (worker 1)"), info  # the killed host is slice 1's
     peer = rigs.json(run_url, "attempts/1/worker-0.json") or {}
     assert peer.get("final") and peer.get("status") == "stopped", peer  # worker 0 did not hang in its collective
     assert max(rigs.checkpoints(run_url)) < 60
@@ -188,7 +197,11 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
     resumed = rigs.tpuft("resume", run_url.rsplit("/", 1)[-1], "--json")
     assert resumed.returncode == 0, resumed.stderr[-6000:]
     assert rigs.json(run_url, "run.json")["status"] == "finished"
-    assert "resuming from checkpoint_" in (rigs.text(run_url, "logs/worker-0.log") or "")
+    assert "resuming from checkpoint_" in (rigs.text(run_url, "logs/worker-0.log") or "")  # said by host 0
+    for worker in (0, 1):  # both slices, in both attempts: one mesh over the slices
+        log = rigs.text(run_url, f"logs/worker-{worker}.log") or ""
+        assert log.count(f"multislice: slice {worker} of 2, host 0 of 1") == 2, log[-3000:]
+        assert log.count("mesh replica 2 x data 1 x model 1") == 2, log[-3000:]
     train_steps = [r["step"] for r in rigs.rows(run_url) if "loss" in r]
     assert train_steps == [10, 20, 30, 40, 50, 60], train_steps  # rows after the checkpoint dropped and logged anew
     assert max(rigs.checkpoints(run_url)) == 60
