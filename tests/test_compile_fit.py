@@ -48,6 +48,18 @@ def test_a_step_that_fits_says_what_is_left_and_its_lower_bounds() -> None:
     assert data["fits"] is True and data["source"] == "compile" and data["compiled"]["total_bytes"] == found.total_bytes
 
 
+def test_a_multislice_step_counts_every_slice_but_keeps_model_parallelism_in_one() -> None:
+    """2 x v4-8: 8 chips and twice the price per hour; the bytes per chip are one chip's. The state split 2 ways
+    fits (num_partitions 2 divides one slice's 4 chips; the batch of 32 splits over 2 slices x 2 replicas)."""
+    one = report(recipe(), lookup("v4-8"), step(args_gib=2.0, temp_gib=6.0, devices=8, flops=275e12 * 0.5))
+    two = report(recipe(), lookup("v4-8"), step(args_gib=2.0, temp_gib=6.0, devices=8, flops=275e12 * 0.5), 2)
+    assert (two.devices, two.accelerator) == (8, "2 x v4-8") and two.total_bytes == one.total_bytes
+    assert two.cost_usd == pytest.approx(2 * (one.cost_usd or 0.0), rel=1e-3)
+    big = report(recipe(), lookup("v4-8"), step(args_gib=40.0, temp_gib=4.0, devices=8), 2)
+    assert big.suggestions[0].startswith("backend.num_partitions: 2 ")
+    assert "32.0 GiB per chip on 2 x v4-8" in big.verdict()
+
+
 def test_a_step_that_does_not_fit_says_what_to_change() -> None:
     """Train state 40 GiB per chip on a v4-8 (32 GiB): split 4 ways it is 10 GiB (num_partitions 4, which divides
     the 4 chips and the batch); more microbatches cannot help (the state alone is too big); a v5p-8 (95 GiB) can."""

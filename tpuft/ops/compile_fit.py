@@ -156,30 +156,35 @@ def gib(count: float) -> str:
     return f"{count / GIB:.1f} GiB" if abs(count) >= GIB / 10 else f"{count / 2**20:.1f} MiB"
 
 
-def report(recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep) -> FitReport:
-    """The compile's numbers against the catalogue: the verdict's parts, what to change, the lower bounds."""
+def report(recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep, slices: int = 1) -> FitReport:
+    """The compile's numbers against the catalogue: the verdict's parts, what to change, the lower bounds. With
+    ``slices`` (Multislice) the devices and the price are every slice's; the bytes per device are one device's."""
     generation = accelerator.generation
-    found = FitReport(recipe=recipe.name, backend=recipe.backend.kind, accelerator=accelerator.name,
-                      devices=accelerator.devices, device_word="chip" if generation.devices_per_chip == 1 else "core",
+    found = FitReport(recipe=recipe.name, backend=recipe.backend.kind,
+                      accelerator=accelerator.name if slices == 1 else f"{slices} x {accelerator.name}",
+                      devices=accelerator.devices * slices,
+                      device_word="chip" if generation.devices_per_chip == 1 else "core",
                       hbm_bytes=generation.hbm_bytes_per_device, steps=recipe.train.steps, step=step)
     if step.flops_per_device > 0:
         found.step_time_s = step.flops_per_device / generation.peak_flops_per_device
         price = accelerator.price_per_hour
         if price is not None:
-            found.cost_usd = round(recipe.train.steps * found.step_time_s * price / 3600, 4)
+            found.cost_usd = round(recipe.train.steps * found.step_time_s * price * slices / 3600, 4)
     if not found.fits:
-        found.suggestions = suggestions(recipe, accelerator, step)
+        found.suggestions = suggestions(recipe, accelerator, step, slices)
     return found
 
 
-def suggestions(recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep) -> list[str]:
+def suggestions(recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep, slices: int = 1) -> list[str]:
     """Concrete settings that would fit, extrapolated from this compile (recompile with one to be sure):
 
     * more model parallelism: the train state is split ``num_partitions`` ways, so its bytes (arguments and the
       outputs written anew) shrink by old/new; the smallest power of two that divides the devices and fits;
     * more microbatches: temporaries (activations mostly) shrink by old/new; the smallest that divides each
       replica's batch and fits;
-    * the same number of chips of a generation with more HBM per chip."""
+    * the same number of chips of a generation with more HBM per chip.
+
+    Model parallelism stays within one slice (``devices``); the replicas are every slice's."""
     devices = accelerator.devices
     budget = accelerator.generation.hbm_bytes_per_device * HEADROOM
     backend, batch = recipe.backend, recipe.train.batch_size
@@ -189,14 +194,14 @@ def suggestions(recipe: RecipeConfig, accelerator: AcceleratorType, step: Compil
     found: list[str] = []
     candidate = partitions * 2
     while candidate <= devices:
-        replicas = devices // candidate
+        replicas = devices // candidate * slices
         if devices % candidate == 0 and batch % replicas == 0:
             need = state * partitions / candidate + step.temp_bytes + step.generated_code_bytes
             if need <= budget:
                 found.append(f"backend.num_partitions: {candidate} (about {gib(need)} per device)")
                 break
         candidate *= 2
-    per_replica = batch // max(1, devices // partitions)
+    per_replica = batch // max(1, devices // partitions * slices)
     candidate = microbatches * 2
     while candidate <= per_replica:
         if per_replica % candidate == 0:
@@ -240,7 +245,7 @@ def fit_report(recipe: RecipeConfig, accelerator: AcceleratorType, *, python: st
         paper = summarize(recipe, accelerator, recipe_dir=recipe_dir)
         return estimate_report(recipe, accelerator, paper.total_bytes, no_compile_reason(recipe.backend.kind))
     plan = planner.compile_plan(recipe, accelerator, python, slices=slices)
-    return report(recipe, accelerator, run_compile(plan, progress))
+    return report(recipe, accelerator, run_compile(plan, progress), slices)
 
 
 def require_fit(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: Callable[[str], None] | None = None) -> FitReport:
