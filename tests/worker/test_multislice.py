@@ -14,7 +14,7 @@ from tpuft.errors import UsageError
 from tpuft.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.records import Cluster, Worker
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.multislice import PORT_ENV, apply_megascale_env
+from tpuft.worker.multislice import PORT_ENV, STARTUP_FLAG, TARGET_ENV, apply_megascale_env, bound_tpu_startup
 
 
 def context(worker: int, workers: int, slices: int, coordinator: str = "10.0.0.2:8476") -> WorkerContext:
@@ -44,7 +44,8 @@ def test_one_slice_sets_nothing_and_uneven_slices_are_refused() -> None:
 def session(address: str, slices: int, hosts: int) -> SimpleNamespace:
     workers = [Worker(index=s * hosts + i, address=address if s * hosts + i == 0 else f"10.0.{s}.{i + 2}", slice=s)
                for s in range(slices) for i in range(hosts)]
-    return SimpleNamespace(cluster=Cluster("c", "gcp", "ready", "v4-8", workers))
+    target = "cpu" if address == "localhost" else "tpu"
+    return SimpleNamespace(cluster=Cluster("c", "gcp", "ready", "v4-8", workers), shape=SimpleNamespace(target=target))
 
 
 def test_the_controller_says_how_many_slices_and_picks_a_free_port_on_one_machine() -> None:
@@ -53,7 +54,7 @@ def test_the_controller_says_how_many_slices_and_picks_a_free_port_on_one_machin
     config = SimpleNamespace(name="c", worker_env={})
     env = _trainer_env(session("10.0.0.2", 2, 2), config, LaunchPlan((0, 1, 2, 3)), False, "t5x")  # type: ignore[arg-type]
     assert env["TPUFT_NUM_SLICES"] == "2" and env[PORT_ENV] == str(MEGASCALE_PORT)
-    assert env["TPUFT_COORDINATOR"] == f"10.0.0.2:{COORDINATOR_PORT}"
+    assert env["TPUFT_COORDINATOR"] == f"10.0.0.2:{COORDINATOR_PORT}" and env[TARGET_ENV] == "tpu"
     local = _trainer_env(session("localhost", 2, 1), config, LaunchPlan((0, 1)), False, "t5x")  # type: ignore[arg-type]
     taken = {local["TPUFT_COORDINATOR"].rsplit(":", 1)[1], *(p.rsplit(":", 1)[1] for p in local["TPUFT_PEERS"].split(","))}
     assert local[PORT_ENV] not in taken | {str(MEGASCALE_PORT)}
@@ -78,3 +79,17 @@ def test_run_json_records_the_slices_and_each_workers_place_and_old_ones_read_as
                                                  {"slice": 1, "host": 0}, {"slice": 1, "host": 1}]}
     assert run_layout({"workers": 4, **placed}).name(2) == "slice 1 host 0 (worker 2)"
     assert run_layout({"workers": 2}).name(1) == "worker 1"  # a run.json from before multislice
+
+
+def test_libtpu_start_up_bound_comes_from_startup_timeout_on_tpu_hosts_unless_the_user_set_it() -> None:
+    environ = {"LIBTPU_INIT_ARGS": "--xla_tpu_enable_data_parallel_all_reduce_opt=true"}
+    assert bound_tpu_startup(1800.0, environ) == f"{STARTUP_FLAG}=1800s"
+    assert environ["LIBTPU_INIT_ARGS"] == f"--xla_tpu_enable_data_parallel_all_reduce_opt=true {STARTUP_FLAG}=1800s"
+    mine = {"LIBTPU_INIT_ARGS": f"{STARTUP_FLAG}=2h"}
+    assert bound_tpu_startup(60.0, mine) == f"{STARTUP_FLAG}=2h" and mine["LIBTPU_INIT_ARGS"] == f"{STARTUP_FLAG}=2h"
+    tpu: dict[str, str] = {TARGET_ENV: "tpu"}
+    line = apply_megascale_env(context(1, 2, 2), tpu, startup_timeout=600.0)
+    assert tpu["LIBTPU_INIT_ARGS"] == f"{STARTUP_FLAG}=600s" and line is not None and line.endswith(f"libtpu {STARTUP_FLAG}=600s")
+    cpu: dict[str, str] = {TARGET_ENV: "cpu"}  # the local pod's runtime has no libtpu to give flags to
+    apply_megascale_env(context(1, 2, 2), cpu, startup_timeout=600.0)
+    assert "LIBTPU_INIT_ARGS" not in cpu and cpu["MEGASCALE_NUM_SLICES"] == "2"

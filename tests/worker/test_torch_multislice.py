@@ -14,8 +14,6 @@ import pytest
 from tests.conftest import REPO
 from tpuft.records import SliceLayout
 from tpuft.worker.torch_multislice import (
-    STARTUP_FLAG,
-    bound_tpu_startup,
     hybrid_device_order,
     mesh_line,
     mesh_shape,
@@ -52,12 +50,7 @@ def test_device_order_is_slice_by_slice_then_the_torus_and_the_check_names_a_mix
         "block 0 of the mesh's outer axis holds devices of slices [0, 1], not slice 0 alone")
 
 
-def test_libtpu_start_up_bound_comes_from_startup_timeout_unless_the_user_set_it() -> None:
-    environ = {"LIBTPU_INIT_ARGS": "--xla_tpu_enable_data_parallel_all_reduce_opt=true"}
-    assert bound_tpu_startup(1800.0, environ) == f"{STARTUP_FLAG}=1800s"
-    assert environ["LIBTPU_INIT_ARGS"] == f"--xla_tpu_enable_data_parallel_all_reduce_opt=true {STARTUP_FLAG}=1800s"
-    mine = {"LIBTPU_INIT_ARGS": f"{STARTUP_FLAG}=2h"}
-    assert bound_tpu_startup(60.0, mine) == f"{STARTUP_FLAG}=2h" and mine["LIBTPU_INIT_ARGS"] == f"{STARTUP_FLAG}=2h"
+def test_the_trainer_logs_its_mesh_slices_outer() -> None:
     assert mesh_line(SliceLayout(2, 1), 1, ("data",)) == "mesh: slices 2 x hosts 1 x devices 1 (data)"
 
 

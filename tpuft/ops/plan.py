@@ -27,7 +27,7 @@ VERBS = ("create", "setup", "train", "up")
 
 TRAINER_ENV = (
     "TPUFT_RUN_ID", "TPUFT_RUN_DIR", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS",  # ops/lifecycle.py: supervisor_env
-    "TPUFT_COORDINATOR", "TPUFT_PEERS", "TPUFT_NODE",  # ops/train.py: _trainer_env
+    "TPUFT_COORDINATOR", "TPUFT_PEERS", "TPUFT_NODE", "TPUFT_NUM_SLICES", "TPUFT_TARGET",  # ops/train.py: _trainer_env
     "PYTHONPATH", "PYTHONUNBUFFERED",
 )
 """tpuft's own variables in every supervisor's and trainer's environment (tests/ops/test_dry_run.py holds this list

@@ -336,6 +336,7 @@ def _trainer_env(
         "TPUFT_PEERS": ",".join(peers),
         "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
         "TPUFT_NUM_SLICES": str(slices),
+        "TPUFT_TARGET": session.shape.target,  # worker/multislice.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
         **plan.env,
     })
     if slices > 1:

@@ -37,10 +37,11 @@ def main() -> int:
     ctx = WorkerContext.from_env()
     pin_cpus()
     try:
-        multislice = apply_megascale_env(ctx)  # before the backend's import: the runtime reads them as it loads
+        recipe = recipe_from_text(_recipe_text(ctx), f"{ctx.run_url}/{rundir.RECIPE}")
+        # Before the backend's import: the runtime reads them as it loads.
+        multislice = apply_megascale_env(ctx, startup_timeout=recipe.train.startup_timeout)
         if multislice:
             print(f"[tpuft] {multislice}", flush=True)
-        recipe = recipe_from_text(_recipe_text(ctx), f"{ctx.run_url}/{rundir.RECIPE}")
         trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
         return int(trainer.main(ctx, recipe) or 0)
     except (DataError, TpuftError) as exc:  # the user's data or recipe: one located line, no traceback

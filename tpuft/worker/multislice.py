@@ -19,6 +19,10 @@ from tpuft.worker.context import WorkerContext
 
 PORT_ENV = "TPUFT_MEGASCALE_PORT"
 """The controller's choice of the cross-slice coordinator's port when workers share an address (else the fixed one)."""
+TARGET_ENV = "TPUFT_TARGET"
+"""``tpu`` or ``cpu``: what the launched hosts are (the cluster's shape), for what only a TPU's runtime reads."""
+STARTUP_FLAG = "--megascale_topology_discovery_timeout"
+LIBTPU_ARGS = "LIBTPU_INIT_ARGS"
 
 
 def megascale_env(ctx: WorkerContext, environ: MutableMapping[str, str]) -> dict[str, str]:
@@ -39,14 +43,31 @@ def megascale_env(ctx: WorkerContext, environ: MutableMapping[str, str]) -> dict
     }
 
 
-def apply_megascale_env(ctx: WorkerContext, environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Set the MEGASCALE variables in this process (before any framework import) and return the line the trainer
-    logs about it; None on one slice, where nothing is set."""
+def bound_tpu_startup(timeout_s: float, environ: MutableMapping[str, str]) -> str:
+    """Bound libtpu's wait for every host of every slice (its MegaScale topology discovery, the runtime's one
+    rendezvous under JAX and PyTorch/XLA alike) by ``train.startup_timeout``; a flag the user already put in
+    ``LIBTPU_INIT_ARGS`` wins. Returns the flag as set."""
+    args = environ.get(LIBTPU_ARGS, "")
+    if STARTUP_FLAG in args:
+        return next(part for part in args.split() if part.startswith(STARTUP_FLAG))
+    flag = f"{STARTUP_FLAG}={max(1, round(timeout_s))}s"
+    environ[LIBTPU_ARGS] = f"{args} {flag}".strip()
+    return flag
+
+
+def apply_megascale_env(ctx: WorkerContext, environ: MutableMapping[str, str] | None = None,
+                        startup_timeout: float | None = None) -> str | None:
+    """Set the MEGASCALE variables in this process (before any framework import) and, on TPU hosts, libtpu's
+    start-up bound from ``startup_timeout``; return the line the trainer logs about it; None on one slice, where
+    nothing is set."""
     environ = os.environ if environ is None else environ
     values = megascale_env(ctx, environ)
     if not values:
         return None
     environ.update(values)
     layout = ctx.layout
-    return (f"multislice: slice {ctx.slice_id} of {layout.slices}, host {layout.host_of(ctx.worker_id)} of "
+    line = (f"multislice: slice {ctx.slice_id} of {layout.slices}, host {layout.host_of(ctx.worker_id)} of "
             f"{layout.hosts}, coordinator {values['MEGASCALE_COORDINATOR_ADDRESS']}")
+    if startup_timeout is not None and environ.get(TARGET_ENV) == "tpu":
+        line += f"; libtpu {bound_tpu_startup(startup_timeout, environ)}"
+    return line

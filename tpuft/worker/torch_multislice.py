@@ -15,8 +15,8 @@ for these meshes as a pure function of (slice_index, coords) per device, tested 
 code with stand-in attributes, and :func:`outer_slices_problem` is the property the trainer checks on the real mesh.
 
 The runtime's rendezvous waits for every host of every slice: libtpu's MegaScale topology discovery, whose one
-deadline is ``--megascale_topology_discovery_timeout`` (an absl duration in ``LIBTPU_INIT_ARGS``);
-:func:`bound_tpu_startup` sets it from ``train.startup_timeout``. The CPU pod's gloo rendezvous is bounded in
+deadline is ``--megascale_topology_discovery_timeout`` (an absl duration in ``LIBTPU_INIT_ARGS``), set from
+``train.startup_timeout`` for every backend by :func:`tpuft.worker.multislice.bound_tpu_startup`. The CPU pod's gloo rendezvous is bounded in
 :func:`tpuft.worker.torch_replicas.rendezvous`. torch_xla is imported only inside :func:`hybrid_mesh`.
 """
 
@@ -27,10 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuft.records import SliceLayout
-
-STARTUP_FLAG = "--megascale_topology_discovery_timeout"
-LIBTPU_ARGS = "LIBTPU_INIT_ARGS"
-
 
 @dataclass(frozen=True)
 class MeshShape:
@@ -85,17 +81,6 @@ def hybrid_mesh(*, slices: int, fsdp: bool) -> Any:
     if problem:
         raise RuntimeError(f"HybridMesh{shape.mesh_shape} is not slices-outer: {problem}")
     return mesh
-
-
-def bound_tpu_startup(timeout_s: float, environ: MutableMapping[str, str]) -> str:
-    """Bound libtpu's wait for every host of every slice by ``train.startup_timeout`` (a flag the user already put
-    in ``LIBTPU_INIT_ARGS`` wins); returns the flag as set."""
-    args = environ.get(LIBTPU_ARGS, "")
-    if STARTUP_FLAG in args:
-        return next(part for part in args.split() if part.startswith(STARTUP_FLAG))
-    flag = f"{STARTUP_FLAG}={max(1, round(timeout_s))}s"
-    environ[LIBTPU_ARGS] = f"{args} {flag}".strip()
-    return flag
 
 
 def mesh_line(layout: SliceLayout, devices: int, axes: Sequence[str]) -> str:

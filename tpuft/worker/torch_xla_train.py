@@ -50,7 +50,7 @@ from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.loop import RunLoop
 from tpuft.worker.schedule import lr_factor
-from tpuft.worker.torch_multislice import bound_tpu_startup, trainer_mesh_line
+from tpuft.worker.torch_multislice import trainer_mesh_line
 from tpuft.worker.torch_replicas import make_replicas, params_digest, rng_seed, to_cpu
 
 __all__ = ["Trainer", "main", "params_digest", "rng_seed"]
@@ -62,9 +62,7 @@ PROMPT_FILE = "prompt.safetensors"
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
     tpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU"
-    multislice = tpu and ctx.num_slices > 1  # over HybridMesh; libtpu's wait for every slice bounded
-    if multislice:
-        bound_tpu_startup(recipe.train.startup_timeout, os.environ)
+    multislice = tpu and ctx.num_slices > 1  # over HybridMesh (libtpu's wait for every slice: worker/multislice.py)
     if recipe.train.sharding == "fsdp" or multislice:  # SPMD: one process per host drives every local chip
         return Trainer(ctx, recipe, tpu=tpu).run()
     if tpu:
