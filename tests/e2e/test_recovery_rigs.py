@@ -139,10 +139,11 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         assert recovery["checkpoint_step"] >= 100 and recovery["steps_lost"] == recovery["last_step"] - recovery["checkpoint_step"]
         assert info["addresses"] == second.addresses and info["attempts"][1]["recovery"] == recovery["cause"]
         assert info["slices"] == 2, info
-        # Slice 0 survived the preemption: the watcher stopped its trainer before deleting the queued resource.
+        # Slice 0 survived the preemption: the watcher stopped its trainer before deleting the queued resource (or
+        # its trainer had seen its peer go first: gloo's "Connection closed by peer"); either way it is not left running.
         assert "stopping the trainers of the slices still up (slice 0 host 0 (worker 0))" in log_b, log_b[-4000:]
         survivor = bucket_json(gcs, f"runs/{run_id}/attempts/1/worker-0.json")
-        assert survivor is not None and survivor["status"] == "stopped", survivor
+        assert survivor is not None and survivor.get("final") and survivor["status"] in {"stopped", "failed"}, survivor
         assert [c.query.get("force") for c in tpu.calls("DeleteQueuedResource")] == ["true"]
         assert summary["recoveries"][0]["back_s"] > 0
         assert "queued resource e2e-gcp: ACCEPTED" in log_b or "WAITING" in log_b or "PROVISIONING" in log_b, log_b[-4000:]
