@@ -11,7 +11,8 @@ slices is the gradients' all-reduce over ``replica``, never a model-parallel col
 
 T5X's ``default_mesh`` builds that mesh with JAX's ``create_hybrid_device_mesh``, which groups the devices by their
 ``slice_index``. A TPU device has one (the runtime sets it from ``MEGASCALE_SLICE_ID``); a CPU device has none in
-one process and 0 in every process of a distributed run (the CPU client has no slices), so on the local pod :func:`install_cpu_slice_granules` stands in for it: the devices of processes
+one process and 0 in every process of a distributed run (the CPU client has no slices), so on the local pod
+:func:`install_cpu_slice_granules` stands in for it: the devices of processes
 ``s * hosts_per_slice .. (s + 1) * hosts_per_slice - 1`` are slice ``s`` (workers are numbered slice by slice, as
 JAX numbers a Multislice job's processes). That is JAX's own ``process_is_granule`` fallback with the processes of
 one slice as one granule; each slice's block is still cut by JAX's ``create_device_mesh``. Only CPU devices are
