@@ -167,9 +167,10 @@ class TrainConfig(StrictModel):
     )
     startup_timeout: Duration = Field(
         1800.0,
-        description="How long the trainers wait for every host (of every slice) to join the run's rendezvous before "
-        "the run fails, naming the hosts that never came; the wait is reported while it lasts: 1800, 30m, 1h. "
-        "Cold starts of many slices take minutes.",
+        description="How long the trainers wait for every host (of every slice) to be up, i.e. past the runtime's "
+        "rendezvous and its first step (the first compile included), before the run fails naming the hosts that "
+        "never came; the wait is reported while it lasts: 1800, 30m, 1h. Cold starts of many slices take minutes; "
+        "raise it for a model whose first compile takes longer.",
     )
     hang_timeout: Duration = Field(
         600.0,
