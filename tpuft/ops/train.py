@@ -60,6 +60,14 @@ class TrainResult:
     """The recovery watcher's records (run.json ``recoveries``): cause, steps redone, time to train again."""
 
 
+def _free_port_besides(used: set[str]) -> int:
+    """A free port of this machine that is none of ``used`` (ports already handed to this run's workers)."""
+    port = free_port()
+    while str(port) in used:
+        port = free_port()
+    return port
+
+
 def _peer_addresses(hosts: list[str], coordinator: str) -> list[str]:
     """An address per launched worker, for runtimes that connect every worker to every other (TF's TF_CONFIG). TF
     binds its server on every interface, so workers at loopback addresses (one machine) need distinct ports; real
@@ -68,9 +76,7 @@ def _peer_addresses(hosts: list[str], coordinator: str) -> list[str]:
     peers = []
     for host in hosts:
         if host.startswith("127.") or host == "localhost":
-            port = free_port()
-            while str(port) in used:
-                port = free_port()
+            port = _free_port_besides(used)
             used.add(str(port))
         else:
             port = COORDINATOR_PORT + 1
@@ -78,22 +84,23 @@ def _peer_addresses(hosts: list[str], coordinator: str) -> list[str]:
     return peers
 
 
+def _on_this_machine(host: str) -> bool:
+    """Workers launched at this address share this machine (a local pod): fixed ports would collide there."""
+    return host in {"localhost", "127.0.0.1"}
+
+
 def _coordinator_port(host: str) -> int:
     """Worker 0's rendezvous port: a free one when the workers share this machine (a local pod, a loopback rig),
     the fixed one on real hosts (nothing else listens there; a worker's peer port is the next one)."""
-    return free_port() if host in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
+    return free_port() if _on_this_machine(host) else COORDINATOR_PORT
 
 
 def _megascale_port(host: str, taken: set[str]) -> int:
     """The cross-slice coordinator's port: the fixed one on real hosts, a free one (not the rendezvous's nor a peer's)
-    where workers share this machine's loopback, as the rendezvous port is chosen."""
-    if _coordinator_port(host) == COORDINATOR_PORT:
+    where workers share this machine, as the rendezvous port is chosen."""
+    if not _on_this_machine(host):
         return MEGASCALE_PORT
-    ports = {address.rsplit(":", 1)[1] for address in taken}
-    port = free_port()
-    while str(port) in ports:
-        port = free_port()
-    return port
+    return _free_port_besides({address.rsplit(":", 1)[1] for address in taken})
 
 
 def launched_slices(session: Session, plan: LaunchPlan, kind: str) -> int:
@@ -308,9 +315,10 @@ def _addresses(session: Session, plan: LaunchPlan) -> list[str]:
 
 def _placement(session: Session, plan: LaunchPlan) -> dict[str, Any]:
     """run.json's ``slices`` and, per launched worker (rank order, as ``addresses``), its slice and host in the slice
-    (a run.json without them is a single-slice run's)."""
+    (a run.json without them is a single-slice run's). A plan that leaves hosts out of several slices never gets
+    here: :func:`launched_slices` refused it."""
     layout = session.cluster.layout
-    return {"slices": layout.slices if len(plan.workers) == layout.workers else 1,
+    return {"slices": layout.slices,
             "placement": [{"slice": layout.slice_of(i), "host": layout.host_of(i)} for i in plan.workers]}
 
 
