@@ -288,12 +288,17 @@ def test_items(row: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in row.items() if key.startswith("test_")}
 
 
+def read_heartbeat(storage: Any, worker: int) -> dict[str, Any] | None:
+    """A worker's heartbeat as its run storage holds it (None when absent or torn)."""
+    return read_json_text(storage.read_text(f"{HEARTBEAT_DIR}/worker-{worker}.json"))
+
+
 def final_test(storage: Any, workers: int) -> dict[str, Any]:
     """The test evaluation as the finished trainers' final heartbeats carry it (every process that beats has the
     row): run.json's ``test``, so that ``runs`` and a summary need not read metrics.jsonl. The first heartbeat there
     is decides (reads one small file when all is well)."""
     for worker in range(workers):
-        beat = read_json_text(storage.read_text(f"{HEARTBEAT_DIR}/worker-{worker}.json"))
+        beat = read_heartbeat(storage, worker)
         if beat is not None:
             return test_items(beat)
     return {}

@@ -37,7 +37,7 @@ def not_up(storage: Any, attempt: int, workers: int, since: float) -> list[int]:
     missing = []
     for worker in range(workers):
         record = records.get(worker)
-        beat = rundir.read_json_text(storage.read_text(f"{rundir.HEARTBEAT_DIR}/worker-{worker}.json")) if record else None
+        beat = rundir.read_heartbeat(storage, worker) if record else None
         if not is_up(record, beat, since):
             missing.append(worker)
     return missing
