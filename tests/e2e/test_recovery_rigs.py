@@ -128,7 +128,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         _kill_worker(first, 1)  # slice 1's VM dies with everything on it
         stdout, _ = watcher_b.communicate(timeout=900)
         log_b = out_b.read_text()
-        assert watcher_b.returncode == 0, log_b[-6000:]
+        assert watcher_b.returncode == 0, f"{log_b[-6000:]}\nstdout (--json: the error is there):\n{stdout[-3000:]}"
         summary = json.loads(stdout)
         assert summary["run_id"] == run_id and summary["last_train"]["step"] == total, summary
 

@@ -17,6 +17,7 @@ import tpuft.providers.gcp.tuning as gcp_module
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft import rundir
+from tpuft.backends.spec import manifest_text
 from tpuft.config import ClusterConfig, load_cluster
 from tpuft.errors import UsageError
 from tpuft.ops.recover import WATCHER, WatchTakenOver, node_problem, watcher_lease
@@ -243,9 +244,23 @@ def test_a_lost_slice_stops_the_others_and_recreates_the_whole_queued_resource(
     run.storage.write_text("run.json", json.dumps(info))
     signalled: list[tuple[int, ...]] = []
     done: list[object] = []
-    monkeypatch.setattr(recover_module, "signal_supervisors", lambda session, run, launch: signalled.append(launch.hosts))
+    records: list[dict] = []
+
+    def survivors_stop(session: object, run: Run, launch: object) -> None:
+        """The stopped survivors' last sync round uploads a checkpoint the bucket did not have yet, then each records
+        its end: the recovery must resume from (and record) that one, not what the bucket held at detection."""
+        signalled.append(launch.hosts)  # type: ignore[attr-defined]
+        weights = tmp_path / "runs" / "r-1" / "checkpoints" / "step_00000200"
+        weights.mkdir(parents=True)
+        (weights / "model.safetensors").write_bytes(b"w" * 8)
+        (weights / "manifest.json").write_text(manifest_text({"model.safetensors": 8}))
+        for host in launch.hosts:  # type: ignore[attr-defined]
+            run.storage.write_text(f"attempts/1/worker-{host}.json", json.dumps({"status": "stopped", "final": True}))
+
+    monkeypatch.setattr(recover_module, "signal_supervisors", survivors_stop)
     monkeypatch.setattr(recover_module, "setup", lambda config, recipe, on_line=None: done.append("setup"))
-    monkeypatch.setattr(recover_module, "resume", lambda config, run_id, **kw: done.append(kw["recovery"]["cause"]))
+    monkeypatch.setattr(recover_module, "resume", lambda config, run_id, **kw: (done.append(kw["recovery"]["cause"]),
+                                                                               records.append(kw["recovery"])))
     assert node_problem(config, info) is None
 
     tpu.preempt("rc-1")
@@ -259,6 +274,8 @@ def test_a_lost_slice_stops_the_others_and_recreates_the_whole_queued_resource(
     assert "the whole run restarts" in (run.storage.read_text(rundir.stop_request(1)) or "")
     assert [c.query.get("force") for c in tpu.calls("DeleteQueuedResource")] == ["true"]
     assert len(tpu.calls("CreateQueuedResource")) == 2 and done == ["setup", problem]
+    assert records[0]["checkpoint_step"] == 200 and records[0]["steps_lost"] == 0, records
+    assert "resumes from the checkpoint at step 200" in "\n".join(notices)
     again = get_provider(config).get()
     assert again.state == "READY" and again.details["slice 1"] == "rc-1 READY" and len(again.workers) == 4
 
@@ -334,3 +351,26 @@ def test_runs_and_monitor_show_the_recoveries(tmp_path: Path) -> None:
     assert snap.recovery_line == ("attempt 2, 1 recovery (last: node PREEMPTED at step 130, 30 steps redone from the "
                                   "checkpoint at 100)")
     assert snap.as_json()["recoveries"][0]["steps_lost"] == 30
+
+
+def test_a_run_taken_over_that_then_fails_on_a_healthy_node_is_not_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resume RUN --recover`` resumes a run that had ended when it was asked; an attempt it then follows that fails
+    on a READY node is the user's code: it ends the watch, not another resume. The attach and the node's answer are
+    replaced here (the whole path on the rigs: tests/e2e/test_recovery_rigs.py)."""
+    import tpuft.ops.recover as recover_module
+    from tpuft.ops.recover import Callbacks, watch
+
+    run = _run(tmp_path)
+    config = ClusterConfig.model_validate({"name": "rc"})
+    states = iter(["running", "failed"])
+    launch = {"hosts": [0, 1], "python": "py", "package": "pkg"}
+    monkeypatch.setattr(recover_module, "resolve_run", lambda config, run_id: run)
+    monkeypatch.setattr(recover_module, "finalize", lambda run: {"run_id": "r-1", "status": next(states),
+                                                                 "backend": "torch_xla", "launch": launch})
+    monkeypatch.setattr(recover_module, "node_problem", lambda config, info: None)
+    monkeypatch.setattr(recover_module, "_attach_and_watch", lambda *a: None)  # followed to its end
+    resumed: list[str] = []
+    monkeypatch.setattr(recover_module, "resume", lambda config, run_id, **kw: resumed.append(run_id))
+    monkeypatch.setattr(recover_module, "finished_result", lambda run, info, backend, hosts: info["status"])
+    assert watch(config, "r-1", Callbacks(), resume_ended=True) == "failed"
+    assert resumed == []

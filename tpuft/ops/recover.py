@@ -211,7 +211,9 @@ def watch(
                     continue
                 if problem is None:  # running (or starting): follow it
                     problem = _attach_and_watch(config, run, info, launch, callbacks, policy, renew, stop_on_interrupt, tail)
-                    tail = None  # later attempts are followed from their first line
+                    # Later attempts are followed from their first line; and the resume asked for was of the run as it
+                    # stood: an attempt followed here that fails on a healthy node is the user's code, not retried.
+                    tail, resume_ended = None, False
                     if problem is None:
                         continue  # the attempt ended: its outcome decides
                 _recover(config, run, info, problem, callbacks, policy, sleep, renew)
@@ -321,19 +323,23 @@ def _recover(
             hint=f"When capacity is back: tpuft resume {run.id} --recover",
         )
     detected = time.time()
-    checkpoint = max(run.layout().checkpoint_steps(run.storage), default=0)
-    # The bucket's heartbeats can be older than its newest checkpoint (a sync round uploads checkpoints/ before
-    # heartbeat/, and the node may die in between): the run reached at least its checkpoint's step.
-    last_step = max(run.snapshot().step, checkpoint)
     delay = min(policy.backoff * 2 ** len(done), policy.backoff_max)
     attempt = int(info.get("attempt", 1))
     callbacks.notice(
-        f"run {run.id}: {problem} at step {last_step} (attempt {attempt}); recovery {len(done) + 1} of "
-        f"{policy.max_attempts} from the checkpoint at step {checkpoint} in {delay:.0f} s"
+        f"run {run.id}: {problem} (attempt {attempt}); recovery {len(done) + 1} of {policy.max_attempts} "
+        f"in {delay:.0f} s"
     )
     try:
-        _stop_survivors(config, run, info, problem, callbacks)
+        survivors = _stop_survivors(config, run, info, problem, callbacks)
         _sleep_renewing(delay, sleep, renew, policy.poll)
+        _wait_final(run, attempt, survivors, sleep)
+        # Read after the survivors' last upload: a sync round runs every few seconds, so the bucket can lag the
+        # trainers by a checkpoint; the resumed attempt starts from what is there now, and the record says so.
+        checkpoint = max(run.layout().checkpoint_steps(run.storage), default=0)
+        # The bucket's heartbeats can be older than its newest checkpoint (a sync round uploads checkpoints/ before
+        # heartbeat/, and the node may die in between): the run reached at least its checkpoint's step.
+        last_step = max(run.snapshot().step, checkpoint)
+        callbacks.notice(f"run {run.id} reached step {last_step}; it resumes from the checkpoint at step {checkpoint}")
         provider = get_provider(config)
         cluster = provider.get()
         recreated = cluster.state != State.READY
@@ -376,33 +382,50 @@ def _recover(
     callbacks.notice(f"run {run.id} resumed from step {checkpoint} {time.time() - detected:.0f} s after the failure")
 
 
-def _stop_survivors(config: ClusterConfig, run: Run, info: dict[str, Any], problem: str, callbacks: Callbacks) -> None:
+def _stop_survivors(config: ClusterConfig, run: Run, info: dict[str, Any], problem: str, callbacks: Callbacks
+                    ) -> tuple[int, ...]:  # fmt: skip
     """A lost slice loses the whole run: the trainers of the slices still READY are stopped at once (they would wait
     on their lost peers, or write to the run dir while the queued resource is recreated), before the queued resource
     is deleted with them. Best effort: the delete ends them anyway, and an unreachable survivor reads the stop request
-    the run dir holds for its attempt."""
+    the run dir holds for its attempt. Returns the survivors' hosts (none when the attempt had already ended)."""
     if info.get("status") != "running":
-        return
+        return ()
     cluster = get_provider(config).get()
     lost = lost_slices(cluster)
     if not lost:
-        return
+        return ()
     gone = {slice_id for slice_id, _, _ in lost}
     layout = SliceLayout(config.slices, config.hosts_per_slice)
     launch = Launch.of(run, info)
     survivors = tuple(h for h in launch.hosts if layout.slice_of(h) not in gone)
     request_stop(run, int(info.get("attempt", 1)), f"{problem}: the whole run restarts")
     if not survivors:
-        return
+        return ()
     callbacks.notice(f"stopping the trainers of the slices still up ({', '.join(layout.name(h) for h in survivors)})")
     if len(cluster.workers) != layout.workers:  # a slice's node is gone: flat indexes no longer match the fleet's
         callbacks.notice("a slice's node is gone; the survivors stop on the run dir's stop request")
-        return
+        return survivors
     try:
         session = open_session(config, require_ready=False)
         signal_supervisors(session, run, Launch(survivors, launch.python, launch.package))
     except TpuftError as exc:
         callbacks.notice(f"could not stop them now ({exc.message}); the queued resource's deletion ends them")
+    return survivors
+
+
+SURVIVORS_FINAL_S = 45.0
+"""How long a recovery waits for the stopped survivors' last upload: their trainers' grace (10 s), a sync round
+(15 s) and the upload itself; past it the recovery goes on with what the bucket holds."""
+
+
+def _wait_final(run: Run, attempt: int, survivors: tuple[int, ...], sleep: Callable[[float], None] = time.sleep
+                ) -> None:  # fmt: skip
+    """Until each survivor's supervisor has recorded its end (after uploading its files), at most SURVIVORS_FINAL_S."""
+    for _ in range(int(SURVIVORS_FINAL_S) if survivors else 0):
+        records = rundir.attempt_records(run.storage, attempt)
+        if all((records.get(h) or {}).get("final") for h in survivors):
+            return
+        sleep(1.0)
 
 
 def _not_now(exc: TpuftError) -> bool:
