@@ -5,7 +5,7 @@ many workers a ``v4-32`` has, both before (or without) talking to Google. The nu
 docs: v2/v3/v4/v5p names count TensorCores (2 per chip), v5litepod/v6e names count chips; hosts carry 4 chips,
 except the single-host v5e/v6e shapes of up to 8 chips. HBM per chip, from each generation's system architecture
 page: v2 16 GiB (8 per TensorCore), v3 32 GiB (16 per TensorCore), v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e 32 GiB.
-Prices are on-demand US list prices per chip-hour; they change, so they are an estimate, labelled as such wherever
+Prices are on-demand US list prices per chip-hour (spot and reserved ones beside them); they change, so they are an estimate, labelled as such wherever
 they are shown. Peak bf16 FLOP/s per chip, from the same pages (v2 45, v3 123, v4 275, v5e 197, v5p 459, v6e 918
 TFLOP/s): what turns a compiled step's flops into a lower bound on its time (``recipes show --compile``).
 
@@ -16,7 +16,7 @@ The topology (:meth:`AcceleratorType.topology`) is how libtpu names a slice's sh
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpuft.errors import UsageError
 
@@ -42,6 +42,19 @@ class Generation:
     """Peak dense bf16 FLOP/s of one chip (both TensorCores on v2/v3)."""
     topology_prefix: str
     """The generation's name in libtpu's topology names (``v5e`` for the API's ``v5litepod``)."""
+    spot_price_per_chip_hour: float | None = None
+    """USD, spot (or legacy preemptible) capacity; an estimate (see ``_SPOT_AND_RESERVED``)."""
+    reserved_price_per_chip_hour: float | None = None
+    """USD, reserved capacity, priced at the 1-year committed-use rate; an estimate (see ``_SPOT_AND_RESERVED``)."""
+
+    def price(self, pricing: str) -> float | None:
+        """USD per chip-hour for ``pricing`` (``on-demand``, ``spot`` or ``reserved``, as the node was created);
+        None where no public figure is known."""
+        if pricing == "spot":
+            return self.spot_price_per_chip_hour
+        if pricing == "reserved":
+            return self.reserved_price_per_chip_hour
+        return self.price_per_chip_hour
 
     @property
     def devices_per_chip(self) -> int:
@@ -71,6 +84,24 @@ GENERATIONS: dict[str, Generation] = {
         Generation("v5litepod", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv5-lite", 1.20, 2, 16, 197e12, "v5e"),
         Generation("v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70, 2, 32, 918e12, "v6e"),
     )
+}
+
+# Spot and reserved list prices per chip-hour, USD, us-central regions, ESTIMATES as of 2026 from the public Cloud TPU
+# pricing page (https://cloud.google.com/tpu/pricing): spot (v2/v3: the preemptible rate) and the 1-year
+# committed-use rate, which is what reserved capacity is billed at (a TPU reservation needs a commitment). They vary by
+# region and change (spot prices move with demand): every figure tpuft shows from them is labelled an estimate.
+_SPOT_AND_RESERVED: dict[str, tuple[float, float]] = {
+    "v2": (0.3375, 0.7313),
+    "v3": (0.60, 1.30),
+    "v4": (0.9660, 2.0286),
+    "v5p": (2.10, 2.94),
+    "v5litepod": (0.48, 0.84),
+    "v6e": (1.35, 1.89),
+}
+GENERATIONS = {
+    name: replace(g, spot_price_per_chip_hour=_SPOT_AND_RESERVED[name][0],
+                  reserved_price_per_chip_hour=_SPOT_AND_RESERVED[name][1])
+    for name, g in GENERATIONS.items()
 }
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
+from tpuft import cost, rundir
 from tpuft.backends import get_backend
 from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
@@ -187,6 +187,7 @@ def train(
         "launch": launch.as_json(),
         "addresses": _addresses(session, plan),
         **_placement(session, plan),
+        **cost.launch_fields(config.accelerator, config.gcp, session.cluster.layout.slices),
         "startup_timeout": recipe.value.train.startup_timeout,
         "shipped_data": shipped,
     }
