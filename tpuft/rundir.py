@@ -26,6 +26,10 @@ RUN_INFO = "run.json"
 TRACKING = "tracking.json"
 """The tracker sidecar's state (``report.to``: wandb, mlflow): each tracker's run and the rows it has; its runs go
 into run.json's ``tracking`` at the end (:func:`tracking_entry`)."""
+EVENTS_DIR = "events"
+"""The run's timeline, read by ``tpuft.goodput``: the chief trainer's ``worker-<i>-attempt-<n>.jsonl`` (one JSON event
+a line, ``tpuft.worker.events``) and the controller's one object per event under ``controller/``."""
+CONTROLLER_EVENTS = f"{EVENTS_DIR}/controller"
 TRACKING_STOP = "tracking-stop.json"
 """Written by the chief's supervisor when its trainer has ended: the sidecar sends the rest and finishes."""
 
@@ -144,6 +148,29 @@ def attempt_record(attempt: int, worker: int) -> str:
 
 def stop_request(attempt: int) -> str:
     return f"{ATTEMPTS_DIR}/{attempt}/stop.json"
+
+
+def checkpoint_request(attempt: int, request_id: str) -> str:
+    """A checkpoint asked for on demand (``tpuft checkpoint``, ``stop --checkpoint``, a maintenance notice, a cost
+    limit): ``{"id", "time", "reason", "at_step", "stop"}``. Every supervisor relays it to its trainer's
+    :data:`CONTROL_DIR`; a request of an earlier attempt is never served (the folder is the attempt's)."""
+    return f"{ATTEMPTS_DIR}/{attempt}/checkpoint-{request_id}.json"
+
+
+def checkpoint_ack(attempt: int, request_id: str, worker: int) -> str:
+    """A trainer's answer to a checkpoint request: ``{"step", "saved"}`` once the save is done, or ``{"step",
+    "refused"}`` (the chief's is the one that counts)."""
+    return f"{ATTEMPTS_DIR}/{attempt}/checkpoint-{request_id}-worker-{worker}.json"
+
+
+CHECKPOINT_REQUEST_NAME = re.compile(r"^checkpoint-(\d+)\.json$")
+CONTROL_DIR = "control"
+"""In a trainer's LOCAL run dir: the requests its supervisor relayed (``checkpoint-<id>.json``), so that the trainer
+looks for them with one ``os.stat`` per step and never reads the bucket."""
+
+
+def checkpoint_control(run_dir: Path, request_id: str) -> Path:
+    return run_dir / CONTROL_DIR / f"checkpoint-{request_id}.json"
 
 
 def failure_record(attempt: int, worker: int) -> str:

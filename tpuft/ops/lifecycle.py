@@ -27,6 +27,7 @@ from tpuft.errors import TpuftError, UsageError
 from tpuft.fleet.base import LineSink, last_json_object
 from tpuft.monitor import run_layout  # run.json's slices: the one reading that logs and monitor use too
 from tpuft.ops.common import Session, on_worker, open_session
+from tpuft.ops.ondemand import CheckpointDone, request_checkpoint, wait_checkpoint  # noqa: F401 - the contract's names
 from tpuft.records import Worker
 from tpuft.runs import Run, list_runs
 from tpuft.waiting import waiting

@@ -1,0 +1,165 @@
+"""Checkpoints on demand, from the controller: ask a running run's trainers to save now, and wait until that
+checkpoint is complete in run storage (``tpuft checkpoint``, ``tpuft stop --checkpoint``, a maintenance notice, a
+cost limit).
+
+The ask is a file in the run dir (``attempts/<n>/checkpoint-<id>.json``), like a stop request: it reaches every
+worker, even one this machine cannot reach, because each supervisor polls the run dir and relays it to its trainer
+(``tpuft/worker/supervision.py``). The trainers save through their backend's normal save path at a step boundary
+and acknowledge; the wait ends when the layout's manifest check finds the step's checkpoint complete in run storage
+(for a bucket run that includes the run-dir sync's upload), which is what a resume would restore.
+
+On several hosts every process must save at the same step (T5X's save is a collective), so the request names
+``at_step``: the freshest heartbeat step plus the steps the run makes while the request travels (the supervisors'
+control poll and, on a bucket, the heartbeat's sync lag) at its measured speed. A host that has already passed that
+step when the request reaches it refuses it (``tpuft/worker/ondemand.py``): no host waits in a save its peers never
+start, and the wait here says why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tpuft import rundir
+from tpuft.errors import TpuftError, UsageError
+from tpuft.runs import Run
+from tpuft.waiting import waiting
+
+RELAY_SLACK_SECONDS = 3.0
+"""Beyond the control poll: the supervisor's read of the request and the write of its relay."""
+BUCKET_SYNC_SECONDS = 15.0
+"""How stale a bucket run's heartbeat can be (the run-dir sync's period, ``tpuft/storage/sync.py``)."""
+MIN_MARGIN_STEPS = 2
+
+
+class CheckpointTimeout(TpuftError):
+    """The checkpoint was not complete in time (exit code 1): names the workers that had not acknowledged."""
+
+
+class CheckpointRefused(TpuftError):
+    """The trainers refused the request (a host had passed ``at_step``; the run ended first)."""
+
+
+@dataclass(frozen=True)
+class CheckpointDone:
+    id: str
+    step: int
+    path: str
+    """The checkpoint's run url (``<run dir>/checkpoints/step-120``)."""
+    asked: float
+    complete: float
+    """When this machine found it complete in run storage (unix seconds)."""
+    latency_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "step": self.step, "path": self.path, "asked": self.asked, "complete": self.complete,
+                "latency_s": round(self.latency_s, 2)}
+
+
+def _running_attempt(run: Run) -> tuple[dict[str, Any], int]:
+    info = run.info()
+    if info.get("status") != "running":
+        status = info.get("status") or "unknown (no run.json)"
+        raise UsageError(f"run {run.id} is not running (status: {status}): there is no trainer to ask for a checkpoint",
+                         hint=f"Its checkpoints: tpuft runs show {run.id}")
+    return info, int(info.get("attempt", 1))
+
+
+def request_checkpoint(run: Run, *, reason: str, stop: bool = False, at_step: int | None = None) -> str:
+    """Write the request and return its id (``<unix_ms>``). On several hosts, with no ``at_step`` given, one is
+    picked (:func:`pick_at_step`) so that every process saves at the same step."""
+    info, attempt = _running_attempt(run)
+    now = time.time()
+    request_id = str(int(now * 1000))
+    if at_step is None and int(info.get("workers") or 1) > 1:
+        at_step = pick_at_step(run, info, now)
+    request = {"id": request_id, "time": now, "reason": reason, "at_step": at_step, "stop": stop}
+    run.storage.write_text(rundir.checkpoint_request(attempt, request_id), json.dumps(request))
+    return request_id
+
+
+def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
+    """The freshest heartbeat's step, advanced by what the run trains until the heartbeat is read here (its age)
+    and until every supervisor has relayed the request (poll, slack, and a bucket's sync lag), at the speed the
+    heartbeat reports (``examples_per_s`` over the recipe's batch), rounded up, plus :data:`MIN_MARGIN_STEPS`."""
+    beats = [b for w in range(int(info.get("workers") or 1)) if (b := rundir.read_heartbeat(run.storage, w))]
+    if not beats:
+        return MIN_MARGIN_STEPS
+    freshest = max(beats, key=lambda b: (int(b.get("step") or 0), float(b.get("time") or 0.0)))
+    step = int(freshest.get("step") or 0)
+    steps_per_s = _steps_per_second(run, freshest)
+    poll = 2.5 if run.remote else 0.5
+    travel = max(0.0, now - float(freshest.get("time") or now)) + poll + RELAY_SLACK_SECONDS
+    if run.remote:
+        travel += BUCKET_SYNC_SECONDS
+    return step + math.ceil(travel * steps_per_s) + MIN_MARGIN_STEPS
+
+
+def _steps_per_second(run: Run, beat: dict[str, Any]) -> float:
+    import yaml
+
+    try:
+        recipe = yaml.safe_load(run.storage.read_text(rundir.RECIPE) or "") or {}
+        batch = float(((recipe.get("train") or {}).get("batch_size")) or 0)
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        batch = 0.0
+    rate = float(beat.get("examples_per_s") or 0.0)
+    return rate / batch if batch > 0 and rate > 0 else 0.0
+
+
+def request_state(run: Run, attempt: int, request_id: str) -> dict[str, Any] | None:
+    return rundir.read_json_text(run.storage.read_text(rundir.checkpoint_request(attempt, request_id)))
+
+
+def acks(run: Run, attempt: int, request_id: str) -> dict[int, dict[str, Any]]:
+    """worker -> its trainer's answer to the request (one listing of the attempt's folder)."""
+    prefix = f"checkpoint-{request_id}-worker-"
+    found = {}
+    for relpath in run.storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}"):
+        name = relpath.rpartition("/")[2]
+        if name.startswith(prefix) and name.endswith(".json"):
+            answer = rundir.read_json_text(run.storage.read_text(relpath))
+            if answer is not None:
+                found[int(name[len(prefix) : -len(".json")])] = answer
+    return found
+
+
+def wait_checkpoint(run: Run, request_id: str, timeout: float, *, sleep: Callable[[float], None] = time.sleep,
+                    poll: float | None = None) -> CheckpointDone:
+    """Until the chief has acknowledged and the layout's manifest check finds that step's checkpoint complete in
+    run storage. A refusal, a run that ends first, or ``timeout`` raise, naming the workers without an answer."""
+    info = run.info()
+    attempt = int(info.get("attempt", 1))
+    request = request_state(run, attempt, request_id)
+    if request is None:
+        raise UsageError(f"run {run.id} has no checkpoint request {request_id} in attempt {attempt}")
+    workers = int(info.get("workers") or 1)
+    asked = float(request["time"])
+    poll = poll if poll is not None else (2.0 if run.remote else 0.25)
+    chief: dict[str, Any] | None = None
+    with waiting(f"the checkpoint that run {run.id} was asked for ({request['reason']})", timeout) as wait:
+        while True:
+            answers = acks(run, attempt, request_id) if chief is None else {0: chief}
+            chief = answers.get(0)
+            if chief is not None and chief.get("refused"):
+                raise CheckpointRefused(f"run {run.id} refused the checkpoint: {chief['refused']}")
+            if chief is not None:
+                step = int(chief["step"])
+                layout = run.layout()
+                names = layout.checkpoint_steps(run.storage)
+                if step in names:
+                    complete = time.time()
+                    path = f"{run.url.rstrip('/')}/{layout.checkpoints}/{names[step]}"
+                    return CheckpointDone(request_id, step, path, asked, complete, complete - asked)
+            if run.info().get("status") != "running" and chief is None:
+                raise CheckpointRefused(f"run {run.id} ended ({run.info().get('status')}) before its trainers saved the checkpoint")
+            if wait.expired():
+                missing = [w for w in range(workers) if w not in answers] if chief is None else []
+                who = (f"worker(s) {', '.join(map(str, missing))} did not acknowledge" if missing
+                       else f"the chief saved step {chief['step'] if chief else '?'} but it was not complete in run storage")
+                raise CheckpointTimeout(f"run {run.id}: no complete checkpoint {timeout:.0f} s after the ask: {who}")
+            sleep(poll)
