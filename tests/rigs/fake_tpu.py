@@ -64,7 +64,14 @@ workers (networkEndpoints, addresses drawn slice by slice from the pool) and hos
 turns the queued resource SUSPENDING; a queued resource created again after a delete gets fresh nodes (new ``id``,
 addresses from ``worker_addresses`` as it is then).
 
-Test controls (thread-safe): ``preempt``, ``add_symptom``, ``fail_next_create``, ``transient_errors``, ``deny``,
+Maintenance: ``announce_maintenance`` puts an ``upcomingMaintenance`` on a node (served by ``v2alpha1`` GetNode only,
+as in the real protos: v2's Node has no such field), ``begin_maintenance`` opens the window (node REPAIRING),
+``POST v2alpha1/...nodes/N:simulateMaintenanceEvent`` announces one ``simulated_notice_s`` ahead on the first of its
+``workerIds``; ``maintenance_listeners`` hear of each announcement per worker (the metadata server rig follows them).
+``:stop`` (StopNode) takes a READY node to STOPPED: the nearest real action to a preemption that the API offers.
+
+Test controls (thread-safe): ``preempt``, ``add_symptom``, ``announce_maintenance``, ``begin_maintenance``,
+``clear_maintenance``, ``fail_next_create``, ``transient_errors``, ``deny``,
 ``allow``, ``fail_queued``, ``suspend_queued``, ``settle``, ``reset``; settings ``operation_polls``,
 ``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``, ``default_external_ips``,
 ``host_keys``, ``omit_unpublished``; the log ``requests``. Wrapping it in a fixture is one line::
@@ -84,6 +91,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -177,7 +185,7 @@ CHIP_FAMILIES: Final[dict[str, str]] = {"v5litepod": "V5LITE_POD", "v6e": "V6E"}
 CHIPS_PER_HOST: Final = 4
 ID_PATTERN: Final = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 ROUTE: Final = re.compile(
-    r"/v2/projects/(?P<project>[^/:]+)/locations/(?P<zone>[^/:]+)"
+    r"/(?P<version>v2|v2alpha1)/projects/(?P<project>[^/:]+)/locations/(?P<zone>[^/:]+)"
     r"/(?P<collection>nodes|queuedResources|operations)(?:/(?P<id>[^/:]+))?(?::(?P<verb>[A-Za-z]+))?"
 )
 
@@ -275,6 +283,10 @@ def enum_name(value: Any, table: dict[str, int]) -> str:
 
 def now_rfc3339() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def rfc3339(unix: float) -> str:
+    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def camel(path: str) -> str:
@@ -431,6 +443,11 @@ class FakeTpuServer:
         entry (the real service's choice is undocumented; callers must not map answers to workers by position)."""
         self.default_external_ips = True
         """Whether a node created without networkConfig gets external IPs (with one, enableExternalIps decides)."""
+        self.simulated_notice_s = 60.0
+        """How far ahead of now a ``:simulateMaintenanceEvent`` puts the window it announces."""
+        self.maintenance_listeners: list[Callable[[str, str, Json], None]] = []
+        """Called with (node id, worker id, the UpcomingMaintenance JSON) when a maintenance is announced on one
+        worker: how the metadata server rig (``metadata_server.MetadataServer.follow``) learns what to serve."""
         self.requests: list[RecordedRequest] = []
         self._lock = threading.RLock()
         self._httpd: ThreadingHTTPServer | None = None
@@ -501,6 +518,7 @@ class FakeTpuServer:
             self._fail_queued: dict[str | None, ApiError] = {}
             self._transient: list[ApiError] = []
             self._denied: list[str] = []
+            self._maintenance: dict[str, Json] = {}
             self.requests.clear()
 
     # ---- test controls ---------------------------------------------------------------------------------------
@@ -532,6 +550,40 @@ class FakeTpuServer:
             symptom = {"createTime": now_rfc3339(), "symptomType": symptom_type, "details": details,
                        "workerId": worker_id}  # fmt: skip
             record.setdefault("symptoms", []).append(symptom)
+
+    def announce_maintenance(self, node: str, *, starts_in: float = 600.0, lasts: float = 3600.0,
+                             kind: str = "SCHEDULED", worker_id: str = "0") -> Json:  # fmt: skip
+        """Upcoming maintenance on a node, as ``v2alpha1`` GetNode shows it (``upcomingMaintenance``: type, window
+        start and end, latest start, status PENDING); the v2 API has no such field, so v2 answers leave it out.
+        The listeners hear of it for ``worker_id`` (the worker whose metadata key would announce it)."""
+        if kind not in ("SCHEDULED", "UNSCHEDULED"):
+            raise ValueError(f"maintenance type {kind!r}: SCHEDULED or UNSCHEDULED")
+        start = time.time() + starts_in
+        window = {"type": kind, "canReschedule": kind == "SCHEDULED", "windowStartTime": rfc3339(start),
+                  "windowEndTime": rfc3339(start + lasts), "latestWindowStartTime": rfc3339(start),
+                  "maintenanceStatus": "PENDING"}  # fmt: skip
+        with self._lock:
+            name = self._node_name(node)
+            if name not in self._nodes:
+                raise KeyError(node)
+            self._maintenance[name] = window
+            listeners = list(self.maintenance_listeners)
+        for listener in listeners:
+            listener(name.rsplit("/", 1)[-1], worker_id, copy.deepcopy(window))
+        return copy.deepcopy(window)
+
+    def begin_maintenance(self, node: str) -> None:
+        """The window opens: the status turns ONGOING and the node REPAIRING (health UNHEALTHY_MAINTENANCE), which
+        is how a TPU VM that cannot live-migrate goes away for maintenance; the watcher sees a node not READY."""
+        with self._lock:
+            name = self._node_name(node)
+            self._maintenance.setdefault(name, {"type": "UNSCHEDULED"})["maintenanceStatus"] = "ONGOING"
+            self._nodes[name]["state"] = "REPAIRING"
+            self._nodes[name]["health"] = "UNHEALTHY_MAINTENANCE"
+
+    def clear_maintenance(self, node: str) -> None:
+        with self._lock:
+            self._maintenance.pop(self._node_name(node), None)
 
     def fail_next_create(self, status: str = "RESOURCE_EXHAUSTED", message: str | None = None, *,
                          code: int | None = None, synchronous: bool = False) -> None:  # fmt: skip
@@ -676,11 +728,24 @@ class FakeTpuServer:
         parent = f"projects/{match['project']}/locations/{match['zone']}"
         collection, item, verb = match["collection"], match["id"], match["verb"]
         name = f"{parent}/{collection}/{item}" if item else parent
+        alpha = match["version"] == "v2alpha1"
         if verb:
-            if (collection, call.method, verb) != ("nodes", "POST", "getGuestAttributes") or item is None:
+            verbs: dict[str, tuple[str, str, Callable[[], Json]]] = {
+                "getGuestAttributes": ("GetGuestAttributes", "tpu.nodes.get",
+                                       lambda: self._get_guest_attributes(name, call)),
+                "stop": ("StopNode", "tpu.nodes.stop", lambda: self._stop_node(name, call)),
+            }  # fmt: skip
+            if alpha:  # the v2alpha1 API's alone
+                verbs["simulateMaintenanceEvent"] = ("SimulateMaintenanceEvent", "tpu.nodes.simulateMaintenanceEvent",
+                                                     lambda: self._simulate_maintenance(name, call))
+            if collection != "nodes" or call.method != "POST" or item is None or verb not in verbs:
                 raise ApiError("UNIMPLEMENTED", f"fake_tpu does not implement :{verb} on {collection}")
-            run = lambda: self._get_guest_attributes(name, call)  # noqa: E731
-            return _Route("GetGuestAttributes", "tpu.nodes.get", name, run)
+            rpc, permission, run = verbs[verb]
+            return _Route(rpc, permission, name, run)
+        if alpha:  # only what tpuft reads from v2alpha1: one node with its upcoming maintenance
+            if (collection, call.method, item is not None) != ("nodes", "GET", True):
+                raise ApiError("UNIMPLEMENTED", f"fake_tpu serves only GetNode on v2alpha1, not {call.method} {call.path}")
+            return _Route("v2alpha1.GetNode", "tpu.nodes.get", name, lambda: self._get_node_alpha(name, call))
         table: dict[tuple[str, str, bool], tuple[str, str, Callable[[], Json]]] = {
             ("nodes", "GET", False): ("ListNodes", "tpu.nodes.list", lambda: self._list_nodes(parent, call)),
             ("nodes", "POST", False): ("CreateNode", "tpu.nodes.create", lambda: self._create_node(parent, call)),
@@ -766,6 +831,62 @@ class FakeTpuServer:
         if name not in self._nodes:  # a delete just finished
             raise not_found(name)
         return render_node(self._nodes[name], call.ints)
+
+    def _get_node_alpha(self, name: str, call: _Call) -> Json:
+        """GetNode of v2alpha1: the node as v2 has it plus ``upcomingMaintenance`` when one is announced. Not a poll of
+        the node's operations (only v2 GETs are: tpuft's v2 calls are what the rig's polling counts model)."""
+        if name not in self._nodes:
+            raise not_found(name)
+        node = render_node(self._nodes[name], call.ints)
+        if name in self._maintenance:
+            node["upcomingMaintenance"] = copy.deepcopy(self._maintenance[name])
+        return node
+
+    def _simulate_maintenance(self, name: str, call: _Call) -> Json:
+        """SimulateMaintenanceEvent (v2alpha1): the first of ``workerIds`` (worker 0 when empty, as the proto says)
+        gets a maintenance notice ``simulated_notice_s`` ahead; an operation, done after the usual polls."""
+        node = self._nodes.get(name)
+        if node is None:
+            raise not_found(name)
+        body = call.body if call.body is not None else {}
+        if not isinstance(body, dict) or set(body) - {"workerIds", "worker_ids"}:
+            raise invalid("Invalid JSON payload received: SimulateMaintenanceEventRequest takes workerIds only.")
+        worker_ids = body.get("workerIds", body.get("worker_ids", [])) or ["0"]
+        workers = len(node.get("networkEndpoints", []))
+        if node["state"] != "READY" or not workers:
+            raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; maintenance can be simulated "
+                                                  f"on a READY node.")
+        first = worker_ids[0]
+        if not isinstance(first, str) or not first.isdigit() or int(first) >= workers:
+            raise invalid(f"Invalid worker id {first!r}: node '{name}' has workers 0..{workers - 1}.")
+        start = time.time() + self.simulated_notice_s
+        window = {"type": "UNSCHEDULED", "canReschedule": False, "windowStartTime": rfc3339(start),
+                  "windowEndTime": rfc3339(start + 600.0), "latestWindowStartTime": rfc3339(start),
+                  "maintenanceStatus": "PENDING"}  # fmt: skip
+        self._maintenance[name] = window
+        for listener in list(self.maintenance_listeners):
+            listener(name.rsplit("/", 1)[-1], first, copy.deepcopy(window))
+        return self._start_operation(self._parent_of(name), name, "simulateMaintenanceEvent", NODE_TYPE,
+                                     lambda: copy.deepcopy(self._nodes.get(name) or {}), call.ints)
+
+    def _stop_node(self, name: str, call: _Call) -> Json:
+        """StopNode: READY -> STOPPING, STOPPED when its operation is done (health dropped, workers kept)."""
+        node = self._nodes.get(name)
+        if node is None:
+            raise not_found(name)
+        if node["state"] != "READY":
+            raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; only a READY node can be stopped.")
+        node["state"] = "STOPPING"
+        node.pop("health", None)
+
+        def finish() -> Json:
+            current = self._nodes.get(name)
+            if current is None:
+                raise not_found(name)
+            current["state"] = "STOPPED"
+            return current
+
+        return self._start_operation(self._parent_of(name), name, "stop", NODE_TYPE, finish, call.ints)
 
     def _create_node(self, parent: str, call: _Call) -> Json:
         node_id = call.query.get("nodeId", "")
