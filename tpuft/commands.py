@@ -34,6 +34,14 @@ VERBS: tuple[Verb, ...] = (
          "tpuft create --config tpuft.yaml"),
     Verb("status", "Cluster", "Show the cluster's state and its workers.", "tpuft status --json"),
     Verb("delete", "Cluster", "Delete the cluster's workers. Runs in the bucket are kept.", "tpuft delete --yes"),
+    Verb("gc", "Cluster",
+         "Find the capacity tpuft created that holds quota or bills for nothing (preempted, failed, idle); --yes deletes it.",
+         "tpuft gc --zone us-central2-b --idle 2h",
+         "Looks in the cluster file's project and zone (and each --zone) at the nodes and queued resources labelled "
+         "created-by=tpuft, nothing else: PREEMPTED or TERMINATED nodes, FAILED or SUSPENDED queued resources, and "
+         "READY nodes with no live run in the cluster's bucket for longer than --idle. Shows each one's list price "
+         "per hour (an estimate) and how long it has been so. --yes deletes them (a queued resource with force), "
+         "each deletion reported; exit 1 when one failed."),
     Verb("exec", "Cluster", "Run a command on every worker (or some) in parallel, with prefixed output.",
          "tpuft exec -- 'hostname; nproc'",
          "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS (on several slices also TPUFT_SLICE_ID and "

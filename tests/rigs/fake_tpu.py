@@ -654,6 +654,17 @@ class FakeTpuServer:
                 while queued.state in self.queued_states[:-1]:
                     self._advance_queued(queued)
 
+    def backdate(self, resource: str, seconds: float) -> None:
+        """Make a node or queued resource (full name or bare id) look created ``seconds`` ago: its createTime is
+        the only age the API gives, and what ``tpuft gc`` judges leftovers by."""
+        with self._lock:
+            stamp = rfc3339(time.time() - seconds)
+            queued = self._find_queued(resource)
+            if queued is not None:
+                queued.create_time = stamp
+            else:
+                self._nodes[self._node_name(resource)]["createTime"] = stamp
+
     # ---- inspection ------------------------------------------------------------------------------------------
 
     def node(self, node: str) -> Json | None:
