@@ -164,13 +164,14 @@ def checkpoint_ack(attempt: int, request_id: str, worker: int) -> str:
 
 
 CHECKPOINT_REQUEST_NAME = re.compile(r"^checkpoint-(\d+)\.json$")
-CONTROL_DIR = "control"
-"""In a trainer's LOCAL run dir: the requests its supervisor relayed (``checkpoint-<id>.json``), so that the trainer
-looks for them with one ``os.stat`` per step and never reads the bucket."""
+CONTROL_DIR = ".control"
+"""In a trainer's LOCAL run dir, one folder per worker (a local pod's workers share the run dir): the requests its
+supervisor relayed (``checkpoint-<id>.json``), so that the trainer looks for them with one ``os.stat`` per step and
+never reads the bucket. Its dot keeps it out of the run-dir sync: the bucket has the requests already."""
 
 
-def checkpoint_control(run_dir: Path, request_id: str) -> Path:
-    return run_dir / CONTROL_DIR / f"checkpoint-{request_id}.json"
+def checkpoint_control(run_dir: Path, worker: int) -> Path:
+    return run_dir / CONTROL_DIR / f"worker-{worker}"
 
 
 def failure_record(attempt: int, worker: int) -> str:

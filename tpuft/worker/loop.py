@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuft import rundir
 from tpuft.worker.metrics import Heartbeat, MetricsWriter
+from tpuft.worker.ondemand import CheckpointRequests, serve
 from tpuft.worker.predictions import prefixed
 from tpuft.worker.resume import TRAINER_STATE, ResumePoint, find_resume_checkpoint, load_resume_point, open_metrics
 from tpuft.worker.resume import resuming as resume_requested
@@ -425,6 +426,7 @@ def train(loop: RunLoop, hooks: TrainerHooks) -> None:
     loop.start_clock()
     loop.say(f"training steps {loop.step + 1} to {total}" if loop.step else f"training for {total} steps")
     loop.warm_at = loop.step + hooks.start(loop.step)
+    requests = CheckpointRequests.of(loop.ctx, answers=loop.beats)  # tpuft checkpoint: one os.stat per step
     if loop.selector.stopped_early:  # the checkpoint is where an early-stopped run ended: nothing more to train
         loop.stopped_early = loop.selector.stopped_early
         loop.say(f"resumed after {loop.stopped_early}")
@@ -450,6 +452,7 @@ def train(loop: RunLoop, hooks: TrainerHooks) -> None:
                 saved = True
         if not saved and loop.checkpoint_due(step):
             hooks.save(step)
+        serve(requests, step, hooks.save, loop.say, lambda at: loop.beat(at, phase="checkpoint"))
 
 
 def evaluate(loop: RunLoop, hooks: TrainerHooks) -> dict[str, Any]:

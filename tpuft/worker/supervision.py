@@ -21,7 +21,9 @@ from typing import Any, BinaryIO
 from tpuft import rundir
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.host_state import kill_group, process_state, read_current, start_ticks, worker_lock, write_current
+from tpuft.worker.maintenance import MaintenanceNotices
 from tpuft.worker.metrics import PATIENT_PHASES
+from tpuft.worker.ondemand import Relay
 from tpuft.worker.startup import names, not_up
 from tpuft.worker.tracking_launch import TrackingSidecar
 
@@ -103,6 +105,8 @@ class Supervisor:
         """Set by the signal handler (SIGTERM from ``tpuft stop``), acted on at the next tick."""
         self.trainer_started = time.time()
         self.sidecar: TrackingSidecar | None = None
+        self.relay = Relay(ctx.run_dir, ctx.worker_id, attempt)
+        """Checkpoint requests (``tpuft checkpoint``) into the trainer's control folder, polled with the stop request."""
         """The chief's tracker sidecar (``report.to``: wandb, mlflow), beside the trainer; never its concern."""
 
     # -- records ---------------------------------------------------------------------------------------------
@@ -123,6 +127,7 @@ class Supervisor:
         try:
             env = {**os.environ, "TPUFT_ATTEMPT": str(self.attempt)}
             log = rundir.log_path(self.ctx.run_dir, self.ctx.worker_id)
+            self.relay.clear()
             try:
                 trainer = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -138,6 +143,7 @@ class Supervisor:
             with worker_lock():
                 write_current({**read_current(), "status": "running", "trainer_pid": trainer.pid})
             self.sidecar = TrackingSidecar.start(self.ctx, self.storage, output)
+            self.maintenance = MaintenanceNotices.start(self.ctx, self.storage, self.attempt, output.say)
             code = self._watch(trainer, output)
             return self._end(code, output, syncer)
         except BaseException as exc:
@@ -186,6 +192,10 @@ class Supervisor:
                     reason = self._stop_wanted()
                     if reason:
                         self._stop(trainer, output, reason)
+                    else:
+                        self._relay()
+                if self.stop_reason is None and (asked := self.relay.stop_reason()):
+                    self._stop_after_checkpoint(trainer, output, asked)
                 hang = self._startup_check() or self._hang_check(trainer.pid)
                 if hang is not None:
                     self.hang = hang
@@ -220,6 +230,22 @@ class Supervisor:
             who = culprit.get("name") or f"worker {culprit.get('worker')}"
             return f"{who} {'hung' if culprit.get('status') == 'hung' else 'failed'}"
         return None
+
+    def _relay(self) -> None:
+        try:
+            self.relay.poll(self.storage)
+        except Exception as exc:  # noqa: BLE001 - a bucket hiccup: look again next time
+            print(f"[supervisor] cannot relay the run's checkpoint requests: {exc}", flush=True)
+
+    def _stop_after_checkpoint(self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str) -> None:
+        """The trainer saved the checkpoint asked for with ``stop``: stopped as ``tpuft stop`` would, the chief's
+        supervisor writing the run's stop request with the reason (every worker stops; run.json's cause)."""
+        if self.ctx.worker_id == 0:
+            try:
+                self.storage.write_text(rundir.stop_request(self.attempt), json.dumps({"reason": reason, "time": time.time()}))
+            except Exception as exc:  # noqa: BLE001 - the peers stop on their own trainers' answers too
+                print(f"[supervisor] cannot write the stop request: {exc}", flush=True)
+        self._stop(trainer, output, reason)
 
     def _stop(self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str) -> None:
         self.stop_reason = reason

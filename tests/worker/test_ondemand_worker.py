@@ -1,0 +1,136 @@
+"""Checkpoints on demand, the worker's side (tpuft/worker/ondemand.py): the shared RunLoop serving a relayed request
+at its step (plain hooks, no backend venv), a request whose step has passed refused, and a real supervisor relaying
+a ``stop`` request to a real (tiny, framework-free) trainer process, stopping it after the save; the controller's
+``request_checkpoint``/``wait_checkpoint`` on the other end."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuft import rundir
+from tpuft.ops import lifecycle
+from tpuft.runs import Run
+from tpuft.storage import LocalStorage
+from tpuft.worker import loop as loop_mod
+from tpuft.worker import ondemand
+from tpuft.worker.context import WorkerContext
+
+from tests.worker.test_loop import Hooks, kept, recipe, start
+
+
+def relay(run_dir: Path, request_id: str, **fields: Any) -> None:
+    """What the supervisor's Relay writes (the last test runs the real one)."""
+    rundir.write_json_atomic(rundir.checkpoint_control(run_dir, 0) / f"checkpoint-{request_id}.json",
+                             {"id": request_id, "reason": "asked", "at_step": None, "stop": False, **fields})
+
+
+class AskingHooks(Hooks):
+    """Plain hooks whose run gets requests relayed while it trains: ``asks`` = {step: (id, fields)}."""
+
+    def __init__(self, loop: Any, asks: dict[int, tuple[str, dict[str, Any]]]) -> None:
+        super().__init__(loop)
+        self.asks = asks
+
+    def train_step(self, step: int) -> None:
+        super().train_step(step)
+        if step in self.asks:
+            request_id, fields = self.asks[step]
+            relay(self.loop.ctx.run_dir, request_id, **fields)
+
+
+def answer(run_dir: Path, request_id: str) -> dict[str, Any] | None:
+    return rundir.read_json(run_dir / rundir.checkpoint_ack(1, request_id, 0))
+
+
+def test_the_loop_saves_at_the_asked_step_and_refuses_a_passed_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUFT_ATTEMPT", "1")
+    loop = start(tmp_path, recipe(steps=10, checkpoint_every=None, eval_every=None))
+    # at step 1: "now" (no at_step) -> saved after step 2; at step 3: for step 6 -> saved after step 6 exactly;
+    # at step 7: for step 5, already passed -> refused, nothing saved.
+    hooks = AskingHooks(loop, {1: ("100", {}), 3: ("200", {"at_step": 6}), 7: ("300", {"at_step": 5})})
+    loop_mod.run(loop, hooks)
+    assert hooks.named("save") == [2, 6, 10]
+    assert kept(tmp_path) == ["step_00000002", "step_00000006", "step_00000010"]
+    assert answer(tmp_path, "100")["step"] == 2 and answer(tmp_path, "200")["step"] == 6
+    refused = answer(tmp_path, "300")
+    assert refused["step"] == 8 and "was at step 8 when the request for step 5 reached it" in refused["refused"]
+
+
+def test_only_the_process_that_answers_for_its_worker_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    requests = ondemand.CheckpointRequests(tmp_path, 0, 1, answers=False)
+    relay(tmp_path, "5")
+    saved: list[int] = []
+    ondemand.serve(requests, 3, saved.append, lambda _: None, lambda _: None)
+    assert saved == [3] and answer(tmp_path, "5") is None
+    ondemand.serve(requests, 4, saved.append, lambda _: None, lambda _: None)
+    assert saved == [3], "a request is served once"
+
+
+def test_a_stop_request_holds_the_trainer_after_its_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUFT_ATTEMPT", "1")
+    monkeypatch.setattr(ondemand, "HOLD_SECONDS", 0.3)
+    loop = start(tmp_path, recipe(steps=10, checkpoint_every=None, eval_every=None))
+    hooks = AskingHooks(loop, {3: ("7", {"stop": True})})
+    with pytest.raises(SystemExit, match="saved step 4 for a stop, but its supervisor did not stop it"):
+        loop_mod.run(loop, hooks)
+    assert hooks.named("step") == [0, 1, 2, 3] and hooks.named("save") == [4]
+    assert answer(tmp_path, "7")["step"] == 4
+
+
+TRAINER = """
+import sys, time
+from pathlib import Path
+from tpuft.backends.registry import layout
+from tpuft.worker import ondemand
+from tpuft.worker.metrics import Heartbeat
+
+run_dir = Path(sys.argv[1])
+beat = Heartbeat(run_dir, 0, 1000)
+requests = ondemand.CheckpointRequests(run_dir, 0, 1, answers=True)
+def save(step):
+    folder = layout("torch_xla").checkpoint_dir(run_dir, step)
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_text("weights")
+    layout("torch_xla").write_manifest(folder)
+for step in range(1, 1000):
+    time.sleep(0.02)
+    beat.beat(step, examples_per_s=400.0)
+    ondemand.serve(requests, step, save, print, lambda at: beat.beat(at, phase="checkpoint"))
+"""
+
+
+def test_a_supervisor_relays_a_stop_request_and_stops_its_trainer_after_the_save(tmp_path: Path) -> None:
+    from tpuft.worker.supervision import Supervisor
+
+    storage = LocalStorage(tmp_path)
+    storage.write_text(rundir.RUN_INFO, json.dumps({"status": "running", "attempt": 1, "workers": 1, "backend": "torch_xla",
+                                                    "attempts": [{"attempt": 1, "started": time.time()}]}))
+    ctx = WorkerContext(run_id=tmp_path.name, run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="",
+                        run_url=str(tmp_path))
+    supervisor = Supervisor(ctx, [sys.executable, "-c", TRAINER, str(tmp_path)], 1, 30.0, storage)
+    run = Run.from_url(tmp_path)
+    done: list[Any] = []
+
+    def controller() -> None:
+        while (rundir.read_heartbeat(storage, 0) or {}).get("step", 0) < 5:
+            time.sleep(0.05)
+        request_id = lifecycle.request_checkpoint(run, reason="stopped with tpuft stop --checkpoint", stop=True)
+        done.append(lifecycle.wait_checkpoint(run, request_id, timeout=30, poll=0.05))
+
+    thread = threading.Thread(target=controller)
+    thread.start()
+    assert supervisor.run() == 0
+    thread.join(timeout=30)
+    info = run.info()
+    assert info["status"] == "stopped" and info["cause"] == "stopped with tpuft stop --checkpoint"
+    saved = done[0].step
+    assert saved >= 5 and saved in run.layout().checkpoint_steps(storage)
+    assert rundir.read_heartbeat(storage, 0)["step"] == saved, "no step after the checkpoint: a resume loses none"
+    assert 0 < done[0].latency_s < 10
