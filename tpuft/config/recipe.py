@@ -177,6 +177,14 @@ class TrainConfig(StrictModel):
         description="A worker whose trainer makes no progress for this long (3x, at least a minute, while compiling, "
         "evaluating or checkpointing) is declared hung and the run is stopped: 600, 90s, 10m, 1h.",
     )
+    max_cost: float | None = Field(
+        None, gt=0.0, le=1e9,
+        description="Stop the run with a checkpoint once its cost so far (every attempt's chip-hours x the "
+        "catalogue's list price for on-demand, spot or reserved capacity, as created; an estimate, in USD) reaches "
+        "this. Worker 0's supervisor checks it, so it holds with no terminal attached; `tpuft resume` continues from "
+        "that checkpoint (raise it with --set first). On the local pod it counts what the same hours would cost on "
+        "the cluster's accelerator. null: no limit.",
+    )
 
     @field_validator("warmup_steps")
     @classmethod

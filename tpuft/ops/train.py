@@ -188,6 +188,7 @@ def train(
         "addresses": _addresses(session, plan),
         **_placement(session, plan),
         **cost.launch_fields(config.accelerator, config.gcp, session.cluster.layout.slices),
+        "max_cost": recipe.value.train.max_cost,
         "startup_timeout": recipe.value.train.startup_timeout,
         "shipped_data": shipped,
     }

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 from tpuft import rundir
 from tpuft.worker.context import WorkerContext
+from tpuft.worker.cost_guard import CostGuard
 from tpuft.worker.host_state import kill_group, process_state, read_current, start_ticks, worker_lock, write_current
 from tpuft.worker.maintenance import MaintenanceNotices
 from tpuft.worker.metrics import PATIENT_PHASES
@@ -107,6 +108,8 @@ class Supervisor:
         self.sidecar: TrackingSidecar | None = None
         self.relay = Relay(ctx.run_dir, ctx.worker_id, attempt)
         """Checkpoint requests (``tpuft checkpoint``) into the trainer's control folder, polled with the stop request."""
+        self.cost_guard: CostGuard | None = None
+        """Worker 0's watch over ``train.max_cost`` once the trainer runs (None elsewhere, or without the key)."""
         """The chief's tracker sidecar (``report.to``: wandb, mlflow), beside the trainer; never its concern."""
 
     # -- records ---------------------------------------------------------------------------------------------
@@ -144,6 +147,8 @@ class Supervisor:
                 write_current({**read_current(), "status": "running", "trainer_pid": trainer.pid})
             self.sidecar = TrackingSidecar.start(self.ctx, self.storage, output)
             self.maintenance = MaintenanceNotices.start(self.ctx, self.storage, self.attempt, output.say)
+            self.cost_guard = CostGuard.start(self.ctx.worker_id, self.attempt, self.storage, output.say,
+                                              remote=self.ctx.remote, poll_seconds=control_poll_seconds(self.ctx.remote))
             code = self._watch(trainer, output)
             return self._end(code, output, syncer)
         except BaseException as exc:
@@ -194,6 +199,7 @@ class Supervisor:
                         self._stop(trainer, output, reason)
                     else:
                         self._relay()
+                        self._guard_cost(trainer, output)
                 if self.stop_reason is None and (asked := self.relay.stop_reason()):
                     self._stop_after_checkpoint(trainer, output, asked)
                 hang = self._startup_check() or self._hang_check(trainer.pid)
@@ -236,6 +242,12 @@ class Supervisor:
             self.relay.poll(self.storage)
         except Exception as exc:  # noqa: BLE001 - a bucket hiccup: look again next time
             print(f"[supervisor] cannot relay the run's checkpoint requests: {exc}", flush=True)
+
+    def _guard_cost(self, trainer: subprocess.Popen[bytes], output: TrainerOutput) -> None:
+        """``train.max_cost`` (:mod:`tpuft.worker.cost_guard`): its ask for a stopping checkpoint is relayed like any
+        other; only when no checkpoint follows does it stop the run outright, as a stop request would."""
+        if self.cost_guard is not None and (reason := self.cost_guard.poll(self._beat())):
+            self._stop_after_checkpoint(trainer, output, reason)
 
     def _stop_after_checkpoint(self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str) -> None:
         """The trainer saved the checkpoint asked for with ``stop``: stopped as ``tpuft stop`` would, the chief's
