@@ -7,6 +7,7 @@ import pytest
 from tpuft import cost
 from tpuft.accelerators import GENERATIONS, lookup
 from tpuft.config.cluster import GcpConfig
+from tpuft.errors import UsageError
 
 
 def test_every_generation_has_a_spot_price_below_reserved_below_on_demand() -> None:
@@ -54,3 +55,15 @@ def test_launch_fields_from_the_cluster_file() -> None:
     assert cost.launch_fields("v4-8", GcpConfig(preemptible=True), 1)["pricing"] == "spot"
     assert cost.launch_fields("v4-8", GcpConfig(queued=True, reservation="r1"), 2) == {"pricing": "reserved", "chips": 8}
     assert cost.launch_fields("v6e-8", GcpConfig(), 1) == {"pricing": "on-demand", "chips": 8}
+
+
+def test_a_resume_is_refused_once_the_limit_is_spent_unless_raised() -> None:
+    info = {"accelerator": "v4-8", "chips": 4, "pricing": "on-demand", "provider": "gcp", "status": "stopped",
+            "max_cost": 10.0, "attempts": [{"attempt": 1, "started": 0.0, "ended": 3600.0}]}  # $12.88 spent
+    with pytest.raises(UsageError) as refused:
+        cost.check_budget("r1", info, None)
+    assert "has cost $12.88 so far" in refused.value.message and "--max-cost" in (refused.value.hint or "")
+    assert cost.check_budget("r1", info, 20.0)["max_cost"] == 20.0
+    assert cost.check_budget("r1", {**info, "max_cost": None}, None)["max_cost"] is None  # no limit: no check
+    with pytest.raises(UsageError):
+        cost.check_budget("r1", info, 0.0)

@@ -139,3 +139,18 @@ def launch_fields(accelerator: str, gcp: Any, slices: int) -> dict[str, Any]:
     """run.json's ``pricing`` and ``chips`` at launch, from the cluster file (``gcp``: its ``GcpConfig``)."""
     pricing = pricing_of(gcp.spot, gcp.preemptible, gcp.reserved, gcp.reservation)
     return {"pricing": pricing, "chips": chips_of(accelerator, slices)}
+
+
+def check_budget(run_id: str, info: dict[str, Any], max_cost: float | None, now: float | None = None) -> dict[str, Any]:
+    """run.json ``info`` for a resume, with ``max_cost`` (a new ``train.max_cost``) when given; refused when the run
+    has spent its limit already, which would stop it again at its first step."""
+    if max_cost is not None:
+        if not max_cost > 0:
+            raise UsageError(f"--max-cost {max_cost}: must be more than 0 (USD)")
+        info = {**info, "max_cost": max_cost}
+    limit = info.get("max_cost")
+    spent = run_cost(info, now).total_usd if limit else None
+    if limit and spent is not None and spent >= float(limit):
+        raise UsageError(f"run {run_id} has cost ${spent:,.2f} so far ({ESTIMATE_NOTE}): its train.max_cost "
+                         f"${float(limit):,.2f} is spent", hint=f"raise it: tpuft resume {run_id} --max-cost USD")
+    return info

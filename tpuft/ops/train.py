@@ -209,10 +209,12 @@ def resume(
     detach: bool = False,
     stop_on_interrupt: bool = False,
     recovery: dict[str, Any] | None = None,
+    max_cost: float | None = None,
 ) -> TrainResult:
     """Continue a stopped or failed run, same id, from its last complete checkpoint (a new attempt).
 
-    ``recovery``: the recovery watcher's record of why (kept in run.json's ``recoveries`` with the new attempt)."""
+    ``recovery``: the recovery watcher's record of why (kept in run.json's ``recoveries`` with the new attempt).
+    ``max_cost``: a new ``train.max_cost`` for the run (USD, the whole run's cost counts against it)."""
     run = resolve_run(config, run_id)
     info = run.info()
     if not info:
@@ -223,6 +225,7 @@ def resume(
     if info.get("status") == "finished":
         raise UsageError(f"run {run.id} has finished: there is nothing to resume",
                          hint=f"Train longer in a new run: tpuft train {info.get('recipe')} --set train.steps=...")
+    info = cost.check_budget(run.id, info, max_cost)
     previous = Launch.of(run, info)
     text = run.storage.read_text(rundir.RECIPE)
     if text is None:
