@@ -72,7 +72,15 @@ VERBS: tuple[Verb, ...] = (
          "tpuft attach --since 10m",
          "Ctrl-C (or closing the terminal) only detaches: the run goes on. Reconnects by itself when a connection drops."),
     Verb("stop", "Training", "Stop a run on every worker (SIGTERM, SIGKILL after 10 s); it can be resumed later.",
-         "tpuft stop quickstart-20261123"),
+         "tpuft stop quickstart-20261123 --checkpoint",
+         "--checkpoint saves a checkpoint at the next step boundary first and stops right after it, so that tpuft "
+         "resume continues from exactly that step (no step lost); it prints how long the checkpoint took."),
+    Verb("checkpoint", "Training", "Ask a running run to save a checkpoint now, on every backend; say when it is complete.",
+         "tpuft checkpoint quickstart-20261123 --timeout 600",
+         "Every trainer saves at its next step boundary (on several hosts, at one step they all reach after the ask "
+         "arrives) through its backend's normal save path; the command returns once the checkpoint is complete in "
+         "run storage and prints the latency from the ask. Exit code 2: the run is not running; 1: a timeout (the "
+         "workers that did not answer are named) or the trainers refused (the reason is said)."),
     Verb("resume", "Training", "Continue a stopped or failed run, same id, from its last complete checkpoint.",
          "tpuft resume quickstart-20261123",
          "Weights, optimizer, learning-rate schedule, data order and RNG continue exactly; metrics of the steps after "

@@ -108,3 +108,18 @@ def test_a_refusal_and_a_run_that_ended_say_why(tmp_path: Path) -> None:
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**run.info(), "status": "failed"}))
     with pytest.raises(CheckpointRefused, match="ended \\(failed\\) before"):
         lifecycle.wait_checkpoint(run, unanswered, timeout=5, poll=0.05)
+
+
+def test_the_verbs_exit_2_for_a_run_that_is_not_running_and_1_on_a_timeout(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(f"name: ask\nbucket: {tmp_path / 'bucket'}\nlocal:\n  workers: 2\n")
+    run = _run(tmp_path / "bucket", workers=2, status="finished")
+    for args in (["checkpoint", run.id], ["stop", run.id, "--checkpoint"]):
+        result = cli(*args, "-c", str(cluster))
+        assert result.code == 2 and f"run {run.id} is not running (status: finished)" in result.err, result.err
+    run.storage.write_text(rundir.RUN_INFO, json.dumps({**run.info(), "status": "running"}))
+    result = cli("checkpoint", run.id, "-c", str(cluster), "--timeout", "1", "--json")
+    assert result.code == 1 and "Traceback" not in result.err + result.out
+    assert json.loads(result.out)["error"].endswith("no complete checkpoint 1 s after the ask: worker(s) 0, 1 did not acknowledge")
+    request = next(p for p in run.storage.list("attempts/2") if rundir.CHECKPOINT_REQUEST_NAME.match(p.rpartition("/")[2]))
+    assert json.loads(run.storage.read_text(request) or "{}")["reason"] == "asked with tpuft checkpoint"

@@ -1,4 +1,4 @@
-"""The Training panel: setup, train, up, resume, attach, stop.
+"""The Training panel: setup, train, up, resume, attach, stop, checkpoint.
 
 A run lives on the workers under their supervisors: ``train`` and ``up`` start it and attach; Ctrl-C (or a closed
 terminal) detaches and the run goes on, unless ``--stop-on-interrupt`` asks for the old way (scripts, CI)."""
@@ -242,19 +242,51 @@ def _since_stamp(since: str | None) -> str | None:
     return log_timestamp(when.timestamp())
 
 
-@command("stop")
-def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
-    from tpuft.ops.lifecycle import stop as stop_op
+CheckpointOpt = Annotated[bool, typer.Option("--checkpoint", help="Save a checkpoint at the next step boundary, then stop right after it: a resume loses no step.")]
+CheckpointTimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait for the checkpoint to be complete in run storage (exit 1 after).")]
+
+
+@command("checkpoint")
+def checkpoint(run_id: RunArg = None, config: ConfigOpt = None, timeout: CheckpointTimeoutOpt = 600.0,
+               json_out: JsonOpt = False) -> None:
+    from tpuft.ops.lifecycle import request_checkpoint, wait_checkpoint
     from tpuft.runs import resolve_run
 
     cfg = load_cluster_file(config)
     run = resolve_run(cfg, run_id)
     console = err_console() if json_out else out_console()
-    with console.status(f"stopping run {run.id} on its workers ..."):
-        result = stop_op(cfg, run)
+    request_id = request_checkpoint(run, reason="asked with tpuft checkpoint")
+    with console.status(f"run {run.id}: waiting for its trainers' checkpoint ..."):
+        done = wait_checkpoint(run, request_id, timeout)
+    if json_out:
+        print(json.dumps({"run_id": run.id, **done.as_dict()}, indent=2))
+        return
+    console.print(f"[green]checkpoint step {done.step}[/green] of run {run.id} complete in run storage "
+                  f"{done.latency_s:.1f} s after the ask: {done.path}")
+
+
+@command("stop")
+def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = False, checkpoint: CheckpointOpt = False,
+         timeout: CheckpointTimeoutOpt = 600.0) -> None:
+    from tpuft.ops.lifecycle import stop as stop_op
+    from tpuft.ops.lifecycle import stop_with_checkpoint
+    from tpuft.runs import resolve_run
+
+    cfg = load_cluster_file(config)
+    run = resolve_run(cfg, run_id)
+    console = err_console() if json_out else out_console()
+    saved = None
+    if checkpoint:
+        with console.status(f"run {run.id}: saving a checkpoint, then stopping ..."):
+            saved, result = stop_with_checkpoint(run, timeout=timeout)
+        console.print(f"[green]checkpoint step {saved.step}[/green] complete in run storage {saved.latency_s:.1f} s "
+                      f"after the ask: {saved.path}")
+    else:
+        with console.status(f"stopping run {run.id} on its workers ..."):
+            result = stop_op(cfg, run)
     if json_out:
         print(json.dumps({"run_id": result.run_id, "status": result.status, "already_ended": result.already_ended,
-                          "trainer_pids": result.trainers}, indent=2))
+                          "trainer_pids": result.trainers, **({"checkpoint": saved.as_dict()} if saved else {})}, indent=2))
         return
     if result.already_ended:
         console.print(f"run {result.run_id} has already ended ({result.status}); nothing to stop")

@@ -442,6 +442,19 @@ def stop(config: ClusterConfig, run: Run, *, reason: str = "stopped with tpuft s
     return StopResult(run.id, str(final.get("status")), False, trainers)
 
 
+def stop_with_checkpoint(run: Run, *, timeout: float, reason: str = "stopped with tpuft stop --checkpoint",
+                         ) -> tuple[CheckpointDone, StopResult]:
+    """``tpuft stop --checkpoint``: the trainers save at a step boundary and are stopped right after it by their
+    supervisors (no SIGTERM first, so no step is lost: a resume starts at exactly that checkpoint)."""
+    request_id = request_checkpoint(run, reason=reason, stop=True)
+    done = wait_checkpoint(run, request_id, timeout)
+    final = wait_for_outcome(run, timeout=60.0)
+    attempt = int(final.get("attempt", 1))
+    records = rundir.attempt_records(run.storage, attempt)
+    trainers = {w: int(r["trainer_pid"]) for w, r in records.items() if r.get("trainer_pid")}
+    return done, StopResult(run.id, str(final.get("status")), False, trainers)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Which runs are alive
 
