@@ -58,6 +58,7 @@ from tpuft.worker.keras_parts import (
     save_optimizer,
     weights_digest,
 )
+from tpuft.worker import events
 from tpuft.worker.loop import RunLoop, run_test
 
 OPTIMIZER_STATE = "optimizer.npz"
@@ -240,7 +241,9 @@ class KerasRun:
         if self.chief and self.recipe.export.hf and ckpt is not None:
             loop.beat(loop.step, phase="export")
             source = loop.export_source(ckpt, say_when_last=True)
+            started = time.time()
             out = export_hf(self.ctx, source, self.recipe.export.dtype)
+            events.record("export", started, time.time() - started, step=loop.step)
             self.say(f"Hugging Face export: {out}")
             if self.recipe.model.prompt_tuning is not None:  # beside the HF dir: the frozen model plus this file
                 shutil.copyfile(source / keras_prompt.PROMPT_FILE, out.parent / keras_prompt.PROMPT_FILE)

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuft import rundir
+from tpuft.worker import events
 from tpuft.worker.metrics import Heartbeat, MetricsWriter
 from tpuft.worker.ondemand import CheckpointRequests, serve
 from tpuft.worker.predictions import prefixed
@@ -150,6 +151,10 @@ class RunLoop:
         self._found: tuple[int, str] | None = None
         self._window_step = 0
         self._window_time = time.time()
+        self.data_wait_s = 0.0
+        """Time the trainer waited for its next batch since the last metrics row (a backend that can tell adds to
+        it): the ``steps`` event's ``data_wait_s``."""
+        self._startup_recorded = False
 
     # -- output -----------------------------------------------------------------------------------------------
     def say(self, message: str, *, everyone: bool = False) -> None:
@@ -174,7 +179,11 @@ class RunLoop:
 
     def load_checkpoint(self) -> ResumePoint:
         """Fetch what ``find_checkpoint`` found (said either way), open the metrics and restore the selector."""
+        events.open_for(self.ctx.run_dir, self.ctx.worker_id, chief=self.chief)
+        started = time.time()
         self.resume = load_resume_point(self.ctx, self.layout, self._found, self.recipe.train.steps, self.say)
+        if self._found is not None:
+            events.record("checkpoint_restore", started, time.time() - started, step=self.start_step)
         self.open_metrics(self.start_step if self.resuming else None)
         self.selector = Selector(self.recipe.eval.metric, self.recipe.train.early_stopping, self.resume.state)
         self.test_result = dict(self.resume.state.get(TEST_STATE) or {})
@@ -182,6 +191,8 @@ class RunLoop:
 
     def open_metrics(self, restart_at: int | None) -> MetricsWriter:
         self.metrics = open_metrics(self.ctx, chief=self.chief, restart_at=restart_at)
+        if not events.recording():
+            events.open_for(self.ctx.run_dir, self.ctx.worker_id, chief=self.chief)
         return self.metrics
 
     @property
@@ -201,6 +212,18 @@ class RunLoop:
         if self.first_step_s is None:
             self.first_step_s = round(time.time() - self.setup_started, 2)
             self.say(f"first step done {self.first_step_s:.1f}s after start-up (model, data, compilation)")
+            self._record_startup()
+
+    def _record_startup(self) -> None:
+        """The ``startup`` event: from the process's start to the first step done, compilation included (a backend
+        that does not call ``first_step_done`` ends it with its first metrics row, whose steps include the
+        compile)."""
+        if not self._startup_recorded:
+            self._startup_recorded = True
+            started = events.process_started()
+            external = events.external_recorder()
+            events.record("startup", started, time.time() - started, step=self.start_step,
+                          **({"external_goodput": external} if external else {}))
 
     def log_due(self, step: int) -> bool:
         train = self.recipe.train
@@ -230,8 +253,20 @@ class RunLoop:
             self._first_step_logged = True
         self._log(step, row)
         self.say(progress_line(step, train.steps, loss, lr, row["examples_per_s"], row["tokens_per_s"]))
+        self._record_window(step)
         self._window_step, self._window_time = step, time.time()
         return {key: row[key] for key in HEARTBEAT_KEYS}
+
+    def _record_window(self, step: int) -> None:
+        """One ``steps`` event per metrics row (not per step: the cost is one line per ``log_every``); the first
+        row of a backend that did not call ``first_step_done`` ends the start-up instead."""
+        if not self._startup_recorded:
+            self._record_startup()
+        else:
+            wait = {"data_wait_s": round(self.data_wait_s, 3)} if self.data_wait_s else {}
+            events.record("steps", self._window_time, time.time() - self._window_time, from_step=self._window_step,
+                          to_step=step, **wait)
+        self.data_wait_s = 0.0
 
     def _log(self, step: int, row: dict[str, Any]) -> None:
         if self.metrics is None:
@@ -249,6 +284,7 @@ class RunLoop:
         :func:`eval_line`). Returns the row, which is also ``last_eval``."""
         if seconds is not None:
             result["eval_seconds"] = round(seconds, 2)
+            events.record("eval", time.time() - seconds, seconds, step=step)
         self._log(step, result)
         self.say(line if line is not None else eval_line(step, result))
         self.last_eval = result
@@ -290,6 +326,7 @@ class RunLoop:
         over every replica) as ``test_*``, with ``test_seconds`` and ``test_checkpoint_step``, logged at the current
         step; its line. Every process calls it (the row is the chief's) and keeps the result for the checkpoint."""
         row = {**prefixed(dict(result), "test"), "test_seconds": round(seconds, 2), "test_checkpoint_step": checkpoint_step}
+        events.record("test", time.time() - seconds, seconds, step=self.step)
         self._log(self.step, row)
         self.say(test_line(row))
         self.test_result = row
@@ -301,7 +338,7 @@ class RunLoop:
         return bool(every and step % every == 0 and step < self.recipe.train.steps)
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None], *, backend: str,
-                        replicas: int, state: Mapping[str, Any] | None = None) -> Path | None:
+                        replicas: int, state: Mapping[str, Any] | None = None, reason: str | None = None) -> Path | None:
         """The chief writes ``checkpoints/<step>``: ``write(folder)`` puts the engine's files in a temp folder, then
         ``trainer_state.json`` (the step, the clock, ``state``, the selector's state) and the manifest go in last, and
         the folder takes its final name at once; then pruning. A step already saved is not written again. Returns
@@ -331,7 +368,16 @@ class RunLoop:
         self.saved_steps.add(step)
         self.prune()
         self.say(f"checkpoint saved: {final} ({time.time() - started:.1f}s)")
+        events.record("checkpoint_save", started, time.time() - started, step=step, reason=reason or self._save_reason(step))
         return final
+
+    def _save_reason(self, step: int) -> str:
+        """Why a checkpoint was saved, for its event: the last step's (or an early stop's), a new best's, else the
+        cadence's."""
+        if step >= self.recipe.train.steps or self.stopped_early:
+            return "final"
+        best = self.best
+        return "best" if self.recipe.train.keep_best and best is not None and int(best["step"]) == step else "periodic"
 
     def _note_test(self, folder: Path) -> None:
         """A checkpoint saved before the test (an early stop on a checkpoint step) gets the test result in its
@@ -375,6 +421,7 @@ class RunLoop:
         if self.stopped_early:
             tail["stopped_early"] = self.stopped_early
         self.beat(step, "finished", **extra, train_seconds=round(time.time() - self.run_started, 1), **tail)
+        events.close()
 
 
 class TrainerHooks(Protocol):
@@ -480,7 +527,9 @@ def finish(loop: RunLoop, hooks: TrainerHooks) -> None:
     if loop.chief and loop.recipe.export.hf and checkpoint is not None:
         source = loop.export_source(checkpoint)
         loop.beat(loop.step, phase="export")
+        started = time.time()
         hooks.export(source)
+        events.record("export", started, time.time() - started, step=loop.step)
     loop.finished(loop.step, params_sha256=digest)
 
 

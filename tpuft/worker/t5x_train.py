@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from tpuft import rundir
 from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.t5x import LAYOUT
 from tpuft.config import RecipeConfig
+from tpuft.worker import events
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.loop import RunLoop, steps_to_keep
@@ -138,6 +140,7 @@ class T5xRun:
         latest = found[0]
         loop.start_step = loop.step = latest - self.initial_step
         loop.open_metrics(loop.start_step)
+        events.record("checkpoint_restore", time.time(), 0.0, step=loop.start_step)  # T5X restores in its start-up
         for row in _logged_rows(self.ctx.run_dir / rundir.METRICS):
             if "eval_examples" in row and isinstance(row.get("step"), int):  # an inference evaluation's row
                 loop.selector.judge(row["step"], row)
@@ -336,7 +339,9 @@ class T5xRun:
             chosen = self._final_checkpoint()
             if chosen is not None:
                 self.beat(phase="export")
+                started = time.time()
                 out = export_hf(self.ctx, self.model_dir, chosen, self.recipe.export.dtype)
+                events.record("export", started, time.time() - started, step=last)
                 extra["exported_from"] = LAYOUT.checkpoint_format.format(step=chosen)
                 self.say(f"Hugging Face export of {extra['exported_from']}: {out}")
         self.phase = "step"

@@ -299,7 +299,9 @@ class Trainer:
         train = self.recipe.train
         accum = train.grad_accum_steps
         micro = self.local_batch // accum
+        fetched = time.time()
         examples = next(self.batches)
+        self.loop.data_wait_s += time.time() - fetched  # the batch's wait, for the run's goodput events
         pieces = [self._encode(examples[i * micro : (i + 1) * micro]) for i in range(accum)]
         # The loss is summed over tokens and divided by the tokens of the whole step: accumulated micro-batches
         # give the update one batch of them all would.
