@@ -67,3 +67,22 @@ def test_a_resume_is_refused_once_the_limit_is_spent_unless_raised() -> None:
     assert cost.check_budget("r1", {**info, "max_cost": None}, None)["max_cost"] is None  # no limit: no check
     with pytest.raises(UsageError):
         cost.check_budget("r1", info, 0.0)
+
+
+def test_resume_max_cost_on_the_cli(tmp_path, cli) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(f"name: budget\nbucket: {tmp_path / 'bucket'}\naccelerator: v4-8\nlocal:\n  workers: 1\n")
+    run_dir = tmp_path / "bucket" / "runs" / "demo-20261126-120000-0001"
+    run_dir.mkdir(parents=True)
+    info = {"run_id": run_dir.name, "accelerator": "v4-8", "chips": 4, "pricing": "on-demand", "provider": "local",
+            "status": "stopped", "max_cost": 10.0, "attempt": 1,
+            "attempts": [{"attempt": 1, "started": 0.0, "ended": 3600.0}]}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    spent = cli("resume", run_dir.name, "-c", str(cluster))
+    assert spent.code == 2 and "its train.max_cost $10.00 is spent" in spent.err and "--max-cost USD" in spent.err
+    assert cli("resume", run_dir.name, "-c", str(cluster), "--max-cost", "0").code == 2
+    raised = cli("resume", run_dir.name, "-c", str(cluster), "--max-cost", "20")
+    assert json.loads((run_dir / "run.json").read_text())["max_cost"] == 20.0
+    assert raised.code == 2 and "is spent" not in raised.err  # past the budget check (this stand-in run has no launch)

@@ -160,15 +160,19 @@ def resume(
     detach: DetachOpt = False,
     stop_on_interrupt: StopOnInterruptOpt = False,
     recover: RecoverOpt = None,
+    max_cost: Annotated[Optional[float], typer.Option("--max-cost", metavar="USD", help="A new train.max_cost for the run (its whole cost so far counts against it): how a run stopped at its limit goes on.", show_default=False)] = None,
 ) -> None:
-    _resume(run_id, config, json_out, detach, stop_on_interrupt, recover)
+    _resume(run_id, config, json_out, detach, stop_on_interrupt, recover, max_cost)
 
 
 def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop_on_interrupt: bool,
-            recover: bool | None = None) -> None:
+            recover: bool | None = None, max_cost: float | None = None) -> None:
     from tpuft.ops.train import resume as resume_op
+    from tpuft.ops.train import set_max_cost
 
     cfg = load_cluster_file(config)
+    if max_cost is not None:
+        set_max_cost(cfg, run_id, max_cost)
     console = err_console() if json_out else out_console()
     if cfg.recover.enabled if recover is None else recover:
         from tpuft.runs import resolve_run

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft import cost, rundir
+from tpuft import cost, goodput, rundir
 from tpuft.backends import get_backend
 from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
@@ -209,12 +209,11 @@ def resume(
     detach: bool = False,
     stop_on_interrupt: bool = False,
     recovery: dict[str, Any] | None = None,
-    max_cost: float | None = None,
 ) -> TrainResult:
     """Continue a stopped or failed run, same id, from its last complete checkpoint (a new attempt).
 
     ``recovery``: the recovery watcher's record of why (kept in run.json's ``recoveries`` with the new attempt).
-    ``max_cost``: a new ``train.max_cost`` for the run (USD, the whole run's cost counts against it)."""
+    A run that has spent its ``train.max_cost`` is refused (:func:`set_max_cost` raises the limit)."""
     run = resolve_run(config, run_id)
     info = run.info()
     if not info:
@@ -225,7 +224,7 @@ def resume(
     if info.get("status") == "finished":
         raise UsageError(f"run {run.id} has finished: there is nothing to resume",
                          hint=f"Train longer in a new run: tpuft train {info.get('recipe')} --set train.steps=...")
-    info = cost.check_budget(run.id, info, max_cost)
+    cost.check_budget(run.id, info, None)
     previous = Launch.of(run, info)
     text = run.storage.read_text(rundir.RECIPE)
     if text is None:
@@ -327,6 +326,13 @@ def _placement(session: Session, plan: LaunchPlan) -> dict[str, Any]:
             "placement": [{"slice": layout.slice_of(i), "host": layout.host_of(i)} for i in plan.workers]}
 
 
+def set_max_cost(config: ClusterConfig, run_id: str | None, max_cost: float) -> None:
+    """``tpuft resume --max-cost``: the run's new ``train.max_cost`` in run.json, where its chief's supervisor reads
+    it at the next attempt's start (refused when the run has spent that much already)."""
+    run = resolve_run(config, run_id)
+    _write_info(run, cost.check_budget(run.id, run.info(), max_cost))
+
+
 def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
     """run.json: what the run is, and (once it ends) how it ended."""
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
@@ -365,6 +371,7 @@ def _run_attempt(
     on_notice: Notice | None = None,
 ) -> TrainResult:
     attempt = int(info["attempt"])
+    launching = time.time()
     try:
         # The tracker venv (report.to) may take minutes to build the first time: before the block a Ctrl-C cannot
         # cut short, which is for starting the supervisors only.
@@ -377,6 +384,8 @@ def _run_attempt(
                 argv=(launch.python, *plan.argv),
                 free_tpu=session.shape.target == "tpu",
             )
+        goodput.adopt_cluster_events(session.provider.state_dir(), run.storage, attempt)  # its create and setup
+        goodput.record_controller_event(run.storage, "launch", launching, time.time() - launching, attempt)
     except BaseException as exc:  # nothing trains: the run must not say `running` forever
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         if finalize(run) is None:  # no outcome from the supervisors (none started, or not all of them ended)
