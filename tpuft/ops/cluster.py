@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpuft import goodput
 from tpuft.accelerators import AcceleratorType, lookup
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
@@ -24,7 +26,11 @@ class CreateResult:
 
 
 def create(config: ClusterConfig, progress: Progress | None = None) -> CreateResult:
-    cluster, created = get_provider(config).create(progress)
+    started = time.time()
+    provider = get_provider(config)
+    cluster, created = provider.create(progress)
+    if created:  # the next run launched on it counts the wait (tpuft.goodput)
+        goodput.remember_cluster_event(provider.state_dir(), "provision", started, time.time() - started)
     return CreateResult(cluster=cluster, created=created, accelerator=lookup(config.accelerator))
 
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tpuft import rundir
+from tpuft import goodput, rundir
 from tpuft.backends import get_backend
 from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
 from tpuft.errors import Interrupted, TpuftError, UsageError
@@ -332,6 +332,7 @@ def _recover(
     try:
         survivors = _stop_survivors(config, run, info, problem, callbacks)
         _sleep_renewing(delay, sleep, renew, policy.poll)
+        goodput.record_controller_event(run.storage, "recovery_wait", detected, time.time() - detected, attempt + 1)
         _wait_final(run, attempt, survivors, sleep)
         # Read after the survivors' last upload: a sync round runs every few seconds, so the bucket can lag the
         # trainers by a checkpoint; the resumed attempt starts from what is there now, and the record says so.
@@ -361,6 +362,8 @@ def _recover(
                 return
         renew()
         made = time.time()
+        if recreated:
+            goodput.record_controller_event(run.storage, "provision", started, made - started, attempt + 1)
         text = run.storage.read_text(rundir.RECIPE)
         if text is None:
             raise UsageError(f"run {run.id}: {run.url}/{rundir.RECIPE} is missing: it cannot be resumed")

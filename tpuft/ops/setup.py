@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpuft import goodput
 from tpuft.backends import get_backend
 from tpuft.backends.base import EnvSpec, LaunchPlan
 from tpuft.config import ClusterConfig, RecipeConfig
@@ -106,6 +107,8 @@ def setup(config: ClusterConfig, recipe: RecipeConfig, *, on_line: LineSink | No
     result = session.fleet.run(argv, workers=workers, log_dir=log_dir, on_line=on_line, env=lambda w: worker_env(config))
     raise_on_failure(result, f"setup of the {recipe.backend.kind} environment")
     tracking_env(session, recipe, package, on_line=on_line)
+    seconds = time.monotonic() - started
+    goodput.remember_cluster_event(session.provider.state_dir(), "setup", time.time() - seconds, seconds)
     return SetupResult(
         backend=recipe.backend.kind,
         venv=f"{session.provider.venv_cache()}/{spec.key}",
