@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import default_sigint, wait_until
 from tests.ops.standin import built_venv, script, worker_home
+from tpuft.cost import chips_of, run_cost
 from tpuft.worker.supervisor import is_alive as alive
 
 
@@ -174,6 +175,9 @@ def test_ctrl_c_detaches_and_attach_stop_resume_take_over(tmp_path: Path, cli) -
     assert json.loads(resumed.out)["attempt"] == 2
     info = run_info(run)
     assert info["status"] == "finished" and [a["status"] for a in info["attempts"]] == ["stopped", "finished"]
+    priced = run_cost(info)  # run.json's chips and pricing, as launched: both attempts priced, the local pod unbilled
+    assert (info["pricing"], info["chips"]) == ("on-demand", chips_of(info["accelerator"]))
+    assert [a["attempt"] for a in priced.per_attempt] == [1, 2] and not priced.billed and priced.total_usd > 0
     env = json.loads((worker_home(1) / "trainer.json").read_text())["env"]
     assert env["TPUFT_RESUME"] == "1" and env["TPUFT_ATTEMPT"] == "2" and env["TPUFT_RUN_ID"] == run.name
     again = cli("resume", run.name, "-c", str(cluster))
