@@ -60,6 +60,7 @@ from tpuft.worker.keras_parts import (
 )
 from tpuft.worker import events
 from tpuft.worker.loop import RunLoop, run_test
+from tpuft.worker.ondemand import CheckpointRequests, serve
 
 OPTIMIZER_STATE = "optimizer.npz"
 
@@ -263,6 +264,7 @@ def run_callback(run: KerasRun) -> Any:
     that this module imports without TensorFlow."""
     tf = run.tf
     loop = run.loop
+    requests = CheckpointRequests.of(run.ctx, answers=loop.beats)  # tpuft checkpoint: one os.stat per execution
 
     class Callback(tf.keras.callbacks.Callback):
         def __init__(self) -> None:
@@ -282,6 +284,7 @@ def run_callback(run: KerasRun) -> Any:
                 model.loss_tracker.reset_state()
                 model.token_tracker.reset_state()
             loop.beat(step, phase="step", **logged)
+            serve(requests, step, lambda _: run.save_checkpoint(), loop.say, lambda at: loop.beat(at, phase="checkpoint"))
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.params_epoch = epoch

@@ -64,23 +64,25 @@ class CheckpointRequests:
         return cls(ctx.run_dir, ctx.worker_id, int(os.environ.get("TPUFT_ATTEMPT", "1")), answers=answers)
 
     def due(self, step: int) -> Request | None:
-        """The request to serve now, at the boundary after ``step`` (None: none). A request whose ``at_step`` has
-        passed is refused here."""
-        self._look()
+        """The request to serve now, at the boundary after ``step`` (None: none): the first boundary at or past its
+        ``at_step`` (a framework that reports every few steps, Keras's executions, may pass it). A request found
+        only after its ``at_step`` has passed is refused here."""
+        self._look(step)
         for request in sorted(self._pending.values(), key=lambda r: r.id):
-            if request.at_step is not None and step < request.at_step:
-                continue
-            del self._pending[request.id]
-            self._done.add(request.id)
-            if request.at_step is not None and step > request.at_step:
-                self.answer(request, step, refused=f"worker {self.worker} was at step {step} when the request for "
-                                                   f"step {request.at_step} reached it (a save at different steps "
-                                                   "would leave its peers waiting); ask again")
-                continue
-            return request
+            if request.at_step is None or step >= request.at_step:
+                del self._pending[request.id]
+                self._done.add(request.id)
+                return request
         return None
 
-    def _look(self) -> None:
+    def within(self, first: int, last: int) -> int | None:
+        """The earliest ``at_step`` of a pending request strictly between two boundaries ``first`` and ``last``
+        (T5X, whose loop comes back to Python every ``log_every`` steps, splits its run of steps there)."""
+        self._look(first)
+        inside = [r.at_step for r in self._pending.values() if r.at_step is not None and first < r.at_step < last]
+        return min(inside) if inside else None
+
+    def _look(self, step: int) -> None:
         try:
             changed = self.control.stat().st_mtime_ns
         except OSError:
@@ -94,12 +96,22 @@ class CheckpointRequests:
             return
         for name in names:
             match = rundir.CHECKPOINT_REQUEST_NAME.match(name)
-            if match and match.group(1) not in self._done and match.group(1) not in self._pending:
-                data = rundir.read_json(self.control / name)
-                if data is not None:
-                    self._pending[match.group(1)] = Request.parse(data)
+            if not match or match.group(1) in self._done or match.group(1) in self._pending:
+                continue
+            data = rundir.read_json(self.control / name)
+            if data is None:
+                continue
+            request = Request.parse(data)
+            if request.at_step is not None and step > request.at_step:
+                self._done.add(request.id)
+                self.answer(request, step, refused=f"worker {self.worker} was at step {step} when the request for "
+                                                   f"step {request.at_step} reached it (a save at different steps "
+                                                   "would leave its peers waiting); ask again")
+            else:
+                self._pending[request.id] = request
 
     def answer(self, request: Request, step: int, *, refused: str | None = None) -> None:
+        """``step``: the saved checkpoint's step as the layout names it (T5X's absolute step)."""
         if not self.answers:
             return
         data: dict[str, Any] = {"step": step, "refused": refused} if refused else {"step": step, "saved": time.time()}
