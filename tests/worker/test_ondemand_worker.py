@@ -134,3 +134,50 @@ def test_a_supervisor_relays_a_stop_request_and_stops_its_trainer_after_the_save
     assert saved >= 5 and saved in run.layout().checkpoint_steps(storage)
     assert rundir.read_heartbeat(storage, 0)["step"] == saved, "no step after the checkpoint: a resume loses none"
     assert 0 < done[0].latency_s < 10
+
+
+def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T5X's side with a fake trainer and manager (T5X and JAX live in their own venv; the local-pod e2e test runs the
+    real ones, barrier included). T5X's steps are absolute: the run's initial checkpoint is at 1000."""
+    from types import SimpleNamespace
+
+    from tpuft.worker import t5x_ondemand
+
+    monkeypatch.setenv("TPUFT_ATTEMPT", "1")
+    agreement = {"all": True}
+    monkeypatch.setattr(t5x_ondemand, "agreed", lambda request: agreement["all"])  # JAX's barrier: mocked here only
+    saved: list[int] = []
+
+    class Manager:
+        _manager = SimpleNamespace(all_steps=lambda: list(saved))
+
+        def save(self, state: Any, fns: Any, force: bool) -> bool:
+            saved.append(state.step)
+            return True
+
+    t5x_ondemand.remember_manager(Manager())
+    said: list[str] = []
+    ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="", run_url=str(tmp_path))
+    run = SimpleNamespace(ctx=ctx, loop=SimpleNamespace(beats=True), initial_step=1000, say=said.append,
+                          beat=lambda *a, **k: None)
+    trainer = SimpleNamespace(train_state=SimpleNamespace(step=1004))
+    ran: list[tuple[int, int]] = []
+
+    def steps(count: int, start: int) -> str:
+        ran.append((start, count))
+        trainer.train_state.step = start + count
+        return f"summary of {start}+{count}"
+
+    relay(tmp_path, "1", at_step=7)
+    assert t5x_ondemand.train_steps(run, trainer, steps, 1004, 4) == "summary of 1007+1"
+    assert ran == [(1004, 3), (1007, 1)] and saved == [1007] and answer(tmp_path, "1")["step"] == 1007
+    relay(tmp_path, "2")  # "now": before the next run of steps
+    t5x_ondemand.train_steps(run, trainer, steps, 1008, 4)
+    assert ran[-1] == (1008, 4) and saved == [1007, 1008] and answer(tmp_path, "2")["step"] == 1008
+    relay(tmp_path, "3", at_step=9)  # found at step 12: passed
+    agreement["all"] = False
+    relay(tmp_path, "4")  # a host without it: the barrier fails, and every host that came refuses
+    t5x_ondemand.train_steps(run, trainer, steps, 1012, 4)
+    assert saved == [1007, 1008] and ran[-1] == (1012, 4)
+    assert "was at step 12 when the request for step 9" in answer(tmp_path, "3")["refused"]
+    assert answer(tmp_path, "4")["refused"].startswith("not every host had the request at step 12")

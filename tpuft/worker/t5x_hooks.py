@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+from tpuft.worker import t5x_ondemand
 from tpuft.worker.t5x_multislice import install_cpu_slice_granules
 
 
@@ -99,18 +100,23 @@ def install_hooks() -> None:
     original_train = trainer_lib.BaseTrainer.train
 
     def train(self: Any, batch_iter: Any, num_steps: int, start_step: int | None = None) -> Any:
+        def steps(count: int, start: int) -> Any:
+            first = not getattr(self, "_tpuft_warm", False)
+            self._tpuft_warm = True
+
+            def beating() -> Any:
+                for offset in range(count):
+                    batch = next(batch_iter)
+                    if _ACTIVE is not None:
+                        _ACTIVE.on_batch(start + offset, first and offset == 0, batch)
+                    yield batch
+
+            return original_train(self, beating(), count, start_step=start)
+
         start = int(start_step if start_step is not None else self.train_state.step)
-        first = not getattr(self, "_tpuft_warm", False)
-        self._tpuft_warm = True
-
-        def beating() -> Any:
-            for offset in range(num_steps):
-                batch = next(batch_iter)
-                if _ACTIVE is not None:
-                    _ACTIVE.on_batch(start + offset, first and offset == 0, batch)
-                yield batch
-
-        return original_train(self, beating(), num_steps, start_step=start_step)
+        if _ACTIVE is None:
+            return steps(num_steps, start)
+        return t5x_ondemand.train_steps(_ACTIVE, self, steps, start, num_steps)  # tpuft checkpoint, between runs
 
     trainer_lib.BaseTrainer.train = train
 
@@ -132,6 +138,13 @@ def install_hooks() -> None:
 
     manager = checkpoints_lib.OrbaxCheckpointManagerInterface
     original_save = manager.save
+    original_manager_init = manager.__init__
+
+    def manager_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_manager_init(self, *args, **kwargs)
+        t5x_ondemand.remember_manager(self)
+
+    manager.__init__ = manager_init
 
     def save(self: Any, train_state: Any, state_transformation_fns: Any = (), force: bool = True) -> bool:
         from t5x import utils
