@@ -150,3 +150,35 @@ def test_controller_events_never_raise_and_a_cluster_s_events_go_to_its_next_run
     assert [(e["kind"], e["attempt"]) for e in found] == [("provision", 1), ("setup", 1), ("launch", 1)]
     with pytest.raises(ValueError):
         goodput.controller_event("coffee_break", T0, 1.0, 1)
+
+
+def test_runs_monitor_goodput_and_the_plot_show_the_breakdown_and_cost(cli, tmp_path: Path) -> None:
+    from tests.rundirs import write_run
+
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(f"provider: local\nbucket: {tmp_path / 'bucket'}\n")
+    timeline = [ev("provision", 0, 60), ev("startup", 60, 30, step=0)] + windows(1, 90, 0, 100, 10, 30)
+    run = tmp_path / "bucket" / "runs" / "alpha-1"
+    write_run(run, info={"recipe": "alpha", "backend": "torch_xla", "workers": 1, "total_steps": 100, "status": "finished",
+                         "started": T0 + 60, "ended": T0 + 400, "accelerator": "v5litepod-8", "pricing": "spot",
+                         "attempts": [{"attempt": 1, "started": T0 + 60, "ended": T0 + 400}]},
+              metrics=[{"step": s, "loss": 1.0 / s, "lr": 1e-3} for s in range(10, 101, 10)],
+              files={f"events/worker-0-attempt-1.jsonl": "".join(json.dumps(e) + "\n" for e in timeline[1:]).encode(),
+                     f"events/controller/{int(T0 * 1000)}-provision.json": json.dumps(timeline[0]).encode()})
+    listed = cli("runs", "-c", str(cluster), "--json")
+    assert listed.code == 0, listed.err
+    row = json.loads(listed.out)[0]
+    assert row["goodput"]["wall_s"] == 400 and row["goodput"]["goodput"] == 0.75  # 300 s of steps in 400 s
+    assert row["goodput"]["badput"] == {"provision": 60.0, "startup": 30.0, "other": 10.0}
+    assert row["cost"]["per_attempt"][0]["pricing"] == "spot"
+    assert "75% (provision 1m" in cli("runs", "-c", str(cluster)).out
+    shown = json.loads(cli("monitor", "alpha-1", "-c", str(cluster), "--json").out)
+    assert shown["goodput"] == row["goodput"] and shown["cost"] == row["cost"]
+    assert "goodput" in cli("monitor", "alpha-1", "-c", str(cluster), "--once").out
+    total = json.loads(cli("goodput", "-c", str(cluster), "--json").out)
+    assert total["runs"][0]["goodput"] == row["goodput"] and total["total"]["goodput"]["good_s"] == 300
+    table = cli("goodput", "-c", str(cluster)).out
+    assert "total (1 runs)" in table and "75%" in table
+    plot = cli("monitor", "alpha-1", "-c", str(cluster), "--plot", str(tmp_path / "curves.png"))
+    assert plot.code == 0, plot.err
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -103,6 +103,14 @@ VERBS: tuple[Verb, ...] = (
     Verb("runs", "Results",
          "List the runs in the cluster's bucket (or local folder): recipe, backend, status, steps, best eval, start.",
          "tpuft runs --json"),
+    Verb("goodput", "Results",
+         "Where the runs' time went: goodput (time in kept training steps over wall time) and badput by cause, per run and in total.",
+         "tpuft goodput --json",
+         "Read from the events tpuft records in each run dir, with no change to the training code: queued-resource "
+         "wait, provisioning, setup, launch, start-up and first compile, step windows (data waits apart on "
+         "PyTorch/XLA), checkpoint saves and restores, evaluation, test, export, steps lost to a disruption (redone "
+         "after the checkpoint the next attempt resumed from), the recovery back-off and idle gaps; what no event "
+         "covers is other. The causes add up to the wall time. Also in the train summary, runs, monitor and monitor --plot."),
     Verb("logs", "Results", "Print a run's worker logs; -f follows them live while it trains.", "tpuft logs -f --worker 0"),
     Verb("pull", "Results",
          "Copy a run home: recipe, metrics, logs, TensorBoard events, the chosen checkpoints and the HF export.",

@@ -85,6 +85,18 @@ class Goodput:
         return f"goodput {self.goodput:.0%} of {duration(self.wall_s)}" + (f" (badput: {shown}{more})" if shown else "") + note
 
 
+def total(results: list[Goodput]) -> Goodput:
+    """Several runs' breakdowns as one (``tpuft goodput``'s total row): seconds and lost steps added up."""
+    badput: dict[str, float] = {}
+    for result in results:
+        for cause, seconds in result.badput.items():
+            badput[cause] = badput.get(cause, 0.0) + seconds
+    externals = sorted({r.external for r in results if r.external})
+    return Goodput(sum(r.wall_s for r in results), sum(r.good_s for r in results), badput,
+                   sum(r.steps_lost for r in results), sum(r.attempts for r in results), sum(r.events for r in results),
+                   ", ".join(externals) or None)
+
+
 def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f}s"

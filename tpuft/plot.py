@@ -32,8 +32,9 @@ class Series:
     values: list[float]
 
 
-def plot_curves(log: MetricsLog, out: Path, *, title: str) -> Path:
-    """Draw training loss, eval loss (top) and eval metrics in [0, 1] (bottom) against step into the PNG ``out``.
+def plot_curves(log: MetricsLog, out: Path, *, title: str, goodput: Any = None) -> Path:
+    """Draw training loss, eval loss (top) and eval metrics in [0, 1] (below) against step into the PNG ``out``, and
+    with ``goodput`` (a :class:`tpuft.goodput.Goodput` with events) a stacked bar of where the run's wall time went.
 
     The file is written under a temporary name and renamed, so a reader (or a browser reloading it) never sees half
     a PNG. Raises :class:`UsageError` when the log has nothing to draw or ``out``'s folder does not exist."""
@@ -46,7 +47,7 @@ def plot_curves(log: MetricsLog, out: Path, *, title: str) -> Path:
             f"nothing to plot for {title}: no training loss, eval loss or eval metrics logged yet",
             hint="Plots need at least one logged step; try again once the run has logged (tpuft monitor shows it).",
         )
-    figure = _draw(losses, metrics, title)
+    figure = _draw(losses, metrics, title, goodput if goodput is not None and goodput.events else None)
     _save_atomic(figure, out)
     return out
 
@@ -108,11 +109,16 @@ def downsample(steps: list[float], values: list[float], limit: int = MAX_POINTS)
 # ---- drawing -------------------------------------------------------------------------------------------------------
 
 
-def _draw(losses: list[Series], metrics: list[Series], title: str) -> Any:
+def _draw(losses: list[Series], metrics: list[Series], title: str, goodput: Any = None) -> Any:
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI, layout="constrained")
-    top, bottom = figure.subplots(2, 1, sharex=True)
+    figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN * (1.25 if goodput is not None else 1)), dpi=DPI, layout="constrained")
+    if goodput is not None:
+        top, bottom, bar = figure.subplots(3, 1, height_ratios=[3, 3, 1])
+        bottom.sharex(top)
+        _stacked_bar(bar, goodput)
+    else:
+        top, bottom = figure.subplots(2, 1, sharex=True)
     figure.suptitle(title)
     for series in losses:
         _line(top, series)
@@ -135,6 +141,23 @@ def _draw(losses: list[Series], metrics: list[Series], title: str) -> Any:
         else:
             axes.text(0.5, 0.5, "nothing logged", transform=axes.transAxes, ha="center", va="center", color="gray")
     return figure
+
+
+def _stacked_bar(axes: Any, goodput: Any) -> None:
+    """One horizontal bar, the wall time: goodput first, then each cause of badput, in minutes."""
+    from tpuft.goodput import CAUSES, SHORT
+
+    parts = [("goodput", goodput.good_s)] + [(SHORT.get(c, c), goodput.badput[c]) for c in CAUSES if goodput.badput.get(c, 0) > 0]
+    left = 0.0
+    colours = ["tab:green", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive",
+               "tab:cyan", "tab:blue", "gold", "navy", "teal", "salmon", "black", "silver"]
+    for (label, seconds), colour in zip(parts, colours):
+        axes.barh([0], [seconds / 60], left=[left], color=colour, label=f"{label} {seconds / 60:.1f} min")
+        left += seconds / 60
+    axes.set_yticks([])
+    axes.set_xlabel("minutes of wall time")
+    axes.set_title(f"goodput {goodput.goodput:.0%} of {goodput.wall_s / 60:.1f} min (badput by cause)")
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=min(len(parts), 5), fontsize="small", frameon=False)
 
 
 def _line(axes: Any, series: Series) -> None:

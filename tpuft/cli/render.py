@@ -145,6 +145,7 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
             "export_dir": str(result.export_dir) if result.export_dir else None,
             "attempt": result.attempt,
             "recoveries": getattr(result, "recoveries", []),
+            **accounts_json(getattr(result, "goodput", None), getattr(result, "cost", None)),
             **result.extras,  # the backend's own (PyTorch/XLA: weight_digests per worker)
         }
         print(json.dumps(payload, indent=2))
@@ -168,10 +169,48 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
         table.add_row(f"recovery (attempt {done.get('attempt')})",
                       f"{done.get('cause')} at step {done.get('last_step')}; {done.get('steps_lost', 0)} steps redone from "
                       f"step {done.get('checkpoint_step')}; training again after {fmt_seconds(done.get('back_s'))}")
+    for label, value in account_rows(getattr(result, "goodput", None), getattr(result, "cost", None)):
+        table.add_row(label, value)
     table.add_row("run dir", str(result.run_dir))
     if result.export_dir:
         table.add_row("HF export", str(result.export_dir))
     console.print(table)
+
+
+def accounts(storage: Any, info: dict[str, Any]) -> tuple[Any, Any]:
+    """Where a run's time went and what it has cost so far (``tpuft.goodput``, ``tpuft.cost``): computed from its
+    events and run.json at each reading, never stored."""
+    from tpuft.cost import run_cost
+    from tpuft.goodput import breakdown
+
+    return breakdown(storage, info), run_cost(info)
+
+
+def accounts_json(goodput: Any, cost: Any) -> dict[str, Any]:
+    """The ``goodput`` and ``cost`` fields of every ``--json`` that shows a run."""
+    return {"goodput": goodput.as_dict() if goodput is not None else None,
+            "cost": cost.as_dict() if cost is not None else None}
+
+
+def account_rows(goodput: Any, cost: Any) -> list[tuple[str, str]]:
+    """The summary's and monitor's rows: ``goodput 87% of 2.1h (badput: startup 3m, ...)`` and the cost so far, per
+    attempt when there were several."""
+    rows = []
+    if goodput is not None:
+        rows.append(("goodput", goodput.summary().removeprefix("goodput ")))
+    if cost is not None:
+        attempts = cost.per_attempt
+        each = "; ".join(f"attempt {a['attempt']} {a['chip_hours']:.3f} chip-h {a['pricing']}" for a in attempts) if len(attempts) > 1 else ""
+        rows.append(("cost so far", cost.label() + (f" ({each})" if each else "")))
+    return rows
+
+
+def goodput_cell(goodput: Any) -> str:
+    """``runs``' goodput column: ``87%`` and the largest cause of badput, or ``-`` before any event."""
+    if goodput is None or not goodput.events:
+        return "-"
+    top = max(goodput.badput.items(), key=lambda item: item[1], default=None)
+    return f"{goodput.goodput:.0%}" + (f" ({top[0]} {fmt_seconds(top[1])})" if top else "")
 
 
 def test_rows(test: dict[str, Any]) -> list[tuple[str, str]]:
@@ -209,7 +248,7 @@ def snapshot_json(snap: Any) -> dict[str, Any]:
     return data
 
 
-def snapshot_view(snap: Any) -> Any:
+def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -247,6 +286,8 @@ def snapshot_view(snap: Any) -> Any:
     if best:
         table.add_row(f"best {best[0]}", f"{fmt(best[1])} at step {best[2]}")
     for label, value in test_rows(snap.test):
+        table.add_row(label, value)
+    for label, value in account_rows(*(account or (None, None))):
         table.add_row(label, value)
     parts.append(table)
     workers = Table("worker", "status", "step", "loss", "lr", "ex/s", "tok/s", "heartbeat", "last log line", title="workers", title_justify="left")

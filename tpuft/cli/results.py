@@ -10,7 +10,8 @@ import typer
 
 from tpuft.cli.app import command
 from tpuft.cli.options import ConfigOpt, JsonOpt, load_cluster_file
-from tpuft.cli.render import byte_progress, fmt, fmt_seconds, out_console, snapshot_json, snapshot_view, test_cell
+from tpuft.cli.render import (accounts, accounts_json, byte_progress, fmt, fmt_seconds, goodput_cell, out_console,
+                              snapshot_json, snapshot_view, test_cell)
 
 
 @command("monitor")
@@ -18,7 +19,7 @@ def monitor(
     run_id: Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")] = None,
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit (default: refresh until the run ends).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 5.0,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the loss and eval curves to this PNG and exit.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the loss and eval curves, and a stacked bar of where the run's time went (goodput), to this PNG and exit.")] = None,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -34,16 +35,17 @@ def monitor(
         from tpuft.plot import plot_curves
 
         log, _ = read_run_metrics(run.local_view())
-        written = plot_curves(log, plot, title=run.id)
+        written = plot_curves(log, plot, title=run.id, goodput=accounts(run.storage, run.info() or {})[0])
         out_console().print(f"[green]wrote {written}[/green]: {len(log.train_rows)} training and {len(log.eval_rows)} eval points")
         return
     snap = watch(cfg, run)
+    account = accounts(run.storage, snap.info)
     if json_out:
-        print(json.dumps(snapshot_json(snap), indent=2))
+        print(json.dumps(snapshot_json(snap) | accounts_json(*account), indent=2))
         return
     console = out_console()
     if once or snap.ended or not console.is_terminal:
-        console.print(snapshot_view(snap))
+        console.print(snapshot_view(snap, account))
         return
     import time
 
@@ -54,15 +56,16 @@ def monitor(
     from tpuft.storage.network import CloudUnreachable
 
     try:
-        with Live(snapshot_view(snap), console=console, refresh_per_second=2, screen=False) as live:
+        with Live(snapshot_view(snap, account), console=console, refresh_per_second=2, screen=False) as live:
             while not snap.ended:
                 time.sleep(interval)
                 try:
                     snap = watch(cfg, run)
-                    live.update(snapshot_view(snap))
+                    account = accounts(run.storage, snap.info)
+                    live.update(snapshot_view(snap, account))
                 except CloudUnreachable as exc:  # a live view outlives the network's outage: the last view, said so
                     note = f"cannot reach Google Cloud ({exc.message}); the last view, tried again every {interval:.0f} s"
-                    live.update(Group(snapshot_view(snap), Text(note, style="yellow")))
+                    live.update(Group(snapshot_view(snap, account), Text(note, style="yellow")))
     except KeyboardInterrupt:
         console.print("[dim]stopped watching; the run goes on[/dim]")
 
@@ -75,21 +78,66 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
 
     from tpuft.runs import list_runs
 
-    found = [run.snapshot() for run in list_runs(load_cluster_file(config))]
+    listed = [(run, run.snapshot()) for run in list_runs(load_cluster_file(config))]
+    found = [snap for _, snap in listed]
+    account = [accounts(run.storage, snap.info) for run, snap in listed]
     if json_out:
-        print(json.dumps([r.as_json() | {"started": r.info.get("started")} for r in found], indent=2))
+        print(json.dumps([r.as_json() | {"started": r.info.get("started")} | accounts_json(*a) for r, a in zip(found, account)],
+                         indent=2))
         return
-    table = Table("run", "recipe", "backend", "status", "steps", "attempt", "best eval", "test", "started")
-    for r in found:
+    table = Table("run", "recipe", "backend", "status", "steps", "attempt", "best eval", "test", "goodput", "cost", "started")
+    for r, (good, spent) in zip(found, account):
         best = r.best_metric
         started = r.info.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "-"
         status = r.label + (f" ({fmt_seconds(r.stale_for_s)})" if r.stale_for_s is not None else "")
         recipe = str(r.info.get("recipe", "-")) + (" (predict)" if r.info.get("job") == "predict" else "")
         table.add_row(r.run_id, recipe, str(r.info.get("backend", "-")), status,
-                      f"{r.step}/{r.total_steps or '?'}", _attempt_cell(r.info), f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", test_cell(r.test), when)
+                      f"{r.step}/{r.total_steps or '?'}", _attempt_cell(r.info), f"{best[0]} {fmt(best[1])} @{best[2]}" if best else "-", test_cell(r.test),
+                      goodput_cell(good), spent.label(), when)
     console = out_console()
     console.print(table if found else "no runs yet (start one: tpuft up quickstart)")
+
+
+@command("goodput")
+def goodput(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    from rich.table import Table
+
+    from tpuft.goodput import CAUSES, SHORT, duration, total
+    from tpuft.runs import list_runs
+
+    listed = [(run, run.info() or {}) for run in list_runs(load_cluster_file(config))]
+    account = [accounts(run.storage, info) for run, info in listed]
+    whole = total([good for good, _ in account])
+    spent = [c.total_usd for _, c in account if c.total_usd is not None]
+    whole_cost = round(sum(spent), 4) if spent else None
+    if json_out:
+        rows = [{"run_id": run.id, "status": info.get("status"), "recipe": info.get("recipe"), **accounts_json(*a)}
+                for (run, info), a in zip(listed, account)]
+        print(json.dumps({"runs": rows, "total": {"goodput": whole.as_dict(), "cost_usd": whole_cost}}, indent=2))
+        return
+    console = out_console()
+    if not listed:
+        console.print("no runs yet (start one: tpuft up quickstart)")
+        return
+    causes = [c for c in CAUSES if any(good.badput.get(c, 0.0) >= 0.5 for good, _ in account)]
+    table = Table("run", "status", "wall", "goodput", *[SHORT.get(c, c) for c in causes], "steps lost", "cost",
+                  title="where the runs' time went (badput by cause)", title_justify="left")
+
+    def cells(good: Any) -> list[str]:
+        shown = f"{good.goodput:.0%}" if good.events else "-"
+        return [duration(good.wall_s), shown, *[duration(good.badput.get(c, 0.0)) if good.badput.get(c) else "-" for c in causes],
+                str(good.steps_lost)]
+
+    for (run, info), (good, cost) in zip(listed, account):
+        table.add_row(run.id, str(info.get("status", "-")), *cells(good), cost.label())
+    table.add_section()
+    table.add_row(f"total ({len(listed)} runs)", "", *cells(whole), f"${whole_cost:,.2f} (est.)" if whole_cost is not None else "-")
+    console.print(table)
+    notes = sorted({good.external for good, _ in account if good.external})
+    if notes:
+        console.print(f"[yellow]the job's code also records with ml-goodput-measurement ({', '.join(notes)}): these "
+                      "figures are tpuft's own timeline, not added to Cloud Logging's[/yellow]")
 
 
 def _attempt_cell(info: dict[str, Any]) -> str:

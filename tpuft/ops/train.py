@@ -15,6 +15,8 @@ from typing import Any
 
 from tpuft import cost, goodput, rundir
 from tpuft.backends import get_backend
+from tpuft.cost import RunCost
+from tpuft.goodput import Goodput
 from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
 from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
@@ -58,6 +60,10 @@ class TrainResult:
     attempt: int = 1
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     """The recovery watcher's records (run.json ``recoveries``): cause, steps redone, time to train again."""
+    goodput: Goodput | None = None
+    """Where the run's wall time went (:func:`tpuft.goodput.breakdown`)."""
+    cost: RunCost | None = None
+    """What the run has cost (:func:`tpuft.cost.run_cost`)."""
 
 
 def _free_port_besides(used: set[str]) -> int:
@@ -548,4 +554,6 @@ def summarize(run: Run, backend: Backend, seconds: float, launched: int, attempt
         rows=rows,
         attempt=attempt,
         recoveries=list(snap.info.get("recoveries") or []),
+        goodput=goodput.breakdown(run.storage, snap.info),
+        cost=cost.run_cost(snap.info),
     )
