@@ -42,6 +42,14 @@ VERBS: tuple[Verb, ...] = (
          "READY nodes with no live run in the cluster's bucket for longer than --idle. Shows each one's list price "
          "per hour (an estimate) and how long it has been so. --yes deletes them (a queued resource with force), "
          "each deletion reported; exit 1 when one failed."),
+    Verb("drill", "Cluster", "Make maintenance or a preemption happen to one worker, to exercise how a run handles it.",
+         "tpuft drill maintenance --worker 1",
+         "maintenance: on GCP the TPU API's simulated maintenance event on that worker (its metadata server and the "
+         "node announce a window); on the local pod a notice file in the worker's home, --notice seconds ahead. A "
+         "run's supervisors and a --recover watcher then ask for a checkpoint and stop before the window; the watcher "
+         "resumes the run after it. preempt: the TPU API has no preemption simulation, so on GCP the node is stopped "
+         "(StopNode, the nearest real action; every worker of that node goes); on the local pod the worker's "
+         "supervisor and trainer are killed. Exit 2 when the cluster is not READY or has no such worker."),
     Verb("exec", "Cluster", "Run a command on every worker (or some) in parallel, with prefixed output.",
          "tpuft exec -- 'hostname; nproc'",
          "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS (on several slices also TPUFT_SLICE_ID and "

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from tpuft import __version__
-from tpuft.cli import cluster, gc, predict, recipes, results, training  # noqa: F401 - importing them registers their verbs
+from tpuft.cli import cluster, drill, gc, predict, recipes, results, training  # noqa: F401 - importing them registers their verbs
 from tpuft.cli.app import app
 from tpuft.cli.render import err_console
 

@@ -33,6 +33,7 @@ from tpuft.fleet.base import LineSink
 from tpuft.ops.lifecycle import (Launch, attach, finalize, request_stop, run_is_alive, signal_supervisors, stop,
                                  wait_for_outcome)
 from tpuft.ops.common import open_session
+from tpuft.ops.maintenance import MaintenanceWatch, wait_out_window
 from tpuft.ops.setup import setup
 from tpuft.ops.train import Notice, TrainResult, finished_result, resume
 from tpuft.providers import get_provider
@@ -62,10 +63,13 @@ class Callbacks:
             self.on_notice(text)
 
 
-def node_problem(config: ClusterConfig, info: dict[str, Any]) -> str | None:
+def node_problem(config: ClusterConfig, info: dict[str, Any], seen: Callable[[Cluster], Any] | None = None) -> str | None:
     """Why the run's workers are gone, in the provider's words; None while the node is READY on the run's addresses.
-    On a multislice cluster the lost slice(s) are named: ``node NAME-1 (slice 1) PREEMPTED``."""
+    On a multislice cluster the lost slice(s) are named: ``node NAME-1 (slice 1) PREEMPTED``. ``seen`` gets the
+    provider's answer too (its health, symptoms and upcoming maintenance: :class:`MaintenanceWatch`)."""
     cluster = get_provider(config).get()
+    if seen is not None:
+        seen(cluster)
     if cluster.state != State.READY:
         lost = lost_slices(cluster)
         if lost:
@@ -200,6 +204,9 @@ def watch(
                 outage.over()
                 status = info.get("status")
                 launch = Launch.of(run, info)
+                if status == "stopped" and not resume_ended and wait_out_window(info, callbacks.notice, renew, policy.poll, sleep):
+                    resume_ended = True  # stopped with a checkpoint before maintenance: resumed now that it is over
+                    continue
                 if status == "finished" or (status == "stopped" and not resume_ended):
                     return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
                 problem = node_problem(config, info)
@@ -257,6 +264,7 @@ def _attach_and_watch(
     """Follow the attempt until it ends (None) or its workers are gone (the reason)."""
 
     taken: list[WatchTakenOver] = []
+    maintenance = MaintenanceWatch(run, callbacks.notice)
 
     def question() -> str | None:
         try:
@@ -264,7 +272,7 @@ def _attach_and_watch(
         except WatchTakenOver as exc:  # stop following at once (attach treats a failed question as no answer)
             taken.append(exc)
             return "another watcher took over"
-        return node_problem(config, info)
+        return node_problem(config, info, maintenance.see)
 
     callbacks.notice(f"watching run {run.id} (attempt {info.get('attempt', 1)}) to recover it from preemption")
     session = open_session(config)

@@ -20,6 +20,7 @@ from typing import Any
 from tpuft.config import ClusterConfig
 from tpuft.errors import UsageError
 from tpuft.fleet.local import LocalFleet
+from tpuft.maintenance_window import notice_details
 from tpuft.paths import tpuft_home, venv_cache
 from tpuft.records import Cluster, Progress, State, Worker
 
@@ -119,6 +120,7 @@ class LocalProvider:
         details = {"state_dir": str(self._state_dir), "venv_cache": self.venv_cache()}
         if missing:
             details["problem"] = f"worker folder(s) missing: {', '.join(map(str, missing))}"
+        details.update(notice_details({w.index: w.home for w in workers}))  # tpuft drill maintenance's notices
         return Cluster(
             name=self.config.name,
             provider=self.name,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuft.accelerators import AcceleratorType
 from tpuft.config import parse_duration
-from tpuft.providers.gcp import tuning
+from tpuft.providers.gcp import maintenance, tuning
 from tpuft.providers.gcp.api import GcpError, TpuApi
 from tpuft.records import Cluster, Progress, State, Worker
 from tpuft.waiting import waiting
@@ -243,6 +243,7 @@ class TpuNodes:
         symptoms = [s.details for n in nodes for s in n.symptoms]
         if symptoms:
             details["symptoms"] = "; ".join(symptoms)
+        details.update(maintenance.details(api, [i for i, n in zip(found_ids, nodes) if n.state.name == State.READY]))
         if len(nodes) < len(api.node_ids()):
             details["problem"] = f"{len(nodes)} of {len(api.node_ids())} slices exist"
         state = states[0] if len(set(states)) == 1 else ",".join(states)
