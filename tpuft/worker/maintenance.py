@@ -6,7 +6,7 @@ polls every ``recover.poll`` seconds, and the supervisor is the one process of t
 the whole attempt. So each supervisor polls its host's key every :data:`POLL_SECONDS` from a daemon thread and, on a
 window it has not acted on, writes a checkpoint request in the run dir (the on-demand checkpoint's contract,
 ``rundir.checkpoint_request``: every supervisor relays it to its trainer) and a ``maintenance`` event beside the
-controller's (``events/controller/``: the supervisor, like the controller, writes run storage one object at a time).
+controller's (``tpuft.goodput.record_controller_event``).
 
 Where the notice comes from: the file ``~/.tpuft/upcoming-maintenance.json`` when it exists (how the local pod, whose
 workers have no metadata server, rehearses it: ``tpuft drill maintenance`` writes it in the worker's home), else the
@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import threading
 import time
 import urllib.error
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft import rundir
+from tpuft.goodput import record_controller_event
 from tpuft.maintenance_window import NOTICE_RELPATH, Window
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.multislice import TARGET_ENV
@@ -103,13 +103,10 @@ def already_asked(storage: Any, attempt: int, reason: str) -> str | None:
 
 def record_event(storage: Any, attempt: int, window: Window, *, source: str, request_id: str | None,
                  now: float) -> None:
-    """The ``maintenance`` event (goodput's contract: one object under ``events/controller/``); never raises."""
-    event = {"kind": "maintenance", "t": round(now, 3), "s": 0.0, "attempt": attempt, "source": source,
-             "window_start": window.start, "window_end": window.end, "request": request_id}
-    try:
-        storage.write_text(f"{rundir.CONTROLLER_EVENTS}/{int(now * 1000)}-maintenance.json", json.dumps(event, sort_keys=True))
-    except Exception as exc:  # noqa: BLE001 - the run matters more than its timeline
-        print(f"warning: maintenance event not recorded: {exc}", file=sys.stderr, flush=True)
+    """The ``maintenance`` event (goodput's controller kind: the supervisor, like the controller, writes run storage
+    one object at a time); never raises."""
+    record_controller_event(storage, "maintenance", now, 0.0, attempt, source=source, window_start=window.start,
+                            window_end=window.end, request=request_id)
 
 
 def ask_before(storage: Any, attempt: int, window: Window, *, source: str, at_step: int | None,
