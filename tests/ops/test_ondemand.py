@@ -21,10 +21,10 @@ from tpuft.runs import Run
 BACKEND = "torch_xla"
 
 
-def _run(tmp_path: Path, *, workers: int = 1, status: str = "running", batch: int = 8) -> Run:
+def _run(tmp_path: Path, *, workers: int = 1, status: str = "running", batch: int = 8, log_every: int = 1) -> Run:
     run = Run.from_url(tmp_path / "runs" / "demo-20261126-120000-0001")
     run.storage.write_text(rundir.RUN_INFO, json.dumps({"status": status, "attempt": 2, "workers": workers, "backend": BACKEND}))
-    run.storage.write_text(rundir.RECIPE, f"name: demo\ntrain:\n  batch_size: {batch}\n")
+    run.storage.write_text(rundir.RECIPE, f"name: demo\ntrain:\n  batch_size: {batch}\n  log_every: {log_every}\n")
     return run
 
 
@@ -67,6 +67,10 @@ def test_multi_host_step_covers_the_relay_at_the_measured_speed(tmp_path: Path) 
     run.storage.write_text("heartbeat/worker-1.json", json.dumps({"step": 0, "time": now, "phase": "starting"}))
     run.storage.write_text("heartbeat/worker-0.json", json.dumps({"step": 0, "time": now}))
     assert pick_at_step(run, run.info(), now) == 2
+    # Rounded up to where every backend's loop comes back to Python: T5X's every log_every steps.
+    logging_every_10 = _run(tmp_path / "b", workers=2, log_every=10)
+    logging_every_10.storage.write_text("heartbeat/worker-0.json", json.dumps({"step": 100, "time": now - 1.0, "examples_per_s": 40.0}))
+    assert pick_at_step(logging_every_10, logging_every_10.info(), now) == 130
 
 
 def test_wait_returns_once_the_chiefs_step_is_complete(tmp_path: Path) -> None:
@@ -123,3 +127,14 @@ def test_the_verbs_exit_2_for_a_run_that_is_not_running_and_1_on_a_timeout(tmp_p
     assert json.loads(result.out)["error"].endswith("no complete checkpoint 1 s after the ask: worker(s) 0, 1 did not acknowledge")
     request = next(p for p in run.storage.list("attempts/2") if rundir.CHECKPOINT_REQUEST_NAME.match(p.rpartition("/")[2]))
     assert json.loads(run.storage.read_text(request) or "{}")["reason"] == "asked with tpuft checkpoint"
+
+
+def test_at_step_goes_into_the_request_and_needs_checkpoint_on_stop(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(f"name: ask\nbucket: {tmp_path / 'bucket'}\nlocal:\n  workers: 2\n")
+    run = _run(tmp_path / "bucket", workers=2)
+    result = cli("stop", run.id, "--at-step", "40", "-c", str(cluster))
+    assert result.code == 2 and "--at-step is the step of the checkpoint that --checkpoint saves" in result.err
+    assert cli("checkpoint", run.id, "--at-step", "40", "--timeout", "1", "-c", str(cluster)).code == 1
+    request = next(p for p in run.storage.list("attempts/2") if rundir.CHECKPOINT_REQUEST_NAME.match(p.rpartition("/")[2]))
+    assert json.loads(run.storage.read_text(request) or "{}")["at_step"] == 40

@@ -247,19 +247,20 @@ def _since_stamp(since: str | None) -> str | None:
 
 
 CheckpointOpt = Annotated[bool, typer.Option("--checkpoint", help="Save a checkpoint at the next step boundary, then stop right after it: a resume loses no step.")]
+AtStepOpt = Annotated[Optional[int], typer.Option("--at-step", min=1, help="Save at exactly this step (default: the next step boundary; on several hosts, one they all reach after the ask). A step already passed is refused.")]
 CheckpointTimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait for the checkpoint to be complete in run storage (exit 1 after).")]
 
 
 @command("checkpoint")
 def checkpoint(run_id: RunArg = None, config: ConfigOpt = None, timeout: CheckpointTimeoutOpt = 600.0,
-               json_out: JsonOpt = False) -> None:
+               at_step: AtStepOpt = None, json_out: JsonOpt = False) -> None:
     from tpuft.ops.lifecycle import request_checkpoint, wait_checkpoint
     from tpuft.runs import resolve_run
 
     cfg = load_cluster_file(config)
     run = resolve_run(cfg, run_id)
     console = err_console() if json_out else out_console()
-    request_id = request_checkpoint(run, reason="asked with tpuft checkpoint")
+    request_id = request_checkpoint(run, reason="asked with tpuft checkpoint", at_step=at_step)
     with console.status(f"run {run.id}: waiting for its trainers' checkpoint ..."):
         done = wait_checkpoint(run, request_id, timeout)
     if json_out:
@@ -271,7 +272,7 @@ def checkpoint(run_id: RunArg = None, config: ConfigOpt = None, timeout: Checkpo
 
 @command("stop")
 def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = False, checkpoint: CheckpointOpt = False,
-         timeout: CheckpointTimeoutOpt = 600.0) -> None:
+         timeout: CheckpointTimeoutOpt = 600.0, at_step: AtStepOpt = None) -> None:
     from tpuft.ops.lifecycle import stop as stop_op
     from tpuft.ops.lifecycle import stop_with_checkpoint
     from tpuft.runs import resolve_run
@@ -280,9 +281,13 @@ def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = Fa
     run = resolve_run(cfg, run_id)
     console = err_console() if json_out else out_console()
     saved = None
+    if at_step is not None and not checkpoint:
+        from tpuft.errors import UsageError
+
+        raise UsageError("--at-step is the step of the checkpoint that --checkpoint saves: add --checkpoint")
     if checkpoint:
         with console.status(f"run {run.id}: saving a checkpoint, then stopping ..."):
-            saved, result = stop_with_checkpoint(run, timeout=timeout)
+            saved, result = stop_with_checkpoint(run, timeout=timeout, at_step=at_step)
         console.print(f"[green]checkpoint step {saved.step}[/green] complete in run storage {saved.latency_s:.1f} s "
                       f"after the ask: {saved.path}")
     else:

@@ -443,10 +443,10 @@ def stop(config: ClusterConfig, run: Run, *, reason: str = "stopped with tpuft s
 
 
 def stop_with_checkpoint(run: Run, *, timeout: float, reason: str = "stopped with tpuft stop --checkpoint",
-                         ) -> tuple[CheckpointDone, StopResult]:
+                         at_step: int | None = None) -> tuple[CheckpointDone, StopResult]:
     """``tpuft stop --checkpoint``: the trainers save at a step boundary and are stopped right after it by their
     supervisors (no SIGTERM first, so no step is lost: a resume starts at exactly that checkpoint)."""
-    request_id = request_checkpoint(run, reason=reason, stop=True)
+    request_id = request_checkpoint(run, reason=reason, stop=True, at_step=at_step)
     done = wait_checkpoint(run, request_id, timeout)
     final = wait_for_outcome(run, timeout=60.0)
     attempt = int(final.get("attempt", 1))

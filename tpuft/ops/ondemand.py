@@ -85,30 +85,33 @@ def request_checkpoint(run: Run, *, reason: str, stop: bool = False, at_step: in
 def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
     """The freshest heartbeat's step, advanced by what the run trains until the heartbeat is read here (its age)
     and until every supervisor has relayed the request (poll, slack, and a bucket's sync lag), at the speed the
-    heartbeat reports (``examples_per_s`` over the recipe's batch), rounded up, plus :data:`MIN_MARGIN_STEPS`."""
+    heartbeat reports (``examples_per_s`` over the recipe's batch), plus :data:`MIN_MARGIN_STEPS`; rounded up to a
+    multiple of ``train.log_every``, where every backend's loop comes back to Python (T5X's only there)."""
     beats = [b for w in range(int(info.get("workers") or 1)) if (b := rundir.read_heartbeat(run.storage, w))]
-    if not beats:
-        return MIN_MARGIN_STEPS
-    freshest = max(beats, key=lambda b: (int(b.get("step") or 0), float(b.get("time") or 0.0)))
-    step = int(freshest.get("step") or 0)
-    steps_per_s = _steps_per_second(run, freshest)
-    poll = 2.5 if run.remote else 0.5
-    travel = max(0.0, now - float(freshest.get("time") or now)) + poll + RELAY_SLACK_SECONDS
-    if run.remote:
-        travel += BUCKET_SYNC_SECONDS
-    return step + math.ceil(travel * steps_per_s) + MIN_MARGIN_STEPS
+    train = _recipe_train(run)
+    step, steps_per_s, travel = 0, 0.0, 0.0
+    if beats:
+        freshest = max(beats, key=lambda b: (int(b.get("step") or 0), float(b.get("time") or 0.0)))
+        step = int(freshest.get("step") or 0)
+        batch, rate = float(train.get("batch_size") or 0), float(freshest.get("examples_per_s") or 0.0)
+        steps_per_s = rate / batch if batch > 0 and rate > 0 else 0.0
+        poll = 2.5 if run.remote else 0.5
+        travel = max(0.0, now - float(freshest.get("time") or now)) + poll + RELAY_SLACK_SECONDS
+        travel += BUCKET_SYNC_SECONDS if run.remote else 0.0
+    at_step = step + math.ceil(travel * steps_per_s) + MIN_MARGIN_STEPS
+    every = max(1, int(train.get("log_every") or 1))
+    return -(-at_step // every) * every
 
 
-def _steps_per_second(run: Run, beat: dict[str, Any]) -> float:
+def _recipe_train(run: Run) -> dict[str, Any]:
     import yaml
 
     try:
         recipe = yaml.safe_load(run.storage.read_text(rundir.RECIPE) or "") or {}
-        batch = float(((recipe.get("train") or {}).get("batch_size")) or 0)
-    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
-        batch = 0.0
-    rate = float(beat.get("examples_per_s") or 0.0)
-    return rate / batch if batch > 0 and rate > 0 else 0.0
+        train = recipe.get("train") if isinstance(recipe, dict) else None
+    except yaml.YAMLError:
+        return {}
+    return train if isinstance(train, dict) else {}
 
 
 def request_state(run: Run, attempt: int, request_id: str) -> dict[str, Any] | None:
