@@ -165,3 +165,27 @@ def test_a_run_stopped_for_maintenance_waits_out_the_window(tmp_path: Path) -> N
     assert time.time() >= end and renewed and f"ends at {rfc3339(end)}" in said[0]
     assert not wait_out_window({"status": "stopped", "cause": "stopped by the user"}, said.append, lambda: None, 1.0)
     assert not Window("SCHEDULED", "PENDING", now - 10, now - 1).due(now)  # over: not asked for again
+
+
+def test_a_supervisor_asks_for_the_checkpoint_of_its_workers_notice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor proper (in process, a ``sleep`` for a trainer): the one line in supervision.py starts the poll,
+    and a notice file in the worker's home (the local pod's metadata key) becomes the request and a line in its log."""
+    from tpuft.worker import maintenance
+    from tpuft.worker.supervision import Supervisor
+
+    home = tmp_path / "home"
+    (home / ".tpuft").mkdir(parents=True)
+    start = time.time() + 30
+    (home / ".tpuft" / "upcoming-maintenance.json").write_text(json.dumps(
+        {"type": "SCHEDULED", "maintenance_status": "PENDING", "window_start_time": rfc3339(start),
+         "window_end_time": rfc3339(start + 60)}))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GCE_METADATA_HOST", raising=False)
+    monkeypatch.setattr(maintenance, "POLL_SECONDS", 0.05)
+    run = _run(tmp_path)
+    ctx = WorkerContext("demo", Path(run.url), 0, 1, "127.0.0.1:1", run_url=run.url)
+    code = Supervisor(ctx, ["bash", "-c", "sleep 0.6"], 1, 60.0, run.storage).run()
+    assert code == 0
+    [request] = _requests(run)
+    assert request["stop"] is True and request["at_step"] is None and "maintenance window at" in str(request["reason"])
+    assert "maintenance announced (file " in (run.storage.read_text(rundir.log_path(Path("."), 0).as_posix()) or "")

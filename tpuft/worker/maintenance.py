@@ -138,7 +138,7 @@ class MaintenanceNotices:
     @classmethod
     def start(cls, ctx: WorkerContext, storage: Any, attempt: int, say: Callable[[str], None]) -> MaintenanceNotices | None:
         """Started where there is something to poll (a metadata server, or the local pod's notice folder)."""
-        notices = cls(ctx, storage, attempt, say)
+        notices = cls(ctx, storage, attempt, say, poll=POLL_SECONDS)
         if metadata_host() is None and not notice_file().parent.exists():
             return None
         threading.Thread(target=notices.loop, name="maintenance-notices", daemon=True).start()
