@@ -90,6 +90,9 @@ def test_wait_returns_once_the_chiefs_step_is_complete(tmp_path: Path) -> None:
     assert done.step == 7 and done.id == request_id
     assert done.path == f"{run.url}/checkpoints/{layout(BACKEND).checkpoint_format.format(step=7)}"
     assert 0.5 <= done.latency_s < 10 and done.complete - done.asked == pytest.approx(done.latency_s)
+    events = [json.loads(run.storage.read_text(p) or "{}") for p in run.storage.list("events/controller")]
+    assert [(e["kind"], e["id"], e["step"], e["at_step"], e["attempt"]) for e in events] == [("checkpoint_ask", request_id, 7, 7, 2)]
+    assert events[0]["latency_s"] == pytest.approx(done.latency_s, abs=0.01)
 
 
 def test_timeout_names_the_workers_that_did_not_answer(tmp_path: Path) -> None:

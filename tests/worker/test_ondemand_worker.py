@@ -61,6 +61,9 @@ def test_the_loop_saves_at_the_asked_step_and_refuses_a_passed_one(tmp_path: Pat
     assert answer(tmp_path, "100")["step"] == 2 and answer(tmp_path, "200")["step"] == 6
     refused = answer(tmp_path, "300")
     assert refused["step"] == 8 and "was at step 8 when the request for step 5 reached it" in refused["refused"]
+    saves = [json.loads(line) for line in next((tmp_path / "events").glob("worker-0-attempt-*.jsonl")).read_text().splitlines()]
+    assert [(e["step"], e["reason"]) for e in saves if e["kind"] == "checkpoint_save"] == \
+        [(2, "request"), (6, "request"), (10, "final")]
 
 
 def test_only_the_process_that_answers_for_its_worker_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

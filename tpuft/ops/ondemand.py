@@ -26,6 +26,7 @@ from typing import Any
 
 from tpuft import rundir
 from tpuft.errors import TpuftError, UsageError
+from tpuft.goodput import record_controller_event
 from tpuft.runs import Run
 from tpuft.waiting import waiting
 
@@ -134,7 +135,8 @@ def acks(run: Run, attempt: int, request_id: str) -> dict[int, dict[str, Any]]:
 def wait_checkpoint(run: Run, request_id: str, timeout: float, *, sleep: Callable[[float], None] = time.sleep,
                     poll: float | None = None) -> CheckpointDone:
     """Until the chief has acknowledged and the layout's manifest check finds that step's checkpoint complete in
-    run storage. A refusal, a run that ends first, or ``timeout`` raise, naming the workers without an answer."""
+    run storage; then the ``checkpoint_ask`` event (the goodput timeline's marker, with the latency). A refusal, a
+    run that ends first, or ``timeout`` raise, naming the workers without an answer."""
     info = run.info()
     attempt = int(info.get("attempt", 1))
     request = request_state(run, attempt, request_id)
@@ -157,6 +159,9 @@ def wait_checkpoint(run: Run, request_id: str, timeout: float, *, sleep: Callabl
                 if step in names:
                     complete = time.time()
                     path = f"{run.url.rstrip('/')}/{layout.checkpoints}/{names[step]}"
+                    record_controller_event(run.storage, "checkpoint_ask", asked, complete - asked, attempt, id=request_id,
+                                            at_step=request.get("at_step"), step=step, latency_s=round(complete - asked, 2),
+                                            reason=request.get("reason"))
                     return CheckpointDone(request_id, step, path, asked, complete, complete - asked)
             if run.info().get("status") != "running" and chief is None:
                 raise CheckpointRefused(f"run {run.id} ended ({run.info().get('status')}) before its trainers saved the checkpoint")

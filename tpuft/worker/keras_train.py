@@ -284,7 +284,8 @@ def run_callback(run: KerasRun) -> Any:
                 model.loss_tracker.reset_state()
                 model.token_tracker.reset_state()
             loop.beat(step, phase="step", **logged)
-            serve(requests, step, lambda _: run.save_checkpoint(), loop.say, lambda at: loop.beat(at, phase="checkpoint"))
+            serve(requests, step, lambda at: loop.save_asked(lambda _: run.save_checkpoint(), at), loop.say,
+                  lambda at: loop.beat(at, phase="checkpoint"))
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.params_epoch = epoch

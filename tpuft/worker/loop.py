@@ -155,6 +155,8 @@ class RunLoop:
         """Time the trainer waited for its next batch since the last metrics row (a backend that can tell adds to
         it): the ``steps`` event's ``data_wait_s``."""
         self._startup_recorded = False
+        self._asked = False
+        """A save under way was asked for on demand (``tpuft checkpoint``): its event's reason is ``request``."""
 
     # -- output -----------------------------------------------------------------------------------------------
     def say(self, message: str, *, everyone: bool = False) -> None:
@@ -371,9 +373,19 @@ class RunLoop:
         events.record("checkpoint_save", started, time.time() - started, step=step, reason=reason or self._save_reason(step))
         return final
 
+    def save_asked(self, save: Callable[[int], Any], step: int) -> Any:
+        """``save(step)`` for a checkpoint asked for on demand (:mod:`tpuft.worker.ondemand`)."""
+        self._asked = True
+        try:
+            return save(step)
+        finally:
+            self._asked = False
+
     def _save_reason(self, step: int) -> str:
         """Why a checkpoint was saved, for its event: the last step's (or an early stop's), a new best's, else the
         cadence's."""
+        if self._asked:
+            return "request"
         if step >= self.recipe.train.steps or self.stopped_early:
             return "final"
         best = self.best
@@ -499,7 +511,7 @@ def train(loop: RunLoop, hooks: TrainerHooks) -> None:
                 saved = True
         if not saved and loop.checkpoint_due(step):
             hooks.save(step)
-        serve(requests, step, hooks.save, loop.say, lambda at: loop.beat(at, phase="checkpoint"))
+        serve(requests, step, lambda at: loop.save_asked(hooks.save, at), loop.say, lambda at: loop.beat(at, phase="checkpoint"))
 
 
 def evaluate(loop: RunLoop, hooks: TrainerHooks) -> dict[str, Any]:
