@@ -189,3 +189,31 @@ def test_a_supervisor_asks_for_the_checkpoint_of_its_workers_notice(tmp_path: Pa
     [request] = _requests(run)
     assert request["stop"] is True and request["at_step"] is None and "maintenance window at" in str(request["reason"])
     assert "maintenance announced (file " in (run.storage.read_text(rundir.log_path(Path("."), 0).as_posix()) or "")
+
+
+def test_the_watcher_resumes_a_run_stopped_for_maintenance_once_the_window_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """watch()'s loop: a run ``stopped`` with the window as its cause is waited out and resumed (a run stopped for
+    anything else is not: tests/ops/test_recover.py). The attach and the node's answer are replaced here."""
+    import tpuft.ops.recover as recover_module
+    from tpuft.config import ClusterConfig
+    from tpuft.ops.recover import Callbacks, watch
+
+    run = _run(tmp_path)
+    end = float(int(time.time()) + 1)
+    cause = Window("SCHEDULED", "PENDING", end - 60, end).reason()
+    states = iter(["stopped", "stopped", "finished"])
+    launch = {"hosts": [0], "python": "py", "package": "pkg"}
+    monkeypatch.setattr(recover_module, "resolve_run", lambda config, run_id: run)
+    monkeypatch.setattr(recover_module, "finalize", lambda run: {"run_id": "r-1", "status": next(states), "cause": cause,
+                                                                 "backend": "torch_xla", "launch": launch})
+    monkeypatch.setattr(recover_module, "node_problem", lambda config, info: None)
+    resumed: list[float] = []
+    monkeypatch.setattr(recover_module, "resume", lambda config, run_id, **kw: resumed.append(time.time()))
+    monkeypatch.setattr(recover_module, "finished_result", lambda run, info, backend, hosts: info["status"])
+    notices: list[str] = []
+    config = ClusterConfig.model_validate({"name": "rc"})
+    assert watch(config, "r-1", Callbacks(on_notice=notices.append)) == "finished"
+    assert len(resumed) == 1 and resumed[0] >= end
+    assert any("resumes after the window ends at" in n for n in notices)
