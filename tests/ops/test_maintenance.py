@@ -117,7 +117,12 @@ def test_supervisors_hear_the_simulated_event_and_ask_once(  # type: ignore[no-u
         meta.announce(0, meta._upcoming[1])  # the same window reaches worker 0 too
         worker0 = MaintenanceNotices(contexts[0], run.storage, 1, said.append, home=tmp_path / "no-home", poll=0.05)
         assert worker0.check() is None and "asked for already" in said[-1] and len(_requests(run)) == 1
-        assert read_notice(tmp_path / "no-home")[0] is not None
+        meta.clear(0)
+        assert read_notice(tmp_path / "no-home")[0] is None
+        meta.begin(0)  # GCE's 60 s warning: maintenance-event changes, no window announced
+        event, source = read_notice(tmp_path / "no-home")
+        assert event == {"type": "TERMINATE_ON_HOST_MAINTENANCE", "maintenance_status": "PENDING"}
+        assert source.endswith("(maintenance-event)") and Window.of(event).due(time.time())
 
 
 def test_drill_preempt_stops_the_node_and_refusals_are_usage_errors(  # type: ignore[no-untyped-def]

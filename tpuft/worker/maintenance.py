@@ -44,7 +44,7 @@ from tpuft.worker.multislice import TARGET_ENV
 
 POLL_SECONDS = float(os.environ.get("TPUFT_MAINTENANCE_POLL_SECONDS", "10"))
 """How often a supervisor asks its metadata server (a loopback-cheap GET on the host)."""
-METADATA_PATH = "/computeMetadata/v1/instance/upcoming-maintenance"
+METADATA_PREFIX = "/computeMetadata/v1/instance/"
 RELAY_SECONDS = 6.0
 """The request's way to every trainer: the supervisors' control poll and the relay's write, with slack."""
 MARGIN_STEPS = 2
@@ -62,9 +62,21 @@ def metadata_host() -> str | None:
     return "metadata.google.internal" if os.environ.get(TARGET_ENV) == "tpu" else None
 
 
+def _metadata(host: str, key: str, timeout: float) -> str | None:
+    """One metadata key's text; None for a 404 (nothing announced) and for a server that does not answer (the next
+    poll asks again)."""
+    request = urllib.request.Request(f"http://{host}{METADATA_PREFIX}{key}", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return str(response.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
 def read_notice(home: Path | None = None, timeout: float = 2.0) -> tuple[dict[str, Any] | None, str]:
-    """(the announced window, where it was read); (None, source) when nothing is announced. A metadata server that
-    does not answer is the same as no notice this round (the next poll asks again)."""
+    """(the announced window, where it was read); (None, source) when nothing is announced. ``maintenance-event`` is
+    asked too when no window is: GCE changes it 60 s before an event, and gives that warning only to a VM that has
+    asked for the key since its last event; a value other than NONE is a window starting now."""
     path = notice_file(home)
     if path.exists():
         return rundir.read_json(path), f"file {path}"
@@ -72,13 +84,16 @@ def read_notice(home: Path | None = None, timeout: float = 2.0) -> tuple[dict[st
     if host is None:
         return None, "none"
     source = f"metadata server {host}"
-    request = urllib.request.Request(f"http://{host}{METADATA_PATH}", headers={"Metadata-Flavor": "Google"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            window = json.loads(response.read() or b"null")
-    except (OSError, ValueError):  # 404 (nothing announced), refused, timed out, not JSON
-        return None, source
-    return (window if isinstance(window, dict) and window else None), source
+        window = json.loads(_metadata(host, "upcoming-maintenance", timeout) or "null")
+    except ValueError:
+        window = None
+    if isinstance(window, dict) and window:
+        return window, source
+    event = (_metadata(host, "maintenance-event", timeout) or "NONE").strip()
+    if event and event != "NONE":
+        return {"type": event, "maintenance_status": "PENDING"}, f"{source} (maintenance-event)"
+    return None, source
 
 
 def at_step_from(beat: dict[str, Any], batch: float, now: float, remote: bool) -> int:
