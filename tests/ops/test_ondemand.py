@@ -51,6 +51,9 @@ def test_a_run_that_is_not_running_is_named(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=f"run {run.id} is not running \\(status: finished\\)") as caught:
         lifecycle.request_checkpoint(run, reason="x")
     assert caught.value.exit_code == 2
+    run.storage.write_text(rundir.RUN_INFO, json.dumps({**run.info(), "status": "running", "job": "predict"}))
+    with pytest.raises(UsageError, match="is a predict job: it has no checkpoints"):
+        lifecycle.request_checkpoint(run, reason="x")
 
 
 def test_multi_host_step_covers_the_relay_at_the_measured_speed(tmp_path: Path) -> None:

@@ -67,6 +67,8 @@ def _running_attempt(run: Run) -> tuple[dict[str, Any], int]:
         status = info.get("status") or "unknown (no run.json)"
         raise UsageError(f"run {run.id} is not running (status: {status}): there is no trainer to ask for a checkpoint",
                          hint=f"Its checkpoints: tpuft runs show {run.id}")
+    if info.get("job") == "predict":
+        raise UsageError(f"run {run.id} is a predict job: it has no checkpoints to save")
     return info, int(info.get("attempt", 1))
 
 
