@@ -183,6 +183,17 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
             if "/checkpoints/" not in blob.name and "/export/" not in blob.name:
                 assert marker.encode() not in blob.download_as_bytes(), blob.name
 
+        # Goodput (issue 30): the run's breakdown from its events; the causes add up to the wall time, and the steps
+        # it counts as lost (redone after the checkpoint) agree with the recovery's record within one log interval.
+        account = subprocess.run([sys.executable, "-m", "tpuft", "goodput", "-c", str(cluster), "--json"], env=env,
+                                 capture_output=True, text=True)
+        assert account.returncode == 0, account.stderr[-3000:]
+        (entry,) = [r for r in json.loads(account.stdout)["runs"] if r["run_id"] == run_id]
+        good = entry["goodput"]
+        assert abs(good["good_s"] + sum(good["badput"].values()) - good["wall_s"]) <= 0.02 * good["wall_s"], good
+        assert abs(good["steps_lost"] - recovery["steps_lost"]) < 10 and (good["badput"].get("lost", 0) > 0) == (good["steps_lost"] > 0), (good, recovery)
+        print(f"goodput of the recovered run: {json.dumps(good)}")
+
 
 def test_a_failure_of_the_users_code_is_not_retried(tmp_path: Path) -> None:
     hook = tmp_path / "hooks.py"
