@@ -182,3 +182,34 @@ def test_runs_monitor_goodput_and_the_plot_show_the_breakdown_and_cost(cli, tmp_
     plot = cli("monitor", "alpha-1", "-c", str(cluster), "--plot", str(tmp_path / "curves.png"))
     assert plot.code == 0, plot.err
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_train_summary_shows_goodput_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    from tpuft.cli.render import out_console, print_train_summary
+    from tpuft.cost import run_cost
+    from tpuft.ops.train import TrainResult
+
+    info = {"status": "finished", "accelerator": "v4-8", "pricing": "on-demand", "chips": 4, "ended": T0 + 100,
+            "attempts": [{"attempt": 1, "started": T0, "ended": T0 + 100}]}
+    result = TrainResult("r-1", "/runs/r-1", 100.0, 1, goodput=goodput.breakdown_of(
+        [ev("startup", 0, 20, step=0)] + windows(1, 20, 0, 80, 10, 10), info), cost=run_cost(info))
+    print_train_summary(out_console(), result, json_out=True)
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["goodput"]["goodput"] == 0.8 and shown["goodput"]["badput"] == {"startup": 20.0}
+    assert shown["cost"]["per_attempt"][0]["chips"] == 4
+    print_train_summary(out_console(), result, json_out=False)
+    table = capsys.readouterr().out
+    assert "80% of 1m40s (badput: startup 20s)" in table and "cost so far" in table
+
+
+def test_the_users_own_goodput_recording_is_noticed_by_flag_or_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    monkeypatch.delenv(events.EXTERNAL_ENV, raising=False)
+    monkeypatch.delitem(sys.modules, events.EXTERNAL_MODULE, raising=False)
+    assert events.external_recorder() is None
+    monkeypatch.setitem(sys.modules, events.EXTERNAL_MODULE, types.ModuleType(events.EXTERNAL_MODULE))
+    assert events.external_recorder() == "ml_goodput_measurement"
+    monkeypatch.setenv(events.EXTERNAL_ENV, "my-job")
+    assert events.external_recorder() == "my-job"
