@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,32 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
         return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(cluster)], env=env, capture_output=True,
                               text=True, timeout=timeout)
 
-    # 1. The controller is killed mid-run: the run trains on, finishes and exports by itself.
+    # 1. The controller is killed mid-run: the run trains on, stops with a checkpoint when asked, and once resumed
+    # finishes and exports by itself.
     controller = subprocess.Popen([sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), *settings],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first = wait_until(lambda: next(iter(runs.iterdir()), None) if runs.is_dir() else None, 600, "the first run dir")
     wait_until(lambda: step_of(first, 0) >= 6, 600, "step 6")
     controller.send_signal(signal.SIGKILL)
     controller.wait(timeout=10)
-    wait_until(lambda: info(first).get("status") not in (None, "running"), 600, "the first run to end")
+    # 1b. tpuft stop --checkpoint (past the periodic checkpoint at 16: an asked-for one): both hosts save at one step
+    # boundary and stop right after it; the resume starts at exactly that step (no step lost, none re-run).
+    wait_until(lambda: step_of(first, 0) >= 17, 600, "step 17")
+    asked = time.monotonic()
+    stopped = tpuft("stop", first.name, "--checkpoint", "--json", timeout=300)
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    stop_seconds = time.monotonic() - asked
+    at = json.loads(stopped.stdout)["checkpoint"]["step"]
+    assert json.loads(stopped.stdout)["status"] == "stopped" and info(first)["cause"] == "stopped with tpuft stop --checkpoint"
+    assert at in dict(LAYOUT.local_checkpoints(first / LAYOUT.checkpoints)) and at < 48
+    assert {step_of(first, w) for w in range(2)} == {at}  # no host trained past the checkpoint
+    relaunched = time.monotonic()
+    resumed_first = tpuft("resume", first.name, "--json")
+    assert resumed_first.returncode == 0, resumed_first.stderr[-4000:]
+    first_log = (first / "logs" / "worker-0.log").read_text()
+    assert f"resuming from checkpoint step_{at:08d}" in first_log and f"training steps {at + 1} to 48" in first_log
+    print(f"\nstop --checkpoint: step {at} complete {json.loads(stopped.stdout)['checkpoint']['latency_s']} s after "
+          f"the ask, stopped {stop_seconds:.1f} s after it; the resume to step 48 took {time.monotonic() - relaunched:.0f} s")
     assert info(first)["status"] == "finished", info(first)
     assert (first / rundir.EXPORT_HF / "config.json").is_file()
     uninterrupted = digests(first)
@@ -76,8 +95,16 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     started = tpuft("train", "quickstart", "--detach", "--json", *settings)
     assert started.returncode == 0, started.stderr[-4000:]
     second = runs / json.loads(started.stdout)["run_id"]
+    # tpuft checkpoint at the step the first run stopped at: the same reseed there (a torch checkpoint reseeds every
+    # replica where a resume from it would), so the weights can end identical.
+    asked_second = tpuft("checkpoint", second.name, "--at-step", str(at), "--json", timeout=300)
+    assert asked_second.returncode == 0, asked_second.stderr[-4000:]
+    ondemand = json.loads(asked_second.stdout)
+    assert ondemand["step"] == at and ondemand["path"].endswith(f"step_{at:08d}")
+    print(f"tpuft checkpoint --at-step {at}: complete {ondemand['latency_s']} s after the ask")
     wait_until(lambda: 32 in dict(LAYOUT.local_checkpoints(second / LAYOUT.checkpoints)) and step_of(second, 1) >= 34, 600,
          "the checkpoint at step 32 and step 34")
+    restart = max(32, at)  # the latest checkpoint before the kill (the asked-for one is complete by now)
     record = json.loads((second / "attempts" / "1" / "worker-1.json").read_text())
     os.kill(record["trainer_pid"], signal.SIGKILL)
     reached = step_of(second, 0)
@@ -92,14 +119,14 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     assert digests(second) == uninterrupted  # exact resume: weights, optimizer, schedule, data order, RNG
     steps = [r["step"] for r in rundir.read_metrics(second).train_rows]
     assert steps == sorted(set(steps)) and steps[-1] == 48  # re-run steps replaced their rows, none twice
-    assert "resuming from checkpoint step_00000032" in (second / "logs" / "worker-0.log").read_text()
+    assert f"resuming from checkpoint step_{restart:08d}" in (second / "logs" / "worker-0.log").read_text()
     assert {step_of(second, w) for w in range(2)} == {48}  # both slices resumed to the end
     # The killed attempt never reached its test; the resumed one tested once, as the uninterrupted run did.
     for run in (first, second):
         tests = [r for r in rundir.read_metrics(run).rows if "test_examples" in r]
         assert len(tests) == 1 and tests[0]["test_examples"] == 40 and tests[0]["step"] == 48, tests
     assert rundir.read_metrics(second).test_row["test_exact_match"] == rundir.read_metrics(first).test_row["test_exact_match"]
-    print(f"\nkilled at step {reached}, resumed from the checkpoint at 32: {reached - 32} step(s) re-run, 0 lost")
+    print(f"\nkilled at step {reached}, resumed from the checkpoint at {restart}: {reached - restart} step(s) re-run, 0 lost")
 
 
 def test_a_sigstopped_worker_is_named_hung_and_the_run_stopped(tmp_path: Path) -> None:
