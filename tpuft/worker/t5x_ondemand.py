@@ -66,8 +66,7 @@ def save(trainer: Any, absolute: int) -> None:
     if not _MANAGER:
         raise RuntimeError("tpuft: T5X built no checkpoint manager (no checkpoint period?): cannot save on demand")
     manager = _MANAGER[0]
-    inner = getattr(manager, "_manager", None)
-    if inner is not None and absolute in set(inner.all_steps()):
+    if absolute in set(manager.all_steps()):
         return
     manager.save(trainer.train_state, (), True)
 
