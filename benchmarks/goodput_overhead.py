@@ -40,7 +40,7 @@ def train(root: Path, env: dict[str, str], steps: int, events: bool) -> tuple[fl
                           env=env, capture_output=True, text=True, cwd=REPO, timeout=3600)
     wall = time.monotonic() - started
     if done.returncode != 0:
-        raise SystemExit(done.stderr[-3000:])
+        raise SystemExit(f"tpuft train: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     run = Path(json.loads(done.stdout)["run_dir"])
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     speeds = [row["examples_per_s"] for row in rows if "examples_per_s" in row][1:]
@@ -63,7 +63,7 @@ def main() -> None:
             done = subprocess.run([sys.executable, "-m", "tpuft", *verb, "-c", str(root / "tpuft.yaml")], env=env,
                                   capture_output=True, text=True, cwd=REPO)
             if done.returncode != 0:
-                raise SystemExit(done.stderr[-3000:])
+                raise SystemExit(f"tpuft {' '.join(verb)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
         results: dict[bool, list[tuple[float, float, int]]] = {True: [], False: []}
         for _ in range(args.runs):
             for events in (True, False):

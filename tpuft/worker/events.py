@@ -39,12 +39,11 @@ def process_started() -> float:
     """When this process started (unix seconds): the kernel's record, so that the start-up event includes the
     interpreter and the framework's imports that ran before tpuft's code did; the import time of this module where
     /proc is not there."""
-    try:
+    try:  # the start in ticks since boot, against the clock since boot now (/proc/stat's btime is whole seconds)
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-        started = boot + ticks / os.sysconf("SC_CLK_TCK")
-        return started if 0 < time.time() - started < 30 * 86400 else _IMPORTED
-    except (OSError, ValueError, IndexError, StopIteration):
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age if 0 <= age < 30 * 86400 else _IMPORTED
+    except (OSError, ValueError, IndexError, AttributeError):
         return _IMPORTED
 
 
