@@ -213,3 +213,10 @@ def test_the_users_own_goodput_recording_is_noticed_by_flag_or_import(monkeypatc
     assert events.external_recorder() == "ml_goodput_measurement"
     monkeypatch.setenv(events.EXTERNAL_ENV, "my-job")
     assert events.external_recorder() == "my-job"
+
+
+def test_a_queued_resource_s_wait_for_capacity_is_told_apart_from_its_provisioning() -> None:
+    timeline = [ev("provision", 0, 100), ev("queue_wait", 0, 70), ev("startup", 100, 10, step=0)] + windows(1, 110, 0, 10, 10, 10)
+    result = goodput.breakdown_of(timeline, {"status": "finished", "ended": T0 + 120})
+    assert result.badput["queue_wait"] == pytest.approx(70) and result.badput["provision"] == pytest.approx(30)
+    assert "queue 1m10s" in result.summary()

@@ -38,7 +38,7 @@ MARKERS = frozenset({"checkpoint_ask", "maintenance", "cost_stop"})
 whatever else ran then (a checkpoint asked for is saved inside a step window: ``checkpoint_save``)."""
 
 PRECEDENCE = ("checkpoint_save", "checkpoint_restore", "eval", "test", "export", "startup", "steps", "launch", "setup",
-              "provision", "queue_wait", "recovery_wait")
+              "queue_wait", "provision", "recovery_wait")
 """Who owns an instant two events cover, first wins: the trainer's own phases over its step windows, the trainer over
 the controller (which only sees a launch from outside)."""
 _RANK = {kind: rank for rank, kind in enumerate(PRECEDENCE)}

@@ -95,6 +95,8 @@ def test_a_queued_resource_waiting_for_capacity_says_its_state(tmp_path: Path, t
     err = capsys.readouterr().err
     assert "waiting for Cloud TPU capacity for queued resource hk (ACTIVE once the chips are granted): " in err, err
     assert "(24 h 0 min left)" in err and "\ndone: Cloud TPU capacity for queued resource hk" in err, err
+    started, waited = provider.nodes.queue_wait or (0.0, 0.0)  # goodput's queue_wait: ACCEPTED, WAITING (4 gets each)
+    assert 0.5 < waited < 30 and abs(started - time.time()) < 60, provider.nodes.queue_wait
 
     provider.delete()
     capsys.readouterr()

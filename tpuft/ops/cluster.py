@@ -30,6 +30,9 @@ def create(config: ClusterConfig, progress: Progress | None = None) -> CreateRes
     provider = get_provider(config)
     cluster, created = provider.create(progress)
     if created:  # the next run launched on it counts the wait (tpuft.goodput)
+        queued = getattr(getattr(provider, "nodes", None), "queue_wait", None)  # a queued resource's wait for capacity
+        if queued is not None:
+            goodput.remember_cluster_event(provider.state_dir(), "queue_wait", *queued)
         goodput.remember_cluster_event(provider.state_dir(), "provision", started, time.time() - started)
     return CreateResult(cluster=cluster, created=created, accelerator=lookup(config.accelerator))
 

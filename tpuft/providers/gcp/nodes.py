@@ -49,6 +49,8 @@ class TpuNodes:
         self.api = api
         self.gcp = gcp
         self.accelerator = accelerator
+        self.queue_wait: tuple[float, float] | None = None
+        """(start, seconds) of the last queued resource's wait for capacity, until PROVISIONING (tpuft.goodput)."""
 
     # -- the create requests --------------------------------------------------------------------------------
     # What gcloud sends for the same intent (google-cloud-sdk, GA track, API v2; see docs/gcp.md, "What create
@@ -157,9 +159,12 @@ class TpuNodes:
         )
         api.wait_operation(f"creating queued resource {api.name}", operation, progress, None)
         what = f"Cloud TPU capacity for queued resource {api.name} (ACTIVE once the chips are granted)"
+        queued, self.queue_wait = time.time(), None
         with waiting(what, tuning.CREATE_TIMEOUT_S * 24, progress=progress) as wait:
             while True:
                 state, problem = self.queued_state()
+                if self.queue_wait is None and state in ("PROVISIONING", "ACTIVE"):
+                    self.queue_wait = (queued, time.time() - queued)
                 if state == "ACTIVE":
                     return
                 if state in QUEUED_FAILED:
