@@ -280,6 +280,13 @@ def test_a_killed_worker_fails_the_run_fast_and_resume_continues(pod: Pod) -> No
     def step(worker: int) -> int:
         return int((rundir.read_json(rundir.heartbeat_path(run, worker)) or {}).get("step") or 0)
 
+    # tpuft checkpoint: the chief saves at the step boundary both workers reach after the ask (a multiple of
+    # log_every), through the trainer's own save path, while the run goes on.
+    asked = pod.tpuft("checkpoint", run.name, "--json", timeout=300)
+    assert asked.returncode == 0, asked.stderr[-4000:]
+    ondemand = json.loads(asked.stdout)
+    assert ondemand["step"] % 25 == 0 and ondemand["step"] in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
+    print(f"\nkeras tpuft checkpoint: step {ondemand['step']} complete {ondemand['latency_s']} s after the ask")
     wait_until(lambda: 50 in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)) and step(1) >= 75, 600,
                "the checkpoint at step 50 and step 75")
     record = json.loads((run / "attempts" / "1" / "worker-1.json").read_text())
