@@ -109,20 +109,21 @@ for step in range(1, 1000):
 """
 
 
-def test_a_supervisor_relays_a_stop_request_and_stops_its_trainer_after_the_save(tmp_path: Path) -> None:
+def supervise_a_stop(run: Run, staging: Path) -> Any:
+    """A supervisor of worker 0 whose (framework-free) trainer gets a ``stop`` request from the controller's side at
+    step 5 or later; returns what ``wait_checkpoint`` returned."""
     from tpuft.worker.supervision import Supervisor
 
-    storage = LocalStorage(tmp_path)
+    storage = run.storage
     storage.write_text(rundir.RUN_INFO, json.dumps({"status": "running", "attempt": 1, "workers": 1, "backend": "torch_xla",
                                                     "attempts": [{"attempt": 1, "started": time.time()}]}))
-    ctx = WorkerContext(run_id=tmp_path.name, run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="",
-                        run_url=str(tmp_path))
-    supervisor = Supervisor(ctx, [sys.executable, "-c", TRAINER, str(tmp_path)], 1, 30.0, storage)
-    run = Run.from_url(tmp_path)
+    storage.write_text(rundir.RECIPE, "name: demo\n")
+    ctx = WorkerContext(run_id=run.id, run_dir=staging, worker_id=0, num_workers=1, coordinator="", run_url=run.url)
+    supervisor = Supervisor(ctx, [sys.executable, "-c", TRAINER, str(staging)], 1, 30.0, storage)
     done: list[Any] = []
 
     def controller() -> None:
-        while (rundir.read_heartbeat(storage, 0) or {}).get("step", 0) < 5:
+        while (rundir.read_json(rundir.heartbeat_path(staging, 0)) or {}).get("step", 0) < 5:
             time.sleep(0.05)
         request_id = lifecycle.request_checkpoint(run, reason="stopped with tpuft stop --checkpoint", stop=True)
         done.append(lifecycle.wait_checkpoint(run, request_id, timeout=30, poll=0.05))
@@ -136,7 +137,28 @@ def test_a_supervisor_relays_a_stop_request_and_stops_its_trainer_after_the_save
     saved = done[0].step
     assert saved >= 5 and saved in run.layout().checkpoint_steps(storage)
     assert rundir.read_heartbeat(storage, 0)["step"] == saved, "no step after the checkpoint: a resume loses none"
-    assert 0 < done[0].latency_s < 10
+    return done[0]
+
+
+def test_a_supervisor_relays_a_stop_request_and_stops_its_trainer_after_the_save(tmp_path: Path) -> None:
+    done = supervise_a_stop(Run.from_url(tmp_path), tmp_path)
+    assert 0 < done.latency_s < 10
+
+
+def test_a_bucket_run_is_asked_through_the_bucket_and_answers_through_the_sync(
+        gcs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run dir in a bucket (the GCS emulator): the supervisor reads the request there, the trainer's answer and
+    checkpoint reach it through the run-dir sync (every 0.5 s here, 15 s on a real run), and the relay never goes up."""
+    from tpuft.storage import open_storage, sync
+
+    monkeypatch.setattr(sync, "SYNC_SECONDS", 0.5)
+    monkeypatch.setenv("TPUFT_CONTROL_POLL_SECONDS", "0.2")
+    open_storage("gs://ondemand").ensure_bucket(None)
+    run = Run.from_url("gs://ondemand/runs/bucket-run")
+    done = supervise_a_stop(run, tmp_path / "staging")
+    assert done.path == f"gs://ondemand/runs/bucket-run/checkpoints/step_{done.step:08d}" and 0 < done.latency_s < 20
+    assert not [p for p in run.storage.list("") if rundir.CONTROL_DIR in p]
+    assert run.storage.exists(rundir.checkpoint_ack(1, done.id, 0))
 
 
 def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
