@@ -220,3 +220,15 @@ def test_a_queued_resource_s_wait_for_capacity_is_told_apart_from_its_provisioni
     result = goodput.breakdown_of(timeline, {"status": "finished", "ended": T0 + 120})
     assert result.badput["queue_wait"] == pytest.approx(70) and result.badput["provision"] == pytest.approx(30)
     assert "queue 1m10s" in result.summary()
+
+
+def test_the_cluster_file_may_set_the_goodput_switches_and_no_other_tpuft_variable(tmp_path: Path) -> None:
+    from tpuft.config import load_cluster
+    from tpuft.errors import ConfigError
+
+    path = tmp_path / "tpuft.yaml"
+    path.write_text("name: c\nworker_env:\n  TPUFT_EVENTS: '0'\n  TPUFT_GOODPUT_EXTERNAL: my-job\n")
+    assert load_cluster(path).value.worker_env == {"TPUFT_EVENTS": "0", "TPUFT_GOODPUT_EXTERNAL": "my-job"}
+    path.write_text("name: c\nworker_env:\n  TPUFT_ATTEMPT: '3'\n")
+    with pytest.raises(ConfigError, match="TPUFT_ATTEMPT is set by tpuft"):
+        load_cluster(path)

@@ -23,6 +23,9 @@ from urllib.parse import urlsplit
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("HOME", "PYTHONPATH")
 """Set by tpuft on every worker process (with the ``TPUFT_*`` ones): a cluster file may not replace them."""
+USER_TPUFT_ENV = ("TPUFT_EVENTS", "TPUFT_GOODPUT_EXTERNAL")
+"""The ``TPUFT_*`` switches meant for the user (docs/operations.md, Goodput): recording the run's events off, and the
+job's own ml-goodput-measurement named."""
 MAX_ENV_VALUE = 32 * 1024
 
 
@@ -32,7 +35,7 @@ def env_name_problem(name: str) -> str | None:
             f"{name!r} is not an environment variable name: use letters, digits and '_', not starting with a digit "
             "(e.g. XLA_FLAGS)"
         )
-    if name.startswith("TPUFT_") or name in RESERVED_ENV:
+    if (name.startswith("TPUFT_") and name not in USER_TPUFT_ENV) or name in RESERVED_ENV:
         return f"{name} is set by tpuft on every worker; it cannot be set here"
     return None
 
