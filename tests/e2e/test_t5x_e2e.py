@@ -17,6 +17,7 @@ real CLI, with the real T5X venv (t5x, airio and jestimator from ../shared/wheel
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from tests.e2e.tracking_checks import REPORT, check_tracking
 from tests.pods import Finished, Pod, created_pod
 from tests.venvs import t5x_source_settings
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_until
 from tpuft import rundir
 from tpuft.backends.t5x import LAYOUT
 from tpuft.worker.predictions import merged, score, shard_name
@@ -49,11 +50,26 @@ def pod(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Pod:
     return pod
 
 
+ASKED: dict[str, Any] = {}
+"""The ``tpuft checkpoint`` the quickstart was asked for while it trained (its --json)."""
+
+
 @pytest.fixture(scope="module")
 def quickstart(pod: Pod) -> Finished:
     # 600 steps, not the recipe's 800 (its comment: 0.93 exact match at step 500 already): a training proves its
     # point and stops. Two evaluations and two checkpoints still, so keep-best and the export's choice are exercised.
-    return pod.up("t5x_quickstart", *SOURCE, *QUICK, "--set", REPORT)
+    # While it trains, tpuft checkpoint asks both hosts for a checkpoint (a collective save through T5X's manager).
+    before = set(pod.runs.iterdir()) if pod.runs.is_dir() else set()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        up = pool.submit(pod.up, "t5x_quickstart", *SOURCE, *QUICK, "--set", REPORT)
+        run = wait_until(lambda: next(iter(set(pod.runs.iterdir()) - before), None) if pod.runs.is_dir() else None,
+                         900, "the quickstart's run dir")
+        wait_until(lambda: (rundir.read_json(run / rundir.RUN_INFO) or {}).get("status") == "running", 900, "it to run")
+        asked = pod.tpuft("checkpoint", run.name, "--json", timeout=600)
+        assert asked.returncode == 0, asked.stderr[-4000:] + asked.stdout[-2000:]
+        ASKED.update(json.loads(asked.stdout))
+        assert ASKED["step"] in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
+        return up.result()
 
 
 def rows(run: Path) -> list[dict[str, Any]]:
@@ -65,6 +81,20 @@ def test_the_quickstart_reaches_the_accuracy_bar(quickstart: Finished) -> None:
     assert last_eval["eval_examples"] == 500
     assert last_eval["eval_exact_match"] >= 0.9, last_eval
     assert quickstart.summary["export_dir"]
+
+
+def test_a_checkpoint_asked_mid_run_is_saved_by_both_hosts_at_one_logging_boundary(quickstart: Finished) -> None:
+    """The step both hosts reach after the ask, a multiple of log_every (where T5X's loop comes back to Python): the
+    metrics rows stay on their cadence (test_the_run_dir_holds_what_tpuft_reads); the ack is the chief's."""
+    step = ASKED["step"]
+    assert 0 < step < 600 and step % 50 == 0, ASKED
+    assert ASKED["path"].endswith(f"/checkpoints/checkpoint_{step}")
+    print(f"\nt5x tpuft checkpoint: step {step} complete {ASKED['latency_s']} s after the ask")
+    log = (quickstart.run_dir / rundir.LOGS_DIR / "worker-0.log").read_text()
+    assert f"checkpoint asked for (asked with tpuft checkpoint): saving step {step}" in log
+    for worker in (0, 1):  # every host answered, with T5X's step
+        answers = list((quickstart.run_dir / "attempts" / "1").glob(f"checkpoint-{ASKED['id']}-worker-{worker}.json"))
+        assert answers and json.loads(answers[0].read_text())["step"] == step
 
 
 def test_wandb_and_mlflow_hold_the_curves_monitor_plots(quickstart: Finished) -> None:
