@@ -374,3 +374,30 @@ def test_a_run_taken_over_that_then_fails_on_a_healthy_node_is_not_resumed(tmp_p
     monkeypatch.setattr(recover_module, "finished_result", lambda run, info, backend, hosts: info["status"])
     assert watch(config, "r-1", Callbacks(), resume_ended=True) == "failed"
     assert resumed == []
+
+
+def test_connections_closed_under_the_followers_by_the_watch_end_the_attach_with_its_answer(tmp_path: Path) -> None:
+    """When the watch has its answer it closes the fleet's connections under the followers; what the SSH library
+    raises as they close (paramiko: ``OSError("Socket is closed")``) is that closing, so the attach ends with the
+    answer (and the recovery goes on), not with the error. A stand-in fleet here: the real race needs a dying VM
+    at the right moment (tests/e2e/test_recovery_rigs.py runs the whole path)."""
+    import threading
+
+    from tpuft.ops.lifecycle import Launch, attach
+
+    closed = threading.Event()
+
+    class ClosingFleet:
+        def run(self, *args: object, **kwargs: object) -> object:
+            closed.wait(10)
+            raise OSError("Socket is closed")
+
+        def close(self) -> None:
+            closed.set()
+
+    run = _run(tmp_path)
+    run.storage.write_text("run.json", json.dumps({"run_id": "r-1", "status": "running", "attempt": 1}))
+    session = type("S", (), {"fleet": ClosingFleet()})()
+    outcome = attach(session, run, Launch(hosts=(0, 1), python="py", package="pkg"), None,  # type: ignore[arg-type]
+                     watch=lambda: "node rc-1 (slice 1) PREEMPTED", watch_every=0.05)
+    assert outcome.gone == "node rc-1 (slice 1) PREEMPTED" and not outcome.ended and outcome.lost == (0, 1)

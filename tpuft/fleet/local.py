@@ -12,7 +12,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tpuft.errors import TpuftError
@@ -62,7 +62,7 @@ class LocalFleet:
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
                 cwd = worker.home if cwd_home and worker.home is not None else None
                 output = Output(worker.index, log_path, on_line)
-                handles.append(_Process(worker, list(argv), worker_env, cwd, output, changed))
+                _Process(worker, list(argv), worker_env, cwd, output, changed, handles.append)
 
         return run_supervised(start, fail_fast)
 
@@ -81,8 +81,11 @@ class _Process:
     """One worker process group, its reader thread and its log."""
 
     def __init__(
-        self, worker: Worker, argv: list[str], env: dict[str, str], cwd: Path | None, output: Output, changed: threading.Event
+        self, worker: Worker, argv: list[str], env: dict[str, str], cwd: Path | None, output: Output,
+        changed: threading.Event, register: Callable[[_Process], None],
     ) -> None:
+        """``register`` (the supervisor's list of handles) hears of the process the moment it exists: a Ctrl-C
+        landing while its reader thread starts (a while, on a loaded machine) must still stop it with the others."""
         self.index = worker.index
         self.changed = changed
         self.output = output
@@ -90,6 +93,7 @@ class _Process:
         self.ended: float | None = None
         self.stopped_by_us = False
         self.stop_requested_at: float | None = None
+        self.reader: threading.Thread | None = None
         try:
             self.proc = subprocess.Popen(
                 argv,
@@ -103,8 +107,10 @@ class _Process:
         except OSError as exc:  # what a remote shell would report as exit 126/127
             output.close()
             raise TpuftError(f"worker {worker.index}: cannot start {argv[0]}: {exc.strerror or exc}") from None
-        self.reader = threading.Thread(target=self._pump, daemon=True)
-        self.reader.start()
+        register(self)
+        reader = threading.Thread(target=self._pump, daemon=True)
+        reader.start()
+        self.reader = reader  # only once started: a thread cut off before it started cannot be joined
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -139,7 +145,8 @@ class _Process:
         _kill_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.poll()
-        self.reader.join(timeout=5)
+        if self.reader is not None:
+            self.reader.join(timeout=5)
         self.output.close()
 
     def result(self) -> WorkerResult:

@@ -364,18 +364,35 @@ class SshFleet:
         self.connect_all(chosen)
 
         def start(handles: list[Handle], changed: threading.Event) -> None:
+            import paramiko
+
             for worker in chosen:
                 worker_env = env(worker) if env is not None else {}
                 command = remote_command(argv, worker_env, cwd_home=cwd_home)
                 log_path = log_dir / f"worker-{worker.index}.log" if log_dir is not None else None
                 output = Output(worker.index, log_path, on_line)
-                handles.append(RemoteProcess(self, worker, command, output, changed, env_payload(worker_env)))
+                try:
+                    handles.append(RemoteProcess(self, worker, command, output, changed, env_payload(worker_env)))
+                except (OSError, EOFError, paramiko.SSHException) as exc:  # the channel died as it was opened
+                    raise SshConnectError(f"worker {worker.index} ({worker.address}): the connection closed while "
+                                          f"starting the command: {exc or type(exc).__name__}") from None
 
         return run_supervised(start, fail_fast)
 
     def session(self, worker: Worker) -> Any:
-        """A new channel on the worker's connection (connecting first if need be): one per command."""
-        return self._client(worker).get_transport().open_session()
+        """A new channel on the worker's connection (connecting first if need be): one per command. A connection
+        that goes away meanwhile (its VM gone, or :meth:`close` from another thread: a recovery watcher that has
+        its answer) is a connection error like any other, so that the callers' handling of one applies."""
+        import paramiko
+
+        transport = self._client(worker).get_transport()
+        try:
+            if transport is None:
+                raise EOFError("the connection was closed")
+            return transport.open_session()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise SshConnectError(f"worker {worker.index} ({worker.address}): cannot open a channel: "
+                                  f"{exc or type(exc).__name__}") from None
 
     def exec_simple(self, worker: Worker, command: str, stdin: bytes | None = None) -> tuple[int, bytes]:
         """Run a short command and return (exit code, combined output); for put and for killing process groups."""

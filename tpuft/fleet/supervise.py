@@ -84,11 +84,14 @@ def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_
     changed = threading.Event()
     restore = _raise_on_sigterm()
     try:
-        try:
-            start(handles, changed)
-        except Exception:  # a later worker could not be started: the earlier ones must not run on, unwatched
-            _stop_all(handles)
-            raise
+        with _starting() as interrupted:
+            try:
+                start(handles, changed)
+            except Exception:  # a later worker could not be started: the earlier ones must not run on, unwatched
+                _stop_all(handles)
+                raise
+        if interrupted:  # Ctrl-C while starting: now that every started worker is on record, all are stopped
+            raise KeyboardInterrupt
         return _supervise(handles, fail_fast, changed)
     except KeyboardInterrupt:
         _stop_all(handles)
@@ -141,6 +144,47 @@ def _interrupts_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+_start_gate = threading.Lock()
+_starting_threads: set[int] = set()
+_deferred_interrupts: set[int] = set()
+
+
+@contextlib.contextmanager
+def _starting() -> Iterator[list[int]]:
+    """While a fleet starts its workers, an interrupt (Ctrl-C, SIGTERM, or the agent's :func:`interrupt_thread`) is
+    held back until ``start`` returns: landing between a process's creation and its handle's record, it would leave
+    that worker running, unwatched (seen on a loaded machine). Starting is quick, so the wait is short. Yields a list
+    that is non-empty when an interrupt was held back."""
+    held: list[int] = []
+    me = threading.get_ident()
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+    with _start_gate:
+        _starting_threads.add(me)
+    try:
+        yield held
+    finally:
+        with _start_gate:
+            _starting_threads.discard(me)
+            if me in _deferred_interrupts:
+                _deferred_interrupts.discard(me)
+                held.append(0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def interrupt_thread(thread_id: int, inject: Callable[[], None]) -> None:
+    """Interrupt the fleet run of another thread (the agent's requests): ``inject`` raises in it now, unless it is
+    starting its workers, in which case the interrupt is held back until they are all on record (:func:`_starting`)."""
+    with _start_gate:
+        if thread_id in _starting_threads:
+            _deferred_interrupts.add(thread_id)
+        else:
+            inject()
 
 
 def _raise_on_sigterm() -> Callable[[], object]:

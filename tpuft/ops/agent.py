@@ -222,10 +222,13 @@ class Request:
         self.send({"o": [index, line]})
 
     def interrupt(self) -> None:
+        from tpuft.fleet.supervise import interrupt_thread
+
         with self.state_lock:
             if self.running and not self.interrupted:
                 self.interrupted = True
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), ctypes.py_object(KeyboardInterrupt))
+                interrupt_thread(self.thread_id, lambda: ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.thread_id), ctypes.py_object(KeyboardInterrupt)))
 
     def watch(self) -> None:
         while True:

@@ -303,6 +303,12 @@ def _attach(
                     raise
                 results = []
                 dropped = list(pending)
+            except Exception:  # noqa: BLE001 - see below
+                if not gone:
+                    raise
+                # The watch has its answer and closed the connections under the followers on purpose: whatever the
+                # SSH library raised as they closed is that closing, not a failure of the run or of this watcher.
+                return AttachOutcome(ended=False, lost=tuple(pending))
             for result in results:
                 if result.interrupted:
                     return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
