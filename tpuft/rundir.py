@@ -7,6 +7,7 @@ Stdlib only: imported by the worker inside the backend venv and by ``monitor`` o
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -314,6 +315,21 @@ TEST_SCORES = ("test_exact_match", "test_accuracy", "test_macro_f1", "test_bleu"
 def test_items(row: dict[str, Any]) -> dict[str, Any]:
     """The ``test_*`` items of a row: a metrics row, a final heartbeat, run.json's ``test``."""
     return {key: value for key, value in row.items() if key.startswith("test_")}
+
+
+CHECKPOINT_MARGIN_STEPS = 2
+"""Steps beyond where an asked-for checkpoint's request is expected to have reached the last host."""
+
+
+def checkpoint_at_step(step: int, steps_per_s: float, travel_s: float, log_every: int = 1) -> int:
+    """The step every host saves an asked-for checkpoint at, on a run of several hosts (one rule for the controller's
+    ``tpuft checkpoint``, a supervisor's maintenance notice and ``train.max_cost``): where the freshest host will be
+    once the request has travelled ``travel_s`` to every trainer at ``steps_per_s``, plus a margin, rounded up to a
+    multiple of ``log_every``, where every backend's loop comes back to Python (T5X's only there: a step in between
+    would split its run of steps)."""
+    at = step + math.ceil(max(travel_s, 0.0) * max(steps_per_s, 0.0)) + CHECKPOINT_MARGIN_STEPS
+    every = max(1, int(log_every))
+    return -(-at // every) * every
 
 
 def read_heartbeat(storage: Any, worker: int) -> dict[str, Any] | None:

@@ -362,3 +362,14 @@ def load_value(text: str) -> Any:
             return text
         raise
     return value
+
+
+def resolved_section(text: str | None, section: str) -> dict[str, Any]:
+    """A section (``train``) of a resolved recipe as tpuft wrote it in a run dir, for the few numbers a supervisor
+    or the controller needs without validating the whole recipe; {} for no text or an unreadable one."""
+    try:
+        recipe = yaml.safe_load(text or "") or {}
+    except yaml.YAMLError:
+        return {}
+    found = recipe.get(section) if isinstance(recipe, dict) else None
+    return found if isinstance(found, dict) else {}

@@ -18,7 +18,6 @@ start, and the wait here says why.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,13 +27,13 @@ from tpuft import rundir
 from tpuft.errors import TpuftError, UsageError
 from tpuft.goodput import record_controller_event
 from tpuft.runs import Run
+from tpuft.safe_yaml import resolved_section
 from tpuft.waiting import waiting
 
 RELAY_SLACK_SECONDS = 3.0
 """Beyond the control poll: the supervisor's read of the request and the write of its relay."""
 BUCKET_SYNC_SECONDS = 15.0
 """How stale a bucket run's heartbeat can be (the run-dir sync's period, ``tpuft/storage/sync.py``)."""
-MIN_MARGIN_STEPS = 2
 
 
 class CheckpointTimeout(TpuftError):
@@ -88,7 +87,7 @@ def request_checkpoint(run: Run, *, reason: str, stop: bool = False, at_step: in
 def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
     """The freshest heartbeat's step, advanced by what the run trains until the heartbeat is read here (its age)
     and until every supervisor has relayed the request (poll, slack, and a bucket's sync lag), at the speed the
-    heartbeat reports (``examples_per_s`` over the recipe's batch), plus :data:`MIN_MARGIN_STEPS`; rounded up to a
+    heartbeat reports (``examples_per_s`` over the recipe's batch), plus a margin (:func:`tpuft.rundir.checkpoint_at_step`); rounded up to a
     multiple of ``train.log_every``, where every backend's loop comes back to Python (T5X's only there)."""
     beats = [b for w in range(int(info.get("workers") or 1)) if (b := rundir.read_heartbeat(run.storage, w))]
     train = _recipe_train(run)
@@ -101,20 +100,11 @@ def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
         poll = 2.5 if run.remote else 0.5
         travel = max(0.0, now - float(freshest.get("time") or now)) + poll + RELAY_SLACK_SECONDS
         travel += BUCKET_SYNC_SECONDS if run.remote else 0.0
-    at_step = step + math.ceil(travel * steps_per_s) + MIN_MARGIN_STEPS
-    every = max(1, int(train.get("log_every") or 1))
-    return -(-at_step // every) * every
+    return rundir.checkpoint_at_step(step, steps_per_s, travel, int(train.get("log_every") or 1))
 
 
 def _recipe_train(run: Run) -> dict[str, Any]:
-    import yaml
-
-    try:
-        recipe = yaml.safe_load(run.storage.read_text(rundir.RECIPE) or "") or {}
-        train = recipe.get("train") if isinstance(recipe, dict) else None
-    except yaml.YAMLError:
-        return {}
-    return train if isinstance(train, dict) else {}
+    return resolved_section(run.storage.read_text(rundir.RECIPE), "train")
 
 
 def request_state(run: Run, attempt: int, request_id: str) -> dict[str, Any] | None:

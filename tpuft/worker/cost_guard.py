@@ -19,19 +19,18 @@ limit, and the last periodic checkpoint is what a resume then starts from.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tpuft import rundir
 from tpuft.cost import run_cost
+from tpuft.safe_yaml import resolved_section
 
 STOP_GRACE_SECONDS = 900.0
 """From the ask to an outright stop: room for a big checkpoint's save (and a bucket's upload), not for an hour."""
 RELAY_SECONDS = 5.0
 BUCKET_SYNC_SECONDS = 15.0
-MARGIN_STEPS = 2
 
 
 class CostGuard:
@@ -109,4 +108,8 @@ class CostGuard:
         if int(self.info.get("workers") or 1) <= 1:
             return None  # one process: it serves the request at its next step
         travel = self.poll_seconds + RELAY_SECONDS + (BUCKET_SYNC_SECONDS if self.remote else 0.0)
-        return int(beat.get("step") or 0) + math.ceil(travel * self._steps_per_s) + MARGIN_STEPS
+        try:
+            every = int(resolved_section(self.storage.read_text(rundir.RECIPE), "train").get("log_every") or 1)
+        except Exception:  # noqa: BLE001 - unread: every step is a boundary the loops can serve it at
+            every = 1
+        return rundir.checkpoint_at_step(int(beat.get("step") or 0), self._steps_per_s, travel, every)

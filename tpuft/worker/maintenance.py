@@ -26,7 +26,6 @@ every process saves at the same step.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -39,6 +38,7 @@ from typing import Any
 from tpuft import rundir
 from tpuft.goodput import record_controller_event
 from tpuft.maintenance_window import NOTICE_RELPATH, Window
+from tpuft.safe_yaml import resolved_section
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.multislice import TARGET_ENV
 
@@ -47,7 +47,6 @@ POLL_SECONDS = float(os.environ.get("TPUFT_MAINTENANCE_POLL_SECONDS", "10"))
 METADATA_PREFIX = "/computeMetadata/v1/instance/"
 RELAY_SECONDS = 6.0
 """The request's way to every trainer: the supervisors' control poll and the relay's write, with slack."""
-MARGIN_STEPS = 2
 
 
 def notice_file(home: Path | None = None) -> Path:
@@ -96,13 +95,12 @@ def read_notice(home: Path | None = None, timeout: float = 2.0) -> tuple[dict[st
     return None, source
 
 
-def at_step_from(beat: dict[str, Any], batch: float, now: float, remote: bool) -> int:
-    """This host's step when the request will have reached every trainer, plus a margin."""
-    step = int(beat.get("step") or 0)
+def at_step_from(beat: dict[str, Any], batch: float, now: float, remote: bool, log_every: int = 1) -> int:
+    """The step every host saves at (:func:`tpuft.rundir.checkpoint_at_step`), from this host's heartbeat."""
     rate = float(beat.get("examples_per_s") or 0.0)
     steps_per_s = rate / batch if batch > 0 and rate > 0 else 0.0
     travel = max(0.0, now - float(beat.get("time") or now)) + RELAY_SECONDS + (15.0 if remote else 0.0)
-    return step + math.ceil(travel * steps_per_s) + MARGIN_STEPS
+    return rundir.checkpoint_at_step(int(beat.get("step") or 0), steps_per_s, travel, log_every)
 
 
 def already_asked(storage: Any, attempt: int, reason: str) -> str | None:
@@ -176,7 +174,9 @@ class MaintenanceNotices:
                 return None
             self.seen.add(window.reason())
             beat = rundir.read_json(rundir.heartbeat_path(self.ctx.run_dir, self.ctx.worker_id)) or {}
-            at_step = at_step_from(beat, self._batch(), now, self.ctx.remote) if self.ctx.num_workers > 1 else None
+            train = self._train()
+            at_step = (at_step_from(beat, float(train.get("batch_size") or 0), now, self.ctx.remote,
+                                    int(train.get("log_every") or 1)) if self.ctx.num_workers > 1 else None)
             request_id = ask_before(self.storage, self.attempt, window, source=f"{source} (worker {self.ctx.worker_id})",
                                     at_step=at_step, now=now)
             if request_id is None:
@@ -191,11 +191,7 @@ class MaintenanceNotices:
             self.say(f"maintenance notice not acted on: {type(exc).__name__}: {exc}")
             return None
 
-    def _batch(self) -> float:
-        import yaml
-
-        try:
-            recipe = yaml.safe_load((self.ctx.run_dir / rundir.RECIPE).read_text()) or {}
-            return float((recipe.get("train") or {}).get("batch_size") or 0)
-        except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
-            return 0.0
+    def _train(self) -> dict[str, Any]:
+        """The recipe's ``train`` section ({} when it cannot be read: the request then names the next steps)."""
+        path = self.ctx.run_dir / rundir.RECIPE
+        return resolved_section(path.read_text() if path.is_file() else None, "train")
