@@ -106,11 +106,13 @@ class Supervisor:
         """Set by the signal handler (SIGTERM from ``tpuft stop``), acted on at the next tick."""
         self.trainer_started = time.time()
         self.sidecar: TrackingSidecar | None = None
+        """The chief's tracker sidecar (``report.to``: wandb, mlflow), beside the trainer; never its concern."""
         self.relay = Relay(ctx.run_dir, ctx.worker_id, attempt)
         """Checkpoint requests (``tpuft checkpoint``) into the trainer's control folder, polled with the stop request."""
         self.cost_guard: CostGuard | None = None
         """Worker 0's watch over ``train.max_cost`` once the trainer runs (None elsewhere, or without the key)."""
-        """The chief's tracker sidecar (``report.to``: wandb, mlflow), beside the trainer; never its concern."""
+        self.maintenance: MaintenanceNotices | None = None
+        """The host's maintenance notices, polled beside the trainer (None where there is nothing to poll)."""
 
     # -- records ---------------------------------------------------------------------------------------------
     def publish(self, **changes: Any) -> None:
@@ -246,7 +248,15 @@ class Supervisor:
     def _guard_cost(self, trainer: subprocess.Popen[bytes], output: TrainerOutput) -> None:
         """``train.max_cost`` (:mod:`tpuft.worker.cost_guard`): its ask for a stopping checkpoint is relayed like any
         other; only when no checkpoint follows does it stop the run outright, as a stop request would."""
-        if self.cost_guard is not None and (reason := self.cost_guard.poll(self._beat())):
+        if self.cost_guard is None:
+            return
+        try:
+            reason = self.cost_guard.poll(self._beat())
+        except Exception as exc:  # noqa: BLE001 - a week's run is never lost to its own cost check
+            print(f"[supervisor] train.max_cost is not watched any more: {type(exc).__name__}: {exc}", flush=True)
+            self.cost_guard = None
+            return
+        if reason:
             self._stop_after_checkpoint(trainer, output, reason)
 
     def _stop_after_checkpoint(self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str) -> None:
