@@ -65,7 +65,7 @@ def _running_attempt(run: Run) -> tuple[dict[str, Any], int]:
     if info.get("status") != "running":
         status = info.get("status") or "unknown (no run.json)"
         raise UsageError(f"run {run.id} is not running (status: {status}): there is no trainer to ask for a checkpoint",
-                         hint=f"Its checkpoints: tpuft runs show {run.id}")
+                         hint=f"See it: tpuft monitor {run.id} --once   Continue it: tpuft resume {run.id}")
     if info.get("job") == "predict":
         raise UsageError(f"run {run.id} is a predict job: it has no checkpoints to save")
     return info, int(info.get("attempt", 1))
@@ -87,8 +87,8 @@ def request_checkpoint(run: Run, *, reason: str, stop: bool = False, at_step: in
 def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
     """The freshest heartbeat's step, advanced by what the run trains until the heartbeat is read here (its age)
     and until every supervisor has relayed the request (poll, slack, and a bucket's sync lag), at the speed the
-    heartbeat reports (``examples_per_s`` over the recipe's batch), plus a margin (:func:`tpuft.rundir.checkpoint_at_step`); rounded up to a
-    multiple of ``train.log_every``, where every backend's loop comes back to Python (T5X's only there)."""
+    heartbeat reports (``examples_per_s`` over the recipe's batch), plus a margin, rounded up to a multiple of
+    ``train.log_every`` (:func:`tpuft.rundir.checkpoint_at_step`)."""
     beats = [b for w in range(int(info.get("workers") or 1)) if (b := rundir.read_heartbeat(run.storage, w))]
     train = _recipe_train(run)
     step, steps_per_s, travel = 0, 0.0, 0.0

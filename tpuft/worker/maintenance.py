@@ -18,9 +18,9 @@ announced days ahead). The request asks to stop after the checkpoint (``stop: tr
 checkpoint and the window would be lost with the node, and the watcher (``--recover``) resumes the run once the window
 is over. Its reason names the window (:meth:`Window.reason`), and a request with that reason in the attempt's folder
 means it was asked already, so every host that hears of the window and a watcher that reads it from the API
-(:mod:`tpuft.ops.maintenance`) make one checkpoint, not one each. Its ``at_step`` is this host's heartbeat step plus what the run trains while the request reaches every trainer (at the
-heartbeat's speed, as :func:`tpuft.ops.ondemand.pick_at_step` reckons it on the controller), so that on several hosts
-every process saves at the same step.
+(:mod:`tpuft.ops.maintenance`) make one checkpoint, not one each. Its ``at_step`` is this host's heartbeat step plus
+what the run trains while the request reaches every trainer, by the one rule the controller's ``tpuft checkpoint``
+uses too (:func:`tpuft.rundir.checkpoint_at_step`), so that on several hosts every process saves at the same step.
 """
 
 from __future__ import annotations
