@@ -28,12 +28,11 @@ from tpuft.errors import TpuftError, UsageError
 from tpuft.goodput import record_controller_event
 from tpuft.runs import Run
 from tpuft.safe_yaml import resolved_section
+from tpuft.storage.sync import SYNC_SECONDS
 from tpuft.waiting import waiting
 
 RELAY_SLACK_SECONDS = 3.0
 """Beyond the control poll: the supervisor's read of the request and the write of its relay."""
-BUCKET_SYNC_SECONDS = 15.0
-"""How stale a bucket run's heartbeat can be (the run-dir sync's period, ``tpuft/storage/sync.py``)."""
 
 
 class CheckpointTimeout(TpuftError):
@@ -99,7 +98,7 @@ def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
         steps_per_s = rate / batch if batch > 0 and rate > 0 else 0.0
         poll = 2.5 if run.remote else 0.5
         travel = max(0.0, now - float(freshest.get("time") or now)) + poll + RELAY_SLACK_SECONDS
-        travel += BUCKET_SYNC_SECONDS if run.remote else 0.0
+        travel += SYNC_SECONDS if run.remote else 0.0  # how stale a bucket run's heartbeat can be
     return rundir.checkpoint_at_step(step, steps_per_s, travel, int(train.get("log_every") or 1))
 
 

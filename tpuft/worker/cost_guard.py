@@ -26,11 +26,11 @@ from typing import Any
 from tpuft import rundir
 from tpuft.cost import run_cost
 from tpuft.safe_yaml import resolved_section
+from tpuft.storage.sync import SYNC_SECONDS
 
 STOP_GRACE_SECONDS = 900.0
 """From the ask to an outright stop: room for a big checkpoint's save (and a bucket's upload), not for an hour."""
 RELAY_SECONDS = 5.0
-BUCKET_SYNC_SECONDS = 15.0
 
 
 class CostGuard:
@@ -107,7 +107,7 @@ class CostGuard:
     def _at_step(self, beat: dict[str, Any]) -> int | None:
         if int(self.info.get("workers") or 1) <= 1:
             return None  # one process: it serves the request at its next step
-        travel = self.poll_seconds + RELAY_SECONDS + (BUCKET_SYNC_SECONDS if self.remote else 0.0)
+        travel = self.poll_seconds + RELAY_SECONDS + (SYNC_SECONDS if self.remote else 0.0)
         try:
             every = int(resolved_section(self.storage.read_text(rundir.RECIPE), "train").get("log_every") or 1)
         except Exception:  # noqa: BLE001 - unread: every step is a boundary the loops can serve it at

@@ -39,6 +39,7 @@ from tpuft import rundir
 from tpuft.goodput import record_controller_event
 from tpuft.maintenance_window import NOTICE_RELPATH, Window
 from tpuft.safe_yaml import resolved_section
+from tpuft.storage.sync import SYNC_SECONDS
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.multislice import TARGET_ENV
 
@@ -99,7 +100,7 @@ def at_step_from(beat: dict[str, Any], batch: float, now: float, remote: bool, l
     """The step every host saves at (:func:`tpuft.rundir.checkpoint_at_step`), from this host's heartbeat."""
     rate = float(beat.get("examples_per_s") or 0.0)
     steps_per_s = rate / batch if batch > 0 and rate > 0 else 0.0
-    travel = max(0.0, now - float(beat.get("time") or now)) + RELAY_SECONDS + (15.0 if remote else 0.0)
+    travel = max(0.0, now - float(beat.get("time") or now)) + RELAY_SECONDS + (SYNC_SECONDS if remote else 0.0)
     return rundir.checkpoint_at_step(int(beat.get("step") or 0), steps_per_s, travel, log_every)
 
 
