@@ -1,10 +1,18 @@
 """A pod of real OpenSSH servers on loopback, one per worker, for testing the SSH fleet without a cloud.
 
-Worker i listens on 127.0.1.(10+i) (Linux routes all of 127.0.0.0/8 to loopback). Each sshd runs with a private
-config whose ``ForceCommand`` goes through a wrapper that gives the worker its own HOME (so workers look like
-separate hosts that share this machine's Python and disk) and then runs the client's command with bash. Keys are
-made fresh per pod: one ed25519 host key per worker (so pinning one host's key is tested against the others'), one
-client key (ed25519) that is the only authorized key. ``host_keys`` is what the fake TPU API publishes as the
+Worker i listens on 127.0.1.(10+i) (Linux routes all of 127.0.0.0/8 to loopback; past 127.0.1.249 the addresses go
+on in 127.0.2.x, 127.0.3.x, ...). Each sshd runs with a private config whose ``ForceCommand`` goes through a wrapper
+that gives the worker its own HOME (so workers look like separate hosts that share this machine's Python and disk)
+and then runs the client's command with bash. Keys are made fresh per pod: one ed25519 host key per sshd (so pinning
+one host's key is tested against the others'), one client key (ed25519) that is the only authorized key.
+
+By default there is one sshd per worker, as the tests want (one host key each). A pod of hundreds of workers (the
+fan-out benchmark's 1,024) runs ``addresses_per_sshd`` workers per sshd instead: one sshd listens on up to 16
+addresses (OpenSSH's compile-time MAX_LISTEN_SOCKS; a 17th ListenAddress is refused), its wrapper tells them apart by
+the server address in ``$SSH_CONNECTION`` to give each its own HOME, and they share that sshd's host key (fine for a
+benchmark: the API publishes it for each of them). A TPU VM runs one sshd per host with the default ``MaxStartups
+10:30:100`` (at most 10 unauthenticated connections before it starts dropping some), so such an sshd gets that
+default times its addresses: per address the limit a real host would have, not an unlimited one. ``host_keys`` is what the fake TPU API publishes as the
 workers' guest attributes (``tpu.host_keys.update(pod.host_keys)``); ``swap_host_key(i)`` gives worker i a new key,
 as a re-imaged host or a man in the middle would, and restarts its sshd on the same address and port.
 
@@ -29,8 +37,16 @@ def sshd_available() -> bool:
     return Path(SSHD).exists() and shutil.which("ssh-keygen") is not None
 
 
+MAX_LISTEN_ADDRESSES = 16
+"""ListenAddress lines one OpenSSH sshd takes (MAX_LISTEN_SOCKS in sshd.c; 9.2 here)."""
+
+
 def worker_address(index: int, first: int = 10) -> str:
-    return f"127.0.1.{first + index}"
+    """127.0.1.(first + index) up to .249, then 250 addresses per /24: 127.0.2.2..251, 127.0.3.2..251, ..."""
+    number = first + index
+    if number < 250:
+        return f"127.0.1.{number}"
+    return f"127.0.{1 + number // 250}.{2 + number % 250}"
 
 
 def _free_port(addresses: list[str]) -> int:
@@ -46,14 +62,13 @@ def _free_port(addresses: list[str]) -> int:
 
 WRAPPER = """#!/bin/bash
 # ForceCommand wrapper: this worker's private HOME, then the client's command (or a login shell).
-export HOME={home}
+{home}
 mkdir -p "$HOME" && cd "$HOME" || exit 1
 if [ -z "$SSH_ORIGINAL_COMMAND" ]; then exec bash -l; fi
 exec bash -c "$SSH_ORIGINAL_COMMAND"
 """
 
-CONFIG = """ListenAddress {address}:{port}
-HostKey {host_key}
+CONFIG = """{listen}HostKey {host_key}
 PidFile {pid_file}
 AuthorizedKeysFile {authorized_keys}
 ForceCommand {wrapper}
@@ -66,11 +81,12 @@ StrictModes no
 UseDNS no
 PrintMotd no
 PrintLastLog no
-MaxStartups 1000:30:1000
-MaxSessions 1000
-ClientAliveInterval 30
+{limits}ClientAliveInterval 30
 LogLevel ERROR
 """
+
+TEST_LIMITS = "MaxStartups 1000:30:1000\nMaxSessions 1000\n"
+"""One sshd per worker (the tests): limits that never get in a test's way."""
 
 
 @dataclass
@@ -89,11 +105,26 @@ class SshdPod:
     non-interactive shell. This machine's root runs pyenv's init there: about 0.1 CPU-second per session (the quick
     ssh tests ran 20% faster without it) and, when two sessions rehash at once, a stray "pyenv: cannot rehash" line
     in a worker's output (a flaky CI failure). False keeps the machine's login as it is."""
+    addresses_per_sshd: int = 1
+    """Workers served by one sshd (1 to 16, see the module's docstring): 1 for the tests, 16 for pods of hundreds."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """One listener per sshd (``sshd_count``), in the order of the workers they serve."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.addresses_per_sshd <= MAX_LISTEN_ADDRESSES:
+            raise ValueError(f"addresses_per_sshd must be 1..{MAX_LISTEN_ADDRESSES} (OpenSSH's MAX_LISTEN_SOCKS)")
 
     @property
     def addresses(self) -> list[str]:
         return [worker_address(i, self.first_address) for i in range(self.workers)]
+
+    @property
+    def sshd_count(self) -> int:
+        return -(-self.workers // self.addresses_per_sshd)
+
+    def served_by(self, sshd: int) -> range:
+        """The workers sshd number ``sshd`` listens for."""
+        return range(sshd * self.addresses_per_sshd, min(self.workers, (sshd + 1) * self.addresses_per_sshd))
 
     @property
     def client_key(self) -> Path:
@@ -103,8 +134,8 @@ class SshdPod:
         return self.root / "homes" / f"worker-{index}"
 
     def host_key(self, index: int) -> Path:
-        """Worker ``index``'s private host key (its ``.pub`` is beside it)."""
-        return self.root / f"host_key-{index}"
+        """Worker ``index``'s private host key (its ``.pub`` is beside it): its sshd's."""
+        return self.root / f"host_key-{index // self.addresses_per_sshd}"
 
     def host_public_key(self, index: int) -> str:
         """The OpenSSH public key line of worker ``index``'s host key, without the comment: ``ssh-ed25519 AAAA...``."""
@@ -120,31 +151,43 @@ class SshdPod:
     def start(self, timeout: float = 30.0) -> SshdPod:
         self.root.mkdir(parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
-        for key in (*(self.host_key(i) for i in range(self.workers)), self.client_key):
+        for key in (*(self.host_key(self.served_by(n)[0]) for n in range(self.sshd_count)), self.client_key):
             if not key.exists():
                 _keygen(key)
         authorized = self.root / "authorized_keys"
         authorized.write_text(Path(f"{self.client_key}.pub").read_text())
         self.port = self.port or _free_port(self.addresses)
-        for index in range(self.workers):
-            wrapper = self.root / f"wrapper-{index}.sh"
-            wrapper.write_text(WRAPPER.format(home=self.home(index)))
+        for sshd in range(self.sshd_count):
+            wrapper = self.root / f"wrapper-{sshd}.sh"
+            wrapper.write_text(WRAPPER.format(home=self._home_lines(sshd)))
             wrapper.chmod(0o755)
-            self.processes.append(self._launch(index))
+            self.processes.append(self._launch(sshd))
         self._wait_listening(timeout)
         return self
 
-    def _launch(self, index: int) -> subprocess.Popen[bytes]:
-        """Write worker ``index``'s sshd config (its own host key) and start its listener."""
-        config = self.root / f"sshd-{index}.conf"
+    def _home_lines(self, sshd: int) -> str:
+        """The wrapper's HOME: the worker's own; several workers per sshd are told apart by the address the client
+        reached (the third field of ``$SSH_CONNECTION``)."""
+        served = self.served_by(sshd)
+        if self.addresses_per_sshd == 1:
+            return f"export HOME={self.home(served[0])}"
+        cases = "".join(f"  {self.addresses[i]}) export HOME={self.home(i)} ;;\n" for i in served)
+        return f'set -- $SSH_CONNECTION\ncase "$3" in\n{cases}  *) echo "no worker at $3" >&2; exit 1 ;;\nesac'
+
+    def _launch(self, sshd: int) -> subprocess.Popen[bytes]:
+        """Write sshd number ``sshd``'s config (its host key, its workers' addresses) and start its listener."""
+        served = self.served_by(sshd)
+        count = len(served)
+        limits = TEST_LIMITS if self.addresses_per_sshd == 1 else f"MaxStartups {10 * count}:30:{100 * count}\n"
+        config = self.root / f"sshd-{sshd}.conf"
         config.write_text(
             CONFIG.format(
-                address=self.addresses[index],
-                port=self.port,
-                host_key=self.host_key(index),
-                pid_file=self.root / f"sshd-{index}.pid",
+                listen="".join(f"ListenAddress {self.addresses[i]}:{self.port}\n" for i in served),
+                limits=limits,
+                host_key=self.host_key(served[0]),
+                pid_file=self.root / f"sshd-{sshd}.pid",
                 authorized_keys=self.root / "authorized_keys",
-                wrapper=self.root / f"wrapper-{index}.sh",
+                wrapper=self.root / f"wrapper-{sshd}.sh",
             )
             + ("SetEnv SHLVL=1\n" if self.stock_login else "")
         )
@@ -152,8 +195,10 @@ class SshdPod:
 
     def swap_host_key(self, index: int, timeout: float = 30.0) -> str:
         """Give worker ``index`` a new host key and restart its sshd on the same address and port (its open sessions
-        end with the old listener's process group, so nothing outlives the pod). Returns the new public key line."""
-        old = self.processes[index]
+        end with the old listener's process group, so nothing outlives the pod). Returns the new public key line.
+        With several workers per sshd, they all get the new key."""
+        sshd = index // self.addresses_per_sshd
+        old = self.processes[sshd]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(old.pid, sig)
@@ -167,19 +212,17 @@ class SshdPod:
         for path in (self.host_key(index), Path(f"{self.host_key(index)}.pub")):
             path.unlink(missing_ok=True)
         _keygen(self.host_key(index))
-        self.processes[index] = self._launch(index)
-        self._wait_listening(timeout, [self.addresses[index]])
+        self.processes[sshd] = self._launch(sshd)
+        self._wait_listening(timeout, [self.addresses[i] for i in self.served_by(sshd)])
         return self.host_public_key(index)
 
     def _wait_listening(self, timeout: float, addresses: list[str] | None = None) -> None:
+        """Until every address has a listening socket on the port: read from /proc/net/tcp, not probed with a
+        connection (1,024 probes would each make an sshd fork and count against its MaxStartups)."""
         deadline = time.monotonic() + timeout
         pending = set(addresses or self.addresses)
         while pending and time.monotonic() < deadline:
-            for address in list(pending):
-                with socket.socket() as probe:
-                    probe.settimeout(0.2)
-                    if probe.connect_ex((address, self.port)) == 0:
-                        pending.discard(address)
+            pending -= _listening(self.port)
             for proc in self.processes:
                 if proc.poll() is not None:
                     raise RuntimeError(f"sshd exited with {proc.returncode}; config in {self.root}")
@@ -230,6 +273,18 @@ class SshdPod:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _listening(port: int) -> set[str]:
+    """IPv4 addresses with a socket listening on ``port`` in this network namespace."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state = fields[1], fields[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(socket.inet_ntoa(int(address, 16).to_bytes(4, "little")))
+    return found
 
 
 def _keygen(path: Path) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from tpuft.errors import TpuftError
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, select_workers
+from tpuft.fleet.pacing import HandshakeGate, ensure_descriptors, retry_delay
 from tpuft.fleet.ssh_config import (
     SshConnectError,
     SshSettings,
@@ -67,6 +68,7 @@ class SshFleet:
         self._fabric_config: Any = None
         self._pins: Any = None
         self._gateways: dict[str, tuple[Any, threading.Lock]] = {}
+        self._pacer = HandshakeGate()
         self._called_off = threading.Event()
         """Set by :meth:`close` for the connection attempts under way then: a watcher that learned the node is gone
         must not wait out ``connect_attempts`` x ``retry_delay_s`` of tries to it first."""
@@ -277,7 +279,8 @@ class SshFleet:
             where = f"{connection.host}:{connection.port}"
             try:
                 self._open_gateway(worker, connection)
-                connection.open()
+                with self._pacer.handshake(where):
+                    connection.open()
                 client = connection.client
                 transport = client.get_transport()
                 assert transport is not None
@@ -316,24 +319,37 @@ class SshFleet:
                     if retries is not None:
                         why = (str(exc).splitlines() or [type(exc).__name__])[0][:100]
                         retries.failed(worker.index, f"attempt {attempt} of {settings.connect_attempts}: {why}")
-                    called_off.wait(settings.retry_delay_s)
+                    called_off.wait(retry_delay(exc, attempt, settings.retry_delay_s))
         raise SshConnectError(
             f"worker {worker.index} ({where}): cannot connect over SSH after "
             f"{settings.connect_attempts} attempts: {last}"
         )
 
     def connect_all(self, workers: Sequence[Worker]) -> None:
-        """Handshake with every worker in parallel (bounded); raises for the first that cannot be reached. Past a
-        couple of seconds the handshakes say on stderr whom they wait for (a fresh VM's sshd may take a minute)."""
+        """Handshake with every worker in parallel, paced (:mod:`tpuft.fleet.pacing`: bounded in all and per server,
+        refusals retried soon). A worker that cannot be reached holds nobody: the others connect meanwhile, and
+        once every worker has had its tries, one error names each that failed. Past a couple of seconds the
+        handshakes say on stderr whom they wait for (a fresh VM's sshd may take a minute)."""
         settings = self.settings
+        ensure_descriptors(len(self.workers))
         bound = settings.connect_attempts * (settings.connect_timeout_s + settings.retry_delay_s)
         what = f"SSH on {len(workers)} workers to answer"
         if len(workers) == 1:
             what = f"SSH on worker {workers[0].index} ({workers[0].address}:{settings.port}) to answer"
+        failures: dict[int, SshConnectError] = {}
+
+        def connect(worker: Worker) -> None:
+            try:
+                self._client(worker, retries)
+            except SshConnectError as exc:
+                failures[worker.index] = exc
+
         with waiting(what, bound) as wait:
             retries = _Retries(wait, len(workers))
             with ThreadPoolExecutor(max_workers=min(len(workers), settings.max_parallel_connects) or 1) as pool:
-                list(pool.map(lambda worker: self._client(worker, retries), workers))
+                list(pool.map(connect, workers))
+        if failures:
+            raise _unreachable(failures, len(workers))
 
     def close(self) -> None:
         """Close every connection, and call off the attempts to connect under way (later ones start afresh)."""
@@ -434,6 +450,18 @@ class SshFleet:
         self.connect_all(chosen)
         with ThreadPoolExecutor(max_workers=min(len(chosen), self.settings.max_parallel_connects) or 1) as pool:
             list(pool.map(one, chosen))
+
+
+def _unreachable(failures: dict[int, SshConnectError], total: int) -> SshConnectError:
+    """One error for the workers that could not be reached: each by name (the first ten in full), the first's hint."""
+    if len(failures) == 1:
+        return next(iter(failures.values()))
+    ordered = [failures[index] for index in sorted(failures)]
+    shown = "\n".join(f"  {error.message}" for error in ordered[:10])
+    more = f"\n  ... and {len(ordered) - 10} more: workers {', '.join(str(i) for i in sorted(failures)[10:])}" \
+        if len(ordered) > 10 else ""
+    return SshConnectError(f"{len(failures)} of {total} workers cannot be reached over SSH:\n{shown}{more}",
+                           hint=ordered[0].hint)
 
 
 class _Retries:
