@@ -167,6 +167,7 @@ def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(t
     from types import SimpleNamespace
 
     from tpuft.worker import t5x_ondemand
+    from tpuft.worker.t5x_goodput import T5xTimeline
 
     monkeypatch.setenv("TPUFT_ATTEMPT", "1")
     agreement = {"all": True}
@@ -185,7 +186,7 @@ def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(t
     said: list[str] = []
     ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="", run_url=str(tmp_path))
     run = SimpleNamespace(ctx=ctx, loop=SimpleNamespace(beats=True), initial_step=1000, say=said.append,
-                          beat=lambda *a, **k: None)
+                          beat=lambda *a, **k: None, timeline=T5xTimeline(1000, 1100))
     trainer = SimpleNamespace(train_state=SimpleNamespace(step=1004))
     ran: list[tuple[int, int]] = []
 

@@ -3,12 +3,14 @@
 T5X drives its training loop itself; tpuft patches it (once per process) and binds a seqio logger in the run
 gin, each of which calls the active run (:class:`HookedRun`, the trainer's ``T5xRun``):
 
-* the trainer's batch iterator: :meth:`HookedRun.on_batch` as each step's batch is taken;
+* the trainer's batch iterator: :meth:`HookedRun.on_batch` as each step's batch is taken (the ``next()`` timed:
+  the data wait of the run's goodput events, :mod:`tpuft.worker.t5x_goodput`);
 * the metrics writer (``MetricsManager._create_writer``): the train and teacher-forced eval scalars;
 * the trainer's ``eval`` and seqio's ``Evaluator.evaluate``: the ``eval`` phase (long and quiet: the supervisor
-  gives it more time);
+  gives it more time), each an ``eval`` event;
 * the Orbax checkpoint manager's ``save``: the ``checkpoint`` phase, then, once the save is complete,
-  :meth:`HookedRun.on_checkpoint_saved`;
+  :meth:`HookedRun.on_checkpoint_saved`, and the save's ``checkpoint_save`` event;
+* T5X's ``create_checkpoint_manager_and_restore``: a resumed run's ``checkpoint_restore`` event, timed;
 * :class:`EvalLogger` (``seqio.Evaluator.logger_cls`` in the gin): the inference eval's metrics and predictions;
 * the trainer's construction: :meth:`HookedRun.on_layout` with the mesh and how the parameters are sharded over it;
 * on CPU, T5X's ``default_mesh``: T5X's own CPU mesh is hosts x devices per host whatever ``num_partitions`` says,
@@ -23,10 +25,12 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from tpuft.worker import t5x_ondemand
+from tpuft.worker.t5x_goodput import T5xTimeline
 from tpuft.worker.t5x_multislice import install_cpu_slice_granules
 
 
@@ -34,6 +38,7 @@ class HookedRun(Protocol):
     """What the hooks call on the run in this process."""
 
     chief: bool
+    timeline: T5xTimeline
 
     def beat(
         self, step: int | None = None, status: str = "running", phase: str | None = None, **extra: Any
@@ -72,6 +77,7 @@ def install_hooks() -> None:
     from t5x import checkpoints as checkpoints_lib
     from t5x import partitioning
     from t5x import trainer as trainer_lib
+    from t5x import utils as utils_lib
 
     if getattr(trainer_lib, "_tpuft_hooked", False):
         return
@@ -106,8 +112,10 @@ def install_hooks() -> None:
 
             def beating() -> Any:
                 for offset in range(count):
+                    asked = time.time()
                     batch = next(batch_iter)
                     if _ACTIVE is not None:
+                        _ACTIVE.timeline.batch_taken(start + offset, time.time() - asked)
                         _ACTIVE.on_batch(start + offset, first and offset == 0, batch)
                     yield batch
 
@@ -116,7 +124,9 @@ def install_hooks() -> None:
         start = int(start_step if start_step is not None else self.train_state.step)
         if _ACTIVE is None:
             return steps(num_steps, start)
-        return t5x_ondemand.train_steps(_ACTIVE, self, steps, start, num_steps)  # tpuft checkpoint, between runs
+        summary = t5x_ondemand.train_steps(_ACTIVE, self, steps, start, num_steps)  # tpuft checkpoint, between runs
+        _ACTIVE.timeline.trained_to = start + num_steps
+        return summary
 
     trainer_lib.BaseTrainer.train = train
 
@@ -124,10 +134,12 @@ def install_hooks() -> None:
         def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
             if _ACTIVE is not None:
                 _ACTIVE.beat(phase=phase)
+            started = time.time()
             try:
                 return method(self, *args, **kwargs)
             finally:
                 if _ACTIVE is not None:
+                    _ACTIVE.timeline.evaluated(started)
                     _ACTIVE.beat(phase="step")
 
         return wrapped
@@ -152,15 +164,28 @@ def install_hooks() -> None:
         step = int(utils.get_local_data(train_state.step))
         if _ACTIVE is not None:
             _ACTIVE.beat(phase="checkpoint")
+        started = time.time()
         saved = original_save(self, train_state, state_transformation_fns, force)
         if saved:
             self.wait_until_finished()
             if _ACTIVE is not None:
                 _ACTIVE.on_checkpoint_saved(step)
+                _ACTIVE.timeline.saved(step, started, _ACTIVE.stopped_early)
                 _ACTIVE.beat(phase="step")
         return saved
 
     manager.save = save
+
+    original_restore = utils_lib.create_checkpoint_manager_and_restore
+
+    def create_and_restore(*args: Any, **kwargs: Any) -> Any:
+        started = time.time()
+        made = original_restore(*args, **kwargs)
+        if _ACTIVE is not None:
+            _ACTIVE.timeline.restored(started)
+        return made
+
+    utils_lib.create_checkpoint_manager_and_restore = create_and_restore
 
     original_init = trainer_lib.BaseTrainer.__init__
 

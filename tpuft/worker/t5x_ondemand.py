@@ -54,7 +54,8 @@ def serve_due(run: Any, trainer: Any, requests: CheckpointRequests, step: int) -
         run.say(f"checkpoint asked for ({request.reason}) refused: not every host had it at step {step}")
         return
     run.say(f"checkpoint asked for ({request.reason}): saving step {step}")
-    save(trainer, absolute)
+    with run.timeline.asking():  # its goodput event's reason: request
+        save(trainer, absolute)
     requests.answer(request, absolute)
     if request.stop:
         hold(step, request, run.say, lambda at: run.beat(at, phase="checkpoint"))

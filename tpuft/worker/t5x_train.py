@@ -52,6 +52,7 @@ from tpuft.worker.resume import RESUME_ENV, find_resume_checkpoint
 from tpuft.worker.selection import Selector
 from tpuft.worker.t5x_data import ranking_metric, show_samples
 from tpuft.worker.t5x_gin import initial_step, run_gin, task_spec, tasks_module
+from tpuft.worker.t5x_goodput import T5xTimeline
 from tpuft.worker.t5x_hooks import activate, exit_on_sigterm, install_hooks, run_t5x_train
 
 GENERATED = "t5x"
@@ -80,6 +81,7 @@ class T5xRun:
         self.total_steps = self.initial_step + recipe.train.steps
         self.model_dir = f"{ctx.run_url}/{LAYOUT.checkpoints}" if ctx.remote else str(ctx.run_dir / LAYOUT.checkpoints)
         self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
+        self.timeline = T5xTimeline(self.initial_step, self.total_steps)  # goodput events of T5X's own loop
         # Only the inference evaluations are judged (T5X's teacher-forced ones are rows of their own), by eval.metric
         # when the decodes give it (exact match, BLEU, ROUGE-L), else exact match; T5X always keeps the best
         # checkpoint, and stops early through its actions (tpuft.worker.t5x_hooks.EarlyStop asks the judge).
@@ -140,7 +142,7 @@ class T5xRun:
         latest = found[0]
         loop.start_step = loop.step = latest - self.initial_step
         loop.open_metrics(loop.start_step)
-        events.record("checkpoint_restore", time.time(), 0.0, step=loop.start_step)  # T5X restores in its start-up
+        self.timeline.resumed_at = loop.start_step  # T5X restores it in its start-up: the hooks time it there
         for row in _logged_rows(self.ctx.run_dir / rundir.METRICS):
             if "eval_examples" in row and isinstance(row.get("step"), int):  # an inference evaluation's row
                 loop.selector.judge(row["step"], row)
@@ -236,6 +238,7 @@ class T5xRun:
             self.counted = (0, 0, 0)
         rows_per_s = numbers.get("timing/seqs_per_second", 0.0)  # T5X's own clock for the window
         extra = {"token_accuracy": round(numbers["accuracy"], 6)} if "accuracy" in numbers else {}
+        self.loop.data_wait_s += self.timeline.waited_before(absolute_step)  # this window's steps' waits
         logged = self.loop.log_train(
             step,
             loss=round(loss, 6),
@@ -486,14 +489,5 @@ def _is_number(value: Any) -> bool:
 
 def _logged_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl (none when there is no file; a torn line is skipped)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return [row for line in lines if (row := rundir.read_json_text(line)) is not None]
