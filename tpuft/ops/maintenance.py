@@ -10,6 +10,12 @@ records a ``maintenance`` event. The trainers save at the next step boundary and
 the window as its cause, and :func:`wait_out_window` holds the watcher (renewing its lease) until the window's end,
 after which the watch resumes it (on the node as it is, or recreated when the maintenance left it not READY). Zero
 steps are lost when the notice comes at least one step and one save ahead of the window.
+
+Before it waits, it reads back how the checkpoint went (:func:`checkpoint_before`): the step, the latency from the
+ask to the save on the chief and to the checkpoint's arrival in run storage (the chief supervisor's last record,
+written after its final upload), and the margin left before the window. That is the figure that says whether the
+notice came early enough; it is printed, and kept as the ``checkpoint_ask`` event (the goodput timeline's marker,
+as ``tpuft checkpoint`` records it), whoever of the watcher and the supervisors asked.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tpuft.maintenance_window import Window, rfc3339, window_of_reason
+from tpuft import rundir
+from tpuft.goodput import record_controller_event
 from tpuft.ops.lifecycle import request_checkpoint
+from tpuft.ops.ondemand import acks, request_state
 from tpuft.records import Cluster
 from tpuft.runs import Run
 from tpuft.worker.maintenance import already_asked, record_event
@@ -66,13 +75,55 @@ class MaintenanceWatch:
         return request_id
 
 
+def checkpoint_before(run: Run, info: dict[str, Any], window: Window) -> dict[str, Any] | None:
+    """The checkpoint the stopped attempt saved for ``window``, read back from the run dir and recorded as the
+    ``checkpoint_ask`` event: ``{id, step, asked, saved_s, stored_s, before_window_s, in_storage}`` (seconds from the
+    ask to the chief's save, and to its supervisor's last record after the final upload; the window's start minus
+    the latter). None when no trainer saved for it (a refusal, a stop before any step). Idempotent: the event's
+    object is named after the ask, so a watcher that takes over during the window writes the same one again."""
+    attempt = int(info.get("attempt", 1))
+    request_id = already_asked(run.storage, attempt, window.reason())
+    request = request_state(run, attempt, request_id) if request_id is not None else None
+    chief = acks(run, attempt, request_id).get(0) if request_id is not None else None
+    if request is None or chief is None or chief.get("refused") or not isinstance(chief.get("saved"), (int, float)):
+        return None
+    asked, saved, step = float(request["time"]), float(chief["saved"]), int(chief["step"])
+    final = rundir.attempt_records(run.storage, attempt).get(0) or {}
+    stored = float(final["alive"]) if final.get("final") and isinstance(final.get("alive"), (int, float)) else None
+    landed = stored if stored is not None else saved
+    found = {"id": request_id, "step": step, "asked": asked, "saved_s": round(saved - asked, 2),
+             "stored_s": round(stored - asked, 2) if stored is not None else None,
+             "before_window_s": round(window.start - landed, 1) if window.start is not None else None,
+             "in_storage": step in run.layout().checkpoint_steps(run.storage)}
+    record_controller_event(run.storage, "checkpoint_ask", asked, landed - asked, attempt, id=request_id,
+                            at_step=request.get("at_step"), step=step, latency_s=round(landed - asked, 2),
+                            reason=window.reason(), **{k: found[k] for k in ("saved_s", "stored_s", "before_window_s",
+                                                                              "in_storage")})
+    return found
+
+
+def describe_checkpoint(found: dict[str, Any]) -> str:
+    """The checkpoint-before-maintenance line a user reads."""
+    stored = f", in run storage {found['stored_s']} s after it" if found.get("stored_s") is not None else ""
+    margin = found.get("before_window_s")
+    when = ("" if margin is None else f", {margin} s before the window" if margin >= 0
+            else f", {-margin} s AFTER the window began (the notice came too late)")
+    missing = "" if found.get("in_storage") else " (but not found complete in run storage: a resume restores an earlier one)"
+    return (f"checkpoint before maintenance: step {found['step']}, saved {found['saved_s']} s after the ask{stored}"
+            f"{when}{missing}")
+
+
 def wait_out_window(info: dict[str, Any], notice: Callable[[str], None], renew: Callable[[], None], poll: float,
-                    sleep: Callable[[float], None] = time.sleep) -> bool:
-    """A run stopped for a maintenance window (its cause names it): wait, renewing the watcher's lease, until the
-    window is over; True when the caller should resume it, False for a run stopped for anything else."""
+                    sleep: Callable[[float], None] = time.sleep, run: Run | None = None) -> bool:
+    """A run stopped for a maintenance window (its cause names it): say how its checkpoint went (with ``run``), then
+    wait, renewing the watcher's lease, until the window is over; True when the caller should resume it, False for a
+    run stopped for anything else."""
     window = window_of_reason(str(info.get("cause") or ""))
     if window is None:
         return False
+    found = checkpoint_before(run, info, window) if run is not None else None
+    if found is not None:
+        notice(describe_checkpoint(found))
     until = window.end if window.end is not None else time.time()
     left = until - time.time()
     if left > 0:

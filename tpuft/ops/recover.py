@@ -204,7 +204,7 @@ def watch(
                 outage.over()
                 status = info.get("status")
                 launch = Launch.of(run, info)
-                if status == "stopped" and not resume_ended and wait_out_window(info, callbacks.notice, renew, policy.poll, sleep):
+                if status == "stopped" and not resume_ended and wait_out_window(info, callbacks.notice, renew, policy.poll, sleep, run):
                     resume_ended = True  # stopped with a checkpoint before maintenance: resumed now that it is over
                     continue
                 if status == "finished" or (status == "stopped" and not resume_ended):
