@@ -16,7 +16,7 @@ import pytest
 import tpuft.providers.gcp.tuning as gcp_module
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft import rundir
+from tpuft import goodput, rundir
 from tpuft.backends.spec import manifest_text
 from tpuft.config import ClusterConfig, load_cluster
 from tpuft.errors import UsageError
@@ -266,6 +266,8 @@ def test_a_lost_slice_stops_the_others_and_recreates_the_whole_queued_resource(
     tpu.preempt("rc-1")
     problem = node_problem(config, info)
     assert problem == "node rc-1 (slice 1) PREEMPTED"
+    tpu.queued_states = ("ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE")  # the recreate waits for capacity
+    tpu.queued_gets_per_state = 3
     notices: list[str] = []
     policy = config.recover.model_copy(update={"backoff": 0.0})
     _recover(config, run, info, problem, Callbacks(on_notice=notices.append), policy, lambda s: None, lambda: None)
@@ -278,6 +280,12 @@ def test_a_lost_slice_stops_the_others_and_recreates_the_whole_queued_resource(
     assert "resumes from the checkpoint at step 200" in "\n".join(notices)
     again = get_provider(config).get()
     assert again.state == "READY" and again.details["slice 1"] == "rc-1 READY" and len(again.workers) == 4
+    # goodput: the new attempt's re-provisioning, and inside it the recreated queued resource's wait for capacity
+    recorded = {e["kind"]: e for e in goodput.read_events(run.storage) if e["attempt"] == 2}
+    waited, made = recorded["queue_wait"], recorded["provision"]
+    assert 0.02 < waited["s"] < made["s"], recorded  # ACCEPTED and WAITING_FOR_RESOURCES, 3 polls each
+    assert made["t"] <= waited["t"] and waited["t"] + waited["s"] <= made["t"] + made["s"] + 0.002, recorded
+    assert goodput.breakdown_of(list(recorded.values()), {}).badput["queue_wait"] == pytest.approx(waited["s"], abs=0.002)
 
 
 def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(

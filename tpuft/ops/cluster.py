@@ -30,11 +30,17 @@ def create(config: ClusterConfig, progress: Progress | None = None) -> CreateRes
     provider = get_provider(config)
     cluster, created = provider.create(progress)
     if created:  # the next run launched on it counts the wait (tpuft.goodput)
-        queued = getattr(getattr(provider, "nodes", None), "queue_wait", None)  # a queued resource's wait for capacity
+        queued = capacity_wait(provider)
         if queued is not None:
             goodput.remember_cluster_event(provider.state_dir(), "queue_wait", *queued)
         goodput.remember_cluster_event(provider.state_dir(), "provision", started, time.time() - started)
     return CreateResult(cluster=cluster, created=created, accelerator=lookup(config.accelerator))
+
+
+def capacity_wait(provider: object) -> tuple[float, float] | None:
+    """(start, seconds) of the wait for capacity of the queued resource the provider has just created (until
+    PROVISIONING), for goodput's ``queue_wait``; None for a node created directly, or a provider without queues."""
+    return getattr(getattr(provider, "nodes", None), "queue_wait", None)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from tpuft.errors import Interrupted, TpuftError, UsageError
 from tpuft.fleet.base import LineSink
 from tpuft.ops.lifecycle import (Launch, attach, finalize, request_stop, run_is_alive, signal_supervisors, stop,
                                  wait_for_outcome)
+from tpuft.ops.cluster import capacity_wait
 from tpuft.ops.common import open_session
 from tpuft.ops.maintenance import MaintenanceWatch, wait_out_window
 from tpuft.ops.setup import setup
@@ -372,6 +373,9 @@ def _recover(
         made = time.time()
         if recreated:
             goodput.record_controller_event(run.storage, "provision", started, made - started, attempt + 1)
+            queued = capacity_wait(provider)  # a recreated queued resource's wait for capacity, inside provisioning
+            if queued is not None:
+                goodput.record_controller_event(run.storage, "queue_wait", *queued, attempt + 1)
         text = run.storage.read_text(rundir.RECIPE)
         if text is None:
             raise UsageError(f"run {run.id}: {run.url}/{rundir.RECIPE} is missing: it cannot be resumed")
