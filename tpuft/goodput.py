@@ -61,6 +61,9 @@ class Goodput:
     events: int = 0
     external: str | None = None
     """The name the user's code records goodput under with ml-goodput-measurement, when it does."""
+    maintenance: list[dict[str, Any]] = field(default_factory=list)
+    """Each maintenance window the run was told of (:func:`maintenance_of`): the one fact goodput's seconds do not
+    show, whether its checkpoint came in time."""
 
     @property
     def goodput(self) -> float:
@@ -71,7 +74,7 @@ class Goodput:
             "wall_s": round(self.wall_s, 1), "good_s": round(self.good_s, 1), "goodput": round(self.goodput, 4),
             "badput": {cause: round(seconds, 1) for cause, seconds in self.badput.items()},
             "steps_lost": self.steps_lost, "attempts": self.attempts, "events": self.events,
-            "external": self.external,
+            "external": self.external, "maintenance": self.maintenance,
         }
 
     def summary(self, limit: int = 5) -> str:
@@ -82,7 +85,34 @@ class Goodput:
         shown = ", ".join(f"{SHORT.get(c, c)} {duration(s)}" for s, c in top[:limit])
         more = " ..." if len(top) > limit else ""
         note = f"; the job's code also records with ml-goodput-measurement ({self.external})" if self.external else ""
+        for window in self.maintenance:
+            note += f"; {describe_maintenance(window)}"
         return f"goodput {self.goodput:.0%} of {duration(self.wall_s)}" + (f" (badput: {shown}{more})" if shown else "") + note
+
+
+def maintenance_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per announced window (its ``maintenance`` events, first heard), with its checkpoint's step and
+    latencies when the watcher read them back (the ``checkpoint_ask`` event of the same request)."""
+    answered = {str(e.get("id")): e for e in events if e["kind"] == "checkpoint_ask"}
+    windows: dict[Any, dict[str, Any]] = {}
+    for event in events:
+        if event["kind"] != "maintenance" or event.get("window_start") in windows:
+            continue
+        entry = {"attempt": event.get("attempt"), "heard": event["t"], "source": event.get("source"),
+                 "window_start": event.get("window_start"), "window_end": event.get("window_end")}
+        done = answered.get(str(event.get("request")))
+        if done is not None:
+            entry.update({k: done.get(k) for k in ("step", "latency_s", "saved_s", "stored_s", "before_window_s")})
+        windows[event.get("window_start")] = entry
+    return list(windows.values())
+
+
+def describe_maintenance(window: dict[str, Any]) -> str:
+    if window.get("step") is None:
+        return "maintenance announced; no checkpoint recorded for it"
+    margin = window.get("before_window_s")
+    ahead = "" if margin is None else f", {margin:.0f}s before the window" if margin >= 0 else f", {-margin:.0f}s late"
+    return f"maintenance: checkpoint at step {window['step']} {window['latency_s']}s after the notice{ahead}"
 
 
 def total(results: list[Goodput]) -> Goodput:
@@ -170,7 +200,8 @@ def breakdown_of(events: list[dict[str, Any]], info: dict[str, Any], now: float 
     badput["idle"] += uncovered_between
     external = next((str(e["external_goodput"]) for e in events if e.get("external_goodput")), None)
     return Goodput(end - begin, good, {c: s for c, s in badput.items() if s > 0}, lost_steps,
-                   attempts=max(len(spans), 1), events=len(events), external=external)
+                   attempts=max(len(spans), 1), events=len(events), external=external,
+                   maintenance=maintenance_of(events))
 
 
 def _attempt_spans(info: dict[str, Any], now: float) -> list[tuple[float, float]]:

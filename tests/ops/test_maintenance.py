@@ -165,11 +165,45 @@ def test_a_run_stopped_for_maintenance_waits_out_the_window(tmp_path: Path) -> N
     assert asked is not None and ask_before(run.storage, 1, window, source="test", at_step=None) is None
     renewed: list[float] = []
     said: list[str] = []
-    info = {"status": "stopped", "cause": window.reason()}
-    assert wait_out_window(info, said.append, lambda: renewed.append(time.time()), poll=0.05)
-    assert time.time() >= end and renewed and f"ends at {rfc3339(end)}" in said[0]
+    info = {"status": "stopped", "cause": window.reason(), "attempt": 1}
+    assert wait_out_window(info, said.append, lambda: renewed.append(time.time()), poll=0.05, run=run)
+    assert time.time() >= end and renewed and f"ends at {rfc3339(end)}" in said[0]  # no trainer answered: said nothing
     assert not wait_out_window({"status": "stopped", "cause": "stopped by the user"}, said.append, lambda: None, 1.0)
     assert not Window("SCHEDULED", "PENDING", now - 10, now - 1).due(now)  # over: not asked for again
+
+
+def test_the_checkpoint_before_the_window_is_read_back_printed_and_in_the_goodput(tmp_path: Path) -> None:
+    """The trainers' side written by hand as they write it (the chief's answer with its save time, the checkpoint's
+    manifest, the chief supervisor's final record after its upload): the latencies and the margin before the window,
+    the line the watcher prints, the ``checkpoint_ask`` event (once, however often it is read back) and goodput's
+    ``maintenance`` entry; a late checkpoint is said to be late."""
+    from tests.ops.test_ondemand import _save
+    from tpuft.goodput import breakdown
+    from tpuft.ops.maintenance import checkpoint_before, describe_checkpoint
+
+    run = _run(tmp_path)
+    asked = time.time() - 100.0
+    window = Window("SCHEDULED", "PENDING", float(int(asked) + 30), float(int(asked) + 60))
+    request_id = ask_before(run.storage, 1, window, source="TPU API", at_step=None, now=asked)
+    info = {"status": "stopped", "cause": window.reason(), "attempt": 1}
+    assert request_id is not None and checkpoint_before(run, info, window) is None  # not answered yet
+    run.storage.write_text(f"{rundir.ATTEMPTS_DIR}/1/checkpoint-{request_id}-worker-0.json",
+                           json.dumps({"step": 60, "saved": asked + 4.0}))
+    _save(run, 60)
+    run.storage.write_text(rundir.attempt_record(1, 0), json.dumps({"final": True, "alive": asked + 9.5}))
+    found = checkpoint_before(run, info, window)
+    assert found is not None and found["step"] == 60 and found["in_storage"]
+    assert (found["saved_s"], found["stored_s"]) == (4.0, 9.5) and found["before_window_s"] == pytest.approx(window.start - asked - 9.5, abs=0.1)
+    line = describe_checkpoint(found)
+    assert line.startswith("checkpoint before maintenance: step 60, saved 4.0 s after the ask, in run storage 9.5 s")
+    assert "before the window" in line and "AFTER" not in line
+    assert checkpoint_before(run, info, window) is not None
+    asks = [e for e in _events(run) if e["kind"] == "checkpoint_ask"]
+    assert len(asks) == 1 and asks[0]["latency_s"] == 9.5 and asks[0]["step"] == 60, asks
+    (entry,) = breakdown(run.storage, {"status": "stopped", "created": asked - 5, "ended": asked + 20}).maintenance
+    assert entry["step"] == 60 and entry["latency_s"] == 9.5 and entry["source"] == "TPU API", entry
+    late = describe_checkpoint({**found, "before_window_s": -3.0})
+    assert "3.0 s AFTER the window began (the notice came too late)" in late
 
 
 def test_a_supervisor_asks_for_the_checkpoint_of_its_workers_notice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
