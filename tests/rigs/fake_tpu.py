@@ -184,6 +184,9 @@ TENSORCORE_FAMILIES: Final[dict[str, str]] = {"v2": "V2", "v3": "V3", "v4": "V4"
 CHIP_FAMILIES: Final[dict[str, str]] = {"v5litepod": "V5LITE_POD", "v6e": "V6E"}
 CHIPS_PER_HOST: Final = 4
 ID_PATTERN: Final = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+COMPUTE_PROJECT: Final = re.compile(r"/compute/v1/projects/(?P<project>[^/:]+)")
+"""The one Compute Engine call ``gcloud compute tpus tpu-vm ssh`` makes (its project, for OS Login in the project
+metadata: none here), served when gcloud's compute endpoint is pointed at this server (benchmarks/fanout.py)."""
 ROUTE: Final = re.compile(
     r"/(?P<version>v2|v2alpha1)/projects/(?P<project>[^/:]+)/locations/(?P<zone>[^/:]+)"
     r"/(?P<collection>nodes|queuedResources|operations)(?:/(?P<id>[^/:]+))?(?::(?P<verb>[A-Za-z]+))?"
@@ -733,6 +736,11 @@ class FakeTpuServer:
                 raise ApiError("PERMISSION_DENIED", message, details=[info])
 
     def _route(self, call: _Call) -> _Route:
+        project = COMPUTE_PROJECT.fullmatch(call.path)
+        if project is not None and call.method == "GET":
+            return _Route("compute.projects.get", "compute.projects.get", f"projects/{project['project']}",
+                          lambda: {"kind": "compute#project", "name": project["project"],
+                                   "commonInstanceMetadata": {"kind": "compute#metadata", "items": []}})
         match = ROUTE.fullmatch(call.path)
         if match is None:
             raise ApiError("NOT_FOUND", f"The requested URL {call.path} was not found on this server.")
@@ -814,7 +822,8 @@ class FakeTpuServer:
         if not endpoints:
             raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; it has no workers to query yet.")
         chosen: list[int] = []
-        for worker_id in worker_ids or [str(i) for i in range(len(endpoints))]:
+        # gcloud's --worker=all asks for [""]: all workers, as an empty list does
+        for worker_id in [w for w in worker_ids if w != ""] or [str(i) for i in range(len(endpoints))]:
             if not isinstance(worker_id, str) or not worker_id.isdigit() or int(worker_id) >= len(endpoints):
                 raise invalid(f"Invalid worker id {worker_id!r}: node '{name}' has workers 0..{len(endpoints) - 1}.")
             chosen.append(int(worker_id))

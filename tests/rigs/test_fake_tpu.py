@@ -231,6 +231,17 @@ def test_guest_attributes_carry_each_workers_host_keys(server: FakeTpuServer, cl
     assert (status, body["error"]["status"]) == (501, "UNIMPLEMENTED")
 
 
+def test_what_gcloud_tpu_vm_ssh_asks_for_worker_all(server: FakeTpuServer, client: Any) -> None:
+    """`gcloud compute tpus tpu-vm ssh --worker=all` asks for the guest attributes of workerIds [""] (every worker)
+    and reads the project from Compute Engine (benchmarks/fanout.py points gcloud's compute endpoint here)."""
+    server.host_keys = {"127.0.1.10": "ssh-ed25519 AAAAkey0", "127.0.1.11": "ssh-ed25519 AAAAkey1"}
+    node = create_ready(client, "all", "v4-16")
+    status, body = raw(server, "POST", f"/v2/{node.name}:getGuestAttributes", {"workerIds": [""]})
+    assert status == 200 and [e["queryValue"]["items"][0]["value"] for e in body["guestAttributes"]] == ["AAAAkey0", "AAAAkey1"]
+    status, body = raw(server, "GET", "/compute/v1/projects/p1")
+    assert status == 200 and body["name"] == "p1" and body["commonInstanceMetadata"]["items"] == []
+
+
 # ---- reading, updating, deleting ----------------------------------------------------------------------------------
 
 
