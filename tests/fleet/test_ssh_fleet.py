@@ -44,6 +44,20 @@ def test_unreachable_worker_is_retried_then_named(pod: SshdPod) -> None:
     fleet.close()
 
 
+def test_worker_connections_turn_nagle_off(pod: SshdPod) -> None:
+    """Without TCP_NODELAY (paramiko's default) the handshake and each command's start wait on the server's delayed
+    ACK, 40 ms a time: a cold exec to one worker spent 65-105 ms connecting instead of 20 (docs/benchmarks.md)."""
+    import socket
+
+    fleet = make_fleet(pod)
+    try:
+        assert fleet.run(["true"], workers=[0]).ok
+        sock = fleet.session(fleet.workers[0]).get_transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        fleet.close()
+
+
 def test_closing_calls_off_the_connection_tries_under_way(pod: SshdPod) -> None:
     """The recovery watcher closes the fleet when the TPU API says the node is gone: a follower that was connecting
     to the dead workers then must not wait out its 10 tries x 5 s (measured before: the watcher acted 45 s late)."""

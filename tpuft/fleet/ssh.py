@@ -42,8 +42,10 @@ from tpuft.fleet.ssh_config import (
     SshSettings,
     fingerprint,
     known_hosts_name,
+    nodelay_socket,
     prepare_bastion,
     proxy_command_class,
+    set_nodelay,
     worker_ssh_config_class,
 )
 from tpuft.fleet.ssh_remote import RemoteProcess, env_payload, remote_command, tar_payload
@@ -262,6 +264,7 @@ class SshFleet:
             transport = gateway.client.get_transport()
             if transport is not None:
                 transport.set_keepalive(self.settings.keepalive_s)
+                set_nodelay(transport.sock)  # every worker's handshake goes through it
 
     def _connect(self, worker: Worker, retries: _Retries | None = None) -> Any:
         import paramiko
@@ -280,6 +283,10 @@ class SshFleet:
             try:
                 self._open_gateway(worker, connection)
                 with self._pacer.handshake(where):
+                    if not connection.gateway:  # our own socket, so that it says TCP_NODELAY (see set_nodelay)
+                        connection.connect_kwargs["sock"] = nodelay_socket(
+                            connection.host, int(connection.port), connection.connect_timeout or settings.connect_timeout_s
+                        )
                     connection.open()
                 client = connection.client
                 transport = client.get_transport()

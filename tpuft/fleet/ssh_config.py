@@ -156,6 +156,27 @@ def prepare_bastion(hop: Any) -> None:
     hop.client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if lenient else paramiko.RejectPolicy())
 
 
+def set_nodelay(sock: Any) -> None:
+    """Turn Nagle's algorithm off on a TCP socket (anything else, a ProxyCommand's pipe, is left alone). SSH is a
+    conversation of small packets: with Nagle on, a packet sent while the previous one is unacknowledged waits for
+    the peer's delayed ACK, 40 ms on Linux, and the handshake and a command's start met it once or twice each
+    (paramiko, unlike OpenSSH, never sets it): a cold ``exec`` to one worker spent 65-105 ms connecting, 20 with it."""
+    import socket
+
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def nodelay_socket(host: str, port: int, timeout: float) -> Any:
+    """A TCP connection to ``host:port`` for paramiko, which would open one without TCP_NODELAY (see
+    :func:`set_nodelay`). Raises OSError as paramiko's own would, so the fleet retries it the same way."""
+    import socket
+
+    sock = socket.create_connection((host, port), timeout=timeout)
+    set_nodelay(sock)
+    return sock
+
+
 def fingerprint(key: Any) -> str:
     """``SHA256:...`` as ``ssh-keygen -l`` prints it, so a user can compare with what the VM's console says."""
     import base64
