@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.rigs.sshd_pod import CONFIG, SSHD, WRAPPER, _free_port, _keygen
+from tests.rigs.sshd_pod import CONFIG, SSHD, TEST_LIMITS, WRAPPER, _free_port, _keygen
 
 DIRECT_TCPIP = re.compile(r"server_request_direct_tcpip: originator \S* ?port \d+, target (\S+) port (\d+)")
 
@@ -60,7 +60,7 @@ class Bastion:
                 _keygen(key)
         (self.root / "authorized_keys").write_text(Path(f"{self.client_key}.pub").read_text())
         wrapper = self.root / "wrapper.sh"
-        wrapper.write_text(WRAPPER.format(home=self.root / "home"))
+        wrapper.write_text(WRAPPER.format(home=f"export HOME={self.root / 'home'}"))
         wrapper.chmod(0o755)
         self.port = self.port or _free_port([self.address])
         config = self.root / "sshd.conf"
@@ -68,8 +68,8 @@ class Bastion:
         config.write_text(
             "LogLevel DEBUG1\n"
             + CONFIG.format(
-                address=self.address,
-                port=self.port,
+                listen=f"ListenAddress {self.address}:{self.port}\n",
+                limits=TEST_LIMITS,
                 host_key=self.host_key,
                 pid_file=self.root / "sshd.pid",
                 authorized_keys=self.root / "authorized_keys",
