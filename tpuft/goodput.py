@@ -93,14 +93,16 @@ class Goodput:
 def maintenance_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per announced window (its ``maintenance`` events, first heard), with its checkpoint's step and
     latencies when the watcher read them back (the ``checkpoint_ask`` event of the same request)."""
-    answered = {str(e.get("id")): e for e in events if e["kind"] == "checkpoint_ask"}
+    asks = [e for e in events if e["kind"] == "checkpoint_ask"]
+    answered = {str(e.get("id")): e for e in asks} | {str(e.get("reason")): e for e in asks if e.get("reason")}
     windows: dict[Any, dict[str, Any]] = {}
     for event in events:
         if event["kind"] != "maintenance" or event.get("window_start") in windows:
             continue
         entry = {"attempt": event.get("attempt"), "heard": event["t"], "source": event.get("source"),
                  "window_start": event.get("window_start"), "window_end": event.get("window_end")}
-        done = answered.get(str(event.get("request")))
+        # By the window's reason: a refused ask is asked again under another id.
+        done = answered.get(str(event.get("reason"))) or answered.get(str(event.get("request")))
         if done is not None:
             entry.update({k: done.get(k) for k in ("step", "latency_s", "saved_s", "stored_s", "before_window_s")})
         windows[event.get("window_start")] = entry

@@ -5,7 +5,8 @@ the watcher's :class:`MaintenanceWatch` asks for the checkpoint-and-stop before 
 (:class:`MaintenanceNotices`) hears of it from the metadata server rig that follows the fake API's simulated event,
 one request per window whoever hears first; ``tpuft drill`` does it on GCP (simulated event, StopNode) and on the
 local pod (the notice file, SIGKILL). The trainers' answer to the request is the checkpoint engineer's
-(tests/ops/test_ondemand.py); the e2e of a whole run through a maintenance window is not here.
+(tests/ops/test_ondemand.py); a whole run through a maintenance window, real trainers on the GCP rigs, is
+tests/e2e/test_recovery_rigs.py.
 """
 
 from __future__ import annotations
@@ -204,6 +205,29 @@ def test_the_checkpoint_before_the_window_is_read_back_printed_and_in_the_goodpu
     assert entry["step"] == 60 and entry["latency_s"] == 9.5 and entry["source"] == "TPU API", entry
     late = describe_checkpoint({**found, "before_window_s": -3.0})
     assert "3.0 s AFTER the window began (the notice came too late)" in late
+
+
+def test_a_refused_checkpoint_before_maintenance_is_asked_again_past_the_refusal(tmp_path: Path) -> None:
+    """Seen on the GCP rigs: an early heartbeat's speed (its window held the compilation) named a step the chief had
+    passed, the chief refused, and the notice was dropped. Now the refused request does not stand: the watcher asks
+    again at its next poll, past the refusal's step at the speed the two points give, with no second event."""
+    run = _run(tmp_path, workers=2)
+    now = time.time()
+    run.storage.write_text(f"{rundir.HEARTBEAT_DIR}/worker-0.json", json.dumps(
+        {"step": 10, "time": now - 20.0, "examples_per_s": 4.0}))  # 0.5 steps/s by the heartbeat: far too slow
+    window = Window("SCHEDULED", "PENDING", now + 60, now + 70)
+    notices: list[str] = []
+    watch = MaintenanceWatch(run, notices.append)
+    first = watch.ask(window, source="TPU API", now=now)
+    assert first is not None and watch.ask(window, source="TPU API", now=now) is None  # it stands: not asked twice
+    run.storage.write_text(f"{rundir.ATTEMPTS_DIR}/1/checkpoint-{first}-worker-0.json", json.dumps(
+        {"step": 50, "refused": "worker 0 was at step 50 ...", "time": now}))  # 40 steps in 20 s: 2 steps/s
+    time.sleep(0.002)  # another millisecond: another request id
+    again = watch.ask(window, source="TPU API", now=time.time())
+    assert again is not None and again != first and "asked again" in notices[-1]
+    (standing,) = [r for r in _requests(run) if r["id"] == again]
+    assert int(standing["at_step"]) >= 50 + 2 * 3  # past the refusal, at the measured speed over the relay's 3 s slack
+    assert [e["kind"] for e in _events(run)] == ["maintenance"]
 
 
 def test_a_supervisor_asks_for_the_checkpoint_of_its_workers_notice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

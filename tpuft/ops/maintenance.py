@@ -51,24 +51,32 @@ class MaintenanceWatch:
             if key != "maintenance" and not key.startswith("maintenance "):
                 continue
             window = Window.parse(str(line))
-            if window is None or window.reason() in self.acted or not window.due(now):
+            if window is None or not window.due(now):
                 continue
-            self.acted.add(window.reason())
             return self.ask(window, source=f"TPU API ({key} of {cluster.name})", now=now)
         return None
 
     def ask(self, window: Window, *, source: str, now: float) -> str | None:
+        """Ask unless a request for the window stands; asked again (each poll, while the window is due and the run
+        runs) when the trainers refused it: a host had passed the step it named."""
         info = self.run.info()
         if info.get("status") != "running":
             return None
         attempt = int(info.get("attempt", 1))
         earlier = already_asked(self.run.storage, attempt, window.reason())
+        again = window.reason() in self.acted
+        self.acted.add(window.reason())
         if earlier is not None:
-            self.notice(f"maintenance announced ({source}): {window.describe()}; a worker asked for its checkpoint "
-                        f"already ({earlier})")
+            if not again:
+                self.notice(f"maintenance announced ({source}): {window.describe()}; a worker asked for its "
+                            f"checkpoint already ({earlier})")
             return None
         request_id = request_checkpoint(self.run, reason=window.reason(), stop=True)
         self.asked.append((request_id, now))
+        if again:
+            self.notice(f"the checkpoint before maintenance was refused (a host had passed its step): asked again "
+                        f"({request_id})")
+            return request_id
         record_event(self.run.storage, attempt, window, source=source, request_id=request_id, now=now)
         self.notice(f"maintenance announced ({source}): {window.describe()}: checkpoint {request_id} asked for; the "
                     f"run stops after it and resumes after the window")

@@ -87,19 +87,37 @@ def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
     """The freshest heartbeat's step, advanced by what the run trains until the heartbeat is read here (its age)
     and until every supervisor has relayed the request (poll, slack, and a bucket's sync lag), at the speed the
     heartbeat reports (``examples_per_s`` over the recipe's batch), plus a margin, rounded up to a multiple of
-    ``train.log_every`` (:func:`tpuft.rundir.checkpoint_at_step`)."""
+    ``train.log_every`` (:func:`tpuft.rundir.checkpoint_at_step`). A refusal of an earlier request of the attempt
+    (its host's step and time) is a fresher point than a bucket's heartbeat, and the steps between two points over
+    their seconds a truer speed than an early heartbeat's, whose window may hold the compilation: so an ask after a
+    refusal does not name a step already passed again."""
+    attempt = int(info.get("attempt", 1))
     beats = [b for w in range(int(info.get("workers") or 1)) if (b := rundir.read_heartbeat(run.storage, w))]
+    points = [(int(b.get("step") or 0), float(b["time"])) for b in beats if isinstance(b.get("time"), (int, float))]
+    points += _refusal_points(run, attempt)
     train = _recipe_train(run)
     step, steps_per_s, travel = 0, 0.0, 0.0
-    if beats:
-        freshest = max(beats, key=lambda b: (int(b.get("step") or 0), float(b.get("time") or 0.0)))
-        step = int(freshest.get("step") or 0)
+    if beats or points:
+        step, seen = max(points) if points else (0, now)
+        freshest = max(beats, key=lambda b: (int(b.get("step") or 0), float(b.get("time") or 0.0))) if beats else {}
         batch, rate = float(train.get("batch_size") or 0), float(freshest.get("examples_per_s") or 0.0)
         steps_per_s = rate / batch if batch > 0 and rate > 0 else 0.0
+        steps_per_s = max([steps_per_s] + [(step - s) / (seen - t) for s, t in points if seen - t >= 2.0 and step > s])
         poll = 2.5 if run.remote else 0.5
-        travel = max(0.0, now - float(freshest.get("time") or now)) + poll + RELAY_SLACK_SECONDS
+        travel = max(0.0, now - seen) + poll + RELAY_SLACK_SECONDS
         travel += SYNC_SECONDS if run.remote else 0.0  # how stale a bucket run's heartbeat can be
     return rundir.checkpoint_at_step(step, steps_per_s, travel, int(train.get("log_every") or 1))
+
+
+def _refusal_points(run: Run, attempt: int) -> list[tuple[int, float]]:
+    """(step, time) of each refusal the attempt's trainers wrote (one listing; answers to other asks skipped)."""
+    found = []
+    for relpath in run.storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}"):
+        if "-worker-" in relpath.rpartition("/")[2] and relpath.rpartition("/")[2].startswith("checkpoint-"):
+            answer = rundir.read_json_text(run.storage.read_text(relpath)) or {}
+            if answer.get("refused") and isinstance(answer.get("time"), (int, float)) and isinstance(answer.get("step"), int):
+                found.append((int(answer["step"]), float(answer["time"])))
+    return found
 
 
 def _recipe_train(run: Run) -> dict[str, Any]:

@@ -105,13 +105,21 @@ def at_step_from(beat: dict[str, Any], batch: float, now: float, remote: bool, l
 
 
 def already_asked(storage: Any, attempt: int, reason: str) -> str | None:
-    """The id of this attempt's checkpoint request with ``reason``, if one was written (one listing)."""
-    for relpath in storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}"):
-        match = rundir.CHECKPOINT_REQUEST_NAME.match(relpath.rpartition("/")[2])
-        if match is not None:
-            request = rundir.read_json_text(storage.read_text(relpath)) or {}
-            if request.get("reason") == reason:
-                return match[1]
+    """The id of this attempt's standing checkpoint request with ``reason`` (one listing): written and refused by no
+    trainer. A refused one (a host had passed its ``at_step`` when it arrived) does not count, so whoever hears of
+    the window next asks again, with a later step; a notice is never dropped by a refusal."""
+    names = [relpath.rpartition("/")[2] for relpath in storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}")]
+    folder = f"{rundir.ATTEMPTS_DIR}/{attempt}"
+    for name in names:
+        match = rundir.CHECKPOINT_REQUEST_NAME.match(name)
+        if match is None:
+            continue
+        request = rundir.read_json_text(storage.read_text(f"{folder}/{name}")) or {}
+        if request.get("reason") != reason:
+            continue
+        answers = [n for n in names if n.startswith(f"checkpoint-{match[1]}-worker-")]
+        if not any((rundir.read_json_text(storage.read_text(f"{folder}/{n}")) or {}).get("refused") for n in answers):
+            return match[1]
     return None
 
 
@@ -120,20 +128,22 @@ def record_event(storage: Any, attempt: int, window: Window, *, source: str, req
     """The ``maintenance`` event (goodput's controller kind: the supervisor, like the controller, writes run storage
     one object at a time); never raises."""
     record_controller_event(storage, "maintenance", now, 0.0, attempt, source=source, window_start=window.start,
-                            window_end=window.end, request=request_id)
+                            window_end=window.end, request=request_id, reason=window.reason())
 
 
 def ask_before(storage: Any, attempt: int, window: Window, *, source: str, at_step: int | None,
-               now: float | None = None) -> str | None:
-    """Write the checkpoint-and-stop request for ``window`` and its event, unless it was asked already (another
-    host, the watcher); the request's id when this call asked."""
+               now: float | None = None, again: bool = False) -> str | None:
+    """Write the checkpoint-and-stop request for ``window`` and its event, unless one stands already (another host,
+    the watcher); the request's id when this call asked. ``again``: this asker's earlier request was refused; the
+    new one is not a new window, so no second ``maintenance`` event."""
     now = time.time() if now is None else now
     if already_asked(storage, attempt, window.reason()) is not None:
         return None
     request_id = str(int(now * 1000))
     request = {"id": request_id, "time": now, "reason": window.reason(), "at_step": at_step, "stop": True}
     storage.write_text(rundir.checkpoint_request(attempt, request_id), json.dumps(request))
-    record_event(storage, attempt, window, source=source, request_id=request_id, now=now)
+    if not again:
+        record_event(storage, attempt, window, source=source, request_id=request_id, now=now)
     return request_id
 
 
@@ -171,17 +181,21 @@ class MaintenanceNotices:
                 return None
             window = Window.of(announced)
             now = time.time()
-            if window.reason() in self.seen or not window.due(now):
+            if not window.due(now):
                 return None
+            again = window.reason() in self.seen
+            if again and already_asked(self.storage, self.attempt, window.reason()) is not None:
+                return None  # its request stands (ours or another's): the trainers are on it
             self.seen.add(window.reason())
             beat = rundir.read_json(rundir.heartbeat_path(self.ctx.run_dir, self.ctx.worker_id)) or {}
             train = self._train()
             at_step = (at_step_from(beat, float(train.get("batch_size") or 0), now, self.ctx.remote,
                                     int(train.get("log_every") or 1)) if self.ctx.num_workers > 1 else None)
             request_id = ask_before(self.storage, self.attempt, window, source=f"{source} (worker {self.ctx.worker_id})",
-                                    at_step=at_step, now=now)
+                                    at_step=at_step, now=now, again=again)
             if request_id is None:
-                self.say(f"maintenance announced ({source}); its checkpoint was asked for already")
+                if not again:
+                    self.say(f"maintenance announced ({source}); its checkpoint was asked for already")
                 return None
             self.asked.append((request_id, now))
             step = f" at step {at_step}" if at_step is not None else " at the next step"

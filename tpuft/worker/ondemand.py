@@ -114,7 +114,9 @@ class CheckpointRequests:
         """``step``: the saved checkpoint's step as the layout names it (T5X's absolute step)."""
         if not self.answers:
             return
-        data: dict[str, Any] = {"step": step, "refused": refused} if refused else {"step": step, "saved": time.time()}
+        # The time: a refusal says where this host was when (the controller's next pick of ``at_step`` starts there).
+        data: dict[str, Any] = ({"step": step, "refused": refused, "time": time.time()} if refused
+                                else {"step": step, "saved": time.time()})
         rundir.write_json_atomic(self.run_dir / rundir.checkpoint_ack(self.attempt, request.id, self.worker), data)
 
 
