@@ -1,8 +1,9 @@
 """The ``tpuft`` entry point. Top-level ``--help``/``--version`` are answered from the command table
 (:mod:`tpuft.commands`, which the Typer app reads too) without importing Typer and Rich (they cost ~10x Python's own
 start-up), and so is the common shape of ``tpuft exec`` (people run it in loops and scripts): it first hands the
-command to the cluster's connection agent (:mod:`tpuft.ops.agent_client`, no heavy import), and loads the cluster
-file and opens SSH itself only when there is none. Everything else goes to the Typer app in :mod:`tpuft.cli`.
+command to the cluster's connection agent (:mod:`tpuft.ops.agent_client`, no heavy import); when there is none,
+it connects from what the last cold exec remembered (:mod:`tpuft.ops.quick_exec`, without pydantic or the API), and
+loads the cluster file only when that is missing or stale. Everything else goes to the Typer app in :mod:`tpuft.cli`.
 
 ``tests/cli/test_cli.py`` checks that both ways of running ``exec`` print the same thing.
 """
@@ -44,7 +45,9 @@ def parse_fast_exec(args: list[str]) -> tuple[dict[str, str], list[str]] | None:
 
 
 def _fast_exec(options: dict[str, str], command: list[str]) -> int:
-    """The warm path first (the cluster's connection agent, no heavy import at all), then the normal one."""
+    """The warm path first (the cluster's connection agent, no heavy import at all); then what the last cold exec
+    with this cluster file remembered (:mod:`tpuft.ops.quick_exec`: no validation, no API, pinned host keys); then
+    the whole path (the file validated, the API asked if need be), which remembers for next time."""
     from tpuft.errors import TpuftError
     from tpuft.ops import agent_client
     from tpuft.fleet.base import failure_error
@@ -66,7 +69,20 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
                 closed_pipe_in_thread()
 
     try:
-        result = agent_client.try_exec(agent_client.resolve_cluster_path(options.get("config")), command, options.get("worker"), on_line)
+        config_path = agent_client.resolve_cluster_path(options.get("config"))
+        result = agent_client.try_exec(config_path, command, options.get("worker"), on_line)
+        refresh = False
+        if result is None:
+            _cold.append(True)
+        if result is None and config_path is not None:
+            from tpuft.ops.quick_exec import StalePlan, exec_remembered
+
+            try:
+                result = exec_remembered(config_path, command, options.get("worker"), on_line)
+            except StalePlan:
+                refresh = True  # the remembered workers did not answer: the whole path, asking the API first
+            if result is not None:
+                agent_client.ensure_agent(config_path)
         if result is None:
             from pathlib import Path
 
@@ -77,7 +93,7 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
             config = load_cluster(path).value
             result = exec_command(
                 config, command, workers=options.get("worker"), on_line=on_line, cluster_path=path, use_agent=True,
-                agent_tried=True,
+                agent_tried=True, refresh=refresh,
             )
         error = failure_error(result, "the command", worker_exit_code=True)
         if error is not None:
@@ -94,9 +110,26 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
     return 0
 
 
+_cold: list[bool] = []
+"""Set when ``exec`` reached the workers itself (not through the agent): see :func:`main`."""
+
+
 def main() -> None:
-    """Every way out of tpuft, fast or not, ends quietly when the reader of its output has gone away."""
-    exit_with(lambda: _dispatch(sys.argv[1:]))
+    """Every way out of tpuft, fast or not, ends quietly when the reader of its output has gone away. A cold
+    ``exec`` then leaves at once (``os._exit``, its output flushed): the interpreter's teardown of paramiko, its
+    threads and the modules took ~30 ms of a command that should cost one ``ssh``, and nothing is left to do (the
+    connections are closed, the agent, if any, was started detached)."""
+    try:
+        exit_with(lambda: _dispatch(sys.argv[1:]))
+    except SystemExit as done:
+        if not _cold:
+            raise
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # the reader is gone: exit_with has chosen the code for that
+                pass
+        os._exit(done.code if isinstance(done.code, int) else 0 if done.code is None else 1)
 
 
 def _dispatch(args: list[str]) -> int:

@@ -4,7 +4,9 @@
 Each worker's connection is a ``fabric.Connection``, so the user's ~/.ssh/config applies as ssh would apply it: a
 ``Host`` block's ``User``, ``Port``, ``IdentityFile``, ``HostName``, ``ProxyJump`` (through one shared bastion
 connection) and ``ProxyCommand``. What the cluster file sets explicitly (``SshSettings.explicit``) wins over it;
-the cluster file's defaults lose to it. Only the connection set-up goes through Fabric: commands run on raw paramiko
+the cluster file's defaults lose to it. A worker the file says nothing about is connected without Fabric, with the
+same values (:mod:`tpuft.fleet.ssh_direct`: Fabric and invoke cost a cold exec a quarter of its time). Only the
+connection set-up goes through Fabric: commands run on raw paramiko
 channels (``connection.client.get_transport().open_session()``), because the PGID marker, streaming and remote
 kill below need the channel itself, which Fabric's ``run`` hides.
 
@@ -48,6 +50,7 @@ from tpuft.fleet.ssh_config import (
     set_nodelay,
     worker_ssh_config_class,
 )
+from tpuft.fleet.ssh_direct import DirectConnection, enable_match_exec, import_paramiko, lookup, needs_fabric
 from tpuft.fleet.ssh_remote import RemoteProcess, env_payload, remote_command, tar_payload
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 from tpuft.records import Worker
@@ -68,6 +71,7 @@ class SshFleet:
         self._keys: dict[str, Any] = {}
         self._key_files: dict[int, Path] = {}
         self._fabric_config: Any = None
+        self._parsed: Any = None
         self._pins: Any = None
         self._gateways: dict[str, tuple[Any, threading.Lock]] = {}
         self._pacer = HandshakeGate()
@@ -105,10 +109,24 @@ class SshFleet:
         ``lazy`` and an explicit SSHConfig object keep Fabric from reading anything else (/etc/fabric.yaml,
         ~/.fabric.yaml, /etc/ssh/ssh_config): one documented source."""
         import fabric
-        import paramiko
 
+        enable_match_exec()
+        parsed = self._ssh_config()
         with self._lock:
             if self._fabric_config is None:
+                settings = self.settings
+                self._fabric_config = fabric.Config(
+                    ssh_config=parsed,
+                    lazy=True,
+                    overrides={"timeouts": {"connect": settings.connect_timeout_s}, "load_ssh_configs": False},
+                )
+            return self._fabric_config
+
+    def _ssh_config(self) -> Any:
+        """The ssh_config file, parsed once per fleet (without Fabric: see :mod:`tpuft.fleet.ssh_direct`)."""
+        paramiko = import_paramiko()
+        with self._lock:
+            if self._parsed is None:
                 settings = self.settings
                 parsed = worker_ssh_config_class()()
                 if settings.ssh_config is not None:
@@ -124,12 +142,8 @@ class SshFleet:
                         ) from None
                 explicit = {name: getattr(settings, name) for name in ("port", "user") if name in settings.explicit}
                 parsed.worker_tokens = ({w.address for w in self.workers}, explicit)
-                self._fabric_config = fabric.Config(
-                    ssh_config=parsed,
-                    lazy=True,
-                    overrides={"timeouts": {"connect": settings.connect_timeout_s}, "load_ssh_configs": False},
-                )
-            return self._fabric_config
+                self._parsed = parsed
+            return self._parsed
 
     def _pinned(self) -> Any:
         """The cluster's pinned known_hosts, read once per fleet; a missing file pins nothing (every worker is then
@@ -159,25 +173,15 @@ class SshFleet:
 
     def _connection(self, worker: Worker) -> Any:
         """A Fabric connection to ``worker`` (not yet open): ssh_config's ``Host`` block for its address applies,
-        except what the cluster file set explicitly; our own key, host-key policy and a shared bastion."""
-        import fabric
-        import paramiko
-
+        except what the cluster file set explicitly; our own key, host-key policy and a shared bastion. A worker the
+        file says nothing about gets a plain paramiko connection with the same values (:mod:`.ssh_direct`)."""
+        paramiko = import_paramiko()
         settings = self.settings
-        config = self._config()
-        # A Connection writes into its config (``inline_ssh_env``), and invoke rebuilds the whole config on a write:
-        # shared between threads, another worker's connection would read it half-built. Each gets its own clone
-        # (0.5 ms), made one at a time.
-        with self._build_lock:
-            # what ~/.ssh/config says for this worker (the clone below has a plain paramiko SSHConfig: this one
-            # expands %p and %r as the connection will use them)
-            says = config.base_ssh_config.lookup(worker.address)
-            connection = fabric.Connection(
-                worker.address,
-                user=settings.user if "user" in settings.explicit or "user" not in says else None,
-                port=settings.port if "port" in settings.explicit or "port" not in says else None,
-                config=config.clone(),
-            )
+        says = lookup(self._ssh_config(), worker.address)
+        if not needs_fabric(says, worker.address):
+            connection: Any = DirectConnection(worker.address, settings.user, settings.port, settings.connect_timeout_s, says)
+        else:
+            connection = self._fabric_connection(worker)
         key_file = settings.key_file
         if "key_file" not in settings.explicit:  # the Host block's IdentityFile: the first that exists, as ssh skips
             found = [Path(name).expanduser() for name in connection.ssh_config.get("identityfile") or []]
@@ -195,20 +199,41 @@ class SshFleet:
         if settings.known_hosts is not None:  # only the keys the TPU API published for this node
             name = known_hosts_name(connection.host, int(connection.port))
             pinned = self._pinned()
-            for lookup in (known_hosts_name(worker.address, settings.port), worker.address, name):
-                found = pinned.lookup(lookup)
-                if found:  # pinned by the worker's address, checked under the name paramiko will look up
-                    for kind in found.keys():
-                        client.get_host_keys().add(name, kind, found[kind])
+            for lookup_name in (known_hosts_name(worker.address, settings.port), worker.address, name):
+                found_keys = pinned.lookup(lookup_name)
+                if found_keys:  # pinned by the worker's address, checked under the name paramiko will look up
+                    for kind in found_keys.keys():
+                        client.get_host_keys().add(name, kind, found_keys[kind])
                     break
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         else:
             client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        if isinstance(connection.gateway, fabric.Connection):
+        if connection.gateway is not None and not isinstance(connection.gateway, str):  # a ProxyJump Connection
             connection.gateway = self._shared_gateway(connection)
         elif isinstance(connection.gateway, str):  # ProxyCommand, its %p/%r expanded as for this connection
             command = connection.gateway = says.get("proxycommand", connection.gateway)
             connection.open_gateway = lambda: proxy_command_class()(command)  # not paramiko's: see there
+        return connection
+
+    def _fabric_connection(self, worker: Worker) -> Any:
+        """What a Host block says for the worker applies through Fabric, as ssh would apply it."""
+        import fabric
+
+        settings = self.settings
+        config = self._config()
+        # A Connection writes into its config (``inline_ssh_env``), and invoke rebuilds the whole config on a write:
+        # shared between threads, another worker's connection would read it half-built. Each gets its own clone
+        # (0.5 ms), made one at a time.
+        with self._build_lock:
+            # what ~/.ssh/config says for this worker (the clone below has a plain paramiko SSHConfig: this one
+            # expands %p and %r as the connection will use them)
+            says = config.base_ssh_config.lookup(worker.address)
+            connection = fabric.Connection(
+                worker.address,
+                user=settings.user if "user" in settings.explicit or "user" not in says else None,
+                port=settings.port if "port" in settings.explicit or "port" not in says else None,
+                config=config.clone(),
+            )
         return connection
 
     def _shared_gateway(self, connection: Any) -> Any:
@@ -267,7 +292,7 @@ class SshFleet:
                 set_nodelay(transport.sock)  # every worker's handshake goes through it
 
     def _connect(self, worker: Worker, retries: _Retries | None = None) -> Any:
-        import paramiko
+        paramiko = import_paramiko()
 
         settings = self.settings
         last: Exception | None = None

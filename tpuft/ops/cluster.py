@@ -112,6 +112,7 @@ def exec_command(
     cluster_path: Path | None = None,
     use_agent: bool = False,
     agent_tried: bool = False,
+    refresh: bool = False,
 ) -> FleetResult:
     """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv.
     Each sees the cluster file's ``worker_env`` and its place (``TPUFT_WORKER_ID``, ``TPUFT_NUM_WORKERS``, and on
@@ -120,7 +121,8 @@ def exec_command(
 
     ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.ops.agent`), unless the caller
     already did (``agent_tried``), and after a run over SSH start one for next time. ``cluster_path`` is the file
-    ``config`` came from (None: the default lookup), which names the agent."""
+    ``config`` came from (None: the default lookup), which names the agent and the plan the next cold ``exec`` reads
+    (:mod:`tpuft.ops.quick_exec`). ``refresh``: the remembered workers failed, ask the API first."""
     argv = command_argv(command)
     from tpuft.ops import agent_client
 
@@ -131,18 +133,25 @@ def exec_command(
             return warm
     from tpuft.fleet.ssh import SshConnectError, SshFleet
 
-    session = open_session(config, cached=True)
+    if refresh:  # what the remembered plan said failed: forget it all (addresses, pins), as the retry below does
+        getattr(get_provider(config), "forget", lambda: None)()
+    session = open_session(config, cached=not refresh)
+    forget = getattr(session.provider, "forget", None)
     try:
         result = _exec(session, argv, workers, on_line)
     except SshConnectError:
-        forget = getattr(session.provider, "forget", None)
-        if forget is None:
+        if forget is None or refresh:
             raise
         forget()  # the remembered addresses may be stale (the node was recreated): ask the API and retry once
         session = open_session(config)
         result = _exec(session, argv, workers, on_line)
-    if path is not None and isinstance(session.fleet, SshFleet):
-        agent_client.ensure_agent(path)
+    if isinstance(session.fleet, SshFleet):
+        plan_for = path or agent_client.resolve_cluster_path(None if cluster_path is None else str(cluster_path))
+        remember = getattr(session.provider, "remember_exec_plan", None)
+        if plan_for is not None and remember is not None:
+            remember(plan_for)
+        if path is not None:
+            agent_client.ensure_agent(path)
     return result
 
 

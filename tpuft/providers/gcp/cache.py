@@ -61,8 +61,15 @@ class WorkerCache:
     def cached(self, name: str, provider: str) -> Cluster | None:
         """The cluster as last seen, if READY and seen in the last few minutes; None means: ask the API."""
         record = self.read()
-        if not record or record.get("state") != State.READY or time.time() - record.get("time", 0) > self.CACHE_SECONDS:
+        if not record or time.time() - record.get("time", 0) > self.CACHE_SECONDS:
             return None
-        workers = [Worker(index=row[0], address=row[1], internal_address=row[2], slice=row[3] if len(row) > 3 else 0)
-                   for row in record["workers"]]
-        return Cluster(name, provider, State.READY, record["accelerator"], workers, record["bucket"], record["details"])
+        return cluster_of(record, name, provider)
+
+
+def cluster_of(record: dict[str, Any], name: str, provider: str) -> Cluster | None:
+    """A remembered record as the READY cluster it describes; None when it was not READY (or is not a record)."""
+    if record.get("state") != State.READY or not isinstance(record.get("workers"), list):
+        return None
+    workers = [Worker(index=row[0], address=row[1], internal_address=row[2], slice=row[3] if len(row) > 3 else 0)
+               for row in record["workers"]]
+    return Cluster(name, provider, State.READY, record["accelerator"], workers, record["bucket"], record["details"])

@@ -186,6 +186,17 @@ class GcpProvider:
             if record:
                 self.cache.write({**record, "key": entry})
         self.pins.pin(cluster, settings.port)
+        self._login = None if self.config.ssh.os_login else entry
+
+    def remember_exec_plan(self, config_path: str) -> None:
+        """After ``prepare`` and a fleet that reached the workers: what the next cold ``exec`` with this cluster file
+        needs (:mod:`.exec_plan`). A file with ``worker_env`` gets none (its values are read at validation)."""
+        from tpuft.providers.gcp import exec_plan
+
+        if self.config.worker_env or not hasattr(self, "_login"):
+            exec_plan.forget(config_path)
+            return
+        exec_plan.remember(config_path, self.state_dir(), self.ssh_settings(), self.config.name, self._login)
 
     def ensure_key_in_metadata(self, user: str, public_key: str) -> bool:
         return access.ensure_key_in_metadata(self.api, user, public_key)
