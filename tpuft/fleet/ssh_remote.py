@@ -7,9 +7,7 @@ channel. The connections themselves are the fleet's: a process asks it for a ses
 
 from __future__ import annotations
 
-import io
 import shlex
-import tarfile
 import threading
 import time
 from collections.abc import Sequence
@@ -56,6 +54,9 @@ def env_payload(env: dict[str, str]) -> bytes | None:
 
 
 def tar_payload(source: Path) -> bytes:
+    import io
+    import tarfile  # here, not at the top: a cold exec has no use for it (and its imports)
+
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         if source.is_dir():
