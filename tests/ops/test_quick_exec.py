@@ -21,6 +21,16 @@ from tpuft.providers.gcp import exec_plan
 REPO = Path(__file__).resolve().parents[2]
 
 
+def remembered(cli, tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod) -> Path:  # type: ignore[no-untyped-def]
+    """A node whose workers are ``pod``, created, and one exec the whole way (which remembers the plan)."""
+    tpu.worker_addresses = pod.addresses
+    tpu.host_keys.update(pod.host_keys)
+    path = cluster_file(tmp_path, tpu, pod)
+    assert cli("create", "-c", str(path), "--yes").code == 0
+    assert cli("exec", "-c", str(path), "--", "true").code == 0
+    return path
+
+
 def seen_an_hour_ago(path: Path) -> None:
     """The API described the node an hour ago: the whole path would ask it again (its memory lasts 10 minutes)."""
     from tests.providers.test_gcp_host_keys import provider_for
@@ -45,11 +55,7 @@ def fast_exec(path: Path, command: str, monkeypatch: pytest.MonkeyPatch, capsys:
 def test_a_remembered_exec_asks_nothing_and_imports_nothing_heavy(cli, tmp_path: Path, tpu: FakeTpuServer,  # type: ignore[no-untyped-def]
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     with SshdPod(tmp_path / "pod", workers=2, first_address=110) as pod:
-        tpu.worker_addresses = pod.addresses
-        tpu.host_keys.update(pod.host_keys)
-        path = cluster_file(tmp_path, tpu, pod)
-        assert cli("create", "-c", str(path), "--yes").code == 0
-        assert cli("exec", "-c", str(path), "--", "true").code == 0  # the whole path: it remembers the plan
+        path = remembered(cli, tmp_path, tpu, pod)
         assert exec_plan.load(str(path)) is not None
         seen_an_hour_ago(path)
         tpu.requests.clear()
@@ -74,11 +80,7 @@ def test_a_stale_plan_costs_one_api_check_then_works(cli, tmp_path: Path, tpu: F
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     with SshdPod(tmp_path / "pod", workers=2, first_address=120) as pod:
-        tpu.worker_addresses = pod.addresses
-        tpu.host_keys.update(pod.host_keys)
-        path = cluster_file(tmp_path, tpu, pod)
-        assert cli("create", "-c", str(path), "--yes").code == 0
-        assert cli("exec", "-c", str(path), "--", "true").code == 0
+        path = remembered(cli, tmp_path, tpu, pod)
         # The node is recreated behind tpuft's back: worker 1 has a new host key, which the API publishes.
         from tests.providers.test_gcp_host_keys import provider_for, recreate_out_of_band
 
@@ -101,11 +103,7 @@ def test_a_stale_plan_costs_one_api_check_then_works(cli, tmp_path: Path, tpu: F
 def test_a_changed_host_key_is_still_refused(cli, tmp_path: Path, tpu: FakeTpuServer,  # type: ignore[no-untyped-def]
                                              monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     with SshdPod(tmp_path / "pod", workers=2, first_address=130) as pod:
-        tpu.worker_addresses = pod.addresses
-        tpu.host_keys.update(pod.host_keys)
-        path = cluster_file(tmp_path, tpu, pod)
-        assert cli("create", "-c", str(path), "--yes").code == 0
-        assert cli("exec", "-c", str(path), "--", "true").code == 0
+        path = remembered(cli, tmp_path, tpu, pod)
         pod.swap_host_key(1)  # the API still publishes the old key: someone else answers on worker 1's address
         tpu.requests.clear()
 
