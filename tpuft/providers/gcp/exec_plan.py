@@ -32,8 +32,9 @@ from tpuft.records import Cluster
 PLAN_VERSION = 1
 _PATHS = ("key_file", "known_hosts", "ssh_config")
 """SshSettings fields that are paths (JSON has strings)."""
-_ENVIRONMENT = ("HOME", "USER", "LOGNAME")
-"""What the validation of a file without ``worker_env`` reads from the environment: ``~`` and the login name."""
+_ENVIRONMENT = ("HOME", "LOGNAME", "USER", "LNAME", "USERNAME")
+"""What the validation of a file without ``worker_env`` reads from the environment: ``~`` and the login name
+(``getpass.getuser``'s variables)."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,14 @@ def identity(config_path: str) -> dict[str, Any] | None:
     """What must not have changed since the plan was made; None when the file cannot be read."""
     from tpuft import __version__
 
+    schema = Path(__file__).resolve().parents[2] / "config" / "cluster.py"  # a tpuft being worked on changes it
     try:
         digest = hashlib.sha256(Path(config_path).read_bytes()).hexdigest()
+        schema_changed = schema.stat().st_mtime_ns
     except OSError:
         return None
-    return {"plan": PLAN_VERSION, "tpuft": __version__, "file": config_path, "sha256": digest,
-            "env": {name: os.environ.get(name) for name in _ENVIRONMENT}}
+    return {"plan": PLAN_VERSION, "tpuft": __version__, "schema": schema_changed, "file": config_path,
+            "sha256": digest, "env": {name: os.environ.get(name) for name in _ENVIRONMENT}}
 
 
 def remember(config_path: str, state_dir: Path, settings: SshSettings, cluster_name: str, key: str | None) -> None:
