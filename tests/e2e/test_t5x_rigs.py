@@ -86,6 +86,10 @@ class Rigs:
     def rows(self, run_url: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in (self.text(run_url, "metrics.jsonl") or "").splitlines()]
 
+    def events(self, run_url: str, attempt: int) -> list[dict[str, Any]]:
+        """The chief's goodput events of an attempt (tpuft.worker.events), as the run-dir sync uploaded them."""
+        return [json.loads(line) for line in (self.text(run_url, f"events/worker-0-attempt-{attempt}.jsonl") or "").splitlines()]
+
     def checkpoints(self, run_url: str) -> dict[int, str]:
         """Complete checkpoints by tpuft's own reading of the bucket (manifest present and matching)."""
         from tpuft.backends.t5x import LAYOUT
@@ -160,6 +164,7 @@ def test_t5x_up_on_gcp_rigs(rigs: Rigs) -> None:
     for worker in (0, 1):
         beat = rigs.json(run_url, f"heartbeat/worker-{worker}.json") or {}
         assert beat.get("status") == "finished" and beat.get("step") == 40, beat
+    check_goodput_events(rigs.events(run_url, 1))
 
     shown = rigs.tpuft("monitor", "--json", timeout=120)
     assert shown.returncode == 0, shown.stderr
@@ -193,6 +198,7 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
     peer = rigs.json(run_url, "attempts/1/worker-0.json") or {}
     assert peer.get("final") and peer.get("status") == "stopped", peer  # worker 0 did not hang in its collective
     assert max(rigs.checkpoints(run_url)) < 60
+    resumed_from = max(rigs.checkpoints(run_url))
 
     resumed = rigs.tpuft("resume", run_url.rsplit("/", 1)[-1], "--json")
     assert resumed.returncode == 0, resumed.stderr[-6000:]
@@ -208,3 +214,17 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
     tests = [r for r in rigs.rows(run_url) if "test_examples" in r]  # the resumed run ends with the run's one test
     assert len(tests) == 1 and tests[0]["test_checkpoint_step"] == 60, tests
     assert "export/hf/model.safetensors" in rigs.names(run_url)
+    restores = [e for e in rigs.events(run_url, 2) if e["kind"] == "checkpoint_restore"]
+    assert [e["step"] for e in restores] == [resumed_from] and restores[0]["s"] > 0, restores  # timed in T5X's start-up
+
+
+def check_goodput_events(events: list[dict[str, Any]]) -> None:
+    """What T5X's own loop did, timed through tpuft's hooks (tpuft.worker.t5x_goodput): each save until complete
+    (manifest written; T5X saves the starting state before its loop too), each evaluation (teacher-forced and
+    inference at every eval step), each window's data wait."""
+    saves = {e["step"]: e["reason"] for e in events if e["kind"] == "checkpoint_save"}
+    assert saves == {0: "periodic", 20: "periodic", 40: "final"} and all(e["s"] > 0 for e in events if e["kind"] == "checkpoint_save"), events
+    evals = [e for e in events if e["kind"] == "eval"]
+    assert sorted({e["step"] for e in evals}) == [20, 40] and all(e["s"] > 0 for e in evals), evals
+    windows = [e for e in events if e["kind"] == "steps"]
+    assert windows and all(0 < e["data_wait_s"] < e["s"] for e in windows), windows
