@@ -1,27 +1,36 @@
-"""Fan-out to N SSH workers: tpuft's SSH fleet vs a sequential `ssh` loop vs `ssh` processes in parallel.
+"""Fan-out to N SSH workers, up to a 1,024-host pod: `tpuft exec` cold and through its agent, against `ssh` processes
+in parallel and gcloud's own `gcloud compute tpus tpu-vm ssh --worker=all`.
 
-A pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py; 127.0.1.(10+i)) stands in for a TPU pod slice,
-and the fake TPU API (tests/rigs/fake_tpu.py) hands their addresses out as the node's network endpoints. For N in
-1, 8, 32, 64 workers, each method runs `true` on every worker, 5 times after a warm-up; the table shows medians:
-- tpuft fleet: a fresh Python process (start-up included) running tpuft's SSH fleet on the N workers;
-- tpuft exec: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the cluster's workers as remembered from
+A pod of real OpenSSH servers on loopback (tests/rigs/sshd_pod.py; 127.0.1.10 onwards, then 127.0.2.x, ...) stands in
+for a TPU pod slice, and the fake TPU API (tests/rigs/fake_tpu.py) hands their addresses and host keys out as the
+node's network endpoints and guest attributes. Up to 64 workers each has its own sshd; past that 16 addresses share
+one sshd (OpenSSH listens on at most 16), with 16x sshd's default MaxStartups, which is a real host's limit per
+address (``--per-sshd``). For N in 1, 16, 64, 256, 1,024 workers (``--sizes``), each column runs `true` on every
+worker ``--runs`` times (default 3) after a warm-up; the table shows medians:
+- tpuft cold: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the cluster's workers as remembered from
   the last API answer in the past 10 minutes, then the fleet), with the connection agent off (TPUFT_NO_AGENT=1);
-- tpuft exec (warm agent): the same command once the cluster's connection agent (tpuft/ops/agent.py) runs: one run
-  starts it, then the command goes through its open connections (no cluster file loading, no handshake);
-- parallel ssh / sequential ssh: OpenSSH's client, same key, same workers.
-It also reports the fleet's client-side CPU per worker (the part that would not parallelise on a real pod, where
-every worker has its own CPUs) and the time to the first output line (`echo` instead of `true`).
+  its peak RSS (wait4's rusage) and the most descriptors it held (/proc/PID/fd, sampled every 50 ms);
+- tpuft warm agent: the same command once the cluster's connection agent (tpuft/ops/agent.py) runs: one run starts
+  it, then the command goes through its open connections (no cluster file loading, no handshake); the agent's peak
+  RSS (VmHWM) and descriptors while it holds a connection per worker;
+- parallel ssh: OpenSSH's client, one process per worker, same key, same workers;
+- gcloud: `gcloud compute tpus tpu-vm ssh bench-N --worker=all --command=true` (/usr/bin/gcloud) pointed at the fake
+  API (CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU and _COMPUTE, a token file, its own config folder and HOME): it reads the
+  node, the guest attributes and the project (OS Login), then starts an OpenSSH client per worker, all at once;
+- up to ``--extras-up-to`` workers (default 64) also: tpuft's SSH fleet alone in a fresh Python process, a sequential
+  `ssh` loop, the fleet's client-side CPU per worker and the time to the first output line (`echo`).
 ``--login stock`` makes the workers' sessions skip the login user's ~/.bashrc (see ``SshdPod.stock_login``): what each
 session costs a server is then sshd's own work, as on a TPU VM, instead of this machine's pyenv init.
 
 On this 2-core machine the sshd servers share the client's cores, so the parallel-ssh column is the physical floor.
-Targets: at 64 workers <= 1.1x the parallel-ssh column; at 1 worker <= 0.5 s; far ahead of the sequential loop. With a
-warm agent: at 1 worker <= one plain `ssh host true`; at 64 workers <= 0.5x the parallel-ssh column.
+Targets (issue 31): cold N=1 <= 1.0x one ssh; cold N=64 <= 0.3x parallel ssh; cold N=1,024 <= 0.3x gcloud; the
+controller's RSS < 1 GB and the agent's < 2 GB at 1,024 workers; warm as before (<= 0.5x parallel ssh at 64).
 Multislice: ``--shapes 1x64,4x16`` compares cluster shapes of the same host count instead (SLICES x HOSTS per slice:
 one v4-512 node against a queued resource of 4 v4-128 slices, nodes ``bench-4x16-0..3`` with 16 workers each); per
 shape, the fan-out of `tpuft exec -- true` to every host (cold, then through a warm agent), the first `tpuft exec`
 after `create` (it reads every slice's node and pins its host keys: one GetGuestAttributes per slice) and parallel ssh.
-Needs openssh-server and root (to bind the loopback addresses). Run: python benchmarks/fanout.py
+Needs openssh-server and root (to bind the loopback addresses). A full run (1..1,024, 3 runs) takes about 15 min.
+Run: python benchmarks/fanout.py --login stock   (quick: --sizes 1,16 --runs 1 --gcloud off)
 """
 
 from __future__ import annotations
@@ -72,7 +81,8 @@ def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:
     return {"wall": wall, **data}
 
 
-ACCELERATOR_FOR_HOSTS = {1: "v4-8", 8: "v4-64", 16: "v4-128", 32: "v4-256", 64: "v4-512"}
+ACCELERATOR_FOR_HOSTS = {1: "v4-8", 8: "v4-64", 16: "v4-128", 32: "v4-256", 64: "v4-512", 128: "v4-1024",
+                         256: "v4-2048", 512: "v4-4096", 1024: "v5p-8192"}
 
 
 ENV: dict[str, str] = {}
@@ -97,10 +107,55 @@ def tpuft_exec_cluster(pod, server, count: int, root: Path, slices: int = 1) -> 
 
 def tpuft_exec(cluster: Path, *, agent: bool = False) -> float:
     """One `tpuft exec -- true`; without ``agent`` the connection agent is off (the cold path every time)."""
+    return tpuft_exec_measured(cluster, agent=agent)[0]
+
+
+PEAKS: dict[str, int] = {}
+"""The controller's (a cold `tpuft exec`) peak RSS in kB and peak open descriptors, per run: see tpuft_exec_measured."""
+
+
+def tpuft_exec_measured(cluster: Path, *, agent: bool = False) -> tuple[float, int, int]:
+    """Wall seconds, peak RSS (kB, from wait4's rusage of that one process) and the most descriptors seen open (its
+    /proc/PID/fd, sampled every 50 ms) of one `tpuft exec -- true`."""
+    import threading
+
     env = dict(ENV) if agent else {**ENV, "TPUFT_NO_AGENT": "1"}
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"], check=True, capture_output=True, cwd=REPO, env=env)
-    return time.perf_counter() - started
+    argv = [sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"]
+    with tempfile.TemporaryFile() as errors:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors, cwd=REPO, env=env)
+        done = threading.Event()
+        most = [0]
+
+        def sample() -> None:
+            while not done.is_set():
+                try:
+                    most[0] = max(most[0], len(os.listdir(f"/proc/{proc.pid}/fd")))
+                except OSError:
+                    pass
+                done.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        done.set()
+        sampler.join()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            errors.seek(0)
+            raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {errors.read().decode()[-3000:]}")
+    return wall, usage.ru_maxrss, most[0]
+
+
+def agent_usage(cluster: Path) -> tuple[int, int, int]:
+    """The running agent's peak RSS and RSS now (kB, /proc/PID/status VmHWM and VmRSS) and its open descriptors."""
+    answer = agent_call("ping", cluster)
+    if not isinstance(answer, dict):
+        raise RuntimeError("the connection agent does not answer")
+    pid = answer["pid"]
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(status["VmHWM"].split()[0]), int(status["VmRSS"].split()[0]), len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def agent_call(what: str, cluster: Path) -> object:
@@ -117,10 +172,11 @@ def agent_call(what: str, cluster: Path) -> object:
         os.environ.update(saved)
 
 
-def warm_agent(cluster: Path, timeout: float = 120) -> None:
-    """Run once with the agent on (the cold run starts it in the background) and wait until it answers."""
+def warm_agent(cluster: Path, workers: int = 1) -> None:
+    """Run once with the agent on (the cold run starts it in the background) and wait until it answers (it connects
+    to every worker first: on this loaded 2-core machine that can take minutes at 1,024)."""
     tpuft_exec(cluster, agent=True)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + 120 + 0.5 * workers
     while agent_call("ping", cluster) is None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the connection agent did not start; see {ENV['TPUFT_HOME']}/agents/*.log")
@@ -153,7 +209,7 @@ def compare_shapes(pod, server, shapes: list[tuple[int, int]], runs: int, root: 
         first = tpuft_exec(cluster)  # reads every slice's node, publishes the key, pins every slice's host keys
         ssh_parallel(pod, slices * hosts)
         cold = [tpuft_exec(cluster) for _ in range(runs)]
-        warm_agent(cluster)
+        warm_agent(cluster, slices * hosts)
         tpuft_exec(cluster, agent=True)
         warm = [tpuft_exec(cluster, agent=True) for _ in range(runs)]
         agent_call("stop", cluster)
@@ -172,10 +228,57 @@ def compare_shapes(pod, server, shapes: list[tuple[int, int]], runs: int, root: 
     console.print(table)
 
 
+GCLOUD = "/usr/bin/gcloud"
+
+
+def gcloud_env(server, root: Path) -> dict[str, str]:
+    """gcloud pointed at the fake TPU API (and at it for the one Compute Engine call, the project's OS Login
+    setting), with a token from a file, its own config folder and HOME (its known_hosts goes there, not in ~/.ssh)."""
+    home = root / "gcloud-home"
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)
+    token = root / "gcloud-token"
+    token.write_text("fake-token\n")
+    endpoint = server.endpoint.rstrip("/")
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CLOUDSDK_")},
+        "HOME": str(home), "CLOUDSDK_CONFIG": str(root / "gcloud-config"), "CLOUDSDK_CORE_PROJECT": "tpuft-bench",
+        "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{endpoint}/",
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{endpoint}/compute/v1/",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1", "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1",
+    }
+
+
+def gcloud_ssh(pod, count: int, env: dict[str, str], worker: str = "all") -> float:
+    """`gcloud compute tpus tpu-vm ssh bench-N --worker=all --command=true`: it reads the node and its guest attributes
+    (host keys), the project (OS Login), adds its key to the node's metadata if missing, then runs one OpenSSH client
+    per worker, all at once (the GA command does not batch)."""
+    argv = [GCLOUD, "compute", "tpus", "tpu-vm", "ssh", f"bench-{count}", "--zone", "us-central2-b", f"--worker={worker}",
+            "--command=true", "--ssh-key-file", str(pod.client_key), "--strict-host-key-checking=no",
+            "--ssh-flag=-p", f"--ssh-flag={pod.port}", "--ssh-flag=-o", "--ssh-flag=LogLevel=ERROR", "--quiet"]
+    started = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"gcloud failed ({out.returncode}): {out.stderr[-2000:]}")
+    return time.perf_counter() - started
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", default="1,8,32,64")
-    parser.add_argument("--runs", type=int, default=5)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1,16,64,256,1024", help="worker counts (default: %(default)s)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per column and size (medians; default 3)")
+    parser.add_argument("--extras-up-to", type=int, default=64, help="measure the secondary columns (tpuft's fleet "
+                        "alone, a sequential ssh loop, the first output line) only up to this many workers: at 1,024 "
+                        "a sequential loop alone takes minutes (default: %(default)s)")
+    parser.add_argument("--per-sshd", type=int, default=0, help="workers per sshd process (1..16; default: 1 up to 64 "
+                        "workers, else 16; see tests/rigs/sshd_pod.py)")
+    parser.add_argument("--gcloud", choices=("auto", "on", "off"), default="auto",
+                        help="time `gcloud compute tpus tpu-vm ssh --worker=all` too (auto: if /usr/bin/gcloud exists)")
+    parser.add_argument("--json", action="store_true", help="also print the rows as JSON (one line) after the table")
     parser.add_argument("--shapes", default="", help="SLICESxHOSTS,... (e.g. 1x64,4x16): compare multislice shapes of "
                         "the same hosts instead of the sizes")
     parser.add_argument(
@@ -186,7 +289,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     from rich.console import Console
-    from rich.table import Table
 
     from tests.rigs.fake_tpu import FakeTpuServer
     from tests.rigs.gcs_emulator import GcsEmulator
@@ -197,11 +299,14 @@ def main() -> None:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",") if shape]
     sizes = [slices * hosts for slices, hosts in shapes] if shapes else [int(s) for s in args.sizes.split(",")]
-    console = Console(width=150)
+    per_sshd = args.per_sshd or (1 if max(sizes) <= 64 else 16)
+    use_gcloud = args.gcloud == "on" or (args.gcloud == "auto" and Path(GCLOUD).exists())
+    console = Console(width=200)
     rows = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        SshdPod(Path(tmp) / "pod", workers=max(sizes), stock_login=args.login == "stock") as pod,
+        SshdPod(Path(tmp) / "pod", workers=max(sizes), stock_login=args.login == "stock",
+                addresses_per_sshd=per_sshd) as pod,
         FakeTpuServer(operation_polls=0) as server,
         GcsEmulator() as gcs,
     ):
@@ -212,66 +317,100 @@ def main() -> None:
         if shapes:
             compare_shapes(pod, server, shapes, args.runs, Path(tmp), console)  # type: ignore[arg-type]
             return
+        genv = gcloud_env(server, Path(tmp)) if use_gcloud else {}
+        console.log(f"{max(sizes)} workers on {pod.sshd_count} sshd processes ({per_sshd} per sshd)")
         for count in sizes:
-            cluster = tpuft_exec_cluster(pod, server, count, Path(tmp))
-            tpuft_exec(cluster)  # warm-up; also publishes the key in the node metadata once
-            tpuft_fanout(pod, count, ["true"])  # warm-up (page cache, sshd host key loads)
-            ssh_parallel(pod, count)
-            cli = [tpuft_exec(cluster) for _ in range(args.runs)]
-            warm_agent(cluster)
-            tpuft_exec(cluster, agent=True)  # warm-up of the warm path itself
-            warm = [tpuft_exec(cluster, agent=True) for _ in range(args.runs)]
-            agent_call("stop", cluster)  # its connections would share the cores with the other columns
-            tp = [tpuft_fanout(pod, count, ["true"]) for _ in range(args.runs)]
-            par = [ssh_parallel(pod, count) for _ in range(args.runs)]
-            seq = [ssh_sequential(pod, count) for _ in range(args.runs)]
-            first = [tpuft_fanout(pod, count, ["echo", "hi"])["first_line"] for _ in range(args.runs)]
-            row = {
-                "workers": count,
-                "tpuft": statistics.median(t["wall"] for t in tp),
-                "tpuft_exec": statistics.median(cli),
-                "tpuft_exec_warm": statistics.median(warm),
-                "parallel_ssh": statistics.median(par),
-                "sequential_ssh": statistics.median(seq),
-                "cpu_per_worker": statistics.median(t["cpu"] for t in tp) / count,
-                "first_line": statistics.median(first),
-            }
+            row = measure(pod, count, Path(tmp), args, genv, server, console)
             rows.append(row)
-            console.log(f"{count} workers done")
-    table = Table(title=f"fan-out: `true` on N loopback sshd workers (median of {args.runs}, after a warm-up; "
-                        f"--login {args.login})")
+            console.log(f"{count} workers done: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in row.items() if isinstance(v, float)))
+    print_table(console, rows, args, per_sshd)
+    if args.json:
+        print(json.dumps(rows))
+
+
+def measure(pod, count: int, root: Path, args, genv: dict[str, str], server, console) -> dict:
+    """Every column for ``count`` workers, each after a warm-up of its own."""
+    extras = count <= args.extras_up_to
+    cluster = tpuft_exec_cluster(pod, server, count, root)
+    tpuft_exec(cluster)  # warm-up; also publishes the key in the node metadata once
+    ssh_parallel(pod, min(count, 64))  # warm-up (page cache, sshd host key loads; tpuft's warm-up reached them all)
+    if genv:
+        gcloud_ssh(pod, count, genv, "0")  # warm-up: gcloud adds its key to the node's metadata the first time
+    cold = [tpuft_exec_measured(cluster) for _ in range(args.runs)]
+    console.log(f"{count} workers: cold {[round(c[0], 3) for c in cold]}")
+    warm_agent(cluster, count)
+    tpuft_exec(cluster, agent=True)  # warm-up of the warm path itself
+    warm = [tpuft_exec(cluster, agent=True) for _ in range(args.runs)]
+    agent_peak, agent_rss, agent_fds = agent_usage(cluster)
+    agent_call("stop", cluster)  # its connections would share the cores with the other columns
+    par = [ssh_parallel(pod, count) for _ in range(args.runs)]
+    gcl = [gcloud_ssh(pod, count, genv) for _ in range(args.runs)] if genv else []
+    row = {
+        "workers": count,
+        "tpuft_exec": statistics.median(c[0] for c in cold),
+        "tpuft_exec_warm": statistics.median(warm),
+        "parallel_ssh": statistics.median(par),
+        "gcloud": median(gcl),
+        "controller_rss_mb": max(c[1] for c in cold) / 1024,
+        "controller_fds": max(c[2] for c in cold),
+        "agent_rss_mb": agent_peak / 1024,
+        "agent_rss_now_mb": agent_rss / 1024,
+        "agent_fds": agent_fds,
+    }
+    if extras:
+        tp = [tpuft_fanout(pod, count, ["true"]) for _ in range(args.runs)]
+        row.update({
+            "tpuft": statistics.median(t["wall"] for t in tp),
+            "cpu_per_worker": statistics.median(t["cpu"] for t in tp) / count,
+            "sequential_ssh": statistics.median(ssh_sequential(pod, count) for _ in range(args.runs)),
+            "first_line": statistics.median(tpuft_fanout(pod, count, ["echo", "hi"])["first_line"] for _ in range(args.runs)),
+        })
+    subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], check=True,
+                   capture_output=True, cwd=REPO, env=ENV)  # the next size reuses the addresses
+    return row
+
+
+def print_table(console, rows: list[dict], args, per_sshd: int) -> None:
+    from rich.table import Table
+
+    def seconds(value: float | None) -> str:
+        return "—" if value is None else f"{value:.3f}"
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "—" if a is None or b is None else f"{a / b:.2f}x"
+
+    table = Table(title=f"fan-out: `true` on N loopback sshd workers ({per_sshd} per sshd; median of {args.runs}, "
+                        f"after a warm-up; --login {args.login}; — = not measured at this size)")
     for column in (
-        "workers", "tpuft exec s", "tpuft exec (warm agent) s", "tpuft fleet s", "parallel ssh s", "sequential ssh s",
-        "exec / parallel", "warm / parallel", "fleet / parallel", "fleet CPU ms/worker", "first line s",
+        "workers", "warm agent s", "cold s", "parallel ssh s", "gcloud s", "cold/ssh", "cold/gcloud", "warm/ssh",
+        "ctl RSS MB", "ctl fds", "agent RSS MB", "agent fds", "fleet s", "seq ssh s", "fleet CPU ms/w", "1st line s",
     ):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
-            str(row["workers"]),
-            f"{row['tpuft_exec']:.3f}",
-            f"{row['tpuft_exec_warm']:.3f}",
-            f"{row['tpuft']:.3f}",
-            f"{row['parallel_ssh']:.3f}",
-            f"{row['sequential_ssh']:.3f}",
-            f"{row['tpuft_exec'] / row['parallel_ssh']:.2f}x",
-            f"{row['tpuft_exec_warm'] / row['parallel_ssh']:.2f}x",
-            f"{row['tpuft'] / row['parallel_ssh']:.2f}x",
-            f"{row['cpu_per_worker'] * 1000:.1f}",
-            f"{row['first_line']:.3f}",
+            str(row["workers"]), seconds(row["tpuft_exec_warm"]), seconds(row["tpuft_exec"]),
+            seconds(row["parallel_ssh"]), seconds(row["gcloud"]) if args.gcloud != "off" else "off",
+            ratio(row["tpuft_exec"], row["parallel_ssh"]), ratio(row["tpuft_exec"], row["gcloud"]),
+            ratio(row["tpuft_exec_warm"], row["parallel_ssh"]),
+            f"{row['controller_rss_mb']:.0f}", str(row["controller_fds"]), f"{row['agent_rss_mb']:.0f}",
+            str(row["agent_fds"]), seconds(row.get("tpuft")), seconds(row.get("sequential_ssh")),
+            "—" if "cpu_per_worker" not in row else f"{row['cpu_per_worker'] * 1000:.1f}", seconds(row.get("first_line")),
         )
     console.print(table)
-    big, small = rows[-1], rows[0]
-    console.print(
-        f"targets (tpuft exec): {big['workers']} workers {big['tpuft_exec'] / big['parallel_ssh']:.2f}x parallel ssh "
-        f"(<= 1.1x); {small['workers']} worker {small['tpuft_exec']:.2f} s (<= 0.5 s); sequential ssh loop at "
-        f"{big['workers']} workers {big['sequential_ssh'] / big['tpuft_exec']:.1f}x slower than tpuft exec"
-    )
-    one = next((row for row in rows if row["workers"] == 1), None)
-    console.print(
-        f"targets (warm agent): {big['workers']} workers {big['tpuft_exec_warm'] / big['parallel_ssh']:.2f}x parallel ssh "
-        f"(<= 0.5x)"
-        + (f"; 1 worker {one['tpuft_exec_warm']:.3f} s vs {one['parallel_ssh']:.3f} s for one plain ssh (<= 1x)" if one else "")
-    )
+    by = {row["workers"]: row for row in rows}
+    said = []
+    if 1 in by:
+        said.append(f"cold N=1 {by[1]['tpuft_exec'] / by[1]['parallel_ssh']:.2f}x one ssh (<= 1.0x)")
+    if 64 in by:
+        said.append(f"cold N=64 {by[64]['tpuft_exec'] / by[64]['parallel_ssh']:.2f}x parallel ssh (<= 0.3x)")
+    big = rows[-1]
+    if big["gcloud"] is not None:
+        said.append(f"cold N={big['workers']} {big['tpuft_exec'] / big['gcloud']:.2f}x gcloud (<= 0.3x)")
+    said.append(f"N={big['workers']}: controller {big['controller_rss_mb']:.0f} MB (< 1024), agent "
+                f"{big['agent_rss_mb']:.0f} MB (< 2048) holding {big['workers']} connections with {big['agent_fds']} fds")
+    said.append(f"warm N={big['workers']} {big['tpuft_exec_warm'] / big['parallel_ssh']:.2f}x parallel ssh")
+    console.print("targets: " + "; ".join(said))
 
 
 if __name__ == "__main__":
