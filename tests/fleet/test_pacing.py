@@ -4,6 +4,8 @@ retried, the per-server bound, and the descriptor limit a 1,024-worker fleet nee
 from __future__ import annotations
 
 import resource
+import subprocess
+import sys
 import threading
 import time
 
@@ -71,3 +73,17 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_when_a_fleet_needs_
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == raised
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_retried_handshake_prints_no_paramiko_traceback() -> None:
+    """paramiko logs a dropped handshake with its traceback, which Python prints on stderr when nobody set up logging
+    (the CLI): after the fleet quiets it, nothing reaches stderr; logging set up by a program still gets it."""
+    script = ("import logging, sys\n"
+              "from tpuft.fleet.pacing import quiet_handshake_tracebacks\n"
+              "if sys.argv[1] == 'quiet': quiet_handshake_tracebacks(); quiet_handshake_tracebacks()\n"
+              "logging.getLogger('paramiko.transport').error('Exception (client): Error reading SSH protocol banner')\n"
+              "print(len(logging.getLogger('paramiko').handlers))\n")
+    loud = subprocess.run([sys.executable, "-c", script, "loud"], capture_output=True, text=True, check=True)
+    quiet = subprocess.run([sys.executable, "-c", script, "quiet"], capture_output=True, text=True, check=True)
+    assert "Error reading SSH protocol banner" in loud.stderr
+    assert quiet.stderr == "" and quiet.stdout.strip() == "1"

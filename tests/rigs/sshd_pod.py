@@ -107,6 +107,9 @@ class SshdPod:
     in a worker's output (a flaky CI failure). False keeps the machine's login as it is."""
     addresses_per_sshd: int = 1
     """Workers served by one sshd (1 to 16, see the module's docstring): 1 for the tests, 16 for pods of hundreds."""
+    max_startups: str | None = None
+    """sshd's ``MaxStartups`` for every sshd of the pod (e.g. ``2:100:2``: a third handshake at once is dropped before
+    the banner), to test how a fleet copes with a server turning handshakes away; None: as described above."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """One listener per sshd (``sshd_count``), in the order of the workers they serve."""
 
@@ -179,6 +182,8 @@ class SshdPod:
         served = self.served_by(sshd)
         count = len(served)
         limits = TEST_LIMITS if self.addresses_per_sshd == 1 else f"MaxStartups {10 * count}:30:{100 * count}\n"
+        if self.max_startups is not None:
+            limits = f"MaxStartups {self.max_startups}\n"
         config = self.root / f"sshd-{sshd}.conf"
         config.write_text(
             CONFIG.format(

@@ -78,3 +78,17 @@ def test_a_worker_that_does_not_answer_is_named_while_the_others_connect(pod: Ss
         assert result.ok and len(result.results) == 6
     finally:
         fleet.close()
+
+
+def test_handshakes_an_sshd_drops_before_its_banner_are_retried_soon(tmp_path: Path) -> None:
+    """An sshd that takes 2 handshakes at once (MaxStartups 2:100:2) drops the others before its banner, as a pod's
+    sshd does past its limit: the fleet retries those after a fraction of a second, not its 30 s retry delay."""
+    with SshdPod(tmp_path / "pod", workers=8, first_address=150, addresses_per_sshd=8, max_startups="2:100:2") as pod:
+        fleet = fleet_for(pod, pod.addresses, pinned(pod, tmp_path / "known_hosts"), connect_attempts=10,
+                          retry_delay_s=30, connect_timeout_s=5, max_parallel_connects=8)
+        started = time.monotonic()
+        try:
+            assert fleet.run(["true"]).ok
+        finally:
+            fleet.close()
+        assert time.monotonic() - started < 10

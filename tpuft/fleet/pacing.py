@@ -14,6 +14,11 @@ several fleets at once (a cold ``exec`` beside the agent's warm-up). Three rules
 - the process may hold a descriptor per connection (:func:`ensure_descriptors`): a shell's usual soft limit of
   1,024 open files would fail the 1,000th handshake, so the soft limit is raised to the hard limit when a fleet needs
   it (as ``ulimit -n`` would; the hard limit is the administrator's, never raised).
+
+paramiko logs each dropped handshake as an error with its traceback; with no logging set up (the CLI sets none),
+Python prints that on stderr. The fleet says itself whom it retries and why (its waiting line), so
+:func:`quiet_handshake_tracebacks` gives paramiko's loggers a handler that drops them; a program that sets up logging
+still gets them through its own handlers.
 """
 
 from __future__ import annotations
@@ -65,6 +70,15 @@ def retry_delay(error: BaseException, attempt: int, configured_s: float) -> floa
         return configured_s
     bound = min(configured_s, REFUSED_DELAY_MAX_S, REFUSED_DELAY_S * 2 ** (attempt - 1))
     return random.uniform(bound / 2, bound)
+
+
+def quiet_handshake_tracebacks() -> None:
+    """No paramiko traceback on stderr for a handshake the fleet retries (see the module's docstring)."""
+    import logging
+
+    paramiko_log = logging.getLogger("paramiko")
+    if not any(isinstance(handler, logging.NullHandler) for handler in paramiko_log.handlers):
+        paramiko_log.addHandler(logging.NullHandler())
 
 
 def ensure_descriptors(workers: int) -> tuple[int, int]:

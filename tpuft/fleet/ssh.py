@@ -38,7 +38,7 @@ from typing import Any
 
 from tpuft.errors import TpuftError
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, select_workers
-from tpuft.fleet.pacing import HandshakeGate, ensure_descriptors, retry_delay
+from tpuft.fleet.pacing import HandshakeGate, ensure_descriptors, quiet_handshake_tracebacks, retry_delay
 from tpuft.fleet.ssh_config import (
     SshConnectError,
     SshSettings,
@@ -363,7 +363,12 @@ class SshFleet:
         once every worker has had its tries, one error names each that failed. Past a couple of seconds the
         handshakes say on stderr whom they wait for (a fresh VM's sshd may take a minute)."""
         settings = self.settings
+        with self._lock:  # connected already (a caller that connects first, then runs): nothing to wait for
+            workers = [worker for worker in workers if not _live(self._clients.get(worker.index))]
+        if not workers:
+            return
         ensure_descriptors(len(self.workers))
+        quiet_handshake_tracebacks()
         bound = settings.connect_attempts * (settings.connect_timeout_s + settings.retry_delay_s)
         what = f"SSH on {len(workers)} workers to answer"
         if len(workers) == 1:
@@ -378,8 +383,11 @@ class SshFleet:
 
         with waiting(what, bound) as wait:
             retries = _Retries(wait, len(workers))
-            with ThreadPoolExecutor(max_workers=min(len(workers), settings.max_parallel_connects) or 1) as pool:
-                list(pool.map(connect, workers))
+            if len(workers) == 1:  # in this thread: a pool's hand-off costs a lone cold exec ~30 ms
+                connect(workers[0])
+            else:
+                with ThreadPoolExecutor(max_workers=min(len(workers), settings.max_parallel_connects)) as pool:
+                    list(pool.map(connect, workers))
         if failures:
             raise _unreachable(failures, len(workers))
 
@@ -482,6 +490,11 @@ class SshFleet:
         self.connect_all(chosen)
         with ThreadPoolExecutor(max_workers=min(len(chosen), self.settings.max_parallel_connects) or 1) as pool:
             list(pool.map(one, chosen))
+
+
+def _live(client: Any) -> bool:
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and transport.is_active()
 
 
 def _unreachable(failures: dict[int, SshConnectError], total: int) -> SshConnectError:
