@@ -137,9 +137,12 @@ def test_no_plan_with_worker_env_or_after_the_file_changed(tmp_path: Path, monke
 
 
 def test_paramiko_without_invoke_still_runs_match_exec() -> None:
+    """paramiko imported the quick way (tpuft/fleet/ssh_direct.py) knows its version for the SSH banner, leaves the
+    real importlib.metadata to whoever imports it next, and runs a ``Match exec`` once it is asked to."""
     code = (
         "import sys\nfrom tpuft.fleet.ssh_direct import import_paramiko, lookup\n"
-        "paramiko = import_paramiko()\nassert 'invoke' not in sys.modules\n"
+        "paramiko = import_paramiko()\nassert 'invoke' not in sys.modules and 'importlib.metadata' not in sys.modules\n"
+        "from importlib import metadata\nassert paramiko.__version__ == metadata.version('paramiko'), paramiko.__version__\n"
         "parsed = paramiko.SSHConfig.from_text('Match exec \"true\"\\n  User bob\\n')\n"
         "print(lookup(parsed, 'h')['user'])"
     )

@@ -8,8 +8,11 @@ cold ``tpuft exec`` about 50 ms of its 200. Anything the file does say for the w
 
 from __future__ import annotations
 
+import glob
+import os
 import sys
 import threading
+import types
 from typing import Any
 
 FABRIC_KEYS = frozenset({"port", "user", "identityfile", "connecttimeout", "proxyjump", "proxycommand"})
@@ -20,19 +23,57 @@ _import_lock = threading.Lock()
 
 
 def import_paramiko() -> Any:
-    """paramiko, imported without invoke when nothing has imported invoke yet (``sys.modules[name] = None`` makes
-    paramiko's ``try: import invoke`` fail the way a missing package does); :func:`enable_match_exec` brings it back
-    for the one feature that needs it."""
+    """paramiko, imported without two things it does not need here, each only if nothing has imported it yet:
+    invoke (``sys.modules[name] = None`` makes paramiko's ``try: import invoke`` fail the way a missing package does;
+    :func:`enable_match_exec` brings it back for the one feature that needs it), and ``importlib.metadata``, which
+    paramiko's ``__init__`` imports to read its own version for the SSH banner (email, zipfile, csv and a scan of
+    site-packages: 15-20 ms of CPU); :class:`_PackageVersions` answers from paramiko's ``.dist-info`` folder name
+    instead, and hands anything else to the real module."""
     with _import_lock:
-        if "paramiko" not in sys.modules and "invoke" not in sys.modules:
-            sys.modules["invoke"] = None  # type: ignore[assignment]
+        if "paramiko" not in sys.modules:
+            hidden: dict[str, Any] = {}
+            if "invoke" not in sys.modules:
+                hidden["invoke"] = None
+            if "importlib.metadata" not in sys.modules:
+                hidden["importlib.metadata"] = _PackageVersions("importlib.metadata")
+            sys.modules.update(hidden)
             try:
                 import paramiko  # noqa: F401
             finally:
-                del sys.modules["invoke"]
+                for name, stand_in in hidden.items():
+                    if sys.modules.get(name) is stand_in:
+                        del sys.modules[name]
+                import importlib
+
+                if isinstance(getattr(importlib, "metadata", None), _PackageVersions):
+                    del importlib.metadata
         import paramiko
 
         return paramiko
+
+
+class _PackageVersions(types.ModuleType):
+    """Stands in for ``importlib.metadata`` while paramiko is imported: ``version("paramiko")`` from the name of
+    its ``paramiko-X.Y.Z.dist-info`` folder beside the package; anything else from the real module."""
+
+    def version(self, name: str) -> str:
+        if name == "paramiko":
+            for entry in sys.path:
+                found = sorted(glob.glob(os.path.join(entry or ".", "paramiko-*.dist-info")))
+                if len(found) == 1:
+                    return os.path.basename(found[0])[len("paramiko-") : -len(".dist-info")]
+        return str(_real_metadata().version(name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_real_metadata(), name)
+
+
+def _real_metadata() -> Any:
+    import importlib
+
+    if isinstance(sys.modules.get("importlib.metadata"), _PackageVersions):
+        del sys.modules["importlib.metadata"]
+    return importlib.import_module("importlib.metadata")
 
 
 def enable_match_exec() -> None:
