@@ -9,7 +9,8 @@ address (``--per-sshd``). For N in 1, 16, 64, 256, 1,024 workers (``--sizes``), 
 worker ``--runs`` times (default 3) after a warm-up; the table shows medians:
 - tpuft cold: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the cluster's workers as remembered from
   the last API answer in the past 10 minutes, then the fleet), with the connection agent off (TPUFT_NO_AGENT=1);
-  its peak RSS (wait4's rusage) and the most descriptors it held (/proc/PID/fd, sampled every 50 ms);
+  its peak RSS (wait4's rusage) and the most descriptors it held (/proc/PID/fd, sampled every 50 ms); it starts with
+  a login shell's soft limit of 1,024 open files, which it must raise itself at 1,024 workers;
 - tpuft warm agent: the same command once the cluster's connection agent (tpuft/ops/agent.py) runs: one run starts
   it, then the command goes through its open connections (no cluster file loading, no handshake); the agent's peak
   RSS (VmHWM) and descriptors while it holds a connection per worker;
@@ -81,7 +82,7 @@ def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:
     return {"wall": wall, **data}
 
 
-ACCELERATOR_FOR_HOSTS = {1: "v4-8", 8: "v4-64", 16: "v4-128", 32: "v4-256", 64: "v4-512", 128: "v4-1024",
+ACCELERATOR_FOR_HOSTS = {1: "v4-8", 2: "v4-16", 4: "v4-32", 8: "v4-64", 16: "v4-128", 32: "v4-256", 64: "v4-512", 128: "v4-1024",
                          256: "v4-2048", 512: "v4-4096", 1024: "v5p-8192"}
 
 
@@ -123,7 +124,8 @@ def tpuft_exec_measured(cluster: Path, *, agent: bool = False) -> tuple[float, i
     argv = [sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"]
     with tempfile.TemporaryFile() as errors:
         started = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors, cwd=REPO, env=env)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors, cwd=REPO, env=env,
+                                preexec_fn=shell_descriptor_limit)
         done = threading.Event()
         most = [0]
 
@@ -146,6 +148,15 @@ def tpuft_exec_measured(cluster: Path, *, agent: bool = False) -> tuple[float, i
             errors.seek(0)
             raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {errors.read().decode()[-3000:]}")
     return wall, usage.ru_maxrss, most[0]
+
+
+def shell_descriptor_limit() -> None:
+    """A login shell's usual soft limit of 1,024 open files (this machine's is higher): at 1,024 workers tpuft must
+    raise it itself, as it would have to on a user's laptop."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024 if hard == resource.RLIM_INFINITY else min(1024, hard), hard))
 
 
 def agent_usage(cluster: Path) -> tuple[int, int, int]:
@@ -299,6 +310,9 @@ def main() -> None:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",") if shape]
     sizes = [slices * hosts for slices, hosts in shapes] if shapes else [int(s) for s in args.sizes.split(",")]
+    unknown = sorted(({hosts for _, hosts in shapes} if shapes else set(sizes)) - set(ACCELERATOR_FOR_HOSTS))
+    if unknown:
+        parser.error(f"no TPU slice type here has {unknown} hosts; sizes: {sorted(ACCELERATOR_FOR_HOSTS)}")
     per_sshd = args.per_sshd or (1 if max(sizes) <= 64 else 16)
     use_gcloud = args.gcloud == "on" or (args.gcloud == "auto" and Path(GCLOUD).exists())
     console = Console(width=200)

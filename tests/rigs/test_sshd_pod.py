@@ -4,6 +4,7 @@ that does not answer named while the others connect and run."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -92,3 +93,35 @@ def test_handshakes_an_sshd_drops_before_its_banner_are_retried_soon(tmp_path: P
         finally:
             fleet.close()
         assert time.monotonic() - started < 10
+
+
+DESCRIPTOR_CHILD = r"""
+import resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_NOFILE, (24, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import tpuft.fleet.ssh as ssh
+if sys.argv[1] == "unraised":  # the negative control: what a fleet met before it raised the limit itself
+    ssh.ensure_descriptors = lambda workers: None
+from tpuft.records import Worker
+spec = sys.argv[2:]
+fleet = ssh.SshFleet([Worker(i, a) for i, a in enumerate(spec[0].split(","))],
+                     ssh.SshSettings(user=spec[1], key_file=Path(spec[2]), port=int(spec[3]), known_hosts=Path(spec[4]),
+                                     connect_attempts=1))
+print("ok" if fleet.run(["true"]).ok else "failed")
+"""
+
+
+def test_a_fleet_raises_its_own_descriptor_limit_when_the_workers_need_it(tmp_path: Path) -> None:
+    """24 workers from a process whose soft limit is 24 open files (a shell's 1,024 against a 1,024-host pod, in
+    small): the fleet raises it to the hard limit and connects them all; without that, "Too many open files"."""
+    import subprocess
+    import sys
+
+    with SshdPod(tmp_path / "pod", workers=24, first_address=160, addresses_per_sshd=12) as pod:
+        spec = [",".join(pod.addresses), pod.user, str(pod.client_key), str(pod.port), str(pinned(pod, tmp_path / "kh"))]
+        env = {**os.environ, "USER": pod.user}  # getpass would read /etc/passwd: one more file than the limit allows
+        runs = {mode: subprocess.run([sys.executable, "-c", DESCRIPTOR_CHILD, mode, *spec], capture_output=True,
+                                     text=True, cwd=Path(__file__).resolve().parents[2], env=env)
+                for mode in ("raised", "unraised")}
+    assert runs["raised"].returncode == 0 and runs["raised"].stdout.strip() == "ok", runs["raised"].stderr[-2000:]
+    assert runs["unraised"].returncode != 0 and "Too many open files" in runs["unraised"].stderr
