@@ -247,6 +247,14 @@ def test_early_stopping_stops_every_worker_at_the_same_evaluation(pod: Pod) -> N
     assert "exporting the best checkpoint: step 50" in log
     assert "testing the best checkpoint, step 50" in log and done.summary["test"]["test_checkpoint_step"] == 50
     assert done.summary["test"]["test_examples"] == 500
+    # goodput: the chief's events of what fit and the end did, each timed; no data wait (fit takes its batches
+    # inside its compiled loop, out of Python's sight: docs/operations.md, Goodput, per backend)
+    events = [json.loads(line) for line in (run / rundir.EVENTS_DIR / "worker-0-attempt-1.jsonl").read_text().splitlines()]
+    timed = {kind: [e for e in events if e["kind"] == kind] for kind in ("checkpoint_save", "eval", "test", "export")}
+    assert {e["step"]: e["reason"] for e in timed["checkpoint_save"]} == {50: "best", 100: "final"}, events
+    assert [e["step"] for e in timed["eval"]] == [50, 100] and len(timed["test"]) == len(timed["export"]) == 1, events
+    assert all(e["s"] > 0 for kind in timed.values() for e in kind), events
+    assert not any("data_wait_s" in e for e in events if e["kind"] == "steps"), events
 
 
 def test_gradient_accumulation_trains_as_the_whole_batch_does(pod: Pod, quickstart: Finished) -> None:
