@@ -290,6 +290,8 @@ def main() -> None:
     parser.add_argument("--gcloud", choices=("auto", "on", "off"), default="auto",
                         help="time `gcloud compute tpus tpu-vm ssh --worker=all` too (auto: if /usr/bin/gcloud exists)")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON (one line) after the table")
+    parser.add_argument("--markdown", action="store_true", help="also print the main columns as a Markdown table "
+                        "(what docs/benchmarks.md shows)")
     parser.add_argument("--shapes", default="", help="SLICESxHOSTS,... (e.g. 1x64,4x16): compare multislice shapes of "
                         "the same hosts instead of the sizes")
     parser.add_argument(
@@ -339,6 +341,8 @@ def main() -> None:
             console.log(f"{count} workers done: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in row.items() if isinstance(v, float)))
     print_table(console, rows, args, per_sshd)
+    if args.markdown:
+        print(markdown_table(rows))
     if args.json:
         print(json.dumps(rows))
 
@@ -383,6 +387,23 @@ def measure(pod, count: int, root: Path, args, genv: dict[str, str], server, con
     subprocess.run([sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"], check=True,
                    capture_output=True, cwd=REPO, env=ENV)  # the next size reuses the addresses
     return row
+
+
+def markdown_table(rows: list[dict]) -> str:
+    def cell(value: float | None, unit: str = "") -> str:
+        return "—" if value is None else f"{value:.2f}{unit}"
+
+    lines = ["| workers | tpuft, warm agent | tpuft, cold | parallel ssh | gcloud | cold / ssh | cold / gcloud | "
+             "controller peak RSS, fds | agent RSS, fds |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        by_ssh = row["tpuft_exec"] / row["parallel_ssh"]
+        by_gcloud = None if row["gcloud"] is None else row["tpuft_exec"] / row["gcloud"]
+        lines.append(
+            f"| {row['workers']:,} | {cell(row['tpuft_exec_warm'])} | {cell(row['tpuft_exec'])} | "
+            f"{cell(row['parallel_ssh'])} | {cell(row['gcloud'])} | {cell(by_ssh, '×')} | {cell(by_gcloud, '×')} | "
+            f"{row['controller_rss_mb']:.0f} MB, {row['controller_fds']:,} | {row['agent_rss_mb']:.0f} MB, "
+            f"{row['agent_fds']:,} |")
+    return "\n".join(lines)
 
 
 def print_table(console, rows: list[dict], args, per_sshd: int) -> None:
