@@ -177,7 +177,9 @@ CASES = [
     ["--", "echo id=$TPUFT_WORKER_ID of $TPUFT_NUM_WORKERS"],
     ["-w", "1,3", "--", "echo", "one", "two"],
     ["--", 'if [ "$TPUFT_WORKER_ID" = 1 ]; then echo oops; exit 4; fi; sleep 5'],
-    ["--", 'echo out; echo err >&2; if [ "$TPUFT_WORKER_ID" = 2 ]; then exit 3; fi; sleep 5'],
+    # worker 2 fails a moment after printing, so that fail-fast (which stops the others within milliseconds since the
+    # connections say TCP_NODELAY) finds every worker past its two lines, cold or warm
+    ["--", 'echo out; echo err >&2; if [ "$TPUFT_WORKER_ID" = 2 ]; then sleep 0.5; exit 3; fi; sleep 5'],
     ["--worker", "7", "--", "true"],
     ["-w", "x", "--", "true"],
     ["-w", "0:1-2,0:0", "--", "echo slice $TPUFT_WORKER_ID"],  # S:I on one slice: slice 0 (1:0 is refused as 7 is)
