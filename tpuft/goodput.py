@@ -103,8 +103,9 @@ def maintenance_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                  "window_start": event.get("window_start"), "window_end": event.get("window_end")}
         # By the window's reason: a refused ask is asked again under another id.
         done = answered.get(str(event.get("reason"))) or answered.get(str(event.get("request")))
-        if done is not None:
+        if done is not None:  # the ask's latency counts from its own ask; a refused first ask is in after_notice_s
             entry.update({k: done.get(k) for k in ("step", "latency_s", "saved_s", "stored_s", "before_window_s")})
+            entry["after_notice_s"] = round(float(done["t"]) + float(done["s"]) - float(event["t"]), 2)
         windows[event.get("window_start")] = entry
     return list(windows.values())
 
@@ -114,7 +115,7 @@ def describe_maintenance(window: dict[str, Any]) -> str:
         return "maintenance announced; no checkpoint recorded for it"
     margin = window.get("before_window_s")
     ahead = "" if margin is None else f", {margin:.0f}s before the window" if margin >= 0 else f", {-margin:.0f}s late"
-    return f"maintenance: checkpoint at step {window['step']} {window['latency_s']}s after the notice{ahead}"
+    return f"maintenance: checkpoint at step {window['step']} {window['after_notice_s']:.1f}s after the notice{ahead}"
 
 
 def total(results: list[Goodput]) -> Goodput:

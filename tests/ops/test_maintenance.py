@@ -202,7 +202,7 @@ def test_the_checkpoint_before_the_window_is_read_back_printed_and_in_the_goodpu
     asks = [e for e in _events(run) if e["kind"] == "checkpoint_ask"]
     assert len(asks) == 1 and asks[0]["latency_s"] == 9.5 and asks[0]["step"] == 60, asks
     (entry,) = breakdown(run.storage, {"status": "stopped", "created": asked - 5, "ended": asked + 20}).maintenance
-    assert entry["step"] == 60 and entry["latency_s"] == 9.5 and entry["source"] == "TPU API", entry
+    assert entry["step"] == 60 and entry["latency_s"] == entry["after_notice_s"] == 9.5 and entry["source"] == "TPU API", entry
     late = describe_checkpoint({**found, "before_window_s": -3.0})
     assert "3.0 s AFTER the window began (the notice came too late)" in late
 
