@@ -282,6 +282,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,16,64,256,1024", help="worker counts (default: %(default)s)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per column and size (medians; default 3)")
+    parser.add_argument("--slow-runs", type=int, default=0, help="runs of the parallel ssh and gcloud columns from "
+                        "256 workers on, where each takes minutes on this machine (default: --runs)")
     parser.add_argument("--extras-up-to", type=int, default=64, help="measure the secondary columns (tpuft's fleet "
                         "alone, a sequential ssh loop, the first output line) only up to this many workers: at 1,024 "
                         "a sequential loop alone takes minutes (default: %(default)s)")
@@ -338,8 +340,8 @@ def main() -> None:
         for count in sizes:
             row = measure(pod, count, Path(tmp), args, genv, server, console)
             rows.append(row)
-            console.log(f"{count} workers done: " + ", ".join(
-                f"{k} {v:.3f}" for k, v in row.items() if isinstance(v, float)))
+            console.log(f"{count} workers done: {json.dumps(row)}")  # a run cut short still leaves its rows
+    rows.sort(key=lambda row: row["workers"])
     print_table(console, rows, args, per_sshd)
     if args.markdown:
         print(markdown_table(rows))
@@ -362,8 +364,9 @@ def measure(pod, count: int, root: Path, args, genv: dict[str, str], server, con
     warm = [tpuft_exec(cluster, agent=True) for _ in range(args.runs)]
     agent_peak, agent_rss, agent_fds = agent_usage(cluster)
     agent_call("stop", cluster)  # its connections would share the cores with the other columns
-    par = [ssh_parallel(pod, count) for _ in range(args.runs)]
-    gcl = [gcloud_ssh(pod, count, genv) for _ in range(args.runs)] if genv else []
+    slow = args.slow_runs if args.slow_runs and count >= 256 else args.runs
+    par = [ssh_parallel(pod, count) for _ in range(slow)]
+    gcl = [gcloud_ssh(pod, count, genv) for _ in range(slow)] if genv else []
     row = {
         "workers": count,
         "tpuft_exec": statistics.median(c[0] for c in cold),
@@ -415,7 +418,8 @@ def print_table(console, rows: list[dict], args, per_sshd: int) -> None:
     def ratio(a: float | None, b: float | None) -> str:
         return "—" if a is None or b is None else f"{a / b:.2f}x"
 
-    table = Table(title=f"fan-out: `true` on N loopback sshd workers ({per_sshd} per sshd; median of {args.runs}, "
+    runs = f"{args.runs}" + (f", of {args.slow_runs} for ssh and gcloud from 256" if args.slow_runs else "")
+    table = Table(title=f"fan-out: `true` on N loopback sshd workers ({per_sshd} per sshd; median of {runs}, "
                         f"after a warm-up; --login {args.login}; — = not measured at this size)")
     for column in (
         "workers", "warm agent s", "cold s", "parallel ssh s", "gcloud s", "cold/ssh", "cold/gcloud", "warm/ssh",
