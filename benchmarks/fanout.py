@@ -111,10 +111,6 @@ def tpuft_exec(cluster: Path, *, agent: bool = False) -> float:
     return tpuft_exec_measured(cluster, agent=agent)[0]
 
 
-PEAKS: dict[str, int] = {}
-"""The controller's (a cold `tpuft exec`) peak RSS in kB and peak open descriptors, per run: see tpuft_exec_measured."""
-
-
 def tpuft_exec_measured(cluster: Path, *, agent: bool = False) -> tuple[float, int, int]:
     """Wall seconds, peak RSS (kB, from wait4's rusage of that one process) and the most descriptors seen open (its
     /proc/PID/fd, sampled every 50 ms) of one `tpuft exec -- true`."""
