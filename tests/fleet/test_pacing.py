@@ -87,3 +87,19 @@ def test_a_retried_handshake_prints_no_paramiko_traceback() -> None:
     quiet = subprocess.run([sys.executable, "-c", script, "quiet"], capture_output=True, text=True, check=True)
     assert "Error reading SSH protocol banner" in loud.stderr
     assert quiet.stderr == "" and quiet.stdout.strip() == "1"
+
+
+def test_many_unreachable_workers_are_named_in_spans() -> None:
+    """1,024 workers behind a dead network: ten in full, the rest as --worker spans, not a thousand lines."""
+    from tpuft.fleet.ssh import SshConnectError, _unreachable
+
+    failures = {i: SshConnectError(f"worker {i} (10.0.0.{i % 250}:22): cannot connect over SSH after 10 attempts",
+                                   hint="Check the firewall.") for i in [*range(0, 500), *range(501, 1024)]}
+    error = _unreachable(failures, 1024)
+    lines = error.message.splitlines()
+    assert lines[0] == "1023 of 1024 workers cannot be reached over SSH:"
+    assert lines[1] == "  worker 0 (10.0.0.0:22): cannot connect over SSH after 10 attempts" and len(lines) == 12
+    assert lines[-1] == "  ... and 1013 more: workers 10-499,501-1023"
+    assert error.hint == "Check the firewall."
+    one = {7: SshConnectError("worker 7 (10.0.0.7:22): refused", hint="h")}
+    assert _unreachable(one, 8) is one[7]

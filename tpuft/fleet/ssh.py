@@ -503,10 +503,20 @@ def _unreachable(failures: dict[int, SshConnectError], total: int) -> SshConnect
         return next(iter(failures.values()))
     ordered = [failures[index] for index in sorted(failures)]
     shown = "\n".join(f"  {error.message}" for error in ordered[:10])
-    more = f"\n  ... and {len(ordered) - 10} more: workers {', '.join(str(i) for i in sorted(failures)[10:])}" \
-        if len(ordered) > 10 else ""
+    more = f"\n  ... and {len(ordered) - 10} more: workers {_spans(sorted(failures)[10:])}" if len(ordered) > 10 else ""
     return SshConnectError(f"{len(failures)} of {total} workers cannot be reached over SSH:\n{shown}{more}",
                            hint=ordered[0].hint)
+
+
+def _spans(indices: list[int]) -> str:
+    """Sorted worker indices as ``--worker`` writes them: ``10-19,25,30-1023``."""
+    spans: list[list[int]] = []
+    for index in indices:
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)
 
 
 class _Retries:
