@@ -6,7 +6,8 @@ for a TPU pod slice, and the fake TPU API (tests/rigs/fake_tpu.py) hands their a
 node's network endpoints and guest attributes. Up to 64 workers each has its own sshd; past that 16 addresses share
 one sshd (OpenSSH listens on at most 16), with 16x sshd's default MaxStartups, which is a real host's limit per
 address (``--per-sshd``). For N in 1, 16, 64, 256, 1,024 workers (``--sizes``), each column runs `true` on every
-worker ``--runs`` times (default 3) after a warm-up; the table shows medians:
+worker ``--runs`` times (default 3) after a warm-up, the cold, parallel-ssh and gcloud runs taking turns (a burst of
+load from elsewhere then lands on all of them alike); the table shows medians:
 - tpuft cold: the whole CLI, `tpuft exec -- true` (Typer, the cluster file, the cluster's workers as remembered from
   the last API answer in the past 10 minutes, then the fleet), with the connection agent off (TPUFT_NO_AGENT=1);
   its peak RSS (wait4's rusage) and the most descriptors it held (/proc/PID/fd, sampled every 50 ms); it starts with
@@ -353,16 +354,24 @@ def measure(pod, count: int, root: Path, args, genv: dict[str, str], server, con
     ssh_parallel(pod, min(count, 64))  # warm-up (page cache, sshd host key loads; tpuft's warm-up reached them all)
     if genv:
         gcloud_ssh(pod, count, genv, "0")  # warm-up: gcloud adds its key to the node's metadata the first time
-    cold = [tpuft_exec_measured(cluster) for _ in range(args.runs)]
-    console.log(f"{count} workers: cold {[round(c[0], 3) for c in cold]}")
+    slow = args.slow_runs if args.slow_runs and count >= 256 else args.runs
+    cold: list[tuple[float, int, int]] = []
+    par: list[float] = []
+    gcl: list[float] = []
+    for run in range(max(args.runs, slow)):  # interleaved: a burst of load from elsewhere hits every column alike
+        if run < args.runs:
+            cold.append(tpuft_exec_measured(cluster))
+        if run < slow:
+            par.append(ssh_parallel(pod, count))
+            if genv:
+                gcl.append(gcloud_ssh(pod, count, genv))
+    console.log(f"{count} workers: cold {[round(c[0], 3) for c in cold]}, parallel ssh {[round(p, 3) for p in par]}, "
+                f"gcloud {[round(g, 3) for g in gcl]}")
     warm_agent(cluster, count)
     tpuft_exec(cluster, agent=True)  # warm-up of the warm path itself
     warm = [tpuft_exec(cluster, agent=True) for _ in range(args.runs)]
     agent_peak, agent_rss, agent_fds = agent_usage(cluster)
     agent_call("stop", cluster)  # its connections would share the cores with the other columns
-    slow = args.slow_runs if args.slow_runs and count >= 256 else args.runs
-    par = [ssh_parallel(pod, count) for _ in range(slow)]
-    gcl = [gcloud_ssh(pod, count, genv) for _ in range(slow)] if genv else []
     row = {
         "workers": count,
         "tpuft_exec": statistics.median(c[0] for c in cold),
