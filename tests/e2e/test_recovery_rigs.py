@@ -7,7 +7,13 @@ the attached watcher's first two re-attach tries fail, its third gets in without
 watcher's machine dies and another takes over, slice 1 is preempted (its VM dies; slice 0 lives on), the watcher
 stops slice 0's trainer and recreates the whole queued resource, which comes back only after a wait, on new
 addresses; the run ends with the step count of an uninterrupted one, resumed from its last checkpoint, one recovery
-recorded, naming the lost slice.
+recorded, naming the lost slice. Before the preemption, the TPU API announces maintenance on slice 0's node
+(issue 30): the second watcher asks for a checkpoint with a stop, the trainers save it before the window, the run
+stops, and the watcher resumes it once the window is over, with no step lost; the preemption comes 10 steps into
+that attempt and is recovered from the same checkpoint. The checkpoint's latency and margin are printed and kept,
+and the goodput breakdown's causes add up to the wall time.
+``TPUFT_KEEP_RUN=DIR`` keeps what the docs show of it: the goodput JSON, the plot (``tpuft monitor --plot``), the
+second watcher's log.
 A second run fails in the user's code on a healthy node: not retried."""
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla"),
               pytest.mark.skipif(not sshd_available(), reason="needs openssh-server")]
 
 RECOVER = "recover: {max_attempts: 2, backoff: 1s, poll: 2s}\n"
+MAINTENANCE_NOTICE_S = 45.0
+"""How far ahead the window is announced (GCE's shortest warning is 60 s: ``maintenance-event``; scheduled
+maintenance comes days ahead; shorter here for CI's time, the window being waited out). It covers the watcher's poll
+(2 s), the relay to the trainers, up to ``log_every`` steps more (every host saves at a multiple of it), the save and
+the final upload (14.6 s from the notice on a quiet machine, 17.4 s at a load of 30+ on 2 cores), and one refusal and
+the ask after it (a refusal reaches the bucket with the workers' 15 s run-dir sync)."""
+MAINTENANCE_S = 3.0
+"""The window's length: the watcher waits it out (the node stays READY: maintenance done in place)."""
 SSHD_DOWN_S = 6.0
 """Longer than the watcher's first two re-attach delays (1 s, 2 s: tpuft.ops.lifecycle.REATTACH_DELAYS), shorter than
 the third (5 s more): two tries fail, the third gets in. At 20 s the watcher sat 38 s, and the run had to be longer."""
@@ -67,14 +81,6 @@ def _kill_worker(pod: SshdPod, index: int) -> None:
     pod.processes[index].wait(timeout=10)
 
 
-def _checkpoints(gcs: GcsEmulator, run_url: str) -> list[int]:
-    from tpuft.runs import Run
-
-    os.environ.update(gcs.env())
-    run = Run.from_url(run_url)
-    return sorted(run.layout().checkpoint_steps(run.storage))
-
-
 def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tmp_path: Path) -> None:
     with FakeTpuServer(operation_polls=1, queued_gets_per_state=3) as tpu, \
             SshdPod(tmp_path / "pod-a", workers=2) as first, GcsEmulator() as gcs, \
@@ -89,7 +95,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         cluster.write_text(cluster.read_text().replace("accelerator: v4-16", "accelerator: v4-8")
                            .replace("gcp:\n", multislice) + RECOVER)
 
-        total = 300  # enough for the sshd restart, the takeover and the preemption before the end (guards below)
+        total = 200  # enough for the sshd restart, the takeover, the maintenance and the preemption (guards below)
         few = tmp_path / "test.jsonl"  # 24 test numbers: what matters is that the recovered run tests once
         few.write_text("".join((Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:24]))
         args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
@@ -117,9 +123,16 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         out_b = tmp_path / "watcher-b.out"
         watcher_b = subprocess.Popen([sys.executable, "-m", "tpuft", "resume", run_id, "--recover", "-c", str(cluster), "--json"],
                                      env=other_machine, stdout=subprocess.PIPE, stderr=out_b.open("w"), text=True)
-        wait_until(lambda: (bool(_checkpoints(gcs, run_url)) and "watching run" in out_b.read_text())
-                   or staged_step(first, 0) >= total - 150,
-                   300, "a checkpoint in the bucket and the second watcher attached")
+        wait_until(lambda: "watching run" in out_b.read_text(), 120, "the second watcher attached")
+        # Maintenance announced on slice 0's node (the TPU API's v2alpha1 upcomingMaintenance; the node stays READY):
+        # the watcher asks for a checkpoint and a stop before the window, then resumes the run after it.
+        announced = tpu.announce_maintenance("e2e-gcp-0", starts_in=MAINTENANCE_NOTICE_S, lasts=MAINTENANCE_S)
+        heard_at = staged_step(first, 0)
+        wait_until(lambda: "(attempt 2) to recover" in out_b.read_text(), 300, "the run resumed after the window")
+        tpu.clear_maintenance("e2e-gcp-0")  # over: the API drops it
+        saved_at = int(out_b.read_text().split("checkpoint before maintenance: step ", 1)[1].split(",", 1)[0])
+        # The preemption comes 10 steps into attempt 2: its recovery resumes from the maintenance's checkpoint.
+        wait_until(lambda: staged_step(first, 0) >= saved_at + 10, 300, f"attempt 2 at step {saved_at + 10}", interval=0.5)
         reached = staged_step(first, 0)
         assert reached < total - 50, f"the run reached step {reached} before the preemption: give it more steps"
         preempted_at = time.time()
@@ -133,11 +146,13 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         assert summary["run_id"] == run_id and summary["last_train"]["step"] == total, summary
 
         info = bucket_json(gcs, f"runs/{run_id}/run.json")
-        assert info["status"] == "finished" and info["attempt"] == 2, info
-        (recovery,) = info["recoveries"]
+        assert info["status"] == "finished" and info["attempt"] == 3, info
+        (recovery,) = info["recoveries"]  # the preemption's; the maintenance stop was a planned one
         assert recovery["cause"].startswith("node e2e-gcp-1 (slice 1) PREEMPTED") and recovery["recreated"], recovery
-        assert recovery["checkpoint_step"] >= 100 and recovery["steps_lost"] == recovery["last_step"] - recovery["checkpoint_step"]
-        assert info["addresses"] == second.addresses and info["attempts"][1]["recovery"] == recovery["cause"]
+        assert recovery["checkpoint_step"] == saved_at and recovery["steps_lost"] == recovery["last_step"] - saved_at > 0, recovery
+        assert info["addresses"] == second.addresses and info["attempts"][2]["recovery"] == recovery["cause"]
+        window_reason = f"maintenance window at {announced['windowStartTime'][:19]}Z until "
+        assert info["attempts"][0]["status"] == "stopped" and window_reason in json.dumps(info["attempts"][0]), info["attempts"][0]
         assert info["slices"] == 2, info
         # Slice 0 survived the preemption: the watcher stopped its trainer before deleting the queued resource (or
         # its trainer had seen its peer go first: gloo's "Connection closed by peer"); either way it is not left running.
@@ -192,7 +207,34 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         good = entry["goodput"]
         assert abs(good["good_s"] + sum(good["badput"].values()) - good["wall_s"]) <= 0.02 * good["wall_s"], good
         assert abs(good["steps_lost"] - recovery["steps_lost"]) < 10 and (good["badput"].get("lost", 0) > 0) == (good["steps_lost"] > 0), (good, recovery)
+
+        # The maintenance: one window, heard from the TPU API by the watcher, its checkpoint complete in run storage
+        # before the window began, and no step lost: attempt 1 trained up to that step and attempt 2 restored it.
+        (window,) = good["maintenance"]
+        assert window["step"] == saved_at, window
+        assert "TPU API (maintenance e2e-gcp-0 of e2e-gcp)" in window["source"] and window["attempt"] == 1, window
+        assert heard_at < saved_at and window["before_window_s"] > 0 and window["stored_s"] >= window["saved_s"] > 0, window
+        line = next(n for n in log_b.splitlines() if n.startswith("checkpoint before maintenance: "))
+        assert f"step {saved_at}, saved {window['saved_s']} s after the ask" in line and "before the window" in line, line
+        assert "run stopped with a checkpoint before maintenance; it resumes after the window ends at" in log_b
+        from tpuft.goodput import read_events
+        from tpuft.runs import Run
+
+        events = read_events(Run.from_url(run_url).storage)
+        trained = max(e["to_step"] for e in events if e["kind"] == "steps" and e["attempt"] == 1)
+        restored = [e["step"] for e in events if e["kind"] == "checkpoint_restore" and e["attempt"] == 2]
+        assert trained == saved_at and restored == [saved_at], (trained, restored)  # zero steps lost to maintenance
+        print(f"maintenance: heard at step {heard_at}, {json.dumps(window)}; attempt 1 trained to step {trained}, "
+              f"attempt 2 restored step {restored[0]}")
         print(f"goodput of the recovered run: {json.dumps(good)}")
+        keep = os.environ.get("TPUFT_KEEP_RUN")
+        if keep:  # what docs/operations.md shows of this run
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            (Path(keep) / "goodput.json").write_text(json.dumps(entry, indent=2))
+            (Path(keep) / "watcher-b.log").write_text(log_b)
+            plotted = subprocess.run([sys.executable, "-m", "tpuft", "monitor", run_id, "-c", str(cluster), "--plot",
+                                      str(Path(keep) / "goodput.png")], env=env, capture_output=True, text=True)
+            assert plotted.returncode == 0, plotted.stderr[-3000:]
 
 
 def test_a_failure_of_the_users_code_is_not_retried(tmp_path: Path) -> None:
