@@ -95,6 +95,10 @@ def test_a_checkpoint_asked_mid_run_is_saved_by_both_hosts_at_one_logging_bounda
     for worker in (0, 1):  # every host answered, with T5X's step
         answers = list((quickstart.run_dir / "attempts" / "1").glob(f"checkpoint-{ASKED['id']}-worker-{worker}.json"))
         assert answers and json.loads(answers[0].read_text())["step"] == step
+    events = (quickstart.run_dir / rundir.EVENTS_DIR / "worker-0-attempt-1.jsonl").read_text().splitlines()
+    saves = {e["step"]: e for e in map(json.loads, events) if e["kind"] == "checkpoint_save"}
+    # its goodput event, timed until complete (a step T5X saves itself, every 300, is not written twice)
+    assert saves[step]["reason"] == ("periodic" if step % 300 == 0 else "request") and saves[step]["s"] > 0, saves
 
 
 def test_wandb_and_mlflow_hold_the_curves_monitor_plots(quickstart: Finished) -> None:
