@@ -113,11 +113,19 @@ def test_supervisors_hear_the_simulated_event_and_ask_once(  # type: ignore[no-u
         assert request["stop"] is True and isinstance(request["at_step"], int) and int(request["at_step"]) >= 40 + 60
         assert "checkpoint" in said[-1] and latency < 1.0
         print(f"announcement -> request in the run dir: {latency:.3f} s (poll 0.05 s)")
+        # A refused request (a host had passed its step) does not stand: the next poll asks again, with no second
+        # maintenance event; the poll after that finds the new one standing.
+        run.storage.write_text(f"{rundir.ATTEMPTS_DIR}/1/checkpoint-{request['id']}-worker-1.json",
+                               json.dumps({"step": 200, "refused": "worker 1 was at step 200 ...", "time": time.time()}))
+        time.sleep(0.002)
+        again = worker1.check()
+        assert again is not None and again != request["id"] and worker1.check() is None, said[-3:]
+        assert [e["kind"] for e in _events(run)] == ["maintenance"]
 
         monkeypatch.setenv("GCE_METADATA_HOST", meta.host(0))
         meta.announce(0, meta._upcoming[1])  # the same window reaches worker 0 too
         worker0 = MaintenanceNotices(contexts[0], run.storage, 1, said.append, home=tmp_path / "no-home", poll=0.05)
-        assert worker0.check() is None and "asked for already" in said[-1] and len(_requests(run)) == 1
+        assert worker0.check() is None and "asked for already" in said[-1] and len(_requests(run)) == 2
         meta.clear(0)
         assert read_notice(tmp_path / "no-home")[0] is None
         meta.begin(0)  # GCE's 60 s warning: maintenance-event changes, no window announced
