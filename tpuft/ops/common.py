@@ -69,7 +69,10 @@ def open_session(config: ClusterConfig, *, require_ready: bool = True, cached: b
     return Session(config=config, provider=provider, cluster=cluster)
 
 
+@functools.cache
 def package_hash() -> str:
+    """Once per process: a launch ships the package and runs a probe under this name, so a file edited in between
+    (an editable install being worked on) must not split them between two folders."""
     digest = hashlib.sha256()
     root = package_root()
     for path in sorted(root.rglob("*")):
