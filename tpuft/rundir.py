@@ -337,6 +337,25 @@ def read_heartbeat(storage: Any, worker: int) -> dict[str, Any] | None:
     return read_json_text(storage.read_text(f"{HEARTBEAT_DIR}/worker-{worker}.json"))
 
 
+CHECKPOINT_ANSWER_NAME = re.compile(r"^checkpoint-(\d+)-worker-(\d+)\.json$")
+
+
+def checkpoint_answers(storage: Any, attempt: int, request_id: str | None = None,
+                       listing: list[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
+    """request id -> worker -> its trainer's answer (:func:`checkpoint_ack`; torn ones skipped), from one listing of
+    the attempt's folder (``listing``: the one the caller made already); only ``request_id``'s with one given. The
+    one reader of the answers: the controller's wait and its step choice, the maintenance asks."""
+    found: dict[str, dict[int, dict[str, Any]]] = {}
+    for relpath in storage.list(f"{ATTEMPTS_DIR}/{attempt}") if listing is None else listing:
+        match = CHECKPOINT_ANSWER_NAME.match(relpath.rpartition("/")[2])
+        if match is None or (request_id is not None and match[1] != request_id):
+            continue
+        answer = read_json_text(storage.read_text(checkpoint_ack(attempt, match[1], int(match[2]))))
+        if answer is not None:
+            found.setdefault(match[1], {})[int(match[2])] = answer
+    return found
+
+
 def final_test(storage: Any, workers: int) -> dict[str, Any]:
     """The test evaluation as the finished trainers' final heartbeats carry it (every process that beats has the
     row): run.json's ``test``, so that ``runs`` and a summary need not read metrics.jsonl. The first heartbeat there

@@ -110,14 +110,10 @@ def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
 
 
 def _refusal_points(run: Run, attempt: int) -> list[tuple[int, float]]:
-    """(step, time) of each refusal the attempt's trainers wrote (one listing; answers to other asks skipped)."""
-    found = []
-    for relpath in run.storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}"):
-        if "-worker-" in relpath.rpartition("/")[2] and relpath.rpartition("/")[2].startswith("checkpoint-"):
-            answer = rundir.read_json_text(run.storage.read_text(relpath)) or {}
-            if answer.get("refused") and isinstance(answer.get("time"), (int, float)) and isinstance(answer.get("step"), int):
-                found.append((int(answer["step"]), float(answer["time"])))
-    return found
+    """(step, time) of each refusal the attempt's trainers wrote (one listing)."""
+    return [(int(answer["step"]), float(answer["time"]))
+            for answers in rundir.checkpoint_answers(run.storage, attempt).values() for answer in answers.values()
+            if answer.get("refused") and isinstance(answer.get("time"), (int, float)) and isinstance(answer.get("step"), int)]
 
 
 def _recipe_train(run: Run) -> dict[str, Any]:
@@ -130,15 +126,7 @@ def request_state(run: Run, attempt: int, request_id: str) -> dict[str, Any] | N
 
 def acks(run: Run, attempt: int, request_id: str) -> dict[int, dict[str, Any]]:
     """worker -> its trainer's answer to the request (one listing of the attempt's folder)."""
-    prefix = f"checkpoint-{request_id}-worker-"
-    found = {}
-    for relpath in run.storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}"):
-        name = relpath.rpartition("/")[2]
-        if name.startswith(prefix) and name.endswith(".json"):
-            answer = rundir.read_json_text(run.storage.read_text(relpath))
-            if answer is not None:
-                found[int(name[len(prefix) : -len(".json")])] = answer
-    return found
+    return rundir.checkpoint_answers(run.storage, attempt, request_id).get(request_id, {})
 
 
 def wait_checkpoint(run: Run, request_id: str, timeout: float, *, sleep: Callable[[float], None] = time.sleep,

@@ -108,17 +108,16 @@ def already_asked(storage: Any, attempt: int, reason: str) -> str | None:
     """The id of this attempt's standing checkpoint request with ``reason`` (one listing): written and refused by no
     trainer. A refused one (a host had passed its ``at_step`` when it arrived) does not count, so whoever hears of
     the window next asks again, with a later step; a notice is never dropped by a refusal."""
-    names = [relpath.rpartition("/")[2] for relpath in storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}")]
-    folder = f"{rundir.ATTEMPTS_DIR}/{attempt}"
-    for name in names:
-        match = rundir.CHECKPOINT_REQUEST_NAME.match(name)
+    listing = list(storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}"))
+    for relpath in listing:
+        match = rundir.CHECKPOINT_REQUEST_NAME.match(relpath.rpartition("/")[2])
         if match is None:
             continue
-        request = rundir.read_json_text(storage.read_text(f"{folder}/{name}")) or {}
+        request = rundir.read_json_text(storage.read_text(rundir.checkpoint_request(attempt, match[1]))) or {}
         if request.get("reason") != reason:
             continue
-        answers = [n for n in names if n.startswith(f"checkpoint-{match[1]}-worker-")]
-        if not any((rundir.read_json_text(storage.read_text(f"{folder}/{n}")) or {}).get("refused") for n in answers):
+        answers = rundir.checkpoint_answers(storage, attempt, match[1], listing).get(match[1], {})
+        if not any(answer.get("refused") for answer in answers.values()):
             return match[1]
     return None
 
