@@ -95,7 +95,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         cluster.write_text(cluster.read_text().replace("accelerator: v4-16", "accelerator: v4-8")
                            .replace("gcp:\n", multislice) + RECOVER)
 
-        total = 240  # enough for the sshd restart, the takeover, the maintenance and the preemption (guards below)
+        total = 320  # enough for the sshd restart, the takeover, the maintenance and the preemption (guards below)
         few = tmp_path / "test.jsonl"  # 24 test numbers: what matters is that the recovered run tests once
         few.write_text("".join((Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:24]))
         args = ["--set", f"train.steps={total}", "--set", "train.warmup_steps=5", "--set", "train.log_every=10",
