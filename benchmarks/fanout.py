@@ -55,7 +55,7 @@ import json, resource, sys, time
 started = time.perf_counter()
 from pathlib import Path
 from tpuft.fleet.ssh import SshFleet, SshSettings
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 spec = json.loads(sys.argv[1])
 workers = [Worker(i, a) for i, a in enumerate(spec["addresses"])]
 fleet = SshFleet(workers, SshSettings(user=spec["user"], key_file=Path(spec["key"]), port=spec["port"]))

@@ -6,15 +6,15 @@
   PyTorch/XLA venv, on this machine's CPU, with the same batch size and thread count for every row, the model loaded
   once beforehand (examples/s of the prediction alone; each row is the best of ``--repeat`` passes, the rows'
   passes interleaved):
-  - ``tpuft predict --local``: the shard loop (``worker/predict_loop.py``: parts sorted by length, longest first)
-    with the hf engine (``worker/hf_predict.py``: batches padded to their longest input, ``inference_mode``);
+  - ``tpuft predict --local``: the shard loop (``worker/predict/loop.py``: parts sorted by length, longest first)
+    with the hf engine (``worker/predict/hf.py``: batches padded to their longest input, ``inference_mode``);
   - ``plain loop``: what a user writes: the file in its order, ``tokenizer(batch, padding=True)`` and
     ``model.generate(max_new_tokens=8)`` under ``no_grad``;
   - ``plain loop, max_length padding``: the same with ``padding="max_length"`` to ``data.max_source_length`` (the
     static shapes of training), as copied from a training script.
-  The whole command (``python -m tpuft.worker.predict --local``: imports and model load included) is timed too, and
+  The whole command (``python -m tpuft.worker.predict.main --local``: imports and model load included) is timed too, and
   its exact match is printed beside the training run's last ``eval_exact_match`` when the run dir has one.
-* ``rss``: the peak RSS of one worker process (``python -m tpuft.worker.predict``'s loop, reader, part writer and the
+* ``rss``: the peak RSS of one worker process (``python -m tpuft.worker.predict.main``'s loop, reader, part writer and the
   join; an echo engine stands in for the model, whose memory does not depend on the input's size) predicting a
   10,000-line and a 1,000,000-line JSON-lines input generated in a temp folder.
 
@@ -45,7 +45,7 @@ import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 from tpuft.config import recipe_from_text
 from tpuft.worker import predict_loop
-from tpuft.worker.hf_predict import HfEngine
+from tpuft.worker.predict.hf import HfEngine
 from tpuft.worker.predict_job import PredictJob
 
 cfg = json.loads(sys.argv[1])
@@ -94,7 +94,7 @@ import json, sys, time
 from pathlib import Path
 from tpuft.config import recipe_from_text
 from tpuft.worker import predict_loop
-from tpuft.worker.hf_predict import HfEngine
+from tpuft.worker.predict.hf import HfEngine
 from tpuft.worker.predict_job import PredictJob
 
 cfg, process = json.loads(sys.argv[1]), int(sys.argv[2])
@@ -186,7 +186,7 @@ def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None
                          settings={"threads": threads})
         (Path(tmp) / "job.json").write_text(job.to_json())
         started = time.perf_counter()
-        cli = subprocess.run([python, "-m", "tpuft.worker.predict", "--job", f"{tmp}/job.json", "--local"],
+        cli = subprocess.run([python, "-m", "tpuft.worker.predict.main", "--job", f"{tmp}/job.json", "--local"],
                              capture_output=True, text=True, env=env, cwd=REPO)
         wall = time.perf_counter() - started
         if cli.returncode:
@@ -201,7 +201,7 @@ def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None
     for name, seconds in measured["seconds"].items():
         rate = n / seconds
         print(f"| {name:34} | {rate:10.1f} | {rate / base:12.2f}x |")
-    print(f"\nthe whole `python -m tpuft.worker.predict --local` command: {wall:.1f} s "
+    print(f"\nthe whole `python -m tpuft.worker.predict.main --local` command: {wall:.1f} s "
           f"(imports and model load included); exact match {result['scores']['exact_match']}, "
           f"the training run's final eval_exact_match {last_eval_exact_match(run_dir)}")
 

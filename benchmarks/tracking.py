@@ -72,10 +72,10 @@ def measure(runs: int, steps: int) -> list[tuple[str, ...]]:
 
 
 def sidecar_cpu(seconds: float) -> list[tuple[str, ...]]:
-    from tpuft import rundir
+    from tpuft.run import rundir
     from tpuft.config import LocalConfig
-    from tpuft.paths import venv_cache
-    from tpuft.tracking_env import tracking_spec
+    from tpuft.core.paths import venv_cache
+    from tpuft.config.tracking_env import tracking_spec
 
     python = venv_cache() / tracking_spec(LocalConfig().python).key / "bin" / "python"
     if not python.exists():
@@ -86,7 +86,7 @@ def sidecar_cpu(seconds: float) -> list[tuple[str, ...]]:
                                          "  wandb: {mode: offline}\n  samples: 0\n")
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
         started = time.monotonic()
-        child = subprocess.Popen([str(python), "-m", "tpuft.worker.tracking", "--run-dir", str(run), "--run-id", "bench",
+        child = subprocess.Popen([str(python), "-m", "tpuft.worker.tracking.sidecar", "--run-dir", str(run), "--run-id", "bench",
                                   "--poll", "5"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         step = 0
         with (run / rundir.METRICS).open("a") as metrics:

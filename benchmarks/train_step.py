@@ -94,7 +94,7 @@ def tpuft_run(workers: int, steps: int, precision: str) -> dict[str, float]:
 def hf_run(steps: int, precision: str) -> dict[str, float]:
     from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend
     from tpuft.config import LocalConfig
-    from tpuft.paths import venv_cache
+    from tpuft.core.paths import venv_cache
     from tpuft.worker.bootstrap import ensure_venv
 
     spec = BACKEND.env_spec(TorchXlaBackend(), "cpu", LocalConfig().python)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 
 
 def write_run(

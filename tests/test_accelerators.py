@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpuft.accelerators import all_types, lookup
-from tpuft.errors import UsageError
+from tpuft.core.accelerators import all_types, lookup
+from tpuft.core.errors import UsageError
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.venvs import t5x_source_settings
-from tpuft.accelerators import lookup
+from tpuft.core.accelerators import lookup
 from tpuft.backends.registry import compile_planner, no_compile_reason
 from tpuft.config import load_recipe
 from tpuft.ops.compile_fit import GIB, CompiledStep, estimate_report, report

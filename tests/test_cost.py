@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tpuft import cost
-from tpuft.accelerators import GENERATIONS, lookup
+from tpuft.run import cost
+from tpuft.core.accelerators import GENERATIONS, lookup
 from tpuft.config.cluster import GcpConfig
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 
 
 def test_every_generation_has_a_spot_price_below_reserved_below_on_demand() -> None:

@@ -1,4 +1,4 @@
-"""The FSDP sharding plan (tpuft/fsdp_plan.py): one dimension of each large matrix split over the mesh, the rest whole."""
+"""The FSDP sharding plan (tpuft/model/fsdp_plan.py): one dimension of each large matrix split over the mesh, the rest whole."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.accelerators import lookup
-from tpuft.fsdp_plan import AXIS, partition_spec, plan, sharded_dim
-from tpuft.model_shapes import count, known_config, numel, t5_shapes
+from tpuft.core.accelerators import lookup
+from tpuft.model.fsdp_plan import AXIS, partition_spec, plan, sharded_dim
+from tpuft.model.shapes import count, known_config, numel, t5_shapes
 
 GiB = 2**30
 

@@ -1,4 +1,4 @@
-"""Goodput (``tpuft.goodput``) on synthetic timelines, and the events a tiny in-process RunLoop records
+"""Goodput (``tpuft.run.goodput``) on synthetic timelines, and the events a tiny in-process RunLoop records
 (``tpuft.worker.events``): the causes always sum to the wall time; steps a later attempt redid are lost."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tpuft import goodput, rundir
+from tpuft.run import goodput, rundir
 from tpuft.storage import open_storage
 from tpuft.worker import events
 from tpuft.worker import loop as loop_mod
@@ -186,7 +186,7 @@ def test_runs_monitor_goodput_and_the_plot_show_the_breakdown_and_cost(cli, tmp_
 
 def test_the_train_summary_shows_goodput_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
     from tpuft.cli.render import out_console, print_train_summary
-    from tpuft.cost import run_cost
+    from tpuft.run.cost import run_cost
     from tpuft.ops.train import TrainResult
 
     info = {"status": "finished", "accelerator": "v4-8", "pricing": "on-demand", "chips": 4, "ended": T0 + 100,
@@ -224,7 +224,7 @@ def test_a_queued_resource_s_wait_for_capacity_is_told_apart_from_its_provisioni
 
 def test_the_cluster_file_may_set_the_goodput_switches_and_no_other_tpuft_variable(tmp_path: Path) -> None:
     from tpuft.config import load_cluster
-    from tpuft.errors import ConfigError
+    from tpuft.core.errors import ConfigError
 
     path = tmp_path / "tpuft.yaml"
     path.write_text("name: c\nworker_env:\n  TPUFT_EVENTS: '0'\n  TPUFT_GOODPUT_EXTERNAL: my-job\n")

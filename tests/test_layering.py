@@ -132,13 +132,13 @@ def test_nothing_below_the_cli_imports_it() -> None:
 def test_the_worker_side_imports_nothing_of_the_controller_side() -> None:
     for name, deps in graph().items():
         if name.startswith("tpuft.worker"):
-            bad = [d for d in deps if d.startswith(("tpuft.cli", "tpuft.ops", "tpuft.providers", "tpuft.fleet", "tpuft.runs"))]
+            bad = [d for d in deps if d.startswith(("tpuft.cli", "tpuft.ops", "tpuft.providers", "tpuft.fleet", "tpuft.readers"))]
             assert bad == [], (name, bad)
 
 
 def test_the_fleet_is_a_leaf() -> None:
     """The fleet keeps connections to workers; building a fleet from a cluster belongs above it (beside ops)."""
-    allowed = ("tpuft.fleet", "tpuft.records", "tpuft.errors", "tpuft.waiting")
+    allowed = ("tpuft.fleet", "tpuft.core.records", "tpuft.core.errors", "tpuft.core.waiting")
     for name, deps in graph().items():
         if name.startswith("tpuft.fleet"):
             bad = sorted(d for d in deps if not (d in allowed or d.startswith("tpuft.fleet.")))
@@ -154,8 +154,8 @@ def backend_kinds() -> list[str]:
 def is_own_file(rel: str, kind: str) -> bool:
     """A backend's own files are named after it: ``backends/<kind>.py`` (planning), ``backends/<kind>_schema.py``
     (its recipe section, capabilities and run layout) and its other planning parts (``backends/<kind>_*.py``, e.g.
-    ``t5x_compile.py``), ``worker/<kind>_train.py`` and its other worker parts (``worker/<kind>_*.py``)."""
-    return rel == f"tpuft/backends/{kind}.py" or rel.startswith((f"tpuft/backends/{kind}_", f"tpuft/worker/{kind}_"))
+    ``t5x_compile.py``), and its room on the worker side, ``worker/<kind>/`` (``train.py`` and its parts)."""
+    return rel == f"tpuft/backends/{kind}.py" or rel.startswith((f"tpuft/backends/{kind}_", f"tpuft/worker/{kind}/"))
 
 
 def test_no_shared_module_names_a_backend() -> None:
@@ -173,7 +173,7 @@ def test_no_shared_module_names_a_backend() -> None:
         for kind in kinds:
             if is_own_file(rel, kind) or kind in CONVERTERS_OF_A_FORMAT.get(rel, ()):
                 continue
-            named = f"tpuft.backends.{kind}" in imported or f"worker.{kind}_train" in imported
+            named = f"tpuft.backends.{kind}" in imported or f"tpuft.worker.{kind}" in imported
             assert not named, (rel, kind)
             assert kind not in strings, (rel, kind)
 
@@ -186,7 +186,7 @@ def test_loading_the_config_imports_no_backend_planner() -> None:
                                 cwd=PACKAGE.parent).stdout.split())
     planners = {f"tpuft.backends.{kind}" for kind in backend_kinds()}
     assert {f"tpuft.backends.{kind}_schema" for kind in backend_kinds()} <= loaded
-    bad = sorted(m for m in loaded if m in planners or m.startswith(("tpuft.worker", "tpuft.runs", "tpuft.providers",
+    bad = sorted(m for m in loaded if m in planners or m.startswith(("tpuft.worker", "tpuft.readers", "tpuft.providers",
                                                                       "tpuft.ops", "tpuft.cli", "tpuft.fleet")))
     assert bad == [], bad
 

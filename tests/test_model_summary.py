@@ -1,4 +1,4 @@
-"""Model shapes from a T5 config (tpuft/model_shapes.py) and ``tpuft recipes show --summary`` (tpuft/model_summary.py).
+"""Model shapes from a T5 config (tpuft/model/shapes.py) and ``tpuft recipes show --summary`` (tpuft/model/summary.py).
 
 The fast tests use the analytical shapes; one slow test builds the real Hugging Face models in the PyTorch/XLA
 backend's venv and compares every parameter name and shape."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.model_shapes import (
+from tpuft.model.shapes import (
     KNOWN_CONFIGS,
     architecture,
     count,
@@ -19,7 +19,7 @@ from tpuft.model_shapes import (
     t5_shapes,
     tokenizer_size,
 )
-from tpuft.model_summary import (
+from tpuft.model.summary import (
     activation_bytes,
     fmt_bytes,
     module_rows,
@@ -59,7 +59,7 @@ def test_known_ids_and_aliases() -> None:
 
 
 def test_tokenizer_sizes() -> None:
-    from tpuft.t5_config import BYT5_VOCAB
+    from tpuft.model.t5_config import BYT5_VOCAB
 
     assert tokenizer_size("byt5") == BYT5_VOCAB
     assert tokenizer_size("t5-base") == 32100 and tokenizer_size("google-t5/t5-base") == 32100
@@ -121,7 +121,7 @@ def test_freezing_and_prompt_tuning() -> None:
 
 
 def test_optimizer_state() -> None:
-    from tpuft.fsdp_plan import plan
+    from tpuft.model.fsdp_plan import plan
 
     layout = plan({"w": (1024, 4096), "v": (1024,)}, 8)
     w, v = layout.params["w"], layout.params["v"]
@@ -276,7 +276,7 @@ T5X_SMALL = {"vocab_size": 384, "d_model": 128, "d_kv": 32, "num_heads": 4, "d_f
 
 
 def test_t5x_gin_overrides_resize_the_family_model() -> None:
-    from tpuft.gin_network import family_hub_id, network_config
+    from tpuft.model.gin_network import family_hub_id, network_config
 
     small = known_config(family_hub_id("byt5", "small"))
     overrides = {"network.T5Config.emb_dim": 128, "network.T5Config.num_heads": 4, "T5Config.head_dim": 32,
@@ -329,9 +329,9 @@ SHIPPED_SIZES: dict[str, int | str] = {
 
 
 def test_every_shipped_recipe_is_sized_right_or_says_it_cannot() -> None:
-    from tpuft.errors import ConfigError
+    from tpuft.core.errors import ConfigError
     from tpuft.ops.recipes import summary
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
 
     shipped = sorted(p.stem for p in recipes_dir().glob("*.yaml"))
     assert shipped == sorted(SHIPPED_SIZES)

@@ -132,7 +132,7 @@ def _context(node, path: list[str], words: list[str], command: Command):  # type
 
 def recipe_of(command: Command, params: dict[str, object]) -> Path | None:
     """The recipe the command names, checked to exist; None for a placeholder or no recipe."""
-    from tpuft.paths import shipped_recipe
+    from tpuft.core.paths import shipped_recipe
 
     named = params.get("recipe") if params.get("recipe") is not None else params.get("name")
     if named is None or is_placeholder(str(named)):
@@ -163,7 +163,7 @@ def test_every_documented_command_parses(command: Command) -> None:
 
 
 def shipped_quickstart() -> Path:
-    from tpuft.paths import shipped_recipe
+    from tpuft.core.paths import shipped_recipe
 
     found = shipped_recipe("quickstart")
     assert found is not None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tpuft.config import load_recipe
-from tpuft.paths import recipes_dir
+from tpuft.core.paths import recipes_dir
 
 SHIPPED = sorted(recipes_dir().glob("*.yaml"))
 

@@ -1,4 +1,4 @@
-"""``tpuft.waiting``: a wait is silent at first, then says on stderr what it waits for and the time it has left: one
+"""``tpuft.core.waiting``: a wait is silent at first, then says on stderr what it waits for and the time it has left: one
 line rewritten in place on a terminal (a real pseudo-terminal here), plain lines at a bounded rate anywhere else, or
 the caller's progress callback instead of stderr, never both."""
 
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tpuft.waiting import duration, waiting
+from tpuft.core.waiting import duration, waiting
 
 
 class Capture(io.StringIO):
@@ -86,7 +86,7 @@ def test_on_a_terminal_the_wait_is_one_line_rewritten_and_erased(monkeypatch: py
 
 
 def test_on_a_narrow_terminal_the_time_left_is_kept_and_the_subject_cut(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuft.waiting import Wait
+    from tpuft.core.waiting import Wait
 
     wait = Wait("the SSH host keys of TPU node t5 worker(s) 0-3 (each VM's guest agent publishes them)", 300)
     wait.update("1 of 4 published")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tpuft.backends.base import EnvSpec
-from tpuft.paths import venv_cache
+from tpuft.core.paths import venv_cache
 
 WHEELS = Path(__file__).resolve().parents[1].parent / "shared" / "wheels"
 """The wheelhouse beside the repository (here and in CI) standing in for t5x, airio and jestimator's git sources."""
@@ -98,7 +98,7 @@ def keras_python() -> str:
 def tracking_spec() -> EnvSpec:
     """The tracker sidecar's venv (wandb, mlflow): what the tracking tests and the e2e quickstarts' trackers use."""
     from tpuft.config import LocalConfig
-    from tpuft.tracking_env import tracking_spec as spec
+    from tpuft.config.tracking_env import tracking_spec as spec
 
     return spec(LocalConfig().python)
 

@@ -48,7 +48,7 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
     """The warm path first (the cluster's connection agent, no heavy import at all); then what the last cold exec
     with this cluster file remembered (:mod:`tpuft.ops.quick_exec`: no validation, no API, pinned host keys); then
     the whole path (the file validated, the API asked if need be), which remembers for next time."""
-    from tpuft.errors import TpuftError
+    from tpuft.core.errors import TpuftError
     from tpuft.ops import agent_client
     from tpuft.fleet.base import failure_error
 

@@ -13,7 +13,7 @@ from tpuft.backends import get_backend, kinds
 from tpuft.backends.base import ClusterShape
 from tpuft.backends.keras import LAYOUT, TF_VERSION, TPU_RUNTIME, KerasBackend
 from tpuft.config import load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 
 BACKEND = get_backend("keras")
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"

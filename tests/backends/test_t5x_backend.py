@@ -29,9 +29,9 @@ from tpuft.backends.t5x import (
     source_requirements,
 )
 from tpuft.config import load_cluster, load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 from tpuft.ops.preflight import check_against_cluster
-from tpuft.runs import RunSnapshot
+from tpuft.readers.runs import RunSnapshot
 
 BACKEND = get_backend("t5x")
 SHIPPED = ("t5x_quickstart", "t5x_span_corruption", "ro_t5x_base_pretrain", "ro_mt5x_base_pretrain")

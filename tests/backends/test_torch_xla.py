@@ -12,7 +12,7 @@ from tpuft.backends import get_backend, kinds
 from tpuft.backends.base import ClusterShape
 from tpuft.backends.torch_xla import LAYOUT, TorchXlaBackend
 from tpuft.config import load_recipe
-from tpuft.runs import RunSnapshot, WorkerView
+from tpuft.readers.runs import RunSnapshot, WorkerView
 from tpuft.storage import open_storage
 
 BACKEND = get_backend("torch_xla")

@@ -40,7 +40,7 @@ def test_cli_imports_no_ml_framework() -> None:
 
 def test_worker_does_not_import_the_cli_side() -> None:
     code = (
-        "import sys, tpuft.worker.__main__, tpuft.worker.torch_xla_train, tpuft.worker.metrics, tpuft.convert.hf_ckpt;"
+        "import sys, tpuft.worker.__main__, tpuft.worker.torch_xla.train, tpuft.worker.metrics, tpuft.convert.hf_ckpt;"
         "print(' '.join(m for m in ('typer', 'rich', 'tpuft.cli', 'tpuft.ops', 'tpuft.fleet', 'tpuft.providers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -114,7 +114,7 @@ def test_fast_exec_prints_what_the_typer_command_prints(cli, cluster_file, args:
 def test_status_json_gives_each_slice_its_node_state_and_workers() -> None:
     """A multislice GCP cluster: the provider's ``details["slice S"]`` ("NODE STATE") become the slices' entries."""
     from tpuft.cli.render import cluster_json
-    from tpuft.records import Cluster, State, Worker
+    from tpuft.core.records import Cluster, State, Worker
 
     workers = [Worker(index=i, address=f"34.0.0.{i}", internal_address=f"10.0.{i // 2}.{i % 2}", slice=i // 2) for i in range(4)]
     details = {"queued_resource": "qr ACTIVE", "slice 0": "demo-0 READY", "slice 1": "demo-1 PREEMPTED"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuft import rundir
+from tpuft.run import rundir
 
 T5X = Path(__file__).resolve().parents[1] / "data" / "t5x" / "t5_1_1_tiny" / "legacy"
 

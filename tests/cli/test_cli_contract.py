@@ -34,7 +34,7 @@ def env() -> dict[str, str]:
 
 
 def test_a_closed_pipe_ends_every_entry_point_quietly(env: dict[str, str], cli, cluster_file: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from tpuft import rundir
+    from tpuft.run import rundir
 
     assert cli("create", "-c", str(cluster_file)).code == 0
     with_run = tmp_path / "with-run.yaml"  # a finished run with a long log, for `runs` and `logs`

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tpuft.config import load_cluster, load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 
 RECIPE = """\
 name: t

@@ -14,7 +14,7 @@ from tpuft.backends import get_backend
 from tpuft.backends import keras_schema, torch_xla_schema
 from tpuft.backends.registry import capabilities, kinds
 from tpuft.config import RecipeConfig, load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 
 KERAS = MINIMAL_RECIPE.replace("kind: torch_xla", "kind: keras").replace("batch_size: 4", "batch_size: 16")
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import MINIMAL_RECIPE as GOOD
 from tpuft.config import load_cluster, load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 
 
 def write(recipe_dir: Path, text: str) -> Path:

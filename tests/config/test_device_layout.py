@@ -11,7 +11,7 @@ import pytest
 from tpuft.backends.spec import LOCAL_DEVICES_ENV, ClusterShape
 from tpuft.backends.t5x import BACKEND, T5x
 from tpuft.config import load_cluster, load_recipe
-from tpuft.worker.t5x_train import layout_line, with_host_device_count
+from tpuft.worker.t5x.train import layout_line, with_host_device_count
 
 REPO = Path(__file__).resolve().parents[2]
 

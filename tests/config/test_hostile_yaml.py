@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tpuft import safe_yaml
+from tpuft.core import safe_yaml
 from tests.conftest import MINIMAL_RECIPE as GOOD
 from tpuft.config import load_cluster, load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 
 
 def bomb(levels: int = 9, fan: int = 9) -> str:

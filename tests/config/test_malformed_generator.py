@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tpuft.paths import recipes_dir
+from tpuft.core.paths import recipes_dir
 
 GCP_CLUSTER = """\
 name: t5-v4
@@ -184,7 +184,7 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The shipped recipes that load from a copy next to a link to the shipped data (the others' data is not
     shipped: their schema is covered by tests/test_recipes.py)."""
     from tpuft.config import load_recipe
-    from tpuft.errors import TpuftError
+    from tpuft.core.errors import TpuftError
 
     folder = tmp_path_factory.mktemp("bases")
     (folder / "data").symlink_to(recipes_dir() / "data")

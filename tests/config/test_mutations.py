@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tpuft.paths import recipes_dir
+from tpuft.core.paths import recipes_dir
 
 Path_ = tuple[str, ...]
 

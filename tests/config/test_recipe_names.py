@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import MINIMAL_RECIPE
 from tpuft.config import resolve_recipe_path
-from tpuft.errors import UsageError
-from tpuft.paths import recipes_dir
+from tpuft.core.errors import UsageError
+from tpuft.core.paths import recipes_dir
 
 
 def test_a_stem_finds_the_local_file_and_it_wins_over_a_shipped_recipe(recipe_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

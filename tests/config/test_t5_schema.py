@@ -1,4 +1,4 @@
-"""tpuft's own T5 schema (tpuft/t5_config.py) against the T5Config of the transformers that the backends install:
+"""tpuft's own T5 schema (tpuft/model/t5_config.py) against the T5Config of the transformers that the backends install:
 the same fields and defaults, the same activation functions. If transformers adds, drops or renames a key, this
 fails, and the schema is updated instead of silently refusing a valid key or accepting a dead one."""
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tpuft.t5_config import ACTIVATIONS, GENERAL_KEYS, TRANSFORMERS_DEFAULTS, T5Settings
+from tpuft.model.t5_config import ACTIVATIONS, GENERAL_KEYS, TRANSFORMERS_DEFAULTS, T5Settings
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import MINIMAL_RECIPE
 from tpuft.config import load_cluster, load_recipe
-from tpuft.errors import ConfigError
-from tpuft.safe_yaml import key_path_at
+from tpuft.core.errors import ConfigError
+from tpuft.core.safe_yaml import key_path_at
 
 T5X_RECIPE = """\
 name: t

@@ -15,7 +15,7 @@ import pytest
 
 from tests.ops.test_preflight import RECIPE as PREFLIGHT_RECIPE
 from tpuft.config import load_cluster, load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 from tpuft.ops.preflight import preflight
 from tpuft.worker import data as data_mod
 from tpuft.worker.data import DataError, Fields, check_file, iter_records, iter_shard, load_shard

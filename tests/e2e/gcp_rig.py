@@ -16,7 +16,7 @@ import pytest
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod
-from tpuft.paths import venv_cache
+from tpuft.core.paths import venv_cache
 
 
 def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulator,
@@ -65,7 +65,7 @@ def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.Comp
     their parts of every shard there; OUT is every input once, in input order, its predictions those of the run's
     test evaluation (the same weights, in memory at the last step), and the scores those its rows give.
     ``tpuft(*args)`` runs the CLI on the rig's cluster. Returns the result's JSON."""
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
     from tpuft.worker.predictions import score, shard_name
 
     bucket = gcs.client().bucket("e2e-bucket")

@@ -90,7 +90,7 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
 def _predict_in_the_bucket(client: object, cluster: Path, env: dict[str, str], run_id: str) -> None:
     """``tpuft predict`` of the run with its input and output in the bucket: the input sharded over the SSH workers,
     which read the checkpoint and write their parts in the bucket; the controller joins OUT there, in input order."""
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
 
     bucket = client.bucket("e2e-bucket")  # type: ignore[attr-defined]
     lines = (recipes_dir() / "data/numbers/test.jsonl").read_text().splitlines()[:120]
@@ -177,6 +177,6 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
         assert stopped.returncode == 0, stopped.stderr[-4000:]
         result = json.loads(stopped.stdout)
         assert result["status"] == "stopped" and time.monotonic() - t0 < 60
-        from tpuft.worker.supervisor import is_alive
+        from tpuft.worker.supervisor.process import is_alive
 
         assert not any(is_alive(pid) for pid in result["trainer_pids"].values())

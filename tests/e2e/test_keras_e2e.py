@@ -34,9 +34,9 @@ import pytest
 from tests.conftest import REPO, wait_until
 from tests.e2e.tracking_checks import REPORT, check_tracking
 from tests.pods import Finished, Pod, created_pod
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.backends.keras import LAYOUT
-from tpuft.paths import recipes_dir
+from tpuft.core.paths import recipes_dir
 from tpuft.worker import predictions
 
 pytestmark = pytest.mark.slow

@@ -18,9 +18,9 @@ import pytest
 
 from tests.conftest import wait_until
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.backends.torch_xla import LAYOUT
-from tpuft.worker.supervisor import is_alive
+from tpuft.worker.supervisor.process import is_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla")]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.tracking_checks import REPORT, check_tracking
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.backends.torch_xla import LAYOUT
 
 pytestmark = [pytest.mark.slow, pytest.mark.backend_venvs("torch_xla")]
@@ -77,7 +77,7 @@ def test_reaches_the_accuracy_bar(quickstart: Run) -> None:
 
 
 def test_the_test_set_is_decoded_once_on_the_workers_and_its_predictions_merge_in_order(quickstart: Run) -> None:
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
     from tpuft.worker import predictions
 
     test = quickstart.summary["test"]
@@ -143,7 +143,7 @@ print(json.dumps(tok.batch_decode(out, skip_special_tokens=True)))
 
 
 def _held_out(count: int) -> tuple[list[str], list[str]]:
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
 
     rows = [json.loads(line) for line in (recipes_dir() / "data/numbers/eval.jsonl").read_text().splitlines()[:count]]
     return [r["words"] for r in rows], [r["digits"] for r in rows]
@@ -189,7 +189,7 @@ WORKER_MEETS_BAD_DATA = """
 import sys
 from pathlib import Path
 from tpuft.config import load_cluster, load_recipe
-from tpuft.errors import WorkerFailure
+from tpuft.core.errors import WorkerFailure
 from tpuft.ops.train import train
 cluster, data = Path(sys.argv[1]), Path(sys.argv[2])
 recipe = load_recipe(Path("quickstart"), [f"data.train={data}", "train.steps=5", "train.warmup_steps=0"])
@@ -251,7 +251,7 @@ def test_predict_on_the_pod_matches_the_final_eval_and_a_killed_job_resumes(quic
     held-out set exactly as the run's final evaluation did. A job whose worker is killed mid-way fails naming the
     command that resumes it; ``--resume`` keeps the finished shards and ends with every row once, in input order."""
     from tests.conftest import wait_until
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
 
     env, cluster, run_id = quickstart.env, str(quickstart.cluster), quickstart.run_dir.name
     held_out = recipes_dir() / "data/numbers/eval.jsonl"

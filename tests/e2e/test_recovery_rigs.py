@@ -217,8 +217,8 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         line = next(n for n in log_b.splitlines() if n.startswith("checkpoint before maintenance: "))
         assert f"step {saved_at}, saved {window['saved_s']} s after the ask" in line and "before the window" in line, line
         assert "run stopped with a checkpoint before maintenance; it resumes after the window ends at" in log_b
-        from tpuft.goodput import read_events
-        from tpuft.runs import Run
+        from tpuft.run.goodput import read_events
+        from tpuft.readers.runs import Run
 
         events = read_events(Run.from_url(run_url).storage)
         trained = max(e["to_step"] for e in events if e["kind"] == "steps" and e["attempt"] == 1)

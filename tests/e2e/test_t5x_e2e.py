@@ -29,7 +29,7 @@ from tests.pods import Finished, Pod, created_pod
 from tests.venvs import t5x_source_settings
 
 from tests.conftest import REPO, wait_until
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.backends.t5x import LAYOUT
 from tpuft.worker.predictions import merged, score, shard_name
 
@@ -162,9 +162,9 @@ def test_the_summary_counts_the_checkpoint_s_parameters(quickstart: Finished) ->
     """``recipes show --summary t5x_quickstart`` sizes the network the generated gin builds (ByT5 small resized by
     the recipe's gin_overrides): as many parameters as the trained checkpoint's arrays hold."""
     from tpuft.convert.t5x_ckpt import find_t5x_checkpoint, open_t5x_checkpoint
-    from tpuft.model_shapes import numel
+    from tpuft.model.shapes import numel
     from tpuft.ops.recipes import summary
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
 
     found = find_t5x_checkpoint(quickstart.run_dir / LAYOUT.checkpoints)
     assert found is not None

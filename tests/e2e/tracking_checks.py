@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tpuft import rundir
+from tpuft.run import rundir
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT = "report={to: [tensorboard, wandb, mlflow], wandb: {mode: offline}, samples: 10}"

@@ -12,11 +12,11 @@ import pytest
 
 from tests.conftest import alive
 from tests.rigs.sshd_pod import SshdPod, sshd_available
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.fleet.base import Fleet
 from tpuft.fleet.local import LocalFleet
 from tpuft.fleet.ssh import SshFleet, SshSettings
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 
 WORKERS = 3
 
@@ -129,7 +129,7 @@ def test_an_environment_name_is_refused_before_any_command_runs(rig: Rig) -> Non
 
 
 def test_the_fleet_checks_environment_names_by_the_cluster_files_rule() -> None:
-    from tpuft import formats
+    from tpuft.core import formats
     from tpuft.fleet import base
 
     assert base.ENV_NAME.pattern == formats.ENV_NAME.pattern

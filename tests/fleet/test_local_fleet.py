@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import alive, default_sigint, wait_for_files
 from tpuft.fleet.local import LocalFleet
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 

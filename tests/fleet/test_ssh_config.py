@@ -13,7 +13,7 @@ import pytest
 from tests.rigs.bastion import Bastion
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
 

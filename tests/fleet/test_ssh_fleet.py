@@ -15,7 +15,7 @@ from tests.conftest import default_sigint
 from tests.conftest import alive, wait_for_files
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
 
@@ -95,7 +95,7 @@ import sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
 from tpuft.fleet.ssh import SshFleet, SshSettings
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 addresses = {addresses!r}
 fleet = SshFleet([Worker(i, a) for i, a in enumerate(addresses)], SshSettings(user={user!r}, key_file=Path({key!r}), port={port}))
 result = fleet.run(["bash", "-c", "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"])
@@ -131,7 +131,7 @@ INJECTIONS = ["X=1 touch {m}; Y", "X; touch {m}", "A B", "", "$(touch {m})", "X\
 def test_an_environment_name_never_becomes_shell(pod: SshdPod, tmp_path: Path, name: str) -> None:
     """Names are refused before any command line is built (the cluster file refuses them earlier still); values
     and argv travel quoted, so what a worker gets is the text, not a command."""
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
     from tpuft.fleet.ssh_remote import remote_command
 
     marker = tmp_path / "owned"

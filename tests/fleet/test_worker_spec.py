@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.fleet.spec import parse_one_worker, parse_worker_list
 from tpuft.ops.agent_client import Identity
-from tpuft.records import Cluster, SliceLayout, State, Worker
+from tpuft.core.records import Cluster, SliceLayout, State, Worker
 
 TWO_BY_FOUR = SliceLayout(2, 4)
 

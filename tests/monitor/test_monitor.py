@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tests.rundirs import write_run
-from tpuft.runs import snapshot
+from tpuft.readers.runs import snapshot
 
 
 def make_run(root: Path, *, beats: dict[int, float], lines: list[str]) -> Path:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft import rundir
+from tpuft.run import rundir
 from tests.rundirs import write_run as build_run
-from tpuft.rundir import log_timestamp
+from tpuft.run.rundir import log_timestamp
 from tpuft.ops.logs import LogLine, follow, in_time_order, open_run_logs, parse_line
 from tpuft.config import load_cluster
 from tpuft.storage import open_storage
@@ -234,17 +234,17 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(cluster: Path, t
 def test_a_live_monitor_outlives_an_outage_of_the_network(cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The live view (a terminal) keeps the last snapshot and says it cannot reach Google Cloud, instead of ending on
     one refresh's ``gcp.timeout``; it goes on when the bucket answers again. The outage is raised by a stand-in of
-    ``tpuft.monitor.watch`` (a bucket that stops answering is tests/providers/test_network_down.py)."""
+    ``tpuft.readers.monitor.watch`` (a bucket that stops answering is tests/providers/test_network_down.py)."""
     import io
 
     from rich.console import Console
 
     import tpuft.cli.results as results
-    import tpuft.monitor
+    import tpuft.readers.monitor
     from tpuft.storage.network import CloudUnreachable
 
     run = write_run(tmp_path / "bucket", "delta-4", status="running", steps=40, evals=[])
-    real_watch = tpuft.monitor.watch
+    real_watch = tpuft.readers.monitor.watch
     calls: list[int] = []
 
     def flaky_watch(config, run_):  # type: ignore[no-untyped-def]
@@ -257,7 +257,7 @@ def test_a_live_monitor_outlives_an_outage_of_the_network(cluster: Path, tmp_pat
         return real_watch(config, run_)
 
     screen = io.StringIO()
-    monkeypatch.setattr(tpuft.monitor, "watch", flaky_watch)
+    monkeypatch.setattr(tpuft.readers.monitor, "watch", flaky_watch)
     monkeypatch.setattr(results, "out_console", lambda: Console(file=screen, force_terminal=True, width=200))
     results.monitor("delta-4", once=False, interval=0.3, plot=None, config=cluster, json_out=False)
     assert len(calls) == 4

@@ -20,11 +20,11 @@ import pytest
 
 from tests.monitor.tb_files import WALL0, png_size, t5x_tb, write_events
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft import rundir
-from tpuft.errors import UsageError
+from tpuft.run import rundir
+from tpuft.core.errors import UsageError
 from tpuft.ops.tensorboard import TensorBoardHandle
-from tpuft.rundir import MetricsLog
-from tpuft.tb_events import read_tb_metrics
+from tpuft.run.rundir import MetricsLog
+from tpuft.readers.tb_events import read_tb_metrics
 
 BUCKET = "tpuft-tb-runs"
 # ---- reading -------------------------------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def test_missing_tb_dir_is_an_empty_log(tmp_path: Path) -> None:
 
 def test_modules_do_not_import_tensorboard_or_matplotlib_at_import() -> None:
     code = (
-        "import sys, tpuft.tb_events, tpuft.plot, tpuft.ops.tensorboard\n"
+        "import sys, tpuft.readers.tb_events, tpuft.readers.plot, tpuft.ops.tensorboard\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'matplotlib', 'numpy'))\n"
         "assert not heavy, heavy\n"
     )
@@ -137,7 +137,7 @@ def synthetic_log(steps: int = 5000, eval_every: int = 250) -> MetricsLog:
 
 
 def test_plot_of_5000_steps_is_a_1200x800_png_in_under_5_s(tmp_path: Path) -> None:
-    from tpuft.plot import plot_curves
+    from tpuft.readers.plot import plot_curves
 
     import matplotlib.figure  # noqa: F401 - the one-off import (and font cache) is not the drawing being timed
 
@@ -154,7 +154,7 @@ def test_plot_of_5000_steps_is_a_1200x800_png_in_under_5_s(tmp_path: Path) -> No
 
 
 def test_plot_from_tensorboard_events_and_percent_metrics(tmp_path: Path) -> None:
-    from tpuft.plot import plot_curves
+    from tpuft.readers.plot import plot_curves
 
     tb = t5x_tb(tmp_path / "tb")
     write_events(tb / "inference_eval" / "mytask", [(200, {"eval/accuracy": 50.0}), (300, {"eval/accuracy": 75.0})])
@@ -163,7 +163,7 @@ def test_plot_from_tensorboard_events_and_percent_metrics(tmp_path: Path) -> Non
 
 
 def test_downsample_keeps_spikes_and_the_ends() -> None:
-    from tpuft.plot import MAX_POINTS, downsample
+    from tpuft.readers.plot import MAX_POINTS, downsample
 
     steps = [float(s) for s in range(40_000)]
     values = [1.0] * 40_000
@@ -175,7 +175,7 @@ def test_downsample_keeps_spikes_and_the_ends() -> None:
 
 
 def test_plot_errors(tmp_path: Path) -> None:
-    from tpuft.plot import plot_curves
+    from tpuft.readers.plot import plot_curves
 
     with pytest.raises(UsageError, match="nothing to plot"):
         plot_curves(MetricsLog(), tmp_path / "a.png", title="empty")
@@ -262,7 +262,7 @@ def test_tensorboard_found_in_a_backend_venv_or_not_at_all(tmp_path: Path, monke
 
 
 def test_tensorboard_that_dies_reports_its_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuft.errors import TpuftError
+    from tpuft.core.errors import TpuftError
     from tpuft.ops import tensorboard as tb_ops
 
     fake = tmp_path / "fake-tensorboard"
@@ -284,7 +284,7 @@ def wait_syncs(handle: TensorBoardHandle, count: int, timeout: float = 30.0) -> 
 
 def test_tensorboard_on_a_bucket_run_mirrors_and_resyncs(tmp_path: Path, gcs: GcsEmulator) -> None:
     from tpuft.ops.tensorboard import start_tensorboard
-    from tpuft.paths import tpuft_home
+    from tpuft.core.paths import tpuft_home
     from tpuft.storage import open_storage
 
     gcs.reset()

@@ -11,10 +11,10 @@ from pathlib import Path
 from rich.console import Console
 
 from tests.rundirs import write_run
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.cli.render import print_train_summary
 from tpuft.ops.train import TrainResult
-from tpuft.runs import snapshot
+from tpuft.readers.runs import snapshot
 from tpuft.storage import LocalStorage
 
 TEST = {"test_exact_match": 0.984, "test_bleu": 97.5, "test_rouge_l": 99.1, "test_examples": 500,

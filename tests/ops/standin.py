@@ -1,5 +1,5 @@
 """A backend venv that tpuft's bootstrap accepts as built (its completion marker is there), whose ``bin/python`` runs
-tpuft's own worker tools for real (the supervisor: ``-m tpuft.worker.supervisor ...``) and a scripted stand-in in
+tpuft's own worker tools for real (the supervisor: ``-m tpuft.worker.supervisor.process ...``) and a scripted stand-in in
 place of the trainer, or is absent. The controller's side of setup and train (shipping, launch plans, supervisors,
 attach, stop, resume, run.json) is tested with it without building torch.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend
 from tpuft.fleet.ssh import SshFleet
-from tpuft.records import Cluster
+from tpuft.core.records import Cluster
 from tpuft.worker.bootstrap import MARKER
 
 RECIPE = """\
@@ -32,7 +32,7 @@ def wrapper() -> str:
     """``bin/python``: the real interpreter for the supervisor, the stand-in for the trainer."""
     return (
         "#!/bin/bash\n"
-        f'if [ "$1" = "-m" ] && [ "$2" = "tpuft.worker.supervisor" ]; then exec {sys.executable} "$@"; fi\n'
+        f'if [ "$1" = "-m" ] && [ "$2" = "tpuft.worker.supervisor.process" ]; then exec {sys.executable} "$@"; fi\n'
         f'exec {sys.executable} {TRAINER} "$@"\n'
     )
 

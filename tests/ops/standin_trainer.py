@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.multislice import apply_megascale_env
 

@@ -25,10 +25,10 @@ from tpuft.fleet.ssh import SshFleet, SshSettings
 from tpuft.ops import doctor
 from tpuft.ops.common import Session, ship_package
 from tpuft.ops.setup import env_spec
-from tpuft.ports import free_port
-from tpuft.records import Cluster, State, Worker
+from tpuft.core.ports import free_port
+from tpuft.core.records import Cluster, State, Worker
 from tpuft.worker.bootstrap import MARKER
-from tpuft.worker.host_state import STATE_DIR, start_ticks
+from tpuft.worker.supervisor.host_state import STATE_DIR, start_ticks
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 EIGHT = RECIPE.replace("batch_size: 2", "batch_size: 8")

@@ -15,7 +15,7 @@ import pytest
 
 import tpuft.providers.gcp.tuning as tuning
 from tests.rigs.fake_tpu import FakeTpuServer
-from tpuft.accelerators import lookup
+from tpuft.core.accelerators import lookup
 from tpuft.config import load_cluster
 from tpuft.ops.plan import TRAINER_ENV
 from tpuft.providers.gcp import GcpProvider

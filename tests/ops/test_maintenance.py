@@ -20,14 +20,14 @@ import pytest
 from tests.providers.test_gcp_provider import cluster_yaml, fake_tpu  # noqa: F401 - the fixture
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.metadata_server import MetadataServer
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.cli.options import load_cluster_file
-from tpuft.maintenance_window import Window, rfc3339
+from tpuft.run.maintenance_window import Window, rfc3339
 from tpuft.ops.maintenance import MaintenanceWatch, wait_out_window
 from tpuft.providers import get_provider
-from tpuft.runs import Run
+from tpuft.readers.runs import Run
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.maintenance import MaintenanceNotices, ask_before, read_notice
+from tpuft.worker.supervisor.maintenance import MaintenanceNotices, ask_before, read_notice
 
 
 def _run(tmp_path: Path, workers: int = 1) -> Run:
@@ -187,7 +187,7 @@ def test_the_checkpoint_before_the_window_is_read_back_printed_and_in_the_goodpu
     the line the watcher prints, the ``checkpoint_ask`` event (once, however often it is read back) and goodput's
     ``maintenance`` entry; a late checkpoint is said to be late."""
     from tests.ops.test_ondemand import _save
-    from tpuft.goodput import breakdown
+    from tpuft.run.goodput import breakdown
     from tpuft.ops.maintenance import checkpoint_before, describe_checkpoint
 
     run = _run(tmp_path)
@@ -241,8 +241,8 @@ def test_a_refused_checkpoint_before_maintenance_is_asked_again_past_the_refusal
 def test_a_supervisor_asks_for_the_checkpoint_of_its_workers_notice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor proper (in process, a ``sleep`` for a trainer): the one line in supervision.py starts the poll,
     and a notice file in the worker's home (the local pod's metadata key) becomes the request and a line in its log."""
-    from tpuft.worker import maintenance
-    from tpuft.worker.supervision import Supervisor
+    from tpuft.worker.supervisor import maintenance
+    from tpuft.worker.supervisor.supervision import Supervisor
 
     home = tmp_path / "home"
     (home / ".tpuft").mkdir(parents=True)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.backends.registry import layout
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.ops import lifecycle
 from tpuft.ops.ondemand import CheckpointRefused, CheckpointTimeout, pick_at_step
-from tpuft.runs import Run
+from tpuft.readers.runs import Run
 
 BACKEND = "torch_xla"
 

@@ -14,8 +14,8 @@ from tpuft.backends.registry import layout
 from tpuft.config import load_cluster, load_recipe
 from tpuft.ops import predict as ops
 from tpuft.ops import predict_shards as shards_ops
-from tpuft.paths import package_root
-from tpuft.runs import run_storage
+from tpuft.core.paths import package_root
+from tpuft.readers.runs import run_storage
 from tpuft.worker.predict_job import JOB_FILE
 
 QUICKSTART = (package_root().parent / "recipes" / "quickstart.yaml").read_text()
@@ -105,7 +105,7 @@ def test_every_bad_input_line_is_located_before_anything_starts(cli, cluster_fil
 
 
 def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(cluster_file: Path, tmp_path: Path) -> None:
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
 
     config = load_cluster(cluster_file).value
     make_run(cluster_file)
@@ -166,7 +166,7 @@ def test_progress_counts_the_examples_of_the_parts_written(tmp_path: Path) -> No
 
 
 def test_local_needs_a_hugging_face_model(cluster_file: Path, tmp_path: Path) -> None:
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
 
     config = load_cluster(cluster_file).value
     run = make_run(cluster_file)
@@ -182,7 +182,7 @@ def test_local_needs_a_hugging_face_model(cluster_file: Path, tmp_path: Path) ->
 
 
 def test_runs_count_a_predict_jobs_examples_over_its_workers(tmp_path: Path) -> None:
-    from tpuft.runs import snapshot
+    from tpuft.readers.runs import snapshot
 
     run = tmp_path / "predict-quickstart-20261126-010000-0002"
     write_run(run, info={"job": "predict", "workers": 2, "total_steps": 3000, "status": "running"},

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator, _Handler
-from tpuft.errors import TpuftError, UsageError
+from tpuft.core.errors import TpuftError, UsageError
 from tests.rundirs import write_run
 from tpuft.ops.pull import PullResult, choose_checkpoints, pull
 from tpuft.storage import PARTIAL_SUFFIX, GcsStorage, open_storage

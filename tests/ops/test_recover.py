@@ -16,13 +16,13 @@ import pytest
 import tpuft.providers.gcp.tuning as gcp_module
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft import goodput, rundir
+from tpuft.run import goodput, rundir
 from tpuft.backends.spec import manifest_text
 from tpuft.config import ClusterConfig, load_cluster
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.ops.recover import WATCHER, WatchTakenOver, node_problem, watcher_lease
 from tpuft.providers import get_provider
-from tpuft.runs import Run
+from tpuft.readers.runs import Run
 
 
 def test_recover_in_the_cluster_file(tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_a_stockout_while_recreating_is_tried_again_after_a_longer_back_off(
     """The recreate half of a recovery on the fake API. ``setup`` and ``resume`` are replaced by recorders here: they
     need the sshd pod and a trainer, and the whole path runs in tests/e2e/test_recovery_rigs.py."""
     import tpuft.ops.recover as recover_module
-    from tpuft.errors import TpuftError
+    from tpuft.core.errors import TpuftError
     from tpuft.ops.recover import Callbacks, _recover
 
     tpu, config = fake_gcp

@@ -20,7 +20,7 @@ from tpuft.backends.base import EnvSpec
 from tpuft.fleet.ssh import SshFleet, SshSettings
 from tpuft.ops.common import Session, package_hash, ship_package
 from tpuft.ops.setup import bootstrap_argv, ship_sources
-from tpuft.records import Cluster, State, Worker
+from tpuft.core.records import Cluster, State, Worker
 
 
 def test_setup_ships_the_package_and_finds_the_venv_on_every_planned_worker(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]

@@ -20,8 +20,8 @@ import pytest
 
 from tests.conftest import default_sigint, wait_until
 from tests.ops.standin import built_venv, script, worker_home
-from tpuft.cost import chips_of, run_cost
-from tpuft.worker.supervisor import is_alive as alive
+from tpuft.run.cost import chips_of, run_cost
+from tpuft.worker.supervisor.process import is_alive as alive
 
 
 def tpuft(*args: str, **kwargs: Any) -> subprocess.Popen[str]:

@@ -26,7 +26,7 @@ import pytest
 
 import tpuft.providers.gcp.tuning as tuning
 from tests.rigs.fake_tpu import FakeTpuServer
-from tpuft.accelerators import lookup
+from tpuft.core.accelerators import lookup
 from tpuft.config import GcpConfig
 from tpuft.providers.gcp.api import TpuApi
 from tpuft.providers.gcp.nodes import TpuNodes

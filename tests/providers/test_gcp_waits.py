@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tpuft.providers.gcp.tuning as tuning
-import tpuft.waiting as waiting_module
+import tpuft.core.waiting as waiting_module
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft.providers.gcp import GcpProvider

@@ -51,7 +51,7 @@ def worker_address(index: int, first: int = 10) -> str:
 
 def _free_port(addresses: list[str]) -> int:
     """A port that is free on every address (the pod shares one port like real hosts share 22)."""
-    from tpuft.ports import free_port, port_is_free
+    from tpuft.core.ports import free_port, port_is_free
 
     for _ in range(50):
         port = free_port(addresses[0])
@@ -310,7 +310,7 @@ def _parents() -> dict[int, int]:
 def kill_processes_with_home_under(root: Path) -> list[int]:
     """SIGKILL every process whose HOME is under ``root`` (a test's workers: supervisors, trainers, followers run in
     sessions of their own and would outlive the test)."""
-    from tpuft.worker.supervisor import process_environ
+    from tpuft.worker.supervisor.process import process_environ
 
     prefix = str(root.resolve())
     killed = []

@@ -12,7 +12,7 @@ import pytest
 
 from tests.rigs.sshd_pod import SshdPod, sshd_available, worker_address
 from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
 
@@ -102,7 +102,7 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (24, resource.getrlimit(resource.RLIM
 import tpuft.fleet.ssh as ssh
 if sys.argv[1] == "unraised":  # the negative control: what a fleet met before it raised the limit itself
     ssh.ensure_descriptors = lambda workers: None
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 spec = sys.argv[2:]
 fleet = ssh.SshFleet([Worker(i, a) for i, a in enumerate(spec[0].split(","))],
                      ssh.SshSettings(user=spec[1], key_file=Path(spec[2]), port=int(spec[3]), known_hosts=Path(spec[4]),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft.errors import TpuftError, UsageError
+from tpuft.core.errors import TpuftError, UsageError
 from tpuft.storage import PARTIAL_SUFFIX, REGION_WARNING, GcsStorage, LocalStorage, open_storage
 
 Storage = LocalStorage | GcsStorage

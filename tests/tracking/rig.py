@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tpuft import rundir
+from tpuft.run import rundir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def run_sidecar(python: str, run_dir: Path, *, stop: str | None = "finished", en
         rundir.write_json_atomic(run_dir / rundir.TRACKING_STOP, {"status": stop})
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
     full = {**clean, "PYTHONPATH": str(REPO), "TPUFT_TRACKING_POLL_SECONDS": "0.1", **(env or {})}
-    return subprocess.run([python, "-m", "tpuft.worker.tracking", "--run-dir", str(run_dir), "--run-id", "synthetic-1",
+    return subprocess.run([python, "-m", "tpuft.worker.tracking.sidecar", "--run-dir", str(run_dir), "--run-id", "synthetic-1",
                            "--accelerator", "v4-8"], capture_output=True, text=True, env=full, timeout=timeout,
                           cwd=run_dir)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpuft import rundir, runs
+from tpuft.run import rundir
+from tpuft.readers import runs
 from tpuft.cli.render import snapshot_view
 
 STATE = {"wandb": {"id": "ab12cd34", "project": "p", "mode": "offline", "dir": "wandb/offline-run-1-ab12cd34",

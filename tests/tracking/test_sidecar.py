@@ -1,4 +1,4 @@
-"""The tracker sidecar (tpuft/worker/tracking.py) on synthetic run dirs, in the tracking venv, read back with the
+"""The tracker sidecar (tpuft/worker/tracking/sidecar.py) on synthetic run dirs, in the tracking venv, read back with the
 trackers' own readers: W&B offline inside the run dir, MLflow against a file store, SQLite and a local ``mlflow
 server``; a resumed run continuing the same runs without a row twice; trackers that cannot be reached being
 warnings; and the chief's supervisor running it beside a trainer. No training here (the e2e quickstarts track a real
@@ -18,9 +18,9 @@ import pytest
 
 from tests.e2e.tracking_checks import check_tracking, read_back
 from tests.tracking.rig import REPO, TRAIN, free_port, rows_in_order, run_sidecar, write_run_dir
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 
 OFFLINE = {"mode": "offline", "project": "tpuft-tests", "tags": ["synthetic"]}
 
@@ -148,9 +148,9 @@ def test_the_chiefs_supervisor_runs_the_sidecar_beside_its_trainer(tracking_pyth
     """The supervisor proper, in this process, with a trainer that writes the synthetic rows: the sidecar's lines in
     worker 0's log, its state and the trackers' runs in run.json's ``tracking`` once the run is finalized."""
     from tpuft.storage import LocalStorage
-    from tpuft.tracking_env import PYTHON_ENV
+    from tpuft.config.tracking_env import PYTHON_ENV
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.supervision import Supervisor
+    from tpuft.worker.supervisor.supervision import Supervisor
 
     run_dir = write_run_dir(tmp_path / "run", {"wandb": OFFLINE, "mlflow": {}}, rows=[])
     (run_dir / rundir.TEST_DIR / "predictions-00000.jsonl").unlink()
@@ -198,9 +198,9 @@ def test_a_recovered_chief_on_a_new_node_takes_the_state_from_the_bucket(trackin
     tracking.json back from the run dir (a local folder stands in for the bucket: the Storage interface is the same)
     before the sidecar starts, so the W&B run goes on under its id; a worker that is not the chief starts nothing."""
     from tpuft.storage import LocalStorage
-    from tpuft.tracking_env import PYTHON_ENV
+    from tpuft.config.tracking_env import PYTHON_ENV
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.tracking_launch import TrackingSidecar
+    from tpuft.worker.tracking.launch import TrackingSidecar
 
     bucket = write_run_dir(tmp_path / "bucket", {"wandb": OFFLINE, "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}})
     assert run_sidecar(tracking_python, bucket, stop="killed").returncode == 0  # the first node's attempt

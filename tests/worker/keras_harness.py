@@ -64,8 +64,8 @@ def records(ctx: Any, recipe: Any) -> dict[str, Any]:
     import tensorflow as tf
 
     from tpuft.worker import data as data_mod
-    from tpuft.worker.keras_data import RecordData
-    from tpuft.worker.keras_test import test_share
+    from tpuft.worker.keras.data import RecordData
+    from tpuft.worker.keras.testset import test_share
 
     tokenizer = data_mod.load_tokenizer(recipe.model.tokenizer)
     data = RecordData(tf, ctx, recipe, tokenizer, classify=False, replicas=1, tpu_hosts=0, say=lambda *a, **k: None)
@@ -92,7 +92,7 @@ def digest(arrays: list[Any]) -> str:
 
 
 def train(ctx: Any, recipe: Any) -> dict[str, Any]:
-    from tpuft.worker.keras_train import KerasRun
+    from tpuft.worker.keras.train import KerasRun
 
     run = KerasRun(ctx, recipe)
     run.setup()

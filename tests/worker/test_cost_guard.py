@@ -1,4 +1,4 @@
-"""train.max_cost on worker 0's supervisor (tpuft/worker/cost_guard.py), on a fake clock: nothing asked below the
+"""train.max_cost on worker 0's supervisor (tpuft/worker/supervisor/cost_guard.py), on a fake clock: nothing asked below the
 limit, one checkpoint request with stop at the limit (at a step every host can still reach), an outright stop when
 no checkpoint follows, and no guard on other workers or without the key."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.storage import open_storage
-from tpuft.worker.cost_guard import STOP_GRACE_SECONDS, CostGuard
+from tpuft.worker.supervisor.cost_guard import STOP_GRACE_SECONDS, CostGuard
 
 HOUR = 3600.0
 PER_HOUR = 4 * 3.22  # v4-8 on demand: 4 chips

@@ -79,7 +79,7 @@ def test_the_worker_side_imports_nothing_from_the_cli_side() -> None:
     import sys
 
     code = (
-        "import sys, tpuft.worker.__main__, tpuft.worker.data, tpuft.worker.torch_xla_train, tpuft.worker.metrics\n"
+        "import sys, tpuft.worker.__main__, tpuft.worker.data, tpuft.worker.torch_xla.train, tpuft.worker.metrics\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tpuft.cli', 'tpuft.ops', 'tpuft.providers', "
         "'tpuft.fleet', 'typer', 'rich')))))"
     )

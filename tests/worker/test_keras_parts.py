@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import REPO
 from tpuft.worker.data import keep_tokens
-from tpuft.worker.keras_parts import epoch_length, eval_row
+from tpuft.worker.keras.parts import epoch_length, eval_row
 from tpuft.worker.schedule import lr_factor
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_schedules_match_the_shared_definition(keras_python: str) -> None:
     cases = [(100, 10, "linear"), (100, 0, "linear"), (100, 10, "constant"), (100, 10, "inverse_sqrt"), (100, 10, "cosine")]
     got = run_in_venv(keras_python, f"""
         import json, tensorflow as tf
-        from tpuft.worker.keras_parts import make_schedule
+        from tpuft.worker.keras.parts import make_schedule
         out = []
         for steps, warmup, kind in {cases!r}:
             schedule = make_schedule(tf, 2.0, steps, warmup, kind)
@@ -91,7 +91,7 @@ def test_optimizer_state_round_trips_and_digest(keras_python: str, tmp_path) -> 
     got = run_in_venv(keras_python, f"""
         import json, numpy as np, tensorflow as tf
         from pathlib import Path
-        from tpuft.worker.keras_parts import save_optimizer, restore_optimizer, weights_digest
+        from tpuft.worker.keras.parts import save_optimizer, restore_optimizer, weights_digest
         out = {{}}
         for name in ("adamw", "adafactor"):
             tf.keras.backend.clear_session()
@@ -132,7 +132,7 @@ def test_train_step_scaling_and_steps_per_execution(keras_python: str) -> None:
         import json, numpy as np, tensorflow as tf, transformers
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
-        from tpuft.worker.keras_parts import build_trainable, make_schedule
+        from tpuft.worker.keras.parts import build_trainable, make_schedule
         rng = np.random.default_rng(0)
         n = 16
         labels = rng.integers(3, 40, size=(n, 5)).astype(np.int32)
@@ -175,7 +175,7 @@ def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) ->
         import json, types, numpy as np, tensorflow as tf, transformers
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
-        from tpuft.worker.keras_parts import build_trainable, make_schedule
+        from tpuft.worker.keras.parts import build_trainable, make_schedule
         rng = np.random.default_rng(0)
         n = 16
         labels = rng.integers(3, 40, size=(n, 5)).astype(np.int32)
@@ -233,7 +233,7 @@ def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) ->
 def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:
     got = run_in_venv(keras_python, """
         import json, numpy as np, tensorflow as tf, transformers
-        from tpuft.worker.keras_parts import build_trainable, eval_row
+        from tpuft.worker.keras.parts import build_trainable, eval_row
         tf.keras.utils.set_random_seed(3)
         config = transformers.T5Config(vocab_size=32, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=1,
                                        decoder_start_token_id=0)
@@ -267,10 +267,10 @@ def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:
 
 
 def test_two_workers_with_two_cpu_devices_each_are_four_replicas_in_sync(keras_python: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """``local.devices_per_worker: 2`` on a 2-worker pod (``tpuft/worker/keras_devices.py``): each worker's two
+    """``local.devices_per_worker: 2`` on a 2-worker pod (``tpuft/worker/keras/devices.py``): each worker's two
     logical CPU devices are replicas of one MultiWorkerMirroredStrategy (TF alone would take one CPU device per
     worker), the all-reduce spans all four, and a short ``fit`` ends with the same weights on both workers."""
-    from tpuft.ports import free_port
+    from tpuft.core.ports import free_port
 
     peers = json.dumps([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])
     code = textwrap.dedent(f"""
@@ -278,7 +278,7 @@ def test_two_workers_with_two_cpu_devices_each_are_four_replicas_in_sync(keras_p
         index = int(sys.argv[1])
         os.environ["TF_CONFIG"] = json.dumps({{"cluster": {{"worker": {peers}}}, "task": {{"type": "worker", "index": index}}}})
         import tensorflow as tf
-        from tpuft.worker.keras_devices import cpu_strategy
+        from tpuft.worker.keras.devices import cpu_strategy
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING)
         strategy = cpu_strategy(tf, 2, 2, options)
@@ -319,9 +319,9 @@ def test_the_prediction_engine_decodes_and_classifies_on_the_device(keras_python
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
         from tpuft.backends.keras import LAYOUT
         from tpuft.worker.data import encode_texts, load_tokenizer
-        from tpuft.worker.keras_parts import weights_digest
-        from tpuft.worker.keras_predict import KerasEngine
-        from tpuft.worker.keras_test import swap_in
+        from tpuft.worker.keras.parts import weights_digest
+        from tpuft.worker.keras.predict import KerasEngine
+        from tpuft.worker.keras.testset import swap_in
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         tok = load_tokenizer("byt5")
         data = types.SimpleNamespace(max_source_length=12, max_target_length=6, truncation="head", labels=[])

@@ -5,7 +5,7 @@ the Keras venv on a tiny random T5 (and one of the torch venv for Adafactor's re
   weights stay float32, and gradient accumulation under it still gives the big batch's step (within bfloat16's
   precision);
 * ``train.label_smoothing``: the train step's loss is the smoothed cross-entropy computed by hand in NumPy;
-* ``train.adafactor``: the Keras Adafactor (``tpuft/worker/keras_adafactor.py``) takes the steps transformers'
+* ``train.adafactor``: the Keras Adafactor (``tpuft/worker/keras/adafactor.py``) takes the steps transformers'
   torch Adafactor takes on the same weights and gradients, knob by knob;
 * ``model.freeze``: a frozen part is bit-identical after training while the rest changed;
 * ``model.gradient_checkpointing``: the blocks really recompute (twice the block calls), with the same loss and
@@ -54,7 +54,7 @@ def test_keras_adafactor_takes_transformers_steps(keras_python: str, torch_pytho
     cases = [_knobs(case) for case in ADAFACTOR_CASES]
     keras = run_in_venv(keras_python, f"""
         import json, types, numpy as np, tensorflow as tf
-        from tpuft.worker.keras_adafactor import make_optimizer
+        from tpuft.worker.keras.adafactor import make_optimizer
         data, out = {ADAFACTOR_DATA!r}, []
         for knobs in {cases!r}:
             w = [tf.Variable(np.array(v, np.float32), name=n) for v, n in zip(data["weights"], ("kernel", "layer_norm"))]
@@ -110,7 +110,7 @@ def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python:
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
         from tpuft.backends.keras_schema import KerasBackend
         from tpuft.worker import keras_layers, keras_model
-        from tpuft.worker.keras_parts import build_trainable, make_schedule
+        from tpuft.worker.keras.parts import build_trainable, make_schedule
         rng = np.random.default_rng(0)
         n = 8
         labels = rng.integers(3, 40, size=(n, 5)).astype(np.int32)
@@ -242,7 +242,7 @@ def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python:
 
 def test_the_recipe_side_of_the_keras_training_keys(recipe_dir: Path) -> None:
     from tpuft.backends.keras_schema import CAPABILITIES, KerasBackend
-    from tpuft.errors import ConfigError
+    from tpuft.core.errors import ConfigError
     from tpuft.config import load_recipe
 
     for key in (("train", "precision"), ("train", "label_smoothing"), ("train", "adafactor"), ("model", "freeze"),

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from tpuft.worker import bootstrap
 
-HOLD = "from tpuft.worker.host_state import worker_lock\nimport time\nwith worker_lock():\n    print('held', flush=True)\n    time.sleep(60)\n"
-TAKE = "from tpuft.worker.host_state import worker_lock\nwith worker_lock():\n    print('got it', flush=True)\n"
+HOLD = "from tpuft.worker.supervisor.host_state import worker_lock\nimport time\nwith worker_lock():\n    print('held', flush=True)\n    time.sleep(60)\n"
+TAKE = "from tpuft.worker.supervisor.host_state import worker_lock\nwith worker_lock():\n    print('got it', flush=True)\n"
 
 
 class Lines:

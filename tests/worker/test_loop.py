@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.backends.base import RunLayout
 from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext

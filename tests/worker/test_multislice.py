@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from tpuft.backends.spec import LaunchPlan
-from tpuft.errors import UsageError
-from tpuft.ports import COORDINATOR_PORT, MEGASCALE_PORT
-from tpuft.records import Cluster, Worker
+from tpuft.core.errors import UsageError
+from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT
+from tpuft.core.records import Cluster, Worker
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.multislice import PORT_ENV, STARTUP_FLAG, TARGET_ENV, apply_megascale_env, bound_tpu_startup
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.ops import lifecycle
-from tpuft.runs import Run
+from tpuft.readers.runs import Run
 from tpuft.storage import LocalStorage
 from tpuft.worker import loop as loop_mod
 from tpuft.worker import ondemand
@@ -112,7 +112,7 @@ for step in range(1, 1000):
 def supervise_a_stop(run: Run, staging: Path) -> Any:
     """A supervisor of worker 0 whose (framework-free) trainer gets a ``stop`` request from the controller's side at
     step 5 or later; returns what ``wait_checkpoint`` returned."""
-    from tpuft.worker.supervision import Supervisor
+    from tpuft.worker.supervisor.supervision import Supervisor
 
     storage = run.storage
     storage.write_text(rundir.RUN_INFO, json.dumps({"status": "running", "attempt": 1, "workers": 1, "backend": "torch_xla",
@@ -166,8 +166,8 @@ def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(t
     real ones, barrier included). T5X's steps are absolute: the run's initial checkpoint is at 1000."""
     from types import SimpleNamespace
 
-    from tpuft.worker import t5x_ondemand
-    from tpuft.worker.t5x_goodput import T5xTimeline
+    from tpuft.worker.t5x import ondemand as t5x_ondemand
+    from tpuft.worker.t5x.goodput import T5xTimeline
 
     monkeypatch.setenv("TPUFT_ATTEMPT", "1")
     agreement = {"all": True}

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from tpuft.ports import free_port
+from tpuft.core.ports import free_port
 from tpuft.worker.doctor_probe import port_state
 
 

@@ -1,5 +1,5 @@
 """The real prediction engines against tiny random models, in the PyTorch/XLA backend's venv (torch, transformers):
-``python -m tpuft.worker.predict --local`` (the hf engine: length-sorted batches padded to their longest input) must
+``python -m tpuft.worker.predict.main --local`` (the hf engine: length-sorted batches padded to their longest input) must
 give, row for row, what an unbatched ``generate`` of each input gives; a classifier folder predicts the label names
 of its argmax; the torch_xla engine's static-shape greedy decoder agrees with the hf engine on the same weights."""
 
@@ -60,7 +60,7 @@ def _predict(torch_python: str, job: Path, tmp_path: Path, *, local: bool) -> li
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TOKENIZERS_PARALLELISM": "false",
            "TPUFT_RUN_ID": "p", "TPUFT_RUN_DIR": str(tmp_path / "run"), "TPUFT_WORKER_ID": "0",
            "TPUFT_NUM_WORKERS": "1"}
-    argv = [torch_python, "-m", "tpuft.worker.predict", "--job", str(job)] + (["--local"] if local else [])
+    argv = [torch_python, "-m", "tpuft.worker.predict.main", "--job", str(job)] + (["--local"] if local else [])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[tpuft] predict result " in done.stdout

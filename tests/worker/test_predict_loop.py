@@ -1,4 +1,4 @@
-"""The shared shard loop of ``tpuft predict`` (worker/predict_loop.py) and its input reader (worker/predict_input.py).
+"""The shared shard loop of ``tpuft predict`` (worker/predict/loop.py) and its input reader (worker/predict_input.py).
 
 The engine here is a fake on purpose: these tests are about the loop (shards, parts, resume, lock-step call counts,
 join order, scores), and a fake that answers from the input makes every expected row computable. The real engines
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from tpuft.config import recipe_from_text
-from tpuft.errors import UsageError
-from tpuft.worker import predict_input, predict_loop, predictions
+from tpuft.core.errors import UsageError
+from tpuft.worker import predict_input, predictions
+from tpuft.worker.predict import loop as predict_loop
 from tpuft.worker.data import DataError, Fields
 from tpuft.worker.predict_job import PredictJob
 

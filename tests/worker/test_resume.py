@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.backends.base import manifest_gaps
 from tpuft.backends.torch_xla import LAYOUT
 from tpuft.storage import open_storage

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import EarlyStopping
 from tpuft.worker.selection import MissingMetric, Selector, Verdict, metric_key, ranked, score
 

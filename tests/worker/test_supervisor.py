@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.storage import LocalStorage
-from tpuft.worker import supervisor
+from tpuft.worker.supervisor import process as supervisor
 
 
 def record(worker: int, status: str, ended: float, **extra: object) -> dict[str, object]:
@@ -119,7 +119,7 @@ def test_follow_starts_at_the_latest_of_from_line_tail_and_since(tmp_path: Path)
 
 def starting_supervisor(tmp_path: Path, worker: int, workers: int, slices: int, **timeouts: float) -> Any:
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.supervision import Supervisor
+    from tpuft.worker.supervisor.supervision import Supervisor
 
     ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=worker, num_workers=workers,
                         coordinator="127.0.0.1:8476", num_slices=slices)

@@ -1,4 +1,4 @@
-"""The T5X backend's data-side shared keys, in its seqio task (``tpuft/worker/t5x_tasks.py``, ``t5x_data.py``),
+"""The T5X backend's data-side shared keys, in its seqio task (``tpuft/worker/t5x/tasks.py``, ``t5x_data.py``),
 read back from seqio itself in the T5X venv (one subprocess, no training):
 
 * ``data.source_transforms`` / ``target_transforms`` / ``preprocess`` with a template and a prefix give the
@@ -27,7 +27,7 @@ from tests.conftest import REPO
 from tests.worker.test_t5x_parts import run_script
 from tpuft.backends.registry import capabilities
 from tpuft.config import load_recipe
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 from tpuft.worker import text_metrics
 from tpuft.worker.data import keep_tokens
 
@@ -97,7 +97,7 @@ SCRIPT = textwrap.dedent(
     plain = task("tpuft_plain", cfg["sources"]["jsonl"])
     out["metric_fns"] = [[f.__name__ for f in t.metric_fns] for t in (scored, plain)]
     out["scores"] = {f.__name__: f(cfg["targets"], cfg["predictions"]) for f in scored.metric_fns}
-    from tpuft.worker.t5x_decode import T5xDecoder  # the test evaluation's and predict's tokens: no model needed
+    from tpuft.worker.t5x.decode import T5xDecoder  # the test evaluation's and predict's tokens: no model needed
     decoder = T5xDecoder.__new__(T5xDecoder)
     decoder.vocabulary, decoder.batch_size, decoder.inputs_length = seqio.ByteVocabulary(), 2, cfg["inputs_length"]
     for mode in ("head", "tail", "head+tail"):
@@ -194,7 +194,7 @@ def test_bleu_and_rouge_l_are_the_shared_scorers(stack: dict[str, Any]) -> None:
 
 
 def test_samples_are_shown_as_the_torch_trainer_shows_them() -> None:
-    from tpuft.worker.t5x_data import sample_lines
+    from tpuft.worker.t5x.data import sample_lines
 
     decodes = [{"input": "two", "prediction": "2 ", "target": "2"}, {"input": "ten", "prediction": "1", "target": "10"},
                {"input": "six", "prediction": "6", "target": "6"}]
@@ -207,7 +207,7 @@ def recipe_with(tmp_path: Path, overrides: list[str]) -> Any:
 
 
 def test_the_spec_carries_the_data_section_and_the_text_metrics(tmp_path: Path) -> None:
-    from tpuft.worker.t5x_data import finetune_spec
+    from tpuft.worker.t5x.data import finetune_spec
 
     recipe = recipe_with(tmp_path, ["data.truncation=tail", "data.source_transforms=[lowercase]",
                                     "eval.metric=bleu"])
@@ -253,7 +253,7 @@ def test_keep_best_ranks_the_inference_evals_by_eval_metric(tmp_path: Path, metr
     """BLEU and ROUGE-L rank T5X's inference evals like any metric; the teacher-forced eval's loss is a row of its
     own, so its metric falls back to exact match there."""
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.t5x_train import T5xRun
+    from tpuft.worker.t5x.train import T5xRun
 
     recipe = load_recipe(QUICKSTART, [f"eval.metric={metric}" if metric else "eval.metric=null"]).value
     ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="127.0.0.1:1",

@@ -1,4 +1,4 @@
-"""T5X's goodput events (:mod:`tpuft.worker.t5x_goodput`), in process: what tpuft's hooks into T5X's loop report
+"""T5X's goodput events (:mod:`tpuft.worker.t5x.goodput`), in process: what tpuft's hooks into T5X's loop report
 (a batch's wait, a save complete, an evaluation over, the start-up's restore) becomes the run's events, and the
 breakdown attributes them. T5X itself lives in its own venv: tests/e2e/test_t5x_rigs.py asserts the events a real
 T5X run records through the hooks."""
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tpuft import goodput
+from tpuft.run import goodput
 from tpuft.worker import events
-from tpuft.worker.t5x_goodput import T5xTimeline
+from tpuft.worker.t5x.goodput import T5xTimeline
 
 INITIAL = 1000
 """T5X's steps are absolute: the run fine-tunes a checkpoint at step 1000 for 20 steps."""

@@ -1,4 +1,4 @@
-"""T5X Multislice without a stack (tpuft/worker/t5x_multislice.py): the run gin's ICI/DCN mesh bindings, and the
+"""T5X Multislice without a stack (tpuft/worker/t5x/multislice.py): the run gin's ICI/DCN mesh bindings, and the
 local pod's stand-in for a device's slice (the processes of one slice are one granule). The real stack's mesh is
 proved by the 2-slice training of tests/e2e/test_t5x_e2e.py and the 2-slice TPU compile of tests/test_compile_fit.py."""
 
@@ -14,9 +14,9 @@ from tests.venvs import t5x_source_settings
 from tests.worker.test_t5x_parts import QUICKSTART
 from tests.worker.test_t5x_train_keys import SPEC
 from tpuft.config import load_recipe
-from tpuft.worker.t5x_gin import run_gin
-from tpuft.worker.t5x_multislice import mesh_bindings, slice_granules
-from tpuft.worker.t5x_train import layout_line
+from tpuft.worker.t5x.gin import run_gin
+from tpuft.worker.t5x.multislice import mesh_bindings, slice_granules
+from tpuft.worker.t5x.train import layout_line
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The T5X trainer's parts against the real stack (the T5X venv: jax, flax, seqio, gin, TensorFlow, t5x):
 
-* span corruption (``tpuft/worker/t5x_tasks.py``) through seqio, with ByT5's bytes and with a SentencePiece
+* span corruption (``tpuft/worker/t5x/tasks.py``) through seqio, with ByT5's bytes and with a SentencePiece
   vocabulary plus extra ids: exact lengths, sentinels, masking statistics, and the corpus rebuilt from the outputs;
 * the fine-tuning task: shards, fields/templates/prefix, the metric;
 * the generated run gin parsed by gin as ``t5x.train`` parses it, and what it binds (steps, model, vocabulary,
@@ -29,7 +29,7 @@ from tpuft.config import dump_recipe, load_recipe
 from tpuft.worker import predictions
 from tpuft.worker.predict_job import PredictJob
 from tpuft.worker.selection import score
-from tpuft.worker.t5x_gin import initial_step, network_module, task_name
+from tpuft.worker.t5x.gin import initial_step, network_module, task_name
 
 QUICKSTART = REPO / "recipes" / "t5x_quickstart.yaml"
 NUMBERS = REPO / "recipes" / "data" / "numbers"
@@ -124,7 +124,7 @@ SPAN = textwrap.dedent(
     """
     import json, sys
     import seqio
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
     from tpuft.worker import t5x_tasks
 
     cfg = json.loads(sys.argv[1])
@@ -315,7 +315,7 @@ FINETUNE = textwrap.dedent(
     from tpuft.config import load_recipe
     from tpuft.worker import t5x_tasks
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.t5x_train import T5xRun
+    from tpuft.worker.t5x.train import T5xRun
 
     cfg = json.loads(sys.argv[1])
     out = {}
@@ -426,8 +426,8 @@ GIN = textwrap.dedent(
     from t5x import gin_utils, utils
     from tpuft.config import load_recipe
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.t5x_gin import GIN_IMPORTS, initial_step, learning_rate_bindings, qualify, run_gin
-    from tpuft.worker.t5x_train import T5xRun
+    from tpuft.worker.t5x.gin import GIN_IMPORTS, initial_step, learning_rate_bindings, qualify, run_gin
+    from tpuft.worker.t5x.train import T5xRun
 
     __main__.train = train_script.train  # the gin binds `__main__.train`: t5x.train runs as __main__
     SEARCH = [os.path.dirname(os.path.dirname(t5x.__file__))]
@@ -776,7 +776,7 @@ def test_a_short_run_exports_a_model_with_t5xs_logits(t5x_python: str, torch_pyt
                          backend="t5x", model=str(checkpoint), recipe=dump_recipe(recipe), batch_size=8, shard_lines=20,
                          num_beams=beams)
         (tmp_path / "job.json").write_text(job.to_json())
-        done = subprocess.run([t5x_python, "-m", "tpuft.worker.predict", "--job", str(tmp_path / "job.json")],
+        done = subprocess.run([t5x_python, "-m", "tpuft.worker.predict.main", "--job", str(tmp_path / "job.json")],
                               capture_output=True, text=True, timeout=600, cwd=REPO, env={**env, "TPUFT_RUN_DIR": str(tmp_path / "p")})
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
         out = [json.loads(line) for line in Path(job.output or "").read_text().splitlines()]
@@ -833,10 +833,10 @@ def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     checkpoint on."""
     import numpy as np
 
-    from tpuft.worker import t5x_train
+    from tpuft.worker.t5x import train as t5x_train
     from tpuft.worker.context import WorkerContext
 
-    from tpuft.worker import t5x_test
+    from tpuft.worker.t5x import testset as t5x_test
 
     exported: list[int] = []
     tested: list[tuple[str, int]] = []

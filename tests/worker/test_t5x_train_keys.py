@@ -1,4 +1,4 @@
-"""The shared training keys on the T5X backend (tpuft/worker/t5x_keys.py): each key's binding in the run gin, the
+"""The shared training keys on the T5X backend (tpuft/worker/t5x/keys.py): each key's binding in the run gin, the
 located refusals where T5X's own setting disagrees or its network cannot, and one short T5X training with bf16,
 label smoothing, gradient accumulation, a frozen encoder and embeddings, FSDP and early stopping together, checked in
 what T5X built and wrote: the frozen parameters bit-identical to T5X's own initialisation, the rest changed, the run
@@ -18,9 +18,9 @@ import pytest
 from tests.conftest import REPO
 from tests.worker.test_t5x_parts import QUICKSTART, run_script, stack_env
 from tpuft.config import dump_recipe, load_recipe
-from tpuft.errors import ConfigError
-from tpuft.worker import t5x_keys
-from tpuft.worker.t5x_gin import learning_rate_bindings, run_gin
+from tpuft.core.errors import ConfigError
+from tpuft.worker.t5x import keys as t5x_keys
+from tpuft.worker.t5x.gin import learning_rate_bindings, run_gin
 
 SPEC = {"name": "tpuft_keys", "task": "finetune", "vocabulary": "byt5", "extra_ids": 0}
 """The task spec run_gin needs, without seqio (what task_spec gives the quickstart)."""
@@ -131,9 +131,9 @@ def test_t5xs_own_settings_disagreeing_with_the_shared_keys_are_located_errors()
 
 def test_an_early_stop_is_the_judges(tmp_path: Path) -> None:
     """T5X's action asks the run's judge: no stop while the eval improves, a stop after `patience` that do not."""
-    from tpuft.worker import t5x_hooks
+    from tpuft.worker.t5x import hooks as t5x_hooks
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.t5x_train import T5xRun
+    from tpuft.worker.t5x.train import T5xRun
 
     recipe = load_recipe(QUICKSTART, ["train.early_stopping.patience=2", "eval.every=10", "train.checkpoint_every=10"]).value
     ctx = WorkerContext(run_id="stop-1", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="127.0.0.1:1",
@@ -168,8 +168,8 @@ CHECK = textwrap.dedent(
     import orbax.checkpoint as ocp
     from flax import traverse_util
     from t5x import adafactor, optimizers, utils
-    from tpuft.worker.t5x_compile import _configured_train_args
-    from tpuft.worker.t5x_keys import part_of
+    from tpuft.worker.t5x.compile import _configured_train_args
+    from tpuft.worker.t5x.keys import part_of
 
     cfg = json.loads(sys.argv[1])
     args = _configured_train_args(cfg["gin"])
@@ -275,7 +275,7 @@ REMAT = textwrap.dedent(
     import t5x.train as train_script
     from t5x import gin_utils
     from tpuft.config import load_recipe
-    from tpuft.worker.t5x_gin import run_gin
+    from tpuft.worker.t5x.gin import run_gin
 
     __main__.train = train_script.train  # the gin binds `__main__.train`: t5x.train runs as __main__
     cfg = json.loads(sys.argv[1])

@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tpuft.records import SliceLayout
-from tpuft.worker.torch_multislice import (
+from tpuft.core.records import SliceLayout
+from tpuft.worker.torch_xla.multislice import (
     hybrid_device_order,
     mesh_line,
     mesh_shape,
@@ -63,10 +63,10 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.spmd as xs
 import torch_xla.distributed.spmd.xla_sharding as xsh
 import torch_xla.runtime as xr
-from tpuft.records import SliceLayout
-from tpuft.worker.torch_multislice import hybrid_device_order, mesh_shape
-from tpuft.worker.torch_replicas import Gloo, rendezvous
-from tpuft.worker.torch_sharding import batch_to_device, shard_parameters
+from tpuft.core.records import SliceLayout
+from tpuft.worker.torch_xla.multislice import hybrid_device_order, mesh_shape
+from tpuft.worker.torch_xla.replicas import Gloo, rendezvous
+from tpuft.worker.torch_xla.sharding import batch_to_device, shard_parameters
 
 out = {}
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from tpuft.worker.schedule import lr_factor
-from tpuft.worker.torch_xla_train import rng_seed
+from tpuft.worker.torch_xla.train import rng_seed
 
 
 def test_linear_warm_up_then_linear_decay_to_zero() -> None:
@@ -38,7 +38,7 @@ def test_rng_seeds_differ_by_seed_replica_and_step_and_fit_every_generator() -> 
 DIGESTS = textwrap.dedent(
     """
     import json, torch
-    from tpuft.worker.torch_xla_train import params_digest
+    from tpuft.worker.torch_xla.train import params_digest
     torch.manual_seed(0)
     state = {"encoder.w": torch.randn(4, 3), "decoder.b": torch.randn(3), "shared": torch.randn(2, 2)}
     base = params_digest(state)
@@ -79,7 +79,7 @@ def test_cosine_after_warm_up_is_half_a_cosine_to_zero() -> None:
 LOSS = textwrap.dedent(
     """
     import json, torch
-    from tpuft.worker.torch_parts import token_loss_sum
+    from tpuft.worker.torch_xla.parts import token_loss_sum
     torch.manual_seed(0)
     logits = torch.randn(2, 3, 5, dtype=torch.bfloat16)
     labels = torch.tensor([[1, 4, -100], [0, -100, -100]])

@@ -60,7 +60,7 @@ def harness(cfg: dict) -> dict:
 
     from tpuft.config import load_recipe
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.torch_xla_train import Trainer
+    from tpuft.worker.torch_xla.train import Trainer
 
     recipe = load_recipe(Path(cfg["recipe"]), cfg.get("set", [])).value
     trainer = Trainer(WorkerContext.from_env(), recipe, tpu=False)
@@ -114,7 +114,7 @@ def harness(cfg: dict) -> dict:
     torch.save(after, run_dir / "final.pt")
     out["final"] = str(run_dir / "final.pt")
     if "test" in probe:  # the test row, and which checkpoints hold the weights the run ended with in memory
-        from tpuft.worker.torch_test import checkpoint_state
+        from tpuft.worker.torch_xla.testset import checkpoint_state
 
         out["test_result"] = trainer.loop.test_result
         out["weights_vs_checkpoints"] = {

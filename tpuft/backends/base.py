@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.runs import RunSnapshot
+    from tpuft.readers.runs import RunSnapshot
 
 __all__ = [
     "MANIFEST_FORMAT",

@@ -9,7 +9,7 @@ Where the TF program runs:
   from the launched workers' addresses (``TPUFT_PEERS``), so the rehearsal is a real multi-worker Keras run with
   gradients all-reduced over gRPC. Each worker splits its CPU into ``local.devices_per_worker`` logical devices
   (``TPUFT_LOCAL_DEVICES``), every one a replica, so the run has the slice's replica count and per-replica batch
-  (``tpuft/worker/keras_devices.py``: MultiWorkerMirroredStrategy alone would take one CPU device per worker). What
+  (``tpuft/worker/keras/devices.py``: MultiWorkerMirroredStrategy alone would take one CPU device per worker). What
   it does not rehearse: on a slice one program drives every host (one input pipeline per host, the data in the
   bucket); on the CPU pod every worker runs its own program on its own shard.
 * TPU VM: TensorFlow drives every chip of a slice from one Python program. A single-host slice runs it on its host
@@ -39,7 +39,7 @@ from tpuft.backends.spec import LOCAL_DEVICES_ENV
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.runs import RunSnapshot
+    from tpuft.readers.runs import RunSnapshot
 
 __all__ = ["BACKEND", "CAPABILITIES", "ENCODER_TYPES", "LAYOUT", "Keras", "KerasBackend", "Precision"]
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from tpuft.backends.spec import Capabilities, KeyPath, RunLayout
-from tpuft.config_types import Requirement, StrictModel
+from tpuft.core.config_types import Requirement, StrictModel
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
@@ -122,7 +122,7 @@ class KerasBackend(StrictModel):
         return found
 
     def _train_key_problems(self, recipe: RecipeConfig) -> list[tuple[KeyPath, str]]:
-        """The shared training keys as the Keras engine does them (``tpuft/worker/keras_layers.py``)."""
+        """The shared training keys as the Keras engine does them (``tpuft/worker/keras/layers.py``)."""
         found: list[tuple[KeyPath, str]] = []
         if recipe.train.precision == "bf16" and self.precision == "float32":
             found.append((("backend", "precision"), "float32 contradicts train.precision: bf16; remove one (bf16 is "

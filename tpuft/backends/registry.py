@@ -13,7 +13,7 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

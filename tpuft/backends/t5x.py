@@ -2,7 +2,7 @@
 
 The recipe names a model by family and size (one of t5x's own ``examples/`` gins) or by the user's gin files, the
 task (fine-tuning on JSON lines, or span-corruption pretraining on plain text), and the few bindings every user
-sets; the worker (``tpuft/worker/t5x_train.py``) writes the seqio task module and the run gin from them into the run
+sets; the worker (``tpuft/worker/t5x/train.py``) writes the seqio task module and the run gin from them into the run
 dir, so nobody writes Python or pastes gin by hand, and starts ``t5x.train`` in-process.
 
 On TPU hosts JAX's runtime finds the other hosts itself (every host must start: one that does not makes the others
@@ -11,7 +11,7 @@ JAX's gloo CPU collectives make the rehearsal a real 2-host run; each worker exp
 devices, so the mesh has the slice's replicas x partitions (``docs/device-layout.md``).
 
 Multislice (``gcp.slices`` / ``local.slices``): T5X's own DCN settings, the slices as the outer ``replica`` axis of
-the mesh and model parallelism within a slice (:mod:`tpuft.worker.t5x_multislice`; ``check`` refuses a
+the mesh and model parallelism within a slice (:mod:`tpuft.worker.t5x.multislice`; ``check`` refuses a
 ``num_partitions`` that does not divide one slice's devices).
 
 Pins (tested together on Python 3.11 and in CI, see ``../shared/wheels/README.md`` for how they were found):
@@ -48,7 +48,7 @@ from tpuft.backends.t5x_schema import (
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.runs import RunSnapshot
+    from tpuft.readers.runs import RunSnapshot
 
 __all__ = [
     "AIRIO_COMMIT", "BACKEND", "CAPABILITIES", "GIT_SOURCES", "JAX_VERSION", "JESTIMATOR_COMMIT", "LAYOUT",
@@ -94,7 +94,7 @@ PINNED = (
     "pydantic>=2.6",
     "pyyaml>=6",
     "google-cloud-storage>=2.14",  # the worker mirrors a gs:// run dir and reads gs:// checkpoints to export
-    "datasets>=4.0,<6",  # data.hf as a seqio source (tpuft/worker/t5x_data.py through hf_data.py); resolves
+    "datasets>=4.0,<6",  # data.hf as a seqio source (tpuft/worker/t5x/data.py through hf_data.py); resolves
     "gcsfs>=2024.2",  # with the pins above, no downgrade; gcsfs: data.hf.data_files on gs://, read through fsspec
 )
 """The PyPI set that installs and trains with t5x at ``T5X_COMMIT`` (Python 3.11, CPU and TPU)."""

@@ -1,5 +1,5 @@
 """T5X's offline compile (``recipes show --compile``, ``train/up --check-fit``): the plan that has
-``tpuft/worker/t5x_compile.py`` compile the run's real train step for a TPU slice on this machine's CPU.
+``tpuft/worker/t5x/compile.py`` compile the run's real train step for a TPU slice on this machine's CPU.
 
 The venv is the T5X backend's CPU venv, the one the local pod trains with (same key: built once for both). libtpu,
 the TPU compiler, comes as an overlay folder on ``PYTHONPATH`` rather than in the venv (``jax[tpu]`` would change
@@ -15,7 +15,7 @@ from tpuft.backends.t5x import BACKEND, JAX_VERSION
 from tpuft.config.loader import dump_recipe
 
 if TYPE_CHECKING:
-    from tpuft.accelerators import AcceleratorType
+    from tpuft.core.accelerators import AcceleratorType
     from tpuft.config.recipe import RecipeConfig
 
 LIBTPU_FOR_JAX = {"0.10.2": "0.0.42.1"}
@@ -35,7 +35,7 @@ def compile_plan(recipe: RecipeConfig, accelerator: AcceleratorType, python: str
         env=BACKEND.env_spec(backend, "cpu", python),
         overlay=(f"libtpu=={LIBTPU_VERSION}",),
         overlay_key=f"libtpu-{LIBTPU_VERSION}",
-        module="tpuft.worker.t5x_compile",
+        module="tpuft.worker.t5x.compile",
         request={
             "recipe": dump_recipe(recipe),
             "topology": {"name": topology.name, "chip_config": topology.chip_config,

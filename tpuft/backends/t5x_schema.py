@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from tpuft.backends.spec import Capabilities, KeyPath, RunLayout
-from tpuft.config_types import PathText, Requirement, StrictModel, path_from_file
+from tpuft.core.config_types import PathText, Requirement, StrictModel, path_from_file
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
@@ -372,10 +372,10 @@ A conversion reads one step's parameters only: a legacy checkpoint's msgpack fil
 
 CAPABILITIES = Capabilities(
     keys=frozenset({
-        # the training side, as bindings of the run gin (tpuft/worker/t5x_keys.py)
+        # the training side, as bindings of the run gin (tpuft/worker/t5x/keys.py)
         ("train", "precision"), ("train", "adafactor"), ("train", "label_smoothing"), ("train", "grad_accum_steps"),
         ("train", "sharding"), ("train", "early_stopping"), ("model", "freeze"), ("model", "gradient_checkpointing"),
-        # the data side, in the seqio task (tpuft/worker/t5x_tasks.py, t5x_data.py)
+        # the data side, in the seqio task (tpuft/worker/t5x/tasks.py, t5x_data.py)
         ("data", "truncation"), ("data", "source_transforms"), ("data", "target_transforms"), ("data", "preprocess"),
         ("data", "hf"), ("eval", "generate_examples"),
     }),  # fmt: skip
@@ -391,7 +391,7 @@ CAPABILITIES = Capabilities(
         "put trainable vectors before the encoder's inputs",
     },
 )
-"""The training-side shared keys are bindings of the run gin (:mod:`tpuft.worker.t5x_keys`; where T5X has the same
+"""The training-side shared keys are bindings of the run gin (:mod:`tpuft.worker.t5x.keys`; where T5X has the same
 setting of its own, ``backend.num_microbatches`` and ``backend.dtype``, :func:`shared_key_problems` refuses the two
 disagreeing). The data-side keys are the seqio task's: its source builds examples with the shared
 ``make_example`` (transforms, the preprocess hook, data files or ``data.hf``), a preprocessor cuts inputs as

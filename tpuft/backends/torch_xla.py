@@ -9,7 +9,7 @@ so the run has the slice's replica count and per-replica batch. Gradients are av
 torch.distributed over gloo (worker 0 is the rendezvous).
 
 Multislice (``gcp.slices``): on TPU one SPMD program per host over ``HybridMesh``, the slices the outer ``data``
-axis (:mod:`tpuft.worker.torch_multislice`); on the CPU pod (``local.slices``) the workers are the replicas slice by
+axis (:mod:`tpuft.worker.torch_xla.multislice`); on the CPU pod (``local.slices``) the workers are the replicas slice by
 slice, each reading the data shard it would on the slices, and gloo reduces within each slice, then across them.
 
 What the CPU pod cannot rehearse: one global SPMD mesh across the worker processes. torch_xla's PJRT CPU client
@@ -28,7 +28,7 @@ from tpuft.backends.torch_xla_schema import CAPABILITIES, LAYOUT, TorchXlaBacken
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.runs import RunSnapshot
+    from tpuft.readers.runs import RunSnapshot
 
 __all__ = ["BACKEND", "CAPABILITIES", "LAYOUT", "TorchXla", "TorchXlaBackend"]
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from tpuft.backends.spec import Capabilities, KeyPath, RunLayout
-from tpuft.config_types import Requirement, StrictModel, Version
+from tpuft.core.config_types import Requirement, StrictModel, Version
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig

@@ -56,7 +56,7 @@ def wants_json(args: list[str]) -> bool:
 
 def _run(json_errors: bool) -> int:
     from tpuft.commands import PIPE_CLOSED_EXIT, stdout_closed
-    from tpuft.errors import TpuftError
+    from tpuft.core.errors import TpuftError
 
     report = _json_error if json_errors else _text_error
     started_on_pipe = _stdout_is(stat.S_ISFIFO)

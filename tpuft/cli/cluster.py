@@ -49,7 +49,7 @@ def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[C
     nobody can answer (a script, CI)."""
 
     def confirm(estimate: CostEstimate) -> None:
-        from tpuft.errors import UsageError
+        from tpuft.core.errors import UsageError
 
         console.print(estimate.describe(cfg.accelerator, cfg.gcp.spot), soft_wrap=True)
         if yes:
@@ -172,7 +172,7 @@ def ssh(
     import os
     import shutil
 
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
     from tpuft.ops.cluster import shell_argv
 
     argv, env, cwd = shell_argv(load_cluster_file(config), worker)

@@ -29,7 +29,7 @@ def gc(config: ConfigOpt = None, zone: ZoneOpt = None, idle: IdleOpt = "2h", yes
     from rich.table import Table
 
     from tpuft.config import parse_duration
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
     from tpuft.ops.gc import Leak, delete_leaks, find_leaks, zones_of
 
     idle_s = parse_duration(idle)

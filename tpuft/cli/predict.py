@@ -46,7 +46,7 @@ def predict(
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
     from tpuft.ops import predict as ops
 
     if local and detach:
@@ -85,7 +85,7 @@ def predict(
 def _local(cfg: Any, found: Any, options: Any, total: int, console: Console, progress: Any, json_out: bool) -> PredictResult:
     from tpuft.ops import predict as ops
     from tpuft.ops.predict_shards import absolute, claim_output, default_shards, storage_shards
-    from tpuft.paths import tpuft_home
+    from tpuft.core.paths import tpuft_home
 
     model = ops.hf_model_for_local(found, cfg.gcp.project)
     output = absolute(options.output)

@@ -13,7 +13,7 @@ from tpuft.cli.options import ConfigOpt, JsonOpt, RecipeArg, SetOpt, load_cluste
 from tpuft.cli.render import err_console, out_console
 
 if TYPE_CHECKING:
-    from tpuft.model_summary import Summary
+    from tpuft.model.summary import Summary
     from tpuft.ops.compile_fit import FitReport
 
 
@@ -77,7 +77,7 @@ def recipes_show(
                      "(T5X; builds the backend's venv and libtpu once) and report its bytes per chip against HBM."),
     ] = False,
 ) -> None:
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
 
     if not summary:
         given = [flag for flag, value in (("--json", json_out), ("--set", overrides), ("--config", config),
@@ -97,7 +97,7 @@ def recipes_show(
         else:
             _print_summary(found)
         return
-    from tpuft.errors import ConfigError
+    from tpuft.core.errors import ConfigError
     from tpuft.ops.recipes import compile_fit
 
     paper: Summary | None = None
@@ -158,7 +158,7 @@ def _print_summary(found: Summary) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from tpuft.model_summary import fmt_bytes, fmt_count
+    from tpuft.model.summary import fmt_bytes, fmt_count
 
     console = out_console()
     model = found.model

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from tpuft.rundir import TEST_SCORES, tracking_lines
+from tpuft.run.rundir import TEST_SCORES, tracking_lines
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -178,10 +178,10 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
 
 
 def accounts(storage: Any, info: dict[str, Any]) -> tuple[Any, Any]:
-    """Where a run's time went and what it has cost so far (``tpuft.goodput``, ``tpuft.cost``): computed from its
+    """Where a run's time went and what it has cost so far (``tpuft.run.goodput``, ``tpuft.run.cost``): computed from its
     events and run.json at each reading, never stored."""
-    from tpuft.cost import run_cost
-    from tpuft.goodput import breakdown
+    from tpuft.run.cost import run_cost
+    from tpuft.run.goodput import breakdown
 
     return breakdown(storage, info), run_cost(info)
 
@@ -237,7 +237,7 @@ def worker_label(index: int, layout: Any) -> str:
 
 def snapshot_json(snap: Any) -> dict[str, Any]:
     """``monitor --json``: the snapshot, each worker with its slice and host on a multislice run."""
-    from tpuft.monitor import run_layout
+    from tpuft.readers.monitor import run_layout
 
     data = snap.as_json()
     layout = run_layout(snap.info, len(snap.workers))
@@ -253,7 +253,7 @@ def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from tpuft.monitor import run_layout
+    from tpuft.readers.monitor import run_layout
 
     info = snap.info
     colour = {"running": "green", "finished": "blue", "failed": "red", "stale": "yellow", "interrupted": "yellow", "stopped": "yellow"}.get(snap.status, "white")

@@ -23,16 +23,16 @@ def monitor(
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from tpuft.errors import UsageError
-    from tpuft.monitor import watch
-    from tpuft.runs import read_run_metrics, resolve_run
+    from tpuft.core.errors import UsageError
+    from tpuft.readers.monitor import watch
+    from tpuft.readers.runs import read_run_metrics, resolve_run
 
     if interval <= 0:
         raise UsageError(f"--interval {interval}: must be positive")
     cfg = load_cluster_file(config)
     run = resolve_run(cfg, run_id)
     if plot is not None:
-        from tpuft.plot import plot_curves
+        from tpuft.readers.plot import plot_curves
 
         log, _ = read_run_metrics(run.local_view())
         written = plot_curves(log, plot, title=run.id, goodput=accounts(run.storage, run.info() or {})[0])
@@ -76,7 +76,7 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
 
     from rich.table import Table
 
-    from tpuft.runs import list_runs
+    from tpuft.readers.runs import list_runs
 
     listed = [(run, run.snapshot()) for run in list_runs(load_cluster_file(config))]
     found = [snap for _, snap in listed]
@@ -103,8 +103,8 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
 def goodput(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
-    from tpuft.goodput import CAUSES, SHORT, duration, total
-    from tpuft.runs import list_runs
+    from tpuft.run.goodput import CAUSES, SHORT, duration, total
+    from tpuft.readers.runs import list_runs
 
     listed = [(run, run.info() or {}) for run in list_runs(load_cluster_file(config))]
     account = [accounts(run.storage, info) for run, info in listed]
@@ -185,7 +185,7 @@ def pull(
     json_out: JsonOpt = False,
 ) -> None:
     from tpuft.ops.pull import pull as pull_op
-    from tpuft.runs import resolve_run
+    from tpuft.readers.runs import resolve_run
 
     cfg = load_cluster_file(config)
     run = resolve_run(cfg, run_id)
@@ -216,8 +216,8 @@ def tensorboard(
     import time
 
     from tpuft.ops.tensorboard import start_tensorboard
-    from tpuft.ports import free_port, port_is_free
-    from tpuft.runs import resolve_run
+    from tpuft.core.ports import free_port, port_is_free
+    from tpuft.readers.runs import resolve_run
 
     run = resolve_run(load_cluster_file(config), run_id).url
     console = out_console()
@@ -258,7 +258,7 @@ def convert(
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
     from tpuft.ops.convert import convert as convert_op
     from tpuft.ops.convert import parse_overrides
 

@@ -72,7 +72,7 @@ def train(
     dry_run: DryRunOpt = False,
     check_fit: CheckFitOpt = False,
 ) -> None:
-    from tpuft.errors import UsageError
+    from tpuft.core.errors import UsageError
 
     if resume is not None:
         if dry_run:
@@ -141,7 +141,7 @@ def _spawn_watcher(run_id: str, config: Path | None) -> tuple[int, Path]:
     import subprocess
     import sys
 
-    from tpuft.paths import tpuft_home
+    from tpuft.core.paths import tpuft_home
 
     log = tpuft_home() / "watchers" / f"{run_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +175,7 @@ def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop
         set_max_cost(cfg, run_id, max_cost)
     console = err_console() if json_out else out_console()
     if cfg.recover.enabled if recover is None else recover:
-        from tpuft.runs import resolve_run
+        from tpuft.readers.runs import resolve_run
 
         result = _watch(cfg, config, resolve_run(cfg, run_id).id, console, detach, stop_on_interrupt, new_run=False)
         print_train_summary(console, result, json_out)  # type: ignore[arg-type]
@@ -199,7 +199,7 @@ def attach(
     from tpuft.ops.train import attach_run
 
     if lines is not None and lines < 0:
-        from tpuft.errors import UsageError
+        from tpuft.core.errors import UsageError
 
         raise UsageError(f"--lines {lines}: must be 0 or more")
     tail = lines if lines is not None else (None if since else 20)
@@ -225,9 +225,9 @@ def _since_stamp(since: str | None) -> str | None:
         return None
     import time
 
-    from tpuft.config_types import duration_seconds
-    from tpuft.errors import UsageError
-    from tpuft.rundir import log_timestamp
+    from tpuft.core.config_types import duration_seconds
+    from tpuft.core.errors import UsageError
+    from tpuft.run.rundir import log_timestamp
 
     if since[:1].isdigit() and "-" not in since:
         try:
@@ -255,7 +255,7 @@ CheckpointTimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, help=
 def checkpoint(run_id: RunArg = None, config: ConfigOpt = None, timeout: CheckpointTimeoutOpt = 600.0,
                at_step: AtStepOpt = None, json_out: JsonOpt = False) -> None:
     from tpuft.ops.lifecycle import request_checkpoint, wait_checkpoint
-    from tpuft.runs import resolve_run
+    from tpuft.readers.runs import resolve_run
 
     cfg = load_cluster_file(config)
     run = resolve_run(cfg, run_id)
@@ -275,14 +275,14 @@ def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = Fa
          timeout: CheckpointTimeoutOpt = 600.0, at_step: AtStepOpt = None) -> None:
     from tpuft.ops.lifecycle import stop as stop_op
     from tpuft.ops.lifecycle import stop_with_checkpoint
-    from tpuft.runs import resolve_run
+    from tpuft.readers.runs import resolve_run
 
     cfg = load_cluster_file(config)
     run = resolve_run(cfg, run_id)
     console = err_console() if json_out else out_console()
     saved = None
     if at_step is not None and not checkpoint:
-        from tpuft.errors import UsageError
+        from tpuft.core.errors import UsageError
 
         raise UsageError("--at-step is the step of the checkpoint that --checkpoint saves: add --checkpoint")
     if checkpoint:

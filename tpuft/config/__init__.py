@@ -4,7 +4,7 @@ Both are pydantic models with ``extra="forbid"`` and strict types (YAML ``true``
 numbers are finite and bounded). Loading keeps a map from every key path to its YAML line, so each problem is
 reported as ``file:line: key.path: what is wrong (got X)``, all problems at once, exit code 2, before anything runs.
 ``--set a.b=c`` overrides are applied to the raw YAML first and located as ``--set a.b``. The YAML itself is read by
-:mod:`tpuft.safe_yaml` (bounded size, depth and alias expansion; YAML 1.2 scalars).
+:mod:`tpuft.core.safe_yaml` (bounded size, depth and alias expansion; YAML 1.2 scalars).
 
 Three parts: :mod:`~tpuft.config.cluster` (the cluster schema), :mod:`~tpuft.config.recipe` with
 :mod:`~tpuft.config.data` (the recipe schema; each backend's section comes from its ``backends/<kind>_schema.py``
@@ -52,7 +52,7 @@ from tpuft.config.recipe import (
     TrainConfig,
     capability_problems,
 )
-from tpuft.config_types import KeyPath, StrictModel
+from tpuft.core.config_types import KeyPath, StrictModel
 
 __all__ = [
     "DEFAULT_CLUSTER_FILE",

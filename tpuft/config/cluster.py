@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from tpuft import formats
-from tpuft.config_types import (
+from tpuft.core import formats
+from tpuft.core.config_types import (
     Command,
     Duration,
     Endpoint,
@@ -309,7 +309,7 @@ class ClusterConfig(StrictModel):
     @field_validator("accelerator")
     @classmethod
     def _accelerator_ok(cls, value: str) -> str:
-        from tpuft.accelerators import lookup
+        from tpuft.core.accelerators import lookup
 
         try:
             return lookup(value).name
@@ -330,7 +330,7 @@ class ClusterConfig(StrictModel):
         return self
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
-        from tpuft.accelerators import lookup
+        from tpuft.core.accelerators import lookup
 
         found: list[tuple[KeyPath, str]] = []
         for key, value in self.worker_env.items():
@@ -383,7 +383,7 @@ class ClusterConfig(StrictModel):
     @property
     def num_workers(self) -> int:
         """Worker hosts: the accelerator type's (times the slices of a multislice), or ``local.workers`` locally."""
-        from tpuft.accelerators import lookup
+        from tpuft.core.accelerators import lookup
 
         hosts = lookup(self.accelerator).hosts
         return self.hosts_per_slice * self.slices if self.provider == "local" else hosts * self.gcp.slices
@@ -395,14 +395,14 @@ class ClusterConfig(StrictModel):
 
     @property
     def hosts_per_slice(self) -> int:
-        from tpuft.accelerators import lookup
+        from tpuft.core.accelerators import lookup
 
         hosts = lookup(self.accelerator).hosts
         return (self.local.workers or hosts) if self.provider == "local" else hosts
 
     def shape(self, hosts: int | None = None) -> ClusterShape:
         """The cluster as a backend plans for it; ``hosts``: the workers the provider reports, when known."""
-        from tpuft.accelerators import lookup
+        from tpuft.core.accelerators import lookup
         from tpuft.backends.spec import ClusterShape
 
         accelerator = lookup(self.accelerator)

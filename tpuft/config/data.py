@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from tpuft.config_types import LaxPath, PathText, StrictModel, path_from_file as _from_file
-from tpuft.templates import TemplateError, template_fields
+from tpuft.core.config_types import LaxPath, PathText, StrictModel, path_from_file as _from_file
+from tpuft.core.templates import TemplateError, template_fields
 
 
 TransformName = Literal["strip_diacritics", "lowercase", "nfc", "nfkc", "collapse_whitespace", "strip"]
@@ -171,7 +171,7 @@ class DataConfig(StrictModel):
         path = Path(os.path.normpath(_from_file(str(value), info)))
         if (info.context or {}).get("check_files", True):
             if not path.exists():
-                from tpuft.data_fetch import fetch_command
+                from tpuft.core.data_fetch import fetch_command
 
                 command = fetch_command(path)  # data tpuft cannot ship: its folder has the script that fetches it
                 raise ValueError(f"file not found: {path}" + (f"; fetch it: {command}" if command else ""))

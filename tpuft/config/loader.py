@@ -1,7 +1,7 @@
-"""Loading the two files with locations: the YAML is read with a line for every key path (:mod:`tpuft.safe_yaml`),
+"""Loading the two files with locations: the YAML is read with a line for every key path (:mod:`tpuft.core.safe_yaml`),
 ``--set a.b=c`` overrides are applied to the raw YAML first, and every problem, from pydantic or from a model's
 ``cross_problems``, is reported as ``file:line: key.path: what is wrong (got X)`` (or ``--set a.b: ...``), all at once,
-as a :class:`~tpuft.errors.ConfigError` (exit code 2), before anything runs.
+as a :class:`~tpuft.core.errors.ConfigError` (exit code 2), before anything runs.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, Generic, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from tpuft import safe_yaml
+from tpuft.core import safe_yaml
 from tpuft.config.cluster import ClusterConfig
 from tpuft.config.recipe import RecipeConfig
-from tpuft.config_types import KeyPath, StrictModel
-from tpuft.errors import ConfigError, UsageError
+from tpuft.core.config_types import KeyPath, StrictModel
+from tpuft.core.errors import ConfigError, UsageError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -454,7 +454,7 @@ def cluster_file(explicit: Path | None = None) -> Path | None:
 def load_cluster(path: Path | None = None, overrides: list[str] | None = None) -> Loaded[ClusterConfig]:
     chosen = cluster_file(path)
     if chosen is None:
-        from tpuft.paths import package_root
+        from tpuft.core.paths import package_root
 
         default = package_root() / "_defaults" / "tpuft.yaml"
         loaded = _load(ClusterConfig, default.read_text(), "(embedded default tpuft.yaml)", None, overrides or [], True,
@@ -496,7 +496,7 @@ def resolve_recipe_path(path: Path) -> Path:
             local = Path(text + suffix)
             if local.is_file():
                 return local
-    from tpuft.paths import shipped_recipe
+    from tpuft.core.paths import shipped_recipe
 
     shipped = shipped_recipe(text) if bare else None
     if shipped is not None:
@@ -508,7 +508,7 @@ def recipe_suggestion(name: str, *, local: bool = True) -> str:
     """``; did you mean 'quickstart'?`` for a RECIPE that names nothing, over the shipped recipes and (``local``)
     the recipes in the current folder (or, for a path, the YAML files in its folder); a sentence of where it looked
     when nothing is close. For every verb that takes a recipe (``recipes cp``, which copies shipped ones: not local)."""
-    from tpuft.paths import recipes_dir
+    from tpuft.core.paths import recipes_dir
 
     path = Path(name)
     bare = "/" not in name and os.sep not in name

@@ -13,8 +13,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tpuft.backends.registry import capabilities, config_models
 from tpuft.config.data import DataConfig
 from tpuft.config.report import ReportConfig
-from tpuft.config_types import Count, Duration, KeyPath, ModelRef, StrictModel, listed_once
-from tpuft.t5_config import BYT5_VOCAB, T5Settings
+from tpuft.core.config_types import Count, Duration, KeyPath, ModelRef, StrictModel, listed_once
+from tpuft.model.t5_config import BYT5_VOCAB, T5Settings
 
 
 def _backend_union() -> Any:

@@ -1,9 +1,9 @@
 """The recipe's ``report:`` section: which experiment trackers a run's metrics go to besides TensorBoard.
 
 TensorBoard events are always written (one backend writes them itself, and tpuft's own readers use them), so ``to``
-only adds trackers. W&B and MLflow are fed by a sidecar process on the chief (:mod:`tpuft.worker.tracking`), never
+only adds trackers. W&B and MLflow are fed by a sidecar process on the chief (:mod:`tpuft.worker.tracking.sidecar`), never
 by the trainer: a tracker's network calls cannot slow or crash training, and the trackers' packages live in a venv
-of their own (:mod:`tpuft.tracking_env`), built only when a recipe names one. Pydantic and the stdlib only: the
+of their own (:mod:`tpuft.config.tracking_env`), built only when a recipe names one. Pydantic and the stdlib only: the
 worker reads this section too.
 """
 
@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from tpuft.config_types import StrictModel, listed_once
+from tpuft.core.config_types import StrictModel, listed_once
 
 Tracker = Literal["tensorboard", "wandb", "mlflow"]
 SIDECAR_TRACKERS = ("wandb", "mlflow")

@@ -20,7 +20,7 @@ from pathlib import Path
 from tpuft.backends.registry import kinds, layout
 from tpuft.backends.spec import RunLayout, manifest_gaps
 from tpuft.convert.model_source import ConvertError, pick_step
-from tpuft.paths import tpuft_home
+from tpuft.core.paths import tpuft_home
 from tpuft.storage import open_storage
 
 

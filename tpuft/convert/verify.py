@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.convert.model_source import ConvertError, ModelSource
-from tpuft.paths import environ_with_package, venv_cache
+from tpuft.core.paths import environ_with_package, venv_cache
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": None}
 """Max |logit diff| against the source; bfloat16 output is reported, not judged (it rounds every weight)."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
-from tpuft.records import Worker
+from tpuft.core.errors import Interrupted, TpuftError, UsageError, WorkerFailure
+from tpuft.core.records import Worker
 
 LineSink = Callable[[int, str], None]
 """Called with (worker index, line without newline) for every output line, from reader threads."""
@@ -23,7 +23,7 @@ LineSink = Callable[[int, str], None]
 EnvFor = Callable[[Worker], dict[str, str]]
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-"""POSIX's environment variable name. The same rule as :data:`tpuft.formats.ENV_NAME` (which checks the cluster
+"""POSIX's environment variable name. The same rule as :data:`tpuft.core.formats.ENV_NAME` (which checks the cluster
 file; a test keeps the two equal), written here because the fleet is a leaf and guards every other caller."""
 
 

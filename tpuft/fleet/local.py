@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 
 STOP_GRACE_SECONDS = 5.0
 _CONTROLLER_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")

@@ -1,9 +1,9 @@
 """Worker specs (``--worker 0,2``, ``1-3``, ``1:0``, ``1:2-3``, ``1:*``) and the argv of an ad-hoc command, shared
 by the cold ``exec`` path (:mod:`tpuft.ops.cluster`) and the warm one (:mod:`tpuft.ops.agent_client`), so both refuse
-and run the same things. Standard library, :mod:`tpuft.errors` and :mod:`tpuft.records` only: the warm path must
+and run the same things. Standard library, :mod:`tpuft.core.errors` and :mod:`tpuft.core.records` only: the warm path must
 start fast.
 
-A multislice cluster numbers its workers slice by slice (:class:`tpuft.records.SliceLayout`), so a user names a host
+A multislice cluster numbers its workers slice by slice (:class:`tpuft.core.records.SliceLayout`), so a user names a host
 either by its flat index, as on one slice, or as ``S:I`` (slice S, host I), the way the slices' own consoles and
 logs do. ``S:I`` on a one-slice cluster is slice 0 only.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpuft.errors import UsageError
-from tpuft.records import SliceLayout
+from tpuft.core.errors import UsageError
+from tpuft.core.records import SliceLayout
 
 _FORMS = "indices like 0,2 or 1-3, or slice:host like 1:0, 1:2-3 or 1:* (a whole slice)"
 

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, select_workers
 from tpuft.fleet.pacing import HandshakeGate, ensure_descriptors, quiet_handshake_tracebacks, retry_delay
 from tpuft.fleet.ssh_config import (
@@ -53,8 +53,8 @@ from tpuft.fleet.ssh_config import (
 from tpuft.fleet.ssh_direct import DirectConnection, enable_match_exec, import_paramiko, lookup, needs_fabric
 from tpuft.fleet.ssh_remote import RemoteProcess, env_payload, remote_command, tar_payload
 from tpuft.fleet.supervise import Handle, Output, run_supervised
-from tpuft.records import Worker
-from tpuft.waiting import Wait, waiting
+from tpuft.core.records import Worker
+from tpuft.core.waiting import Wait, waiting
 
 __all__ = ["SshConnectError", "SshFleet", "SshSettings", "known_hosts_name"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 
 
 @dataclass(frozen=True)

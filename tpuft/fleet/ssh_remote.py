@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from tpuft.fleet.base import WorkerResult, check_env
 from tpuft.fleet.supervise import Output
-from tpuft.records import Worker
+from tpuft.core.records import Worker
 
 PGID_MARKER = "__TPUFT_PGID__"
 STOP_GRACE_SECONDS = 5.0

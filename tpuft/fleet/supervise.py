@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
-from tpuft.waiting import waiting
+from tpuft.core.waiting import waiting
 
 TAIL_LINES = 30
 POLL_SECONDS = 0.05

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft.errors import Interrupted, TpuftError, UsageError
+from tpuft.core.errors import Interrupted, TpuftError, UsageError
 from tpuft.fleet.base import FleetResult, WorkerResult
 from tpuft.fleet.spec import command_argv, parse_worker_list
-from tpuft.paths import tpuft_home
-from tpuft.records import SliceLayout
+from tpuft.core.paths import tpuft_home
+from tpuft.core.records import SliceLayout
 
 OFF_ENV = "TPUFT_NO_AGENT"
 IDLE_ENV = "TPUFT_AGENT_IDLE_S"
@@ -441,7 +441,7 @@ def ensure_agent(config_path: str | None) -> None:
         return
     import subprocess
 
-    from tpuft.paths import environ_with_package
+    from tpuft.core.paths import environ_with_package
 
     log = folder / f"{key}.log"
     try:

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft import goodput
-from tpuft.accelerators import AcceleratorType, lookup
+from tpuft.run import goodput
+from tpuft.core.accelerators import AcceleratorType, lookup
 from tpuft.config import ClusterConfig
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.fleet.spec import command_argv, exec_env, parse_one_worker, parse_worker_list
 from tpuft.ops.common import Session, open_session, worker_env
 from tpuft.providers import get_provider
-from tpuft.records import Cluster, Progress, State
+from tpuft.core.records import Cluster, Progress, State
 
 
 @dataclass
@@ -29,7 +29,7 @@ def create(config: ClusterConfig, progress: Progress | None = None) -> CreateRes
     started = time.time()
     provider = get_provider(config)
     cluster, created = provider.create(progress)
-    if created:  # the next run launched on it counts the wait (tpuft.goodput)
+    if created:  # the next run launched on it counts the wait (tpuft.run.goodput)
         queued = capacity_wait(provider)
         if queued is not None:
             goodput.remember_cluster_event(provider.state_dir(), "queue_wait", *queued)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.fleet.base import Fleet, FleetResult, failure_error
-from tpuft.paths import package_root
+from tpuft.core.paths import package_root
 from tpuft.providers import Provider, get_provider
-from tpuft.records import Cluster, State
+from tpuft.core.records import Cluster, State
 
 PACKAGE_HOME = ".tpuft/pkg"
 """Under each worker's HOME: one folder per version of the tpuft package, named by a hash of its files."""

@@ -1,6 +1,6 @@
 """Does the recipe fit its slice? ``recipes show --summary --compile`` and ``train``/``up --check-fit``.
 
-The paper estimate (:mod:`tpuft.model_summary`) counts parameters and optimizer slots; what decides a step's fit is
+The paper estimate (:mod:`tpuft.model.summary`) counts parameters and optimizer slots; what decides a step's fit is
 also XLA's temporaries, which only a compile knows. A backend that can compile its real train step for a TPU slice
 on this machine's CPU says how (:class:`tpuft.backends.base.CompilePlan`, through the registry); here the plan's
 venv and overlay are built (cached, only when a compile is asked), the program runs, and its per-device bytes and
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tpuft
-from tpuft.accelerators import GENERATIONS, AcceleratorType, lookup
-from tpuft.errors import TpuftError, UsageError
+from tpuft.core.accelerators import GENERATIONS, AcceleratorType, lookup
+from tpuft.core.errors import TpuftError, UsageError
 from tpuft.fleet.base import last_json_object
-from tpuft.paths import tpuft_home, venv_cache
-from tpuft.waiting import waiting
+from tpuft.core.paths import tpuft_home, venv_cache
+from tpuft.core.waiting import waiting
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -240,7 +240,7 @@ def fit_report(recipe: RecipeConfig, accelerator: AcceleratorType, *, python: st
 
     planner = compile_planner(recipe.backend.kind)
     if planner is None:
-        from tpuft.model_summary import summarize
+        from tpuft.model.summary import summarize
 
         paper = summarize(recipe, accelerator, recipe_dir=recipe_dir)
         return estimate_report(recipe, accelerator, paper.total_bytes, no_compile_reason(recipe.backend.kind))

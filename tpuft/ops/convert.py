@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import ClusterConfig
 from tpuft.convert.hf_writer import ExportResult, Progress, parse_size, write_hf_model
 from tpuft.convert.model_source import ConvertError
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 
 
 @dataclass
@@ -46,7 +46,7 @@ def parse_overrides(pairs: list[str], config_file: Path | None) -> dict[str, Any
     """``--hf-config FILE`` then ``--hf-set KEY=VALUE`` (VALUE read as JSON when it parses, else as a string)."""
     overrides: dict[str, Any] = {}
     if config_file is not None:
-        from tpuft.safe_yaml import YamlProblem, read_config_text
+        from tpuft.core.safe_yaml import YamlProblem, read_config_text
 
         try:
             loaded = json.loads(read_config_text(config_file, "file"))  # a regular file of at most 1 MiB
@@ -87,7 +87,7 @@ def convert(
     if run_id is not None:
         if config is None:
             raise UsageError("--run needs a cluster file to find the run's storage")
-        from tpuft.runs import resolve_run
+        from tpuft.readers.runs import resolve_run
 
         run = resolve_run(config, run_id)
         run_dir = run.url

@@ -22,19 +22,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tpuft.accelerators import lookup
+from tpuft.core.accelerators import lookup
 from tpuft.backends.registry import layout
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
-from tpuft.errors import TpuftError, UsageError
+from tpuft.core.errors import TpuftError, UsageError
 from tpuft.fleet.base import last_json_object
-from tpuft.model_summary import fmt_bytes, summarize
+from tpuft.model.summary import fmt_bytes, summarize
 from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
-from tpuft.ports import COORDINATOR_PORT, MEGASCALE_PORT
+from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.worker import doctor_probe
 from tpuft.worker.bootstrap import MARKER
-from tpuft.worker.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
+from tpuft.worker.supervisor.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECKS = ("free", "venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "reach", "disk", "clock")
@@ -323,7 +323,7 @@ def _storage_disk(folder: str, needed: int | None, keep: int) -> Finding:
 
 
 def _checkpoint_bytes(session: Session, recipe: RecipeConfig, recipe_dir: Path | None) -> tuple[int, str]:
-    """One checkpoint's size from the paper estimate (:mod:`tpuft.model_summary`): float32 weights and the optimizer
+    """One checkpoint's size from the paper estimate (:mod:`tpuft.model.summary`): float32 weights and the optimizer
     state, whole. 0 when the model cannot be sized offline (a note says so)."""
     try:
         summary = summarize(recipe, lookup(session.config.accelerator), recipe_dir=recipe_dir)

@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tpuft.config import ClusterConfig
-from tpuft.errors import UsageError
-from tpuft.maintenance_window import Window, rfc3339
+from tpuft.core.errors import UsageError
+from tpuft.run.maintenance_window import Window, rfc3339
 from tpuft.providers import get_provider
-from tpuft.records import Cluster, Worker
-from tpuft.worker.host_state import STATE_DIR
-from tpuft.worker.maintenance import notice_file
+from tpuft.core.records import Cluster, Worker
+from tpuft.worker.supervisor.host_state import STATE_DIR
+from tpuft.worker.supervisor.maintenance import notice_file
 
 KINDS = ("maintenance", "preempt")
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tpuft import cost, rundir
+from tpuft.run import cost, rundir
 from tpuft.config import ClusterConfig
-from tpuft.errors import TpuftError, UsageError
+from tpuft.core.errors import TpuftError, UsageError
 from tpuft.providers.gcp.api import TpuApi
 
 CREATED_BY = ("created-by", "tpuft")
@@ -149,7 +149,7 @@ def delete_leaks(config: ClusterConfig, leaks: list[Leak], on_done: Callable[[Le
 
 def bucket_runs(config: ClusterConfig) -> list[dict[str, Any]]:
     """Each run in the cluster's bucket as (cluster, live, last sign of life): what tells an idle node from a busy one."""
-    from tpuft.runs import list_runs
+    from tpuft.readers.runs import list_runs
 
     return [activity for run in list_runs(config) if (activity := run_activity(run.storage)) is not None]
 
@@ -157,7 +157,7 @@ def bucket_runs(config: ClusterConfig) -> list[dict[str, Any]]:
 def run_activity(storage: Any, now: float | None = None) -> dict[str, Any] | None:
     """``{"run", "cluster", "live", "last"}`` of one run dir; None without a run.json. ``last``: the latest of its
     start, end, attempts' ends, heartbeats and supervisor records."""
-    from tpuft.runs import read_run_info
+    from tpuft.readers.runs import read_run_info
 
     now = time.time() if now is None else now
     info = read_run_info(storage)

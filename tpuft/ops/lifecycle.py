@@ -1,7 +1,7 @@
 """A run's life on the pod, from the controller: claim the workers, start their supervisors, attach, stop, and find
 the runs that are alive.
 
-The trainers live under worker-side supervisors (tpuft/worker/supervisor.py), so nothing here has to stay running:
+The trainers live under worker-side supervisors (tpuft/worker/supervisor/process.py), so nothing here has to stay running:
 ``attach`` is only a reader (a ``follow`` per worker, over the fleet; Ctrl-C ends the followers, not the run),
 ``stop`` asks in the run dir (``attempts/<n>/stop.json``, which a worker sees even when this machine cannot reach it)
 and, to be quick, signals each supervisor over the fleet too. run.json keeps what it takes to reach a run's
@@ -21,20 +21,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import ClusterConfig
-from tpuft.errors import TpuftError, UsageError
+from tpuft.core.errors import TpuftError, UsageError
 from tpuft.fleet.base import LineSink, last_json_object
-from tpuft.monitor import run_layout  # run.json's slices: the one reading that logs and monitor use too
+from tpuft.readers.monitor import run_layout  # run.json's slices: the one reading that logs and monitor use too
 from tpuft.ops.common import Session, on_worker, open_session
 from tpuft.ops.ondemand import CheckpointDone, request_checkpoint, wait_checkpoint  # noqa: F401 - the contract's names
-from tpuft.records import Worker
-from tpuft.runs import Run, list_runs
-from tpuft.waiting import waiting
-from tpuft.worker.startup import not_up, waiting_line
-from tpuft.worker.supervisor import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT, is_alive
+from tpuft.core.records import Worker
+from tpuft.readers.runs import Run, list_runs
+from tpuft.core.waiting import waiting
+from tpuft.worker.supervisor.startup import not_up, waiting_line
+from tpuft.worker.supervisor.process import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT, is_alive
 
-SUPERVISOR = ("-m", "tpuft.worker.supervisor")
+SUPERVISOR = ("-m", "tpuft.worker.supervisor.process")
 ALIVE_WITHIN_SECONDS = 60.0
 """A supervisor refreshes its record every 15 s: one silent for a minute is gone (with its VM, or killed)."""
 STARTUP_REPORT_SECONDS = 30.0

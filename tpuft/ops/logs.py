@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import ClusterConfig
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.fleet.spec import parse_one_worker
-from tpuft.monitor import run_layout
-from tpuft.records import SliceLayout
-from tpuft.runs import resolve_run
+from tpuft.readers.monitor import run_layout
+from tpuft.core.records import SliceLayout
+from tpuft.readers.runs import resolve_run
 from tpuft.storage import Storage, open_storage
 
 LOCAL_POLL_SECONDS = 0.5

@@ -3,9 +3,9 @@ maintenance window, and resumes the run once the window is over.
 
 The watcher (:mod:`tpuft.ops.recover`) asks the provider about the node every ``recover.poll`` seconds anyway; the
 provider's answer carries the node's health, symptoms and upcoming maintenance (``maintenance: KIND STATUS START ..
-END`` in the cluster's details, :mod:`tpuft.maintenance_window`). On a pending window due within the lead time, it
+END`` in the cluster's details, :mod:`tpuft.run.maintenance_window`). On a pending window due within the lead time, it
 writes an on-demand checkpoint request with ``stop`` (:func:`tpuft.ops.lifecycle.request_checkpoint`), unless a
-worker's supervisor, which hears of it from its metadata server (:mod:`tpuft.worker.maintenance`), asked first, and
+worker's supervisor, which hears of it from its metadata server (:mod:`tpuft.worker.supervisor.maintenance`), asked first, and
 records a ``maintenance`` event. The trainers save at the next step boundary and stop; the run is ``stopped`` with
 the window as its cause, and :func:`wait_out_window` holds the watcher (renewing its lease) until the window's end,
 after which the watch resumes it (on the node as it is, or recreated when the maintenance left it not READY). Zero
@@ -24,14 +24,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tpuft.maintenance_window import Window, rfc3339, window_of_reason
-from tpuft import rundir
-from tpuft.goodput import record_controller_event
+from tpuft.run.maintenance_window import Window, rfc3339, window_of_reason
+from tpuft.run import rundir
+from tpuft.run.goodput import record_controller_event
 from tpuft.ops.lifecycle import request_checkpoint
 from tpuft.ops.ondemand import acks, request_state
-from tpuft.records import Cluster
-from tpuft.runs import Run
-from tpuft.worker.maintenance import already_asked, record_event
+from tpuft.core.records import Cluster
+from tpuft.readers.runs import Run
+from tpuft.worker.supervisor.maintenance import already_asked, record_event
 
 
 class MaintenanceWatch:

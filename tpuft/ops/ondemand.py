@@ -4,7 +4,7 @@ cost limit).
 
 The ask is a file in the run dir (``attempts/<n>/checkpoint-<id>.json``), like a stop request: it reaches every
 worker, even one this machine cannot reach, because each supervisor polls the run dir and relays it to its trainer
-(``tpuft/worker/supervision.py``). The trainers save through their backend's normal save path at a step boundary
+(``tpuft/worker/supervisor/supervision.py``). The trainers save through their backend's normal save path at a step boundary
 and acknowledge; the wait ends when the layout's manifest check finds the step's checkpoint complete in run storage
 (for a bucket run that includes the run-dir sync's upload), which is what a resume would restore.
 
@@ -23,13 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpuft import rundir
-from tpuft.errors import TpuftError, UsageError
-from tpuft.goodput import record_controller_event
-from tpuft.runs import Run
-from tpuft.safe_yaml import resolved_section
+from tpuft.run import rundir
+from tpuft.core.errors import TpuftError, UsageError
+from tpuft.run.goodput import record_controller_event
+from tpuft.readers.runs import Run
+from tpuft.core.safe_yaml import resolved_section
 from tpuft.storage.sync import SYNC_SECONDS
-from tpuft.waiting import waiting
+from tpuft.core.waiting import waiting
 
 RELAY_SLACK_SECONDS = 3.0
 """Beyond the control poll: the supervisor's read of the request and the write of its relay."""
@@ -87,7 +87,7 @@ def pick_at_step(run: Run, info: dict[str, Any], now: float) -> int:
     """The freshest heartbeat's step, advanced by what the run trains until the heartbeat is read here (its age)
     and until every supervisor has relayed the request (poll, slack, and a bucket's sync lag), at the speed the
     heartbeat reports (``examples_per_s`` over the recipe's batch), plus a margin, rounded up to a multiple of
-    ``train.log_every`` (:func:`tpuft.rundir.checkpoint_at_step`). A refusal of an earlier request of the attempt
+    ``train.log_every`` (:func:`tpuft.run.rundir.checkpoint_at_step`). A refusal of an earlier request of the attempt
     (its host's step and time) is a fresher point than a bucket's heartbeat, and the steps between two points over
     their seconds a truer speed than an early heartbeat's, whose window may hold the compilation: so an ask after a
     refusal does not name a step already passed again."""

@@ -15,13 +15,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpuft.accelerators import lookup
+from tpuft.core.accelerators import lookup
 from tpuft.backends import get_backend
 from tpuft.backends.spec import LOCAL_DEVICES_ENV, ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.ops.cluster import cost_estimate
 from tpuft.providers import get_provider
-from tpuft.tracking_env import tracking_spec
+from tpuft.config.tracking_env import tracking_spec
 
 VERBS = ("create", "setup", "train", "up")
 

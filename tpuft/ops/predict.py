@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import ClusterConfig, RecipeConfig, load_recipe, recipe_from_text
-from tpuft.errors import ConfigError, TpuftError, UsageError
-from tpuft.runs import Run, layout_for, resolve_run
+from tpuft.core.errors import ConfigError, TpuftError, UsageError
+from tpuft.readers.runs import Run, layout_for, resolve_run
 from tpuft.storage import open_storage
 from tpuft.worker import predict_input
 from tpuft.worker.data import DataError
@@ -37,7 +37,7 @@ from tpuft.worker.text_transforms import HookError
 
 HF_ENGINE = "hf"
 """The engine of a Hugging Face model folder (any backend's export): transformers and torch."""
-WORKER_MODULE = ("-m", "tpuft.worker.predict")
+WORKER_MODULE = ("-m", "tpuft.worker.predict.main")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def resolve_source(config: ClusterConfig, text: str, options: PredictOptions) ->
 
 def _latest_training_run(config: ClusterConfig) -> Run:
     """``latest`` as a source: the newest run that trained (predict jobs are runs too)."""
-    from tpuft.runs import list_runs
+    from tpuft.readers.runs import list_runs
 
     for run in reversed(list_runs(config)):
         if run.info().get("job") != "predict":
@@ -222,7 +222,7 @@ def hf_model_for_local(source: Source, project: str | None) -> str:
                          hint=f"Make it: tpuft convert --run {where}   or predict on the cluster (drop --local)")
     if not folder.startswith("gs://"):
         return folder
-    from tpuft.paths import tpuft_home
+    from tpuft.core.paths import tpuft_home
 
     local = tpuft_home() / "models" / hashlib.sha256(folder.encode()).hexdigest()[:16]
     open_storage(folder, project=project).fetch_tree("", local)
@@ -292,7 +292,7 @@ def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | 
     as a worker's processes share it), then the join into OUT. One failing process stops the others."""
     from tpuft.convert.model_source import ConvertError
     from tpuft.convert.verify import find_verify_python
-    from tpuft.paths import environ_with_package
+    from tpuft.core.paths import environ_with_package
 
     try:
         python = find_verify_python(None)

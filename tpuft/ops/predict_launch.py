@@ -1,7 +1,7 @@
 """``tpuft predict`` on the cluster: the job as a run of its own, under the workers' supervisors.
 
 It is launched as ``train`` launches a trainer (the same claim, doctor's checks, supervisors, coordinator and worker
-ids; :mod:`tpuft.ops.train`), with ``python -m tpuft.worker.predict`` as the supervised program and the job in its
+ids; :mod:`tpuft.ops.train`), with ``python -m tpuft.worker.predict.main`` as the supervised program and the job in its
 environment (``TPUFT_PREDICT_JOB``). So ``attach``, ``stop``, ``logs`` and ``runs`` work on it as on a training run;
 its run.json says ``"job": "predict"`` and keeps the job's settings (``predict``).
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import ClusterConfig
-from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
+from tpuft.core.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import open_session
 from tpuft.ops.lifecycle import AttachOutcome, Launch, attach, deferred_interrupts, finalize, start_supervisors, stop, wait_for_outcome
@@ -30,7 +30,7 @@ from tpuft.ops.predict import WORKER_MODULE, PredictOptions, PredictResult, Sour
 from tpuft.ops.predict_shards import Progress, ProgressWatch, absolute, claim_output, default_shards, join_output, storage_shards
 from tpuft.ops.setup import launch_plan
 from tpuft.ops.train import Notice, _addresses, _prepare_workers, _remote_fleet, _trainer_env, _write_info
-from tpuft.runs import Run, resolve_run
+from tpuft.readers.runs import Run, resolve_run
 from tpuft.storage import open_storage
 from tpuft.worker.predict_job import JOB_ENV, JOB_FILE, PredictJob
 
@@ -163,7 +163,7 @@ def finish(config: ClusterConfig, run: Run, info: dict[str, Any]) -> PredictResu
     if status != "finished":
         raise TpuftError(f"predict run {run.id} has no outcome yet ({status})", hint=f"Look: tpuft monitor {run.id}")
     job = job_of(run, info, config)
-    from tpuft.worker.predict_loop import joined
+    from tpuft.worker.predict.loop import joined
 
     summary = (joined(job) if job.output else None) or join_output(job, str(spec["output"]))  # worker 0 joined, or here
     seconds = float(info.get("seconds") or (time.time() - float(info.get("started") or time.time())))

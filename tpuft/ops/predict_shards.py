@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.storage import open_storage
 from tpuft.worker.predict_job import JOB_FILE, PredictJob
 
@@ -95,7 +95,7 @@ def finished_shards(shards: Any) -> dict[int, int]:
 
 def kept_shards(shards: Any) -> int:
     """Shards every process of an earlier job has written its part of (a resume skips them)."""
-    from tpuft.worker.predict_loop import PROCESSES_FILE
+    from tpuft.worker.predict.loop import PROCESSES_FILE
 
     try:
         processes = int(json.loads(shards.read_text(PROCESSES_FILE) or "{}").get("processes") or 0)
@@ -153,7 +153,7 @@ class ProgressWatch:
 
 def join_output(job: PredictJob, output: str) -> dict[str, Any]:
     """Every shard's parts into OUT, in input order (streamed: one shard in memory at a time), and the scores."""
-    from tpuft.worker import predict_loop
+    from tpuft.worker.predict import loop as predict_loop
 
     summary = predict_loop.join(job, output=output)
     return {**summary, "scores": summary.get("scores") or {}}

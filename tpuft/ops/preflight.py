@@ -16,7 +16,7 @@ from pathlib import Path
 from tpuft.backends import get_backend
 from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
-from tpuft.errors import ConfigError
+from tpuft.core.errors import ConfigError
 from tpuft.worker.data import DataError, Fields, FileCheck, check_file, file_format
 from tpuft.worker.text_transforms import HookError
 

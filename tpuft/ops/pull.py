@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft import rundir
-from tpuft.errors import UsageError
-from tpuft.runs import layout_for, read_run_info
+from tpuft.run import rundir
+from tpuft.core.errors import UsageError
+from tpuft.readers.runs import layout_for, read_run_info
 from tpuft.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def pull(
     progress: Callable[[int, int], None] | None = None,
     project: str | None = None,
 ) -> PullResult:
-    """Copy the run dir ``run`` (a local path or ``gs://`` URL: a :class:`~tpuft.runs.Run`'s url) into ``dest``.
+    """Copy the run dir ``run`` (a local path or ``gs://`` URL: a :class:`~tpuft.readers.runs.Run`'s url) into ``dest``.
 
     ``checkpoints``: ``latest`` (highest step), ``best`` (best eval metric in metrics.jsonl), ``all`` or ``none``.
     ``progress(bytes_done, bytes_total)`` is called once the files are listed, then as bytes land (from worker
@@ -153,7 +153,7 @@ def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, An
 
 
 def _best(steps: list[int], eval_rows: list[dict[str, Any]], metric: str | None) -> tuple[list[int], list[str]]:
-    from tpuft.rundir import best_eval_metric, best_eval_row
+    from tpuft.run.rundir import best_eval_metric, best_eval_row
 
     ranked = best_eval_metric(best_eval_row(eval_rows, metric), metric)
     if ranked is None:

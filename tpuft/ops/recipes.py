@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpuft.config import load_recipe
-from tpuft.data_fetch import fetch_command
-from tpuft.errors import ConfigError, TpuftError, UsageError
-from tpuft.paths import recipes_dir, shipped_recipe
+from tpuft.core.data_fetch import fetch_command
+from tpuft.core.errors import ConfigError, TpuftError, UsageError
+from tpuft.core.paths import recipes_dir, shipped_recipe
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tpuft.config import Loaded, RecipeConfig
-    from tpuft.model_summary import Summary
+    from tpuft.model.summary import Summary
     from tpuft.ops.compile_fit import FitReport
 
 DATA_MISSING_EXIT = 3
@@ -133,9 +133,9 @@ def summary(
     """The recipe's model, parameters and memory per device on the cluster's accelerator (``accelerator`` instead:
     e.g. ``v4-64``); offline, nothing is created and the data is not read. A model the summary cannot size is a
     :class:`ConfigError` located at the recipe key to change (exit 2)."""
-    from tpuft.accelerators import lookup
+    from tpuft.core.accelerators import lookup
     from tpuft.config import load_cluster
-    from tpuft.model_summary import ModelUnknown, summarize
+    from tpuft.model.summary import ModelUnknown, summarize
 
     loaded = load_recipe(recipe, overrides or [], check_files=False)
     cluster = load_cluster(config).value
@@ -156,7 +156,7 @@ def compile_fit(
     """``show --summary --compile``: the recipe's real train step compiled for the accelerator (the cluster's, or
     ``accelerator``) on this machine's CPU, against the chip's HBM (:mod:`tpuft.ops.compile_fit`); a backend that
     cannot compile offline gets its paper estimate, labelled."""
-    from tpuft.accelerators import lookup
+    from tpuft.core.accelerators import lookup
     from tpuft.config import load_cluster
     from tpuft.ops.compile_fit import fit_report
 

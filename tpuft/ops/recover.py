@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tpuft import goodput, rundir
+from tpuft.run import goodput, rundir
 from tpuft.backends import get_backend
 from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
-from tpuft.errors import Interrupted, TpuftError, UsageError
+from tpuft.core.errors import Interrupted, TpuftError, UsageError
 from tpuft.fleet.base import LineSink
 from tpuft.ops.lifecycle import (Launch, attach, finalize, request_stop, run_is_alive, signal_supervisors, stop,
                                  wait_for_outcome)
@@ -38,10 +38,10 @@ from tpuft.ops.maintenance import MaintenanceWatch, wait_out_window
 from tpuft.ops.setup import setup
 from tpuft.ops.train import Notice, TrainResult, finished_result, resume
 from tpuft.providers import get_provider
-from tpuft.records import Cluster, Progress, SliceLayout, State
-from tpuft.runs import Run, resolve_run
+from tpuft.core.records import Cluster, Progress, SliceLayout, State
+from tpuft.readers.runs import Run, resolve_run
 from tpuft.storage.network import CloudUnreachable
-from tpuft.worker.supervisor import is_alive
+from tpuft.worker.supervisor.process import is_alive
 
 CAPACITY_ERRORS = {"ResourceExhausted", "TooManyRequests", "ServiceUnavailable", "InternalServerError"}
 """API refusals that mean "not now" (a zone stocked out, quota busy, the API down): the recovery is tried again

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft import goodput
+from tpuft.run import goodput
 from tpuft.backends import get_backend
 from tpuft.backends.base import EnvSpec, LaunchPlan
 from tpuft.config import ClusterConfig, RecipeConfig
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
-from tpuft.tracking_env import PYTHON_ENV, tracking_spec
+from tpuft.config.tracking_env import PYTHON_ENV, tracking_spec
 
 BOOTSTRAP = "tpuft/worker/bootstrap.py"
 SOURCES_HOME = ".tpuft/sources"
@@ -83,7 +83,7 @@ def venv_python(session: Session, spec: EnvSpec) -> str:
 def tracking_env(session: Session, recipe: RecipeConfig, package: str, *, on_line: LineSink | None = None) -> dict[str, str]:
     """The tracker sidecar's venv (wandb, mlflow), built or found on the chief only, when ``report.to`` names a tracker
     the sidecar feeds: ``{TPUFT_TRACKING_PYTHON: its python}`` for the chief's supervisor; {} otherwise. A venv of
-    its own, so the trackers' packages never meet the backend's pins (tpuft/tracking_env.py)."""
+    its own, so the trackers' packages never meet the backend's pins (tpuft/config/tracking_env.py)."""
     if not recipe.report.trackers:
         return {}
     spec = tracking_spec(session.provider.python())

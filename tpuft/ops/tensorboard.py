@@ -1,7 +1,7 @@
 """tensorboard: serve a run's TensorBoard events on this machine, for a local run dir or a ``gs://`` one.
 
 TensorBoard runs as a child process (``python -m tensorboard.main``) so that the CLI imports none of it. A bucket
-run's ``tb/`` is mirrored into the run's local mirror (``tpuft.runs.Run.mirror``; only new or changed files move, see
+run's ``tb/`` is mirrored into the run's local mirror (``tpuft.readers.runs.Run.mirror``; only new or changed files move, see
 ``storage.download_tree``) and re-synced every 30 s on a daemon thread while TensorBoard runs. The mirror replaces a
 grown event file by renaming a complete copy over it. TensorBoard without TensorFlow re-opens files by name and sees
 that anyway, but with TensorFlow installed (a T5X backend venv's TensorBoard) it keeps reading the old, unlinked file,
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
-from tpuft.errors import TpuftError, UsageError
-from tpuft.paths import tpuft_home, venv_cache
-from tpuft.ports import free_port
+from tpuft.run import rundir
+from tpuft.core.errors import TpuftError, UsageError
+from tpuft.core.paths import tpuft_home, venv_cache
+from tpuft.core.ports import free_port
 
 SYNC_SECONDS = 30.0
 """How often a bucket run's ``tb/`` is mirrored again while TensorBoard runs."""
@@ -93,7 +93,7 @@ def start_tensorboard(
 
     Raises :class:`UsageError` when the run has no ``tb/`` or no ``tensorboard`` can be found, and
     :class:`TpuftError` (with the tail of its output) when TensorBoard exits or does not answer in time."""
-    from tpuft.runs import Run
+    from tpuft.readers.runs import Run
 
     command = tensorboard_command()
     reference = Run.from_url(run)

@@ -1,6 +1,6 @@
 """train and resume: start a run's attempt under the workers' supervisors, then attach to it.
 
-The supervisors (tpuft/worker/supervisor.py) keep the run going without this process; they stop every worker when one
+The supervisors (tpuft/worker/supervisor/process.py) keep the run going without this process; they stop every worker when one
 fails or hangs, and write the outcome into run.json. This module prepares the workers (package, venv, a free cluster),
 writes the run dir, starts the supervisors and, attached, turns the outcome into a summary or a located error."""
 
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft import cost, goodput, rundir
+from tpuft.run import cost, goodput, rundir
 from tpuft.backends import get_backend
-from tpuft.cost import RunCost
-from tpuft.goodput import Goodput
+from tpuft.run.cost import RunCost
+from tpuft.run.goodput import Goodput
 from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
-from tpuft.errors import Interrupted, TpuftError, UsageError, WorkerFailure
+from tpuft.core.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 from tpuft.ops.lifecycle import (
@@ -29,9 +29,9 @@ from tpuft.ops.lifecycle import (
 from tpuft.ops.doctor import doctor_problems
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, tracking_env, venv_python
-from tpuft.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
+from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
 from tpuft.worker.multislice import PORT_ENV as MEGASCALE_PORT_ENV
-from tpuft.runs import Run, resolve_run
+from tpuft.readers.runs import Run, resolve_run
 from tpuft.storage import open_storage
 
 Notice = Callable[[str], None]
@@ -49,7 +49,7 @@ class TrainResult:
     last_train: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
     test: dict[str, Any] = field(default_factory=dict)
-    """The test evaluation's ``test_*`` items (:attr:`tpuft.runs.RunSnapshot.test`); {} without a test set."""
+    """The test evaluation's ``test_*`` items (:attr:`tpuft.readers.runs.RunSnapshot.test`); {} without a test set."""
     export_dir: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     """The backend's own summary values (``--json``)."""
@@ -61,9 +61,9 @@ class TrainResult:
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     """The recovery watcher's records (run.json ``recoveries``): cause, steps redone, time to train again."""
     goodput: Goodput | None = None
-    """Where the run's wall time went (:func:`tpuft.goodput.breakdown`)."""
+    """Where the run's wall time went (:func:`tpuft.run.goodput.breakdown`)."""
     cost: RunCost | None = None
-    """What the run has cost (:func:`tpuft.cost.run_cost`)."""
+    """What the run has cost (:func:`tpuft.run.cost.run_cost`)."""
 
 
 def _free_port_besides(used: set[str]) -> int:

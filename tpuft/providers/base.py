@@ -1,4 +1,4 @@
-"""The provider contract: the verbs every provider has (its records live in :mod:`tpuft.records`).
+"""The provider contract: the verbs every provider has (its records live in :mod:`tpuft.core.records`).
 """
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tpuft.records import Cluster, Progress, State, Worker
+from tpuft.core.records import Cluster, Progress, State, Worker
 
 if TYPE_CHECKING:
     from tpuft.fleet.base import Fleet

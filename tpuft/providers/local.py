@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.config import ClusterConfig
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.fleet.local import LocalFleet
-from tpuft.maintenance_window import notice_details
-from tpuft.paths import tpuft_home, venv_cache
-from tpuft.records import Cluster, Progress, State, Worker
+from tpuft.run.maintenance_window import notice_details
+from tpuft.core.paths import tpuft_home, venv_cache
+from tpuft.core.records import Cluster, Progress, State, Worker
 
 _MARKER = "cluster.json"
 

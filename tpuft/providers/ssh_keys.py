@@ -7,7 +7,7 @@ import getpass
 import subprocess
 from pathlib import Path
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 
 
 def user_name() -> str:

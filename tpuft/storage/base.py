@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 
 
 RUNS = "runs"

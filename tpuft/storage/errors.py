@@ -1,7 +1,7 @@
 """Google Cloud Storage failures as one line a user can act on: which call, which object, what to do.
 
 Every GCS call runs inside :func:`gcs_call`, which turns the client's exceptions (HTTP errors, auth errors,
-corrupted downloads, dropped connections) into :class:`~tpuft.errors.TpuftError` with a hint. A network that does
+corrupted downloads, dropped connections) into :class:`~tpuft.core.errors.TpuftError` with a hint. A network that does
 not answer (Storage or the token endpoint: refused, unresolvable, timed out, retries run out) is told apart by
 :mod:`tpuft.storage.network`, the classification the TPU API shares, and becomes its one line.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 from tpuft.storage.network import CLOCK, CloudUnreachable, is_network_error, unreachable
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft.errors import TpuftError, UsageError
+from tpuft.core.errors import TpuftError, UsageError
 from tpuft.storage.base import TreeDownloads, Failures, MiB, Progress, RUNS, TreeTransfer, clean_relpath, join_relpath, run_order
 from tpuft.storage.transfer import Meter, PartialWriter, check_download, file_md5, finish_download, interruptible, partial_path, raise_failures, same_content, target_in, walk_files
 from tpuft.storage.errors import LOGIN_HINT, gcs_call

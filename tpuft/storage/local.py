@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 from tpuft.storage.base import PARTIAL_SUFFIX, TreeDownloads, RUNS, Progress, TreeTransfer, clean_relpath, join_relpath, run_order
 from tpuft.storage.transfer import Meter, copy_atomic, partial_path, sync_tree, walk_files
 

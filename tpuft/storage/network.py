@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 
 if TYPE_CHECKING:
     import requests

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 from tpuft.storage.base import Failures, MiB, PARTIAL_SUFFIX, Progress, RERUN_HINT, TreeTransfer
 from tpuft.storage.errors import as_tpuft
 

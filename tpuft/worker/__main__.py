@@ -1,6 +1,6 @@
 """``python -m tpuft.worker``: load the resolved recipe from the run dir and hand over to the backend's trainer.
 
-It runs under the worker's supervisor (tpuft/worker/supervisor.py). When the run dir is remote (gs://), objects
+It runs under the worker's supervisor (tpuft/worker/supervisor/process.py). When the run dir is remote (gs://), objects
 cannot be appended to: the supervisor has put the recipe in a local staging folder (``ctx.run_dir``), where the
 trainer writes, and mirrors that folder to the bucket while it grows and once more at the end. A backend whose trainer
 writes the bucket itself (T5X's checkpoints do) also gets the gs:// URL (``ctx.run_url``).
@@ -12,9 +12,9 @@ import importlib
 import sys
 import traceback
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.config import recipe_from_text
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 from tpuft.worker.context import WorkerContext, pin_cpus
 from tpuft.worker.data import DataError
 from tpuft.worker.multislice import apply_megascale_env
@@ -42,7 +42,7 @@ def main() -> int:
         multislice = apply_megascale_env(ctx, startup_timeout=recipe.train.startup_timeout)
         if multislice:
             print(f"[tpuft] {multislice}", flush=True)
-        trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}_train")
+        trainer = importlib.import_module(f"tpuft.worker.{recipe.backend.kind}.train")
         return int(trainer.main(ctx, recipe) or 0)
     except (DataError, TpuftError) as exc:  # the user's data or recipe: one located line, no traceback
         print(f"[tpuft] error on {ctx.layout.name(ctx.worker_id)}: {exc}", flush=True)

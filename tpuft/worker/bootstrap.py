@@ -28,7 +28,7 @@ from typing import Any
 
 MARKER = ".tpuft-complete"
 WAIT_REPORT_S = float(os.environ.get("TPUFT_WAIT_EVERY_S", "30"))
-"""While another process builds the venv: how often to say that this one still waits (tpuft.waiting's cadence)."""
+"""While another process builds the venv: how often to say that this one still waits (tpuft.core.waiting's cadence)."""
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 """The Python running this script: the worker's base interpreter, which the venv is built from unless ``min_python``
 asks for a newer one."""

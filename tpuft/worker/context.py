@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft.records import SliceLayout
+from tpuft.core.records import SliceLayout
 
 
 @dataclass(frozen=True)

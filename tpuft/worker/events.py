@@ -1,4 +1,4 @@
-"""The trainer's side of the run's timeline (``events/``, read by :mod:`tpuft.goodput`): what the run spent its time
+"""The trainer's side of the run's timeline (``events/``, read by :mod:`tpuft.run.goodput`): what the run spent its time
 on, recorded as it happens so that goodput needs no change to the user's code.
 
 The chief process alone appends, one JSON line per event, to ``events/worker-<i>-attempt-<n>.jsonl`` in its LOCAL
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 
 EVENTS_ENV = "TPUFT_EVENTS"
 EXTERNAL_ENV = "TPUFT_GOODPUT_EXTERNAL"

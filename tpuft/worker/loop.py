@@ -44,7 +44,7 @@ early stop ends training there, a new best under ``keep_best`` is checkpointed a
 evaluated), the test evaluation (``data.test``, once per run), the final checkpoint, the weight digest, the export
 (chief only), the final heartbeat.
 
-Stop and hang signals are the heartbeat: the worker's supervisor (``tpuft/worker/supervisor.py``) declares a trainer
+Stop and hang signals are the heartbeat: the worker's supervisor (``tpuft/worker/supervisor/process.py``) declares a trainer
 hung when its heartbeat is older than the hang timeout for its phase, and stops it with SIGTERM.
 
 Stdlib only at import (plus tpuft's worker modules): it runs inside every backend's venv.
@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tpuft import rundir
+from tpuft.run import rundir
 from tpuft.worker import events
 from tpuft.worker.metrics import Heartbeat, MetricsWriter
 from tpuft.worker.ondemand import CheckpointRequests, serve

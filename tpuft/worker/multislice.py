@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-from tpuft.errors import UsageError
-from tpuft.ports import MEGASCALE_PORT
+from tpuft.core.errors import UsageError
+from tpuft.core.ports import MEGASCALE_PORT
 from tpuft.worker.context import WorkerContext
 
 PORT_ENV = "TPUFT_MEGASCALE_PORT"

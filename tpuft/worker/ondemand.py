@@ -1,8 +1,8 @@
-"""Checkpoints on demand, the trainer's side: a request its supervisor relayed (``tpuft/worker/supervision.py``)
+"""Checkpoints on demand, the trainer's side: a request its supervisor relayed (``tpuft/worker/supervisor/supervision.py``)
 is served at a step boundary through the backend's normal save path, then acknowledged.
 
 Why here and cheap: the trainer asks once per step, so the question is one ``os.stat`` of its control folder
-(:func:`tpuft.rundir.checkpoint_control`, on this host's disk) while nothing is new; the bucket is never read here.
+(:func:`tpuft.run.rundir.checkpoint_control`, on this host's disk) while nothing is new; the bucket is never read here.
 
 Several hosts must save at the same step (T5X's save is a collective), so a request names ``at_step``. It is
 served at that step exactly; a host that sees it only after that step refuses it (an acknowledgement with
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuft import rundir
+from tpuft.run import rundir
 
 HOLD_SECONDS = float(os.environ.get("TPUFT_STOP_HOLD_SECONDS", "300"))
 """How long a trainer that saved for a stop waits to be stopped by its supervisor before it fails, saying so."""

@@ -1,5 +1,5 @@
 """What a ``tpuft predict`` job asks of its workers, and what a backend's prediction engine offers: the contract
-between the controller (``tpuft/ops/predict.py``), the shared shard loop (``tpuft/worker/predict_loop.py``) and each
+between the controller (``tpuft/ops/predict.py``), the shared shard loop (``tpuft/worker/predict/loop.py``) and each
 backend's engine (``tpuft/worker/<kind>_predict.py``, and ``hf_predict.py`` for a Hugging Face model).
 
 The input is cut into shards of ``shard_lines`` consecutive lines (shard ``k``: lines ``k*shard_lines`` to

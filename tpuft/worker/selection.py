@@ -11,7 +11,7 @@ without an improvement stop training. :meth:`Selector.state` is what a checkpoin
 (``best``, ``bad_evals``, ``stopped_early``) so that a resumed run judges its next evaluations as the original
 would have; the Keras trainer's checkpoints from before this module (``best`` and ``bad_evals`` only) read the same.
 
-Stdlib only (and ``tpuft.rundir``, ``tpuft.errors``): it runs inside every backend's venv.
+Stdlib only (and ``tpuft.run.rundir``, ``tpuft.core.errors``): it runs inside every backend's venv.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpuft import rundir
-from tpuft.errors import UsageError
+from tpuft.run import rundir
+from tpuft.core.errors import UsageError
 
 if TYPE_CHECKING:
     from tpuft.config import EarlyStopping

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft.errors import UsageError
+from tpuft.core.errors import UsageError
 from tpuft.providers.gcp import tuning
 from tpuft.providers.gcp.api import GcpError, TpuApi
 from tpuft.providers.gcp.cache import WorkerCache, worker_rows
-from tpuft.records import Cluster, Worker
-from tpuft.waiting import waiting
+from tpuft.core.records import Cluster, Worker
+from tpuft.core.waiting import waiting
 
 if TYPE_CHECKING:
     from tpuft.config import SshConfig
@@ -36,7 +36,7 @@ def ssh_settings(ssh: SshConfig, known_hosts: Path) -> SshSettings:
     """How the fleet logs in: the cluster file's ``ssh`` section, the local login name by default, and the
     cluster's own pinned ``known_hosts``."""
     from tpuft.fleet.ssh import SshSettings
-    from tpuft.formats import user_name_problem
+    from tpuft.core.formats import user_name_problem
     from tpuft.providers.ssh_keys import user_name
 
     user = ssh.user or user_name()

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tpuft.errors import TpuftError
+from tpuft.core.errors import TpuftError
 from tpuft.providers.gcp import tuning
-from tpuft.records import Progress
+from tpuft.core.records import Progress
 from tpuft.storage.network import CLOCK, DEFAULT_TIMEOUT_S, budget_session, is_network_error, unreachable
-from tpuft.waiting import waiting
+from tpuft.core.waiting import waiting
 
 T = TypeVar("T")
 
@@ -157,7 +157,7 @@ class TpuApi:
 
     def wait_operation(self, what: str, operation: Any, progress: Progress | None, watch: Callable[[], str] | None) -> Any:
         """Poll a long-running operation, saying what it waits for, the resource's state (``watch``) and the time
-        left through ``progress``, or on stderr when no one listens (tpuft.waiting)."""
+        left through ``progress``, or on stderr when no one listens (tpuft.core.waiting)."""
         from google.api_core import exceptions as gexc
 
         with waiting(f"the Cloud TPU API to finish {what}", tuning.CREATE_TIMEOUT_S, progress=progress) as wait:

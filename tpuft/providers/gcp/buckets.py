@@ -3,7 +3,7 @@ is fast and free."""
 
 from __future__ import annotations
 
-from tpuft.records import Cluster, Progress
+from tpuft.core.records import Cluster, Progress
 
 
 def default_bucket_url(bucket: str | None, project: str) -> str:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.records import Cluster, State, Worker
+from tpuft.core.records import Cluster, State, Worker
 
 
 def worker_rows(workers: list[Worker]) -> list[list[Any]]:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.fleet.ssh_config import SshSettings, known_hosts_name
-from tpuft.paths import tpuft_home
+from tpuft.core.paths import tpuft_home
 from tpuft.providers.gcp.cache import WorkerCache, cluster_of
-from tpuft.records import Cluster
+from tpuft.core.records import Cluster
 
 PLAN_VERSION = 1
 _PATHS = ("key_file", "known_hosts", "ssh_config")

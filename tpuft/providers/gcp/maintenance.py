@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuft.maintenance_window import Window
+from tpuft.run.maintenance_window import Window
 from tpuft.providers.gcp.api import TpuApi
 
 SIMULATED_PREEMPTION = "StopNode (the TPU API has no preemption simulation; a stopped node is what the watcher sees)"

@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpuft.accelerators import AcceleratorType
+from tpuft.core.accelerators import AcceleratorType
 from tpuft.config import parse_duration
 from tpuft.providers.gcp import maintenance, tuning
 from tpuft.providers.gcp.api import GcpError, TpuApi
-from tpuft.records import Cluster, Progress, State, Worker
-from tpuft.waiting import waiting
+from tpuft.core.records import Cluster, Progress, State, Worker
+from tpuft.core.waiting import waiting
 
 if TYPE_CHECKING:
     from tpuft.config import GcpConfig
@@ -50,7 +50,7 @@ class TpuNodes:
         self.gcp = gcp
         self.accelerator = accelerator
         self.queue_wait: tuple[float, float] | None = None
-        """(start, seconds) of the last queued resource's wait for capacity, until PROVISIONING (tpuft.goodput)."""
+        """(start, seconds) of the last queued resource's wait for capacity, until PROVISIONING (tpuft.run.goodput)."""
 
     # -- the create requests --------------------------------------------------------------------------------
     # What gcloud sends for the same intent (google-cloud-sdk, GA track, API v2; see docs/gcp.md, "What create

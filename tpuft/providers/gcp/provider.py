@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft.accelerators import AcceleratorType, lookup
-from tpuft.errors import UsageError
+from tpuft.core.accelerators import AcceleratorType, lookup
+from tpuft.core.errors import UsageError
 from tpuft.providers.gcp import access, buckets
 from tpuft.providers.gcp.api import GcpError, TpuApi
 from tpuft.providers.gcp.cache import WorkerCache
 from tpuft.providers.gcp.nodes import BAD_STATES, QUEUED_FAILED, TpuNodes
-from tpuft.records import Cluster, Progress, State
+from tpuft.core.records import Cluster, Progress, State
 
 if TYPE_CHECKING:
     from tpuft.config import ClusterConfig
@@ -62,7 +62,7 @@ class GcpProvider:
         return self.nodes.node_spec()
 
     def state_dir(self) -> Path:
-        from tpuft.paths import tpuft_home
+        from tpuft.core.paths import tpuft_home
 
         return tpuft_home() / "gcp" / self.project / self.zone / self.config.name
 

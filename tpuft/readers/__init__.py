@@ -1,0 +1,1 @@
+"""The controller's readers of a run: find and snapshot runs, monitor, plots, TensorBoard events."""

@@ -1,0 +1,317 @@
+"""TF Keras trainer: a Hugging Face TF model trained with ``model.fit`` under a ``tf.distribute`` strategy.
+
+Reads top to bottom: ``KerasRun.setup()`` picks the strategy, writes the data as TFRecords and builds the model and
+optimizer in the strategy's scope; ``train()`` is one ``model.fit``; ``finish()`` evaluates, checkpoints, exports to
+Hugging Face (PyTorch) format and records the weight digest; with ``data.test`` it first tests the best (keep_best)
+or last weights once, on the device (``tpuft/worker/keras/testset.py``). The run's bookkeeping (resume, metrics rows
+and the progress line, heartbeats, evaluations judged for keep-best and early stopping, checkpoint folders and
+pruning, the test evaluation's record, the final heartbeat) is the shared :class:`~tpuft.worker.loop.RunLoop`: ``fit`` drives the steps, and its callback
+(:func:`run_callback`) calls the loop's events between executions, in the order the loop's driver keeps.
+
+Strategy (``tpuft/backends/keras.py`` says where the program runs):
+- local CPU pod: ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG`` built from ``TPUFT_PEERS``; every worker runs
+  this trainer on its own shard, gradients are all-reduced by TF's collectives. A worker with several devices
+  (``local.devices_per_worker``) makes them logical CPU devices, each a replica (``tpuft/worker/keras/devices.py``).
+- TPU: ``TPUStrategy`` over every core of the slice, from worker 0 alone (``TPUFT_TPU_HOSTS`` hosts).
+
+The training step is our own ``train_step`` inside ``fit`` (``tpuft/worker/keras/parts.py``; ``steps_per_execution``
+runs that many steps on the device per call from Python): the loss of a replica is its summed token (or example)
+losses divided by the global count, so that summing gradients over replicas gives the gradient of the global mean;
+``train.grad_accum_steps`` sums the gradients of that many micro-batches of each replica's batch before the one
+update; gradients are all-reduced explicitly, clipped by their global norm, and applied without a second
+aggregation. Eval metrics (loss, token accuracy, exact match with teacher forcing: every target position's argmax
+right, EOS included; classification accuracy) are sums in SUM-synchronised Keras metrics, so they are computed on the
+device and exact over replicas.
+
+Data (``tpuft/worker/keras/data.py``): each replica's examples are tokenized once and written as TFRecords with
+static shapes; ``tf.data`` shuffles them per epoch with the run's seed, and a resumed run skips the batches its
+checkpoint had consumed.
+
+Checkpoints: ``checkpoints/step_N`` holds the HF model (``tf_model.h5`` + config + tokenizer), the optimizer's
+variables (``optimizer.npz``, in the optimizer's own order) and ``trainer_state.json``, then ``manifest.json``.
+``train.keep_best`` keeps the best by the eval metric besides the last ``keep_checkpoints``; early stopping stops
+every replica at the same evaluation (the metric is the same on all of them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tpuft.run import rundir
+from tpuft.backends.keras_schema import LAYOUT, KerasBackend
+from tpuft.config import RecipeConfig
+from tpuft.worker import data as data_mod
+from tpuft.worker.keras import adafactor as keras_adafactor, generate as keras_generate, layers as keras_layers, model as keras_model, prompt as keras_prompt, testset as keras_test
+from tpuft.worker.hf_data import has_held_out
+from tpuft.worker.context import WorkerContext
+from tpuft.worker.keras.data import RecordData
+from tpuft.worker.keras.parts import (
+    build_trainable,
+    epoch_length,
+    eval_row,
+    make_schedule,
+    restore_optimizer,
+    save_optimizer,
+    weights_digest,
+)
+from tpuft.worker import events
+from tpuft.worker.loop import RunLoop, run_test
+from tpuft.worker.ondemand import CheckpointRequests, serve
+
+OPTIMIZER_STATE = "optimizer.npz"
+
+
+def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # transformers' TF models need Keras 2 (tf-keras)
+    return KerasRun(ctx, recipe).run()
+
+
+class KerasRun:
+    def __init__(self, ctx: WorkerContext, recipe: RecipeConfig) -> None:
+        assert isinstance(recipe.backend, KerasBackend)
+        self.ctx = ctx
+        self.recipe = recipe
+        self.backend: KerasBackend = recipe.backend
+        self.classify = self.backend.task == "classification"
+        self.tpu_hosts = keras_model.tpu_hosts()
+        self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
+        self.say = self.loop.say
+        self.last_eval_step = -1
+        """The step of the latest evaluation, so that the end does not evaluate the same weights twice."""
+
+    def run(self) -> int:
+        self.setup()
+        try:
+            self.train()
+            self.finish()
+        finally:
+            if self.loop.metrics is not None:
+                self.loop.metrics.close()
+        return 0
+
+    # -- setup ----------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        loop = self.loop
+        loop.beat(loop.find_checkpoint(), phase="starting")
+        import tensorflow as tf
+
+        self.tf = tf
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        if cpus and not self.tpu_hosts:
+            tf.config.threading.set_intra_op_parallelism_threads(len(cpus))
+            tf.config.threading.set_inter_op_parallelism_threads(2)
+        self.strategy = keras_model.make_strategy(tf, self.ctx, self.tpu_hosts)
+        self.replicas = self.strategy.num_replicas_in_sync
+        precision = keras_model.set_precision(tf, self.backend, self.tpu_hosts, self.recipe.train.precision)
+        transformers = keras_model.quiet_transformers()
+        self.say(
+            f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: {type(self.strategy).__name__} with "
+            f"{self.replicas} replicas, {precision} (tensorflow {tf.__version__}, transformers {transformers.__version__})"
+        )
+        self.checkpoint = loop.load_checkpoint().checkpoint
+        self.tokenizer = data_mod.load_tokenizer(self.recipe.model.tokenizer)
+        self.data = RecordData(tf, self.ctx, self.recipe, self.tokenizer, classify=self.classify,
+                               replicas=self.replicas, tpu_hosts=self.tpu_hosts, say=self.say)
+        self.data.prepare()
+        loop.has_eval = bool(self.data.eval_files)
+        loop.has_test = has_held_out(self.recipe.data, "test")
+        tf.keras.utils.set_random_seed(self.recipe.train.seed)  # identical initial weights on every replica
+        with self.strategy.scope():
+            self._setup_model()
+            self._setup_optimizer()
+
+    # -- model and optimizer ----------------------------------------------------------------------------------
+    def _setup_model(self) -> None:
+        tf = self.tf
+        source = self.checkpoint or self.recipe.model.name_or_path  # pretrained weights, or None: random init
+        hf = keras_model.build_hf_model(self.recipe, self.tokenizer, source)
+        keras_layers.apply(tf, hf, self.recipe.model, classify=self.classify, say=self.say)  # freeze, recompute
+        hf = keras_prompt.wrap(tf, hf, self.recipe, self.checkpoint)  # model.prompt_tuning: a soft prompt, T5 frozen
+        start = 0 if self.classify else int(hf.config.decoder_start_token_id)
+        self.model = build_trainable(tf, hf, classify=self.classify, start_token=start,
+                                     clip_norm=self.recipe.train.max_grad_norm,
+                                     accum_steps=self.recipe.train.grad_accum_steps,
+                                     label_smoothing=self.recipe.train.label_smoothing)
+        self.model.distribute_reduction_method = "first"  # what train/test steps return is global already
+        self.model.build_all(self.recipe.data)
+        count = sum(int(tf.size(v)) for v in hf.weights)
+        trained = sum(int(tf.size(v)) for v in hf.trainable_variables)
+        origin = source or "random init"
+        self.say(f"model: {type(hf).__name__}, {count / 1e6:.2f}M parameters, {trained / 1e6:.3f}M trained ({origin})")
+
+    def _setup_optimizer(self) -> None:
+        tf = self.tf
+        train = self.recipe.train
+        self.schedule = schedule = make_schedule(tf, train.learning_rate, train.steps, train.warmup_steps, train.schedule)
+        optimizer = keras_adafactor.make_optimizer(tf, train, schedule)
+        self.model.compile(optimizer=optimizer, steps_per_execution=self.backend.steps_per_call(self.recipe))
+        optimizer.build(self.model.hf.trainable_variables)
+        if self.checkpoint is not None:
+            restore_optimizer(optimizer, self.checkpoint / OPTIMIZER_STATE)
+        self.optimizer = optimizer
+
+    # -- training ---------------------------------------------------------------------------------------------
+    def train(self) -> None:
+        loop, data = self.loop, self.data
+        train, evaluation = self.recipe.train, self.recipe.eval
+        epoch = epoch_length(train.steps, evaluation.every if loop.has_eval else None, train.checkpoint_every)
+        self.epoch = epoch
+        loop.start_clock()
+        strategy = self.strategy
+        dataset = strategy.distribute_datasets_from_function(
+            data.dataset_fn(data.train_files, data.local_batch, train=True, skip_steps=loop.start_step)
+        )
+        self.eval_dataset = None  # the held-out set, for fit's periodic evaluations and the final one
+        if loop.has_eval:
+            self.eval_dataset = strategy.distribute_datasets_from_function(
+                data.dataset_fn(data.eval_files, data.eval_batch, train=False)
+            )
+        validation = self.eval_dataset if evaluation.every else None
+        validation_freq = max((evaluation.every or epoch) // epoch, 1)
+        first, last = loop.start_step // epoch, train.steps // epoch
+        self.say(f"training steps {loop.start_step + 1} to {train.steps}" if loop.start_step else
+                 f"training for {train.steps} steps ({self.backend.steps_per_call(self.recipe)} per execution)")
+        callback = run_callback(self)
+        loop.step = loop.start_step
+        if first < last:
+            self.model.fit(
+                dataset, epochs=last, initial_epoch=first, steps_per_epoch=epoch, callbacks=[callback], verbose=0,
+                validation_data=validation, validation_steps=data.eval_batches or None, validation_freq=validation_freq,
+            )
+
+    def evaluate(self) -> dict[str, Any]:
+        if self.eval_dataset is None:
+            return {}
+        self.loop.beat(self.loop.step, phase="eval")
+        started = time.time()
+        sums = self.model.evaluate(self.eval_dataset, steps=self.data.eval_batches, verbose=0, return_dict=True)
+        return self.record_eval(sums, time.time() - started)
+
+    def record_eval(self, sums: dict[str, Any], seconds: float) -> dict[str, Any]:
+        """The loop's eval row and line from the eval sums, at the current step."""
+        self.last_eval_step = self.loop.step
+        row = {**eval_row(sums, classify=self.classify), **keras_generate.eval_scores(self)}
+        return self.loop.record_eval(self.loop.step, row, seconds)
+
+    def judge(self, result: dict[str, Any]) -> bool:
+        """Best-so-far and early stopping (the loop's judge; the metric is identical on every replica, so every
+        replica stops at the same evaluation). True when this evaluation is the best so far."""
+        verdict = self.loop.judge(self.loop.step, result)
+        if verdict.stop:
+            self.model.stop_training = True
+        return verdict.improved
+
+    def wait_for_everyone(self) -> None:
+        """A barrier (an all-reduce of one number) at the end: a worker of a MultiWorkerMirrored run that exits while
+        the chief still saves and exports is seen by TF's coordination service as crashed, which aborts the chief."""
+        if self.ctx.num_workers > 1 and not self.tpu_hosts:
+            tf = self.tf
+            self.loop.beat(self.loop.step, phase="export")  # waiting for the chief's export, not hung
+            self.strategy.reduce("SUM", self.strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    # -- checkpoints and the end ------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path | None:
+        """The chief writes ``checkpoints/step_N`` (the loop's temp folder, trainer state, manifest and pruning); the
+        other replicas hold the same weights and wait for the chief in their next collective: their heartbeat says
+        ``checkpoint`` too, so that their supervisor is as patient as the chief's."""
+        step = self.loop.step
+        self.loop.beat(step, phase="checkpoint")
+
+        def write(folder: Path) -> None:
+            self.model.hf.save_pretrained(folder)
+            self.tokenizer.save_pretrained(folder)
+            save_optimizer(self.optimizer, folder / OPTIMIZER_STATE)
+
+        return self.loop.save_checkpoint(step, write, backend="keras", replicas=self.replicas)
+
+    def finish(self) -> None:
+        loop = self.loop
+        if loop.has_eval and self.last_eval_step != loop.step:  # fit's last evaluation may be at the last step
+            self.judge(self.evaluate())
+        if loop.test_due():  # once per run, before the final checkpoint (which records it)
+            run_test(loop, lambda folder: keras_test.evaluate(self, folder))
+        for line in keras_generate.sample_lines(getattr(self, "last_decodes", [])):
+            self.say(f"sample: {line}")
+        ckpt = self.save_checkpoint()
+        digest = weights_digest(self.model.hf)
+        self.say(f"weights sha256 {digest[:16]} (worker {self.ctx.worker_id})", everyone=True)
+        if self.chief and self.recipe.export.hf and ckpt is not None:
+            loop.beat(loop.step, phase="export")
+            source = loop.export_source(ckpt, say_when_last=True)
+            started = time.time()
+            out = export_hf(self.ctx, source, self.recipe.export.dtype)
+            events.record("export", started, time.time() - started, step=loop.step)
+            self.say(f"Hugging Face export: {out}")
+            if self.recipe.model.prompt_tuning is not None:  # beside the HF dir: the frozen model plus this file
+                shutil.copyfile(source / keras_prompt.PROMPT_FILE, out.parent / keras_prompt.PROMPT_FILE)
+                self.say(f"soft prompt: {out.parent / keras_prompt.PROMPT_FILE}")
+        self.wait_for_everyone()
+        loop.finished(loop.step, params_sha256=digest)
+
+    @property
+    def chief(self) -> bool:
+        return self.loop.chief
+
+
+def run_callback(run: KerasRun) -> Any:
+    """The loop's events between ``fit``'s executions, in the order of the loop's own driver: a step's metrics row
+    on ``log_every`` and its heartbeat; an evaluation recorded and judged (a new best under ``keep_best`` is
+    checkpointed at once); else a checkpoint on ``checkpoint_every``. A tf.keras Callback, its class made here so
+    that this module imports without TensorFlow."""
+    tf = run.tf
+    loop = run.loop
+    requests = CheckpointRequests.of(run.ctx, answers=loop.beats)  # tpuft checkpoint: one os.stat per execution
+
+    class Callback(tf.keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.params_epoch = 0
+            self.eval_started = time.time()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            step = self.params_epoch * run.epoch + batch + 1
+            loop.step = step
+            logged: dict[str, Any] = {}
+            if loop.log_due(step):
+                model = run.model
+                logged = loop.log_train(step, loss=float(model.loss_tracker.result()),
+                                        lr=float(run.schedule(step - 1)),  # the rate of the window's last step
+                                        tokens=float(model.token_tracker.result()))
+                model.loss_tracker.reset_state()
+                model.token_tracker.reset_state()
+            loop.beat(step, phase="step", **logged)
+            serve(requests, step, lambda at: loop.save_asked(lambda _: run.save_checkpoint(), at), loop.say,
+                  lambda at: loop.beat(at, phase="checkpoint"))
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.params_epoch = epoch
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            loop.beat(loop.step, phase="eval")
+            self.eval_started = time.time()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            logs = logs or {}
+            if "val_loss_sum" in logs:
+                sums = {k.removeprefix("val_"): v for k, v in logs.items() if k.startswith("val_")}
+                best = run.judge(run.record_eval(sums, time.time() - self.eval_started))
+                if best and run.recipe.train.keep_best and loop.step < run.recipe.train.steps:
+                    run.save_checkpoint()  # the best so far becomes a checkpoint, whatever checkpoint_every says
+                    return
+            if loop.checkpoint_due(loop.step):
+                run.save_checkpoint()
+
+    return Callback()
+
+
+def export_hf(ctx: WorkerContext, checkpoint: Path, dtype: str) -> Path:
+    from tpuft.convert.hf_writer import write_hf_model
+    from tpuft.convert.sources import open_source
+
+    out = ctx.run_dir / rundir.EXPORT_HF
+    write_hf_model(open_source(checkpoint), out, dtype=dtype, overwrite=True)
+    return out

@@ -1,0 +1,500 @@
+"""PyTorch/XLA trainer: T5 (HF transformers) on the PJRT runtime, data-parallel across workers.
+
+Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data; the
+run's skeleton (:mod:`tpuft.worker.loop`: rows, progress line, heartbeats, periodic eval and checkpoints, keep-best,
+early stopping, the test evaluation, the final export) drives the hooks below: ``start``, ``step``, ``progress``,
+``evaluate``, ``test`` (:mod:`tpuft.worker.torch_xla.testset`), ``save``, ``digest``, ``export``. ``train()`` and
+``finish()`` are the loop's two halves; at the end every worker records its weight digest (all workers must end with
+identical weights).
+
+Shapes are static (inputs padded to the recipe's max lengths, the last eval batch padded with weight-0 rows), so XLA
+compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla passes
+Python scalars into graphs as data.
+
+Replication (:mod:`tpuft.worker.torch_xla.replicas`): gloo between the local CPU pod's workers (each one SPMD program
+over its CPU devices when it has several), XLA collectives between a TPU slice's chips (one process per chip), or one
+SPMD program per host with ``train.sharding: fsdp`` or several slices (:mod:`tpuft.worker.torch_xla.multislice`).
+
+Resume (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the trainer continues from the run's
+latest complete checkpoint (listed in the bucket and downloaded by every worker for a ``gs://`` run) and ends with
+the same weights as the run uninterrupted. A checkpoint holds the weights, the optimizer and LR scheduler state, and
+in ``trainer_state.json`` the step and the elapsed training time. The rest is derived: each replica's place in its
+data stream is step x local batch (``data.batches(consumed=...)``), and every replica reseeds python's ``random``,
+torch's CPU generator and the XLA device RNG from (seed, replica, step) at the start and after every checkpoint
+step, so an uninterrupted run and a resumed one draw the same dropout masks on every replica without any replica's
+RNG state being saved. ``metrics.jsonl`` and TensorBoard forget what was logged after the checkpoint.
+
+Heartbeats: every step, with the trainer's phase (``starting`` until its step's graph is compiled, ``collective``
+before the gradient all-reduce, ``step``, ``eval``, ``checkpoint``, ``export``) for the worker's supervisor.
+
+Eval exact match is computed with teacher forcing (:func:`tpuft.worker.torch_xla.parts.eval_sums`: no dynamic-shape
+generation on the device); BLEU and ROUGE-L score greedy decodes made with static shapes.
+
+Raises: DataError (a data file line is not JSON or lacks the configured field); ValueError (the global batch does
+not split evenly over the replicas).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tpuft.run import rundir
+from tpuft.backends.torch_xla import LAYOUT
+from tpuft.config import RecipeConfig
+from tpuft.worker import data as data_mod
+from tpuft.worker import loop as loop_mod
+from tpuft.worker.context import WorkerContext
+from tpuft.worker.loop import RunLoop
+from tpuft.worker.schedule import lr_factor
+from tpuft.worker.torch_xla.multislice import trainer_mesh_line
+from tpuft.worker.torch_xla.replicas import make_replicas, params_digest, rng_seed, to_cpu
+
+__all__ = ["Trainer", "main", "params_digest", "rng_seed"]
+
+OPTIMIZER_STATE = "optimizer.pt"
+PROMPT_FILE = "prompt.safetensors"
+"""Prompt tuning: the learned prompt, in each checkpoint and beside the Hugging Face export (``export/``)."""
+
+
+def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
+    tpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU"
+    multislice = tpu and ctx.num_slices > 1  # over HybridMesh (libtpu's wait for every slice: worker/multislice.py)
+    if recipe.train.sharding == "fsdp" or multislice:  # SPMD: one process per host drives every local chip
+        return Trainer(ctx, recipe, tpu=tpu).run()
+    if tpu:
+        import torch_xla
+
+        torch_xla.launch(_tpu_process, args=(ctx, recipe))
+        return 0
+    return Trainer(ctx, recipe, tpu=False).run()
+
+
+def _tpu_process(_local_index: int, ctx: WorkerContext, recipe: RecipeConfig) -> None:
+    Trainer(ctx, recipe, tpu=True).run()
+
+
+class Trainer:
+    """The engine (model, optimizer, data, replicas) and the hooks :mod:`tpuft.worker.loop` drives."""
+
+    def __init__(self, ctx: WorkerContext, recipe: RecipeConfig, *, tpu: bool) -> None:
+        self.ctx = ctx
+        self.recipe = recipe
+        self.tpu = tpu
+        self.fsdp = recipe.train.sharding == "fsdp"
+        self.spmd = self.fsdp or (tpu and ctx.num_slices > 1)  # one SPMD program per host (FSDP, Multislice)
+        self.mesh: Any = None
+        self.window: list[Any] = []
+        """Per step since the last metrics row: [loss, tokens] averaged over replicas, on the device."""
+
+    # -- the run: the loop's bookkeeping, seen from the trainer ------------------------------------------------
+    def run(self) -> int:
+        self.setup()
+        try:
+            self.train()
+            self.finish()
+        finally:
+            self.metrics.close()
+            self.replicas.close()
+            if hasattr(self, "batches"):
+                self.batches.close()  # data-loader processes
+        return 0
+
+    def train(self) -> None:
+        loop_mod.train(self.loop, self)
+
+    def finish(self) -> None:
+        loop_mod.finish(self.loop, self)
+
+    @property
+    def step(self) -> int:
+        return self.loop.step
+
+    @property
+    def metrics(self) -> Any:
+        return self.loop.metrics
+
+    @property
+    def selector(self) -> Any:
+        return self.loop.selector
+
+    @property
+    def stopped_early(self) -> str | None:
+        return self.loop.stopped_early
+
+    @property
+    def last_eval(self) -> dict[str, Any]:
+        return self.loop.last_eval
+
+    def _say(self, message: str, *, everyone: bool = False) -> None:
+        self.loop.say(message, everyone=everyone)
+
+    # -- setup ----------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        import torch
+        import torch_xla
+        import transformers
+
+        from tpuft.worker.torch_xla import sharding as torch_sharding
+
+        setup_started = time.time()
+        transformers.utils.logging.disable_progress_bar()  # per-file bars garble the interleaved worker logs
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        if cpus:
+            torch.set_num_threads(len(cpus))
+        self.torch = torch
+        self.torch_xla = torch_xla
+        ctx, self.local_devices = self.ctx, 1
+        if self.spmd or (not self.tpu and torch_sharding.cpu_devices() > 1):  # FSDP, Multislice, or data-parallel SPMD
+            self.mesh, self.local_devices = torch_sharding.setup_mesh("fsdp" if self.fsdp else "data", ctx.num_slices if self.tpu else 1)
+        self.device = torch_xla.device()
+        self.replicas = make_replicas(ctx, tpu=self.tpu, spmd=self.spmd, device=self.device,
+                                      startup_timeout=self.recipe.train.startup_timeout)
+        self.chief = self.replicas.rank == 0
+        # Heartbeats are per worker host (what monitor shows), written by the host's first process.
+        self.loop = RunLoop(ctx, self.recipe, LAYOUT, chief=self.chief, beats=self.replicas.local_rank == 0)
+        self.loop.setup_started = setup_started
+        self.start_step = self.loop.find_checkpoint()
+        self.loop.beat(self.start_step, phase="starting")
+        self._say(f"worker {ctx.worker_id}/{ctx.num_workers}: replica {self.replicas.rank} of {self.replicas.world} "
+                  f"on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})")
+        self._say(trainer_mesh_line(self))
+        start = self.loop.load_checkpoint()
+        self.checkpoint, self.trainer_state = start.checkpoint, start.state
+        self.tokenizer = data_mod.load_tokenizer(self.recipe.model.tokenizer)
+        self._setup_model()
+        self._setup_optimizer()
+        self._setup_data()
+        self.loop.has_eval, self.loop.has_test = self.eval_shard is not None, self.test_shard is not None
+        if self.loop.resuming:
+            from tpuft.worker.torch_xla.replicas import check_same_start
+
+            check_same_start(self.replicas, self.torch, self.device, self.start_step)
+
+    def _setup_model(self) -> None:
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        model_cfg = self.recipe.model
+        self.torch.manual_seed(self.recipe.train.seed)  # identical initial weights on every replica
+        model = torch_parts.load_model(model_cfg, self.tokenizer, self.checkpoint)
+        tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        self.model = model.to(self.device)
+        if tied:  # moving to an XLA device un-shares the embedding tables; share them again (only if they were:
+            self.model.tie_weights()  # a T5 v1.1 / mT5 checkpoint's own output layer must survive)
+        self.prompt: Any = None  # a torch_parts.SoftPrompt when prompt tuning
+        tuning = model_cfg.prompt_tuning
+        if tuning is not None:  # the whole model is frozen; only the prompt learns
+            self.model.requires_grad_(False)
+            self.prompt = torch_parts.SoftPrompt(self.model.get_input_embeddings(), tuning.tokens, tuning.init,
+                                                 self.recipe.train.seed)
+            if self.checkpoint is not None:
+                from safetensors.torch import load_file
+
+                self.prompt.weight.data.copy_(load_file(str(self.checkpoint / PROMPT_FILE))["prompt"])
+            self.prompt.to(self.device)
+            self.named_params = [("prompt.weight", self.prompt.weight)]
+        else:
+            frozen = torch_parts.freeze(self.model, model_cfg.freeze)
+            if frozen:
+                self._say(f"frozen: {', '.join(model_cfg.freeze)} ({len(frozen)} tensors)")
+            self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if self.fsdp:
+            from tpuft.worker.torch_xla.sharding import shard_parameters
+
+            named = list(self.model.named_parameters()) + ([("prompt.weight", self.prompt.weight)] if self.prompt is not None else [])
+            self.shard_specs = shard_parameters(self.mesh, named)
+            self._say(f"fsdp: {len(self.shard_specs)} parameter tensors sharded over a mesh of {self.mesh.size()} "
+                      "devices")
+        self.params = [p for _, p in self.named_params]
+        count = sum(p.numel() for p in self.model.parameters())
+        trainable = sum(p.numel() for p in self.params)
+        origin = self.checkpoint or ("random init" if model_cfg.config is not None else model_cfg.name_or_path)
+        self._say(f"model: {count / 1e6:.2f}M parameters, {trainable / 1e6:.3f}M trained ({origin})")
+
+    def _setup_optimizer(self) -> None:
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        torch = self.torch
+        train = self.recipe.train
+        groups = torch_parts.parameter_groups(self.named_params, train.weight_decay)
+        self.optimizer = torch_parts.make_optimizer(train, groups)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(train.steps, train.warmup_steps, train.schedule))
+        if self.checkpoint is not None:
+            saved = torch.load(self.checkpoint / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
+            self.optimizer.load_state_dict(saved["optimizer"])  # moves the state onto the parameters' device
+            self.scheduler.load_state_dict(saved["scheduler"])
+            if self.fsdp:  # loaded state is replicated: shard it like its parameter
+                from tpuft.worker.torch_xla.sharding import shard_optimizer_state
+
+                shard_optimizer_state(self.mesh, self.optimizer, self.params, self.shard_specs)
+
+    def _setup_data(self) -> None:
+        from tpuft.worker.hf_data import has_held_out, held_out, load_eval_examples, open_train_stream
+
+        cfg = self.recipe.data
+        world, rank = self.replicas.world, self.replicas.rank
+        devices = self.local_devices  # the batch dimension is sharded over them (1 without a mesh)
+        if self.recipe.train.batch_size % (world * devices):
+            raise ValueError(f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of "
+                             f"replicas ({world} x {devices} devices)")
+        self.local_batch = self.recipe.train.batch_size // world
+        self.local_eval_batch = max(1, self.recipe.eval.batch_size // world)
+        self.local_eval_batch = -(-self.local_eval_batch // devices) * devices
+        saved_world = self.trainer_state.get("replicas", world)
+        if saved_world != world:
+            self._say(
+                f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data is sharded "
+                "differently, so this run goes on from the checkpoint but not exactly as the original would have"
+            )
+        position = self.trainer_state.get("data_position") if self.checkpoint is not None else None
+        if self.checkpoint is not None and position is None:  # a checkpoint from before data positions were saved
+            position = {"consumed": self.start_step * self.local_batch}
+        self.batches = open_train_stream(cfg, rank=rank, world=world, local_batch=self.local_batch,
+                                         seed=self.recipe.train.seed, position=position)
+        self.test_shard = held_out(cfg, "test", rank=rank, world=world) if has_held_out(cfg, "test") else None
+        self.eval_shard: list[data_mod.Example] | None = None
+        self.generate_shard: list[data_mod.Example] = []
+        if has_held_out(cfg, "eval"):
+            self.eval_shard = load_eval_examples(cfg, rank=rank, world=world, limit=self.recipe.eval.max_examples)
+            wanted = self.recipe.eval.generate_examples  # the first ones of the set, wherever their shard is
+            self.generate_shard = self.eval_shard[: len(range(rank, wanted, world))]
+        split = f" over {devices} devices" if devices > 1 else ""
+        self._say(
+            f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} eval / "
+            f"{len(self.test_shard or [])} test examples on replica {rank} (batch {self.local_batch} per replica{split}, "
+            f"{self.recipe.train.batch_size} global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
+            everyone=True,
+        )
+
+    def _encode(self, examples: list[data_mod.Example], pad_to: int | None = None) -> Any:
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        return torch_parts.encode_batch(self.tokenizer, self.recipe.data, examples, pad_to, self._to_device)
+
+    def _to_device(self, *tensors: Any) -> list[Any]:
+        """Host tensors to the device; under SPMD each host's batch becomes its slice of the global batch."""
+        if self.mesh is None:
+            return [t.to(self.device) for t in tensors]
+        from tpuft.worker.torch_xla.sharding import batch_to_device
+
+        return batch_to_device(self.mesh, self.device, tensors)
+
+    # -- the loop's hooks: training ------------------------------------------------------------------------
+    def start(self, step: int) -> int:
+        """A resumed run puts zero-filled gradients in place, then every run seeds its RNGs (after the last sync
+        before the first step: each sync moves the XLA seed on). The heartbeat says "starting" until the step's
+        graph stops changing (XLA compiles each new one, which may take minutes): a fresh run's first step creates
+        the optimizer state and the gradients inside its graph, so its second step compiles again; a resumed run
+        has both in place from the start."""
+        if self.checkpoint is not None:
+            self._zero_grads()
+        self._seed_rngs()
+        return 1 if self.checkpoint is not None else 2
+
+    def train_step(self, step: int) -> None:
+        torch = self.torch
+        train = self.recipe.train
+        accum = train.grad_accum_steps
+        micro = self.local_batch // accum
+        fetched = time.time()
+        examples = next(self.batches)
+        self.loop.data_wait_s += time.time() - fetched  # the batch's wait, for the run's goodput events
+        pieces = [self._encode(examples[i * micro : (i + 1) * micro]) for i in range(accum)]
+        # The loss is summed over tokens and divided by the tokens of the whole step: accumulated micro-batches
+        # give the update one batch of them all would.
+        # (on the device: under SPMD the step's tokens are those of the global batch, which no host counts)
+        scale = 1.0 / torch.stack([(p.labels != -100).sum() for p in pieces]).sum().clamp(min=1).float()
+        self.model.train()
+        loss = None
+        for index, piece in enumerate(pieces):
+            part = self._loss_sum(piece) * scale
+            part.backward()
+            loss = part.detach() if loss is None else loss + part.detach()
+            if index < accum - 1:
+                self.torch_xla.sync()  # one micro-batch per graph: activations of one at a time
+        tokens = torch.tensor(float(sum(p.tokens for p in pieces)), device=self.device)
+        extras = torch.stack([loss, tokens])
+        if self.replicas.world > 1 and step >= self.loop.warm_at:
+            self.loop.beat(step, phase="collective")
+        self.window.append(self.replicas.reduce_gradients(self.params, self.optimizer, extras))
+        if train.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, train.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=False)
+        self.torch_xla.sync()
+        if self.loop.first_step_s is None:  # wait for the step itself: compilation and all, as a user waits
+            self.window[-1].to("cpu")
+
+    def progress(self) -> tuple[float, float, float]:
+        stats = self.torch.stack([w.detach().to("cpu").float() for w in self.window])
+        self.window = []
+        tokens = float(stats[:, 1].sum()) * self.replicas.world
+        return float(stats[:, 0].mean()), self.scheduler.get_last_lr()[0], tokens
+
+    def _autocast(self) -> Any:
+        """bf16 compute (``train.precision``): XLA's autocast, which on a TPU is what torch_xla.amp does and on the
+        CPU pod runs the same bf16 casts on the CPU; weights, gradients and the optimizer stay float32."""
+        return self.torch.autocast("xla", dtype=self.torch.bfloat16, enabled=self.recipe.train.precision == "bf16")
+
+    def _logits(self, batch: Any) -> Any:
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        inputs = torch_parts.encoder_inputs(self.model, self._prompt_vectors(), batch.input_ids, batch.attention_mask)
+        with self._autocast():
+            return self.model(**inputs, decoder_input_ids=self.model._shift_right(batch.labels), use_cache=False).logits
+
+    def _prompt_vectors(self) -> Any:
+        return None if self.prompt is None else self.prompt.weight
+
+    def _loss_sum(self, batch: Any) -> Any:
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        return torch_parts.token_loss_sum(self._logits(batch), batch.labels, self.recipe.train.label_smoothing)
+
+    def _seed_rngs(self) -> None:
+        """Seed python's ``random``, torch's CPU generator and the XLA device RNG from (seed, replica, step): done
+        at the start and after every checkpoint step, so that a run resumed from a checkpoint draws what the run
+        uninterrupted drew, on every replica, with nothing saved (and each replica draws its own dropout masks).
+        Every ``torch_xla.sync()`` moves the XLA seed on, so no sync may come between this and the next step."""
+        import random
+
+        import torch_xla.core.xla_model as xm
+
+        seed = rng_seed(self.recipe.train.seed, self.replicas.rank, self.step)
+        random.seed(seed)
+        self.torch.manual_seed(seed)
+        xm.set_rng_state(seed, str(self.device))
+
+    def _zero_grads(self) -> None:
+        """After its first step a run holds zero-filled gradients (``zero_grad(set_to_none=False)``) into which the
+        next backward pass accumulates. A resumed run starts from the same, so that its first step computes with the
+        same graph as the uninterrupted run's step there (and XLA compiles one step graph, not two)."""
+        for param in self.params:
+            param.grad = self.torch.zeros_like(param)
+        self.torch_xla.sync()
+
+    # -- the loop's hooks: evaluation -----------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """Teacher-forced loss, token accuracy and exact match over every replica's eval shard; BLEU and ROUGE-L of
+        greedy decodes of the first ``eval.generate_examples`` held-out examples, decoded on the device (TPU or the
+        CPU pod's XLA device) with static shapes and scored on the host."""
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        torch = self.torch
+        if self.eval_shard is None:
+            return {}
+        self.model.eval()
+        sums = torch.zeros(5, device=self.device)  # loss*tokens, tokens, correct tokens, exact, examples
+        with torch.no_grad():
+            for start in range(0, len(self.eval_shard), self.local_eval_batch):
+                chunk = self.eval_shard[start : start + self.local_eval_batch]
+                batch = self._encode(chunk, pad_to=self.local_eval_batch)
+                sums = sums + torch_parts.eval_sums(self._logits(batch), batch.labels, batch.weights)
+                self.torch_xla.sync()
+            decoded = self._decode(self.generate_shard) if self.recipe.eval.generate_examples else None
+        totals = self.replicas.sum(sums)
+        loss_sum, tokens, correct_tokens, exact_sum, examples = (float(x) for x in totals)
+        result = {
+            "eval_loss": round(loss_sum / max(tokens, 1.0), 6),
+            "eval_token_accuracy": round(correct_tokens / max(tokens, 1.0), 6),
+            "eval_exact_match": round(exact_sum / max(examples, 1.0), 6),
+            "eval_examples": int(examples),
+        }
+        if decoded is not None:
+            result.update(self._text_scores(decoded))
+        self.model.train()
+        return result
+
+    def test(self, checkpoint: Path | None) -> dict[str, Any]:
+        from tpuft.worker.torch_xla.testset import run_test
+
+        return run_test(self, self.test_shard or [], checkpoint, PROMPT_FILE)
+
+    def _decode(self, examples: list[data_mod.Example]) -> list[str]:
+        """Greedy decodes of ``examples`` (this replica's share), as text, in batches of the eval batch."""
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        texts: list[str] = []
+        eos = self.tokenizer.eos_token_id
+        for start in range(0, len(examples), self.local_eval_batch):
+            chunk = examples[start : start + self.local_eval_batch]
+            batch = self._encode(chunk, pad_to=self.local_eval_batch)
+            with self._autocast():
+                ids = torch_parts.greedy_decode(self.model, self._prompt_vectors(), batch.input_ids, batch.attention_mask,
+                                                self.recipe.data.max_target_length, self.torch_xla.sync)
+            for row in ids[: len(chunk)].to("cpu").tolist():
+                row = row[: row.index(eos)] if eos in row else row
+                texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
+        return texts
+
+    def _text_scores(self, decoded: list[str]) -> dict[str, float]:
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        self.last_decodes = list(zip(self.generate_shard, decoded))
+        return torch_parts.text_scores(decoded, [e.target for e in self.generate_shard], self.replicas.sum, self.device)
+
+    def _cpu_state(self) -> dict[str, Any]:
+        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+
+    def _trained_state(self) -> dict[str, Any]:
+        """What the weight digest covers: the model, and the prompt when prompt tuning."""
+        state = self._cpu_state()
+        if self.prompt is not None:
+            state["prompt.weight"] = self.prompt.weight.detach().to("cpu")
+        return state
+
+    # -- the loop's hooks: checkpoints and the end -----------------------------------------------------------
+    def save(self, step: int) -> Path | None:
+        """Worker 0 writes ``checkpoints/step_N`` (HF weights + optimizer + trainer state); then every replica
+        reseeds where a run resumed from this checkpoint starts, to draw the same from here on."""
+        state = {"examples_per_replica": step * self.local_batch, "data_position": self.batches.position(),
+                 "rng": "reseeded from (train.seed, replica, step) at this step"}
+        path = self.loop.save_checkpoint(step, self._write_checkpoint, backend="torch_xla",
+                                         replicas=self.replicas.world, state=state)
+        if step < self.recipe.train.steps:
+            self._seed_rngs()
+        return path
+
+    def _write_checkpoint(self, folder: Path) -> None:
+        self.model.save_pretrained(folder, state_dict=self._cpu_state(), safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        if self.prompt is not None:
+            from safetensors.torch import save_file
+
+            save_file({"prompt": self.prompt.weight.detach().to("cpu").contiguous()}, str(folder / PROMPT_FILE))
+        optimizer_state = to_cpu(self.torch, self.optimizer.state_dict())
+        self.torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, folder / OPTIMIZER_STATE)
+
+    def digest(self) -> str:
+        digest = params_digest(self._trained_state())
+        self._say(f"weights sha256 {digest[:16]} (replica {self.replicas.rank})", everyone=True)
+        return digest
+
+    def export(self, checkpoint: Path) -> None:
+        from tpuft.convert.hf_ckpt import export_checkpoint
+
+        out = self.ctx.run_dir / rundir.EXPORT_HF
+        export_checkpoint(checkpoint, out, dtype=self.recipe.export.dtype)
+        self._say(f"Hugging Face export: {out}")
+        if self.prompt is not None:  # beside the HF dir: the frozen model plus this file is the tuned model
+            shutil.copyfile(checkpoint / PROMPT_FILE, out.parent / PROMPT_FILE)
+            self._say(f"soft prompt: {out.parent / PROMPT_FILE} ({self.prompt.weight.shape[0]} vectors)")
+        self._show_samples(out)
+
+    def _show_samples(self, export_dir: Path, count: int = 3) -> None:
+        """Greedy-decode a few held-out inputs with the exported model (and the soft prompt), on the host CPU, as a
+        user would."""
+        if not self.eval_shard:
+            return
+        from tpuft.worker.torch_xla import parts as torch_parts
+
+        prompt_file = export_dir.parent / PROMPT_FILE if self.prompt is not None else None
+        lines = torch_parts.sample_lines(export_dir, self.tokenizer, self.eval_shard[:count],
+                                         self.recipe.data.max_target_length, prompt_file)
+        for line in lines:
+            self._say(f"sample: {line}")
+        self.metrics.log_text(self.step, "samples", "\n\n".join(lines))

@@ -1,0 +1,1 @@
+"""The trackers' sidecar (W&B, MLflow) on the chief, in its own venv."""
