@@ -1,16 +1,17 @@
 """Training throughput of the backends on the same tiny model, data and 2-worker local pod, and setup times.
 
-* ``throughput``: the quickstart task (numbers, global batch 32, the same T5 shape: d_model 128, 4 heads of 32,
-  gated-GELU MLP 256, 2+2 layers, the 384-id byte vocabulary, float32) trained ``--steps`` steps by the PyTorch/XLA
-  backend (``quickstart``), the T5X backend (``t5x_quickstart``) and the Keras backend (``keras_quickstart``:
-  MultiWorkerMirroredStrategy, 25 steps per execution), through ``tpuft train``. Examples/s is the mean of the logged
-  windows after the first (the first holds the compilation); wall is the whole command. T5X packs several examples
-  into a row: its trainer counts examples by the rows' segments, so every column counts examples.
+* ``throughput``: the quickstart task (numbers, global batch 32, the same T5 shape: d_model 128, 4 heads of
+  32, gated-GELU MLP 256, 2+2 layers, the 384-id byte vocabulary, float32) trained ``--steps`` steps by the
+  PyTorch/XLA backend (``quickstart``), the T5X backend (``t5x_quickstart``) and the Keras backend
+  (``keras_quickstart``: MultiWorkerMirroredStrategy, 25 steps per execution), through ``tpuft train``.
+  Examples/s is the mean of the logged windows after the first (the first holds the compilation); wall is the
+  whole command. T5X packs several examples into a row: its trainer counts examples by the rows' segments, so
+  every column counts examples.
 * ``mixed``: the same quickstarts (``--backends``) trained with ``train.precision: bf16`` and
-  ``train.grad_accum_steps: 2`` against without, one pod per backend (issue 28's measurement); bfloat16 on a CPU
-  has no native matrix unit, so the local pod says what the keys cost there, not what they give on a TPU.
-* ``setup``: ``tpuft setup`` of the T5X and the Keras recipes, cold (an empty venv cache; pip's own download cache
-  stays warm, as on a machine that has installed these wheels before) and cached.
+  ``train.grad_accum_steps: 2`` against without, one pod per backend (issue 28's measurement); bfloat16 on a
+  CPU has no native matrix unit, so the local pod says what the keys cost there, not what they give on a TPU.
+* ``setup``: ``tpuft setup`` of the T5X and the Keras recipes, cold (an empty venv cache; pip's own download
+  cache stays warm, as on a machine that has installed these wheels before) and cached.
 
     python benchmarks/backends.py throughput --steps 300
     python benchmarks/backends.py mixed --steps 100 --backends t5x,keras
@@ -38,11 +39,19 @@ class Pod:
         self.env = {**os.environ, "TPUFT_HOME": str(root / "home"), "COLUMNS": "200"}
         self.cluster = root / "tpuft.yaml"
         cache = f"\n  venv_cache: {venv_cache}" if venv_cache else ""
-        self.cluster.write_text(f"name: bench\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2{cache}\n")
+        self.cluster.write_text(
+            f"name: bench\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2{cache}\n"
+        )
 
     def tpuft(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
-                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        return subprocess.run(
+            [sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
 
 
 RECIPES = {
@@ -56,8 +65,20 @@ MIXED = ["--set", "train.precision=bf16", "--set", "train.grad_accum_steps=2"]
 def train_speed(pod: Pod, backend: str, steps: int, sets: list[str]) -> tuple[float, float, float]:
     """(mean examples/s over the logged windows after the first, their spread, the command's wall seconds)."""
     recipe, extra = RECIPES[backend]
-    common = ["--set", f"train.steps={steps}", "--set", "train.log_every=25", "--set", "train.warmup_steps=10",
-              "--set", "eval.every=null", "--set", "train.checkpoint_every=null", "--set", "export.hf=false"]
+    common = [
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        "train.log_every=25",
+        "--set",
+        "train.warmup_steps=10",
+        "--set",
+        "eval.every=null",
+        "--set",
+        "train.checkpoint_every=null",
+        "--set",
+        "export.hf=false",
+    ]
     started = time.monotonic()
     done = pod.tpuft("train", recipe, "--json", "--stop-on-interrupt", *common, *extra, *sets)
     wall = time.monotonic() - started
@@ -95,13 +116,18 @@ def mixed(steps: int, backends: list[str]) -> list[tuple[str, ...]]:
             continue
         plain, keyed = on_pod(backend, [[], MIXED], steps)
         for label, (mean, spread, wall) in (("float32", plain), ("bf16 + grad_accum_steps 2", keyed)):
-            rows.append((backend, label, f"{mean:.1f}", f"{spread:.1f}", f"{wall:.0f}", f"{mean / plain[0]:.2f}"))
+            rows.append(
+                (backend, label, f"{mean:.1f}", f"{spread:.1f}", f"{wall:.0f}", f"{mean / plain[0]:.2f}")
+            )
     return rows
 
 
 def setup() -> list[tuple[str, str, str]]:
     rows = []
-    for recipe, extra in (("t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]), ("keras_quickstart", [])):
+    for recipe, extra in (
+        ("t5x_quickstart", ["--set", f"backend.t5x_source={WHEELS}"]),
+        ("keras_quickstart", []),
+    ):
         with tempfile.TemporaryDirectory() as tmp:
             pod = Pod(Path(tmp), venv_cache=Path(tmp) / "venvs")
             pod.tpuft("create")
@@ -121,18 +147,29 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("what", nargs="+", choices=["throughput", "mixed", "setup"])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--backends", default="torch_xla,t5x,keras", help="comma-separated, for throughput")
     args = parser.parse_args()
     if "throughput" in args.what:
         print(f"\nthroughput, {args.steps} steps, global batch 32, 2 local workers")
-        print(table(("backend", "examples/s", "spread (sd)", "wall s"), throughput(args.steps, args.backends.split(","))))
+        print(
+            table(
+                ("backend", "examples/s", "spread (sd)", "wall s"),
+                throughput(args.steps, args.backends.split(",")),
+            )
+        )
     if "mixed" in args.what:
         print(f"\nbf16 + gradient accumulation, {args.steps} steps, global batch 32, 2 local workers")
-        print(table(("backend", "keys", "examples/s", "spread (sd)", "wall s", "x float32"),
-                    mixed(args.steps, args.backends.split(","))))
+        print(
+            table(
+                ("backend", "keys", "examples/s", "spread (sd)", "wall s", "x float32"),
+                mixed(args.steps, args.backends.split(",")),
+            )
+        )
     if "setup" in args.what:
         print("\ntpuft setup (2 local workers, one shared venv)")
         print(table(("recipe", "setup", "seconds"), setup()))

@@ -1,8 +1,8 @@
 """Cold start of `tpuft --help` against `python -c pass` (target: at most 3x), printed as a table.
 
 Each command runs `--runs` times after one warm-up (which fills the OS page cache, as on any second use); the
-table shows the median and the best. Also reports which heavy modules `import tpuft.cli` pulls in (none allowed).
-Run: python benchmarks/cli_startup.py
+table shows the median and the best. Also reports which heavy modules `import tpuft.cli` pulls in (none
+allowed). Run: python benchmarks/cli_startup.py
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def main() -> None:
     verdict = "OK" if ratio <= 3.0 else "OVER TARGET"
     console.print(f"tpuft --help = {ratio:.2f}x python -c pass (target <= 3x): {verdict}")
     probe = "import sys, tpuft.cli; print(' '.join(m for m in %r if m in sys.modules))" % (HEAVY,)
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
     console.print(f"heavy modules imported by tpuft.cli: {loaded or 'none'}")
 
 

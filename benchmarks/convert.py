@@ -1,8 +1,9 @@
-"""How fast, and in how much memory, does ``tpuft convert`` turn a t5-base-sized T5X checkpoint into HF safetensors?
+"""How fast, and in how much memory, does ``tpuft convert`` turn a t5-base-sized T5X checkpoint into HF
+safetensors?
 
-Builds a T5 v1.1 base checkpoint (248 M float32 parameters, random values) in both T5X formats (legacy: gzip zarr
-dirs + msgpack; Orbax: zstd zarr in OCDBT), then for each format, with the checkpoint's pages evicted from the
-page cache before every measurement:
+Builds a T5 v1.1 base checkpoint (248 M float32 parameters, random values) in both T5X formats (legacy: gzip
+zarr dirs + msgpack; Orbax: zstd zarr in OCDBT), then for each format, with the checkpoint's pages evicted
+from the page cache before every measurement:
 
 * read: the time to read the checkpoint's bytes once (every file, sequentially, 8 MiB at a time);
 * convert: ``tpuft convert CKPT OUT`` in a fresh process: wall time and that process's peak RSS.
@@ -57,8 +58,11 @@ def t5x_params(size: str) -> dict[str, np.ndarray]:
     }
     for stack in ("encoder", "decoder"):
         attentions = ["attention"] if stack == "encoder" else ["self_attention", "encoder_decoder_attention"]
-        norms = ["pre_attention_layer_norm", "pre_mlp_layer_norm"] if stack == "encoder" else [
-            "pre_self_attention_layer_norm", "pre_cross_attention_layer_norm", "pre_mlp_layer_norm"]
+        norms = (
+            ["pre_attention_layer_norm", "pre_mlp_layer_norm"]
+            if stack == "encoder"
+            else ["pre_self_attention_layer_norm", "pre_cross_attention_layer_norm", "pre_mlp_layer_norm"]
+        )
         for i in range(layers):
             p = f"{stack}/layers_{i}"
             for a in attentions:
@@ -100,7 +104,8 @@ def read_once(folder: Path) -> tuple[float, int]:
 
 
 def write_once(folder: Path, nbytes: int) -> float:
-    """The time to write ``nbytes`` to a new file on the same disk: the floor under any conversion's output."""
+    """The time to write ``nbytes`` to a new file on the same disk: the floor under any conversion's
+    output."""
     block = np.random.default_rng(1).integers(0, 255, 8 << 20, dtype=np.uint8)
     path = folder / "write-floor.bin"
     started = time.perf_counter()
@@ -117,18 +122,24 @@ def convert(ckpt: Path, out: Path) -> tuple[float, int]:
     evict(ckpt)
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    proc = subprocess.run(_measured(["convert", str(ckpt), str(out), "--json"]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        _measured(["convert", str(ckpt), str(out), "--json"]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"convert failed: {proc.stderr}")
     return wall, _peak(proc.stderr)
 
 
-# The child reports its own VmHWM (peak RSS of its address space) at exit. getrusage's ru_maxrss would not do: a
-# forked child starts with the parent's resident pages (here, the gigabyte of parameters it just wrote), and
+# The child reports its own VmHWM (peak RSS of its address space) at exit. getrusage's ru_maxrss would not do:
+# a forked child starts with the parent's resident pages (here, the gigabyte of parameters it just wrote), and
 # Linux carries that maximum over exec.
 _REPORT = (
-    "import atexit, sys; atexit.register(lambda: sys.stderr.write(''.join(l for l in open('/proc/self/status') "
+    "import atexit, sys; atexit.register(lambda: sys.stderr.write(''.join(l for l in "
+    "open('/proc/self/status') "
     "if l.startswith('VmHWM')))); from tpuft.launcher import main; sys.argv[0] = 'tpuft'; main()"
 )
 
@@ -145,15 +156,22 @@ def _peak(stderr: str) -> int:
 
 
 def idle_rss() -> int:
-    """Peak RSS of the CLI doing nothing heavy (imports + --help): what every command costs before any tensor."""
-    proc = subprocess.run(_measured(["convert", "--help"]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    """Peak RSS of the CLI doing nothing heavy (imports + --help): what every command costs before any
+    tensor."""
+    proc = subprocess.run(
+        _measured(["convert", "--help"]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     return _peak(proc.stderr)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
-    parser.add_argument("--keep", type=Path, help="build (or reuse) the checkpoints here instead of a temp dir")
+    parser.add_argument(
+        "--keep", type=Path, help="build (or reuse) the checkpoints here instead of a temp dir"
+    )
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="tpuft-bench-convert-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -169,7 +187,9 @@ def main() -> int:
                 started = time.perf_counter()
                 writer(ckpt, params)
                 (ckpt.parent / ".complete").write_text("")
-                print(f"built {fmt} checkpoint in {time.perf_counter() - started:.1f}s: {ckpt}", file=sys.stderr)
+                print(
+                    f"built {fmt} checkpoint in {time.perf_counter() - started:.1f}s: {ckpt}", file=sys.stderr
+                )
             if not largest:
                 d_model, _, _, _, _, vocab = SIZES[args.size]
                 largest = d_model * vocab * 4
@@ -182,21 +202,33 @@ def main() -> int:
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    n_params = sum(int(np.prod(v.shape)) for v in (params or t5x_params(args.size)).values()) if params is not None else None
-    print(f"\nT5 v1.1 {args.size}: largest tensor {largest / 1e6:.0f} MB" + (f", {n_params / 1e6:.0f} M params" if n_params else ""))
+    n_params = (
+        sum(int(np.prod(v.shape)) for v in (params or t5x_params(args.size)).values())
+        if params is not None
+        else None
+    )
+    print(
+        f"\nT5 v1.1 {args.size}: largest tensor {largest / 1e6:.0f} MB"
+        + (f", {n_params / 1e6:.0f} M params" if n_params else "")
+    )
     print(f"CLI process without any tensor (imports, --help): peak RSS {base_rss / 1e6:.0f} MB\n")
     header = (
-        f"{'format':<8} {'ckpt MB':>8} {'out MB':>7} {'read s':>7} {'write s':>8} {'convert s':>10} {'wall/read':>10} "
+        f"{'format':<8} {'ckpt MB':>8} {'out MB':>7} {'read s':>7} {'write s':>8} {'convert s':>10} "
+        f"{'wall/read':>10} "
         f"{'wall/(read+write)':>18} {'peak RSS MB':>12} {'RSS-largest MB':>15}"
     )
     print(header)
     print("-" * len(header))
     for fmt, nbytes, read_s, write_s, wall, rss, out_bytes in rows:
         print(
-            f"{fmt:<8} {nbytes / 1e6:>8.0f} {out_bytes / 1e6:>7.0f} {read_s:>7.2f} {write_s:>8.2f} {wall:>10.2f} {wall / read_s:>9.2f}x "
+            f"{fmt:<8} {nbytes / 1e6:>8.0f} {out_bytes / 1e6:>7.0f} {read_s:>7.2f} {write_s:>8.2f} "
+            f"{wall:>10.2f} {wall / read_s:>9.2f}x "
             f"{wall / (read_s + write_s):>17.2f}x {rss / 1e6:>12.0f} {(rss - largest) / 1e6:>15.0f}"
         )
-    print("\nread: the checkpoint's bytes once, cold; write: the output's bytes to a new file; convert: a fresh process")
+    print(
+        "\nread: the checkpoint's bytes once, cold; write: the output's bytes to a new file; convert: a "
+        "fresh process"
+    )
     print("targets: wall/read <= 2x; peak RSS <= largest tensor + 500 MB")
     return 0
 

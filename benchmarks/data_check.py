@@ -1,12 +1,12 @@
-"""How long the controller's data check takes on a big JSON-lines file, and how much memory it holds, printed as a
-table. ``tpuft recipes validate`` / ``train`` / ``up`` read every line of the recipe's data before anything runs;
-target: seconds per few hundred MB, and memory that does not grow with the file.
+"""How long the controller's data check takes on a big JSON-lines file, and how much memory it holds, printed
+as a table. ``tpuft recipes validate`` / ``train`` / ``up`` read every line of the recipe's data before
+anything runs; target: seconds per few hundred MB, and memory that does not grow with the file.
 
 Rows, each in a fresh process (peak RSS from getrusage):
   read lines      the floor: iterate over the file's lines, nothing else
   json.loads      each line parsed with the standard library, nothing else
-  tpuft check     tpuft.worker.data.check_file (decode, parse, fields, text checks), what preflight runs per file
-  tpuft validate  the whole `tpuft recipes validate` command, start-up included
+  tpuft check     tpuft.worker.data.check_file (decode, parse, fields, text checks), what preflight runs per
+  file tpuft validate  the whole `tpuft recipes validate` command, start-up included
 
 Run: python benchmarks/data_check.py [--mb 200] [--keep DIR]
 """
@@ -72,8 +72,13 @@ def make_file(path: Path, megabytes: int) -> int:
             chunk = []
             for _ in range(1000):
                 words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40)))
-                row = json.dumps({"question": f"how do you write {words}?", "answer": str(rng.randint(0, 10**6)),
-                                  "meta": {"source": "synthetic", "id": lines}})
+                row = json.dumps(
+                    {
+                        "question": f"how do you write {words}?",
+                        "answer": str(rng.randint(0, 10**6)),
+                        "meta": {"source": "synthetic", "id": lines},
+                    }
+                )
                 chunk.append(row)
                 lines += 1
             text = "\n".join(chunk) + "\n"
@@ -84,7 +89,9 @@ def make_file(path: Path, megabytes: int) -> int:
 
 def run_probe(name: str, path: Path) -> dict:
     script = RUNNER.format(body=textwrap.dedent(PROBES[name]))
-    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -101,14 +108,20 @@ def run_validate(path: Path, folder: Path) -> dict:
     cluster.write_text("name: bench\nprovider: local\nlocal: {workers: 2}\n")
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tpuft", "recipes", "validate", str(recipe), "-c", str(cluster)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tpuft", "recipes", "validate", str(recipe), "-c", str(cluster)],
+        check=True,
+        capture_output=True,
+    )
     seconds = time.perf_counter() - started
     rss = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024
     return {"seconds": seconds, "count": None, "rss_mb": rss}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mb", type=int, default=200, help="size of the generated file")
     parser.add_argument("--keep", type=Path, help="write the file here and keep it")
     args = parser.parse_args()
@@ -129,8 +142,14 @@ def main() -> None:
         base = rows["json.loads"]["seconds"]
         for name, row in rows.items():
             seconds = row["seconds"]
-            table.add_row(name, f"{seconds:.2f}", f"{size / 1e6 / seconds:,.0f}", f"{lines / seconds:,.0f}",
-                          f"{seconds / base:.2f}", f"{row['rss_mb']:,.0f}")
+            table.add_row(
+                name,
+                f"{seconds:.2f}",
+                f"{size / 1e6 / seconds:,.0f}",
+                f"{lines / seconds:,.0f}",
+                f"{seconds / base:.2f}",
+                f"{row['rss_mb']:,.0f}",
+            )
         console.print(table)
 
 

@@ -1,27 +1,30 @@
 """``tpuft predict``'s worker side, measured: throughput of the hf engine (``--local``) against a plain
 ``transformers`` loop, and the worker's peak memory on a big input.
 
-* ``throughput``: the quickstart model's export (``--export``; default: the newest ``runs/quickstart-*/export/hf``
-  under ``$TPUFT_HOME`` or ``~/.tpuft``; ``tpuft up quickstart`` makes one) on the 500 held-out numbers, in the
-  PyTorch/XLA venv, on this machine's CPU, with the same batch size and thread count for every row, the model loaded
-  once beforehand (examples/s of the prediction alone; each row is the best of ``--repeat`` passes, the rows'
-  passes interleaved):
-  - ``tpuft predict --local``: the shard loop (``worker/predict/loop.py``: parts sorted by length, longest first)
-    with the hf engine (``worker/predict/hf.py``: batches padded to their longest input, ``inference_mode``);
+* ``throughput``: the quickstart model's export (``--export``; default: the newest
+  ``runs/quickstart-*/export/hf`` under ``$TPUFT_HOME`` or ``~/.tpuft``; ``tpuft up quickstart`` makes one) on
+  the 500 held-out numbers, in the PyTorch/XLA venv, on this machine's CPU, with the same batch size and
+  thread count for every row, the model loaded once beforehand (examples/s of the prediction alone; each row
+  is the best of ``--repeat`` passes, the rows' passes interleaved):
+  - ``tpuft predict --local``: the shard loop (``worker/predict/loop.py``: parts sorted by length, longest
+    first) with the hf engine (``worker/predict/hf.py``: batches padded to their longest input,
+    ``inference_mode``);
   - ``plain loop``: what a user writes: the file in its order, ``tokenizer(batch, padding=True)`` and
     ``model.generate(max_new_tokens=8)`` under ``no_grad``;
-  - ``plain loop, max_length padding``: the same with ``padding="max_length"`` to ``data.max_source_length`` (the
-    static shapes of training), as copied from a training script.
-  The whole command (``python -m tpuft.worker.predict.main --local``: imports and model load included) is timed too, and
-  its exact match is printed beside the training run's last ``eval_exact_match`` when the run dir has one.
-* ``rss``: the peak RSS of one worker process (``python -m tpuft.worker.predict.main``'s loop, reader, part writer and the
-  join; an echo engine stands in for the model, whose memory does not depend on the input's size) predicting a
-  10,000-line and a 1,000,000-line JSON-lines input generated in a temp folder.
+  - ``plain loop, max_length padding``: the same with ``padding="max_length"`` to ``data.max_source_length``
+    (the static shapes of training), as copied from a training script.
+  The whole command (``python -m tpuft.worker.predict.main --local``: imports and model load included) is
+  timed too, and its exact match is printed beside the training run's last ``eval_exact_match`` when the run
+  dir has one.
+* ``rss``: the peak RSS of one worker process (``python -m tpuft.worker.predict.main``'s loop, reader, part
+  writer and the join; an echo engine stands in for the model, whose memory does not depend on the input's
+  size) predicting a 10,000-line and a 1,000,000-line JSON-lines input generated in a temp folder.
 
     python benchmarks/predict.py throughput [--export DIR] [--batch-size 32] [--repeat 3]
     python benchmarks/predict.py rss [--lines 10000 1000000]
-    python benchmarks/predict.py join-rss [--lines 10000 1000000]   # the controller's join of 2 processes' shards
-    python benchmarks/predict.py scaling [--run RUN_DIR] [--workers 1 2] [--lines 10000]   # 1 vs 2 local workers
+    python benchmarks/predict.py join-rss [--lines 10000 1000000]   # the controller's join of 2 processes'
+    shards python benchmarks/predict.py scaling [--run RUN_DIR] [--workers 1 2] [--lines 10000]   # 1 vs 2
+    local workers
 """
 
 from __future__ import annotations
@@ -116,13 +119,22 @@ print(json.dumps(times))
 
 
 def parallel_seconds(python: str, env: dict[str, str], cfg: dict, processes: int) -> float:
-    """``--local --processes N``'s prediction time: N engine processes of one torch thread each, every one its share
-    of the shard (the command's own split), started together once their models are loaded; a pass lasts until its
-    slowest process is done; the best of ``repeat`` passes."""
+    """``--local --processes N``'s prediction time: N engine processes of one torch thread each, every one its
+    share of the shard (the command's own split), started together once their models are loaded; a pass lasts
+    until its slowest process is done; the best of ``repeat`` passes."""
     tmp = Path(cfg["tmp"])
     cfg = {**cfg, "processes": processes}
-    children = [subprocess.Popen([python, "-c", PARALLEL, json.dumps(cfg), str(p)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) for p in range(processes)]
+    children = [
+        subprocess.Popen(
+            [python, "-c", PARALLEL, json.dumps(cfg), str(p)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for p in range(processes)
+    ]
     for r in range(cfg["repeat"]):
         while not all((tmp / f"ready-{r}-{p}").exists() for p in range(processes)):
             if any(child.poll() not in (None, 0) for child in children):
@@ -158,7 +170,9 @@ def last_eval_exact_match(run_dir: Path) -> float | None:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         return None
-    found = [json.loads(line).get("eval_exact_match") for line in metrics.read_text().splitlines() if line.strip()]
+    found = [
+        json.loads(line).get("eval_exact_match") for line in metrics.read_text().splitlines() if line.strip()
+    ]
     found = [value for value in found if value is not None]
     return found[-1] if found else None
 
@@ -169,41 +183,69 @@ def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None
     recipe = run_dir / "recipe.yaml"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = {"export": str(export), "recipe": str(recipe), "input": str(EVAL), "tmp": tmp, "batch_size": batch_size,
-               "repeat": repeat, "threads": threads}
-        done = subprocess.run([python, "-c", MEASURE, json.dumps(cfg)], capture_output=True, text=True, env=env,
-                              cwd=REPO)
+        cfg = {
+            "export": str(export),
+            "recipe": str(recipe),
+            "input": str(EVAL),
+            "tmp": tmp,
+            "batch_size": batch_size,
+            "repeat": repeat,
+            "threads": threads,
+        }
+        done = subprocess.run(
+            [python, "-c", MEASURE, json.dumps(cfg)], capture_output=True, text=True, env=env, cwd=REPO
+        )
         if done.returncode:
             raise SystemExit(done.stderr[-3000:])
         measured = json.loads(done.stdout.strip().splitlines()[-1])
         cpus = len(os.sched_getaffinity(0))
-        if cpus > 1:  # the command's default on this machine: a process per CPU (tpuft.ops.predict.local_processes)
-            measured["seconds"][f"tpuft predict --local, {cpus} processes"] = parallel_seconds(python, env, cfg, cpus)
+        if (
+            cpus > 1
+        ):  # the command's default on this machine: a process per CPU (tpuft.ops.predict.local_processes)
+            measured["seconds"][f"tpuft predict --local, {cpus} processes"] = parallel_seconds(
+                python, env, cfg, cpus
+            )
         from tpuft.worker.predict_job import PredictJob
 
-        job = PredictJob(input=str(EVAL), shards=f"{tmp}/cli-shards", output=f"{tmp}/out.jsonl", backend="hf",
-                         model=str(export), recipe=recipe.read_text(), batch_size=batch_size,
-                         settings={"threads": threads})
+        job = PredictJob(
+            input=str(EVAL),
+            shards=f"{tmp}/cli-shards",
+            output=f"{tmp}/out.jsonl",
+            backend="hf",
+            model=str(export),
+            recipe=recipe.read_text(),
+            batch_size=batch_size,
+            settings={"threads": threads},
+        )
         (Path(tmp) / "job.json").write_text(job.to_json())
         started = time.perf_counter()
-        cli = subprocess.run([python, "-m", "tpuft.worker.predict.main", "--job", f"{tmp}/job.json", "--local"],
-                             capture_output=True, text=True, env=env, cwd=REPO)
+        cli = subprocess.run(
+            [python, "-m", "tpuft.worker.predict.main", "--job", f"{tmp}/job.json", "--local"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         wall = time.perf_counter() - started
         if cli.returncode:
             raise SystemExit(cli.stdout[-2000:] + cli.stderr[-3000:])
         result = json.loads(cli.stdout.split("[tpuft] predict result ", 1)[1].splitlines()[0])
     n = measured["examples"]
     base = n / measured["seconds"]["plain loop"]
-    print(f"quickstart export {export}, {n} held-out numbers, batch {batch_size}, {threads} threads, "
-          f"best of {repeat}\n")
+    print(
+        f"quickstart export {export}, {n} held-out numbers, batch {batch_size}, {threads} threads, "
+        f"best of {repeat}\n"
+    )
     print(f"| {'how':34} | {'examples/s':>10} | {'vs plain loop':>13} |")
     print(f"|{'-' * 36}|{'-' * 11}:|{'-' * 14}:|")
     for name, seconds in measured["seconds"].items():
         rate = n / seconds
         print(f"| {name:34} | {rate:10.1f} | {rate / base:12.2f}x |")
-    print(f"\nthe whole `python -m tpuft.worker.predict.main --local` command: {wall:.1f} s "
-          f"(imports and model load included); exact match {result['scores']['exact_match']}, "
-          f"the training run's final eval_exact_match {last_eval_exact_match(run_dir)}")
+    print(
+        f"\nthe whole `python -m tpuft.worker.predict.main --local` command: {wall:.1f} s "
+        f"(imports and model load included); exact match {result['scores']['exact_match']}, "
+        f"the training run's final eval_exact_match {last_eval_exact_match(run_dir)}"
+    )
 
 
 ECHO = r"""
@@ -231,15 +273,29 @@ def rss(lines: list[int]) -> None:
             source = Path(tmp) / "in.jsonl"
             with source.open("w") as handle:
                 for i in range(count):
-                    handle.write(json.dumps({"words": f"number {i} written out in words", "digits": str(i)}) + "\n")
+                    handle.write(
+                        json.dumps({"words": f"number {i} written out in words", "digits": str(i)}) + "\n"
+                    )
             from tpuft.worker.predict_job import PredictJob
 
-            job = PredictJob(input=str(source), shards=f"{tmp}/shards", output=f"{tmp}/out.jsonl", backend="echo",
-                             model="-", recipe=recipe, batch_size=32)
+            job = PredictJob(
+                input=str(source),
+                shards=f"{tmp}/shards",
+                output=f"{tmp}/out.jsonl",
+                backend="echo",
+                model="-",
+                recipe=recipe,
+                batch_size=32,
+            )
             (Path(tmp) / "job.json").write_text(job.to_json())
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-c", ECHO, f"{tmp}/job.json"], capture_output=True, text=True,
-                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            done = subprocess.run(
+                [sys.executable, "-c", ECHO, f"{tmp}/job.json"],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
             seconds = time.perf_counter() - started
             if done.returncode:
                 raise SystemExit(done.stderr[-3000:])
@@ -247,7 +303,10 @@ def rss(lines: list[int]) -> None:
             out_lines = sum(1 for _ in open(f"{tmp}/out.jsonl"))
             rows.append((count, source.stat().st_size / 2**20, peak, seconds, out_lines))
     print("one worker process (loop, reader, part writer, join; an echo engine)\n")
-    print(f"| {'input lines':>11} | {'input MiB':>9} | {'peak RSS MiB':>12} | {'seconds':>7} | {'rows out':>9} |")
+    print(
+        f"| {'input lines':>11} | {'input MiB':>9} | {'peak RSS MiB':>12} | {'seconds':>7} | {'rows out':>9} "
+        "|"
+    )
     print(f"|{'-' * 12}:|{'-' * 10}:|{'-' * 13}:|{'-' * 8}:|{'-' * 10}:|")
     for count, mib, peak, seconds, out_lines in rows:
         print(f"| {count:11,} | {mib:9.1f} | {peak:12.1f} | {seconds:7.1f} | {out_lines:9,} |")
@@ -294,22 +353,30 @@ def join_rss(lines: list[int]) -> None:
     rows = []
     for count in lines:
         with tempfile.TemporaryDirectory() as tmp:
-            done = subprocess.run([sys.executable, "-c", JOIN, str(count), tmp], capture_output=True, text=True,
-                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            done = subprocess.run(
+                [sys.executable, "-c", JOIN, str(count), tmp],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
             if done.returncode:
                 raise SystemExit(done.stderr[-3000:])
             rows.append((count, json.loads(done.stdout.splitlines()[-1])))
     print("the controller's join of 2 processes' shards of 10,000 lines\n")
-    print(f"| {'rows':>9} | {'seconds':>7} | {'peak RSS before the join MiB':>28} | {'peak RSS after it MiB':>21} |")
+    print(
+        f"| {'rows':>9} | {'seconds':>7} | {'peak RSS before the join MiB':>28} | "
+        f"{'peak RSS after it MiB':>21} |"
+    )
     print(f"|{'-' * 10}:|{'-' * 8}:|{'-' * 29}:|{'-' * 22}:|")
     for count, found in rows:
         print(f"| {count:9,} | {found['seconds']:7.1f} | {found['before']:28.1f} | {found['peak']:21.1f} |")
 
 
 def scaling(run_dir: Path, workers: list[int], lines: int) -> None:
-    """``tpuft predict`` of a run's last checkpoint on local pods of 1 and 2 workers (the PyTorch/XLA engine on each
-    worker's PJRT CPU device): examples/s of the whole job (launch, model load, compilation, decode, join) and of the
-    decode alone (the workers' shard lines)."""
+    """``tpuft predict`` of a run's last checkpoint on local pods of 1 and 2 workers (the PyTorch/XLA engine
+    on each worker's PJRT CPU device): examples/s of the whole job (launch, model load, compilation, decode,
+    join) and of the decode alone (the workers' shard lines)."""
     numbers = REPO / "recipes" / "data" / "numbers"
     steps = sorted((run_dir / "checkpoints").glob("step_*"))
     if not steps:
@@ -318,7 +385,9 @@ def scaling(run_dir: Path, workers: list[int], lines: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "in.jsonl"
         with source.open("w") as handle:
-            every = [line for name in ("train", "eval", "test") for line in (numbers / f"{name}.jsonl").open()]
+            every = [
+                line for name in ("train", "eval", "test") for line in (numbers / f"{name}.jsonl").open()
+            ]
             for i in range(lines):
                 handle.write(every[i % len(every)])
         env = {**os.environ, "TPUFT_HOME": f"{tmp}/home"}
@@ -327,17 +396,48 @@ def scaling(run_dir: Path, workers: list[int], lines: int) -> None:
             cluster.write_text(f"name: scale{count}\nlocal:\n  workers: {count}\n  devices_per_worker: 1\n")
             tpuft = [sys.executable, "-m", "tpuft"]
             subprocess.run([*tpuft, "create", "-c", str(cluster)], env=env, capture_output=True, check=True)
-            done = subprocess.run([*tpuft, "predict", str(steps[-1]), "--recipe", str(run_dir / "recipe.yaml"), "-i",
-                                   str(source), "-o", f"{tmp}/out{count}.jsonl", "-c", str(cluster), "--json"],
-                                  env=env, capture_output=True, text=True, cwd=REPO)
+            done = subprocess.run(
+                [
+                    *tpuft,
+                    "predict",
+                    str(steps[-1]),
+                    "--recipe",
+                    str(run_dir / "recipe.yaml"),
+                    "-i",
+                    str(source),
+                    "-o",
+                    f"{tmp}/out{count}.jsonl",
+                    "-c",
+                    str(cluster),
+                    "--json",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            )
             if done.returncode:
                 raise SystemExit(done.stderr[-3000:])
             result = json.loads(done.stdout)
-            decode = sum(float(line.rsplit(", ", 1)[1].split()[0]) for line in done.stderr.splitlines()
-                         if "] [tpuft] predict shard " in line and line.endswith(" ex/s"))
-            rows.append((count, result["seconds"], result["examples_per_s"], decode, result["scores"].get("exact_match")))
+            decode = sum(
+                float(line.rsplit(", ", 1)[1].split()[0])
+                for line in done.stderr.splitlines()
+                if "] [tpuft] predict shard " in line and line.endswith(" ex/s")
+            )
+            rows.append(
+                (
+                    count,
+                    result["seconds"],
+                    result["examples_per_s"],
+                    decode,
+                    result["scores"].get("exact_match"),
+                )
+            )
     print(f"tpuft predict of {steps[-1].name} ({run_dir.name}) on {lines:,} numbers, local pods\n")
-    print(f"| {'workers':>7} | {'job s':>6} | {'job examples/s':>14} | {'decode examples/s':>17} | {'exact match':>11} |")
+    print(
+        f"| {'workers':>7} | {'job s':>6} | {'job examples/s':>14} | {'decode examples/s':>17} | "
+        f"{'exact match':>11} |"
+    )
     print(f"|{'-' * 8}:|{'-' * 7}:|{'-' * 15}:|{'-' * 18}:|{'-' * 12}:|")
     for count, seconds, rate, decode, exact in rows:
         print(f"| {count:7} | {seconds:6.1f} | {rate:14.1f} | {decode:17.1f} | {exact:11} |")

@@ -1,24 +1,26 @@
 """How much faster is ``tpuft pull`` (transfer_manager, parallel) than downloading a run's objects one by one?
 
-A run dir of 200 files totalling 1 GiB (mixed sizes: many small logs/metadata files, medium checkpoint shards, a few
-large ones, all below the 256 MiB sliced-download threshold) is uploaded to the GCS emulator of
-tests/rigs/gcs_emulator.py, served from its own process (as GCS would be: the server's work does not share this
-process's GIL). Then, each into a fresh folder:
+A run dir of 200 files totalling 1 GiB (mixed sizes: many small logs/metadata files, medium checkpoint shards,
+a few large ones, all below the 256 MiB sliced-download threshold) is uploaded to the GCS emulator of
+tests/rigs/gcs_emulator.py, served from its own process (as GCS would be: the server's work does not share
+this process's GIL). Then, each into a fresh folder:
 
-* pull: ``tpuft.ops.pull.pull(url, dest, checkpoints="all")``, its defaults (16 transfer_manager THREAD workers), with
-  every file checked against the listed CRC32C and renamed into place;
-* download_tree: ``GcsStorage.download_tree`` with its default 8 workers (what pull runs on, minus the selection);
+* pull: ``tpuft.ops.pull.pull(url, dest, checkpoints="all")``, its defaults (16 transfer_manager THREAD
+  workers), with every file checked against the listed CRC32C and renamed into place;
+* download_tree: ``GcsStorage.download_tree`` with its default 8 workers (what pull runs on, minus the
+  selection);
 * one by one: ``blob.download_to_filename`` for each listed object in a loop (the client checks CRC32C too).
 
-Each method runs ``--rounds`` times (order rotated); the table shows medians. All data lives in a temporary folder,
-removed at the end.
+Each method runs ``--rounds`` times (order rotated); the table shows medians. All data lives in a temporary
+folder, removed at the end.
 
-The emulator answers one request at a time (see its docstring) over loopback, so with no latency parallel downloads
-can only overlap the client's own work (HTTP, checksums, disk writes) with the server's, and on a 2-CPU machine the
-threads mostly contend for the cores the server also needs: expect no gain there. Against real GCS every request
-also waits on a round trip (time to first byte is tens of ms, and small objects are nothing but that), which is
-what parallel requests hide: ``--latency-ms`` adds that wait to every request, concurrently across requests, while
-the emulator still serves one at a time. On the 2-CPU development VM (medians of 3):
+The emulator answers one request at a time (see its docstring) over loopback, so with no latency parallel
+downloads can only overlap the client's own work (HTTP, checksums, disk writes) with the server's, and on a
+2-CPU machine the threads mostly contend for the cores the server also needs: expect no gain there. Against
+real GCS every request also waits on a round trip (time to first byte is tens of ms, and small objects are
+nothing but that), which is what parallel requests hide: ``--latency-ms`` adds that wait to every request,
+concurrently across requests, while the emulator still serves one at a time. On the 2-CPU development VM
+(medians of 3):
 
     latency  one by one     download_tree (8 workers)   tpuft pull (16 workers)
     0 ms     2.05 s         2.53 s (0.81x)              2.76 s (0.74x)
@@ -92,7 +94,8 @@ sys.stdin.read()  # serve until the benchmark closes our stdin
 
 
 def plan_sizes(files: int, total: int, seed: int = 0) -> list[int]:
-    """``files`` sizes summing to ``total``: 60% small (1-64 KiB), 30% medium (1-4 MiB), 10% large (the rest)."""
+    """``files`` sizes summing to ``total``: 60% small (1-64 KiB), 30% medium (1-4 MiB), 10% large (the
+    rest)."""
     rng = random.Random(seed)
     small = [rng.randint(1024, 64 * 1024) for _ in range(files * 6 // 10)]
     medium = [rng.randint(MiB, 4 * MiB) for _ in range(files * 3 // 10)]
@@ -121,7 +124,9 @@ def write_run(root: Path, sizes: list[int]) -> None:
             left = size
             while left:
                 chunk = min(left, 16 * MiB)
-                f.write(b"{}" + b" " * (chunk - 2) if i in named else os.urandom(chunk))  # run.json: valid JSON
+                f.write(
+                    b"{}" + b" " * (chunk - 2) if i in named else os.urandom(chunk)
+                )  # run.json: valid JSON
                 left -= chunk
 
 
@@ -144,12 +149,19 @@ def tree_bytes(root: Path) -> tuple[int, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--mib", type=int, default=1024, help="total size in MiB")
-    parser.add_argument("--rounds", type=int, default=3, help="each method this many times, order rotated; medians")
     parser.add_argument(
-        "--latency-ms", type=float, default=0.0, help="added to every request, concurrently (a network round trip)"
+        "--rounds", type=int, default=3, help="each method this many times, order rotated; medians"
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="added to every request, concurrently (a network round trip)",
     )
     args = parser.parse_args()
 
@@ -184,7 +196,9 @@ def main() -> int:
 
         methods: dict[str, Callable[[Path], object]] = {
             "one by one (download_to_filename)": lambda dest: one_by_one(root, dest),
-            "download_tree (transfer_manager, 8 workers)": lambda dest: open_storage(url).download_tree("", dest),
+            "download_tree (transfer_manager, 8 workers)": lambda dest: open_storage(url).download_tree(
+                "", dest
+            ),
             "tpuft pull (transfer_manager, 16 workers)": lambda dest: pull(url, dest, checkpoints="all"),
         }
         times: dict[str, list[float]] = {name: [] for name in methods}
@@ -214,7 +228,8 @@ def main() -> int:
         for name in names:
             seconds = statistics.median(times[name])
             print(
-                f"{name:<45} {len(sizes):>6} {nbytes / 1e6:>7.0f} {seconds:>8.2f} {nbytes / 1e6 / seconds:>7.1f} "
+                f"{name:<45} {len(sizes):>6} {nbytes / 1e6:>7.0f} {seconds:>8.2f} "
+                f"{nbytes / 1e6 / seconds:>7.1f} "
                 f"{baseline / seconds:>8.2f}x"
             )
     finally:

@@ -2,9 +2,9 @@
 
 Generates JSON-lines shards of sentence pairs (``--sizes`` in MB, written once to ``--dir``), then streams one
 epoch of each through ``open_train_stream`` of ``--module`` (``tpuft.worker.hf_data``; ``data.hf: {path: json,
-data_files: [...]}``, shuffle buffer 10,000, batches of 32) in a fresh process, and prints a table: dataset size,
-examples, seconds, examples/s, the peak resident memory of the trainer's process (``getrusage``) and of each
-data-loader process (``VmHWM`` in /proc, sampled: a fork server's children are not the trainer's).
+data_files: [...]}``, shuffle buffer 10,000, batches of 32) in a fresh process, and prints a table: dataset
+size, examples, seconds, examples/s, the peak resident memory of the trainer's process (``getrusage``) and of
+each data-loader process (``VmHWM`` in /proc, sampled: a fork server's children are not the trainer's).
 Run: ``python benchmarks/stream_rss.py --sizes 200,2000``
 """
 
@@ -64,8 +64,10 @@ CHILD = textwrap.dedent(
     """
 )
 
-WORDS = ("the a river mountain city quiet bright old new small large green red blue runs walks sings reads writes "
-         "quickly slowly today tomorrow under over near far house garden school market winter summer").split()
+WORDS = (
+    "the a river mountain city quiet bright old new small large green red blue runs walks sings reads writes "
+    "quickly slowly today tomorrow under over near far house garden school market winter summer"
+).split()
 
 
 def make_shards(folder: Path, megabytes: int, shards: int = 8) -> list[str]:
@@ -89,11 +91,15 @@ def make_shards(folder: Path, megabytes: int, shards: int = 8) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="100,1000", help="dataset sizes in MB, comma-separated")
     parser.add_argument("--loader-workers", type=int, default=2)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/tpuft-stream-bench"))
-    parser.add_argument("--module", default="tpuft.worker.hf_data", help="the module whose open_train_stream to use")
+    parser.add_argument(
+        "--module", default="tpuft.worker.hf_data", help="the module whose open_train_stream to use"
+    )
     args = parser.parse_args()
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
@@ -101,21 +107,39 @@ def main() -> None:
         on_disk = sum(Path(f).stat().st_size for f in files) / 1e6
         started = time.time()
         script = args.dir / "child.py"
-        script.write_text(CHILD)  # a file, not -c: data-loader processes are spawned and re-import the main module
-        done = subprocess.run([sys.executable, str(script), json.dumps(files), str(REPO), str(args.loader_workers),
-                               args.module],
-                              capture_output=True, text=True, timeout=3600)
+        script.write_text(
+            CHILD
+        )  # a file, not -c: data-loader processes are spawned and re-import the main module
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                json.dumps(files),
+                str(REPO),
+                str(args.loader_workers),
+                args.module,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
         if done.returncode != 0:
             raise SystemExit(done.stderr[-3000:])
         got = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append((on_disk, got, time.time() - started))
-    print(f"\n{args.module}: one epoch, batches of 32, shuffle buffer 10,000, {args.loader_workers} data-loader "
-          "processes\n")
+    print(
+        f"\n{args.module}: one epoch, batches of 32, shuffle buffer 10,000, {args.loader_workers} "
+        "data-loader "
+        "processes\n"
+    )
     print("| dataset MB | examples | seconds | examples/s | trainer peak RSS MB | peak RSS MB per loader |")
     print("|-----------:|---------:|--------:|-----------:|--------------------:|-----------------------:|")
     for on_disk, got, _ in rows:
-        print(f"| {on_disk:10.0f} | {got['examples']:8d} | {got['seconds']:7.1f} | {got['examples'] / got['seconds']:10.0f} "
-              f"| {got['rss_mb']:19.0f} | {got['loader_rss_mb']:22.0f} |")
+        print(
+            f"| {on_disk:10.0f} | {got['examples']:8d} | {got['seconds']:7.1f} | "
+            f"{got['examples'] / got['seconds']:10.0f} "
+            f"| {got['rss_mb']:19.0f} | {got['loader_rss_mb']:22.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """What the worker-side supervisors cost and how fast they react, on the local pod (2 workers).
 
-* ``failfast``: worker 1's trainer exits with code 3 while worker 0 trains on; the time from the crash (the stand-in
-  trainer's own clock at exit) to the last trainer stopped (worker 0's supervisor records when its trainer ended),
-  with a controller attached (``tpuft train``) and without one (``tpuft train --detach``). Stand-in trainers
-  (tests/ops/standin_trainer.py), real supervisors; median of ``--rounds``.
-* ``failfast-bucket``: the same on the cloud stand-ins (fake TPU API, sshd pod, GCS emulator): the supervisors learn
-  of the crash through the bucket.
-* ``attach``: how long ``tpuft attach`` takes from its start to the first worker line on the screen (a live run of
-  stand-in trainers; median of ``--rounds``).
-* ``overhead``: the quickstart's training throughput (examples/s, the mean of its logged windows after the first, which
-  includes XLA's compilation) under supervision (this tree) and without (the trainer launched straight from the
-  fleet, as tpuft did before supervisors, from the git commit ``--baseline``), alternating, ``--steps`` steps each.
+* ``failfast``: worker 1's trainer exits with code 3 while worker 0 trains on; the time from the crash (the
+  stand-in trainer's own clock at exit) to the last trainer stopped (worker 0's supervisor records when its
+  trainer ended), with a controller attached (``tpuft train``) and without one (``tpuft train --detach``).
+  Stand-in trainers (tests/ops/standin_trainer.py), real supervisors; median of ``--rounds``.
+* ``failfast-bucket``: the same on the cloud stand-ins (fake TPU API, sshd pod, GCS emulator): the supervisors
+  learn of the crash through the bucket.
+* ``attach``: how long ``tpuft attach`` takes from its start to the first worker line on the screen (a live
+  run of stand-in trainers; median of ``--rounds``).
+* ``overhead``: the quickstart's training throughput (examples/s, the mean of its logged windows after the
+  first, which includes XLA's compilation) under supervision (this tree) and without (the trainer launched
+  straight from the fleet, as tpuft did before supervisors, from the git commit ``--baseline``), alternating,
+  ``--steps`` steps each.
 
     python benchmarks/supervision.py failfast attach      # a minute
     python benchmarks/supervision.py overhead --steps 400  # several minutes: real PyTorch/XLA runs
@@ -44,21 +45,30 @@ class Pod:
         self.env = {**os.environ, "TPUFT_HOME": str(root / "home"), "COLUMNS": "200"}
         self.cluster = root / "tpuft.yaml"
         cache = root / "venvs"
-        self.cluster.write_text(f"name: bench\nlocal:\n  workers: 2\n  venv_cache: {cache}\n  python: {sys.executable}\n")
+        self.cluster.write_text(
+            f"name: bench\nlocal:\n  workers: 2\n  venv_cache: {cache}\n  python: {sys.executable}\n"
+        )
         (root / "train.jsonl").write_text('{"source": "a", "target": "b"}\n' * 4)
         self.recipe = root / "r.yaml"
         self.recipe.write_text(RECIPE)
         venv = cache / BACKEND.env_spec(TorchXlaBackend(), "cpu", sys.executable).key
         (venv / "bin").mkdir(parents=True)
-        (venv / MARKER).write_text(json.dumps({"python": f"{sys.version_info.major}.{sys.version_info.minor}"}))
+        (venv / MARKER).write_text(
+            json.dumps({"python": f"{sys.version_info.major}.{sys.version_info.minor}"})
+        )
         (venv / "bin" / "python").write_text(wrapper())
         (venv / "bin" / "python").chmod(0o755)
         self.tpuft("create")
         assert TRAINER.is_file()
 
     def tpuft(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def home(self, index: int) -> Path:
         return self.root / "home" / "local" / "bench" / "workers" / f"worker-{index}"
@@ -83,18 +93,26 @@ def failfast(rounds: int) -> list[tuple[str, str]]:
                 pod.tpuft("train", str(pod.recipe), *(["--detach"] if mode == "detached" else []))
                 run = pod.latest_run()
                 deadline = time.monotonic() + 60
-                while json.loads((run / "run.json").read_text()).get("status") == "running" and time.monotonic() < deadline:
+                while (
+                    json.loads((run / "run.json").read_text()).get("status") == "running"
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.1)
                 crash = json.loads((run / "heartbeat" / "worker-1.json").read_text())["time"]
                 stopped = json.loads((run / "attempts" / "1" / "worker-0.json").read_text())["ended"]
                 delays.append(stopped - crash)
-        rows.append((f"crash -> last trainer stopped ({mode})", f"{statistics.median(delays):.2f} s  (max {max(delays):.2f})"))
+        rows.append(
+            (
+                f"crash -> last trainer stopped ({mode})",
+                f"{statistics.median(delays):.2f} s  (max {max(delays):.2f})",
+            )
+        )
     return rows
 
 
 def failfast_bucket(rounds: int) -> list[tuple[str, str]]:
-    """The same crash on the cloud stand-ins: the fake TPU API hands out an sshd pod, the run dir is in the GCS
-    emulator, so the supervisors learn of the crash through the bucket (a listing every 2.5 s)."""
+    """The same crash on the cloud stand-ins: the fake TPU API hands out an sshd pod, the run dir is in the
+    GCS emulator, so the supervisors learn of the crash through the bucket (a listing every 2.5 s)."""
     from tests.rigs.fake_tpu import FakeTpuServer
     from tests.rigs.gcs_emulator import GcsEmulator
     from tests.rigs.sshd_pod import SshdPod
@@ -103,12 +121,18 @@ def failfast_bucket(rounds: int) -> list[tuple[str, str]]:
     delays = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        with FakeTpuServer(operation_polls=1) as tpu, SshdPod(root / "pod", workers=2) as pod, GcsEmulator() as gcs:
+        with (
+            FakeTpuServer(operation_polls=1) as tpu,
+            SshdPod(root / "pod", workers=2) as pod,
+            GcsEmulator() as gcs,
+        ):
             tpu.worker_addresses = pod.addresses
             tpu.host_keys.update(pod.host_keys)  # the workers' host keys, as the API publishes them
             venv = root / "venvs" / BACKEND.env_spec(TorchXlaBackend(), "cpu", "python3").key
             (venv / "bin").mkdir(parents=True)
-            (venv / MARKER).write_text(json.dumps({"python": f"{sys.version_info.major}.{sys.version_info.minor}"}))
+            (venv / MARKER).write_text(
+                json.dumps({"python": f"{sys.version_info.major}.{sys.version_info.minor}"})
+            )
             (venv / "bin" / "python").write_text(wrapper())
             (venv / "bin" / "python").chmod(0o755)
             (root / "train.jsonl").write_text('{"source": "a", "target": "b"}\n' * 4)
@@ -122,11 +146,21 @@ def failfast_bucket(rounds: int) -> list[tuple[str, str]]:
                 f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
             )
             os.environ.update(gcs.env())
-            env = {**os.environ, "TPUFT_HOME": str(root / "home"), "TPUFT_GCP_POLL_SECONDS": "0.02", "COLUMNS": "200"}
+            env = {
+                **os.environ,
+                "TPUFT_HOME": str(root / "home"),
+                "TPUFT_GCP_POLL_SECONDS": "0.02",
+                "COLUMNS": "200",
+            }
 
             def tpuft(*args: str) -> subprocess.CompletedProcess[str]:
-                return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(cluster)], env=env, capture_output=True,
-                                      text=True, timeout=300)
+                return subprocess.run(
+                    [sys.executable, "-m", "tpuft", *args, "-c", str(cluster)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
 
             assert tpuft("create", "--yes").returncode == 0
             for _ in range(rounds):
@@ -139,12 +173,21 @@ def failfast_bucket(rounds: int) -> list[tuple[str, str]]:
                 run_id = json.loads(started.stdout)["run_id"]
                 store = open_storage(f"gs://bench-bucket/runs/{run_id}")
                 deadline = time.monotonic() + 120
-                while (json.loads(store.read_text("run.json") or "{}").get("status") == "running") and time.monotonic() < deadline:
+                while (
+                    json.loads(store.read_text("run.json") or "{}").get("status") == "running"
+                ) and time.monotonic() < deadline:
                     time.sleep(0.2)
-                crash = json.loads((pod.home(1) / ".tpuft" / "runs" / run_id / "heartbeat" / "worker-1.json").read_text())["time"]
+                crash = json.loads(
+                    (pod.home(1) / ".tpuft" / "runs" / run_id / "heartbeat" / "worker-1.json").read_text()
+                )["time"]
                 stopped = json.loads(store.read_text("attempts/1/worker-0.json") or "{}")["ended"]
                 delays.append(stopped - crash)
-    return [("crash -> last trainer stopped (bucket run, sshd pod)", f"{statistics.median(delays):.2f} s  (max {max(delays):.2f})")]
+    return [
+        (
+            "crash -> last trainer stopped (bucket run, sshd pod)",
+            f"{statistics.median(delays):.2f} s  (max {max(delays):.2f})",
+        )
+    ]
 
 
 def attach_latency(rounds: int) -> list[tuple[str, str]]:
@@ -157,8 +200,12 @@ def attach_latency(rounds: int) -> list[tuple[str, str]]:
         time.sleep(2)
         for _ in range(rounds):
             started = time.monotonic()
-            proc = subprocess.Popen([sys.executable, "-m", "tpuft", "attach", "-c", str(pod.cluster), "-n", "1"],
-                                    env=pod.env, stdout=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tpuft", "attach", "-c", str(pod.cluster), "-n", "1"],
+                env=pod.env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith("[w"):
@@ -171,35 +218,71 @@ def attach_latency(rounds: int) -> list[tuple[str, str]]:
 
 
 def overhead(rounds: int, steps: int, baseline: str) -> list[tuple[str, str]]:
-    """Throughput of the same quickstart under this tree (supervised) and under the baseline commit (unsupervised)."""
+    """Throughput of the same quickstart under this tree (supervised) and under the baseline commit
+    (unsupervised)."""
     results: dict[str, list[float]] = {"supervised": [], "unsupervised": []}
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), baseline], check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), baseline],
+            check=True,
+            capture_output=True,
+        )
         try:
             for _ in range(rounds):
                 for label, tree in (("supervised", REPO), ("unsupervised", old)):
                     home = Path(tmp) / f"home-{label}"
                     env = {**os.environ, "TPUFT_HOME": str(home), "PYTHONPATH": str(tree), "COLUMNS": "200"}
-                    args = [sys.executable, "-m", "tpuft", "up", "quickstart", "--set", f"train.steps={steps}",
-                            "--set", "train.warmup_steps=10", "--set", "train.log_every=25", "--set", "eval.every=100000",
-                            "--set", "eval.max_examples=32", "--set", "export.hf=false"]
+                    args = [
+                        sys.executable,
+                        "-m",
+                        "tpuft",
+                        "up",
+                        "quickstart",
+                        "--set",
+                        f"train.steps={steps}",
+                        "--set",
+                        "train.warmup_steps=10",
+                        "--set",
+                        "train.log_every=25",
+                        "--set",
+                        "eval.every=100000",
+                        "--set",
+                        "eval.max_examples=32",
+                        "--set",
+                        "export.hf=false",
+                    ]
                     if label == "supervised":
                         args.append("--stop-on-interrupt")
-                    done = subprocess.run(args, env=env, cwd=tree, capture_output=True, text=True, timeout=1800)
+                    done = subprocess.run(
+                        args, env=env, cwd=tree, capture_output=True, text=True, timeout=1800
+                    )
                     if done.returncode != 0:
                         raise SystemExit(f"{label} run failed:\n{done.stderr[-3000:]}")
                     run = sorted((home / "buckets" / "tpuft-local" / "runs").iterdir())[-1]
                     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
                     windows = [r["examples_per_s"] for r in rows if "examples_per_s" in r][1:]
                     results[label].append(statistics.mean(windows))
-                    subprocess.run([sys.executable, "-m", "tpuft", "delete", "--yes", "--force"], env=env, cwd=tree, capture_output=True)
+                    subprocess.run(
+                        [sys.executable, "-m", "tpuft", "delete", "--yes", "--force"],
+                        env=env,
+                        cwd=tree,
+                        capture_output=True,
+                    )
         finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], capture_output=True
+            )
     sup, unsup = statistics.median(results["supervised"]), statistics.median(results["unsupervised"])
     return [
-        (f"quickstart examples/s, {steps} steps, unsupervised ({baseline[:10]})", f"{unsup:.1f}  ({', '.join(f'{x:.1f}' for x in results['unsupervised'])})"),
-        ("quickstart examples/s, supervised (this tree)", f"{sup:.1f}  ({', '.join(f'{x:.1f}' for x in results['supervised'])})"),
+        (
+            f"quickstart examples/s, {steps} steps, unsupervised ({baseline[:10]})",
+            f"{unsup:.1f}  ({', '.join(f'{x:.1f}' for x in results['unsupervised'])})",
+        ),
+        (
+            "quickstart examples/s, supervised (this tree)",
+            f"{sup:.1f}  ({', '.join(f'{x:.1f}' for x in results['supervised'])})",
+        ),
         ("supervision overhead", f"{(unsup - sup) / unsup * 100:+.1f} %"),
     ]
 

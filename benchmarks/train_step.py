@@ -1,16 +1,21 @@
-"""Training speed of the PyTorch/XLA backend against Hugging Face's own ``Seq2SeqTrainer``, side by side in one run.
+"""Training speed of the PyTorch/XLA backend against Hugging Face's own ``Seq2SeqTrainer``, side by side in
+one run.
 
-The same task and model for both: the quickstart (English number words -> digits, the byte vocabulary), its tiny
-T5 (d_model 128, 4 heads of 32, gated-GELU MLP 256, 2+2 layers), inputs padded to 48 and targets to 8 tokens,
-global batch 32, AdamW at 1e-3 with 10 warm-up steps and linear decay, gradient clipping at 1.0, float32 (or
-``--precision bf16``: our XLA autocast against the Trainer's ``bf16=True``), no evaluation, no checkpoints.
+The same task and model for both: the quickstart (English number words -> digits, the byte vocabulary), its
+tiny T5 (d_model 128, 4 heads of 32, gated-GELU MLP 256, 2+2 layers), inputs padded to 48 and targets to 8
+tokens, global batch 32, AdamW at 1e-3 with 10 warm-up steps and linear decay, gradient clipping at 1.0,
+float32 (or ``--precision bf16``: our XLA autocast against the Trainer's ``bf16=True``), no evaluation, no
+checkpoints.
 
 * ``tpuft 1 worker``: ``tpuft train quickstart`` on a 1-worker local pod (one PJRT CPU process).
-* ``tpuft 2 workers``: the same on the 2-worker pod (data-parallel over gloo; each worker pinned to its own core).
-* ``Seq2SeqTrainer``: transformers' trainer in one process of the same venv (eager PyTorch on the CPU, every core).
+* ``tpuft 2 workers``: the same on the 2-worker pod (data-parallel over gloo; each worker pinned to its own
+  core).
+* ``Seq2SeqTrainer``: transformers' trainer in one process of the same venv (eager PyTorch on the CPU, every
+  core).
 
-Examples/s is the steady state: tpuft's logged windows after the first, the Trainer's steps after the first 10.
-"first step" is from the process's start-up (model, data) to the end of the first optimizer step, compilation
+Examples/s is the steady state: tpuft's logged windows after the first, the Trainer's steps after the first
+10. "first step" is from the process's start-up (model, data) to the end of the first optimizer step,
+    compilation
 included. Run: ``python benchmarks/train_step.py --steps 300``
 """
 
@@ -73,9 +78,24 @@ HF_TRAINER = textwrap.dedent(
 
 
 def tpuft_run(workers: int, steps: int, precision: str) -> dict[str, float]:
-    settings = ["--set", f"train.steps={steps}", "--set", "train.log_every=25", "--set", "train.warmup_steps=10",
-                "--set", "eval.every=null", "--set", "train.checkpoint_every=null", "--set", "export.hf=false",
-                "--set", f"train.precision={precision}", "--set", "model.config.dropout_rate=0.0"]
+    settings = [
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        "train.log_every=25",
+        "--set",
+        "train.warmup_steps=10",
+        "--set",
+        "eval.every=null",
+        "--set",
+        "train.checkpoint_every=null",
+        "--set",
+        "export.hf=false",
+        "--set",
+        f"train.precision={precision}",
+        "--set",
+        "model.config.dropout_rate=0.0",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         pod = Pod(Path(tmp))
         pod.cluster.write_text(pod.cluster.read_text().replace("workers: 2", f"workers: {workers}"))
@@ -100,17 +120,24 @@ def hf_run(steps: int, precision: str) -> dict[str, float]:
     spec = BACKEND.env_spec(TorchXlaBackend(), "cpu", LocalConfig().python)
     python = ensure_venv(venv_cache(), spec.payload()) / "bin" / "python"
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = {"data": str(REPO / "recipes" / "data" / "numbers" / "train.jsonl"), "out": tmp, "steps": steps,
-               "precision": precision}
-        done = subprocess.run([str(python), "-c", HF_TRAINER, json.dumps(cfg)], capture_output=True, text=True,
-                              timeout=3600)
+        cfg = {
+            "data": str(REPO / "recipes" / "data" / "numbers" / "train.jsonl"),
+            "out": tmp,
+            "steps": steps,
+            "precision": precision,
+        }
+        done = subprocess.run(
+            [str(python), "-c", HF_TRAINER, json.dumps(cfg)], capture_output=True, text=True, timeout=3600
+        )
         if done.returncode != 0:
             raise SystemExit(f"Seq2SeqTrainer: {done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--precision", choices=("float32", "bf16"), default="float32")
     args = parser.parse_args()
@@ -125,8 +152,10 @@ def main() -> None:
     print(f"| {'run':<28} | examples/s | vs Seq2SeqTrainer | first step s |")
     print(f"|{'-' * 30}|------------|-------------------|--------------|")
     for name, row in results.items():
-        print(f"| {name:<28} | {row['examples_per_s']:>10.1f} | {row['examples_per_s'] / base:>16.2f}x | "
-              f"{row['first_step_s']:>12.1f} |")
+        print(
+            f"| {name:<28} | {row['examples_per_s']:>10.1f} | {row['examples_per_s'] / base:>16.2f}x | "
+            f"{row['first_step_s']:>12.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
-"""Write the recipe and cluster-file key references (docs/recipe-reference.md, docs/cluster-reference.md) from the
-schema itself: every key's dotted path, type, default and its ``Field(description=...)``.
+"""Write the recipe and cluster-file key references (docs/recipe-reference.md, docs/cluster-reference.md) from
+the schema itself: every key's dotted path, type, default and its ``Field(description=...)``.
 
 Why generated: a hand-kept key list drifts from the models the loader enforces; this one cannot, because
-``tests/test_docs.py`` regenerates it and fails when the checked-in copy differs. Run it after changing a field:
+``tests/test_docs.py`` regenerates it and fails when the checked-in copy differs. Run it after changing a
+field:
 
     .venv/bin/python docs/gen_reference.py           # rewrite both files
-    .venv/bin/python docs/gen_reference.py --check   # exit 1 when a checked-in file is stale (what the test does)
+    .venv/bin/python docs/gen_reference.py --check   # exit 1 when a checked-in file is stale (what the test
+    does)
 
-Each backend's ``backend:`` section is its own table, found through the backend registry (or, failing that, the
-recipe model's discriminated union), so a new backend shows up here without editing this script.
+Each backend's ``backend:`` section is its own table, found through the backend registry (or, failing that,
+the recipe model's discriminated union), so a new backend shows up here without editing this script.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Row:
     description: str
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Types
 
 
@@ -104,12 +106,15 @@ def type_text(annotation: Any) -> str:
 
 
 def _bounds(field: FieldInfo) -> str:
-    """``1 ≤ x ≤ 1000`` style limits from the field's own constraints and its type's (``Count``, ``Duration``)."""
+    """``1 ≤ x ≤ 1000`` style limits from the field's own constraints and its type's (``Count``,
+    ``Duration``)."""
     annotation, type_metadata = _strip_annotated(field.annotation)
     for member in _union_members(annotation) or []:  # ``Dim | None``: the bounds of the Annotated member
         type_metadata += _strip_annotated(member)[1]
     items = [*field.metadata, *type_metadata]
-    items += [inner for item in items if isinstance(item, FieldInfo) for inner in item.metadata]  # Field() in Annotated
+    items += [
+        inner for item in items if isinstance(item, FieldInfo) for inner in item.metadata
+    ]  # Field() in Annotated
     low = high = None
     for item in items:
         if isinstance(item, annotated_types.Ge):
@@ -131,7 +136,7 @@ def _number(value: Any) -> str:
     return repr(value)
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Values
 
 
@@ -167,12 +172,13 @@ def default_text(field: FieldInfo) -> str:
     return _value_text(value)
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Walking a model
 
 
 def _section_model(annotation: Any) -> type[BaseModel] | None:
-    """The model a key opens (``train:``, ``model.prompt_tuning:``), also when it may be null; None for a leaf."""
+    """The model a key opens (``train:``, ``model.prompt_tuning:``), also when it may be null; None for a
+    leaf."""
     annotation, _ = _strip_annotated(annotation)
     members = _union_members(annotation)
     if members is not None:
@@ -209,13 +215,13 @@ def model_rows(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] =
     return rows
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Backends
 
 
 def backend_models() -> list[type[BaseModel]]:
-    """Each registered backend's recipe section. Asked of the registry; the recipe model's ``backend`` union is the
-    fallback (the same models, read from the schema) should the registry's question change its name."""
+    """Each registered backend's recipe section. Asked of the registry; the recipe model's ``backend`` union
+    is the fallback (the same models, read from the schema) should the registry's question change its name."""
     from tpuft.backends import registry
 
     for question in ("config_models", "section_models", "backend_sections"):
@@ -228,7 +234,9 @@ def backend_models() -> list[type[BaseModel]]:
 
     annotation, _ = _strip_annotated(RecipeConfig.model_fields["backend"].annotation)
     members = _union_members(annotation) or [annotation]
-    return sorted((_strip_annotated(m)[0] for m in members if _is_model(_strip_annotated(m)[0])), key=_kind_of)
+    return sorted(
+        (_strip_annotated(m)[0] for m in members if _is_model(_strip_annotated(m)[0])), key=_kind_of
+    )
 
 
 def _kind_of(model: type[BaseModel]) -> str:
@@ -239,7 +247,7 @@ def _kind_of(model: type[BaseModel]) -> str:
     return str(args[0]) if args else str(field.default)
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Markdown
 
 
@@ -255,7 +263,9 @@ def table(rows: list[Row]) -> list[str]:
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
     for row in rows:
         default = _code(row.default) if row.default not in ("required", "(its defaults)") else row.default
-        lines.append(f"| {_code(row.path)} | {_cell(row.type)} | {_cell(default)} | {_cell(row.description)} |")
+        lines.append(
+            f"| {_code(row.path)} | {_cell(row.type)} | {_cell(default)} | {_cell(row.description)} |"
+        )
     return lines
 
 
@@ -280,9 +290,11 @@ def recipe_reference() -> str:
         "",
         "# Recipe key reference",
         "",
-        "Every key a recipe (`recipes/NAME.yaml`) may hold: its dotted path (what `--set` takes), its type, its default "
+        "Every key a recipe (`recipes/NAME.yaml`) may hold: its dotted path (what `--set` takes), its type, "
+        "its default "
         "and what it means. Unknown keys are refused at their line, with a did-you-mean. A key whose type is "
-        "`section` opens a mapping of the keys below it; a `duration` is seconds, as a number or as `90s`, `10m`, "
+        "`section` opens a mapping of the keys below it; a `duration` is seconds, as a number or as `90s`, "
+        "`10m`, "
         "`1h30m`. How to write a recipe: [recipes.md](recipes.md); what each "
         "backend does with these keys: [backends.md](backends.md).",
         "",
@@ -305,18 +317,20 @@ def recipe_reference() -> str:
 
 
 def capability_table() -> list[str]:
-    """Which backend implements which optional shared key and eval metric, and why an engine cannot: the capability
-    matrix of ``tpuft recipes backends`` (:mod:`tpuft.backends.matrix`, read from each backend's capabilities record
-    in ``backends/<kind>_schema.py``); a key set to a non-default value is refused, with the same reason, by the
-    backends without a mark."""
+    """Which backend implements which optional shared key and eval metric, and why an engine cannot: the
+    capability matrix of ``tpuft recipes backends`` (:mod:`tpuft.backends.matrix`, read from each backend's
+    capabilities record in ``backends/<kind>_schema.py``); a key set to a non-default value is refused, with
+    the same reason, by the backends without a mark."""
     from tpuft.backends.matrix import capability_matrix, markdown
 
     return [
         "## What each backend supports",
         "",
         "The optional shared keys and eval metrics, as each backend declares them in its capabilities record "
-        "(`backends/<kind>_schema.py`); `tpuft recipes backends` prints the same matrix. A recipe that sets one of "
-        "these keys to anything but its default, or asks for a metric, with a backend marked no is refused at its "
+        "(`backends/<kind>_schema.py`); `tpuft recipes backends` prints the same matrix. A recipe that sets "
+        "one of "
+        "these keys to anything but its default, or asks for a metric, with a backend marked no is refused "
+        "at its "
         "line, with the reason below and the backends that support it.",
         "",
         *markdown(capability_matrix()).rstrip().splitlines(),
@@ -326,8 +340,12 @@ def capability_table() -> list[str]:
 
 def _backend_row() -> Row:
     kinds = ", ".join(_kind_of(model) for model in backend_models())
-    return Row("backend", "section", "required",
-               f"The training backend: `kind` (one of {kinds}) and that backend's own keys, in the sections below.")
+    return Row(
+        "backend",
+        "section",
+        "required",
+        f"The training backend: `kind` (one of {kinds}) and that backend's own keys, in the sections below.",
+    )
 
 
 def cluster_reference() -> str:
@@ -338,8 +356,10 @@ def cluster_reference() -> str:
         "",
         "# Cluster file key reference",
         "",
-        "Every key of the cluster file (`tpuft.yaml`: `--config/-c`, else `$TPUFT_CONFIG`, else `./tpuft.yaml`, else "
-        "the built-in default): dotted path, type, default and meaning. Relative paths are from the file's own folder. "
+        "Every key of the cluster file (`tpuft.yaml`: `--config/-c`, else `$TPUFT_CONFIG`, else "
+        "`./tpuft.yaml`, else "
+        "the built-in default): dotted path, type, default and meaning. Relative paths are from the file's "
+        "own folder. "
         "A `duration` is seconds, as a number or as `90s`, `10m`, `1h30m`. The guide: [gcp.md](gcp.md).",
         "",
     ]
@@ -359,7 +379,11 @@ def outputs() -> dict[Path, str]:
 
 def stale() -> list[Path]:
     """The generated files whose checked-in text differs from what the schema gives now."""
-    return [path for path, text in outputs().items() if not path.is_file() or path.read_text(encoding="utf-8") != text]
+    return [
+        path
+        for path, text in outputs().items()
+        if not path.is_file() or path.read_text(encoding="utf-8") != text
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""Shared fixtures. Every test runs with its own TPUFT_HOME and never touches ~/.tpuft; backend venvs are shared
-through the machine-wide cache (~/.cache/tpuft/venvs), as they are for users."""
+"""Shared fixtures. Every test runs with its own TPUFT_HOME and never touches ~/.tpuft; backend venvs are
+shared through the machine-wide cache (~/.cache/tpuft/venvs), as they are for users."""
 
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The quick tests first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after them, each
-    group in its usual order; the venvs the slow ones need are built in the background meanwhile. Without T5X
-    sources (a clone of the repository alone) the tests that need the T5X venv are skipped, with how to get them."""
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """The quick tests first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after
+    them, each group in its usual order; the venvs the slow ones need are built in the background meanwhile.
+    Without T5X sources (a clone of the repository alone) the tests that need the T5X venv are skipped, with
+    how to get them."""
     from tests.venvs import t5x_source, wanted
 
     missing = t5x_source()[1]
@@ -41,7 +44,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     slow = [item for item in session.items if item.get_closest_marker("slow") is not None]
     if slow and len(slow) < len(session.items):  # only when quick tests can run beside the build
         cache = getattr(session.config, "cache", None)
-        log = (cache.mkdir("tpuft-venvs") if cache is not None else Path(tempfile.gettempdir())) / "venv-prebuild.log"
+        log = (
+            cache.mkdir("tpuft-venvs") if cache is not None else Path(tempfile.gettempdir())
+        ) / "venv-prebuild.log"
         child = prebuild(wanted(slow), log)
         if child is not None:
             _venv_builder.append((child, log))
@@ -58,7 +63,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for child, log in _venv_builder:
         if child.returncode:
-            terminalreporter.write_line(f"backend venvs: the background build failed or was stopped; its log: {log}")
+            terminalreporter.write_line(
+                f"backend venvs: the background build failed or was stopped; its log: {log}"
+            )
 
 
 @dataclass
@@ -68,7 +75,9 @@ class CliResult:
     err: str
 
 
-def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> CliResult:
+def run_cli(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> CliResult:
     """Run ``tpuft ARGS`` in-process through the real entry point (error handling and exit codes included)."""
     from tpuft.cli import main
 
@@ -83,7 +92,8 @@ def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    """The first truthy value of ``predicate()`` within ``timeout`` seconds (runs are detached: tests poll them)."""
+    """The first truthy value of ``predicate()`` within ``timeout`` seconds (runs are detached: tests poll
+    them)."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -110,7 +120,8 @@ def alive(pid: int) -> bool:
 
 
 def wait_for_files(paths: list[Path], timeout: float = 15.0) -> None:
-    """Until every file of ``paths`` exists with some text in it (a worker wrote it), at most ``timeout`` s."""
+    """Until every file of ``paths`` exists with some text in it (a worker wrote it), at most ``timeout``
+    s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(p.exists() and p.read_text().strip() for p in paths):
@@ -120,9 +131,10 @@ def wait_for_files(paths: list[Path], timeout: float = 15.0) -> None:
 
 
 def default_sigint() -> None:
-    """``preexec_fn`` for a child that a test sends Ctrl-C (SIGINT): a shell that started pytest in the background
-    (``pytest &`` in a script, some CI runners) hands SIGINT down as *ignored*, and a Python started that way never
-    turns SIGINT into KeyboardInterrupt. The test sets the disposition it relies on instead of inheriting one."""
+    """``preexec_fn`` for a child that a test sends Ctrl-C (SIGINT): a shell that started pytest in the
+    background (``pytest &`` in a script, some CI runners) hands SIGINT down as *ignored*, and a Python
+    started that way never turns SIGINT into KeyboardInterrupt. The test sets the disposition it relies on
+    instead of inheriting one."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -137,18 +149,24 @@ def sigint_raises() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def _isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("tpuft-home")
     monkeypatch.setenv("TPUFT_HOME", str(home))
     monkeypatch.delenv("TPUFT_CONFIG", raising=False)
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setenv("TPUFT_NO_AGENT", "1")  # no background connection agents; tests/ops/test_agent.py turns them on
+    monkeypatch.setenv(
+        "TPUFT_NO_AGENT", "1"
+    )  # no background connection agents; tests/ops/test_agent.py turns them on
     for forced in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # tests read plain text
         monkeypatch.delenv(forced, raising=False)
     yield home
     from tests.rigs.sshd_pod import kill_processes_with_home_under
 
-    kill_processes_with_home_under(home)  # runs are detached by design: a test's local workers must not outlive it
+    kill_processes_with_home_under(
+        home
+    )  # runs are detached by design: a test's local workers must not outlive it
 
 
 @pytest.fixture
@@ -180,9 +198,12 @@ def recipe_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def cluster_file(tmp_path: Path) -> Path:
-    """A 2-worker local cluster file in a temp dir; one device per worker (the device-layout tests ask for more)."""
+    """A 2-worker local cluster file in a temp dir; one device per worker (the device-layout tests ask for
+    more)."""
     path = tmp_path / "tpuft.yaml"
-    path.write_text("name: test-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
+    path.write_text(
+        "name: test-pod\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n"
+    )
     return path
 
 
@@ -196,8 +217,8 @@ def torch_python() -> str:
 
 @pytest.fixture(scope="session")
 def t5x_python() -> str:
-    """Python of the T5X backend's CPU venv (jax, flax, seqio, TF, t5x from ../shared/wheels or TPUFT_T5X_SOURCE:
-    ``tests.venvs.t5x_source``), built once per machine."""
+    """Python of the T5X backend's CPU venv (jax, flax, seqio, TF, t5x from ../shared/wheels or
+    TPUFT_T5X_SOURCE: ``tests.venvs.t5x_source``), built once per machine."""
     from tests.venvs import t5x_python as build
 
     return build()
@@ -205,7 +226,8 @@ def t5x_python() -> str:
 
 @pytest.fixture(scope="session")
 def keras_python() -> str:
-    """Python of a venv with TensorFlow + transformers 4.x, built once per machine through tpuft's venv cache."""
+    """Python of a venv with TensorFlow + transformers 4.x, built once per machine through tpuft's venv
+    cache."""
     from tests.venvs import keras_python as build
 
     return build()
@@ -213,8 +235,8 @@ def keras_python() -> str:
 
 @pytest.fixture(scope="module")
 def gcs() -> Iterator[object]:
-    """One GCS emulator per test module; STORAGE_EMULATOR_HOST points the real google-cloud-storage client at it
-    until the module ends (tests/rigs/gcs_emulator.py)."""
+    """One GCS emulator per test module; STORAGE_EMULATOR_HOST points the real google-cloud-storage client at
+    it until the module ends (tests/rigs/gcs_emulator.py)."""
     from tests.rigs.gcs_emulator import GcsEmulator
 
     with GcsEmulator() as emulator, pytest.MonkeyPatch.context() as env:

@@ -19,8 +19,13 @@ class Pod:
     runs: Path
 
     def tpuft(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)], env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "tpuft", *args, "-c", str(self.cluster)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def up(self, recipe: str, *settings: str) -> Finished:
         """``tpuft up RECIPE --json``: it must succeed; its summary, run dir and wall time."""
@@ -41,10 +46,12 @@ class Finished:
 
 
 def created_pod(home: Path, name: str) -> Pod:
-    """A created 2-worker local pod named ``name`` whose TPUFT_HOME is under ``home``; one device per worker, the
-    fast rehearsal (a test about the device layout writes its own cluster file for the same pod)."""
+    """A created 2-worker local pod named ``name`` whose TPUFT_HOME is under ``home``; one device per worker,
+    the fast rehearsal (a test about the device layout writes its own cluster file for the same pod)."""
     cluster = home / "tpuft.yaml"
-    cluster.write_text(f"name: {name}\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n")
+    cluster.write_text(
+        f"name: {name}\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 2\n  devices_per_worker: 1\n"
+    )
     env = {**os.environ, "TPUFT_HOME": str(home / "tpuft-home"), "COLUMNS": "200"}
     pod = Pod(env, cluster, home / "tpuft-home" / "buckets" / name / "runs")
     created = pod.tpuft("create")

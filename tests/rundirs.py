@@ -23,8 +23,9 @@ def write_run(
 ) -> dict[str, bytes]:
     """Write a run dir at ``run``; returns relpath -> bytes of every file written.
 
-    ``metrics`` are rows (one JSON object a line), ``metrics_lines`` raw lines (to include corrupt ones); ``beats``
-    maps a worker to its heartbeat (``age`` seconds turns into its ``time``); ``files`` are any other relpaths."""
+    ``metrics`` are rows (one JSON object a line), ``metrics_lines`` raw lines (to include corrupt ones);
+    ``beats`` maps a worker to its heartbeat (``age`` seconds turns into its ``time``); ``files`` are any
+    other relpaths."""
     written: dict[str, bytes] = {}
 
     def put(rel: str, data: bytes) -> None:

@@ -33,7 +33,9 @@ def test_price_is_per_chip_hour_times_chips() -> None:
     assert lookup("v5litepod-16").price_per_hour == pytest.approx(16 * 1.20)
 
 
-@pytest.mark.parametrize(("bad", "suggestion"), [("v4-30", "v4-32"), ("v5e-3", None), ("v4", None), ("tpu-v4-8", None)])
+@pytest.mark.parametrize(
+    ("bad", "suggestion"), [("v4-30", "v4-32"), ("v5e-3", None), ("v4", None), ("tpu-v4-8", None)]
+)
 def test_bad_type_lists_valid_ones(bad: str, suggestion: str | None) -> None:
     with pytest.raises(UsageError) as info:
         lookup(bad)
@@ -79,13 +81,18 @@ def test_local_workers_follow_the_catalogue(tmp_path) -> None:  # type: ignore[n
         ("v2-32", "v2:4x4", "default", (2, 2, 1), 32),
     ],
 )
-def test_topology_as_libtpu_names_it(name: str, topology: str, chip_config: str, per_host: tuple[int, ...],
-                                     devices: int) -> None:
-    """What ``get_topology_desc`` is given for ``--compile``: the torus, each host's block of chips, and the devices
-    a framework sees (v2/v3: two TensorCores per chip; megacore v4/v5p: one device per chip)."""
+def test_topology_as_libtpu_names_it(
+    name: str, topology: str, chip_config: str, per_host: tuple[int, ...], devices: int
+) -> None:
+    """What ``get_topology_desc`` is given for ``--compile``: the torus, each host's block of chips, and the
+    devices a framework sees (v2/v3: two TensorCores per chip; megacore v4/v5p: one device per chip)."""
     found = lookup(name).topology()
     assert (found.name, found.chip_config, found.chips_per_host_bounds, found.devices) == (
-        topology, chip_config, per_host, devices)
+        topology,
+        chip_config,
+        per_host,
+        devices,
+    )
     dims = [int(d) for d in found.name.split(":")[1].split("x")]
     assert devices == lookup(name).chips * lookup(name).generation.devices_per_chip
     product = 1

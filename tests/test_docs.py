@@ -1,5 +1,5 @@
-"""The docs that live in the repository stay true: the key references are what the schema says now, the README stays
-a five-minute read, and every relative link in README.md and docs/ reaches a file that exists."""
+"""The docs that live in the repository stay true: the key references are what the schema says now, the README
+stays a five-minute read, and every relative link in README.md and docs/ reaches a file that exists."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 
 
 def generator() -> ModuleType:
-    """docs/gen_reference.py, loaded by path: docs/ is no package, and the script is meant to be run as a file."""
+    """docs/gen_reference.py, loaded by path: docs/ is no package, and the script is meant to be run as a
+    file."""
     spec = importlib.util.spec_from_file_location("gen_reference", DOCS / "gen_reference.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -31,7 +32,9 @@ def test_the_key_references_are_what_the_schema_says_now() -> None:
     gen = generator()
     for path, text in gen.outputs().items():
         assert path.is_file(), f"{path.relative_to(REPO)} is missing: run {gen.COMMAND}"
-        assert path.read_text(encoding="utf-8") == text, f"{path.relative_to(REPO)} is stale: run {gen.COMMAND}"
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path.relative_to(REPO)} is stale: run {gen.COMMAND}"
+        )
     assert gen.main(["--check"]) == 0
 
 
@@ -42,7 +45,13 @@ def test_the_recipe_reference_holds_every_key_and_every_backend_section() -> Non
     text = gen.recipe_reference()
     for name in RecipeConfig.model_fields:
         assert f"| `{name}` |" in text, name
-    for key in ("train.steps", "train.grad_accum_steps", "data.hf.path", "model.config.d_model", "eval.metric"):
+    for key in (
+        "train.steps",
+        "train.grad_accum_steps",
+        "data.hf.path",
+        "model.config.d_model",
+        "eval.metric",
+    ):
         assert f"| `{key}` |" in text, key
     models = gen.backend_models()
     assert len(models) >= 3
@@ -91,7 +100,8 @@ def _relative_links(path: Path) -> list[str]:
 
 
 def _anchors(path: Path) -> set[str]:
-    """GitHub's heading anchors (lowercase, punctuation dropped, spaces to dashes) and explicit ``<a id>``s."""
+    """GitHub's heading anchors (lowercase, punctuation dropped, spaces to dashes) and explicit ``<a
+    id>``s."""
     text = _FENCE.sub("", path.read_text(encoding="utf-8"))
     anchors = set(re.findall(r"<a id=\"([^\"]+)\"", text))
     for heading in re.findall(r"^#+\s+(.*)$", text, re.MULTILINE):

@@ -1,4 +1,5 @@
-"""Model shapes from a T5 config (tpuft/model/shapes.py) and ``tpuft recipes show --summary`` (tpuft/model/summary.py).
+"""Model shapes from a T5 config (tpuft/model/shapes.py) and ``tpuft recipes show --summary``
+(tpuft/model/summary.py).
 
 The fast tests use the analytical shapes; one slow test builds the real Hugging Face models in the PyTorch/XLA
 backend's venv and compares every parameter name and shape."""
@@ -68,7 +69,9 @@ def test_tokenizer_sizes() -> None:
 
 
 def test_shapes_follow_the_config() -> None:
-    relu = t5_shapes({"vocab_size": 100, "d_model": 16, "d_kv": 4, "num_heads": 2, "d_ff": 32, "num_layers": 2})
+    relu = t5_shapes(
+        {"vocab_size": 100, "d_model": 16, "d_kv": 4, "num_heads": 2, "d_ff": 32, "num_layers": 2}
+    )
     assert relu["shared.weight"] == (100, 16)
     assert relu["encoder.block.0.layer.0.SelfAttention.q.weight"] == (8, 16)
     assert relu["encoder.block.0.layer.0.SelfAttention.o.weight"] == (16, 8)
@@ -81,8 +84,15 @@ def test_shapes_follow_the_config() -> None:
     assert "lm_head.weight" not in relu  # tied by default
     assert list(relu)[-1] == "decoder.final_layer_norm.weight"
 
-    gated = t5_shapes({"feed_forward_proj": "gated-silu", "tie_word_embeddings": False, "num_layers": 3,
-                       "num_decoder_layers": 1, "relative_attention_num_buckets": 8})
+    gated = t5_shapes(
+        {
+            "feed_forward_proj": "gated-silu",
+            "tie_word_embeddings": False,
+            "num_layers": 3,
+            "num_decoder_layers": 1,
+            "relative_attention_num_buckets": 8,
+        }
+    )
     assert gated["encoder.block.2.layer.1.DenseReluDense.wi_0.weight"] == (2048, 512)
     assert gated["encoder.block.2.layer.1.DenseReluDense.wi_1.weight"] == (2048, 512)
     assert "encoder.block.2.layer.1.DenseReluDense.wi.weight" not in gated
@@ -143,10 +153,14 @@ def test_activation_estimate_moves_the_right_way() -> None:
 
 def test_fmt_bytes() -> None:
     assert (fmt_bytes(32 * GiB), fmt_bytes(1.5 * GiB), fmt_bytes(512), fmt_bytes(-3 * 2**20)) == (
-        "32 GiB", "1.50 GiB", "512 B", "-3 MiB")
+        "32 GiB",
+        "1.50 GiB",
+        "512 B",
+        "-3 MiB",
+    )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # The command
 
 
@@ -171,8 +185,16 @@ def write(tmp_path: Path, model: str = "google/mt5-base", text: str = RECIPE) ->
 
 
 def test_summary_table(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    result = cli("recipes", "show", "--summary", str(write(tmp_path)), "--accelerator", "v4-8",
-                 "--set", "model.freeze=[embeddings]")
+    result = cli(
+        "recipes",
+        "show",
+        "--summary",
+        str(write(tmp_path)),
+        "--accelerator",
+        "v4-8",
+        "--set",
+        "model.freeze=[embeddings]",
+    )
     assert result.code == 0, result.err
     out = result.out
     assert "google/mt5-base (known config)" in out and "vocab 250112, separate lm_head" in out
@@ -182,11 +204,24 @@ def test_summary_table(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-
 
 
 def test_summary_json_and_the_cluster_file(cli, tmp_path: Path, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
-    result = cli("recipes", "show", "--summary", str(write(tmp_path)), "--json", "--config", str(cluster_file),
-                 "--set", "train.sharding=fsdp", "--set", "train.optimizer=adamw")
+    result = cli(
+        "recipes",
+        "show",
+        "--summary",
+        str(write(tmp_path)),
+        "--json",
+        "--config",
+        str(cluster_file),
+        "--set",
+        "train.sharding=fsdp",
+        "--set",
+        "train.optimizer=adamw",
+    )
     assert result.code == 0, result.err
     found = json.loads(result.out)
-    assert found["accelerator"] == "v4-16" and found["devices"] == 8  # the local cluster's accelerator: 8 chips
+    assert (
+        found["accelerator"] == "v4-16" and found["devices"] == 8
+    )  # the local cluster's accelerator: 8 chips
     assert found["parameters"]["total"] == 582_401_280 == found["parameters"]["trainable"]
     assert found["training"]["sharding"] == "fsdp" and found["training"]["examples_per_device"] == 8
     memory = found["memory_per_device"]
@@ -199,8 +234,19 @@ def test_summary_json_and_the_cluster_file(cli, tmp_path: Path, cluster_file: Pa
 def test_a_local_folder_and_random_init(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     folder = tmp_path / "my-model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 64, "d_kv": 16, "num_heads": 4,
-                                                    "d_ff": 128, "num_layers": 2, "vocab_size": 1000}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "t5",
+                "d_model": 64,
+                "d_kv": 16,
+                "num_heads": 4,
+                "d_ff": 128,
+                "num_layers": 2,
+                "vocab_size": 1000,
+            }
+        )
+    )
     result = cli("recipes", "show", "--summary", str(write(tmp_path, "./my-model")), "--json")
     assert result.code == 0, result.err
     found = json.loads(result.out)
@@ -214,8 +260,15 @@ def test_a_local_folder_and_random_init(cli, tmp_path: Path) -> None:  # type: i
 
 
 def test_prompt_tuning_trains_the_prompt_only(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    result = cli("recipes", "show", "--summary", str(write(tmp_path, "t5-small")), "--json",
-                 "--set", "model.prompt_tuning={tokens: 20}")
+    result = cli(
+        "recipes",
+        "show",
+        "--summary",
+        str(write(tmp_path, "t5-small")),
+        "--json",
+        "--set",
+        "model.prompt_tuning={tokens: 20}",
+    )
     assert result.code == 0, result.err
     found = json.loads(result.out)
     assert found["parameters"]["trainable"] == 20 * 512
@@ -226,7 +279,10 @@ def test_prompt_tuning_trains_the_prompt_only(cli, tmp_path: Path) -> None:  # t
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--set", "model.name_or_path=someone/t5-custom"], "neither a local folder nor a model the summary knows"),
+        (
+            ["--set", "model.name_or_path=someone/t5-custom"],
+            "neither a local folder nor a model the summary knows",
+        ),
         (["--set", "model.name_or_path=./missing"], "folder not found"),
         (["--accelerator", "v4-30"], "unknown accelerator type 'v4-30'"),
         (["--set", "train.steps=0"], "train.steps"),
@@ -258,34 +314,65 @@ def test_an_encoder_classifier_counts_embeddings_layers_pooler_and_head(cli) -> 
     found = json.loads(result.out)
     modules = {row["module"]: row["params"] for row in found["parameters"]["modules"]}
     assert modules["classifier"] == 768 * 2 + 2 and modules["pooler"] == 768 * 768 + 768
-    assert found["parameters"]["total"] == 109_482_240 + 768 * 2 + 2  # BertModel's published 109.5M + the head
+    assert (
+        found["parameters"]["total"] == 109_482_240 + 768 * 2 + 2
+    )  # BertModel's published 109.5M + the head
     assert found["model"]["config"]["num_labels"] == 2 and found["training"]["target_len"] == 0
 
 
 def test_encoders_the_summary_cannot_count_are_refused_at_their_key(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     source = (REPO / "recipes" / "keras_classification_quickstart.yaml").read_text()
     path = tmp_path / "c.yaml"
-    path.write_text(source.replace("model_type: bert", "model_type: roberta").replace("data/", str(REPO / "recipes" / "data") + "/"))
+    path.write_text(
+        source.replace("model_type: bert", "model_type: roberta").replace(
+            "data/", str(REPO / "recipes" / "data") + "/"
+        )
+    )
     result = cli("recipes", "show", "--summary", str(path))
     assert result.code == 2 and "backend.encoder.model_type:" in result.err
     assert "cannot size this encoder: model_type 'roberta'" in result.err
 
 
-T5X_SMALL = {"vocab_size": 384, "d_model": 128, "d_kv": 32, "num_heads": 4, "d_ff": 256, "num_layers": 2,
-             "num_decoder_layers": 2, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
+T5X_SMALL = {
+    "vocab_size": 384,
+    "d_model": 128,
+    "d_kv": 32,
+    "num_heads": 4,
+    "d_ff": 256,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "feed_forward_proj": "gated-gelu",
+    "tie_word_embeddings": False,
+}
 
 
 def test_t5x_gin_overrides_resize_the_family_model() -> None:
     from tpuft.model.gin_network import family_hub_id, network_config
 
     small = known_config(family_hub_id("byt5", "small"))
-    overrides = {"network.T5Config.emb_dim": 128, "network.T5Config.num_heads": 4, "T5Config.head_dim": 32,
-                 "network.T5Config.mlp_dim": 256, "network.T5Config.num_encoder_layers": 2,
-                 "network.T5Config.num_decoder_layers": 2, "network.T5Config.dropout_rate": 0.0,
-                 "TRAIN_STEPS": 10, "utils.SaveCheckpointConfig.period": 5, "train/utils.DatasetConfig.seed": 3}
-    assert count(t5_shapes(network_config("byt5", "small", small, overrides))) == count(t5_shapes(T5X_SMALL)) == 886_528
-    relu = network_config("t5_1_1", "tiny", None, {"network.T5Config.mlp_activations": ["relu"],
-                                                    "network.T5Config.logits_via_embedding": True})
+    overrides = {
+        "network.T5Config.emb_dim": 128,
+        "network.T5Config.num_heads": 4,
+        "T5Config.head_dim": 32,
+        "network.T5Config.mlp_dim": 256,
+        "network.T5Config.num_encoder_layers": 2,
+        "network.T5Config.num_decoder_layers": 2,
+        "network.T5Config.dropout_rate": 0.0,
+        "TRAIN_STEPS": 10,
+        "utils.SaveCheckpointConfig.period": 5,
+        "train/utils.DatasetConfig.seed": 3,
+    }
+    assert (
+        count(t5_shapes(network_config("byt5", "small", small, overrides)))
+        == count(t5_shapes(T5X_SMALL))
+        == 886_528
+    )
+    relu = network_config(
+        "t5_1_1",
+        "tiny",
+        None,
+        {"network.T5Config.mlp_activations": ["relu"], "network.T5Config.logits_via_embedding": True},
+    )
     assert relu["feed_forward_proj"] == "relu" and relu["tie_word_embeddings"] and relu["d_model"] == 8
     assert family_hub_id("t5_1_0", "xxl") == "t5-11b" and family_hub_id("umt5", "base") is None
 
@@ -304,13 +391,24 @@ def test_t5x_gin_overrides_resize_the_family_model() -> None:
     ],
 )
 def test_a_binding_the_summary_cannot_read_says_so(cli, key: str, value: object, reason: str) -> None:  # type: ignore[no-untyped-def]
-    result = cli("recipes", "show", "--summary", "t5x_quickstart", "--set", f"backend.gin_overrides={json.dumps({key: value})}")
+    result = cli(
+        "recipes",
+        "show",
+        "--summary",
+        "t5x_quickstart",
+        "--set",
+        f"backend.gin_overrides={json.dumps({key: value})}",
+    )
     assert result.code == 2, result.out
-    assert f"backend.gin_overrides.{key}: the summary cannot size this model" in result.err and reason in result.err
+    assert (
+        f"backend.gin_overrides.{key}: the summary cannot size this model" in result.err
+        and reason in result.err
+    )
 
 
 SHIPPED_SIZES: dict[str, int | str] = {
-    "keras_classification_quickstart": 364_162,  # BERT 128 x 2 layers over ByT5's 384 ids, 256 positions, 2 labels
+    # BERT 128 x 2 layers over ByT5's 384 ids, 256 positions, 2 labels
+    "keras_classification_quickstart": 364_162,
     "keras_quickstart": 837_376,
     "quickstart": 837_376,
     "question_quality_t5_base_keras": 222_903_552,  # t5-base: 222.9M
@@ -323,15 +421,16 @@ SHIPPED_SIZES: dict[str, int | str] = {
     "sst2_t5_small_keras": 60_506_624,  # t5-small: 60.5M
     "t2t_translation": 60_506_624,
     "t5_11b_fsdp": 11_307_321_344,  # t5-11b: 11.3B
-    "t5x_quickstart": 886_528,  # byt5 small resized by its gin_overrides (the T5X e2e test counts the checkpoint)
+    # byt5 small resized by its gin_overrides (the T5X e2e test counts the checkpoint)
+    "t5x_quickstart": 886_528,
     "t5x_span_corruption": 886_528,
 }
 
 
 def test_every_shipped_recipe_is_sized_right_or_says_it_cannot() -> None:
     from tpuft.core.errors import ConfigError
-    from tpuft.ops.recipes import summary
     from tpuft.core.paths import recipes_dir
+    from tpuft.ops.recipes import summary
 
     shipped = sorted(p.stem for p in recipes_dir().glob("*.yaml"))
     assert shipped == sorted(SHIPPED_SIZES)
@@ -345,7 +444,7 @@ def test_every_shipped_recipe_is_sized_right_or_says_it_cannot() -> None:
                 summary(recipes_dir() / f"{name}.yaml", accelerator="v4-8")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # The real model
 
 REAL_SHAPES = r"""
@@ -382,20 +481,59 @@ print(json.dumps({"version": transformers.__version__, "shapes": [build(dict(c))
 """
 
 TINY_CONFIGS = [
-    {"vocab_size": 64, "d_model": 16, "d_kv": 4, "num_heads": 4, "d_ff": 32, "num_layers": 2},  # T5 v1.0: tied, relu
-    {"vocab_size": 64, "d_model": 16, "d_kv": 4, "num_heads": 2, "d_ff": 24, "num_layers": 3, "num_decoder_layers": 1,
-     "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},  # v1.1 / ByT5 shape: untied, gated, shallower decoder
-    {"vocab_size": 50, "d_model": 10, "d_kv": 3, "num_heads": 4, "d_ff": 20, "num_layers": 1, "num_decoder_layers": 3,
-     "feed_forward_proj": "gated-silu", "relative_attention_num_buckets": 8},  # inner 12 != d_model
-    {"model_type": "mt5", "vocab_size": 96, "d_model": 8, "d_kv": 4, "num_heads": 2, "d_ff": 16, "num_layers": 2,
-     "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+    {
+        "vocab_size": 64,
+        "d_model": 16,
+        "d_kv": 4,
+        "num_heads": 4,
+        "d_ff": 32,
+        "num_layers": 2,
+    },  # T5 v1.0: tied, relu
+    {
+        "vocab_size": 64,
+        "d_model": 16,
+        "d_kv": 4,
+        "num_heads": 2,
+        "d_ff": 24,
+        "num_layers": 3,
+        "num_decoder_layers": 1,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+    },  # v1.1 / ByT5 shape: untied, gated, shallower decoder
+    {
+        "vocab_size": 50,
+        "d_model": 10,
+        "d_kv": 3,
+        "num_heads": 4,
+        "d_ff": 20,
+        "num_layers": 1,
+        "num_decoder_layers": 3,
+        "feed_forward_proj": "gated-silu",
+        "relative_attention_num_buckets": 8,
+    },  # inner 12 != d_model
+    {
+        "model_type": "mt5",
+        "vocab_size": 96,
+        "d_model": 8,
+        "d_kv": 4,
+        "num_heads": 2,
+        "d_ff": 16,
+        "num_layers": 2,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+    },
 ]
 
 
 @pytest.mark.slow
 def test_shapes_match_the_real_models(torch_python: str) -> None:
-    proc = subprocess.run([torch_python, "-c", REAL_SHAPES, json.dumps(TINY_CONFIGS)], capture_output=True, text=True,
-                          timeout=600, cwd=REPO)
+    proc = subprocess.run(
+        [torch_python, "-c", REAL_SHAPES, json.dumps(TINY_CONFIGS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     for config, real in zip(TINY_CONFIGS, found["shapes"]):

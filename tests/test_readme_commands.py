@@ -1,8 +1,9 @@
-"""The commands README.md and docs/ show are true and stay true: every ``tpuft ...`` line (in code blocks and inline
-code) parses with the real command tree (the verb exists, each option exists for it, values have the option's type
-unless they are placeholders such as RUN or <run>), the recipes it names exist (shipped, or copied by an earlier
-``tpuft recipes cp`` of the same page), and its ``--set`` keys are recipe keys. Figures the code computes (the
-``recipes show --summary`` transcripts, the quickstart's size) are computed here and compared, not copied.
+"""The commands README.md and docs/ show are true and stay true: every ``tpuft ...`` line (in code blocks and
+inline code) parses with the real command tree (the verb exists, each option exists for it, values have the
+option's type unless they are placeholders such as RUN or <run>), the recipes it names exist (shipped, or
+copied by an earlier ``tpuft recipes cp`` of the same page), and its ``--set`` keys are recipe keys. Figures
+the code computes (the ``recipes show --summary`` transcripts, the quickstart's size) are computed here and
+compared, not copied.
 
 ``python -m tests.test_readme_commands --write`` rewrites the transcripts with what the code prints now."""
 
@@ -67,7 +68,9 @@ def commands_on(page: Path) -> Iterator[Command]:
 def tpuft_parts(line: str) -> list[str]:
     """The tpuft commands of a shell line (``a && tpuft x | head``: ``tpuft x``)."""
     parts = (part.strip() for part in re.split(r"&&|;|\|\|?", line))
-    return [p for p in parts if p.startswith(("tpuft ", ".venv/bin/tpuft ")) or p in ("tpuft", ".venv/bin/tpuft")]
+    return [
+        p for p in parts if p.startswith(("tpuft ", ".venv/bin/tpuft ")) or p in ("tpuft", ".venv/bin/tpuft")
+    ]
 
 
 ALL = [c for page in PAGES for c in commands_on(page)]
@@ -87,7 +90,9 @@ def parse(command: Command) -> tuple[object, dict[str, object]]:
         words = shlex.split(command.text, comments=True)[1:]
     except ValueError as exc:
         raise AssertionError(f"{command}: not a shell line ({exc})") from None
-    words = [w for w in words if not (w.startswith("[") and w.endswith("]") and is_placeholder(w))]  # [RUN]: optional
+    words = [
+        w for w in words if not (w.startswith("[") and w.endswith("]") and is_placeholder(w))
+    ]  # [RUN]: optional
     node = get_command(app)
     path = ["tpuft"]
     while True:
@@ -142,7 +147,9 @@ def recipe_of(command: Command, params: dict[str, object]) -> Path | None:
         if copied in command.created:
             name = command.created[copied]
             break
-    found = shipped_recipe(name) or next((p for p in (REPO / name, REPO / "recipes" / name) if p.is_file()), None)
+    found = shipped_recipe(name) or next(
+        (p for p in (REPO / name, REPO / "recipes" / name) if p.is_file()), None
+    )
     assert found is not None, f"{command}: no shipped recipe {name!r} (see: tpuft recipes ls)"
     return found
 
@@ -188,7 +195,9 @@ def test_a_wrong_command_fails_the_check() -> None:
     ]:
         with pytest.raises(AssertionError, match=re.escape(why)):
             test_every_documented_command_parses(Command(page, 1, wrong))
-    test_every_documented_command_parses(Command(page, 1, "tpuft recipes validate mine.yaml", {"mine.yaml": "quickstart"}))
+    test_every_documented_command_parses(
+        Command(page, 1, "tpuft recipes validate mine.yaml", {"mine.yaml": "quickstart"})
+    )
 
 
 def test_the_readme_lists_every_verb() -> None:
@@ -245,8 +254,12 @@ def printed(command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
 
 
 @pytest.mark.parametrize("transcript", TRANSCRIPTS, ids=[f"{t.page.name}:{t.start + 1}" for t in TRANSCRIPTS])
-def test_the_summary_transcripts_are_what_the_code_prints(transcript: Transcript, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert [line.rstrip() for line in transcript.quoted] == printed(transcript.command, monkeypatch, capsys), (
+def test_the_summary_transcripts_are_what_the_code_prints(
+    transcript: Transcript, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    assert [line.rstrip() for line in transcript.quoted] == printed(
+        transcript.command, monkeypatch, capsys
+    ), (
         f"{transcript.page.relative_to(REPO)}:{transcript.start + 1}: the output differs; "
         "rewrite it with: python -m tests.test_readme_commands --write"
     )
@@ -284,7 +297,13 @@ def _printed_outside_pytest(command: str) -> list[str]:
     shell, _, grep = command.partition(" | grep ")
     grep = " ".join(shlex.split(grep))
     env = {**os.environ, "COLUMNS": str(TRANSCRIPT_COLUMNS)}
-    out = subprocess.run([sys.executable, "-m", "tpuft", *shlex.split(shell)[1:]], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuft", *shlex.split(shell)[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     lines = [line.rstrip() for line in out.splitlines()]
     return [line for line in lines if grep in line] if grep else lines
 

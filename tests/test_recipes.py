@@ -12,10 +12,15 @@ from tpuft.core.paths import recipes_dir
 SHIPPED = sorted(recipes_dir().glob("*.yaml"))
 
 
-USER_DATA = {"sst2_bert_base_keras": "glue/SST-2", "sst2_bert_large_keras": "glue/SST-2",
-             "sst2_t5_small_keras": "glue/SST-2", "sst2_t5_base_keras": "glue/SST-2",
-             "question_quality_t5_base_keras": "so_quality"}
-"""Recipes whose data the user fetches (it cannot be shipped) -> the folder under recipes/data/ whose fetch.py does."""
+USER_DATA = {
+    "sst2_bert_base_keras": "glue/SST-2",
+    "sst2_bert_large_keras": "glue/SST-2",
+    "sst2_t5_small_keras": "glue/SST-2",
+    "sst2_t5_base_keras": "glue/SST-2",
+    "question_quality_t5_base_keras": "so_quality",
+}
+"""Recipes whose data the user fetches (it cannot be shipped) -> the folder under recipes/data/ whose fetch.py
+does."""
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -26,7 +31,9 @@ def test_shipped_recipe_loads(path: Path) -> None:
         assert f"Fetch it: python recipes/data/{USER_DATA[path.stem]}/fetch.py" in header
     assert loaded.value.name == path.stem
     first = header.splitlines()[0]
-    assert first.startswith("# ") and first.endswith(".") and len(first) <= 140, first  # a whole one-line summary
+    assert first.startswith("# ") and first.endswith(".") and len(first) <= 140, (
+        first
+    )  # a whole one-line summary
     assert "../" not in header and "seeds/" not in header  # names nothing outside the repository
 
 
@@ -39,7 +46,9 @@ def test_ls_shows_whole_first_lines(cli) -> None:  # type: ignore[no-untyped-def
     assert summaries == {p.stem: p.read_text().splitlines()[0][2:] for p in SHIPPED}
 
 
-def test_validate_tells_missing_data_from_a_bad_recipe(cli, tmp_path: Path, cluster_file: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_validate_tells_missing_data_from_a_bad_recipe(
+    cli, tmp_path: Path, cluster_file: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     from tpuft.ops.recipes import DATA_MISSING_EXIT
 
     monkeypatch.chdir(tmp_path)  # the fetch command is shown relative to the current folder
@@ -51,10 +60,15 @@ def test_validate_tells_missing_data_from_a_bad_recipe(cli, tmp_path: Path, clus
     missing = cli("recipes", "validate", str(recipe), "-c", str(cluster_file))
     assert missing.code == DATA_MISSING_EXIT == 3, missing.err
     lines = [line.strip() for line in missing.err.splitlines() if "missing " in line]
-    number = {key: 1 + next(i for i, line in enumerate(text.splitlines()) if line.startswith(f"  {key}:"))
-              for key in ("train", "eval")}
-    assert lines == [f"{recipe}:{number[key]}: data.{key}: missing {tmp_path / 'glue' / name}; fetch it: python glue/fetch.py"
-                     for key, name in (("train", "train.tsv"), ("eval", "dev.tsv"))]
+    number = {
+        key: 1 + next(i for i, line in enumerate(text.splitlines()) if line.startswith(f"  {key}:"))
+        for key in ("train", "eval")
+    }
+    assert lines == [
+        f"{recipe}:{number[key]}: data.{key}: missing {tmp_path / 'glue' / name}; fetch it: python "
+        "glue/fetch.py"
+        for key, name in (("train", "train.tsv"), ("eval", "dev.tsv"))
+    ]
     skipped = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--no-data-check")
     assert skipped.code == 0 and "data not checked" in skipped.out
     (tmp_path / "glue" / "fetch.py").unlink()
@@ -68,7 +82,9 @@ def test_validate_tells_missing_data_from_a_bad_recipe(cli, tmp_path: Path, clus
 def _fetch_module(folder: str):  # type: ignore[no-untyped-def]
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"fetch_{folder.replace('/', '_')}", recipes_dir() / "data" / folder / "fetch.py")
+    spec = importlib.util.spec_from_file_location(
+        f"fetch_{folder.replace('/', '_')}", recipes_dir() / "data" / folder / "fetch.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -83,21 +99,23 @@ GLUE_SST2_TRAIN = (
     "remains utterly satisfied to remain the same throughout \t0\n"
     "on the worst revenge-of-the-nerds clich\u00e9s the filmmakers could dredge up \t0\n"
     "that 's far too tragic to merit such superficial treatment \t0\n"
-    "demonstrates that the director of such hollywood blockbusters as patriot games can still turn out a small , "
+    "demonstrates that the director of such hollywood blockbusters as patriot games can still turn out a "
+    "small , "
     "personal film with an emotional wallop . \t1\n"
     "of saucy \t1\n"
-    "a \" quirky \" film that never quite gels \t0\n"
-    "the movie 's \"\" funny \"\" moments \t1\n"
-    "\"a gorgeous , witty , seductive movie . \t1\n"
+    'a " quirky " film that never quite gels \t0\n'
+    'the movie \'s "" funny "" moments \t1\n'
+    '"a gorgeous , witty , seductive movie . \t1\n'
     "it 's a charming and often affecting journey . \t1\n"
 )
-"""GLUE's SST-2 train.tsv as it comes: the header, a tab, no quoting, quote characters unpaired, doubled and at the
-start of a sentence (a CSV reader would swallow them or join lines), apostrophes split off as GLUE tokenizes."""
+"""GLUE's SST-2 train.tsv as it comes: the header, a tab, no quoting, quote characters unpaired, doubled and
+at the start of a sentence (a CSV reader would swallow them or join lines), apostrophes split off as GLUE
+tokenizes."""
 
 
 def test_sst2_as_glue_ships_it_is_read_directly(cli, tmp_path: Path, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
-    """fetch.py unpacks GLUE's SST-2.zip unchanged (a zip in its layout; the download needs the network), and the
-    shipped recipe validates on those files and reads every sentence, quotes and all, with its label."""
+    """fetch.py unpacks GLUE's SST-2.zip unchanged (a zip in its layout; the download needs the network), and
+    the shipped recipe validates on those files and reads every sentence, quotes and all, with its label."""
     import zipfile
 
     from tpuft.worker.data import Fields, iter_shard
@@ -113,7 +131,10 @@ def test_sst2_as_glue_ships_it_is_read_directly(cli, tmp_path: Path, cluster_fil
     out = tmp_path / "data" / "glue" / "SST-2"
     assert fetch.main(["--zip", str(archive), "--out", str(out)]) == 0
     assert (out / "train.tsv").read_text() == GLUE_SST2_TRAIN and sorted(p.name for p in out.iterdir()) == [
-        "dev.tsv", "test.tsv", "train.tsv"]
+        "dev.tsv",
+        "test.tsv",
+        "train.tsv",
+    ]
     with zipfile.ZipFile(tmp_path / "other.zip", "w") as zipped:
         zipped.writestr("CoLA/train.tsv", "x")
     with pytest.raises(ValueError, match="not GLUE's SST-2.zip"):
@@ -126,15 +147,20 @@ def test_sst2_as_glue_ships_it_is_read_directly(cli, tmp_path: Path, cluster_fil
     examples = list(iter_shard(recipe.data.train, 0, 1, Fields.of(recipe.data)))
     rows = [line.split("\t") for line in GLUE_SST2_TRAIN.splitlines()[1:]]
     assert [(e.source, e.target, e.line) for e in examples] == [
-        ("sst2 sentence: " + sentence, label, number) for number, (sentence, label) in enumerate(rows, start=2)]
+        ("sst2 sentence: " + sentence, label, number)
+        for number, (sentence, label) in enumerate(rows, start=2)
+    ]
     assert examples[8].source == 'sst2 sentence: a " quirky " film that never quite gels '
     assert examples[10].source == 'sst2 sentence: "a gorgeous , witty , seductive movie . '
 
 
 def test_the_question_quality_fetch_converts_kaggle_s_csv(tmp_path: Path) -> None:
     fetch = _fetch_module("so_quality")
-    rows = 'Id,Title,Body,Tags,CreationDate,Y\n1,"Why, oh why?","<p>a ""quoted""\nbody</p>",<python>,2016-01-01,HQ\n' \
-           '2,Closed,<p>x</p>,<c>,2016-01-02,LQ_CLOSE\n3,Edit me,<p>y</p>,<c>,2016-01-03,LQ_EDIT\n'
+    rows = (
+        'Id,Title,Body,Tags,CreationDate,Y\n1,"Why, oh why?","<p>a '
+        '""quoted""\nbody</p>",<python>,2016-01-01,HQ\n'
+        "2,Closed,<p>x</p>,<c>,2016-01-02,LQ_CLOSE\n3,Edit me,<p>y</p>,<c>,2016-01-03,LQ_EDIT\n"
+    )
     (tmp_path / "csv").mkdir()
     for name in fetch.FILES:
         (tmp_path / "csv" / name).write_text(rows)
@@ -144,7 +170,11 @@ def test_the_question_quality_fetch_converts_kaggle_s_csv(tmp_path: Path) -> Non
     written = [json.loads(line) for line in (tmp_path / "valid.jsonl").read_text().splitlines()]
     assert written[0] == {"Title": "Why, oh why?", "Body": '<p>a "quoted"\nbody</p>', "label": "high"}
     assert [row["label"] for row in written] == ["high", "none", "low"]
-    recipe = (recipes_dir() / "question_quality_t5_base_keras.yaml").read_text().replace("data/so_quality/", f"{tmp_path}/")
+    recipe = (
+        (recipes_dir() / "question_quality_t5_base_keras.yaml")
+        .read_text()
+        .replace("data/so_quality/", f"{tmp_path}/")
+    )
     (tmp_path / "r.yaml").write_text(recipe)
     assert load_recipe(tmp_path / "r.yaml").value.data.train == tmp_path / "train.jsonl"
 
@@ -162,7 +192,9 @@ def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def
     assert again.code == 2 and "--overwrite" in again.err
     unknown = cli("recipes", "show", "quikstart")
     assert unknown.code == 2 and "quickstart" in unknown.err
-    mine = cli("recipes", "show", str(tmp_path / "mine.yaml"))  # a file, as show --summary and every verb take
+    mine = cli(
+        "recipes", "show", str(tmp_path / "mine.yaml")
+    )  # a file, as show --summary and every verb take
     assert mine.code == 0 and mine.out == (tmp_path / "mine.yaml").read_text()
 
 
@@ -189,13 +221,15 @@ REHEARSED = [p for p in SHIPPED if _rehearsal_settings(p) is not None]
 
 @pytest.mark.parametrize("path", REHEARSED, ids=[p.stem for p in REHEARSED])
 def test_the_cpu_rehearsal_line_in_the_header_validates(path: Path) -> None:
-    """The rehearsal a header promises must load (random init, shipped or local data) and fit the local pod."""
+    """The rehearsal a header promises must load (random init, shipped or local data) and fit the local
+    pod."""
     from tpuft.backends import get_backend
     from tpuft.config import ClusterConfig
-
     from tpuft.ops.preflight import preflight
 
-    loaded = load_recipe(path, _rehearsal_settings(path))  # its data is here: shipped, or the rehearsal points at some
+    loaded = load_recipe(
+        path, _rehearsal_settings(path)
+    )  # its data is here: shipped, or the rehearsal points at some
     recipe = loaded.value
     assert recipe.model.name_or_path is None  # nothing to download
     cluster = ClusterConfig(local={"workers": 2})

@@ -1,6 +1,6 @@
-"""``tpuft.core.waiting``: a wait is silent at first, then says on stderr what it waits for and the time it has left: one
-line rewritten in place on a terminal (a real pseudo-terminal here), plain lines at a bounded rate anywhere else, or
-the caller's progress callback instead of stderr, never both."""
+"""``tpuft.core.waiting``: a wait is silent at first, then says on stderr what it waits for and the time it
+has left: one line rewritten in place on a terminal (a real pseudo-terminal here), plain lines at a bounded
+rate anywhere else, or the caller's progress callback instead of stderr, never both."""
 
 from __future__ import annotations
 
@@ -24,15 +24,21 @@ class Capture(io.StringIO):
         return False
 
 
-def test_off_a_terminal_a_wait_is_a_few_plain_lines_after_a_silent_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_off_a_terminal_a_wait_is_a_few_plain_lines_after_a_silent_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     err = Capture()
     monkeypatch.setattr(sys, "stderr", err)
     with waiting("a quick thing", timeout=5, silent_s=0.5):
         time.sleep(0.1)
     assert err.getvalue() == ""  # ended before it was worth a line
 
-    with waiting("host keys of TPU node t5 workers 0-1 (the guest agent publishes them)", timeout=60,
-                 silent_s=0.2, every_s=0.9) as wait:  # fmt: skip
+    with waiting(
+        "host keys of TPU node t5 workers 0-1 (the guest agent publishes them)",
+        timeout=60,
+        silent_s=0.2,
+        every_s=0.9,
+    ) as wait:
         wait.update("0 of 2 published")
         time.sleep(0.1)
         assert err.getvalue() == ""
@@ -41,8 +47,11 @@ def test_off_a_terminal_a_wait_is_a_few_plain_lines_after_a_silent_start(monkeyp
         wait.update("1 of 2 published")  # news: a line sooner than every_s, but not at once
         time.sleep(1.4)
     lines = err.getvalue().splitlines()
-    assert re.fullmatch(r"waiting for host keys of TPU node t5 workers 0-1 \(the guest agent publishes them\): "
-                        r"0 of 2 published \(\d\d s left\)", first.strip()), first  # fmt: skip
+    assert re.fullmatch(
+        r"waiting for host keys of TPU node t5 workers 0-1 \(the guest agent publishes them\): "
+        r"0 of 2 published \(\d\d s left\)",
+        first.strip(),
+    ), first
     assert 3 <= len(lines) <= 5, lines  # the first, one or two more while waiting, the end
     assert "1 of 2 published" in lines[-2]
     assert re.fullmatch(r"done: host keys of .* \(after 2 s\)", lines[-1]), lines[-1]
@@ -69,7 +78,8 @@ def test_on_a_terminal_the_wait_is_one_line_rewritten_and_erased(monkeypatch: py
             time.sleep(1.5)
             wait.update("state READY")
             time.sleep(1.2)
-        chunks = []  # a pseudo-terminal hands over what was written in pieces: read until it has been quiet a while
+        # a pseudo-terminal hands over what was written in pieces: read until it has been quiet a while
+        chunks = []
         while select.select([master], [], [], 0.5)[0]:
             chunks.append(os.read(master, 65536))
         written = b"".join(chunks).decode()
@@ -81,33 +91,53 @@ def test_on_a_terminal_the_wait_is_one_line_rewritten_and_erased(monkeypatch: py
     assert frames[0] == "" and frames[-1] == ""  # each frame rewrites the line; the last write erases it
     shown = [frame for frame in frames if frame]
     assert 2 <= len(shown) <= 4, shown  # about one a second, not one per poll
-    assert shown[0] == "waiting for the Cloud TPU API to finish creating TPU node t5: state CREATING (60 min left)"
+    assert (
+        shown[0]
+        == "waiting for the Cloud TPU API to finish creating TPU node t5: state CREATING (60 min left)"
+    )
     assert shown[-1].endswith(": state READY (60 min left)")
 
 
-def test_on_a_narrow_terminal_the_time_left_is_kept_and_the_subject_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_a_narrow_terminal_the_time_left_is_kept_and_the_subject_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from tpuft.core.waiting import Wait
 
     wait = Wait("the SSH host keys of TPU node t5 worker(s) 0-3 (each VM's guest agent publishes them)", 300)
     wait.update("1 of 4 published")
     text = wait.text(60)
-    assert len(text) <= 60 and text.startswith("waiting for the SSH") and text.endswith(": 1 of 4 published (5 min left)")
+    assert (
+        len(text) <= 60
+        and text.startswith("waiting for the SSH")
+        and text.endswith(": 1 of 4 published (5 min left)")
+    )
 
 
 def test_a_progress_callback_hears_the_wait_instead_of_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
     err = Capture()
     monkeypatch.setattr(sys, "stderr", err)
     told: list[str] = []
-    with waiting("Cloud TPU capacity for queued resource t5", timeout=86400, progress=told.append,
-                 silent_s=0) as wait:  # fmt: skip
+    with waiting(
+        "Cloud TPU capacity for queued resource t5", timeout=86400, progress=told.append, silent_s=0
+    ) as wait:
         for state in ("ACCEPTED", "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES"):
             wait.update(state)
             time.sleep(0.1)
-    assert told == ["waiting for Cloud TPU capacity for queued resource t5: ACCEPTED (24 h 0 min left)",
-                    "waiting for Cloud TPU capacity for queued resource t5: WAITING_FOR_RESOURCES (24 h 0 min left)"]
+    assert told == [
+        "waiting for Cloud TPU capacity for queued resource t5: ACCEPTED (24 h 0 min left)",
+        "waiting for Cloud TPU capacity for queued resource t5: WAITING_FOR_RESOURCES (24 h 0 min left)",
+    ]
     assert err.getvalue() == ""
 
 
 def test_durations_read_as_a_person_would_say_them() -> None:
     assert [duration(s) for s in (0, 4.4, 29, 44, 118, 300, 3599, 7300)] == [
-        "0 s", "4 s", "29 s", "40 s", "120 s", "5 min", "60 min", "2 h 2 min"]  # fmt: skip
+        "0 s",
+        "4 s",
+        "29 s",
+        "40 s",
+        "120 s",
+        "5 min",
+        "60 min",
+        "2 h 2 min",
+    ]

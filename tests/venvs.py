@@ -1,5 +1,6 @@
 """Backend venvs for tests that need torch / transformers / T5X: built once per machine through tpuft's own
-cached-venv bootstrap (the same cache ``tpuft setup`` uses), so a test run after the quickstart reuses it in seconds."""
+cached-venv bootstrap (the same cache ``tpuft setup`` uses), so a test run after the quickstart reuses it in
+seconds."""
 
 from __future__ import annotations
 
@@ -13,19 +14,24 @@ from tpuft.backends.base import EnvSpec
 from tpuft.core.paths import venv_cache
 
 WHEELS = Path(__file__).resolve().parents[1].parent / "shared" / "wheels"
-"""The wheelhouse beside the repository (here and in CI) standing in for t5x, airio and jestimator's git sources."""
+"""The wheelhouse beside the repository (here and in CI) standing in for t5x, airio and jestimator's git
+sources."""
 T5X_SOURCE_ENV = "TPUFT_T5X_SOURCE"
 """Where the T5X tests take t5x, airio and jestimator from: a checkout, a t5x wheel or a wheelhouse (as
-``backend.t5x_source``), or ``git`` for their pinned git repositories (the network); unset, ``WHEELS`` if present."""
-T5X_SOURCES_MISSING = ("T5X sources not available: set TPUFT_T5X_SOURCE to a t5x checkout/wheelhouse, "
-                       "or allow git access (TPUFT_T5X_SOURCE=git)")
+``backend.t5x_source``), or ``git`` for their pinned git repositories (the network); unset, ``WHEELS`` if
+present."""
+T5X_SOURCES_MISSING = (
+    "T5X sources not available: set TPUFT_T5X_SOURCE to a t5x checkout/wheelhouse, "
+    "or allow git access (TPUFT_T5X_SOURCE=git)"
+)
 
 
 def t5x_source() -> tuple[str | None, str | None]:
-    """(``backend.t5x_source`` for the T5X tests, why they cannot have one): the one place the tests resolve it. A
-    clone of the repository alone (a contributor's, a packager's) has no ``WHEELS`` beside it and its tests run
-    offline, so without ``TPUFT_T5X_SOURCE`` the T5X tests are skipped with the reason instead of failing every
-    test session at collection; the source is then the default (git), which the quick tests only compare keys of."""
+    """(``backend.t5x_source`` for the T5X tests, why they cannot have one): the one place the tests resolve
+    it. A clone of the repository alone (a contributor's, a packager's) has no ``WHEELS`` beside it and its
+    tests run offline, so without ``TPUFT_T5X_SOURCE`` the T5X tests are skipped with the reason instead of
+    failing every test session at collection; the source is then the default (git), which the quick tests only
+    compare keys of."""
     from pydantic import ValidationError
 
     from tpuft.backends.t5x import T5xBackend
@@ -36,10 +42,15 @@ def t5x_source() -> tuple[str | None, str | None]:
     if not chosen and not WHEELS.is_dir():
         return None, T5X_SOURCES_MISSING
     try:
-        backend = T5xBackend.model_validate({"family": "byt5", "size": "tiny", "t5x_source": chosen or str(WHEELS)})
+        backend = T5xBackend.model_validate(
+            {"family": "byt5", "size": "tiny", "t5x_source": chosen or str(WHEELS)}
+        )
     except ValidationError as exc:
         problem = "; ".join(str(error["msg"]).removeprefix("Value error, ") for error in exc.errors())
-        return None, f"{T5X_SOURCES_MISSING}: {T5X_SOURCE_ENV if chosen else 'the test wheelhouse'}: {problem}"
+        return (
+            None,
+            f"{T5X_SOURCES_MISSING}: {T5X_SOURCE_ENV if chosen else 'the test wheelhouse'}: {problem}",
+        )
     return backend.t5x_source, None
 
 
@@ -57,9 +68,9 @@ def ensure(spec: EnvSpec) -> str:
 
 
 def torch_spec() -> EnvSpec:
-    """The PyTorch/XLA backend's CPU venv (torch, torch-xla, transformers 5): what the local pod trains with."""
-    from tpuft.backends.torch_xla import BACKEND
-    from tpuft.backends.torch_xla import TorchXlaBackend
+    """The PyTorch/XLA backend's CPU venv (torch, torch-xla, transformers 5): what the local pod trains
+    with."""
+    from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend
     from tpuft.config import LocalConfig
 
     return BACKEND.env_spec(TorchXlaBackend(), "cpu", LocalConfig().python)
@@ -70,7 +81,8 @@ def torch_python() -> str:
 
 
 def t5x_spec() -> EnvSpec:
-    """The T5X backend's CPU venv (jax, flax, seqio, TensorFlow CPU; t5x, airio, jestimator from :func:`t5x_source`)."""
+    """The T5X backend's CPU venv (jax, flax, seqio, TensorFlow CPU; t5x, airio, jestimator from
+    :func:`t5x_source`)."""
     from tpuft.backends.t5x import BACKEND, T5xBackend
     from tpuft.config import LocalConfig
 
@@ -83,8 +95,8 @@ def t5x_python() -> str:
 
 
 def keras_spec() -> EnvSpec:
-    """The Keras backend's CPU venv (tensorflow-cpu, tf-keras, transformers 4.x): what the local pod trains with, and
-    what writes the TF checkpoints the converter tests read."""
+    """The Keras backend's CPU venv (tensorflow-cpu, tf-keras, transformers 4.x): what the local pod trains
+    with, and what writes the TF checkpoints the converter tests read."""
     from tpuft.backends.keras import BACKEND, KerasBackend
     from tpuft.config import LocalConfig
 
@@ -96,7 +108,8 @@ def keras_python() -> str:
 
 
 def tracking_spec() -> EnvSpec:
-    """The tracker sidecar's venv (wandb, mlflow): what the tracking tests and the e2e quickstarts' trackers use."""
+    """The tracker sidecar's venv (wandb, mlflow): what the tracking tests and the e2e quickstarts' trackers
+    use."""
     from tpuft.config import LocalConfig
     from tpuft.config.tracking_env import tracking_spec as spec
 
@@ -107,16 +120,25 @@ def tracking_python() -> str:
     return ensure(tracking_spec())
 
 
-SPECS: dict[str, Callable[[], EnvSpec]] = {"torch_xla": torch_spec, "keras": keras_spec, "t5x": t5x_spec,
-                                           "tracking": tracking_spec}
-FIXTURES = {"torch_python": "torch_xla", "keras_python": "keras", "t5x_python": "t5x", "tracking_python": "tracking"}
+SPECS: dict[str, Callable[[], EnvSpec]] = {
+    "torch_xla": torch_spec,
+    "keras": keras_spec,
+    "t5x": t5x_spec,
+    "tracking": tracking_spec,
+}
+FIXTURES = {
+    "torch_python": "torch_xla",
+    "keras_python": "keras",
+    "t5x_python": "t5x",
+    "tracking_python": "tracking",
+}
 """The session fixtures that hand a test a backend's python; a test that gets a venv through ``tpuft setup``
 instead (the e2e quickstarts) says so with ``pytest.mark.backend_venvs(KIND, ...)``."""
 
 
 def wanted(items: Iterable[object]) -> list[str]:
-    """The backend venvs the tests ``items`` need (pytest items), in the order they first need them; a skipped test
-    (the T5X ones without sources) needs none."""
+    """The backend venvs the tests ``items`` need (pytest items), in the order they first need them; a skipped
+    test (the T5X ones without sources) needs none."""
     kinds: list[str] = []
     for item in items:
         if item.get_closest_marker("skip") is not None:  # type: ignore[attr-defined]
@@ -130,26 +152,34 @@ def wanted(items: Iterable[object]) -> list[str]:
 
 
 def prebuild(kinds: list[str], log: Path) -> subprocess.Popen[bytes] | None:
-    """Build the venvs of ``kinds`` that this machine lacks in a child process, one after another, while the quick
-    tests run: on a new machine (CI) their downloads and installs (about 4 minutes here) then overlap with tests
-    instead of adding to them. The child runs at the lowest CPU priority: the quick tests leave most of 2 cores idle
-    (they wait on processes and sockets), and the build takes only that; at the same priority pip's unpacking and
-    byte-compiling slowed them down by more than the build took. A test that needs one waits on the build's lock
-    (``bootstrap.ensure_venv``); one the child failed to build, the test builds itself and shows the error."""
+    """Build the venvs of ``kinds`` that this machine lacks in a child process, one after another, while the
+    quick tests run: on a new machine (CI) their downloads and installs (about 4 minutes here) then overlap
+    with tests instead of adding to them. The child runs at the lowest CPU priority: the quick tests leave
+    most of 2 cores idle (they wait on processes and sockets), and the build takes only that; at the same
+    priority pip's unpacking and byte-compiling slowed them down by more than the build took. A test that
+    needs one waits on the build's lock (``bootstrap.ensure_venv``); one the child failed to build, the test
+    builds itself and shows the error."""
     from tpuft.worker.bootstrap import is_ready
 
     missing = [kind for kind in kinds if not is_ready(venv_cache() / SPECS[kind]().key)]
     if not missing:
         return None
     with log.open("wb") as out:
-        return subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.venvs", *missing],
-                                cwd=Path(__file__).resolve().parents[1], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, "-m", "tests.venvs", *missing],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
-def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...] = (), version: str = "0.1") -> Path:
-    """A throwaway pure-Python wheel (``import <name>`` gives ``VALUE = 42``) written with zipfile, for tests of venv
-    building that must not reach an index; ``requires`` become its Requires-Dist lines."""
+def tiny_wheel(
+    folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...] = (), version: str = "0.1"
+) -> Path:
+    """A throwaway pure-Python wheel (``import <name>`` gives ``VALUE = 42``) written with zipfile, for tests
+    of venv building that must not reach an index; ``requires`` become its Requires-Dist lines."""
     import base64
     import hashlib
     import zipfile
@@ -160,7 +190,8 @@ def tiny_wheel(folder: Path, name: str = "tpuft_tiny", requires: tuple[str, ...]
         f"{info}/METADATA": "Metadata-Version: 2.1\n"
         + f"Name: {name}\nVersion: {version}\n"
         + "".join(f"Requires-Dist: {r}\n" for r in requires),
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tpuft-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tpuft-tests\nRoot-Is-Purelib: true\nTag: "
+        "py3-none-any\n",
     }
     record = []
     for path, text in files.items():

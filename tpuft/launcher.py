@@ -1,9 +1,10 @@
 """The ``tpuft`` entry point. Top-level ``--help``/``--version`` are answered from the command table
-(:mod:`tpuft.commands`, which the Typer app reads too) without importing Typer and Rich (they cost ~10x Python's own
-start-up), and so is the common shape of ``tpuft exec`` (people run it in loops and scripts): it first hands the
-command to the cluster's connection agent (:mod:`tpuft.ops.agent_client`, no heavy import); when there is none,
-it connects from what the last cold exec remembered (:mod:`tpuft.ops.quick_exec`, without pydantic or the API), and
-loads the cluster file only when that is missing or stale. Everything else goes to the Typer app in :mod:`tpuft.cli`.
+(:mod:`tpuft.commands`, which the Typer app reads too) without importing Typer and Rich (they cost ~10x
+Python's own start-up), and so is the common shape of ``tpuft exec`` (people run it in loops and scripts): it
+first hands the command to the cluster's connection agent (:mod:`tpuft.ops.agent_client`, no heavy import);
+when there is none, it connects from what the last cold exec remembered (:mod:`tpuft.ops.quick_exec`, without
+pydantic or the API), and loads the cluster file only when that is missing or stale. Everything else goes to
+the Typer app in :mod:`tpuft.cli`.
 
 ``tests/cli/test_cli.py`` checks that both ways of running ``exec`` print the same thing.
 """
@@ -18,11 +19,21 @@ from tpuft import __version__
 from tpuft.commands import PIPE_CLOSED_EXIT, closed_pipe_in_thread, exit_with, stdout_closed, top_level_help
 
 _EXEC_OPTIONS = {"-c": "config", "--config": "config", "-w": "worker", "--worker": "worker"}
-_COLOURS = ("36", "35", "32", "33", "34", "31", "96", "95")  # the CLI's cyan, magenta, green, ... as ANSI codes
+_COLOURS = (
+    "36",
+    "35",
+    "32",
+    "33",
+    "34",
+    "31",
+    "96",
+    "95",
+)  # the CLI's cyan, magenta, green, ... as ANSI codes
 
 
 def parse_fast_exec(args: list[str]) -> tuple[dict[str, str], list[str]] | None:
-    """``exec [-c FILE] [-w SPEC] -- CMD...`` -> (options, command); None for anything else (Typer handles it)."""
+    """``exec [-c FILE] [-w SPEC] -- CMD...`` -> (options, command); None for anything else (Typer handles
+    it)."""
     if not args or args[0] != "exec" or "--" not in args:
         return None
     split = args.index("--")
@@ -45,12 +56,13 @@ def parse_fast_exec(args: list[str]) -> tuple[dict[str, str], list[str]] | None:
 
 
 def _fast_exec(options: dict[str, str], command: list[str]) -> int:
-    """The warm path first (the cluster's connection agent, no heavy import at all); then what the last cold exec
-    with this cluster file remembered (:mod:`tpuft.ops.quick_exec`: no validation, no API, pinned host keys); then
-    the whole path (the file validated, the API asked if need be), which remembers for next time."""
+    """The warm path first (the cluster's connection agent, no heavy import at all); then what the last cold
+    exec with this cluster file remembered (:mod:`tpuft.ops.quick_exec`: no validation, no API, pinned host
+    keys); then the whole path (the file validated, the API asked if need be), which remembers for next
+    time."""
     from tpuft.core.errors import TpuftError
-    from tpuft.ops import agent_client
     from tpuft.fleet.base import failure_error
+    from tpuft.ops import agent_client
 
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     lock = threading.Lock()
@@ -92,14 +104,22 @@ def _fast_exec(options: dict[str, str], command: list[str]) -> int:
             path = Path(options["config"]) if "config" in options else None
             config = load_cluster(path).value
             result = exec_command(
-                config, command, workers=options.get("worker"), on_line=on_line, cluster_path=path, use_agent=True,
-                agent_tried=True, refresh=refresh,
+                config,
+                command,
+                workers=options.get("worker"),
+                on_line=on_line,
+                cluster_path=path,
+                use_agent=True,
+                agent_tried=True,
+                refresh=refresh,
             )
         error = failure_error(result, "the command", worker_exit_code=True)
         if error is not None:
             raise error
     except (TpuftError, KeyboardInterrupt) as exc:
-        if stdout_closed():  # the reader went away (`tpuft exec -- ... | head`): the workers were stopped for that
+        if (
+            stdout_closed()
+        ):  # the reader went away (`tpuft exec -- ... | head`): the workers were stopped for that
             return PIPE_CLOSED_EXIT
         if isinstance(exc, KeyboardInterrupt):
             sys.stderr.write("interrupted\n")
@@ -116,9 +136,9 @@ _cold: list[bool] = []
 
 def main() -> None:
     """Every way out of tpuft, fast or not, ends quietly when the reader of its output has gone away. A cold
-    ``exec`` then leaves at once (``os._exit``, its output flushed): the interpreter's teardown of paramiko, its
-    threads and the modules took ~30 ms of a command that should cost one ``ssh``, and nothing is left to do (the
-    connections are closed, the agent, if any, was started detached)."""
+    ``exec`` then leaves at once (``os._exit``, its output flushed): the interpreter's teardown of paramiko,
+    its threads and the modules took ~30 ms of a command that should cost one ``ssh``, and nothing is left to
+    do (the connections are closed, the agent, if any, was started detached)."""
     try:
         exit_with(lambda: _dispatch(sys.argv[1:]))
     except SystemExit as done:

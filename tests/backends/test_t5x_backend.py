@@ -1,6 +1,6 @@
-"""What the T5X backend tells shared code: its recipe section and the problems it locates in a recipe, the venv it
-asks for (pinned PyPI set + t5x/airio/jestimator from git or a local source), its check and launch plan for a cluster
-shape, and the gin text it writes. Fast: no network, no JAX."""
+"""What the T5X backend tells shared code: its recipe section and the problems it locates in a recipe, the
+venv it asks for (pinned PyPI set + t5x/airio/jestimator from git or a local source), its check and launch
+plan for a cluster shape, and the gin text it writes. Fast: no network, no JAX."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ train:
   steps: 10
   batch_size: 4
 """
-"""The smallest valid T5X recipe (10 lines; byt5 tiny fine-tuned on train.jsonl): tests change a line of it."""
+"""The smallest valid T5X recipe (10 lines; byt5 tiny fine-tuned on train.jsonl): tests change a line of
+it."""
 
 SPAN = T5X_RECIPE.replace("  size: tiny", "  size: tiny\n  task: span_corruption").replace(
     "  train: train.jsonl", "  corpus: [corpus.txt]"
@@ -64,8 +65,8 @@ def write(folder: Path, text: str, name: str = "r.yaml") -> Path:
 
 
 def sentencepiece_model(pieces: list[str]) -> bytes:
-    """A minimal SentencePiece ModelProto: field 1 repeated, each a SentencePiece with its piece (field 1) and a
-    score (field 2, a float); what tpuft reads of a .model without sentencepiece."""
+    """A minimal SentencePiece ModelProto: field 1 repeated, each a SentencePiece with its piece (field 1) and
+    a score (field 2, a float); what tpuft reads of a .model without sentencepiece."""
     out = b""
     for piece in pieces:
         text = piece.encode()
@@ -106,7 +107,7 @@ def cpu_pod(cluster_file: Path) -> ClusterShape:
     return shape
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Shipped recipes
 
 
@@ -136,7 +137,11 @@ def test_ro_t5x_keeps_the_sentinels_and_its_own_vocabulary() -> None:
     backend = load_recipe(REPO / "recipes" / "ro_t5x_base_pretrain.yaml").value.backend
     assert (backend.family, backend.size, backend.task) == ("t5_1_1", "base", "span_corruption")
     assert backend.extra_ids == 100
-    assert backend.vocabulary is not None and backend.vocabulary.startswith("gs://") and backend.vocabulary.endswith(".model")
+    assert (
+        backend.vocabulary is not None
+        and backend.vocabulary.startswith("gs://")
+        and backend.vocabulary.endswith(".model")
+    )
     assert backend.gin_overrides["network.T5Config.vocab_size"] == 64128
 
 
@@ -149,7 +154,7 @@ def test_ro_mt5x_continues_from_the_public_checkpoint() -> None:
     assert backend.extra_ids == 0 and backend.vocabulary is None  # mT5's own vocabulary has the sentinels
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Located errors
 
 
@@ -164,136 +169,225 @@ def test_the_minimal_t5x_recipes_load(t5x_dir: Path) -> None:
 BAD_T5X = [
     (
         "family-and-gin-files",
-        T5X_RECIPE, "  size: tiny", "  size: tiny\n  gin_files: [model.gin]",
-        6, ["backend.gin_files: give either family + size (a t5x example gin) or gin_files, not both"],
+        T5X_RECIPE,
+        "  size: tiny",
+        "  size: tiny\n  gin_files: [model.gin]",
+        6,
+        ["backend.gin_files: give either family + size (a t5x example gin) or gin_files, not both"],
     ),
     (
         "neither-family-nor-gin-files",
-        T5X_RECIPE, "  family: byt5\n  size: tiny\n", "",
-        2, ["backend.family: required: a model by family and size", "or gin_files"],
+        T5X_RECIPE,
+        "  family: byt5\n  size: tiny\n",
+        "",
+        2,
+        ["backend.family: required: a model by family and size", "or gin_files"],
     ),
     ("size-missing", T5X_RECIPE, "  size: tiny\n", "", 2, ["backend.size: required with backend.family"]),
     (
         "umt5-tiny",
-        T5X_RECIPE, "  family: byt5", "  family: umt5",
-        5, ["backend.size: t5x has no umt5 tiny gin (umt5 starts at small)"],
+        T5X_RECIPE,
+        "  family: byt5",
+        "  family: umt5",
+        5,
+        ["backend.size: t5x has no umt5 tiny gin (umt5 starts at small)"],
     ),
     (
         "sentencepiece-without-sentinels",
-        SPAN, "  size: tiny", "  size: tiny\n  vocabulary: sp.model\n  extra_ids: 0",
-        7, ["backend.extra_ids: span corruption needs sentinel ids", "is the ordinary piece 'cd'",
-            "Set backend.extra_ids (T5 used 100"],
+        SPAN,
+        "  size: tiny",
+        "  size: tiny\n  vocabulary: sp.model\n  extra_ids: 0",
+        7,
+        [
+            "backend.extra_ids: span corruption needs sentinel ids",
+            "is the ordinary piece 'cd'",
+            "Set backend.extra_ids (T5 used 100",
+        ],
     ),
     (
         "user-gins-without-sentinels",
-        SPAN, "  family: byt5\n  size: tiny", "  gin_files: [model.gin]\n  extra_ids: 0",
-        2, ["backend.vocabulary: required with backend.gin_files"],
+        SPAN,
+        "  family: byt5\n  size: tiny",
+        "  gin_files: [model.gin]\n  extra_ids: 0",
+        2,
+        ["backend.vocabulary: required with backend.gin_files"],
     ),
     (
         "finetune-without-train",
-        T5X_RECIPE, "  train: train.jsonl", "  max_source_length: 64",
-        6, ["data.train: required for task finetune: training examples (a data file, or a Hugging Face dataset as "
-            "data.hf)"],
+        T5X_RECIPE,
+        "  train: train.jsonl",
+        "  max_source_length: 64",
+        6,
+        [
+            "data.train: required for task finetune: training examples (a data file, or a Hugging Face "
+            "dataset as "
+            "data.hf)"
+        ],
     ),
     (
         "finetune-with-corpus",
-        T5X_RECIPE, "  train: train.jsonl", "  train: train.jsonl\n  corpus: [corpus.txt]",
-        8, ["data.corpus: a corpus is for task span_corruption (backend.task)"],
+        T5X_RECIPE,
+        "  train: train.jsonl",
+        "  train: train.jsonl\n  corpus: [corpus.txt]",
+        8,
+        ["data.corpus: a corpus is for task span_corruption (backend.task)"],
     ),
     (
         "span-without-corpus",
-        SPAN, "  corpus: [corpus.txt]", "  max_source_length: 64",
-        7, ["data.corpus: required for task span_corruption: text files or globs"],
+        SPAN,
+        "  corpus: [corpus.txt]",
+        "  max_source_length: 64",
+        7,
+        ["data.corpus: required for task span_corruption: text files or globs"],
     ),
     (
         "span-with-train",
-        SPAN, "  corpus: [corpus.txt]", "  corpus: [corpus.txt]\n  train: train.jsonl",
-        9, ["data.train: task span_corruption reads data.corpus, not JSON lines"],
+        SPAN,
+        "  corpus: [corpus.txt]",
+        "  corpus: [corpus.txt]\n  train: train.jsonl",
+        9,
+        ["data.train: task span_corruption reads data.corpus, not JSON lines"],
     ),
     (
         "span-with-eval",
-        SPAN, "  corpus: [corpus.txt]", "  corpus: [corpus.txt]\n  eval: train.jsonl",
-        9, ["data.eval: task span_corruption reads data.corpus, not JSON lines"],
+        SPAN,
+        "  corpus: [corpus.txt]",
+        "  corpus: [corpus.txt]\n  eval: train.jsonl",
+        9,
+        ["data.eval: task span_corruption reads data.corpus, not JSON lines"],
     ),
     (
         "span-with-test",
-        SPAN, "  corpus: [corpus.txt]", "  corpus: [corpus.txt]\n  test: train.jsonl",
-        9, ["data.test: task span_corruption reads data.corpus, not JSON lines"],
+        SPAN,
+        "  corpus: [corpus.txt]",
+        "  corpus: [corpus.txt]\n  test: train.jsonl",
+        9,
+        ["data.test: task span_corruption reads data.corpus, not JSON lines"],
     ),
     (
         "adamw",
-        T5X_RECIPE, "  batch_size: 4", "  batch_size: 4\n  optimizer: adamw",
-        11, ["train.optimizer: the t5x model gins train with T5X's Adafactor"],
+        T5X_RECIPE,
+        "  batch_size: 4",
+        "  batch_size: 4\n  optimizer: adamw",
+        11,
+        ["train.optimizer: the t5x model gins train with T5X's Adafactor"],
     ),
     (
         "model-name-or-path",
-        T5X_RECIPE, "data:", "model:\n  name_or_path: google/t5-v1_1-small\ndata:",
-        7, ["model.name_or_path: the t5x backend takes its model from backend.family + backend.size",
-            "remove model.name_or_path"],
+        T5X_RECIPE,
+        "data:",
+        "model:\n  name_or_path: google/t5-v1_1-small\ndata:",
+        7,
+        [
+            "model.name_or_path: the t5x backend takes its model from backend.family + backend.size",
+            "remove model.name_or_path",
+        ],
     ),
     (
         "model-config",
-        T5X_RECIPE, "data:", "model:\n  config: {d_model: 8}\ndata:",
-        7, ["model.config: the t5x backend takes its model from", "remove model.config"],
+        T5X_RECIPE,
+        "data:",
+        "model:\n  config: {d_model: 8}\ndata:",
+        7,
+        ["model.config: the t5x backend takes its model from", "remove model.config"],
     ),
     (
         "model-tokenizer",
-        T5X_RECIPE, "data:", "model:\n  tokenizer: google/t5-v1_1-small\ndata:",
-        7, ["model.tokenizer: the t5x backend's vocabulary is backend.vocabulary"],
+        T5X_RECIPE,
+        "data:",
+        "model:\n  tokenizer: google/t5-v1_1-small\ndata:",
+        7,
+        ["model.tokenizer: the t5x backend's vocabulary is backend.vocabulary"],
     ),
     (
         "checkpoint-without-step",
-        T5X_RECIPE, "  size: tiny", "  size: tiny\n  initial_checkpoint: gs://b/pretrained/t5x_byt5_tiny",
-        2, ["backend.initial_step: 'gs://b/pretrained/t5x_byt5_tiny' is not named checkpoint_<step>: give its step"],
+        T5X_RECIPE,
+        "  size: tiny",
+        "  size: tiny\n  initial_checkpoint: gs://b/pretrained/t5x_byt5_tiny",
+        2,
+        [
+            "backend.initial_step: 'gs://b/pretrained/t5x_byt5_tiny' is not named checkpoint_<step>: give "
+            "its step"
+        ],
     ),
     (
         "bad-gin-binding-name",
-        T5X_RECIPE, "  size: tiny", "  size: tiny\n  gin_overrides:\n    'network.T5Config emb_dim': 8",
-        6, ["backend.gin_overrides: 'network.T5Config emb_dim' is not a gin binding name"],
+        T5X_RECIPE,
+        "  size: tiny",
+        "  size: tiny\n  gin_overrides:\n    'network.T5Config emb_dim': 8",
+        6,
+        ["backend.gin_overrides: 'network.T5Config emb_dim' is not a gin binding name"],
     ),
     (
         "t5x-source-missing",
-        T5X_RECIPE, "  size: tiny", "  size: tiny\n  t5x_source: wheels/nowhere",
-        6, ["backend.t5x_source: not found:", "wheels/nowhere"],
+        T5X_RECIPE,
+        "  size: tiny",
+        "  size: tiny\n  t5x_source: wheels/nowhere",
+        6,
+        ["backend.t5x_source: not found:", "wheels/nowhere"],
     ),
     (
         "t5x-source-url",
-        T5X_RECIPE, "  size: tiny", "  size: tiny\n  t5x_source: git+https://github.com/google-research/t5x",
-        6, ["backend.t5x_source: give a local path"],
+        T5X_RECIPE,
+        "  size: tiny",
+        "  size: tiny\n  t5x_source: git+https://github.com/google-research/t5x",
+        6,
+        ["backend.t5x_source: give a local path"],
     ),
     (
         "gin-file-missing",
-        T5X_RECIPE, "  family: byt5\n  size: tiny", "  gin_files: [nope.gin]",
-        4, ["backend.gin_files", "gin file not found:", "nope.gin"],
+        T5X_RECIPE,
+        "  family: byt5\n  size: tiny",
+        "  gin_files: [nope.gin]",
+        4,
+        ["backend.gin_files", "gin file not found:", "nope.gin"],
     ),
     (
         "vocabulary-missing",
-        SPAN, "  size: tiny", "  size: tiny\n  vocabulary: nope.model\n  extra_ids: 100",
-        6, ["backend.vocabulary: SentencePiece model not found:", "nope.model"],
+        SPAN,
+        "  size: tiny",
+        "  size: tiny\n  vocabulary: nope.model\n  extra_ids: 100",
+        6,
+        ["backend.vocabulary: SentencePiece model not found:", "nope.model"],
     ),
     (
         "eval-and-checkpoint-periods",
-        T5X_RECIPE, "  train: train.jsonl\ntrain:\n  steps: 10\n  batch_size: 4\n",
-        "  train: train.jsonl\n  eval: train.jsonl\ntrain:\n  steps: 1000\n  batch_size: 4\n  checkpoint_every: 300\n"
+        T5X_RECIPE,
+        "  train: train.jsonl\ntrain:\n  steps: 10\n  batch_size: 4\n",
+        "  train: train.jsonl\n  eval: train.jsonl\ntrain:\n  steps: 1000\n  batch_size: 4\n  "
+        "checkpoint_every: 300\n"
         "eval:\n  every: 200\n",
-        14, ["eval.every: T5X needs the eval and checkpoint periods to be multiples of each other "
-             "(train.checkpoint_every is 300)"],
+        14,
+        [
+            "eval.every: T5X needs the eval and checkpoint periods to be multiples of each other "
+            "(train.checkpoint_every is 300)"
+        ],
     ),
     (
         "corpus-glob-matches-nothing",
-        SPAN, "  corpus: [corpus.txt]", "  corpus: ['texts/*.txt']",
-        8, ["data.corpus", "'texts/*.txt' matches no file"],
+        SPAN,
+        "  corpus: [corpus.txt]",
+        "  corpus: ['texts/*.txt']",
+        8,
+        ["data.corpus", "'texts/*.txt' matches no file"],
     ),
     (
         "corpus-file-missing",
-        SPAN, "  corpus: [corpus.txt]", "  corpus: [nope.txt]",
-        8, ["data.corpus", "file not found:", "nope.txt"],
+        SPAN,
+        "  corpus: [corpus.txt]",
+        "  corpus: [nope.txt]",
+        8,
+        ["data.corpus", "file not found:", "nope.txt"],
     ),
 ]
 
 
-@pytest.mark.parametrize(("base", "old", "new", "line", "fragments"), [b[1:] for b in BAD_T5X], ids=[b[0] for b in BAD_T5X])
-def test_bad_t5x_recipe_is_located(t5x_dir: Path, base: str, old: str, new: str, line: int, fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("base", "old", "new", "line", "fragments"), [b[1:] for b in BAD_T5X], ids=[b[0] for b in BAD_T5X]
+)
+def test_bad_t5x_recipe_is_located(
+    t5x_dir: Path, base: str, old: str, new: str, line: int, fragments: list[str]
+) -> None:
     assert old in base
     path = write(t5x_dir, base.replace(old, new, 1))
     with pytest.raises(ConfigError) as info:
@@ -313,11 +407,13 @@ def test_the_cli_refuses_a_bad_t5x_recipe_with_exit_2(t5x_dir: Path, cli, cluste
 
 
 def test_span_corruption_sentinels(t5x_dir: Path) -> None:
-    """ByT5 has its sentinels in the byte range, the SentencePiece families in their default vocabulary; a .model of
-    one's own needs extra_ids."""
+    """ByT5 has its sentinels in the byte range, the SentencePiece families in their default vocabulary; a
+    .model of one's own needs extra_ids."""
     byt5 = SPAN.replace("  size: tiny", "  size: tiny\n  extra_ids: 0")
     assert load_recipe(write(t5x_dir, byt5)).value.backend.extra_ids == 0
-    as_bytes = SPAN.replace("  family: byt5", "  family: t5_1_1").replace("  size: tiny", "  size: small\n  vocabulary: byt5")
+    as_bytes = SPAN.replace("  family: byt5", "  family: t5_1_1").replace(
+        "  size: tiny", "  size: small\n  vocabulary: byt5"
+    )
     assert load_recipe(write(t5x_dir, as_bytes)).value.backend.vocabulary == "byt5"
     t5 = SPAN.replace("  family: byt5", "  family: t5_1_1").replace("  size: tiny", "  size: small")
     assert load_recipe(write(t5x_dir, t5)).value.backend.vocabulary is None
@@ -334,13 +430,21 @@ def test_initial_step_names_an_unnamed_checkpoint(t5x_dir: Path) -> None:
     backend = load_recipe(path).value.backend
     assert backend.initial_step == 5000 and backend.initial_checkpoint == "gs://b/pretrained/t5x_byt5_tiny"
     named = "  size: tiny\n  initial_checkpoint: gs://b/x/checkpoint_250/"
-    assert load_recipe(write(t5x_dir, T5X_RECIPE.replace("  size: tiny", named))).value.backend.initial_step is None
+    assert (
+        load_recipe(write(t5x_dir, T5X_RECIPE.replace("  size: tiny", named))).value.backend.initial_step
+        is None
+    )
     # an override is located as the override
     # from an override: initial_step is in neither, so the problem points at the file's backend section
     path = write(t5x_dir, T5X_RECIPE)
     text = refused(path, ["backend.initial_checkpoint=gs://b/elsewhere"])
     assert f"{path}:2: backend.initial_step: 'gs://b/elsewhere' is not named checkpoint_<step>" in text
-    assert load_recipe(path, ["backend.initial_checkpoint=gs://b/elsewhere", "backend.initial_step=7"]).value.backend.initial_step == 7
+    assert (
+        load_recipe(
+            path, ["backend.initial_checkpoint=gs://b/elsewhere", "backend.initial_step=7"]
+        ).value.backend.initial_step
+        == 7
+    )
 
 
 def test_eval_and_checkpoint_periods(t5x_dir: Path) -> None:
@@ -353,12 +457,16 @@ def test_eval_and_checkpoint_periods(t5x_dir: Path) -> None:
     assert load_recipe(path, ["eval.every=null"]).value.eval.every is None  # only at the end
     text = refused(path, ["eval.every=300"])
     assert "--set eval.every=300: eval.every: T5X needs the eval and checkpoint periods" in text
-    no_eval = write(t5x_dir, T5X_RECIPE.replace("  steps: 10", "  steps: 1000\n  checkpoint_every: 500"), "n.yaml")
+    no_eval = write(
+        t5x_dir, T5X_RECIPE.replace("  steps: 10", "  steps: 1000\n  checkpoint_every: 500"), "n.yaml"
+    )
     assert load_recipe(no_eval, ["eval.every=300"]).value.eval.every == 300  # no eval data: no eval to align
 
 
 def test_gin_overrides_refuse_what_gin_cannot_write() -> None:
-    ok = T5xBackend.model_validate({"family": "byt5", "size": "tiny", "gin_overrides": {"a.b": [1, {"k": "v"}]}})
+    ok = T5xBackend.model_validate(
+        {"family": "byt5", "size": "tiny", "gin_overrides": {"a.b": [1, {"k": "v"}]}}
+    )
     assert ok.gin_overrides == {"a.b": [1, {"k": "v"}]}
     for value in ({1, 2}, b"bytes", object()):
         with pytest.raises(ValidationError) as info:
@@ -367,12 +475,17 @@ def test_gin_overrides_refuse_what_gin_cannot_write() -> None:
     with pytest.raises(ValidationError, match="is not a gin binding name"):
         T5xBackend.model_validate({"family": "byt5", "size": "tiny", "gin_overrides": {"a.b = 3; c.d": 1}})
     scoped = {"train/utils.SaveCheckpointConfig.period": 10, "PjitPartitioner.num_partitions": 2}
-    assert T5xBackend.model_validate({"family": "byt5", "size": "tiny", "gin_overrides": scoped}).gin_overrides == scoped
+    assert (
+        T5xBackend.model_validate({"family": "byt5", "size": "tiny", "gin_overrides": scoped}).gin_overrides
+        == scoped
+    )
 
 
 @pytest.mark.parametrize("value", [".inf", ".nan", "1e400"])
 def test_non_finite_gin_override_is_refused_when_loading(t5x_dir: Path, value: str) -> None:
-    path = write(t5x_dir, T5X_RECIPE.replace("  size: tiny", f"  size: tiny\n  gin_overrides:\n    a.b: {value}"))
+    path = write(
+        t5x_dir, T5X_RECIPE.replace("  size: tiny", f"  size: tiny\n  gin_overrides:\n    a.b: {value}")
+    )
     assert "backend.gin_overrides" in refused(path)
 
 
@@ -395,27 +508,59 @@ def test_a_corpus_glob_expands_sorted_to_files(t5x_dir: Path) -> None:
         (texts / name).write_text(f"{name}\n")
     (texts / "notes.md").write_text("not a match\n")
     (texts / "folder.txt").mkdir()  # matches the glob, but is no file
-    path = write(t5x_dir, SPAN.replace("  corpus: [corpus.txt]", "  corpus: ['texts/*.txt', corpus.txt, 'gs://b/c/*.txt']"))
+    path = write(
+        t5x_dir,
+        SPAN.replace("  corpus: [corpus.txt]", "  corpus: ['texts/*.txt', corpus.txt, 'gs://b/c/*.txt']"),
+    )
     corpus = load_recipe(path).value.data.corpus
-    assert corpus == [str(texts / "a.txt"), str(texts / "b.txt"), str(texts / "c.txt"), str(t5x_dir / "corpus.txt"), "gs://b/c/*.txt"]
+    assert corpus == [
+        str(texts / "a.txt"),
+        str(texts / "b.txt"),
+        str(texts / "c.txt"),
+        str(t5x_dir / "corpus.txt"),
+        "gs://b/c/*.txt",
+    ]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # torch_xla, now that recipes have data.corpus and models have T5X's own sources
 
 
 TORCH_BAD = [
-    ("corpus", "  train: train.jsonl", "  train: train.jsonl\n  corpus: [train.jsonl]", 8,
-     ["data.corpus: a pretraining corpus is for the t5x backend's span_corruption task"]),
-    ("no-train", "  train: train.jsonl", "  max_source_length: 64", 6, ["data.train: required key is missing"]),
-    ("no-model", "  config: {d_model: 8}", "  dropout: 0.1", 4,
-     ["model: give exactly one of model.name_or_path (pretrained) or model.config (random init)"]),
-    ("both-models", "  config: {d_model: 8}", "  config: {d_model: 8}\n  name_or_path: t5-small", 4,
-     ["model: give exactly one of model.name_or_path"]),
+    (
+        "corpus",
+        "  train: train.jsonl",
+        "  train: train.jsonl\n  corpus: [train.jsonl]",
+        8,
+        ["data.corpus: a pretraining corpus is for the t5x backend's span_corruption task"],
+    ),
+    (
+        "no-train",
+        "  train: train.jsonl",
+        "  max_source_length: 64",
+        6,
+        ["data.train: required key is missing"],
+    ),
+    (
+        "no-model",
+        "  config: {d_model: 8}",
+        "  dropout: 0.1",
+        4,
+        ["model: give exactly one of model.name_or_path (pretrained) or model.config (random init)"],
+    ),
+    (
+        "both-models",
+        "  config: {d_model: 8}",
+        "  config: {d_model: 8}\n  name_or_path: t5-small",
+        4,
+        ["model: give exactly one of model.name_or_path"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "line", "fragments"), [b[1:] for b in TORCH_BAD], ids=[b[0] for b in TORCH_BAD])
+@pytest.mark.parametrize(
+    ("old", "new", "line", "fragments"), [b[1:] for b in TORCH_BAD], ids=[b[0] for b in TORCH_BAD]
+)
 def test_torch_xla_refuses_what_only_t5x_takes(
     recipe_dir: Path, old: str, new: str, line: int, fragments: list[str]
 ) -> None:
@@ -432,17 +577,21 @@ def test_torch_xla_with_no_model_section_is_located_in_the_file(recipe_dir: Path
     assert f"{path}" in text and "model: give exactly one of model.name_or_path" in text
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # The venv
 
 
 def _spec(target: str = "cpu", **backend):  # type: ignore[no-untyped-def]
-    return BACKEND.env_spec(T5xBackend.model_validate({"family": "byt5", "size": "tiny", **backend}), target, "python3")
+    return BACKEND.env_spec(
+        T5xBackend.model_validate({"family": "byt5", "size": "tiny", **backend}), target, "python3"
+    )
 
 
 def test_env_spec_pins_jax_per_target_and_takes_t5x_from_git() -> None:
     cpu, tpu = _spec("cpu"), _spec("tpu")
-    assert cpu.requirements[:2] == (f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}") and JAX_VERSION == "0.10.2"
+    assert (
+        cpu.requirements[:2] == (f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}") and JAX_VERSION == "0.10.2"
+    )
     assert tpu.requirements[:2] == ("jax[tpu]==0.10.2", "jaxlib==0.10.2")
     assert cpu.requirements[2:] == tpu.requirements[2:] and "tensorflow-cpu==2.21.0" in cpu.requirements
     assert cpu.key != tpu.key and cpu.kind == "t5x" and cpu.key.startswith("t5x-")
@@ -461,8 +610,8 @@ def test_env_spec_pins_jax_per_target_and_takes_t5x_from_git() -> None:
 
 @pytest.fixture
 def wheelhouse(tmp_path: Path) -> Path:
-    """t5x, airio and jestimator wheels named as ../shared/wheels's: stand-ins (these tests read names and bytes, not
-    code), so that they run in a clone of the repository alone."""
+    """t5x, airio and jestimator wheels named as ../shared/wheels's: stand-ins (these tests read names and
+    bytes, not code), so that they run in a clone of the repository alone."""
     for name, version in (("t5x", "0.0.0"), ("airio", "0.0.1"), ("jestimator", "0.3.3")):
         tiny_wheel(tmp_path / "wheelhouse", name, version=version)
     return tmp_path / "wheelhouse"
@@ -470,8 +619,14 @@ def wheelhouse(tmp_path: Path) -> Path:
 
 def test_env_spec_from_a_wheelhouse(wheelhouse: Path) -> None:
     spec = _spec(t5x_source=str(wheelhouse))
-    wheels = {name.split("-")[0]: str(wheelhouse.resolve() / name) for name in
-              ("t5x-0.0.0-py3-none-any.whl", "airio-0.0.1-py3-none-any.whl", "jestimator-0.3.3-py3-none-any.whl")}
+    wheels = {
+        name.split("-")[0]: str(wheelhouse.resolve() / name)
+        for name in (
+            "t5x-0.0.0-py3-none-any.whl",
+            "airio-0.0.1-py3-none-any.whl",
+            "jestimator-0.3.3-py3-none-any.whl",
+        )
+    }
     assert spec.no_deps == (wheels["t5x"], wheels["airio"], wheels["jestimator"])
     assert spec.local_sources == spec.no_deps and all(Path(p).is_file() for p in spec.local_sources)
     assert len(spec.sources_digest) == 16 and spec.key != _spec().key
@@ -481,15 +636,20 @@ def test_env_spec_from_a_wheelhouse(wheelhouse: Path) -> None:
 def test_env_spec_from_one_wheel_or_a_partial_wheelhouse(tmp_path: Path, wheelhouse: Path) -> None:
     wheel = wheelhouse.resolve() / "t5x-0.0.0-py3-none-any.whl"
     spec = _spec(t5x_source=str(wheel))
-    assert spec.no_deps == (str(wheel), f"airio @ git+https://github.com/google/airio@{AIRIO_COMMIT}",
-                            f"jestimator @ git+https://github.com/google-research/jestimator@{JESTIMATOR_COMMIT}")
+    assert spec.no_deps == (
+        str(wheel),
+        f"airio @ git+https://github.com/google/airio@{AIRIO_COMMIT}",
+        f"jestimator @ git+https://github.com/google-research/jestimator@{JESTIMATOR_COMMIT}",
+    )
     assert spec.local_sources == (str(wheel),)
     house = tmp_path / "house"
     house.mkdir()
     shutil.copy(wheelhouse / "airio-0.0.1-py3-none-any.whl", house)
     no_deps, local = source_requirements(str(house))
     assert no_deps[0].startswith("t5x @ git+") and no_deps[1] == str(house / "airio-0.0.1-py3-none-any.whl")
-    assert no_deps[2].startswith("jestimator @ git+") and local == (str(house / "airio-0.0.1-py3-none-any.whl"),)
+    assert no_deps[2].startswith("jestimator @ git+") and local == (
+        str(house / "airio-0.0.1-py3-none-any.whl"),
+    )
 
 
 def test_env_spec_from_a_checkout(tmp_path: Path) -> None:
@@ -525,11 +685,13 @@ def test_the_venv_key_follows_the_local_sources_bytes(tmp_path: Path, wheelhouse
 
 def test_a_relative_t5x_source_is_from_the_recipe_folder(t5x_dir: Path, wheelhouse: Path) -> None:
     shutil.copy(wheelhouse / "t5x-0.0.0-py3-none-any.whl", t5x_dir)
-    path = write(t5x_dir, T5X_RECIPE.replace("  size: tiny", "  size: tiny\n  t5x_source: t5x-0.0.0-py3-none-any.whl"))
+    path = write(
+        t5x_dir, T5X_RECIPE.replace("  size: tiny", "  size: tiny\n  t5x_source: t5x-0.0.0-py3-none-any.whl")
+    )
     assert load_recipe(path).value.backend.t5x_source == str(t5x_dir / "t5x-0.0.0-py3-none-any.whl")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Check and plan against a cluster
 
 
@@ -538,46 +700,77 @@ def loaded(t5x_dir: Path):  # type: ignore[no-untyped-def]
     return lambda *overrides: load_recipe(write(t5x_dir, T5X_RECIPE), list(overrides))
 
 
-def test_batch_must_split_over_replicas_and_microbatches(loaded, cpu_pod: ClusterShape, tpu_v4_32: ClusterShape) -> None:  # type: ignore[no-untyped-def]
+def test_batch_must_split_over_replicas_and_microbatches(
+    loaded, cpu_pod: ClusterShape, tpu_v4_32: ClusterShape
+) -> None:  # type: ignore[no-untyped-def]
     assert BACKEND.check(loaded().value, cpu_pod) == []  # 4 over 2 hosts
-    (path, message), = BACKEND.check(loaded("train.batch_size=5").value, cpu_pod)
-    assert path == ("train", "batch_size") and message == "5 does not split evenly over 2 data-parallel replicas (use a multiple of 2)"
-    (path, message), = BACKEND.check(loaded("backend.num_microbatches=4").value, cpu_pod)
-    assert path == ("train", "batch_size") and "4 does not split evenly over 2 data-parallel replicas x 4 microbatches" in message
+    ((path, message),) = BACKEND.check(loaded("train.batch_size=5").value, cpu_pod)
+    assert (
+        path == ("train", "batch_size")
+        and message == "5 does not split evenly over 2 data-parallel replicas (use a multiple of 2)"
+    )
+    ((path, message),) = BACKEND.check(loaded("backend.num_microbatches=4").value, cpu_pod)
+    assert (
+        path == ("train", "batch_size")
+        and "4 does not split evenly over 2 data-parallel replicas x 4 microbatches" in message
+    )
     assert "use a multiple of 8" in message
     assert BACKEND.check(loaded("backend.num_microbatches=2").value, cpu_pod) == []
-    (path, message), = BACKEND.check(loaded("train.grad_accum_steps=4").value, cpu_pod)  # the shared key, the same
+    ((path, message),) = BACKEND.check(
+        loaded("train.grad_accum_steps=4").value, cpu_pod
+    )  # the shared key, the same
     assert path == ("train", "batch_size") and "x 4 microbatches (use a multiple of 8)" in message, message
     # a v4-32: 16 chips; 2 partitions leave 8 data-parallel replicas
     recipe = loaded("train.batch_size=256", "backend.num_partitions=2").value
     assert T5x.data_parallel(recipe, tpu_v4_32) == 8 and BACKEND.check(recipe, tpu_v4_32) == []
-    (path, message), = BACKEND.check(loaded("train.batch_size=12", "backend.num_partitions=2").value, tpu_v4_32)
+    ((path, message),) = BACKEND.check(
+        loaded("train.batch_size=12", "backend.num_partitions=2").value, tpu_v4_32
+    )
     assert path == ("train", "batch_size") and "over 8 data-parallel replicas" in message
     assert T5x.data_parallel(loaded("train.batch_size=256").value, tpu_v4_32) == 16
 
 
 def test_partitions_must_divide_the_devices(loaded, cpu_pod: ClusterShape, tpu_v4_32: ClusterShape) -> None:  # type: ignore[no-untyped-def]
-    (path, message), = BACKEND.check(loaded("train.batch_size=256", "backend.num_partitions=3").value, tpu_v4_32)
+    ((path, message),) = BACKEND.check(
+        loaded("train.batch_size=256", "backend.num_partitions=3").value, tpu_v4_32
+    )
     assert path == ("backend", "num_partitions") and message == "3 does not divide the 16 devices"
-    (path, message), = BACKEND.check(loaded("backend.num_partitions=4").value, cpu_pod)
+    ((path, message),) = BACKEND.check(loaded("backend.num_partitions=4").value, cpu_pod)
     assert path == ("backend", "num_partitions") and "4 does not divide the 2 devices" in message
 
 
-def test_multislice_splits_the_batch_over_every_slice_and_keeps_partitions_in_one(loaded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_multislice_splits_the_batch_over_every_slice_and_keeps_partitions_in_one(
+    loaded, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "multislice.yaml"
-    path.write_text("provider: gcp\naccelerator: v4-8\ngcp: {project: my-project, zone: us-central2-b, slices: 2, queued: true}\n")
+    path.write_text(
+        "provider: gcp\naccelerator: v4-8\ngcp: {project: my-project, zone: us-central2-b, slices: 2, "
+        "queued: true}\n"
+    )
     two_slices = load_cluster(path).value.shape()  # 2 slices x 1 host x 4 chips
     assert two_slices.slices == 2 and two_slices.hosts == 2 and T5x.devices(two_slices) == 8
     assert BACKEND.check(loaded("train.batch_size=8", "backend.num_partitions=2").value, two_slices) == []
-    (path_, message), = BACKEND.check(loaded("train.batch_size=8", "backend.num_partitions=8").value, two_slices)
+    ((path_, message),) = BACKEND.check(
+        loaded("train.batch_size=8", "backend.num_partitions=8").value, two_slices
+    )
     assert path_ == ("backend", "num_partitions")  # 8 divides the 8 devices, not the 4 of one slice
-    assert message == "8 does not divide the 4 devices of one slice (2 slices): model parallelism stays within a slice"
-    (path_, message), = BACKEND.check(loaded("train.batch_size=6", "backend.num_partitions=2").value, two_slices)
+    assert (
+        message
+        == "8 does not divide the 4 devices of one slice (2 slices): model parallelism stays within a slice"
+    )
+    ((path_, message),) = BACKEND.check(
+        loaded("train.batch_size=6", "backend.num_partitions=2").value, two_slices
+    )
     assert path_ == ("train", "batch_size")
-    assert message == "6 does not split evenly over 4 data-parallel replicas (2 slices x 2) (use a multiple of 4)"
-    local = ClusterShape(hosts=2, chips_per_host=4, target="cpu", local_devices=2, slices=2)  # 2 slices x 1 worker x 2
+    assert (
+        message
+        == "6 does not split evenly over 4 data-parallel replicas (2 slices x 2) (use a multiple of 4)"
+    )
+    local = ClusterShape(
+        hosts=2, chips_per_host=4, target="cpu", local_devices=2, slices=2
+    )  # 2 slices x 1 worker x 2
     assert BACKEND.check(loaded("backend.num_partitions=2").value, local) == []
-    (path_, message), = BACKEND.check(loaded("backend.num_partitions=4").value, local)
+    ((path_, message),) = BACKEND.check(loaded("backend.num_partitions=4").value, local)
     assert message.startswith("4 does not divide the 2 devices of one slice (2 slices)")
 
 
@@ -586,7 +779,10 @@ def test_cluster_problems_are_located_in_the_recipe(t5x_dir: Path, cpu_pod: Clus
     with pytest.raises(ConfigError) as info:
         check_against_cluster(load_recipe(path), cpu_pod)
     assert str(path) in str(info.value)
-    assert info.value.problems == [f"{path}:10: train.batch_size: 5 does not split evenly over 2 data-parallel replicas (use a multiple of 2)"]
+    assert info.value.problems == [
+        f"{path}:10: train.batch_size: 5 does not split evenly over 2 data-parallel replicas (use a multiple "
+        "of 2)"
+    ]
     path = write(t5x_dir, T5X_RECIPE.replace("  size: tiny", "  size: tiny\n  num_partitions: 3"))
     with pytest.raises(ConfigError) as info:
         check_against_cluster(load_recipe(path), cpu_pod)
@@ -603,12 +799,19 @@ def test_plan_launches_every_host(loaded, cpu_pod: ClusterShape, tpu_v4_32: Clus
     assert BACKEND.plan(recipe, ClusterShape(hosts=3, chips_per_host=4, target="cpu")).workers == (0, 1, 2)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Gin text, checkpoints, layout, summary
 
 
 def test_gin_value_writes_literals_containers_and_references() -> None:
-    assert [gin_value(v) for v in (3, 0.5, True, False, None, "text")] == ["3", "0.5", "True", "False", "None", "'text'"]
+    assert [gin_value(v) for v in (3, 0.5, True, False, None, "text")] == [
+        "3",
+        "0.5",
+        "True",
+        "False",
+        "None",
+        "'text'",
+    ]
     assert gin_value("it's") == '"it\'s"'
     assert gin_value([1, "a", [2.0, None]]) == "[1, 'a', [2.0, None]]"
     assert gin_value((1, 2)) == "[1, 2]"
@@ -620,7 +823,11 @@ def test_gin_value_writes_literals_containers_and_references() -> None:
     assert gin_value("train/utils.SaveCheckpointConfig") == "'train/utils.SaveCheckpointConfig'"
     assert gin_value(["@a.b", {"m": "%M"}]) == "[@a.b, {'m': %M}]"
     # not references: quoted as text
-    assert gin_value("@ not a ref") == "'@ not a ref'" and gin_value("100%") == "'100%'" and gin_value("@") == "'@'"
+    assert (
+        gin_value("@ not a ref") == "'@ not a ref'"
+        and gin_value("100%") == "'100%'"
+        and gin_value("@") == "'@'"
+    )
     with pytest.raises(ValueError, match="cannot be written as a gin value"):
         gin_value({1, 2})
 
@@ -653,25 +860,39 @@ def test_layout_names_t5x_checkpoints(tmp_path: Path) -> None:
             LAYOUT.write_manifest(folder)
     assert LAYOUT.checkpoint_dir(run, 1000).name == "checkpoint_1000"
     assert [step for step, _ in LAYOUT.local_checkpoints(run / "checkpoints")] == [1000, 2000]
-    assert LAYOUT.step_of("checkpoint_1000000") == 1_000_000 and LAYOUT.step_of("checkpoint_1000.tmp-123") is None
+    assert (
+        LAYOUT.step_of("checkpoint_1000000") == 1_000_000
+        and LAYOUT.step_of("checkpoint_1000.tmp-123") is None
+    )
 
 
 def test_summary_names_the_best_checkpoint() -> None:
-    snap = RunSnapshot(run_id="r", run_dir=Path("."), info={}, status="finished", step=1500, total_steps=1500,
-                       best_eval={"step": 1000, "eval_exact_match": 0.875, "eval_loss": 0.1})
+    snap = RunSnapshot(
+        run_id="r",
+        run_dir=Path("."),
+        info={},
+        status="finished",
+        step=1500,
+        total_steps=1500,
+        best_eval={"step": 1000, "eval_exact_match": 0.875, "eval_loss": 0.1},
+    )
     extras, rows = BACKEND.summarize(snap, launched=2)
-    assert extras == {"best_checkpoint": {"name": "checkpoint_1000", "metric": "eval_exact_match", "value": 0.875}}
+    assert extras == {
+        "best_checkpoint": {"name": "checkpoint_1000", "metric": "eval_exact_match", "value": 0.875}
+    }
     assert rows == [("best checkpoint", "checkpoint_1000 (exact_match 0.8750)")]
     empty = RunSnapshot(run_id="r", run_dir=Path("."), info={}, status="finished", step=10, total_steps=10)
     assert BACKEND.summarize(empty, launched=2) == ({}, [])
 
 
 def test_a_model_with_its_own_sentinels_and_a_family_vocabulary_with_extra_ids(t5x_dir: Path) -> None:
-    """A .model whose top pieces are already <extra_id_N> needs no extra_ids; a family's default vocabulary has its
-    sentinels built in, so extra_ids on top of it would outgrow the model's vocab_size."""
+    """A .model whose top pieces are already <extra_id_N> needs no extra_ids; a family's default vocabulary
+    has its sentinels built in, so extra_ids on top of it would outgrow the model's vocab_size."""
     (t5x_dir / "own.model").write_bytes(sentencepiece_model(["<unk>", "ab", "<extra_id_1>", "<extra_id_0>"]))
     own = SPAN.replace("  size: tiny", "  size: tiny\n  vocabulary: own.model")
     assert load_recipe(write(t5x_dir, own)).value.backend.extra_ids == 0
-    doubled = T5X_RECIPE.replace("  family: byt5", "  family: t5_1_1").replace("  size: tiny", "  size: tiny\n  extra_ids: 100")
+    doubled = T5X_RECIPE.replace("  family: byt5", "  family: t5_1_1").replace(
+        "  size: tiny", "  size: tiny\n  extra_ids: 100"
+    )
     text = refused(write(t5x_dir, doubled))
     assert "backend.extra_ids: the t5_1_1 vocabulary has its sentinel ids built in" in text

@@ -1,25 +1,29 @@
-"""The TPU install sets resolve: each backend's TPU venv (``env_spec(config, "tpu", ...)``) is resolved by pip for the
-TPU VM image's Python and platform, binary-only and without installing anything, so a pin that cannot co-install on
-a TPU VM fails here and not on the user's first paid node. docs/tpu-wheels.md says what is resolved and what is not.
+"""The TPU install sets resolve: each backend's TPU venv (``env_spec(config, "tpu", ...)``) is resolved by pip
+for the TPU VM image's Python and platform, binary-only and without installing anything, so a pin that cannot
+co-install on a TPU VM fails here and not on the user's first paid node. docs/tpu-wheels.md says what is
+resolved and what is not.
 
-How: one ``pip install --dry-run --report`` per (backend, Python), all at once in threads, with the project venv's
-pip (``--isolated``: plain PyPI, as a TPU worker sees it, not this machine's pip configuration), ``--python-version``
-/ ``--abi`` / ``--implementation cp`` and the manylinux tags of Ubuntu 22.04 (glibc 2.35, x86_64), the base of the
-TPU VM images. ``--use-feature=fast-deps`` reads each wheel's metadata with HTTP range requests: without it (and
-without PEP 658 metadata from the index) a dry run downloads every wheel, 4 GB for PyPI's CUDA torch alone.
+How: one ``pip install --dry-run --report`` per (backend, Python), all at once in threads, with the project
+venv's pip (``--isolated``: plain PyPI, as a TPU worker sees it, not this machine's pip configuration),
+``--python-version`` / ``--abi`` / ``--implementation cp`` and the manylinux tags of Ubuntu 22.04 (glibc 2.35,
+x86_64), the base of the TPU VM images. ``--use-feature=fast-deps`` reads each wheel's metadata with HTTP
+range requests: without it (and without PEP 658 metadata from the index) a dry run downloads every wheel, 4 GB
+for PyPI's CUDA torch alone.
 
 What cannot be checked offline (the package registries are the only network here and in CI):
 
-* T5X's ``no_deps`` (t5x, airio and jestimator from their git repositories): not resolved; their own dependency
-  lists are the reason they are installed with ``--no-deps``.
-* Keras's ``-f https://storage.googleapis.com/libtpu-tf-releases/index.html`` (the TPU worker's pip reads it; it is
-  not reachable here): the set is resolved from PyPI alone. tensorflow-tpu 2.20 asks for ``libtpu~=0.0.14``, which
-  PyPI has (0.0.21 is its newest build for Python 3.10), so the set co-installs; the worker may get a newer libtpu
-  if that index has one, and whether that libtpu, or PyPI's, runs TF 2.20 on a chip only a TPU can tell.
-* Keras's ``tf-keras`` (installed with ``--no-deps``) is resolved alone and its own requirements are checked against
-  the resolved set (its ``tensorflow`` is TF's TPU or CPU wheel under another name).
+* T5X's ``no_deps`` (t5x, airio and jestimator from their git repositories): not resolved; their own
+  dependency lists are the reason they are installed with ``--no-deps``.
+* Keras's ``-f https://storage.googleapis.com/libtpu-tf-releases/index.html`` (the TPU worker's pip reads it;
+  it is not reachable here): the set is resolved from PyPI alone. tensorflow-tpu 2.20 asks for
+  ``libtpu~=0.0.14``, which PyPI has (0.0.21 is its newest build for Python 3.10), so the set co-installs; the
+  worker may get a newer libtpu if that index has one, and whether that libtpu, or PyPI's, runs TF 2.20 on a
+  chip only a TPU can tell.
+* Keras's ``tf-keras`` (installed with ``--no-deps``) is resolved alone and its own requirements are checked
+  against the resolved set (its ``tensorflow`` is TF's TPU or CPU wheel under another name).
 
-Needs the package index: skipped when it is not reachable within a few seconds, except under ``CI=true`` (failed).
+Needs the package index: skipped when it is not reachable within a few seconds, except under ``CI=true``
+(failed).
 """
 
 from __future__ import annotations
@@ -49,22 +53,31 @@ from tpuft.backends.registry import schema
 from tpuft.backends.t5x import JAX_VERSION, MAX_PYTHON, MIN_PYTHON
 from tpuft.backends.t5x_compile import LIBTPU_FOR_JAX
 
-pytestmark = pytest.mark.slow  # about 30 s of pip's CPU (six resolutions of ~110 wheels' metadata) and the network
+pytestmark = (
+    pytest.mark.slow
+)  # about 30 s of pip's CPU (six resolutions of ~110 wheels' metadata) and the network
 
 IMAGE_PYTHON = "3.10"
-"""The Python of the Ubuntu 22.04 TPU VM images (tpu-ubuntu2204-base, v2-alpha-tpuv4-pod, v2-alpha-tpuv5/v6e, and
-Keras's tpu-vm-tf-2.20.0-pjrt)."""
-PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(35, 4, -1)),
-             "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")  # fmt: skip
-"""What pip accepts on glibc 2.35, newest first: pip does not widen a ``--platform`` to the older manylinux tags."""
+"""The Python of the Ubuntu 22.04 TPU VM images (tpu-ubuntu2204-base, v2-alpha-tpuv4-pod, v2-alpha-tpuv5/v6e,
+and Keras's tpu-vm-tf-2.20.0-pjrt)."""
+PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(35, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+)
+"""What pip accepts on glibc 2.35, newest first: pip does not widen a ``--platform`` to the older manylinux
+tags."""
 SDIST_ONLY = ("promise==2.3",)
-"""Pure-Python dependencies that PyPI has only as source (T5X's tensorflow-datasets needs promise): the worker's pip
-builds them, a binary-only dry run cannot, so they are built into wheels here first and offered with
-``--find-links``. Another name in pip's 'No matching distribution' here may belong on this list."""
+"""Pure-Python dependencies that PyPI has only as source (T5X's tensorflow-datasets needs promise): the
+worker's pip builds them, a binary-only dry run cannot, so they are built into wheels here first and offered
+with ``--find-links``. Another name in pip's 'No matching distribution' here may belong on this list."""
 UNREACHABLE_OPTIONS = ("-f", "--find-links", "--extra-index-url", "-i", "--index-url")
-"""pip options naming an index other than PyPI: dropped (with their URL) from the resolution, and named in it."""
+"""pip options naming an index other than PyPI: dropped (with their URL) from the resolution, and named in
+it."""
 TENSORFLOW_WHEELS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tensorflow-intel")
-"""The distributions that each install the ``tensorflow`` package: two in one venv overwrite each other's files."""
+"""The distributions that each install the ``tensorflow`` package: two in one venv overwrite each other's
+files."""
 PIP_TIMEOUT_S = 420
 PIP_MAJOR = 26
 """The oldest pip whose fast-deps dry run reads metadata only (25.0 still downloads every wheel)."""
@@ -108,24 +121,30 @@ bootstrap's ceiling can go up."""
 
 T5X_CASES = tuple(case for case in CASES if case.kind == "t5x")
 
-# Known problems of the sets as the backends state them (reported, not fixed here: the pins are the backends'). Each
-# is a strict xfail: fixing the pin makes its test pass, and so fail here until the entry goes.
+# Known problems of the sets as the backends state them (reported, not fixed here: the pins are the
+# backends'). Each is a strict xfail: fixing the pin makes its test pass, and so fail here until the entry
+# goes.
 DOES_NOT_RESOLVE: dict[Case, str] = {}
 CUDA_TORCH = {
     Case("torch_xla", IMAGE_PYTHON): "PyPI's torch for Linux x86_64 is the CUDA build: torch==2.9.0 pulls 15 "
     "nvidia-* wheels and triton (about 3 GB) onto the TPU host; the CPU build is on PyTorch's own index",
-}  # fmt: skip
+}
 TWO_TENSORFLOWS = dict.fromkeys(
-    T5X_CASES, "tensorflow-text names `tensorflow`, so the T5X set installs tensorflow beside its pinned "
+    T5X_CASES,
+    "tensorflow-text names `tensorflow`, so the T5X set installs tensorflow beside its pinned "
     "tensorflow-cpu (the same version; the second overwrites the first's files)",
-)  # fmt: skip
+)
 
 
 def _params(known: dict[Case, str] | None = None, kind: str | None = None) -> list[Any]:
     """CASES (of one backend) as pytest params, those in ``known`` as strict xfails with its reason."""
     known = known or {}
     return [
-        pytest.param(case, id=case.id, marks=[pytest.mark.xfail(strict=True, reason=known[case])] if case in known else [])
+        pytest.param(
+            case,
+            id=case.id,
+            marks=[pytest.mark.xfail(strict=True, reason=known[case])] if case in known else [],
+        )
         for case in CASES
         if kind in (None, case.kind)
     ]
@@ -148,17 +167,36 @@ class Resolution:
         return None if item is None else item["metadata"]["version"]
 
     def explain(self) -> str:
-        return f"{self.case.id}: pip exited {self.returncode} after {self.seconds:.0f} s:\n{self.stderr[-3000:]}"
+        return (
+            f"{self.case.id}: pip exited {self.returncode} after {self.seconds:.0f} s:\n{self.stderr[-3000:]}"
+        )
 
 
 def _pip_args(case: Case, target: Path) -> list[str]:
     abi = "cp" + case.python.replace(".", "")
     return [
-        sys.executable, "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--no-input", "--quiet",
-        "--dry-run", "--ignore-installed", "--only-binary=:all:", "--use-feature=fast-deps", "--target", str(target),
-        "--python-version", case.python, "--implementation", "cp", "--abi", abi,
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--isolated",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--quiet",
+        "--dry-run",
+        "--ignore-installed",
+        "--only-binary=:all:",
+        "--use-feature=fast-deps",
+        "--target",
+        str(target),
+        "--python-version",
+        case.python,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
         *(arg for platform in PLATFORMS for arg in ("--platform", platform)),
-    ]  # fmt: skip
+    ]
 
 
 def _offline(pip_args: tuple[str, ...]) -> tuple[list[str], tuple[str, ...]]:
@@ -178,8 +216,13 @@ def _offline(pip_args: tuple[str, ...]) -> tuple[list[str], tuple[str, ...]]:
 
 def _report(argv: list[str], report: Path) -> tuple[int, str, dict[str, dict[str, Any]]]:
     try:
-        proc = subprocess.run([*argv, "--report", str(report)], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=PIP_TIMEOUT_S)  # fmt: skip
+        proc = subprocess.run(
+            [*argv, "--report", str(report)],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=PIP_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return 124, f"pip did not finish in {PIP_TIMEOUT_S} s", {}
     if proc.returncode:
@@ -217,9 +260,26 @@ def _resolve(case: Case, work: Path, wheelhouse: Future[Path] | None) -> Resolut
 
 
 def _build_wheelhouse(folder: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--isolated", "--disable-pip-version-check", "--quiet",
-                    "--no-deps", "--no-binary", ":all:", "--wheel-dir", str(folder), *SDIST_ONLY],
-                   check=True, stdin=subprocess.DEVNULL, timeout=PIP_TIMEOUT_S)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--isolated",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--wheel-dir",
+            str(folder),
+            *SDIST_ONLY,
+        ],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        timeout=PIP_TIMEOUT_S,
+    )
     return folder
 
 
@@ -247,7 +307,9 @@ def resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[Case, Resoluti
     cases = (*CASES, BELOW_FLOOR, PAST_CEILING)
     with ThreadPoolExecutor(len(cases) + 1) as pool:
         wheels = pool.submit(_build_wheelhouse, work / "wheelhouse")
-        futures = {case: pool.submit(_resolve, case, work, wheels if case.kind == "t5x" else None) for case in cases}
+        futures = {
+            case: pool.submit(_resolve, case, work, wheels if case.kind == "t5x" else None) for case in cases
+        }
         return {case: future.result() for case, future in futures.items()}
 
 
@@ -255,25 +317,32 @@ def resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[Case, Resoluti
 def test_the_tpu_set_co_installs(resolutions: dict[Case, Resolution], case: Case) -> None:
     resolution = resolutions[case]
     assert resolution.returncode == 0, resolution.explain()
-    print(f"{case.id}: {len(resolution.installed)} wheels in {resolution.seconds:.1f} s; not checked: "
-          f"{', '.join(resolution.dropped) or 'nothing'}")  # fmt: skip
+    print(
+        f"{case.id}: {len(resolution.installed)} wheels in {resolution.seconds:.1f} s; not checked: "
+        f"{', '.join(resolution.dropped) or 'nothing'}"
+    )
 
 
 def test_t5x_needs_its_min_python(resolutions: dict[Case, Resolution]) -> None:
     resolution = resolutions[BELOW_FLOOR]
-    assert resolution.returncode != 0, f"the T5X set resolves on Python {BELOW_FLOOR.python}: MIN_PYTHON can go down"
+    assert resolution.returncode != 0, (
+        f"the T5X set resolves on Python {BELOW_FLOOR.python}: MIN_PYTHON can go down"
+    )
     assert "No matching distribution found for jax" in resolution.stderr, resolution.explain()
 
 
 def test_t5x_stops_at_its_max_python(resolutions: dict[Case, Resolution]) -> None:
     resolution = resolutions[PAST_CEILING]
-    assert resolution.returncode != 0, f"the T5X set resolves on Python {PAST_CEILING.python}: MAX_PYTHON can go up"
+    assert resolution.returncode != 0, (
+        f"the T5X set resolves on Python {PAST_CEILING.python}: MAX_PYTHON can go up"
+    )
     assert "editdistance" in resolution.stderr, resolution.explain()
 
 
 @pytest.mark.parametrize("case", _params(kind="t5x"))
 def test_t5x_gets_the_libtpu_of_its_jax(resolutions: dict[Case, Resolution], case: Case) -> None:
-    """The libtpu a worker installs is the one ``recipes show --compile`` compiles with (tpuft/backends/t5x_compile.py)."""
+    """The libtpu a worker installs is the one ``recipes show --compile`` compiles with
+    (tpuft/backends/t5x_compile.py)."""
     resolution = _resolved(resolutions, case)
     assert (resolution.version("jax"), resolution.version("jaxlib")) == (JAX_VERSION, JAX_VERSION)
     assert resolution.version("libtpu") == LIBTPU_FOR_JAX[JAX_VERSION]
@@ -296,8 +365,8 @@ def test_keras_gets_tensorflow_tpu_and_a_libtpu_it_accepts(resolutions: dict[Cas
 
 @pytest.mark.parametrize("case", [case for case in _params() if _plain_no_deps(case.values[0])])
 def test_no_deps_packages_find_what_they_need(resolutions: dict[Case, Resolution], case: Case) -> None:
-    """A package installed with ``--no-deps`` (tf-keras) still needs its requirements: each must be in the set at a
-    version it accepts (``tensorflow`` is any of TF's wheels)."""
+    """A package installed with ``--no-deps`` (tf-keras) still needs its requirements: each must be in the set
+    at a version it accepts (``tensorflow`` is any of TF's wheels)."""
     resolution = _resolved(resolutions, case)
     environment = _environment(case.python)
     for name, item in resolution.no_deps.items():
@@ -305,10 +374,16 @@ def test_no_deps_packages_find_what_they_need(resolutions: dict[Case, Resolution
             requirement = Requirement(text)
             if requirement.marker is not None and not requirement.marker.evaluate(environment):
                 continue
-            names = TENSORFLOW_WHEELS if canonicalize_name(requirement.name) == "tensorflow" else (requirement.name,)
+            names = (
+                TENSORFLOW_WHEELS
+                if canonicalize_name(requirement.name) == "tensorflow"
+                else (requirement.name,)
+            )
             found = [(other, v) for other in names if (v := resolution.version(other)) is not None]
             assert found, f"{name} needs {requirement}, which the set does not install"
-            assert all(v in requirement.specifier for _, v in found), f"{name} needs {requirement}; the set has {found}"
+            assert all(v in requirement.specifier for _, v in found), (
+                f"{name} needs {requirement}; the set has {found}"
+            )
 
 
 @pytest.mark.parametrize("case", _params(CUDA_TORCH))
@@ -316,7 +391,9 @@ def test_no_cuda_wheels_on_a_tpu_host(resolutions: dict[Case, Resolution], case:
     resolution = _resolved(resolutions, case)
     cuda = sorted(name for name in resolution.installed if name.startswith("nvidia-") or "cuda" in name)
     assert not cuda, f"{case.id} installs {len(cuda)} CUDA wheels: {', '.join(cuda)}"
-    assert not re.search(r"\+cu\d", resolution.version("torch") or ""), f"{case.id} installs a CUDA build of torch"
+    assert not re.search(r"\+cu\d", resolution.version("torch") or ""), (
+        f"{case.id} installs a CUDA build of torch"
+    )
 
 
 @pytest.mark.parametrize("case", _params(TWO_TENSORFLOWS))
@@ -327,7 +404,8 @@ def test_one_tensorflow_at_most(resolutions: dict[Case, Resolution], case: Case)
 
 
 def _resolved(resolutions: dict[Case, Resolution], case: Case) -> Resolution:
-    """The case's resolution; a set that does not resolve fails test_the_tpu_set_co_installs, not every test here."""
+    """The case's resolution; a set that does not resolve fails test_the_tpu_set_co_installs, not every test
+    here."""
     resolution = resolutions[case]
     if resolution.returncode:
         pytest.skip(f"{case.id} does not resolve (test_the_tpu_set_co_installs says why)")
@@ -347,6 +425,15 @@ def _required_by(resolution: Resolution, package: str, name: str, extra: str = "
 
 def _environment(python: str) -> dict[str, str]:
     """The markers' view of a TPU VM with this Python (not this machine's)."""
-    return {**default_environment(), "python_version": python, "python_full_version": f"{python}.0",
-            "implementation_name": "cpython", "platform_python_implementation": "CPython", "sys_platform": "linux",
-            "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix", "extra": ""}  # fmt: skip
+    return {
+        **default_environment(),
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "extra": "",
+    }

@@ -30,7 +30,10 @@ CASES = [
     (["pull", "--workers", "0"], "workers must be at least 1"),
     (["pull", "--checkpoints", "bogus"], "expected one of latest, best, all, none"),
     (["recipes", "cp", "quickstart", "/dev/null"], "/dev/null is not a file or a folder"),
-    (["convert", str(T5X), "OUT", "--hf-config", "/dev/zero"], "--hf-config /dev/zero: file is not a regular file"),
+    (
+        ["convert", str(T5X), "OUT", "--hf-config", "/dev/zero"],
+        "--hf-config /dev/zero: file is not a regular file",
+    ),
     (["convert", str(T5X), "OUT", "--hf-set", "bad"], "expected KEY=VALUE"),
     (["convert", str(T5X), "OUT", "--max-shard-size", "abc"], "expected a size such as 5GB"),
     (["monitor", "--interval", "0"], "must be positive"),
@@ -41,11 +44,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("args", "fragment"), CASES, ids=[" ".join(c[0][:2]) + f"-{i}" for i, c in enumerate(CASES)])
-def test_bad_arguments_are_one_clear_line(with_run: Path, tmp_path: Path, cli, args: list[str], fragment: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("args", "fragment"), CASES, ids=[" ".join(c[0][:2]) + f"-{i}" for i, c in enumerate(CASES)]
+)
+def test_bad_arguments_are_one_clear_line(
+    with_run: Path, tmp_path: Path, cli, args: list[str], fragment: str
+) -> None:  # type: ignore[no-untyped-def]
     args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
     if args[0] != "convert" and args[:2] != ["recipes", "cp"]:
-        args = [*args[:1], "-c", str(with_run), *args[1:]] if args[0] != "recipes" else [*args, "-c", str(with_run)]
+        args = (
+            [*args[:1], "-c", str(with_run), *args[1:]]
+            if args[0] != "recipes"
+            else [*args, "-c", str(with_run)]
+        )
     if args[0] == "exec":
         assert cli("create", "-c", str(with_run)).code == 0
     result = cli(*args)
@@ -54,8 +65,12 @@ def test_bad_arguments_are_one_clear_line(with_run: Path, tmp_path: Path, cli, a
     assert not Path("/dev/null.yaml").exists() and not (tmp_path / "out").exists()
 
 
-def test_a_path_the_system_refuses_is_one_line_not_a_traceback(with_run: Path, cli, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    result = cli("recipes", "cp", "quickstart", "/proc/tpuft-test.yaml")  # /proc takes no new files, even from root
+def test_a_path_the_system_refuses_is_one_line_not_a_traceback(
+    with_run: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    result = cli(
+        "recipes", "cp", "quickstart", "/proc/tpuft-test.yaml"
+    )  # /proc takes no new files, even from root
     assert result.code == 1 and "Traceback" not in result.err
     assert "error: No such file or directory: /proc/tpuft-test.yaml" in result.err
     monkeypatch.setenv("TPUFT_DEBUG", "1")

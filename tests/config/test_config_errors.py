@@ -1,4 +1,5 @@
-"""Bad recipes and cluster files are refused before anything runs: file:line, key path, what is allowed, exit 2."""
+"""Bad recipes and cluster files are refused before anything runs: file:line, key path, what is allowed, exit
+2."""
 
 from __future__ import annotations
 
@@ -25,20 +26,51 @@ def test_good_recipe_loads(recipe_dir: Path) -> None:
 
 # (replace this line of GOOD, with this text) -> (message fragment, line)
 BAD_RECIPES = [
-    ("  steps: 10", "  stpes: 10", ["train.stpes: unknown key; did you mean 'steps'?", "train.steps: required key is missing"], 9),
+    (
+        "  steps: 10",
+        "  stpes: 10",
+        ["train.stpes: unknown key; did you mean 'steps'?", "train.steps: required key is missing"],
+        9,
+    ),
     ("  steps: 10", "  steps: ten", ["train.steps: expected a whole number", "(got 'ten')"], 9),
     ("  steps: 10", "  steps: 0", ["train.steps: must be >= 1, got 0"], 9),
-    ("  kind: torch_xla", "  kind: torchxla", ["backend.kind: must be one of keras, t5x, torch_xla", "did you mean 'torch_xla'?", "(got 'torchxla')"], 3),
+    (
+        "  kind: torch_xla",
+        "  kind: torchxla",
+        [
+            "backend.kind: must be one of keras, t5x, torch_xla",
+            "did you mean 'torch_xla'?",
+            "(got 'torchxla')",
+        ],
+        3,
+    ),
     ("  train: train.jsonl", "  train: missing.jsonl", ["data.train: file not found:", "missing.jsonl"], 7),
-    ("  config: {d_model: 8}", "  name_or_path: t5-small\n  config: {d_model: 8}", ["give exactly one of model.name_or_path"], 4),
-    ("  batch_size: 4", "  batch_size: 4\n  optimizer: sgd", ["train.optimizer: must be one of adafactor, adamw", "(got 'sgd')"], 11),
-    ("  batch_size: 4", "  batch_size: 4\n  warmup_steps: 50", ["train.warmup_steps: 50 warm-up steps is more than train.steps (10)"], 11),
+    (
+        "  config: {d_model: 8}",
+        "  name_or_path: t5-small\n  config: {d_model: 8}",
+        ["give exactly one of model.name_or_path"],
+        4,
+    ),
+    (
+        "  batch_size: 4",
+        "  batch_size: 4\n  optimizer: sgd",
+        ["train.optimizer: must be one of adafactor, adamw", "(got 'sgd')"],
+        11,
+    ),
+    (
+        "  batch_size: 4",
+        "  batch_size: 4\n  warmup_steps: 50",
+        ["train.warmup_steps: 50 warm-up steps is more than train.steps (10)"],
+        11,
+    ),
     ("name: t", "name: t\nname: u", ["name: duplicate key (first set on line 1)"], 2),
     ("  batch_size: 4", "  batch_size: [4", ["not valid YAML"], 11),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "fragments", "line"), BAD_RECIPES, ids=[b[1].strip() for b in BAD_RECIPES])
+@pytest.mark.parametrize(
+    ("old", "new", "fragments", "line"), BAD_RECIPES, ids=[b[1].strip() for b in BAD_RECIPES]
+)
 def test_bad_recipe_is_located(recipe_dir: Path, old: str, new: str, fragments: list[str], line: int) -> None:
     path = write(recipe_dir, GOOD.replace(old, new, 1))
     with pytest.raises(ConfigError) as info:
@@ -50,7 +82,10 @@ def test_bad_recipe_is_located(recipe_dir: Path, old: str, new: str, fragments: 
 
 
 def test_all_problems_reported_at_once(recipe_dir: Path) -> None:
-    path = write(recipe_dir, GOOD.replace("  steps: 10", "  steps: -1\n  seeed: 3").replace("train.jsonl", "nope.jsonl"))
+    path = write(
+        recipe_dir,
+        GOOD.replace("  steps: 10", "  steps: -1\n  seeed: 3").replace("train.jsonl", "nope.jsonl"),
+    )
     with pytest.raises(ConfigError) as info:
         load_recipe(path)
     assert len(info.value.problems) == 3
@@ -88,11 +123,18 @@ def test_gcp_cluster_needs_project_and_zone(tmp_path: Path) -> None:
     path.write_text("provider: gcp\ngcp:\n  spot: true\n")
     with pytest.raises(ConfigError, match=r"tpuft.yaml:2: gcp: provider gcp needs gcp.project and gcp.zone"):
         load_cluster(path)
-    path.write_text("provider: gcp\ngcp:\n  project: my-project\n  zone: us-central2-b\n  spot: true\n  preemptible: true\n")
-    with pytest.raises(ConfigError, match=r"tpuft.yaml:2: gcp: gcp.spot and gcp.preemptible exclude each other"):
+    path.write_text(
+        "provider: gcp\ngcp:\n  project: my-project\n  zone: us-central2-b\n  spot: true\n  preemptible: "
+        "true\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"tpuft.yaml:2: gcp: gcp.spot and gcp.preemptible exclude each other"
+    ):
         load_cluster(path)
     path.write_text("provider: gcp\nbucket: my-bucket\ngcp: {project: my-project, zone: us-central2-b}\n")
-    with pytest.raises(ConfigError, match=r"tpuft.yaml:2: bucket: provider gcp keeps runs in a bucket: expected gs://NAME"):
+    with pytest.raises(
+        ConfigError, match=r"tpuft.yaml:2: bucket: provider gcp keeps runs in a bucket: expected gs://NAME"
+    ):
         load_cluster(path)
 
 
@@ -125,17 +167,26 @@ def test_embedded_default_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert loaded.value.provider == "local" and loaded.value.num_workers == 2
 
 
-def test_worker_env_names_secrets_from_the_controllers_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``HF_TOKEN: ${HF_TOKEN}``: the file names the token, the controller's environment holds it; unset is located."""
+def test_worker_env_names_secrets_from_the_controllers_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HF_TOKEN: ${HF_TOKEN}``: the file names the token, the controller's environment holds it; unset is
+    located."""
     path = tmp_path / "tpuft.yaml"
-    path.write_text("name: c\nworker_env:\n  HF_TOKEN: ${TPUFT_T_TOKEN}\n  PRICE: \"$$5 and $${NOT_A_TOKEN}\"\n"
-                    "  WANDB_API_KEY: \"k-${TPUFT_T_UNSET}\"\n")
+    path.write_text(
+        'name: c\nworker_env:\n  HF_TOKEN: ${TPUFT_T_TOKEN}\n  PRICE: "$$5 and $${NOT_A_TOKEN}"\n'
+        '  WANDB_API_KEY: "k-${TPUFT_T_UNSET}"\n'
+    )
     monkeypatch.setenv("TPUFT_T_TOKEN", "hf_abc")
     monkeypatch.delenv("TPUFT_T_UNSET", raising=False)
     with pytest.raises(ConfigError) as caught:
         load_cluster(path)
     text = str(caught.value)
-    assert "tpuft.yaml:5" in text and "worker_env.WANDB_API_KEY" in text and "${TPUFT_T_UNSET} is not set" in text
+    assert (
+        "tpuft.yaml:5" in text
+        and "worker_env.WANDB_API_KEY" in text
+        and "${TPUFT_T_UNSET} is not set" in text
+    )
     assert "PRICE" not in text  # $$ is a literal $, so ${NOT_A_TOKEN} after it is text, not a token
     monkeypatch.setenv("TPUFT_T_UNSET", "wb")
     env = load_cluster(path).value.worker_env

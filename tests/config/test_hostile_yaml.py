@@ -1,4 +1,5 @@
-"""YAML that attacks the parser: refused at file:line with exit 2, in bounded time and memory, never a traceback."""
+"""YAML that attacks the parser: refused at file:line with exit 2, in bounded time and memory, never a
+traceback."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.core import safe_yaml
 from tests.conftest import MINIMAL_RECIPE as GOOD
 from tpuft.config import load_cluster, load_recipe
+from tpuft.core import safe_yaml
 from tpuft.core.errors import ConfigError
 
 
 def bomb(levels: int = 9, fan: int = 9) -> str:
-    """The 'billion laughs': each level repeats the previous one `fan` times (9**9 = 387 M strings, ~1 KB of text)."""
+    """The 'billion laughs': each level repeats the previous one `fan` times (9**9 = 387 M strings, ~1 KB of
+    text)."""
     lines = ['a0: &a0 "lol"']
     for level in range(1, levels + 1):
         lines.append(f"a{level}: &a{level} [{', '.join([f'*a{level - 1}'] * fan)}]")
@@ -37,7 +39,11 @@ HOSTILE = [
     (GOOD + "description: {" * 40 + "}" * 40 + "\n", "nested more than 32 levels deep", 11),
     (GOOD + "? [a, b]\n: 1\n", "a key must be a plain name, not a list or a mapping", 11),
     (GOOD + "? {a: 1}\n: 1\n", "a key must be a plain name", 11),
-    (GOOD + "description: !!python/object/apply:os.system ['touch /tmp/owned']\n", "the tag !!python/object/apply:os.system is not allowed", 11),
+    (
+        GOOD + "description: !!python/object/apply:os.system ['touch /tmp/owned']\n",
+        "the tag !!python/object/apply:os.system is not allowed",
+        11,
+    ),
     (GOOD + "description: !!python/name:os.system\n", "is not allowed", 11),
     (GOOD + "description: !!binary aGVsbG8=\n", "the tag !!binary is not allowed", 11),
     (GOOD + "description: !custom x\n", "the tag !custom is not allowed", 11),
@@ -46,14 +52,22 @@ HOSTILE = [
     (GOOD + "description: [\n", "not valid YAML", 12),
     (GOOD + "description:\tx\n", "not valid YAML", 11),
     (GOOD + "description: 'a\x00b'\n", "not valid YAML: character #x0000 is not allowed", 11),
-    (GOOD.replace("  steps: 10", "  steps: 10\n  steps: 20"), "train.steps: duplicate key (first set on line 9)", 10),
+    (
+        GOOD.replace("  steps: 10", "  steps: 10\n  steps: 20"),
+        "train.steps: duplicate key (first set on line 9)",
+        10,
+    ),
     ("- name: t\n- kind: x\n", "expected a mapping of keys at the top level", 1),
     ("just text\n", "expected a mapping of keys at the top level", 1),
 ]
 
 
-@pytest.mark.parametrize(("text", "fragment", "line"), HOSTILE, ids=[f"{i}:{h[1][:30]}" for i, h in enumerate(HOSTILE)])
-def test_hostile_yaml_is_refused_quickly_and_located(recipe_dir: Path, text: str, fragment: str, line: int) -> None:
+@pytest.mark.parametrize(
+    ("text", "fragment", "line"), HOSTILE, ids=[f"{i}:{h[1][:30]}" for i, h in enumerate(HOSTILE)]
+)
+def test_hostile_yaml_is_refused_quickly_and_located(
+    recipe_dir: Path, text: str, fragment: str, line: int
+) -> None:
     path = recipe_dir / "r.yaml"
     path.write_text(text)
     started = time.monotonic()
@@ -83,8 +97,21 @@ def test_anchors_and_merges_used_sensibly_still_work(recipe_dir: Path) -> None:
 
 
 def test_yaml_1_2_scalars_mean_what_people_mean() -> None:
-    data, _ = safe_yaml.load("a: no\nb: 012\nc: 1:20\nd: 1e-3\ne: 0o17\nf: 0x1f\ng: True\nh: 2026-12-01\ni: ~\nj: .inf\n")
-    assert data == {"a": "no", "b": 12, "c": "1:20", "d": 0.001, "e": 15, "f": 31, "g": True, "h": "2026-12-01", "i": None, "j": float("inf")}
+    data, _ = safe_yaml.load(
+        "a: no\nb: 012\nc: 1:20\nd: 1e-3\ne: 0o17\nf: 0x1f\ng: True\nh: 2026-12-01\ni: ~\nj: .inf\n"
+    )
+    assert data == {
+        "a": "no",
+        "b": 12,
+        "c": "1:20",
+        "d": 0.001,
+        "e": 15,
+        "f": 31,
+        "g": True,
+        "h": "2026-12-01",
+        "i": None,
+        "j": float("inf"),
+    }
     assert safe_yaml.load("1: a\ntrue: b\n")[0] == {"1": "a", "true": "b"}  # keys are names
 
 
@@ -127,7 +154,9 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
 def test_big_folder_and_binary_files(tmp_path: Path) -> None:
     big = tmp_path / "big.yaml"
     big.write_text("description: " + "x" * (2 << 20) + "\n")
-    with pytest.raises(ConfigError, match=r"big.yaml:1: description: recipe is 2,097,166 bytes, over the limit of 1,048,576"):
+    with pytest.raises(
+        ConfigError, match=r"big.yaml:1: description: recipe is 2,097,166 bytes, over the limit of 1,048,576"
+    ):
         load_recipe(big)
     with pytest.raises(ConfigError, match=r"tpuft.yaml: cluster file is a directory"):
         (tmp_path / "tpuft.yaml").mkdir()
@@ -144,7 +173,10 @@ def test_overrides_go_through_the_same_limits(recipe_dir: Path) -> None:
     nested = "[" * 40 + "]" * 40
     with pytest.raises(ConfigError, match=r"--set description=.*nested more than 16 levels deep"):
         load_recipe(path, [f"description={nested}"])
-    expanding = "[&a [1,1,1,1,1,1,1,1,1,1], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]]"
+    expanding = (
+        "[&a [1,1,1,1,1,1,1,1,1,1], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], &c "
+        "[*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]]"
+    )
     with pytest.raises(ConfigError, match=r"expands to more than 10,000 values"):
         load_recipe(path, [f"description={expanding}"])
     with pytest.raises(ConfigError, match=r"the tag !!python/object:os.system is not allowed"):

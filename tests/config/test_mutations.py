@@ -1,9 +1,9 @@
-"""A few hundred generated mutations of the shipped recipe and cluster files, as a careless or hostile user would
-write them: every clearly invalid one exits 2 within a second through the real CLI entry point, naming file:line and
-the key, with no traceback; a handful of harmless edits are still accepted.
+"""A few hundred generated mutations of the shipped recipe and cluster files, as a careless or hostile user
+would write them: every clearly invalid one exits 2 within a second through the real CLI entry point, naming
+file:line and the key, with no traceback; a handful of harmless edits are still accepted.
 
-Mutations are made on the parsed tree and written back as YAML, so the expected line of each key is read from the
-written file (with plain PyYAML, independent of tpuft's reader).
+Mutations are made on the parsed tree and written back as YAML, so the expected line of each key is read from
+the written file (with plain PyYAML, independent of tpuft's reader).
 """
 
 from __future__ import annotations
@@ -27,12 +27,39 @@ Path_ = tuple[str, ...]
 
 FREE_KEYS = {("worker_env",), ("gcp", "labels"), ("gcp", "metadata")}
 """Mappings whose keys are the user's own names (mutated by adding bad entries, not by typos)."""
-ENUM_LIKE = {"kind", "optimizer", "schedule", "provider", "dtype", "worker_device", "feed_forward_proj", "accelerator",
-             "zone", "project", "name", "topology", "runtime_version", "bucket", "user", "python", "source_field",
-             "target_field", "tokenizer", "valid_until"}
-"""String keys whose value is a name with a format: a sentence with spaces and punctuation is never valid there."""
-REQUIRED = {("recipe", ("name",)), ("recipe", ("backend",)), ("recipe", ("model",)), ("recipe", ("data",)),
-            ("recipe", ("train",)), ("recipe", ("data", "train")), ("recipe", ("train", "steps"))}
+ENUM_LIKE = {
+    "kind",
+    "optimizer",
+    "schedule",
+    "provider",
+    "dtype",
+    "worker_device",
+    "feed_forward_proj",
+    "accelerator",
+    "zone",
+    "project",
+    "name",
+    "topology",
+    "runtime_version",
+    "bucket",
+    "user",
+    "python",
+    "source_field",
+    "target_field",
+    "tokenizer",
+    "valid_until",
+}
+"""String keys whose value is a name with a format: a sentence with spaces and punctuation is never valid
+there."""
+REQUIRED = {
+    ("recipe", ("name",)),
+    ("recipe", ("backend",)),
+    ("recipe", ("model",)),
+    ("recipe", ("data",)),
+    ("recipe", ("train",)),
+    ("recipe", ("data", "train")),
+    ("recipe", ("train", "steps")),
+}
 
 GCP_CLUSTER = {
     "name": "t5-v4",
@@ -126,11 +153,24 @@ def _bad_values(key: str, value: Any) -> list[tuple[str, Any]]:
     if isinstance(value, bool):
         return [("text", "maybe"), ("number", 2), ("list", [True]), ("'yes'", "yes")]
     if isinstance(value, int):
-        return [("text", "abc"), ("bool", True), ("fraction", 1.5), ("list", [1]), ("mapping", {"a": 1}),
-                ("huge", 10**30), ("negative", -5)]
+        return [
+            ("text", "abc"),
+            ("bool", True),
+            ("fraction", 1.5),
+            ("list", [1]),
+            ("mapping", {"a": 1}),
+            ("huge", 10**30),
+            ("negative", -5),
+        ]
     if isinstance(value, float):
-        return [("text", "abc"), ("bool", True), ("list", [1.0]), ("nan", float("nan")), ("inf", float("inf")),
-                ("very negative", -1e300)]
+        return [
+            ("text", "abc"),
+            ("bool", True),
+            ("list", [1.0]),
+            ("nan", float("nan")),
+            ("inf", float("inf")),
+            ("very negative", -1e300),
+        ]
     if isinstance(value, str):
         out = [("number", 12345), ("list", ["a"]), ("mapping", {"a": "b"}), ("NUL", "a\x00b")]
         if key in ENUM_LIKE:
@@ -151,14 +191,38 @@ def mutations(kind: str, base: str, tree: dict) -> list[Mutation]:
     for path, mapping in _mappings(tree):
         if path in FREE_KEYS:
             for bad_key in ("X=1 touch /tmp/owned; Y", "A B", "Bad!Key" if path != ("worker_env",) else "1X"):
-                found.append(Mutation(kind, base, f"{'.'.join(path)}[{bad_key!r}]", _set(tree, (*path, bad_key), "v"), (*path, bad_key)))
+                found.append(
+                    Mutation(
+                        kind,
+                        base,
+                        f"{'.'.join(path)}[{bad_key!r}]",
+                        _set(tree, (*path, bad_key), "v"),
+                        (*path, bad_key),
+                    )
+                )
             continue
         for key in mapping:
             for typo in _typos(key):
                 if typo in mapping:
                     continue
-                found.append(Mutation(kind, base, f"typo {'.'.join((*path, key))} -> {typo}", _rename(tree, (*path, key), typo), (*path, typo)))
-        found.append(Mutation(kind, base, f"unknown key under {'.'.join(path) or 'top'}", _set(tree, (*path, "extra_setting"), 1), (*path, "extra_setting")))
+                found.append(
+                    Mutation(
+                        kind,
+                        base,
+                        f"typo {'.'.join((*path, key))} -> {typo}",
+                        _rename(tree, (*path, key), typo),
+                        (*path, typo),
+                    )
+                )
+        found.append(
+            Mutation(
+                kind,
+                base,
+                f"unknown key under {'.'.join(path) or 'top'}",
+                _set(tree, (*path, "extra_setting"), 1),
+                (*path, "extra_setting"),
+            )
+        )
         if path and path not in {("model", "config")}:
             found.append(Mutation(kind, base, f"{'.'.join(path)} as a list", _set(tree, path, [1, 2]), path))
             found.append(Mutation(kind, base, f"{'.'.join(path)} as text", _set(tree, path, "oops"), path))
@@ -179,13 +243,26 @@ def _has(tree: Any, path: Path_) -> bool:
 
 def valid_edits(kind: str, base: str, tree: dict) -> list[Mutation]:
     if kind == "recipe":
-        edits = [(("train", "steps"), 2000), (("description",), "my run"), (("data", "prefix"), "read: "),
-                 (("train", "learning_rate"), 3e-4), (("model", "config", "d_model"), 64), (("eval", "every"), None)]
+        edits = [
+            (("train", "steps"), 2000),
+            (("description",), "my run"),
+            (("data", "prefix"), "read: "),
+            (("train", "learning_rate"), 3e-4),
+            (("model", "config", "d_model"), 64),
+            (("eval", "every"), None),
+        ]
     elif tree.get("provider") == "gcp":
-        edits = [(("gcp", "zone"), "us-central1-a"), (("gcp", "labels", "owner"), "me"), (("ssh", "port"), 2222)]
+        edits = [
+            (("gcp", "zone"), "us-central1-a"),
+            (("gcp", "labels", "owner"), "me"),
+            (("ssh", "port"), 2222),
+        ]
     else:
         edits = [(("local", "workers"), 1), (("accelerator",), "v5litepod-8")]
-    return [Mutation(kind, base, f"valid: {'.'.join(p)} = {v!r}", _set(tree, p, v), p, valid=True) for p, v in edits]
+    return [
+        Mutation(kind, base, f"valid: {'.'.join(p)} = {v!r}", _set(tree, p, v), p, valid=True)
+        for p, v in edits
+    ]
 
 
 def all_mutations(data_dir: Path) -> list[Mutation]:
@@ -195,7 +272,11 @@ def all_mutations(data_dir: Path) -> list[Mutation]:
     recipe["data"]["test"] = str(data_dir / "eval.jsonl")
     local_cluster = yaml.safe_load((recipes_dir().parent / "tpuft.yaml").read_text())
     out: list[Mutation] = []
-    for kind, base, tree in (("recipe", "quickstart", recipe), ("cluster", "tpuft.yaml", local_cluster), ("cluster", "gcp", GCP_CLUSTER)):
+    for kind, base, tree in (
+        ("recipe", "quickstart", recipe),
+        ("cluster", "tpuft.yaml", local_cluster),
+        ("cluster", "gcp", GCP_CLUSTER),
+    ):
         out += mutations(kind, base, tree) + valid_edits(kind, base, tree)
     return out
 
@@ -239,7 +320,9 @@ def test_the_corpus_is_a_few_hundred(corpus: tuple[Path, list[Mutation]]) -> Non
     print(f"\n{len(invalid)} invalid mutations, {len(found) - len(invalid)} valid edits")
 
 
-def test_every_mutation_is_refused_located_and_quick(corpus: tuple[Path, list[Mutation]], tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+def test_every_mutation_is_refused_located_and_quick(
+    corpus: tuple[Path, list[Mutation]], tmp_path: Path, cli
+) -> None:  # type: ignore[no-untyped-def]
     data_dir, found = corpus
     base_recipe = yaml.safe_load((recipes_dir() / "quickstart.yaml").read_text())
     base_recipe["data"]["train"] = str(data_dir / "train.jsonl")
@@ -266,7 +349,9 @@ def test_every_mutation_is_refused_located_and_quick(corpus: tuple[Path, list[Mu
                 failures.append(f"{label}: a valid edit was refused:\n{result.err[-800:]}")
             continue
         if result.code != 2:
-            failures.append(f"{label}: exit {result.code} (expected 2)\n{result.out[-300:]}{result.err[-500:]}")
+            failures.append(
+                f"{label}: exit {result.code} (expected 2)\n{result.out[-300:]}{result.err[-500:]}"
+            )
             continue
         outcomes["refused"] += 1
         target = recipe if mutation.kind == "recipe" else cluster
@@ -275,7 +360,9 @@ def test_every_mutation_is_refused_located_and_quick(corpus: tuple[Path, list[Mu
         for depth in range(len(mutation.path), 0, -1):  # the key, or the section that owns it (a union's tag)
             prefix = mutation.path[:depth]
             line = line_of(text, prefix)
-            if line is None and mutation.description.startswith("without "):  # a missing key: its section's line
+            if line is None and mutation.description.startswith(
+                "without "
+            ):  # a missing key: its section's line
                 line = line_of(text, prefix[:-1])
             dotted = ".".join(prefix)
             if line is not None and f"{target}:{line}: {dotted}: " in result.err:
@@ -290,7 +377,11 @@ def test_every_mutation_is_refused_located_and_quick(corpus: tuple[Path, list[Mu
 def test_a_sample_through_a_real_process(corpus: tuple[Path, list[Mutation]], tmp_path: Path) -> None:
     """The installed entry point, in a fresh interpreter: exit 2, no traceback, no hang."""
     data_dir, found = corpus
-    (tmp_path / "base-recipe.yaml").write_text((recipes_dir() / "quickstart.yaml").read_text().replace("data/numbers/", str(recipes_dir() / "data/numbers") + "/"))
+    (tmp_path / "base-recipe.yaml").write_text(
+        (recipes_dir() / "quickstart.yaml")
+        .read_text()
+        .replace("data/numbers/", str(recipes_dir() / "data/numbers") + "/")
+    )
     (tmp_path / "base-cluster.yaml").write_text("name: mutations\nprovider: local\n")
     sample = [m for m in found if not m.valid][:: max(1, len(found) // 12)][:12]
     for mutation in sample:
@@ -298,8 +389,13 @@ def test_a_sample_through_a_real_process(corpus: tuple[Path, list[Mutation]], tm
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "tpuft", "recipes", "validate", str(recipe), "--config", str(cluster)],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert result.returncode == 2, (mutation.description, result.stderr)
-        assert "Traceback" not in result.stderr and str(recipe if mutation.kind == "recipe" else cluster) + ":" in result.stderr
+        assert (
+            "Traceback" not in result.stderr
+            and str(recipe if mutation.kind == "recipe" else cluster) + ":" in result.stderr
+        )
         assert time.monotonic() - started < 10

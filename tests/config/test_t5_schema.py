@@ -1,6 +1,7 @@
-"""tpuft's own T5 schema (tpuft/model/t5_config.py) against the T5Config of the transformers that the backends install:
-the same fields and defaults, the same activation functions. If transformers adds, drops or renames a key, this
-fails, and the schema is updated instead of silently refusing a valid key or accepting a dead one."""
+"""tpuft's own T5 schema (tpuft/model/t5_config.py) against the T5Config of the transformers that the backends
+install: the same fields and defaults, the same activation functions. If transformers adds, drops or renames a
+key, this fails, and the schema is updated instead of silently refusing a valid key or accepting a dead
+one."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def probe(python: str) -> dict:
 
 
 def check_fields(found: dict, *, inherited: tuple[str, ...] = ()) -> None:
-    """``inherited``: fields that this transformers keeps on its base config instead of T5Config's own signature."""
+    """``inherited``: fields that this transformers keeps on its base config instead of T5Config's own
+    signature."""
     expected = {key: value for key, value in TRANSFORMERS_DEFAULTS.items() if key not in inherited}
     assert found["fields"] == expected, found["version"]
     schema_keys = set(T5Settings.model_fields)

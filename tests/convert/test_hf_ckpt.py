@@ -1,4 +1,5 @@
-"""Checkpoint -> HF dir without torch: streaming safetensors I/O, bfloat16 cast, atomic output, clear errors."""
+"""Checkpoint -> HF dir without torch: streaming safetensors I/O, bfloat16 cast, atomic output, clear
+errors."""
 
 from __future__ import annotations
 
@@ -9,16 +10,31 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tpuft.convert.safetensors_io import PlannedTensor, SafetensorsReader, float32_to_bfloat16_bits, write_streaming
 from tpuft.backends.torch_xla import LAYOUT
 from tpuft.convert.hf_ckpt import CheckpointError, export_checkpoint, find_checkpoint
+from tpuft.convert.safetensors_io import (
+    PlannedTensor,
+    SafetensorsReader,
+    float32_to_bfloat16_bits,
+    write_streaming,
+)
 
 
 def make_checkpoint(root: Path, step: int, tensors: dict[str, np.ndarray]) -> Path:
     ckpt = root / "checkpoints" / f"step_{step:08d}"
     ckpt.mkdir(parents=True)
     save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 4, "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}))
+    (ckpt / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "t5",
+                "d_model": 4,
+                "decoder_start_token_id": 0,
+                "eos_token_id": 1,
+                "pad_token_id": 0,
+            }
+        )
+    )
     (ckpt / "tokenizer_config.json").write_text("{}")
     (ckpt / "optimizer.pt").write_bytes(b"not exported")
     LAYOUT.write_manifest(ckpt)  # as the trainer does: without it the checkpoint is incomplete
@@ -27,8 +43,15 @@ def make_checkpoint(root: Path, step: int, tensors: dict[str, np.ndarray]) -> Pa
 
 def test_streaming_writer_round_trips_through_the_safetensors_library(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    arrays = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": np.arange(7, dtype=np.int64), "c": np.zeros((0, 2), np.float32)}
-    plan = [PlannedTensor(k, {"float32": "F32", "int64": "I64"}[str(v.dtype)], v.shape, lambda v=v: v) for k, v in arrays.items()]
+    arrays = {
+        "a": rng.standard_normal((3, 5)).astype(np.float32),
+        "b": np.arange(7, dtype=np.int64),
+        "c": np.zeros((0, 2), np.float32),
+    }
+    plan = [
+        PlannedTensor(k, {"float32": "F32", "int64": "I64"}[str(v.dtype)], v.shape, lambda v=v: v)
+        for k, v in arrays.items()
+    ]
     write_streaming(tmp_path / "x.safetensors", plan, {"format": "pt"})
     loaded = load_file(str(tmp_path / "x.safetensors"))
     for name, value in arrays.items():
@@ -60,17 +83,26 @@ def test_export_latest_and_by_step(tmp_path: Path) -> None:
     out = tmp_path / "hf"
     result = export_checkpoint(latest, out)
     assert result.tensors == 1
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer_config.json",
+    ]
     assert json.loads((out / "generation_config.json").read_text())["decoder_start_token_id"] == 0
     np.testing.assert_array_equal(load_file(str(out / "model.safetensors"))["w"], np.full((2, 2), 2.0))
 
 
 def test_export_bfloat16(tmp_path: Path) -> None:
-    ckpt = make_checkpoint(tmp_path, 1, {"w": np.array([[1.0, 3.0]], np.float32), "ids": np.array([1, 2], np.int64)})
+    ckpt = make_checkpoint(
+        tmp_path, 1, {"w": np.array([[1.0, 3.0]], np.float32), "ids": np.array([1, 2], np.int64)}
+    )
     export_checkpoint(ckpt, tmp_path / "hf", dtype="bfloat16")
     with SafetensorsReader(tmp_path / "hf" / "model.safetensors") as reader:
         assert reader.tensors["w"].dtype == "BF16" and reader.tensors["ids"].dtype == "I64"
-        np.testing.assert_array_equal(reader.get("w"), float32_to_bfloat16_bits(np.array([[1.0, 3.0]], np.float32)))
+        np.testing.assert_array_equal(
+            reader.get("w"), float32_to_bfloat16_bits(np.array([[1.0, 3.0]], np.float32))
+        )
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 

@@ -1,5 +1,6 @@
-"""T5X -> Hugging Face: golden tests against T5X's own logits, hand-built scanned/UMT5 and v1.0 checkpoints, and the
-error paths. Conversion runs here (no torch); logits are computed in the PyTorch/XLA backend venv with transformers 5.
+"""T5X -> Hugging Face: golden tests against T5X's own logits, hand-built scanned/UMT5 and v1.0 checkpoints,
+and the error paths. Conversion runs here (no torch); logits are computed in the PyTorch/XLA backend venv with
+transformers 5.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ CHECK_LOGITS = textwrap.dedent(
 def check_logits(python: str, jobs: list[dict], tmp_path: Path) -> dict[str, dict]:
     script = tmp_path / "check_logits.py"
     script.write_text(CHECK_LOGITS)
-    proc = subprocess.run([python, str(script), json.dumps(jobs)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [python, str(script), json.dumps(jobs)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -73,12 +76,14 @@ def fixture_copy(tmp_path: Path, model: str, fmt: str) -> Path:
     return target
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # golden: T5X's own checkpoints and logits
 
 
 @pytest.mark.slow
-def test_golden_logits_match_t5x_for_both_formats_and_sharded_output(cli, tmp_path: Path, torch_python: str) -> None:
+def test_golden_logits_match_t5x_for_both_formats_and_sharded_output(
+    cli, tmp_path: Path, torch_python: str
+) -> None:
     jobs = []
     for model in MODELS:
         for fmt in FORMATS:
@@ -88,9 +93,13 @@ def test_golden_logits_match_t5x_for_both_formats_and_sharded_output(cli, tmp_pa
             report = json.loads(result.out)
             assert report["kind"] == f"t5x-{fmt}" and report["step"] == 2 and report["shards"] == 1
             assert report["notes"] == []
-            jobs.append({"model": str(out), "reference": str(DATA / model / "reference.npz"), "text": "copy: word7"})
+            jobs.append(
+                {"model": str(out), "reference": str(DATA / model / "reference.npz"), "text": "copy: word7"}
+            )
     sharded = tmp_path / "sharded"
-    result = cli("convert", str(DATA / "t5_1_1_tiny" / "orbax"), str(sharded), "--max-shard-size", "40KB", "--json")
+    result = cli(
+        "convert", str(DATA / "t5_1_1_tiny" / "orbax"), str(sharded), "--max-shard-size", "40KB", "--json"
+    )
     assert result.code == 0, result.err
     assert json.loads(result.out)["shards"] > 4
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
@@ -106,7 +115,9 @@ def test_golden_logits_match_t5x_for_both_formats_and_sharded_output(cli, tmp_pa
         assert r["missing"] == [] and r["unexpected"] == [], r
         assert r["tied"] is False  # the untied v1.1 head survived transformers 5's forced tying
         if "ids" in r:
-            assert r["ids"] == reference_ids  # the ByT5 tokenizer written beside the model encodes like T5X did
+            assert (
+                r["ids"] == reference_ids
+            )  # the ByT5 tokenizer written beside the model encodes like T5X did
 
 
 def test_both_formats_hold_the_same_parameters_and_config_matches_hf() -> None:
@@ -115,7 +126,9 @@ def test_both_formats_hold_the_same_parameters_and_config_matches_hf() -> None:
         orbax = open_t5x_checkpoint(find_t5x_checkpoint(DATA / model / "orbax"))
         assert (legacy.kind, orbax.kind) == ("t5x-legacy", "t5x-orbax")
         assert set(legacy.params) == set(orbax.params) and len(legacy.params) > 40
-        assert not any(p.startswith(("state", "param_states")) for p in legacy.params)  # optimizer state never read
+        assert not any(
+            p.startswith(("state", "param_states")) for p in legacy.params
+        )  # optimizer state never read
         for name, param in legacy.params.items():
             np.testing.assert_array_equal(param.read(None), orbax.params[name].read(None))
         config = plan_t5x(legacy).config
@@ -136,7 +149,9 @@ def test_a_relative_path_through_dotdot_converts_like_the_absolute_one(
     assert via_dots.code == 0, via_dots.err
     absolute = cli("convert", str(DATA / "t5_1_1_tiny" / fmt), str(tmp_path / "abs"))
     assert absolute.code == 0, absolute.err
-    assert (tmp_path / "dots" / "model.safetensors").read_bytes() == (tmp_path / "abs" / "model.safetensors").read_bytes()
+    assert (tmp_path / "dots" / "model.safetensors").read_bytes() == (
+        tmp_path / "abs" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_step_selection(tmp_path: Path) -> None:
@@ -151,7 +166,7 @@ def test_step_selection(tmp_path: Path) -> None:
     assert find_t5x_checkpoint(tmp_path) is None
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # errors: named parameter, nothing left behind
 
 
@@ -181,7 +196,9 @@ def test_override_that_contradicts_the_shapes_names_the_parameter(cli, tmp_path:
     assert result.code == 2
     assert "encoder/layers_0/mlp/wi_0/kernel" in result.err and "(32, 64)" in result.err
     assert not out.exists()
-    result = cli("convert", str(DATA / "t5_1_1_tiny" / "legacy"), str(out), "--hf-set", "dropout_rate=0.0", "--json")
+    result = cli(
+        "convert", str(DATA / "t5_1_1_tiny" / "legacy"), str(out), "--hf-set", "dropout_rate=0.0", "--json"
+    )
     assert result.code == 0 and json.loads((out / "config.json").read_text())["dropout_rate"] == 0.0
 
 
@@ -215,7 +232,7 @@ def test_bfloat16_output(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # hand-built checkpoints: scanned UMT5-style layers (legacy format) and a tied T5 v1.0 (Orbax format)
 
 MAKE_REFERENCES = textwrap.dedent(
@@ -259,7 +276,9 @@ def references(torch_python: str, tmp_path_factory: pytest.TempPathFactory) -> P
     folder = tmp_path_factory.mktemp("references")
     script = folder / "make.py"
     script.write_text(MAKE_REFERENCES)
-    proc = subprocess.run([torch_python, str(script), str(folder)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [torch_python, str(script), str(folder)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return folder
 
@@ -270,7 +289,8 @@ def _hf_params(npz: Path) -> dict[str, np.ndarray]:
 
 
 def _t5x_layer(hf: dict[str, np.ndarray], prefix: str, heads: int) -> dict[str, np.ndarray]:
-    """One HF block's attention/MLP/norm weights under T5X names, with the heads split like scalable_t5 does."""
+    """One HF block's attention/MLP/norm weights under T5X names, with the heads split like scalable_t5
+    does."""
     out: dict[str, np.ndarray] = {}
     d_model = hf[f"{prefix}.layer.0.layer_norm.weight"].shape[0]
     is_decoder = prefix.startswith("decoder")
@@ -279,7 +299,9 @@ def _t5x_layer(hf: dict[str, np.ndarray], prefix: str, heads: int) -> dict[str, 
         attentions.append(("1.EncDecAttention", "encoder_decoder_attention"))
     for hf_name, t5x_name in attentions:
         for short, long in (("q", "query"), ("k", "key"), ("v", "value")):
-            out[f"{t5x_name}/{long}/kernel"] = hf[f"{prefix}.layer.{hf_name}.{short}.weight"].T.reshape(d_model, heads, -1)
+            out[f"{t5x_name}/{long}/kernel"] = hf[f"{prefix}.layer.{hf_name}.{short}.weight"].T.reshape(
+                d_model, heads, -1
+            )
         out[f"{t5x_name}/out/kernel"] = hf[f"{prefix}.layer.{hf_name}.o.weight"].T.reshape(heads, -1, d_model)
     mlp = 2 if is_decoder else 1
     for n in ("wi_0", "wi_1", "wi"):
@@ -287,8 +309,11 @@ def _t5x_layer(hf: dict[str, np.ndarray], prefix: str, heads: int) -> dict[str, 
         if key in hf:
             out[f"mlp/{n}/kernel"] = hf[key].T
     out["mlp/wo/kernel"] = hf[f"{prefix}.layer.{mlp}.DenseReluDense.wo.weight"].T
-    norms = ["pre_self_attention_layer_norm", "pre_cross_attention_layer_norm", "pre_mlp_layer_norm"] if is_decoder else [
-        "pre_attention_layer_norm", "pre_mlp_layer_norm"]
+    norms = (
+        ["pre_self_attention_layer_norm", "pre_cross_attention_layer_norm", "pre_mlp_layer_norm"]
+        if is_decoder
+        else ["pre_attention_layer_norm", "pre_mlp_layer_norm"]
+    )
     for i, name in enumerate(norms):
         out[f"{name}/scale"] = hf[f"{prefix}.layer.{i}.layer_norm.weight"]
     bias = f"{prefix}.layer.0.SelfAttention.relative_attention_bias.weight"
@@ -297,11 +322,16 @@ def _t5x_layer(hf: dict[str, np.ndarray], prefix: str, heads: int) -> dict[str, 
     return out
 
 
-def scanned_t5x_params(hf: dict[str, np.ndarray], heads: int, layers: dict[str, int]) -> dict[str, np.ndarray]:
+def scanned_t5x_params(
+    hf: dict[str, np.ndarray], heads: int, layers: dict[str, int]
+) -> dict[str, np.ndarray]:
     """HF UMT5 weights -> T5X scanned names: one stacked array per kind, the layer axis second."""
-    params = {"token_embedder/embedding": hf["shared.weight"], "decoder/logits_dense/kernel": hf["lm_head.weight"].T,
-              "encoder/encoder_norm/scale": hf["encoder.final_layer_norm.weight"],
-              "decoder/decoder_norm/scale": hf["decoder.final_layer_norm.weight"]}
+    params = {
+        "token_embedder/embedding": hf["shared.weight"],
+        "decoder/logits_dense/kernel": hf["lm_head.weight"].T,
+        "encoder/encoder_norm/scale": hf["encoder.final_layer_norm.weight"],
+        "decoder/decoder_norm/scale": hf["decoder.final_layer_norm.weight"],
+    }
     for stack, count in layers.items():
         per_layer = [_t5x_layer(hf, f"{stack}.block.{i}", heads) for i in range(count)]
         for name in per_layer[0]:
@@ -309,10 +339,14 @@ def scanned_t5x_params(hf: dict[str, np.ndarray], heads: int, layers: dict[str, 
     return params
 
 
-def unscanned_t5x_params(hf: dict[str, np.ndarray], heads: int, layers: dict[str, int]) -> dict[str, np.ndarray]:
-    params = {"token_embedder/embedding": hf["shared.weight"],
-              "encoder/encoder_norm/scale": hf["encoder.final_layer_norm.weight"],
-              "decoder/decoder_norm/scale": hf["decoder.final_layer_norm.weight"]}
+def unscanned_t5x_params(
+    hf: dict[str, np.ndarray], heads: int, layers: dict[str, int]
+) -> dict[str, np.ndarray]:
+    params = {
+        "token_embedder/embedding": hf["shared.weight"],
+        "encoder/encoder_norm/scale": hf["encoder.final_layer_norm.weight"],
+        "decoder/decoder_norm/scale": hf["decoder.final_layer_norm.weight"],
+    }
     for stack, count in layers.items():
         for i in range(count):
             layer = _t5x_layer(hf, f"{stack}.block.{i}", heads)
@@ -324,32 +358,58 @@ def unscanned_t5x_params(hf: dict[str, np.ndarray], heads: int, layers: dict[str
 
 
 @pytest.mark.slow
-def test_scanned_umt5_and_tied_v1_0_round_trip(cli, tmp_path: Path, references: Path, torch_python: str) -> None:
+def test_scanned_umt5_and_tied_v1_0_round_trip(
+    cli, tmp_path: Path, references: Path, torch_python: str
+) -> None:
     umt5 = tmp_path / "umt5_model"
-    write_legacy(umt5 / "checkpoint_7", scanned_t5x_params(_hf_params(references / "umt5.npz"), 4, {"encoder": 3, "decoder": 2}))
-    (umt5 / "config.gin").write_text("network.T5Config.mlp_activations = ('gelu', 'linear')\nDROPOUT_RATE = 0.0\n"
-                                     "network.T5Config.dropout_rate = %DROPOUT_RATE\n")
+    write_legacy(
+        umt5 / "checkpoint_7",
+        scanned_t5x_params(_hf_params(references / "umt5.npz"), 4, {"encoder": 3, "decoder": 2}),
+    )
+    (umt5 / "config.gin").write_text(
+        "network.T5Config.mlp_activations = ('gelu', 'linear')\nDROPOUT_RATE = 0.0\n"
+        "network.T5Config.dropout_rate = %DROPOUT_RATE\n"
+    )
     v10 = tmp_path / "v10_model"
-    write_orbax(v10 / "checkpoint_7", unscanned_t5x_params(_hf_params(references / "t5v10.npz"), 4, {"encoder": 2, "decoder": 2}))
+    write_orbax(
+        v10 / "checkpoint_7",
+        unscanned_t5x_params(_hf_params(references / "t5v10.npz"), 4, {"encoder": 2, "decoder": 2}),
+    )
 
     result = cli("convert", str(umt5), str(tmp_path / "umt5_hf"), "--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert (report["kind"], report["model_type"], report["step"]) == ("t5x-legacy", "umt5", 7)
     config = json.loads((tmp_path / "umt5_hf" / "config.json").read_text())
-    assert (config["num_layers"], config["num_decoder_layers"], config["feed_forward_proj"], config["dropout_rate"]) == (3, 2, "gated-gelu", 0.0)
+    assert (
+        config["num_layers"],
+        config["num_decoder_layers"],
+        config["feed_forward_proj"],
+        config["dropout_rate"],
+    ) == (3, 2, "gated-gelu", 0.0)
     assert config["tie_word_embeddings"] is False
 
     result = cli("convert", str(v10), str(tmp_path / "v10_hf"), "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["kind"] == "t5x-orbax"
     config = json.loads((tmp_path / "v10_hf" / "config.json").read_text())
-    assert (config["feed_forward_proj"], config["tie_word_embeddings"]) == ("relu", True)  # logits through the embedding, rescaled
+    assert (config["feed_forward_proj"], config["tie_word_embeddings"]) == (
+        "relu",
+        True,
+    )  # logits through the embedding, rescaled
 
-    results = check_logits(torch_python, [
-        {"model": str(tmp_path / "umt5_hf"), "reference": str(references / "umt5.npz")},
-        {"model": str(tmp_path / "v10_hf"), "reference": str(references / "t5v10.npz")},
-    ], tmp_path)
+    results = check_logits(
+        torch_python,
+        [
+            {"model": str(tmp_path / "umt5_hf"), "reference": str(references / "umt5.npz")},
+            {"model": str(tmp_path / "v10_hf"), "reference": str(references / "t5v10.npz")},
+        ],
+        tmp_path,
+    )
     umt5_result, v10_result = results[str(tmp_path / "umt5_hf")], results[str(tmp_path / "v10_hf")]
-    assert umt5_result["diff"] < 1e-4 and umt5_result["missing"] == [] and umt5_result["tied"] is False, umt5_result
-    assert v10_result["diff"] < 1e-4 and v10_result["missing"] == [] and v10_result["tied"] is True, v10_result
+    assert umt5_result["diff"] < 1e-4 and umt5_result["missing"] == [] and umt5_result["tied"] is False, (
+        umt5_result
+    )
+    assert v10_result["diff"] < 1e-4 and v10_result["missing"] == [] and v10_result["tied"] is True, (
+        v10_result
+    )

@@ -1,5 +1,6 @@
-"""Every data format (JSON lines, CSV, TSV, Parquet; gzipped text; local or gs://) read by the one reader every
-backend uses: the same examples as the JSON-lines file of the same rows, the same located problems, streamed."""
+"""Every data format (JSON lines, CSV, TSV, Parquet; gzipped text; local or gs://) read by the one reader
+every backend uses: the same examples as the JSON-lines file of the same rows, the same located problems,
+streamed."""
 
 from __future__ import annotations
 
@@ -29,16 +30,22 @@ ROWS: list[dict[str, Any]] = [
     {"title": "It's", "body": "an apostrophe ' alone", "label": "0"},
     {"title": "Last", "body": "comma, and semicolon;", "label": "1"},
 ]
-"""Quotes, commas, an apostrophe, accents, runs of spaces: what trips a delimited reader (no tab or newline inside a
-value: TSV as GLUE writes it has neither)."""
+"""Quotes, commas, an apostrophe, accents, runs of spaces: what trips a delimited reader (no tab or newline
+inside a value: TSV as GLUE writes it has neither)."""
 
 
 def _hook(record: dict[str, Any]) -> dict[str, Any] | None:
     return None if record["title"] == "skip me" else {**record, "title": record["title"].upper()}
 
 
-FIELDS = Fields(source_template="{title}: {body}", target_field="label", prefix="classify: ",
-                source_transform=text_transform(["collapse_whitespace"]), preprocess=_hook, preprocess_name="t:_hook")
+FIELDS = Fields(
+    source_template="{title}: {body}",
+    target_field="label",
+    prefix="classify: ",
+    source_transform=text_transform(["collapse_whitespace"]),
+    preprocess=_hook,
+    preprocess_name="t:_hook",
+)
 
 
 def write(path: Path, rows: list[dict[str, Any]], row_group_size: int | None = None) -> Path:
@@ -52,7 +59,9 @@ def write(path: Path, rows: list[dict[str, Any]], row_group_size: int | None = N
             out.writelines(json.dumps(row) + "\n" for row in rows)
     elif name.endswith(".tsv"):  # as GLUE writes it: values as they are, a tab between
         with opener(path, "wt", encoding="utf-8", newline="") as out:
-            out.writelines("\t".join(map(str, values)) + "\n" for values in [list(rows[0]), *map(dict.values, rows)])
+            out.writelines(
+                "\t".join(map(str, values)) + "\n" for values in [list(rows[0]), *map(dict.values, rows)]
+            )
     else:
         with opener(path, "wt", encoding="utf-8", newline="") as out:
             writer = csv.writer(out, lineterminator="\n")
@@ -92,24 +101,45 @@ def test_tsv_is_glue_s_no_quoting_and_csv_is_rfc_4180(tmp_path: Path) -> None:
     assert [r["sentence"] for _, r in iter_records(tsv)] == ['"quoted at the start', 'a "" doubled']
     quoted = tmp_path / "q.csv"
     quoted.write_text('sentence,label\n"two\nlines, one value",1\n"a ""quote""",0\n')
-    assert list(iter_records(quoted)) == [(2, {"sentence": "two\nlines, one value", "label": "1"}),
-                                         (4, {"sentence": 'a "quote"', "label": "0"})]
+    assert list(iter_records(quoted)) == [
+        (2, {"sentence": "two\nlines, one value", "label": "1"}),
+        (4, {"sentence": 'a "quote"', "label": "0"}),
+    ]
     excel = tmp_path / "excel.csv"
-    excel.write_bytes("\ufeffsentence,label\r\nwindows lines,1\r\n".encode())  # a spreadsheet's byte-order mark
+    excel.write_bytes(
+        "\ufeffsentence,label\r\nwindows lines,1\r\n".encode()
+    )  # a spreadsheet's byte-order mark
     assert list(iter_records(excel)) == [(2, {"sentence": "windows lines", "label": "1"})]
 
 
 # (file name, content, line, problem)
 BAD_ROW = [
-    ("bad.jsonl", '{"title": "a", "label": "1"}\n{"title": "b" "label": "0"}\n', 2, "not valid JSON: Expecting ',' delimiter (column 15)"),
-    ("bad.csv", "title,label\na,1\nb,0,extra\n", 3, "has 3 column(s), the header 2 (an unquoted comma inside a value?)"),
+    (
+        "bad.jsonl",
+        '{"title": "a", "label": "1"}\n{"title": "b" "label": "0"}\n',
+        2,
+        "not valid JSON: Expecting ',' delimiter (column 15)",
+    ),
+    (
+        "bad.csv",
+        "title,label\na,1\nb,0,extra\n",
+        3,
+        "has 3 column(s), the header 2 (an unquoted comma inside a value?)",
+    ),
     ("bad.tsv", "title\tlabel\na\t1\nb\tc\t0\n", 3, "has 3 column(s), the header 2 (a tab inside a value?)"),
-    ("bad.parquet", [{"title": "a", "label": "1"}, {"title": "b", "label": None}], 2, "target field 'label' is null"),
+    (
+        "bad.parquet",
+        [{"title": "a", "label": "1"}, {"title": "b", "label": None}],
+        2,
+        "target field 'label' is null",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,content,line,problem", BAD_ROW, ids=[row[0] for row in BAD_ROW])
-def test_a_bad_row_is_located_and_the_check_goes_on(tmp_path: Path, name: str, content: Any, line: int, problem: str) -> None:
+def test_a_bad_row_is_located_and_the_check_goes_on(
+    tmp_path: Path, name: str, content: Any, line: int, problem: str
+) -> None:
     path = tmp_path / name
     if isinstance(content, list):
         write(path, content)
@@ -137,7 +167,10 @@ def test_whole_file_problems(tmp_path: Path) -> None:
     cases = {
         "header.csv": ("title,title\na,b\n", "header.csv:1: the header names column 'title' twice"),
         "broken.csv": ('title,label\n"open,1\n', "broken.csv:2: not valid CSV: unexpected end of data"),
-        "latin.tsv": ("title\tlabel\ncaf\xe9\t1\n".encode("latin-1"), "latin.tsv:2: not UTF-8: byte 0xe9 at column 4"),
+        "latin.tsv": (
+            "title\tlabel\ncaf\xe9\t1\n".encode("latin-1"),
+            "latin.tsv:2: not UTF-8: byte 0xe9 at column 4",
+        ),
         "notparquet.parquet": ("title,label\n", "notparquet.parquet: not a Parquet file"),
         "x.parquet.gz": ("", "x.parquet.gz: a Parquet file compresses its own columns: do not gzip it"),
     }
@@ -148,14 +181,18 @@ def test_whole_file_problems(tmp_path: Path) -> None:
         assert str(found).startswith(str(tmp_path / problem)), (name, str(found))
 
 
-def test_a_parquet_file_streams_a_row_group_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_parquet_file_streams_a_row_group_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rows = [{"title": f"t{i}", "label": str(i % 2)} for i in range(2500)]
     path = write(tmp_path / "big.parquet", rows, row_group_size=1000)
     assert pq.ParquetFile(path).num_row_groups == 3
     calls: list[tuple[list[int], int]] = []
     real = pq.ParquetFile.iter_batches
 
-    def spy(self: pq.ParquetFile, batch_size: int = 65536, row_groups: list[int] | None = None, **kw: Any) -> Any:
+    def spy(
+        self: pq.ParquetFile, batch_size: int = 65536, row_groups: list[int] | None = None, **kw: Any
+    ) -> Any:
         calls.append((list(row_groups or []), batch_size))
         return real(self, batch_size=batch_size, row_groups=row_groups, **kw)
 
@@ -169,7 +206,9 @@ def test_a_parquet_file_streams_a_row_group_at_a_time(tmp_path: Path, monkeypatc
 
 RECIPE = PREFLIGHT_RECIPE.replace(
     "  train: train.jsonl\n  eval: eval.jsonl\n  source_field: q\n  target_field: a\n",
-    "  train: train.csv\n  eval: eval.parquet\n  test: test.tsv\n  source_field: title\n  target_field: label\n")
+    "  train: train.csv\n  eval: eval.parquet\n  test: test.tsv\n  source_field: title\n  target_field: "
+    "label\n",
+)
 assert "test.tsv" in RECIPE
 
 
@@ -193,13 +232,16 @@ def test_the_controller_checks_each_format_before_launch(tmp_path: Path, cluster
     text = refused(["data.train=bad.csv"])
     assert f"{tmp_path / 'bad.csv'}:4: data.train: has 4 column(s), the header 3" in text
     assert f"{tmp_path / 'r.yaml'}:9: data.test: {tmp_path / 'test.tsv'} has no examples" in text
-    assert "--set data.train=train.json5: data.train: unknown data format '.json5'" in refused(["data.train=train.json5"])
+    assert "--set data.train=train.json5: data.train: unknown data format '.json5'" in refused(
+        ["data.train=train.json5"]
+    )
     (tmp_path / "r.yaml").write_text(RECIPE.replace("train.csv", "train.json5"))
     assert f"{tmp_path / 'r.yaml'}:7: data.train: unknown data format '.json5'" in refused([])
 
 
 def test_gs_data_files_are_checked_and_read_through_the_storage_layer(
-        gcs: object, tmp_path: Path, cluster_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gcs: object, tmp_path: Path, cluster_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tpuft.storage import GcsStorage
 
     monkeypatch.setenv("TPUFT_PREDICT_CACHE", str(tmp_path / "cache"))
@@ -209,9 +251,16 @@ def test_gs_data_files_are_checked_and_read_through_the_storage_layer(
     bucket.upload_file(write(tmp_path / "up.parquet", ROWS[:2]), "glue/eval.parquet")
     url = "gs://data-bucket/glue/train.tsv"
     fields = Fields(source_field="title", target_field="label")
-    assert [(e.source, e.line) for e in iter_shard(url, 1, 2, fields)] == [("Second", 3), ("Café", 5), ("Last", 7)]
-    (tmp_path / "r.yaml").write_text(RECIPE.replace("train.csv", url).replace("eval.parquet", "gs://data-bucket/glue/eval.parquet")
-                                     .replace("  test: test.tsv\n", ""))
+    assert [(e.source, e.line) for e in iter_shard(url, 1, 2, fields)] == [
+        ("Second", 3),
+        ("Café", 5),
+        ("Last", 7),
+    ]
+    (tmp_path / "r.yaml").write_text(
+        RECIPE.replace("train.csv", url)
+        .replace("eval.parquet", "gs://data-bucket/glue/eval.parquet")
+        .replace("  test: test.tsv\n", "")
+    )
     recipe = load_recipe(tmp_path / "r.yaml")
     assert recipe.value.data.train == url  # kept as the URL: nothing to ship, the workers read the bucket
     checked = preflight(load_cluster(cluster_file).value, recipe)
@@ -230,8 +279,11 @@ def test_a_gs_data_file_is_not_shipped_and_a_local_one_keeps_its_suffix(tmp_path
     from tpuft.ops.train import _ship_data, _shipped_data
 
     write(tmp_path / "train.tsv", ROWS)
-    (tmp_path / "r.yaml").write_text(RECIPE.replace("eval.parquet", "gs://data-bucket/glue/eval.parquet")
-                                     .replace("  test: test.tsv\n", "").replace("train.csv", "train.tsv"))
+    (tmp_path / "r.yaml").write_text(
+        RECIPE.replace("eval.parquet", "gs://data-bucket/glue/eval.parquet")
+        .replace("  test: test.tsv\n", "")
+        .replace("train.csv", "train.tsv")
+    )
     recipe = load_recipe(tmp_path / "r.yaml").value
     plan = LaunchPlan(workers=(0, 1))
     puts: list[tuple[Path, str]] = []

@@ -1,5 +1,6 @@
-"""A user whose cloud is the three stand-ins (the fake TPU API, the sshd pod, the GCS emulator): the cluster file and
-environment, and what the rig tests read back from the bucket and the workers. Shared by the GCP rig tests."""
+"""A user whose cloud is the three stand-ins (the fake TPU API, the sshd pod, the GCS emulator): the cluster
+file and environment, and what the rig tests read back from the bucket and the workers. Shared by the GCP rig
+tests."""
 
 from __future__ import annotations
 
@@ -19,8 +20,13 @@ from tests.rigs.sshd_pod import SshdPod
 from tpuft.core.paths import venv_cache
 
 
-def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulator,
-                worker_env: dict[str, str] | None = None) -> tuple[Path, dict[str, str]]:
+def rig_cluster(
+    tmp_path: Path,
+    tpu: FakeTpuServer,
+    pod: SshdPod,
+    gcs: GcsEmulator,
+    worker_env: dict[str, str] | None = None,
+) -> tuple[Path, dict[str, str]]:
     """The cluster file and the environment of a user whose cloud is the three stand-ins. ``worker_env``: the
     workers' environment (default: the emulator's, ``STORAGE_EMULATOR_HOST``)."""
     tpu.worker_addresses = pod.addresses
@@ -34,8 +40,12 @@ def rig_cluster(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod, gcs: GcsEmulat
         f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
     )
     env = {
-        **os.environ, **gcs.env(), "TPUFT_HOME": str(tmp_path / "home"), "TPUFT_GCP_POLL_SECONDS": "0.02",
-        "TPUFT_SYNC_SECONDS": "2", "COLUMNS": "200",
+        **os.environ,
+        **gcs.env(),
+        "TPUFT_HOME": str(tmp_path / "home"),
+        "TPUFT_GCP_POLL_SECONDS": "0.02",
+        "TPUFT_SYNC_SECONDS": "2",
+        "COLUMNS": "200",
     }
     return cluster, env
 
@@ -58,13 +68,20 @@ def staged_step(pod: SshdPod, worker: int) -> int:
         return 0
 
 
-def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.CompletedProcess[str]], run_url: str,
-                          name: str, lines: int = 100, shard_lines: int = 40) -> dict[str, Any]:
-    """``tpuft predict RUN`` with its input and OUT in the bucket, on the quickstart's first ``lines`` test numbers:
-    the input sharded over the two SSH workers, which restore the run's last checkpoint from the bucket and write
-    their parts of every shard there; OUT is every input once, in input order, its predictions those of the run's
-    test evaluation (the same weights, in memory at the last step), and the scores those its rows give.
-    ``tpuft(*args)`` runs the CLI on the rig's cluster. Returns the result's JSON."""
+def predict_in_the_bucket(
+    gcs: GcsEmulator,
+    tpuft: Callable[..., subprocess.CompletedProcess[str]],
+    run_url: str,
+    name: str,
+    lines: int = 100,
+    shard_lines: int = 40,
+) -> dict[str, Any]:
+    """``tpuft predict RUN`` with its input and OUT in the bucket, on the quickstart's first ``lines`` test
+    numbers: the input sharded over the two SSH workers, which restore the run's last checkpoint from the
+    bucket and write their parts of every shard there; OUT is every input once, in input order, its
+    predictions those of the run's test evaluation (the same weights, in memory at the last step), and the
+    scores those its rows give. ``tpuft(*args)`` runs the CLI on the rig's cluster. Returns the result's
+    JSON."""
     from tpuft.core.paths import recipes_dir
     from tpuft.worker.predictions import score, shard_name
 
@@ -73,23 +90,45 @@ def predict_in_the_bucket(gcs: GcsEmulator, tpuft: Callable[..., subprocess.Comp
     bucket.blob(f"inputs/{name}.jsonl").upload_from_string("\n".join(records) + "\n")
     output = f"outputs/{name}.jsonl"
     started = time.monotonic()
-    done = tpuft("predict", run_url.rsplit("/", 1)[-1], "--input", f"gs://e2e-bucket/inputs/{name}.jsonl", "--output",
-                 f"gs://e2e-bucket/{output}", "--shard-lines", str(shard_lines), "--json")
+    done = tpuft(
+        "predict",
+        run_url.rsplit("/", 1)[-1],
+        "--input",
+        f"gs://e2e-bucket/inputs/{name}.jsonl",
+        "--output",
+        f"gs://e2e-bucket/{output}",
+        "--shard-lines",
+        str(shard_lines),
+        "--json",
+    )
     assert done.returncode == 0, done.stderr[-6000:]
     result = json.loads(done.stdout)
     assert result["rows"] == lines and result["shards"] == f"gs://e2e-bucket/{output}.shards", result
     parts = {b.name for b in gcs.client().list_blobs("e2e-bucket", prefix=f"{output}.shards/")}
     shards = -(-lines // shard_lines)
-    assert {f"{output}.shards/shard-{k:06d}/{shard_name(p)}" for k in range(shards) for p in (0, 1)} <= parts, parts
+    assert {
+        f"{output}.shards/shard-{k:06d}/{shard_name(p)}" for k in range(shards) for p in (0, 1)
+    } <= parts, parts
     rows = [json.loads(line) for line in bucket.blob(output).download_as_text().splitlines()]
     assert [r["id"] for r in rows] == list(range(lines))
     assert [r["target"] for r in rows] == [json.loads(record)["digits"] for record in records]
     run = run_url.removeprefix("gs://e2e-bucket/")
-    tested = sorted((json.loads(line) for p in (0, 1) for line in
-                     bucket.blob(f"{run}/test/{shard_name(p)}").download_as_text().splitlines()), key=lambda r: r["id"])
+    tested = sorted(
+        (
+            json.loads(line)
+            for p in (0, 1)
+            for line in bucket.blob(f"{run}/test/{shard_name(p)}").download_as_text().splitlines()
+        ),
+        key=lambda r: r["id"],
+    )
     assert [r["prediction"] for r in rows] == [r["prediction"] for r in tested[:lines]]
-    assert result["scores"] == pytest.approx(score([r["prediction"] for r in rows], [r["target"] for r in rows]))
+    assert result["scores"] == pytest.approx(
+        score([r["prediction"] for r in rows], [r["target"] for r in rows])
+    )
     assert sum(r["correct"] for r in rows) == round(result["scores"]["exact_match"] * lines)
-    print(f"\npredict {name} on the GCP rigs: {lines} rows over 2 SSH workers in {time.monotonic() - started:.0f} s "
-          f"end to end, exact match {result['scores']['exact_match']}")
+    print(
+        f"\npredict {name} on the GCP rigs: {lines} rows over 2 SSH workers in "
+        f"{time.monotonic() - started:.0f} s "
+        f"end to end, exact match {result['scores']['exact_match']}"
+    )
     return result

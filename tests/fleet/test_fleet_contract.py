@@ -1,5 +1,6 @@
-"""The fleet contract (tpuft/fleet/base.py), the same cases against both fleets: local processes, and real OpenSSH
-servers on loopback (tests/rigs/sshd_pod.py). Behaviour only one fleet has is tested in its own file."""
+"""The fleet contract (tpuft/fleet/base.py), the same cases against both fleets: local processes, and real
+OpenSSH servers on loopback (tests/rigs/sshd_pod.py). Behaviour only one fleet has is tested in its own
+file."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pytest
 from tests.conftest import alive
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.core.errors import UsageError
+from tpuft.core.records import Worker
 from tpuft.fleet.base import Fleet
 from tpuft.fleet.local import LocalFleet
 from tpuft.fleet.ssh import SshFleet, SshSettings
-from tpuft.core.records import Worker
 
 WORKERS = 3
 
@@ -42,14 +43,18 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path, pod: SshdPod | None) -> 
         homes = [tmp_path / f"worker-{i}" for i in range(WORKERS)]
         for home in homes:
             home.mkdir()
-        yield Rig(LocalFleet([Worker(i, "localhost", home=h) for i, h in enumerate(homes)]), lambda i: homes[i])
+        yield Rig(
+            LocalFleet([Worker(i, "localhost", home=h) for i, h in enumerate(homes)]), lambda i: homes[i]
+        )
         return
     if pod is None:
         pytest.skip("needs openssh-server (.ci/run installs it)")
     for i in range(WORKERS):
         for name in ("child.pid", "shell.pid", "v.txt"):
             (pod.home(i) / name).unlink(missing_ok=True)
-    fleet = SshFleet([Worker(i, a) for i, a in enumerate(pod.addresses)], SshSettings(pod.user, pod.client_key, pod.port))
+    fleet = SshFleet(
+        [Worker(i, a) for i, a in enumerate(pod.addresses)], SshSettings(pod.user, pod.client_key, pod.port)
+    )
     try:
         yield Rig(fleet, pod.home)
     finally:
@@ -58,7 +63,7 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path, pod: SshdPod | None) -> 
 
 def test_runs_everywhere_at_once_in_home_with_quoted_env_and_logs(rig: Rig, tmp_path: Path) -> None:
     lines: list[tuple[int, str]] = []
-    tricky = "it's a $HOME \"test\"; rm -rf /nothing `id`"
+    tricky = 'it\'s a $HOME "test"; rm -rf /nothing `id`'
     started = time.monotonic()
     result = rig.fleet.run(
         ["bash", "-c", 'sleep 1; echo "id=$TPUFT_WORKER_ID home=$HOME"; echo "v=$V"; pwd'],
@@ -111,21 +116,28 @@ def test_put_copies_folders_and_files_to_the_chosen_workers(rig: Rig, tmp_path: 
 
 def test_runs_on_the_chosen_workers_only(rig: Rig) -> None:
     lines: list[tuple[int, str]] = []
-    result = rig.fleet.run(["bash", "-c", "echo here"], workers=[2, 0], on_line=lambda i, line: lines.append((i, line)))
+    result = rig.fleet.run(
+        ["bash", "-c", "echo here"], workers=[2, 0], on_line=lambda i, line: lines.append((i, line))
+    )
     assert [r.index for r in result.results] == [2, 0] and sorted(lines) == [(0, "here"), (2, "here")]
 
 
 def test_an_environment_name_is_refused_before_any_command_runs(rig: Rig) -> None:
-    """Every bad name in one test, so the wait that proves worker 0 never touched its marker is waited once."""
+    """Every bad name in one test, so the wait that proves worker 0 never touched its marker is waited
+    once."""
     names = ["X=1 touch owned; Y", "A B", "", "1X", "X\nY"]
     markers = [rig.home(0) / f"started-{i}" for i in range(len(names))]
     for name, marker in zip(names, markers):
         marker.unlink(missing_ok=True)
         with pytest.raises(UsageError, match="is not an environment variable name"):
-            rig.fleet.run(["bash", "-c", f"sleep 1; touch {marker.name}"],
-                          env=lambda w, name=name: {"OK": "1"} if w.index == 0 else {name: "v"})  # type: ignore[misc]
+            rig.fleet.run(
+                ["bash", "-c", f"sleep 1; touch {marker.name}"],
+                env=lambda w, name=name: {"OK": "1"} if w.index == 0 else {name: "v"},
+            )  # type: ignore[misc]
     time.sleep(1.3)
-    assert [m.name for m in markers if m.exists()] == []  # worker 0, if it was started, was stopped with the rest
+    assert [
+        m.name for m in markers if m.exists()
+    ] == []  # worker 0, if it was started, was stopped with the rest
 
 
 def test_the_fleet_checks_environment_names_by_the_cluster_files_rule() -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import alive, default_sigint, wait_for_files
-from tpuft.fleet.local import LocalFleet
 from tpuft.core.records import Worker
+from tpuft.fleet.local import LocalFleet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,10 @@ def test_sigterm_ignored_gets_killed_after_grace(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(local, "STOP_GRACE_SECONDS", 0.5)
     workers = make_workers(tmp_path, 2)
-    script = 'if [ "$TPUFT_WORKER_ID" = 1 ]; then sleep 0.3; exit 1; fi; trap "" TERM; echo $$ > shell.pid; while true; do sleep 0.1; done'
+    script = (
+        'if [ "$TPUFT_WORKER_ID" = 1 ]; then sleep 0.3; exit 1; fi; trap "" TERM; echo $$ > shell.pid; '
+        "while true; do sleep 0.1; done"
+    )
     started = time.monotonic()
     result = LocalFleet(workers).run(["bash", "-c", script], env=lambda w: {"TPUFT_WORKER_ID": str(w.index)})
     assert time.monotonic() - started < 5
@@ -47,10 +50,15 @@ TYPER_ENTRY = "import sys; sys.argv = ['tpuft', *sys.argv[1:]]; from tpuft.cli i
 
 @pytest.mark.parametrize("entry", ["launcher", "typer"])
 def test_ctrl_c_on_tpuft_stops_every_worker_process(tmp_path: Path, cluster_file: Path, entry: str) -> None:
-    """A real `tpuft exec` process gets SIGINT (what Ctrl-C sends); no worker process may survive it, whichever of
-    the two ways into tpuft ran the command."""
+    """A real `tpuft exec` process gets SIGINT (what Ctrl-C sends); no worker process may survive it,
+    whichever of the two ways into tpuft ran the command."""
     env = {**os.environ, "COLUMNS": "200"}
-    subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(cluster_file)], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tpuft", "create", "-c", str(cluster_file)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     script = "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"
     head = [sys.executable, "-m", "tpuft"] if entry == "launcher" else [sys.executable, "-c", TYPER_ENTRY]
     proc = subprocess.Popen(
@@ -61,7 +69,9 @@ def test_ctrl_c_on_tpuft_stops_every_worker_process(tmp_path: Path, cluster_file
         text=True,
         preexec_fn=default_sigint,
     )
-    homes = [Path(os.environ["TPUFT_HOME"]) / "local" / "test-pod" / "workers" / f"worker-{i}" for i in range(2)]
+    homes = [
+        Path(os.environ["TPUFT_HOME"]) / "local" / "test-pod" / "workers" / f"worker-{i}" for i in range(2)
+    ]
     pid_files = [h / name for h in homes for name in ("child.pid", "shell.pid")]
     wait_for_files(pid_files)
     pids = [int(p.read_text()) for p in pid_files]
@@ -70,8 +80,8 @@ def test_ctrl_c_on_tpuft_stops_every_worker_process(tmp_path: Path, cluster_file
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
-    # Every process group got SIGKILL before tpuft returned; the kernel ends a killed process when it next runs,
-    # which on a loaded machine can be a moment later: a few seconds at most, never "survived".
+    # Every process group got SIGKILL before tpuft returned; the kernel ends a killed process when it next
+    # runs, which on a loaded machine can be a moment later: a few seconds at most, never "survived".
     deadline = time.monotonic() + 5.0
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -80,14 +90,30 @@ def test_ctrl_c_on_tpuft_stops_every_worker_process(tmp_path: Path, cluster_file
 
 def test_sigterm_on_tpuft_also_cleans_up(tmp_path: Path, cluster_file: Path) -> None:
     env = {**os.environ, "COLUMNS": "200"}
-    subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(cluster_file)], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tpuft", "create", "-c", str(cluster_file)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tpuft", "exec", "-c", str(cluster_file), "--", "echo $$ > shell.pid; sleep 300"],
+        [
+            sys.executable,
+            "-m",
+            "tpuft",
+            "exec",
+            "-c",
+            str(cluster_file),
+            "--",
+            "echo $$ > shell.pid; sleep 300",
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    homes = [Path(os.environ["TPUFT_HOME"]) / "local" / "test-pod" / "workers" / f"worker-{i}" for i in range(2)]
+    homes = [
+        Path(os.environ["TPUFT_HOME"]) / "local" / "test-pod" / "workers" / f"worker-{i}" for i in range(2)
+    ]
     wait_for_files([h / "shell.pid" for h in homes])
     pids = [int((h / "shell.pid").read_text()) for h in homes]
     proc.terminate()

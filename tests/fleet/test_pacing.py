@@ -1,5 +1,5 @@
-"""Pacing of SSH handshakes (tpuft/fleet/pacing.py): what counts as sshd refusing a handshake, how soon that is
-retried, the per-server bound, and the descriptor limit a 1,024-worker fleet needs."""
+"""Pacing of SSH handshakes (tpuft/fleet/pacing.py): what counts as sshd refusing a handshake, how soon that
+is retried, the per-server bound, and the descriptor limit a 1,024-worker fleet needs."""
 
 from __future__ import annotations
 
@@ -24,7 +24,11 @@ from tpuft.fleet.pacing import (
 
 def test_a_handshake_dropped_before_the_banner_is_retried_soon_with_jitter() -> None:
     banner = paramiko.SSHException("Error reading SSH protocol banner[Errno 104] Connection reset by peer")
-    assert refused_before_banner(banner) and refused_before_banner(ConnectionResetError()) and refused_before_banner(EOFError())
+    assert (
+        refused_before_banner(banner)
+        and refused_before_banner(ConnectionResetError())
+        and refused_before_banner(EOFError())
+    )
     delays = [retry_delay(banner, attempt, 5.0) for attempt in (1, 1, 1, 2, 3, 8)]
     assert all(0.1 <= d <= 0.2 for d in delays[:3]) and len(set(delays[:3])) == 3  # spread out, not one wave
     assert 0.2 <= delays[3] <= 0.4 and 0.4 <= delays[4] <= 0.8
@@ -33,7 +37,11 @@ def test_a_handshake_dropped_before_the_banner_is_retried_soon_with_jitter() -> 
 
 
 def test_anything_else_waits_the_configured_delay() -> None:
-    for error in (ConnectionRefusedError(111, "Connection refused"), TimeoutError("timed out"), OSError(113, "No route")):
+    for error in (
+        ConnectionRefusedError(111, "Connection refused"),
+        TimeoutError("timed out"),
+        OSError(113, "No route"),
+    ):
         assert not refused_before_banner(error)
         assert retry_delay(error, 1, 5.0) == 5.0
 
@@ -76,15 +84,21 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_when_a_fleet_needs_
 
 
 def test_a_retried_handshake_prints_no_paramiko_traceback() -> None:
-    """paramiko logs a dropped handshake with its traceback, which Python prints on stderr when nobody set up logging
-    (the CLI): after the fleet quiets it, nothing reaches stderr; logging set up by a program still gets it."""
-    script = ("import logging, sys\n"
-              "from tpuft.fleet.pacing import quiet_handshake_tracebacks\n"
-              "if sys.argv[1] == 'quiet': quiet_handshake_tracebacks(); quiet_handshake_tracebacks()\n"
-              "logging.getLogger('paramiko.transport').error('Exception (client): Error reading SSH protocol banner')\n"
-              "print(len(logging.getLogger('paramiko').handlers))\n")
+    """paramiko logs a dropped handshake with its traceback, which Python prints on stderr when nobody set up
+    logging (the CLI): after the fleet quiets it, nothing reaches stderr; logging set up by a program still
+    gets it."""
+    script = (
+        "import logging, sys\n"
+        "from tpuft.fleet.pacing import quiet_handshake_tracebacks\n"
+        "if sys.argv[1] == 'quiet': quiet_handshake_tracebacks(); quiet_handshake_tracebacks()\n"
+        "logging.getLogger('paramiko.transport').error('Exception (client): Error reading SSH protocol "
+        "banner')\n"
+        "print(len(logging.getLogger('paramiko').handlers))\n"
+    )
     loud = subprocess.run([sys.executable, "-c", script, "loud"], capture_output=True, text=True, check=True)
-    quiet = subprocess.run([sys.executable, "-c", script, "quiet"], capture_output=True, text=True, check=True)
+    quiet = subprocess.run(
+        [sys.executable, "-c", script, "quiet"], capture_output=True, text=True, check=True
+    )
     assert "Error reading SSH protocol banner" in loud.stderr
     assert quiet.stderr == "" and quiet.stdout.strip() == "1"
 
@@ -93,12 +107,19 @@ def test_many_unreachable_workers_are_named_in_spans() -> None:
     """1,024 workers behind a dead network: ten in full, the rest as --worker spans, not a thousand lines."""
     from tpuft.fleet.ssh import SshConnectError, _unreachable
 
-    failures = {i: SshConnectError(f"worker {i} (10.0.0.{i % 250}:22): cannot connect over SSH after 10 attempts",
-                                   hint="Check the firewall.") for i in [*range(0, 500), *range(501, 1024)]}
+    failures = {
+        i: SshConnectError(
+            f"worker {i} (10.0.0.{i % 250}:22): cannot connect over SSH after 10 attempts",
+            hint="Check the firewall.",
+        )
+        for i in [*range(0, 500), *range(501, 1024)]
+    }
     error = _unreachable(failures, 1024)
     lines = error.message.splitlines()
     assert lines[0] == "1023 of 1024 workers cannot be reached over SSH:"
-    assert lines[1] == "  worker 0 (10.0.0.0:22): cannot connect over SSH after 10 attempts" and len(lines) == 12
+    assert (
+        lines[1] == "  worker 0 (10.0.0.0:22): cannot connect over SSH after 10 attempts" and len(lines) == 12
+    )
     assert lines[-1] == "  ... and 1013 more: workers 10-499,501-1023"
     assert error.hint == "Check the firewall."
     one = {7: SshConnectError("worker 7 (10.0.0.7:22): refused", hint="h")}

@@ -1,6 +1,6 @@
-"""The supervisor every fleet shares, with stand-in handles (pure Python objects with the Handle methods): who is
-stopped when, in which order, and what a failure to start leaves behind. The fleets themselves are tested against
-real processes and real sshd servers in test_local_fleet.py and test_ssh_fleet.py."""
+"""The supervisor every fleet shares, with stand-in handles (pure Python objects with the Handle methods): who
+is stopped when, in which order, and what a failure to start leaves behind. The fleets themselves are tested
+against real processes and real sshd servers in test_local_fleet.py and test_ssh_fleet.py."""
 
 from __future__ import annotations
 
@@ -64,7 +64,11 @@ def test_the_first_failure_stops_the_others_and_is_named() -> None:
     result = run([survivor, culprit, late])
     assert result.first_failure == 1 and not result.ok
     assert survivor.events[0] == "TERM" and late.events[0] == "TERM"
-    assert [r.exit_code for r in result.results] == [None, 3, None]  # stopped by us, not failures of their own
+    assert [r.exit_code for r in result.results] == [
+        None,
+        3,
+        None,
+    ]  # stopped by us, not failures of their own
 
 
 def test_without_fail_fast_everyone_runs_to_the_end() -> None:

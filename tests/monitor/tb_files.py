@@ -1,5 +1,5 @@
-"""TensorBoard event files written the way T5X (clu / tf.summary) and tpuft's worker write them, and a PNG's size:
-shared by the monitor tests (TensorBoard reading, plots, ``runs`` and ``logs``)."""
+"""TensorBoard event files written the way T5X (clu / tf.summary) and tpuft's worker write them, and a PNG's
+size: shared by the monitor tests (TensorBoard reading, plots, ``runs`` and ``logs``)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import struct
 from pathlib import Path
 
 WALL0 = 1_000_000.0
-"""Wall time of the first written event: far in the past, so it is the earliest (each file's own header is now)."""
+"""Wall time of the first written event: far in the past, so it is the earliest (each file's own header is
+now)."""
 
 
-def write_events(logdir: Path, points: list[tuple[int, dict[str, float]]], *, tensor: bool = True, wall_step: float = 10.0) -> Path:
+def write_events(
+    logdir: Path, points: list[tuple[int, dict[str, float]]], *, tensor: bool = True, wall_step: float = 10.0
+) -> Path:
     """One event file in ``logdir``: an event per (step, {tag: value}); returns its path.
 
-    ``tensor``: a float32 tensor summary whose ``scalars`` plugin metadata rides on a tag's first event only (as TF2's
-    writer does); else a legacy ``simple_value``. Event ``i`` has wall time ``WALL0 + i * wall_step``."""
+    ``tensor``: a float32 tensor summary whose ``scalars`` plugin metadata rides on a tag's first event only
+    (as TF2's writer does); else a legacy ``simple_value``. Event ``i`` has wall time ``WALL0 + i *
+    wall_step``."""
     import numpy as np
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.plugins.scalar import metadata as scalar_metadata
@@ -31,7 +35,9 @@ def write_events(logdir: Path, points: list[tuple[int, dict[str, float]]], *, te
                 continue
             value = summary.value.add(tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(number)))
             if tag not in seen:
-                value.metadata.CopyFrom(scalar_metadata.create_summary_metadata(display_name=tag, description=""))
+                value.metadata.CopyFrom(
+                    scalar_metadata.create_summary_metadata(display_name=tag, description="")
+                )
                 seen.add(tag)
         writer.add_event(event_pb2.Event(wall_time=WALL0 + index * wall_step, step=step, summary=summary))
     writer.close()
@@ -67,11 +73,16 @@ T5X_TRAIN = {
 
 
 def t5x_tb(tb: Path, *, tasks: tuple[str, ...] = ("mytask",)) -> Path:
-    """``tb/train/`` logging steps 100, 200, 300 and ``tb/training_eval/<task>/`` at 200 and 300, as T5X lays them out."""
-    write_events(tb / "train", [(s, {k: v / (s // 100) for k, v in T5X_TRAIN.items()}) for s in (100, 200, 300)])
+    """``tb/train/`` logging steps 100, 200, 300 and ``tb/training_eval/<task>/`` at 200 and 300, as T5X lays
+    them out."""
+    write_events(
+        tb / "train", [(s, {k: v / (s // 100) for k, v in T5X_TRAIN.items()}) for s in (100, 200, 300)]
+    )
     write_text_summary(tb / "train", "config", "model_dir = 'gs://x'")
     for offset, task in enumerate(tasks):
-        points = [(s, {"loss": 3.0 / (s // 100) + offset, "accuracy": 0.5 + 0.125 * (s // 100)}) for s in (200, 300)]
+        points = [
+            (s, {"loss": 3.0 / (s // 100) + offset, "accuracy": 0.5 + 0.125 * (s // 100)}) for s in (200, 300)
+        ]
         write_events(tb / "training_eval" / task, points)
     return tb
 

@@ -1,4 +1,5 @@
-"""monitor reads a run dir: progress, ETA, eval metrics, heartbeats (stale ones flagged), corrupt lines skipped."""
+"""monitor reads a run dir: progress, ETA, eval metrics, heartbeats (stale ones flagged), corrupt lines
+skipped."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ def make_run(root: Path, *, beats: dict[int, float], lines: list[str]) -> Path:
     run = root / "runs" / "demo-1"
     write_run(
         run,
-        info={"recipe": "demo", "backend": "torch_xla", "workers": 2, "total_steps": 100, "status": "running"},
+        info={
+            "recipe": "demo",
+            "backend": "torch_xla",
+            "workers": 2,
+            "total_steps": 100,
+            "status": "running",
+        },
         metrics_lines=lines,
         beats={worker: {"step": 50, "status": "running", "age": age} for worker, age in beats.items()},
     )
@@ -46,7 +53,11 @@ def test_all_workers_silent_means_stale(tmp_path: Path) -> None:
 def test_cli_monitor_json_and_unknown_run(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cluster = tmp_path / "tpuft.yaml"
     cluster.write_text(f"provider: local\nbucket: {tmp_path / 'bucket'}\n")
-    make_run(tmp_path / "bucket", beats={0: 1.0, 1: 1.0}, lines=[json.dumps({"step": 10, "loss": 3.0, "elapsed_s": 5})])
+    make_run(
+        tmp_path / "bucket",
+        beats={0: 1.0, 1: 1.0},
+        lines=[json.dumps({"step": 10, "loss": 3.0, "elapsed_s": 5})],
+    )
     result = cli("monitor", "-c", str(cluster), "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["step"] == 10

@@ -1,5 +1,5 @@
-"""tpuft runs, tpuft logs (time-ordered interleaving, one worker, following a live run) and the monitor's views,
-on a local run folder; and a bucket run on the GCS emulator."""
+"""tpuft runs, tpuft logs (time-ordered interleaving, one worker, following a live run) and the monitor's
+views, on a local run folder; and a bucket run on the GCS emulator."""
 
 from __future__ import annotations
 
@@ -11,23 +11,47 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft.run import rundir
 from tests.rundirs import write_run as build_run
-from tpuft.run.rundir import log_timestamp
-from tpuft.ops.logs import LogLine, follow, in_time_order, open_run_logs, parse_line
 from tpuft.config import load_cluster
+from tpuft.ops.logs import LogLine, follow, in_time_order, open_run_logs, parse_line
+from tpuft.run import rundir
+from tpuft.run.rundir import log_timestamp
 from tpuft.storage import open_storage
 
 
-def write_run(bucket: Path, run_id: str, *, status: str, steps: int, evals: list[tuple[int, float]], beat_age: float = 1.0,
-              started: float = 1_790_000_000.0) -> Path:
+def write_run(
+    bucket: Path,
+    run_id: str,
+    *,
+    status: str,
+    steps: int,
+    evals: list[tuple[int, float]],
+    beat_age: float = 1.0,
+    started: float = 1_790_000_000.0,
+) -> Path:
     run = bucket / "runs" / run_id
-    rows = [{"step": s, "loss": 3.0 - s / 50, "lr": 1e-3, "examples_per_s": 250.0, "tokens_per_s": 9800.0, "elapsed_s": s / 2}
-            for s in range(10, steps + 1, 10)]
+    rows = [
+        {
+            "step": s,
+            "loss": 3.0 - s / 50,
+            "lr": 1e-3,
+            "examples_per_s": 250.0,
+            "tokens_per_s": 9800.0,
+            "elapsed_s": s / 2,
+        }
+        for s in range(10, steps + 1, 10)
+    ]
     rows += [{"step": s, "eval_loss": 1.0, "eval_exact_match": m} for s, m in evals]
     build_run(
         run,
-        info={"recipe": run_id.split("-")[0], "backend": "torch_xla", "workers": 2, "total_steps": 100, "status": status, "started": started},
+        info={
+            "recipe": run_id.split("-")[0],
+            "backend": "torch_xla",
+            "workers": 2,
+            "total_steps": 100,
+            "status": status,
+            "started": started,
+        },
         metrics=sorted(rows, key=lambda r: r["step"]),
         beats={w: {"step": steps, "status": status, "age": beat_age, "loss": 1.0} for w in range(2)},
     )
@@ -43,9 +67,13 @@ def cluster(tmp_path: Path) -> Path:
 
 def test_runs_lists_status_steps_and_best_eval(cli, cluster: Path, tmp_path: Path) -> None:
     bucket = tmp_path / "bucket"
-    write_run(bucket, "alpha-1", status="finished", steps=100, evals=[(50, 0.4), (100, 0.9)], started=1_790_000_000)
+    write_run(
+        bucket, "alpha-1", status="finished", steps=100, evals=[(50, 0.4), (100, 0.9)], started=1_790_000_000
+    )
     write_run(bucket, "beta-2", status="failed", steps=30, evals=[], started=1_790_000_100)
-    write_run(bucket, "gamma-3", status="running", steps=60, evals=[(50, 0.7)], beat_age=900, started=1_790_000_200)
+    write_run(
+        bucket, "gamma-3", status="running", steps=60, evals=[(50, 0.7)], beat_age=900, started=1_790_000_200
+    )
     result = cli("runs", "-c", str(cluster), "--json")
     assert result.code == 0, result.err
     found = {r["run_id"]: r for r in json.loads(result.out)}
@@ -55,7 +83,9 @@ def test_runs_lists_status_steps_and_best_eval(cli, cluster: Path, tmp_path: Pat
     assert found["gamma-3"]["stale_for_s"] >= 890
     table = cli("runs", "-c", str(cluster))
     assert table.code == 0
-    assert "alpha-1" in table.out and "eval_exact_match 0.9000 @100" in table.out and "stale (15m" in table.out
+    assert (
+        "alpha-1" in table.out and "eval_exact_match 0.9000 @100" in table.out and "stale (15m" in table.out
+    )
 
 
 def test_monitor_once_shows_workers_log_tails_and_node(cli, cluster: Path, tmp_path: Path) -> None:
@@ -65,10 +95,17 @@ def test_monitor_once_shows_workers_log_tails_and_node(cli, cluster: Path, tmp_p
     (run / "logs" / "worker-1.log").write_text(f"{log_timestamp()} still warming up\n\n")
     result = cli("monitor", "-c", str(cluster), "--once")
     assert result.code == 0, result.err
-    assert "step 40/100" in result.out and "still warming up" in result.out and "[tpuft] step 40/100 loss 2.2" in result.out
+    assert (
+        "step 40/100" in result.out
+        and "still warming up" in result.out
+        and "[tpuft] step 40/100 loss 2.2" in result.out
+    )
     snap = json.loads(cli("monitor", "-c", str(cluster), "--json").out)
     assert snap["node_state"] == "NOT_FOUND"  # no local cluster was created in this test
-    assert [w["last_log_line"] for w in snap["workers"]] == ["[tpuft] step 40/100 loss 2.2", "still warming up"]
+    assert [w["last_log_line"] for w in snap["workers"]] == [
+        "[tpuft] step 40/100 loss 2.2",
+        "still warming up",
+    ]
     assert snap["eta_s"] == 30.0 and snap["workers"][0]["loss"] == 1.0
 
 
@@ -83,7 +120,9 @@ def test_log_lines_interleave_by_arrival_time() -> None:
 def test_logs_cli_all_workers_and_one(cli, cluster: Path, tmp_path: Path) -> None:
     run = write_run(tmp_path / "bucket", "alpha-1", status="finished", steps=100, evals=[])
     (run / "logs").mkdir()
-    (run / "logs" / "worker-0.log").write_text("2026-11-22T06:00:00.000Z zero-a\n2026-11-22T06:00:02.000Z zero-b\n")
+    (run / "logs" / "worker-0.log").write_text(
+        "2026-11-22T06:00:00.000Z zero-a\n2026-11-22T06:00:02.000Z zero-b\n"
+    )
     (run / "logs" / "worker-1.log").write_text("2026-11-22T06:00:01.000Z one-a\n")
     result = cli("logs", "alpha", "-c", str(cluster))
     assert result.code == 0, result.err
@@ -94,12 +133,21 @@ def test_logs_cli_all_workers_and_one(cli, cluster: Path, tmp_path: Path) -> Non
     assert missing.code == 2 and "no log for worker 5" in missing.err and "0, 1" in missing.err
 
 
-def test_a_multislice_run_is_labelled_and_addressed_slice_by_slice(cli, cluster: Path, tmp_path: Path) -> None:
-    """run.json's ``slices``: monitor labels the workers ``S:I``, logs prefixes ``[wN S:I]`` and takes ``--worker S:I``;
-    a run without it stays flat (the tests above)."""
+def test_a_multislice_run_is_labelled_and_addressed_slice_by_slice(
+    cli, cluster: Path, tmp_path: Path
+) -> None:
+    """run.json's ``slices``: monitor labels the workers ``S:I``, logs prefixes ``[wN S:I]`` and takes
+    ``--worker S:I``; a run without it stays flat (the tests above)."""
     build_run(
         tmp_path / "bucket" / "runs" / "multi-1",
-        info={"recipe": "multi", "backend": "t5x", "workers": 4, "slices": 2, "total_steps": 10, "status": "finished"},
+        info={
+            "recipe": "multi",
+            "backend": "t5x",
+            "workers": 4,
+            "slices": 2,
+            "total_steps": 10,
+            "status": "finished",
+        },
         metrics=[{"step": 10, "loss": 1.0}],
         beats={w: {"step": 10, "status": "finished", "age": 1.0} for w in range(4)},
         logs={w: f"2026-11-22T06:00:0{w}.000Z from {w}\n".encode() for w in range(4)},
@@ -109,18 +157,31 @@ def test_a_multislice_run_is_labelled_and_addressed_slice_by_slice(cli, cluster:
     assert all(f"{w // 2}:{w % 2} (w{w})" in view.out for w in range(4))
     data = json.loads(cli("monitor", "multi", "-c", str(cluster), "--json").out)
     assert [(w["index"], w["slice"], w["host"], w["ref"]) for w in data["workers"]] == [
-        (0, 0, 0, "0:0"), (1, 0, 1, "0:1"), (2, 1, 0, "1:0"), (3, 1, 1, "1:1")]
+        (0, 0, 0, "0:0"),
+        (1, 0, 1, "0:1"),
+        (2, 1, 0, "1:0"),
+        (3, 1, 1, "1:1"),
+    ]
     assert cli("logs", "multi", "-c", str(cluster)).out.splitlines() == [
-        "[w0 0:0] from 0", "[w1 0:1] from 1", "[w2 1:0] from 2", "[w3 1:1] from 3"]
+        "[w0 0:0] from 0",
+        "[w1 0:1] from 1",
+        "[w2 1:0] from 2",
+        "[w3 1:1] from 3",
+    ]
     assert cli("logs", "multi", "-c", str(cluster), "-w", "1:0").out.splitlines() == ["from 2"]
     assert cli("logs", "multi", "-c", str(cluster), "-w", "3").out.splitlines() == ["from 3"]
     wrong = cli("logs", "multi", "-c", str(cluster), "-w", "2:0")
-    assert wrong.code == 2 and "no slice 2 (the cluster has slices 0..1 of 2 hosts (0..1), workers 0..3)" in wrong.err
+    assert (
+        wrong.code == 2
+        and "no slice 2 (the cluster has slices 0..1 of 2 hosts (0..1), workers 0..3)" in wrong.err
+    )
     many = cli("logs", "multi", "-c", str(cluster), "-w", "1:*")
     assert many.code == 2 and "this command takes one worker" in many.err
 
 
-def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(cluster: Path, tmp_path: Path) -> None:
+def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(
+    cluster: Path, tmp_path: Path
+) -> None:
     run = write_run(tmp_path / "bucket", "live-1", status="running", steps=10, evals=[])
     logs_dir = run / "logs"
     logs_dir.mkdir()
@@ -133,7 +194,9 @@ def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(cluster:
         time.sleep(0.3)
         with (logs_dir / "worker-0.log").open("a") as handle:
             handle.write(f"{log_timestamp()} second\n{log_timestamp()} half")
-        (logs_dir / "worker-1.log").write_text(f"{log_timestamp()} late worker\n")  # a worker whose log appears later
+        (logs_dir / "worker-1.log").write_text(
+            f"{log_timestamp()} late worker\n"
+        )  # a worker whose log appears later
         time.sleep(0.3)
         with (logs_dir / "worker-0.log").open("a") as handle:
             handle.write(" a line\n")
@@ -150,8 +213,12 @@ def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(cluster:
     assert seen[0][0] < 0.25 and seen[1][0] >= 0.3  # printed as it arrived, not at the end
 
 
-def test_bucket_run_monitor_runs_and_logs(cli, gcs: GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tpuft.providers.gcp.tuning.RETRY_BASE_S", 0.01)  # the unreachable TPU API below fails fast
+def test_bucket_run_monitor_runs_and_logs(
+    cli, gcs: GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        "tpuft.providers.gcp.tuning.RETRY_BASE_S", 0.01
+    )  # the unreachable TPU API below fails fast
     local = write_run(tmp_path / "staging", "remote-1", status="running", steps=20, evals=[(20, 0.5)])
     (local / "logs").mkdir()
     (local / "logs" / "worker-0.log").write_text("2026-11-22T06:00:00.000Z hello from the bucket\n")
@@ -159,8 +226,10 @@ def test_bucket_run_monitor_runs_and_logs(cli, gcs: GcsEmulator, tmp_path: Path,
     storage.ensure_bucket("us-central2")
     storage.upload_tree(local, "runs/remote-1")
     cluster = tmp_path / "gcp.yaml"
-    cluster.write_text("name: test-node\nprovider: gcp\naccelerator: v4-8\nbucket: gs://tpuft-runs-test\n"
-                       "gcp:\n  project: demo-project\n  zone: us-central2-b\n  tpu_api_endpoint: http://127.0.0.1:9\n")
+    cluster.write_text(
+        "name: test-node\nprovider: gcp\naccelerator: v4-8\nbucket: gs://tpuft-runs-test\n"
+        "gcp:\n  project: demo-project\n  zone: us-central2-b\n  tpu_api_endpoint: http://127.0.0.1:9\n"
+    )
     snap = cli("monitor", "-c", str(cluster), "--json")
     assert snap.code == 0, snap.err
     data = json.loads(snap.out)
@@ -189,8 +258,18 @@ def test_t5x_style_run_with_only_tensorboard_events(cli, cluster: Path, tmp_path
 
     run = tmp_path / "bucket" / "runs" / "t5x-1"
     t5x_tb(run / rundir.TB_DIR)
-    rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "t5x-1", "recipe": "t5x", "backend": "tb_only", "workers": 1,
-                                                     "total_steps": 1000, "status": "finished", "started": 1_790_000_000})
+    rundir.write_json_atomic(
+        run / rundir.RUN_INFO,
+        {
+            "run_id": "t5x-1",
+            "recipe": "t5x",
+            "backend": "tb_only",
+            "workers": 1,
+            "total_steps": 1000,
+            "status": "finished",
+            "started": 1_790_000_000,
+        },
+    )
     result = cli("monitor", "t5x-1", "-c", str(cluster), "--json")
     assert result.code == 0, result.err
     snap = json.loads(result.out)
@@ -216,9 +295,14 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(cluster: Path, t
     run = tmp_path / "bucket" / "runs" / "t5x-1"
     t5x_tb(run / rundir.TB_DIR)
     rundir.write_json_atomic(run / rundir.RUN_INFO, {"run_id": "t5x-1", "status": "finished"})
-    proc = subprocess.Popen([sys.executable, "-m", "tpuft", "tensorboard", "-c", str(cluster), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"},
-                            preexec_fn=default_sigint)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpuft", "tensorboard", "-c", str(cluster), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+        preexec_fn=default_sigint,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -231,10 +315,13 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(cluster: Path, t
         assert proc.wait(timeout=20) == 0
 
 
-def test_a_live_monitor_outlives_an_outage_of_the_network(cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The live view (a terminal) keeps the last snapshot and says it cannot reach Google Cloud, instead of ending on
-    one refresh's ``gcp.timeout``; it goes on when the bucket answers again. The outage is raised by a stand-in of
-    ``tpuft.readers.monitor.watch`` (a bucket that stops answering is tests/providers/test_network_down.py)."""
+def test_a_live_monitor_outlives_an_outage_of_the_network(
+    cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live view (a terminal) keeps the last snapshot and says it cannot reach Google Cloud, instead of
+    ending on one refresh's ``gcp.timeout``; it goes on when the bucket answers again. The outage is raised by
+    a stand-in of ``tpuft.readers.monitor.watch`` (a bucket that stops answering is
+    tests/providers/test_network_down.py)."""
     import io
 
     from rich.console import Console
@@ -250,7 +337,9 @@ def test_a_live_monitor_outlives_an_outage_of_the_network(cluster: Path, tmp_pat
     def flaky_watch(config, run_):  # type: ignore[no-untyped-def]
         calls.append(1)
         if len(calls) in (2, 3):
-            raise CloudUnreachable("reading gs://b/runs/delta-4/run.json: no answer from the Cloud Storage API for 30s")
+            raise CloudUnreachable(
+                "reading gs://b/runs/delta-4/run.json: no answer from the Cloud Storage API for 30s"
+            )
         if len(calls) == 4:
             info = json.loads((run / "run.json").read_text())
             (run / "run.json").write_text(json.dumps({**info, "status": "finished"}))

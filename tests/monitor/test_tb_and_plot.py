@@ -1,8 +1,9 @@
-"""TensorBoard events -> metrics rows (T5X layout with tensor summaries, tpuft's own simple_value events, truncated and
-corrupt files), the PNG plot, and a real TensorBoard served on a local and a gs:// run (GCS emulator).
+"""TensorBoard events -> metrics rows (T5X layout with tensor summaries, tpuft's own simple_value events,
+truncated and corrupt files), the PNG plot, and a real TensorBoard served on a local and a gs:// run (GCS
+emulator).
 
-Event files are written with TensorBoard's own writer and protos, the way clu/tf.summary (T5X) and tpuft's worker
-write them; nothing is mocked except, in one test, which Python has TensorBoard installed.
+Event files are written with TensorBoard's own writer and protos, the way clu/tf.summary (T5X) and tpuft's
+worker write them; nothing is mocked except, in one test, which Python has TensorBoard installed.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import pytest
 
 from tests.monitor.tb_files import WALL0, png_size, t5x_tb, write_events
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft.run import rundir
 from tpuft.core.errors import UsageError
 from tpuft.ops.tensorboard import TensorBoardHandle
-from tpuft.run.rundir import MetricsLog
 from tpuft.readers.tb_events import read_tb_metrics
+from tpuft.run import rundir
+from tpuft.run.rundir import MetricsLog
 
 BUCKET = "tpuft-tb-runs"
-# ---- reading -------------------------------------------------------------------------------------------------------
+# ---- reading -----------------------------------------------------------------------------------------------
 
 
 def test_t5x_layout_with_tensor_summaries(tmp_path: Path) -> None:
@@ -59,20 +60,34 @@ def test_several_eval_tasks_are_prefixed_and_clashes_are_qualified(tmp_path: Pat
 
     one = t5x_tb(tmp_path / "one" / "tb")
     # seqio's inference eval of the same task: tags "eval/<metric>"; its accuracy keeps the plain column
-    write_events(one / "inference_eval" / "mytask", [(300, {"eval/accuracy": 62.5, "eval/exact_match": 40.0})])
+    write_events(
+        one / "inference_eval" / "mytask", [(300, {"eval/accuracy": 62.5, "eval/exact_match": 40.0})]
+    )
     last = read_tb_metrics(one).rows[-1]
     assert last["eval_accuracy"] == 62.5 and last["eval_exact_match"] == 40.0
     assert last["eval_training_eval/accuracy"] == 0.875 and last["eval_loss"] == 1.0
 
 
 def test_tpuft_worker_events_match_its_metrics_jsonl(tmp_path: Path) -> None:
-    """tpuft's own worker writes simple_value scalars (train/<key>, eval/<key>) next to metrics.jsonl: same rows."""
+    """tpuft's own worker writes simple_value scalars (train/<key>, eval/<key>) next to metrics.jsonl: same
+    rows."""
     from tpuft.worker.metrics import MetricsWriter
 
     writer = MetricsWriter(tmp_path, chief=True)
     for step in (10, 20, 30):
-        writer.log(step, {"loss": 3.5 / step, "lr": 0.0005, "examples_per_s": 64.0, "tokens_per_s": 4096.0, "elapsed_s": 1.5 * step})
-    writer.log(30, {"eval_loss": 0.125, "eval_token_accuracy": 0.75, "eval_exact_match": 0.5, "eval_examples": 8})
+        writer.log(
+            step,
+            {
+                "loss": 3.5 / step,
+                "lr": 0.0005,
+                "examples_per_s": 64.0,
+                "tokens_per_s": 4096.0,
+                "elapsed_s": 1.5 * step,
+            },
+        )
+    writer.log(
+        30, {"eval_loss": 0.125, "eval_token_accuracy": 0.75, "eval_exact_match": 0.5, "eval_examples": 8}
+    )
     writer.close()
     from_tb = read_tb_metrics(tmp_path / rundir.TB_DIR)
     merged: dict[int, dict[str, float]] = {}
@@ -95,7 +110,9 @@ def test_truncated_corrupt_and_restarted_files_are_survived(tmp_path: Path) -> N
     data = whole.read_bytes()
     (tb / "train" / "events.out.tfevents.9999999999.host.2.0").write_bytes(data[: len(data) - 7])
     # garbage under an event file's name, an empty file, and a half-downloaded mirror file (never read)
-    (tb / "training_eval" / "mytask" / "events.out.tfevents.1.junk").write_bytes(b"\x07not a tfrecord at all" * 9)
+    (tb / "training_eval" / "mytask" / "events.out.tfevents.1.junk").write_bytes(
+        b"\x07not a tfrecord at all" * 9
+    )
     (tb / "train" / "events.out.tfevents.2.empty").write_bytes(b"")
     (tb / "train" / ".events.out.tfevents.3.x.tpuft-part").write_bytes(b"partial")
     log = read_tb_metrics(tb)
@@ -103,7 +120,9 @@ def test_truncated_corrupt_and_restarted_files_are_survived(tmp_path: Path) -> N
     assert steps == [100, 200, 300, 400, 500, 600]  # 700 was in the cut record
     assert log.rows[2]["loss"] == 0.5 and log.rows[2]["eval_loss"] == 1.0 and log.rows[3]["loss"] == 0.25
     assert len(log.notes) == 2, log.notes
-    assert any("host.2.0: truncated or corrupt after 3 record(s)" in n for n in log.notes)  # header + 2 events
+    assert any(
+        "host.2.0: truncated or corrupt after 3 record(s)" in n for n in log.notes
+    )  # header + 2 events
     assert any("1.junk: truncated or corrupt after 0 record(s)" in n for n in log.notes)
 
 
@@ -115,19 +134,23 @@ def test_missing_tb_dir_is_an_empty_log(tmp_path: Path) -> None:
 def test_modules_do_not_import_tensorboard_or_matplotlib_at_import() -> None:
     code = (
         "import sys, tpuft.readers.tb_events, tpuft.readers.plot, tpuft.ops.tensorboard\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'matplotlib', 'numpy'))\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'matplotlib', "
+        "'numpy'))\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
-# ---- plotting ------------------------------------------------------------------------------------------------------
+# ---- plotting --------------------------------------------------------------------------------------------
 
 
 def synthetic_log(steps: int = 5000, eval_every: int = 250) -> MetricsLog:
     rows = []
     for step in range(1, steps + 1):
-        row: dict[str, float] = {"step": step, "loss": 8 * math.exp(-step / 900) + 0.05 * math.sin(step) + 0.3}
+        row: dict[str, float] = {
+            "step": step,
+            "loss": 8 * math.exp(-step / 900) + 0.05 * math.sin(step) + 0.3,
+        }
         if step % eval_every == 0:
             row |= {"eval_loss": row["loss"] + 0.1, "eval_token_accuracy": 1 - math.exp(-step / 1500)}
             row["eval_exact_match"] = 1 - math.exp(-step / 3000)
@@ -137,9 +160,9 @@ def synthetic_log(steps: int = 5000, eval_every: int = 250) -> MetricsLog:
 
 
 def test_plot_of_5000_steps_is_a_1200x800_png_in_under_5_s(tmp_path: Path) -> None:
-    from tpuft.readers.plot import plot_curves
-
     import matplotlib.figure  # noqa: F401 - the one-off import (and font cache) is not the drawing being timed
+
+    from tpuft.readers.plot import plot_curves
 
     log = synthetic_log()
     out = tmp_path / "curves.png"
@@ -157,7 +180,9 @@ def test_plot_from_tensorboard_events_and_percent_metrics(tmp_path: Path) -> Non
     from tpuft.readers.plot import plot_curves
 
     tb = t5x_tb(tmp_path / "tb")
-    write_events(tb / "inference_eval" / "mytask", [(200, {"eval/accuracy": 50.0}), (300, {"eval/accuracy": 75.0})])
+    write_events(
+        tb / "inference_eval" / "mytask", [(200, {"eval/accuracy": 50.0}), (300, {"eval/accuracy": 75.0})]
+    )
     out = plot_curves(read_tb_metrics(tb), tmp_path / "t5x.png", title="t5x run")
     assert png_size(out.read_bytes()) == (1200, 800)
 
@@ -180,7 +205,11 @@ def test_plot_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="nothing to plot"):
         plot_curves(MetricsLog(), tmp_path / "a.png", title="empty")
     with pytest.raises(UsageError, match="nothing to plot"):
-        plot_curves(MetricsLog(rows=[{"step": 1, "lr": 0.1}, {"step": 2, "loss": float("nan")}]), tmp_path / "b.png", title="x")
+        plot_curves(
+            MetricsLog(rows=[{"step": 1, "lr": 0.1}, {"step": 2, "loss": float("nan")}]),
+            tmp_path / "b.png",
+            title="x",
+        )
     with pytest.raises(UsageError, match="does not exist"):
         plot_curves(synthetic_log(10), tmp_path / "missing" / "c.png", title="x")
     with pytest.raises(UsageError, match="is a folder"):
@@ -188,11 +217,12 @@ def test_plot_errors(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-# ---- serving -------------------------------------------------------------------------------------------------------
+# ---- serving ---------------------------------------------------------------------------------------------
 
 
 def runs_listed(url: str, expected: list[str], timeout: float = 30.0) -> list[str]:
-    """TensorBoard's run list once it has the ``expected`` runs (it loads the logdir on a thread after it answers)."""
+    """TensorBoard's run list once it has the ``expected`` runs (it loads the logdir on a thread after it
+    answers)."""
     deadline = time.monotonic() + timeout
     while True:
         with urllib.request.urlopen(url + "data/runs", timeout=10) as answer:
@@ -203,10 +233,13 @@ def runs_listed(url: str, expected: list[str], timeout: float = 30.0) -> list[st
 
 
 def loss_steps(url: str, *, until: int, timeout: float = 30.0) -> list[int]:
-    """Steps of the train run's ``loss`` in TensorBoard, polled until ``until`` is among them (or time runs out)."""
+    """Steps of the train run's ``loss`` in TensorBoard, polled until ``until`` is among them (or time runs
+    out)."""
     deadline = time.monotonic() + timeout
     while True:
-        with urllib.request.urlopen(url + "data/plugin/scalars/scalars?run=train&tag=loss", timeout=10) as answer:
+        with urllib.request.urlopen(
+            url + "data/plugin/scalars/scalars?run=train&tag=loss", timeout=10
+        ) as answer:
             steps = [int(point[1]) for point in json.load(answer)]
         if until in steps or time.monotonic() > deadline:
             return steps
@@ -243,13 +276,19 @@ def test_tensorboard_refuses_a_run_without_events(tmp_path: Path) -> None:
         start_tensorboard(tmp_path / "absent")
 
 
-def test_tensorboard_found_in_a_backend_venv_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tensorboard_found_in_a_backend_venv_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.util
 
     from tpuft.ops import tensorboard as tb_ops
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a),
+    )
     monkeypatch.setenv("TPUFT_VENV_CACHE", str(tmp_path / "venvs"))
     with pytest.raises(UsageError, match="TensorBoard is not installed") as caught:
         tb_ops.tensorboard_command()
@@ -283,8 +322,8 @@ def wait_syncs(handle: TensorBoardHandle, count: int, timeout: float = 30.0) -> 
 
 
 def test_tensorboard_on_a_bucket_run_mirrors_and_resyncs(tmp_path: Path, gcs: GcsEmulator) -> None:
-    from tpuft.ops.tensorboard import start_tensorboard
     from tpuft.core.paths import tpuft_home
+    from tpuft.ops.tensorboard import start_tensorboard
     from tpuft.storage import open_storage
 
     gcs.reset()
@@ -294,7 +333,9 @@ def test_tensorboard_on_a_bucket_run_mirrors_and_resyncs(tmp_path: Path, gcs: Gc
     bucket.upload_tree(t5x_tb(tmp_path / "tb"), f"runs/{run_id}/tb")
     handle = start_tensorboard(f"gs://{BUCKET}/runs/{run_id}/", sync_interval_s=0.3)
     try:
-        assert handle.logdir == tpuft_home() / "runs" / BUCKET / "runs" / run_id / "tb"  # the run's one mirror
+        assert (
+            handle.logdir == tpuft_home() / "runs" / BUCKET / "runs" / run_id / "tb"
+        )  # the run's one mirror
         assert runs_listed(handle.url, ["train", "training_eval/mytask"]) == ["train", "training_eval/mytask"]
         # the run goes on: a new eval task appears in the bucket and reaches the mirror on a later sync
         new = write_events(tmp_path / "later" / "training_eval" / "othertask", [(400, {"loss": 0.5})])
@@ -305,10 +346,13 @@ def test_tensorboard_on_a_bucket_run_mirrors_and_resyncs(tmp_path: Path, gcs: Gc
         assert handle.sync_error is None
         everything = ["train", "training_eval/mytask", "training_eval/othertask"]
         assert runs_listed(handle.url, everything) == everything
-        # the train file grows in the bucket (step 400 appended); the mirror replaces it and TensorBoard sees the step
-        # (the newest file by name: the one a live writer appends to, and the only one TensorBoard keeps tailing)
+        # the train file grows in the bucket (step 400 appended); the mirror replaces it and TensorBoard sees
+        # the step (the newest file by name: the one a live writer appends to, and the only one TensorBoard
+        # keeps tailing)
         train_file = max((tmp_path / "tb" / "train").glob("*tfevents*"), key=lambda p: p.name)
-        grown = train_file.read_bytes() + write_events(tmp_path / "more", [(400, {"loss": 0.125})]).read_bytes()
+        grown = (
+            train_file.read_bytes() + write_events(tmp_path / "more", [(400, {"loss": 0.125})]).read_bytes()
+        )
         (tmp_path / "grown").mkdir()
         (tmp_path / "grown" / train_file.name).write_bytes(grown)
         bucket.upload_file(tmp_path / "grown" / train_file.name, f"runs/{run_id}/tb/train/{train_file.name}")

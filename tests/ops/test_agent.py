@@ -1,7 +1,7 @@
 """The per-cluster connection agent (tpuft/ops/agent.py) against real OpenSSH servers and the fake TPU API: a
-second `tpuft exec` reuses the agent's connections, prints and exits exactly like the cold path (failures, fail-fast,
-Ctrl-C), and anything wrong with the agent (killed, a stale or lying socket, a recreated node, idle) means the cold
-path, never a wrong answer."""
+second `tpuft exec` reuses the agent's connections, prints and exits exactly like the cold path (failures,
+fail-fast, Ctrl-C), and anything wrong with the agent (killed, a stale or lying socket, a recreated node,
+idle) means the cold path, never a wrong answer."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import default_sigint
-from tests.conftest import alive, wait_for_files
+from tests.conftest import alive, default_sigint, wait_for_files
 from tests.ops.argv_watch import ArgvWatch
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
@@ -43,9 +42,17 @@ class Rig:
     def cold_env(self) -> dict[str, str]:
         return {**self.env, "TPUFT_NO_AGENT": "1"}
 
-    def tpuft(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuft", *args], env=env or self.env, capture_output=True,
-                              text=True, timeout=timeout, cwd=REPO)
+    def tpuft(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tpuft", *args],
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
 
     def exec(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return self.tpuft("exec", "-c", str(self.cluster), *args, env=env)
@@ -119,19 +126,30 @@ def write_cluster(path: Path, tpu: FakeTpuServer, pod: SshdPod) -> None:
     path.write_text(
         f"name: agent-test\nprovider: gcp\naccelerator: v4-32\nbucket: gs://agent-bucket\n"
         f"gcp: {{project: tpuft-test, zone: us-central2-b, tpu_api_endpoint: '{tpu.endpoint}'}}\n"
-        f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}, ssh_config: '{path.parent / 'ssh_config'}'}}\n"
+        f"ssh: {{user: {pod.user}, key_file: '{pod.client_key}', port: {pod.port}, ssh_config: "
+        f"'{path.parent / 'ssh_config'}'}}\n"
     )
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     root = tmp_path_factory.mktemp("agent")
-    with FakeTpuServer(operation_polls=0) as tpu, SshdPod(root / "pod", workers=4) as pod, GcsEmulator() as gcs:
+    with (
+        FakeTpuServer(operation_polls=0) as tpu,
+        SshdPod(root / "pod", workers=4) as pod,
+        GcsEmulator() as gcs,
+    ):
         tpu.worker_addresses = pod.addresses
         tpu.host_keys.update(pod.host_keys)  # the workers' host keys, as the API publishes them
         cluster = root / "tpuft.yaml"
         write_cluster(cluster, tpu, pod)
-        env = {**os.environ, **gcs.env(), "TPUFT_HOME": str(root / "home"), "COLUMNS": "200", "TPUFT_AGENT_IDLE_S": "60"}
+        env = {
+            **os.environ,
+            **gcs.env(),
+            "TPUFT_HOME": str(root / "home"),
+            "COLUMNS": "200",
+            "TPUFT_AGENT_IDLE_S": "60",
+        }
         env.pop("TPUFT_NO_AGENT", None)
         env.pop("TPUFT_CONFIG", None)
         made = Rig(tpu, pod, cluster, env)
@@ -166,7 +184,9 @@ def test_the_second_exec_reuses_the_agents_connections(fresh: Rig) -> None:
     assert len(before) == 4  # one sshd per worker: the agent's connections (the cold run's are closed)
     for _ in range(3):
         again = rig.exec("--", "echo hi from $TPUFT_WORKER_ID")
-        assert again.returncode == 0 and sorted(again.stdout.splitlines()) == sorted(first.stdout.splitlines())
+        assert again.returncode == 0 and sorted(again.stdout.splitlines()) == sorted(
+            first.stdout.splitlines()
+        )
     after = rig.ping()
     assert after is not None and after["pid"] == agent["pid"]
     assert after["requests"] == agent["requests"] + 3 and after["fleets_made"] == 1
@@ -177,12 +197,17 @@ CASES = [
     ["--", "echo id=$TPUFT_WORKER_ID of $TPUFT_NUM_WORKERS"],
     ["-w", "1,3", "--", "echo", "one", "two"],
     ["--", 'if [ "$TPUFT_WORKER_ID" = 1 ]; then echo oops; exit 4; fi; sleep 5'],
-    # worker 2 fails a moment after printing, so that fail-fast (which stops the others within milliseconds since the
-    # connections say TCP_NODELAY) finds every worker past its two lines, cold or warm
+    # worker 2 fails a moment after printing, so that fail-fast (which stops the others within milliseconds
+    # since the connections say TCP_NODELAY) finds every worker past its two lines, cold or warm
     ["--", 'echo out; echo err >&2; if [ "$TPUFT_WORKER_ID" = 2 ]; then sleep 0.5; exit 3; fi; sleep 5'],
     ["--worker", "7", "--", "true"],
     ["-w", "x", "--", "true"],
-    ["-w", "0:1-2,0:0", "--", "echo slice $TPUFT_WORKER_ID"],  # S:I on one slice: slice 0 (1:0 is refused as 7 is)
+    [
+        "-w",
+        "0:1-2,0:0",
+        "--",
+        "echo slice $TPUFT_WORKER_ID",
+    ],  # S:I on one slice: slice 0 (1:0 is refused as 7 is)
 ]
 
 
@@ -196,12 +221,18 @@ def test_the_warm_path_prints_and_exits_like_the_cold_path(fresh: Rig) -> None:
         assert warm.returncode == cold.returncode, (args, warm.stderr, cold.stderr)
         assert sorted(warm.stdout.splitlines()) == sorted(cold.stdout.splitlines()), args
         assert warm.stderr == cold.stderr, args
-    assert rig.exec(*CASES[2]).stderr.startswith("error: the command failed on worker 1 (exit code 4)\nstopped the other")
+    assert rig.exec(*CASES[2]).stderr.startswith(
+        "error: the command failed on worker 1 (exit code 4)\nstopped the other"
+    )
     served = rig.ping()
     assert served is not None and served["pid"] == agent["pid"]
     assert served["requests"] - agent["requests"] == 6  # the bad worker specs went the cold way
-    typer = rig.tpuft("exec", "-c", str(rig.cluster), "echo typer $TPUFT_WORKER_ID")  # no `--`: the Typer command
-    assert typer.returncode == 0 and sorted(typer.stdout.split("\n")[:-1]) == [f"[w{i}] typer {i}" for i in range(4)]
+    typer = rig.tpuft(
+        "exec", "-c", str(rig.cluster), "echo typer $TPUFT_WORKER_ID"
+    )  # no `--`: the Typer command
+    assert typer.returncode == 0 and sorted(typer.stdout.split("\n")[:-1]) == [
+        f"[w{i}] typer {i}" for i in range(4)
+    ]
     assert rig.ping()["requests"] == served["requests"] + 1  # type: ignore[index]
 
 
@@ -215,7 +246,9 @@ def test_a_killed_agent_a_stale_socket_and_a_lying_one_fall_back(fresh: Rig) -> 
     wait_gone(agent["pid"])
     assert sockets[0].exists()  # a stale socket file: nobody listens
     result = rig.exec("--", "echo still $TPUFT_WORKER_ID")
-    assert result.returncode == 0 and sorted(result.stdout.splitlines()) == [f"[w{i}] still {i}" for i in range(4)]
+    assert result.returncode == 0 and sorted(result.stdout.splitlines()) == [
+        f"[w{i}] still {i}" for i in range(4)
+    ]
     replacement = rig.wait_agent(other_than=agent["pid"])  # and the cold run started a new one
     rig.stop_agent()
 
@@ -236,7 +269,9 @@ def test_a_killed_agent_a_stale_socket_and_a_lying_one_fall_back(fresh: Rig) -> 
     threading.Thread(target=answer_badly, daemon=True).start()
     try:
         result = rig.exec("--", "echo fine $TPUFT_WORKER_ID")
-        assert result.returncode == 0 and sorted(result.stdout.splitlines()) == [f"[w{i}] fine {i}" for i in range(4)]
+        assert result.returncode == 0 and sorted(result.stdout.splitlines()) == [
+            f"[w{i}] fine {i}" for i in range(4)
+        ]
     finally:
         liar.close()
     assert replacement["pid"] != agent["pid"]
@@ -267,15 +302,24 @@ def test_ctrl_c_through_the_agent_stops_the_remote_commands(fresh: Rig) -> None:
     files = [rig.pod.home(i) / name for i in range(4) for name in ("child.pid", "shell.pid")]
     for path in files:
         path.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "tpuft", "exec", "-c", str(rig.cluster), "--", CTRL_C], env=rig.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpuft", "exec", "-c", str(rig.cluster), "--", CTRL_C],
+        env=rig.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+        cwd=REPO,
+    )
     wait_for_files(files)
     pids = [int(p.read_text()) for p in files]
     assert all(alive(pid) for pid in pids)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert err == "interrupted: interrupted during the command: stopped the processes of worker(s) 0, 1, 2, 3\n"
+    assert (
+        err == "interrupted: interrupted during the command: stopped the processes of worker(s) 0, 1, 2, 3\n"
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
@@ -290,7 +334,9 @@ def test_a_recreated_cluster_does_not_reach_the_old_agent(fresh: Rig, tmp_path: 
     assert rig.exec("--", "true").returncode == 0
     old = rig.wait_agent()
     with SshdPod(tmp_path / "pod", workers=4, first_address=40, port=rig.pod.port) as other:
-        other.root.joinpath("authorized_keys").write_text(Path(f"{rig.pod.client_key}.pub").read_text())  # same key
+        other.root.joinpath("authorized_keys").write_text(
+            Path(f"{rig.pod.client_key}.pub").read_text()
+        )  # same key
         for i in range(4):
             other.home(i).mkdir(parents=True, exist_ok=True)
             (other.home(i) / "where").write_text("new node\n")
@@ -315,16 +361,21 @@ def test_a_recreated_cluster_does_not_reach_the_old_agent(fresh: Rig, tmp_path: 
 
 
 def test_an_edited_ssh_config_or_another_node_does_not_reach_the_old_agent(fresh: Rig) -> None:
-    """The agent's connections were made under the ssh client config and pins of their time: once the config file
-    changes (a new ProxyJump, another IdentityFile), the next exec must not reach them, and the old agent ends."""
+    """The agent's connections were made under the ssh client config and pins of their time: once the config
+    file changes (a new ProxyJump, another IdentityFile), the next exec must not reach them, and the old agent
+    ends."""
     rig = fresh
     ssh_config = rig.cluster.parent / "ssh_config"
     ssh_config.write_text("# no Host blocks yet\n")
     try:
         assert rig.exec("--", "true").returncode == 0
         old = rig.wait_agent()
-        ssh_config.write_text(f"Host 203.0.113.*\n    User someone-else\n")  # matches no worker: same workers reached
-        assert rig.ping() is None  # the client's agent id changed: the old socket is not this cluster's any more
+        ssh_config.write_text(
+            "Host 203.0.113.*\n    User someone-else\n"
+        )  # matches no worker: same workers reached
+        assert (
+            rig.ping() is None
+        )  # the client's agent id changed: the old socket is not this cluster's any more
         result = rig.exec("--", "echo still")
         assert result.returncode == 0 and result.stdout.count("still") == 4, result.stderr
         wait_gone(old["pid"])  # the old agent saw the file change and ended
@@ -332,7 +383,8 @@ def test_an_edited_ssh_config_or_another_node_does_not_reach_the_old_agent(fresh
     finally:
         rig.stop_agent()  # while the client still names it: stopped cleanly, its socket removed
         ssh_config.unlink(missing_ok=True)
-    # A node recreated under the same name on the same addresses is another node: its id is part of the agent's.
+    # A node recreated under the same name on the same addresses is another node: its id is part of the
+    # agent's.
     from tpuft.ops import agent_client
 
     pointer = {"settings": "s", "files": [str(ssh_config)]}
@@ -357,7 +409,9 @@ def as_nobody(sock: Path) -> str:
         os.close(read)
         word = b"answered"
         try:
-            os.chdir(sock.parent)  # as root: only the agents folder's own permissions count, not the test's tmp dirs
+            os.chdir(
+                sock.parent
+            )  # as root: only the agents folder's own permissions count, not the test's tmp dirs
             os.setgid(65534)
             os.setuid(65534)
             client = socket.socket(socket.AF_UNIX)
@@ -389,7 +443,9 @@ def test_another_user_cannot_reach_the_agent(fresh: Rig) -> None:
     sock = next(rig.agents.glob("*.sock"))
     assert (sock.stat().st_mode & 0o777) == 0o600
     assert as_nobody(sock) == "refused"  # the folder and the socket let nobody else in
-    rig.agents.chmod(0o711)  # and were they opened up by mistake, the agent checks who is calling (SO_PEERCRED)
+    rig.agents.chmod(
+        0o711
+    )  # and were they opened up by mistake, the agent checks who is calling (SO_PEERCRED)
     sock.chmod(0o666)
     try:
         assert as_nobody(sock) == "closed"
@@ -407,7 +463,8 @@ def test_the_warm_client_imports_nothing_heavy(fresh: Rig) -> None:
         "import sys; sys.argv = ['tpuft', 'exec', '-c', %r, '--', 'true']\n"
         "from tpuft.launcher import main\n"
         "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-        "heavy = [m for m in ('typer', 'rich', 'pydantic', 'paramiko', 'yaml', 'tpuft.config') if m in sys.modules]\n"
+        "heavy = [m for m in ('typer', 'rich', 'pydantic', 'paramiko', 'yaml', 'tpuft.config') if m in "
+        "sys.modules]\n"
         "print(%r + __import__('json').dumps([code, heavy]))"
     ) % (str(rig.cluster), "RESULT=")
     out = subprocess.run([sys.executable, "-c", code], env=rig.env, capture_output=True, text=True, cwd=REPO)
@@ -416,28 +473,46 @@ def test_the_warm_client_imports_nothing_heavy(fresh: Rig) -> None:
 
 
 def test_the_second_tpuft_ssh_reuses_the_first_connection(fresh: Rig) -> None:
-    """`tpuft ssh` is OpenSSH with ControlMaster=auto/ControlPersist: the same TCP connection (the remote sees the
-    same client port) serves the second shell."""
+    """`tpuft ssh` is OpenSSH with ControlMaster=auto/ControlPersist: the same TCP connection (the remote sees
+    the same client port) serves the second shell."""
     rig = fresh
-    env = {**rig.env, "TPUFT_AGENT_IDLE_S": "20"}  # ControlPersist: the master outlives the gap between the two shells, however slow the machine
+    env = {
+        **rig.env,
+        "TPUFT_AGENT_IDLE_S": "20",
+    }  # ControlPersist: the master outlives the gap between the two shells, however slow the machine
     ports = []
     for _ in range(2):
-        shell = subprocess.run([sys.executable, "-m", "tpuft", "ssh", "-c", str(rig.cluster), "-w", "2"], env=env,
-                               input='echo "client=$SSH_CLIENT"\nexit\n', capture_output=True, text=True, timeout=30, cwd=REPO)
+        shell = subprocess.run(
+            [sys.executable, "-m", "tpuft", "ssh", "-c", str(rig.cluster), "-w", "2"],
+            env=env,
+            input='echo "client=$SSH_CLIENT"\nexit\n',
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+        )
         assert shell.returncode == 0, shell.stderr
         line = next(line for line in shell.stdout.splitlines() if line.startswith("client="))
         ports.append(line.split()[1])
     assert ports[0] == ports[1]
     masters = list(rig.agents.glob("cm-*"))
     assert len(masters) == 1 and (masters[0].stat().st_mode & 0o777) == 0o600
-    off = subprocess.run([sys.executable, "-m", "tpuft", "ssh", "-c", str(rig.cluster), "-w", "2"], env=rig.cold_env,
-                         input='echo "client=$SSH_CLIENT"\nexit\n', capture_output=True, text=True, timeout=30, cwd=REPO)
+    off = subprocess.run(
+        [sys.executable, "-m", "tpuft", "ssh", "-c", str(rig.cluster), "-w", "2"],
+        env=rig.cold_env,
+        input='echo "client=$SSH_CLIENT"\nexit\n',
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    )
     assert off.returncode == 0
     assert next(line for line in off.stdout.splitlines() if line.startswith("client=")).split()[1] != ports[0]
 
 
 def test_a_stale_memory_of_the_cluster_goes_the_cold_way(fresh: Rig) -> None:
-    """The warm path trusts the remembered cluster exactly as long as the cold path does (READY, < 10 minutes)."""
+    """The warm path trusts the remembered cluster exactly as long as the cold path does (READY, < 10
+    minutes)."""
     rig = fresh
     assert rig.exec("--", "true").returncode == 0
     agent = rig.wait_agent()
@@ -447,15 +522,17 @@ def test_a_stale_memory_of_the_cluster_goes_the_cold_way(fresh: Rig) -> None:
     result = rig.exec("--", "echo $TPUFT_WORKER_ID")
     assert result.returncode == 0 and len(result.stdout.splitlines()) == 4
     assert rig.ping() is None or rig.ping()["requests"] == agent["requests"]  # type: ignore[index]
-    assert json.loads(record_path.read_text())["time"] > record["time"] - 60  # the cold path asked the API again
+    assert (
+        json.loads(record_path.read_text())["time"] > record["time"] - 60
+    )  # the cold path asked the API again
     again = rig.wait_agent()
     assert rig.exec("--", "true").returncode == 0
     assert rig.ping()["requests"] == again["requests"] + 1  # type: ignore[index]
 
 
 def test_the_warm_path_sends_worker_env_as_the_cold_path_does(fresh: Rig) -> None:
-    """The cluster file's worker_env reaches a warm ``exec`` too (on the channel's stdin, never in an argv: not the
-    agent's, not the commands'); see tests/ops/test_worker_env.py for the cold path and ``setup``."""
+    """The cluster file's worker_env reaches a warm ``exec`` too (on the channel's stdin, never in an argv:
+    not the agent's, not the commands'); see tests/ops/test_worker_env.py for the cold path and ``setup``."""
     import secrets
     from dataclasses import replace
 

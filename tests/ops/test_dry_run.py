@@ -1,7 +1,8 @@
 """--dry-run of create, setup, train and up (issue 25, item 3): the plan, with no API call and no connection.
 
-The GCP cluster files point the TPU API at the fake server (tests/rigs/fake_tpu.py), which records every request:
-a dry run leaves its log empty. Storage is not reached either: STORAGE_EMULATOR_HOST points at a closed port.
+The GCP cluster files point the TPU API at the fake server (tests/rigs/fake_tpu.py), which records every
+request: a dry run leaves its log empty. Storage is not reached either: STORAGE_EMULATOR_HOST points at a
+closed port.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 
 import tpuft.providers.gcp.tuning as tuning
 from tests.rigs.fake_tpu import FakeTpuServer
-from tpuft.core.accelerators import lookup
 from tpuft.config import load_cluster
+from tpuft.core.accelerators import lookup
 from tpuft.ops.plan import TRAINER_ENV
 from tpuft.providers.gcp import GcpProvider
 
@@ -26,7 +27,9 @@ SECRET = "hf_secret-token-value-0123456789"
 @pytest.fixture
 def fake_tpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(tuning, "POLL_SECONDS", 0.0)
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # a closed port: any bucket call would fail
+    monkeypatch.setenv(
+        "STORAGE_EMULATOR_HOST", "http://127.0.0.1:9"
+    )  # a closed port: any bucket call would fail
     monkeypatch.setenv("HF_TOKEN", SECRET)
     with FakeTpuServer(operation_polls=1, queued_gets_per_state=0) as server:
         yield server
@@ -43,7 +46,9 @@ def gcp_cluster(tmp_path: Path, server: FakeTpuServer, extra: str = "") -> Path:
 
 
 @pytest.mark.parametrize("verb", ["create", "setup", "train", "up"])
-def test_a_dry_run_calls_nothing_and_prints_no_secret(cli, tmp_path: Path, fake_tpu: FakeTpuServer, verb: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_dry_run_calls_nothing_and_prints_no_secret(
+    cli, tmp_path: Path, fake_tpu: FakeTpuServer, verb: str
+) -> None:  # type: ignore[no-untyped-def]
     cluster = gcp_cluster(tmp_path, fake_tpu, "  queued: true\n  spot: true\n")
     recipe = [] if verb == "create" else ["quickstart"]
     text = cli(verb, *recipe, "-c", str(cluster), "--dry-run")
@@ -69,14 +74,18 @@ def test_a_dry_run_calls_nothing_and_prints_no_secret(cli, tmp_path: Path, fake_
 
 
 def test_the_planned_request_is_the_one_create_sends(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
-    """One code path: what --dry-run shows is byte for byte the body ``create`` then sends (multislice here)."""
+    """One code path: what --dry-run shows is byte for byte the body ``create`` then sends (multislice
+    here)."""
     cluster = gcp_cluster(tmp_path, fake_tpu, "  queued: true\n  slices: 2\n  valid_until: 6h\n")
     provider = GcpProvider(load_cluster(cluster).value)
     planned = provider.plan()
     assert fake_tpu.requests == []
     provider.nodes.create_queued(None)
     [sent] = fake_tpu.calls("CreateQueuedResource")
-    assert planned["request"]["body"] == sent.body and planned["request"]["queuedResourceId"] == sent.query["queuedResourceId"]
+    assert (
+        planned["request"]["body"] == sent.body
+        and planned["request"]["queuedResourceId"] == sent.query["queuedResourceId"]
+    )
     assert planned["nodes"] == ["tp-0", "tp-1"]
 
 
@@ -106,14 +115,23 @@ def test_dry_run_refuses_resume(cli, tmp_path: Path, fake_tpu: FakeTpuServer) ->
 
 
 def test_trainer_env_names_are_the_ones_train_sets() -> None:
-    """TRAINER_ENV lists tpuft's own variables; hold it to the literals the two functions that set them use."""
+    """TRAINER_ENV lists tpuft's own variables; hold it to the literals the two functions that set them
+    use."""
     root = Path(__file__).resolve().parents[2] / "tpuft" / "ops"
     found: set[str] = set()
     for module, function in (("lifecycle.py", "supervisor_env"), ("train.py", "_trainer_env")):
         tree = ast.parse((root / module).read_text(encoding="utf-8"))
-        [body] = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == function]
-        found |= {node.value for node in ast.walk(body) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  and node.value.isupper() and node.value.replace("_", "").isalnum()}
+        [body] = [
+            node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == function
+        ]
+        found |= {
+            node.value
+            for node in ast.walk(body)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.isupper()
+            and node.value.replace("_", "").isalnum()
+        }
     found.discard("TPUFT_RESUME")  # only a resumed attempt's trainers get it; a dry run plans a new run
     assert found == set(TRAINER_ENV)
 

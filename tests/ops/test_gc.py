@@ -1,6 +1,6 @@
-"""``tpuft gc`` against the fake TPU API (tests/rigs/fake_tpu.py, with the real google-cloud-tpu client) and the
-GCS emulator (the runs that tell an idle node from a busy one): two zones, nodes in every state, queued resources,
-an unlabelled node that must be left alone. Nothing here reaches Google."""
+"""``tpuft gc`` against the fake TPU API (tests/rigs/fake_tpu.py, with the real google-cloud-tpu client) and
+the GCS emulator (the runs that tell an idle node from a busy one): two zones, nodes in every state, queued
+resources, an unlabelled node that must be left alone. Nothing here reaches Google."""
 
 from __future__ import annotations
 
@@ -32,17 +32,32 @@ def fake_tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[Fake
         yield server
 
 
-def _post(server: FakeTpuServer, zone: str, collection: str, resource_id: str, body: dict[str, object]) -> None:
+def _post(
+    server: FakeTpuServer, zone: str, collection: str, resource_id: str, body: dict[str, object]
+) -> None:
     id_field = {"nodes": "nodeId", "queuedResources": "queuedResourceId"}[collection]
     url = f"{server.endpoint}/v2/projects/{PROJECT}/locations/{zone}/{collection}?{id_field}={resource_id}"
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200
 
 
-def _node(server: FakeTpuServer, zone: str, name: str, labels: dict[str, str], *, spot: bool = False,
-          accelerator: str = "v4-8") -> None:
-    body: dict[str, object] = {"acceleratorType": accelerator, "runtimeVersion": "tpu-ubuntu2204-base", "labels": labels}
+def _node(
+    server: FakeTpuServer,
+    zone: str,
+    name: str,
+    labels: dict[str, str],
+    *,
+    spot: bool = False,
+    accelerator: str = "v4-8",
+) -> None:
+    body: dict[str, object] = {
+        "acceleratorType": accelerator,
+        "runtimeVersion": "tpu-ubuntu2204-base",
+        "labels": labels,
+    }
     if spot:
         body["schedulingConfig"] = {"spot": True}
     _post(server, zone, "nodes", name, body)
@@ -50,15 +65,33 @@ def _node(server: FakeTpuServer, zone: str, name: str, labels: dict[str, str], *
 
 def _queued(server: FakeTpuServer, zone: str, name: str) -> None:
     node = {"acceleratorType": "v5litepod-8", "runtimeVersion": "v2-alpha-tpuv5-lite", "labels": OURS}
-    _post(server, zone, "queuedResources", name,
-          {"tpu": {"nodeSpec": [{"parent": f"projects/{PROJECT}/locations/{zone}", "nodeId": name, "node": node}]},
-           "spot": {}})
+    _post(
+        server,
+        zone,
+        "queuedResources",
+        name,
+        {
+            "tpu": {
+                "nodeSpec": [{"parent": f"projects/{PROJECT}/locations/{zone}", "nodeId": name, "node": node}]
+            },
+            "spot": {},
+        },
+    )
 
 
-def _run(run_id: str, cluster: str, status: str, started: float, ended: float | None, beat: float | None) -> None:
+def _run(
+    run_id: str, cluster: str, status: str, started: float, ended: float | None, beat: float | None
+) -> None:
     run = open_storage(open_storage(f"gs://{BUCKET}").run_dir(run_id))
-    info: dict[str, object] = {"run_id": run_id, "cluster": cluster, "status": status, "started": started,
-                               "workers": 1, "attempt": 1, "attempts": [{"attempt": 1, "started": started}]}
+    info: dict[str, object] = {
+        "run_id": run_id,
+        "cluster": cluster,
+        "status": status,
+        "started": started,
+        "workers": 1,
+        "attempt": 1,
+        "attempts": [{"attempt": 1, "started": started}],
+    }
     if ended is not None:
         info["ended"] = ended
     run.write_text("run.json", json.dumps(info))
@@ -68,18 +101,21 @@ def _run(run_id: str, cluster: str, status: str, started: float, ended: float | 
 
 @pytest.fixture
 def project(fake_tpu: FakeTpuServer, gcs: GcsEmulator, tmp_path: Path) -> Path:
-    """Two zones of leftovers and keepers; returns the cluster file (home zone; the other one comes by --zone)."""
+    """Two zones of leftovers and keepers; returns the cluster file (home zone; the other one comes by
+    --zone)."""
     if gcs.client().lookup_bucket(BUCKET) is None:
         gcs.client().create_bucket(BUCKET)
     now = time.time()
-    _node(fake_tpu, HOME_ZONE, "spot-gone", OURS, spot=True)            # PREEMPTED: a leak
-    _node(fake_tpu, OTHER_ZONE, "old-term", OURS, accelerator="v4-16")  # TERMINATED, in the --zone zone: a leak
-    _node(fake_tpu, HOME_ZONE, "theirs", {"team": "vision"})            # not tpuft's: never touched, even PREEMPTED
-    _node(fake_tpu, HOME_ZONE, "idle", OURS)                             # READY, last run ended 5 h ago: a leak
-    _node(fake_tpu, HOME_ZONE, "busy", OURS)                             # READY, its run is live: kept
-    _node(fake_tpu, HOME_ZONE, "fresh", OURS)                            # READY, made 10 min ago, no run: kept
+    _node(fake_tpu, HOME_ZONE, "spot-gone", OURS, spot=True)  # PREEMPTED: a leak
+    _node(
+        fake_tpu, OTHER_ZONE, "old-term", OURS, accelerator="v4-16"
+    )  # TERMINATED, in the --zone zone: a leak
+    _node(fake_tpu, HOME_ZONE, "theirs", {"team": "vision"})  # not tpuft's: never touched, even PREEMPTED
+    _node(fake_tpu, HOME_ZONE, "idle", OURS)  # READY, last run ended 5 h ago: a leak
+    _node(fake_tpu, HOME_ZONE, "busy", OURS)  # READY, its run is live: kept
+    _node(fake_tpu, HOME_ZONE, "fresh", OURS)  # READY, made 10 min ago, no run: kept
     _queued(fake_tpu, HOME_ZONE, "qr-failed")
-    _queued(fake_tpu, OTHER_ZONE, "qr-ok")                               # ACTIVE, used an hour ago: kept
+    _queued(fake_tpu, OTHER_ZONE, "qr-ok")  # ACTIVE, used an hour ago: kept
     fake_tpu.settle()
     fake_tpu.preempt("spot-gone")
     fake_tpu.preempt("theirs")
@@ -93,8 +129,10 @@ def project(fake_tpu: FakeTpuServer, gcs: GcsEmulator, tmp_path: Path) -> Path:
     _run("quick-20261125-100000-0002", "busy", "running", now - 20 * HOURS, None, now - 30)
     _run("quick-20261125-110000-0003", "qr-ok", "finished", now - 3 * HOURS, now - 1 * HOURS, None)
     cluster = tmp_path / "tpuft.yaml"
-    cluster.write_text(f"name: tp\nprovider: gcp\naccelerator: v4-8\nbucket: gs://{BUCKET}\n"
-                       f"gcp:\n  project: {PROJECT}\n  zone: {HOME_ZONE}\n  tpu_api_endpoint: {fake_tpu.endpoint}\n")
+    cluster.write_text(
+        f"name: tp\nprovider: gcp\naccelerator: v4-8\nbucket: gs://{BUCKET}\n"
+        f"gcp:\n  project: {PROJECT}\n  zone: {HOME_ZONE}\n  tpu_api_endpoint: {fake_tpu.endpoint}\n"
+    )
     return cluster
 
 
@@ -105,11 +143,18 @@ def test_gc_lists_only_tpuft_leftovers_then_deletes_them(cli, project: Path, fak
     assert set(found) == {"spot-gone", "old-term", "idle", "qr-failed"}  # not theirs, busy, fresh, qr-ok
     assert found["spot-gone"]["state"] == "PREEMPTED" and found["spot-gone"]["pricing"] == "spot"
     assert found["spot-gone"]["price_per_hour"] == pytest.approx(4 * 0.966)
-    assert found["spot-gone"]["age_s"] == pytest.approx(30 * HOURS, abs=120) and found["spot-gone"]["age_of"] == "created"
-    assert found["old-term"]["zone"] == OTHER_ZONE and found["old-term"]["price_per_hour"] == pytest.approx(8 * 3.22)
+    assert (
+        found["spot-gone"]["age_s"] == pytest.approx(30 * HOURS, abs=120)
+        and found["spot-gone"]["age_of"] == "created"
+    )
+    assert found["old-term"]["zone"] == OTHER_ZONE and found["old-term"]["price_per_hour"] == pytest.approx(
+        8 * 3.22
+    )
     assert found["idle"]["age_of"] == "idle" and found["idle"]["age_s"] == pytest.approx(5 * HOURS, abs=120)
     assert "quick-20261120-100000-0001 ended" in found["idle"]["reason"]
-    assert found["qr-failed"]["kind"] == "queued resource" and "no more capacity" in found["qr-failed"]["reason"]
+    assert (
+        found["qr-failed"]["kind"] == "queued resource" and "no more capacity" in found["qr-failed"]["reason"]
+    )
     assert found["qr-failed"]["pricing"] == "spot" and found["qr-failed"]["accelerator"] == "v5litepod-8"
     assert fake_tpu.calls("DeleteNode") == [] and fake_tpu.calls("DeleteQueuedResource") == []
 
@@ -119,10 +164,18 @@ def test_gc_lists_only_tpuft_leftovers_then_deletes_them(cli, project: Path, fak
 
     deleted = cli("gc", "-c", str(project), "--zone", OTHER_ZONE, "--yes")
     assert deleted.code == 0, deleted.err
-    for kind, name, zone in (("node", "spot-gone", HOME_ZONE), ("node", "old-term", OTHER_ZONE),
-                             ("node", "idle", HOME_ZONE), ("queued resource", "qr-failed", HOME_ZONE)):
+    for kind, name, zone in (
+        ("node", "spot-gone", HOME_ZONE),
+        ("node", "old-term", OTHER_ZONE),
+        ("node", "idle", HOME_ZONE),
+        ("queued resource", "qr-failed", HOME_ZONE),
+    ):
         assert f"deleted {kind} {name} in {zone}" in deleted.out
-    assert fake_tpu.node("spot-gone") is None and fake_tpu.node("idle") is None and fake_tpu.node("old-term") is None
+    assert (
+        fake_tpu.node("spot-gone") is None
+        and fake_tpu.node("idle") is None
+        and fake_tpu.node("old-term") is None
+    )
     assert fake_tpu.queued_resource("qr-failed") is None
     assert [c.query.get("force") for c in fake_tpu.calls("DeleteQueuedResource")] == ["true"]
     for kept in ("theirs", "busy", "fresh", "qr-ok"):

@@ -1,6 +1,7 @@
-"""``tpuft predict`` on the controller, without a model: the source a run resolves to, the input's located errors and
-OUT's rules (refused unless --resume of the same job or --overwrite), all before anything is launched; and the
-progress read from a shards folder. The predictions themselves: tests/e2e/test_predict.py."""
+"""``tpuft predict`` on the controller, without a model: the source a run resolves to, the input's located
+errors and OUT's rules (refused unless --resume of the same job or --overwrite), all before anything is
+launched; and the progress read from a shards folder. The predictions themselves:
+tests/e2e/test_predict.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 from tests.rundirs import write_run
 from tpuft.backends.registry import layout
 from tpuft.config import load_cluster, load_recipe
+from tpuft.core.paths import package_root
 from tpuft.ops import predict as ops
 from tpuft.ops import predict_shards as shards_ops
-from tpuft.core.paths import package_root
 from tpuft.readers.runs import run_storage
 from tpuft.worker.predict_job import JOB_FILE
 
@@ -22,17 +23,31 @@ QUICKSTART = (package_root().parent / "recipes" / "quickstart.yaml").read_text()
 RUN_ID = "quickstart-20261126-010000-0001"
 
 
-def make_run(cluster_file: Path, *, steps: tuple[int, ...] = (500, 1000), evals: dict[int, float] | None = None,
-             keep_best: bool = False, export: bool = False) -> Path:
-    """A finished PyTorch/XLA run with complete checkpoints at ``steps`` (and a half-written one after them)."""
+def make_run(
+    cluster_file: Path,
+    *,
+    steps: tuple[int, ...] = (500, 1000),
+    evals: dict[int, float] | None = None,
+    keep_best: bool = False,
+    export: bool = False,
+) -> Path:
+    """A finished PyTorch/XLA run with complete checkpoints at ``steps`` (and a half-written one after
+    them)."""
     run = Path(run_storage(load_cluster(cluster_file).value).url) / "runs" / RUN_ID
     recipe = QUICKSTART.replace("train:\n", f"train:\n  keep_best: {str(keep_best).lower()}\n", 1)
     metrics = [{"step": step, "eval_exact_match": value} for step, value in (evals or {}).items()]
-    files = {"recipe.yaml": recipe.encode(), "checkpoints/step_00009999/config.json": b"{}"}  # no manifest: incomplete
+    files = {
+        "recipe.yaml": recipe.encode(),
+        "checkpoints/step_00009999/config.json": b"{}",
+    }  # no manifest: incomplete
     if export:
         files["export/hf/config.json"] = b"{}"
-    write_run(run, info={"backend": "torch_xla", "status": "finished", "recipe": "quickstart"}, metrics=metrics,
-              files=files)
+    write_run(
+        run,
+        info={"backend": "torch_xla", "status": "finished", "recipe": "quickstart"},
+        metrics=metrics,
+        files=files,
+    )
     for step in steps:
         folder = run / "checkpoints" / f"step_{step:08d}"
         folder.mkdir(parents=True)
@@ -49,7 +64,9 @@ def options(tmp_path: Path, **changes: object) -> ops.PredictOptions:
     return ops.PredictOptions(input=str(tmp_path / "in.jsonl"), output=str(tmp_path / "out.jsonl"), **changes)  # type: ignore[arg-type]
 
 
-def test_a_run_predicts_with_its_last_complete_checkpoint_or_its_best_under_keep_best(cluster_file: Path, tmp_path: Path) -> None:
+def test_a_run_predicts_with_its_last_complete_checkpoint_or_its_best_under_keep_best(
+    cluster_file: Path, tmp_path: Path
+) -> None:
     config = load_cluster(cluster_file).value
     run = make_run(cluster_file, evals={500: 0.9, 1000: 0.8})
     last = ops.resolve_source(config, "quickstart", options(tmp_path))
@@ -60,16 +77,31 @@ def test_a_run_predicts_with_its_last_complete_checkpoint_or_its_best_under_keep
     best = ops.resolve_source(config, RUN_ID[:12], options(tmp_path))
     assert best.step == 500 and "best eval: eval_exact_match = 0.9 at step 500" in best.notes
 
-    write_run(run.parent / "predict-quickstart-20261126-020000-0001", info={"job": "predict"})  # newer, not a model
+    write_run(
+        run.parent / "predict-quickstart-20261126-020000-0001", info={"job": "predict"}
+    )  # newer, not a model
     assert ops.resolve_source(config, "latest", options(tmp_path)).run.id == RUN_ID  # type: ignore[union-attr]
     folder = ops.resolve_source(config, str(run / "checkpoints" / "step_00000500"), options(tmp_path))
-    assert (folder.kind, folder.backend, folder.step, folder.run.id) == ("checkpoint", "torch_xla", 500, RUN_ID)  # type: ignore[union-attr]
+    assert (folder.kind, folder.backend, folder.step, folder.run.id) == (
+        "checkpoint",
+        "torch_xla",
+        500,
+        RUN_ID,
+    )  # type: ignore[union-attr]
 
 
 def test_refusals_before_anything_is_launched(cli, cluster_file: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     make_run(cluster_file, steps=())
     (tmp_path / "in.jsonl").write_text('{"words": "one", "digits": "1"}\n')
-    base = ["predict", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"), "-c", str(cluster_file)]
+    base = [
+        "predict",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+        "-c",
+        str(cluster_file),
+    ]
 
     result = cli(*base[:1], RUN_ID, *base[1:])
     assert result.code == 2 and f"run {RUN_ID} has no complete checkpoint" in result.err
@@ -89,22 +121,48 @@ def test_refusals_before_anything_is_launched(cli, cluster_file: Path, tmp_path:
     assert [p.name for p in runs.iterdir()] == [RUN_ID]  # no predict run was made
 
 
-def test_every_bad_input_line_is_located_before_anything_starts(cli, cluster_file: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_every_bad_input_line_is_located_before_anything_starts(
+    cli, cluster_file: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     make_run(cluster_file)
     bad = tmp_path / "in.jsonl"
     bad.write_text('{"words": "one", "digits": "1"}\nnot json\n{"digits": "3"}\n{"words": "four"}\n')
-    result = cli("predict", RUN_ID, "--input", str(bad), "--output", str(tmp_path / "out.jsonl"), "-c", str(cluster_file))
+    result = cli(
+        "predict",
+        RUN_ID,
+        "--input",
+        str(bad),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+        "-c",
+        str(cluster_file),
+    )
     assert result.code == 2, result.err
     assert f"{bad}:2:" in result.err and f"{bad}:3:" in result.err and "words" in result.err
     assert f"{bad}:4" not in result.err  # a line without a target is predicted, not refused
     assert not (tmp_path / "out.jsonl.shards").exists()
 
-    result = cli("predict", RUN_ID, "--input", str(bad), "--output", str(tmp_path / "o.jsonl"), "--field", "digits",
-                 "-c", str(cluster_file), "--json")
-    assert result.code == 2 and f"{bad}:2:" in json.loads(result.out)["error"]  # only the line that is no JSON
+    result = cli(
+        "predict",
+        RUN_ID,
+        "--input",
+        str(bad),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        "--field",
+        "digits",
+        "-c",
+        str(cluster_file),
+        "--json",
+    )
+    assert (
+        result.code == 2 and f"{bad}:2:" in json.loads(result.out)["error"]
+    )  # only the line that is no JSON
 
 
-def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(cluster_file: Path, tmp_path: Path) -> None:
+def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(
+    cluster_file: Path, tmp_path: Path
+) -> None:
     from tpuft.core.errors import UsageError
 
     config = load_cluster(cluster_file).value
@@ -114,8 +172,14 @@ def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(cluster_fi
     output = str(tmp_path / "out.jsonl")
 
     def job(**changes: object) -> object:
-        settings = {"model": source.model, "backend": source.backend, "input_url": given.input,
-                    "shards": shards_ops.default_shards(output), "output": None, "total": 3}
+        settings = {
+            "model": source.model,
+            "backend": source.backend,
+            "input_url": given.input,
+            "shards": shards_ops.default_shards(output),
+            "output": None,
+            "total": 3,
+        }
         return ops.make_job(source, ops.PredictOptions(**{**given.__dict__, **changes}), **settings)  # type: ignore[arg-type]
 
     first = job()
@@ -159,8 +223,16 @@ def test_progress_counts_the_examples_of_the_parts_written(tmp_path: Path) -> No
     assert found == {0: 2, 1: 1}
     recipe = load_recipe(package_root().parent / "recipes" / "quickstart.yaml", check_files=False).value
     source = ops.Source("hf", ops.HF_ENGINE, "m", recipe, QUICKSTART)
-    job = ops.make_job(source, ops.PredictOptions(input="i.jsonl", output="o.jsonl", shard_lines=10), model="m",
-                       backend="hf", input_url="i.jsonl", shards=str(shards), output=None, total=25)
+    job = ops.make_job(
+        source,
+        ops.PredictOptions(input="i.jsonl", output="o.jsonl", shard_lines=10),
+        model="m",
+        backend="hf",
+        input_url="i.jsonl",
+        shards=str(shards),
+        output=None,
+        total=25,
+    )
     assert shards_ops.examples_done(job, found) == 10 + 5
     assert shards_ops.examples_done(job, {0: 2, 1: 2, 2: 2}) == 25
 
@@ -185,7 +257,13 @@ def test_runs_count_a_predict_jobs_examples_over_its_workers(tmp_path: Path) -> 
     from tpuft.readers.runs import snapshot
 
     run = tmp_path / "predict-quickstart-20261126-010000-0002"
-    write_run(run, info={"job": "predict", "workers": 2, "total_steps": 3000, "status": "running"},
-              beats={0: {"step": 1100, "status": "running", "age": 1}, 1: {"step": 1000, "status": "running", "age": 1}})
+    write_run(
+        run,
+        info={"job": "predict", "workers": 2, "total_steps": 3000, "status": "running"},
+        beats={
+            0: {"step": 1100, "status": "running", "age": 1},
+            1: {"step": 1000, "status": "running", "age": 1},
+        },
+    )
     snap = snapshot(run)
     assert (snap.step, snap.total_steps) == (2100, 3000)

@@ -1,5 +1,5 @@
-"""Data files are read through on the controller before anything is created or launched: every problem located at
-file:line with the recipe key, exit 2, in seconds and without holding the file in memory."""
+"""Data files are read through on the controller before anything is created or launched: every problem located
+at file:line with the recipe key, exit 2, in seconds and without holding the file in memory."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def setup(tmp_path: Path, cluster_file: Path):  # type: ignore[no-untyped-def]
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE)
 
-    def check(train: bytes | None = None, eval_: bytes | None = None, overrides: list[str] | None = None) -> str:
+    def check(
+        train: bytes | None = None, eval_: bytes | None = None, overrides: list[str] | None = None
+    ) -> str:
         if train is not None:
             (tmp_path / "train.jsonl").write_bytes(train)
         if eval_ is not None:
@@ -54,7 +56,11 @@ def setup(tmp_path: Path, cluster_file: Path):  # type: ignore[no-untyped-def]
 
 # train.jsonl bytes -> problem at line
 BAD_TRAIN = [
-    (b'{"q": "x", "a": "1"}\n{"q": "y" "a": "2"}\n', 2, "not valid JSON: Expecting ',' delimiter (column 11)"),
+    (
+        b'{"q": "x", "a": "1"}\n{"q": "y" "a": "2"}\n',
+        2,
+        "not valid JSON: Expecting ',' delimiter (column 11)",
+    ),
     (b'{"q": "x", "a": "1"}\n{"q": "y"}\n', 2, "target: no field 'a' (fields: q)"),
     (b'{"q": "x", "a": "1"}\n{"Q": "y", "a": "2"}\n', 2, "source: no field 'q' (fields: Q, a)"),
     (b'{"q": "caf\xe9", "a": "1"}\n', 1, "not UTF-8: byte 0xe9 at column 11"),
@@ -81,8 +87,13 @@ def test_bad_lines_are_located(setup, data: bytes, line: int, fragment: str) -> 
 
 def test_templates_are_checked_against_the_data(setup) -> None:  # type: ignore[no-untyped-def]
     folder, _, check = setup
-    text = check(overrides=["data.source_template='question: {nosuchfield}'"])  # no line has it: the recipe is wrong
-    assert f"--set data.source_template='question: {{nosuchfield}}': data.source_template: no line of {folder / 'train.jsonl'} has a field 'nosuchfield' (they have: q, a)" in text
+    text = check(
+        overrides=["data.source_template='question: {nosuchfield}'"]
+    )  # no line has it: the recipe is wrong
+    assert (
+        f"--set data.source_template='question: {{nosuchfield}}': data.source_template: no line of "
+        f"{folder / 'train.jsonl'} has a field 'nosuchfield' (they have: q, a)" in text
+    )
     text = check(train=b'{"q": "x", "a": "1"}\n{"a": "2"}\n' * 2)  # some lines lack it: the data is wrong
     assert f"{folder / 'train.jsonl'}:2: data.train: source: no field 'q' (fields: a)" in text
     text = check(overrides=["data.source_template={q:>{a}}"], train=b'{"q": "x", "a": "wide"}\n' * 4)
@@ -94,7 +105,9 @@ def test_numbers_are_text_but_null_is_not(setup) -> None:  # type: ignore[no-unt
     (folder / "train.jsonl").write_text('{"q": "x", "a": 1}\n{"q": "y", "a": 2.5}\n' * 2)
     report = preflight(load_cluster(None).value, load_recipe(recipe))
     assert report.examples("train") == 4
-    assert "source template: field 'a' is null" in check(overrides=["data.source_template={q} {a}"], train=b'{"q": "x", "a": null}\n' * 4)
+    assert "source template: field 'a' is null" in check(
+        overrides=["data.source_template={q} {a}"], train=b'{"q": "x", "a": null}\n' * 4
+    )
 
 
 def test_an_empty_eval_file_is_refused(setup) -> None:  # type: ignore[no-untyped-def]
@@ -129,7 +142,8 @@ def test_every_problem_at_once_with_the_batch_split(setup, tmp_path: Path) -> No
 
 
 def test_a_big_file_is_streamed(tmp_path: Path, cluster_file: Path) -> None:
-    """~50 MB checked in seconds with memory for one line at a time (tracemalloc sees Python's allocations)."""
+    """~50 MB checked in seconds with memory for one line at a time (tracemalloc sees Python's
+    allocations)."""
     line = json.dumps({"q": "four thousand two hundred seven " * 4, "a": "4207"}) + "\n"
     count = 50_000_000 // len(line)
     with (tmp_path / "train.jsonl").open("w") as handle:
@@ -157,8 +171,10 @@ def test_validate_train_and_up_refuse_before_creating_anything(setup, cli, clust
     (folder / "train.jsonl").write_text('{"q": "x", "a": null}\n' * 4)
     home = Path(os.environ["TPUFT_HOME"])
     for verb in ("recipes validate", "train", "up"):
-        result = cli(*verb.split(), str(recipe), "--config", str(cluster_file), "--yes") if verb == "up" else cli(
-            *verb.split(), str(recipe), "--config", str(cluster_file)
+        result = (
+            cli(*verb.split(), str(recipe), "--config", str(cluster_file), "--yes")
+            if verb == "up"
+            else cli(*verb.split(), str(recipe), "--config", str(cluster_file))
         )
         assert result.code == 2, (verb, result.err)
         assert f"{folder / 'train.jsonl'}:1: data.train: target field 'a' is null" in result.err

@@ -1,6 +1,6 @@
 """``tpuft pull``'s operation: a synthetic run dir pulled from a local folder and from GCS (the real
-google-cloud-storage client against the in-process emulator of tests/rigs/gcs_emulator.py; nothing is mocked except
-where a test says it corrupts a listing on purpose)."""
+google-cloud-storage client against the in-process emulator of tests/rigs/gcs_emulator.py; nothing is mocked
+except where a test says it corrupts a listing on purpose)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator, _Handler
-from tpuft.core.errors import TpuftError, UsageError
 from tests.rundirs import write_run
+from tpuft.core.errors import TpuftError, UsageError
 from tpuft.ops.pull import PullResult, choose_checkpoints, pull
 from tpuft.storage import PARTIAL_SUFFIX, GcsStorage, open_storage
 
@@ -30,12 +30,12 @@ BIG = f"{CKPT}/step_00000020/state/shard-0.bin"
 """The biggest file of the run (3 MiB): where tests break or corrupt a transfer."""
 
 
-# ---- a synthetic run dir -------------------------------------------------------------------------------------------
+# ---- a synthetic run dir ---------------------------------------------------------------------------------
 
 
 def make_run(root: Path, *, metrics: list[dict[str, Any]] | None = None) -> dict[str, bytes]:
-    """A run dir as docs/ARCHITECTURE.md lays it out, with checkpoints at steps 10 and 20 and a half-written one at 30;
-    returns relpath -> bytes of every file."""
+    """A run dir as docs/ARCHITECTURE.md lays it out, with checkpoints at steps 10 and 20 and a half-written
+    one at 30; returns relpath -> bytes of every file."""
     rows = (
         metrics
         if metrics is not None
@@ -53,7 +53,8 @@ def make_run(root: Path, *, metrics: list[dict[str, Any]] | None = None) -> dict
     files = {
         "recipe.yaml": b"name: t5-small\ntrain:\n  steps: 20\n",
         "run.json": json.dumps(info).encode(),
-        "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode() + b'{"step": 21, "lo',  # killed mid-line
+        "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()
+        + b'{"step": 21, "lo',  # killed mid-line
         "heartbeat/worker-0.json": b'{"step": 20}',
         "logs/worker-0.log": b"2025-01-01T09:00:01.000Z step 5 loss 3.0\n" * 50,
         "logs/worker-1.log": b"",
@@ -74,11 +75,14 @@ def make_run(root: Path, *, metrics: list[dict[str, Any]] | None = None) -> dict
 def expected(files: dict[str, bytes], steps: list[int]) -> dict[str, bytes]:
     """The files a pull of ``steps`` brings: everything outside checkpoint step dirs, and those step dirs."""
     dirs = {f"{CKPT}/step_{s:08d}/" for s in steps}
-    return {rel: data for rel, data in files.items() if not rel.startswith(CKPT) or any(map(rel.startswith, dirs))}
+    return {
+        rel: data for rel, data in files.items() if not rel.startswith(CKPT) or any(map(rel.startswith, dirs))
+    }
 
 
 def read_tree(root: Path) -> dict[str, bytes]:
-    """Every file under its final name (partial files, ``.NAME.tpuft-part``, are counted by :func:`partials`)."""
+    """Every file under its final name (partial files, ``.NAME.tpuft-part``, are counted by
+    :func:`partials`)."""
     found = [p for p in root.rglob("*") if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX)]
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in found}
 
@@ -106,14 +110,20 @@ def gcs_run(gcs: GcsEmulator, tmp_path: Path) -> tuple[str, dict[str, bytes]]:
 
 
 def media_gets(gcs: GcsEmulator, contains: str = "") -> int:
-    return sum(1 for m, path in gcs.requests if m == "GET" and path.startswith("/download/") and contains in path)
+    return sum(
+        1 for m, path in gcs.requests if m == "GET" and path.startswith("/download/") and contains in path
+    )
 
 
-# ---- choosing checkpoints ------------------------------------------------------------------------------------------
+# ---- choosing checkpoints --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("mode", "steps"), [("latest", [20]), ("best", [10]), ("all", [10, 20]), ("none", [])])
-def test_local_pull_takes_the_chosen_checkpoints(mode: str, steps: list[int], local_run, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "steps"), [("latest", [20]), ("best", [10]), ("all", [10, 20]), ("none", [])]
+)
+def test_local_pull_takes_the_chosen_checkpoints(
+    mode: str, steps: list[int], local_run, tmp_path: Path
+) -> None:
     run, files = local_run
     dest = tmp_path / "home" / RUN_ID
 
@@ -121,7 +131,9 @@ def test_local_pull_takes_the_chosen_checkpoints(mode: str, steps: list[int], lo
 
     assert result.checkpoints == steps
     assert read_tree(dest) == expected(files, steps)  # never the half-written step_00000030.tmp
-    assert (result.files_total, result.files_fetched, result.files_skipped) == (len(expected(files, steps)),) * 2 + (0,)
+    assert (result.files_total, result.files_fetched, result.files_skipped) == (
+        len(expected(files, steps)),
+    ) * 2 + (0,)
     assert result.bytes_total == result.bytes_fetched == sum(map(len, expected(files, steps).values()))
     assert (result.run_id, result.source, result.dest) == (RUN_ID, str(run), dest)
     assert (result.run_started, result.run_status) == ("2025-01-01T09:00:00Z", "succeeded")
@@ -143,7 +155,9 @@ def test_best_prefers_exact_match_then_loss_and_falls_back_to_latest() -> None:
     by_loss = [{"step": 10, "eval_loss": 0.5}, {"step": 30, "eval_loss": 0.7}]
     assert choose_checkpoints("best", steps, by_loss) == ([10], ["best eval: eval_loss = 0.5 at step 10"])
     early = [{"step": 5, "eval_loss": 0.5}]
-    assert choose_checkpoints("best", steps, early)[0] == [10]  # nothing at or before step 5: the closest after
+    assert choose_checkpoints("best", steps, early)[0] == [
+        10
+    ]  # nothing at or before step 5: the closest after
 
     chosen, notes = choose_checkpoints("best", steps, [])
     assert chosen == [30]
@@ -155,10 +169,17 @@ def test_best_prefers_exact_match_then_loss_and_falls_back_to_latest() -> None:
 
 
 def test_best_is_ranked_by_the_recipes_eval_metric(tmp_path: Path) -> None:
-    """A run that kept its best checkpoint by BLEU: pull (and predict) take that one, not the best exact match's."""
-    rows = [{"step": 10, "eval_exact_match": 0.6, "eval_bleu": 20.0}, {"step": 20, "eval_exact_match": 0.4, "eval_bleu": 31.5}]
+    """A run that kept its best checkpoint by BLEU: pull (and predict) take that one, not the best exact
+    match's."""
+    rows = [
+        {"step": 10, "eval_exact_match": 0.6, "eval_bleu": 20.0},
+        {"step": 20, "eval_exact_match": 0.4, "eval_bleu": 31.5},
+    ]
     assert choose_checkpoints("best", [10, 20], rows)[0] == [10]
-    assert choose_checkpoints("best", [10, 20], rows, "bleu") == ([20], ["best eval: eval_bleu = 31.5 at step 20"])
+    assert choose_checkpoints("best", [10, 20], rows, "bleu") == (
+        [20],
+        ["best eval: eval_bleu = 31.5 at step 20"],
+    )
     run = tmp_path / "runs" / RUN_ID
     make_run(run, metrics=rows)
     (run / "recipe.yaml").write_text("name: t5-small\neval:\n  metric: bleu\ntrain:\n  steps: 20\n")
@@ -175,7 +196,9 @@ def test_best_without_eval_rows_pulls_the_latest(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_usage_errors(local_run, tmp_path: Path) -> None:
     run, _ = local_run
-    with pytest.raises(UsageError, match="--checkpoints 'first': expected one of latest, best, all, none") as err:
+    with pytest.raises(
+        UsageError, match="--checkpoints 'first': expected one of latest, best, all, none"
+    ) as err:
         pull(run, tmp_path / "dest", checkpoints="first")
     assert err.value.exit_code == 2
     with pytest.raises(UsageError, match="not a run directory"):
@@ -185,10 +208,12 @@ def test_bad_arguments_are_usage_errors(local_run, tmp_path: Path) -> None:
     assert not (tmp_path / "dest").exists()
 
 
-# ---- resuming, verifying, progress ---------------------------------------------------------------------------------
+# ---- resuming, verifying, progress -----------------------------------------------------------------------
 
 
-def test_second_local_pull_fetches_nothing_and_a_corrupted_file_is_fetched_again(local_run, tmp_path: Path) -> None:
+def test_second_local_pull_fetches_nothing_and_a_corrupted_file_is_fetched_again(
+    local_run, tmp_path: Path
+) -> None:
     run, files = local_run
     dest = tmp_path / "dest"
     first = pull(run, dest, checkpoints="all")
@@ -207,7 +232,9 @@ def test_progress_ends_at_total(where: str, request: pytest.FixtureRequest, tmp_
     run, _ = request.getfixturevalue("local_run" if where == "local" else "gcs_run")
     calls: list[tuple[int, int]] = []
 
-    result = pull(run, tmp_path / "dest", checkpoints="all", workers=4, progress=lambda d, t: calls.append((d, t)))
+    result = pull(
+        run, tmp_path / "dest", checkpoints="all", workers=4, progress=lambda d, t: calls.append((d, t))
+    )
 
     total = result.bytes_total
     assert calls[0] == (0, total) and calls[-1] == (total, total)
@@ -238,7 +265,9 @@ def test_gcs_pull_is_byte_identical_and_a_second_pull_downloads_nothing(
     gcs.requests.clear()
     again = pull(url, dest, checkpoints="latest")
     assert (again.files_fetched, again.files_skipped, again.bytes_fetched) == (0, result.files_total, 0)
-    assert media_gets(gcs) == media_gets(gcs, "/run.json") == 1  # the rest compared by size and crc32c: no GET
+    assert (
+        media_gets(gcs) == media_gets(gcs, "/run.json") == 1
+    )  # the rest compared by size and crc32c: no GET
 
     more = pull(url, dest, checkpoints="all")  # into a folder holding an older pull: only what is new
     assert (more.files_fetched, more.files_skipped) == (2, result.files_total)
@@ -255,7 +284,9 @@ def test_gcs_corrupted_local_file_is_fetched_again(gcs_run, tmp_path: Path) -> N
     assert read_tree(dest) == expected(files, [20])
 
 
-def test_failed_gets_leave_no_file_and_a_rerun_fetches_only_those(gcs: GcsEmulator, gcs_run, tmp_path: Path) -> None:
+def test_failed_gets_leave_no_file_and_a_rerun_fetches_only_those(
+    gcs: GcsEmulator, gcs_run, tmp_path: Path
+) -> None:
     url, files = gcs_run
     dest = tmp_path / "dest"
     gcs.fail("GET", f"/o/team/runs/{RUN_ID}/{BIG}", 403)
@@ -278,8 +309,8 @@ def test_failed_gets_leave_no_file_and_a_rerun_fetches_only_those(gcs: GcsEmulat
 def test_connection_dropped_midway_resumes_from_the_byte_it_reached(
     gcs: GcsEmulator, gcs_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The server sends half of the big file and hangs up: the client asks for the rest with a ranged GET, and the
-    whole file is still checked against the listed CRC32C before it gets its name."""
+    """The server sends half of the big file and hangs up: the client asks for the rest with a ranged GET, and
+    the whole file is still checked against the listed CRC32C before it gets its name."""
     url, files = gcs_run
     data = files[BIG]
     broken: list[str] = []
@@ -287,7 +318,11 @@ def test_connection_dropped_midway_resumes_from_the_byte_it_reached(
     original = _Handler._injected_fault
 
     def half_then_hang_up(handler: _Handler, method: str) -> bool:
-        if method != "GET" or not handler.path.startswith("/download/") or BIG not in handler.path.replace("%2F", "/"):
+        if (
+            method != "GET"
+            or not handler.path.startswith("/download/")
+            or BIG not in handler.path.replace("%2F", "/")
+        ):
             return original(handler, method)
         if handler.headers.get("Range"):
             ranges.append(handler.headers["Range"])
@@ -316,8 +351,8 @@ def test_connection_dropped_midway_resumes_from_the_byte_it_reached(
 def test_checksum_mismatch_drops_the_file_and_names_the_object(
     gcs_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A listing whose CRC32C disagrees with the bytes (as if the object changed or the data were corrupted): the
-    copy is discarded and the error names the object; with no CRC32C, MD5 is what is compared."""
+    """A listing whose CRC32C disagrees with the bytes (as if the object changed or the data were corrupted):
+    the copy is discarded and the error names the object; with no CRC32C, MD5 is what is compared."""
     url, files = gcs_run
     listed = GcsStorage._objects
     damage: dict[str, dict[str, Any]] = {}
@@ -392,7 +427,8 @@ def test_killed_pull_leaves_only_whole_files_and_a_rerun_fetches_the_rest(
 
 
 def test_sliced_download_reports_progress(gcs: GcsEmulator, tmp_path: Path) -> None:
-    """Files over ``sliced_threshold`` come down in ranged GETs; their bytes count when the file is complete."""
+    """Files over ``sliced_threshold`` come down in ranged GETs; their bytes count when the file is
+    complete."""
     gcs.reset()
     storage = GcsStorage(BUCKET, "team", sliced_threshold=6 * MiB, slice_size=5 * MiB)
     storage.ensure_bucket(None)
@@ -420,9 +456,12 @@ def test_result_as_json_round_trips(local_run, tmp_path: Path) -> None:
     assert data["checkpoints"] == [] and data["dest"] == str(tmp_path / "dest")
 
 
-def test_ctrl_c_stops_a_pull_at_once_and_leaves_no_partial_file(gcs: GcsEmulator, gcs_run, tmp_path: Path, sigint_raises: None) -> None:
-    """Ctrl-C reaches the caller while downloads run (transfer_manager alone would first finish its whole queue):
-    the downloads in flight stop, their partial files are removed, and the next pull fetches only the rest."""
+def test_ctrl_c_stops_a_pull_at_once_and_leaves_no_partial_file(
+    gcs: GcsEmulator, gcs_run, tmp_path: Path, sigint_raises: None
+) -> None:
+    """Ctrl-C reaches the caller while downloads run (transfer_manager alone would first finish its whole
+    queue): the downloads in flight stop, their partial files are removed, and the next pull fetches only the
+    rest."""
     url, files = gcs_run
     dest = tmp_path / "dest"
     interrupted: list[int] = []
@@ -437,7 +476,9 @@ def test_ctrl_c_stops_a_pull_at_once_and_leaves_no_partial_file(gcs: GcsEmulator
 
     want = expected(files, [10, 20])
     landed = read_tree(dest)
-    assert interrupted and 0 < len(landed) < len(want) // 2  # without stopping, all but one file went on to land
+    assert (
+        interrupted and 0 < len(landed) < len(want) // 2
+    )  # without stopping, all but one file went on to land
     assert all(data == want[rel] for rel, data in landed.items())
     assert not partials(dest)
     resumed = pull(url, dest, checkpoints="all")

@@ -1,14 +1,15 @@
-"""Which of a recipe's files travel to workers that cannot read this machine's disk, and how the recipe sent with the
-run names the copies. The copying itself is the fleet's ``put`` (tested against the sshd pod in tests/fleet); here
-a recording stand-in takes its place, because only the choice of files and the rewritten recipe are under test."""
+"""Which of a recipe's files travel to workers that cannot read this machine's disk, and how the recipe sent
+with the run names the copies. The copying itself is the fleet's ``put`` (tested against the sshd pod in
+tests/fleet); here a recording stand-in takes its place, because only the choice of files and the rewritten
+recipe are under test."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
 
-from tpuft.backends.t5x import BACKEND
 from tpuft.backends.base import ClusterShape
+from tpuft.backends.t5x import BACKEND
 from tpuft.config import load_recipe
 from tpuft.ops.train import _ship_data, _shipped_data
 

@@ -1,5 +1,5 @@
-"""A remote run ships the preprocess hook's file with the data (its function name stays), and refuses a Hugging Face
-dataset that only this machine can read."""
+"""A remote run ships the preprocess hook's file with the data (its function name stays), and refuses a
+Hugging Face dataset that only this machine can read."""
 
 from __future__ import annotations
 

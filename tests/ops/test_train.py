@@ -1,8 +1,9 @@
-"""Runs live on the workers, under their supervisors: the controller's side of train, attach, stop, resume and delete,
-on the local pod, with the stand-in trainer of tests/ops/standin.py (real supervisors, real processes, no torch).
+"""Runs live on the workers, under their supervisors: the controller's side of train, attach, stop, resume and
+delete, on the local pod, with the stand-in trainer of tests/ops/standin.py (real supervisors, real processes,
+no torch).
 
-Each test drives ``python -m tpuft`` as a user would (a subprocess, so that it can be killed or sent Ctrl-C) and checks
-what is left on the workers by pid.
+Each test drives ``python -m tpuft`` as a user would (a subprocess, so that it can be killed or sent Ctrl-C)
+and checks what is left on the workers by pid.
 """
 
 from __future__ import annotations
@@ -25,17 +26,30 @@ from tpuft.worker.supervisor.process import is_alive as alive
 
 
 def tpuft(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tpuft", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint, env={**os.environ, "COLUMNS": "200"}, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpuft", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+        env={**os.environ, "COLUMNS": "200"},
+        **kwargs,
+    )
 
 
 def run_tpuft(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tpuft", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "tpuft", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def trainer_pids() -> list[int]:
     """The stand-in trainers' pids, once both have started."""
+
     def read() -> list[int] | None:
         files = [worker_home(i) / "trainer.json" for i in range(2)]
         if not all(f.is_file() for f in files):
@@ -63,8 +77,11 @@ def run_info(run: Path) -> dict[str, Any]:
 
 
 def ended(run: Path, timeout: float = 30) -> dict[str, Any]:
-    return wait_until(lambda: run_info(run) if run_info(run).get("status") not in (None, "running") else None, timeout,
-                      f"run {run.name} to end")
+    return wait_until(
+        lambda: run_info(run) if run_info(run).get("status") not in (None, "running") else None,
+        timeout,
+        f"run {run.name} to end",
+    )
 
 
 def test_a_trainer_that_cannot_start_is_reported_before_a_run_is_made(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
@@ -90,7 +107,9 @@ def test_killing_the_controller_leaves_the_run_to_finish(tmp_path: Path, cli) ->
     info = ended(the_run(cluster, cli))
     assert info["status"] == "finished" and info["attempts"][0]["status"] == "finished"
     log = (the_run(cluster, cli) / "logs" / "worker-1.log").read_text()
-    assert "stand-in trainer 1 of 2" in log and "trainer ended: finished" in log  # TPUFT_WORKER_ID / NUM_WORKERS
+    assert (
+        "stand-in trainer 1 of 2" in log and "trainer ended: finished" in log
+    )  # TPUFT_WORKER_ID / NUM_WORKERS
 
 
 def test_a_crash_stops_every_worker_without_a_controller(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
@@ -115,8 +134,12 @@ def test_a_crash_stops_every_worker_without_a_controller(tmp_path: Path, cli) ->
 
 
 def test_a_hung_worker_is_named_and_the_run_stopped(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
-    recipe_text = (Path(__file__).parent / "standin.py").read_text().split('RECIPE = """\\\n')[1].split('"""')[0]
-    cluster, recipe, _ = built_venv(tmp_path, cli, recipe=recipe_text.replace("batch_size: 2}", "batch_size: 2, hang_timeout: 2}"))
+    recipe_text = (
+        (Path(__file__).parent / "standin.py").read_text().split('RECIPE = """\\\n')[1].split('"""')[0]
+    )
+    cluster, recipe, _ = built_venv(
+        tmp_path, cli, recipe=recipe_text.replace("batch_size: 2}", "batch_size: 2, hang_timeout: 2}")
+    )
     script(0, wait_for_peer=True)  # blocks "in a collective" once worker 1 goes quiet, like gloo would
     script(1, wait_for_peer=True)
     assert run_tpuft("train", str(recipe), "-c", str(cluster), "--detach").returncode == 0
@@ -135,7 +158,11 @@ def test_ctrl_c_detaches_and_attach_stop_resume_take_over(tmp_path: Path, cli) -
     cluster, recipe, _ = built_venv(tmp_path, cli)
     proc = tpuft("train", str(recipe), "-c", str(cluster))
     pids = trainer_pids()
-    wait_until(lambda: any("step 10" in p.read_text() for p in (the_run(cluster, cli) / "logs").glob("*.log")), 30, "step 10")
+    wait_until(
+        lambda: any("step 10" in p.read_text() for p in (the_run(cluster, cli) / "logs").glob("*.log")),
+        30,
+        "step 10",
+    )
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
@@ -175,7 +202,9 @@ def test_ctrl_c_detaches_and_attach_stop_resume_take_over(tmp_path: Path, cli) -
     assert json.loads(resumed.out)["attempt"] == 2
     info = run_info(run)
     assert info["status"] == "finished" and [a["status"] for a in info["attempts"]] == ["stopped", "finished"]
-    priced = run_cost(info)  # run.json's chips and pricing, as launched: both attempts priced, the local pod unbilled
+    priced = run_cost(
+        info
+    )  # run.json's chips and pricing, as launched: both attempts priced, the local pod unbilled
     assert (info["pricing"], info["chips"]) == ("on-demand", chips_of(info["accelerator"]))
     assert [a["attempt"] for a in priced.per_attempt] == [1, 2] and not priced.billed and priced.total_usd > 0
     env = json.loads((worker_home(1) / "trainer.json").read_text())["env"]
@@ -223,14 +252,25 @@ def test_leftovers_of_dead_runs_are_cleaned_before_a_run(tmp_path: Path, cli) ->
         planted.append(subprocess.Popen(["sleep", "300"], env=env, start_new_session=True))
         state = home / ".tpuft" / "supervisor"
         state.mkdir(parents=True, exist_ok=True)
-        (state / "current.json").write_text(json.dumps({"run_id": "old-run-20250101-000000-0001", "status": "running",
-                                                        "supervisor_pid": 999999, "supervisor_ticks": 1}))
+        (state / "current.json").write_text(
+            json.dumps(
+                {
+                    "run_id": "old-run-20250101-000000-0001",
+                    "status": "running",
+                    "supervisor_pid": 999999,
+                    "supervisor_ticks": 1,
+                }
+            )
+        )
         script(i, seconds=0.5)
     result = cli("train", str(recipe), "-c", str(cluster))
     assert result.code == 0, result.err
     for proc in planted:
         assert proc.wait(timeout=5) == -signal.SIGKILL
-    assert f"cleaned worker 0: killed pid {planted[0].pid}, left over from run old-run-20250101-000000-0001" in result.out
+    assert (
+        f"cleaned worker 0: killed pid {planted[0].pid}, left over from run old-run-20250101-000000-0001"
+        in result.out
+    )
     assert "run old-run-20250101-000000-0001 had lost its supervisor (pid 999999)" in result.out
 
 
@@ -243,12 +283,14 @@ def test_since_accepts_durations_and_times(since: str) -> None:
 
 
 def test_peer_addresses_one_per_worker_distinct_ports_on_one_machine() -> None:
-    """TF_CONFIG's workers: the port after the coordinator's on real hosts; free, distinct ports for loopback hosts
-    (TF binds every interface, so two rig workers at 127.0.1.x on one port would clash)."""
+    """TF_CONFIG's workers: the port after the coordinator's on real hosts; free, distinct ports for loopback
+    hosts (TF binds every interface, so two rig workers at 127.0.1.x on one port would clash)."""
     from tpuft.ops.train import COORDINATOR_PORT, _peer_addresses
 
     assert _peer_addresses(["10.0.0.1", "10.0.0.2"], f"10.0.0.1:{COORDINATOR_PORT}") == [
-        f"10.0.0.1:{COORDINATOR_PORT + 1}", f"10.0.0.2:{COORDINATOR_PORT + 1}"]
+        f"10.0.0.1:{COORDINATOR_PORT + 1}",
+        f"10.0.0.2:{COORDINATOR_PORT + 1}",
+    ]
     local = _peer_addresses(["127.0.1.10", "127.0.1.11", "127.0.0.1"], "127.0.1.10:8476")
     ports = [peer.rsplit(":", 1)[1] for peer in local]
     assert [peer.rsplit(":", 1)[0] for peer in local] == ["127.0.1.10", "127.0.1.11", "127.0.0.1"]
@@ -256,13 +298,21 @@ def test_peer_addresses_one_per_worker_distinct_ports_on_one_machine() -> None:
 
 
 @pytest.mark.slow
-def test_a_worker_that_never_starts_is_reported_then_named_at_startup_timeout(tmp_path: Path, cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Start-up as one unit, on 2 slices of one worker: each trainer gets its slice's MEGASCALE variables; while
-    slice 1's host sits in its rendezvous the live view says so; at train.startup_timeout slice 0's supervisor ends
-    the run naming the host that never came (not itself, which only waited)."""
-    recipe_text = (Path(__file__).parent / "standin.py").read_text().split('RECIPE = """\\\n')[1].split('"""')[0]
-    cluster, recipe, _ = built_venv(tmp_path, cli, recipe=recipe_text.replace("batch_size: 2}", "batch_size: 2, startup_timeout: 3}"),
-                                    slices=2)
+def test_a_worker_that_never_starts_is_reported_then_named_at_startup_timeout(
+    tmp_path: Path, cli, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Start-up as one unit, on 2 slices of one worker: each trainer gets its slice's MEGASCALE variables;
+    while slice 1's host sits in its rendezvous the live view says so; at train.startup_timeout slice 0's
+    supervisor ends the run naming the host that never came (not itself, which only waited)."""
+    recipe_text = (
+        (Path(__file__).parent / "standin.py").read_text().split('RECIPE = """\\\n')[1].split('"""')[0]
+    )
+    cluster, recipe, _ = built_venv(
+        tmp_path,
+        cli,
+        recipe=recipe_text.replace("batch_size: 2}", "batch_size: 2, startup_timeout: 3}"),
+        slices=2,
+    )
     script(0)
     script(1, start_after=3600)
     monkeypatch.setenv("TPUFT_STARTUP_REPORT_SECONDS", "1")
@@ -272,12 +322,16 @@ def test_a_worker_that_never_starts_is_reported_then_named_at_startup_timeout(tm
     assert "of train.startup_timeout (3 s)" in result.stdout
     envs = [json.loads((worker_home(i) / "trainer.json").read_text())["env"] for i in range(2)]
     port = envs[0]["TPUFT_MEGASCALE_PORT"]
-    assert [e["MEGASCALE_SLICE_ID"] for e in envs] == ["0", "1"] and {e["MEGASCALE_NUM_SLICES"] for e in envs} == {"2"}
+    assert [e["MEGASCALE_SLICE_ID"] for e in envs] == ["0", "1"] and {
+        e["MEGASCALE_NUM_SLICES"] for e in envs
+    } == {"2"}
     assert {e["MEGASCALE_COORDINATOR_ADDRESS"] for e in envs} == {f"127.0.0.1:{port}"}
     assert port != envs[0]["TPUFT_COORDINATOR"].rsplit(":", 1)[1]
     info = run_info(the_run(cluster, cli))
     assert info["status"] == "failed" and info["culprit"] == 0 and info["startup_timeout"] == 3.0, info
     assert info["slices"] == 2 and info["placement"] == [{"slice": 0, "host": 0}, {"slice": 1, "host": 0}]
     assert info["cause"].startswith("hung: slice 0 host 0 (worker 0) waited "), info["cause"]
-    assert info["cause"].endswith("s (train.startup_timeout 3 s) for slice 1 host 0 (worker 1) to start"), info["cause"]
+    assert info["cause"].endswith("s (train.startup_timeout 3 s) for slice 1 host 0 (worker 1) to start"), (
+        info["cause"]
+    )
     assert "last lines of slice 0 host 0 (worker 0):" in result.stderr

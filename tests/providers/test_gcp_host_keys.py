@@ -1,10 +1,11 @@
-"""Pinning the workers' SSH host keys from the Cloud TPU API (guest attributes), against the fake TPU v2 API with the
-real google-cloud-tpu client and real sshd servers with one host key per worker. Nothing here reaches Google.
+"""Pinning the workers' SSH host keys from the Cloud TPU API (guest attributes), against the fake TPU v2 API
+with the real google-cloud-tpu client and real sshd servers with one host key per worker. Nothing here reaches
+Google.
 
 What is checked: ``prepare`` pins every worker's published key for the address and port the fleet uses; an
-unchanged node costs no further API call; a recreated node (new ``id``, same or new addresses) is re-pinned from the
-API; keys that never appear are refused with a clear error; and a worker whose key is not the pinned one is refused
-by ``tpuft exec`` before anything runs on it.
+unchanged node costs no further API call; a recreated node (new ``id``, same or new addresses) is re-pinned
+from the API; keys that never appear are refused with a clear error; and a worker whose key is not the pinned
+one is refused by ``tpuft exec`` before anything runs on it.
 """
 
 from __future__ import annotations
@@ -38,18 +39,27 @@ def tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[FakeTpuSe
         yield server
 
 
-def cluster_file(tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod | None = None, *, extra_gcp: str = "",
-                 accelerator: str = "v4-16") -> Path:  # fmt: skip
+def cluster_file(
+    tmp_path: Path,
+    tpu: FakeTpuServer,
+    pod: SshdPod | None = None,
+    *,
+    extra_gcp: str = "",
+    accelerator: str = "v4-16",
+) -> Path:
     ssh = ""
     if pod is not None:
-        ssh = (f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
-               "  connect_attempts: 1\n  retry_delay_s: 0\n")  # fmt: skip
+        ssh = (
+            f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
+            "  connect_attempts: 1\n  retry_delay_s: 0\n"
+        )
     else:
         ssh = f"ssh:\n  user: alice\n  key_file: {tmp_path / 'keys' / 'id'}\n"
     path = tmp_path / "tpuft.yaml"
     path.write_text(
         f"name: hk\nprovider: gcp\naccelerator: {accelerator}\n"
-        f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n{extra_gcp}{ssh}"
+        "gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: "
+        f"{tpu.endpoint}\n{extra_gcp}{ssh}"
     )
     return path
 
@@ -65,8 +75,8 @@ def pinned(provider: GcpProvider) -> list[str]:
 
 
 def recreate_out_of_band(provider: GcpProvider) -> None:
-    """Delete and create the node behind tpuft's back (another machine, the console): the local memory still holds
-    the old node's pins, and only the API can tell that the node is a new one."""
+    """Delete and create the node behind tpuft's back (another machine, the console): the local memory still
+    holds the old node's pins, and only the API can tell that the node is a new one."""
     from google.api_core.future.polling import DEFAULT_POLLING
 
     fast = DEFAULT_POLLING.with_delay(initial=0.01, maximum=0.05).with_timeout(10)
@@ -76,9 +86,13 @@ def recreate_out_of_band(provider: GcpProvider) -> None:
 
 
 @needs_sshd
-def test_prepare_pins_every_worker_once_per_node_and_again_after_recreation(tmp_path: Path, tpu: FakeTpuServer) -> None:
-    with SshdPod(tmp_path / "pod", workers=2, first_address=70) as pod, \
-            SshdPod(tmp_path / "pod-b", workers=2, first_address=80, port=pod.port) as other:  # fmt: skip
+def test_prepare_pins_every_worker_once_per_node_and_again_after_recreation(
+    tmp_path: Path, tpu: FakeTpuServer
+) -> None:
+    with (
+        SshdPod(tmp_path / "pod", workers=2, first_address=70) as pod,
+        SshdPod(tmp_path / "pod-b", workers=2, first_address=80, port=pod.port) as other,
+    ):
         tpu.worker_addresses = pod.addresses
         tpu.host_keys.update(pod.host_keys)
         tpu.host_keys.update(other.host_keys)
@@ -86,7 +100,9 @@ def test_prepare_pins_every_worker_once_per_node_and_again_after_recreation(tmp_
         assert provider.ssh_settings().known_hosts == provider.known_hosts_path
         cluster, _ = provider.create()
         provider.prepare(cluster)
-        assert pinned(provider) == [f"[{a}]:{pod.port} {pod.host_public_key(i)}" for i, a in enumerate(pod.addresses)]
+        assert pinned(provider) == [
+            f"[{a}]:{pod.port} {pod.host_public_key(i)}" for i, a in enumerate(pod.addresses)
+        ]
         (call,) = tpu.calls("GetGuestAttributes")
         assert call.path.endswith("/nodes/hk:getGuestAttributes")
         assert call.body == {"queryPath": "hostkeys/", "workerIds": ["0", "1"]}
@@ -117,14 +133,17 @@ def test_prepare_pins_every_worker_once_per_node_and_again_after_recreation(tmp_
         cluster, _ = provider.create()
         provider.prepare(cluster)
         assert len(tpu.calls("GetGuestAttributes")) == 3
-        assert pinned(provider) == [f"[{a}]:{pod.port} {other.host_public_key(i)}" for i, a in enumerate(other.addresses)]
+        assert pinned(provider) == [
+            f"[{a}]:{pod.port} {other.host_public_key(i)}" for i, a in enumerate(other.addresses)
+        ]
         assert not any(a in line for a in pod.addresses for line in pinned(provider))
 
 
-def test_keys_published_late_are_waited_for_and_matched_by_worker(tmp_path: Path, tpu: FakeTpuServer,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Worker 0 publishes late, and the API leaves it out of the answer meanwhile: worker 1's key must not be taken
-    for worker 0's (the answer names no workers), and the wait ends as soon as both are there."""
+def test_keys_published_late_are_waited_for_and_matched_by_worker(
+    tmp_path: Path, tpu: FakeTpuServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 0 publishes late, and the API leaves it out of the answer meanwhile: worker 1's key must not be
+    taken for worker 0's (the answer names no workers), and the wait ends as soon as both are there."""
     monkeypatch.setattr(gcp_module, "HOSTKEY_WAIT_S", 10.0)
     tpu.omit_unpublished = True
     tpu.host_keys["127.0.1.11"] = KEY1
@@ -142,7 +161,9 @@ def test_keys_published_late_are_waited_for_and_matched_by_worker(tmp_path: Path
     assert pinned(provider) == [f"127.0.1.10 {KEY0}", f"127.0.1.11 {KEY1}"]  # port 22: plain addresses
 
 
-def test_keys_that_never_appear_are_refused_naming_node_and_worker(tmp_path: Path, tpu: FakeTpuServer) -> None:
+def test_keys_that_never_appear_are_refused_naming_node_and_worker(
+    tmp_path: Path, tpu: FakeTpuServer
+) -> None:
     tpu.host_keys["127.0.1.10"] = KEY0 + "\nssh-rsa not*base64"  # garbage is dropped, never written
     provider = provider_for(cluster_file(tmp_path, tpu))
     cluster, _ = provider.create()
@@ -150,7 +171,9 @@ def test_keys_that_never_appear_are_refused_naming_node_and_worker(tmp_path: Pat
         provider.prepare(cluster)
     message = str(refused.value)
     assert "worker 1 (127.0.1.11) of TPU node hk has not published its SSH host keys" in message
-    assert "retry" in (refused.value.hint or "") and "tpuft delete --yes && tpuft create" in (refused.value.hint or "")
+    assert "retry" in (refused.value.hint or "") and "tpuft delete --yes && tpuft create" in (
+        refused.value.hint or ""
+    )
     assert not provider.known_hosts_path.exists() and len(tpu.calls("GetGuestAttributes")) >= 2
 
     tpu.host_keys["127.0.1.11"] = KEY1
@@ -174,11 +197,15 @@ def test_multislice_workers_are_pinned_slice_by_slice_in_order(tmp_path: Path, t
     assert len(tpu.calls("GetGuestAttributes")) == 2
 
     # Each worker knows its slice, the remembered cluster too; each slice's node and state is in the details.
-    assert [w.slice for w in cluster.workers] == [0, 0, 1, 1] and cluster.layout.name(3) == "slice 1 host 1 (worker 3)"
+    assert [w.slice for w in cluster.workers] == [0, 0, 1, 1] and cluster.layout.name(
+        3
+    ) == "slice 1 host 1 (worker 3)"
     cached = provider.cached()
     assert cached is not None and cached.workers == cluster.workers
-    assert {k: v for k, v in cluster.details.items() if k.startswith("slice")} == {"slice 0": "hk-0 READY",
-                                                                                  "slice 1": "hk-1 READY"}
+    assert {k: v for k, v in cluster.details.items() if k.startswith("slice")} == {
+        "slice 0": "hk-0 READY",
+        "slice 1": "hk-1 READY",
+    }
     tpu.preempt("hk-1")  # one slice lost: the cluster is not READY, and says which slice
     lost = provider.get()
     assert lost.state == "READY,PREEMPTED" and lost.details["slice 1"] == "hk-1 PREEMPTED"
@@ -190,8 +217,11 @@ def test_multislice_workers_are_pinned_slice_by_slice_in_order(tmp_path: Path, t
 
 
 @needs_sshd
-def test_exec_refuses_a_worker_whose_host_key_is_not_the_pinned_one(cli, tmp_path: Path, tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
-    """Needs the SSH fleet to honour ``SshSettings.known_hosts`` (paramiko's RejectPolicy, tpuft/fleet/ssh.py)."""
+def test_exec_refuses_a_worker_whose_host_key_is_not_the_pinned_one(
+    cli, tmp_path: Path, tpu: FakeTpuServer
+) -> None:  # type: ignore[no-untyped-def]
+    """Needs the SSH fleet to honour ``SshSettings.known_hosts`` (paramiko's RejectPolicy,
+    tpuft/fleet/ssh.py)."""
     with SshdPod(tmp_path / "pod", workers=2, first_address=90) as pod:
         tpu.worker_addresses = pod.addresses
         tpu.host_keys.update(pod.host_keys)

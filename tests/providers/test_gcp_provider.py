@@ -19,24 +19,31 @@ from tests.rigs.sshd_pod import SshdPod, sshd_available
 def fake_tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)
     monkeypatch.setattr(gcp_module, "RETRY_BASE_S", 0.01)
-    monkeypatch.setattr(gcp_module, "HOSTKEY_WAIT_S", 1.0)  # a test that forgot to publish host keys fails fast
+    monkeypatch.setattr(
+        gcp_module, "HOSTKEY_WAIT_S", 1.0
+    )  # a test that forgot to publish host keys fails fast
     for key, value in gcs.env().items():  # `create` makes the bucket: in the emulator
         monkeypatch.setenv(key, value)
     with FakeTpuServer(operation_polls=2) as server:
         yield server
 
 
-def cluster_yaml(tmp_path: Path, server: FakeTpuServer, *, extra_gcp: str = "", accelerator: str = "v4-16", ssh: str = "") -> Path:
+def cluster_yaml(
+    tmp_path: Path, server: FakeTpuServer, *, extra_gcp: str = "", accelerator: str = "v4-16", ssh: str = ""
+) -> Path:
     path = tmp_path / "tpuft.yaml"
     path.write_text(
         f"name: tp\nprovider: gcp\naccelerator: {accelerator}\n"
-        f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {server.endpoint}\n{extra_gcp}"
+        "gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: "
+        f"{server.endpoint}\n{extra_gcp}"
         f"{ssh}"
     )
     return path
 
 
-def test_create_is_costed_confirmed_idempotent_and_deletable(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+def test_create_is_costed_confirmed_idempotent_and_deletable(
+    cli, tmp_path: Path, fake_tpu: FakeTpuServer
+) -> None:  # type: ignore[no-untyped-def]
     cluster = cluster_yaml(tmp_path, fake_tpu, extra_gcp="  spot: true\n  labels: {team: nlp}\n")
     refused = cli("create", "-c", str(cluster))
     assert refused.code == 2 and "costs money: pass --yes" in refused.err
@@ -46,11 +53,17 @@ def test_create_is_costed_confirmed_idempotent_and_deletable(cli, tmp_path: Path
     assert made.code == 0, made.err
     info = json.loads(made.out)
     assert info["created"] is True and info["state"] == "READY"
-    assert info["bucket"] == "gs://tpuft-test-tpuft" and info["details"]["bucket"] == "gs://tpuft-test-tpuft (created)"
+    assert (
+        info["bucket"] == "gs://tpuft-test-tpuft"
+        and info["details"]["bucket"] == "gs://tpuft-test-tpuft (created)"
+    )
     assert [w["address"] for w in info["workers"]] == ["127.0.1.10", "127.0.1.11"]
     node = fake_tpu.node("tp")
     assert node["acceleratorType"] == "v4-16" and node["runtimeVersion"] == "tpu-ubuntu2204-base"
-    assert node["schedulingConfig"].get("spot") is True and node["labels"] == {"created-by": "tpuft", "team": "nlp"}
+    assert node["schedulingConfig"].get("spot") is True and node["labels"] == {
+        "created-by": "tpuft",
+        "team": "nlp",
+    }
 
     again = cli("create", "-c", str(cluster), "--json")  # no --yes needed: nothing new is billed
     assert again.code == 0 and json.loads(again.out)["created"] is False
@@ -68,13 +81,19 @@ def test_other_shape_and_preempted_nodes_say_what_to_do(cli, tmp_path: Path, fak
     assert cli("create", "-c", str(cluster_yaml(tmp_path, fake_tpu)), "--yes").code == 0
     bigger = cluster_yaml(tmp_path, fake_tpu, accelerator="v4-32")
     result = cli("create", "-c", str(bigger), "--yes")
-    assert result.code == 2 and "exists in us-central2-b as v4-16, the cluster file asks for v4-32" in result.err
+    assert (
+        result.code == 2 and "exists in us-central2-b as v4-16, the cluster file asks for v4-32" in result.err
+    )
     assert "tpuft delete" in result.err
 
     fake_tpu.preempt("tp")
     same = cluster_yaml(tmp_path, fake_tpu)
     result = cli("create", "-c", str(same), "--yes")
-    assert result.code == 2 and "exists but is PREEMPTED" in result.err and "delete --yes && tpuft create" in result.err
+    assert (
+        result.code == 2
+        and "exists but is PREEMPTED" in result.err
+        and "delete --yes && tpuft create" in result.err
+    )
     assert json.loads(cli("status", "-c", str(same), "--json").out)["state"] == "PREEMPTED"
 
 
@@ -111,8 +130,13 @@ def test_queued_multislice_spot_and_forced_delete(cli, tmp_path: Path, fake_tpu:
     body = fake_tpu.calls("CreateQueuedResource")[0].body
     assert "spot" in body and body["queueingPolicy"]["validUntilDuration"] == "21600s"
     assert body["tpu"]["nodeSpec"][0]["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "tp"}
-    status = json.loads(cli("status", "-c", str(cluster), "--json").out)  # each slice, its node and its workers
-    assert [(s["node"], s["state"], s["workers"]) for s in status["slices"]] == [("tp-0", "READY", ["0:0"]), ("tp-1", "READY", ["1:0"])]
+    status = json.loads(
+        cli("status", "-c", str(cluster), "--json").out
+    )  # each slice, its node and its workers
+    assert [(s["node"], s["state"], s["workers"]) for s in status["slices"]] == [
+        ("tp-0", "READY", ["0:0"]),
+        ("tp-1", "READY", ["1:0"]),
+    ]
     assert "slice 1: node tp-1 READY, workers 1:0" in cli("status", "-c", str(cluster)).out
 
     assert cli("delete", "-c", str(cluster), "--yes").code == 0
@@ -130,13 +154,20 @@ def test_failed_queued_resource_shows_why(cli, tmp_path: Path, fake_tpu: FakeTpu
 
 
 @pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
-def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(
+    cli, tmp_path: Path, fake_tpu: FakeTpuServer
+) -> None:  # type: ignore[no-untyped-def]
     with SshdPod(tmp_path / "pod", workers=2) as pod:
         fake_tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish
-        ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  connect_attempts: 2\n  retry_delay_s: 0.1\n"
+        ssh = (
+            f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  "
+            "connect_attempts: 2\n  retry_delay_s: 0.1\n"
+        )
         cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
         assert cli("create", "-c", str(cluster), "--yes").code == 0
-        result = cli("exec", "-c", str(cluster), "--", "echo id=$TPUFT_WORKER_ID of $TPUFT_NUM_WORKERS home=$HOME")
+        result = cli(
+            "exec", "-c", str(cluster), "--", "echo id=$TPUFT_WORKER_ID of $TPUFT_NUM_WORKERS home=$HOME"
+        )
         assert result.code == 0, result.err
         assert f"[w0] id=0 of 2 home={pod.home(0)}" in result.out
         assert f"[w1] id=1 of 2 home={pod.home(1)}" in result.out
@@ -145,11 +176,23 @@ def test_exec_reaches_every_worker_over_ssh_and_publishes_the_key(cli, tmp_path:
         assert fake_tpu.calls("UpdateNode")[0].query.get("updateMask") == "metadata"
         assert cli("exec", "-c", str(cluster), "--worker", "1", "--", "true").code == 0
         assert len(fake_tpu.calls("UpdateNode")) == 1  # the key is there now: no second update
-        failing = cli("exec", "-c", str(cluster), "--", 'if [ "$TPUFT_WORKER_ID" = 1 ]; then echo broken; exit 3; fi; sleep 30')
-        assert failing.code == 3 and "failed on worker 1 (exit code 3)" in failing.err and "broken" in failing.err
+        failing = cli(
+            "exec",
+            "-c",
+            str(cluster),
+            "--",
+            'if [ "$TPUFT_WORKER_ID" = 1 ]; then echo broken; exit 3; fi; sleep 30',
+        )
+        assert (
+            failing.code == 3
+            and "failed on worker 1 (exit code 3)" in failing.err
+            and "broken" in failing.err
+        )
 
 
-def test_bucket_in_another_region_is_warned_about(cli, tmp_path: Path, fake_tpu: FakeTpuServer, gcs: GcsEmulator) -> None:  # type: ignore[no-untyped-def]
+def test_bucket_in_another_region_is_warned_about(
+    cli, tmp_path: Path, fake_tpu: FakeTpuServer, gcs: GcsEmulator
+) -> None:  # type: ignore[no-untyped-def]
     from tpuft.storage import open_storage
 
     open_storage("gs://far-away", project="tpuft-test").ensure_bucket("us-east1")
@@ -157,7 +200,9 @@ def test_bucket_in_another_region_is_warned_about(cli, tmp_path: Path, fake_tpu:
     cluster.write_text(cluster_yaml(tmp_path, fake_tpu).read_text() + "bucket: gs://far-away\n")
     result = cli("create", "-c", str(cluster), "--yes")
     assert result.code == 0, result.err
-    assert "warning:" in result.out and "us-east1" in result.out.lower() and "us-central2" in result.out.lower()
+    assert (
+        "warning:" in result.out and "us-east1" in result.out.lower() and "us-central2" in result.out.lower()
+    )
 
 
 def test_missing_key_is_created_like_gcloud(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
@@ -167,7 +212,9 @@ def test_missing_key_is_created_like_gcloud(tmp_path: Path, fake_tpu: FakeTpuSer
     key = tmp_path / "keys" / "google_compute_engine"
     ssh = f"ssh:\n  user: alice\n  key_file: {key}\n"
     config = load_cluster(cluster_yaml(tmp_path, fake_tpu, ssh=ssh)).value
-    fake_tpu.host_keys.update(dict.fromkeys(["127.0.1.10", "127.0.1.11"], "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHost"))
+    fake_tpu.host_keys.update(
+        dict.fromkeys(["127.0.1.10", "127.0.1.11"], "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHost")
+    )
     provider = get_provider(config)
     cluster, _ = provider.create()
     provider.fleet(cluster)
@@ -188,23 +235,37 @@ def test_ssh_to_one_worker(tmp_path: Path, fake_tpu: FakeTpuServer) -> None:
         ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
         cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
         env = {**os.environ, "TPUFT_GCP_POLL_SECONDS": "0.01"}  # STORAGE_EMULATOR_HOST comes from the fixture
-        subprocess.run([sys.executable, "-m", "tpuft", "create", "-c", str(cluster), "--yes"], check=True, env=env, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "tpuft", "create", "-c", str(cluster), "--yes"],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
         shell = subprocess.run(
             [sys.executable, "-m", "tpuft", "ssh", "--worker", "1", "-c", str(cluster)],
-            input="echo home=$HOME\n", text=True, capture_output=True, env=env, timeout=60,
+            input="echo home=$HOME\n",
+            text=True,
+            capture_output=True,
+            env=env,
+            timeout=60,
         )
         assert shell.returncode == 0, shell.stderr
         assert f"home={pod.home(1)}" in shell.stdout
 
 
 @pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
-def test_exec_uses_the_remembered_cluster_and_recovers_when_it_is_stale(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
+def test_exec_uses_the_remembered_cluster_and_recovers_when_it_is_stale(
+    cli, tmp_path: Path, fake_tpu: FakeTpuServer
+) -> None:  # type: ignore[no-untyped-def]
     from tpuft.config import load_cluster
     from tpuft.providers.gcp import GcpProvider
 
     with SshdPod(tmp_path / "pod", workers=2) as pod:
         fake_tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish
-        ssh = f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  connect_attempts: 1\n  retry_delay_s: 0\n"
+        ssh = (
+            f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n  "
+            "connect_attempts: 1\n  retry_delay_s: 0\n"
+        )
         cluster = cluster_yaml(tmp_path, fake_tpu, ssh=ssh)
         assert cli("exec", "-c", str(cluster), "--", "true").code == 2  # no cluster yet
         assert cli("create", "-c", str(cluster), "--yes").code == 0

@@ -1,7 +1,7 @@
-"""The GCP provider's long waits speak (issue 25, "no silent waits"), against the fake TPU v2 API: ``tpuft exec`` on a
-node whose workers have not published their host keys says what it waits for and the time left within seconds
-(it used to wait up to 300 s in silence), and a queued resource waiting for capacity says its state, on stderr or
-through the caller's progress callback, never both."""
+"""The GCP provider's long waits speak (issue 25, "no silent waits"), against the fake TPU v2 API: ``tpuft
+exec`` on a node whose workers have not published their host keys says what it waits for and the time left
+within seconds (it used to wait up to 300 s in silence), and a queued resource waiting for capacity says its
+state, on stderr or through the caller's progress callback, never both."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import tpuft.providers.gcp.tuning as tuning
 import tpuft.core.waiting as waiting_module
+import tpuft.providers.gcp.tuning as tuning
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft.providers.gcp import GcpProvider
@@ -50,19 +50,28 @@ def provider_for(path: Path) -> GcpProvider:
     return GcpProvider(load_cluster(path).value)
 
 
-def test_exec_waiting_for_unpublished_host_keys_says_so_within_seconds(tmp_path: Path, tpu: FakeTpuServer) -> None:
-    """The wait's own default (silent for 2 s): the line must come about 2 s after the first GetGuestAttributes, not
-    at the end of the 60 s bound."""
+def test_exec_waiting_for_unpublished_host_keys_says_so_within_seconds(
+    tmp_path: Path, tpu: FakeTpuServer
+) -> None:
+    """The wait's own default (silent for 2 s): the line must come about 2 s after the first
+    GetGuestAttributes, not at the end of the 60 s bound."""
     tpu.omit_unpublished = True
     tpu.host_keys["127.0.1.10"] = KEY0  # worker 1 never publishes
     cluster = cluster_file(tmp_path, tpu)
     provider_for(cluster).create()
     env = {**os.environ, "TPUFT_GCP_HOSTKEY_WAIT_S": "60", "TPUFT_GCP_POLL_SECONDS": "0.2"}
     env.pop("TPUFT_WAIT_SILENT_S", None)
-    proc = subprocess.Popen([sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpuft", "exec", "-c", str(cluster), "--", "true"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr), daemon=True)  # type: ignore[union-attr]
+    reader = threading.Thread(
+        target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr), daemon=True
+    )  # type: ignore[union-attr]
     reader.start()
     try:
         deadline = time.monotonic() + 30
@@ -74,8 +83,12 @@ def test_exec_waiting_for_unpublished_host_keys_says_so_within_seconds(tmp_path:
             time.sleep(0.05)
         assert lines, "nothing on stderr 15 s into the host-key wait"
         when, line = lines[0]
-        assert when - asked < 5, f"the first line came {when - asked:.1f} s after the first GetGuestAttributes"
-        assert line.startswith("waiting for the SSH host keys of TPU node hk worker(s) 0-1 (each VM's guest agent "), line
+        assert when - asked < 5, (
+            f"the first line came {when - asked:.1f} s after the first GetGuestAttributes"
+        )
+        assert line.startswith(
+            "waiting for the SSH host keys of TPU node hk worker(s) 0-1 (each VM's guest agent "
+        ), line
         assert ": 1 of 2 published, missing: worker 1 (" in line and " s left)" in line, line
         assert proc.poll() is None, line  # still waiting: the bound is 60 s
     finally:
@@ -83,9 +96,9 @@ def test_exec_waiting_for_unpublished_host_keys_says_so_within_seconds(tmp_path:
         proc.wait()
 
 
-def test_a_queued_resource_waiting_for_capacity_says_its_state(tmp_path: Path, tpu: FakeTpuServer,
-                                                                monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_queued_resource_waiting_for_capacity_says_its_state(
+    tmp_path: Path, tpu: FakeTpuServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(waiting_module, "SILENT_S", 0.1)
     monkeypatch.setattr(tuning, "POLL_SECONDS", 0.1)
     tpu.queued_states = ("ACCEPTED", "WAITING_FOR_RESOURCES", "ACTIVE")
@@ -93,9 +106,14 @@ def test_a_queued_resource_waiting_for_capacity_says_its_state(tmp_path: Path, t
     provider = provider_for(cluster_file(tmp_path, tpu, "  queued: true\n  spot: true\n"))
     provider.create()  # no progress callback: stderr
     err = capsys.readouterr().err
-    assert "waiting for Cloud TPU capacity for queued resource hk (ACTIVE once the chips are granted): " in err, err
+    assert (
+        "waiting for Cloud TPU capacity for queued resource hk (ACTIVE once the chips are granted): " in err
+    ), err
     assert "(24 h 0 min left)" in err and "\ndone: Cloud TPU capacity for queued resource hk" in err, err
-    started, waited = provider.nodes.queue_wait or (0.0, 0.0)  # goodput's queue_wait: ACCEPTED, WAITING (4 gets each)
+    started, waited = provider.nodes.queue_wait or (
+        0.0,
+        0.0,
+    )  # goodput's queue_wait: ACCEPTED, WAITING (4 gets each)
     assert 0.5 < waited < 30 and abs(started - time.time()) < 60, provider.nodes.queue_wait
 
     provider.delete()
@@ -104,4 +122,7 @@ def test_a_queued_resource_waiting_for_capacity_says_its_state(tmp_path: Path, t
     provider.create(told.append)  # the CLI's spinner: through the callback, not on stderr as well
     assert capsys.readouterr().err == ""
     capacity = [text for text in told if "capacity" in text]
-    assert [text.split(": ")[1].split(" (")[0] for text in capacity] == ["ACCEPTED", "WAITING_FOR_RESOURCES"], told
+    assert [text.split(": ")[1].split(" (")[0] for text in capacity] == [
+        "ACCEPTED",
+        "WAITING_FOR_RESOURCES",
+    ], told

@@ -1,13 +1,13 @@
 """Every verb that talks to Google Cloud fails fast and in one located line when the network does (issue 25).
 
 Credentials are present (a service account whose token endpoint is a closed port on 127.0.0.1), the cluster's
-Cloud TPU API endpoint is another closed port (https, so the real credentials are used, not the anonymous ones of the
-test rigs), and Cloud Storage is a third (``API_ENDPOINT_OVERRIDE``: the storage client keeps the credentials, so
-its first request is a token refresh that fails). Each verb runs as the user runs it (``python -m tpuft``), all at
-once, with ``gcp.timeout: 1s``: exit code 1, no traceback, a few lines naming what was being done and the endpoint,
-and done within the timeout plus 5 s beyond what starting tpuft takes on this machine at the same moment (the
-baseline, ``status`` of a local cluster, run among them: the suite's machine may be busy). Nothing here reaches a
-host but 127.0.0.1.
+Cloud TPU API endpoint is another closed port (https, so the real credentials are used, not the anonymous ones
+of the test rigs), and Cloud Storage is a third (``API_ENDPOINT_OVERRIDE``: the storage client keeps the
+credentials, so its first request is a token refresh that fails). Each verb runs as the user runs it (``python
+-m tpuft``), all at once, with ``gcp.timeout: 1s``: exit code 1, no traceback, a few lines naming what was
+being done and the endpoint, and done within the timeout plus 5 s beyond what starting tpuft takes on this
+machine at the same moment (the baseline, ``status`` of a local cluster, run among them: the suite's machine
+may be busy). Nothing here reaches a host but 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ VERBS: dict[str, list[str]] = {
     "runs (storage refused)": ["runs"],  # Storage itself at a closed port (anonymous, as against an emulator)
 }
 BASELINES = ["baseline 1", "baseline 2", "baseline 3"]  # `status -c local.yaml`: starting tpuft, no network
-LOCATED = re.compile(r"error: (?P<what>\S.*?): no answer from (?P<where>.+? at \S+?)(?: for \d+s)? \((?P<why>[^)]+)\)")
+LOCATED = re.compile(
+    r"error: (?P<what>\S.*?): no answer from (?P<where>.+? at \S+?)(?: for \d+s)? \((?P<why>[^)]+)\)"
+)
 
 
 def closed_port() -> int:
@@ -67,7 +69,9 @@ def service_account(token_uri: str) -> dict[str, str]:
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return {
         "type": "service_account",
         "project_id": "tpuft-test",
@@ -111,8 +115,15 @@ def down(tmp_path_factory: pytest.TempPathFactory) -> Down:
     )
     local = tmp / "local.yaml"
     local.write_text("name: baseline\nprovider: local\naccelerator: v4-8\n")
-    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and not k.startswith("TPUFT_")}
-    for leftover in ("STORAGE_EMULATOR_HOST", "API_ENDPOINT_OVERRIDE", "CLOUDSDK_CONFIG", "GOOGLE_CLOUD_PROJECT"):
+    env = {
+        k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and not k.startswith("TPUFT_")
+    }
+    for leftover in (
+        "STORAGE_EMULATOR_HOST",
+        "API_ENDPOINT_OVERRIDE",
+        "CLOUDSDK_CONFIG",
+        "GOOGLE_CLOUD_PROJECT",
+    ):
         env.pop(leftover, None)
     env.update(
         GOOGLE_APPLICATION_CREDENTIALS=str(credentials),
@@ -126,16 +137,25 @@ def down(tmp_path_factory: pytest.TempPathFactory) -> Down:
     )
 
     def run(name: str) -> tuple[str, Outcome]:
-        argv = ["status", "-c", str(local)] if name in BASELINES else [a.replace("{tmp}", str(tmp)) for a in VERBS[name]]
+        argv = (
+            ["status", "-c", str(local)]
+            if name in BASELINES
+            else [a.replace("{tmp}", str(tmp)) for a in VERBS[name]]
+        )
         verb_env = dict(env)
         if "storage refused" in name:
             verb_env.pop("API_ENDPOINT_OVERRIDE")
             verb_env["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{ports['storage']}"
         started = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "tpuft", *argv], cwd=tmp, env=verb_env, stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [sys.executable, "-m", "tpuft", *argv],
+            cwd=tmp,
+            env=verb_env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return name, Outcome(done.returncode, done.stdout + done.stderr, time.monotonic() - started)
 
     names = list(VERBS)
@@ -155,10 +175,14 @@ def test_a_verb_fails_in_one_located_line_within_the_timeout(down: Down, verb: s
     assert located, shown
     ours = {f"127.0.0.1:{port}" for port in down.ports.values()}
     assert any(address in located["where"] for address in ours), shown
-    assert located["where"].startswith(("the Cloud TPU API at https://", "the OAuth2 token endpoint at http://", "Cloud Storage at http://")), shown
+    assert located["where"].startswith(
+        ("the Cloud TPU API at https://", "the OAuth2 token endpoint at http://", "Cloud Storage at http://")
+    ), shown
     assert located["why"] == "connection refused", shown
     assert "gcloud auth application-default login" in outcome.output, shown  # what to check
-    assert outcome.seconds - down.start_up < TIMEOUT_S + 5, f"{shown}\n(starting tpuft took {down.start_up:.1f}s)"
+    assert outcome.seconds - down.start_up < TIMEOUT_S + 5, (
+        f"{shown}\n(starting tpuft took {down.start_up:.1f}s)"
+    )
 
 
 def test_the_tpu_and_storage_endpoints_are_named_as_what_failed(down: Down) -> None:
@@ -173,8 +197,8 @@ def test_the_tpu_and_storage_endpoints_are_named_as_what_failed(down: Down) -> N
 
 
 def test_many_calls_share_one_budget_and_a_later_call_still_gets_its_try() -> None:
-    """The budget is the command's, not each call's: once a down network has used it up, the next calls fail at
-    once (one quick try each, so a long-lived command notices when the network is back)."""
+    """The budget is the command's, not each call's: once a down network has used it up, the next calls fail
+    at once (one quick try each, so a long-lived command notices when the network is back)."""
     from tpuft.providers.gcp import tuning
     from tpuft.providers.gcp.api import TpuApi
     from tpuft.storage.network import CLOCK, CloudUnreachable
@@ -186,7 +210,9 @@ def test_many_calls_share_one_budget_and_a_later_call_still_gets_its_try() -> No
     started = time.monotonic()
     try:
         for _ in range(5):
-            with pytest.raises(CloudUnreachable, match=rf"reading TPU node nodes/t5-v4: no answer from .*:{port}"):
+            with pytest.raises(
+                CloudUnreachable, match=rf"reading TPU node nodes/t5-v4: no answer from .*:{port}"
+            ):
                 api.call("reading TPU node", api.client().get_node, name=api.node_path("t5-v4"))
         assert time.monotonic() - started < 1.0 + 2.0
     finally:
@@ -196,7 +222,9 @@ def test_many_calls_share_one_budget_and_a_later_call_still_gets_its_try() -> No
 
 def test_the_baseline_is_a_plain_start(down: Down) -> None:
     for name in BASELINES:
-        assert down.outcomes[name].code == 0 and "NOT_FOUND" in down.outcomes[name].output, down.outcomes[name]
+        assert down.outcomes[name].code == 0 and "NOT_FOUND" in down.outcomes[name].output, down.outcomes[
+            name
+        ]
 
 
 def test_the_default_budget_is_at_most_30s() -> None:
@@ -205,8 +233,8 @@ def test_the_default_budget_is_at_most_30s() -> None:
 
 
 def test_a_silent_endpoint_is_bounded_too() -> None:
-    """A port that accepts and never answers (a firewall that drops, a dead proxy): each request waits at most what
-    is left of the budget, not the libraries' 60-120 s."""
+    """A port that accepts and never answers (a firewall that drops, a dead proxy): each request waits at most
+    what is left of the budget, not the libraries' 60-120 s."""
     from tpuft.providers.gcp.api import TpuApi
     from tpuft.storage.network import CLOCK, LAST_TRY_S, CloudUnreachable
 
@@ -217,7 +245,9 @@ def test_a_silent_endpoint_is_bounded_too() -> None:
         api = TpuApi("tpuft-test", "us-central2-b", "t5-v4", 1, f"http://127.0.0.1:{port}", timeout=1.0)
         started = time.monotonic()
         try:
-            with pytest.raises(CloudUnreachable, match=r"no answer from the Cloud TPU API at .* \(timed out\)"):
+            with pytest.raises(
+                CloudUnreachable, match=r"no answer from the Cloud TPU API at .* \(timed out\)"
+            ):
                 api.call("reading TPU node", api.client().get_node, name=api.node_path("t5-v4"))
         finally:
             CLOCK.disarm()
@@ -252,7 +282,9 @@ def an_error(name: str) -> BaseException:
         "requests.Timeout": lambda: requests.Timeout("read timed out"),
         "socket.gaierror": lambda: socket.gaierror(-2, "Name or service not known"),
         "ConnectionRefusedError": lambda: ConnectionRefusedError(111, "Connection refused"),
-        "RetryError(ConnectionError)": lambda: api.RetryError("Timeout of 120.0s exceeded", requests.ConnectionError()),
+        "RetryError(ConnectionError)": lambda: api.RetryError(
+            "Timeout of 120.0s exceeded", requests.ConnectionError()
+        ),
         "ServiceUnavailable": lambda: api.ServiceUnavailable("503"),
         "DeadlineExceeded": lambda: api.DeadlineExceeded("504"),
         "RefreshError(invalid_grant)": lambda: auth.RefreshError("invalid_grant: Bad Request"),
@@ -265,8 +297,8 @@ def an_error(name: str) -> BaseException:
 
 @pytest.mark.parametrize("name", list(NETWORK_OR_NOT))
 def test_what_counts_as_the_network_failing(name: str) -> None:
-    """One classification for the TPU API and Storage: the way to the cloud failed (retry, then say so), or the
-    cloud answered no (say what it said, at once)."""
+    """One classification for the TPU API and Storage: the way to the cloud failed (retry, then say so), or
+    the cloud answered no (say what it said, at once)."""
     from tpuft.storage.network import is_network_error
 
     assert is_network_error(an_error(name)) is NETWORK_OR_NOT[name]

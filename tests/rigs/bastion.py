@@ -1,11 +1,12 @@
-"""A bastion (jump host) for testing ``ProxyJump``: one more real OpenSSH server on loopback, configured like a
-worker of :mod:`tests.rigs.sshd_pod` (the same config template and ForceCommand wrapper), with its own host key and
-its own authorized client key, logging at DEBUG1 to a file.
+"""A bastion (jump host) for testing ``ProxyJump``: one more real OpenSSH server on loopback, configured like
+a worker of :mod:`tests.rigs.sshd_pod` (the same config template and ForceCommand wrapper), with its own host
+key and its own authorized client key, logging at DEBUG1 to a file.
 
 The log is the proof that a connection went through it: sshd logs every ``direct-tcpip`` request (what a
-``ProxyJump`` client asks the bastion for) as ``server_request_direct_tcpip: originator A port P, target T port N``,
-and every login as ``Accepted publickey for USER``. The bastion's own client key is not authorized on the workers
-and the workers' key is not authorized here, so a test also proves each Host block's ``IdentityFile`` was used.
+``ProxyJump`` client asks the bastion for) as ``server_request_direct_tcpip: originator A port P, target T
+port N``, and every login as ``Accepted publickey for USER``. The bastion's own client key is not authorized
+on the workers and the workers' key is not authorized here, so a test also proves each Host block's
+``IdentityFile`` was used.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class Bastion:
         return self.root / "sshd.log"
 
     def known_hosts_line(self) -> str:
-        """The bastion's line for a client's known_hosts (``[address]:port`` as OpenSSH writes it off port 22)."""
+        """The bastion's line for a client's known_hosts (``[address]:port`` as OpenSSH writes it off port
+        22)."""
         kind, blob = Path(f"{self.host_key}.pub").read_text().split()[:2]
         return f"[{self.address}]:{self.port} {kind} {blob}\n"
 
@@ -77,7 +79,9 @@ class Bastion:
             )
         )
         self.process = subprocess.Popen(
-            [SSHD, "-D", "-E", str(self.log), "-f", str(config)], stderr=subprocess.DEVNULL, start_new_session=True
+            [SSHD, "-D", "-E", str(self.log), "-f", str(config)],
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while True:
@@ -86,9 +90,13 @@ class Bastion:
                 if probe.connect_ex((self.address, self.port)) == 0:
                     return self
             if self.process.poll() is not None:
-                raise RuntimeError(f"the bastion's sshd exited with {self.process.returncode}; see {self.log}")
+                raise RuntimeError(
+                    f"the bastion's sshd exited with {self.process.returncode}; see {self.log}"
+                )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the bastion's sshd is not listening on {self.address}:{self.port} after {timeout}s")
+                raise RuntimeError(
+                    f"the bastion's sshd is not listening on {self.address}:{self.port} after {timeout}s"
+                )
             time.sleep(0.05)
 
     def forwarded(self) -> list[tuple[str, int]]:

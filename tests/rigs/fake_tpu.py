@@ -1,8 +1,9 @@
 """A local stand-in for the Cloud TPU v2 REST API that the real ``google-cloud-tpu`` client can talk to.
 
-Nothing here reaches Google: the rig is a stdlib ``ThreadingHTTPServer`` on 127.0.0.1 that speaks the same paths,
-query parameters, JSON (camelCase, proto3 JSON rules) and error shapes as ``tpu.googleapis.com/v2``, so code under
-test uses the genuine ``tpu_v2.TpuClient`` REST transport, long-running operations and exception mapping.
+Nothing here reaches Google: the rig is a stdlib ``ThreadingHTTPServer`` on 127.0.0.1 that speaks the same
+paths, query parameters, JSON (camelCase, proto3 JSON rules) and error shapes as ``tpu.googleapis.com/v2``, so
+code under test uses the genuine ``tpu_v2.TpuClient`` REST transport, long-running operations and exception
+mapping.
 
 Connecting the real client (verified with google-cloud-tpu 1.28, google-api-core 2.44)::
 
@@ -16,65 +17,72 @@ Connecting the real client (verified with google-cloud-tpu 1.28, google-api-core
             client_options={"api_endpoint": server.endpoint},  # "http://127.0.0.1:PORT"
         )
 
-The REST transport keeps a scheme given in ``api_endpoint`` (``rest_base.py`` only prepends ``https://`` when none is
-given), and the LRO polling client is built from the same host, so ``http://`` reaches this plain-HTTP server for
-every call. ``AnonymousCredentials`` sends no Authorization header and needs no ADC.
+The REST transport keeps a scheme given in ``api_endpoint`` (``rest_base.py`` only prepends ``https://`` when
+none is given), and the LRO polling client is built from the same host, so ``http://`` reaches this plain-HTTP
+server for every call. ``AnonymousCredentials`` sends no Authorization header and needs no ADC.
 
 Long-running operations and how long ``operation.result()`` takes
 -----------------------------------------------------------------
-Mutating calls answer an Operation with ``done: false``. It turns done on the ``operation_polls``-th GET of the
-operation (default 2; a GET of the node it targets counts too, so callers that poll the node also make progress).
-``operation_polls = 1`` makes the first poll finish it; ``0`` returns it already done.
+Mutating calls answer an Operation with ``done: false``. It turns done on the ``operation_polls``-th GET of
+the operation (default 2; a GET of the node it targets counts too, so callers that poll the node also make
+progress). ``operation_polls = 1`` makes the first poll finish it; ``0`` returns it already done.
 
 ``Operation.result()`` calls GET first and sleeps only while the operation is not done, with google-api-core's
-``DEFAULT_POLLING`` (initial 1.0 s, x1.5, max 20 s, full jitter: each sleep is ``uniform(0, delay)``). So with the
-default of 2 polls one random sleep of 0..1 s happens. To make it take milliseconds, pass a faster polling policy::
+``DEFAULT_POLLING`` (initial 1.0 s, x1.5, max 20 s, full jitter: each sleep is ``uniform(0, delay)``). So with
+the default of 2 polls one random sleep of 0..1 s happens. To make it take milliseconds, pass a faster polling
+policy::
 
     from google.api_core.future.polling import DEFAULT_POLLING
     FAST = DEFAULT_POLLING.with_delay(initial=0.01, maximum=0.05).with_timeout(5)
     node = client.create_node(...).result(polling=FAST)        # or: op._polling = FAST; op.result()
 
-``result(timeout=X)`` only bounds the total wait (raises ``concurrent.futures.TimeoutError``); it does not change the
-sleep. ``result(retry=R)`` sets the retry of each polling GET (default: retries ServiceUnavailable with initial 0.5 s,
-deadline 10 s).
+``result(timeout=X)`` only bounds the total wait (raises ``concurrent.futures.TimeoutError``); it does not
+change the sleep. ``result(retry=R)`` sets the retry of each polling GET (default: retries ServiceUnavailable
+with initial 0.5 s, deadline 10 s).
 
 What the real client does with this server's answers (google-api-core maps REST errors by HTTP status only)
 ----------------------------------------------------------------------------------------------------------
-* 404 NOT_FOUND -> ``NotFound``; 409 ALREADY_EXISTS -> ``Conflict`` (*not* ``AlreadyExists``); 400 INVALID_ARGUMENT
-  and FAILED_PRECONDITION -> ``BadRequest``; 403 PERMISSION_DENIED -> ``Forbidden`` (``exc.reason`` comes from the
-  ErrorInfo detail); 429 RESOURCE_EXHAUSTED -> ``TooManyRequests``; 503 UNAVAILABLE -> ``ServiceUnavailable``.
+* 404 NOT_FOUND -> ``NotFound``; 409 ALREADY_EXISTS -> ``Conflict`` (*not* ``AlreadyExists``); 400
+  INVALID_ARGUMENT and FAILED_PRECONDITION -> ``BadRequest``; 403 PERMISSION_DENIED -> ``Forbidden``
+  (``exc.reason`` comes from the ErrorInfo detail); 429 RESOURCE_EXHAUSTED -> ``TooManyRequests``; 503
+  UNAVAILABLE -> ``ServiceUnavailable``.
 * An operation that ends with ``error`` is mapped by its gRPC code: 8 -> ``ResourceExhausted`` (a
   ``TooManyRequests``), 10 -> ``Aborted``, ... raised from ``operation.result()``.
 * TPU RPCs have no default retry: one 503 reaches the caller. Polling GETs of operations do retry 503.
-* Transport failures are not Google exceptions: an endpoint without ``http://`` becomes ``https://`` and fails at
-  once with ``requests.exceptions.SSLError``; a server that is down gives ``requests.exceptions.ConnectionError``.
-* The operations client parses Operation JSON strictly (``ignore_unknown_fields=False``) and needs each ``@type`` in
-  the protobuf pool, so operations here carry ``google.cloud.tpu.v2.OperationMetadata`` and exact field names.
-* Real-world shapes this rig copies: zone stockouts arrive as a *finished operation* with ``error.code`` 8 ("There is
-  no more capacity in the zone ..."), quota refusals as an immediate HTTP 429 on the create call ("Quota limit
-  '...' has been exceeded") - see ``fail_next_create``.
-* The client asks for ``$alt=json;enum-encoding=int``; this server then writes enums as numbers (as Google does) and
-  as names otherwise (the operations client does not ask, so operation responses carry names).
+* Transport failures are not Google exceptions: an endpoint without ``http://`` becomes ``https://`` and fails
+  at once with ``requests.exceptions.SSLError``; a server that is down gives
+  ``requests.exceptions.ConnectionError``.
+* The operations client parses Operation JSON strictly (``ignore_unknown_fields=False``) and needs each
+  ``@type`` in the protobuf pool, so operations here carry ``google.cloud.tpu.v2.OperationMetadata`` and exact
+  field names.
+* Real-world shapes this rig copies: zone stockouts arrive as a *finished operation* with ``error.code`` 8
+  ("There is no more capacity in the zone ..."), quota refusals as an immediate HTTP 429 on the create call
+  ("Quota limit '...' has been exceeded") - see ``fail_next_create``.
+* The client asks for ``$alt=json;enum-encoding=int``; this server then writes enums as numbers (as Google
+  does) and as names otherwise (the operations client does not ask, so operation responses carry names).
 
-Guest attributes: ``:getGuestAttributes`` answers each worker's SSH host keys from ``host_keys`` (address -> public
-key line), the way a TPU VM's guest agent publishes them and ``gcloud compute tpus tpu-vm ssh`` reads them.
+Guest attributes: ``:getGuestAttributes`` answers each worker's SSH host keys from ``host_keys`` (address ->
+public key line), the way a TPU VM's guest agent publishes them and ``gcloud compute tpus tpu-vm ssh`` reads
+them.
 
-Multislice: a queued resource with ``multisliceParams.nodeCount`` N makes nodes ``PREFIX-0..N-1``, each with its own
-workers (networkEndpoints, addresses drawn slice by slice from the pool) and host keys; ``preempt`` of one slice
-turns the queued resource SUSPENDING; a queued resource created again after a delete gets fresh nodes (new ``id``,
-addresses from ``worker_addresses`` as it is then).
+Multislice: a queued resource with ``multisliceParams.nodeCount`` N makes nodes ``PREFIX-0..N-1``, each with
+its own workers (networkEndpoints, addresses drawn slice by slice from the pool) and host keys; ``preempt`` of
+one slice turns the queued resource SUSPENDING; a queued resource created again after a delete gets fresh
+nodes (new ``id``, addresses from ``worker_addresses`` as it is then).
 
-Maintenance: ``announce_maintenance`` puts an ``upcomingMaintenance`` on a node (served by ``v2alpha1`` GetNode only,
-as in the real protos: v2's Node has no such field), ``begin_maintenance`` opens the window (node REPAIRING),
-``POST v2alpha1/...nodes/N:simulateMaintenanceEvent`` announces one ``simulated_notice_s`` ahead on the first of its
-``workerIds``; ``maintenance_listeners`` hear of each announcement per worker (the metadata server rig follows them).
-``:stop`` (StopNode) takes a READY node to STOPPED: the nearest real action to a preemption that the API offers.
+Maintenance: ``announce_maintenance`` puts an ``upcomingMaintenance`` on a node (served by ``v2alpha1``
+GetNode only, as in the real protos: v2's Node has no such field), ``begin_maintenance`` opens the window
+(node REPAIRING), ``POST v2alpha1/...nodes/N:simulateMaintenanceEvent`` announces one ``simulated_notice_s``
+ahead on the first of its ``workerIds``; ``maintenance_listeners`` hear of each announcement per worker (the
+metadata server rig follows them). ``:stop`` (StopNode) takes a READY node to STOPPED: the nearest real action
+to a preemption that the API offers.
 
 Test controls (thread-safe): ``preempt``, ``add_symptom``, ``announce_maintenance``, ``begin_maintenance``,
 ``clear_maintenance``, ``fail_next_create``, ``transient_errors``, ``deny``,
 ``allow``, ``fail_queued``, ``suspend_queued``, ``settle``, ``reset``; settings ``operation_polls``,
-``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``, ``default_external_ips``,
-``host_keys``, ``omit_unpublished``; the log ``requests``. Wrapping it in a fixture is one line::
+``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``,
+``default_external_ips``, ``host_keys``, ``omit_unpublished``; the log ``requests``. Wrapping it in a fixture
+is one line::
 
     @pytest.fixture
     def fake_tpu() -> Iterator[FakeTpuServer]:
@@ -113,70 +121,183 @@ WORKER_PORT: Final = 8470
 DEFAULT_SERVICE_ACCOUNT: Final = "123456789012-compute@developer.gserviceaccount.com"
 CLOUD_PLATFORM_SCOPE: Final = "https://www.googleapis.com/auth/cloud-platform"
 STOCKOUT_MESSAGE: Final = (
-    'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU Nodes are offered '
+    'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU Nodes are '
+    "offered "
     "(see https://cloud.google.com/tpu/docs/regions)"
 )
-QUOTA_MESSAGE: Final = "Quota limit 'TPUV4PodPerProjectPerZoneForTPUAPI' has been exceeded. Limit: 0 in zone {zone}."
+QUOTA_MESSAGE: Final = (
+    "Quota limit 'TPUV4PodPerProjectPerZoneForTPUAPI' has been exceeded. Limit: 0 in zone {zone}."
+)
 
-# google.rpc.Code numbers and the HTTP status Google uses for each (https://cloud.google.com/apis/design/errors).
+# google.rpc.Code numbers and the HTTP status Google uses for each
+# (https://cloud.google.com/apis/design/errors).
 GRPC_CODE: Final[dict[str, int]] = {
-    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-    "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9, "ABORTED": 10,
-    "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15,
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "OUT_OF_RANGE": 11,
+    "UNIMPLEMENTED": 12,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "DATA_LOSS": 15,
     "UNAUTHENTICATED": 16,
-}  # fmt: skip
+}
 HTTP_STATUS: Final[dict[str, int]] = {
-    "OK": 200, "CANCELLED": 499, "UNKNOWN": 500, "INVALID_ARGUMENT": 400, "DEADLINE_EXCEEDED": 504, "NOT_FOUND": 404,
-    "ALREADY_EXISTS": 409, "PERMISSION_DENIED": 403, "RESOURCE_EXHAUSTED": 429, "FAILED_PRECONDITION": 400,
-    "ABORTED": 409, "OUT_OF_RANGE": 400, "UNIMPLEMENTED": 501, "INTERNAL": 500, "UNAVAILABLE": 503, "DATA_LOSS": 500,
+    "OK": 200,
+    "CANCELLED": 499,
+    "UNKNOWN": 500,
+    "INVALID_ARGUMENT": 400,
+    "DEADLINE_EXCEEDED": 504,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
+    "FAILED_PRECONDITION": 400,
+    "ABORTED": 409,
+    "OUT_OF_RANGE": 400,
+    "UNIMPLEMENTED": 501,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DATA_LOSS": 500,
     "UNAUTHENTICATED": 401,
-}  # fmt: skip
+}
 
 # Enum numbers of google.cloud.tpu.v2 (cloud_tpu.proto); a test checks them against the installed descriptors.
 NODE_STATE: Final[dict[str, int]] = {
-    "STATE_UNSPECIFIED": 0, "CREATING": 1, "READY": 2, "RESTARTING": 3, "REIMAGING": 4, "DELETING": 5,
-    "REPAIRING": 6, "STOPPED": 8, "STOPPING": 9, "STARTING": 10, "PREEMPTED": 11, "TERMINATED": 12, "HIDING": 13,
-    "HIDDEN": 14, "UNHIDING": 15, "UNKNOWN": 16,
-}  # fmt: skip
+    "STATE_UNSPECIFIED": 0,
+    "CREATING": 1,
+    "READY": 2,
+    "RESTARTING": 3,
+    "REIMAGING": 4,
+    "DELETING": 5,
+    "REPAIRING": 6,
+    "STOPPED": 8,
+    "STOPPING": 9,
+    "STARTING": 10,
+    "PREEMPTED": 11,
+    "TERMINATED": 12,
+    "HIDING": 13,
+    "HIDDEN": 14,
+    "UNHIDING": 15,
+    "UNKNOWN": 16,
+}
 NODE_HEALTH: Final[dict[str, int]] = {
-    "HEALTH_UNSPECIFIED": 0, "HEALTHY": 1, "TIMEOUT": 3, "UNHEALTHY_TENSORFLOW": 4, "UNHEALTHY_MAINTENANCE": 5,
-}  # fmt: skip
-API_VERSION: Final[dict[str, int]] = {"API_VERSION_UNSPECIFIED": 0, "V1_ALPHA1": 1, "V1": 2, "V2_ALPHA1": 3, "V2": 4}
+    "HEALTH_UNSPECIFIED": 0,
+    "HEALTHY": 1,
+    "TIMEOUT": 3,
+    "UNHEALTHY_TENSORFLOW": 4,
+    "UNHEALTHY_MAINTENANCE": 5,
+}
+API_VERSION: Final[dict[str, int]] = {
+    "API_VERSION_UNSPECIFIED": 0,
+    "V1_ALPHA1": 1,
+    "V1": 2,
+    "V2_ALPHA1": 3,
+    "V2": 4,
+}
 ACCELERATOR_CONFIG_TYPE: Final[dict[str, int]] = {
-    "TYPE_UNSPECIFIED": 0, "V2": 2, "V3": 4, "V4": 7, "V5LITE_POD": 9, "V5P": 10, "V6E": 11,
-}  # fmt: skip
+    "TYPE_UNSPECIFIED": 0,
+    "V2": 2,
+    "V3": 4,
+    "V4": 7,
+    "V5LITE_POD": 9,
+    "V5P": 10,
+    "V6E": 11,
+}
 DISK_MODE: Final[dict[str, int]] = {"DISK_MODE_UNSPECIFIED": 0, "READ_WRITE": 1, "READ_ONLY": 2}
 SYMPTOM_TYPE: Final[dict[str, int]] = {
-    "SYMPTOM_TYPE_UNSPECIFIED": 0, "LOW_MEMORY": 1, "OUT_OF_MEMORY": 2, "EXECUTE_TIMED_OUT": 3,
-    "MESH_BUILD_FAIL": 4, "HBM_OUT_OF_MEMORY": 5, "PROJECT_ABUSE": 6,
-}  # fmt: skip
+    "SYMPTOM_TYPE_UNSPECIFIED": 0,
+    "LOW_MEMORY": 1,
+    "OUT_OF_MEMORY": 2,
+    "EXECUTE_TIMED_OUT": 3,
+    "MESH_BUILD_FAIL": 4,
+    "HBM_OUT_OF_MEMORY": 5,
+    "PROJECT_ABUSE": 6,
+}
 QUEUED_STATE: Final[dict[str, int]] = {
-    "STATE_UNSPECIFIED": 0, "CREATING": 1, "ACCEPTED": 2, "PROVISIONING": 3, "FAILED": 4, "DELETING": 5,
-    "ACTIVE": 6, "SUSPENDING": 7, "SUSPENDED": 8, "WAITING_FOR_RESOURCES": 9,
-}  # fmt: skip
+    "STATE_UNSPECIFIED": 0,
+    "CREATING": 1,
+    "ACCEPTED": 2,
+    "PROVISIONING": 3,
+    "FAILED": 4,
+    "DELETING": 5,
+    "ACTIVE": 6,
+    "SUSPENDING": 7,
+    "SUSPENDED": 8,
+    "WAITING_FOR_RESOURCES": 9,
+}
 STATE_INITIATOR: Final[dict[str, int]] = {"STATE_INITIATOR_UNSPECIFIED": 0, "USER": 1, "SERVICE": 2}
 # QueuedResourceState's oneof state_data member for each state (WAITING_FOR_RESOURCES has none).
 QUEUED_STATE_DATA: Final[dict[str, str]] = {
-    "CREATING": "creatingData", "ACCEPTED": "acceptedData", "PROVISIONING": "provisioningData",
-    "FAILED": "failedData", "DELETING": "deletingData", "ACTIVE": "activeData", "SUSPENDING": "suspendingData",
+    "CREATING": "creatingData",
+    "ACCEPTED": "acceptedData",
+    "PROVISIONING": "provisioningData",
+    "FAILED": "failedData",
+    "DELETING": "deletingData",
+    "ACTIVE": "activeData",
+    "SUSPENDING": "suspendingData",
     "SUSPENDED": "suspendedData",
-}  # fmt: skip
+}
 
-NODE_FIELDS: Final = frozenset({
-    "name", "description", "acceleratorType", "state", "healthDescription", "runtimeVersion", "networkConfig",
-    "networkConfigs", "cidrBlock", "serviceAccount", "createTime", "schedulingConfig", "networkEndpoints", "health",
-    "labels", "metadata", "tags", "id", "dataDisks", "apiVersion", "symptoms", "shieldedInstanceConfig",
-    "acceleratorConfig", "queuedResource", "multisliceNode",
-})  # fmt: skip
-NODE_OUTPUT_ONLY: Final = frozenset({
-    "name", "state", "healthDescription", "createTime", "networkEndpoints", "health", "id", "apiVersion", "symptoms",
-    "queuedResource", "multisliceNode",
-})  # fmt: skip
+NODE_FIELDS: Final = frozenset(
+    {
+        "name",
+        "description",
+        "acceleratorType",
+        "state",
+        "healthDescription",
+        "runtimeVersion",
+        "networkConfig",
+        "networkConfigs",
+        "cidrBlock",
+        "serviceAccount",
+        "createTime",
+        "schedulingConfig",
+        "networkEndpoints",
+        "health",
+        "labels",
+        "metadata",
+        "tags",
+        "id",
+        "dataDisks",
+        "apiVersion",
+        "symptoms",
+        "shieldedInstanceConfig",
+        "acceleratorConfig",
+        "queuedResource",
+        "multisliceNode",
+    }
+)
+NODE_OUTPUT_ONLY: Final = frozenset(
+    {
+        "name",
+        "state",
+        "healthDescription",
+        "createTime",
+        "networkEndpoints",
+        "health",
+        "id",
+        "apiVersion",
+        "symptoms",
+        "queuedResource",
+        "multisliceNode",
+    }
+)
 QUEUED_FIELDS: Final = frozenset(
     {"name", "createTime", "tpu", "spot", "guaranteed", "queueingPolicy", "state", "reservationName"}
 )
 # UpdateNode's documented update_mask paths (camelCase, as the client sends a FieldMask in JSON).
-UPDATABLE_NODE_PATHS: Final = frozenset({"description", "tags", "labels", "metadata", "networkConfig.enableExternalIps"})
+UPDATABLE_NODE_PATHS: Final = frozenset(
+    {"description", "tags", "labels", "metadata", "networkConfig.enableExternalIps"}
+)
 
 # Accelerator families: the number in "v4-16" counts TensorCores (2 per chip) for these ...
 TENSORCORE_FAMILIES: Final[dict[str, str]] = {"v2": "V2", "v3": "V3", "v4": "V4", "v5p": "V5P"}
@@ -185,8 +306,9 @@ CHIP_FAMILIES: Final[dict[str, str]] = {"v5litepod": "V5LITE_POD", "v6e": "V6E"}
 CHIPS_PER_HOST: Final = 4
 ID_PATTERN: Final = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 COMPUTE_PROJECT: Final = re.compile(r"/compute/v1/projects/(?P<project>[^/:]+)")
-"""The one Compute Engine call ``gcloud compute tpus tpu-vm ssh`` makes (its project, for OS Login in the project
-metadata: none here), served when gcloud's compute endpoint is pointed at this server (benchmarks/fanout.py)."""
+"""The one Compute Engine call ``gcloud compute tpus tpu-vm ssh`` makes (its project, for OS Login in the
+project metadata: none here), served when gcloud's compute endpoint is pointed at this server
+(benchmarks/fanout.py)."""
 ROUTE: Final = re.compile(
     r"/(?P<version>v2|v2alpha1)/projects/(?P<project>[^/:]+)/locations/(?P<zone>[^/:]+)"
     r"/(?P<collection>nodes|queuedResources|operations)(?:/(?P<id>[^/:]+))?(?::(?P<verb>[A-Za-z]+))?"
@@ -196,7 +318,9 @@ ROUTE: Final = re.compile(
 class ApiError(Exception):
     """An error answered in Google's JSON shape: ``{"error": {"code", "message", "status", "details"?}}``."""
 
-    def __init__(self, status: str, message: str, *, http: int | None = None, details: list[Json] | None = None):
+    def __init__(
+        self, status: str, message: str, *, http: int | None = None, details: list[Json] | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -245,7 +369,8 @@ class Topology:
 
 
 def topology_for(accelerator_type: str) -> Topology:
-    """Hosts of a slice type, e.g. v4-8 -> 1, v4-32 -> 4, v5litepod-8 -> 1, v5litepod-16 -> 4. Raises INVALID_ARGUMENT."""
+    """Hosts of a slice type, e.g. v4-8 -> 1, v4-32 -> 4, v5litepod-8 -> 1, v5litepod-16 -> 4. Raises
+    INVALID_ARGUMENT."""
     match = re.fullmatch(r"(?P<family>v[0-9a-z]+)-(?P<size>[0-9]+)", accelerator_type)
     family, size = (match["family"], int(match["size"])) if match else ("", 0)
     if family in TENSORCORE_FAMILIES and size >= 8 and size % 8 == 0:
@@ -303,7 +428,9 @@ def _map_enums(node: Json, convert: Callable[[Any, dict[str, int]], Any]) -> Jso
         if key in node:
             node[key] = convert(node[key], table)
     if "type" in node.get("acceleratorConfig", {}):
-        node["acceleratorConfig"]["type"] = convert(node["acceleratorConfig"]["type"], ACCELERATOR_CONFIG_TYPE)
+        node["acceleratorConfig"]["type"] = convert(
+            node["acceleratorConfig"]["type"], ACCELERATOR_CONFIG_TYPE
+        )
     for disk in node.get("dataDisks", []):
         if "mode" in disk:
             disk["mode"] = convert(disk["mode"], DISK_MODE)
@@ -365,8 +492,14 @@ class _Operation:
         self.end_time = now_rfc3339()
 
     def render(self, ints: bool) -> Json:
-        metadata: Json = {"@type": METADATA_TYPE, "createTime": self.create_time, "target": self.target,
-                          "verb": self.verb, "cancelRequested": False, "apiVersion": "v2"}  # fmt: skip
+        metadata: Json = {
+            "@type": METADATA_TYPE,
+            "createTime": self.create_time,
+            "target": self.target,
+            "verb": self.verb,
+            "cancelRequested": False,
+            "apiVersion": "v2",
+        }
         if self.end_time:
             metadata["endTime"] = self.end_time
         out: Json = {"name": self.name, "metadata": metadata, "done": self.done}
@@ -424,33 +557,40 @@ class _Route:
 
 
 class FakeTpuServer:
-    """The fake Cloud TPU v2 API. ``with FakeTpuServer() as server:`` serves on ``server.endpoint`` until exit."""
+    """The fake Cloud TPU v2 API. ``with FakeTpuServer() as server:`` serves on ``server.endpoint`` until
+    exit."""
 
     def __init__(self, *, operation_polls: int = 2, queued_gets_per_state: int = 1) -> None:
         self.operation_polls = operation_polls
         """GETs of an operation (or of the node it targets) until it reports done; 0 = done at once."""
         self.queued_states: tuple[str, ...] = ("ACCEPTED", "PROVISIONING", "ACTIVE")
-        """States a queued resource walks through; nodes appear (CREATING) at PROVISIONING, are READY at ACTIVE."""
+        """States a queued resource walks through; nodes appear (CREATING) at PROVISIONING, are READY at
+        ACTIVE."""
         self.queued_gets_per_state = queued_gets_per_state
         """GETs of a queued resource that see each state before the next GET moves it on."""
         self.worker_addresses: list[str] | None = None
-        """Addresses handed to workers in order (free ones first, then reused cyclically); None = 127.0.1.(10+i)."""
+        """Addresses handed to workers in order (free ones first, then reused cyclically); None =
+        127.0.1.(10+i)."""
         self.external_addresses: list[str] | None = None
         """externalIp per entry of ``worker_addresses`` (same index); None = externalIp equals ipAddress."""
         self.host_keys: dict[str, str] = {}
-        """Worker address (ipAddress or externalIp) -> its OpenSSH public host key line(s), ``"ssh-ed25519 AAAA..."``,
-        published by the worker's guest agent as guest attributes (namespace ``hostkeys``, key = the key type, value =
-        the base64 blob). A worker whose address is absent has published nothing yet: its entry has no items."""
+        """Worker address (ipAddress or externalIp) -> its OpenSSH public host key line(s), ``"ssh-ed25519
+        AAAA..."``, published by the worker's guest agent as guest attributes (namespace ``hostkeys``, key =
+        the key type, value = the base64 blob). A worker whose address is absent has published nothing yet:
+        its entry has no items."""
         self.omit_unpublished = False
-        """Leave workers with no published keys out of a GetGuestAttributes answer instead of giving them an empty
-        entry (the real service's choice is undocumented; callers must not map answers to workers by position)."""
+        """Leave workers with no published keys out of a GetGuestAttributes answer instead of giving them an
+        empty entry (the real service's choice is undocumented; callers must not map answers to workers by
+        position)."""
         self.default_external_ips = True
-        """Whether a node created without networkConfig gets external IPs (with one, enableExternalIps decides)."""
+        """Whether a node created without networkConfig gets external IPs (with one, enableExternalIps
+        decides)."""
         self.simulated_notice_s = 60.0
         """How far ahead of now a ``:simulateMaintenanceEvent`` puts the window it announces."""
         self.maintenance_listeners: list[Callable[[str, str, Json], None]] = []
-        """Called with (node id, worker id, the UpcomingMaintenance JSON) when a maintenance is announced on one
-        worker: how the metadata server rig (``metadata_server.MetadataServer.follow``) learns what to serve."""
+        """Called with (node id, worker id, the UpcomingMaintenance JSON) when a maintenance is announced on
+        one worker: how the metadata server rig (``metadata_server.MetadataServer.follow``) learns what to
+        serve."""
         self.requests: list[RecordedRequest] = []
         self._lock = threading.RLock()
         self._httpd: ThreadingHTTPServer | None = None
@@ -458,7 +598,7 @@ class FakeTpuServer:
         self._connections: set[socket.socket] = set()
         self.reset()
 
-    # ---- lifecycle -------------------------------------------------------------------------------------------
+    # ---- lifecycle ----------------------------------------------------------------------------------------
 
     def start(self) -> Self:
         """Bind 127.0.0.1 on a free port and serve from a daemon thread."""
@@ -469,7 +609,9 @@ class FakeTpuServer:
         httpd.fake = self  # type: ignore[attr-defined]
         self._httpd = httpd
         # A short poll interval: shutdown() waits for it, and tests close one server each.
-        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), name="fake-tpu", daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, args=(0.02,), name="fake-tpu", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -524,17 +666,18 @@ class FakeTpuServer:
             self._maintenance: dict[str, Json] = {}
             self.requests.clear()
 
-    # ---- test controls ---------------------------------------------------------------------------------------
+    # ---- test controls ------------------------------------------------------------------------------------
 
     def preempt(self, node: str) -> None:
         """Spot/preemptible reclaim: the node goes to PREEMPTED (endpoints kept, health dropped).
 
-        A single node's queued resource, if any, is left alone (call ``suspend_queued`` as well to play that side).
-        One slice of a multislice queued resource takes the whole request with it: the queued resource turns
-        SUSPENDING (initiator SERVICE; the proto: "the resources specified in the QueuedResource request are being
-        deleted ... initiated by the user, or the Cloud TPU service") while the other slices' nodes still show READY;
-        ``suspend_queued`` then ends it SUSPENDED with every node gone. The real service's exact sequence for a
-        multislice spot request is not documented; this is the rig's reading (docs/multislice.md)."""
+        A single node's queued resource, if any, is left alone (call ``suspend_queued`` as well to play that
+        side). One slice of a multislice queued resource takes the whole request with it: the queued resource
+        turns SUSPENDING (initiator SERVICE; the proto: "the resources specified in the QueuedResource request
+        are being deleted ... initiated by the user, or the Cloud TPU service") while the other slices' nodes
+        still show READY; ``suspend_queued`` then ends it SUSPENDED with every node gone. The real service's
+        exact sequence for a multislice spot request is not documented; this is the rig's reading
+        (docs/multislice.md)."""
         with self._lock:
             name = self._node_name(node)
             record = self._nodes[name]
@@ -544,27 +687,45 @@ class FakeTpuServer:
             if queued is not None and record.get("multisliceNode") and queued.state == "ACTIVE":
                 self._set_queued_state(queued, "SUSPENDING", "SERVICE")
 
-    def add_symptom(self, node: str, symptom_type: str = "HBM_OUT_OF_MEMORY", details: str = "", worker_id: str = "0"
-                    ) -> None:  # fmt: skip
+    def add_symptom(
+        self, node: str, symptom_type: str = "HBM_OUT_OF_MEMORY", details: str = "", worker_id: str = "0"
+    ) -> None:
         """Attach a Symptom, as the service does for unhealthy workers."""
         enum_name(symptom_type, SYMPTOM_TYPE)
         with self._lock:
             record = self._nodes[self._node_name(node)]
-            symptom = {"createTime": now_rfc3339(), "symptomType": symptom_type, "details": details,
-                       "workerId": worker_id}  # fmt: skip
+            symptom = {
+                "createTime": now_rfc3339(),
+                "symptomType": symptom_type,
+                "details": details,
+                "workerId": worker_id,
+            }
             record.setdefault("symptoms", []).append(symptom)
 
-    def announce_maintenance(self, node: str, *, starts_in: float = 600.0, lasts: float = 3600.0,
-                             kind: str = "SCHEDULED", worker_id: str = "0") -> Json:  # fmt: skip
-        """Upcoming maintenance on a node, as ``v2alpha1`` GetNode shows it (``upcomingMaintenance``: type, window
-        start and end, latest start, status PENDING); the v2 API has no such field, so v2 answers leave it out.
-        The listeners hear of it for ``worker_id`` (the worker whose metadata key would announce it)."""
+    def announce_maintenance(
+        self,
+        node: str,
+        *,
+        starts_in: float = 600.0,
+        lasts: float = 3600.0,
+        kind: str = "SCHEDULED",
+        worker_id: str = "0",
+    ) -> Json:
+        """Upcoming maintenance on a node, as ``v2alpha1`` GetNode shows it (``upcomingMaintenance``: type,
+        window start and end, latest start, status PENDING); the v2 API has no such field, so v2 answers leave
+        it out. The listeners hear of it for ``worker_id`` (the worker whose metadata key would announce
+        it)."""
         if kind not in ("SCHEDULED", "UNSCHEDULED"):
             raise ValueError(f"maintenance type {kind!r}: SCHEDULED or UNSCHEDULED")
         start = time.time() + starts_in
-        window = {"type": kind, "canReschedule": kind == "SCHEDULED", "windowStartTime": rfc3339(start),
-                  "windowEndTime": rfc3339(start + lasts), "latestWindowStartTime": rfc3339(start),
-                  "maintenanceStatus": "PENDING"}  # fmt: skip
+        window = {
+            "type": kind,
+            "canReschedule": kind == "SCHEDULED",
+            "windowStartTime": rfc3339(start),
+            "windowEndTime": rfc3339(start + lasts),
+            "latestWindowStartTime": rfc3339(start),
+            "maintenanceStatus": "PENDING",
+        }
         with self._lock:
             name = self._node_name(node)
             if name not in self._nodes:
@@ -576,8 +737,9 @@ class FakeTpuServer:
         return copy.deepcopy(window)
 
     def begin_maintenance(self, node: str) -> None:
-        """The window opens: the status turns ONGOING and the node REPAIRING (health UNHEALTHY_MAINTENANCE), which
-        is how a TPU VM that cannot live-migrate goes away for maintenance; the watcher sees a node not READY."""
+        """The window opens: the status turns ONGOING and the node REPAIRING (health UNHEALTHY_MAINTENANCE),
+        which is how a TPU VM that cannot live-migrate goes away for maintenance; the watcher sees a node not
+        READY."""
         with self._lock:
             name = self._node_name(node)
             self._maintenance.setdefault(name, {"type": "UNSCHEDULED"})["maintenanceStatus"] = "ONGOING"
@@ -588,14 +750,21 @@ class FakeTpuServer:
         with self._lock:
             self._maintenance.pop(self._node_name(node), None)
 
-    def fail_next_create(self, status: str = "RESOURCE_EXHAUSTED", message: str | None = None, *,
-                         code: int | None = None, synchronous: bool = False) -> None:  # fmt: skip
+    def fail_next_create(
+        self,
+        status: str = "RESOURCE_EXHAUSTED",
+        message: str | None = None,
+        *,
+        code: int | None = None,
+        synchronous: bool = False,
+    ) -> None:
         """Make the next CreateNode fail.
 
-        By default the way a stockout looks on the real API: the create call succeeds, and its operation ends with
-        ``error: {code: 8, message: "There is no more capacity in the zone ..."}`` (``operation.result()`` raises
-        ``ResourceExhausted``). ``synchronous=True`` is how quota errors look: the POST itself answers HTTP ``code``
-        (default for the status, 429 for RESOURCE_EXHAUSTED) with ``Quota limit ... has been exceeded``.
+        By default the way a stockout looks on the real API: the create call succeeds, and its operation ends
+        with ``error: {code: 8, message: "There is no more capacity in the zone ..."}``
+        (``operation.result()`` raises ``ResourceExhausted``). ``synchronous=True`` is how quota errors look:
+        the POST itself answers HTTP ``code`` (default for the status, 429 for RESOURCE_EXHAUSTED) with
+        ``Quota limit ... has been exceeded``.
         """
         if status not in GRPC_CODE:
             raise ValueError(f"unknown google.rpc.Code name {status!r}")
@@ -621,8 +790,9 @@ class FakeTpuServer:
         with self._lock:
             self._denied = [] if pattern is None else [p for p in self._denied if p != pattern]
 
-    def fail_queued(self, queued_id: str | None = None, message: str | None = None, *,
-                    status: str = "RESOURCE_EXHAUSTED") -> None:  # fmt: skip
+    def fail_queued(
+        self, queued_id: str | None = None, message: str | None = None, *, status: str = "RESOURCE_EXHAUSTED"
+    ) -> None:
         """Make a queued resource FAILED with ``failedData.error`` = {code, message}.
 
         An existing one fails now (its nodes are removed); a name not created yet, or None for "the next one
@@ -640,7 +810,8 @@ class FakeTpuServer:
                 self._fail_queued_now(queued, error)
 
     def suspend_queued(self, queued_id: str) -> None:
-        """The service suspends a queued resource (e.g. its spot slice was reclaimed): SUSPENDED, nodes deleted."""
+        """The service suspends a queued resource (e.g. its spot slice was reclaimed): SUSPENDED, nodes
+        deleted."""
         with self._lock:
             queued = self._find_queued(queued_id)
             if queued is None:
@@ -658,8 +829,8 @@ class FakeTpuServer:
                     self._advance_queued(queued)
 
     def backdate(self, resource: str, seconds: float) -> None:
-        """Make a node or queued resource (full name or bare id) look created ``seconds`` ago: its createTime is
-        the only age the API gives, and what ``tpuft gc`` judges leftovers by."""
+        """Make a node or queued resource (full name or bare id) look created ``seconds`` ago: its createTime
+        is the only age the API gives, and what ``tpuft gc`` judges leftovers by."""
         with self._lock:
             stamp = rfc3339(time.time() - seconds)
             queued = self._find_queued(resource)
@@ -668,7 +839,7 @@ class FakeTpuServer:
             else:
                 self._nodes[self._node_name(resource)]["createTime"] = stamp
 
-    # ---- inspection ------------------------------------------------------------------------------------------
+    # ---- inspection ---------------------------------------------------------------------------------------
 
     def node(self, node: str) -> Json | None:
         """A copy of a node's JSON (enum names), by full name or bare id; None when absent."""
@@ -688,7 +859,7 @@ class FakeTpuServer:
         with self._lock:
             return [r for r in self.requests if r.rpc == rpc]
 
-    # ---- HTTP entry ------------------------------------------------------------------------------------------
+    # ---- HTTP entry ---------------------------------------------------------------------------------------
 
     def handle(self, method: str, raw_path: str, raw_body: bytes) -> tuple[int, Json]:
         """Answer one request: (HTTP status, JSON body). Runs under the lock, so state changes are atomic."""
@@ -730,17 +901,28 @@ class FakeTpuServer:
     def _check_allowed(self, route: _Route, method: str, path: str) -> None:
         for pattern in self._denied:
             if pattern in route.permission or pattern in route.rpc or pattern in f"{method} {path}":
-                info = {"@type": ERROR_INFO_TYPE, "reason": "IAM_PERMISSION_DENIED", "domain": "tpu.googleapis.com",
-                        "metadata": {"permission": route.permission, "resource": route.resource}}  # fmt: skip
+                info = {
+                    "@type": ERROR_INFO_TYPE,
+                    "reason": "IAM_PERMISSION_DENIED",
+                    "domain": "tpu.googleapis.com",
+                    "metadata": {"permission": route.permission, "resource": route.resource},
+                }
                 message = f"Permission '{route.permission}' denied on '{route.resource}'"
                 raise ApiError("PERMISSION_DENIED", message, details=[info])
 
     def _route(self, call: _Call) -> _Route:
         project = COMPUTE_PROJECT.fullmatch(call.path)
         if project is not None and call.method == "GET":
-            return _Route("compute.projects.get", "compute.projects.get", f"projects/{project['project']}",
-                          lambda: {"kind": "compute#project", "name": project["project"],
-                                   "commonInstanceMetadata": {"kind": "compute#metadata", "items": []}})
+            return _Route(
+                "compute.projects.get",
+                "compute.projects.get",
+                f"projects/{project['project']}",
+                lambda: {
+                    "kind": "compute#project",
+                    "name": project["project"],
+                    "commonInstanceMetadata": {"kind": "compute#metadata", "items": []},
+                },
+            )
         match = ROUTE.fullmatch(call.path)
         if match is None:
             raise ApiError("NOT_FOUND", f"The requested URL {call.path} was not found on this server.")
@@ -750,66 +932,119 @@ class FakeTpuServer:
         alpha = match["version"] == "v2alpha1"
         if verb:
             verbs: dict[str, tuple[str, str, Callable[[], Json]]] = {
-                "getGuestAttributes": ("GetGuestAttributes", "tpu.nodes.get",
-                                       lambda: self._get_guest_attributes(name, call)),
+                "getGuestAttributes": (
+                    "GetGuestAttributes",
+                    "tpu.nodes.get",
+                    lambda: self._get_guest_attributes(name, call),
+                ),
                 "stop": ("StopNode", "tpu.nodes.stop", lambda: self._stop_node(name, call)),
-            }  # fmt: skip
+            }
             if alpha:  # the v2alpha1 API's alone
-                verbs["simulateMaintenanceEvent"] = ("SimulateMaintenanceEvent", "tpu.nodes.simulateMaintenanceEvent",
-                                                     lambda: self._simulate_maintenance(name, call))
+                verbs["simulateMaintenanceEvent"] = (
+                    "SimulateMaintenanceEvent",
+                    "tpu.nodes.simulateMaintenanceEvent",
+                    lambda: self._simulate_maintenance(name, call),
+                )
             if collection != "nodes" or call.method != "POST" or item is None or verb not in verbs:
                 raise ApiError("UNIMPLEMENTED", f"fake_tpu does not implement :{verb} on {collection}")
             rpc, permission, run = verbs[verb]
             return _Route(rpc, permission, name, run)
         if alpha:  # only what tpuft reads from v2alpha1: one node with its upcoming maintenance
             if (collection, call.method, item is not None) != ("nodes", "GET", True):
-                raise ApiError("UNIMPLEMENTED", f"fake_tpu serves only GetNode on v2alpha1, not {call.method} {call.path}")
+                raise ApiError(
+                    "UNIMPLEMENTED",
+                    f"fake_tpu serves only GetNode on v2alpha1, not {call.method} {call.path}",
+                )
             return _Route("v2alpha1.GetNode", "tpu.nodes.get", name, lambda: self._get_node_alpha(name, call))
         table: dict[tuple[str, str, bool], tuple[str, str, Callable[[], Json]]] = {
             ("nodes", "GET", False): ("ListNodes", "tpu.nodes.list", lambda: self._list_nodes(parent, call)),
-            ("nodes", "POST", False): ("CreateNode", "tpu.nodes.create", lambda: self._create_node(parent, call)),
+            ("nodes", "POST", False): (
+                "CreateNode",
+                "tpu.nodes.create",
+                lambda: self._create_node(parent, call),
+            ),
             ("nodes", "GET", True): ("GetNode", "tpu.nodes.get", lambda: self._get_node(name, call)),
-            ("nodes", "DELETE", True): ("DeleteNode", "tpu.nodes.delete", lambda: self._delete_node(name, call)),
-            ("nodes", "PATCH", True): ("UpdateNode", "tpu.nodes.update", lambda: self._update_node(name, call)),
-            ("operations", "GET", False): ("ListOperations", "tpu.operations.list",
-                                           lambda: self._list_operations(parent, call)),
-            ("operations", "GET", True): ("GetOperation", "tpu.operations.get", lambda: self._get_operation(name, call)),
-            ("queuedResources", "GET", False): ("ListQueuedResources", "tpu.queuedResources.list",
-                                                lambda: self._list_queued(parent, call)),
-            ("queuedResources", "POST", False): ("CreateQueuedResource", "tpu.queuedResources.create",
-                                                 lambda: self._create_queued(parent, call)),
-            ("queuedResources", "GET", True): ("GetQueuedResource", "tpu.queuedResources.get",
-                                               lambda: self._get_queued(name, call)),
-            ("queuedResources", "DELETE", True): ("DeleteQueuedResource", "tpu.queuedResources.delete",
-                                                  lambda: self._delete_queued(name, call)),
-        }  # fmt: skip
+            ("nodes", "DELETE", True): (
+                "DeleteNode",
+                "tpu.nodes.delete",
+                lambda: self._delete_node(name, call),
+            ),
+            ("nodes", "PATCH", True): (
+                "UpdateNode",
+                "tpu.nodes.update",
+                lambda: self._update_node(name, call),
+            ),
+            ("operations", "GET", False): (
+                "ListOperations",
+                "tpu.operations.list",
+                lambda: self._list_operations(parent, call),
+            ),
+            ("operations", "GET", True): (
+                "GetOperation",
+                "tpu.operations.get",
+                lambda: self._get_operation(name, call),
+            ),
+            ("queuedResources", "GET", False): (
+                "ListQueuedResources",
+                "tpu.queuedResources.list",
+                lambda: self._list_queued(parent, call),
+            ),
+            ("queuedResources", "POST", False): (
+                "CreateQueuedResource",
+                "tpu.queuedResources.create",
+                lambda: self._create_queued(parent, call),
+            ),
+            ("queuedResources", "GET", True): (
+                "GetQueuedResource",
+                "tpu.queuedResources.get",
+                lambda: self._get_queued(name, call),
+            ),
+            ("queuedResources", "DELETE", True): (
+                "DeleteQueuedResource",
+                "tpu.queuedResources.delete",
+                lambda: self._delete_queued(name, call),
+            ),
+        }
         entry = table.get((collection, call.method, item is not None))
         if entry is None:
             raise ApiError("NOT_FOUND", f"Method {call.method} {call.path} was not found.")
         rpc, permission, run = entry
         resource = name
-        new_id = call.query.get({"nodes": "nodeId", "queuedResources": "queuedResourceId"}.get(collection, ""))
+        new_id = call.query.get(
+            {"nodes": "nodeId", "queuedResources": "queuedResourceId"}.get(collection, "")
+        )
         if call.method == "POST" and new_id:
             resource = f"{parent}/{collection}/{new_id}"  # what IAM names in a denied create
         return _Route(rpc, permission, resource, run)
 
-    # ---- nodes -----------------------------------------------------------------------------------------------
+    # ---- nodes --------------------------------------------------------------------------------------------
 
     def _list_nodes(self, parent: str, call: _Call) -> Json:
-        nodes = [render_node(n, call.ints) for name, n in self._nodes.items() if name.startswith(f"{parent}/nodes/")]
+        nodes = [
+            render_node(n, call.ints)
+            for name, n in self._nodes.items()
+            if name.startswith(f"{parent}/nodes/")
+        ]
         return self._page(nodes, "nodes", call.query)
 
     def _get_guest_attributes(self, name: str, call: _Call) -> Json:
-        """GetGuestAttributes: one ``{queryPath, queryValue: {items}}`` per asked worker (all when ``workerIds`` is
-        empty), in the order asked; items are the ``hostkeys`` namespace built from ``host_keys``."""
+        """GetGuestAttributes: one ``{queryPath, queryValue: {items}}`` per asked worker (all when
+        ``workerIds`` is empty), in the order asked; items are the ``hostkeys`` namespace built from
+        ``host_keys``."""
         node = self._nodes.get(name)
         if node is None:
             raise not_found(name)
         body = call.body if call.body is not None else {}
         if not isinstance(body, dict):
-            raise invalid("Invalid JSON payload received. Expected an object for 'GetGuestAttributesRequest'.")
-        known = {"queryPath": "queryPath", "query_path": "queryPath",  # proto3 JSON takes either spelling
-                 "workerIds": "workerIds", "worker_ids": "workerIds"}  # fmt: skip
+            raise invalid(
+                "Invalid JSON payload received. Expected an object for 'GetGuestAttributesRequest'."
+            )
+        known = {
+            "queryPath": "queryPath",
+            "query_path": "queryPath",  # proto3 JSON takes either spelling
+            "workerIds": "workerIds",
+            "worker_ids": "workerIds",
+        }
         unknown = sorted(set(body) - set(known))
         if unknown:
             raise invalid(f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
@@ -817,15 +1052,21 @@ class FakeTpuServer:
         query_path = fields.get("queryPath", "")
         worker_ids = fields.get("workerIds", [])
         if not isinstance(query_path, str) or not isinstance(worker_ids, list):
-            raise invalid("Invalid JSON payload received: queryPath is a string and workerIds a list of strings.")
+            raise invalid(
+                "Invalid JSON payload received: queryPath is a string and workerIds a list of strings."
+            )
         endpoints = node.get("networkEndpoints", [])
         if not endpoints:
-            raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; it has no workers to query yet.")
+            raise ApiError(
+                "FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; it has no workers to query yet."
+            )
         chosen: list[int] = []
         # gcloud's --worker=all asks for [""]: all workers, as an empty list does
         for worker_id in [w for w in worker_ids if w != ""] or [str(i) for i in range(len(endpoints))]:
             if not isinstance(worker_id, str) or not worker_id.isdigit() or int(worker_id) >= len(endpoints):
-                raise invalid(f"Invalid worker id {worker_id!r}: node '{name}' has workers 0..{len(endpoints) - 1}.")
+                raise invalid(
+                    f"Invalid worker id {worker_id!r}: node '{name}' has workers 0..{len(endpoints) - 1}."
+                )
             chosen.append(int(worker_id))
         namespace, _, key = query_path.strip("/").partition("/")
         entries = []
@@ -853,8 +1094,9 @@ class FakeTpuServer:
         return render_node(self._nodes[name], call.ints)
 
     def _get_node_alpha(self, name: str, call: _Call) -> Json:
-        """GetNode of v2alpha1: the node as v2 has it plus ``upcomingMaintenance`` when one is announced. Not a poll of
-        the node's operations (only v2 GETs are: tpuft's v2 calls are what the rig's polling counts model)."""
+        """GetNode of v2alpha1: the node as v2 has it plus ``upcomingMaintenance`` when one is announced. Not
+        a poll of the node's operations (only v2 GETs are: tpuft's v2 calls are what the rig's polling counts
+        model)."""
         if name not in self._nodes:
             raise not_found(name)
         node = render_node(self._nodes[name], call.ints)
@@ -863,31 +1105,47 @@ class FakeTpuServer:
         return node
 
     def _simulate_maintenance(self, name: str, call: _Call) -> Json:
-        """SimulateMaintenanceEvent (v2alpha1): the first of ``workerIds`` (worker 0 when empty, as the proto says)
-        gets a maintenance notice ``simulated_notice_s`` ahead; an operation, done after the usual polls."""
+        """SimulateMaintenanceEvent (v2alpha1): the first of ``workerIds`` (worker 0 when empty, as the proto
+        says) gets a maintenance notice ``simulated_notice_s`` ahead; an operation, done after the usual
+        polls."""
         node = self._nodes.get(name)
         if node is None:
             raise not_found(name)
         body = call.body if call.body is not None else {}
         if not isinstance(body, dict) or set(body) - {"workerIds", "worker_ids"}:
-            raise invalid("Invalid JSON payload received: SimulateMaintenanceEventRequest takes workerIds only.")
+            raise invalid(
+                "Invalid JSON payload received: SimulateMaintenanceEventRequest takes workerIds only."
+            )
         worker_ids = body.get("workerIds", body.get("worker_ids", [])) or ["0"]
         workers = len(node.get("networkEndpoints", []))
         if node["state"] != "READY" or not workers:
-            raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; maintenance can be simulated "
-                                                  f"on a READY node.")
+            raise ApiError(
+                "FAILED_PRECONDITION",
+                f"Node '{name}' is {node['state']}; maintenance can be simulated on a READY node.",
+            )
         first = worker_ids[0]
         if not isinstance(first, str) or not first.isdigit() or int(first) >= workers:
             raise invalid(f"Invalid worker id {first!r}: node '{name}' has workers 0..{workers - 1}.")
         start = time.time() + self.simulated_notice_s
-        window = {"type": "UNSCHEDULED", "canReschedule": False, "windowStartTime": rfc3339(start),
-                  "windowEndTime": rfc3339(start + 600.0), "latestWindowStartTime": rfc3339(start),
-                  "maintenanceStatus": "PENDING"}  # fmt: skip
+        window = {
+            "type": "UNSCHEDULED",
+            "canReschedule": False,
+            "windowStartTime": rfc3339(start),
+            "windowEndTime": rfc3339(start + 600.0),
+            "latestWindowStartTime": rfc3339(start),
+            "maintenanceStatus": "PENDING",
+        }
         self._maintenance[name] = window
         for listener in list(self.maintenance_listeners):
             listener(name.rsplit("/", 1)[-1], first, copy.deepcopy(window))
-        return self._start_operation(self._parent_of(name), name, "simulateMaintenanceEvent", NODE_TYPE,
-                                     lambda: copy.deepcopy(self._nodes.get(name) or {}), call.ints)
+        return self._start_operation(
+            self._parent_of(name),
+            name,
+            "simulateMaintenanceEvent",
+            NODE_TYPE,
+            lambda: copy.deepcopy(self._nodes.get(name) or {}),
+            call.ints,
+        )
 
     def _stop_node(self, name: str, call: _Call) -> Json:
         """StopNode: READY -> STOPPING, STOPPED when its operation is done (health dropped, workers kept)."""
@@ -895,7 +1153,9 @@ class FakeTpuServer:
         if node is None:
             raise not_found(name)
         if node["state"] != "READY":
-            raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; only a READY node can be stopped.")
+            raise ApiError(
+                "FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; only a READY node can be stopped."
+            )
         node["state"] = "STOPPING"
         node.pop("health", None)
 
@@ -962,9 +1222,13 @@ class FakeTpuServer:
             raise invalid("updateMask is required.")
         unsupported = [p for p in mask if p not in UPDATABLE_NODE_PATHS]
         if unsupported:
-            raise invalid(f"Unsupported update_mask paths {unsupported}; supported: {sorted(UPDATABLE_NODE_PATHS)}")
+            raise invalid(
+                f"Unsupported update_mask paths {unsupported}; supported: {sorted(UPDATABLE_NODE_PATHS)}"
+            )
         if node["state"] != "READY":
-            raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; it can be updated when READY.")
+            raise ApiError(
+                "FAILED_PRECONDITION", f"Node '{name}' is {node['state']}; it can be updated when READY."
+            )
         patch = self._node_body(call.body)
 
         def finish() -> Json:
@@ -974,7 +1238,9 @@ class FakeTpuServer:
             for path in mask:
                 if path == "networkConfig.enableExternalIps":
                     network = current.setdefault("networkConfig", {})
-                    network["enableExternalIps"] = bool(patch.get("networkConfig", {}).get("enableExternalIps"))
+                    network["enableExternalIps"] = bool(
+                        patch.get("networkConfig", {}).get("enableExternalIps")
+                    )
                     self._set_endpoints(name)
                 elif path in patch:
                     current[path] = copy.deepcopy(patch[path])
@@ -985,7 +1251,8 @@ class FakeTpuServer:
         return self._start_operation(self._parent_of(name), name, "update", NODE_TYPE, finish, call.ints)
 
     def _node_body(self, body: Any) -> Json:
-        """A request Node: known fields only (Google rejects unknown names), enums as names, output fields dropped."""
+        """A request Node: known fields only (Google rejects unknown names), enums as names, output fields
+        dropped."""
         if body is None:
             body = {}
         if not isinstance(body, dict):
@@ -993,11 +1260,15 @@ class FakeTpuServer:
         node = {camel(k): v for k, v in body.items()}
         unknown = sorted(set(node) - NODE_FIELDS)
         if unknown:
-            raise invalid(f'Invalid JSON payload received. Unknown name "{unknown[0]}" at \'node\': Cannot find field.')
+            raise invalid(
+                f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at 'node': Cannot find field."
+            )
         node = copy.deepcopy({k: v for k, v in node.items() if k not in NODE_OUTPUT_ONLY})
         return _map_enums(node, enum_name)
 
-    def _new_node(self, name: str, spec: Json, *, queued: str | None = None, multislice: bool = False) -> Json:
+    def _new_node(
+        self, name: str, spec: Json, *, queued: str | None = None, multislice: bool = False
+    ) -> Json:
         """Validate a request Node and build the stored one in state CREATING (no endpoints until READY)."""
         if not spec.get("runtimeVersion"):
             raise invalid("runtimeVersion is required.")
@@ -1011,21 +1282,23 @@ class FakeTpuServer:
         region = zone.rsplit("-", 1)[0]
         network = copy.deepcopy(spec.get("networkConfig"))
         if network is None:
-            network = {"network": f"projects/{project}/global/networks/default",
-                       "subnetwork": f"projects/{project}/regions/{region}/subnetworks/default",
-                       "enableExternalIps": self.default_external_ips}  # fmt: skip
+            network = {
+                "network": f"projects/{project}/global/networks/default",
+                "subnetwork": f"projects/{project}/regions/{region}/subnetworks/default",
+                "enableExternalIps": self.default_external_ips,
+            }
         node: Json = {
             **copy.deepcopy(spec),
             "name": name,
             "acceleratorType": topology.accelerator_type,
             "state": "CREATING",
             "networkConfig": network,
-            "serviceAccount": spec.get("serviceAccount") or {"email": DEFAULT_SERVICE_ACCOUNT,
-                                                             "scope": [CLOUD_PLATFORM_SCOPE]},
+            "serviceAccount": spec.get("serviceAccount")
+            or {"email": DEFAULT_SERVICE_ACCOUNT, "scope": [CLOUD_PLATFORM_SCOPE]},
             "createTime": now_rfc3339(),
             "id": str(7_000_000_000_000_000_000 + next(self._id_counter)),
             "apiVersion": "V2",
-        }  # fmt: skip
+        }
         if queued:
             node["queuedResource"] = queued
         if multislice:
@@ -1039,7 +1312,8 @@ class FakeTpuServer:
         self._set_endpoints(name)
 
     def _set_endpoints(self, name: str) -> None:
-        """Workers' networkEndpoints from the address pool; accessConfig only when external IPs are enabled."""
+        """Workers' networkEndpoints from the address pool; accessConfig only when external IPs are
+        enabled."""
         node = self._nodes[name]
         if name not in self._addresses:
             hosts = topology_for(node["acceleratorType"]).hosts
@@ -1079,8 +1353,8 @@ class FakeTpuServer:
             self._addresses.pop(name, None)
 
     def _after_node_gone(self, name: str) -> None:
-        """A queued resource whose nodes were all deleted by hand becomes SUSPENDED (the rig's reading of the API's
-        "all resources deleted" SUSPENDED state; not checked against the real service)."""
+        """A queued resource whose nodes were all deleted by hand becomes SUSPENDED (the rig's reading of the
+        API's "all resources deleted" SUSPENDED state; not checked against the real service)."""
         for queued in self._queued.values():
             all_gone = not any(n in self._nodes for n in queued.node_names)
             if name in queued.node_names and queued.state == "ACTIVE" and all_gone:
@@ -1094,10 +1368,11 @@ class FakeTpuServer:
             raise KeyError(f"{node!r} matches {len(matches)} nodes; use the full name")
         return matches[0]
 
-    # ---- operations ------------------------------------------------------------------------------------------
+    # ---- operations ---------------------------------------------------------------------------------------
 
-    def _start_operation(self, parent: str, target: str, verb: str, response_type: str,
-                         finish: Callable[[], Json], ints: bool) -> Json:  # fmt: skip
+    def _start_operation(
+        self, parent: str, target: str, verb: str, response_type: str, finish: Callable[[], Json], ints: bool
+    ) -> Json:
         name = f"{parent}/operations/operation-{next(self._op_counter)}"
         op = _Operation(name, target, verb, response_type, self.operation_polls, finish)
         self._operations[name] = op
@@ -1127,11 +1402,15 @@ class FakeTpuServer:
         ops = [op.render(call.ints) for name, op in self._operations.items() if name.startswith(f"{parent}/")]
         return self._page(ops, "operations", call.query)
 
-    # ---- queued resources ------------------------------------------------------------------------------------
+    # ---- queued resources ---------------------------------------------------------------------------------
 
     def _list_queued(self, parent: str, call: _Call) -> Json:
         prefix = f"{parent}/queuedResources/"
-        items = [render_queued(q.render(), call.ints) for name, q in self._queued.items() if name.startswith(prefix)]
+        items = [
+            render_queued(q.render(), call.ints)
+            for name, q in self._queued.items()
+            if name.startswith(prefix)
+        ]
         return self._page(items, "queuedResources", call.query)
 
     def _get_queued(self, name: str, call: _Call) -> Json:
@@ -1163,13 +1442,16 @@ class FakeTpuServer:
         return self._start_operation(parent, name, "create", QUEUED_TYPE, queued.render, call.ints)
 
     def _queued_body(self, name: str, parent: str, body: Any) -> tuple[Json, list[tuple[str, Json, bool]]]:
-        """Validate a QueuedResource; return the echo-able spec and the nodes it will make (name, Node, multislice)."""
+        """Validate a QueuedResource; return the echo-able spec and the nodes it will make (name, Node,
+        multislice)."""
         if not isinstance(body, dict):
             raise invalid("Invalid JSON payload received. Expected an object for 'queued_resource'.")
         spec = {camel(k): copy.deepcopy(v) for k, v in body.items()}
         unknown = sorted(set(spec) - QUEUED_FIELDS)
         if unknown:
-            raise invalid(f'Invalid JSON payload received. Unknown name "{unknown[0]}" at \'queued_resource\'.')
+            raise invalid(
+                f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at 'queued_resource'."
+            )
         for output_only in ("name", "createTime", "state"):
             spec.pop(output_only, None)
         if "spot" in spec and "guaranteed" in spec:
@@ -1216,11 +1498,14 @@ class FakeTpuServer:
         self._set_queued_state(queued, next_state, "SERVICE")
 
     def _enter_state(self, queued: _Queued, state: str) -> None:
-        """The node side of a queued resource's state: CREATING nodes at PROVISIONING, READY ones at ACTIVE."""
+        """The node side of a queued resource's state: CREATING nodes at PROVISIONING, READY ones at
+        ACTIVE."""
         if state in ("PROVISIONING", "ACTIVE"):
             for node_name, node, multi in self._planned.get(queued.name, []):
                 if node_name not in self._nodes:
-                    self._nodes[node_name] = self._new_node(node_name, node, queued=queued.name, multislice=multi)
+                    self._nodes[node_name] = self._new_node(
+                        node_name, node, queued=queued.name, multislice=multi
+                    )
         if state == "ACTIVE":
             for node_name in queued.node_names:
                 if node_name in self._nodes and self._nodes[node_name]["state"] == "CREATING":
@@ -1242,8 +1527,10 @@ class FakeTpuServer:
         force = call.query.get("force", "").lower() == "true"
         live = [n for n in queued.node_names if n in self._nodes]
         if live and not force:
-            raise ApiError("FAILED_PRECONDITION",
-                           f"Queued resource '{name}' has TPU nodes {live}; delete them first or set force=true.")
+            raise ApiError(
+                "FAILED_PRECONDITION",
+                f"Queued resource '{name}' has TPU nodes {live}; delete them first or set force=true.",
+            )
         if queued.state == "DELETING":
             raise ApiError("FAILED_PRECONDITION", f"Queued resource '{name}' is already being deleted.")
         self._set_queued_state(queued, "DELETING", "USER")
@@ -1267,13 +1554,15 @@ class FakeTpuServer:
         matches = [q for name, q in self._queued.items() if name.rsplit("/", 1)[1] == queued_id]
         return matches[0] if len(matches) == 1 else None
 
-    # ---- helpers ---------------------------------------------------------------------------------------------
+    # ---- helpers ------------------------------------------------------------------------------------------
 
     @staticmethod
     def _check_id(value: str, what: str) -> None:
         if not ID_PATTERN.fullmatch(value):
-            raise invalid(f"Invalid {what} '{value}': must be 1-63 lowercase letters, digits or hyphens, "
-                          "starting with a letter and not ending with a hyphen.")  # fmt: skip
+            raise invalid(
+                f"Invalid {what} '{value}': must be 1-63 lowercase letters, digits or hyphens, "
+                "starting with a letter and not ending with a hyphen."
+            )
 
     @staticmethod
     def _parent_of(name: str) -> str:
@@ -1298,7 +1587,9 @@ class _Handler(BaseHTTPRequestHandler):
     """Bytes in, ``FakeTpuServer.handle`` answers, JSON out; keep-alive like Google's front end."""
 
     protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out in two writes: without this each answer waits ~40 ms
+    disable_nagle_algorithm = (
+        True  # headers and body go out in two writes: without this each answer waits ~40 ms
+    )
 
     @property
     def fake(self) -> FakeTpuServer:

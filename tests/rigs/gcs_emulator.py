@@ -1,5 +1,6 @@
-"""A local Google Cloud Storage that the real ``google-cloud-storage`` client talks to: the ``gcp-storage-emulator``
-package from PyPI (pure Python, in-memory) served on 127.0.0.1, plus the few things tpuft needs that it lacks.
+"""A local Google Cloud Storage that the real ``google-cloud-storage`` client talks to: the
+``gcp-storage-emulator`` package from PyPI (pure Python, in-memory) served on 127.0.0.1, plus the few things
+tpuft needs that it lacks.
 
 Nothing here reaches Google. Test dependency: ``gcp-storage-emulator>=2026.7.19`` (verified with 2026.7.19 and
 google-cloud-storage 3.17, google-api-core 2.44).
@@ -12,60 +13,67 @@ Setting ``STORAGE_EMULATOR_HOST`` (scheme included) is all google-cloud-storage 
         os.environ.update(gcs.env())             # {"STORAGE_EMULATOR_HOST": "http://127.0.0.1:PORT"}
         client = storage.Client(project="test", credentials=AnonymousCredentials())
 
-``Client.__init__`` takes ``api_endpoint`` from ``client_options`` first, else from ``STORAGE_EMULATOR_HOST``; it then
-uses that endpoint for the JSON API, media uploads/downloads and the XML API alike, and with the variable set it falls
-back to ``AnonymousCredentials`` and ``$GOOGLE_CLOUD_PROJECT`` on its own. ``client_options={"api_endpoint": ...}``
-is therefore not needed (it also works, but without the variable ``Client`` would look for real credentials).
+``Client.__init__`` takes ``api_endpoint`` from ``client_options`` first, else from ``STORAGE_EMULATOR_HOST``;
+it then uses that endpoint for the JSON API, media uploads/downloads and the XML API alike, and with the
+variable set it falls back to ``AnonymousCredentials`` and ``$GOOGLE_CLOUD_PROJECT`` on its own.
+``client_options={"api_endpoint": ...}`` is therefore not needed (it also works, but without the variable
+``Client`` would look for real credentials).
 
-tensorstore (Orbax's arrays) takes ``TENSORSTORE_GCS_HTTP_URL`` (this endpoint) and ``GOOGLE_AUTH_TOKEN_FOR_TESTING``;
-TensorFlow's GCS filesystem cannot be pointed anywhere but Google, and reaches this emulator through the TLS proxy
-of ``tests/rigs/gcs_proxy.py``, whose ``env()`` gives a process all of these variables.
+tensorstore (Orbax's arrays) takes ``TENSORSTORE_GCS_HTTP_URL`` (this endpoint) and
+``GOOGLE_AUTH_TOKEN_FOR_TESTING``; TensorFlow's GCS filesystem cannot be pointed anywhere but Google, and
+reaches this emulator through the TLS proxy of ``tests/rigs/gcs_proxy.py``, whose ``env()`` gives a process
+all of these variables.
 
 What the emulator does faithfully (checked against the real client)
 -------------------------------------------------------------------
 * Buckets: create, get, 404 -> ``NotFound``, duplicate create -> 409 ``Conflict``.
 * Objects: simple, multipart and resumable JSON uploads (a 12 MiB resumable upload included), downloads with
-  ``x-goog-hash`` (the client verifies crc32c on download), ranged GETs, ``exists``, delete, 404 -> ``NotFound``.
+  ``x-goog-hash`` (the client verifies crc32c on download), ranged GETs, ``exists``, delete, 404 ->
+  ``NotFound``.
 * ``blob.crc32c`` / ``blob.md5_hash`` are base64 of the big-endian CRC32C / MD5, the same as GCS and as
   ``base64(google_crc32c.Checksum(data).digest())``.
 * ``list_blobs`` with ``prefix`` and ``delimiter`` (``iterator.prefixes`` after the pages are consumed).
-* ``transfer_manager.upload_many[_from_filenames]``, ``download_many[_to_path]`` and ``download_chunks_concurrently``.
+* ``transfer_manager.upload_many[_from_filenames]``, ``download_many[_to_path]`` and
+  ``download_chunks_concurrently``.
 
 Gaps, and what this rig does about them
 ---------------------------------------
-* **Bucket location is ignored** (every bucket comes back ``US`` / ``multi-region``). The rig answers bucket inserts
-  itself: it keeps ``location`` upper-cased as GCS does (``us-east1`` -> ``US-EAST1``), sets ``locationType``
-  (``region`` / ``dual-region`` / ``multi-region``) and keeps ``storageClass`` and ``iamConfiguration``.
+* **Bucket location is ignored** (every bucket comes back ``US`` / ``multi-region``). The rig answers bucket
+  inserts itself: it keeps ``location`` upper-cased as GCS does (``us-east1`` -> ``US-EAST1``), sets
+  ``locationType`` (``region`` / ``dual-region`` / ``multi-region``) and keeps ``storageClass`` and
+  ``iamConfiguration``.
 * **No XML multipart upload** (``POST /bucket/object?uploads`` answers 501), which
-  ``transfer_manager.upload_chunks_concurrently`` uses. The rig implements initiate / upload part / complete / abort
-  with GCS's rules: parts are checked against the client's ``x-goog-hash``, answer an ``ETag`` and ``x-goog-hash``,
-  every part but the last must be at least 5 MiB (``EntityTooSmall``), and the finished object has a crc32c but no
-  md5 (like every composite object on GCS).
-* **One request at a time**: the emulator's ``HTTPServer`` is single-threaded with a listen backlog of 5, so eight
-  transfer_manager workers overflowed it and the kernel dropped SYNs (each costing a 1 s retransmit). The rig serves
-  the emulator's own handler from an ``HTTPServer`` with a deep backlog instead: requests still run one at a time
-  (the emulator's store is not thread-safe), but nobody waits for a retransmit.
+  ``transfer_manager.upload_chunks_concurrently`` uses. The rig implements initiate / upload part / complete /
+  abort with GCS's rules: parts are checked against the client's ``x-goog-hash``, answer an ``ETag`` and
+  ``x-goog-hash``, every part but the last must be at least 5 MiB (``EntityTooSmall``), and the finished
+  object has a crc32c but no md5 (like every composite object on GCS).
+* **One request at a time**: the emulator's ``HTTPServer`` is single-threaded with a listen backlog of 5, so
+  eight transfer_manager workers overflowed it and the kernel dropped SYNs (each costing a 1 s retransmit).
+  The rig serves the emulator's own handler from an ``HTTPServer`` with a deep backlog instead: requests still
+  run one at a time (the emulator's store is not thread-safe), but nobody waits for a retransmit.
 * **Media downloads lack the object's generation headers** (``x-goog-generation``, ``x-goog-metageneration``,
-  ``x-goog-stored-content-length``), which GCS sends with every object body and tensorstore's gcs kvstore needs:
-  without them OCDBT (Orbax's checkpoint format, written by T5X) fails with "Malformed StorageGeneration". The rig
-  adds them to every 2xx media download (JSON API ``?alt=media``, ``/download/storage/v1/...`` and the XML API's
-  ``GET /BUCKET/OBJECT``).
-* **An empty ``uploadType=media`` upload crashes the emulator** (it takes ``len()`` of a missing body): TensorFlow's
-  GCS filesystem writes such zero-byte ``dir/`` markers in ``makedirs`` and retries the 500 for ever. The rig stores
-  the empty object itself.
-* **Preconditions are ignored** by the emulator: every conditional write succeeds. The rig answers uploads with
-  ``ifGenerationMatch`` itself (412 ``conditionNotMet`` when the object is at another generation, 0 meaning "must not
-  exist"), which the recovery watcher's lease relies on; the other preconditions stay ignored (harmless while each
-  object has one writer at a time, as in the runs these rigs host: Orbax's hosts write their own OCDBT files).
+  ``x-goog-stored-content-length``), which GCS sends with every object body and tensorstore's gcs kvstore
+  needs: without them OCDBT (Orbax's checkpoint format, written by T5X) fails with "Malformed
+  StorageGeneration". The rig adds them to every 2xx media download (JSON API ``?alt=media``,
+  ``/download/storage/v1/...`` and the XML API's ``GET /BUCKET/OBJECT``).
+* **An empty ``uploadType=media`` upload crashes the emulator** (it takes ``len()`` of a missing body):
+  TensorFlow's GCS filesystem writes such zero-byte ``dir/`` markers in ``makedirs`` and retries the 500 for
+  ever. The rig stores the empty object itself.
+* **Preconditions are ignored** by the emulator: every conditional write succeeds. The rig answers uploads
+  with ``ifGenerationMatch`` itself (412 ``conditionNotMet`` when the object is at another generation, 0
+  meaning "must not exist"), which the recovery watcher's lease relies on; the other preconditions stay
+  ignored (harmless while each object has one writer at a time, as in the runs these rigs host: Orbax's hosts
+  write their own OCDBT files).
 * An object's ``mediaLink`` names the host of the request that uploaded it (the ``Host`` header): a front that
   forwards requests here must send the emulator's own address (``tests/rigs/gcs_proxy.py`` does).
-* Not emulated at all, and not used by tpuft: IAM enforcement (everything is allowed, so ``Forbidden`` cannot be
-  provoked), object versioning, requester pays, retention policies.
+* Not emulated at all, and not used by tpuft: IAM enforcement (everything is allowed, so ``Forbidden`` cannot
+  be provoked), object versioning, requester pays, retention policies.
 
-Test controls: ``reset()`` (drop all buckets, objects, uploads and faults), ``requests`` (``(method, path)`` of every
-request, for asserting that a resumed transfer sent nothing), ``fail(method, path_contains, status)`` and
-``reset_faults()`` (answer matching requests with a GCS-shaped JSON error, e.g. 403 for one object's media GET; use
-4xx codes: google-cloud-storage retries 429/5xx for up to two minutes), ``client()`` (a client bound to this emulator).
+Test controls: ``reset()`` (drop all buckets, objects, uploads and faults), ``requests`` (``(method, path)``
+of every request, for asserting that a resumed transfer sent nothing), ``fail(method, path_contains, status)``
+and ``reset_faults()`` (answer matching requests with a GCS-shaped JSON error, e.g. 403 for one object's media
+GET; use 4xx codes: google-cloud-storage retries 429/5xx for up to two minutes), ``client()`` (a client bound
+to this emulator).
 """
 
 from __future__ import annotations
@@ -120,8 +128,9 @@ class _Multipart:
 
 
 def _not_a_404(record: logging.LogRecord) -> bool:
-    """The emulator logs every missing object at ERROR, in two records (a polled ``stop.json`` makes hundreds a run);
-    a 404 is an answer, not an error: dropped, so that a failing test's captured log shows what matters."""
+    """The emulator logs every missing object at ERROR, in two records (a polled ``stop.json`` makes hundreds
+    a run); a 404 is an answer, not an error: dropped, so that a failing test's captured log shows what
+    matters."""
     return not (record.msg == "Resource not found:" or isinstance(record.msg, OSError))
 
 
@@ -160,7 +169,10 @@ class _Handler(RequestHandler):
         if self._injected_fault("POST"):
             return
         if not (
-            self._bucket_insert() or self._multipart("POST") or self._failed_precondition() or self._empty_media_upload()
+            self._bucket_insert()
+            or self._multipart("POST")
+            or self._failed_precondition()
+            or self._empty_media_upload()
         ):
             super().do_POST()
 
@@ -194,11 +206,12 @@ class _Handler(RequestHandler):
             return
         super().do_PATCH()
 
-    # ---- plumbing ----------------------------------------------------------------------------------------------
+    # ---- plumbing -----------------------------------------------------------------------------------------
 
     _status = 0
     _object_headers: dict[str, str] = {}  # noqa: RUF012 (replaced per request, never mutated)
-    """Sent with the response of the request being served when it succeeds (see ``_media_download_headers``)."""
+    """Sent with the response of the request being served when it succeeds (see
+    ``_media_download_headers``)."""
 
     def send_response(self, code: int, message: str | None = None) -> None:
         self._status = code
@@ -221,7 +234,14 @@ class _Handler(RequestHandler):
         message = f"injected by the test rig: {method} {unquote(urlsplit(self.path).path)}"
         reason = {403: "forbidden", 404: "notFound"}.get(status, "backendError")
         self._json(
-            status, {"error": {"code": status, "message": message, "errors": [{"reason": reason, "message": message}]}}
+            status,
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "errors": [{"reason": reason, "message": message}],
+                }
+            },
         )
         return True
 
@@ -251,11 +271,11 @@ class _Handler(RequestHandler):
             ElementTree.SubElement(root, tag).text = text
         self._xml(status, root)
 
-    # ---- what the emulator gets wrong about plain objects --------------------------------------------------------
+    # ---- what the emulator gets wrong about plain objects -------------------------------------------------
 
     def _media_download_headers(self) -> dict[str, str]:
-        """The object headers GCS sends with an object's bytes, for a GET that the emulator serves as a download
-        (found with the emulator's own routing table); empty for any other request."""
+        """The object headers GCS sends with an object's bytes, for a GET that the emulator serves as a
+        download (found with the emulator's own routing table); empty for any other request."""
         url = urlsplit(self.path)
         for pattern, handlers in emulator_server.HANDLERS:
             match = re.fullmatch(pattern, url.path)
@@ -278,9 +298,9 @@ class _Handler(RequestHandler):
         }
 
     def _failed_precondition(self) -> bool:
-        """An upload with ``ifGenerationMatch`` (0: the object must not exist) whose object is at another generation:
-        412 ``conditionNotMet``, nothing stored, as GCS does. A matching one goes on to the emulator, its body put
-        back for it to read."""
+        """An upload with ``ifGenerationMatch`` (0: the object must not exist) whose object is at another
+        generation: 412 ``conditionNotMet``, nothing stored, as GCS does. A matching one goes on to the
+        emulator, its body put back for it to read."""
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         match = _MEDIA_UPLOAD_PATH.match(url.path)
@@ -300,12 +320,24 @@ class _Handler(RequestHandler):
             generation = "0"
         if generation == query["ifGenerationMatch"][0]:
             return False
-        message = f"At least one of the pre-conditions you specified did not hold. ({name} is at {generation})"
-        self._json(412, {"error": {"code": 412, "message": message, "errors": [{"reason": "conditionNotMet", "message": message}]}})
+        message = (
+            f"At least one of the pre-conditions you specified did not hold. ({name} is at {generation})"
+        )
+        self._json(
+            412,
+            {
+                "error": {
+                    "code": 412,
+                    "message": message,
+                    "errors": [{"reason": "conditionNotMet", "message": message}],
+                }
+            },
+        )
         return True
 
     def _empty_media_upload(self) -> bool:
-        """``POST .../o?uploadType=media&name=N`` with no body: a zero-byte object (the emulator would crash)."""
+        """``POST .../o?uploadType=media&name=N`` with no body: a zero-byte object (the emulator would
+        crash)."""
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         match = _MEDIA_UPLOAD_PATH.match(url.path)
@@ -315,16 +347,20 @@ class _Handler(RequestHandler):
             return False
         bucket, name = match["bucket"], query["name"][0]
         if self.storage.get_bucket(bucket) is None:
-            self._json(HTTPStatus.NOT_FOUND, {"error": {"code": 404, "message": f"bucket {bucket} not found"}})
+            self._json(
+                HTTPStatus.NOT_FOUND, {"error": {"code": 404, "message": f"bucket {bucket} not found"}}
+            )
             return True
         content_type = self.headers.get("Content-Type") or "application/octet-stream"
-        obj = emulator_objects._make_object_resource(f"http://{self.headers.get('Host')}", bucket, name, content_type, "0")
+        obj = emulator_objects._make_object_resource(
+            f"http://{self.headers.get('Host')}", bucket, name, content_type, "0"
+        )
         obj = emulator_objects._checksums(b"", obj)
         self.storage.create_file(bucket, name, b"", obj)
         self._json(HTTPStatus.OK, obj)
         return True
 
-    # ---- buckets.insert that keeps location --------------------------------------------------------------------
+    # ---- buckets.insert that keeps location ---------------------------------------------------------------
 
     def _bucket_insert(self) -> bool:
         if urlsplit(self.path).path not in ("/storage/v1/b", "/b"):
@@ -348,7 +384,7 @@ class _Handler(RequestHandler):
         self._json(HTTPStatus.OK, bucket)
         return True
 
-    # ---- XML API multipart uploads (transfer_manager.upload_chunks_concurrently) --------------------------------
+    # ---- XML API multipart uploads (transfer_manager.upload_chunks_concurrently) --------------------------
 
     def _multipart(self, method: str) -> bool:
         url = urlsplit(self.path)
@@ -374,10 +410,14 @@ class _Handler(RequestHandler):
     def _initiate(self, bucket: str, name: str) -> None:
         self._body()
         if self.storage.get_bucket(bucket) is None:
-            self._xml_error(HTTPStatus.NOT_FOUND, "NoSuchBucket", f"The specified bucket does not exist: {bucket}")
+            self._xml_error(
+                HTTPStatus.NOT_FOUND, "NoSuchBucket", f"The specified bucket does not exist: {bucket}"
+            )
             return
         metadata = {
-            k[len("x-goog-meta-") :]: v for k, v in self.headers.items() if k.lower().startswith("x-goog-meta-")
+            k[len("x-goog-meta-") :]: v
+            for k, v in self.headers.items()
+            if k.lower().startswith("x-goog-meta-")
         }
         content_type = self.headers.get("Content-Type") or "application/octet-stream"
         upload_id = self.server.rig._start_upload(_Multipart(bucket, name, content_type, metadata))
@@ -395,7 +435,9 @@ class _Handler(RequestHandler):
         for claim in (self.headers.get("x-goog-hash") or "").split(","):
             kind, _, value = claim.strip().partition("=")
             if (kind == "crc32c" and value != crc) or (kind == "md5" and value != md5):
-                self._xml_error(HTTPStatus.BAD_REQUEST, "BadDigest", f"part {number}: {kind} {value} != {crc}")
+                self._xml_error(
+                    HTTPStatus.BAD_REQUEST, "BadDigest", f"part {number}: {kind} {value} != {crc}"
+                )
                 return
         etag = f'"{hashlib.md5(data).hexdigest()}"'
         upload.parts[number] = (data, etag)
@@ -414,7 +456,11 @@ class _Handler(RequestHandler):
             return
         data = b"".join(upload.parts[number][0] for number, _ in listed)
         obj = emulator_objects._make_object_resource(
-            f"http://{self.headers.get('Host')}", upload.bucket, upload.name, upload.content_type, str(len(data))
+            f"http://{self.headers.get('Host')}",
+            upload.bucket,
+            upload.name,
+            upload.content_type,
+            str(len(data)),
         )
         obj = emulator_objects._checksums(data, obj)
         obj["md5Hash"] = None  # composite objects have a crc32c and no md5 on GCS
@@ -457,7 +503,8 @@ def _check_parts(upload: _Multipart, listed: list[tuple[int, str]]) -> tuple[str
 
 
 class GcsEmulator:
-    """An in-memory GCS on ``self.endpoint`` while in ``with GcsEmulator() as gcs:`` (see the module docstring)."""
+    """An in-memory GCS on ``self.endpoint`` while in ``with GcsEmulator() as gcs:`` (see the module
+    docstring)."""
 
     def __init__(self) -> None:
         self._storage = Storage(use_memory_fs=True)
@@ -470,16 +517,19 @@ class GcsEmulator:
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
-    # ---- lifecycle ---------------------------------------------------------------------------------------------
+    # ---- lifecycle ----------------------------------------------------------------------------------------
 
     def start(self) -> Self:
-        """Bind 127.0.0.1 on a port the kernel picks (no race with other tests) and serve from a daemon thread."""
+        """Bind 127.0.0.1 on a port the kernel picks (no race with other tests) and serve from a daemon
+        thread."""
         if self._httpd is not None:
             return self
         httpd = _Server(("127.0.0.1", 0), partial(_Handler, self._storage))
         httpd.rig = self
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), name="gcs-emulator", daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, args=(0.02,), name="gcs-emulator", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -498,7 +548,7 @@ class GcsEmulator:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    # ---- what tests use ----------------------------------------------------------------------------------------
+    # ---- what tests use -----------------------------------------------------------------------------------
 
     @property
     def endpoint(self) -> str:
@@ -516,11 +566,14 @@ class GcsEmulator:
         from google.cloud import storage
 
         return storage.Client(
-            project=project, credentials=AnonymousCredentials(), client_options={"api_endpoint": self.endpoint}
+            project=project,
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.endpoint},
         )
 
     def fail(self, method: str, path_contains: str, status: int = 403) -> None:
-        """Answer every ``method`` request whose (unquoted) path contains ``path_contains`` with ``status``."""
+        """Answer every ``method`` request whose (unquoted) path contains ``path_contains`` with
+        ``status``."""
         with self._lock:
             self._faults.append((method, path_contains, status))
 
@@ -536,7 +589,7 @@ class GcsEmulator:
             self._faults.clear()
             self.requests.clear()
 
-    # ---- called from the handler (server thread) ---------------------------------------------------------------
+    # ---- called from the handler (server thread) ----------------------------------------------------------
 
     def _log(self, method: str, path: str) -> None:
         with self._lock:

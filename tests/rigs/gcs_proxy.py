@@ -1,35 +1,37 @@
-"""Google's storage hosts, answered by the GCS emulator: an HTTPS proxy for the clients that cannot be pointed at one.
+"""Google's storage hosts, answered by the GCS emulator: an HTTPS proxy for the clients that cannot be pointed
+at one.
 
 Why it exists
 -------------
 A T5X worker reaches ``gs://`` through three clients, and only two of them can be told where GCS is:
 
 * google-cloud-storage (tpuft's own storage, Orbax's bucket check): ``STORAGE_EMULATOR_HOST``;
-* tensorstore (Orbax's OCDBT arrays): ``TENSORSTORE_GCS_HTTP_URL``, with ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` so that
-  it does not look for credentials;
-* TensorFlow's GCS filesystem (``tf.io.gfile``, and ``etils.epath`` through it: Orbax's folders, tpuft's manifests,
-  pruning and gin reads) has the hosts ``https://www.googleapis.com`` (JSON API, uploads) and
-  ``https://storage.googleapis.com`` (XML reads) compiled in. It honours ``HTTPS_PROXY`` and ``CURL_CA_BUNDLE``
-  (it is libcurl underneath), and that is the only way in.
+* tensorstore (Orbax's OCDBT arrays): ``TENSORSTORE_GCS_HTTP_URL``, with ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` so
+  that it does not look for credentials;
+* TensorFlow's GCS filesystem (``tf.io.gfile``, and ``etils.epath`` through it: Orbax's folders, tpuft's
+  manifests, pruning and gin reads) has the hosts ``https://www.googleapis.com`` (JSON API, uploads) and
+  ``https://storage.googleapis.com`` (XML reads) compiled in. It honours ``HTTPS_PROXY`` and
+  ``CURL_CA_BUNDLE`` (it is libcurl underneath), and that is the only way in.
 
-So this rig is an HTTP proxy on 127.0.0.1 that answers ``CONNECT *.googleapis.com:443`` itself: it ends the TLS
-with a certificate for ``*.googleapis.com`` signed by a CA made for this rig alone (``ca_file``, given to the
-clients as ``CURL_CA_BUNDLE``), reads the plain requests in the tunnel and forwards each one to the emulator with
-its own address as ``Host``: the emulator writes the request's host into the links it hands out, and an object's
-``mediaLink`` is what google-cloud-storage downloads from, on any machine, so it must name the emulator, not
-``www.googleapis.com``. Going back, a ``Location`` that names the emulator (a resumable upload's session URL) is
-rewritten to ``https://<the tunnel's host>``, so that TensorFlow sends the upload's bytes through the tunnel too.
-CONNECTs to any other host are refused with 403, so a client that would reach the internet fails plainly instead of
-on a bad certificate.
+So this rig is an HTTP proxy on 127.0.0.1 that answers ``CONNECT *.googleapis.com:443`` itself: it ends the
+TLS with a certificate for ``*.googleapis.com`` signed by a CA made for this rig alone (``ca_file``, given to
+the clients as ``CURL_CA_BUNDLE``), reads the plain requests in the tunnel and forwards each one to the
+emulator with its own address as ``Host``: the emulator writes the request's host into the links it hands out,
+and an object's ``mediaLink`` is what google-cloud-storage downloads from, on any machine, so it must name the
+emulator, not ``www.googleapis.com``. Going back, a ``Location`` that names the emulator (a resumable upload's
+session URL) is rewritten to ``https://<the tunnel's host>``, so that TensorFlow sends the upload's bytes
+through the tunnel too. CONNECTs to any other host are refused with 403, so a client that would reach the
+internet fails plainly instead of on a bad certificate.
 
 Usage::
 
     with GcsEmulator() as gcs, GcsProxy(gcs) as proxy:
-        env = proxy.env(no_proxy=pod.addresses)  # everything a worker process needs, emulator variables included
+        env = proxy.env(no_proxy=pod.addresses)  # everything a worker process needs, emulator variables
+        included
 
-``no_proxy``: hosts that must be reached directly besides 127.0.0.1 and localhost. gRPC honours ``https_proxy``
-too, so JAX's coordinator address (a worker's) belongs there. ``requests`` lists ``(method, url)`` of every request
-forwarded. Needs ``cryptography`` (a dependency of paramiko, hence of tpuft).
+``no_proxy``: hosts that must be reached directly besides 127.0.0.1 and localhost. gRPC honours
+``https_proxy`` too, so JAX's coordinator address (a worker's) belongs there. ``requests`` lists ``(method,
+url)`` of every request forwarded. Needs ``cryptography`` (a dependency of paramiko, hence of tpuft).
 """
 
 from __future__ import annotations
@@ -53,13 +55,24 @@ if TYPE_CHECKING:
 
 GOOGLE_HOSTS: Final = ("www.googleapis.com", "storage.googleapis.com", "*.googleapis.com")
 _HOP_BY_HOP: Final = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "transfer-encoding", "content-length", "expect", "te",
-     "trailer", "upgrade"}
-)  # fmt: skip
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "transfer-encoding",
+        "content-length",
+        "expect",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
 
 
 def _make_certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) as PEM files: a CA valid for a day and a leaf it signed."""
+    """(CA certificate, server certificate, server key) as PEM files: a CA valid for a day and a leaf it
+    signed."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -69,32 +82,61 @@ def _make_certificates(folder: Path) -> tuple[Path, Path, Path]:
     start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=1)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tpuft test rig CA (throwaway)")])
-    usage = {name: False for name in ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
-                                      "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")}  # fmt: skip
+    usage = {
+        name: False
+        for name in (
+            "digital_signature",
+            "content_commitment",
+            "key_encipherment",
+            "data_encipherment",
+            "key_agreement",
+            "key_cert_sign",
+            "crl_sign",
+            "encipher_only",
+            "decipher_only",
+        )
+    }
     ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(**{**usage, "digital_signature": True, "key_cert_sign": True, "crl_sign": True}),
-                       critical=True)
+        .add_extension(
+            x509.KeyUsage(**{**usage, "digital_signature": True, "key_cert_sign": True, "crl_sign": True}),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    )
     leaf = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, GOOGLE_HOSTS[0])]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(start).not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in GOOGLE_HOSTS]), critical=False)
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, GOOGLE_HOSTS[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name) for name in GOOGLE_HOSTS]), critical=False
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    )
     pem = serialization.Encoding.PEM
     paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
     paths[0].write_bytes(ca.public_bytes(pem))
     paths[1].write_bytes(leaf.public_bytes(pem))
-    paths[2].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return paths
 
 
@@ -109,10 +151,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """A CONNECT turns this connection into a TLS server for the tunnelled host; every request after it is forwarded
-    to the emulator."""
+    """A CONNECT turns this connection into a TLS server for the tunnelled host; every request after it is
+    forwarded to the emulator."""
 
-    protocol_version = "HTTP/1.1"  # keep-alive in the tunnel; also answers "Expect: 100-continue" (curl sends it)
+    protocol_version = (
+        "HTTP/1.1"  # keep-alive in the tunnel; also answers "Expect: 100-continue" (curl sends it)
+    )
     server: _Server
     _tunnel_host: str | None = None
 
@@ -143,7 +187,9 @@ class _Handler(BaseHTTPRequestHandler):
         rig = self.server.rig
         rig._log(self.command, f"https://{self._tunnel_host}{self.path}")
         headers = {key: value for key, value in self.headers.items() if key.lower() not in _HOP_BY_HOP}
-        headers["Host"] = rig._upstream_netloc  # the emulator writes its Host into mediaLink, which others follow
+        headers["Host"] = (
+            rig._upstream_netloc
+        )  # the emulator writes its Host into mediaLink, which others follow
         if body or self.command in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(len(body))
         upstream = http.client.HTTPConnection(rig._upstream_netloc, timeout=300)
@@ -185,7 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class GcsProxy:
-    """``https://*.googleapis.com`` through ``HTTPS_PROXY``, answered by ``gcs`` (see the module docstring)."""
+    """``https://*.googleapis.com`` through ``HTTPS_PROXY``, answered by ``gcs`` (see the module
+    docstring)."""
 
     def __init__(self, gcs: GcsEmulator, project: str = "test") -> None:
         self.gcs = gcs
@@ -210,7 +257,9 @@ class GcsProxy:
         httpd = _Server(("127.0.0.1", 0), _Handler)
         httpd.rig = self
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), name="gcs-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, args=(0.05,), name="gcs-proxy", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -245,13 +294,16 @@ class GcsProxy:
         return self._folder / "ca.pem"
 
     def env(self, no_proxy: Iterable[str] = ()) -> dict[str, str]:
-        """What a process needs so that google-cloud-storage, tensorstore and TensorFlow all use the emulator."""
+        """What a process needs so that google-cloud-storage, tensorstore and TensorFlow all use the
+        emulator."""
         bypass = ",".join(dict.fromkeys(["127.0.0.1", "localhost", *no_proxy]))
         return {
             **self.gcs.env(),  # STORAGE_EMULATOR_HOST: google-cloud-storage
-            "GOOGLE_CLOUD_PROJECT": self.project,  # google-cloud-storage's Client() without a project argument
+            # google-cloud-storage's Client() without a project argument
+            "GOOGLE_CLOUD_PROJECT": self.project,
             "TENSORSTORE_GCS_HTTP_URL": self.gcs.endpoint,
-            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "tpuft-test-rig",  # tensorstore and TensorFlow: no credential search
+            # tensorstore and TensorFlow: no credential search
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "tpuft-test-rig",
             "HTTPS_PROXY": self.endpoint,
             "https_proxy": self.endpoint,
             "NO_PROXY": bypass,

@@ -1,15 +1,15 @@
 """A loopback stand-in for the GCE metadata server's maintenance keys, one listener per worker.
 
-A TPU VM learns of maintenance from its metadata server: ``instance/upcoming-maintenance`` (404 while nothing is
-announced; JSON with the window once one is) and ``instance/maintenance-event`` (``NONE`` until the event begins,
-then e.g. ``TERMINATE_ON_HOST_MAINTENANCE``). Every request must carry ``Metadata-Flavor: Google``, as on GCE.
-Clients reach a metadata server at ``$GCE_METADATA_HOST`` (host:port), which google-auth and Google's metadata
-clients honour, so each worker of a rig gets its own listener's ``host(i)`` in that variable: a worker cannot be told
-apart by the path it asks, only by the server it asks.
+A TPU VM learns of maintenance from its metadata server: ``instance/upcoming-maintenance`` (404 while nothing
+is announced; JSON with the window once one is) and ``instance/maintenance-event`` (``NONE`` until the event
+begins, then e.g. ``TERMINATE_ON_HOST_MAINTENANCE``). Every request must carry ``Metadata-Flavor: Google``, as
+on GCE. Clients reach a metadata server at ``$GCE_METADATA_HOST`` (host:port), which google-auth and Google's
+metadata clients honour, so each worker of a rig gets its own listener's ``host(i)`` in that variable: a
+worker cannot be told apart by the path it asks, only by the server it asks.
 
-``follow(fake_tpu, nodes, hosts_per_node)`` makes the fake TPU API's announcements (``announce_maintenance``, the
-``:simulateMaintenanceEvent`` call) reach the matching worker's key, the way the real service and metadata server
-agree. ``requests`` logs (worker, path) of every answered call.
+``follow(fake_tpu, nodes, hosts_per_node)`` makes the fake TPU API's announcements (``announce_maintenance``,
+the ``:simulateMaintenanceEvent`` call) reach the matching worker's key, the way the real service and metadata
+server agree. ``requests`` logs (worker, path) of every answered call.
 """
 
 from __future__ import annotations
@@ -29,9 +29,14 @@ UPCOMING = "upcoming-maintenance"
 EVENT = "maintenance-event"
 
 # The API's UpcomingMaintenance (camelCase) as the metadata server spells it (snake_case).
-_SNAKE = {"type": "type", "canReschedule": "can_reschedule", "windowStartTime": "window_start_time",
-          "windowEndTime": "window_end_time", "latestWindowStartTime": "latest_window_start_time",
-          "maintenanceStatus": "maintenance_status"}  # fmt: skip
+_SNAKE = {
+    "type": "type",
+    "canReschedule": "can_reschedule",
+    "windowStartTime": "window_start_time",
+    "windowEndTime": "window_end_time",
+    "latestWindowStartTime": "latest_window_start_time",
+    "maintenanceStatus": "maintenance_status",
+}
 
 
 class MetadataServer:
@@ -65,7 +70,7 @@ class MetadataServer:
         """``127.0.0.1:PORT``: the ``GCE_METADATA_HOST`` of ``worker``."""
         return f"127.0.0.1:{self._servers[worker].server_address[1]}"
 
-    # -- test controls -----------------------------------------------------------------------------------------
+    # -- test controls --------------------------------------------------------------------------------------
     def announce(self, worker: int, window: dict[str, Any]) -> None:
         """Serve ``window`` (the API's camelCase or the metadata's snake_case keys) as the worker's upcoming
         maintenance."""
@@ -92,7 +97,7 @@ class MetadataServer:
 
         fake.maintenance_listeners.append(heard)
 
-    # -- answers ---------------------------------------------------------------------------------------------
+    # -- answers --------------------------------------------------------------------------------------------
     def answer(self, worker: int, path: str, flavor: str | None) -> tuple[int, str, str]:
         """(status, content type, body) for one GET."""
         if flavor != "Google":
@@ -100,7 +105,7 @@ class MetadataServer:
         key = path.split("?", 1)[0]
         if not key.startswith(PREFIX):
             return 404, "text/html", "not found"
-        name = key[len(PREFIX):]
+        name = key[len(PREFIX) :]
         with self._lock:
             self.requests.append((worker, name))
             if name == UPCOMING:
@@ -118,8 +123,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         rig: MetadataServer = self.server.rig  # type: ignore[attr-defined]
-        status, content_type, body = rig.answer(self.server.worker, self.path,  # type: ignore[attr-defined]
-                                                self.headers.get("Metadata-Flavor"))
+        status, content_type, body = rig.answer(
+            self.server.worker,
+            self.path,  # type: ignore[attr-defined]
+            self.headers.get("Metadata-Flavor"),
+        )
         data = body.encode()
         self.send_response(status)
         self.send_header("Content-Type", content_type)

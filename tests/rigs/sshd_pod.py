@@ -1,20 +1,22 @@
 """A pod of real OpenSSH servers on loopback, one per worker, for testing the SSH fleet without a cloud.
 
-Worker i listens on 127.0.1.(10+i) (Linux routes all of 127.0.0.0/8 to loopback; past 127.0.1.249 the addresses go
-on in 127.0.2.x, 127.0.3.x, ...). Each sshd runs with a private config whose ``ForceCommand`` goes through a wrapper
-that gives the worker its own HOME (so workers look like separate hosts that share this machine's Python and disk)
-and then runs the client's command with bash. Keys are made fresh per pod: one ed25519 host key per sshd (so pinning
-one host's key is tested against the others'), one client key (ed25519) that is the only authorized key.
+Worker i listens on 127.0.1.(10+i) (Linux routes all of 127.0.0.0/8 to loopback; past 127.0.1.249 the
+addresses go on in 127.0.2.x, 127.0.3.x, ...). Each sshd runs with a private config whose ``ForceCommand``
+goes through a wrapper that gives the worker its own HOME (so workers look like separate hosts that share this
+machine's Python and disk) and then runs the client's command with bash. Keys are made fresh per pod: one
+ed25519 host key per sshd (so pinning one host's key is tested against the others'), one client key (ed25519)
+that is the only authorized key.
 
-By default there is one sshd per worker, as the tests want (one host key each). A pod of hundreds of workers (the
-fan-out benchmark's 1,024) runs ``addresses_per_sshd`` workers per sshd instead: one sshd listens on up to 16
-addresses (OpenSSH's compile-time MAX_LISTEN_SOCKS; a 17th ListenAddress is refused), its wrapper tells them apart by
-the server address in ``$SSH_CONNECTION`` to give each its own HOME, and they share that sshd's host key (fine for a
-benchmark: the API publishes it for each of them). A TPU VM runs one sshd per host with the default ``MaxStartups
-10:30:100`` (at most 10 unauthenticated connections before it starts dropping some), so such an sshd gets that
-default times its addresses: per address the limit a real host would have, not an unlimited one. ``host_keys`` is what the fake TPU API publishes as the
-workers' guest attributes (``tpu.host_keys.update(pod.host_keys)``); ``swap_host_key(i)`` gives worker i a new key,
-as a re-imaged host or a man in the middle would, and restarts its sshd on the same address and port.
+By default there is one sshd per worker, as the tests want (one host key each). A pod of hundreds of workers
+(the fan-out benchmark's 1,024) runs ``addresses_per_sshd`` workers per sshd instead: one sshd listens on up
+to 16 addresses (OpenSSH's compile-time MAX_LISTEN_SOCKS; a 17th ListenAddress is refused), its wrapper tells
+them apart by the server address in ``$SSH_CONNECTION`` to give each its own HOME, and they share that sshd's
+host key (fine for a benchmark: the API publishes it for each of them). A TPU VM runs one sshd per host with
+the default ``MaxStartups 10:30:100`` (at most 10 unauthenticated connections before it starts dropping some),
+so such an sshd gets that default times its addresses: per address the limit a real host would have, not an
+unlimited one. ``host_keys`` is what the fake TPU API publishes as the workers' guest attributes
+(``tpu.host_keys.update(pod.host_keys)``); ``swap_host_key(i)`` gives worker i a new key, as a re-imaged host
+or a man in the middle would, and restarts its sshd on the same address and port.
 
 Needs ``openssh-server`` (``.ci/run`` installs it) and root, or at least the right to bind the port.
 """
@@ -97,25 +99,31 @@ class SshdPod:
     workers: int
     port: int = 0
     first_address: int = 10
-    """Worker i listens on 127.0.1.(first_address + i): a second pod on other addresses plays a recreated node."""
+    """Worker i listens on 127.0.1.(first_address + i): a second pod on other addresses plays a recreated
+    node."""
     user: str = field(default_factory=lambda: os.environ.get("USER") or "root")
     stock_login: bool = True
-    """True (the default): a session's shell skips the login user's ~/.bashrc (sshd sets SHLVL=1, and bash sources
-    ~/.bashrc for sshd only at level 1), as on a stock TPU VM image, whose ~/.bashrc returns at once for a
-    non-interactive shell. This machine's root runs pyenv's init there: about 0.1 CPU-second per session (the quick
-    ssh tests ran 20% faster without it) and, when two sessions rehash at once, a stray "pyenv: cannot rehash" line
-    in a worker's output (a flaky CI failure). False keeps the machine's login as it is."""
+    """True (the default): a session's shell skips the login user's ~/.bashrc (sshd sets SHLVL=1, and bash
+    sources ~/.bashrc for sshd only at level 1), as on a stock TPU VM image, whose ~/.bashrc returns at once
+    for a non-interactive shell. This machine's root runs pyenv's init there: about 0.1 CPU-second per session
+    (the quick ssh tests ran 20% faster without it) and, when two sessions rehash at once, a stray "pyenv:
+    cannot rehash" line in a worker's output (a flaky CI failure). False keeps the machine's login as it
+    is."""
     addresses_per_sshd: int = 1
-    """Workers served by one sshd (1 to 16, see the module's docstring): 1 for the tests, 16 for pods of hundreds."""
+    """Workers served by one sshd (1 to 16, see the module's docstring): 1 for the tests, 16 for pods of
+    hundreds."""
     max_startups: str | None = None
-    """sshd's ``MaxStartups`` for every sshd of the pod (e.g. ``2:100:2``: a third handshake at once is dropped before
-    the banner), to test how a fleet copes with a server turning handshakes away; None: as described above."""
+    """sshd's ``MaxStartups`` for every sshd of the pod (e.g. ``2:100:2``: a third handshake at once is
+    dropped before the banner), to test how a fleet copes with a server turning handshakes away; None: as
+    described above."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """One listener per sshd (``sshd_count``), in the order of the workers they serve."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.addresses_per_sshd <= MAX_LISTEN_ADDRESSES:
-            raise ValueError(f"addresses_per_sshd must be 1..{MAX_LISTEN_ADDRESSES} (OpenSSH's MAX_LISTEN_SOCKS)")
+            raise ValueError(
+                f"addresses_per_sshd must be 1..{MAX_LISTEN_ADDRESSES} (OpenSSH's MAX_LISTEN_SOCKS)"
+            )
 
     @property
     def addresses(self) -> list[str]:
@@ -141,14 +149,16 @@ class SshdPod:
         return self.root / f"host_key-{index // self.addresses_per_sshd}"
 
     def host_public_key(self, index: int) -> str:
-        """The OpenSSH public key line of worker ``index``'s host key, without the comment: ``ssh-ed25519 AAAA...``."""
+        """The OpenSSH public key line of worker ``index``'s host key, without the comment: ``ssh-ed25519
+        AAAA...``."""
         kind, blob = Path(f"{self.host_key(index)}.pub").read_text().split()[:2]
         return f"{kind} {blob}"
 
     @property
     def host_keys(self) -> dict[str, str]:
-        """Address -> public host key line for every worker: what ``FakeTpuServer.host_keys`` publishes. A copy, so a
-        later ``swap_host_key`` does not change what the API says (that is the mismatch to be caught)."""
+        """Address -> public host key line for every worker: what ``FakeTpuServer.host_keys`` publishes. A
+        copy, so a later ``swap_host_key`` does not change what the API says (that is the mismatch to be
+        caught)."""
         return {address: self.host_public_key(i) for i, address in enumerate(self.addresses)}
 
     def start(self, timeout: float = 30.0) -> SshdPod:
@@ -169,19 +179,24 @@ class SshdPod:
         return self
 
     def _home_lines(self, sshd: int) -> str:
-        """The wrapper's HOME: the worker's own; several workers per sshd are told apart by the address the client
-        reached (the third field of ``$SSH_CONNECTION``)."""
+        """The wrapper's HOME: the worker's own; several workers per sshd are told apart by the address the
+        client reached (the third field of ``$SSH_CONNECTION``)."""
         served = self.served_by(sshd)
         if self.addresses_per_sshd == 1:
             return f"export HOME={self.home(served[0])}"
         cases = "".join(f"  {self.addresses[i]}) export HOME={self.home(i)} ;;\n" for i in served)
-        return f'set -- $SSH_CONNECTION\ncase "$3" in\n{cases}  *) echo "no worker at $3" >&2; exit 1 ;;\nesac'
+        return (
+            f'set -- $SSH_CONNECTION\ncase "$3" in\n{cases}  *) echo "no worker at $3" >&2; exit 1 ;;\nesac'
+        )
 
     def _launch(self, sshd: int) -> subprocess.Popen[bytes]:
-        """Write sshd number ``sshd``'s config (its host key, its workers' addresses) and start its listener."""
+        """Write sshd number ``sshd``'s config (its host key, its workers' addresses) and start its
+        listener."""
         served = self.served_by(sshd)
         count = len(served)
-        limits = TEST_LIMITS if self.addresses_per_sshd == 1 else f"MaxStartups {10 * count}:30:{100 * count}\n"
+        limits = (
+            TEST_LIMITS if self.addresses_per_sshd == 1 else f"MaxStartups {10 * count}:30:{100 * count}\n"
+        )
         if self.max_startups is not None:
             limits = f"MaxStartups {self.max_startups}\n"
         config = self.root / f"sshd-{sshd}.conf"
@@ -196,12 +211,14 @@ class SshdPod:
             )
             + ("SetEnv SHLVL=1\n" if self.stock_login else "")
         )
-        return subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL, start_new_session=True
+        )
 
     def swap_host_key(self, index: int, timeout: float = 30.0) -> str:
-        """Give worker ``index`` a new host key and restart its sshd on the same address and port (its open sessions
-        end with the old listener's process group, so nothing outlives the pod). Returns the new public key line.
-        With several workers per sshd, they all get the new key."""
+        """Give worker ``index`` a new host key and restart its sshd on the same address and port (its open
+        sessions end with the old listener's process group, so nothing outlives the pod). Returns the new
+        public key line. With several workers per sshd, they all get the new key."""
         sshd = index // self.addresses_per_sshd
         old = self.processes[sshd]
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -268,9 +285,21 @@ class SshdPod:
     def ssh_argv(self, index: int, command: str) -> list[str]:
         """Plain OpenSSH client argv for worker ``index`` (what the benchmark compares tpuft with)."""
         return [
-            "ssh", "-i", str(self.client_key), "-p", str(self.port),
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            "-o", "BatchMode=yes", f"{self.user}@{self.addresses[index]}", command,
+            "ssh",
+            "-i",
+            str(self.client_key),
+            "-p",
+            str(self.port),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "BatchMode=yes",
+            f"{self.user}@{self.addresses[index]}",
+            command,
         ]
 
     def __enter__(self) -> SshdPod:
@@ -308,8 +337,8 @@ def _parents() -> dict[int, int]:
 
 
 def kill_processes_with_home_under(root: Path) -> list[int]:
-    """SIGKILL every process whose HOME is under ``root`` (a test's workers: supervisors, trainers, followers run in
-    sessions of their own and would outlive the test)."""
+    """SIGKILL every process whose HOME is under ``root`` (a test's workers: supervisors, trainers, followers
+    run in sessions of their own and would outlive the test)."""
     from tpuft.worker.supervisor.process import process_environ
 
     prefix = str(root.resolve())

@@ -2,8 +2,8 @@
 
 These tests pin down both the rig and the client behaviour the GCP provider will rely on: which exception each
 error becomes, what retries by default, how long ``operation.result()`` takes, and where state, endpoints and
-queued-resource failures live on the Python objects. Raw-HTTP tests check the wire format without the client, so
-they run even where the ``gcp`` extra is not installed; the client tests skip there.
+queued-resource failures live on the Python objects. Raw-HTTP tests check the wire format without the client,
+so they run even where the ``gcp`` extra is not installed; the client tests skip there.
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def create_ready(client: Any, node_id: str, accelerator_type: str = "v4-8", **fi
 
 def queued_multislice(queued_id: str, prefix: str, count: int, accelerator_type: str = "v5litepod-16") -> Any:
     multislice = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(node_count=count, node_id_prefix=prefix)
-    spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=PARENT, multislice_params=multislice, node=node_of(accelerator_type))
+    spec = tpu_v2.QueuedResource.Tpu.NodeSpec(
+        parent=PARENT, multislice_params=multislice, node=node_of(accelerator_type)
+    )
     return tpu_v2.QueuedResource(
         tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]),
         spot=tpu_v2.QueuedResource.Spot(),
@@ -95,7 +97,7 @@ def raw(server: FakeTpuServer, method: str, path: str, body: Any = None) -> tupl
         return error.code, json.loads(error.read())
 
 
-# ---- connection and long-running operations ---------------------------------------------------------------------
+# ---- connection and long-running operations --------------------------------------------------------------
 
 
 def test_real_client_reaches_the_fake_over_plain_http(server: FakeTpuServer, client: Any) -> None:
@@ -132,7 +134,8 @@ def test_create_node_operation_ends_with_a_ready_node(server: FakeTpuServer, cli
 
 
 def test_one_poll_operations_make_default_polling_instant(server: FakeTpuServer, client: Any) -> None:
-    """google-api-core polls first and sleeps (0..1 s, jittered) only when not done: operation_polls=1 never sleeps."""
+    """google-api-core polls first and sleeps (0..1 s, jittered) only when not done: operation_polls=1 never
+    sleeps."""
     server.operation_polls = 1
     started = time.monotonic()
     client.create_node(parent=PARENT, node_id="quick", node=node_of()).result()  # DEFAULT_POLLING
@@ -149,10 +152,19 @@ def test_result_timeout_raises_futures_timeout(server: FakeTpuServer, client: An
 @pytest.mark.parametrize(
     ("accelerator_type", "hosts"),
     [
-        ("v2-8", 1), ("v3-32", 4), ("v4-8", 1), ("v4-16", 2), ("v4-32", 4), ("v5p-16", 2), ("v5litepod-1", 1),
-        ("v5litepod-8", 1), ("v5litepod-16", 4), ("v6e-8", 1), ("v6e-64", 16),
+        ("v2-8", 1),
+        ("v3-32", 4),
+        ("v4-8", 1),
+        ("v4-16", 2),
+        ("v4-32", 4),
+        ("v5p-16", 2),
+        ("v5litepod-1", 1),
+        ("v5litepod-8", 1),
+        ("v5litepod-16", 4),
+        ("v6e-8", 1),
+        ("v6e-64", 16),
     ],
-)  # fmt: skip
+)
 def test_hosts_per_accelerator_type(accelerator_type: str, hosts: int) -> None:
     assert topology_for(accelerator_type).hosts == hosts
 
@@ -185,23 +197,29 @@ def test_worker_addresses_come_from_the_settable_pool(server: FakeTpuServer, cli
     assert addresses(first) == [("10.0.0.2", "34.0.0.2"), ("10.0.0.3", "34.0.0.3")]
     assert addresses(create_ready(client, "b")) == [("10.0.0.4", "34.0.0.4")]
     client.delete_node(name=first.name).result(polling=FAST_POLLING)
-    assert addresses(create_ready(client, "c", "v4-16"))[0][0] == "10.0.0.2"  # freed addresses come back first
+    assert (
+        addresses(create_ready(client, "c", "v4-16"))[0][0] == "10.0.0.2"
+    )  # freed addresses come back first
     server.worker_addresses = ["127.0.0.1"]  # exhausted pools are reused cyclically
     assert {e.ip_address for e in create_ready(client, "d", "v4-32").network_endpoints} == {"127.0.0.1"}
 
 
 def test_internal_only_network_has_no_access_config(client: Any) -> None:
-    """A request networkConfig without enable_external_ips (proto3 default False) gives workers no external IP."""
+    """A request networkConfig without enable_external_ips (proto3 default False) gives workers no external
+    IP."""
     node = create_ready(client, "private", network_config=tpu_v2.NetworkConfig(network="default"))
     (endpoint,) = node.network_endpoints
     assert endpoint.ip_address == "127.0.1.10" and endpoint.access_config.external_ip == ""
 
 
 def test_guest_attributes_carry_each_workers_host_keys(server: FakeTpuServer, client: Any) -> None:
-    """The real client parses GetGuestAttributes: one entry per asked worker, in the order asked, keys split into
-    key type and base64 blob like a TPU VM's guest agent publishes them; unpublished workers have no items."""
-    server.host_keys = {"127.0.1.10": "ssh-ed25519 AAAAkey0 root@w0",
-                        "127.0.1.12": "ssh-ed25519 AAAAkey2\nssh-rsa AAAArsa2"}  # fmt: skip
+    """The real client parses GetGuestAttributes: one entry per asked worker, in the order asked, keys split
+    into key type and base64 blob like a TPU VM's guest agent publishes them; unpublished workers have no
+    items."""
+    server.host_keys = {
+        "127.0.1.10": "ssh-ed25519 AAAAkey0 root@w0",
+        "127.0.1.12": "ssh-ed25519 AAAAkey2\nssh-rsa AAAArsa2",
+    }
     node = create_ready(client, "hk", "v4-32")
     request = tpu_v2.GetGuestAttributesRequest(name=node.name, query_path="hostkeys/")
     every = client.get_guest_attributes(request=request).guest_attributes
@@ -213,10 +231,15 @@ def test_guest_attributes_carry_each_workers_host_keys(server: FakeTpuServer, cl
         [],
     ]
     assert every[0].query_path == "hostkeys/"
-    request = tpu_v2.GetGuestAttributesRequest(name=node.name, query_path="hostkeys/ssh-ed25519", worker_ids=["2", "0"])
+    request = tpu_v2.GetGuestAttributesRequest(
+        name=node.name, query_path="hostkeys/ssh-ed25519", worker_ids=["2", "0"]
+    )
     picked = client.get_guest_attributes(request=request).guest_attributes
     assert [[i.value for i in entry.query_value.items] for entry in picked] == [["AAAAkey2"], ["AAAAkey0"]]
-    assert server.calls("GetGuestAttributes")[-1].body == {"queryPath": "hostkeys/ssh-ed25519", "workerIds": ["2", "0"]}
+    assert server.calls("GetGuestAttributes")[-1].body == {
+        "queryPath": "hostkeys/ssh-ed25519",
+        "workerIds": ["2", "0"],
+    }
 
     server.omit_unpublished = True
     answer = client.get_guest_attributes(request={"name": node.name, "query_path": "hostkeys/"})
@@ -232,17 +255,21 @@ def test_guest_attributes_carry_each_workers_host_keys(server: FakeTpuServer, cl
 
 
 def test_what_gcloud_tpu_vm_ssh_asks_for_worker_all(server: FakeTpuServer, client: Any) -> None:
-    """`gcloud compute tpus tpu-vm ssh --worker=all` asks for the guest attributes of workerIds [""] (every worker)
-    and reads the project from Compute Engine (benchmarks/fanout.py points gcloud's compute endpoint here)."""
+    """`gcloud compute tpus tpu-vm ssh --worker=all` asks for the guest attributes of workerIds [""] (every
+    worker) and reads the project from Compute Engine (benchmarks/fanout.py points gcloud's compute endpoint
+    here)."""
     server.host_keys = {"127.0.1.10": "ssh-ed25519 AAAAkey0", "127.0.1.11": "ssh-ed25519 AAAAkey1"}
     node = create_ready(client, "all", "v4-16")
     status, body = raw(server, "POST", f"/v2/{node.name}:getGuestAttributes", {"workerIds": [""]})
-    assert status == 200 and [e["queryValue"]["items"][0]["value"] for e in body["guestAttributes"]] == ["AAAAkey0", "AAAAkey1"]
+    assert status == 200 and [e["queryValue"]["items"][0]["value"] for e in body["guestAttributes"]] == [
+        "AAAAkey0",
+        "AAAAkey1",
+    ]
     status, body = raw(server, "GET", "/compute/v1/projects/p1")
     assert status == 200 and body["name"] == "p1" and body["commonInstanceMetadata"]["items"] == []
 
 
-# ---- reading, updating, deleting ----------------------------------------------------------------------------------
+# ---- reading, updating, deleting -------------------------------------------------------------------------
 
 
 def test_get_and_list_nodes_follow_pages(server: FakeTpuServer, client: Any) -> None:
@@ -266,7 +293,9 @@ def test_update_node_changes_only_the_masked_fields(server: FakeTpuServer, clien
     assert dict(updated.labels) == {"team": "t5"}  # in the body, but not in the mask
     assert dict(client.get_node(name=node.name).metadata) == {"startup-script": "echo hi"}
     (call,) = server.calls("UpdateNode")
-    assert call.method == "PATCH" and call.path == f"/v2/{node.name}" and call.query["updateMask"] == "metadata"
+    assert (
+        call.method == "PATCH" and call.path == f"/v2/{node.name}" and call.query["updateMask"] == "metadata"
+    )
     assert set(call.body) == {"metadata", "labels"}  # the client sends the whole Node minus its name
 
 
@@ -310,21 +339,25 @@ def test_symptoms_are_reported(server: FakeTpuServer, client: Any) -> None:
     assert symptom.symptom_type == tpu_v2.Symptom.SymptomType.HBM_OUT_OF_MEMORY and symptom.worker_id == "0"
 
 
-# ---- errors as the client raises them ----------------------------------------------------------------------------
+# ---- errors as the client raises them --------------------------------------------------------------------
 
 
 def test_creating_an_existing_node_is_conflict_not_already_exists(client: Any) -> None:
     create_ready(client, "dup")
     with pytest.raises(gexc.Conflict) as error:
         client.create_node(parent=PARENT, node_id="dup", node=node_of())
-    assert type(error.value) is gexc.Conflict  # REST maps by HTTP status: 409 -> Conflict, never AlreadyExists
+    assert (
+        type(error.value) is gexc.Conflict
+    )  # REST maps by HTTP status: 409 -> Conflict, never AlreadyExists
     assert error.value.code == 409 and "already exists" in error.value.message
     assert error.value.response.json()["error"]["status"] == "ALREADY_EXISTS"
 
 
 def test_stockout_fails_the_operation_with_resource_exhausted(server: FakeTpuServer, client: Any) -> None:
     server.fail_next_create()
-    operation = client.create_node(parent=PARENT, node_id="big", node=node_of("v4-32"))  # the call itself succeeds
+    operation = client.create_node(
+        parent=PARENT, node_id="big", node=node_of("v4-32")
+    )  # the call itself succeeds
     with pytest.raises(gexc.ResourceExhausted) as error:
         operation.result(polling=FAST_POLLING)
     assert isinstance(error.value, gexc.TooManyRequests)
@@ -397,7 +430,7 @@ def test_operations_get_and_list(client: Any) -> None:
     assert client.get_operation(request={"name": listed.name}).done
 
 
-# ---- queued resources -------------------------------------------------------------------------------------------
+# ---- queued resources ------------------------------------------------------------------------------------
 
 
 def test_queued_resource_multislice_lifecycle(server: FakeTpuServer, client: Any) -> None:
@@ -446,16 +479,18 @@ def test_queued_resource_single_node_guaranteed_with_reservation(server: FakeTpu
         reservation_name=f"projects/{PROJECT}/locations/{ZONE}/reservations/r1",
         queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(valid_until_time={"seconds": 2_000_000_000}),
     )
-    client.create_queued_resource(parent=PARENT, queued_resource_id="solo-qr", queued_resource=request).result(
-        polling=FAST_POLLING
-    )
+    client.create_queued_resource(
+        parent=PARENT, queued_resource_id="solo-qr", queued_resource=request
+    ).result(polling=FAST_POLLING)
     server.settle()
     queued = client.get_queued_resource(name=f"{PARENT}/queuedResources/solo-qr")
     assert queued.state.state == tpu_v2.QueuedResourceState.State.ACTIVE and "guaranteed" in queued
     assert queued.reservation_name.endswith("/reservations/r1")
     assert queued.queueing_policy.valid_until_time.timestamp() == 2_000_000_000
     node = client.get_node(name=f"{PARENT}/nodes/solo")
-    assert node.state == tpu_v2.Node.State.READY and node.scheduling_config.reserved and not node.multislice_node
+    assert (
+        node.state == tpu_v2.Node.State.READY and node.scheduling_config.reserved and not node.multislice_node
+    )
 
 
 def test_fail_queued_next_reports_failed_data(server: FakeTpuServer, client: Any) -> None:
@@ -479,7 +514,9 @@ def test_fail_queued_by_id_fails_an_active_one(server: FakeTpuServer, client: An
     server.settle()
     server.fail_queued("live", "maintenance ate it")
     queued = client.get_queued_resource(name=f"{PARENT}/queuedResources/live")
-    assert queued.state.state.name == "FAILED" and queued.state.failed_data.error.message == "maintenance ate it"
+    assert (
+        queued.state.state.name == "FAILED" and queued.state.failed_data.error.message == "maintenance ate it"
+    )
     assert list(client.list_nodes(parent=PARENT)) == []
 
 
@@ -502,14 +539,18 @@ def test_suspend_queued_deletes_its_nodes(server: FakeTpuServer, client: Any) ->
     server.settle()
     server.suspend_queued("sus")
     queued = client.get_queued_resource(name=f"{PARENT}/queuedResources/sus")
-    assert queued.state.state == tpu_v2.QueuedResourceState.State.SUSPENDED and "suspended_data" in queued.state
+    assert (
+        queued.state.state == tpu_v2.QueuedResourceState.State.SUSPENDED and "suspended_data" in queued.state
+    )
     assert list(client.list_nodes(parent=PARENT)) == []
 
 
-def test_a_multislice_queued_resource_loses_one_slice_and_is_recreated_whole(server: FakeTpuServer, client: Any) -> None:
-    """Each slice is its own node with its own workers and host keys; one slice preempted takes the queued resource
-    with it (SUSPENDING, then SUSPENDED with every node gone); created again, it comes back as new nodes on the
-    addresses the pool gives then."""
+def test_a_multislice_queued_resource_loses_one_slice_and_is_recreated_whole(
+    server: FakeTpuServer, client: Any
+) -> None:
+    """Each slice is its own node with its own workers and host keys; one slice preempted takes the queued
+    resource with it (SUSPENDING, then SUSPENDED with every node gone); created again, it comes back as new
+    nodes on the addresses the pool gives then."""
     server.worker_addresses = [f"127.0.2.{i}" for i in range(1, 5)]
     server.host_keys = {a: f"ssh-ed25519 AAAAkey{a.rsplit('.', 1)[1]}" for a in server.worker_addresses}
     name = f"{PARENT}/queuedResources/ms"
@@ -518,11 +559,23 @@ def test_a_multislice_queued_resource_loses_one_slice_and_is_recreated_whole(ser
     ).result(polling=FAST_POLLING)
     server.settle()
     first = [client.get_node(name=f"{PARENT}/nodes/ms-{s}") for s in range(2)]
-    assert [[e.ip_address for e in n.network_endpoints] for n in first] == [["127.0.2.1", "127.0.2.2"],
-                                                                             ["127.0.2.3", "127.0.2.4"]]
-    keys = [[entry.query_value.items[0].value for entry in client.get_guest_attributes(
-        request={"name": n.name, "query_path": "hostkeys/"}).guest_attributes] for n in first]
-    assert keys == [["AAAAkey1", "AAAAkey2"], ["AAAAkey3", "AAAAkey4"]]  # each slice answers for its own workers
+    assert [[e.ip_address for e in n.network_endpoints] for n in first] == [
+        ["127.0.2.1", "127.0.2.2"],
+        ["127.0.2.3", "127.0.2.4"],
+    ]
+    keys = [
+        [
+            entry.query_value.items[0].value
+            for entry in client.get_guest_attributes(
+                request={"name": n.name, "query_path": "hostkeys/"}
+            ).guest_attributes
+        ]
+        for n in first
+    ]
+    assert keys == [
+        ["AAAAkey1", "AAAAkey2"],
+        ["AAAAkey3", "AAAAkey4"],
+    ]  # each slice answers for its own workers
 
     server.preempt("ms-1")
     states = [client.get_node(name=n.name).state.name for n in first]
@@ -535,7 +588,8 @@ def test_a_multislice_queued_resource_loses_one_slice_and_is_recreated_whole(ser
     assert list(client.list_nodes(parent=PARENT)) == []
 
     client.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)).result(
-        polling=FAST_POLLING)
+        polling=FAST_POLLING
+    )
     server.worker_addresses = [f"127.0.3.{i}" for i in range(1, 5)]
     client.create_queued_resource(
         parent=PARENT, queued_resource_id="ms", queued_resource=queued_multislice("ms", "ms", 2, "v4-16")
@@ -548,18 +602,26 @@ def test_a_multislice_queued_resource_loses_one_slice_and_is_recreated_whole(ser
     assert [e.ip_address for n in again for e in n.network_endpoints] == server.worker_addresses
 
 
-# ---- wire format without the client ------------------------------------------------------------------------------
+# ---- wire format without the client ----------------------------------------------------------------------
 
 
 def test_errors_have_googles_json_shape(server: FakeTpuServer) -> None:
     status, body = raw(server, "GET", f"/v2/{PARENT}/nodes/missing")
     assert status == 404
     assert body == {
-        "error": {"code": 404, "message": f"Resource '{PARENT}/nodes/missing' was not found", "status": "NOT_FOUND"}
+        "error": {
+            "code": 404,
+            "message": f"Resource '{PARENT}/nodes/missing' was not found",
+            "status": "NOT_FOUND",
+        }
     }
-    status, body = raw(server, "POST", f"/v2/{PARENT}/nodes", {"acceleratorType": "v4-8", "runtimeVersion": RUNTIME})
+    status, body = raw(
+        server, "POST", f"/v2/{PARENT}/nodes", {"acceleratorType": "v4-8", "runtimeVersion": RUNTIME}
+    )
     assert (status, body["error"]["status"], body["error"]["code"]) == (400, "INVALID_ARGUMENT", 400)
-    status, body = raw(server, "POST", f"/v2/{PARENT}/nodes?nodeId=n", {"acceleratorType": "v4-8", "bogus": 1})
+    status, body = raw(
+        server, "POST", f"/v2/{PARENT}/nodes?nodeId=n", {"acceleratorType": "v4-8", "bogus": 1}
+    )
     assert status == 400 and 'Unknown name "bogus"' in body["error"]["message"]
     status, body = raw(server, "GET", f"/v2/{PARENT}/operations/operation-9")
     assert (status, body["error"]["status"]) == (404, "NOT_FOUND")

@@ -1,5 +1,6 @@
-"""The maintenance side of the rigs: the fake TPU API's upcoming maintenance, simulated maintenance event and StopNode
-(raw HTTP, as the v2alpha1 calls go on the wire), and the metadata server rig that follows it per worker."""
+"""The maintenance side of the rigs: the fake TPU API's upcoming maintenance, simulated maintenance event and
+StopNode (raw HTTP, as the v2alpha1 calls go on the wire), and the metadata server rig that follows it per
+worker."""
 
 from __future__ import annotations
 
@@ -34,8 +35,12 @@ def call(server: FakeTpuServer, method: str, path: str, body: Any = None) -> tup
 
 
 def ready_node(server: FakeTpuServer, node_id: str = "t5", accelerator: str = "v4-16") -> None:
-    status, _ = call(server, "POST", f"v2/{PARENT}/nodes?nodeId={node_id}",
-                     {"acceleratorType": accelerator, "runtimeVersion": "tpu-ubuntu2204-base"})
+    status, _ = call(
+        server,
+        "POST",
+        f"v2/{PARENT}/nodes?nodeId={node_id}",
+        {"acceleratorType": accelerator, "runtimeVersion": "tpu-ubuntu2204-base"},
+    )
     assert status == 200
     server.settle()
     assert server.node(node_id)["state"] == "READY"  # type: ignore[index]
@@ -63,7 +68,9 @@ def test_upcoming_maintenance_is_on_v2alpha1_only(server: FakeTpuServer) -> None
     assert window["type"] == "SCHEDULED" and window["maintenanceStatus"] == "PENDING"
     assert window["windowStartTime"] < window["windowEndTime"]
     assert "upcomingMaintenance" not in v2  # the v2 Node has no such field
-    assert server.calls("v2alpha1.GetNode") and not server.calls("GetNode")[1:]  # only the create's check above
+    assert (
+        server.calls("v2alpha1.GetNode") and not server.calls("GetNode")[1:]
+    )  # only the create's check above
     server.begin_maintenance("t5")
     _, alpha = call(server, "GET", f"v2alpha1/{PARENT}/nodes/t5")
     assert alpha["state"] == "REPAIRING" and alpha["upcomingMaintenance"]["maintenanceStatus"] == "ONGOING"
@@ -75,13 +82,16 @@ def test_simulate_maintenance_event_announces_on_the_first_worker(server: FakeTp
     ready_node(server)  # v4-16: two hosts
     heard: list[tuple[str, str, dict[str, Any]]] = []
     server.maintenance_listeners.append(lambda node, worker, window: heard.append((node, worker, window)))
-    status, operation = call(server, "POST", f"v2alpha1/{PARENT}/nodes/t5:simulateMaintenanceEvent",
-                             {"workerIds": ["1", "0"]})
+    status, operation = call(
+        server, "POST", f"v2alpha1/{PARENT}/nodes/t5:simulateMaintenanceEvent", {"workerIds": ["1", "0"]}
+    )
     assert status == 200 and operation["done"] and operation["metadata"]["verb"] == "simulateMaintenanceEvent"
     assert [(n, w) for n, w, _ in heard] == [("t5", "1")]
     assert heard[0][2]["type"] == "UNSCHEDULED"
     assert server.node("t5")["state"] == "READY"  # type: ignore[index]  # the notice comes first; the window later
-    status, bad = call(server, "POST", f"v2alpha1/{PARENT}/nodes/t5:simulateMaintenanceEvent", {"workerIds": ["7"]})
+    status, bad = call(
+        server, "POST", f"v2alpha1/{PARENT}/nodes/t5:simulateMaintenanceEvent", {"workerIds": ["7"]}
+    )
     assert status == 400 and "workers 0..1" in bad["error"]["message"]
     status, _ = call(server, "POST", f"v2/{PARENT}/nodes/t5:simulateMaintenanceEvent", {})
     assert status == 501  # v2 has no such call

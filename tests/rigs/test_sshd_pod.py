@@ -1,6 +1,6 @@
-"""The sshd rig's pod-scale mode (several workers per sshd, told apart by the address reached) and the SSH fleet at
-that scale in miniature: every worker its own HOME behind a shared sshd, pinned keys shared per sshd, and a worker
-that does not answer named while the others connect and run."""
+"""The sshd rig's pod-scale mode (several workers per sshd, told apart by the address reached) and the SSH
+fleet at that scale in miniature: every worker its own HOME behind a shared sshd, pinned keys shared per sshd,
+and a worker that does not answer named while the others connect and run."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.sshd_pod import SshdPod, sshd_available, worker_address
-from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
 from tpuft.core.records import Worker
+from tpuft.fleet.ssh import SshConnectError, SshFleet, SshSettings
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs openssh-server (.ci/run installs it)")
 
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    with SshdPod(tmp_path_factory.mktemp("shared-sshd"), workers=8, first_address=140, addresses_per_sshd=4) as running:
+    with SshdPod(
+        tmp_path_factory.mktemp("shared-sshd"), workers=8, first_address=140, addresses_per_sshd=4
+    ) as running:
         yield running
 
 
@@ -31,14 +33,21 @@ def pinned(pod: SshdPod, path: Path) -> Path:
 
 def fleet_for(pod: SshdPod, addresses: list[str], known_hosts: Path, **overrides: object) -> SshFleet:
     workers = [Worker(index=i, address=a) for i, a in enumerate(addresses)]
-    settings = SshSettings(user=pod.user, key_file=pod.client_key, port=pod.port, known_hosts=known_hosts,
-                           **overrides)  # type: ignore[arg-type]
+    settings = SshSettings(
+        user=pod.user, key_file=pod.client_key, port=pod.port, known_hosts=known_hosts, **overrides
+    )  # type: ignore[arg-type]
     return SshFleet(workers, settings)
 
 
 def test_addresses_go_on_past_one_block() -> None:
     assert [worker_address(i) for i in (0, 239, 240, 241, 489, 490)] == [
-        "127.0.1.10", "127.0.1.249", "127.0.2.2", "127.0.2.3", "127.0.2.251", "127.0.3.2"]
+        "127.0.1.10",
+        "127.0.1.249",
+        "127.0.2.2",
+        "127.0.2.3",
+        "127.0.2.251",
+        "127.0.3.2",
+    ]
     assert len({worker_address(i) for i in range(1024)}) == 1024
 
 
@@ -52,18 +61,29 @@ def test_workers_behind_one_sshd_are_separate_hosts(pod: SshdPod, tmp_path: Path
     lines: list[tuple[int, str]] = []
     fleet = fleet_for(pod, pod.addresses, pinned(pod, tmp_path / "known_hosts"))
     try:
-        result = fleet.run(["bash", "-c", 'echo "$HOME"'], on_line=lambda index, line: lines.append((index, line)))
+        result = fleet.run(
+            ["bash", "-c", 'echo "$HOME"'], on_line=lambda index, line: lines.append((index, line))
+        )
     finally:
         fleet.close()
     assert result.ok
     assert sorted(lines) == [(i, str(pod.home(i))) for i in range(8)]
 
 
-def test_a_worker_that_does_not_answer_is_named_while_the_others_connect(pod: SshdPod, tmp_path: Path) -> None:
+def test_a_worker_that_does_not_answer_is_named_while_the_others_connect(
+    pod: SshdPod, tmp_path: Path
+) -> None:
     dead = ["127.0.1.250", "127.0.1.251"]  # nothing listens there: every try is refused at once
     addresses = [*pod.addresses[:3], dead[0], *pod.addresses[3:6], dead[1]]
-    fleet = fleet_for(pod, addresses, pinned(pod, tmp_path / "known_hosts"), connect_attempts=3, retry_delay_s=0.3,
-                      connect_timeout_s=2, max_parallel_connects=4)
+    fleet = fleet_for(
+        pod,
+        addresses,
+        pinned(pod, tmp_path / "known_hosts"),
+        connect_attempts=3,
+        retry_delay_s=0.3,
+        connect_timeout_s=2,
+        max_parallel_connects=4,
+    )
     started = time.monotonic()
     try:
         with pytest.raises(SshConnectError) as caught:
@@ -82,11 +102,21 @@ def test_a_worker_that_does_not_answer_is_named_while_the_others_connect(pod: Ss
 
 
 def test_handshakes_an_sshd_drops_before_its_banner_are_retried_soon(tmp_path: Path) -> None:
-    """An sshd that takes 2 handshakes at once (MaxStartups 2:100:2) drops the others before its banner, as a pod's
-    sshd does past its limit: the fleet retries those after a fraction of a second, not its 30 s retry delay."""
-    with SshdPod(tmp_path / "pod", workers=8, first_address=150, addresses_per_sshd=8, max_startups="2:100:2") as pod:
-        fleet = fleet_for(pod, pod.addresses, pinned(pod, tmp_path / "known_hosts"), connect_attempts=10,
-                          retry_delay_s=30, connect_timeout_s=5, max_parallel_connects=8)
+    """An sshd that takes 2 handshakes at once (MaxStartups 2:100:2) drops the others before its banner, as a
+    pod's sshd does past its limit: the fleet retries those after a fraction of a second, not its 30 s retry
+    delay."""
+    with SshdPod(
+        tmp_path / "pod", workers=8, first_address=150, addresses_per_sshd=8, max_startups="2:100:2"
+    ) as pod:
+        fleet = fleet_for(
+            pod,
+            pod.addresses,
+            pinned(pod, tmp_path / "known_hosts"),
+            connect_attempts=10,
+            retry_delay_s=30,
+            connect_timeout_s=5,
+            max_parallel_connects=8,
+        )
         started = time.monotonic()
         try:
             assert fleet.run(["true"]).ok
@@ -112,16 +142,35 @@ print("ok" if fleet.run(["true"]).ok else "failed")
 
 
 def test_a_fleet_raises_its_own_descriptor_limit_when_the_workers_need_it(tmp_path: Path) -> None:
-    """24 workers from a process whose soft limit is 24 open files (a shell's 1,024 against a 1,024-host pod, in
-    small): the fleet raises it to the hard limit and connects them all; without that, "Too many open files"."""
+    """24 workers from a process whose soft limit is 24 open files (a shell's 1,024 against a 1,024-host pod,
+    in small): the fleet raises it to the hard limit and connects them all; without that, "Too many open
+    files"."""
     import subprocess
     import sys
 
     with SshdPod(tmp_path / "pod", workers=24, first_address=160, addresses_per_sshd=12) as pod:
-        spec = [",".join(pod.addresses), pod.user, str(pod.client_key), str(pod.port), str(pinned(pod, tmp_path / "kh"))]
-        env = {**os.environ, "USER": pod.user}  # getpass would read /etc/passwd: one more file than the limit allows
-        runs = {mode: subprocess.run([sys.executable, "-c", DESCRIPTOR_CHILD, mode, *spec], capture_output=True,
-                                     text=True, cwd=Path(__file__).resolve().parents[2], env=env)
-                for mode in ("raised", "unraised")}
-    assert runs["raised"].returncode == 0 and runs["raised"].stdout.strip() == "ok", runs["raised"].stderr[-2000:]
+        spec = [
+            ",".join(pod.addresses),
+            pod.user,
+            str(pod.client_key),
+            str(pod.port),
+            str(pinned(pod, tmp_path / "kh")),
+        ]
+        env = {
+            **os.environ,
+            "USER": pod.user,
+        }  # getpass would read /etc/passwd: one more file than the limit allows
+        runs = {
+            mode: subprocess.run(
+                [sys.executable, "-c", DESCRIPTOR_CHILD, mode, *spec],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).resolve().parents[2],
+                env=env,
+            )
+            for mode in ("raised", "unraised")
+        }
+    assert runs["raised"].returncode == 0 and runs["raised"].stdout.strip() == "ok", runs["raised"].stderr[
+        -2000:
+    ]
     assert runs["unraised"].returncode != 0 and "Too many open files" in runs["unraised"].stderr

@@ -62,7 +62,7 @@ def media_gets(emulator: GcsEmulator) -> int:
     return sum(1 for method, path in emulator.requests if method == "GET" and path.startswith("/download/"))
 
 
-# ---- buckets -------------------------------------------------------------------------------------------------------
+# ---- buckets ---------------------------------------------------------------------------------------------
 
 
 def test_ensure_bucket_creates_once(fresh: Storage) -> None:
@@ -82,7 +82,10 @@ def test_bucket_in_another_region_is_reused_with_a_warning(gcs: GcsEmulator) -> 
     assert not created
     assert warning is not None
     assert "us-east1" in warning and "us-central2" in warning and REGION_WARNING in warning
-    assert storage.ensure_bucket("US-EAST1") == (False, None)  # GCS upper-cases locations; same region, no warning
+    assert storage.ensure_bucket("US-EAST1") == (
+        False,
+        None,
+    )  # GCS upper-cases locations; same region, no warning
 
 
 def test_created_bucket_is_private(gcs: GcsEmulator) -> None:
@@ -93,7 +96,7 @@ def test_created_bucket_is_private(gcs: GcsEmulator) -> None:
     assert iam.public_access_prevention == "enforced"
 
 
-# ---- single objects ------------------------------------------------------------------------------------------------
+# ---- single objects --------------------------------------------------------------------------------------
 
 
 def test_write_read_exists_list(store: Storage) -> None:
@@ -107,7 +110,10 @@ def test_write_read_exists_list(store: Storage) -> None:
     assert not store.exists("runs/a/missing.json")
     assert not store.exists("runs/a")  # folders are not things in GCS, so not here either
     assert store.list() == ["runs/a/logs/worker-0.log", "runs/a/run.json", "runs/ab/run.json"]
-    assert store.list("runs/a") == ["runs/a/logs/worker-0.log", "runs/a/run.json"]  # a folder, not a name prefix
+    assert store.list("runs/a") == [
+        "runs/a/logs/worker-0.log",
+        "runs/a/run.json",
+    ]  # a folder, not a name prefix
     assert store.list("runs/a/") == store.list("runs/a")
     assert store.list("runs/nope") == []
     assert store.list("runs/a/run.json") == []
@@ -127,16 +133,21 @@ def test_a_conditional_write_loses_to_a_write_it_did_not_see(store: Storage) -> 
     assert store.read_versioned("runs/r/lease.json") == ("a", first)
     second = store.write_text_if("runs/r/lease.json", "c", first)
     assert second is not None and second != first
-    assert store.write_text_if("runs/r/lease.json", "d", first) is None  # a stale version: refused, nothing written
+    assert (
+        store.write_text_if("runs/r/lease.json", "d", first) is None
+    )  # a stale version: refused, nothing written
     assert store.read_text("runs/r/lease.json") == "c"
     store.write_text("runs/r/lease.json", "e")
     assert store.write_text_if("runs/r/lease.json", "f", second) is None
     assert store.read_versioned("runs/r/lease.json")[0] == "e"
-    assert store.list("runs/r") == ["runs/r/lease.json"]  # whatever the compare-and-write keeps beside it is not listed
+    assert store.list("runs/r") == [
+        "runs/r/lease.json"
+    ]  # whatever the compare-and-write keeps beside it is not listed
 
 
 def test_sizes_are_the_listing_with_each_files_size(store: Storage, tmp_path: Path) -> None:
-    """How a checkpoint's manifest is checked in one listing (tpuft/backends/base.py RunLayout.checkpoint_steps)."""
+    """How a checkpoint's manifest is checked in one listing (tpuft/backends/base.py
+    RunLayout.checkpoint_steps)."""
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(os.urandom(300_001))
     store.upload_file(weights, "runs/a/checkpoints/step_1/model.safetensors")
@@ -171,7 +182,7 @@ def test_paths_cannot_leave_the_root(store: Storage) -> None:
         store.write_text("runs/../../etc/passwd", "x")
 
 
-# ---- trees ---------------------------------------------------------------------------------------------------------
+# ---- trees -----------------------------------------------------------------------------------------------
 
 
 def test_upload_then_download_is_byte_identical_and_resumes(store: Storage, tmp_path: Path) -> None:
@@ -251,11 +262,15 @@ def test_large_files_move_in_parallel_slices(gcs: GcsEmulator, tmp_path: Path) -
     (source / "config.json").write_text("{}")
 
     assert storage.upload_tree(source, "runs/r/export/hf", workers=4) == 2
-    xml_object = f"/{BUCKET}/team/runs/r/export/hf/shards/model.safetensors"  # XML API path: only multipart parts
+    xml_object = (
+        f"/{BUCKET}/team/runs/r/export/hf/shards/model.safetensors"  # XML API path: only multipart parts
+    )
     parts = [path for method, path in gcs.requests if method == "PUT" and path == xml_object]
     assert len(parts) == 3  # 5 + 5 + 1 MiB parts
     blob = gcs.client().get_bucket(BUCKET).get_blob("team/runs/r/export/hf/shards/model.safetensors")
-    assert blob is not None and blob.size == len(big) and blob.crc32c and blob.md5_hash is None  # composite object
+    assert (
+        blob is not None and blob.size == len(big) and blob.crc32c and blob.md5_hash is None
+    )  # composite object
 
     assert storage.download_tree("runs/r/export/hf", tmp_path / "dst", workers=4) == 2
     assert (tmp_path / "dst" / "shards" / "model.safetensors").read_bytes() == big
@@ -263,10 +278,13 @@ def test_large_files_move_in_parallel_slices(gcs: GcsEmulator, tmp_path: Path) -
     assert storage.upload_tree(source, "runs/r/export/hf") == 0
 
     storage.upload_file(source / "shards" / "model.safetensors", "runs/r/copy.safetensors")
-    assert len([path for method, path in gcs.requests if method == "PUT" and path.endswith("/copy.safetensors")]) == 3
+    assert (
+        len([path for method, path in gcs.requests if method == "PUT" and path.endswith("/copy.safetensors")])
+        == 3
+    )
 
 
-# ---- runs and roots ------------------------------------------------------------------------------------------------
+# ---- runs and roots --------------------------------------------------------------------------------------
 
 
 def test_run_ids_and_run_dirs(store: Storage) -> None:
@@ -320,7 +338,7 @@ def test_local_urls_stay_local(tmp_path: Path) -> None:
     assert open_storage(str(tmp_path)) == LocalStorage(tmp_path)
 
 
-# ---- errors and start-up cost --------------------------------------------------------------------------------------
+# ---- errors and start-up cost ----------------------------------------------------------------------------
 
 
 def test_missing_bucket_names_the_object_and_the_call(gcs: GcsEmulator, tmp_path: Path) -> None:
@@ -368,17 +386,25 @@ def test_missing_credentials_say_how_to_log_in(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_opening_gcs_storage_does_not_import_google_cloud() -> None:
-    """The CLI imports tpuft.storage at start-up; google.cloud costs ~0.5 s and is only loaded once GCS is used."""
+    """The CLI imports tpuft.storage at start-up; google.cloud costs ~0.5 s and is only loaded once GCS is
+    used."""
     code = (
-        "import sys; from tpuft.storage import open_storage; s = open_storage('gs://b-1/p'); s.url; s.run_dir('x');"
-        "print(sorted(m for m in sys.modules if m.startswith(('google.cloud', 'google.auth', 'google_crc32c'))))"
+        "import sys; from tpuft.storage import open_storage; s = open_storage('gs://b-1/p'); s.url; "
+        "s.run_dir('x');"
+        "print(sorted(m for m in sys.modules if m.startswith(('google.cloud', 'google.auth', "
+        "'google_crc32c'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_remove_tree_deletes_a_folder_and_nothing_beside_it(store: Storage) -> None:
-    for name in ("out.shards/job.json", "out.shards/shard-000000/predictions-00000.jsonl", "out.shards-x/keep", "keep"):
+    for name in (
+        "out.shards/job.json",
+        "out.shards/shard-000000/predictions-00000.jsonl",
+        "out.shards-x/keep",
+        "keep",
+    ):
         store.write_text(name, "x")
     assert store.remove_tree("out.shards") == 2
     assert store.list() == ["keep", "out.shards-x/keep"]

@@ -4,10 +4,10 @@
 ``python keras_harness.py CASES.json``: CASES is a list of {"kind": ..., "recipe": path, "set": [overrides],
 "run_dir": path}, run in order in this one process (TensorFlow is imported once):
 
-* ``records``: ``RecordData.prepare`` only: the TFRecords' rows (ids, labels, weight) as the trainer wrote them, and
-  the test set's share (``keras_test.test_share``).
-* ``train``: the whole trainer (``KerasRun.run``); the model's weights (the HF model's, without the soft prompt)
-  and the soft prompt before and after, as sha256 digests; the checkpoints left.
+* ``records``: ``RecordData.prepare`` only: the TFRecords' rows (ids, labels, weight) as the trainer wrote
+  them, and the test set's share (``keras_test.test_share``).
+* ``train``: the whole trainer (``KerasRun.run``); the model's weights (the HF model's, without the soft
+  prompt) and the soft prompt before and after, as sha256 digests; the checkpoints left.
 """
 
 from __future__ import annotations
@@ -36,8 +36,14 @@ def context(run_dir: Path) -> Any:
     from tpuft.worker.context import WorkerContext
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    return WorkerContext.from_env({"TPUFT_RUN_ID": run_dir.name, "TPUFT_RUN_DIR": str(run_dir),
-                                   "TPUFT_WORKER_ID": "0", "TPUFT_NUM_WORKERS": "1"})
+    return WorkerContext.from_env(
+        {
+            "TPUFT_RUN_ID": run_dir.name,
+            "TPUFT_RUN_DIR": str(run_dir),
+            "TPUFT_WORKER_ID": "0",
+            "TPUFT_NUM_WORKERS": "1",
+        }
+    )
 
 
 def case(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -54,9 +60,13 @@ def save(folder: str, splits: dict[str, str]) -> dict[str, Any]:
     """A dataset folder (``save_to_disk`` of a DatasetDict) of JSON-lines files, one per split."""
     import datasets
 
-    rows = {name: [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-            for name, path in splits.items()}
-    datasets.DatasetDict({name: datasets.Dataset.from_list(r) for name, r in rows.items()}).save_to_disk(folder)
+    rows = {
+        name: [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        for name, path in splits.items()
+    }
+    datasets.DatasetDict({name: datasets.Dataset.from_list(r) for name, r in rows.items()}).save_to_disk(
+        folder
+    )
     return {"saved": {name: len(r) for name, r in rows.items()}}
 
 
@@ -68,20 +78,32 @@ def records(ctx: Any, recipe: Any) -> dict[str, Any]:
     from tpuft.worker.keras.testset import test_share
 
     tokenizer = data_mod.load_tokenizer(recipe.model.tokenizer)
-    data = RecordData(tf, ctx, recipe, tokenizer, classify=False, replicas=1, tpu_hosts=0, say=lambda *a, **k: None)
+    data = RecordData(
+        tf, ctx, recipe, tokenizer, classify=False, replicas=1, tpu_hosts=0, say=lambda *a, **k: None
+    )
     data.prepare()
 
     def rows(files: list[str]) -> list[list[Any]]:
         out = []
         for record in tf.data.TFRecordDataset(files):
             features = tf.train.Example.FromString(record.numpy()).features.feature
-            out.append([list(features[k].int64_list.value) for k in ("input_ids", "attention_mask", "labels")]
-                       + [list(features["weight"].float_list.value)])
+            out.append(
+                [list(features[k].int64_list.value) for k in ("input_ids", "attention_mask", "labels")]
+                + [list(features["weight"].float_list.value)]
+            )
         return out
 
-    share = test_share(recipe.data, 0, 1) if recipe.data.test or (recipe.data.hf and recipe.data.hf.test_split) else []
-    return {"train": rows(data.train_files), "eval": rows(data.eval_files), "eval_batches": data.eval_batches,
-            "test": [[r.index, r.source, r.target] for r in share]}
+    share = (
+        test_share(recipe.data, 0, 1)
+        if recipe.data.test or (recipe.data.hf and recipe.data.hf.test_split)
+        else []
+    )
+    return {
+        "train": rows(data.train_files),
+        "eval": rows(data.eval_files),
+        "eval_batches": data.eval_batches,
+        "test": [[r.index, r.source, r.target] for r in share],
+    }
 
 
 def digest(arrays: list[Any]) -> str:
@@ -101,8 +123,10 @@ def train(ctx: Any, recipe: Any) -> dict[str, Any]:
 
     def state() -> dict[str, Any]:
         prompt = getattr(hf, "prompt", None)
-        return {"model": digest([w.numpy() for w in sorted(inner.weights, key=lambda w: w.name)]),
-                "prompt": None if prompt is None else digest([prompt.numpy()])}
+        return {
+            "model": digest([w.numpy() for w in sorted(inner.weights, key=lambda w: w.name)]),
+            "prompt": None if prompt is None else digest([prompt.numpy()]),
+        }
 
     before = state()
     try:
@@ -111,18 +135,32 @@ def train(ctx: Any, recipe: Any) -> dict[str, Any]:
     finally:
         if run.loop.metrics is not None:
             run.loop.metrics.close()
-    checkpoints = sorted(p.name for p in (ctx.run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
-    return {"before": before, "after": state(), "checkpoints": checkpoints,
-            "generated": generate(ctx.run_dir, checkpoints, run.data.eval_examples[: recipe.eval.generate_examples],
-                                  recipe.data.max_target_length, recipe.model.tokenizer) if recipe.model.prompt_tuning is None else {},
-            "trainable": [v.name for v in hf.trainable_variables],
-            "samples": [[e.source, text] for e, text in getattr(run, "last_decodes", [])]}
+    checkpoints = sorted(
+        p.name for p in (ctx.run_dir / "checkpoints").iterdir() if p.name.startswith("step_")
+    )
+    return {
+        "before": before,
+        "after": state(),
+        "checkpoints": checkpoints,
+        "generated": generate(
+            ctx.run_dir,
+            checkpoints,
+            run.data.eval_examples[: recipe.eval.generate_examples],
+            recipe.data.max_target_length,
+            recipe.model.tokenizer,
+        )
+        if recipe.model.prompt_tuning is None
+        else {},
+        "trainable": [v.name for v in hf.trainable_variables],
+        "samples": [[e.source, text] for e, text in getattr(run, "last_decodes", [])],
+    }
 
 
-def generate(run_dir: Path, checkpoints: list[str], examples: list[Any], length: int,
-             tokenizer_name: str) -> dict[str, list[str]]:
-    """Each checkpoint's greedy decodes of ``examples`` by transformers' own TF ``generate`` (not tpuft's engine):
-    the test recomputes each evaluation's BLEU from them."""
+def generate(
+    run_dir: Path, checkpoints: list[str], examples: list[Any], length: int, tokenizer_name: str
+) -> dict[str, list[str]]:
+    """Each checkpoint's greedy decodes of ``examples`` by transformers' own TF ``generate`` (not tpuft's
+    engine): the test recomputes each evaluation's BLEU from them."""
     import transformers
 
     from tpuft.worker import data as data_mod

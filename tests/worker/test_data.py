@@ -21,7 +21,9 @@ def write_jsonl(path: Path, rows: list[object], blank_every: int = 0) -> Path:
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 7])
 def test_shards_are_disjoint_and_cover_the_data(tmp_path: Path, workers: int) -> None:
-    path = write_jsonl(tmp_path / "d.jsonl", [{"source": f"s{i}", "target": f"t{i}"} for i in range(101)], blank_every=10)
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"source": f"s{i}", "target": f"t{i}"} for i in range(101)], blank_every=10
+    )
     shards = [list(iter_shard(path, w, workers)) for w in range(workers)]
     seen = [e.source for shard in shards for e in shard]
     assert sorted(seen) == sorted(f"s{i}" for i in range(101))  # complete, no duplicates
@@ -31,10 +33,16 @@ def test_shards_are_disjoint_and_cover_the_data(tmp_path: Path, workers: int) ->
 
 
 def test_fields_templates_and_prefix(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "d.jsonl", [{"translation": {"s": "hello", "t": "salut"}, "q": "why", "label": 1}])
-    nested = load_shard(path, 0, 1, Fields(source_field="translation.s", target_field="translation.t", prefix="en-fr: "))
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"translation": {"s": "hello", "t": "salut"}, "q": "why", "label": 1}]
+    )
+    nested = load_shard(
+        path, 0, 1, Fields(source_field="translation.s", target_field="translation.t", prefix="en-fr: ")
+    )
     assert (nested[0].source, nested[0].target) == ("en-fr: hello", "salut")
-    templated = load_shard(path, 0, 1, Fields(source_template="question: {q} ({translation.s})", target_template="{label}"))
+    templated = load_shard(
+        path, 0, 1, Fields(source_template="question: {q} ({translation.s})", target_template="{label}")
+    )
     assert (templated[0].source, templated[0].target) == ("question: why (hello)", "1")
 
 
@@ -60,7 +68,8 @@ def test_batches_cycle_through_every_example_each_epoch(tmp_path: Path) -> None:
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_batches_started_after_consumed_examples_continue_the_stream(shuffle: bool) -> None:
     """A resumed run starts its data stream at step x local batch: it must draw exactly what the uninterrupted
-    stream draws from there, wherever that falls (mid-epoch, on an epoch boundary, in a batch that wraps one)."""
+    stream draws from there, wherever that falls (mid-epoch, on an epoch boundary, in a batch that wraps
+    one)."""
     shard = [Example(f"s{i}", f"t{i}", i + 1) for i in range(7)]
     stream = batches(shard, 3, seed=11, shuffle=shuffle)
     whole = [e for _ in range(20) for e in next(stream)]  # 60 examples: more than 8 epochs of 7
@@ -70,8 +79,12 @@ def test_batches_started_after_consumed_examples_continue_the_stream(shuffle: bo
         assert [len(b) for b in drawn] == [3] * 5
         assert [e for b in drawn for e in b] == whole[consumed : consumed + 15], consumed
     epochs = [whole[i : i + 7] for i in range(0, 56, 7)]
-    assert all(sorted(e.line for e in epoch) == list(range(1, 8)) for epoch in epochs)  # each epoch: every example
-    assert (len({tuple(epoch) for epoch in epochs}) > 1) == shuffle  # reshuffled every epoch, or the same order
+    assert all(
+        sorted(e.line for e in epoch) == list(range(1, 8)) for epoch in epochs
+    )  # each epoch: every example
+    assert (
+        len({tuple(epoch) for epoch in epochs}) > 1
+    ) == shuffle  # reshuffled every epoch, or the same order
 
 
 def test_the_worker_side_imports_nothing_from_the_cli_side() -> None:
@@ -79,8 +92,10 @@ def test_the_worker_side_imports_nothing_from_the_cli_side() -> None:
     import sys
 
     code = (
-        "import sys, tpuft.worker.__main__, tpuft.worker.data, tpuft.worker.torch_xla.train, tpuft.worker.metrics\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tpuft.cli', 'tpuft.ops', 'tpuft.providers', "
+        "import sys, tpuft.worker.__main__, tpuft.worker.data, tpuft.worker.torch_xla.train, "
+        "tpuft.worker.metrics\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tpuft.cli', 'tpuft.ops', "
+        "'tpuft.providers', "
         "'tpuft.fleet', 'typer', 'rich')))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

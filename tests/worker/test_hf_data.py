@@ -1,7 +1,8 @@
-"""tpuft.worker.hf_data: a Hugging Face dataset split over replicas x data-loader processes into disjoint parts that
-cover it, epoch after epoch in a new order, and resumed exactly from the position the chief saves (the same for every
-replica); errors located at their file and record; the JSON-lines stream behind the same API. Real ``datasets`` over
-real files in the controller's venv (the data-loader processes are spawned Python processes, not torch's)."""
+"""tpuft.worker.hf_data: a Hugging Face dataset split over replicas x data-loader processes into disjoint
+parts that cover it, epoch after epoch in a new order, and resumed exactly from the position the chief saves
+(the same for every replica); errors located at their file and record; the JSON-lines stream behind the same
+API. Real ``datasets`` over real files in the controller's venv (the data-loader processes are spawned Python
+processes, not torch's)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ import pytest
 from tpuft.config import DataConfig
 from tpuft.worker import data as data_mod
 from tpuft.worker.data import DataError
-from tpuft.worker.hf_data import has_held_out, held_out, load_eval_examples, open_train_stream, round_robin, whole_files
+from tpuft.worker.hf_data import (
+    has_held_out,
+    held_out,
+    load_eval_examples,
+    open_train_stream,
+    round_robin,
+    whole_files,
+)
 
 SIZES = [7, 3, 11, 5, 9, 4]  # uneven files, 39 examples; ids are unique over all of them
 
@@ -39,13 +47,21 @@ def ids(count: int) -> list[str]:
 
 def config(files: list[str] | dict[str, list[str]], **hf: Any) -> DataConfig:
     settings = {"path": "json", "data_files": files, "shuffle_buffer": 4, **hf}
-    return DataConfig.model_validate({"hf": settings, "source_field": "id", "target_field": "text"},
-                                     context={"check_files": False})
+    return DataConfig.model_validate(
+        {"hf": settings, "source_field": "id", "target_field": "text"}, context={"check_files": False}
+    )
 
 
-def draw(cfg: DataConfig, rank: int, world: int, count: int, batch: int = 1, position: dict | None = None,
-         ) -> tuple[list[list[str]], list[int], dict]:
-    """``count`` batches of one replica: their sources, the epoch of each batch's last example, the position."""
+def draw(
+    cfg: DataConfig,
+    rank: int,
+    world: int,
+    count: int,
+    batch: int = 1,
+    position: dict | None = None,
+) -> tuple[list[list[str]], list[int], dict]:
+    """``count`` batches of one replica: their sources, the epoch of each batch's last example, the
+    position."""
     stream = open_train_stream(cfg, rank=rank, world=world, local_batch=batch, seed=3, position=position)
     try:
         batches, epochs = [], []
@@ -67,10 +83,10 @@ LAYOUTS = {"whole-files": 6, "every-nth-example": 5, "fewer-files-than-readers":
 def test_replicas_x_loaders_cover_each_epoch_once_and_resume_exactly_from_the_chiefs_position(
     files: list[str], layout: str, world: int, loader_workers: int
 ) -> None:
-    """Every replica draws two epochs and a bit (batches of one: epochs end exactly); the union of their first epochs
-    is the split without duplicates, so is the union of their second epochs, in a new order. Then every replica is
-    reopened from the position replica 0 had after k batches, mid first epoch and later ones, and goes on with
-    exactly the batches it drew."""
+    """Every replica draws two epochs and a bit (batches of one: epochs end exactly); the union of their first
+    epochs is the split without duplicates, so is the union of their second epochs, in a new order. Then every
+    replica is reopened from the position replica 0 had after k batches, mid first epoch and later ones, and
+    goes on with exactly the batches it drew."""
     used = files[: LAYOUTS[layout]]
     total = sum(SIZES[: LAYOUTS[layout]])
     cfg = config(used, loader_workers=loader_workers)
@@ -82,7 +98,9 @@ def test_replicas_x_loaders_cover_each_epoch_once_and_resume_exactly_from_the_ch
         every = [s for batches, epochs, _ in drawn for (s,), e in zip(batches, epochs) if e == epoch]
         assert sorted(every) == sorted(ids(total)), epoch
     reshuffled = []
-    for rank, (batches, epochs, _) in enumerate(drawn):  # each replica's second epoch: its part again, reshuffled
+    for rank, (batches, epochs, _) in enumerate(
+        drawn
+    ):  # each replica's second epoch: its part again, reshuffled
         mine = [s for (s,), e in zip(batches, epochs) if e == 0]
         again = [s for (s,), e in zip(batches, epochs) if e == 1]
         assert mine and sorted(again) == sorted(mine), rank  # every replica has a share
@@ -100,7 +118,9 @@ def test_replicas_x_loaders_cover_each_epoch_once_and_resume_exactly_from_the_ch
 @pytest.mark.parametrize("loader_workers", [0, 2])
 def test_bigger_batches_straddle_epochs_and_resume_exactly(files: list[str], loader_workers: int) -> None:
     cfg = config(files[:5], loader_workers=loader_workers, shuffle_buffer=3)
-    full = draw(cfg, 1, 2, 12, batch=5)[0]  # 60 of replica 1's ~18 a epoch: three epoch boundaries, inside batches
+    full = draw(cfg, 1, 2, 12, batch=5)[
+        0
+    ]  # 60 of replica 1's ~18 a epoch: three epoch boundaries, inside batches
     for cut in (1, 4, 7, 11):
         position = draw(cfg, 1, 2, cut, batch=5)[2]
         assert position["consumed"] == 5 * cut
@@ -118,13 +138,22 @@ def test_the_order_is_a_function_of_the_seed_and_unshuffled_keeps_file_order(fil
 
 def test_loader_processes_give_the_order_of_a_reader_in_the_trainer(files: list[str]) -> None:
     """0 and 1 loader processes are both one reader per replica: the same examples in the same order."""
-    assert draw(config(files, loader_workers=0), 1, 2, 30, batch=2)[0] == draw(config(files, loader_workers=1), 1, 2, 30, batch=2)[0]
+    assert (
+        draw(config(files, loader_workers=0), 1, 2, 30, batch=2)[0]
+        == draw(config(files, loader_workers=1), 1, 2, 30, batch=2)[0]
+    )
 
 
 def test_a_changed_number_of_readers_cannot_resume_exactly(files: list[str]) -> None:
     with pytest.raises(ValueError, match="loader_workers changed"):
-        open_train_stream(config(files, loader_workers=2), rank=0, world=1, local_batch=1, seed=0,
-                          position={"consumed": 3, "readers_per_replica": 1})
+        open_train_stream(
+            config(files, loader_workers=2),
+            rank=0,
+            world=1,
+            local_batch=1,
+            seed=0,
+            position={"consumed": 3, "readers_per_replica": 1},
+        )
     with pytest.raises(ValueError, match="unrecognised data position"):
         open_train_stream(config(files), rank=0, world=1, local_batch=1, seed=0, position={"epoch": 1})
 
@@ -163,22 +192,36 @@ def odd_only(record):
 
 
 @pytest.mark.parametrize("loader_workers", [0, 2])
-def test_preprocess_transforms_and_located_errors_apply_to_hf_records(tmp_path: Path, files: list[str],
-                                                                        loader_workers: int) -> None:
+def test_preprocess_transforms_and_located_errors_apply_to_hf_records(
+    tmp_path: Path, files: list[str], loader_workers: int
+) -> None:
     hook = tmp_path / "hook.py"
     hook.write_text(HOOK)
     cfg = DataConfig.model_validate(
-        {"hf": {"path": "json", "data_files": files[:2], "loader_workers": loader_workers}, "source_field": "text",
-         "target_field": "id", "source_transforms": ["lowercase"], "target_transforms": ["strip"],
-         "preprocess": f"{hook}:odd_only", "prefix": "Q: ", "shuffle": False}, context={"check_files": False})
+        {
+            "hf": {"path": "json", "data_files": files[:2], "loader_workers": loader_workers},
+            "source_field": "text",
+            "target_field": "id",
+            "source_transforms": ["lowercase"],
+            "target_transforms": ["strip"],
+            "preprocess": f"{hook}:odd_only",
+            "prefix": "Q: ",
+            "shuffle": False,
+        },
+        context={"check_files": False},
+    )
     batches = draw(cfg, 0, 1, 5)[0]
     # unshuffled: one reader reads both files in order; two take a file each (ex0-6, ex7-9) and alternate
     order = [1, 3, 5, 7, 9] if loader_workers < 2 else [1, 7, 3, 9, 5]
     assert [b[0] for b in batches] == [f"Q: text {i}" for i in order]
-    resumed = draw(cfg, 0, 1, 3, position={"consumed": 2})[0]  # the count of a part leaves dropped records out
+    resumed = draw(cfg, 0, 1, 3, position={"consumed": 2})[
+        0
+    ]  # the count of a part leaves dropped records out
     assert resumed == batches[2:]
-    bad = DataConfig.model_validate({**cfg.model_dump(), "hf": {**cfg.hf.model_dump(), "data_files": files[2:3]}},
-                                    context={"check_files": False})
+    bad = DataConfig.model_validate(
+        {**cfg.model_dump(), "hf": {**cfg.hf.model_dump(), "data_files": files[2:3]}},
+        context={"check_files": False},
+    )
     with pytest.raises(DataError) as caught:  # ex20 is the 11th record of part-2.jsonl (ex10 .. ex20)
         draw(bad, 0, 1, 10)
     assert caught.value.where == f"hf:json[train] {files[2]}:11"
@@ -197,15 +240,27 @@ def test_every_nth_example_errors_name_the_file_and_record(files: list[str]) -> 
 
 
 def test_a_dataset_folder_is_read_in_row_ranges(tmp_path: Path, files: list[str]) -> None:
-    """save_to_disk: random access, each reader a contiguous range of rows, located by the split's row (1-based)."""
+    """save_to_disk: random access, each reader a contiguous range of rows, located by the split's row
+    (1-based)."""
     import datasets
 
     rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines()]
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
-                          "validation": datasets.Dataset.from_list(rows[:4])}).save_to_disk(str(tmp_path / "ds"))
-    cfg = DataConfig.model_validate({"hf": {"path": str(tmp_path / "ds"), "shuffle_buffer": 4, "loader_workers": 0,
-                                            "eval_split": "validation"}, "source_field": "id", "target_field": "text"},
-                                    context={"check_files": False})
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "validation": datasets.Dataset.from_list(rows[:4])}
+    ).save_to_disk(str(tmp_path / "ds"))
+    cfg = DataConfig.model_validate(
+        {
+            "hf": {
+                "path": str(tmp_path / "ds"),
+                "shuffle_buffer": 4,
+                "loader_workers": 0,
+                "eval_split": "validation",
+            },
+            "source_field": "id",
+            "target_field": "text",
+        },
+        context={"check_files": False},
+    )
     seen = []
     for rank in range(3):
         batches, epochs, _ = draw(cfg, rank, 3, 20)
@@ -218,22 +273,33 @@ def test_a_dataset_folder_is_read_in_row_ranges(tmp_path: Path, files: list[str]
 def test_eval_examples_are_shared_out_and_limited(files: list[str]) -> None:
     cfg = config({"train": files[:1], "validation": files[2:4]}, eval_split="validation")
     parts = [load_eval_examples(cfg, rank=r, world=2, limit=5) for r in (0, 1)]
-    assert [e.source for e in parts[0]] == ["ex10", "ex12", "ex14"] and [e.source for e in parts[1]] == ["ex11", "ex13"]
+    assert [e.source for e in parts[0]] == ["ex10", "ex12", "ex14"] and [e.source for e in parts[1]] == [
+        "ex11",
+        "ex13",
+    ]
     whole = [load_eval_examples(cfg, rank=r, world=3, limit=None) for r in range(3)]
     assert sorted(e.source for part in whole for e in part) == [f"ex{i}" for i in range(10, 26)]
     assert load_eval_examples(config(files[:1]), rank=0, world=1, limit=None) == []  # no eval_split
 
 
-def test_the_test_split_is_dealt_like_eval_with_each_example_s_position_as_its_id(tmp_path: Path, files: list[str]) -> None:
-    """data.hf.test_split and data.test: replica r gets the examples i % W == r, each with its 0-based place in the
-    split or file (a blank line keeps its number), so the predictions of all replicas merge back in order."""
+def test_the_test_split_is_dealt_like_eval_with_each_example_s_position_as_its_id(
+    tmp_path: Path, files: list[str]
+) -> None:
+    """data.hf.test_split and data.test: replica r gets the examples i % W == r, each with its 0-based place
+    in the split or file (a blank line keeps its number), so the predictions of all replicas merge back in
+    order."""
     cfg = config({"train": files[:1], "test": files[2:4]}, test_split="test")
     assert has_held_out(cfg, "test") and not has_held_out(cfg, "eval")
     parts = [held_out(cfg, "test", rank=r, world=2) for r in (0, 1)]
     assert [(i, e.source) for i, e in parts[1]] == [(i, f"ex{10 + i}") for i in range(1, 16, 2)]
-    assert sorted(i for part in parts for i, _ in part) == list(range(16)) and held_out(cfg, "eval", rank=0, world=1) == []
+    assert (
+        sorted(i for part in parts for i, _ in part) == list(range(16))
+        and held_out(cfg, "eval", rank=0, world=1) == []
+    )
     path = tmp_path / "test.jsonl"
-    path.write_text('{"source": "a", "target": "1"}\n\n{"source": "b", "target": "2"}\n{"source": "c", "target": "3"}\n')
+    path.write_text(
+        '{"source": "a", "target": "1"}\n\n{"source": "b", "target": "2"}\n{"source": "c", "target": "3"}\n'
+    )
     plain = DataConfig.model_validate({"train": str(path), "test": str(path)}, context={"check_files": False})
     assert [(i, e.source) for i, e in held_out(plain, "test", rank=1, world=2)] == [(2, "b")]
     assert [(i, e.source) for i, e in held_out(plain, "test", rank=0, world=2)] == [(0, "a"), (3, "c")]
@@ -241,7 +307,8 @@ def test_the_test_split_is_dealt_like_eval_with_each_example_s_position_as_its_i
 
 
 def test_an_eval_split_needs_its_own_files(files: list[str]) -> None:
-    """A list of data_files is the train split's: evaluating on it would silently measure the training data."""
+    """A list of data_files is the train split's: evaluating on it would silently measure the training
+    data."""
     with pytest.raises(ValueError, match="data_files is a list, the files of split 'train'"):
         config(files, eval_split="validation")
     with pytest.raises(ValueError, match="eval_split 'test' has no files"):
@@ -255,11 +322,19 @@ def test_the_json_lines_stream_keeps_todays_order_and_resumes_from_its_count(tmp
     path.write_text("".join(json.dumps({"source": f"s{i}", "target": "t"}) + "\n" for i in range(10)))
     eval_path = tmp_path / "eval.jsonl"
     eval_path.write_text("".join(json.dumps({"source": f"e{i}", "target": "t"}) + "\n" for i in range(7)))
-    cfg = DataConfig.model_validate({"train": str(path), "eval": str(eval_path)}, context={"check_files": False})
+    cfg = DataConfig.model_validate(
+        {"train": str(path), "eval": str(eval_path)}, context={"check_files": False}
+    )
     stream = open_train_stream(cfg, rank=1, world=2, local_batch=2, seed=5, position=None)
-    expected = data_mod.batches(data_mod.load_shard(path, 1, 2), 2, 5 + 7919 * 1)  # what the trainer did before
-    assert [[e.source for e in next(stream)] for _ in range(6)] == [[e.source for e in next(expected)] for _ in range(6)]
+    expected = data_mod.batches(
+        data_mod.load_shard(path, 1, 2), 2, 5 + 7919 * 1
+    )  # what the trainer did before
+    assert [[e.source for e in next(stream)] for _ in range(6)] == [
+        [e.source for e in next(expected)] for _ in range(6)
+    ]
     assert stream.position() == {"consumed": 12} and stream.epoch == 2  # 5 examples a epoch on this replica
     resumed = open_train_stream(cfg, rank=1, world=2, local_batch=2, seed=5, position=stream.position())
-    assert [[e.source for e in next(resumed)] for _ in range(3)] == [[e.source for e in next(stream)] for _ in range(3)]
+    assert [[e.source for e in next(resumed)] for _ in range(3)] == [
+        [e.source for e in next(stream)] for _ in range(3)
+    ]
     assert [e.source for e in load_eval_examples(cfg, rank=1, world=2, limit=5)] == ["e1", "e3"]

@@ -1,13 +1,13 @@
-"""The Keras trainer's shared keys of issue 28 that read data and decode, on the real stack (the Keras venv, one CPU
-worker, a tiny random T5), the trainer run in one process by ``tests/worker/keras_harness.py``:
+"""The Keras trainer's shared keys of issue 28 that read data and decode, on the real stack (the Keras venv,
+one CPU worker, a tiny random T5), the trainer run in one process by ``tests/worker/keras_harness.py``:
 
-* ``data.hf``: a saved dataset folder and a csv builder over data files give the TFRecords (every token, label and
-  weight), the eval set and the test set that the JSON lines of the same rows give;
+* ``data.hf``: a saved dataset folder and a csv builder over data files give the TFRecords (every token, label
+  and weight), the eval set and the test set that the JSON lines of the same rows give;
 * ``eval.generate_examples`` and ``eval.metric: bleu``: every evaluation's BLEU is the corpus BLEU of what
-  transformers' own ``generate`` decodes with that checkpoint, and keep-best keeps (and the test evaluates) the
-  checkpoint with the best BLEU, a training from ``data.hf`` throughout;
-* ``model.prompt_tuning``: only the soft prompt changes, the T5's weights stay bit-identical; the prompt is in the
-  checkpoint and beside the export.
+  transformers' own ``generate`` decodes with that checkpoint, and keep-best keeps (and the test evaluates)
+  the checkpoint with the best BLEU, a training from ``data.hf`` throughout;
+* ``model.prompt_tuning``: only the soft prompt changes, the T5's weights stay bit-identical; the prompt is in
+  the checkpoint and beside the export.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ export: {hf: false}
 def rows(count: int, seed: int) -> list[dict[str, str]]:
     """A copy task of short letter sequences: BLEU moves as a tiny model learns it."""
     rng = random.Random(seed)
-    return [{"text": " ".join(rng.choice("abcde") for _ in range(rng.randint(2, 5))), "id": str(i)} for i in range(count)]
+    return [
+        {"text": " ".join(rng.choice("abcde") for _ in range(rng.randint(2, 5))), "id": str(i)}
+        for i in range(count)
+    ]
 
 
 def write_jsonl(path: Path, items: list[dict[str, str]]) -> Path:
@@ -70,30 +73,82 @@ def results(keras_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict
     csvs = {name: str(write_csv(root / f"{name}.csv", items)) for name, items in splits.items()}
     (root / "recipe.yaml").write_text(RECIPE)
     fields = ["data.source_field=text", "data.target_field=text"]
-    hf_folder = ["data.hf.path=" + str(root / "saved"), "data.hf.eval_split=validation", "data.hf.test_split=test"]
+    hf_folder = [
+        "data.hf.path=" + str(root / "saved"),
+        "data.hf.eval_split=validation",
+        "data.hf.test_split=test",
+    ]
     cases = [
         {"kind": "save", "folder": str(root / "saved"), "splits": {k: str(v) for k, v in jsonl.items()}},
-        {"kind": "records", "run_dir": str(root / "jsonl"), "set": [*fields, f"data.train={jsonl['train']}",
-                                                                   f"data.eval={jsonl['validation']}",
-                                                                   f"data.test={jsonl['test']}"]},
+        {
+            "kind": "records",
+            "run_dir": str(root / "jsonl"),
+            "set": [
+                *fields,
+                f"data.train={jsonl['train']}",
+                f"data.eval={jsonl['validation']}",
+                f"data.test={jsonl['test']}",
+            ],
+        },
         {"kind": "records", "run_dir": str(root / "folder"), "set": [*fields, *hf_folder]},
-        {"kind": "records", "run_dir": str(root / "csv"), "set": [
-            *fields, "data.hf.path=csv", "data.hf.eval_split=validation", "data.hf.test_split=test",
-            "data.hf.data_files=" + json.dumps({k: [v] for k, v in csvs.items()})]},
-        {"kind": "train", "run_dir": str(root / "bleu"), "set": [
-            *fields, *hf_folder, "eval.metric=bleu", "eval.generate_examples=16", "train.keep_best=true",
-            "train.checkpoint_every=10", "train.keep_checkpoints=10"]},
-        {"kind": "train", "run_dir": str(root / "prompt"), "set": [
-            *fields, f"data.train={jsonl['train']}", "train.steps=6", "train.log_every=3", "eval.every=null",
-            "train.learning_rate=0.3", "model.prompt_tuning.tokens=4", "export.hf=true"]},
+        {
+            "kind": "records",
+            "run_dir": str(root / "csv"),
+            "set": [
+                *fields,
+                "data.hf.path=csv",
+                "data.hf.eval_split=validation",
+                "data.hf.test_split=test",
+                "data.hf.data_files=" + json.dumps({k: [v] for k, v in csvs.items()}),
+            ],
+        },
+        {
+            "kind": "train",
+            "run_dir": str(root / "bleu"),
+            "set": [
+                *fields,
+                *hf_folder,
+                "eval.metric=bleu",
+                "eval.generate_examples=16",
+                "train.keep_best=true",
+                "train.checkpoint_every=10",
+                "train.keep_checkpoints=10",
+            ],
+        },
+        {
+            "kind": "train",
+            "run_dir": str(root / "prompt"),
+            "set": [
+                *fields,
+                f"data.train={jsonl['train']}",
+                "train.steps=6",
+                "train.log_every=3",
+                "eval.every=null",
+                "train.learning_rate=0.3",
+                "model.prompt_tuning.tokens=4",
+                "export.hf=true",
+            ],
+        },
     ]
     for case in cases[1:]:
         case["recipe"] = str(root / "recipe.yaml")
     (root / "cases.json").write_text(json.dumps(cases))
-    out = run_in_venv(keras_python, f"import runpy, sys; sys.argv = ['h', {str(root / 'cases.json')!r}]; "
-                      f"runpy.run_path({str(HARNESS)!r}, run_name='__main__')", timeout=900)
-    return {"root": root, "splits": splits, "saved": out[0], "jsonl": out[1], "folder": out[2], "csv": out[3],
-            "bleu": out[4], "prompt": out[5]}
+    out = run_in_venv(
+        keras_python,
+        f"import runpy, sys; sys.argv = ['h', {str(root / 'cases.json')!r}]; "
+        f"runpy.run_path({str(HARNESS)!r}, run_name='__main__')",
+        timeout=900,
+    )
+    return {
+        "root": root,
+        "splits": splits,
+        "saved": out[0],
+        "jsonl": out[1],
+        "folder": out[2],
+        "csv": out[3],
+        "bleu": out[4],
+        "prompt": out[5],
+    }
 
 
 def test_data_hf_gives_the_records_of_the_same_json_lines(results: dict[str, Any]) -> None:
@@ -114,10 +169,15 @@ def test_bleu_ranks_the_checkpoints_for_keep_best(results: dict[str, Any]) -> No
     evals = {row["step"]: row for row in metrics_rows(run_dir) if "eval_bleu" in row}
     assert sorted(evals) == [10, 20, 30, 40]
     references = [row["text"] for row in results["splits"]["validation"]]
-    for step, row in evals.items():  # the trainer's decodes are transformers' greedy ones, scored by the one scorer
+    for (
+        step,
+        row,
+    ) in evals.items():  # the trainer's decodes are transformers' greedy ones, scored by the one scorer
         decoded = out["generated"][f"step_{step:08d}"]
         assert row["eval_decoded"] == 16
-        assert row["eval_bleu"] == pytest.approx(text_metrics.corpus_bleu(decoded, references), abs=1e-3), step
+        assert row["eval_bleu"] == pytest.approx(text_metrics.corpus_bleu(decoded, references), abs=1e-3), (
+            step
+        )
         assert row["eval_rouge_l"] == pytest.approx(text_metrics.rouge_l(decoded, references), abs=1e-3), step
     bleus = [evals[step]["eval_bleu"] for step in sorted(evals)]
     assert len(set(bleus)) > 1, f"BLEU did not move ({bleus}): the ranking would test nothing"

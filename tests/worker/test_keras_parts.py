@@ -1,16 +1,18 @@
-"""The Keras trainer's parts against the real stack (the Keras venv: tensorflow-cpu, tf-keras, transformers 4):
+"""The Keras trainer's parts against the real stack (the Keras venv: tensorflow-cpu, tf-keras, transformers
+4):
 
 * the learning-rate schedules in TF against ``tpuft.worker.schedule.lr_factor``, step by step;
 * truncation (head, tail, head+tail) with a real tokenizer, special tokens kept;
 * the optimizer state saved and restored by position (AdamW and Adafactor), the weight digest;
-* the train step under ``model.fit``: with steps_per_execution it gives the same weights as one step per call, and
-  the summed-gradient loss scaling gives the gradient of the global mean over replicas (2 CPU replicas of a
-  MirroredStrategy against one replica with the whole batch);
-* gradient accumulation (``train.grad_accum_steps``): one optimizer step over 4 micro-batches, or over 2 replicas x 2
-  micro-batches, gives the update of one step over the whole batch, and the optimizer counts optimizer steps;
+* the train step under ``model.fit``: with steps_per_execution it gives the same weights as one step per call,
+  and the summed-gradient loss scaling gives the gradient of the global mean over replicas (2 CPU replicas of
+  a MirroredStrategy against one replica with the whole batch);
+* gradient accumulation (``train.grad_accum_steps``): one optimizer step over 4 micro-batches, or over 2
+  replicas x 2 micro-batches, gives the update of one step over the whole batch, and the optimizer counts
+  optimizer steps;
 * eval sums: exact match with teacher forcing and token accuracy, weight-0 padding rows ignored;
-* the prediction engine (test evaluation and ``tpuft predict``): greedy and beam decodes and the classifier's argmax
-  on the device, over two replicas, as transformers computes them; the test's weight swap.
+* the prediction engine (test evaluation and ``tpuft predict``): greedy and beam decodes and the classifier's
+  argmax on the device, over two replicas, as transformers computes them; the test's weight swap.
 
 Each check runs in a subprocess of the Keras venv and prints JSON; the assertions are made here."""
 
@@ -33,10 +35,18 @@ pytestmark = pytest.mark.slow
 
 
 def run_in_venv(python: str, code: str, timeout: float = 600) -> Any:
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
-           "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([python, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env)
+    env = {
+        "PYTHONPATH": str(REPO),
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TF_USE_LEGACY_KERAS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    proc = subprocess.run(
+        [python, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -47,16 +57,39 @@ def test_keep_tokens_and_epoch_length() -> None:
     assert keep_tokens(ids, 4, "tail") == [6, 7, 8, 9]
     assert keep_tokens(ids, 5, "head+tail") == [0, 1, 2, 8, 9]
     assert keep_tokens(ids, 20, "head+tail") == ids and keep_tokens(ids, 1, "head+tail") == [0]
-    assert epoch_length(1500, 500, None) == 500 and epoch_length(1000, 400, 300) == 100 and epoch_length(90, None, None) == 90
-    row = eval_row({"loss_sum": 6.0, "tokens": 3.0, "correct": 2.0, "exact": 1.0, "examples": 2.0}, classify=False)
-    assert row == {"eval_loss": 2.0, "eval_token_accuracy": 0.666667, "eval_exact_match": 0.5, "eval_examples": 2}
-    assert eval_row({"loss_sum": 1.0, "tokens": 4.0, "correct": 3.0, "exact": 3.0, "examples": 4.0}, classify=True)[
-        "eval_accuracy"] == 0.75
+    assert (
+        epoch_length(1500, 500, None) == 500
+        and epoch_length(1000, 400, 300) == 100
+        and epoch_length(90, None, None) == 90
+    )
+    row = eval_row(
+        {"loss_sum": 6.0, "tokens": 3.0, "correct": 2.0, "exact": 1.0, "examples": 2.0}, classify=False
+    )
+    assert row == {
+        "eval_loss": 2.0,
+        "eval_token_accuracy": 0.666667,
+        "eval_exact_match": 0.5,
+        "eval_examples": 2,
+    }
+    assert (
+        eval_row(
+            {"loss_sum": 1.0, "tokens": 4.0, "correct": 3.0, "exact": 3.0, "examples": 4.0}, classify=True
+        )["eval_accuracy"]
+        == 0.75
+    )
 
 
 def test_schedules_match_the_shared_definition(keras_python: str) -> None:
-    cases = [(100, 10, "linear"), (100, 0, "linear"), (100, 10, "constant"), (100, 10, "inverse_sqrt"), (100, 10, "cosine")]
-    got = run_in_venv(keras_python, f"""
+    cases = [
+        (100, 10, "linear"),
+        (100, 0, "linear"),
+        (100, 10, "constant"),
+        (100, 10, "inverse_sqrt"),
+        (100, 10, "cosine"),
+    ]
+    got = run_in_venv(
+        keras_python,
+        f"""
         import json, tensorflow as tf
         from tpuft.worker.keras.parts import make_schedule
         out = []
@@ -64,31 +97,41 @@ def test_schedules_match_the_shared_definition(keras_python: str) -> None:
             schedule = make_schedule(tf, 2.0, steps, warmup, kind)
             out.append([float(schedule(tf.constant(k))) for k in range(steps + 5)])
         print(json.dumps(out))
-    """)
+    """,
+    )
     for (steps, warmup, kind), values in zip(cases, got):
         factor = lr_factor(steps, warmup, kind)
         assert values == pytest.approx([2.0 * factor(k) for k in range(steps + 5)], rel=1e-6, abs=1e-7), kind
 
 
 def test_head_tail_truncation_keeps_special_tokens(keras_python: str) -> None:
-    got = run_in_venv(keras_python, """
+    got = run_in_venv(
+        keras_python,
+        """
         import json
         from tpuft.worker.data import encode_texts, load_tokenizer
         tok = load_tokenizer("byt5")
         out = {mode: encode_texts(tok, ["abcdefghij", "ab"], 6, mode) for mode in ("head", "tail", "head+tail")}
         print(json.dumps({"out": out, "eos": tok.eos_token_id, "a": tok("a", add_special_tokens=False)["input_ids"][0]}))
-    """)
+    """,
+    )
     a, eos = got["a"], got["eos"]
     letters = lambda text: [a + "abcdefghij".index(c) for c in text]  # noqa: E731
     ids, masks = got["out"]["head"]
-    assert ids[0] == letters("abcde") + [eos] and ids[1] == letters("ab") + [eos, 0, 0, 0] and masks[1] == [1, 1, 1, 0, 0, 0]
+    assert (
+        ids[0] == letters("abcde") + [eos]
+        and ids[1] == letters("ab") + [eos, 0, 0, 0]
+        and masks[1] == [1, 1, 1, 0, 0, 0]
+    )
     assert got["out"]["tail"][0][0] == letters("fghij") + [eos]
     assert got["out"]["head+tail"][0][0] == letters("abcij") + [eos]
     assert got["out"]["head+tail"][0][1] == got["out"]["head"][0][1]  # a short text is not touched
 
 
 def test_optimizer_state_round_trips_and_digest(keras_python: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    got = run_in_venv(keras_python, f"""
+    got = run_in_venv(
+        keras_python,
+        f"""
         import json, numpy as np, tensorflow as tf
         from pathlib import Path
         from tpuft.worker.keras.parts import save_optimizer, restore_optimizer, weights_digest
@@ -118,17 +161,25 @@ def test_optimizer_state_round_trips_and_digest(keras_python: str, tmp_path) -> 
             other.layers[0].kernel.assign_add(tf.ones_like(other.layers[0].kernel) * 1e-3)
             out[name]["digest_changes"] = weights_digest(model) != weights_digest(other)
         print(json.dumps(out))
-    """)
+    """,
+    )
     for name, state in got.items():
-        assert state == {"same": True, "iterations": 3, "count": state["count"], "digest_equal": True,
-                         "digest_changes": True}, name
+        assert state == {
+            "same": True,
+            "iterations": 3,
+            "count": state["count"],
+            "digest_equal": True,
+            "digest_changes": True,
+        }, name
         assert state["count"] > 3
 
 
 def test_train_step_scaling_and_steps_per_execution(keras_python: str) -> None:
-    """Two CPU replicas each with half the batch take the same step as one replica with all of it (the loss of a
-    replica is its share of the global mean); running 4 steps per execution changes nothing."""
-    got = run_in_venv(keras_python, """
+    """Two CPU replicas each with half the batch take the same step as one replica with all of it (the loss of
+    a replica is its share of the global mean); running 4 steps per execution changes nothing."""
+    got = run_in_venv(
+        keras_python,
+        """
         import json, numpy as np, tensorflow as tf, transformers
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -160,18 +211,22 @@ def test_train_step_scaling_and_steps_per_execution(keras_python: str) -> None:
         diff = max(float(np.abs(a - b).max()) for a, b in zip(one, two))
         chunk_diff = max(float(np.abs(a - b).max()) for a, b in zip(two, chunked))
         print(json.dumps({"diff": diff, "chunk_diff": chunk_diff, "loss_one": loss_one, "loss_two": loss_two}))
-    """)
+    """,
+    )
     assert got["diff"] < 2e-5, got  # 2 replicas x half batch == 1 replica x whole batch
     assert got["chunk_diff"] < 1e-5, got  # float sums in another order, no more
     assert got["loss_one"] == pytest.approx(got["loss_two"], rel=1e-5)
 
 
 def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) -> None:
-    """Like PyTorch/XLA's: targets have 2 to 5 tokens, so the micro-batches count different tokens and averaging per
-    micro-batch would not give the big batch's gradient; dividing by the whole step's tokens does. SGD makes the
-    weights' change the gradient itself (times the rate); AdamW then checks that the optimizer's iterations, hence the
-    learning-rate schedule, and the logged loss count optimizer steps, not micro-batches."""
-    got = run_in_venv(keras_python, """
+    """Like PyTorch/XLA's: targets have 2 to 5 tokens, so the micro-batches count different tokens and
+    averaging per micro-batch would not give the big batch's gradient; dividing by the whole step's tokens
+    does. SGD makes the weights' change the gradient itself (times the rate); AdamW then checks that the
+    optimizer's iterations, hence the learning-rate schedule, and the logged loss count optimizer steps, not
+    micro-batches."""
+    got = run_in_venv(
+        keras_python,
+        """
         import json, types, numpy as np, tensorflow as tf, transformers
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -215,23 +270,33 @@ def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) ->
                     "iterations": [big["iterations"], run["iterations"]], "loss": [big["loss"], run["loss"]],
                     "lr": [big["lr"], run["lr"]]}
         print(json.dumps(out))
-    """)
+    """,
+    )
     for name, case in got.items():
-        print(f"\nkeras {name}: max |weight change diff| {case['diff']:.2e} (changes up to {case['scale']:.2e})")
+        print(
+            f"\nkeras {name}: max |weight change diff| {case['diff']:.2e} (changes up to {case['scale']:.2e})"
+        )
         assert case["scale"] > 0, name
-        if name.startswith("sgd"):  # the change is the gradient times the rate: float sums in another order, no more
+        if name.startswith(
+            "sgd"
+        ):  # the change is the gradient times the rate: float sums in another order, no more
             assert case["diff"] <= 1e-4 * case["scale"], (name, case)
         else:  # AdamW's first steps normalise every element: lr 1e-3 a step
             assert case["diff"] <= 1e-5, (name, case)
         steps = 1 if name.startswith("sgd") else 3
-        assert case["iterations"] == [steps, steps], (name, case)  # one optimizer step per fit step, not per micro-batch
+        assert case["iterations"] == [steps, steps], (
+            name,
+            case,
+        )  # one optimizer step per fit step, not per micro-batch
         assert case["lr"][0] == case["lr"][1], (name, case)
         big, accumulated = case["loss"]
         assert len(accumulated) == steps and accumulated == pytest.approx(big, rel=1e-5), (name, case)
 
 
 def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:
-    got = run_in_venv(keras_python, """
+    got = run_in_venv(
+        keras_python,
+        """
         import json, numpy as np, tensorflow as tf, transformers
         from tpuft.worker.keras.parts import build_trainable, eval_row
         tf.keras.utils.set_random_seed(3)
@@ -260,16 +325,20 @@ def test_eval_sums_exact_match_on_the_device(keras_python: str) -> None:
         mask = (labels != -100) & (weight[:, None] > 0)
         print(json.dumps({**eval_row(sums, classify=False), "tokens": int(mask.sum()),
                           "reference": float(((pred == labels) & mask).sum() / mask.sum())}))
-    """)
+    """,
+    )
     assert got["eval_examples"] == 5 and got["eval_exact_match"] == pytest.approx(3 / 5), got
-    assert got["tokens"] == 19 and got["eval_token_accuracy"] == pytest.approx(got["reference"], abs=1e-6), got
+    assert got["tokens"] == 19 and got["eval_token_accuracy"] == pytest.approx(got["reference"], abs=1e-6), (
+        got
+    )
     assert got["eval_token_accuracy"] < 1.0
 
 
 def test_two_workers_with_two_cpu_devices_each_are_four_replicas_in_sync(keras_python: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """``local.devices_per_worker: 2`` on a 2-worker pod (``tpuft/worker/keras/devices.py``): each worker's two
-    logical CPU devices are replicas of one MultiWorkerMirroredStrategy (TF alone would take one CPU device per
-    worker), the all-reduce spans all four, and a short ``fit`` ends with the same weights on both workers."""
+    """``local.devices_per_worker: 2`` on a 2-worker pod (``tpuft/worker/keras/devices.py``): each worker's
+    two logical CPU devices are replicas of one MultiWorkerMirroredStrategy (TF alone would take one CPU
+    device per worker), the all-reduce spans all four, and a short ``fit`` ends with the same weights on both
+    workers."""
     from tpuft.core.ports import free_port
 
     peers = json.dumps([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])
@@ -293,10 +362,24 @@ def test_two_workers_with_two_cpu_devices_each_are_four_replicas_in_sync(keras_p
         print(json.dumps({{"replicas": strategy.num_replicas_in_sync, "local": len(strategy.extended.worker_devices),
                           "sum": total, "weights": [float(w) for w in model.get_weights()[0].ravel()]}}))
     """)
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "TF_USE_LEGACY_KERAS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    procs = [subprocess.Popen([keras_python, "-c", code, str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for i in range(2)]
+    env = {
+        "PYTHONPATH": str(REPO),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TF_USE_LEGACY_KERAS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    procs = [
+        subprocess.Popen(
+            [keras_python, "-c", code, str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
     outs = [proc.communicate(timeout=300) for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), "\n".join(err[-3000:] for _, err in outs)
     first, second = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
@@ -306,13 +389,15 @@ def test_two_workers_with_two_cpu_devices_each_are_four_replicas_in_sync(keras_p
 
 
 def test_the_prediction_engine_decodes_and_classifies_on_the_device(keras_python: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """``keras_predict.KerasEngine`` (the test evaluation's and ``tpuft predict``'s) under a MirroredStrategy of two
-    CPU devices, with a batch that does not fill its static size: the greedy decodes on the device equal
-    transformers' own greedy ``generate`` row for row (so the rows come back in order from both replicas), beam
-    search equals ``generate``'s with the same beams, and the classifier's argmax on the device gives the label of
-    the host's argmax. Then the test evaluation's weight swap: a checkpoint's weights loaded into the model by name
-    (``keras_test.swap_in``), the last ones put back."""
-    got = run_in_venv(keras_python, f"""
+    """``keras_predict.KerasEngine`` (the test evaluation's and ``tpuft predict``'s) under a MirroredStrategy
+    of two CPU devices, with a batch that does not fill its static size: the greedy decodes on the device
+    equal transformers' own greedy ``generate`` row for row (so the rows come back in order from both
+    replicas), beam search equals ``generate``'s with the same beams, and the classifier's argmax on the
+    device gives the label of the host's argmax. Then the test evaluation's weight swap: a checkpoint's
+    weights loaded into the model by name (``keras_test.swap_in``), the last ones put back."""
+    got = run_in_venv(
+        keras_python,
+        f"""
         import json, types, numpy as np, tensorflow as tf, transformers
         from pathlib import Path
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
@@ -364,7 +449,8 @@ def test_the_prediction_engine_decodes_and_classifies_on_the_device(keras_python
             variable.assign(value)
         out["swap"] = [saved != changed, loaded == saved, weights_digest(t5) == changed]
         print(json.dumps(out))
-    """)
+    """,
+    )
     greedy, reference, batch = got["beams1"]
     assert batch == 4 and greedy == reference and len(greedy) == 6 and len(set(greedy)) > 2, got
     assert got["beams2"][0] == got["beams2"][1], got

@@ -1,15 +1,16 @@
-"""The shared training keys on the Keras backend, the way the PyTorch/XLA feature tests test them, in one process of
-the Keras venv on a tiny random T5 (and one of the torch venv for Adafactor's reference):
+"""The shared training keys on the Keras backend, the way the PyTorch/XLA feature tests test them, in one
+process of the Keras venv on a tiny random T5 (and one of the torch venv for Adafactor's reference):
 
-* ``train.precision: bf16``: the mixed_bfloat16 policy: the blocks and the output layer compute in bfloat16, the
-  weights stay float32, and gradient accumulation under it still gives the big batch's step (within bfloat16's
-  precision);
+* ``train.precision: bf16``: the mixed_bfloat16 policy: the blocks and the output layer compute in bfloat16,
+  the weights stay float32, and gradient accumulation under it still gives the big batch's step (within
+  bfloat16's precision);
 * ``train.label_smoothing``: the train step's loss is the smoothed cross-entropy computed by hand in NumPy;
 * ``train.adafactor``: the Keras Adafactor (``tpuft/worker/keras/adafactor.py``) takes the steps transformers'
   torch Adafactor takes on the same weights and gradients, knob by knob;
 * ``model.freeze``: a frozen part is bit-identical after training while the rest changed;
-* ``model.gradient_checkpointing``: the blocks really recompute (twice the block calls), with the same loss and
-  gradients as without, dropout included (its masks are replayed), and it trains under a 2-replica strategy.
+* ``model.gradient_checkpointing``: the blocks really recompute (twice the block calls), with the same loss
+  and gradients as without, dropout included (its masks are replayed), and it trains under a 2-replica
+  strategy.
 
 Plus the recipe's side: the capabilities and the located refusals of what the Keras engine cannot do."""
 
@@ -36,23 +37,38 @@ ADAFACTOR_CASES = [
 """Knobs of ``train.adafactor`` (and the weight decay), each run 3 steps on a 3x4 matrix and a 4-vector."""
 
 ADAFACTOR_DATA = {
-    "weights": [[[0.3, -0.2, 0.5, 0.1], [0.0, 0.4, -0.6, 0.2], [0.25, -0.05, 0.15, -0.35]], [0.1, -0.2, 0.3, 0.05]],
-    "grads": [[[[0.2, -0.1, 0.05, 0.3], [-0.4, 0.02, 0.1, 0.0], [0.07, 0.5, -0.2, 0.1]], [0.3, -0.1, 0.0, 0.2]],
-              [[[-0.1, 0.3, 0.2, -0.05], [0.1, 0.1, -0.3, 0.4], [0.2, -0.2, 0.0, 0.06]], [-0.2, 0.4, 0.1, 0.0]],
-              [[[0.05, 0.05, -0.1, 0.2], [0.3, -0.2, 0.1, 0.1], [-0.1, 0.0, 0.4, -0.3]], [0.1, 0.1, -0.3, 0.2]]],
+    "weights": [
+        [[0.3, -0.2, 0.5, 0.1], [0.0, 0.4, -0.6, 0.2], [0.25, -0.05, 0.15, -0.35]],
+        [0.1, -0.2, 0.3, 0.05],
+    ],
+    "grads": [
+        [[[0.2, -0.1, 0.05, 0.3], [-0.4, 0.02, 0.1, 0.0], [0.07, 0.5, -0.2, 0.1]], [0.3, -0.1, 0.0, 0.2]],
+        [[[-0.1, 0.3, 0.2, -0.05], [0.1, 0.1, -0.3, 0.4], [0.2, -0.2, 0.0, 0.06]], [-0.2, 0.4, 0.1, 0.0]],
+        [[[0.05, 0.05, -0.1, 0.2], [0.3, -0.2, 0.1, 0.1], [-0.1, 0.0, 0.4, -0.3]], [0.1, 0.1, -0.3, 0.2]],
+    ],
 }
 
 
 def _knobs(case: dict[str, Any]) -> dict[str, Any]:
-    defaults = {"eps": [1e-30, 1e-3], "clip_threshold": 1.0, "decay_rate": -0.8, "beta1": None,
-                "scale_parameter": False, "relative_step": False, "warmup_init": False, "weight_decay": 0.0}
+    defaults = {
+        "eps": [1e-30, 1e-3],
+        "clip_threshold": 1.0,
+        "decay_rate": -0.8,
+        "beta1": None,
+        "scale_parameter": False,
+        "relative_step": False,
+        "warmup_init": False,
+        "weight_decay": 0.0,
+    }
     return {**defaults, **case}
 
 
 @pytest.mark.slow
 def test_keras_adafactor_takes_transformers_steps(keras_python: str, torch_python: str) -> None:
     cases = [_knobs(case) for case in ADAFACTOR_CASES]
-    keras = run_in_venv(keras_python, f"""
+    keras = run_in_venv(
+        keras_python,
+        f"""
         import json, types, numpy as np, tensorflow as tf
         from tpuft.worker.keras.adafactor import make_optimizer
         data, out = {ADAFACTOR_DATA!r}, []
@@ -65,8 +81,11 @@ def test_keras_adafactor_takes_transformers_steps(keras_python: str, torch_pytho
                 opt.apply_gradients(zip([tf.constant(g, tf.float32) for g in grads], w))
             out.append([v.numpy().tolist() for v in w])
         print(json.dumps(out))
-    """)
-    torch_out = _run(torch_python, f"""
+    """,
+    )
+    torch_out = _run(
+        torch_python,
+        f"""
         import json, torch
         from transformers.optimization import Adafactor
         data, out = {ADAFACTOR_DATA!r}, []
@@ -81,7 +100,8 @@ def test_keras_adafactor_takes_transformers_steps(keras_python: str, torch_pytho
                 opt.step()
             out.append([p.detach().tolist() for p in w])
         print(json.dumps(out))
-    """)
+    """,
+    )
     import numpy as np
 
     for case, got, want in zip(ADAFACTOR_CASES, keras, torch_out):
@@ -92,19 +112,28 @@ def test_keras_adafactor_takes_transformers_steps(keras_python: str, torch_pytho
 
 
 def _run(python: str, code: str) -> Any:
-    proc = subprocess.run([python, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
+    proc = subprocess.run(
+        [python, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-TINY_T5 = ("vocab_size=48, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=2, decoder_start_token_id=0, "
-           "tie_word_embeddings=False")  # an lm_head of its own, as T5 v1.1 has
+TINY_T5 = (
+    "vocab_size=48, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=2, decoder_start_token_id=0, "
+    "tie_word_embeddings=False"
+)  # an lm_head of its own, as T5 v1.1 has
 
 
 @pytest.mark.slow
 def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python: str) -> None:
-    got = run_in_venv(keras_python, f"""
+    got = run_in_venv(
+        keras_python,
+        f"""
         import json, types, numpy as np, tensorflow as tf, transformers
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -212,11 +241,14 @@ def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python:
         _, _, ckpt, _ = trained(checkpointed, lambda: tf.keras.optimizers.AdamW(1e-2), 2, devices=two)
         out["ckpt_fit"] = max(float(np.abs(a - b).max()) for a, b in zip(plain.values(), ckpt.values()))
         print(json.dumps(out))
-    """)
+    """,
+    )
     fit_loss, smoothed, plain = got["smoothing"]
     assert fit_loss == pytest.approx(smoothed, rel=1e-5) and abs(smoothed - plain) > 1e-3, got["smoothing"]
 
-    def short(names: list[str]) -> list[str]:  # without the model's instance name (tft5_for_conditional_generation_3/)
+    def short(
+        names: list[str],
+    ) -> list[str]:  # without the model's instance name (tft5_for_conditional_generation_3/)
         return [name.split("/", 1)[1] if name.startswith("tft5") else name for name in names]
 
     frozen, same, total = got["encoder"]
@@ -227,44 +259,63 @@ def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python:
     assert same == frozen and {"shared/shared/embeddings:0", "lm_head/kernel:0"} <= set(short(frozen)), frozen
     assert not any(name.startswith("encoder") for name in short(frozen)) and total - len(frozen) > 5
 
-    # the blocks and the output layer compute in bfloat16; transformers casts the logits to float32 (for the loss)
+    # the blocks and the output layer compute in bfloat16; transformers casts the logits to float32 (for the
+    # loss)
     assert got["bf16"] == ["mixed_bfloat16", "bfloat16", "bfloat16", "float32", ["float32"]], got["bf16"]
     accumulated, rounding = got["bf16_accum"]
-    print(f"\nkeras bf16: accum4 vs big batch step {accumulated:.2e} (relative), bf16 vs float32 step {rounding:.2e}")
+    print(
+        f"\nkeras bf16: accum4 vs big batch step {accumulated:.2e} (relative), bf16 vs float32 step "
+        f"{rounding:.2e}"
+    )
     assert 0 < rounding < 0.15 and accumulated <= 2 * rounding, got["bf16_accum"]  # as close as bf16 gets
 
     for name in ("ckpt", "ckpt_dropout"):
         loss_ref, loss_ckpt, calls_ref, calls_ckpt = got[name][:4]
         assert loss_ref == loss_ckpt and got[name][4] <= 1e-6, (name, got[name])
-        assert (calls_ref, calls_ckpt) == (4, 8), (name, got[name])  # 4 blocks, each run again in the backward pass
+        assert (calls_ref, calls_ckpt) == (4, 8), (
+            name,
+            got[name],
+        )  # 4 blocks, each run again in the backward pass
     assert got["ckpt_fit"] <= 1e-5, got["ckpt_fit"]
 
 
 def test_the_recipe_side_of_the_keras_training_keys(recipe_dir: Path) -> None:
     from tpuft.backends.keras_schema import CAPABILITIES, KerasBackend
-    from tpuft.core.errors import ConfigError
     from tpuft.config import load_recipe
+    from tpuft.core.errors import ConfigError
 
-    for key in (("train", "precision"), ("train", "label_smoothing"), ("train", "adafactor"), ("model", "freeze"),
-                ("model", "gradient_checkpointing")):
+    for key in (
+        ("train", "precision"),
+        ("train", "label_smoothing"),
+        ("train", "adafactor"),
+        ("model", "freeze"),
+        ("model", "gradient_checkpointing"),
+    ):
         assert key in CAPABILITIES.keys
     assert "fsdp" in (CAPABILITIES.reason(("train", "sharding")) or "")
     backend = KerasBackend()
-    assert backend.policy("bf16", tpu=False) == "mixed_bfloat16" and backend.policy("float32", tpu=False) == "float32"
+    assert (
+        backend.policy("bf16", tpu=False) == "mixed_bfloat16"
+        and backend.policy("float32", tpu=False) == "float32"
+    )
     assert backend.policy("float32", tpu=True) == "mixed_bfloat16"
     assert KerasBackend(precision="float32").policy("float32", tpu=True) == "float32"
 
     recipe = recipe_dir / "keras.yaml"
-    recipe.write_text(textwrap.dedent("""
+    recipe.write_text(
+        textwrap.dedent("""
         name: k
         backend: {kind: keras, precision: float32}
         model: {config: {d_model: 16, num_layers: 1, num_heads: 2, d_kv: 8, d_ff: 32}}
         data: {train: train.jsonl}
         train: {steps: 2, precision: bf16, sharding: fsdp}
-    """))
+    """)
+    )
     (recipe_dir / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
     with pytest.raises(ConfigError) as raised:
         load_recipe(recipe)
     text = str(raised.value)
     assert "keras.yaml:3: backend.precision: float32 contradicts train.precision: bf16" in text, text
-    assert "keras.yaml:6: train.sharding: not supported by the keras backend: fsdp shards parameters" in text, text
+    assert (
+        "keras.yaml:6: train.sharding: not supported by the keras backend: fsdp shards parameters" in text
+    ), text

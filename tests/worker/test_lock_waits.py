@@ -1,6 +1,6 @@
-"""A worker kept waiting on a lock says whom it waits for: the worker lock (two supervisors' ``check``/``start``) and
-the venv build lock (workers sharing a disk). Real processes and real ``flock``; the holder's name is what it wrote
-into the lock file."""
+"""A worker kept waiting on a lock says whom it waits for: the worker lock (two supervisors'
+``check``/``start``) and the venv build lock (workers sharing a disk). Real processes and real ``flock``; the
+holder's name is what it wrote into the lock file."""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ from pathlib import Path
 
 from tpuft.worker import bootstrap
 
-HOLD = "from tpuft.worker.supervisor.host_state import worker_lock\nimport time\nwith worker_lock():\n    print('held', flush=True)\n    time.sleep(60)\n"
-TAKE = "from tpuft.worker.supervisor.host_state import worker_lock\nwith worker_lock():\n    print('got it', flush=True)\n"
+HOLD = (
+    "from tpuft.worker.supervisor.host_state import worker_lock\nimport time\nwith worker_lock():\n    "
+    "print('held', flush=True)\n    time.sleep(60)\n"
+)
+TAKE = (
+    "from tpuft.worker.supervisor.host_state import worker_lock\nwith worker_lock():\n    print('got it', "
+    "flush=True)\n"
+)
 
 
 class Lines:
@@ -48,8 +54,9 @@ def test_a_process_waiting_for_the_worker_lock_names_its_holder(tmp_path: Path) 
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         started = time.monotonic()
-        taker = subprocess.Popen([sys.executable, "-c", TAKE], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+        taker = subprocess.Popen(
+            [sys.executable, "-c", TAKE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         err = Lines(taker.stderr)
         seen, line = err.wait_for("waiting for this worker's lock", 10)
         assert f"held by another tpuft process: pid {holder.pid} (-c)" in line and "s so far)" in line, line
@@ -58,7 +65,9 @@ def test_a_process_waiting_for_the_worker_lock_names_its_holder(tmp_path: Path) 
         holder.wait()
         assert taker.wait(timeout=10) == 0 and taker.stdout is not None
         err.thread.join(5)
-        assert taker.stdout.read() == "got it\n" and err.lines[-1][1].startswith("done: this worker's lock"), err.lines
+        assert taker.stdout.read() == "got it\n" and err.lines[-1][1].startswith(
+            "done: this worker's lock"
+        ), err.lines
     finally:
         for process in (holder, taker):
             if process is not None and process.poll() is None:
@@ -74,8 +83,12 @@ def test_a_worker_waiting_for_another_ones_venv_build_says_so_and_how_long(tmp_p
         lock.write("pid 4242 on worker-0, since 12:00:00\n")
         lock.flush()
         env = {**os.environ, "TPUFT_WAIT_EVERY_S": "0.5"}
-        waiter = subprocess.Popen([sys.executable, bootstrap.__file__, "--cache", str(tmp_path), "--spec", json.dumps(spec)],
-                                  env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        waiter = subprocess.Popen(
+            [sys.executable, bootstrap.__file__, "--cache", str(tmp_path), "--spec", json.dumps(spec)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             out = Lines(waiter.stdout)
             _, first = out.wait_for("another tpuft process is building this venv", 10)

@@ -1,6 +1,6 @@
-"""The shared run skeleton (``tpuft.worker.loop``) with plain Python hooks, no backend venv: the cadence of rows,
-evaluations and checkpoints, the progress line, keep-best and early stopping, resume, the test evaluation (once per
-run), the final export and heartbeat."""
+"""The shared run skeleton (``tpuft.worker.loop``) with plain Python hooks, no backend venv: the cadence of
+rows, evaluations and checkpoints, the progress line, keep-best and early stopping, resume, the test
+evaluation (once per run), the final export and heartbeat."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tpuft.run import rundir
 from tpuft.backends.base import RunLayout
+from tpuft.run import rundir
 from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.loop import RunLoop, progress_line, steps_to_keep
@@ -21,15 +21,31 @@ from tpuft.worker.loop import RunLoop, progress_line, steps_to_keep
 LAYOUT = RunLayout(manifest="manifest.json")
 
 
-def recipe(*, steps: int = 10, log_every: int = 4, eval_every: int | None = 5, checkpoint_every: int | None = 3,
-           keep_checkpoints: int = 10, keep_best: bool = False, patience: int | None = None,
-           min_delta: float = 0.0, export: bool = True) -> Any:
+def recipe(
+    *,
+    steps: int = 10,
+    log_every: int = 4,
+    eval_every: int | None = 5,
+    checkpoint_every: int | None = 3,
+    keep_checkpoints: int = 10,
+    keep_best: bool = False,
+    patience: int | None = None,
+    min_delta: float = 0.0,
+    export: bool = True,
+) -> Any:
     stopping = SimpleNamespace(patience=patience, min_delta=min_delta) if patience is not None else None
     return SimpleNamespace(
         name="fake",
         model=SimpleNamespace(tokenizer="t5-small"),
-        train=SimpleNamespace(steps=steps, log_every=log_every, batch_size=8, checkpoint_every=checkpoint_every,
-                              keep_checkpoints=keep_checkpoints, keep_best=keep_best, early_stopping=stopping),
+        train=SimpleNamespace(
+            steps=steps,
+            log_every=log_every,
+            batch_size=8,
+            checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints,
+            keep_best=keep_best,
+            early_stopping=stopping,
+        ),
         eval=SimpleNamespace(every=eval_every, metric=None),
         export=SimpleNamespace(hf=export),
         data=SimpleNamespace(test="test.jsonl"),
@@ -37,7 +53,8 @@ def recipe(*, steps: int = 10, log_every: int = 4, eval_every: int | None = 5, c
 
 
 class Hooks:
-    """A trainer of plain numbers: the loss of step k is 1/(k+1); ``scores`` gives each evaluation's exact match."""
+    """A trainer of plain numbers: the loss of step k is 1/(k+1); ``scores`` gives each evaluation's exact
+    match."""
 
     def __init__(self, loop: RunLoop, scores: dict[int, float] | None = None, warm_up: int = 1) -> None:
         self.loop, self.scores, self.warm_up = loop, scores or {}, warm_up
@@ -60,8 +77,12 @@ class Hooks:
 
     def evaluate(self) -> dict[str, Any]:
         self.calls.append(("evaluate", self.loop.step))
-        return {"eval_loss": 0.5, "eval_token_accuracy": 0.75,
-                "eval_exact_match": self.scores.get(self.loop.step, 0.25), "eval_examples": 16}
+        return {
+            "eval_loss": 0.5,
+            "eval_token_accuracy": 0.75,
+            "eval_exact_match": self.scores.get(self.loop.step, 0.25),
+            "eval_examples": 16,
+        }
 
     def save(self, step: int) -> Path | None:
         self.calls.append(("save", step))
@@ -70,7 +91,9 @@ class Hooks:
             folder.mkdir(parents=True)
             (folder / "weights.txt").write_text(f"weights at {step}\n")
 
-        return self.loop.save_checkpoint(step, write, backend="plain", replicas=1, state={"data_position": step})
+        return self.loop.save_checkpoint(
+            step, write, backend="plain", replicas=1, state={"data_position": step}
+        )
 
     def digest(self) -> str:
         return "d1gest"
@@ -87,8 +110,14 @@ class Hooks:
 
 
 def context(run_dir: Path, worker: int = 0) -> WorkerContext:
-    return WorkerContext(run_id=run_dir.name, run_dir=run_dir, worker_id=worker, num_workers=1, coordinator="",
-                         run_url=str(run_dir))
+    return WorkerContext(
+        run_id=run_dir.name,
+        run_dir=run_dir,
+        worker_id=worker,
+        num_workers=1,
+        coordinator="",
+        run_url=str(run_dir),
+    )
 
 
 def start(run_dir: Path, cfg: Any, *, chief: bool = True, worker: int = 0) -> RunLoop:
@@ -113,25 +142,44 @@ def kept(run_dir: Path) -> list[str]:
 
 
 def test_the_progress_line_is_the_same_for_every_backend() -> None:
-    assert progress_line(7, 100, 1.23456, 0.001, 12.345, 678.9) == \
-        "step 7/100 loss 1.2346 lr 1.00e-03 12.3 ex/s 679 tok/s"
+    assert (
+        progress_line(7, 100, 1.23456, 0.001, 12.345, 678.9)
+        == "step 7/100 loss 1.2346 lr 1.00e-03 12.3 ex/s 679 tok/s"
+    )
 
 
-def test_rows_evaluations_and_checkpoints_come_at_their_cadence(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rows_evaluations_and_checkpoints_come_at_their_cadence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
     loop = start(run_dir, recipe())
     hooks = Hooks(loop)
     loop_mod.run(loop, hooks)
     assert hooks.named("step") == list(range(10))
-    assert hooks.named("evaluate") == [5, 10]  # eval.every, and the final one (never eval.every at the last step)
-    assert hooks.named("save") == [3, 6, 9, 10]  # checkpoint_every below the last step, then the final checkpoint
+    assert hooks.named("evaluate") == [
+        5,
+        10,
+    ]  # eval.every, and the final one (never eval.every at the last step)
+    assert hooks.named("save") == [
+        3,
+        6,
+        9,
+        10,
+    ]  # checkpoint_every below the last step, then the final checkpoint
     assert hooks.named("export") == ["step_00000010"]
     logged = rows(run_dir)
     train_rows = [r for r in logged if "loss" in r]
     assert [r["step"] for r in train_rows] == [4, 8, 10]  # log_every, and the last step
-    assert list(train_rows[0])[:7] == ["step", "time", "loss", "lr", "examples_per_s", "tokens_per_s", "elapsed_s"]
+    assert list(train_rows[0])[:7] == [
+        "step",
+        "time",
+        "loss",
+        "lr",
+        "examples_per_s",
+        "tokens_per_s",
+        "elapsed_s",
+    ]
     assert train_rows[0]["loss"] == round(sum(1 / (k + 1) for k in range(4)) / 4, 6)
     assert "first_step_s" in train_rows[0] and all("first_step_s" not in r for r in train_rows[1:])
     eval_rows = [r for r in logged if "eval_loss" in r]
@@ -146,17 +194,29 @@ def test_rows_evaluations_and_checkpoints_come_at_their_cadence(tmp_path: Path, 
     assert {"best", "bad_evals", "stopped_early", "elapsed_s", "replicas"} <= set(state)
     beat = heartbeat(run_dir)
     assert beat["status"] == "finished" and beat["step"] == 10 and beat["params_sha256"] == "d1gest"
-    assert beat["eval_exact_match"] == 0.25 and beat["loss"] == train_rows[-1]["loss"] and "stopped_early" not in beat
+    assert (
+        beat["eval_exact_match"] == 0.25
+        and beat["loss"] == train_rows[-1]["loss"]
+        and "stopped_early" not in beat
+    )
 
 
-def test_keep_best_early_stopping_and_the_export_of_the_best(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first evaluation is the best; two without an improvement stop training there, without a final eval; the
-    best checkpoint stays besides the last one and is the one exported."""
+def test_keep_best_early_stopping_and_the_export_of_the_best(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first evaluation is the best; two without an improvement stop training there, without a final eval;
+    the best checkpoint stays besides the last one and is the one exported."""
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
-    cfg = recipe(steps=100, log_every=2, eval_every=2, checkpoint_every=None, keep_checkpoints=1, keep_best=True,
-                 patience=2)
+    cfg = recipe(
+        steps=100,
+        log_every=2,
+        eval_every=2,
+        checkpoint_every=None,
+        keep_checkpoints=1,
+        keep_best=True,
+        patience=2,
+    )
     loop = start(run_dir, cfg)
     hooks = Hooks(loop, scores={2: 0.5, 4: 0.4, 6: 0.45})
     loop_mod.run(loop, hooks)
@@ -174,9 +234,9 @@ def test_keep_best_early_stopping_and_the_export_of_the_best(tmp_path: Path, cap
     assert beat["stopped_early"] == loop.stopped_early and beat["eval_exact_match"] == 0.45
 
 
-def test_a_resumed_run_starts_at_its_checkpoint_and_forgets_later_rows(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str],
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resumed_run_starts_at_its_checkpoint_and_forgets_later_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
     cfg = recipe(steps=10, log_every=1, eval_every=None, checkpoint_every=4)
@@ -198,8 +258,9 @@ def test_a_resumed_run_starts_at_its_checkpoint_and_forgets_later_rows(tmp_path:
     assert kept(run_dir) == ["step_00000004", "step_00000008", "step_00000010"]
 
 
-def test_a_run_resumed_after_an_early_stop_trains_no_more(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_resumed_after_an_early_stop_trains_no_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
     cfg = recipe(steps=100, log_every=2, eval_every=2, checkpoint_every=None, patience=1, min_delta=0.5)
@@ -209,11 +270,17 @@ def test_a_run_resumed_after_an_early_stop_trains_no_more(tmp_path: Path, capsys
     again = start(run_dir, cfg)
     hooks = Hooks(again)
     loop_mod.run(again, hooks)
-    assert hooks.named("step") == [] and hooks.named("evaluate") == [] and again.stopped_early == first.stopped_early
+    assert (
+        hooks.named("step") == []
+        and hooks.named("evaluate") == []
+        and again.stopped_early == first.stopped_early
+    )
     assert f"resumed after {first.stopped_early}" in capsys.readouterr().out
 
 
-def test_the_heartbeat_says_starting_until_the_step_is_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_heartbeat_says_starting_until_the_step_is_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
     loop = start(run_dir, recipe(steps=3, eval_every=None, checkpoint_every=None))
@@ -229,9 +296,9 @@ def test_the_heartbeat_says_starting_until_the_step_is_warm(tmp_path: Path, monk
     assert phases == [(1, "starting"), (2, "step"), (3, "step")]
 
 
-def test_a_process_that_is_not_the_chief_writes_no_rows_nor_checkpoints(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str],
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_process_that_is_not_the_chief_writes_no_rows_nor_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
     loop = start(run_dir, recipe(steps=6), chief=False, worker=1)
@@ -250,22 +317,35 @@ def test_pruning_keeps_the_last_ones_and_the_best() -> None:
 
 
 def test_the_test_runs_once_before_the_final_save_on_the_best_checkpoint_and_never_again(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """keep_best and an early stop at step 6 (the best: step 2): the test decodes step 2's checkpoint, before the
-    final checkpoint, which records it; a run resumed from that checkpoint does not test again, and still ends with
-    the scores in its heartbeat and one test row in metrics.jsonl."""
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_best and an early stop at step 6 (the best: step 2): the test decodes step 2's checkpoint, before
+    the final checkpoint, which records it; a run resumed from that checkpoint does not test again, and still
+    ends with the scores in its heartbeat and one test row in metrics.jsonl."""
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
-    cfg = recipe(steps=100, log_every=2, eval_every=2, checkpoint_every=None, keep_checkpoints=1, keep_best=True,
-                 patience=2)
+    cfg = recipe(
+        steps=100,
+        log_every=2,
+        eval_every=2,
+        checkpoint_every=None,
+        keep_checkpoints=1,
+        keep_best=True,
+        patience=2,
+    )
     loop = start(run_dir, cfg)
     loop.has_test = True
     hooks = Hooks(loop, scores={2: 0.5, 4: 0.4, 6: 0.45})
     loop_mod.run(loop, hooks)
     assert hooks.named("test") == ["step_00000002"]
     assert hooks.calls.index(("test", "step_00000002")) < hooks.calls.index(("save", 6))
-    expected = {"test_examples": 4, "test_exact_match": 0.75, "test_bleu": 50.0, "test_rouge_l": 60.0,
-                "test_checkpoint_step": 2}
+    expected = {
+        "test_examples": 4,
+        "test_exact_match": 0.75,
+        "test_bleu": 50.0,
+        "test_rouge_l": 60.0,
+        "test_checkpoint_step": 2,
+    }
     (row,) = [r for r in rows(run_dir) if "test_exact_match" in r]
     assert row["step"] == 6 and expected.items() <= row.items() and "test_seconds" in row
     assert rundir.read_metrics(run_dir).test_row == row
@@ -274,7 +354,10 @@ def test_the_test_runs_once_before_the_final_save_on_the_best_checkpoint_and_nev
     assert expected.items() <= heartbeat(run_dir).items()
     out = capsys.readouterr().out
     assert "[tpuft] testing the best checkpoint, step 2 on test.jsonl" in out
-    assert "[tpuft] test (checkpoint step 2): exact match 0.7500 bleu 50.0000 rouge l 60.0000 (4 examples)" in out
+    assert (
+        "[tpuft] test (checkpoint step 2): exact match 0.7500 bleu 50.0000 rouge l 60.0000 (4 examples)"
+        in out
+    )
 
     monkeypatch.setenv("TPUFT_RESUME", "1")
     again = start(run_dir, cfg)
@@ -286,11 +369,12 @@ def test_the_test_runs_once_before_the_final_save_on_the_best_checkpoint_and_nev
     assert expected.items() <= heartbeat(run_dir).items()
 
 
-def test_a_test_after_the_last_step_was_saved_is_noted_in_that_checkpoint(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_test_after_the_last_step_was_saved_is_noted_in_that_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A framework that saves the last step before the loop's end (the events, not the driver): the final save
-    finds the step saved and writes the test into its trainer_state.json, the manifest anew (still complete). Without
-    keep_best the test takes the weights in memory."""
+    finds the step saved and writes the test into its trainer_state.json, the manifest anew (still complete).
+    Without keep_best the test takes the weights in memory."""
     monkeypatch.delenv("TPUFT_RESUME", raising=False)
     run_dir = tmp_path / "run"
     loop = start(run_dir, recipe(steps=3, eval_every=None, checkpoint_every=None))

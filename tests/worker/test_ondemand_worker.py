@@ -1,7 +1,7 @@
-"""Checkpoints on demand, the worker's side (tpuft/worker/ondemand.py): the shared RunLoop serving a relayed request
-at its step (plain hooks, no backend venv), a request whose step has passed refused, and a real supervisor relaying
-a ``stop`` request to a real (tiny, framework-free) trainer process, stopping it after the save; the controller's
-``request_checkpoint``/``wait_checkpoint`` on the other end."""
+"""Checkpoints on demand, the worker's side (tpuft/worker/ondemand.py): the shared RunLoop serving a relayed
+request at its step (plain hooks, no backend venv), a request whose step has passed refused, and a real
+supervisor relaying a ``stop`` request to a real (tiny, framework-free) trainer process, stopping it after the
+save; the controller's ``request_checkpoint``/``wait_checkpoint`` on the other end."""
 
 from __future__ import annotations
 
@@ -14,21 +14,21 @@ from typing import Any
 
 import pytest
 
-from tpuft.run import rundir
+from tests.worker.test_loop import Hooks, kept, recipe, start
 from tpuft.ops import lifecycle
 from tpuft.readers.runs import Run
-from tpuft.storage import LocalStorage
+from tpuft.run import rundir
 from tpuft.worker import loop as loop_mod
 from tpuft.worker import ondemand
 from tpuft.worker.context import WorkerContext
 
-from tests.worker.test_loop import Hooks, kept, recipe, start
-
 
 def relay(run_dir: Path, request_id: str, **fields: Any) -> None:
     """What the supervisor's Relay writes (the last test runs the real one)."""
-    rundir.write_json_atomic(rundir.checkpoint_control(run_dir, 0) / f"checkpoint-{request_id}.json",
-                             {"id": request_id, "reason": "asked", "at_step": None, "stop": False, **fields})
+    rundir.write_json_atomic(
+        rundir.checkpoint_control(run_dir, 0) / f"checkpoint-{request_id}.json",
+        {"id": request_id, "reason": "asked", "at_step": None, "stop": False, **fields},
+    )
 
 
 class AskingHooks(Hooks):
@@ -49,24 +49,36 @@ def answer(run_dir: Path, request_id: str) -> dict[str, Any] | None:
     return rundir.read_json(run_dir / rundir.checkpoint_ack(1, request_id, 0))
 
 
-def test_the_loop_saves_at_the_asked_step_and_refuses_a_passed_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_loop_saves_at_the_asked_step_and_refuses_a_passed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TPUFT_ATTEMPT", "1")
     loop = start(tmp_path, recipe(steps=10, checkpoint_every=None, eval_every=None))
-    # at step 1: "now" (no at_step) -> saved after step 2; at step 3: for step 6 -> saved after step 6 exactly;
-    # at step 7: for step 5, already passed -> refused, nothing saved.
+    # at step 1: "now" (no at_step) -> saved after step 2; at step 3: for step 6 -> saved after step 6
+    # exactly; at step 7: for step 5, already passed -> refused, nothing saved.
     hooks = AskingHooks(loop, {1: ("100", {}), 3: ("200", {"at_step": 6}), 7: ("300", {"at_step": 5})})
     loop_mod.run(loop, hooks)
     assert hooks.named("save") == [2, 6, 10]
     assert kept(tmp_path) == ["step_00000002", "step_00000006", "step_00000010"]
     assert answer(tmp_path, "100")["step"] == 2 and answer(tmp_path, "200")["step"] == 6
     refused = answer(tmp_path, "300")
-    assert refused["step"] == 8 and "was at step 8 when the request for step 5 reached it" in refused["refused"]
-    saves = [json.loads(line) for line in next((tmp_path / "events").glob("worker-0-attempt-*.jsonl")).read_text().splitlines()]
-    assert [(e["step"], e["reason"]) for e in saves if e["kind"] == "checkpoint_save"] == \
-        [(2, "request"), (6, "request"), (10, "final")]
+    assert (
+        refused["step"] == 8 and "was at step 8 when the request for step 5 reached it" in refused["refused"]
+    )
+    saves = [
+        json.loads(line)
+        for line in next((tmp_path / "events").glob("worker-0-attempt-*.jsonl")).read_text().splitlines()
+    ]
+    assert [(e["step"], e["reason"]) for e in saves if e["kind"] == "checkpoint_save"] == [
+        (2, "request"),
+        (6, "request"),
+        (10, "final"),
+    ]
 
 
-def test_only_the_process_that_answers_for_its_worker_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_process_that_answers_for_its_worker_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     requests = ondemand.CheckpointRequests(tmp_path, 0, 1, answers=False)
     relay(tmp_path, "5")
     saved: list[int] = []
@@ -76,7 +88,9 @@ def test_only_the_process_that_answers_for_its_worker_writes(tmp_path: Path, mon
     assert saved == [3], "a request is served once"
 
 
-def test_a_stop_request_holds_the_trainer_after_its_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stop_request_holds_the_trainer_after_its_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TPUFT_ATTEMPT", "1")
     monkeypatch.setattr(ondemand, "HOLD_SECONDS", 0.3)
     loop = start(tmp_path, recipe(steps=10, checkpoint_every=None, eval_every=None))
@@ -110,22 +124,36 @@ for step in range(1, 1000):
 
 
 def supervise_a_stop(run: Run, staging: Path) -> Any:
-    """A supervisor of worker 0 whose (framework-free) trainer gets a ``stop`` request from the controller's side at
-    step 5 or later; returns what ``wait_checkpoint`` returned."""
+    """A supervisor of worker 0 whose (framework-free) trainer gets a ``stop`` request from the controller's
+    side at step 5 or later; returns what ``wait_checkpoint`` returned."""
     from tpuft.worker.supervisor.supervision import Supervisor
 
     storage = run.storage
-    storage.write_text(rundir.RUN_INFO, json.dumps({"status": "running", "attempt": 1, "workers": 1, "backend": "torch_xla",
-                                                    "attempts": [{"attempt": 1, "started": time.time()}]}))
+    storage.write_text(
+        rundir.RUN_INFO,
+        json.dumps(
+            {
+                "status": "running",
+                "attempt": 1,
+                "workers": 1,
+                "backend": "torch_xla",
+                "attempts": [{"attempt": 1, "started": time.time()}],
+            }
+        ),
+    )
     storage.write_text(rundir.RECIPE, "name: demo\n")
-    ctx = WorkerContext(run_id=run.id, run_dir=staging, worker_id=0, num_workers=1, coordinator="", run_url=run.url)
+    ctx = WorkerContext(
+        run_id=run.id, run_dir=staging, worker_id=0, num_workers=1, coordinator="", run_url=run.url
+    )
     supervisor = Supervisor(ctx, [sys.executable, "-c", TRAINER, str(staging)], 1, 30.0, storage)
     done: list[Any] = []
 
     def controller() -> None:
         while (rundir.read_json(rundir.heartbeat_path(staging, 0)) or {}).get("step", 0) < 5:
             time.sleep(0.05)
-        request_id = lifecycle.request_checkpoint(run, reason="stopped with tpuft stop --checkpoint", stop=True)
+        request_id = lifecycle.request_checkpoint(
+            run, reason="stopped with tpuft stop --checkpoint", stop=True
+        )
         done.append(lifecycle.wait_checkpoint(run, request_id, timeout=30, poll=0.05))
 
     thread = threading.Thread(target=controller)
@@ -136,7 +164,9 @@ def supervise_a_stop(run: Run, staging: Path) -> Any:
     assert info["status"] == "stopped" and info["cause"] == "stopped with tpuft stop --checkpoint"
     saved = done[0].step
     assert saved >= 5 and saved in run.layout().checkpoint_steps(storage)
-    assert rundir.read_heartbeat(storage, 0)["step"] == saved, "no step after the checkpoint: a resume loses none"
+    assert rundir.read_heartbeat(storage, 0)["step"] == saved, (
+        "no step after the checkpoint: a resume loses none"
+    )
     return done[0]
 
 
@@ -146,9 +176,11 @@ def test_a_supervisor_relays_a_stop_request_and_stops_its_trainer_after_the_save
 
 
 def test_a_bucket_run_is_asked_through_the_bucket_and_answers_through_the_sync(
-        gcs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run dir in a bucket (the GCS emulator): the supervisor reads the request there, the trainer's answer and
-    checkpoint reach it through the run-dir sync (every 0.5 s here, 15 s on a real run), and the relay never goes up."""
+    gcs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run dir in a bucket (the GCS emulator): the supervisor reads the request there, the trainer's
+    answer and checkpoint reach it through the run-dir sync (every 0.5 s here, 15 s on a real run), and the
+    relay never goes up."""
     from tpuft.storage import open_storage, sync
 
     monkeypatch.setattr(sync, "SYNC_SECONDS", 0.5)
@@ -156,14 +188,20 @@ def test_a_bucket_run_is_asked_through_the_bucket_and_answers_through_the_sync(
     open_storage("gs://ondemand").ensure_bucket(None)
     run = Run.from_url("gs://ondemand/runs/bucket-run")
     done = supervise_a_stop(run, tmp_path / "staging")
-    assert done.path == f"gs://ondemand/runs/bucket-run/checkpoints/step_{done.step:08d}" and 0 < done.latency_s < 20
+    assert (
+        done.path == f"gs://ondemand/runs/bucket-run/checkpoints/step_{done.step:08d}"
+        and 0 < done.latency_s < 20
+    )
     assert not [p for p in run.storage.list("") if rundir.CONTROL_DIR in p]
     assert run.storage.exists(rundir.checkpoint_ack(1, done.id, 0))
 
 
-def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """T5X's side with a fake trainer and manager (T5X and JAX live in their own venv; the local-pod e2e test runs the
-    real ones, barrier included). T5X's steps are absolute: the run's initial checkpoint is at 1000."""
+def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T5X's side with a fake trainer and manager (T5X and JAX live in their own venv; the local-pod e2e test
+    runs the real ones, barrier included). T5X's steps are absolute: the run's initial checkpoint is at
+    1000."""
     from types import SimpleNamespace
 
     from tpuft.worker.t5x import ondemand as t5x_ondemand
@@ -171,7 +209,9 @@ def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(t
 
     monkeypatch.setenv("TPUFT_ATTEMPT", "1")
     agreement = {"all": True}
-    monkeypatch.setattr(t5x_ondemand, "agreed", lambda request: agreement["all"])  # JAX's barrier: mocked here only
+    monkeypatch.setattr(
+        t5x_ondemand, "agreed", lambda request: agreement["all"]
+    )  # JAX's barrier: mocked here only
     saved: list[int] = []
 
     class Manager:
@@ -184,9 +224,17 @@ def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(t
 
     t5x_ondemand.remember_manager(Manager())
     said: list[str] = []
-    ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="", run_url=str(tmp_path))
-    run = SimpleNamespace(ctx=ctx, loop=SimpleNamespace(beats=True), initial_step=1000, say=said.append,
-                          beat=lambda *a, **k: None, timeline=T5xTimeline(1000, 1100))
+    ctx = WorkerContext(
+        run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="", run_url=str(tmp_path)
+    )
+    run = SimpleNamespace(
+        ctx=ctx,
+        loop=SimpleNamespace(beats=True),
+        initial_step=1000,
+        say=said.append,
+        beat=lambda *a, **k: None,
+        timeline=T5xTimeline(1000, 1100),
+    )
     trainer = SimpleNamespace(train_state=SimpleNamespace(step=1004))
     ran: list[tuple[int, int]] = []
 

@@ -1,5 +1,5 @@
-"""The doctor's port probe against real sockets of this machine: what holds the coordinator's port, and the remains of
-a run that just ended, which must not refuse a relaunch."""
+"""The doctor's port probe against real sockets of this machine: what holds the coordinator's port, and the
+remains of a run that just ended, which must not refuse a relaunch."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from tpuft.worker.doctor_probe import port_state
 
 
 def _time_wait_on(port: int) -> None:
-    """A connection whose server end closed first, from a listener without SO_REUSEADDR: its end stays in TIME_WAIT
-    on ``port`` for a minute after every socket is closed, the remains of a coordinator that ended."""
+    """A connection whose server end closed first, from a listener without SO_REUSEADDR: its end stays in
+    TIME_WAIT on ``port`` for a minute after every socket is closed, the remains of a coordinator that
+    ended."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", port))
         listener.listen(1)
@@ -46,9 +47,16 @@ def test_remains_that_go_away_while_asked_leave_the_port_free() -> None:
 
 def test_a_live_listener_is_named_at_once() -> None:
     port = free_port()
-    holder = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
-                               f"s.bind(('127.0.0.1', {port})); s.listen(1); print('up', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time; s = socket.socket(); "
+            f"s.bind(('127.0.0.1', {port})); s.listen(1); print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "up"
         started = time.monotonic()
@@ -64,7 +72,9 @@ def test_the_reachability_listener_and_connector_say_reached_refused_and_done(mo
     from tpuft.worker import doctor_probe
 
     ports = [free_port(), free_port()]
-    monkeypatch.setenv(doctor_probe.SKIP_LISTEN_ENV, str(ports[1]))  # the firewall stand-in: that port stays closed
+    monkeypatch.setenv(
+        doctor_probe.SKIP_LISTEN_ENV, str(ports[1])
+    )  # the firewall stand-in: that port stays closed
     heard: list[dict[str, object]] = []
     listener = threading.Thread(target=lambda: heard.append(doctor_probe.listen(ports, expect=2, seconds=30)))
     listener.start()
@@ -72,13 +82,20 @@ def test_the_reachability_listener_and_connector_say_reached_refused_and_done(mo
     deadline = time.monotonic() + 10
     while doctor_probe.connect(addresses[:1], 1.0)["reach"][0]["ok"] is False and time.monotonic() < deadline:
         time.sleep(0.05)  # until it listens (that first connection counts as one of the two expected)
-    assert doctor_probe.connect(addresses, 1.0)["reach"] == [{"address": addresses[0], "ok": True},
-                                                             {"address": addresses[1], "ok": False, "error": "refused"}]
+    assert doctor_probe.connect(addresses, 1.0)["reach"] == [
+        {"address": addresses[0], "ok": True},
+        {"address": addresses[1], "ok": False, "error": "refused"},
+    ]
     listener.join(5)  # its two connections came: it ends by itself
     assert not listener.is_alive() and heard == [{"accepted": {str(ports[0]): 2}, "bind_errors": {}}]
-    waiting = threading.Thread(target=lambda: heard.append(doctor_probe.listen(ports[:1], expect=5, seconds=30)))
+    waiting = threading.Thread(
+        target=lambda: heard.append(doctor_probe.listen(ports[:1], expect=5, seconds=30))
+    )
     waiting.start()
-    while doctor_probe.connect(addresses[:1], 1.0, doctor_probe.DONE)["reach"][0]["ok"] is False and time.monotonic() < deadline:
+    while (
+        doctor_probe.connect(addresses[:1], 1.0, doctor_probe.DONE)["reach"][0]["ok"] is False
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     waiting.join(5)  # told it is done: it does not wait out its 30 s for connections that will not come
     assert not waiting.is_alive() and heard[1] == {"accepted": {str(ports[0]): 0}, "bind_errors": {}}

@@ -1,7 +1,8 @@
-"""The real prediction engines against tiny random models, in the PyTorch/XLA backend's venv (torch, transformers):
-``python -m tpuft.worker.predict.main --local`` (the hf engine: length-sorted batches padded to their longest input) must
-give, row for row, what an unbatched ``generate`` of each input gives; a classifier folder predicts the label names
-of its argmax; the torch_xla engine's static-shape greedy decoder agrees with the hf engine on the same weights."""
+"""The real prediction engines against tiny random models, in the PyTorch/XLA backend's venv (torch,
+transformers): ``python -m tpuft.worker.predict.main --local`` (the hf engine: length-sorted batches padded to
+their longest input) must give, row for row, what an unbatched ``generate`` of each input gives; a classifier
+folder predicts the label names of its argmax; the torch_xla engine's static-shape greedy decoder agrees with
+the hf engine on the same weights."""
 
 from __future__ import annotations
 
@@ -48,19 +49,37 @@ print(json.dumps({"t5": one_by_one, "bert": picked}))
 
 
 def _job(tmp_path: Path, name: str, source: Path, model: Path, recipe: str, **extra: object) -> Path:
-    job = PredictJob(input=str(source), shards=str(tmp_path / f"{name}-shards"), output=str(tmp_path / f"{name}.jsonl"),
-                     backend="torch_xla", model=str(model), recipe=recipe, batch_size=4, shard_lines=6,
-                     max_new_tokens=6, **extra)  # type: ignore[arg-type]
+    job = PredictJob(
+        input=str(source),
+        shards=str(tmp_path / f"{name}-shards"),
+        output=str(tmp_path / f"{name}.jsonl"),
+        backend="torch_xla",
+        model=str(model),
+        recipe=recipe,
+        batch_size=4,
+        shard_lines=6,
+        max_new_tokens=6,
+        **extra,
+    )  # type: ignore[arg-type]
     path = tmp_path / f"{name}.job.json"
     path.write_text(job.to_json())
     return path
 
 
 def _predict(torch_python: str, job: Path, tmp_path: Path, *, local: bool) -> list[dict]:
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TOKENIZERS_PARALLELISM": "false",
-           "TPUFT_RUN_ID": "p", "TPUFT_RUN_DIR": str(tmp_path / "run"), "TPUFT_WORKER_ID": "0",
-           "TPUFT_NUM_WORKERS": "1"}
-    argv = [torch_python, "-m", "tpuft.worker.predict.main", "--job", str(job)] + (["--local"] if local else [])
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "TOKENIZERS_PARALLELISM": "false",
+        "TPUFT_RUN_ID": "p",
+        "TPUFT_RUN_DIR": str(tmp_path / "run"),
+        "TPUFT_WORKER_ID": "0",
+        "TPUFT_NUM_WORKERS": "1",
+    }
+    argv = [torch_python, "-m", "tpuft.worker.predict.main", "--job", str(job)] + (
+        ["--local"] if local else []
+    )
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[tpuft] predict result " in done.stdout
@@ -75,33 +94,77 @@ def test_engines_predict_what_unbatched_generate_and_argmax_give(torch_python: s
     reviews = tmp_path / "reviews.jsonl"
     texts = ["a fine film", "dull", "long and slow, but the end!"]
     reviews.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    made = subprocess.run([torch_python, "-c", MAKE_MODELS, str(tmp_path), str(numbers), str(reviews)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    made = subprocess.run(
+        [torch_python, "-c", MAKE_MODELS, str(tmp_path), str(numbers), str(reviews)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     truth = json.loads(made.stdout.strip().splitlines()[-1])
 
     quickstart = (ROOT / "recipes" / "quickstart.yaml").read_text()
-    rows = _predict(torch_python, _job(tmp_path, "hf", numbers, tmp_path / "t5", quickstart), tmp_path, local=True)
+    rows = _predict(
+        torch_python, _job(tmp_path, "hf", numbers, tmp_path / "t5", quickstart), tmp_path, local=True
+    )
     assert [row["prediction"] for row in rows] == truth["t5"]
-    assert len(set(truth["t5"])) > 3  # the decodes differ: a test that padding or order mixed up rows can fail
+    assert (
+        len(set(truth["t5"])) > 3
+    )  # the decodes differ: a test that padding or order mixed up rows can fail
     assert [row["id"] for row in rows] == list(range(13)) and all("target" in row for row in rows)
 
-    # The command a user types: --local over 2 engine processes, each its share of every shard, joined in order.
+    # The command a user types: --local over 2 engine processes, each its share of every shard, joined in
+    # order.
     out = tmp_path / "cli.jsonl"
-    env = {**os.environ, "TPUFT_VENV_CACHE": str(Path(torch_python).parents[2]), "TPUFT_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-m", "tpuft", "predict", str(tmp_path / "t5"), "-i", str(numbers), "-o", str(out),
-                           "--recipe", str(ROOT / "recipes" / "quickstart.yaml"), "--local", "--processes", "2",
-                           "--batch-size", "4", "--shard-lines", "6", "--max-new-tokens", "6", "--json"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    env = {
+        **os.environ,
+        "TPUFT_VENV_CACHE": str(Path(torch_python).parents[2]),
+        "TPUFT_HOME": str(tmp_path / "home"),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpuft",
+            "predict",
+            str(tmp_path / "t5"),
+            "-i",
+            str(numbers),
+            "-o",
+            str(out),
+            "--recipe",
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            "--local",
+            "--processes",
+            "2",
+            "--batch-size",
+            "4",
+            "--shard-lines",
+            "6",
+            "--max-new-tokens",
+            "6",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [json.loads(line)["prediction"] for line in out.read_text().splitlines()] == truth["t5"]
     assert json.loads(done.stdout)["rows"] == 13 and "[p1] [tpuft] predict shard 1" in done.stderr
 
-    xla = _predict(torch_python, _job(tmp_path, "xla", numbers, tmp_path / "t5", quickstart), tmp_path, local=False)
+    xla = _predict(
+        torch_python, _job(tmp_path, "xla", numbers, tmp_path / "t5", quickstart), tmp_path, local=False
+    )
     assert [row["prediction"] for row in xla] == truth["t5"]  # the static-shape greedy decoder, on PJRT CPU
     assert json.loads((tmp_path / "run" / "heartbeat" / "worker-0.json").read_text())["step"] == 13
 
     classifier = (ROOT / "recipes" / "keras_classification_quickstart.yaml").read_text()
-    labels = _predict(torch_python, _job(tmp_path, "cls", reviews, tmp_path / "bert", classifier), tmp_path, local=True)
+    labels = _predict(
+        torch_python, _job(tmp_path, "cls", reviews, tmp_path / "bert", classifier), tmp_path, local=True
+    )
     assert [row["prediction"] for row in labels] == [["negative", "positive"][i] for i in truth["bert"]]
     assert "target" not in labels[0]

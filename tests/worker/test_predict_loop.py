@@ -1,8 +1,9 @@
-"""The shared shard loop of ``tpuft predict`` (worker/predict/loop.py) and its input reader (worker/predict_input.py).
+"""The shared shard loop of ``tpuft predict`` (worker/predict/loop.py) and its input reader
+(worker/predict_input.py).
 
-The engine here is a fake on purpose: these tests are about the loop (shards, parts, resume, lock-step call counts,
-join order, scores), and a fake that answers from the input makes every expected row computable. The real engines
-are tested against a tiny model in test_predict_engines.py.
+The engine here is a fake on purpose: these tests are about the loop (shards, parts, resume, lock-step call
+counts, join order, scores), and a fake that answers from the input makes every expected row computable. The
+real engines are tested against a tiny model in test_predict_engines.py.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 from tpuft.config import recipe_from_text
 from tpuft.core.errors import UsageError
 from tpuft.worker import predict_input, predictions
-from tpuft.worker.predict import loop as predict_loop
 from tpuft.worker.data import DataError, Fields
+from tpuft.worker.predict import loop as predict_loop
 from tpuft.worker.predict_job import PredictJob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,14 +57,25 @@ def _input(path: Path, lines: int, targets: bool = True) -> Path:
 
 
 def _job(tmp_path: Path, source: Path, **overrides: object) -> PredictJob:
-    settings: dict = dict(input=str(source), shards=str(tmp_path / "shards"), output=str(tmp_path / "out.jsonl"),
-                          backend="fake", model="-", recipe=RECIPE, batch_size=4, shard_lines=10)
+    settings: dict = dict(
+        input=str(source),
+        shards=str(tmp_path / "shards"),
+        output=str(tmp_path / "out.jsonl"),
+        backend="fake",
+        model="-",
+        recipe=RECIPE,
+        batch_size=4,
+        shard_lines=10,
+    )
     settings.update(overrides)
     return PredictJob(**settings)  # type: ignore[arg-type]
 
 
 def _expected(lines: int) -> list[dict]:
-    return [predictions.row(i, " ".join(["w"] * (1 + i % 5)), str(1 + i % 5), str(1 + i % 3)) for i in range(lines)]
+    return [
+        predictions.row(i, " ".join(["w"] * (1 + i % 5)), str(1 + i % 5), str(1 + i % 3))
+        for i in range(lines)
+    ]
 
 
 def _read(path: Path) -> list[dict]:
@@ -91,10 +103,19 @@ def test_processes_call_the_engine_in_lock_step_and_share_every_shard(tmp_path: 
     for process, engine in enumerate(engines):
         predict_loop.run(job, engine, process=process, processes=3, say=lambda _: None)
     assert len({len(engine.calls) for engine in engines}) == 1  # the same number of calls on every process
-    assert engines[0].calls[:2] == [2, 2] and engines[2].calls[:2] == [2, 1]  # a shard of 10: parts of 4, 3, 3
-    assert engines[2].calls[-3:] == [2, 1, 0]  # the last shard (2 records): process 2 has none, and still calls
+    assert engines[0].calls[:2] == [2, 2] and engines[2].calls[:2] == [
+        2,
+        1,
+    ]  # a shard of 10: parts of 4, 3, 3
+    assert engines[2].calls[-3:] == [
+        2,
+        1,
+        0,
+    ]  # the last shard (2 records): process 2 has none, and still calls
     for k in range(3):
-        ids = [row["id"] for p in range(3) for row in _read(tmp_path / "shards" / predict_loop.part_path(k, p))]
+        ids = [
+            row["id"] for p in range(3) for row in _read(tmp_path / "shards" / predict_loop.part_path(k, p))
+        ]
         assert sorted(ids) == list(range(10 * k, min(10 * k + 10, 22)))
     predict_loop.join(job, timeout_s=5)
     assert _read(tmp_path / "out.jsonl") == _expected(22)
@@ -124,7 +145,9 @@ def test_a_resume_on_other_processes_is_refused(tmp_path: Path) -> None:
 def test_worker_zero_joins_once_the_others_are_done(tmp_path: Path) -> None:
     job = _job(tmp_path, _input(tmp_path / "in.jsonl", 12, targets=False))
     predict_loop.run(job, Echo(), process=0, processes=2, say=lambda _: None)
-    late = threading.Timer(0.3, lambda: predict_loop.run(job, Echo(), process=1, processes=2, say=lambda _: None))
+    late = threading.Timer(
+        0.3, lambda: predict_loop.run(job, Echo(), process=1, processes=2, say=lambda _: None)
+    )
     late.start()
     result = predict_loop.join(job, timeout_s=10, poll_s=0.05)
     late.join()
@@ -157,14 +180,19 @@ def test_classification_targets_may_be_label_indices(tmp_path: Path) -> None:
     source.write_text('text,label\ngreat film,1\n"bad, bad",negative\nmeh,positive\n')
     got = list(predict_input.records(str(source), predict_input.fields_for(recipe.data), recipe.data.labels))
     assert [(r.index, r.line, r.source, r.target) for r in got] == [
-        (0, 2, "great film", "positive"), (1, 3, "bad, bad", "negative"), (2, 4, "meh", "positive")]
+        (0, 2, "great film", "positive"),
+        (1, 3, "bad, bad", "negative"),
+        (2, 4, "meh", "positive"),
+    ]
 
 
 def test_input_formats_the_field_override_and_missing_targets(tmp_path: Path) -> None:
     fields = Fields(source_field="words", target_field="digits", prefix="n: ")
     (tmp_path / "a.tsv").write_text("words\tdigits\tother\none\t1\tx\ntwo\t2\ty\n")
     assert [(r.source, r.target) for r in predict_input.records(str(tmp_path / "a.tsv"), fields)] == [
-        ("n: one", "1"), ("n: two", "2")]
+        ("n: one", "1"),
+        ("n: two", "2"),
+    ]
     other = predict_input.records(str(tmp_path / "a.tsv"), Fields(source_field="words", target_field="nope"))
     assert [(r.source, r.target) for r in other] == [("one", None), ("two", None)]
     recipe = recipe_from_text(RECIPE, "q.yaml", check_files=False)
@@ -182,10 +210,14 @@ def test_bad_lines_are_located_and_the_check_lists_them_all(tmp_path: Path) -> N
     assert [str(p).split(": ", 1)[0][-10:] for p in check.problems] == ["in.jsonl:2", "in.jsonl:3"]
     assert "no field 'words'" in str(check.problems[1])
     assert (check.records, check.examples, check.targets) == (4, 2, 1)
-    assert "unknown data format '.txt'" in str(predict_input.check(str(tmp_path / "in.txt"), fields).problems[0])
+    assert "unknown data format '.txt'" in str(
+        predict_input.check(str(tmp_path / "in.txt"), fields).problems[0]
+    )
 
 
-def test_input_shards_and_output_in_a_bucket(gcs: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_input_shards_and_output_in_a_bucket(
+    gcs: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every path of the job a ``gs://`` URL (the emulator): the input downloaded once and streamed, the parts
     uploaded whole, a shard finished in the bucket skipped on resume, the join uploaded once."""
     from tpuft.storage import GcsStorage
@@ -194,8 +226,13 @@ def test_input_shards_and_output_in_a_bucket(gcs: object, tmp_path: Path, monkey
     bucket = GcsStorage.from_url("gs://predict-bucket")
     bucket.ensure_bucket("us-central2")
     bucket.upload_file(_input(tmp_path / "in.jsonl", 15), "data/in.jsonl")
-    job = _job(tmp_path, tmp_path, input="gs://predict-bucket/data/in.jsonl", shards="gs://predict-bucket/job/shards",
-               output="gs://predict-bucket/job/out.jsonl")
+    job = _job(
+        tmp_path,
+        tmp_path,
+        input="gs://predict-bucket/data/in.jsonl",
+        shards="gs://predict-bucket/job/shards",
+        output="gs://predict-bucket/job/out.jsonl",
+    )
     checked = predict_input.check(job.input, Fields(source_field="words", target_field="digits"))
     assert (checked.records, checked.targets, checked.problems) == (15, 15, [])
     for process in range(2):

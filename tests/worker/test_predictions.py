@@ -1,5 +1,5 @@
-"""The scores shared by the test evaluation and ``tpuft predict``: summed over shards they equal the whole's, and
-each is the textbook number on small cases worked by hand."""
+"""The scores shared by the test evaluation and ``tpuft predict``: summed over shards they equal the whole's,
+and each is the textbook number on small cases worked by hand."""
 
 from __future__ import annotations
 
@@ -24,10 +24,16 @@ def test_macro_f1_averages_the_labels_that_occur_and_a_non_label_counts_against_
     labels = ["neg", "neu", "pos"]
     # pos: tp 1, fp 1, fn 1 -> 0.5; neg: tp 0, fp 1, fn 1 -> 0; neu never occurs: not averaged
     result = predictions.score(["pos", "neg", "pos"], ["pos", "pos", "neg"], labels)
-    assert result == {"examples": 3, "exact_match": pytest.approx(1 / 3, abs=1e-6),
-                      "accuracy": pytest.approx(1 / 3, abs=1e-6), "macro_f1": 0.25}
+    assert result == {
+        "examples": 3,
+        "exact_match": pytest.approx(1 / 3, abs=1e-6),
+        "accuracy": pytest.approx(1 / 3, abs=1e-6),
+        "macro_f1": 0.25,
+    }
     # "maybe" is no label: a false negative of pos only
-    assert predictions.score(["maybe", "neg"], ["pos", "neg"], labels)["macro_f1"] == pytest.approx((0 + 1) / 2)
+    assert predictions.score(["maybe", "neg"], ["pos", "neg"], labels)["macro_f1"] == pytest.approx(
+        (0 + 1) / 2
+    )
 
 
 @pytest.mark.parametrize("labels", [(), ("a", "b", "c")])
@@ -37,7 +43,9 @@ def test_shards_summed_score_as_the_whole(labels: tuple[str, ...]) -> None:
     whole = predictions.score(hyps, refs, labels)
     total = [0.0] * predictions.size(labels)
     for start in range(0, len(hyps), 3):
-        total = predictions.add(total, predictions.statistics(hyps[start:start + 3], refs[start:start + 3], labels))
+        total = predictions.add(
+            total, predictions.statistics(hyps[start : start + 3], refs[start : start + 3], labels)
+        )
     assert predictions.scores(total, labels) == whole
     with pytest.raises(ValueError, match="expected"):
         predictions.scores(total[:-1], labels)
@@ -50,8 +58,12 @@ def test_a_predictions_file_is_whole_or_absent(tmp_path: Path) -> None:
             writer.write(predictions.row(3, "x", "y", "y"))
             raise RuntimeError("killed")
     assert not path.exists()
-    predictions.write_predictions(path, [predictions.row(3, "x", "y", "y"), predictions.row(1, "u", "v", None)])
-    predictions.write_predictions(tmp_path / "test" / predictions.shard_name(0), [predictions.row(0, "p", "q", "r")])
+    predictions.write_predictions(
+        path, [predictions.row(3, "x", "y", "y"), predictions.row(1, "u", "v", None)]
+    )
+    predictions.write_predictions(
+        tmp_path / "test" / predictions.shard_name(0), [predictions.row(0, "p", "q", "r")]
+    )
     rows = predictions.merged(tmp_path / "test")
     assert [r["id"] for r in rows] == [0, 1, 3]
     assert rows[0]["correct"] is False and "target" not in rows[1] and rows[2]["correct"] is True

@@ -1,6 +1,6 @@
-"""Resuming a PyTorch/XLA run: which checkpoint is complete (locally, and in a bucket that a background syncer fills
-file by file), what metrics survive a restart, and, in the backend's venv, that a run killed after a checkpoint and
-resumed ends with exactly the weights of the run uninterrupted."""
+"""Resuming a PyTorch/XLA run: which checkpoint is complete (locally, and in a bucket that a background syncer
+fills file by file), what metrics survive a restart, and, in the backend's venv, that a run killed after a
+checkpoint and resumed ends with exactly the weights of the run uninterrupted."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.rigs.gcs_emulator import GcsEmulator
-from tpuft.run import rundir
 from tpuft.backends.base import manifest_gaps
 from tpuft.backends.torch_xla import LAYOUT
+from tpuft.run import rundir
 from tpuft.storage import open_storage
+from tpuft.worker import resume
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import MetricsWriter
-from tpuft.worker import resume
 
 BUCKET = "tpuft-resume-test"
 
@@ -48,7 +48,9 @@ def damaged_run(run: Path) -> None:
 
 
 def local_ctx(run: Path) -> WorkerContext:
-    return WorkerContext(run_id="r", run_dir=run, worker_id=0, num_workers=1, coordinator="", run_url=str(run))
+    return WorkerContext(
+        run_id="r", run_dir=run, worker_id=0, num_workers=1, coordinator="", run_url=str(run)
+    )
 
 
 def test_only_a_checkpoint_with_every_listed_file_at_its_size_is_picked(tmp_path: Path) -> None:
@@ -62,7 +64,11 @@ def test_only_a_checkpoint_with_every_listed_file_at_its_size_is_picked(tmp_path
         resume.fetch_checkpoint(local_ctx(run), LAYOUT, "step_00000012")
 
     manifest = (LAYOUT.checkpoint_dir(run, 12) / LAYOUT.manifest).read_text()
-    assert json.loads(manifest)["files"] == {"model.safetensors": 1012, "sub/extra.bin": 0, "trainer_state.json": 12}
+    assert json.loads(manifest)["files"] == {
+        "model.safetensors": 1012,
+        "sub/extra.bin": 0,
+        "trainer_state.json": 12,
+    }
     gaps = manifest_gaps(manifest, {"model.safetensors": 500, "sub/extra.bin": 0})
     assert gaps == ["model.safetensors: 500 bytes, expected 1012", "trainer_state.json: missing"]
     assert manifest_gaps(None, {}) == ["no readable manifest"]
@@ -70,8 +76,9 @@ def test_only_a_checkpoint_with_every_listed_file_at_its_size_is_picked(tmp_path
 
 
 def test_a_bucket_run_resumes_from_its_latest_complete_checkpoint(gcs: GcsEmulator, tmp_path: Path) -> None:
-    """Every worker lists the bucket and downloads the checkpoint into its staging folder. The syncer uploads a
-    checkpoint file by file in name order, so the bucket's newest step_N has its manifest before its weights."""
+    """Every worker lists the bucket and downloads the checkpoint into its staging folder. The syncer uploads
+    a checkpoint file by file in name order, so the bucket's newest step_N has its manifest before its
+    weights."""
     gcs.reset()
     written = tmp_path / "written"
     damaged_run(written)
@@ -94,10 +101,18 @@ def test_a_bucket_run_resumes_from_its_latest_complete_checkpoint(gcs: GcsEmulat
     step_28 = "runs/r/checkpoints/step_00000028"
     bucket.upload_file(later / LAYOUT.manifest, f"{step_28}/{LAYOUT.manifest}")  # first in name order
     assert resume.find_resume_checkpoint(ctx, LAYOUT) == (4, "step_00000004")
-    bucket.upload_file(LAYOUT.checkpoint_dir(written, 12) / "model.safetensors", f"{step_28}/model.safetensors")
-    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (4, "step_00000004")  # the right name, not the right size
+    bucket.upload_file(
+        LAYOUT.checkpoint_dir(written, 12) / "model.safetensors", f"{step_28}/model.safetensors"
+    )
+    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (
+        4,
+        "step_00000004",
+    )  # the right name, not the right size
     bucket.upload_tree(later, step_28)
-    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (28, "step_00000028")  # every file its manifest lists is there
+    assert resume.find_resume_checkpoint(ctx, LAYOUT) == (
+        28,
+        "step_00000028",
+    )  # every file its manifest lists is there
 
 
 def test_a_restart_keeps_the_metrics_up_to_its_checkpoint(tmp_path: Path) -> None:
@@ -120,16 +135,27 @@ def test_a_restart_keeps_the_metrics_up_to_its_checkpoint(tmp_path: Path) -> Non
     log = rundir.read_metrics(tmp_path)
     assert log.skipped == []
     assert [(r["step"], r.get("loss", r.get("eval_loss"))) for r in log.rows] == [
-        (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (4, 0.4), (5, 5.0), (6, 6.0), (7, 70.0)
-    ]  # fmt: skip
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 4.0),
+        (4, 0.4),
+        (5, 5.0),
+        (6, 6.0),
+        (7, 70.0),
+    ]
     events = EventAccumulator(str(tmp_path / rundir.TB_DIR))
     events.Reload()
     points = [(e.step, e.value) for e in events.Scalars("train/loss")]
-    assert points == [(s, float(s)) for s in range(1, 7)] + [(7, 70.0)]  # the first attempt's 7 to 10 are purged
-    assert [e.step for e in events.Scalars("eval/loss")] == [4]  # the eval at step 8 is gone from TensorBoard too
+    assert points == [(s, float(s)) for s in range(1, 7)] + [
+        (7, 70.0)
+    ]  # the first attempt's 7 to 10 are purged
+    assert [e.step for e in events.Scalars("eval/loss")] == [
+        4
+    ]  # the eval at step 8 is gone from TensorBoard too
 
 
-# ---- the real trainer, in the backend's venv ------------------------------------------------------------------------
+# ---- the real trainer, in the backend's venv -------------------------------------------------------------
 
 
 RECIPE = """\
@@ -174,18 +200,29 @@ def new_run(root: Path, name: str) -> Path:
 
 
 def start(torch_python: str, run: Path, *, resume: bool = False) -> subprocess.Popen[bytes]:
-    """The trainer as ``tpuft.worker`` runs it on one worker of a local pod; its output goes to ``<run>.log``."""
+    """The trainer as ``tpuft.worker`` runs it on one worker of a local pod; its output goes to
+    ``<run>.log``."""
     from tests.conftest import REPO
 
     env = {
-        "PATH": "/usr/bin:/bin", "HOME": str(run.parent), "PYTHONPATH": str(REPO), "PJRT_DEVICE": "CPU",
-        "TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-        "TPUFT_RUN_ID": run.name, "TPUFT_RUN_DIR": str(run), "TPUFT_WORKER_ID": "0", "TPUFT_NUM_WORKERS": "1",
-    }  # fmt: skip
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(run.parent),
+        "PYTHONPATH": str(REPO),
+        "PJRT_DEVICE": "CPU",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TPUFT_RUN_ID": run.name,
+        "TPUFT_RUN_DIR": str(run),
+        "TPUFT_WORKER_ID": "0",
+        "TPUFT_NUM_WORKERS": "1",
+    }
     if resume:
         env["TPUFT_RESUME"] = "1"
     with run.with_suffix(".log").open("w") as log:
-        return subprocess.Popen([torch_python, "-m", "tpuft.worker"], env=env, cwd=run, stdout=log, stderr=log)
+        return subprocess.Popen(
+            [torch_python, "-m", "tpuft.worker"], env=env, cwd=run, stdout=log, stderr=log
+        )
 
 
 def finish(proc: subprocess.Popen[bytes], run: Path) -> str:
@@ -203,17 +240,23 @@ def digest(run: Path, out: str) -> str:
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(torch_python: str, tmp_path: Path) -> None:
-    """The uninterrupted run trains beside the one that is killed: each is one process, mostly importing torch, so
-    on two cores the pair takes about the time of one."""
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(
+    torch_python: str, tmp_path: Path
+) -> None:
+    """The uninterrupted run trains beside the one that is killed: each is one process, mostly importing
+    torch, so on two cores the pair takes about the time of one."""
     whole = new_run(tmp_path, "whole")
     uninterrupted = start(torch_python, whole)
     run = new_run(tmp_path, "killed")
     proc = start(torch_python, run)
     step_8 = LAYOUT.checkpoint_dir(run, 8)
     deadline = time.monotonic() + 300
-    while not (step_8.is_dir() and (rundir.read_json(rundir.heartbeat_path(run, 0)) or {}).get("step", 0) > 8):
-        assert proc.poll() is None and time.monotonic() < deadline, run.with_suffix(".log").read_text()[-4000:]
+    while not (
+        step_8.is_dir() and (rundir.read_json(rundir.heartbeat_path(run, 0)) or {}).get("step", 0) > 8
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, run.with_suffix(".log").read_text()[
+            -4000:
+        ]
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -224,7 +267,9 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(torch_pytho
 
     proc = start(torch_python, run, resume=True)
     first_beat: dict[str, object] = {}
-    while not first_beat and proc.poll() is None:  # the killed trainer's last beat is there until the new one's
+    while (
+        not first_beat and proc.poll() is None
+    ):  # the killed trainer's last beat is there until the new one's
         beat = rundir.read_json(rundir.heartbeat_path(run, 0)) or {}
         first_beat = beat if beat.get("pid") == proc.pid else {}
         time.sleep(0.005)
@@ -240,4 +285,6 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(torch_pytho
     assert [row["step"] for row in rows] == sorted(row["step"] for row in rows)
     assert train[8]["elapsed_s"] >= train[7]["elapsed_s"]  # the training time goes on from the checkpoint's
     reference = [row["loss"] for row in rundir.read_metrics(whole).rows if "loss" in row]
-    assert [row["loss"] for row in train] == reference  # the same losses step by step, before and after the kill
+    assert [
+        row["loss"] for row in train
+    ] == reference  # the same losses step by step, before and after the kill

@@ -1,4 +1,5 @@
-"""The shared best-so-far and early-stopping logic (tpuft.worker.selection) on constructed metric sequences."""
+"""The shared best-so-far and early-stopping logic (tpuft.worker.selection) on constructed metric
+sequences."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 
 import pytest
 
-from tpuft.run import rundir
 from tpuft.config import EarlyStopping
+from tpuft.run import rundir
 from tpuft.worker.selection import MissingMetric, Selector, Verdict, metric_key, ranked, score
 
 
@@ -39,7 +40,7 @@ def stop_index(verdicts: list[Verdict]) -> int | None:
     return len(verdicts) if verdicts and verdicts[-1].stop else None
 
 
-# -- early stopping stops at exactly the expected evaluation --------------------------------------------------------
+# -- early stopping stops at exactly the expected evaluation -----------------------------------------------
 @pytest.mark.parametrize(
     ("patience", "values", "expected_stop"),
     [
@@ -52,8 +53,9 @@ def stop_index(verdicts: list[Verdict]) -> int | None:
         (3, [0.5, 0.4, 0.3, 0.2], 4),
     ],
 )
-def test_exact_match_stops_at_the_expected_evaluation(patience: int, values: list[float],
-                                                      expected_stop: int | None) -> None:
+def test_exact_match_stops_at_the_expected_evaluation(
+    patience: int, values: list[float], expected_stop: int | None
+) -> None:
     verdicts = run(Selector(None, stopping(patience)), [match(v) for v in values])
     assert stop_index(verdicts) == expected_stop
 
@@ -77,21 +79,42 @@ def test_min_delta_in_the_metrics_direction() -> None:
     # exact match (max): +0.04 is not more than 0.05; +0.06 is
     selector = Selector(None, stopping(2, min_delta=0.05))
     assert [v.improved for v in run(selector, [match(x) for x in (0.50, 0.54, 0.56, 0.60, 0.605)])] == [
-        True, False, True, False, False]
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
     assert selector.best == {"metric": "eval_exact_match", "value": 0.56, "step": 30}
     assert selector.bad_evals == 2 and selector.stopped_early is not None
     # loss (min): 1.0 -> 0.95 is not enough with 0.1, 0.85 is; a worse loss never is
     selector = Selector("loss", stopping(5, min_delta=0.1))
     assert [v.improved for v in run(selector, [loss(x) for x in (1.0, 0.95, 1.5, 0.85, 0.80, 0.74)])] == [
-        True, False, False, True, False, True]
+        True,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
     assert selector.best == {"metric": "eval_loss", "value": 0.74, "step": 60}
     # exactly min_delta better (binary-exact numbers) is not more than min_delta
     exact = Selector(None, stopping(3, min_delta=0.25))
     assert [v.improved for v in run(exact, [match(x) for x in (1.0, 1.25, 1.5, 1.75, 1.703125)])] == [
-        True, False, True, False, False]
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
     exact_loss = Selector("loss", stopping(3, min_delta=0.25))
     assert [v.improved for v in run(exact_loss, [loss(x) for x in (2.0, 1.75, 1.5, 1.25, 1.0)])] == [
-        True, False, True, False, True]
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
 
 
 def test_the_best_step_is_tracked_and_the_reason_says_it() -> None:
@@ -99,8 +122,9 @@ def test_the_best_step_is_tracked_and_the_reason_says_it() -> None:
     verdicts = run(selector, [match(x) for x in (0.1, 0.3, 0.2, 0.25)], every=50)
     assert [v.improved for v in verdicts] == [True, True, False, False]
     assert selector.best == {"metric": "eval_exact_match", "value": 0.3, "step": 100}
-    assert verdicts[-1].reason == ("early stopping at step 200: eval_exact_match has not improved on 0.3000 "
-                                   "(step 100) for 2 evaluations")
+    assert verdicts[-1].reason == (
+        "early stopping at step 200: eval_exact_match has not improved on 0.3000 (step 100) for 2 evaluations"
+    )
     assert selector.stopped_early == verdicts[-1].reason
     assert all(v.reason is None for v in verdicts[:-1])
 
@@ -117,7 +141,11 @@ def test_without_early_stopping_it_only_tracks_the_best() -> None:
 def test_default_ranking_follows_best_metrics() -> None:
     assert rundir.BEST_METRICS[-2:] == (("eval_bleu", max), ("eval_rouge_l", max))
     assert [name for name, _ in rundir.BEST_METRICS[:4]] == [
-        "eval_exact_match", "eval_accuracy", "eval_token_accuracy", "eval_loss"]
+        "eval_exact_match",
+        "eval_accuracy",
+        "eval_token_accuracy",
+        "eval_loss",
+    ]
     assert ranked({"eval_loss": 1.0, "eval_exact_match": 0.2}) == ("eval_exact_match", 0.2)
     assert ranked({"eval_loss": 1.0, "eval_accuracy": 0.7}) == ("eval_accuracy", 0.7)
     assert ranked({"eval_loss": 1.0, "eval_token_accuracy": 0.4}) == ("eval_token_accuracy", 0.4)
@@ -131,7 +159,10 @@ def test_default_ranking_follows_best_metrics() -> None:
 
 def test_explicit_metric_overrides_the_default_ranking() -> None:
     selector = Selector("bleu", stopping(1))
-    results = [{**match(0.5), "eval_bleu": 10.0}, {**match(0.9), "eval_bleu": 9.0}]  # exact match up, BLEU down
+    results = [
+        {**match(0.5), "eval_bleu": 10.0},
+        {**match(0.9), "eval_bleu": 9.0},
+    ]  # exact match up, BLEU down
     verdicts = run(selector, results)
     assert [v.improved for v in verdicts] == [True, False] and verdicts[-1].stop
     assert selector.best == {"metric": "eval_bleu", "value": 10.0, "step": 10}
@@ -141,10 +172,15 @@ def test_explicit_metric_overrides_the_default_ranking() -> None:
 
 
 def test_explicit_metric_missing_is_an_error() -> None:
-    with pytest.raises(MissingMetric, match=r"eval\.metric is bleu, but the evaluation has no eval_bleu .*"
-                                            r"generate_examples"):
+    with pytest.raises(
+        MissingMetric,
+        match=r"eval\.metric is bleu, but the evaluation has no eval_bleu .*"
+        r"generate_examples",
+    ):
         Selector("bleu", stopping(2)).judge(10, match(0.5))
-    with pytest.raises(MissingMetric, match="eval.metric is accuracy, but the evaluation has no eval_accuracy"):
+    with pytest.raises(
+        MissingMetric, match="eval.metric is accuracy, but the evaluation has no eval_accuracy"
+    ):
         Selector("accuracy", None).judge(10, match(0.5))
     with pytest.raises(MissingMetric, match="no ranking metric"):
         Selector("loss", None).judge(10, {"eval_examples": 3})
@@ -170,7 +206,7 @@ def test_nan_never_improves() -> None:
     assert len(verdicts) == 2 and verdicts[-1].stop and "no usable value" in (verdicts[-1].reason or "")
 
 
-# -- state round trip ---------------------------------------------------------------------------------------------
+# -- state round trip --------------------------------------------------------------------------------------
 SEQUENCES = [
     (None, 3, 0.0, [match(x) for x in (0.1, 0.2, 0.15, 0.18, 0.3, 0.29, 0.3, 0.28, 0.31)]),
     ("loss", 2, 0.05, [loss(x) for x in (3.0, 2.0, 1.98, 1.9, 1.96, 2.5, 1.7)]),
@@ -179,15 +215,20 @@ SEQUENCES = [
 
 
 @pytest.mark.parametrize(("metric", "patience", "delta", "results"), SEQUENCES)
-def test_state_round_trip_gives_the_same_decisions(metric: str | None, patience: int, delta: float,
-                                                   results: list[dict]) -> None:
+def test_state_round_trip_gives_the_same_decisions(
+    metric: str | None, patience: int, delta: float, results: list[dict]
+) -> None:
     whole = Selector(metric, stopping(patience, delta))
     expected = run(whole, results)
     assert any(not v.improved for v in expected)
-    for cut in range(len(expected)):  # a checkpoint after `cut` evaluations (none of them a stop), then a resume
+    for cut in range(
+        len(expected)
+    ):  # a checkpoint after `cut` evaluations (none of them a stop), then a resume
         first = Selector(metric, stopping(patience, delta))
         got = run(first, results[:cut])
-        saved = json.loads(json.dumps({"step": cut * 10, "run_id": "x", **first.state()}))  # trainer_state.json
+        saved = json.loads(
+            json.dumps({"step": cut * 10, "run_id": "x", **first.state()})
+        )  # trainer_state.json
         resumed = Selector(metric, stopping(patience, delta), saved)
         assert resumed.state() == first.state()
         got += [resumed.judge(i * 10, r) for i, r in enumerate(results[cut : len(expected)], start=cut + 1)]
@@ -203,26 +244,43 @@ def test_round_trip_mid_sequence_stops_at_the_same_evaluation() -> None:
     assert resumed.bad_evals == 1 and resumed.best == {"metric": "eval_exact_match", "value": 0.5, "step": 20}
     assert resumed.judge(40, results[3]).stop is False
     verdict = resumed.judge(50, results[4])
-    assert verdict.stop and verdict.reason == ("early stopping at step 50: eval_exact_match has not improved on "
-                                               "0.5000 (step 20) for 3 evaluations")
-    assert resumed.state() == {"best": {"metric": "eval_exact_match", "value": 0.5, "step": 20}, "bad_evals": 3,
-                               "stopped_early": verdict.reason}
+    assert verdict.stop and verdict.reason == (
+        "early stopping at step 50: eval_exact_match has not improved on 0.5000 (step 20) for 3 evaluations"
+    )
+    assert resumed.state() == {
+        "best": {"metric": "eval_exact_match", "value": 0.5, "step": 20},
+        "bad_evals": 3,
+        "stopped_early": verdict.reason,
+    }
 
 
 def test_legacy_keras_state_is_accepted() -> None:
     """A Keras checkpoint from before the shared selector: its trainer_state has best and bad_evals only."""
     legacy = {
-        "step": 300, "run_id": "r", "recipe": "t", "backend": "keras", "tokenizer": "t5-small", "time": 1.0,
-        "elapsed_s": 5.0, "replicas": 2, "best": {"metric": "eval_exact_match", "value": 0.25, "step": 200},
+        "step": 300,
+        "run_id": "r",
+        "recipe": "t",
+        "backend": "keras",
+        "tokenizer": "t5-small",
+        "time": 1.0,
+        "elapsed_s": 5.0,
+        "replicas": 2,
+        "best": {"metric": "eval_exact_match", "value": 0.25, "step": 200},
         "bad_evals": 1,
     }
     selector = Selector(None, stopping(2), legacy)
     assert selector.best == {"metric": "eval_exact_match", "value": 0.25, "step": 200}
     assert selector.bad_evals == 1 and selector.stopped_early is None
     verdict = selector.judge(400, match(0.25))
-    assert verdict.stop and "has not improved on 0.2500 (step 200) for 2 evaluations" in (verdict.reason or "")
+    assert verdict.stop and "has not improved on 0.2500 (step 200) for 2 evaluations" in (
+        verdict.reason or ""
+    )
     # older still: no best at all, or an explicit null
-    assert Selector(None, stopping(2), {"step": 5}).state() == {"best": None, "bad_evals": 0, "stopped_early": None}
+    assert Selector(None, stopping(2), {"step": 5}).state() == {
+        "best": None,
+        "bad_evals": 0,
+        "stopped_early": None,
+    }
     assert Selector(None, None, {"best": None, "bad_evals": 0}).best is None
     assert Selector(None, None, None).best is None
     with pytest.raises(ValueError, match="trainer state's best"):
@@ -230,8 +288,11 @@ def test_legacy_keras_state_is_accepted() -> None:
 
 
 def test_a_best_in_another_metric_is_replaced() -> None:
-    selector = Selector("loss", stopping(2), {"best": {"metric": "eval_exact_match", "value": 0.9, "step": 10},
-                                              "bad_evals": 1})
+    selector = Selector(
+        "loss",
+        stopping(2),
+        {"best": {"metric": "eval_exact_match", "value": 0.9, "step": 10}, "bad_evals": 1},
+    )
     verdict = selector.judge(20, loss(5.0))
     assert verdict.improved and selector.best == {"metric": "eval_loss", "value": 5.0, "step": 20}
     assert selector.bad_evals == 0

@@ -1,13 +1,13 @@
-"""The T5X backend's data-side shared keys, in its seqio task (``tpuft/worker/t5x/tasks.py``, ``t5x_data.py``),
-read back from seqio itself in the T5X venv (one subprocess, no training):
+"""The T5X backend's data-side shared keys, in its seqio task (``tpuft/worker/t5x/tasks.py``,
+``t5x_data.py``), read back from seqio itself in the T5X venv (one subprocess, no training):
 
 * ``data.source_transforms`` / ``target_transforms`` / ``preprocess`` with a template and a prefix give the
   sources and targets written out here by hand (the shared ``make_example``, not a copy of it);
-* ``data.truncation``: ``head``, ``tail`` and ``head+tail`` keep the tokens :func:`tpuft.worker.data.keep_tokens`
-  keeps for the other backends, before seqio's trim and EOS, and the test evaluation's decoder keeps the same ones;
-  a short input is untouched;
-* ``data.hf``: a ``save_to_disk`` folder and the ``csv`` builder over data files give the same examples, split for
-  split, as the JSON lines of the same rows;
+* ``data.truncation``: ``head``, ``tail`` and ``head+tail`` keep the tokens
+  :func:`tpuft.worker.data.keep_tokens` keeps for the other backends, before seqio's trim and EOS, and the
+  test evaluation's decoder keeps the same ones; a short input is untouched;
+* ``data.hf``: a ``save_to_disk`` folder and the ``csv`` builder over data files give the same examples, split
+  for split, as the JSON lines of the same rows;
 * ``eval.metric: bleu | rouge_l``: the task's metric_fns are the shared scorer's numbers on the same strings
   (``tpuft.worker.text_metrics``), and exact match is the test evaluation's.
 
@@ -39,12 +39,12 @@ ROWS = [
     {"q": "café au lait", "a": " oui", "lang": "fr", "drop": False},
 ]
 """Diacritics and case for the transforms, a row the hook drops, a field the hook adds."""
-HOOK = '''
+HOOK = """
 def keep(record):
     if record.get("drop"):
         return None
     return {**record, "n": len(record["q"])}
-'''
+"""
 EXPECTED = [
     ("ask: stefan  si tara [ro/15]", "Yes"),
     ("ask: inca o data [ro/11]", "maybe"),
@@ -56,8 +56,15 @@ INPUTS_LENGTH = 8
 
 
 def data_section(**extra: Any) -> dict[str, Any]:
-    return {"source_field": "q", "target_field": "a", "source_template": "{q} [{lang}/{n}]", "prefix": "ask: ",
-            "source_transforms": ["strip_diacritics", "lowercase"], "target_transforms": ["strip"], **extra}
+    return {
+        "source_field": "q",
+        "target_field": "a",
+        "source_template": "{q} [{lang}/{n}]",
+        "prefix": "ask: ",
+        "source_transforms": ["strip_diacritics", "lowercase"],
+        "target_transforms": ["strip"],
+        **extra,
+    }
 
 
 SCRIPT = textwrap.dedent(
@@ -121,22 +128,43 @@ def stack(t5x_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             writer = csv.DictWriter(handle, fieldnames=["q", "a", "lang", "drop"])
             writer.writeheader()
             for row in rows:
-                writer.writerow({**row, "drop": "yes" if row["drop"] else ""})  # the hook drops a non-empty text
+                writer.writerow(
+                    {**row, "drop": "yes" if row["drop"] else ""}
+                )  # the hook drops a non-empty text
     hook = folder / "hook.py"
     hook.write_text(HOOK)
     preprocess = f"{hook}:keep"
     long_file = folder / "long.jsonl"
-    long_file.write_text(json.dumps({"source": LONG, "target": "x"}) + "\n" + json.dumps({"source": "abc", "target": "y"}) + "\n")
+    long_file.write_text(
+        json.dumps({"source": LONG, "target": "x"})
+        + "\n"
+        + json.dumps({"source": "abc", "target": "y"})
+        + "\n"
+    )
     sources = {
         "jsonl": data_section(train=str(jsonl), eval=str(reversed_jsonl), preprocess=preprocess),
-        "saved": data_section(hf={"path": str(folder / "saved"), "eval_split": "validation"}, preprocess=preprocess),
+        "saved": data_section(
+            hf={"path": str(folder / "saved"), "eval_split": "validation"}, preprocess=preprocess
+        ),
         "saved_one_split": data_section(hf={"path": str(folder / "single")}, preprocess=preprocess),
-        "csv": data_section(hf={"path": "csv", "data_files": {split: [str(path)] for split, path in tables.items()},
-                                "eval_split": "validation", "streaming": True}, preprocess=preprocess),
+        "csv": data_section(
+            hf={
+                "path": "csv",
+                "data_files": {split: [str(path)] for split, path in tables.items()},
+                "eval_split": "validation",
+                "streaming": True,
+            },
+            preprocess=preprocess,
+        ),
     }
     config = {
-        "rows": ROWS, "folder": str(folder / "saved"), "single": str(folder / "single"), "sources": sources,
-        "long": {"train": str(long_file)}, "inputs_length": INPUTS_LENGTH, "long_text": LONG,
+        "rows": ROWS,
+        "folder": str(folder / "saved"),
+        "single": str(folder / "single"),
+        "sources": sources,
+        "long": {"train": str(long_file)},
+        "inputs_length": INPUTS_LENGTH,
+        "long_text": LONG,
         "targets": ["the cat sat on the mat", "a b c", "42", "hello world"],
         "predictions": ["the cat sat on a mat", "a  b c ", "24", "hello there world"],
     }
@@ -147,13 +175,16 @@ def stack(t5x_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 def test_transforms_template_prefix_and_hook_make_the_shared_examples(stack: dict[str, Any]) -> None:
     train = stack["examples"]["jsonl"]["train"]
     assert [(source, target) for source, target, _ in train] == EXPECTED
-    assert train[0][2] == [byte + 3 for byte in EXPECTED[0][0].encode()] + [1]  # ByT5 ids of the built text, EOS
+    assert train[0][2] == [byte + 3 for byte in EXPECTED[0][0].encode()] + [
+        1
+    ]  # ByT5 ids of the built text, EOS
     assert [(s, t) for s, t, _ in stack["examples"]["jsonl"]["validation"]] == EXPECTED[::-1]
 
 
 @pytest.mark.slow
 def test_a_hugging_face_dataset_gives_the_examples_of_the_same_json_lines(stack: dict[str, Any]) -> None:
-    """A saved DatasetDict, a saved single Dataset (its one split is data.hf.split) and the csv builder, streamed."""
+    """A saved DatasetDict, a saved single Dataset (its one split is data.hf.split) and the csv builder,
+    streamed."""
     assert stack["splits"]["saved"] == stack["splits"]["csv"] == ["train", "validation"]
     assert stack["splits"]["saved_one_split"] == ["train"]
     for name in ("saved", "csv"):
@@ -173,7 +204,9 @@ def test_truncation_keeps_the_tokens_the_other_backends_keep(stack: dict[str, An
         assert short_row[2] == [byte + 3 for byte in b"abc"] + [1], mode  # shorter than the limit: as it is
         assert long_row[0] == LONG  # the text the logs and predictions show is the whole input
         assert stack["cut"][mode + " unlimited"][0][2] == ids + [1], mode  # no lengths: nothing to cut
-        assert stack["cut"][mode + " decoder"] == [long_row[2], short_row[2] + [0] * (INPUTS_LENGTH - 4)], mode
+        assert stack["cut"][mode + " decoder"] == [long_row[2], short_row[2] + [0] * (INPUTS_LENGTH - 4)], (
+            mode
+        )
 
 
 @pytest.mark.slow
@@ -182,23 +215,35 @@ def test_bleu_and_rouge_l_are_the_shared_scorers(stack: dict[str, Any]) -> None:
     predictions = ["the cat sat on a mat", "a  b c ", "24", "hello there world"]
     assert stack["metric_fns"] == [["exact_match", "text_scores"], ["exact_match"]]
     scores = stack["scores"]
-    assert scores["exact_match"] == {"exact_match": 0.25}  # "a  b c " is "a b c" once whitespace runs collapse
+    assert scores["exact_match"] == {
+        "exact_match": 0.25
+    }  # "a  b c " is "a b c" once whitespace runs collapse
     normalized = [" ".join(p.split()) for p in predictions]
-    assert scores["text_scores"]["bleu"] == pytest.approx(text_metrics.corpus_bleu(normalized, targets), abs=1e-4)
-    assert scores["text_scores"]["rouge_l"] == pytest.approx(text_metrics.rouge_l(normalized, targets), abs=1e-4)
+    assert scores["text_scores"]["bleu"] == pytest.approx(
+        text_metrics.corpus_bleu(normalized, targets), abs=1e-4
+    )
+    assert scores["text_scores"]["rouge_l"] == pytest.approx(
+        text_metrics.rouge_l(normalized, targets), abs=1e-4
+    )
     assert 0 < scores["text_scores"]["bleu"] < 100 and 0 < scores["text_scores"]["rouge_l"] < 100
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # the controller side: no venv
 
 
 def test_samples_are_shown_as_the_torch_trainer_shows_them() -> None:
     from tpuft.worker.t5x.data import sample_lines
 
-    decodes = [{"input": "two", "prediction": "2 ", "target": "2"}, {"input": "ten", "prediction": "1", "target": "10"},
-               {"input": "six", "prediction": "6", "target": "6"}]
-    assert sample_lines(decodes, 2) == ["'two' -> '2 ' (expected '2') ok", "'ten' -> '1' (expected '10') MISS"]
+    decodes = [
+        {"input": "two", "prediction": "2 ", "target": "2"},
+        {"input": "ten", "prediction": "1", "target": "10"},
+        {"input": "six", "prediction": "6", "target": "6"},
+    ]
+    assert sample_lines(decodes, 2) == [
+        "'two' -> '2 ' (expected '2') ok",
+        "'ten' -> '1' (expected '10') MISS",
+    ]
     assert sample_lines(decodes, 0) == []
 
 
@@ -209,8 +254,9 @@ def recipe_with(tmp_path: Path, overrides: list[str]) -> Any:
 def test_the_spec_carries_the_data_section_and_the_text_metrics(tmp_path: Path) -> None:
     from tpuft.worker.t5x.data import finetune_spec
 
-    recipe = recipe_with(tmp_path, ["data.truncation=tail", "data.source_transforms=[lowercase]",
-                                    "eval.metric=bleu"])
+    recipe = recipe_with(
+        tmp_path, ["data.truncation=tail", "data.source_transforms=[lowercase]", "eval.metric=bleu"]
+    )
     spec = finetune_spec(recipe)
     assert spec["data"] == recipe.data.model_dump(mode="json")
     assert spec["data"]["truncation"] == "tail" and spec["data"]["source_transforms"] == ["lowercase"]
@@ -233,34 +279,61 @@ def test_t5x_declares_the_data_keys_and_says_why_not_labels() -> None:
 def test_a_hugging_face_dataset_replaces_data_train_and_a_label_field_is_refused(tmp_path: Path) -> None:
     saved = tmp_path / "saved"
     saved.mkdir()
-    recipe = load_recipe(QUICKSTART, ["data.train=null", "data.eval=null", "data.test=null", f"data.hf.path={saved}",
-                                      "data.hf.eval_split=validation", "data.hf.test_split=test"]).value
+    recipe = load_recipe(
+        QUICKSTART,
+        [
+            "data.train=null",
+            "data.eval=null",
+            "data.test=null",
+            f"data.hf.path={saved}",
+            "data.hf.eval_split=validation",
+            "data.hf.test_split=test",
+        ],
+    ).value
     assert recipe.data.hf is not None and recipe.data.train is None
     from tpuft.backends import get_backend
     from tpuft.backends.base import ClusterShape
 
     shape = ClusterShape(hosts=2, chips_per_host=1, target="cpu")
-    assert get_backend("t5x").check(recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"batch_size": 3})}),
-                                    shape)  # the hf eval split is evaluated: its batch must split too
+    assert get_backend("t5x").check(
+        recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"batch_size": 3})}), shape
+    )  # the hf eval split is evaluated: its batch must split too
     with pytest.raises(ConfigError) as info:
         load_recipe(QUICKSTART, ["data.label_field=digits"])
     assert "data.label_field" in str(info.value) and "T5X trains text-to-text models" in str(info.value)
 
 
-@pytest.mark.parametrize(("metric", "ranked_by"), [("bleu", "eval_bleu"), ("rouge_l", "eval_rouge_l"),
-                                                   ("loss", "eval_exact_match"), (None, "eval_exact_match")])
-def test_keep_best_ranks_the_inference_evals_by_eval_metric(tmp_path: Path, metric: str | None, ranked_by: str) -> None:
-    """BLEU and ROUGE-L rank T5X's inference evals like any metric; the teacher-forced eval's loss is a row of its
-    own, so its metric falls back to exact match there."""
+@pytest.mark.parametrize(
+    ("metric", "ranked_by"),
+    [
+        ("bleu", "eval_bleu"),
+        ("rouge_l", "eval_rouge_l"),
+        ("loss", "eval_exact_match"),
+        (None, "eval_exact_match"),
+    ],
+)
+def test_keep_best_ranks_the_inference_evals_by_eval_metric(
+    tmp_path: Path, metric: str | None, ranked_by: str
+) -> None:
+    """BLEU and ROUGE-L rank T5X's inference evals like any metric; the teacher-forced eval's loss is a row of
+    its own, so its metric falls back to exact match there."""
     from tpuft.worker.context import WorkerContext
     from tpuft.worker.t5x.train import T5xRun
 
     recipe = load_recipe(QUICKSTART, [f"eval.metric={metric}" if metric else "eval.metric=null"]).value
-    ctx = WorkerContext(run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="127.0.0.1:1",
-                        run_url=str(tmp_path))
+    ctx = WorkerContext(
+        run_id="r",
+        run_dir=tmp_path,
+        worker_id=0,
+        num_workers=1,
+        coordinator="127.0.0.1:1",
+        run_url=str(tmp_path),
+    )
     run = T5xRun(ctx, recipe)
-    rows = {10: {"eval_exact_match": 0.5, "eval_bleu": 20.0, "eval_rouge_l": 60.0},
-            20: {"eval_exact_match": 0.9, "eval_bleu": 10.0, "eval_rouge_l": 50.0}}
+    rows = {
+        10: {"eval_exact_match": 0.5, "eval_bleu": 20.0, "eval_rouge_l": 60.0},
+        20: {"eval_exact_match": 0.9, "eval_bleu": 10.0, "eval_rouge_l": 50.0},
+    }
     for step, row in rows.items():
         run.loop.judge(step, row)
     best = 20 if ranked_by == "eval_exact_match" else 10

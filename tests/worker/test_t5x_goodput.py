@@ -1,7 +1,7 @@
-"""T5X's goodput events (:mod:`tpuft.worker.t5x.goodput`), in process: what tpuft's hooks into T5X's loop report
-(a batch's wait, a save complete, an evaluation over, the start-up's restore) becomes the run's events, and the
-breakdown attributes them. T5X itself lives in its own venv: tests/e2e/test_t5x_rigs.py asserts the events a real
-T5X run records through the hooks."""
+"""T5X's goodput events (:mod:`tpuft.worker.t5x.goodput`), in process: what tpuft's hooks into T5X's loop
+report (a batch's wait, a save complete, an evaluation over, the start-up's restore) becomes the run's events,
+and the breakdown attributes them. T5X itself lives in its own venv: tests/e2e/test_t5x_rigs.py asserts the
+events a real T5X run records through the hooks."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_each_window_takes_the_waits_of_its_own_steps_only() -> None:
     timeline = T5xTimeline(INITIAL, INITIAL + 20)
-    for step in range(INITIAL, INITIAL + 12):  # T5X took the next window's first batches before the scalars came
+    for step in range(
+        INITIAL, INITIAL + 12
+    ):  # T5X took the next window's first batches before the scalars came
         timeline.batch_taken(step, 0.5 if step < INITIAL + 10 else 3.0)
     assert timeline.waited_before(INITIAL + 10) == pytest.approx(5.0)
     assert timeline.waited_before(INITIAL + 10) == 0.0  # taken: counted in one window
@@ -44,7 +46,9 @@ def test_each_window_takes_the_waits_of_its_own_steps_only() -> None:
 
 def test_saves_evaluations_and_a_resumed_restore_are_timed_events(recorded: Any) -> None:
     timeline = T5xTimeline(INITIAL, INITIAL + 20)
-    timeline.restored(time.time() - 1.0)  # a fresh run: the initial checkpoint's load is start-up, not a restore
+    timeline.restored(
+        time.time() - 1.0
+    )  # a fresh run: the initial checkpoint's load is start-up, not a restore
     timeline.resumed_at = 10
     timeline.restored(time.time() - 2.0)
     timeline.restored(time.time())  # once only
@@ -53,14 +57,25 @@ def test_saves_evaluations_and_a_resumed_restore_are_timed_events(recorded: Any)
     timeline.evaluated(time.time() - 3.0)
     with timeline.asking():
         timeline.saved(INITIAL + 15, time.time() - 0.5, None)
-    timeline.saved(INITIAL + 17, time.time() - 0.5, "no improvement for 2 evaluations")  # an early stop's last
+    timeline.saved(
+        INITIAL + 17, time.time() - 0.5, "no improvement for 2 evaluations"
+    )  # an early stop's last
     timeline.saved(INITIAL + 20, time.time() - 0.5, None)
     got = recorded()
     assert [(e["kind"], e["step"], e.get("reason")) for e in got] == [
-        ("checkpoint_restore", 10, None), ("checkpoint_save", 10, "periodic"), ("eval", 10, None),
-        ("checkpoint_save", 15, "request"), ("checkpoint_save", 17, "final"), ("checkpoint_save", 20, "final")]
+        ("checkpoint_restore", 10, None),
+        ("checkpoint_save", 10, "periodic"),
+        ("eval", 10, None),
+        ("checkpoint_save", 15, "request"),
+        ("checkpoint_save", 17, "final"),
+        ("checkpoint_save", 20, "final"),
+    ]
     seconds = [e["s"] for e in got]
-    assert seconds[:3] == [pytest.approx(2.0, abs=0.3), pytest.approx(1.5, abs=0.3), pytest.approx(3.0, abs=0.3)]
+    assert seconds[:3] == [
+        pytest.approx(2.0, abs=0.3),
+        pytest.approx(1.5, abs=0.3),
+        pytest.approx(3.0, abs=0.3),
+    ]
     assert all(e["attempt"] == 2 for e in got)
 
 

@@ -1,6 +1,7 @@
-"""T5X Multislice without a stack (tpuft/worker/t5x/multislice.py): the run gin's ICI/DCN mesh bindings, and the
-local pod's stand-in for a device's slice (the processes of one slice are one granule). The real stack's mesh is
-proved by the 2-slice training of tests/e2e/test_t5x_e2e.py and the 2-slice TPU compile of tests/test_compile_fit.py."""
+"""T5X Multislice without a stack (tpuft/worker/t5x/multislice.py): the run gin's ICI/DCN mesh bindings, and
+the local pod's stand-in for a device's slice (the processes of one slice are one granule). The real stack's
+mesh is proved by the 2-slice training of tests/e2e/test_t5x_e2e.py and the 2-slice TPU compile of
+tests/test_compile_fit.py."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def test_one_slice_binds_no_mesh_shapes() -> None:
 
 def test_slices_are_the_outer_axis_and_partitions_stay_in_one_slice() -> None:
     # 2 slices of 8 devices, 2 partitions: replica 2 (DCN) x data 4 x model 2 (ICI)
-    assert mesh_bindings(2, 16, 2) == {"partitioning.PjitPartitioner.ici_mesh_shape": [1, 4, 2],
-                                       "partitioning.PjitPartitioner.dcn_mesh_shape": [2, 1, 1]}
+    assert mesh_bindings(2, 16, 2) == {
+        "partitioning.PjitPartitioner.ici_mesh_shape": [1, 4, 2],
+        "partitioning.PjitPartitioner.dcn_mesh_shape": [2, 1, 1],
+    }
     recipe = load_recipe(QUICKSTART, ["backend.num_partitions=2"]).value
     text = run_gin(recipe, SPEC, model_dir="/m", initial_step=0, cpu=True, slices=2, devices=4)
     assert "partitioning.PjitPartitioner.ici_mesh_shape = [1, 1, 2]\n" in text
@@ -42,7 +45,8 @@ def test_slices_are_the_outer_axis_and_partitions_stay_in_one_slice() -> None:
 
 
 def test_a_slice_is_its_processes_devices_in_worker_order() -> None:
-    # 2 slices x 2 hosts x 2 devices, listed out of order: JAX numbers a Multislice job's processes slice by slice
+    # 2 slices x 2 hosts x 2 devices, listed out of order: JAX numbers a Multislice job's processes slice by
+    # slice
     devices = [Device(id, id // 2) for id in (7, 0, 5, 2, 1, 6, 3, 4)]
     granules = slice_granules(devices, 2)
     assert [[d.id for d in granule] for granule in granules] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -52,21 +56,45 @@ def test_a_slice_is_its_processes_devices_in_worker_order() -> None:
 
 
 def test_the_layout_line_counts_replicas_over_every_slice() -> None:
-    layout = {"mesh": {"replica": 2, "data": 1, "model": 2}, "hosts": 2, "devices_per_host": 2, "params": 10,
-              "params_sharded": 4, "sharded_over": ["model"]}
-    assert layout_line(layout) == ("device layout: 2 host(s) x 2 device(s), mesh replica 2 x data 1 x model 2 "
-                                   "(2 replicas x 2 partitions); 4 of 10 parameter arrays split over 'model'")
+    layout = {
+        "mesh": {"replica": 2, "data": 1, "model": 2},
+        "hosts": 2,
+        "devices_per_host": 2,
+        "params": 10,
+        "params_sharded": 4,
+        "sharded_over": ["model"],
+    }
+    assert layout_line(layout) == (
+        "device layout: 2 host(s) x 2 device(s), mesh replica 2 x data 1 x model 2 "
+        "(2 replicas x 2 partitions); 4 of 10 parameter arrays split over 'model'"
+    )
 
 
 @pytest.mark.slow
-def test_the_compile_of_two_slices_has_the_slices_as_its_replica_axis(cli, tmp_path: Path, t5x_python: str) -> None:  # type: ignore[no-untyped-def]
-    """``recipes show --compile`` for a cluster of 2 x v4-8 (gcp.slices): libtpu's topology of 2 slices gives its
-    devices a slice_index, T5X's hybrid mesh puts the slices on ``replica``, and the step is compiled for it."""
+def test_the_compile_of_two_slices_has_the_slices_as_its_replica_axis(
+    cli, tmp_path: Path, t5x_python: str
+) -> None:  # type: ignore[no-untyped-def]
+    """``recipes show --compile`` for a cluster of 2 x v4-8 (gcp.slices): libtpu's topology of 2 slices gives
+    its devices a slice_index, T5X's hybrid mesh puts the slices on ``replica``, and the step is compiled for
+    it."""
     cluster = tmp_path / "tpuft.yaml"
-    cluster.write_text("provider: gcp\naccelerator: v4-8\ngcp: {project: my-project, zone: us-central2-b, slices: 2, "
-                       "queued: true}\n")
-    done = cli("recipes", "show", "--summary", "t5x_quickstart", "--compile", "--json", "-c", str(cluster),
-               "--set", "backend.num_partitions=2", *t5x_source_settings())
+    cluster.write_text(
+        "provider: gcp\naccelerator: v4-8\ngcp: {project: my-project, zone: us-central2-b, slices: 2, "
+        "queued: true}\n"
+    )
+    done = cli(
+        "recipes",
+        "show",
+        "--summary",
+        "t5x_quickstart",
+        "--compile",
+        "--json",
+        "-c",
+        str(cluster),
+        "--set",
+        "backend.num_partitions=2",
+        *t5x_source_settings(),
+    )
     assert done.code == 0, done.err
     compiled = json.loads(done.out)["compile"]["compiled"]
     extra = compiled["extra"]

@@ -1,13 +1,15 @@
 """The T5X trainer's parts against the real stack (the T5X venv: jax, flax, seqio, gin, TensorFlow, t5x):
 
 * span corruption (``tpuft/worker/t5x/tasks.py``) through seqio, with ByT5's bytes and with a SentencePiece
-  vocabulary plus extra ids: exact lengths, sentinels, masking statistics, and the corpus rebuilt from the outputs;
+  vocabulary plus extra ids: exact lengths, sentinels, masking statistics, and the corpus rebuilt from the
+  outputs;
 * the fine-tuning task: shards, fields/templates/prefix, the metric;
 * the generated run gin parsed by gin as ``t5x.train`` parses it, and what it binds (steps, model, vocabulary,
   qualified overrides, the learning-rate schedule built by T5X itself);
 * a few real training steps in one process, and the Hugging Face export's logits against T5X's own.
 
-Each stack-side check runs once in a subprocess of the T5X venv and prints JSON; the assertions are made here."""
+Each stack-side check runs once in a subprocess of the T5X venv and prints JSON; the assertions are made
+here."""
 
 from __future__ import annotations
 
@@ -35,38 +37,71 @@ QUICKSTART = REPO / "recipes" / "t5x_quickstart.yaml"
 NUMBERS = REPO / "recipes" / "data" / "numbers"
 INPUTS_LENGTH = 128
 SENTINEL_WINDOW = 60
-"""Ids within this many of the top of the vocabulary are sentinels here (the test corpus never reaches them)."""
+"""Ids within this many of the top of the vocabulary are sentinels here (the test corpus never reaches
+them)."""
 
 
 def stack_env(**extra: str) -> dict[str, str]:
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
-           "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "PYTHONPATH": str(REPO),
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "JAX_PLATFORMS": "cpu",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if "TPUFT_HOME" in os.environ:
         env["TPUFT_HOME"] = os.environ["TPUFT_HOME"]
     return {**env, **extra}
 
 
 def run_script(python: str, script: str, config: dict[str, Any], folder: Path, timeout: int = 600) -> Any:
-    """Run ``script`` (its argv[1] is ``config`` as JSON) with ``python`` from the repository root; the JSON it
-    printed last."""
+    """Run ``script`` (its argv[1] is ``config`` as JSON) with ``python`` from the repository root; the JSON
+    it printed last."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"script_{abs(hash(script)) % 10**8}.py"
     path.write_text(script)
-    proc = subprocess.run([python, str(path), json.dumps(config)], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=stack_env())
+    proc = subprocess.run(
+        [python, str(path), json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=stack_env(),
+    )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-5000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # inputs shared by the tests: a generated corpus and a tiny SentencePiece model trained on it
 
 
 def write_corpus(path: Path) -> Path:
     """~400 documents of made-up words (ASCII), with blank and whitespace-only lines that must be skipped."""
     rng = random.Random(0)
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "pa", "qu", "bo", "di", "fe", "gu", "ha",
-                 "ji", "wo", "xy", "ce"]
+    syllables = [
+        "ka",
+        "lo",
+        "mi",
+        "ne",
+        "ru",
+        "sa",
+        "to",
+        "vi",
+        "ze",
+        "pa",
+        "qu",
+        "bo",
+        "di",
+        "fe",
+        "gu",
+        "ha",
+        "ji",
+        "wo",
+        "xy",
+        "ce",
+    ]
     words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(300)]
     lines = []
     for index in range(400):
@@ -112,11 +147,16 @@ def corpus(stack_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def sentencepiece(t5x_python: str, corpus: Path, stack_dir: Path) -> dict[str, str]:
-    return run_script(t5x_python, TRAIN_SENTENCEPIECE, {"corpus": str(corpus), "prefix": str(stack_dir / "sp")},
-                      stack_dir, timeout=300)
+    return run_script(
+        t5x_python,
+        TRAIN_SENTENCEPIECE,
+        {"corpus": str(corpus), "prefix": str(stack_dir / "sp")},
+        stack_dir,
+        timeout=300,
+    )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # span corruption
 
 
@@ -177,8 +217,12 @@ SPAN = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def span(t5x_python: str, corpus: Path, sentencepiece: dict[str, str], stack_dir: Path) -> dict[str, Any]:
-    config = {"corpus": str(corpus), "inputs_length": INPUTS_LENGTH, "sp_model": sentencepiece["model"],
-              "sp_sentinels": sentencepiece["with_sentinels"]}
+    config = {
+        "corpus": str(corpus),
+        "inputs_length": INPUTS_LENGTH,
+        "sp_model": sentencepiece["model"],
+        "sp_sentinels": sentencepiece["with_sentinels"],
+    }
     return run_script(t5x_python, SPAN, config, stack_dir)
 
 
@@ -195,7 +239,8 @@ def split_at_sentinels(tokens: list[int], floor: int) -> tuple[list[list[int]], 
 
 
 def decode_examples(result: dict[str, Any], examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-    """Inputs and targets merged back by their sentinels: the token stream, and each example's span lengths."""
+    """Inputs and targets merged back by their sentinels: the token stream, and each example's span
+    lengths."""
     vs, eos = result["vocab_size"], result["eos"]
     floor = vs - SENTINEL_WINDOW
     stream: list[int] = []
@@ -209,7 +254,11 @@ def decode_examples(result: dict[str, Any], examples: list[dict[str, list[int]]]
         out_parts, out_sentinels = split_at_sentinels(targets[:-1], floor)
         expected = list(range(vs - 1, vs - 1 - len(in_sentinels), -1))
         assert in_sentinels == expected, (number, in_sentinels)  # counting down from vocab_size - 1
-        assert out_sentinels == in_sentinels, (number, in_sentinels, out_sentinels)  # the same, in the same order
+        assert out_sentinels == in_sentinels, (
+            number,
+            in_sentinels,
+            out_sentinels,
+        )  # the same, in the same order
         assert len(in_sentinels) >= 1
         # T5's mask starts with kept tokens and ends with a masked span: inputs open with text and end with a
         # sentinel, targets open with the first sentinel
@@ -226,8 +275,9 @@ def decode_examples(result: dict[str, Any], examples: list[dict[str, list[int]]]
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["byte", "sp"])
 def test_span_corruption_fills_the_inputs_exactly(span: dict[str, Any], kind: str) -> None:
-    """T5's arithmetic: the piece length is chosen so that kept tokens + one sentinel per span + EOS fill the inputs
-    length exactly; the targets (the spans, their sentinels, EOS) are exactly the helper's targets length."""
+    """T5's arithmetic: the piece length is chosen so that kept tokens + one sentinel per span + EOS fill the
+    inputs length exactly; the targets (the spans, their sentinels, EOS) are exactly the helper's targets
+    length."""
     assert span["helper_512"] == [568, 114]
     tokens_length, targets_length = span["helper"]
     assert (tokens_length, targets_length) == (141, 29)  # 128 inputs at 0.15 / 3.0: 21 masked in 7 spans
@@ -243,13 +293,18 @@ def test_span_corruption_fills_the_inputs_exactly(span: dict[str, Any], kind: st
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["byte", "sp"])
 def test_span_corruption_round_trips_to_the_corpus(span: dict[str, Any], kind: str) -> None:
-    """Inputs and targets merged back by their sentinels are the corpus, tokenized and concatenated (blank lines
-    skipped), nothing lost or repeated; sentinels are ids of their own (extra ids for SentencePiece)."""
+    """Inputs and targets merged back by their sentinels are the corpus, tokenized and concatenated (blank
+    lines skipped), nothing lost or repeated; sentinels are ids of their own (extra ids for SentencePiece)."""
     result = span[kind]
     vs = result["vocab_size"]
-    assert max(result["stream"]) < vs - SENTINEL_WINDOW  # the test's premise: no corpus token looks like a sentinel
+    assert (
+        max(result["stream"]) < vs - SENTINEL_WINDOW
+    )  # the test's premise: no corpus token looks like a sentinel
     if kind == "sp":
-        assert (vs, result["pieces"]) == (200, 100)  # 100 pieces + 100 extra ids: sentinels are ids 199, 198...
+        assert (vs, result["pieces"]) == (
+            200,
+            100,
+        )  # 100 pieces + 100 extra ids: sentinels are ids 199, 198...
     else:
         assert vs == 259  # 256 bytes + pad, EOS, unk: ByT5's sentinels are the top byte values
     decoded = decode_examples(result, result["examples"])
@@ -284,7 +339,9 @@ def test_span_corruption_is_reproducible_by_seed(span: dict[str, Any], kind: str
     result = span[kind]
     assert result["same_seed"] == result["examples"]
     assert result["other_seed"] != result["examples"]
-    assert decode_examples(result, result["other_seed"])["stream"] == result["stream"]  # other masks, same text
+    assert (
+        decode_examples(result, result["other_seed"])["stream"] == result["stream"]
+    )  # other masks, same text
 
 
 @pytest.mark.slow
@@ -303,7 +360,7 @@ def test_sentinel_check_refuses_a_sentencepiece_vocabulary_without_sentinels(spa
     assert checks["plain_100"]["vocab_size"] == 200
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # fine-tuning task
 
 
@@ -357,8 +414,10 @@ FINETUNE = textwrap.dedent(
 @pytest.fixture(scope="module")
 def finetune(t5x_python: str, stack_dir: Path) -> dict[str, Any]:
     templated = stack_dir / "templated.jsonl"
-    templated.write_text('{"question": "two plus two", "meta": {"lang": "en"}, "answer": "4"}\n\n'
-                         '{"question": "drei mal drei", "meta": {"lang": "de"}, "answer": "9"}\n')
+    templated.write_text(
+        '{"question": "two plus two", "meta": {"lang": "en"}, "answer": "4"}\n\n'
+        '{"question": "drei mal drei", "meta": {"lang": "de"}, "answer": "9"}\n'
+    )
     config = {"recipe": str(QUICKSTART), "run_dir": str(stack_dir / "run-ft"), "templated": str(templated)}
     return run_script(t5x_python, FINETUNE, config, stack_dir)
 
@@ -367,9 +426,13 @@ def finetune(t5x_python: str, stack_dir: Path) -> dict[str, Any]:
 def test_the_finetune_spec_is_the_recipes(finetune: dict[str, Any]) -> None:
     recipe = load_recipe(QUICKSTART).value
     assert finetune["spec"] == {
-        "name": "tpuft_numbers_1", "task": "finetune", "vocabulary": "byt5", "extra_ids": 0,
-        "data": recipe.data.model_dump(mode="json"), "text_metrics": False,
-    }  # fmt: skip
+        "name": "tpuft_numbers_1",
+        "task": "finetune",
+        "vocabulary": "byt5",
+        "extra_ids": 0,
+        "data": recipe.data.model_dump(mode="json"),
+        "text_metrics": False,
+    }
     assert finetune["spec"]["data"]["train"] == str(NUMBERS / "train.jsonl")
     assert finetune["splits"] == ["train", "validation"]
 
@@ -384,7 +447,10 @@ def test_finetune_shards_are_disjoint_and_cover_the_validation_split(finetune: d
             expected[(record["words"], record["digits"])] += 1
     assert sum(expected.values()) == 500
     assert len(expected) == 500  # every held-out example is different: shards can be told apart
-    shards = [Counter((r["inputs_pretokenized"], r["targets_pretokenized"]) for r in rows) for rows in finetune["shards"]]
+    shards = [
+        Counter((r["inputs_pretokenized"], r["targets_pretokenized"]) for r in rows)
+        for rows in finetune["shards"]
+    ]
     assert all(200 <= sum(shard.values()) <= 300 for shard in shards)
     assert not set(shards[0]) & set(shards[1])
     assert shards[0] + shards[1] == expected
@@ -404,7 +470,9 @@ def test_finetune_applies_the_template_and_the_prefix(finetune: dict[str, Any]) 
     assert finetune["templated_splits"] == ["train"]  # no eval file, no validation split
     rows = finetune["templated"]
     assert [(r["inputs_pretokenized"], r["targets_pretokenized"]) for r in rows] == [
-        ("solve: two plus two (en)", "4"), ("solve: drei mal drei (de)", "9")]
+        ("solve: two plus two (en)", "4"),
+        ("solve: drei mal drei (de)", "9"),
+    ]
     assert rows[0]["inputs"] == [b + 3 for b in b"solve: two plus two (en)"] + [1]
 
 
@@ -413,7 +481,7 @@ def test_exact_match(finetune: dict[str, Any]) -> None:
     assert finetune["exact_match"] == [{"exact_match": 1.0}, {"exact_match": 0.5}, {"exact_match": 0.0}]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # the run gin, parsed by gin as t5x.train parses it
 
 
@@ -523,25 +591,64 @@ train:
 
 
 @pytest.fixture(scope="module")
-def gin_parsed(t5x_python: str, corpus: Path, sentencepiece: dict[str, str], stack_dir: Path) -> dict[str, Any]:
+def gin_parsed(
+    t5x_python: str, corpus: Path, sentencepiece: dict[str, str], stack_dir: Path
+) -> dict[str, Any]:
     span_recipe = stack_dir / "span-sp.yaml"
     span_recipe.write_text(SPAN_RECIPE.format(vocabulary=sentencepiece["model"], corpus=corpus))
     cases = [
-        {"label": "initial", "recipe": str(QUICKSTART), "lr_steps": [0, 5, 10, 20],
-         "overrides": ["backend.initial_checkpoint=/tmp/x/checkpoint_1000000", "train.steps=20", "train.warmup_steps=5"],
-         "queries": ["%TRAIN_STEPS", "%USE_CACHED_TASKS", "%BATCH_SIZE", "%INITIAL_CHECKPOINT_PATH", "%MODEL_DIR",
-                     "%LOSS_NORMALIZING_FACTOR", "%TASK_FEATURE_LENGTHS", "%MIXTURE_OR_TASK_NAME", "%RANDOM_SEED",
-                     "train/utils.DatasetConfig.seed", "network.T5Config.emb_dim",
-                     "partitioning.PjitPartitioner.num_partitions", "train_script.train.stats_period",
-                     "utils.SaveCheckpointConfig.period"]},
-        {"label": "scratch", "recipe": str(QUICKSTART), "overrides": [], "lr_steps": [0, 100, 400],
-         "queries": ["%TRAIN_STEPS", "%INITIAL_CHECKPOINT_PATH", "%LOSS_NORMALIZING_FACTOR"]},
-        {"label": "span", "recipe": str(span_recipe), "overrides": [], "lr_steps": [0, 10, 40],
-         "queries": ["%TRAIN_STEPS", "%TASK_FEATURE_LENGTHS", "%LOSS_NORMALIZING_FACTOR", "%DROPOUT_RATE",
-                     "partitioning.PjitPartitioner.num_partitions", "trainer.Trainer.num_microbatches",
-                     "models.EncoderDecoderModel.z_loss", "infer_eval/utils.DatasetConfig.batch_size",
-                     "adafactor.Adafactor.decay_rate", "train_script.train.infer_eval_dataset_cfg",
-                     "train_script.train.train_eval_dataset_cfg"]},
+        {
+            "label": "initial",
+            "recipe": str(QUICKSTART),
+            "lr_steps": [0, 5, 10, 20],
+            "overrides": [
+                "backend.initial_checkpoint=/tmp/x/checkpoint_1000000",
+                "train.steps=20",
+                "train.warmup_steps=5",
+            ],
+            "queries": [
+                "%TRAIN_STEPS",
+                "%USE_CACHED_TASKS",
+                "%BATCH_SIZE",
+                "%INITIAL_CHECKPOINT_PATH",
+                "%MODEL_DIR",
+                "%LOSS_NORMALIZING_FACTOR",
+                "%TASK_FEATURE_LENGTHS",
+                "%MIXTURE_OR_TASK_NAME",
+                "%RANDOM_SEED",
+                "train/utils.DatasetConfig.seed",
+                "network.T5Config.emb_dim",
+                "partitioning.PjitPartitioner.num_partitions",
+                "train_script.train.stats_period",
+                "utils.SaveCheckpointConfig.period",
+            ],
+        },
+        {
+            "label": "scratch",
+            "recipe": str(QUICKSTART),
+            "overrides": [],
+            "lr_steps": [0, 100, 400],
+            "queries": ["%TRAIN_STEPS", "%INITIAL_CHECKPOINT_PATH", "%LOSS_NORMALIZING_FACTOR"],
+        },
+        {
+            "label": "span",
+            "recipe": str(span_recipe),
+            "overrides": [],
+            "lr_steps": [0, 10, 40],
+            "queries": [
+                "%TRAIN_STEPS",
+                "%TASK_FEATURE_LENGTHS",
+                "%LOSS_NORMALIZING_FACTOR",
+                "%DROPOUT_RATE",
+                "partitioning.PjitPartitioner.num_partitions",
+                "trainer.Trainer.num_microbatches",
+                "models.EncoderDecoderModel.z_loss",
+                "infer_eval/utils.DatasetConfig.batch_size",
+                "adafactor.Adafactor.decay_rate",
+                "train_script.train.infer_eval_dataset_cfg",
+                "train_script.train.train_eval_dataset_cfg",
+            ],
+        },
     ]
     warm = ["train.steps=100", "train.warmup_steps=10"]
     schedules = {
@@ -551,11 +658,25 @@ def gin_parsed(t5x_python: str, corpus: Path, sentencepiece: dict[str, str], sta
         "cosine": [*warm, "train.schedule=cosine"],
         "constant_no_warmup": ["train.steps=100", "train.warmup_steps=0", "train.schedule=constant"],
     }
-    qualify = ["PjitPartitioner.num_partitions", "infer_eval/DatasetConfig.batch_size", "Trainer.num_microbatches",
-               "T5Config.emb_dim", "network.T5Config.emb_dim", "utils.SaveCheckpointConfig.period", "DROPOUT_RATE",
-               "train_script.train.eval_period", "Evaluator.num_examples", "NoSuchThing.value"]
-    config = {"cases": cases, "schedules": schedules, "quickstart": str(QUICKSTART), "qualify": qualify,
-              "run_dir": str(stack_dir / "run-gin")}
+    qualify = [
+        "PjitPartitioner.num_partitions",
+        "infer_eval/DatasetConfig.batch_size",
+        "Trainer.num_microbatches",
+        "T5Config.emb_dim",
+        "network.T5Config.emb_dim",
+        "utils.SaveCheckpointConfig.period",
+        "DROPOUT_RATE",
+        "train_script.train.eval_period",
+        "Evaluator.num_examples",
+        "NoSuchThing.value",
+    ]
+    config = {
+        "cases": cases,
+        "schedules": schedules,
+        "quickstart": str(QUICKSTART),
+        "qualify": qualify,
+        "run_dir": str(stack_dir / "run-gin"),
+    }
     (stack_dir / "run-gin").mkdir(exist_ok=True)
     return run_script(t5x_python, GIN, config, stack_dir)
 
@@ -573,7 +694,9 @@ def test_the_run_gin_counts_steps_after_the_initial_checkpoint(gin_parsed: dict[
     assert values["%MODEL_DIR"] == "/nowhere/checkpoints"
     assert values["%MIXTURE_OR_TASK_NAME"] == "tpuft_gin_1"
     assert values["%TASK_FEATURE_LENGTHS"] == {"inputs": 48, "targets": 8}
-    assert values["%RANDOM_SEED"] == 0 and values["train/utils.DatasetConfig.seed"] == 0  # reproducible data order
+    assert (
+        values["%RANDOM_SEED"] == 0 and values["train/utils.DatasetConfig.seed"] == 0
+    )  # reproducible data order
     assert values["partitioning.PjitPartitioner.num_partitions"] == 1
     assert values["train_script.train.stats_period"] == 50
     assert values["utils.SaveCheckpointConfig.period"] > 0
@@ -588,13 +711,26 @@ def test_the_run_gin_counts_steps_after_the_initial_checkpoint(gin_parsed: dict[
 def test_the_run_gin_builds_the_recipes_model_and_vocabulary(gin_parsed: dict[str, Any]) -> None:
     quick = gin_parsed["cases"]["initial"]
     assert quick["values"]["network.T5Config.emb_dim"] == 128
-    assert quick["network"] == {"vocab_size": 384, "dtype": "float32", "emb_dim": 128, "num_heads": 4, "head_dim": 32,
-                                "mlp_dim": 256, "num_encoder_layers": 2, "num_decoder_layers": 2, "dropout_rate": 0.0}
+    assert quick["network"] == {
+        "vocab_size": 384,
+        "dtype": "float32",
+        "emb_dim": 128,
+        "num_heads": 4,
+        "head_dim": 32,
+        "mlp_dim": 256,
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 2,
+        "dropout_rate": 0.0,
+    }
     assert quick["vocabulary"]["class"] == "ByteVocabulary" and quick["vocabulary"]["size"] == 259
     assert quick["model_vocabulary_is_input"]
     span = gin_parsed["cases"]["span"]
-    assert span["vocabulary"] == {"class": "SentencePieceVocabulary", "size": 200, "extra_ids": 100,
-                                  "file": span["vocabulary"]["file"]}
+    assert span["vocabulary"] == {
+        "class": "SentencePieceVocabulary",
+        "size": 200,
+        "extra_ids": 100,
+        "file": span["vocabulary"]["file"],
+    }
     assert Path(span["vocabulary"]["file"]).name == "sp.model"
     assert span["model_vocabulary_is_input"]
     assert span["network"]["vocab_size"] == 256 and span["network"]["emb_dim"] == 64
@@ -611,12 +747,20 @@ def test_the_run_gin_builds_the_recipes_model_and_vocabulary(gin_parsed: dict[st
 def test_short_form_overrides_are_qualified_and_win(gin_parsed: dict[str, Any]) -> None:
     span = gin_parsed["cases"]["span"]
     overrides = span["text"].split("# backend.gin_overrides", 1)[1]
-    for line in ("partitioning.PjitPartitioner.num_partitions = 2", "trainer.Trainer.num_microbatches = 4",
-                 "models.EncoderDecoderModel.z_loss = 0.0002", "infer_eval/utils.DatasetConfig.batch_size = 16",
-                 "adafactor.Adafactor.decay_rate = 0.7", "network.T5Config.vocab_size = 256", "DROPOUT_RATE = 0.05"):
+    for line in (
+        "partitioning.PjitPartitioner.num_partitions = 2",
+        "trainer.Trainer.num_microbatches = 4",
+        "models.EncoderDecoderModel.z_loss = 0.0002",
+        "infer_eval/utils.DatasetConfig.batch_size = 16",
+        "adafactor.Adafactor.decay_rate = 0.7",
+        "network.T5Config.vocab_size = 256",
+        "DROPOUT_RATE = 0.05",
+    ):
         assert line in overrides.splitlines(), (line, overrides)
     values = span["values"]
-    assert values["partitioning.PjitPartitioner.num_partitions"] == 2  # the override, after the recipe's own 1
+    assert (
+        values["partitioning.PjitPartitioner.num_partitions"] == 2
+    )  # the override, after the recipe's own 1
     assert values["trainer.Trainer.num_microbatches"] == 4
     assert values["models.EncoderDecoderModel.z_loss"] == 0.0002
     assert values["infer_eval/utils.DatasetConfig.batch_size"] == 16
@@ -642,7 +786,11 @@ def test_the_gin_schedule_is_tpufts_offset_by_the_initial_step(gin_parsed: dict[
     case = gin_parsed["cases"]["initial"]  # linear, 5 warm-up steps of 20, peak 0.01
     assert case["lr_gin"] == pytest.approx(case["lr_direct"], rel=1e-6)
     at_0, at_5, at_10, at_20 = case["lr_gin"]
-    assert at_0 < 1e-6 and at_5 == pytest.approx(0.01, rel=1e-5) and at_10 == pytest.approx(0.01 * 10 / 15, rel=1e-5)
+    assert (
+        at_0 < 1e-6
+        and at_5 == pytest.approx(0.01, rel=1e-5)
+        and at_10 == pytest.approx(0.01 * 10 / 15, rel=1e-5)
+    )
     assert at_20 < 1e-6
     span = gin_parsed["cases"]["span"]  # inverse_sqrt from scratch, 10 warm-up steps, peak 0.01
     assert span["lr_gin"] == pytest.approx([0.01, 0.01, 0.01 * math.sqrt(10 / 40)], rel=1e-5)
@@ -654,7 +802,9 @@ def test_learning_rate_schedules_built_by_t5x(gin_parsed: dict[str, Any]) -> Non
     schedules = gin_parsed["schedules"]
     linear = schedules["linear"]
     peak, lr = linear["peak"], linear["lr"]
-    assert lr[0] < 1e-6  # T5X's step is absolute: the schedule starts at the initial checkpoint, not at step 0
+    assert (
+        lr[0] < 1e-6
+    )  # T5X's step is absolute: the schedule starts at the initial checkpoint, not at step 0
     assert lr[5] == pytest.approx(peak / 2, rel=1e-5)
     assert lr[10] == pytest.approx(peak, rel=1e-5)  # the peak at the end of warm-up
     assert lr[55] == pytest.approx(peak / 2, rel=1e-5)
@@ -677,7 +827,7 @@ def test_learning_rate_schedules_built_by_t5x(gin_parsed: dict[str, Any]) -> Non
     assert all(a >= b for a, b in zip(lr[10:100], lr[11:100]))
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # a real run of a few steps; the Hugging Face export against T5X's own logits
 
 
@@ -738,23 +888,39 @@ HF_LOGITS = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_a_short_run_exports_a_model_with_t5xs_logits(t5x_python: str, torch_python: str, tmp_path: Path) -> None:
+def test_a_short_run_exports_a_model_with_t5xs_logits(
+    t5x_python: str, torch_python: str, tmp_path: Path
+) -> None:
     recipe = load_recipe(
         QUICKSTART,
-        ["train.steps=4", "train.checkpoint_every=null", "train.log_every=2", "train.warmup_steps=1",
-         "train.batch_size=8", "eval.every=null", "eval.max_examples=32"],
+        [
+            "train.steps=4",
+            "train.checkpoint_every=null",
+            "train.log_every=2",
+            "train.warmup_steps=1",
+            "train.batch_size=8",
+            "eval.every=null",
+            "eval.max_examples=32",
+        ],
     ).value  # T5X's inference eval once, at the end, on the first 32 held-out numbers; the test on all 500
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
-    env = stack_env(TPUFT_RUN_ID="t5x-parts-1", TPUFT_RUN_DIR=str(run_dir), TPUFT_WORKER_ID="0", TPUFT_NUM_WORKERS="1")
-    proc = subprocess.run([t5x_python, "-m", "tpuft.worker"], capture_output=True, text=True, timeout=600, cwd=REPO,
-                          env=env)
+    env = stack_env(
+        TPUFT_RUN_ID="t5x-parts-1", TPUFT_RUN_DIR=str(run_dir), TPUFT_WORKER_ID="0", TPUFT_NUM_WORKERS="1"
+    )
+    proc = subprocess.run(
+        [t5x_python, "-m", "tpuft.worker"], capture_output=True, text=True, timeout=600, cwd=REPO, env=env
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     checkpoint = run_dir / "checkpoints" / "checkpoint_4"
     assert (checkpoint / "manifest.json").is_file()
     heartbeat = json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())
-    assert heartbeat["status"] == "finished" and heartbeat["step"] == 4 and heartbeat["exported_from"] == "checkpoint_4"
+    assert (
+        heartbeat["status"] == "finished"
+        and heartbeat["step"] == 4
+        and heartbeat["exported_from"] == "checkpoint_4"
+    )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "loss" in row] == [2, 4]
     assert all(math.isfinite(row["loss"]) and row["loss"] > 0 for row in rows if "loss" in row)
@@ -767,17 +933,37 @@ def test_a_short_run_exports_a_model_with_t5xs_logits(t5x_python: str, torch_pyt
     assert test_row[0]["test_exact_match"] == round(sum(row["correct"] for row in tested) / 500, 6)
     assert heartbeat["test_exact_match"] == test_row[0]["test_exact_match"]
 
-    # tpuft predict's engine on the same checkpoint: T5X's own inference eval, row for row (one decoder: the test's)
-    evaluated = [json.loads(line) for line in (run_dir / "eval" / "predictions-00000004.jsonl").read_text().splitlines()]
+    # tpuft predict's engine on the same checkpoint: T5X's own inference eval, row for row (one decoder: the
+    # test's)
+    evaluated = [
+        json.loads(line)
+        for line in (run_dir / "eval" / "predictions-00000004.jsonl").read_text().splitlines()
+    ]
     source = tmp_path / "eval32.jsonl"
-    source.write_text("".join(json.dumps({"words": r["input"], "digits": r["target"]}) + "\n" for r in evaluated))
+    source.write_text(
+        "".join(json.dumps({"words": r["input"], "digits": r["target"]}) + "\n" for r in evaluated)
+    )
     for beams in (1, 2):
-        job = PredictJob(input=str(source), shards=str(tmp_path / f"shards-{beams}"), output=str(tmp_path / f"out-{beams}.jsonl"),
-                         backend="t5x", model=str(checkpoint), recipe=dump_recipe(recipe), batch_size=8, shard_lines=20,
-                         num_beams=beams)
+        job = PredictJob(
+            input=str(source),
+            shards=str(tmp_path / f"shards-{beams}"),
+            output=str(tmp_path / f"out-{beams}.jsonl"),
+            backend="t5x",
+            model=str(checkpoint),
+            recipe=dump_recipe(recipe),
+            batch_size=8,
+            shard_lines=20,
+            num_beams=beams,
+        )
         (tmp_path / "job.json").write_text(job.to_json())
-        done = subprocess.run([t5x_python, "-m", "tpuft.worker.predict.main", "--job", str(tmp_path / "job.json")],
-                              capture_output=True, text=True, timeout=600, cwd=REPO, env={**env, "TPUFT_RUN_DIR": str(tmp_path / "p")})
+        done = subprocess.run(
+            [t5x_python, "-m", "tpuft.worker.predict.main", "--job", str(tmp_path / "job.json")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
+            env={**env, "TPUFT_RUN_DIR": str(tmp_path / "p")},
+        )
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
         out = [json.loads(line) for line in Path(job.output or "").read_text().splitlines()]
         assert [row["id"] for row in out] == list(range(32)) and all("correct" in row for row in out)
@@ -786,18 +972,33 @@ def test_a_short_run_exports_a_model_with_t5xs_logits(t5x_python: str, torch_pyt
 
     pairs = [["four thousand two", "4002"], ["nine hundred one", "9170"], ["seven", "7000"]]
     reference = tmp_path / "t5x_logits.npz"
-    t5x = run_script(t5x_python, T5X_LOGITS, {"gin": str(run_dir / "t5x" / "run.gin"), "checkpoint": str(checkpoint),
-                                             "out": str(reference), "pairs": pairs}, tmp_path)
+    t5x = run_script(
+        t5x_python,
+        T5X_LOGITS,
+        {
+            "gin": str(run_dir / "t5x" / "run.gin"),
+            "checkpoint": str(checkpoint),
+            "out": str(reference),
+            "pairs": pairs,
+        },
+        tmp_path,
+    )
     assert t5x["shape"] == [3, 5, 384] and t5x["step"] == 4 and t5x["dtype"] == "float32"
-    hf = run_script(torch_python, HF_LOGITS, {"reference": str(reference), "model": str(run_dir / "export" / "hf"),
-                                              "text": pairs[0][0]}, tmp_path)
+    hf = run_script(
+        torch_python,
+        HF_LOGITS,
+        {"reference": str(reference), "model": str(run_dir / "export" / "hf"), "text": pairs[0][0]},
+        tmp_path,
+    )
     assert hf["missing"] == [] and hf["unexpected"] == []
     assert hf["scale"] > 1.0  # real logits, not a degenerate model
     assert hf["diff"] < 1e-4, hf
-    assert hf["ids"] == [b + 3 for b in pairs[0][0].encode()] + [1]  # the exported tokenizer encodes as T5X did
+    assert hf["ids"] == [b + 3 for b in pairs[0][0].encode()] + [
+        1
+    ]  # the exported tokenizer encodes as T5X did
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # pure helpers (no stack needed)
 
 
@@ -826,17 +1027,17 @@ def test_small_helpers() -> None:
     assert score({"loss": 2.0}) is None
 
 
-def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *,
-                    resume: bool) -> dict[str, Any]:
+def t5x_adapter_run(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *, resume: bool
+) -> dict[str, Any]:
     """What T5X's hooks report for a 40-step run (a row, an evaluation of each kind and a checkpoint every 10
-    steps; exact match 0.5, 0.8, 0.7, 0.75), fed to the trainer's adapter without T5X; resumed, from the latest
-    checkpoint on."""
+    steps; exact match 0.5, 0.8, 0.7, 0.75), fed to the trainer's adapter without T5X; resumed, from the
+    latest checkpoint on."""
     import numpy as np
 
-    from tpuft.worker.t5x import train as t5x_train
     from tpuft.worker.context import WorkerContext
-
     from tpuft.worker.t5x import testset as t5x_test
+    from tpuft.worker.t5x import train as t5x_train
 
     exported: list[int] = []
     tested: list[tuple[str, int]] = []
@@ -848,20 +1049,40 @@ def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     monkeypatch.setattr(t5x_test, "run_test", fake_test)
     monkeypatch.setattr(t5x_test, "agree", list)  # one host: its own values
     monkeypatch.setattr(t5x_train, "remove_checkpoint", shutil.rmtree)
-    monkeypatch.setattr(t5x_train, "export_hf", lambda ctx, model_dir, step, dtype: exported.append(step) or run_dir / "export" / "hf")
+    monkeypatch.setattr(
+        t5x_train,
+        "export_hf",
+        lambda ctx, model_dir, step, dtype: exported.append(step) or run_dir / "export" / "hf",
+    )
     monkeypatch.setattr(t5x_train.T5xRun, "_process_count", staticmethod(lambda: 1))
     if resume:
         monkeypatch.setenv("TPUFT_RESUME", "1")
     else:
         monkeypatch.delenv("TPUFT_RESUME", raising=False)
-    recipe = load_recipe(QUICKSTART, ["train.steps=40", "train.keep_checkpoints=1", "train.warmup_steps=5",
-                                      "eval.every=10", "train.checkpoint_every=10"]).value
-    ctx = WorkerContext(run_id="adapter-1", run_dir=run_dir, worker_id=0, num_workers=1, coordinator="127.0.0.1:1",
-                        run_url=str(run_dir))
+    recipe = load_recipe(
+        QUICKSTART,
+        [
+            "train.steps=40",
+            "train.keep_checkpoints=1",
+            "train.warmup_steps=5",
+            "eval.every=10",
+            "train.checkpoint_every=10",
+        ],
+    ).value
+    ctx = WorkerContext(
+        run_id="adapter-1",
+        run_dir=run_dir,
+        worker_id=0,
+        num_workers=1,
+        coordinator="127.0.0.1:1",
+        run_url=str(run_dir),
+    )
     run = t5x_train.T5xRun(ctx, recipe)
     run._resume()
-    batch = {"decoder_target_tokens": np.array([[5, 6, 0], [7, 0, 0]]),  # 3 + 4 real tokens, 2 examples a row
-             "encoder_input_tokens": np.array([[1, 2, 3], [4, 0, 0]])}
+    batch = {
+        "decoder_target_tokens": np.array([[5, 6, 0], [7, 0, 0]]),  # 3 + 4 real tokens, 2 examples a row
+        "encoder_input_tokens": np.array([[1, 2, 3], [4, 0, 0]]),
+    }
     exact = {10: 0.5, 20: 0.8, 30: 0.7, 40: 0.75}
     start = run.step
     for taken in range(start, 40):
@@ -869,10 +1090,20 @@ def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
         step = taken + 1
         if step % 10:
             continue
-        run.on_train_scalars(step, {"loss": 2.0 / step, "loss_per_nonpadding_target_token": 1.0 / step,
-                                    "learning_rate": 0.001, "timing/seqs_per_second": 100.0, "accuracy": step / 100})
+        run.on_train_scalars(
+            step,
+            {
+                "loss": 2.0 / step,
+                "loss_per_nonpadding_target_token": 1.0 / step,
+                "learning_rate": 0.001,
+                "timing/seqs_per_second": 100.0,
+                "accuracy": step / 100,
+            },
+        )
         run.on_eval_scalars(step, {"loss_per_nonpadding_target_token": 0.9 / step, "accuracy": 0.99})
-        run.on_inference_eval(step, {"exact_match": exact[step]}, [{"input": "a", "prediction": "1", "target": "1"}])
+        run.on_inference_eval(
+            step, {"exact_match": exact[step]}, [{"input": "a", "prediction": "1", "target": "1"}]
+        )
         checkpoint = run_dir / "checkpoints" / f"checkpoint_{step}"
         checkpoint.mkdir(parents=True)
         (checkpoint / "state").write_text("x" * step)
@@ -881,54 +1112,90 @@ def t5x_adapter_run(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert run.loop.metrics is not None
     run.loop.metrics.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"rows": [{k: v for k, v in row.items() if k not in ("time", "elapsed_s")} for row in rows],
-            "lines": capsys.readouterr().out.replace(str(run_dir), "RUN").splitlines(), "exported": exported,
-            "tested": tested,
-            "kept": sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir()),
-            "beat": json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())}
+    return {
+        "rows": [{k: v for k, v in row.items() if k not in ("time", "elapsed_s")} for row in rows],
+        "lines": capsys.readouterr().out.replace(str(run_dir), "RUN").splitlines(),
+        "exported": exported,
+        "tested": tested,
+        "kept": sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir()),
+        "beat": json.loads((run_dir / "heartbeat" / "worker-0.json").read_text()),
+    }
 
 
-def test_the_t5x_adapter_reports_through_the_run_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """T5X's reports become the run's rows, lines and heartbeats; the best inference evaluation's checkpoint is kept
-    besides the last and exported, and still is after a resume (the teacher-forced rows' token accuracy, higher than
-    any exact match, does not rank: the rows are judged as they were during the run)."""
+def test_the_t5x_adapter_reports_through_the_run_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """T5X's reports become the run's rows, lines and heartbeats; the best inference evaluation's checkpoint
+    is kept besides the last and exported, and still is after a resume (the teacher-forced rows' token
+    accuracy, higher than any exact match, does not rank: the rows are judged as they were during the run)."""
     first = t5x_adapter_run(tmp_path, monkeypatch, capsys, resume=False)
     expected_rows = []
     for step in (10, 20, 30, 40):
         expected_rows += [
-            {"step": step, "loss": round(1.0 / step, 6), "lr": 0.001, "examples_per_s": 100.0, "tokens_per_s": 350.0,
-             "token_accuracy": step / 100},  # T5X's rows per second, times this host's examples and real tokens a row
+            {
+                "step": step,
+                "loss": round(1.0 / step, 6),
+                "lr": 0.001,
+                "examples_per_s": 100.0,
+                "tokens_per_s": 350.0,
+                "token_accuracy": step / 100,
+            },  # T5X's rows per second, times this host's examples and real tokens a row
             {"step": step, "eval_loss": round(0.9 / step, 6), "eval_token_accuracy": 0.99},
-            {"step": step, "eval_exact_match": {10: 0.5, 20: 0.8, 30: 0.7, 40: 0.75}[step], "eval_examples": 1,
-             "checkpoint": f"checkpoint_{step}"},
-        ]  # fmt: skip
-    test_row = {"step": 40, "test_examples": 3, "test_exact_match": 0.5, "test_seconds": 1.0, "test_checkpoint_step": 40}
-    expected_rows.append(test_row)  # the last checkpoint (no keep_best) tested once, at the end, before the export
+            {
+                "step": step,
+                "eval_exact_match": {10: 0.5, 20: 0.8, 30: 0.7, 40: 0.75}[step],
+                "eval_examples": 1,
+                "checkpoint": f"checkpoint_{step}",
+            },
+        ]
+    test_row = {
+        "step": 40,
+        "test_examples": 3,
+        "test_exact_match": 0.5,
+        "test_seconds": 1.0,
+        "test_checkpoint_step": 40,
+    }
+    expected_rows.append(
+        test_row
+    )  # the last checkpoint (no keep_best) tested once, at the end, before the export
     assert first["rows"] == expected_rows
     assert first["tested"] == [("RUN/checkpoints/checkpoint_40", 40)]
-    split = "[tpuft] batch split: this host feeds 2 of each batch's 32 rows"  # the log line every host now writes
+    split = (
+        "[tpuft] batch split: this host feeds 2 of each batch's 32 rows"  # the log line every host now writes
+    )
     assert first["lines"].count(split) == 1
     first["lines"].remove(split)
-    assert first["lines"][:3] == ["[tpuft] step 10/40 loss 0.1000 lr 1.00e-03 100.0 ex/s 350 tok/s",
-                                  "[tpuft] eval @ 10: exact_match 0.5000 (1 examples)",
-                                  "[tpuft] checkpoint saved: RUN/checkpoints/checkpoint_10"]
-    assert first["lines"][-2:] == ["[tpuft] test (checkpoint step 40): exact match 0.5000 (3 examples)",
-                                   "[tpuft] Hugging Face export of checkpoint_20: RUN/export/hf"]
+    assert first["lines"][:3] == [
+        "[tpuft] step 10/40 loss 0.1000 lr 1.00e-03 100.0 ex/s 350 tok/s",
+        "[tpuft] eval @ 10: exact_match 0.5000 (1 examples)",
+        "[tpuft] checkpoint saved: RUN/checkpoints/checkpoint_10",
+    ]
+    assert first["lines"][-2:] == [
+        "[tpuft] test (checkpoint step 40): exact match 0.5000 (3 examples)",
+        "[tpuft] Hugging Face export of checkpoint_20: RUN/export/hf",
+    ]
     assert first["kept"] == [20, 40] and first["exported"] == [20]
     beat = first["beat"]
     assert beat["status"] == "finished" and beat["step"] == 40 and beat["phase"] == "step"
     assert beat["exported_from"] == "checkpoint_20" and beat["loss"] == 0.025 and "train_seconds" in beat
     assert (tmp_path / "eval" / "predictions-00000040.jsonl").is_file()
 
-    shutil.rmtree(tmp_path / "checkpoints" / "checkpoint_40")  # as if the run had died after its checkpoint at 20
+    shutil.rmtree(
+        tmp_path / "checkpoints" / "checkpoint_40"
+    )  # as if the run had died after its checkpoint at 20
     resumed = t5x_adapter_run(tmp_path, monkeypatch, capsys, resume=True)
-    assert [line for line in resumed["lines"] if line != split][0] == "[tpuft] resuming from checkpoint_20 (step 20 of 40)"
+    assert [line for line in resumed["lines"] if line != split][
+        0
+    ] == "[tpuft] resuming from checkpoint_20 (step 20 of 40)"
     assert resumed["rows"] == expected_rows  # the rows after the checkpoint forgotten, then logged anew
     assert resumed["kept"] == [20, 40] and resumed["exported"] == [20]
-    assert resumed["tested"] == [("RUN/checkpoints/checkpoint_40", 40)]  # the test row had gone with step 40's rows
+    assert resumed["tested"] == [
+        ("RUN/checkpoints/checkpoint_40", 40)
+    ]  # the test row had gone with step 40's rows
 
     again = t5x_adapter_run(tmp_path, monkeypatch, capsys, resume=True)  # resumed from the final checkpoint
     assert again["tested"] == [] and again["rows"] == expected_rows  # tested already: exactly one test row
-    assert {k: again["beat"][k] for k in ("test_exact_match", "test_checkpoint_step")} == {"test_exact_match": 0.5,
-                                                                                         "test_checkpoint_step": 40}
+    assert {k: again["beat"][k] for k in ("test_exact_match", "test_checkpoint_step")} == {
+        "test_exact_match": 0.5,
+        "test_checkpoint_step": 40,
+    }

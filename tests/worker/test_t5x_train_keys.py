@@ -1,8 +1,8 @@
-"""The shared training keys on the T5X backend (tpuft/worker/t5x/keys.py): each key's binding in the run gin, the
-located refusals where T5X's own setting disagrees or its network cannot, and one short T5X training with bf16,
-label smoothing, gradient accumulation, a frozen encoder and embeddings, FSDP and early stopping together, checked in
-what T5X built and wrote: the frozen parameters bit-identical to T5X's own initialisation, the rest changed, the run
-stopped early at its checkpoint."""
+"""The shared training keys on the T5X backend (tpuft/worker/t5x/keys.py): each key's binding in the run gin,
+the located refusals where T5X's own setting disagrees or its network cannot, and one short T5X training with
+bf16, label smoothing, gradient accumulation, a frozen encoder and embeddings, FSDP and early stopping
+together, checked in what T5X built and wrote: the frozen parameters bit-identical to T5X's own
+initialisation, the rest changed, the run stopped early at its checkpoint."""
 
 from __future__ import annotations
 
@@ -50,35 +50,59 @@ def test_keys_left_at_their_defaults_leave_the_model_gins_choices() -> None:
     assert bound["trainer.Trainer.num_microbatches"] == "None"
     assert bound["network.T5Config.dtype"] == "'float32'"  # CPU; TPU: T5X's bfloat16
     assert gin_lines([], cpu=False)["network.T5Config.dtype"] == "'bfloat16'"
-    for name in ("OPTIMIZER", "models.EncoderDecoderModel.label_smoothing", "adafactor.Adafactor.beta1",
-                 "partitioning.standard_logical_axis_rules.parameter_partitioning_dims", "train_script.train.actions"):
+    for name in (
+        "OPTIMIZER",
+        "models.EncoderDecoderModel.label_smoothing",
+        "adafactor.Adafactor.beta1",
+        "partitioning.standard_logical_axis_rules.parameter_partitioning_dims",
+        "train_script.train.actions",
+    ):
         assert name not in bound
 
 
 def test_each_key_becomes_its_t5x_binding() -> None:
-    bound = gin_lines(["train.precision=bf16", "train.label_smoothing=0.1", "train.grad_accum_steps=4",
-                       "model.freeze=[encoder, embeddings]", "train.sharding=fsdp", "train.adafactor.beta1=0.9",
-                       "train.adafactor.decay_rate=-0.5", "train.adafactor.scale_parameter=true",
-                       "train.early_stopping.patience=2"])
+    bound = gin_lines(
+        [
+            "train.precision=bf16",
+            "train.label_smoothing=0.1",
+            "train.grad_accum_steps=4",
+            "model.freeze=[encoder, embeddings]",
+            "train.sharding=fsdp",
+            "train.adafactor.beta1=0.9",
+            "train.adafactor.decay_rate=-0.5",
+            "train.adafactor.scale_parameter=true",
+            "train.early_stopping.patience=2",
+        ]
+    )
     assert bound["network.T5Config.dtype"] == "'bfloat16'"  # on the CPU too: the recipe asked
     assert bound["models.EncoderDecoderModel.label_smoothing"] == "0.1"
     assert bound["trainer.Trainer.num_microbatches"] == "4"
     assert bound["OPTIMIZER"] == "@optimizers.MultiOptimizer()"
     assert bound["optimizers.MultiOptimizer.traversals_and_optimizers"] == (
-        "[[@t5x_keys.trainable_params(), @adafactor.Adafactor()]]")
+        "[[@t5x_keys.trainable_params(), @adafactor.Adafactor()]]"
+    )
     assert bound["t5x_keys.trainable_params.frozen"] == "['embeddings', 'encoder']"
     assert bound["partitioning.standard_logical_axis_rules.parameter_partitioning_dims"] == "2"
     assert bound["adafactor.Adafactor.beta1"] == "0.9"
     assert bound["adafactor.Adafactor.decay_rate"] == "0.5"  # HF writes T5X's exponent negated
     assert bound["adafactor.Adafactor.multiply_by_parameter_scale"] == "True"
-    assert bound["adafactor.Adafactor.epsilon1"] == "1e-30" and bound["adafactor.Adafactor.epsilon2"] == "0.001"
+    assert (
+        bound["adafactor.Adafactor.epsilon1"] == "1e-30" and bound["adafactor.Adafactor.epsilon2"] == "0.001"
+    )
     assert bound["train_script.train.actions"] == "{'INFER_EVAL': [@t5x_hooks.EarlyStop()]}"
     assert bound["train_script.train.concurrent_metrics"] == "False"
     assert bound["utils.SaveCheckpointConfig.period"] == "400"  # the quickstart's checkpoint_every
-    assert gin_lines(["backend.num_microbatches=4", "train.grad_accum_steps=4"])["trainer.Trainer.num_microbatches"] == "4"
+    assert (
+        gin_lines(["backend.num_microbatches=4", "train.grad_accum_steps=4"])[
+            "trainer.Trainer.num_microbatches"
+        ]
+        == "4"
+    )
     assert gin_lines(["backend.num_microbatches=4"])["trainer.Trainer.num_microbatches"] == "4"
     stopping = gin_lines(["train.checkpoint_every=null", "eval.every=100", "train.early_stopping.patience=2"])
-    assert stopping["utils.SaveCheckpointConfig.period"] == "100"  # every evaluation is a checkpoint to stop at
+    assert (
+        stopping["utils.SaveCheckpointConfig.period"] == "100"
+    )  # every evaluation is a checkpoint to stop at
 
 
 def test_the_umt5_network_gets_a_remat_policy() -> None:
@@ -88,11 +112,17 @@ def test_the_umt5_network_gets_a_remat_policy() -> None:
 
 
 def test_adafactors_relative_step_is_hfs_rate_as_t5x_factors() -> None:
-    """transformers: min(1e-2, 1/sqrt(t)) (warm-up init: min(1e-6 t, 1/sqrt(t))), t counted from 1 at the first
-    update; T5X's factors at its step s (after a checkpoint at 1000), evaluated here as T5X computes them."""
-    for warmup_init, rate in ((False, lambda t: min(1e-2, 1 / math.sqrt(t))),
-                              (True, lambda t: min(1e-6 * t, 1 / math.sqrt(t)))):
-        sets = ["train.adafactor.relative_step=true", f"train.adafactor.warmup_init={str(warmup_init).lower()}"]
+    """transformers: min(1e-2, 1/sqrt(t)) (warm-up init: min(1e-6 t, 1/sqrt(t))), t counted from 1 at the
+    first update; T5X's factors at its step s (after a checkpoint at 1000), evaluated here as T5X computes
+    them."""
+    for warmup_init, rate in (
+        (False, lambda t: min(1e-2, 1 / math.sqrt(t))),
+        (True, lambda t: min(1e-6 * t, 1 / math.sqrt(t))),
+    ):
+        sets = [
+            "train.adafactor.relative_step=true",
+            f"train.adafactor.warmup_init={str(warmup_init).lower()}",
+        ]
         binds = learning_rate_bindings(load_recipe(QUICKSTART, sets).value, 1000)
         knobs = {name.rsplit(".", 1)[1]: value for name, value in binds.items()}
         for step in (1000, 1001, 5000, 10_999, 11_000, 50_000):
@@ -115,10 +145,14 @@ def test_the_model_parts_by_t5x_parameter_path() -> None:
 
 def test_t5xs_own_settings_disagreeing_with_the_shared_keys_are_located_errors() -> None:
     (problem,) = refused(["backend.num_microbatches=2", "train.grad_accum_steps=4"])
-    assert problem == ("--set train.grad_accum_steps=4: train.grad_accum_steps: 4 disagrees with "
-                       "backend.num_microbatches (2): they are the same setting on T5X (its microbatches); give one")
+    assert problem == (
+        "--set train.grad_accum_steps=4: train.grad_accum_steps: 4 disagrees with "
+        "backend.num_microbatches (2): they are the same setting on T5X (its microbatches); give one"
+    )
     (problem,) = refused(["train.grad_accum_steps=3"])
-    assert problem.endswith("train.grad_accum_steps: 3 microbatches do not split train.batch_size (32) evenly")
+    assert problem.endswith(
+        "train.grad_accum_steps: 3 microbatches do not split train.batch_size (32) evenly"
+    )
     (problem,) = refused(["backend.dtype=float32", "train.precision=bf16"])
     assert "train.precision: bf16 disagrees with backend.dtype (float32)" in problem
     (problem,) = refused(["model.gradient_checkpointing=true"])
@@ -126,18 +160,30 @@ def test_t5xs_own_settings_disagreeing_with_the_shared_keys_are_located_errors()
     (problem,) = refused(["train.early_stopping.patience=2", "train.checkpoint_every=200", "eval.every=100"])
     assert "every evaluation must be a checkpoint step" in problem
     (problem,) = refused(["model.prompt_tuning.tokens=20"])
-    assert ": model.prompt_tuning: not supported by the t5x backend: T5X's prompt tuning is a separate package" in problem
+    assert (
+        ": model.prompt_tuning: not supported by the t5x backend: T5X's prompt tuning is a separate package"
+        in problem
+    )
 
 
 def test_an_early_stop_is_the_judges(tmp_path: Path) -> None:
-    """T5X's action asks the run's judge: no stop while the eval improves, a stop after `patience` that do not."""
-    from tpuft.worker.t5x import hooks as t5x_hooks
+    """T5X's action asks the run's judge: no stop while the eval improves, a stop after `patience` that do
+    not."""
     from tpuft.worker.context import WorkerContext
+    from tpuft.worker.t5x import hooks as t5x_hooks
     from tpuft.worker.t5x.train import T5xRun
 
-    recipe = load_recipe(QUICKSTART, ["train.early_stopping.patience=2", "eval.every=10", "train.checkpoint_every=10"]).value
-    ctx = WorkerContext(run_id="stop-1", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="127.0.0.1:1",
-                        run_url=str(tmp_path))
+    recipe = load_recipe(
+        QUICKSTART, ["train.early_stopping.patience=2", "eval.every=10", "train.checkpoint_every=10"]
+    ).value
+    ctx = WorkerContext(
+        run_id="stop-1",
+        run_dir=tmp_path,
+        worker_id=0,
+        num_workers=1,
+        coordinator="127.0.0.1:1",
+        run_url=str(tmp_path),
+    )
     run = T5xRun(ctx, recipe)
     run.loop.open_metrics(None)
     t5x_hooks.activate(run)
@@ -155,7 +201,7 @@ def test_an_early_stop_is_the_judges(tmp_path: Path) -> None:
     assert run.stopped_early is not None and "step 40" in run.stopped_early
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # one short T5X training with the keys together, checked in T5X's own objects and checkpoints
 
 CHECK = textwrap.dedent(
@@ -210,47 +256,98 @@ CHECK = textwrap.dedent(
 )
 
 
-UMT5 = ["backend.family=umt5", "backend.gin_overrides=" + json.dumps({
-    "network.T5Config.vocab_size": 384, "network.T5Config.emb_dim": 32, "network.T5Config.num_heads": 2,
-    "network.T5Config.head_dim": 16, "network.T5Config.mlp_dim": 64, "network.T5Config.num_encoder_layers": 2,
-    "network.T5Config.num_decoder_layers": 2})]
+UMT5 = [
+    "backend.family=umt5",
+    "backend.gin_overrides="
+    + json.dumps(
+        {
+            "network.T5Config.vocab_size": 384,
+            "network.T5Config.emb_dim": 32,
+            "network.T5Config.num_heads": 2,
+            "network.T5Config.head_dim": 16,
+            "network.T5Config.mlp_dim": 64,
+            "network.T5Config.num_encoder_layers": 2,
+            "network.T5Config.num_decoder_layers": 2,
+        }
+    ),
+]
 """A tiny umT5 (t5x's scalable T5 network, the one with a remat policy), its vocabulary ByT5's bytes."""
 
 
 @pytest.mark.slow
 def test_a_short_t5x_run_with_the_shared_keys(t5x_python: str, tmp_path: Path) -> None:
-    recipe = load_recipe(QUICKSTART, [
-        "train.steps=8", "train.batch_size=8", "train.log_every=2", "train.checkpoint_every=2", "train.warmup_steps=1",
-        "eval.every=2", "eval.max_examples=8", "eval.batch_size=8", "data.test=null", "export.hf=false",
-        "train.precision=bf16", "train.label_smoothing=0.1", "train.grad_accum_steps=2",
-        "model.freeze=[embeddings, encoder]", "train.sharding=fsdp", "train.adafactor.beta1=0.9",
-        "train.early_stopping.patience=1", "train.keep_checkpoints=5",
-    ]).value
+    recipe = load_recipe(
+        QUICKSTART,
+        [
+            "train.steps=8",
+            "train.batch_size=8",
+            "train.log_every=2",
+            "train.checkpoint_every=2",
+            "train.warmup_steps=1",
+            "eval.every=2",
+            "eval.max_examples=8",
+            "eval.batch_size=8",
+            "data.test=null",
+            "export.hf=false",
+            "train.precision=bf16",
+            "train.label_smoothing=0.1",
+            "train.grad_accum_steps=2",
+            "model.freeze=[embeddings, encoder]",
+            "train.sharding=fsdp",
+            "train.adafactor.beta1=0.9",
+            "train.early_stopping.patience=1",
+            "train.keep_checkpoints=5",
+        ],
+    ).value
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
-    env = stack_env(TPUFT_RUN_ID="t5x-keys-1", TPUFT_RUN_DIR=str(run_dir), TPUFT_WORKER_ID="0", TPUFT_NUM_WORKERS="1",
-                    TPUFT_LOCAL_DEVICES="2")  # two CPU devices: FSDP splits the parameters over both replicas
-    proc = subprocess.run([t5x_python, "-m", "tpuft.worker"], capture_output=True, text=True, timeout=600, cwd=REPO,
-                          env=env)
+    env = stack_env(
+        TPUFT_RUN_ID="t5x-keys-1",
+        TPUFT_RUN_DIR=str(run_dir),
+        TPUFT_WORKER_ID="0",
+        TPUFT_NUM_WORKERS="1",
+        TPUFT_LOCAL_DEVICES="2",
+    )  # two CPU devices: FSDP splits the parameters over both replicas
+    proc = subprocess.run(
+        [t5x_python, "-m", "tpuft.worker"], capture_output=True, text=True, timeout=600, cwd=REPO, env=env
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [row for row in rows if "eval_examples" in row]
     heartbeat = json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())
     # exact match does not improve on a model this young: patience 1 stops the run at its second evaluation
     assert [row["step"] for row in evals] == [2, 4], rows
-    assert heartbeat["status"] == "finished" and heartbeat["step"] == 4 and "early stopping" in heartbeat["stopped_early"]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("checkpoint_")) == [
-        "checkpoint_0", "checkpoint_2", "checkpoint_4"]  # T5X's initial one, then every evaluation's; none at 6
+    assert (
+        heartbeat["status"] == "finished"
+        and heartbeat["step"] == 4
+        and "early stopping" in heartbeat["stopped_early"]
+    )
+    assert sorted(
+        p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("checkpoint_")
+    ) == [
+        "checkpoint_0",
+        "checkpoint_2",
+        "checkpoint_4",
+    ]  # T5X's initial one, then every evaluation's; none at 6
     layout = json.loads((run_dir / "t5x" / "layout.json").read_text())
-    assert layout["mesh"] == {"data": 2, "model": 1} and layout["sharded_over"] == ["data"], layout  # FSDP, really
+    assert layout["mesh"] == {"data": 2, "model": 1} and layout["sharded_over"] == ["data"], (
+        layout
+    )  # FSDP, really
     losses = [row["loss"] for row in rows if "loss" in row]
     assert losses and all(math.isfinite(loss) and loss > 0 for loss in losses)
 
     checkpoints = run_dir / "checkpoints"
-    found: dict[str, Any] = run_script(t5x_python, CHECK, {"gin": str(run_dir / "t5x" / "run.gin"),
-                                       "initial": str(checkpoints / "checkpoint_0"),
-                                       "checkpoint": str(checkpoints / "checkpoint_4")}, tmp_path)
+    found: dict[str, Any] = run_script(
+        t5x_python,
+        CHECK,
+        {
+            "gin": str(run_dir / "t5x" / "run.gin"),
+            "initial": str(checkpoints / "checkpoint_0"),
+            "checkpoint": str(checkpoints / "checkpoint_4"),
+        },
+        tmp_path,
+    )
     assert found["optimizer"] == "MultiOptimizer" and found["sub"] == "Adafactor" and found["beta1"] == 0.9
     assert found["label_smoothing"] == 0.1 and found["microbatches"] == 2
     assert found["dtype"] == "bfloat16" and found["bf16_ops"] > 10  # the network computes in bfloat16
@@ -259,8 +356,12 @@ def test_a_short_t5x_run_with_the_shared_keys(t5x_python: str, tmp_path: Path) -
     params = found["params"]
     frozen = {name: p for name, p in params.items() if p["part"] in ("embeddings", "encoder")}
     trained = {name: p for name, p in params.items() if p["part"] == "decoder"}
-    assert "token_embedder/embedding" in frozen and "decoder/logits_dense/kernel" in frozen and len(trained) > 5
-    assert all(p["same"] for p in frozen.values()), {n: p["moved"] for n, p in frozen.items() if not p["same"]}
+    assert (
+        "token_embedder/embedding" in frozen and "decoder/logits_dense/kernel" in frozen and len(trained) > 5
+    )
+    assert all(p["same"] for p in frozen.values()), {
+        n: p["moved"] for n, p in frozen.items() if not p["same"]
+    }
     assert all(not p["same"] and p["moved"] > 0 for p in trained.values()), trained
     assert {p["dtype"] for p in params.values()} == {"float32"}  # bf16 compute, float32 parameters
     assert found["state_parts"] == ["decoder"]  # no optimizer state for what does not train
@@ -303,8 +404,13 @@ REMAT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_gradient_checkpointing_is_umt5s_full_remat(t5x_python: str, tmp_path: Path) -> None:
-    """umT5's gin already saves the matmuls without a batch dimension (its 'minimal' policy); the key makes the
-    backward pass recompute everything (no policy: nothing saved), as the other backends' checkpointing does."""
-    found = run_script(t5x_python, REMAT, {"quickstart": str(QUICKSTART), "umt5": UMT5, "spec": SPEC,
-                                           "out": str(tmp_path)}, tmp_path)
+    """umT5's gin already saves the matmuls without a batch dimension (its 'minimal' policy); the key makes
+    the backward pass recompute everything (no policy: nothing saved), as the other backends' checkpointing
+    does."""
+    found = run_script(
+        t5x_python,
+        REMAT,
+        {"quickstart": str(QUICKSTART), "umt5": UMT5, "spec": SPEC, "out": str(tmp_path)},
+        tmp_path,
+    )
     assert found == {"on": ["None"], "off": ["DotsSaveable"]}, found

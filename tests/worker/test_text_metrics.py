@@ -33,7 +33,8 @@ def sentence(rng: random.Random, lo: int = 0, hi: int = 18) -> str:
 
 
 def perturb(rng: random.Random, reference: str) -> str:
-    """A hypothesis near the reference: words dropped, swapped, replaced or added; sometimes empty or unrelated."""
+    """A hypothesis near the reference: words dropped, swapped, replaced or added; sometimes empty or
+    unrelated."""
     roll = rng.random()
     if roll < 0.05:
         return ""
@@ -88,7 +89,8 @@ def test_corpus_bleu_matches_sacrebleu(seed: int) -> None:
 
 
 def test_bleu_of_single_segments_matches_sacrebleu() -> None:
-    """One-segment corpora: short ones exercise the smoothing (orders with no match) and the brevity penalty."""
+    """One-segment corpora: short ones exercise the smoothing (orders with no match) and the brevity
+    penalty."""
     hypotheses, references = pairs(99, 300)
     for hyp, ref in zip(hypotheses, references):
         if not hyp.strip() and not ref.strip():
@@ -130,10 +132,16 @@ def test_rouge_l_matches_rouge_score(seed: int) -> None:
 
 def test_rouge_l_edge_cases_match_rouge_score() -> None:
     cases = [
-        ("", "the cat"), ("the cat", ""), ("", ""), ("!!! ...", "the cat"),
+        ("", "the cat"),
+        ("the cat", ""),
+        ("", ""),
+        ("!!! ...", "the cat"),
         ("Ελλάδα 東京", "Ελλάδα 東京"),  # no a-z0-9 token on either side: 0, as rouge-score says
-        ("The CAT sat.", "the cat, sat"), ("café naïve", "caf na ve"), ("cats running", "cat run"),
-        ("a b c d e", "e d c b a"), ("x1 y2-z3", "x1 y2 z3"),
+        ("The CAT sat.", "the cat, sat"),
+        ("café naïve", "caf na ve"),
+        ("cats running", "cat run"),
+        ("a b c d e", "e d c b a"),
+        ("x1 y2-z3", "x1 y2 z3"),
     ]
     for hyp, ref in cases:
         assert rouge_l_pair(hyp, ref) == pytest.approx(google_rouge(hyp, ref), abs=1e-12), (hyp, ref)
@@ -157,7 +165,8 @@ def test_length_mismatch_is_an_error() -> None:
 
 
 def test_statistics_of_shards_add_up() -> None:
-    """What a sharded evaluation does: sum the per-replica statistics (as float64 tensors), then score once."""
+    """What a sharded evaluation does: sum the per-replica statistics (as float64 tensors), then score
+    once."""
     from tpuft.worker.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l_sum
 
     hypotheses, references = pairs(7, 90)

@@ -1,7 +1,7 @@
 """PyTorch/XLA Multislice pieces: the HybridMesh shapes and device order (pure, and against torch_xla's own
-``HybridMesh`` with stand-in TPU device attributes), the ``('data', 'fsdp')`` mesh's batch and weight shardings (on
-CPU devices), the libtpu start-up bound, and on the CPU pod the gloo rendezvous bounded by ``train.startup_timeout``
-and the hierarchical (within slice, then across slices) reduction."""
+``HybridMesh`` with stand-in TPU device attributes), the ``('data', 'fsdp')`` mesh's batch and weight
+shardings (on CPU devices), the libtpu start-up bound, and on the CPU pod the gloo rendezvous bounded by
+``train.startup_timeout`` and the hierarchical (within slice, then across slices) reduction."""
 
 from __future__ import annotations
 
@@ -23,16 +23,28 @@ from tpuft.worker.torch_xla.multislice import (
 
 def stand_in_devices(slices: int, dims: tuple[int, int, int]) -> list[tuple[int, tuple[int, int, int]]]:
     """(slice_index, coords) per device ordinal, as a TPU runtime numbers them: slice by slice, x fastest."""
-    return [(s, (x, y, z)) for s in range(slices)
-            for z, y, x in itertools.product(range(dims[2]), range(dims[1]), range(dims[0]))]
+    return [
+        (s, (x, y, z))
+        for s in range(slices)
+        for z, y, x in itertools.product(range(dims[2]), range(dims[1]), range(dims[0]))
+    ]
 
 
 def test_mesh_shapes_put_the_slices_on_the_outer_data_axis() -> None:
     data = mesh_shape(slices=2, devices=16, fsdp=False)
-    assert (data.axis_names, data.ici_mesh_shape, data.dcn_mesh_shape, data.mesh_shape) == (("data",), (8,), (2,), (16,))
+    assert (data.axis_names, data.ici_mesh_shape, data.dcn_mesh_shape, data.mesh_shape) == (
+        ("data",),
+        (8,),
+        (2,),
+        (16,),
+    )
     fsdp = mesh_shape(slices=4, devices=64, fsdp=True)
     assert (fsdp.axis_names, fsdp.ici_mesh_shape, fsdp.dcn_mesh_shape, fsdp.mesh_shape) == (
-        ("data", "fsdp"), (1, 16), (4, 1), (4, 16))
+        ("data", "fsdp"),
+        (1, 16),
+        (4, 1),
+        (4, 16),
+    )
     with pytest.raises(ValueError, match="do not split into 3 equal slices"):
         mesh_shape(slices=3, devices=16, fsdp=False)
 
@@ -41,13 +53,19 @@ def test_device_order_is_slice_by_slice_then_the_torus_and_the_check_names_a_mix
     # HybridMesh's own order for 2 slices of v4-8 (2x2x1) and of v4-16 (2x2x2), as torch_xla 2.9 gives it
     assert hybrid_device_order(stand_in_devices(2, (2, 2, 1))) == [0, 2, 1, 3, 4, 6, 5, 7]
     assert hybrid_device_order(stand_in_devices(2, (2, 2, 2)))[:8] == [0, 4, 2, 6, 1, 5, 3, 7]
-    shuffled = [(1, (0, 0, 0)), (0, (1, 0, 0)), (1, (1, 0, 0)), (0, (0, 0, 0))]  # slices interleaved by ordinal
+    shuffled = [
+        (1, (0, 0, 0)),
+        (0, (1, 0, 0)),
+        (1, (1, 0, 0)),
+        (0, (0, 0, 0)),
+    ]  # slices interleaved by ordinal
     order = hybrid_device_order(shuffled)
     assert order == [3, 1, 0, 2]
     slice_of = [s for s, _ in shuffled]
     assert outer_slices_problem(order, slice_of, 2) is None
     assert outer_slices_problem([0, 1, 2, 3], slice_of, 2) == (
-        "block 0 of the mesh's outer axis holds devices of slices [0, 1], not slice 0 alone")
+        "block 0 of the mesh's outer axis holds devices of slices [0, 1], not slice 0 alone"
+    )
 
 
 def test_the_trainer_logs_its_mesh_slices_outer() -> None:
@@ -128,18 +146,36 @@ print(json.dumps(out))
 @pytest.mark.backend_venvs("torch_xla")
 def test_hybrid_mesh_order_and_the_gloo_pod_in_the_backend_venv(torch_python: str) -> None:
     cases = [[2, [2, 2, 1], False], [2, [2, 2, 2], True], [4, [2, 2, 4], True], [2, [4, 4, 1], False]]
-    done = subprocess.run([torch_python, "-c", VENV_PROBE, json.dumps(cases)], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                      "PJRT_DEVICE": "CPU", "TF_CPP_MIN_LOG_LEVEL": "2",
-                                                      "CPU_NUM_DEVICES": "4"})
+    done = subprocess.run(
+        [torch_python, "-c", VENV_PROBE, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={
+            "PYTHONPATH": str(REPO),
+            "PATH": "/usr/bin:/bin",
+            "PJRT_DEVICE": "CPU",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "CPU_NUM_DEVICES": "4",
+        },
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for mesh in out["meshes"]:
         assert mesh["theirs"] == mesh["ours"] and mesh["shape"] == mesh["expected_shape"], mesh
-    # 2 slices x 2 hosts: each rank adds (rank + 1, 10**rank); within the slice, then across: every rank has the sum
+    # 2 slices x 2 hosts: each rank adds (rank + 1, 10**rank); within the slice, then across: every rank has
+    # the sum
     assert out["sums"] == [[r, [10.0, 1111.0], 2] for r in range(4)], out["sums"]
-    # several slices with FSDP: the batch over both axes (4 devices), the weights split on fsdp, replicated on data
-    assert out["fsdp"] == {"specs": [[None, "fsdp"]], "batch": "{devices=[4,1]0,1,2,3}",
-                           "weight": "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}", "sum": 120.0}, out["fsdp"]
-    assert out["timeout"].startswith("1 of 2 workers never joined the run's rendezvous within train.startup_timeout "
-                                     "(1.5 s): slice 1 host 0 (worker 1)"), out["timeout"]
+    # several slices with FSDP: the batch over both axes (4 devices), the weights split on fsdp, replicated on
+    # data
+    assert out["fsdp"] == {
+        "specs": [[None, "fsdp"]],
+        "batch": "{devices=[4,1]0,1,2,3}",
+        "weight": "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}",
+        "sum": 120.0,
+    }, out["fsdp"]
+    assert out["timeout"].startswith(
+        "1 of 2 workers never joined the run's rendezvous within train.startup_timeout "
+        "(1.5 s): slice 1 host 0 (worker 1)"
+    ), out["timeout"]

@@ -1,5 +1,6 @@
-"""The PyTorch/XLA trainer's small parts: the learning-rate schedule (pure Python) and the weight digest (torch, in
-the backend's venv: the digest is what tells that data-parallel replicas ended with identical weights)."""
+"""The PyTorch/XLA trainer's small parts: the learning-rate schedule (pure Python) and the weight digest
+(torch, in the backend's venv: the digest is what tells that data-parallel replicas ended with identical
+weights)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ def test_constant_after_warm_up_and_no_warm_up() -> None:
 
 
 def test_rng_seeds_differ_by_seed_replica_and_step_and_fit_every_generator() -> None:
-    """Each replica reseeds from (seed, replica, step) at every checkpoint step: replicas must draw different dropout
-    masks, and each checkpoint step starts a stream of its own."""
-    seeds = [rng_seed(seed, replica, step) for seed in (0, 1) for replica in range(4) for step in (0, 4, 8, 4000)]
+    """Each replica reseeds from (seed, replica, step) at every checkpoint step: replicas must draw different
+    dropout masks, and each checkpoint step starts a stream of its own."""
+    seeds = [
+        rng_seed(seed, replica, step) for seed in (0, 1) for replica in range(4) for step in (0, 4, 8, 4000)
+    ]
     assert len(set(seeds)) == len(seeds) == 32
     assert all(0 <= seed < 2**63 for seed in seeds)  # torch.manual_seed and the XLA RNG take any of these
 
@@ -61,11 +64,24 @@ DIGESTS = textwrap.dedent(
 def test_the_weight_digest_changes_with_any_weight(torch_python: str) -> None:
     from tests.conftest import REPO
 
-    out = subprocess.run([torch_python, "-c", DIGESTS], capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [torch_python, "-c", DIGESTS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"same": True, "changed": [True, True, True], "reshaped": True, "renamed": True, "dtype": True, "empty": True}
+    assert result == {
+        "same": True,
+        "changed": [True, True, True],
+        "reshaped": True,
+        "renamed": True,
+        "dtype": True,
+        "empty": True,
+    }
 
 
 def test_cosine_after_warm_up_is_half_a_cosine_to_zero() -> None:
@@ -96,12 +112,18 @@ LOSS = textwrap.dedent(
 
 @pytest.mark.slow
 def test_the_loss_is_summed_over_real_tokens_in_float32_with_label_smoothing(torch_python: str) -> None:
-    """Padding (-100) does not count, bf16 logits are scored in float32, and label smoothing spreads eps over the
-    vocabulary as torch's cross-entropy defines it."""
+    """Padding (-100) does not count, bf16 logits are scored in float32, and label smoothing spreads eps over
+    the vocabulary as torch's cross-entropy defines it."""
     from tests.conftest import REPO
 
-    out = subprocess.run([torch_python, "-c", LOSS], capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [torch_python, "-c", LOSS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for ours, manual in result.values():

@@ -1,4 +1,5 @@
-"""Named text transforms and the preprocess hook, as examples are built from records (controller and workers)."""
+"""Named text transforms and the preprocess hook, as examples are built from records (controller and
+workers)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,25 @@ import pytest
 
 from tpuft.config import TransformName, load_recipe
 from tpuft.worker.data import DataError, Fields, check_file, iter_shard
-from tpuft.worker.text_transforms import TRANSFORMS, HookError, load_preprocess, strip_diacritics, text_transform
+from tpuft.worker.text_transforms import (
+    TRANSFORMS,
+    HookError,
+    load_preprocess,
+    strip_diacritics,
+    text_transform,
+)
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
 
 
 def test_strip_diacritics_handles_romanian_both_comma_and_cedilla_forms() -> None:
     assert strip_diacritics("ă â î ș ț ş ţ Ș Ț Ă Â Î") == "a a i s t s t S T A A I"
-    assert strip_diacritics("Știința și tehnologia, în fiecare zi.") == "Stiinta si tehnologia, in fiecare zi."
-    assert strip_diacritics("naïve café, Ørsted") == "naive cafe, Ørsted"  # Ø is a letter of its own, not a mark
+    assert (
+        strip_diacritics("Știința și tehnologia, în fiecare zi.") == "Stiinta si tehnologia, in fiecare zi."
+    )
+    assert (
+        strip_diacritics("naïve café, Ørsted") == "naive cafe, Ørsted"
+    )  # Ø is a letter of its own, not a mark
 
 
 def test_every_transform_the_config_allows_exists_and_they_compose_in_order() -> None:
@@ -32,17 +43,26 @@ def test_every_transform_the_config_allows_exists_and_they_compose_in_order() ->
 
 
 def test_seed_003_task_from_one_field(tmp_path: Path) -> None:
-    """source_field = target_field, the input stripped of its diacritics; the prefix goes after the transform."""
+    """source_field = target_field, the input stripped of its diacritics; the prefix goes after the
+    transform."""
     data = tmp_path / "ro.jsonl"
     data.write_text(json.dumps({"text": "Mâine mergem la munte."}, ensure_ascii=False) + "\n")
-    recipe = load_recipe(QUICKSTART, [f"data.train={data}", "data.eval=null", "data.source_field=text",
-                                      "data.target_field=text", "data.source_transforms=[strip_diacritics]",
-                                      'data.prefix="RO: "']).value
+    recipe = load_recipe(
+        QUICKSTART,
+        [
+            f"data.train={data}",
+            "data.eval=null",
+            "data.source_field=text",
+            "data.target_field=text",
+            "data.source_transforms=[strip_diacritics]",
+            'data.prefix="RO: "',
+        ],
+    ).value
     (example,) = iter_shard(data, 0, 1, Fields.of(recipe.data))
     assert (example.source, example.target) == ("RO: Maine mergem la munte.", "Mâine mergem la munte.")
 
 
-HOOK = '''
+HOOK = """
 def keep_long(record):
     if len(record["words"].split()) < 3:
         return None
@@ -56,14 +76,16 @@ def wrong(record):
     return [record]
 
 not_a_function = 3
-'''
+"""
 
 
 @pytest.fixture()
 def hooked(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "hooks.py").write_text(HOOK)
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"words": w, "digits": "1"}) + "\n" for w in ("one", "one two three", "a b c d")))
+    data.write_text(
+        "".join(json.dumps({"words": w, "digits": "1"}) + "\n" for w in ("one", "one two three", "a b c d"))
+    )
     return tmp_path / "hooks.py", data
 
 
@@ -76,11 +98,14 @@ def test_a_preprocess_hook_from_a_file_rewrites_and_drops_records(hooked: tuple[
     assert (check.examples, check.dropped, check.problems) == (2, 1, [])
 
 
-def test_a_hook_relative_to_the_recipe_and_a_module_hook(tmp_path: Path, hooked: tuple[Path, Path],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hook_relative_to_the_recipe_and_a_module_hook(
+    tmp_path: Path, hooked: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     hooks, data = hooked
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(QUICKSTART.read_text().replace("data/numbers/", str(QUICKSTART.parent / "data/numbers") + "/"))
+    recipe.write_text(
+        QUICKSTART.read_text().replace("data/numbers/", str(QUICKSTART.parent / "data/numbers") + "/")
+    )
     loaded = load_recipe(recipe, ["data.preprocess=hooks.py:keep_long"]).value
     assert loaded.data.preprocess == f"{hooks}:keep_long"
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -89,20 +114,40 @@ def test_a_hook_relative_to_the_recipe_and_a_module_hook(tmp_path: Path, hooked:
 
 def test_hook_failures_are_located_at_the_data_line(hooked: tuple[Path, Path]) -> None:
     hooks, data = hooked
-    for name, message in (("broken", "failed: KeyError: 'nope'"), ("wrong", "returned a list; expected a record")):
-        fields = Fields.of(load_recipe(QUICKSTART, [f"data.train={data}", f"data.preprocess={hooks}:{name}"]).value.data)
+    for name, message in (
+        ("broken", "failed: KeyError: 'nope'"),
+        ("wrong", "returned a list; expected a record"),
+    ):
+        fields = Fields.of(
+            load_recipe(QUICKSTART, [f"data.train={data}", f"data.preprocess={hooks}:{name}"]).value.data
+        )
         with pytest.raises(DataError) as caught:
             list(iter_shard(data, 0, 1, fields))
         assert caught.value.where == f"{data}:1" and message in caught.value.message
-    for spec, message in ((f"{hooks}:missing", "has no 'missing'"), (f"{hooks}:not_a_function", "is not a function"),
-                          ("no_such_module_here:f", "importing no_such_module_here failed")):
+    for spec, message in (
+        (f"{hooks}:missing", "has no 'missing'"),
+        (f"{hooks}:not_a_function", "is not a function"),
+        ("no_such_module_here:f", "importing no_such_module_here failed"),
+    ):
         with pytest.raises(HookError, match=message):
             load_preprocess(spec)
 
 
-def test_a_hook_that_does_not_load_is_a_recipe_error_before_launch(cli, cluster_file: Path,  # type: ignore[no-untyped-def]
-                                                                  hooked: tuple[Path, Path]) -> None:
+def test_a_hook_that_does_not_load_is_a_recipe_error_before_launch(
+    cli,
+    cluster_file: Path,  # type: ignore[no-untyped-def]
+    hooked: tuple[Path, Path],
+) -> None:
     hooks, data = hooked
-    result = cli("recipes", "validate", str(QUICKSTART), "-c", str(cluster_file), "--set", f"data.train={data}",
-                 "--set", f"data.preprocess={hooks}:missing")
+    result = cli(
+        "recipes",
+        "validate",
+        str(QUICKSTART),
+        "-c",
+        str(cluster_file),
+        "--set",
+        f"data.train={data}",
+        "--set",
+        f"data.preprocess={hooks}:missing",
+    )
     assert result.code == 2 and "data.preprocess" in result.err and "has no 'missing'" in result.err

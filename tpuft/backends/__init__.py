@@ -14,7 +14,7 @@ __all__ = ["get_backend", "kinds"]
 
 
 def get_backend(kind: str) -> Backend:
-    """The backend's planner (``backends/<kind>.py``: venvs, launch plans, summaries); the recipe and the run-dir
-    readers need only its schema module (:func:`tpuft.backends.registry.schema`)."""
+    """The backend's planner (``backends/<kind>.py``: venvs, launch plans, summaries); the recipe and the
+    run-dir readers need only its schema module (:func:`tpuft.backends.registry.schema`)."""
     backend: Backend = importlib.import_module(module_of(kind)).BACKEND
     return backend

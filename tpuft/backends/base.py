@@ -1,14 +1,16 @@
-"""What a backend tells the rest of tpuft: its recipe section, what to install on a worker, which workers run what,
-where its trainer puts things in the run dir, what it supports of the shared recipe, and what its summary says.
+"""What a backend tells the rest of tpuft: its recipe section, what to install on a worker, which workers run
+what, where its trainer puts things in the run dir, what it supports of the shared recipe, and what its
+summary says.
 
-The controller never imports a backend's framework; it only builds requirement lists, argv and layouts. The heavy
-lifting happens in ``tpuft/worker/<kind>_train.py`` inside the venv that these requirements describe. Shared code asks
-these questions and never names a backend: one backend = its own files (``backends/<kind>_schema.py`` for its recipe
-section, capabilities and run layout, ``backends/<kind>.py`` for its venv and launch plan, ``worker/<kind>_train.py``)
+The controller never imports a backend's framework; it only builds requirement lists, argv and layouts. The
+heavy lifting happens in ``tpuft/worker/<kind>_train.py`` inside the venv that these requirements describe.
+Shared code asks these questions and never names a backend: one backend = its own files
+(``backends/<kind>_schema.py`` for its recipe section, capabilities and run layout, ``backends/<kind>.py`` for
+its venv and launch plan, ``worker/<kind>_train.py``)
 + one line in the registry.
 
-The plain records live in :mod:`tpuft.backends.spec` (a module low enough for the cluster schema and the registry to
-import); they are re-exported here, where the :class:`Backend` protocol names them.
+The plain records live in :mod:`tpuft.backends.spec` (a module low enough for the cluster schema and the
+registry to import); they are re-exported here, where the :class:`Backend` protocol names them.
 """
 
 from __future__ import annotations
@@ -56,20 +58,23 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CompilePlan:
-    """How to compile a recipe's real train step for a TPU slice on this machine's CPU (``recipes show --compile``,
-    ``--check-fit``): a backend that can says so through the registry (:func:`tpuft.backends.registry.compile_planner`)
-    with this record, and ``tpuft.ops.compile_fit`` builds the venv, runs the program and reads its answer. Like the
-    rest of a backend's planning it is lists and argv: the controller never imports the framework.
+    """How to compile a recipe's real train step for a TPU slice on this machine's CPU (``recipes show
+    --compile``, ``--check-fit``): a backend that can says so through the registry
+    (:func:`tpuft.backends.registry.compile_planner`) with this record, and ``tpuft.ops.compile_fit`` builds
+    the venv, runs the program and reads its answer. Like the rest of a backend's planning it is lists and
+    argv: the controller never imports the framework.
 
-    The program prints one JSON object on stdout: per-device ``argument_bytes``, ``output_bytes``, ``alias_bytes``,
-    ``temp_bytes``, ``generated_code_bytes``, ``flops_per_device``, ``devices``, ``mesh`` (axis -> size),
-    ``compile_s``; or ``{"error": ...}`` with exit code 2 for a setting the user must change."""
+    The program prints one JSON object on stdout: per-device ``argument_bytes``, ``output_bytes``,
+    ``alias_bytes``, ``temp_bytes``, ``generated_code_bytes``, ``flops_per_device``, ``devices``, ``mesh``
+    (axis -> size), ``compile_s``; or ``{"error": ...}`` with exit code 2 for a setting the user must
+    change."""
 
     env: EnvSpec
     """The framework's venv (the backend's CPU venv: the same one the local pod trains with)."""
     overlay: tuple[str, ...]
-    """Requirements installed with ``pip install --target`` into a folder of their own beside the venvs (libtpu):
-    on ``PYTHONPATH`` for the compile only, so the venv's key, and the local pod's venv, stay the same."""
+    """Requirements installed with ``pip install --target`` into a folder of their own beside the venvs
+    (libtpu): on ``PYTHONPATH`` for the compile only, so the venv's key, and the local pod's venv, stay the
+    same."""
     overlay_key: str
     """The overlay folder's name in the venv cache (e.g. ``libtpu-0.0.42.1``)."""
     module: str
@@ -81,21 +86,25 @@ class CompilePlan:
 
 
 def local_replicas(shape: ClusterShape, replicas: int) -> str:
-    """How a CPU pod's replicas are counted, for a batch-split error: per worker, or workers x devices when each
-    worker exposes several (``local.devices_per_worker``)."""
+    """How a CPU pod's replicas are counted, for a batch-split error: per worker, or workers x devices when
+    each worker exposes several (``local.devices_per_worker``)."""
     if shape.local_devices > 1:
         return f"{replicas} replicas ({shape.hosts} workers x {shape.local_devices} devices)"
     return f"{replicas} workers"
 
 
-def weight_digest_summary(snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """For data-parallel backends whose every replica records a sha256 of its weights at the end: equal digests on
-    every launched worker mean data parallelism kept them in sync."""
+def weight_digest_summary(
+    snapshot: RunSnapshot, launched: int
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """For data-parallel backends whose every replica records a sha256 of its weights at the end: equal
+    digests on every launched worker mean data parallelism kept them in sync."""
     digests = {w.index: w.digest for w in snapshot.workers if w.digest}
     if not digests:
         return {"weight_digests": {}}, []
     same = len(set(digests.values())) == 1 and len(digests) == launched
-    return {"weight_digests": digests}, [("weights", "identical on all workers" if same else "DIFFER between workers")]
+    return {"weight_digests": digests}, [
+        ("weights", "identical on all workers" if same else "DIFFER between workers")
+    ]
 
 
 class Backend(Protocol):
@@ -115,8 +124,7 @@ class Backend(Protocol):
         located at the recipe key to change."""
         ...
 
-    def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan:
-        ...
+    def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan: ...
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """What ``train`` adds to its summary at the end: values for ``--json`` and rows for the table."""

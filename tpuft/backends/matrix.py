@@ -1,5 +1,5 @@
-"""The capability matrix: which optional shared recipe keys and eval metrics each backend implements, and why an
-engine that does not cannot (``tpuft recipes backends``, docs/backends.md). Read from the backends' own
+"""The capability matrix: which optional shared recipe keys and eval metrics each backend implements, and why
+an engine that does not cannot (``tpuft recipes backends``, docs/backends.md). Read from the backends' own
 ``CAPABILITIES`` (their schema modules), so the matrix, the recipe validation and the docs never disagree."""
 
 from __future__ import annotations
@@ -31,8 +31,16 @@ class Matrix:
             "backends": list(self.backends),
             "supported": self.counts(),
             "rows": [
-                {"key": name, **{kind: {"supported": cell.supported, **({"why_not": cell.why_not} if cell.why_not else {})}
-                                 for kind, cell in cells.items()}}
+                {
+                    "key": name,
+                    **{
+                        kind: {
+                            "supported": cell.supported,
+                            **({"why_not": cell.why_not} if cell.why_not else {}),
+                        }
+                        for kind, cell in cells.items()
+                    },
+                }
                 for name, cells in self.rows
             ],
         }
@@ -46,18 +54,37 @@ def capability_matrix() -> Matrix:
     rows: list[tuple[str, dict[str, Cell]]] = []
     for dotted in keys:
         path = tuple(dotted.split("."))
-        rows.append((dotted, {kind: Cell(path in every[kind].keys, "" if path in every[kind].keys
-                                         else every[kind].reason(dotted) or "") for kind in kinds}))
+        rows.append(
+            (
+                dotted,
+                {
+                    kind: Cell(
+                        path in every[kind].keys,
+                        "" if path in every[kind].keys else every[kind].reason(dotted) or "",
+                    )
+                    for kind in kinds
+                },
+            )
+        )
     for metric in metrics:
-        rows.append((f"eval.metric: {metric}", {kind: Cell(metric in every[kind].metrics, "" if metric in
-                                                           every[kind].metrics else every[kind].reason(metric) or "")
-                                                for kind in kinds}))
+        rows.append(
+            (
+                f"eval.metric: {metric}",
+                {
+                    kind: Cell(
+                        metric in every[kind].metrics,
+                        "" if metric in every[kind].metrics else every[kind].reason(metric) or "",
+                    )
+                    for kind in kinds
+                },
+            )
+        )
     return Matrix(kinds, tuple(rows))
 
 
 def marked(matrix: Matrix) -> tuple[list[tuple[str, list[str]]], list[str]]:
-    """Each row's cells as ``yes`` / ``no (n)`` and the numbered reasons ``n`` refers to: one shape for the terminal
-    table and the docs' table, which would not fit a reason in a cell."""
+    """Each row's cells as ``yes`` / ``no (n)`` and the numbered reasons ``n`` refers to: one shape for the
+    terminal table and the docs' table, which would not fit a reason in a cell."""
     rows: list[tuple[str, list[str]]] = []
     notes: list[str] = []
     for name, cells in matrix.rows:
@@ -74,11 +101,16 @@ def marked(matrix: Matrix) -> tuple[list[tuple[str, list[str]]], list[str]]:
 
 
 def markdown(matrix: Matrix) -> str:
-    """The table docs/backends.md embeds (between its capability-matrix markers), with the reasons as notes."""
+    """The table docs/backends.md embeds (between its capability-matrix markers), with the reasons as
+    notes."""
     rows, notes = marked(matrix)
     lines = ["| key | " + " | ".join(matrix.backends) + " |", "|---|" + "---|" * len(matrix.backends)]
     lines += [f"| `{name}` | " + " | ".join(marks) + " |" for name, marks in rows]
     counts = matrix.counts()
-    lines.append("| **supported** | " + " | ".join(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends) + " |")
+    lines.append(
+        "| **supported** | "
+        + " | ".join(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends)
+        + " |"
+    )
     numbered = [f"{i}. {note}" for i, note in enumerate(notes, 1)]
     return "\n".join(lines) + ("\n\nWhy not:\n\n" + "\n".join(numbered) if numbered else "") + "\n"

@@ -1,10 +1,11 @@
-"""The backends tpuft knows, by the recipe's ``backend.kind``. Adding a backend is one line here plus its own files
-(``backends/<kind>_schema.py``, ``backends/<kind>.py`` and ``worker/<kind>_train.py``); no other module names a backend.
+"""The backends tpuft knows, by the recipe's ``backend.kind``. Adding a backend is one line here plus its own
+files (``backends/<kind>_schema.py``, ``backends/<kind>.py`` and ``worker/<kind>_train.py``); no other module
+names a backend.
 
-Each backend is two modules on the controller, found here by name: ``<module>_schema`` holds what the recipe and the
-run-dir readers need (its recipe section, its :class:`~tpuft.backends.spec.Capabilities`, its
-:class:`~tpuft.backends.spec.RunLayout`) and is light (pydantic and the stdlib); ``<module>`` itself plans venvs and
-launches (:func:`tpuft.backends.get_backend`). Loading a recipe imports only the schema modules.
+Each backend is two modules on the controller, found here by name: ``<module>_schema`` holds what the recipe
+and the run-dir readers need (its recipe section, its :class:`~tpuft.backends.spec.Capabilities`, its
+:class:`~tpuft.backends.spec.RunLayout`) and is light (pydantic and the stdlib); ``<module>`` itself plans
+venvs and launches (:func:`tpuft.backends.get_backend`). Loading a recipe imports only the schema modules.
 """
 
 from __future__ import annotations
@@ -20,14 +21,19 @@ if TYPE_CHECKING:
 
     from tpuft.backends.spec import Capabilities, RunLayout
 
-MODULES = {"keras": "tpuft.backends.keras", "t5x": "tpuft.backends.t5x", "torch_xla": "tpuft.backends.torch_xla"}
+MODULES = {
+    "keras": "tpuft.backends.keras",
+    "t5x": "tpuft.backends.t5x",
+    "torch_xla": "tpuft.backends.torch_xla",
+}
 """kind -> the backend's planning module; its schema module is the same name + ``_schema``."""
 
 SCHEMA_SUFFIX = "_schema"
 
 COMPILE_PLANNERS = {"t5x": "tpuft.backends.t5x_compile"}
 """kind -> the module whose ``compile_plan(recipe, accelerator, python, slices=1)`` gives a
-:class:`~tpuft.backends.base.CompilePlan`: the backends whose train step can be compiled for a TPU slice offline."""
+:class:`~tpuft.backends.base.CompilePlan`: the backends whose train step can be compiled for a TPU slice
+offline."""
 
 NO_COMPILE = {
     "torch_xla": "tpuft does not export a PyTorch/XLA step to StableHLO for libtpu yet",

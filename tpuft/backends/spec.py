@@ -1,10 +1,11 @@
-"""The plain records a backend states and the rest of tpuft reads: the venv it needs (:class:`EnvSpec`), the cluster
-it plans for (:class:`ClusterShape`), how it launches (:class:`LaunchPlan`), where its trainer puts things in the run
-dir (:class:`RunLayout`, with the checkpoint manifest), and which optional recipe parts it implements
-(:class:`Capabilities`).
+"""The plain records a backend states and the rest of tpuft reads: the venv it needs (:class:`EnvSpec`), the
+cluster it plans for (:class:`ClusterShape`), how it launches (:class:`LaunchPlan`), where its trainer puts
+things in the run dir (:class:`RunLayout`, with the checkpoint manifest), and which optional recipe parts it
+implements (:class:`Capabilities`).
 
-The standard library only (and the storage type, for annotations): the cluster schema, the registry, the worker (resume) and the
-converters import these without importing a backend, the recipe or the controller's run code.
+The standard library only (and the storage type, for annotations): the cluster schema, the registry, the
+worker (resume) and the converters import these without importing a backend, the recipe or the controller's
+run code.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ VENV_LAYOUT_VERSION = "1"
 KeyPath = tuple[str | int, ...]
 
 LOCAL_DEVICES_ENV = "TPUFT_LOCAL_DEVICES"
-"""Set by a backend's launch plan on local CPU workers: how many devices the trainer exposes (``local.devices_per_
-worker``). A variable of tpuft's rather than the runtime's own (``XLA_FLAGS``), so that the trainer merges it into
-what the user's ``worker_env`` already sets instead of replacing it."""
+"""Set by a backend's launch plan on local CPU workers: how many devices the trainer exposes
+(``local.devices_per_ worker``). A variable of tpuft's rather than the runtime's own (``XLA_FLAGS``), so that
+the trainer merges it into what the user's ``worker_env`` already sets instead of replacing it."""
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,18 @@ class EnvSpec:
     """Interpreter the venv is built from, on the worker."""
     pip_args: tuple[str, ...] = ()
     no_deps: tuple[str, ...] = ()
-    """Installed after ``requirements`` with ``--no-deps`` (packages whose own dependency lists cannot be trusted)."""
+    """Installed after ``requirements`` with ``--no-deps`` (packages whose own dependency lists cannot be
+    trusted)."""
     min_python: str | None = None
-    """The oldest Python the pins install on; the bootstrap looks for a newer interpreter on the worker if needed."""
+    """The oldest Python the pins install on; the bootstrap looks for a newer interpreter on the worker if
+    needed."""
     max_python: str | None = None
-    """The newest Python the pins install on as wheels (a dependency without wheels past it would build from source).
-    Not part of the key: it only narrows which interpreter builds the venv, and a venv built past it never completed."""
+    """The newest Python the pins install on as wheels (a dependency without wheels past it would build from
+    source). Not part of the key: it only narrows which interpreter builds the venv, and a venv built past it
+    never completed."""
     local_sources: tuple[str, ...] = ()
-    """Paths on this machine that ``no_deps`` names (a wheel, a checkout, a wheelhouse's wheels): shipped to workers
-    that cannot read this machine's disk, and named there by their shipped copies."""
+    """Paths on this machine that ``no_deps`` names (a wheel, a checkout, a wheelhouse's wheels): shipped to
+    workers that cannot read this machine's disk, and named there by their shipped copies."""
     sources_digest: str = ""
     """Content hash of ``local_sources``: a changed wheel or checkout gives a new venv."""
 
@@ -65,9 +69,9 @@ class EnvSpec:
         return f"{self.kind}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
 
     def payload(self, no_deps: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """What ``tpuft/worker/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this spec's own
-        for workers that install shipped copies of ``local_sources`` (``~/``-relative there); the key stays this
-        spec's, so every worker caches the venv under the same name."""
+        """What ``tpuft/worker/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this
+        spec's own for workers that install shipped copies of ``local_sources`` (``~/``-relative there); the
+        key stays this spec's, so every worker caches the venv under the same name."""
         return {
             "key": self.key,
             "kind": self.kind,
@@ -82,7 +86,8 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class ClusterShape:
-    """What a backend needs to know of the cluster to plan a run: hosts (workers), chips per host, and the target."""
+    """What a backend needs to know of the cluster to plan a run: hosts (workers), chips per host, and the
+    target."""
 
     hosts: int
     chips_per_host: int
@@ -90,14 +95,16 @@ class ClusterShape:
     devices_per_chip: int = 1
     """TPU devices per chip as TensorFlow counts replicas: 2 TensorCores on v2/v3, 1 from v4 on."""
     local_devices: int = 1
-    """Devices each local CPU worker exposes (``local.devices_per_worker``), so the local pod rehearses the slice's
-    device layout; the TPU target ignores it (a TPU host has its chips)."""
+    """Devices each local CPU worker exposes (``local.devices_per_worker``), so the local pod rehearses the
+    slice's device layout; the TPU target ignores it (a TPU host has its chips)."""
     local_devices_set: bool = False
-    """Whether the user wrote ``local.devices_per_worker``: a backend that cannot rehearse several devices per worker
-    refuses an explicit value with the reason, and uses 1 with a note when the default asked for more."""
+    """Whether the user wrote ``local.devices_per_worker``: a backend that cannot rehearse several devices per
+    worker refuses an explicit value with the reason, and uses 1 with a note when the default asked for
+    more."""
     slices: int = 1
-    """Multislice: ``hosts`` are this many equal slices (workers numbered slice by slice); the slices are the outer
-    data-parallel axis of the mesh. A backend whose engine has no Multislice refuses ``slices > 1`` in ``check``."""
+    """Multislice: ``hosts`` are this many equal slices (workers numbered slice by slice); the slices are the
+    outer data-parallel axis of the mesh. A backend whose engine has no Multislice refuses ``slices > 1`` in
+    ``check``."""
 
     @property
     def hosts_per_slice(self) -> int:
@@ -110,8 +117,9 @@ class ClusterShape:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Which workers run the trainer and how. The same list drives ``setup`` (it installs there only), the launch,
-    ``TPUFT_NUM_WORKERS`` / ``TPUFT_WORKER_ID`` (position in this list) and the workers ``run.json`` counts."""
+    """Which workers run the trainer and how. The same list drives ``setup`` (it installs there only), the
+    launch, ``TPUFT_NUM_WORKERS`` / ``TPUFT_WORKER_ID`` (position in this list) and the workers ``run.json``
+    counts."""
 
     workers: tuple[int, ...]
     argv: tuple[str, ...] = ("-m", "tpuft.worker")
@@ -119,8 +127,8 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     """What the backend's runtime needs on each launched worker (e.g. PJRT_DEVICE)."""
     ship: tuple[str, ...] = ("train", "eval", "test", "preprocess")
-    """Recipe keys whose files are copied to workers that cannot read this machine's disk: ``data`` keys by name,
-    others dotted (``backend.gin_files``); a list ships each of its files; ``gs://`` URLs stay."""
+    """Recipe keys whose files are copied to workers that cannot read this machine's disk: ``data`` keys by
+    name, others dotted (``backend.gin_files``); a list ships each of its files; ``gs://`` URLs stay."""
 
 
 MANIFEST_FORMAT = "tpuft-checkpoint-manifest-1"
@@ -129,7 +137,8 @@ MANIFEST_FORMAT = "tpuft-checkpoint-manifest-1"
 
 @dataclass(frozen=True)
 class RunLayout:
-    """Where a backend's trainer puts things in the run dir, and so how pull, monitor, convert and resume read them."""
+    """Where a backend's trainer puts things in the run dir, and so how pull, monitor, convert and resume read
+    them."""
 
     metrics: Literal["jsonl", "tensorboard"] = "jsonl"
     """``metrics.jsonl`` (one JSON object per logged step), or TensorBoard events only."""
@@ -137,28 +146,34 @@ class RunLayout:
     """The folder (under the run dir) holding one folder per checkpoint."""
     checkpoint_format: str = "step_{step:08d}"
     checkpoint_pattern: str = r"^step_(\d+)$"
-    """A complete checkpoint folder's name; group 1 is its step. A half-written one is named otherwise (``*.tmp``)."""
+    """A complete checkpoint folder's name; group 1 is its step. A half-written one is named otherwise
+    (``*.tmp``)."""
     writes_to_bucket: bool = False
-    """True: the trainer writes a ``gs://`` run dir itself; False: it writes locally and tpuft mirrors it up."""
+    """True: the trainer writes a ``gs://`` run dir itself; False: it writes locally and tpuft mirrors it
+    up."""
     exports_hf: bool = True
-    """True: the trainer writes ``export/hf`` itself; False: ``tpuft convert --run`` makes it after the run."""
+    """True: the trainer writes ``export/hf`` itself; False: ``tpuft convert --run`` makes it after the
+    run."""
     manifest: str | None = None
-    """A file the trainer writes last into each checkpoint, listing every other file of it with its size. When set,
-    a checkpoint is complete only when its manifest is there and every file listed is there with that size: a
-    checkpoint mirrored to a bucket is uploaded file by file under its final name, so there a well-named folder can
-    be partial. A folder without the manifest is incomplete. None: the folder's name alone says it is complete."""
+    """A file the trainer writes last into each checkpoint, listing every other file of it with its size. When
+    set, a checkpoint is complete only when its manifest is there and every file listed is there with that
+    size: a checkpoint mirrored to a bucket is uploaded file by file under its final name, so there a
+    well-named folder can be partial. A folder without the manifest is incomplete. None: the folder's name
+    alone says it is complete."""
     markers: tuple[str, ...] = ("config.json",)
     """Paths inside a checkpoint folder that mark it as one a conversion reads (any one of them)."""
     weights: tuple[str, ...] = ("*",)
-    """What a conversion reads of a checkpoint, as patterns over its files: a pattern names a file directly in the
-    folder, one ending in ``/`` a whole subfolder (``state/``); the optimizer state of a large model is never fetched."""
+    """What a conversion reads of a checkpoint, as patterns over its files: a pattern names a file directly in
+    the folder, one ending in ``/`` a whole subfolder (``state/``); the optimizer state of a large model is
+    never fetched."""
     not_weights: tuple[str, ...] = ()
     """Files directly in a checkpoint folder that a conversion does not read (optimizer and trainer state)."""
     companions: tuple[str, ...] = ()
-    """Files a conversion also reads beside the checkpoint: in its folder or in the folder above (T5X's config.gin)."""
+    """Files a conversion also reads beside the checkpoint: in its folder or in the folder above (T5X's
+    config.gin)."""
     foreign_checkpoints: bool = False
-    """True: checkpoints of this layout also come from elsewhere, without tpuft's manifest (T5X's own model dirs, the
-    public checkpoints): a conversion takes them by their folder's name."""
+    """True: checkpoints of this layout also come from elsewhere, without tpuft's manifest (T5X's own model
+    dirs, the public checkpoints): a conversion takes them by their folder's name."""
 
     def step_of(self, name: str) -> int | None:
         match = re.match(self.checkpoint_pattern, name)
@@ -186,8 +201,9 @@ class RunLayout:
         return sorted((step, path) for step, path in found if step is not None and self.is_complete(path))
 
     def checkpoint_steps(self, storage: Storage) -> dict[int, str]:
-        """step -> folder name of each complete checkpoint of a run dir (local or in a bucket). With a manifest: one
-        listing of the checkpoints folder, and one read per checkpoint whose manifest is there."""
+        """step -> folder name of each complete checkpoint of a run dir (local or in a bucket). With a
+        manifest: one listing of the checkpoints folder, and one read per checkpoint whose manifest is
+        there."""
         named = {}
         for name in storage.folders(self.checkpoints):
             step = self.step_of(name)
@@ -208,8 +224,8 @@ class RunLayout:
         return steps
 
     def is_complete(self, checkpoint: Path) -> bool:
-        """Whether a local checkpoint folder holds every file its manifest lists, at the listed size (always true for
-        a layout without a manifest)."""
+        """Whether a local checkpoint folder holds every file its manifest lists, at the listed size (always
+        true for a layout without a manifest)."""
         if self.manifest is None:
             return True
         try:
@@ -225,7 +241,8 @@ class RunLayout:
         return True
 
     def write_manifest(self, checkpoint: Path) -> Path:
-        """List every file of ``checkpoint`` with its size in the manifest, written last (through a temp name)."""
+        """List every file of ``checkpoint`` with its size in the manifest, written last (through a temp
+        name)."""
         assert self.manifest is not None, "this layout has no checkpoint manifest"
         files = {
             path.relative_to(checkpoint).as_posix(): path.stat().st_size
@@ -250,7 +267,11 @@ def _manifest_files(text: str | None) -> dict[str, int] | None:
         data = json.loads(text) if text is not None else None
     except json.JSONDecodeError:
         return None
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("files"), dict):
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != MANIFEST_FORMAT
+        or not isinstance(data.get("files"), dict)
+    ):
         return None
     files = data["files"]
     if not all(isinstance(rel, str) and type(size) is int and size >= 0 for rel, size in files.items()):
@@ -276,19 +297,21 @@ def manifest_gaps(manifest_text: str | None, sizes: dict[str, int]) -> list[str]
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend implements of the recipe's optional shared parts, stated in the backend's own schema module
-    (``backends/<kind>_schema.py``). One validation (``capability_problems`` in :mod:`tpuft.config.recipe`) refuses, at its line, a key that
-    some backend declares and this one does not, when the recipe sets it to a non-default value, and names the
-    backends that do support it. Giving a backend a feature is one more entry here, in its own file."""
+    """What a backend implements of the recipe's optional shared parts, stated in the backend's own schema
+    module (``backends/<kind>_schema.py``). One validation (``capability_problems`` in
+    :mod:`tpuft.config.recipe`) refuses, at its line, a key that some backend declares and this one does not,
+    when the recipe sets it to a non-default value, and names the backends that do support it. Giving a
+    backend a feature is one more entry here, in its own file."""
 
     keys: frozenset[KeyPath] = frozenset()
     """Shared recipe keys (e.g. ``("train", "grad_accum_steps")``) this backend's trainer honours."""
     metrics: frozenset[str] = frozenset()
     """The ``eval.metric`` values this backend's trainer computes."""
     why_not: dict[str, str] = field(default_factory=dict)
-    """Why this engine cannot do a shared key (dotted, ``train.sharding``) or metric (``bleu``) that another backend
-    declares: the refusal's reason and the capability matrix's cell. Every shared key and metric another backend
-    declares and this one does not must have its reason here (tests/config/test_capabilities.py checks)."""
+    """Why this engine cannot do a shared key (dotted, ``train.sharding``) or metric (``bleu``) that another
+    backend declares: the refusal's reason and the capability matrix's cell. Every shared key and metric
+    another backend declares and this one does not must have its reason here
+    (tests/config/test_capabilities.py checks)."""
 
     def reason(self, key: KeyPath | str) -> str | None:
         """Why this backend refuses ``key`` (a key path or a metric name), if it says."""

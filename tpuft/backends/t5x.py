@@ -1,26 +1,28 @@
 """T5X: gin + seqio, the same multi-controller JAX program on every host of a pod.
 
-The recipe names a model by family and size (one of t5x's own ``examples/`` gins) or by the user's gin files, the
-task (fine-tuning on JSON lines, or span-corruption pretraining on plain text), and the few bindings every user
-sets; the worker (``tpuft/worker/t5x/train.py``) writes the seqio task module and the run gin from them into the run
-dir, so nobody writes Python or pastes gin by hand, and starts ``t5x.train`` in-process.
+The recipe names a model by family and size (one of t5x's own ``examples/`` gins) or by the user's gin files,
+the task (fine-tuning on JSON lines, or span-corruption pretraining on plain text), and the few bindings every
+user sets; the worker (``tpuft/worker/t5x/train.py``) writes the seqio task module and the run gin from them
+into the run dir, so nobody writes Python or pastes gin by hand, and starts ``t5x.train`` in-process.
 
-On TPU hosts JAX's runtime finds the other hosts itself (every host must start: one that does not makes the others
-wait). On the local CPU pod the trainer calls ``jax.distributed.initialize`` with worker 0 as the coordinator, and
-JAX's gloo CPU collectives make the rehearsal a real 2-host run; each worker exposes ``local.devices_per_worker`` CPU
-devices, so the mesh has the slice's replicas x partitions (``docs/device-layout.md``).
+On TPU hosts JAX's runtime finds the other hosts itself (every host must start: one that does not makes the
+others wait). On the local CPU pod the trainer calls ``jax.distributed.initialize`` with worker 0 as the
+coordinator, and JAX's gloo CPU collectives make the rehearsal a real 2-host run; each worker exposes
+``local.devices_per_worker`` CPU devices, so the mesh has the slice's replicas x partitions
+(``docs/device-layout.md``).
 
-Multislice (``gcp.slices`` / ``local.slices``): T5X's own DCN settings, the slices as the outer ``replica`` axis of
-the mesh and model parallelism within a slice (:mod:`tpuft.worker.t5x.multislice`; ``check`` refuses a
+Multislice (``gcp.slices`` / ``local.slices``): T5X's own DCN settings, the slices as the outer ``replica``
+axis of the mesh and model parallelism within a slice (:mod:`tpuft.worker.t5x.multislice`; ``check`` refuses a
 ``num_partitions`` that does not divide one slice's devices).
 
 Pins (tested together on Python 3.11 and in CI, see ``../shared/wheels/README.md`` for how they were found):
 jax/jaxlib 0.10.2 need Python >= 3.11 (jax >= 0.11 needs 3.12). The TPU VM images built on Ubuntu 22.04
-(``tpu-ubuntu2204-base``, ``v2-alpha-tpuv4-pod``, ``v2-alpha-tpuv5``/``v6e``) ship Python 3.10, where jaxlib stops at
-0.6.2: ``tpuft setup`` then builds the venv from a newer interpreter found on the worker (python3.12 or 3.11: seqio's
-editdistance has no 3.13 wheel) and, when there is none, stops with what to install (``gcp.python`` names the
-interpreter to use). t5x, airio and jestimator are not on PyPI and name their git dependencies unpinned, so they are installed with ``--no-deps`` after
-the pinned PyPI set: from their git repositories at the tested commits, or from ``backend.t5x_source``.
+(``tpu-ubuntu2204-base``, ``v2-alpha-tpuv4-pod``, ``v2-alpha-tpuv5``/``v6e``) ship Python 3.10, where jaxlib
+stops at 0.6.2: ``tpuft setup`` then builds the venv from a newer interpreter found on the worker (python3.12
+or 3.11: seqio's editdistance has no 3.13 wheel) and, when there is none, stops with what to install
+(``gcp.python`` names the interpreter to use). t5x, airio and jestimator are not on PyPI and name their git
+dependencies unpinned, so they are installed with ``--no-deps`` after the pinned PyPI set: from their git
+repositories at the tested commits, or from ``backend.t5x_source``.
 """
 
 from __future__ import annotations
@@ -51,11 +53,31 @@ if TYPE_CHECKING:
     from tpuft.readers.runs import RunSnapshot
 
 __all__ = [
-    "AIRIO_COMMIT", "BACKEND", "CAPABILITIES", "GIT_SOURCES", "JAX_VERSION", "JESTIMATOR_COMMIT", "LAYOUT",
-    "MAX_PYTHON", "MIN_PYTHON", "PINNED", "PRETRAINING_LOSS_FACTOR", "SENTINELS_BUILT_IN", "SOURCE_PACKAGES", "T5X_COMMIT", "Family",
-    "Size", "T5x", "T5xBackend", "checkpoint_step", "gin_value", "model_gins", "sentencepiece_last_piece",
-    "source_digest", "source_requirements",
-]  # fmt: skip
+    "AIRIO_COMMIT",
+    "BACKEND",
+    "CAPABILITIES",
+    "GIT_SOURCES",
+    "JAX_VERSION",
+    "JESTIMATOR_COMMIT",
+    "LAYOUT",
+    "MAX_PYTHON",
+    "MIN_PYTHON",
+    "PINNED",
+    "PRETRAINING_LOSS_FACTOR",
+    "SENTINELS_BUILT_IN",
+    "SOURCE_PACKAGES",
+    "T5X_COMMIT",
+    "Family",
+    "Size",
+    "T5x",
+    "T5xBackend",
+    "checkpoint_step",
+    "gin_value",
+    "model_gins",
+    "sentencepiece_last_piece",
+    "source_digest",
+    "source_requirements",
+]
 
 T5X_COMMIT = "cc342d419ec3e3e9c4bf1df33c82330cafdc1e16"
 AIRIO_COMMIT = "69897df7d9a427b947a9f7bb4164c7782b43e601"
@@ -71,7 +93,8 @@ SOURCE_PACKAGES = ("t5x", "airio", "jestimator")
 JAX_VERSION = "0.10.2"
 MIN_PYTHON = "3.11"
 MAX_PYTHON = "3.12"
-"""seqio needs editdistance, which has no wheel for 3.13 (tests/backends/test_tpu_install_sets.py resolves 3.13 to show it)."""
+"""seqio needs editdistance, which has no wheel for 3.13 (tests/backends/test_tpu_install_sets.py resolves
+3.13 to show it)."""
 PINNED = (
     "flax==0.12.8",
     "orbax-checkpoint==0.12.8",
@@ -95,10 +118,10 @@ PINNED = (
     "pyyaml>=6",
     "google-cloud-storage>=2.14",  # the worker mirrors a gs:// run dir and reads gs:// checkpoints to export
     "datasets>=4.0,<6",  # data.hf as a seqio source (tpuft/worker/t5x/data.py through hf_data.py); resolves
-    "gcsfs>=2024.2",  # with the pins above, no downgrade; gcsfs: data.hf.data_files on gs://, read through fsspec
+    # with the pins above, no downgrade; gcsfs: data.hf.data_files on gs://, read through fsspec
+    "gcsfs>=2024.2",
 )
 """The PyPI set that installs and trains with t5x at ``T5X_COMMIT`` (Python 3.11, CPU and TPU)."""
-
 
 
 def source_requirements(source: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -121,7 +144,11 @@ def source_digest(paths: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for text in paths:
         path = Path(text)
-        files = sorted(p for p in path.rglob("*") if p.is_file() and ".git" not in p.parts) if path.is_dir() else [path]
+        files = (
+            sorted(p for p in path.rglob("*") if p.is_file() and ".git" not in p.parts)
+            if path.is_dir()
+            else [path]
+        )
         for file in files:
             digest.update(str(file.relative_to(path.parent)).encode())
             try:
@@ -156,7 +183,8 @@ class T5x:
     @staticmethod
     def devices(shape: ClusterShape) -> int:
         """Every device of the run: the slice's chips on TPU; on the local pod each worker's CPU devices
-        (``local.devices_per_worker``, the slice's chips per host by default), so the layout is the slice's."""
+        (``local.devices_per_worker``, the slice's chips per host by default), so the layout is the
+        slice's."""
         return shape.chips if shape.target == "tpu" else shape.hosts * shape.local_devices
 
     @classmethod
@@ -170,48 +198,78 @@ class T5x:
         devices = self.devices(shape)
         partitions = backend.num_partitions
         if devices % partitions:
-            found.append((("backend", "num_partitions"), f"{partitions} does not divide the {devices} devices"))
+            found.append(
+                (("backend", "num_partitions"), f"{partitions} does not divide the {devices} devices")
+            )
             return found
         if shape.slices > 1 and (devices // shape.slices) % partitions:
-            # The slices are joined by the data-centre network only: T5X's mesh puts them on the outer `replica`
-            # axis, and a partition group (whose collectives run every layer) must sit on one slice's fast links.
-            found.append((("backend", "num_partitions"), f"{partitions} does not divide the {devices // shape.slices} "
-                          f"devices of one slice ({shape.slices} slices): model parallelism stays within a slice"))
+            # The slices are joined by the data-centre network only: T5X's mesh puts them on the outer
+            # `replica` axis, and a partition group (whose collectives run every layer) must sit on one
+            # slice's fast links.
+            found.append(
+                (
+                    ("backend", "num_partitions"),
+                    f"{partitions} does not divide the {devices // shape.slices} "
+                    f"devices of one slice ({shape.slices} slices): model parallelism stays within a slice",
+                )
+            )
             return found
         per_worker = shape.local_devices
         if shape.target == "cpu" and partitions % per_worker and per_worker % partitions:
             # A partition group must be whole workers, or lie within one: the mesh is cut from the devices in
             # worker order, and T5X feeds each worker the rows of the replicas its devices hold.
-            found.append((("backend", "num_partitions"), f"{partitions} partitions do not tile the local workers' "
-                          f"{per_worker} devices each (local.devices_per_worker): use a divisor or a multiple of "
-                          f"{per_worker}"))
+            found.append(
+                (
+                    ("backend", "num_partitions"),
+                    f"{partitions} partitions do not tile the local workers' "
+                    f"{per_worker} devices each (local.devices_per_worker): use a divisor or a multiple of "
+                    f"{per_worker}",
+                )
+            )
             return found
         replicas = self.data_parallel(recipe, shape)
         micro = microbatches(recipe)  # train.grad_accum_steps or backend.num_microbatches: T5X's one setting
         step = replicas * (micro or 1)
         if recipe.train.batch_size % step:
-            what = f"{replicas} data-parallel replicas" + (f" ({shape.slices} slices x {replicas // shape.slices})"
-                                                           if shape.slices > 1 else "")
+            what = f"{replicas} data-parallel replicas" + (
+                f" ({shape.slices} slices x {replicas // shape.slices})" if shape.slices > 1 else ""
+            )
             what += f" x {micro} microbatches" if micro else ""
-            found.append((("train", "batch_size"), f"{recipe.train.batch_size} does not split evenly over {what} "
-                          f"(use a multiple of {step})"))
+            found.append(
+                (
+                    ("train", "batch_size"),
+                    f"{recipe.train.batch_size} does not split evenly over {what} (use a multiple of {step})",
+                )
+            )
         data = recipe.data
-        evaluates = backend.task == "finetune" and (data.eval is not None or bool(data.hf and data.hf.eval_split))
-        if evaluates and recipe.eval.batch_size % replicas:  # T5X's inference eval splits its batch the same way
-            found.append((("eval", "batch_size"), f"{recipe.eval.batch_size} does not split evenly over {replicas} "
-                          f"data-parallel replicas (use a multiple of {replicas}; T5X pads the last batch)"))
+        evaluates = backend.task == "finetune" and (
+            data.eval is not None or bool(data.hf and data.hf.eval_split)
+        )
+        if (
+            evaluates and recipe.eval.batch_size % replicas
+        ):  # T5X's inference eval splits its batch the same way
+            found.append(
+                (
+                    ("eval", "batch_size"),
+                    f"{recipe.eval.batch_size} does not split evenly over {replicas} "
+                    f"data-parallel replicas (use a multiple of {replicas}; T5X pads the last batch)",
+                )
+            )
         return found
 
     def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan:
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
         if shape.target == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
-            env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # the trainer adds it to XLA_FLAGS as a host device count
+            env[LOCAL_DEVICES_ENV] = str(
+                shape.local_devices
+            )  # the trainer adds it to XLA_FLAGS as a host device count
         ship = ("train", "eval", "test", "preprocess", "corpus", "backend.gin_files", "backend.vocabulary")
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=ship)
 
     def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        """The best checkpoint by the eval metric: kept besides the last ones, and the one export/hf is made from."""
+        """The best checkpoint by the eval metric: kept besides the last ones, and the one export/hf is made
+        from."""
         best = snapshot.best_metric
         if best is None:
             return {}, []

@@ -1,9 +1,10 @@
-"""The ``tpuft`` command: a Typer app whose verbs live in one module per panel (cluster, training, results, recipes)
-and whose rendering lives in ``render``. Thin: parse options, call one ``ops`` function, render the result.
+"""The ``tpuft`` command: a Typer app whose verbs live in one module per panel (cluster, training, results,
+recipes) and whose rendering lives in ``render``. Thin: parse options, call one ``ops`` function, render the
+result.
 
-Nothing heavy is imported at module level (``tpuft --help`` must start fast) and no ML framework is imported at
-all: those live in the backend venvs on the workers. The fast launcher (:mod:`tpuft.launcher`) answers top-level
-help and ``tpuft exec`` without this package; both read the verbs from :mod:`tpuft.commands`.
+Nothing heavy is imported at module level (``tpuft --help`` must start fast) and no ML framework is imported
+at all: those live in the backend venvs on the workers. The fast launcher (:mod:`tpuft.launcher`) answers
+top-level help and ``tpuft exec`` without this package; both read the verbs from :mod:`tpuft.commands`.
 """
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(
     version: Annotated[
-        Optional[bool], typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool | None,
+        typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = None,
 ) -> None:
     pass
 
 
 def main() -> None:
-    """Entry point: user mistakes and worker failures become one clear message and an exit code, not a traceback;
-    with ``--json`` that message is JSON on stdout, so a script reads one format whatever happened. A reader that
-    goes away (``tpuft runs | head -1``) ends the command quietly, as ``git log | head`` does."""
+    """Entry point: user mistakes and worker failures become one clear message and an exit code, not a
+    traceback; with ``--json`` that message is JSON on stdout, so a script reads one format whatever happened.
+    A reader that goes away (``tpuft runs | head -1``) ends the command quietly, as ``git log | head``
+    does."""
     from tpuft.commands import exit_with
 
     exit_with(lambda: _run(wants_json(sys.argv[1:])))
@@ -61,24 +64,35 @@ def _run(json_errors: bool) -> int:
     report = _json_error if json_errors else _text_error
     started_on_pipe = _stdout_is(stat.S_ISFIFO)
     try:
-        code = app(prog_name="tpuft", standalone_mode=False)  # also under python -m: completion keys on the name
+        code = app(
+            prog_name="tpuft", standalone_mode=False
+        )  # also under python -m: completion keys on the name
     except SystemExit as exc:
         if exc.code == 1 and _reader_went_away(started_on_pipe):
-            return PIPE_CLOSED_EXIT  # Click's and Rich's own answer to a closed pipe is a quiet exit 1: give git's code
+            # Click's and Rich's own answer to a closed pipe is a quiet exit 1: give git's code
+            return PIPE_CLOSED_EXIT
         raise
     except (TpuftError, KeyboardInterrupt, typer.Abort) as exc:
-        if stdout_closed():  # a reader thread found the pipe closed and stopped the workers: not the user's Ctrl-C
+        if (
+            stdout_closed()
+        ):  # a reader thread found the pipe closed and stopped the workers: not the user's Ctrl-C
             return PIPE_CLOSED_EXIT
         if isinstance(exc, TpuftError):
             return report(exc.message, exc.hint, exc.exit_code, getattr(exc, "problems", None))
-        if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
-            return report("interrupted: every worker process was stopped", None, 130, bare=True)  # Abort: click's Ctrl-C
+        if isinstance(exc, KeyboardInterrupt) or isinstance(
+            exc.__cause__ or exc.__context__, KeyboardInterrupt
+        ):
+            return report(
+                "interrupted: every worker process was stopped", None, 130, bare=True
+            )  # Abort: click's Ctrl-C
         return report("aborted", None, 1, bare=True)
     except typer.Exit as exc:
         return exc.exit_code
     except BrokenPipeError:
         raise
-    except OSError as exc:  # a path or address of the user's that the system refused: one line, not a traceback
+    except (
+        OSError
+    ) as exc:  # a path or address of the user's that the system refused: one line, not a traceback
         if os.environ.get("TPUFT_DEBUG"):
             raise
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
@@ -108,8 +122,8 @@ def _stdout_is(kind: Callable[[int], bool]) -> bool:
 
 
 def _reader_went_away(started_on_pipe: bool) -> bool:
-    """Whether Click (which wraps stdout to silence its flushes) or Rich (which points it at /dev/null) ended the
-    command because stdout's pipe was closed."""
+    """Whether Click (which wraps stdout to silence its flushes) or Rich (which points it at /dev/null) ended
+    the command because stdout's pipe was closed."""
     if "PacifyFlushWrapper" in type(sys.stdout).__name__:  # Click's (Typer vendors its own copy of Click)
         return True
     try:
@@ -119,7 +133,9 @@ def _reader_went_away(started_on_pipe: bool) -> bool:
     return started_on_pipe and (now.st_dev, now.st_ino) == (devnull.st_dev, devnull.st_ino)
 
 
-def _text_error(message: str, hint: str | None, exit_code: int, problems: list[str] | None = None, *, bare: bool = False) -> int:
+def _text_error(
+    message: str, hint: str | None, exit_code: int, problems: list[str] | None = None, *, bare: bool = False
+) -> int:
     """``bare``: the message is the whole line (a Ctrl-C), not something after ``error:``."""
     from rich.markup import escape
 
@@ -134,7 +150,9 @@ def _text_error(message: str, hint: str | None, exit_code: int, problems: list[s
     return exit_code
 
 
-def _json_error(message: str, hint: str | None, exit_code: int, problems: list[str] | None = None, *, bare: bool = False) -> int:
+def _json_error(
+    message: str, hint: str | None, exit_code: int, problems: list[str] | None = None, *, bare: bool = False
+) -> int:
     """The error as one JSON object on stdout, where the verb's JSON would have gone (``problems``: a config
     error's located lines, one per problem)."""
     import json

@@ -1,7 +1,8 @@
-"""The Typer app and its sub-app, and the decorators that register a verb with the help the command table gives.
+"""The Typer app and its sub-app, and the decorators that register a verb with the help the command table
+gives.
 
-Every panel module (cluster, training, results, recipes) registers its verbs here; :mod:`tpuft.cli` imports them
-all. Help texts come from :mod:`tpuft.commands`, which the fast launcher reads too.
+Every panel module (cluster, training, results, recipes) registers its verbs here; :mod:`tpuft.cli` imports
+them all. Help texts come from :mod:`tpuft.commands`, which the fast launcher reads too.
 """
 
 from __future__ import annotations
@@ -16,27 +17,40 @@ from tpuft.commands import QUICKSTART, RECIPE_VERBS, SUMMARY, verb
 
 
 class Option(TyperOption):
-    """A flag shows no value at all (Typer would print ``<bool>`` beside ``--json``, as if it took one); an option
-    that takes a value shows it in capitals, as Click writes them: ``--config PATH``, ``--set KEY=VALUE``."""
+    """A flag shows no value at all (Typer would print ``<bool>`` beside ``--json``, as if it took one); an
+    option that takes a value shows it in capitals, as Click writes them: ``--config PATH``, ``--set
+    KEY=VALUE``."""
 
     def display_type_rich(self, ctx: Any) -> str | None:
         if self.is_flag or self.count:
             return None
         if self.metavar is not None:
             return self.metavar
-        label = self.display_type(ctx).strip("<>")  # Typer's <path>, <int>, <int range>, <list[str]>, <a|b> (choices)
-        label = label.removeprefix("list[").removesuffix("]").removesuffix(" range")  # the range is shown after
+        label = self.display_type(ctx).strip(
+            "<>"
+        )  # Typer's <path>, <int>, <int range>, <list[str]>, <a|b> (choices)
+        label = (
+            label.removeprefix("list[").removesuffix("]").removesuffix(" range")
+        )  # the range is shown after
         if "|" in label:
             return label  # the values themselves, as typed
         return _CLICK_NAMES.get(label, label.upper()) + ("..." if self.nargs != 1 else "")
 
 
-_CLICK_NAMES = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "file": "PATH", "directory": "PATH"}
+_CLICK_NAMES = {
+    "str": "TEXT",
+    "int": "INTEGER",
+    "float": "FLOAT",
+    "path": "PATH",
+    "file": "PATH",
+    "directory": "PATH",
+}
 
 
 class Argument(TyperArgument):
-    """An argument is its name in capitals (``RECIPE``, ``[RUN_ID]`` when it may be left out), in the usage line and
-    in the list of arguments alike, with no type beside it (Typer mixes ``{RECIPE}``, ``[recipe]`` and ``<path>``)."""
+    """An argument is its name in capitals (``RECIPE``, ``[RUN_ID]`` when it may be left out), in the usage
+    line and in the list of arguments alike, with no type beside it (Typer mixes ``{RECIPE}``, ``[recipe]``
+    and ``<path>``)."""
 
     @property
     def display_name_raw(self) -> str:
@@ -51,7 +65,8 @@ class Argument(TyperArgument):
 
 
 def _restyle(param: Any) -> None:
-    """Typer builds its own parameter classes: give them the house style, whatever verb or module declared them."""
+    """Typer builds its own parameter classes: give them the house style, whatever verb or module declared
+    them."""
     if type(param) is TyperOption:
         param.__class__ = Option
     elif type(param) is TyperArgument:

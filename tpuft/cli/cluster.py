@@ -6,14 +6,21 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from tpuft.cli.app import command
 from tpuft.cli.options import ConfigOpt, JsonOpt, SetOpt, YesOpt, load_cluster_file, load_recipe_file
-from tpuft.cli.render import cluster_json, cluster_slices, err_console, line_printer, out_console, worker_label
+from tpuft.cli.render import (
+    cluster_json,
+    cluster_slices,
+    err_console,
+    line_printer,
+    out_console,
+    worker_label,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -25,13 +32,16 @@ DryRunOpt = Annotated[
     bool,
     typer.Option(
         "--dry-run",
-        help="Show the plan and exit: the node(s) or queued resource with the request create would send, the bucket, "
+        help="Show the plan and exit: the node(s) or queued resource with the request create would send, the "
+        "bucket, "
         "which workers run what, the environment's names and the list price; no API call, no connection.",
     ),
 ]
 
 
-def show_plan(cfg: ClusterConfig, verb: str, json_out: bool, recipe: Loaded[RecipeConfig] | None = None) -> None:
+def show_plan(
+    cfg: ClusterConfig, verb: str, json_out: bool, recipe: Loaded[RecipeConfig] | None = None
+) -> None:
     """``--dry-run``: the plan as worked out by :mod:`tpuft.ops.plan`, as text or (``--json``) as JSON."""
     from tpuft.ops.plan import lines, plan
 
@@ -45,8 +55,8 @@ def show_plan(cfg: ClusterConfig, verb: str, json_out: bool, recipe: Loaded[Reci
 
 
 def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[CostEstimate], None]:
-    """How this terminal agrees to a new cloud cluster's cost: show the estimate and ask, or require --yes when
-    nobody can answer (a script, CI)."""
+    """How this terminal agrees to a new cloud cluster's cost: show the estimate and ask, or require --yes
+    when nobody can answer (a script, CI)."""
 
     def confirm(estimate: CostEstimate) -> None:
         from tpuft.core.errors import UsageError
@@ -55,14 +65,18 @@ def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[C
         if yes:
             return
         if not sys.stdin.isatty():
-            raise UsageError(f"creating {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone} costs money: pass --yes to confirm")
+            raise UsageError(
+                f"creating {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone} costs money: pass --yes to confirm"
+            )
         typer.confirm(f"Create {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone}?", abort=True)
 
     return confirm
 
 
 @command("create")
-def create(config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False) -> None:
+def create(
+    config: ConfigOpt = None, json_out: JsonOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False
+) -> None:
     from tpuft.ops.cluster import cost_estimate, cost_to_confirm
     from tpuft.ops.cluster import create as create_op
 
@@ -106,7 +120,10 @@ def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
         return
     console = out_console()
     colour = "green" if cluster.ready else "yellow" if cluster.state == "NOT_FOUND" else "red"
-    console.print(f"cluster [bold]{cluster.name}[/bold] ({cluster.provider}, {cluster.accelerator}): [{colour}]{cluster.state}[/{colour}]")
+    console.print(
+        f"cluster [bold]{cluster.name}[/bold] ({cluster.provider}, {cluster.accelerator}): "
+        f"[{colour}]{cluster.state}[/{colour}]"
+    )
     layout = cluster.layout
     multislice = layout.slices > 1
     for key, value in cluster.details.items():
@@ -114,15 +131,21 @@ def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
             console.print(f"  {key}: {value}")
     console.print(f"  run storage: {cluster.bucket}")
     if multislice:
-        console.print(f"  slices: {layout.slices} x {layout.hosts} host(s); --worker S:I is host I of slice S")
+        console.print(
+            f"  slices: {layout.slices} x {layout.hosts} host(s); --worker S:I is host I of slice S"
+        )
         for entry in cluster_slices(cluster):
             node = f"node {entry['node']} " if entry["node"] else ""
-            console.print(f"    slice {entry['slice']}: {node}{entry['state']}, workers {', '.join(entry['workers'])}")
+            console.print(
+                f"    slice {entry['slice']}: {node}{entry['state']}, workers {', '.join(entry['workers'])}"
+            )
     if cluster.workers:
         table = Table("worker", "address", "internal address", "home", "cpus")
         for w in cluster.workers:
             cpus = ",".join(map(str, w.cpus)) or ("shared" if w.home else "own")
-            table.add_row(worker_label(w.index, layout), w.address, w.internal_address or "-", str(w.home or "-"), cpus)
+            table.add_row(
+                worker_label(w.index, layout), w.address, w.internal_address or "-", str(w.home or "-"), cpus
+            )
         console.print(table)
 
 
@@ -130,7 +153,12 @@ def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
 def delete(
     config: ConfigOpt = None,
     yes: YesOpt = False,
-    force: Annotated[bool, typer.Option("--force", help="Stop the runs that train on the cluster first (they are refused otherwise).")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Stop the runs that train on the cluster first (they are refused otherwise)."
+        ),
+    ] = False,
 ) -> None:
     from tpuft.ops.cluster import delete as delete_op
     from tpuft.ops.cluster import status as status_op
@@ -152,21 +180,38 @@ def delete(
 
 @command("exec", context_settings={"allow_extra_args": True})
 def exec_(
-    command: Annotated[list[str], typer.Argument(help="Command to run; one quoted argument is a shell line.")],
-    worker: Annotated[Optional[str], typer.Option("--worker", "-w", help="Workers to run on: flat indices (0,2 or 1-3) or, on a multislice cluster, slice:host (1:0, 1:2-3, or 1:* for a whole slice); default: all.")] = None,
+    command: Annotated[
+        list[str], typer.Argument(help="Command to run; one quoted argument is a shell line.")
+    ],
+    worker: Annotated[
+        str | None,
+        typer.Option(
+            "--worker",
+            "-w",
+            help="Workers to run on: flat indices (0,2 or 1-3) or, on a multislice cluster, slice:host (1:0, "
+            "1:2-3, or 1:* for a whole slice); default: all.",
+        ),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     from tpuft.ops.cluster import exec_command
     from tpuft.ops.common import raise_on_failure
 
     cfg = load_cluster_file(config)
-    result = exec_command(cfg, command, workers=worker, on_line=line_printer(out_console()), cluster_path=config, use_agent=True)
+    result = exec_command(
+        cfg, command, workers=worker, on_line=line_printer(out_console()), cluster_path=config, use_agent=True
+    )
     raise_on_failure(result, "the command", worker_exit_code=True)
 
 
 @command("ssh")
 def ssh(
-    worker: Annotated[str, typer.Option("--worker", "-w", help="Which worker: a flat index (0 is the coordinator) or slice:host like 1:0.")] = "0",
+    worker: Annotated[
+        str,
+        typer.Option(
+            "--worker", "-w", help="Which worker: a flat index (0 is the coordinator) or slice:host like 1:0."
+        ),
+    ] = "0",
     config: ConfigOpt = None,
 ) -> None:
     import os
@@ -185,7 +230,9 @@ def ssh(
 
 @command("doctor")
 def doctor(
-    recipe: Annotated[Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")],
+    recipe: Annotated[
+        Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")
+    ],
     config: ConfigOpt = None,
     overrides: SetOpt = None,
     json_out: JsonOpt = False,
@@ -205,8 +252,10 @@ def doctor(
         if not report.ok:
             raise typer.Exit(1)
         return
-    console.print(f"cluster [bold]{report.cluster}[/bold] ({report.target}), {report.backend} venv {report.venv_key}, "
-                  f"tpuft {report.package}")
+    console.print(
+        f"cluster [bold]{report.cluster}[/bold] ({report.target}), {report.backend} venv {report.venv_key}, "
+        f"tpuft {report.package}"
+    )
     columns = [c for c in CHECKS if any(f.check == c and f.status != "skip" for f in report.findings)]
     table = Table("worker", *columns)
     colours = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
@@ -215,7 +264,9 @@ def doctor(
         cells = []
         for check in columns:
             found = report.cell(index, check)
-            cells.append("" if found is None else f"[{colours[found.status]}]{found.cell}[/{colours[found.status]}]")
+            cells.append(
+                "" if found is None else f"[{colours[found.status]}]{found.cell}[/{colours[found.status]}]"
+            )
         table.add_row("this machine" if index == CONTROLLER else str(index), *cells)
     console.print(table)
     for note in report.notes:

@@ -16,8 +16,12 @@ from tpuft.cli.render import out_console
 @command("drill")
 def drill(
     kind: Annotated[str, typer.Argument(help="maintenance or preempt.", metavar="maintenance|preempt")],
-    worker: Annotated[int, typer.Option("--worker", "-w", help="The worker (flat index, as in tpuft status).")] = 0,
-    notice: Annotated[float, typer.Option("--notice", help="Local pod: seconds from now to the window's start.")] = 60.0,
+    worker: Annotated[
+        int, typer.Option("--worker", "-w", help="The worker (flat index, as in tpuft status).")
+    ] = 0,
+    notice: Annotated[
+        float, typer.Option("--notice", help="Local pod: seconds from now to the window's start.")
+    ] = 60.0,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -29,10 +33,14 @@ def drill(
         print(json.dumps(result.as_dict(), indent=2))
         return
     console = out_console()
-    console.print(f"[yellow]drill {result.kind}[/yellow] on worker {result.worker} ({result.provider}): {result.action}")
+    console.print(
+        f"[yellow]drill {result.kind}[/yellow] on worker {result.worker} ({result.provider}): {result.action}"
+    )
     for key, value in result.detail.items():
         console.print(f"  {key}: {value}")
     if result.kind == "maintenance":
-        console.print("a run watched with --recover checkpoints before the window, stops, and resumes after it")
+        console.print(
+            "a run watched with --recover checkpoints before the window, stops, and resumes after it"
+        )
     else:
         console.print("a run watched with --recover is recovered from its last checkpoint")

@@ -1,10 +1,10 @@
-"""Options every verb shares, and loading the two files a user writes (with the data check that ``train``, ``up`` and
-``recipes validate`` run before anything else)."""
+"""Options every verb shares, and loading the two files a user writes (with the data check that ``train``,
+``up`` and ``recipes validate`` run before anything else)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,14 +15,27 @@ if TYPE_CHECKING:
 
 
 ConfigOpt = Annotated[
-    Optional[Path],
-    typer.Option("--config", "-c", help="Cluster file (default: $TPUFT_CONFIG, ./tpuft.yaml, then the built-in local one).", show_default=False),
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="Cluster file (default: $TPUFT_CONFIG, ./tpuft.yaml, then the built-in local one).",
+        show_default=False,
+    ),
 ]
 SetOpt = Annotated[
-    Optional[list[str]],
-    typer.Option("--set", "-s", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set train.steps=50 (repeatable).", show_default=False),
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="Override a recipe key, e.g. --set train.steps=50 (repeatable).",
+        show_default=False,
+    ),
 ]
-RecipeArg = Annotated[Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")]
+RecipeArg = Annotated[
+    Path, typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).")
+]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
@@ -32,7 +45,9 @@ def load_cluster_file(config: Path | None) -> ClusterConfig:
     from tpuft.storage.network import CLOCK
 
     cluster = load_cluster(config).value
-    CLOCK.arm(cluster.gcp.timeout)  # every Google Cloud call of this command (a gs:// path too) shares one budget
+    CLOCK.arm(
+        cluster.gcp.timeout
+    )  # every Google Cloud call of this command (a gs:// path too) shares one budget
     return cluster
 
 
@@ -43,7 +58,8 @@ def load_recipe_file(recipe: Path, overrides: list[str] | None) -> Loaded[Recipe
 
 
 def preflight_with_status(cfg: ClusterConfig, loaded: Loaded[RecipeConfig], console: Console) -> Any:
-    """The recipe against the cluster and its data read through, with a spinner that counts bytes on big files."""
+    """The recipe against the cluster and its data read through, with a spinner that counts bytes on big
+    files."""
     from tpuft.ops.preflight import preflight
 
     with console.status(f"checking the data of {loaded.value.name} ...") as spinner:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tpuft.cli.app import recipe_command
-from tpuft.cli.options import ConfigOpt, JsonOpt, RecipeArg, SetOpt, load_cluster_file, load_recipe_file, preflight_with_status
+from tpuft.cli.options import (
+    ConfigOpt,
+    JsonOpt,
+    RecipeArg,
+    SetOpt,
+    load_cluster_file,
+    load_recipe_file,
+    preflight_with_status,
+)
 from tpuft.cli.render import err_console, out_console
 
 if TYPE_CHECKING:
@@ -25,7 +33,15 @@ def recipes_ls(json_out: JsonOpt = False) -> None:
 
     found = list_recipes()
     if json_out:
-        print(json.dumps([{"name": r.name, "backend": r.backend, "path": str(r.path), "summary": r.summary} for r in found], indent=2))
+        print(
+            json.dumps(
+                [
+                    {"name": r.name, "backend": r.backend, "path": str(r.path), "summary": r.summary}
+                    for r in found
+                ],
+                indent=2,
+            )
+        )
         return
     table = Table("recipe", "backend", "what it is")
     for r in found:
@@ -59,31 +75,52 @@ def recipes_backends(json_out: JsonOpt = False) -> None:
 
 @recipe_command("show")
 def recipes_show(
-    name: Annotated[str, typer.Argument(help="A recipe file, or the name of a shipped recipe.", metavar="RECIPE")],
+    name: Annotated[
+        str, typer.Argument(help="A recipe file, or the name of a shipped recipe.", metavar="RECIPE")
+    ],
     summary: Annotated[
-        bool, typer.Option("--summary", help="The model's parameters per module and the memory per chip instead.")
+        bool,
+        typer.Option("--summary", help="The model's parameters per module and the memory per chip instead."),
     ] = False,
     json_out: JsonOpt = False,
     overrides: SetOpt = None,
     config: ConfigOpt = None,
     accelerator: Annotated[
-        Optional[str],
-        typer.Option("--accelerator", "-a", help="Size for this accelerator type (e.g. v4-64), not the cluster's.",
-                     show_default=False),
+        str | None,
+        typer.Option(
+            "--accelerator",
+            "-a",
+            help="Size for this accelerator type (e.g. v4-64), not the cluster's.",
+            show_default=False,
+        ),
     ] = None,
     compile_step: Annotated[
         bool,
-        typer.Option("--compile", help="Also compile the real train step for the accelerator on this machine's CPU "
-                     "(T5X; builds the backend's venv and libtpu once) and report its bytes per chip against HBM."),
+        typer.Option(
+            "--compile",
+            help="Also compile the real train step for the accelerator on this machine's CPU "
+            "(T5X; builds the backend's venv and libtpu once) and report its bytes per chip against HBM.",
+        ),
     ] = False,
 ) -> None:
     from tpuft.core.errors import UsageError
 
     if not summary:
-        given = [flag for flag, value in (("--json", json_out), ("--set", overrides), ("--config", config),
-                                          ("--accelerator", accelerator), ("--compile", compile_step)) if value]
+        given = [
+            flag
+            for flag, value in (
+                ("--json", json_out),
+                ("--set", overrides),
+                ("--config", config),
+                ("--accelerator", accelerator),
+                ("--compile", compile_step),
+            )
+            if value
+        ]
         if given:
-            raise UsageError(f"{', '.join(given)} only go with --summary", hint=f"tpuft recipes show --summary {name}")
+            raise UsageError(
+                f"{', '.join(given)} only go with --summary", hint=f"tpuft recipes show --summary {name}"
+            )
         from tpuft.ops.recipes import recipe_file
 
         print(recipe_file(name).read_text(encoding="utf-8"), end="")
@@ -130,20 +167,34 @@ def _print_fit(fit: FitReport) -> None:
         console.print(f"{'[green]' if fit.fits else '[red]'}{fit.verdict()}[/]", soft_wrap=True)
         return
     mesh = " x ".join(f"{size} {axis}" for axis, size in step.mesh.items())
-    table = Table("", f"per {fit.device_word}", "what", title_justify="left",
-                  title=f"Compiled for {fit.accelerator}: {step.devices} {fit.device_word}s ({mesh}), "
-                        f"XLA's TPU compiler on this CPU in {step.compile_s:.0f} s")
+    table = Table(
+        "",
+        f"per {fit.device_word}",
+        "what",
+        title_justify="left",
+        title=f"Compiled for {fit.accelerator}: {step.devices} {fit.device_word}s ({mesh}), "
+        f"XLA's TPU compiler on this CPU in {step.compile_s:.0f} s",
+    )
     table.columns[1].justify = "right"
     for what, size, how in fit.rows():
         table.add_row(what, gib(size), how)
-    table.add_row("[bold]total[/bold]", f"[bold]{gib(step.total_bytes)}[/bold]", f"of {gib(fit.hbm_bytes)} HBM")
+    table.add_row(
+        "[bold]total[/bold]", f"[bold]{gib(step.total_bytes)}[/bold]", f"of {gib(fit.hbm_bytes)} HBM"
+    )
     console.print(table)
     console.print(f"{'[green]' if fit.fits else '[red]'}{fit.verdict()}[/]", soft_wrap=True)
     if fit.step_time_s is not None:
         flops = step.flops_per_device * step.devices
-        cost = f"; {fit.steps:,} steps at least {_dollars(fit.cost_usd)} at list price" if fit.cost_usd is not None else ""
-        console.print(f"{flops:.3g} FLOPs per step: at least {_seconds(fit.step_time_s)} per step at peak bf16{cost} "
-                      "(lower bounds: real steps reach a fraction of peak)", soft_wrap=True)
+        cost = (
+            f"; {fit.steps:,} steps at least {_dollars(fit.cost_usd)} at list price"
+            if fit.cost_usd is not None
+            else ""
+        )
+        console.print(
+            f"{flops:.3g} FLOPs per step: at least {_seconds(fit.step_time_s)} per step at peak bf16{cost} "
+            "(lower bounds: real steps reach a fraction of peak)",
+            soft_wrap=True,
+        )
 
 
 def _seconds(value: float) -> str:
@@ -162,28 +213,40 @@ def _print_summary(found: Summary) -> None:
 
     console = out_console()
     model = found.model
-    console.print(f"[bold]{escape(found.recipe)}[/bold] ({found.backend}): {escape(model.name)} "
-                  f"({escape(model.origin)})\n  {model.describe()}", soft_wrap=True)
+    console.print(
+        f"[bold]{escape(found.recipe)}[/bold] ({found.backend}): {escape(model.name)} "
+        f"({escape(model.origin)})\n  {model.describe()}",
+        soft_wrap=True,
+    )
     params = Table("module", "parameters", "trainable", "", title="Parameters", title_justify="left")
     for column in params.columns[1:3]:
         column.justify = "right"
     for row in found.modules:
         params.add_row(row.module, f"{row.params:,}", f"{row.trainable:,}", row.note)
     share = found.trainable_params / found.total_params if found.total_params else 0.0
-    params.add_row("[bold]total[/bold]", f"[bold]{found.total_params:,}[/bold]", f"[bold]{found.trainable_params:,}[/bold]",
-                   f"{fmt_count(found.total_params)}, {share:.{1 if share == 0 or share >= 0.001 else 4}%} trainable")
+    params.add_row(
+        "[bold]total[/bold]",
+        f"[bold]{found.total_params:,}[/bold]",
+        f"[bold]{found.trainable_params:,}[/bold]",
+        f"{fmt_count(found.total_params)}, {share:.{1 if share == 0 or share >= 0.001 else 4}%} trainable",
+    )
     console.print(params)
     setup, dev = found.setup, found.device_word
-    title = (f"Memory per {dev}: {found.accelerator}, {found.devices} {dev}s of {fmt_bytes(found.hbm_bytes)} HBM; "
-             f"sharding {setup.sharding}, {setup.optimizer}, {setup.precision}, {found.examples_per_device} "
-             f"example{'s' if found.examples_per_device != 1 else ''} per {dev} per micro-batch")
+    title = (
+        f"Memory per {dev}: {found.accelerator}, {found.devices} {dev}s of {fmt_bytes(found.hbm_bytes)} HBM; "
+        f"sharding {setup.sharding}, {setup.optimizer}, {setup.precision}, {found.examples_per_device} "
+        f"example{'s' if found.examples_per_device != 1 else ''} per {dev} per micro-batch"
+    )
     memory = Table("", f"per {dev}", "how", title=title, title_justify="left")
     memory.columns[1].justify = "right"
     for row in found.memory:
         memory.add_row(row.what, fmt_bytes(row.bytes), row.how)
     verdict = ("[green]fits[/green]", "to spare") if found.fits else ("[red]does not fit[/red]", "short")
-    memory.add_row("[bold]total[/bold]", f"[bold]{fmt_bytes(found.total_bytes)}[/bold]",
-                   f"of {fmt_bytes(found.hbm_bytes)}: {verdict[0]}, {fmt_bytes(abs(found.margin_bytes))} {verdict[1]}")
+    memory.add_row(
+        "[bold]total[/bold]",
+        f"[bold]{fmt_bytes(found.total_bytes)}[/bold]",
+        f"of {fmt_bytes(found.hbm_bytes)}: {verdict[0]}, {fmt_bytes(abs(found.margin_bytes))} {verdict[1]}",
+    )
     console.print(memory)
     for note in found.notes:
         console.print(f"note: {escape(note)}", soft_wrap=True)
@@ -207,7 +270,10 @@ def recipes_validate(
     overrides: SetOpt = None,
     config: ConfigOpt = None,
     no_data_check: Annotated[
-        bool, typer.Option("--no-data-check", help="Check the recipe and the cluster, not whether its data is here.")
+        bool,
+        typer.Option(
+            "--no-data-check", help="Check the recipe and the cluster, not whether its data is here."
+        ),
     ] = False,
 ) -> None:
     """Exit 0: valid and its data read through; 2: a problem in the recipe or the cluster file; 3: valid, but
@@ -221,14 +287,19 @@ def recipes_validate(
     console = out_console()
     if no_data_check:
         check_against_cluster(schema, cfg.shape())
-        console.print(f"[green]{schema.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
-                      "data not checked (--no-data-check)")
+        console.print(
+            f"[green]{schema.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
+            "data not checked (--no-data-check)"
+        )
         return
     check_data_present(schema)
     loaded = load_recipe_file(recipe, overrides)
     checked = preflight_with_status(cfg, loaded, console)
-    counts = ", ".join(f"{check.examples:,} {key}" + (f" ({check.dropped:,} dropped by data.preprocess)" if check.dropped else "")
-                       for key, check in checked.files.items())
+    counts = ", ".join(
+        f"{check.examples:,} {key}"
+        + (f" ({check.dropped:,} dropped by data.preprocess)" if check.dropped else "")
+        for key, check in checked.files.items()
+    )
     console.print(
         f"[green]{loaded.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
         f"examples read: {counts}"

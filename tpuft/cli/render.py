@@ -1,5 +1,6 @@
-"""How results look in a terminal: worker lines behind coloured ``[wN]`` prefixes, numbers as people read them, the
-monitor view, the train summary, byte progress bars. Rich is imported only when something is drawn."""
+"""How results look in a terminal: worker lines behind coloured ``[wN]`` prefixes, numbers as people read
+them, the monitor view, the train summary, byte progress bars. Rich is imported only when something is
+drawn."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def out_console() -> Console:
 
     class OutConsole(Console):
         def on_broken_pipe(self) -> None:
-            """Rich's own answer exits 1 from wherever it prints; the entry point's is the quiet exit every verb
-            shares (:func:`tpuft.commands.silence_stdout`), so the error goes there."""
+            """Rich's own answer exits 1 from wherever it prints; the entry point's is the quiet exit every
+            verb shares (:func:`tpuft.commands.silence_stdout`), so the error goes there."""
             self.quiet = True
             raise BrokenPipeError(errno.EPIPE, "the reader of stdout went away")
 
@@ -49,7 +50,9 @@ def line_printer(console: Console):  # type: ignore[no-untyped-def]
         colour = WORKER_COLOURS[index % len(WORKER_COLOURS)]
         try:
             console.print(f"[{colour}]\\[w{index}][/{colour}] {escape(line)}", soft_wrap=True)
-        except BrokenPipeError:  # `tpuft exec -- ... | head`: stop the workers, as Ctrl-C would, and end quietly
+        except (
+            BrokenPipeError
+        ):  # `tpuft exec -- ... | head`: stop the workers, as Ctrl-C would, and end quietly
             closed_pipe_in_thread()
 
     return on_line
@@ -88,8 +91,8 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 
 def cluster_json(cluster: Any) -> dict[str, Any]:
-    """``status --json`` (and ``create --json``): every worker with its slice, host and ``--worker`` ref, and one entry
-    per slice (its node and state where the provider reports them)."""
+    """``status --json`` (and ``create --json``): every worker with its slice, host and ``--worker`` ref, and
+    one entry per slice (its node and state where the provider reports them)."""
     layout = cluster.layout
     return {
         "name": cluster.name,
@@ -100,8 +103,15 @@ def cluster_json(cluster: Any) -> dict[str, Any]:
         "hosts_per_slice": layout.hosts if cluster.workers else None,
         "slices": cluster_slices(cluster),
         "workers": [
-            {"index": w.index, "slice": w.slice, "host": layout.host_of(w.index), "ref": layout.ref(w.index),
-             "address": w.address, "internal_address": w.internal_address or None, "home": str(w.home) if w.home else None}
+            {
+                "index": w.index,
+                "slice": w.slice,
+                "host": layout.host_of(w.index),
+                "ref": layout.ref(w.index),
+                "address": w.address,
+                "internal_address": w.internal_address or None,
+                "home": str(w.home) if w.home else None,
+            }
             for w in cluster.workers
         ],
         "details": cluster.details,
@@ -109,30 +119,46 @@ def cluster_json(cluster: Any) -> dict[str, Any]:
 
 
 def cluster_slices(cluster: Any) -> list[dict[str, Any]]:
-    """Per slice: its node and state (the provider's ``details["slice S"]`` = ``"NODE STATE"`` where it has one
-    node per slice; otherwise the cluster's state) and its workers' refs."""
+    """Per slice: its node and state (the provider's ``details["slice S"]`` = ``"NODE STATE"`` where it has
+    one node per slice; otherwise the cluster's state) and its workers' refs."""
     layout = cluster.layout
     slices = []
     for slice_id in sorted({w.slice for w in cluster.workers}):
         node, _, state = str(cluster.details.get(f"slice {slice_id}", "")).rpartition(" ")
-        slices.append({
-            "slice": slice_id,
-            "node": node or None,
-            "state": state or str(cluster.state),
-            "workers": [layout.ref(w.index) for w in cluster.workers if w.slice == slice_id],
-        })
+        slices.append(
+            {
+                "slice": slice_id,
+                "node": node or None,
+                "state": state or str(cluster.state),
+                "workers": [layout.ref(w.index) for w in cluster.workers if w.slice == slice_id],
+            }
+        )
     return slices
 
 
 def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
     if result.detached:
         if json_out:
-            print(json.dumps({"run_id": result.run_id, "run_dir": str(result.run_dir), "detached": True, "attempt": result.attempt}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "run_id": result.run_id,
+                        "run_dir": str(result.run_dir),
+                        "detached": True,
+                        "attempt": result.attempt,
+                    },
+                    indent=2,
+                )
+            )
             return
-        console.print(f"[yellow]detached[/yellow] from run [bold]{result.run_id}[/bold]: it goes on training on "
-                      f"{result.workers} worker(s), without this terminal.")
-        console.print(f"  re-attach: tpuft attach {result.run_id}\n  watch:     tpuft monitor {result.run_id}\n"
-                      f"  stop it:   tpuft stop {result.run_id}")
+        console.print(
+            f"[yellow]detached[/yellow] from run [bold]{result.run_id}[/bold]: it goes on training on "
+            f"{result.workers} worker(s), without this terminal."
+        )
+        console.print(
+            f"  re-attach: tpuft attach {result.run_id}\n  watch:     tpuft monitor {result.run_id}\n"
+            f"  stop it:   tpuft stop {result.run_id}"
+        )
         return
     if json_out:
         payload = {
@@ -166,9 +192,12 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
     for label, value in result.rows:
         table.add_row(label, value)
     for done in getattr(result, "recoveries", []):
-        table.add_row(f"recovery (attempt {done.get('attempt')})",
-                      f"{done.get('cause')} at step {done.get('last_step')}; {done.get('steps_lost', 0)} steps redone from "
-                      f"step {done.get('checkpoint_step')}; training again after {fmt_seconds(done.get('back_s'))}")
+        table.add_row(
+            f"recovery (attempt {done.get('attempt')})",
+            f"{done.get('cause')} at step {done.get('last_step')}; {done.get('steps_lost', 0)} steps redone "
+            "from "
+            f"step {done.get('checkpoint_step')}; training again after {fmt_seconds(done.get('back_s'))}",
+        )
     for label, value in account_rows(getattr(result, "goodput", None), getattr(result, "cost", None)):
         table.add_row(label, value)
     table.add_row("run dir", str(result.run_dir))
@@ -178,8 +207,8 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
 
 
 def accounts(storage: Any, info: dict[str, Any]) -> tuple[Any, Any]:
-    """Where a run's time went and what it has cost so far (``tpuft.run.goodput``, ``tpuft.run.cost``): computed from its
-    events and run.json at each reading, never stored."""
+    """Where a run's time went and what it has cost so far (``tpuft.run.goodput``, ``tpuft.run.cost``):
+    computed from its events and run.json at each reading, never stored."""
     from tpuft.run.cost import run_cost
     from tpuft.run.goodput import breakdown
 
@@ -188,19 +217,25 @@ def accounts(storage: Any, info: dict[str, Any]) -> tuple[Any, Any]:
 
 def accounts_json(goodput: Any, cost: Any) -> dict[str, Any]:
     """The ``goodput`` and ``cost`` fields of every ``--json`` that shows a run."""
-    return {"goodput": goodput.as_dict() if goodput is not None else None,
-            "cost": cost.as_dict() if cost is not None else None}
+    return {
+        "goodput": goodput.as_dict() if goodput is not None else None,
+        "cost": cost.as_dict() if cost is not None else None,
+    }
 
 
 def account_rows(goodput: Any, cost: Any) -> list[tuple[str, str]]:
-    """The summary's and monitor's rows: ``goodput 87% of 2.1h (badput: startup 3m, ...)`` and the cost so far, per
-    attempt when there were several."""
+    """The summary's and monitor's rows: ``goodput 87% of 2.1h (badput: startup 3m, ...)`` and the cost so
+    far, per attempt when there were several."""
     rows = []
     if goodput is not None:
         rows.append(("goodput", goodput.summary().removeprefix("goodput ")))
     if cost is not None:
         attempts = cost.per_attempt
-        each = "; ".join(f"attempt {a['attempt']} {a['chip_hours']:.3f} chip-h {a['pricing']}" for a in attempts) if len(attempts) > 1 else ""
+        each = (
+            "; ".join(f"attempt {a['attempt']} {a['chip_hours']:.3f} chip-h {a['pricing']}" for a in attempts)
+            if len(attempts) > 1
+            else ""
+        )
         rows.append(("cost so far", cost.label() + (f" ({each})" if each else "")))
     return rows
 
@@ -214,11 +249,16 @@ def goodput_cell(goodput: Any) -> str:
 
 
 def test_rows(test: dict[str, Any]) -> list[tuple[str, str]]:
-    """The test evaluation's rows of a table: every score (``test exact match``, ...), then which checkpoint and
-    how many examples (``step 1200, 500 examples``). None before the test, or without a test set."""
+    """The test evaluation's rows of a table: every score (``test exact match``, ...), then which checkpoint
+    and how many examples (``step 1200, 500 examples``). None before the test, or without a test set."""
     rows = [(key.replace("_", " "), fmt(test[key])) for key in TEST_SCORES if key in test]
     if rows and "test_checkpoint_step" in test:
-        rows.append(("test checkpoint", f"step {test['test_checkpoint_step']}, {fmt(test.get('test_examples'))} examples"))
+        rows.append(
+            (
+                "test checkpoint",
+                f"step {test['test_checkpoint_step']}, {fmt(test.get('test_examples'))} examples",
+            )
+        )
     return rows
 
 
@@ -231,7 +271,8 @@ def test_cell(test: dict[str, Any]) -> str:
 
 
 def worker_label(index: int, layout: Any) -> str:
-    """``1:0 (w2)`` on a multislice run, as ``--worker`` and the slices' own logs name hosts; the flat index otherwise."""
+    """``1:0 (w2)`` on a multislice run, as ``--worker`` and the slices' own logs name hosts; the flat index
+    otherwise."""
     return f"{layout.ref(index)} (w{index})" if layout.slices > 1 else str(index)
 
 
@@ -243,8 +284,11 @@ def snapshot_json(snap: Any) -> dict[str, Any]:
     layout = run_layout(snap.info, len(snap.workers))
     if layout.slices > 1:
         for worker in data["workers"]:
-            worker.update(slice=layout.slice_of(worker["index"]), host=layout.host_of(worker["index"]),
-                          ref=layout.ref(worker["index"]))
+            worker.update(
+                slice=layout.slice_of(worker["index"]),
+                host=layout.host_of(worker["index"]),
+                ref=layout.ref(worker["index"]),
+            )
     return data
 
 
@@ -256,13 +300,22 @@ def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
     from tpuft.readers.monitor import run_layout
 
     info = snap.info
-    colour = {"running": "green", "finished": "blue", "failed": "red", "stale": "yellow", "interrupted": "yellow", "stopped": "yellow"}.get(snap.status, "white")
+    colour = {
+        "running": "green",
+        "finished": "blue",
+        "failed": "red",
+        "stale": "yellow",
+        "interrupted": "yellow",
+        "stopped": "yellow",
+    }.get(snap.status, "white")
     node = f"  node [bold]{snap.node_state}[/bold]" if snap.node_state else ""
     stale = f" (no heartbeat for {fmt_seconds(snap.stale_for_s)})" if snap.stale_for_s is not None else ""
     head = Text.from_markup(
-        f"run [bold]{snap.run_id}[/bold]  recipe {info.get('recipe', '-')}  backend {info.get('backend', '-')}  "
+        f"run [bold]{snap.run_id}[/bold]  recipe {info.get('recipe', '-')}  backend "
+        f"{info.get('backend', '-')}  "
         f"status [bold {colour}]{snap.label}[/bold {colour}]{stale}{node}\n"
-        f"step {snap.step}/{snap.total_steps or '?'}  elapsed {fmt_seconds(snap.elapsed_s)}  ETA {fmt_seconds(snap.eta_s)}"
+        f"step {snap.step}/{snap.total_steps or '?'}  elapsed {fmt_seconds(snap.elapsed_s)}  ETA "
+        f"{fmt_seconds(snap.eta_s)}"
     )
     parts: list[Any] = [head]
     if snap.recovery_line:
@@ -274,7 +327,9 @@ def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
         parts.append(Text("\n".join(lines), style=colour))
     if snap.total_steps:
         done = min(snap.step, snap.total_steps) / snap.total_steps
-        parts.append(Text("█" * round(done * 50) + "░" * (50 - round(done * 50)) + f" {done:.0%}", style=colour))
+        parts.append(
+            Text("█" * round(done * 50) + "░" * (50 - round(done * 50)) + f" {done:.0%}", style=colour)
+        )
     table = Table("metric", "value", title=f"latest (from {snap.metrics_source})", title_justify="left")
     for key in ("loss", "lr", "examples_per_s", "tokens_per_s", "elapsed_s"):
         if key in snap.last_train:
@@ -290,25 +345,55 @@ def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
     for label, value in account_rows(*(account or (None, None))):
         table.add_row(label, value)
     parts.append(table)
-    workers = Table("worker", "status", "step", "loss", "lr", "ex/s", "tok/s", "heartbeat", "last log line", title="workers", title_justify="left")
+    workers = Table(
+        "worker",
+        "status",
+        "step",
+        "loss",
+        "lr",
+        "ex/s",
+        "tok/s",
+        "heartbeat",
+        "last log line",
+        title="workers",
+        title_justify="left",
+    )
     layout = run_layout(info, len(snap.workers))
     for w in snap.workers:
-        age = f"{fmt_seconds(w.age_s)} ago" + (" [red](stale)[/red]" if w.stale else "") if w.age_s is not None else "-"
+        age = (
+            f"{fmt_seconds(w.age_s)} ago" + (" [red](stale)[/red]" if w.stale else "")
+            if w.age_s is not None
+            else "-"
+        )
         line = (w.last_log_line or "")[-70:]
         workers.add_row(
-            worker_label(w.index, layout), w.status, fmt(w.step), fmt_metric("loss", w.loss), fmt_metric("lr", w.lr),
-            fmt_metric("examples_per_s", w.examples_per_s), fmt_metric("tokens_per_s", w.tokens_per_s), age, Text(line),
+            worker_label(w.index, layout),
+            w.status,
+            fmt(w.step),
+            fmt_metric("loss", w.loss),
+            fmt_metric("lr", w.lr),
+            fmt_metric("examples_per_s", w.examples_per_s),
+            fmt_metric("tokens_per_s", w.tokens_per_s),
+            age,
+            Text(line),
         )
     parts.append(workers)
     if snap.skipped_lines:
-        parts.append(Text(f"skipped {len(snap.skipped_lines)} corrupt metrics line(s) (lines {snap.skipped_lines[:5]})", style="yellow"))
+        parts.append(
+            Text(
+                f"skipped {len(snap.skipped_lines)} corrupt metrics line(s) (lines {snap.skipped_lines[:5]})",
+                style="yellow",
+            )
+        )
     for note in snap.notes:
         parts.append(Text(note, style="yellow"))
     return Group(*parts)
 
 
 @contextmanager
-def byte_progress(console: Console, label: str, *, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+def byte_progress(
+    console: Console, label: str, *, enabled: bool
+) -> Iterator[Callable[[int, int], None] | None]:
     """A rich bar with bytes and rate for long copies; nothing when output is JSON."""
     if not enabled:
         yield None
@@ -322,7 +407,15 @@ def byte_progress(console: Console, label: str, *, enabled: bool) -> Iterator[Ca
         TransferSpeedColumn,
     )
 
-    with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:

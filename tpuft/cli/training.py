@@ -1,47 +1,77 @@
 """The Training panel: setup, train, up, resume, attach, stop, checkpoint.
 
-A run lives on the workers under their supervisors: ``train`` and ``up`` start it and attach; Ctrl-C (or a closed
-terminal) detaches and the run goes on, unless ``--stop-on-interrupt`` asks for the old way (scripts, CI)."""
+A run lives on the workers under their supervisors: ``train`` and ``up`` start it and attach; Ctrl-C (or a
+closed terminal) detaches and the run goes on, unless ``--stop-on-interrupt`` asks for the old way (scripts,
+CI)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from tpuft.cli.app import command
 from tpuft.cli.cluster import DryRunOpt, confirm_cost, show_plan
-from tpuft.cli.options import ConfigOpt, JsonOpt, RecipeArg, SetOpt, YesOpt, load_cluster_file, load_recipe_file, preflight_with_status
+from tpuft.cli.options import (
+    ConfigOpt,
+    JsonOpt,
+    RecipeArg,
+    SetOpt,
+    YesOpt,
+    load_cluster_file,
+    load_recipe_file,
+    preflight_with_status,
+)
 from tpuft.cli.render import err_console, fmt_seconds, line_printer, out_console, print_train_summary
 
-DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="Return once every worker's trainer has started; the run goes on without this terminal.")]
+DetachOpt = Annotated[
+    bool,
+    typer.Option(
+        "--detach",
+        "-d",
+        help="Return once every worker's trainer has started; the run goes on without this terminal.",
+    ),
+]
 StopOnInterruptOpt = Annotated[
     bool,
-    typer.Option("--stop-on-interrupt", help="Ctrl-C stops the run on every worker (default: Ctrl-C only detaches, the run goes on)."),
+    typer.Option(
+        "--stop-on-interrupt",
+        help="Ctrl-C stops the run on every worker (default: Ctrl-C only detaches, the run goes on).",
+    ),
 ]
 RecoverOpt = Annotated[
-    Optional[bool],
+    bool | None,
     typer.Option(
         "--recover/--no-recover",
-        help="Watch the run and recover it when the node is preempted, repaired or deleted: recreate, set up, resume "
-        "from the last checkpoint (default: the cluster file's recover). With --detach the watcher runs in the "
+        help="Watch the run and recover it when the node is preempted, repaired or deleted: recreate, set "
+        "up, resume "
+        "from the last checkpoint (default: the cluster file's recover). With --detach the watcher runs in "
+        "the "
         "background on this machine.",
         show_default=False,
     ),
 ]
 CheckFitOpt = Annotated[
     bool,
-    typer.Option("--check-fit", help="Before anything is created or launched, compile the train step for the cluster's "
-                 "accelerator on this CPU (T5X; others: the paper estimate) and stop (exit 2) if it does not fit HBM."),
+    typer.Option(
+        "--check-fit",
+        help="Before anything is created or launched, compile the train step for the cluster's "
+        "accelerator on this CPU (T5X; others: the paper estimate) and stop (exit 2) if it does not fit HBM.",
+    ),
 ]
-RunArg = Annotated[Optional[str], typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
+RunArg = Annotated[str | None, typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
 
 
 @command("setup")
-def setup(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None, json_out: JsonOpt = False,
-          dry_run: DryRunOpt = False) -> None:
+def setup(
+    recipe: RecipeArg,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    json_out: JsonOpt = False,
+    dry_run: DryRunOpt = False,
+) -> None:
     from tpuft.ops.setup import setup as setup_op
 
     loaded = load_recipe_file(recipe, overrides)
@@ -53,21 +83,42 @@ def setup(recipe: RecipeArg, config: ConfigOpt = None, overrides: SetOpt = None,
     console.print(f"setting up [bold]{loaded.value.backend.kind}[/bold] on the workers of {cfg.name}")
     result = setup_op(cfg, loaded.value, on_line=line_printer(console))
     if json_out:
-        payload = {"backend": result.backend, "venv": result.venv, "python": f"{result.venv}/bin/python", "seconds": round(result.seconds, 2)}
+        payload = {
+            "backend": result.backend,
+            "venv": result.venv,
+            "python": f"{result.venv}/bin/python",
+            "seconds": round(result.seconds, 2),
+        }
         print(json.dumps(payload, indent=2))
         return
-    console.print(f"[green]setup done[/green] on {result.workers} worker(s) in {fmt_seconds(result.seconds)}: {result.venv}")
+    console.print(
+        f"[green]setup done[/green] on {result.workers} worker(s) in {fmt_seconds(result.seconds)}: "
+        f"{result.venv}"
+    )
 
 
 @command("train")
 def train(
-    recipe: Annotated[Optional[Path], typer.Argument(help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).", show_default=False)] = None,
+    recipe: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Recipe file, or the name of a shipped recipe (see: tpuft recipes ls).", show_default=False
+        ),
+    ] = None,
     config: ConfigOpt = None,
     overrides: SetOpt = None,
     json_out: JsonOpt = False,
     detach: DetachOpt = False,
     stop_on_interrupt: StopOnInterruptOpt = False,
-    resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this stopped or failed run from its last checkpoint instead (same as: tpuft resume RUN).", show_default=False)] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            help="Continue this stopped or failed run from its last checkpoint instead (same as: tpuft "
+            "resume RUN).",
+            show_default=False,
+        ),
+    ] = None,
     recover: RecoverOpt = None,
     dry_run: DryRunOpt = False,
     check_fit: CheckFitOpt = False,
@@ -78,8 +129,10 @@ def train(
         if dry_run:
             raise UsageError("--dry-run plans a new run: drop --resume")
         if recipe is not None or overrides or check_fit:
-            raise UsageError("--resume continues a run with the recipe it was started with: drop RECIPE, --set and "
-                             "--check-fit")
+            raise UsageError(
+                "--resume continues a run with the recipe it was started with: drop RECIPE, --set and "
+                "--check-fit"
+            )
         _resume(resume, config, json_out, detach, stop_on_interrupt, recover)
         return
     if recipe is None:
@@ -106,12 +159,23 @@ def train(
         check_fit=check_fit,
     )
     if recovering:
-        result = _watch(cfg, config, result.run_id, console, detach, stop_on_interrupt, new_run=True, started=result)
+        result = _watch(
+            cfg, config, result.run_id, console, detach, stop_on_interrupt, new_run=True, started=result
+        )
     print_train_summary(console, result, json_out)
 
 
-def _watch(cfg: object, config: Path | None, run_id: str, console: object, detach: bool, stop_on_interrupt: bool,
-           *, new_run: bool, started: object = None) -> object:
+def _watch(
+    cfg: object,
+    config: Path | None,
+    run_id: str,
+    console: object,
+    detach: bool,
+    stop_on_interrupt: bool,
+    *,
+    new_run: bool,
+    started: object = None,
+) -> object:
     """The recovery watcher: here (attached), or started in the background on this machine (``--detach``)."""
     from tpuft.ops.recover import Callbacks, resume_and_watch, watch_new_run
     from tpuft.ops.train import TrainResult
@@ -127,16 +191,21 @@ def _watch(cfg: object, config: Path | None, run_id: str, console: object, detac
             shown.append(text)
             console.print(f"  {text}")  # type: ignore[attr-defined]
 
-    callbacks = Callbacks(on_line=line_printer(console), on_notice=lambda text: console.print(f"[yellow]{text}[/yellow]"),  # type: ignore[arg-type,attr-defined]
-                          on_progress=progress)
+    callbacks = Callbacks(
+        on_line=line_printer(console),
+        on_notice=lambda text: console.print(f"[yellow]{text}[/yellow]"),  # type: ignore[arg-type,attr-defined]
+        on_progress=progress,
+    )
     if new_run:
-        return watch_new_run(cfg, TrainResult(run_id, "", 0.0, 0), callbacks, stop_on_interrupt=stop_on_interrupt)  # type: ignore[arg-type]
+        return watch_new_run(
+            cfg, TrainResult(run_id, "", 0.0, 0), callbacks, stop_on_interrupt=stop_on_interrupt
+        )  # type: ignore[arg-type]
     return resume_and_watch(cfg, run_id, callbacks, stop_on_interrupt=stop_on_interrupt)  # type: ignore[arg-type]
 
 
 def _spawn_watcher(run_id: str, config: Path | None) -> tuple[int, Path]:
-    """``tpuft resume RUN --recover`` in a session of its own: a closed terminal does not end it (a sleeping laptop
-    does: run it on a machine that stays up, or take it over from one with the same command)."""
+    """``tpuft resume RUN --recover`` in a session of its own: a closed terminal does not end it (a sleeping
+    laptop does: run it on a machine that stays up, or take it over from one with the same command)."""
     import os
     import subprocess
     import sys
@@ -145,10 +214,25 @@ def _spawn_watcher(run_id: str, config: Path | None) -> tuple[int, Path]:
 
     log = tpuft_home() / "watchers" / f"{run_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "tpuft", "resume", run_id, "--recover", *(["-c", str(config.resolve())] if config else [])]
+    argv = [
+        sys.executable,
+        "-m",
+        "tpuft",
+        "resume",
+        run_id,
+        "--recover",
+        *(["-c", str(config.resolve())] if config else []),
+    ]
     with open(log, "ab") as sink:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                 start_new_session=True, cwd=os.getcwd(), env={**os.environ, "COLUMNS": "160"})
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=os.getcwd(),
+            env={**os.environ, "COLUMNS": "160"},
+        )
     return child.pid, log
 
 
@@ -160,13 +244,29 @@ def resume(
     detach: DetachOpt = False,
     stop_on_interrupt: StopOnInterruptOpt = False,
     recover: RecoverOpt = None,
-    max_cost: Annotated[Optional[float], typer.Option("--max-cost", metavar="USD", help="A new train.max_cost for the run (its whole cost so far counts against it): how a run stopped at its limit goes on.", show_default=False)] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            "--max-cost",
+            metavar="USD",
+            help="A new train.max_cost for the run (its whole cost so far counts against it): how a run "
+            "stopped at its limit goes on.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     _resume(run_id, config, json_out, detach, stop_on_interrupt, recover, max_cost)
 
 
-def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop_on_interrupt: bool,
-            recover: bool | None = None, max_cost: float | None = None) -> None:
+def _resume(
+    run_id: str,
+    config: Path | None,
+    json_out: bool,
+    detach: bool,
+    stop_on_interrupt: bool,
+    recover: bool | None = None,
+    max_cost: float | None = None,
+) -> None:
     from tpuft.ops.train import resume as resume_op
     from tpuft.ops.train import set_max_cost
 
@@ -177,11 +277,18 @@ def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop
     if cfg.recover.enabled if recover is None else recover:
         from tpuft.readers.runs import resolve_run
 
-        result = _watch(cfg, config, resolve_run(cfg, run_id).id, console, detach, stop_on_interrupt, new_run=False)
+        result = _watch(
+            cfg, config, resolve_run(cfg, run_id).id, console, detach, stop_on_interrupt, new_run=False
+        )
         print_train_summary(console, result, json_out)  # type: ignore[arg-type]
         return
     result = resume_op(
-        cfg, run_id, on_line=line_printer(console), on_notice=console.print, detach=detach, stop_on_interrupt=stop_on_interrupt,
+        cfg,
+        run_id,
+        on_line=line_printer(console),
+        on_notice=console.print,
+        detach=detach,
+        stop_on_interrupt=stop_on_interrupt,
         on_start=lambda rid, rdir: console.print(f"resuming run [bold]{rid}[/bold] -> {rdir}"),
     )
     print_train_summary(console, result, json_out)
@@ -191,8 +298,23 @@ def _resume(run_id: str, config: Path | None, json_out: bool, detach: bool, stop
 def attach(
     run_id: RunArg = None,
     config: ConfigOpt = None,
-    lines: Annotated[Optional[int], typer.Option("--lines", "-n", help="Start with each worker's last N lines (default: 20, or all of --since).", show_default=False)] = None,
-    since: Annotated[Optional[str], typer.Option("--since", help="Start with the lines of the last 10m / 2h / 30s, or since an ISO time (UTC).", show_default=False)] = None,
+    lines: Annotated[
+        int | None,
+        typer.Option(
+            "--lines",
+            "-n",
+            help="Start with each worker's last N lines (default: 20, or all of --since).",
+            show_default=False,
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Start with the lines of the last 10m / 2h / 30s, or since an ISO time (UTC).",
+            show_default=False,
+        ),
+    ] = None,
     stop_on_interrupt: StopOnInterruptOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -211,11 +333,25 @@ def attach(
     if predict_run is not None:
         from tpuft.cli.predict import attach_predict_run
 
-        attach_predict_run(cfg, predict_run, console, json_out, tail=tail, since=_since_stamp(since),
-                           stop_on_interrupt=stop_on_interrupt)
+        attach_predict_run(
+            cfg,
+            predict_run,
+            console,
+            json_out,
+            tail=tail,
+            since=_since_stamp(since),
+            stop_on_interrupt=stop_on_interrupt,
+        )
         return
-    result = attach_run(cfg, run_id, on_line=line_printer(console), tail=tail, since=_since_stamp(since),
-                        stop_on_interrupt=stop_on_interrupt, on_notice=console.print)
+    result = attach_run(
+        cfg,
+        run_id,
+        on_line=line_printer(console),
+        tail=tail,
+        since=_since_stamp(since),
+        stop_on_interrupt=stop_on_interrupt,
+        on_notice=console.print,
+    )
     print_train_summary(console, result, json_out)
 
 
@@ -240,20 +376,48 @@ def _since_stamp(since: str | None) -> str | None:
     try:
         when = datetime.datetime.fromisoformat(since.replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"--since {since!r}: expected a duration (10m, 2h) or an ISO time (2026-11-23T14:00:00)") from None
+        raise UsageError(
+            f"--since {since!r}: expected a duration (10m, 2h) or an ISO time (2026-11-23T14:00:00)"
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.timezone.utc)
     return log_timestamp(when.timestamp())
 
 
-CheckpointOpt = Annotated[bool, typer.Option("--checkpoint", help="Save a checkpoint at the next step boundary, then stop right after it: a resume loses no step.")]
-AtStepOpt = Annotated[Optional[int], typer.Option("--at-step", min=1, help="Save at exactly this step (default: the next step boundary; on several hosts, one they all reach after the ask). A step already passed is refused.")]
-CheckpointTimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait for the checkpoint to be complete in run storage (exit 1 after).")]
+CheckpointOpt = Annotated[
+    bool,
+    typer.Option(
+        "--checkpoint",
+        help="Save a checkpoint at the next step boundary, then stop right after it: a resume loses no step.",
+    ),
+]
+AtStepOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--at-step",
+        min=1,
+        help="Save at exactly this step (default: the next step boundary; on several hosts, one they all "
+        "reach after the ask). A step already passed is refused.",
+    ),
+]
+CheckpointTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        min=1.0,
+        help="Seconds to wait for the checkpoint to be complete in run storage (exit 1 after).",
+    ),
+]
 
 
 @command("checkpoint")
-def checkpoint(run_id: RunArg = None, config: ConfigOpt = None, timeout: CheckpointTimeoutOpt = 600.0,
-               at_step: AtStepOpt = None, json_out: JsonOpt = False) -> None:
+def checkpoint(
+    run_id: RunArg = None,
+    config: ConfigOpt = None,
+    timeout: CheckpointTimeoutOpt = 600.0,
+    at_step: AtStepOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
     from tpuft.ops.lifecycle import request_checkpoint, wait_checkpoint
     from tpuft.readers.runs import resolve_run
 
@@ -266,13 +430,21 @@ def checkpoint(run_id: RunArg = None, config: ConfigOpt = None, timeout: Checkpo
     if json_out:
         print(json.dumps({"run_id": run.id, **done.as_dict()}, indent=2))
         return
-    console.print(f"[green]checkpoint step {done.step}[/green] of run {run.id} complete in run storage "
-                  f"{done.latency_s:.1f} s after the ask: {done.path}")
+    console.print(
+        f"[green]checkpoint step {done.step}[/green] of run {run.id} complete in run storage "
+        f"{done.latency_s:.1f} s after the ask: {done.path}"
+    )
 
 
 @command("stop")
-def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = False, checkpoint: CheckpointOpt = False,
-         timeout: CheckpointTimeoutOpt = 600.0, at_step: AtStepOpt = None) -> None:
+def stop(
+    run_id: RunArg = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    checkpoint: CheckpointOpt = False,
+    timeout: CheckpointTimeoutOpt = 600.0,
+    at_step: AtStepOpt = None,
+) -> None:
     from tpuft.ops.lifecycle import stop as stop_op
     from tpuft.ops.lifecycle import stop_with_checkpoint
     from tpuft.readers.runs import resolve_run
@@ -288,19 +460,33 @@ def stop(run_id: RunArg = None, config: ConfigOpt = None, json_out: JsonOpt = Fa
     if checkpoint:
         with console.status(f"run {run.id}: saving a checkpoint, then stopping ..."):
             saved, result = stop_with_checkpoint(run, timeout=timeout, at_step=at_step)
-        console.print(f"[green]checkpoint step {saved.step}[/green] complete in run storage {saved.latency_s:.1f} s "
-                      f"after the ask: {saved.path}")
+        console.print(
+            f"[green]checkpoint step {saved.step}[/green] complete in run storage {saved.latency_s:.1f} s "
+            f"after the ask: {saved.path}"
+        )
     else:
         with console.status(f"stopping run {run.id} on its workers ..."):
             result = stop_op(cfg, run)
     if json_out:
-        print(json.dumps({"run_id": result.run_id, "status": result.status, "already_ended": result.already_ended,
-                          "trainer_pids": result.trainers, **({"checkpoint": saved.as_dict()} if saved else {})}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "run_id": result.run_id,
+                    "status": result.status,
+                    "already_ended": result.already_ended,
+                    "trainer_pids": result.trainers,
+                    **({"checkpoint": saved.as_dict()} if saved else {}),
+                },
+                indent=2,
+            )
+        )
         return
     if result.already_ended:
         console.print(f"run {result.run_id} has already ended ({result.status}); nothing to stop")
         return
-    console.print(f"[yellow]run {result.run_id}: {result.status}[/yellow] on {len(result.trainers)} worker(s)")
+    console.print(
+        f"[yellow]run {result.run_id}: {result.status}[/yellow] on {len(result.trainers)} worker(s)"
+    )
     predict = run.info().get("predict")
     if predict:  # a predict job continues from its finished shards with the command that started it
         console.print(f"predict the rest later: {predict.get('command', 'tpuft predict ...')} --resume")
@@ -336,7 +522,9 @@ def up(
     def step(index: int, title: str, previous: object) -> None:
         if isinstance(previous, CreateResult):
             state = "created" if previous.created else "reused"
-            console.print(f"{len(previous.cluster.workers)} worker(s), {state}; runs in {previous.cluster.bucket}")
+            console.print(
+                f"{len(previous.cluster.workers)} worker(s), {state}; runs in {previous.cluster.bucket}"
+            )
         elif isinstance(previous, SetupResult):
             console.print(f"environment ready in {fmt_seconds(previous.seconds)}: {previous.venv}")
         console.rule(f"{index + 1}/{len(STEPS)} {title}")
@@ -344,18 +532,36 @@ def up(
     preflight_with_status(cfg, loaded, console)
     recovering = cfg.recover.enabled if recover is None else recover
     result = up_op(
-        cfg, loaded, confirm=confirm_cost(cfg, yes, console), on_step=step, on_line=line_printer(console),
-        on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"), on_notice=console.print,
-        checked=True, detach=detach or recovering, stop_on_interrupt=stop_on_interrupt, check_fit=check_fit,
+        cfg,
+        loaded,
+        confirm=confirm_cost(cfg, yes, console),
+        on_step=step,
+        on_line=line_printer(console),
+        on_start=lambda rid, rdir: console.print(f"run [bold]{rid}[/bold] -> {rdir}"),
+        on_notice=console.print,
+        checked=True,
+        detach=detach or recovering,
+        stop_on_interrupt=stop_on_interrupt,
+        check_fit=check_fit,
     )
     if recovering:
-        result.train = _watch(cfg, config, result.train.run_id, console, detach, stop_on_interrupt, new_run=True,  # type: ignore[assignment]
-                              started=result.train)
+        result.train = _watch(
+            cfg,
+            config,
+            result.train.run_id,
+            console,
+            detach,
+            stop_on_interrupt,
+            new_run=True,  # type: ignore[assignment]
+            started=result.train,
+        )
     print_train_summary(console, result.train, json_out)
     if not json_out and not result.train.detached:
         console.print(f"total time {fmt_seconds(result.seconds)}")
         if result.train.export_dir:
-            console.print(f"load it: {_model_class(result.train.export_dir)}.from_pretrained({str(result.train.export_dir)!r})")
+            console.print(
+                f"load it: {_model_class(result.train.export_dir)}.from_pretrained({str(result.train.export_dir)!r})"
+            )
 
 
 def _model_class(export_dir: str) -> str:

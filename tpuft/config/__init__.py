@@ -1,17 +1,20 @@
 """The two files a user writes: the cluster file (``tpuft.yaml``) and a recipe (``recipes/NAME.yaml``).
 
-Both are pydantic models with ``extra="forbid"`` and strict types (YAML ``true`` is not 1, ``1.5`` is not an int,
-numbers are finite and bounded). Loading keeps a map from every key path to its YAML line, so each problem is
-reported as ``file:line: key.path: what is wrong (got X)``, all problems at once, exit code 2, before anything runs.
-``--set a.b=c`` overrides are applied to the raw YAML first and located as ``--set a.b``. The YAML itself is read by
+Both are pydantic models with ``extra="forbid"`` and strict types (YAML ``true`` is not 1, ``1.5`` is not an
+int, numbers are finite and bounded). Loading keeps a map from every key path to its YAML line, so each
+problem is reported as ``file:line: key.path: what is wrong (got X)``, all problems at once, exit code 2,
+before anything runs. ``--set a.b=c`` overrides are applied to the raw YAML first and located as ``--set
+a.b``. The YAML itself is read by
 :mod:`tpuft.core.safe_yaml` (bounded size, depth and alias expansion; YAML 1.2 scalars).
 
 Three parts: :mod:`~tpuft.config.cluster` (the cluster schema), :mod:`~tpuft.config.recipe` with
-:mod:`~tpuft.config.data` (the recipe schema; each backend's section comes from its ``backends/<kind>_schema.py``
-through the registry) and :mod:`~tpuft.config.loader` (YAML with lines, ``--set``, located errors). The names below are
-re-exported so that ``from tpuft.config import X`` reads the same everywhere.
+:mod:`~tpuft.config.data` (the recipe schema; each backend's section comes from its
+``backends/<kind>_schema.py`` through the registry) and :mod:`~tpuft.config.loader` (YAML with lines,
+``--set``, located errors). The names below are re-exported so that ``from tpuft.config import X`` reads the
+same everywhere.
 
-This package is imported on the worker too (inside the backend venv), so it depends on pydantic and PyYAML only.
+This package is imported on the worker too (inside the backend venv), so it depends on pydantic and PyYAML
+only.
 """
 
 from __future__ import annotations

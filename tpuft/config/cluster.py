@@ -1,5 +1,5 @@
-"""The cluster file (``tpuft.yaml``): where training runs, the provider, the TPU shape, the bucket, how tpuft reaches
-the workers, and preemption recovery. Loaded by :func:`tpuft.config.load_cluster`.
+"""The cluster file (``tpuft.yaml``): where training runs, the provider, the TPU shape, the bucket, how tpuft
+reaches the workers, and preemption recovery. Loaded by :func:`tpuft.config.load_cluster`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from tpuft.core.config_types import (
     UserName,
     Zone,
     check,
+)
+from tpuft.core.config_types import (
     path_from_file as _from_file,
 )
 
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
 
 
 def _folder(text: str, info: ValidationInfo) -> Path:
-    """:func:`_from_file` for a folder tpuft will create: a file in the way is refused now, not at ``create``."""
+    """:func:`_from_file` for a folder tpuft will create: a file in the way is refused now, not at
+    ``create``."""
     path = _from_file(text, info)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{path} exists and is not a folder")
@@ -49,29 +52,41 @@ class LocalConfig(StrictModel):
     """The local provider: a "pod" of N worker folders on this machine, each a private HOME."""
 
     workers: int | None = Field(
-        None, ge=1, le=64, description="Number of local workers (per slice); default: the accelerator type's host count."
+        None,
+        ge=1,
+        le=64,
+        description="Number of local workers (per slice); default: the accelerator type's host count.",
     )
     slices: int = Field(
-        1, ge=1, le=16, description="Multislice rehearsal: this many slices of `local.workers` workers each, with the "
-        "environment, mesh shape, data sharding and failure semantics of `gcp.slices` (no data-centre network here). "
+        1,
+        ge=1,
+        le=16,
+        description="Multislice rehearsal: this many slices of `local.workers` workers each, with the "
+        "environment, mesh shape, data sharding and failure semantics of `gcp.slices` (no data-centre "
+        "network here). "
         "See docs/multislice.md.",
     )
     devices_per_worker: int | None = Field(
         None,
         ge=1,
         le=64,
-        description="Devices each local worker exposes, to rehearse the slice's device layout (replicas x partitions, "
-        "batch split); default: the accelerator's chips per host. Lower it for speed. See docs/device-layout.md.",
+        description="Devices each local worker exposes, to rehearse the slice's device layout (replicas x "
+        "partitions, "
+        "batch split); default: the accelerator's chips per host. Lower it for speed. See "
+        "docs/device-layout.md.",
     )
     state_dir: LaxPath | None = Field(
-        None, description="Where worker folders live; default: $TPUFT_HOME/local/<name> (~/.tpuft/local/<name>)."
+        None,
+        description="Where worker folders live; default: $TPUFT_HOME/local/<name> (~/.tpuft/local/<name>).",
     )
     venv_cache: LaxPath | None = Field(
         None,
         description="Shared cache of backend venvs (all local workers share this machine); "
         "default: $TPUFT_VENV_CACHE or ~/.cache/tpuft/venvs.",
     )
-    python: Command = Field("python3", description="Base interpreter used to build backend venvs on the workers.")
+    python: Command = Field(
+        "python3", description="Base interpreter used to build backend venvs on the workers."
+    )
 
     @field_validator("state_dir", "venv_cache")
     @classmethod
@@ -84,9 +99,13 @@ class GcpConfig(StrictModel):
 
     project: ProjectId | None = Field(None, description="GCP project id (required for provider: gcp).")
     zone: Zone | None = Field(None, description="Zone, e.g. us-central2-b (required for provider: gcp).")
-    runtime_version: RuntimeVersion | None = Field(None, description="TPU software version; default: the catalogue's for the generation.")
+    runtime_version: RuntimeVersion | None = Field(
+        None, description="TPU software version; default: the catalogue's for the generation."
+    )
     topology: str | None = Field(
-        None, description="Use an accelerator config (type + topology, e.g. 2x2x4) instead of the accelerator type name."
+        None,
+        description="Use an accelerator config (type + topology, e.g. 2x2x4) instead of the accelerator type "
+        "name.",
     )
     spot: bool = Field(False, description="Spot VMs: cheaper, can be preempted at any time.")
     preemptible: bool = Field(False, description="Legacy preemptible VMs (use spot on newer generations).")
@@ -94,16 +113,25 @@ class GcpConfig(StrictModel):
     labels: dict[str, str] = Field(default_factory=dict, max_length=63, description="Labels on the node.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Node metadata, e.g. startup-script.")
     network: Network | None = Field(None, description="VPC network (default: the project's default network).")
-    subnetwork: Network | None = Field(None, description="Subnetwork, e.g. a subnet with Private Google Access.")
-    internal_ip: bool = Field(False, description="No external IPs: workers are reached on their internal addresses.")
+    subnetwork: Network | None = Field(
+        None, description="Subnetwork, e.g. a subnet with Private Google Access."
+    )
+    internal_ip: bool = Field(
+        False, description="No external IPs: workers are reached on their internal addresses."
+    )
     service_account: ServiceAccount | None = Field(None, description="Service account e-mail the VMs run as.")
     scopes: list[Scope] = Field(
-        default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"], description="OAuth scopes."
+        default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"],
+        description="OAuth scopes.",
     )
-    queued: bool = Field(False, description="Ask through a queued resource (waits for capacity instead of failing).")
+    queued: bool = Field(
+        False, description="Ask through a queued resource (waits for capacity instead of failing)."
+    )
     reservation: Reservation | None = Field(None, description="Reservation name for a queued resource.")
     valid_until: str | None = Field(
-        None, description="Queued resource: give up after this long, e.g. 6h or 90m (a duration) or an RFC 3339 time."
+        None,
+        description="Queued resource: give up after this long, e.g. 6h or 90m (a duration) or an RFC 3339 "
+        "time.",
     )
     slices: int = Field(1, ge=1, le=256, description="Multislice: this many slices (queued resources only).")
     tpu_api_endpoint: Endpoint | None = Field(
@@ -112,14 +140,18 @@ class GcpConfig(StrictModel):
     timeout: Duration = Field(
         30.0,
         description=(
-            "Budget for one command's calls to Google Cloud (TPU API, Storage, token refresh), retries included: "
+            "Budget for one command's calls to Google Cloud (TPU API, Storage, token refresh), retries "
+            "included: "
             "when the network is down a command fails within it."
         ),
     )
-    venv_cache: PathText = Field("~/.cache/tpuft/venvs", description="Where workers keep backend venvs (a path on the workers).")
+    venv_cache: PathText = Field(
+        "~/.cache/tpuft/venvs", description="Where workers keep backend venvs (a path on the workers)."
+    )
     python: Command = Field("python3", description="Interpreter on the workers that venvs are built from.")
     worker_device: Literal["tpu", "cpu"] = Field(
-        "tpu", description="'cpu' when the hosts have no TPU (CPU VMs, test rigs): CPU wheels and PJRT_DEVICE=CPU."
+        "tpu",
+        description="'cpu' when the hosts have no TPU (CPU VMs, test rigs): CPU wheels and PJRT_DEVICE=CPU.",
     )
 
     @model_validator(mode="after")
@@ -141,7 +173,9 @@ class GcpConfig(StrictModel):
                 return value
             except ValueError:
                 pass
-        raise ValueError("expected a duration like 6h, 90m, 3600s or an RFC 3339 time like 2026-12-01T00:00:00Z")
+        raise ValueError(
+            "expected a duration like 6h, 90m, 3600s or an RFC 3339 time like 2026-12-01T00:00:00Z"
+        )
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
         found: list[tuple[KeyPath, str]] = []
@@ -169,10 +203,13 @@ class SshConfig(StrictModel):
 
     user: UserName | None = Field(None, description="Login user on the VMs (default: your local user name).")
     key_file: LaxPath = Field(
-        Path("~/.ssh/google_compute_engine"), description="Private key (gcloud's by default; created if missing)."
+        Path("~/.ssh/google_compute_engine"),
+        description="Private key (gcloud's by default; created if missing).",
     )
     port: int = Field(22, ge=1, le=65535, description="SSH port of the workers.")
-    os_login: bool = Field(False, description="The project uses OS Login: do not put the key in instance metadata.")
+    os_login: bool = Field(
+        False, description="The project uses OS Login: do not put the key in instance metadata."
+    )
     connect_attempts: int = Field(10, ge=1, le=100, description="Connection tries per worker (like gcloud).")
     retry_delay_s: float = Field(5.0, ge=0.0, le=300.0, description="Seconds between connection tries.")
     ssh_config: LaxPath | None = Field(
@@ -186,7 +223,9 @@ class SshConfig(StrictModel):
     def _key_file_ok(cls, value: Path) -> Path:
         check(formats.path_text_problem(str(value)))
         if value.expanduser().is_dir():
-            raise ValueError(f"{value} is a folder; give the private key file (e.g. ~/.ssh/google_compute_engine)")
+            raise ValueError(
+                f"{value} is a folder; give the private key file (e.g. ~/.ssh/google_compute_engine)"
+            )
         return value
 
     @field_validator("ssh_config")
@@ -200,9 +239,12 @@ class SshConfig(StrictModel):
 
     def explicit(self) -> tuple[str, ...]:
         """Which of user, key_file and port this file (or --set) wrote with a value, sorted: those win over
-        ssh_config's Host blocks; the rest are defaults that a Host block replaces (``user: null`` is a default)."""
+        ssh_config's Host blocks; the rest are defaults that a Host block replaces (``user: null`` is a
+        default)."""
         return tuple(
-            name for name in ("key_file", "port", "user") if name in self.model_fields_set and getattr(self, name) is not None
+            name
+            for name in ("key_file", "port", "user")
+            if name in self.model_fields_set and getattr(self, name) is not None
         )
 
 
@@ -210,8 +252,8 @@ _ENV_TOKEN = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def expand_env_tokens(text: str) -> tuple[str, list[str]]:
-    """``${VAR}`` -> its value in this process's environment, ``$$`` -> ``$``; returns the text and the names that are
-    not set (left as written)."""
+    """``${VAR}`` -> its value in this process's environment, ``$$`` -> ``$``; returns the text and the names
+    that are not set (left as written)."""
     missing: list[str] = []
 
     def one(match: re.Match[str]) -> str:
@@ -227,19 +269,26 @@ def expand_env_tokens(text: str) -> tuple[str, list[str]]:
 
 
 class RecoverConfig(StrictModel):
-    """Preemption recovery: a watcher on the controller recreates a lost node and resumes the run from its last
-    complete checkpoint. ``recover: true`` in the cluster file turns it on with these defaults."""
+    """Preemption recovery: a watcher on the controller recreates a lost node and resumes the run from its
+    last complete checkpoint. ``recover: true`` in the cluster file turns it on with these defaults."""
 
     enabled: bool = Field(False, description="Watch every run and recover it from infrastructure failures.")
-    max_attempts: int = Field(10, ge=1, le=1000, description="Recoveries per run before the watcher gives up.")
-    backoff: Duration = Field(30.0, description="Wait before the first recovery; doubles after each, up to backoff_max.")
+    max_attempts: int = Field(
+        10, ge=1, le=1000, description="Recoveries per run before the watcher gives up."
+    )
+    backoff: Duration = Field(
+        30.0, description="Wait before the first recovery; doubles after each, up to backoff_max."
+    )
     backoff_max: Duration = Field(900.0, description="The longest wait between two recoveries.")
-    poll: Duration = Field(30.0, description="How often the watcher asks the TPU API about the node while attached.")
+    poll: Duration = Field(
+        30.0, description="How often the watcher asks the TPU API about the node while attached."
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _from_bool(cls, value: Any) -> Any:
-        """``recover: true`` / ``false`` is short for ``{enabled: ...}``; a mapping without ``enabled`` turns it on."""
+        """``recover: true`` / ``false`` is short for ``{enabled: ...}``; a mapping without ``enabled`` turns
+        it on."""
         if isinstance(value, bool):
             return {"enabled": value}
         if isinstance(value, dict) and value and "enabled" not in value:
@@ -250,8 +299,12 @@ class RecoverConfig(StrictModel):
 class ClusterConfig(StrictModel):
     """Where training runs: the provider, the TPU shape and the bucket."""
 
-    name: str = Field("tpuft-local", description="Cluster (TPU node) name: lowercase letters, digits and dashes.")
-    provider: Literal["local", "gcp"] = Field("local", description="'local' (a pod of folders here) or 'gcp'.")
+    name: str = Field(
+        "tpuft-local", description="Cluster (TPU node) name: lowercase letters, digits and dashes."
+    )
+    provider: Literal["local", "gcp"] = Field(
+        "local", description="'local' (a pod of folders here) or 'gcp'."
+    )
     accelerator: str = Field("v4-16", description="TPU accelerator type, e.g. v4-8, v5litepod-16, v6e-8.")
     bucket: str | None = Field(
         None,
@@ -260,7 +313,8 @@ class ClusterConfig(StrictModel):
     )
     worker_env: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra environment for every worker process, e.g. XLA_FLAGS; ${VAR} takes VAR from this machine's "
+        description="Extra environment for every worker process, e.g. XLA_FLAGS; ${VAR} takes VAR from this "
+        "machine's "
         "environment (HF_TOKEN: ${HF_TOKEN}), $$ is a $. Sent over SSH's stdin, never in a command line.",
     )
     local: LocalConfig = Field(default_factory=LocalConfig)
@@ -286,7 +340,8 @@ class ClusterConfig(StrictModel):
         elif provider == "local":
             if value.startswith("gs://"):
                 raise ValueError(
-                    f"{value!r}: the local provider keeps runs in a local folder; give a path (or leave bucket unset)"
+                    f"{value!r}: the local provider keeps runs in a local folder; give a path (or leave "
+                    "bucket unset)"
                 )
             return str(_folder(value, info))
         return value
@@ -318,8 +373,8 @@ class ClusterConfig(StrictModel):
 
     @model_validator(mode="after")
     def _expand_env_tokens(self) -> ClusterConfig:
-        """``${VAR}`` from the controller's environment, so a token is named in the file and never written in it.
-        An unset VAR stays as written here and is reported, at its key, by ``cross_problems``."""
+        """``${VAR}`` from the controller's environment, so a token is named in the file and never written in
+        it. An unset VAR stays as written here and is reported, at its key, by ``cross_problems``."""
         expanded, unset = {}, {}
         for key, text in self.worker_env.items():
             expanded[key], missing = expand_env_tokens(text)
@@ -336,8 +391,13 @@ class ClusterConfig(StrictModel):
         for key, value in self.worker_env.items():
             unset = self._unset_env.get(key)
             if unset:
-                found.append((("worker_env", key), f"${{{unset}}} is not set in this machine's environment "
-                                                   f"(export {unset}=... before running tpuft; $$ writes a $)"))
+                found.append(
+                    (
+                        ("worker_env", key),
+                        f"${{{unset}}} is not set in this machine's environment "
+                        f"(export {unset}=... before running tpuft; $$ writes a $)",
+                    )
+                )
                 continue
             problem = formats.env_name_problem(key) or formats.env_value_problem(value)
             if problem:
@@ -369,20 +429,24 @@ class ClusterConfig(StrictModel):
         return found
 
     def shape_keys(self) -> list[KeyPath]:
-        """The keys that decide how many workers there are: what to point at when a recipe does not fit them."""
+        """The keys that decide how many workers there are: what to point at when a recipe does not fit
+        them."""
         if self.provider == "local":
-            keys: list[KeyPath] = [("local", "workers")] if self.local.workers is not None else [("accelerator",)]
+            keys: list[KeyPath] = (
+                [("local", "workers")] if self.local.workers is not None else [("accelerator",)]
+            )
             return keys + [("local", "slices")] if self.local.slices > 1 else keys
         return [("accelerator",), ("gcp", "slices")] if self.gcp.slices > 1 else [("accelerator",)]
 
     def shape_origin(self) -> str:
-        """``tpuft.yaml:5: local.workers: 3``: where the cluster's worker count comes from, for an error that is
-        about the recipe and the cluster together (a batch that does not split over the workers)."""
+        """``tpuft.yaml:5: local.workers: 3``: where the cluster's worker count comes from, for an error that
+        is about the recipe and the cluster together (a batch that does not split over the workers)."""
         return self._shape_origin or f"accelerator: {self.accelerator} ({self.num_workers} workers)"
 
     @property
     def num_workers(self) -> int:
-        """Worker hosts: the accelerator type's (times the slices of a multislice), or ``local.workers`` locally."""
+        """Worker hosts: the accelerator type's (times the slices of a multislice), or ``local.workers``
+        locally."""
         from tpuft.core.accelerators import lookup
 
         hosts = lookup(self.accelerator).hosts
@@ -402,15 +466,25 @@ class ClusterConfig(StrictModel):
 
     def shape(self, hosts: int | None = None) -> ClusterShape:
         """The cluster as a backend plans for it; ``hosts``: the workers the provider reports, when known."""
-        from tpuft.core.accelerators import lookup
         from tpuft.backends.spec import ClusterShape
+        from tpuft.core.accelerators import lookup
 
         accelerator = lookup(self.accelerator)
         if self.provider != "local":
-            return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, self.gcp.worker_device,
-                                accelerator.generation.devices_per_chip, slices=self.slices)
+            return ClusterShape(
+                hosts or self.num_workers,
+                accelerator.chips_per_host,
+                self.gcp.worker_device,
+                accelerator.generation.devices_per_chip,
+                slices=self.slices,
+            )
         chosen = self.local.devices_per_worker
-        return ClusterShape(hosts or self.num_workers, accelerator.chips_per_host, "cpu",
-                            accelerator.generation.devices_per_chip,
-                            local_devices=chosen or accelerator.chips_per_host, local_devices_set=chosen is not None,
-                            slices=self.slices)
+        return ClusterShape(
+            hosts or self.num_workers,
+            accelerator.chips_per_host,
+            "cpu",
+            accelerator.generation.devices_per_chip,
+            local_devices=chosen or accelerator.chips_per_host,
+            local_devices_set=chosen is not None,
+            slices=self.slices,
+        )

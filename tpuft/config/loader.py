@@ -1,7 +1,8 @@
-"""Loading the two files with locations: the YAML is read with a line for every key path (:mod:`tpuft.core.safe_yaml`),
-``--set a.b=c`` overrides are applied to the raw YAML first, and every problem, from pydantic or from a model's
-``cross_problems``, is reported as ``file:line: key.path: what is wrong (got X)`` (or ``--set a.b: ...``), all at once,
-as a :class:`~tpuft.core.errors.ConfigError` (exit code 2), before anything runs.
+"""Loading the two files with locations: the YAML is read with a line for every key path
+(:mod:`tpuft.core.safe_yaml`), ``--set a.b=c`` overrides are applied to the raw YAML first, and every problem,
+from pydantic or from a model's ``cross_problems``, is reported as ``file:line: key.path: what is wrong (got
+X)`` (or ``--set a.b: ...``), all at once, as a :class:`~tpuft.core.errors.ConfigError` (exit code 2), before
+anything runs.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any, Generic, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from tpuft.core import safe_yaml
 from tpuft.config.cluster import ClusterConfig
 from tpuft.config.recipe import RecipeConfig
+from tpuft.core import safe_yaml
 from tpuft.core.config_types import KeyPath, StrictModel
 from tpuft.core.errors import ConfigError, UsageError
 
@@ -70,9 +71,14 @@ def _read_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int], set[Key
 
 
 def _nothing_in(text: str, source: str, what: str) -> ConfigError:
-    """An empty file, or one of only comments, is one problem, not every required key missing without a line."""
+    """An empty file, or one of only comments, is one problem, not every required key missing without a
+    line."""
     comments = any(line.strip().startswith("#") for line in text.splitlines())
-    body = [line for line in text.splitlines() if line.strip() not in ("", "---", "...") and not line.strip().startswith("#")]
+    body = [
+        line
+        for line in text.splitlines()
+        if line.strip() not in ("", "---", "...") and not line.strip().startswith("#")
+    ]
     if body:  # `---`, `~` or `null`: a document with no keys
         message = f"the {what} has no keys (just {body[0].strip()!r}): give a mapping of keys"
     elif comments:
@@ -147,8 +153,8 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 def _walk_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[KeyPath, type[BaseModel] | None]:
     """Turn pydantic's error location into the user's key path, dropping discriminated-union tags
-    (("backend", "torch_xla", "x") -> ("backend", "x")) and type tags ("function-after[...]", "int"), and return
-    the model owning the last key."""
+    (("backend", "torch_xla", "x") -> ("backend", "x")) and type tags ("function-after[...]", "int"), and
+    return the model owning the last key."""
     path: list[str | int] = []
     owner: type[BaseModel] | None = model
     parts = [p for p in loc if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
@@ -170,8 +176,19 @@ def _walk_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[KeyPath, ty
 
 
 _TYPE_TAGS = {
-    "int", "float", "str", "bool", "list", "dict", "none", "is-instance", "lax-or-strict", "json-or-python",
-    "constrained-int", "constrained-float", "constrained-str",
+    "int",
+    "float",
+    "str",
+    "bool",
+    "list",
+    "dict",
+    "none",
+    "is-instance",
+    "lax-or-strict",
+    "json-or-python",
+    "constrained-int",
+    "constrained-float",
+    "constrained-str",
 }
 
 _FRIENDLY = {
@@ -216,18 +233,25 @@ def _choices(text: str) -> list[str]:
 
 
 _COMPARISONS = {
-    "greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"), "less_than": ("<", "lt"),
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
 }
 
 
 def _tpuft_words(kind: str, ctx: dict[str, Any], msg: str) -> str:
-    """Pydantic's generic sentences ("Input should be greater than or equal to 1") in tpuft's: "must be >= 1"."""
+    """Pydantic's generic sentences ("Input should be greater than or equal to 1") in tpuft's: "must be >=
+    1"."""
     if kind in _COMPARISONS:
         sign, name = _COMPARISONS[kind]
         return f"must be {sign} {_bound(ctx, name)}"
     if kind in {"too_short", "too_long"}:
         limit = ctx.get("min_length" if kind == "too_short" else "max_length")
-        return f"must have at {'least' if kind == 'too_short' else 'most'} {limit} item(s), got {ctx.get('actual_length')}"
+        return (
+            f"must have at {'least' if kind == 'too_short' else 'most'} {limit} item(s), got "
+            f"{ctx.get('actual_length')}"
+        )
     if kind in {"string_too_short", "string_too_long"}:
         limit = ctx.get("min_length" if kind == "string_too_short" else "max_length")
         return f"must be at {'least' if kind == 'string_too_short' else 'most'} {limit} character(s) long"
@@ -240,12 +264,16 @@ def _tpuft_words(kind: str, ctx: dict[str, Any], msg: str) -> str:
         return f"must match the pattern {ctx.get('pattern')}"
     if msg.startswith(("Value error, ", "Assertion failed, ")):
         return msg.split(", ", 1)[1]
-    if msg.startswith("Input should be "):  # the rest of pydantic's wording: "expected ..." as everywhere else
+    if msg.startswith(
+        "Input should be "
+    ):  # the rest of pydantic's wording: "expected ..." as everywhere else
         return "expected " + msg[len("Input should be ") :]
     return msg
 
 
-def _describe_error(model: type[BaseModel], err: dict[str, Any], words: set[KeyPath] = frozenset()) -> tuple[KeyPath, str]:
+def _describe_error(
+    model: type[BaseModel], err: dict[str, Any], words: set[KeyPath] = frozenset()
+) -> tuple[KeyPath, str]:
     path, owner = _walk_loc(model, tuple(err["loc"]))
     kind = err["type"]
     ctx = err.get("ctx") or {}
@@ -264,7 +292,9 @@ def _describe_error(model: type[BaseModel], err: dict[str, Any], words: set[KeyP
         tags = _choices(str(ctx.get("expected_tags", ""))) or _union_tags(owner, last)
         key = path + (str(ctx.get("discriminator", "kind")).strip("'"),)
         if kind == "union_tag_not_found":
-            typo = difflib.get_close_matches(key[-1], [str(k) for k in got] if isinstance(got, dict) else [], n=1)
+            typo = difflib.get_close_matches(
+                key[-1], [str(k) for k in got] if isinstance(got, dict) else [], n=1
+            )
             if typo:
                 return path + (typo[0],), f"unknown key; did you mean {key[-1]!r}? (one of {', '.join(tags)})"
             return key, f"required key is missing: one of {', '.join(tags)}"
@@ -278,12 +308,21 @@ def _describe_error(model: type[BaseModel], err: dict[str, Any], words: set[KeyP
         if close:
             msg += f"; did you mean {close[0]!r}?"
     if kind in {"bool_type", "bool_parsing"} and path in words:
-        return path, f"expected true or false, got the text {got!r}: tpuft reads YAML 1.2, where only true and false are booleans"
+        return (
+            path,
+            f"expected true or false, got the text {got!r}: tpuft reads YAML 1.2, where only true and false "
+            "are booleans",
+        )
     info = owner.model_fields.get(last) if owner is not None and isinstance(last, str) else None
     if got is None and kind not in {"value_error", "assertion_error"}:
         optional = info is not None and not info.is_required()
         return path, f"{msg}, not null" + (" (leave the key out for its default)" if optional else "")
-    if info is not None and info.discriminator is not None and isinstance(got, str) and got in _union_tags(owner, last):
+    if (
+        info is not None
+        and info.discriminator is not None
+        and isinstance(got, str)
+        and got in _union_tags(owner, last)
+    ):
         return path, f"{msg}: write {last}: {{{info.discriminator}: {got}}} (got {_shown(got)})"
     if kind in _COMPARISONS:
         msg += f", got {_shown(got)}"
@@ -299,8 +338,8 @@ def _union_tags(owner: type[BaseModel] | None, key: Any) -> list[str]:
 
 
 def _merged(problems: list[tuple[KeyPath, str]]) -> list[tuple[KeyPath, str]]:
-    """One line per key: a value that fits no member of a union (a number, 'auto' or null) fails each member, and
-    pydantic reports each; the user needs one sentence."""
+    """One line per key: a value that fits no member of a union (a number, 'auto' or null) fails each member,
+    and pydantic reports each; the user needs one sentence."""
     by_path: dict[KeyPath, list[str]] = {}
     for path, message in problems:
         by_path.setdefault(path, [])
@@ -312,24 +351,35 @@ def _merged(problems: list[tuple[KeyPath, str]]) -> list[tuple[KeyPath, str]]:
             got = re.search(r"(?: \(got (.*)\)|, got (.*))$", messages[0])
             bare = [re.sub(r"(?: \(got .*\)|, got .*)$", "", m) for m in messages]
             rest = [re.sub(r"^(expected|must be) ", "", m) for m in bare[1:]]
-            out.append((path, ", or ".join([bare[0], *rest]) + (f" (got {got.group(1) or got.group(2)})" if got else "")))
+            out.append(
+                (
+                    path,
+                    ", or ".join([bare[0], *rest])
+                    + (f" (got {got.group(1) or got.group(2)})" if got else ""),
+                )
+            )
         else:
             out += [(path, m) for m in messages]
     return out
 
 
 def _yaml11_words(value: BaseModel, words: set[KeyPath]) -> list[tuple[KeyPath, str]]:
-    """A plain ``no``/``yes``/``on``/``off`` where the schema takes text only is the text (what it says); where it
-    takes booleans and text alike (a gin binding, an encoder's config), YAML 1.1 readers and the user may mean false
-    and tpuft would pass the text on: refused, with the two ways to say it."""
+    """A plain ``no``/``yes``/``on``/``off`` where the schema takes text only is the text (what it says);
+    where it takes booleans and text alike (a gin binding, an encoder's config), YAML 1.1 readers and the user
+    may mean false and tpuft would pass the text on: refused, with the two ways to say it."""
     found = []
     for path in sorted(words, key=lambda p: tuple(map(str, p))):
         annotation = _annotation_at(value, path)
         if annotation is not _NOT_FOUND and _admits_bool(annotation):
             word = _value_at(value, path)
             meant = "true" if str(word).lower() in {"y", "yes", "on"} else "false"
-            found.append((path, f"{word!r} is ambiguous here (YAML 1.1 reads it as {meant}, YAML 1.2 and tpuft as "
-                          f"text): write {meant} for the boolean, or quote it ('{word}') for the text"))
+            found.append(
+                (
+                    path,
+                    f"{word!r} is ambiguous here (YAML 1.1 reads it as {meant}, YAML 1.2 and tpuft as "
+                    f"text): write {meant} for the boolean, or quote it ('{word}') for the text",
+                )
+            )
     return found
 
 
@@ -337,7 +387,8 @@ _NOT_FOUND = object()
 
 
 def _annotation_at(value: Any, path: KeyPath) -> Any:
-    """The declared type of the value at ``path`` in a validated model (into dicts and lists by their item type)."""
+    """The declared type of the value at ``path`` in a validated model (into dicts and lists by their item
+    type)."""
     annotation: Any = _NOT_FOUND
     for part in path:
         if isinstance(value, BaseModel) and isinstance(part, str) and part in type(value).model_fields:
@@ -392,26 +443,42 @@ def _cross_problems(value: BaseModel, prefix: KeyPath = ()) -> list[tuple[KeyPat
 
 
 def _validate(
-    model: type[M], data: Any, source: str, lines: dict[KeyPath, int], overrides: dict[KeyPath, str], context: dict,
+    model: type[M],
+    data: Any,
+    source: str,
+    lines: dict[KeyPath, int],
+    overrides: dict[KeyPath, str],
+    context: dict,
     words: set[KeyPath] = frozenset(),
 ) -> M:
     try:
         value = model.model_validate(data, context=context)
     except ValidationError as exc:
         described = _merged([_describe_error(model, err, words) for err in exc.errors(include_url=False)])
-        problems = [f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}" for path, message in described]
+        problems = [
+            f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}"
+            for path, message in described
+        ]
         raise ConfigError(problems, source=source) from None
     found = _yaml11_words(value, words) + _cross_problems(value)
     if found:
         raise ConfigError(
-            [f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}" for path, message in found],
+            [
+                f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}"
+                for path, message in found
+            ],
             source=source,
         )
     return value
 
 
 def _load(
-    model: type[M], text: str, source: str, base_dir: Path | None, overrides: list[str], check_files: bool,
+    model: type[M],
+    text: str,
+    source: str,
+    base_dir: Path | None,
+    overrides: list[str],
+    check_files: bool,
     what: str,
 ) -> Loaded[M]:
     data, lines, words = _read_yaml(text, source)
@@ -423,7 +490,9 @@ def _load(
     data, where = _apply_overrides(data, parsed)
     context = {"base_dir": base_dir, "check_files": check_files}
     words = {w for w in words if not any(w[:depth] in where for depth in range(1, len(w) + 1))}
-    words |= {path for path, _, text in parsed if safe_yaml.YAML11_WORDS.match(text.partition("=")[2].strip())}
+    words |= {
+        path for path, _, text in parsed if safe_yaml.YAML11_WORDS.match(text.partition("=")[2].strip())
+    }
     value = _validate(model, data, source, lines, where, context, words)
     return Loaded(value=value, source=source, lines=lines, overrides=where, raw=data)
 
@@ -457,36 +526,62 @@ def load_cluster(path: Path | None = None, overrides: list[str] | None = None) -
         from tpuft.core.paths import package_root
 
         default = package_root() / "_defaults" / "tpuft.yaml"
-        loaded = _load(ClusterConfig, default.read_text(), "(embedded default tpuft.yaml)", None, overrides or [], True,
-                       "cluster file")
+        loaded = _load(
+            ClusterConfig,
+            default.read_text(),
+            "(embedded default tpuft.yaml)",
+            None,
+            overrides or [],
+            True,
+            "cluster file",
+        )
     else:
-        loaded = _load(ClusterConfig, _read_text(chosen, "cluster file"), str(chosen), chosen.parent, overrides or [],
-                       True, "cluster file")
+        loaded = _load(
+            ClusterConfig,
+            _read_text(chosen, "cluster file"),
+            str(chosen),
+            chosen.parent,
+            overrides or [],
+            True,
+            "cluster file",
+        )
     cluster = loaded.value
     origins = []
     for key in cluster.shape_keys():
-        value = cluster.local.workers if key == ("local", "workers") else (
-            cluster.slices if key in (("gcp", "slices"), ("local", "slices"))
-            else f"{cluster.accelerator} ({cluster.num_workers} workers)"
+        value = (
+            cluster.local.workers
+            if key == ("local", "workers")
+            else (
+                cluster.slices
+                if key in (("gcp", "slices"), ("local", "slices"))
+                else f"{cluster.accelerator} ({cluster.num_workers} workers)"
+            )
         )
         origins.append(f"{loaded.where(key)}: {_dotted(key)}: {value}")
     cluster._shape_origin = "; ".join(origins)
     return loaded
 
 
-def load_recipe(path: Path, overrides: list[str] | None = None, *, check_files: bool = True) -> Loaded[RecipeConfig]:
+def load_recipe(
+    path: Path, overrides: list[str] | None = None, *, check_files: bool = True
+) -> Loaded[RecipeConfig]:
     path = resolve_recipe_path(path)
     return _load(
-        RecipeConfig, _read_text(path, "recipe"), str(path), path.parent.resolve(), overrides or [], check_files,
+        RecipeConfig,
+        _read_text(path, "recipe"),
+        str(path),
+        path.parent.resolve(),
+        overrides or [],
+        check_files,
         "recipe",
     )
 
 
 def resolve_recipe_path(path: Path) -> Path:
-    """What a verb's RECIPE names: a file path as given; else ``./NAME.yaml`` (or ``.yml``) in the current folder,
-    which wins over a shipped recipe of the same name, as a path would; else a shipped recipe's name
-    (``quickstart`` -> recipes/quickstart.yaml). Anything else is a :class:`UsageError` (exit 2) that suggests the
-    closest shipped or local name."""
+    """What a verb's RECIPE names: a file path as given; else ``./NAME.yaml`` (or ``.yml``) in the current
+    folder, which wins over a shipped recipe of the same name, as a path would; else a shipped recipe's name
+    (``quickstart`` -> recipes/quickstart.yaml). Anything else is a :class:`UsageError` (exit 2) that suggests
+    the closest shipped or local name."""
     if os.path.lexists(path):
         return path
     text = str(path)
@@ -501,23 +596,31 @@ def resolve_recipe_path(path: Path) -> Path:
     shipped = shipped_recipe(text) if bare else None
     if shipped is not None:
         return shipped
-    raise UsageError(f"{text}: recipe not found{recipe_suggestion(text)}", hint="List the shipped recipes: tpuft recipes ls")
+    raise UsageError(
+        f"{text}: recipe not found{recipe_suggestion(text)}",
+        hint="List the shipped recipes: tpuft recipes ls",
+    )
 
 
 def recipe_suggestion(name: str, *, local: bool = True) -> str:
-    """``; did you mean 'quickstart'?`` for a RECIPE that names nothing, over the shipped recipes and (``local``)
-    the recipes in the current folder (or, for a path, the YAML files in its folder); a sentence of where it looked
-    when nothing is close. For every verb that takes a recipe (``recipes cp``, which copies shipped ones: not local)."""
+    """``; did you mean 'quickstart'?`` for a RECIPE that names nothing, over the shipped recipes and
+    (``local``) the recipes in the current folder (or, for a path, the YAML files in its folder); a sentence
+    of where it looked when nothing is close. For every verb that takes a recipe (``recipes cp``, which copies
+    shipped ones: not local)."""
     from tpuft.core.paths import recipes_dir
 
     path = Path(name)
     bare = "/" not in name and os.sep not in name
     folder = Path(".") if bare else path.parent
     try:
-        entries = list(itertools.islice(folder.iterdir(), 10_000)) if local and folder.is_dir() else []  # not all of a huge one
+        entries = (
+            list(itertools.islice(folder.iterdir(), 10_000)) if local and folder.is_dir() else []
+        )  # not all of a huge one
     except OSError:
         entries = []
-    names = {p.stem: p.stem if bare else str(p) for p in entries if p.suffix in (".yaml", ".yml") and p.is_file()}
+    names = {
+        p.stem: p.stem if bare else str(p) for p in entries if p.suffix in (".yaml", ".yml") and p.is_file()
+    }
     if bare:
         names.update({p.stem: p.stem for p in recipes_dir().glob("*.yaml")})
     stem = path.name.rsplit(".", 1)[0] if path.suffix in (".yaml", ".yml") else path.name
@@ -533,6 +636,7 @@ def dump_recipe(recipe: RecipeConfig) -> str:
 
 
 def recipe_from_text(text: str, source: str, *, check_files: bool = True) -> RecipeConfig:
-    """Load a resolved recipe (paths already absolute) on the worker side; on the controller (``resume``) without
-    checking its files: a remote run's recipe names the workers' copies of its data (``~/.tpuft/data/<run>/...``)."""
+    """Load a resolved recipe (paths already absolute) on the worker side; on the controller (``resume``)
+    without checking its files: a remote run's recipe names the workers' copies of its data
+    (``~/.tpuft/data/<run>/...``)."""
     return _load(RecipeConfig, text, source, None, [], check_files, "recipe").value

@@ -1,10 +1,10 @@
 """The recipe's ``report:`` section: which experiment trackers a run's metrics go to besides TensorBoard.
 
-TensorBoard events are always written (one backend writes them itself, and tpuft's own readers use them), so ``to``
-only adds trackers. W&B and MLflow are fed by a sidecar process on the chief (:mod:`tpuft.worker.tracking.sidecar`), never
-by the trainer: a tracker's network calls cannot slow or crash training, and the trackers' packages live in a venv
-of their own (:mod:`tpuft.config.tracking_env`), built only when a recipe names one. Pydantic and the stdlib only: the
-worker reads this section too.
+TensorBoard events are always written (one backend writes them itself, and tpuft's own readers use them), so
+``to`` only adds trackers. W&B and MLflow are fed by a sidecar process on the chief
+(:mod:`tpuft.worker.tracking.sidecar`), never by the trainer: a tracker's network calls cannot slow or crash
+training, and the trackers' packages live in a venv of their own (:mod:`tpuft.config.tracking_env`), built
+only when a recipe names one. Pydantic and the stdlib only: the worker reads this section too.
 """
 
 from __future__ import annotations
@@ -30,11 +30,16 @@ class WandbConfig(StrictModel):
     entity: str | None = Field(None, description="The W&B team or user; default: the API key's own.")
     mode: Literal["online", "offline"] = Field(
         "online",
-        description="online: to the W&B server (WANDB_API_KEY through the cluster's worker_env); offline: files in "
+        description="online: to the W&B server (WANDB_API_KEY through the cluster's worker_env); offline: "
+        "files in "
         "the run dir's wandb/ folder, uploaded later with `wandb sync`.",
     )
     group: str | None = Field(None, description="The W&B group (e.g. one per sweep).")
-    tags: list[str] = Field(default_factory=list, max_length=64, description="Extra W&B tags (tpuft adds the backend, accelerator and run id).")
+    tags: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra W&B tags (tpuft adds the backend, accelerator and run id).",
+    )
     notes: str | None = Field(None, max_length=10_000, description="The W&B run's notes.")
 
     @field_validator("project", "entity", "group")
@@ -56,11 +61,15 @@ class WandbConfig(StrictModel):
 class MlflowConfig(StrictModel):
     tracking_uri: str | None = Field(
         None,
-        description="Where the MLflow run goes: file:PATH, sqlite:///PATH.db (a relative PATH is resolved on the "
-        "chief against the run dir) or http(s)://server; default: MLFLOW_TRACKING_URI in the worker's environment "
+        description="Where the MLflow run goes: file:PATH, sqlite:///PATH.db (a relative PATH is resolved on "
+        "the "
+        "chief against the run dir) or http(s)://server; default: MLFLOW_TRACKING_URI in the worker's "
+        "environment "
         "(the cluster's worker_env), else sqlite:///mlflow.db in the run dir.",
     )
-    experiment: str = Field("tpuft", max_length=500, description="The MLflow experiment (created when missing).")
+    experiment: str = Field(
+        "tpuft", max_length=500, description="The MLflow experiment (created when missing)."
+    )
 
     @field_validator("tracking_uri")
     @classmethod
@@ -82,14 +91,22 @@ class MlflowConfig(StrictModel):
 class ReportConfig(StrictModel):
     to: list[Tracker] = Field(
         default_factory=lambda: ["tensorboard"],
-        description="Where metrics go: tensorboard (always written), wandb, mlflow. W&B and MLflow are fed from "
+        description="Where metrics go: tensorboard (always written), wandb, mlflow. W&B and MLflow are fed "
+        "from "
         "metrics.jsonl by a sidecar on the chief; see docs/tracking.md.",
     )
-    wandb: WandbConfig = Field(default_factory=WandbConfig, description="W&B settings (used when `to` names wandb).")
-    mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="MLflow settings (used when `to` names mlflow).")
+    wandb: WandbConfig = Field(
+        default_factory=WandbConfig, description="W&B settings (used when `to` names wandb)."
+    )
+    mlflow: MlflowConfig = Field(
+        default_factory=MlflowConfig, description="MLflow settings (used when `to` names mlflow)."
+    )
     samples: int = Field(
-        20, ge=0, le=10_000,
-        description="Rows of the prediction-samples table logged at the end (the test predictions, else the eval samples).",
+        20,
+        ge=0,
+        le=10_000,
+        description="Rows of the prediction-samples table logged at the end (the test predictions, else the "
+        "eval samples).",
     )
 
     @field_validator("to")

@@ -1,10 +1,10 @@
 """Read the few bindings a converter needs from T5X's operative ``config.gin``, without gin or t5x.
 
-T5X writes the operative config it trained with (``MODEL_DIR/config.gin``): one ``scope.Name.param = value`` per
-statement, macros as ``NAME = value``, references as ``@module.Name()`` and ``%MACRO``, long values continued
-with a backslash or inside brackets. Parsing it with gin itself would mean importing every module it names (t5x,
-seqio, the user's task modules); these statements are all a converter needs, so they are read as text and the
-values with ``ast.literal_eval`` (references stay as their text).
+T5X writes the operative config it trained with (``MODEL_DIR/config.gin``): one ``scope.Name.param = value``
+per statement, macros as ``NAME = value``, references as ``@module.Name()`` and ``%MACRO``, long values
+continued with a backslash or inside brackets. Parsing it with gin itself would mean importing every module it
+names (t5x, seqio, the user's task modules); these statements are all a converter needs, so they are read as
+text and the values with ``ast.literal_eval`` (references stay as their text).
 """
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ class GinConfig:
         """A binding's value with ``%MACRO`` references followed; ``default`` when unbound."""
         seen: set[str] = set()
         binding = self.bindings.get(key)
-        while binding is not None and isinstance(binding.value, str) and binding.value.startswith("%") and key not in seen:
+        while (
+            binding is not None
+            and isinstance(binding.value, str)
+            and binding.value.startswith("%")
+            and key not in seen
+        ):
             seen.add(key)
             key = binding.value[1:]
             binding = self.bindings.get(key)

@@ -1,9 +1,10 @@
 """Checkpoints already in Hugging Face layout (safetensors + config.json) -> a Hugging Face model directory.
 
-Read with NumPy from the safetensors files, never with torch. The PyTorch/XLA trainer saves each checkpoint with
-``save_pretrained`` (HF names, safetensors) beside its optimizer state, so the source is already in HF names: plan its tensors (re-cast or re-sharded on the way), keep the config,
-the generation config and the tokenizer files, and leave out optimizer and trainer state. The run's own
-end-of-training export and ``tpuft convert`` both come through here and :mod:`tpuft.convert.hf_writer`.
+Read with NumPy from the safetensors files, never with torch. The PyTorch/XLA trainer saves each checkpoint
+with ``save_pretrained`` (HF names, safetensors) beside its optimizer state, so the source is already in HF
+names: plan its tensors (re-cast or re-sharded on the way), keep the config, the generation config and the
+tokenizer files, and leave out optimizer and trainer state. The run's own end-of-training export and ``tpuft
+convert`` both come through here and :mod:`tpuft.convert.hf_writer`.
 """
 
 from __future__ import annotations
@@ -23,15 +24,27 @@ TOKENIZER_FILES = (
     "tokenizer.json",
     "spiece.model",
 )
-_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_DTYPE_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 CheckpointError = ConvertError
 """The path is not a complete checkpoint of a known layout (kept under its old name for callers)."""
 
 
 def is_checkpoint(path: Path) -> bool:
-    return (path / "config.json").is_file() and ((path / WEIGHTS).is_file() or (path / WEIGHTS_INDEX).is_file())
+    return (path / "config.json").is_file() and (
+        (path / WEIGHTS).is_file() or (path / WEIGHTS_INDEX).is_file()
+    )
 
 
 def find_checkpoint(path: Path, step: int | None = None) -> Path:
@@ -89,10 +102,25 @@ def open_hf_checkpoint(ckpt: Path) -> ModelSource:
         generation = json.loads((ckpt / "generation_config.json").read_text())
     files = {name: ckpt / name for name in TOKENIZER_FILES if (ckpt / name).is_file()}
     step = LAYOUT.step_of(ckpt.name)
-    return ModelSource(kind="torch", path=ckpt, config=config, tensors=tensors, step=step, generation_config=generation, files=files)
+    return ModelSource(
+        kind="torch",
+        path=ckpt,
+        config=config,
+        tensors=tensors,
+        step=step,
+        generation_config=generation,
+        files=files,
+    )
 
 
 def export_checkpoint(
-    ckpt: Path, out_dir: Path, *, dtype: str = "float32", overwrite: bool = True, max_shard_bytes: int | None = None
+    ckpt: Path,
+    out_dir: Path,
+    *,
+    dtype: str = "float32",
+    overwrite: bool = True,
+    max_shard_bytes: int | None = None,
 ) -> ExportResult:
-    return write_hf_model(open_hf_checkpoint(ckpt), out_dir, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    return write_hf_model(
+        open_hf_checkpoint(ckpt), out_dir, dtype=dtype, overwrite=overwrite, max_shard_bytes=max_shard_bytes
+    )

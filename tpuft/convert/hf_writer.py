@@ -1,8 +1,10 @@
-"""Write a :class:`ModelSource` as a Hugging Face model dir: config, (sharded) safetensors, generation config, tokenizer.
+"""Write a :class:`ModelSource` as a Hugging Face model dir: config, (sharded) safetensors, generation config,
+tokenizer.
 
 Every converter ends here, so the guarantees live in one place: shapes are checked before any byte is written,
 tensors stream in one at a time (cast on the way), and the dir appears under its final name only when complete
-(written to a hidden temp dir beside it, then renamed), so an error or Ctrl-C never leaves a half-written model.
+(written to a hidden temp dir beside it, then renamed), so an error or Ctrl-C never leaves a half-written
+model.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 DTYPES = ("float32", "bfloat16")
 
 _FLOATS = {"float32", "float64", "float16", "bfloat16"}
-_SAFETENSORS_DTYPE = {"int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+_SAFETENSORS_DTYPE = {
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 _ITEMSIZE = {"F32": 4, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 Progress = Callable[[int, int], None]
@@ -81,12 +90,17 @@ def _target(tensor: SourceTensor, dtype: str) -> str:
 def _loader(tensor: SourceTensor, target: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         array = tensor.load()
-        if tensor.dtype == "bfloat16" and array.dtype == np.uint16:  # raw bf16 bits (safetensors without ml_dtypes)
+        if (
+            tensor.dtype == "bfloat16" and array.dtype == np.uint16
+        ):  # raw bf16 bits (safetensors without ml_dtypes)
             if target == "BF16":
                 return np.ascontiguousarray(array)
             array = (array.astype(np.uint32) << np.uint32(16)).view(np.float32)
         if tuple(array.shape) != tensor.shape:
-            raise ConvertError(f"{tensor.origin}: read shape {tuple(array.shape)}, the checkpoint's metadata says {tensor.shape}")
+            raise ConvertError(
+                f"{tensor.origin}: read shape {tuple(array.shape)}, the checkpoint's metadata says "
+                f"{tensor.shape}"
+            )
         if target == "F32":
             return np.ascontiguousarray(array, dtype=np.float32)
         if target == "BF16":
@@ -99,11 +113,11 @@ def _loader(tensor: SourceTensor, target: str) -> Callable[[], np.ndarray]:
 
 
 class Prefetcher:
-    """Loads the next ``ahead`` tensors on threads while one is written: reading (tensorstore decompresses off the
-    GIL), transposing and casting (NumPy copies release the GIL) overlap the file writes and each other, for at
-    most ``ahead`` extra tensors in memory. Measured on t5-base (benchmarks/convert.py, 2 cores): 2 ahead takes the
-    legacy format from 7.6 s to 4.7 s for +100 MB of peak RSS; 3 ahead gains 0.4 s more for +60 MB. Tensors must
-    be asked for in order, which is the order they are written in."""
+    """Loads the next ``ahead`` tensors on threads while one is written: reading (tensorstore decompresses off
+    the GIL), transposing and casting (NumPy copies release the GIL) overlap the file writes and each other,
+    for at most ``ahead`` extra tensors in memory. Measured on t5-base (benchmarks/convert.py, 2 cores): 2
+    ahead takes the legacy format from 7.6 s to 4.7 s for +100 MB of peak RSS; 3 ahead gains 0.4 s more for
+    +60 MB. Tensors must be asked for in order, which is the order they are written in."""
 
     def __init__(self, loads: list[Callable[[], np.ndarray]], ahead: int = 2) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -135,7 +149,8 @@ class Prefetcher:
 
 
 def plan_shards(tensors: list[PlannedTensor], max_shard_bytes: int | None) -> list[list[PlannedTensor]]:
-    """Greedy, in order: a new shard starts when the next tensor would overflow this one (a big tensor gets its own)."""
+    """Greedy, in order: a new shard starts when the next tensor would overflow this one (a big tensor gets
+    its own)."""
     if not max_shard_bytes:
         return [tensors]
     shards: list[list[PlannedTensor]] = [[]]
@@ -175,7 +190,10 @@ def write_hf_model(
         raise ConvertError(f"{out_dir}: exists and is not empty (pass --overwrite to replace it)")
     targets = [_target(t, dtype) for t in source.tensors]
     prefetch = Prefetcher([_loader(t, target) for t, target in zip(source.tensors, targets)])
-    planned = [PlannedTensor(t.name, target, t.shape, prefetch.loader(i)) for i, (t, target) in enumerate(zip(source.tensors, targets))]
+    planned = [
+        PlannedTensor(t.name, target, t.shape, prefetch.loader(i))
+        for i, (t, target) in enumerate(zip(source.tensors, targets))
+    ]
     shards = plan_shards(planned, max_shard_bytes)
     total = sum(_nbytes(t) for t in planned)
 

@@ -1,14 +1,15 @@
 """transformers 4.x TensorFlow (Keras) checkpoints -> Hugging Face PyTorch names, with NumPy and h5py only.
 
-Supported: T5 and mT5 (``TFT5ForConditionalGeneration``, ``TFT5Model``, ``TFT5EncoderModel``), and BERT and RoBERTa
-encoders (``TFBertForSequenceClassification``, ``TFBertModel``, ``TFRobertaForSequenceClassification``,
-``TFRobertaModel``): a classifier fine-tuned in Keras reaches PyTorch the same way a T5 does.
+Supported: T5 and mT5 (``TFT5ForConditionalGeneration``, ``TFT5Model``, ``TFT5EncoderModel``), and BERT and
+RoBERTa encoders (``TFBertForSequenceClassification``, ``TFBertModel``,
+``TFRobertaForSequenceClassification``, ``TFRobertaModel``): a classifier fine-tuned in Keras reaches PyTorch
+the same way a T5 does.
 
-``TFT5ForConditionalGeneration.save_pretrained(dir)`` writes ``tf_model.h5`` (Keras ``save_weights`` layout), or
-with ``safe_serialization=True`` a ``model.safetensors`` whose header says ``"format": "tf"``; big models come as
-shards beside a ``*.index.json``. transformers 4.x loaded those into PyTorch by building the TF model, so it needed
-TensorFlow; transformers 5 removed TensorFlow altogether, so users of TF fine-tunes (or of the Keras backend) have
-no way left to reach PyTorch there. This module does that step by itself.
+``TFT5ForConditionalGeneration.save_pretrained(dir)`` writes ``tf_model.h5`` (Keras ``save_weights`` layout),
+or with ``safe_serialization=True`` a ``model.safetensors`` whose header says ``"format": "tf"``; big models
+come as shards beside a ``*.index.json``. transformers 4.x loaded those into PyTorch by building the TF model,
+so it needed TensorFlow; transformers 5 removed TensorFlow altogether, so users of TF fine-tunes (or of the
+Keras backend) have no way left to reach PyTorch there. This module does that step by itself.
 
 What differs from the PyTorch checkpoint:
 
@@ -17,17 +18,20 @@ What differs from the PyTorch checkpoint:
   PyTorch names (drop ``:0``, ``_._`` -> a level, drop the leading model scope, ``kernel``/``embeddings``/
   ``gamma`` -> ``weight``, ``beta`` -> ``bias``); this module follows the same rules. The safetensors form is
   already written without the model scope (transformers' ``strip_model_name_and_prefix``), as are h5 shards.
-* The shared embedding lives under its own scope (``shared/shared/embeddings:0`` in h5, ``shared/embeddings:0``
-  in safetensors); it becomes ``shared.weight``. The encoder and decoder ``embed_tokens`` are tied to it in
-  PyTorch and are not written. An untied (v1.1-style) ``lm_head/kernel`` becomes ``lm_head.weight``.
+* The shared embedding lives under its own scope (``shared/shared/embeddings:0`` in h5,
+  ``shared/embeddings:0`` in safetensors); it becomes ``shared.weight``. The encoder and decoder
+  ``embed_tokens`` are tied to it in PyTorch and are not written. An untied (v1.1-style) ``lm_head/kernel``
+  becomes ``lm_head.weight``.
 * Dense kernels are stored (in, out); PyTorch's ``nn.Linear`` holds (out, in), so 2-D kernels are transposed.
-* BERT/RoBERTa names need no more than those rules (``bert/encoder/layer_._0/attention/self/query/kernel:0`` ->
-  ``bert.encoder.layer.0.attention.self.query.weight``; ``LayerNorm/gamma`` -> ``LayerNorm.weight``). TF stores the
-  encoder under ``bert/`` even in ``TFBertModel``, where PyTorch's ``BertModel`` has no prefix: it is dropped there.
+* BERT/RoBERTa names need no more than those rules (``bert/encoder/layer_._0/attention/self/query/kernel:0``
+  -> ``bert.encoder.layer.0.attention.self.query.weight``; ``LayerNorm/gamma`` -> ``LayerNorm.weight``). TF
+  stores the encoder under ``bert/`` even in ``TFBertModel``, where PyTorch's ``BertModel`` has no prefix: it
+  is dropped there.
 
 Every name must map to a parameter of the PyTorch model the config names, with the shape the config implies;
 anything else is a :class:`ConvertError` naming the file and the TF weight, never a silently dropped tensor.
-Tensors are planned, not loaded: the h5 file (or the mapped safetensors) stays open and each ``load`` reads one.
+Tensors are planned, not loaded: the h5 file (or the mapped safetensors) stays open and each ``load`` reads
+one.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from tpuft.convert.hf_ckpt import TOKENIZER_FILES
 from tpuft.convert.model_source import (
     ConvertError,
     ModelSource,
@@ -52,7 +57,6 @@ from tpuft.convert.safetensors_io import (
     SafetensorsReader,
     read_header,
 )
-from tpuft.convert.hf_ckpt import TOKENIZER_FILES
 
 H5_WEIGHTS = "tf_model.h5"
 H5_INDEX = "tf_model.h5.index.json"
@@ -62,51 +66,82 @@ SAFE_INDEX = "model.safetensors.index.json"
 _TOP_LEVEL = ("shared", "encoder", "decoder", "lm_head")
 """The first level of every T5 weight once the model scope is gone."""
 _BERT_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "intermediate_size": 3072,
-    "max_position_embeddings": 512, "type_vocab_size": 2, "position_embedding_type": "absolute",
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "position_embedding_type": "absolute",
 }
 """BertConfig's defaults (RobertaConfig's but for its vocab_size), for a hand-written config.json."""
 _TOKENIZER_FILES = (*TOKENIZER_FILES, "vocab.txt", "vocab.json", "merges.txt")
-"""T5's tokenizer files, and BERT's WordPiece vocab and RoBERTa's BPE vocab, which its slow tokenizers need."""
+"""T5's tokenizer files, and BERT's WordPiece vocab and RoBERTa's BPE vocab, which its slow tokenizers
+need."""
 _SAFE_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 _T5_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
-    "relative_attention_num_buckets": 32, "feed_forward_proj": "relu",
+    "vocab_size": 32128,
+    "d_model": 512,
+    "d_kv": 64,
+    "d_ff": 2048,
+    "num_layers": 6,
+    "num_heads": 8,
+    "relative_attention_num_buckets": 32,
+    "feed_forward_proj": "relu",
 }
 """T5Config's defaults, for a hand-written config.json that leaves some out."""
 _TIED_DEFAULT = {"t5": True, "mt5": False}
-"""``tie_word_embeddings`` when config.json has none: save_pretrained leaves it out when it equals PretrainedConfig's
-default (True), as in every v1.0-style T5; MT5Config's own default is an untied lm_head."""
-_HEADS = {"ForConditionalGeneration": ("encoder", "decoder", "lm_head"), "Model": ("encoder", "decoder"), "EncoderModel": ("encoder",)}
+"""``tie_word_embeddings`` when config.json has none: save_pretrained leaves it out when it equals
+PretrainedConfig's default (True), as in every v1.0-style T5; MT5Config's own default is an untied lm_head."""
+_HEADS = {
+    "ForConditionalGeneration": ("encoder", "decoder", "lm_head"),
+    "Model": ("encoder", "decoder"),
+    "EncoderModel": ("encoder",),
+}
 
 
 @dataclass(frozen=True)
 class _Family:
-    """What differs between the model types converted here: the rest (reading, name rules, checks) is shared."""
+    """What differs between the model types converted here: the rest (reading, name rules, checks) is
+    shared."""
 
     label: str
     """For messages: T5, BERT, RoBERTa."""
     classes: str
     """The PyTorch class prefix: T5 / MT5, Bert, Roberta."""
     top_level: tuple[str, ...]
-    """The first level of every weight once the model scope is gone: tells a scope from the model's own first level."""
+    """The first level of every weight once the model scope is gone: tells a scope from the model's own first
+    level."""
     defaults: dict[str, Any]
     heads: dict[str, tuple[str, ...]]
     """Architecture suffix -> the parts the PyTorch model has."""
     encoder_scope: str | None = None
-    """BERT-likes: the encoder's scope in TF and in the PyTorch heads (``bert``), absent from the bare ``<X>Model``."""
+    """BERT-likes: the encoder's scope in TF and in the PyTorch heads (``bert``), absent from the bare
+    ``<X>Model``."""
 
 
 _FAMILIES = {
     "t5": _Family("T5", "T5", _TOP_LEVEL, _T5_DEFAULTS, _HEADS),
     "mt5": _Family("T5", "MT5", _TOP_LEVEL, _T5_DEFAULTS, _HEADS),
-    "bert": _Family("BERT", "Bert", ("bert", "classifier"), _BERT_DEFAULTS,
-                    {"ForSequenceClassification": ("pooler", "classifier"), "Model": ("pooler",)}, "bert"),
-    "roberta": _Family("RoBERTa", "Roberta", ("roberta", "classifier"), {**_BERT_DEFAULTS, "vocab_size": 50265},
-                       {"ForSequenceClassification": ("classifier",), "Model": ("pooler",)}, "roberta"),
+    "bert": _Family(
+        "BERT",
+        "Bert",
+        ("bert", "classifier"),
+        _BERT_DEFAULTS,
+        {"ForSequenceClassification": ("pooler", "classifier"), "Model": ("pooler",)},
+        "bert",
+    ),
+    "roberta": _Family(
+        "RoBERTa",
+        "Roberta",
+        ("roberta", "classifier"),
+        {**_BERT_DEFAULTS, "vocab_size": 50265},
+        {"ForSequenceClassification": ("classifier",), "Model": ("pooler",)},
+        "roberta",
+    ),
 }
-"""model_type -> its family. RobertaForSequenceClassification has no pooler (its head reads the <s> token through
-its own dense layer), in TF as in PyTorch."""
+"""model_type -> its family. RobertaForSequenceClassification has no pooler (its head reads the <s> token
+through its own dense layer), in TF as in PyTorch."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +177,8 @@ def is_keras_checkpoint(path: Path) -> bool:
 
 
 def open_keras_source(path: Path) -> ModelSource:
-    """Plan a transformers-TF T5 checkpoint as HF PyTorch tensors (read lazily, one at a time, when written)."""
+    """Plan a transformers-TF T5 checkpoint as HF PyTorch tensors (read lazily, one at a time, when
+    written)."""
     if not path.exists():
         raise ConvertError(f"{path}: no such file or directory")
     ckpt = path.parent if path.is_file() else path
@@ -159,12 +195,22 @@ def open_keras_source(path: Path) -> ModelSource:
     generation = None
     if (ckpt / "generation_config.json").is_file():
         generation = _read_json(ckpt / "generation_config.json")
-    files: dict[str, bytes | Path] = {name: ckpt / name for name in _TOKENIZER_FILES if (ckpt / name).is_file()}
+    files: dict[str, bytes | Path] = {
+        name: ckpt / name for name in _TOKENIZER_FILES if (ckpt / name).is_file()
+    }
     notes = [] if files else [f"tokenizer not written: no tokenizer files in {ckpt} (pass --tokenizer)"]
-    return ModelSource(kind=kind, path=ckpt, config=config, tensors=tensors, generation_config=generation, files=files, notes=notes)
+    return ModelSource(
+        kind=kind,
+        path=ckpt,
+        config=config,
+        tensors=tensors,
+        generation_config=generation,
+        files=files,
+        notes=notes,
+    )
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Finding and reading the weights
 
 
@@ -197,7 +243,11 @@ def _safetensors_format(path: Path) -> str | None:
 def _open_weights(path: Path) -> tuple[list[_TfWeight], str]:
     """Every TF weight in the checkpoint, once each, in file order; and the ModelSource kind."""
     if path.is_file():
-        return (_h5_weights(path), "keras-h5") if path.suffix == ".h5" else (_safetensors_weights(path), "keras-safetensors")
+        return (
+            (_h5_weights(path), "keras-h5")
+            if path.suffix == ".h5"
+            else (_safetensors_weights(path), "keras-safetensors")
+        )
     safe = _safetensors_files(path)
     if safe:
         weights = [w for shard in safe for w in _safetensors_weights(shard)]
@@ -215,28 +265,42 @@ def _safetensors_weights(path: Path) -> list[_TfWeight]:
     except (SafetensorsError, OSError) as exc:
         raise ConvertError(f"{path}: cannot read: {exc}") from None
     if reader.metadata.get("format") != "tf":
-        raise ConvertError(f"{path}: not a TensorFlow safetensors file (metadata format {reader.metadata.get('format')!r}, expected 'tf')")
+        raise ConvertError(
+            f"{path}: not a TensorFlow safetensors file (metadata format {reader.metadata.get('format')!r}, "
+            "expected 'tf')"
+        )
     weights = []
     for info in reader.tensors.values():
         if info.dtype not in _SAFE_DTYPES:
             raise ConvertError(f"{path}: TF weight {info.name}: unsupported dtype {info.dtype}")
         weights.append(  # BF16 comes back as its uint16 bits: hf_writer knows
-            _TfWeight(info.name, info.shape, _SAFE_DTYPES[info.dtype], lambda r=reader, n=info.name: r.get(n), path, scoped=False)
+            _TfWeight(
+                info.name,
+                info.shape,
+                _SAFE_DTYPES[info.dtype],
+                lambda r=reader, n=info.name: r.get(n),
+                path,
+                scoped=False,
+            )
         )
     return weights
 
 
 def _h5_weights(path: Path) -> list[_TfWeight]:
-    """Keras ``save_weights`` layout: root attr ``layer_names``; per layer a group whose ``weight_names`` attr lists
-    its variables, each a dataset at ``<layer>/<weight name>``. transformers' h5 shards instead list datasets,
-    named without the model scope, directly in the root ``layer_names``."""
+    """Keras ``save_weights`` layout: root attr ``layer_names``; per layer a group whose ``weight_names`` attr
+    lists its variables, each a dataset at ``<layer>/<weight name>``. transformers' h5 shards instead list
+    datasets, named without the model scope, directly in the root ``layer_names``."""
     import h5py  # a core dependency, imported here to keep `tpuft` start-up light
 
     try:
         handle = h5py.File(path, "r")  # stays open for the lazy loads
     except OSError as exc:
         raise ConvertError(f"{path}: cannot read as HDF5: {exc}") from None
-    root = handle["model_weights"] if "model_weights" in handle and not _h5_names(handle, "layer_names") else handle
+    root = (
+        handle["model_weights"]
+        if "model_weights" in handle and not _h5_names(handle, "layer_names")
+        else handle
+    )
     layer_names = _h5_names(root, "layer_names")
     if not layer_names:
         raise ConvertError(f"{path}: no 'layer_names' attribute: not a Keras weights file")
@@ -254,19 +318,29 @@ def _h5_weights(path: Path) -> list[_TfWeight]:
                 raise ConvertError(f"{path}: TF weight {name} is listed in layer {layer!r} but not stored")
             if name in weights:  # the shared embedding is listed by shared, encoder and decoder alike
                 continue
-            weights[name] = _TfWeight(name, tuple(dataset.shape), _h5_dtype(path, name, dataset), lambda d=dataset: d[()], path, scoped)
+            weights[name] = _TfWeight(
+                name,
+                tuple(dataset.shape),
+                _h5_dtype(path, name, dataset),
+                lambda d=dataset: d[()],
+                path,
+                scoped,
+            )
     return list(weights.values())
 
 
 def _h5_names(group: Any, attr: str) -> list[str]:
-    """A Keras name-list attribute; big ones are split over ``<attr>0``, ``<attr>1``, ... (64 KiB header limit)."""
+    """A Keras name-list attribute; big ones are split over ``<attr>0``, ``<attr>1``, ... (64 KiB header
+    limit)."""
     if attr in group.attrs:
         chunks = [group.attrs[attr]]
     else:
         chunks = []
         while f"{attr}{len(chunks)}" in group.attrs:
             chunks.append(group.attrs[f"{attr}{len(chunks)}"])
-    return [n.decode("utf8") if isinstance(n, bytes) else str(n) for chunk in chunks for n in np.atleast_1d(chunk)]
+    return [
+        n.decode("utf8") if isinstance(n, bytes) else str(n) for chunk in chunks for n in np.atleast_1d(chunk)
+    ]
 
 
 def _h5_dtype(path: Path, name: str, dataset: Any) -> str:
@@ -276,7 +350,7 @@ def _h5_dtype(path: Path, name: str, dataset: Any) -> str:
     return dtype.name
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Config and the names it implies
 
 
@@ -296,14 +370,17 @@ def _read_config(ckpt: Path) -> dict[str, Any]:
     config = _read_json(ckpt / "config.json")
     model_type = config.get("model_type")
     if model_type not in _FAMILIES:
-        raise ConvertError(f"{ckpt / 'config.json'}: model_type {model_type!r}: only T5, mT5, BERT and RoBERTa TF checkpoints "
-                           f"are supported (model_type {', '.join(map(repr, _FAMILIES))})")
+        raise ConvertError(
+            f"{ckpt / 'config.json'}: model_type {model_type!r}: only T5, mT5, BERT and RoBERTa TF "
+            "checkpoints "
+            f"are supported (model_type {', '.join(map(repr, _FAMILIES))})"
+        )
     return config
 
 
 def _architecture(config: dict[str, Any], weights: list[_TfWeight], ckpt: Path) -> str:
-    """The PyTorch class: ``TF<X>`` -> ``<X>`` (save_pretrained already writes it without ``TF``); if the config
-    names none, what the weights hold (a decoder or not; a classifier or not)."""
+    """The PyTorch class: ``TF<X>`` -> ``<X>`` (save_pretrained already writes it without ``TF``); if the
+    config names none, what the weights hold (a decoder or not; a classifier or not)."""
     family = _FAMILIES[config["model_type"]]
     named = config.get("architectures") or []
     if named:
@@ -313,16 +390,22 @@ def _architecture(config: dict[str, Any], weights: list[_TfWeight], ckpt: Path) 
         has_decoder = any("decoder/" in w.name for w in weights)
         name = f"{family.classes}ForConditionalGeneration" if has_decoder else f"{family.classes}EncoderModel"
     else:
-        has_head = any(pt_name(w.name, scoped=w.scoped, top_level=family.top_level)[0].startswith("classifier.") for w in weights)
+        has_head = any(
+            pt_name(w.name, scoped=w.scoped, top_level=family.top_level)[0].startswith("classifier.")
+            for w in weights
+        )
         name = f"{family.classes}ForSequenceClassification" if has_head else f"{family.classes}Model"
     if _head_of(name, family) is None:
-        raise ConvertError(f"{ckpt / 'config.json'}: architecture {named[0] if named else name!r} is not supported "
-                           f"(expected one of {', '.join(family.classes.removeprefix('M') + h for h in family.heads)})")
+        raise ConvertError(
+            f"{ckpt / 'config.json'}: architecture {named[0] if named else name!r} is not supported "
+            f"(expected one of {', '.join(family.classes.removeprefix('M') + h for h in family.heads)})"
+        )
     return name
 
 
 def _head_of(architecture: str, family: _Family) -> tuple[str, ...] | None:
-    """The parts of ``architecture`` (None: not one of the family's); T5 and mT5 accept each other's class names."""
+    """The parts of ``architecture`` (None: not one of the family's); T5 and mT5 accept each other's class
+    names."""
     prefix = "M?T5" if family.encoder_scope is None else family.classes
     match = re.fullmatch(prefix + "(" + "|".join(family.heads) + ")", architecture)
     return family.heads[match.group(1)] if match else None
@@ -335,9 +418,14 @@ def _get(config: dict[str, Any], key: str) -> Any:
 
 
 def _expected_shapes(config: dict[str, Any], architecture: str, ckpt: Path) -> dict[str, tuple[int, ...]]:
-    """Every parameter the PyTorch model loads, with its shape from the config (tied embed_tokens left out)."""
+    """Every parameter the PyTorch model loads, with its shape from the config (tied embed_tokens left
+    out)."""
     try:
-        d_model, d_ff, vocab = int(_get(config, "d_model")), int(_get(config, "d_ff")), int(_get(config, "vocab_size"))
+        d_model, d_ff, vocab = (
+            int(_get(config, "d_model")),
+            int(_get(config, "d_ff")),
+            int(_get(config, "vocab_size")),
+        )
         inner = int(_get(config, "num_heads")) * int(_get(config, "d_kv"))
         buckets, heads = int(_get(config, "relative_attention_num_buckets")), int(_get(config, "num_heads"))
         layers = {"encoder": int(_get(config, "num_layers"))}
@@ -370,23 +458,35 @@ def _expected_shapes(config: dict[str, Any], architecture: str, ckpt: Path) -> d
     return shapes
 
 
-def _bert_shapes(config: dict[str, Any], family: _Family, architecture: str, ckpt: Path) -> dict[str, tuple[int, ...]]:
+def _bert_shapes(
+    config: dict[str, Any], family: _Family, architecture: str, ckpt: Path
+) -> dict[str, tuple[int, ...]]:
     """Every parameter of the PyTorch BERT/RoBERTa model, in its order, with the shape the config implies.
 
-    ``<X>Model`` is the bare encoder (no ``bert.`` prefix in PyTorch); the classifiers wrap it as ``bert``/``roberta``.
+    ``<X>Model`` is the bare encoder (no ``bert.`` prefix in PyTorch); the classifiers wrap it as
+    ``bert``/``roberta``.
     """
+
     def get(key: str) -> Any:
         return config.get(key, family.defaults.get(key))
 
     try:
         hidden, inner, vocab = int(get("hidden_size")), int(get("intermediate_size")), int(get("vocab_size"))
-        layers, positions, types = int(get("num_hidden_layers")), int(get("max_position_embeddings")), int(get("type_vocab_size"))
+        layers, positions, types = (
+            int(get("num_hidden_layers")),
+            int(get("max_position_embeddings")),
+            int(get("type_vocab_size")),
+        )
         labels = _num_labels(config)
     except (TypeError, ValueError) as exc:
         raise ConvertError(f"{ckpt / 'config.json'}: bad {family.label} dimensions: {exc}") from None
-    if get("position_embedding_type") != "absolute":  # TF BERT has only absolute ones; PyTorch would add new weights
-        raise ConvertError(f"{ckpt / 'config.json'}: position_embedding_type {get('position_embedding_type')!r}: "
-                           "TF BERT models have only 'absolute' position embeddings")
+    if (
+        get("position_embedding_type") != "absolute"
+    ):  # TF BERT has only absolute ones; PyTorch would add new weights
+        raise ConvertError(
+            f"{ckpt / 'config.json'}: position_embedding_type {get('position_embedding_type')!r}: "
+            "TF BERT models have only 'absolute' position embeddings"
+        )
     parts = _head_of(architecture, family) or ()
     base = "" if _bare_scope(family, architecture) else f"{family.encoder_scope}."
     shapes: dict[str, tuple[int, ...]] = {
@@ -415,7 +515,8 @@ def _bert_shapes(config: dict[str, Any], family: _Family, architecture: str, ckp
 
 
 def _bare_scope(family: _Family, architecture: str) -> str | None:
-    """``bert.`` when ``architecture`` is the bare encoder (``BertModel``), whose PyTorch names lack the scope TF keeps."""
+    """``bert.`` when ``architecture`` is the bare encoder (``BertModel``), whose PyTorch names lack the scope
+    TF keeps."""
     if family.encoder_scope is None or architecture != f"{family.classes}Model":
         return None
     return f"{family.encoder_scope}."
@@ -427,14 +528,15 @@ def _dense_shapes(module: str, out: int, inp: int | None = None) -> dict[str, tu
 
 
 def _num_labels(config: dict[str, Any]) -> int:
-    """As PretrainedConfig decides it: id2label (what save_pretrained writes) wins over num_labels; 2 by default."""
+    """As PretrainedConfig decides it: id2label (what save_pretrained writes) wins over num_labels; 2 by
+    default."""
     id2label = config.get("id2label")
     if isinstance(id2label, dict) and id2label:
         return len(id2label)
     return int(config.get("num_labels", 2))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Name mapping
 
 
@@ -446,7 +548,9 @@ def pt_name(tf_name: str, *, scoped: bool, top_level: tuple[str, ...] = _TOP_LEV
     ``top_level``: the family's first levels (T5's by default), which an unscoped name starts with.
     """
     name = tf_name.replace(":0", "")
-    name = re.sub(r"/[^/]*___([^/]*)/", r"/\1/", name)  # '$1___$2' -> '$2' (layers duplicated or removed in TF)
+    name = re.sub(
+        r"/[^/]*___([^/]*)/", r"/\1/", name
+    )  # '$1___$2' -> '$2' (layers duplicated or removed in TF)
     name = re.sub(r"//+", "/", name.replace("_._", "/"))  # '_._' -> a level (TF lists -> nn.ModuleList)
     parts = name.strip("/").split("/")
     if len(parts) > 1 and (scoped or parts[0] not in top_level):
@@ -463,7 +567,11 @@ def pt_name(tf_name: str, *, scoped: bool, top_level: tuple[str, ...] = _TOP_LEV
 
 
 def _map_weights(
-    weights: list[_TfWeight], expected: dict[str, tuple[int, ...]], architecture: str, ckpt: Path, family: _Family
+    weights: list[_TfWeight],
+    expected: dict[str, tuple[int, ...]],
+    architecture: str,
+    ckpt: Path,
+    family: _Family,
 ) -> list[SourceTensor]:
     tensors: dict[str, SourceTensor] = {}
     bare = _bare_scope(family, architecture)
@@ -471,22 +579,39 @@ def _map_weights(
         origin = f"{weight.file.name}:{weight.name}"
         name, transpose = pt_name(weight.name, scoped=weight.scoped, top_level=family.top_level)
         if bare is not None:
-            name = name.removeprefix(bare)  # TFBertModel keeps its encoder under bert/; PyTorch's BertModel is it
-        if name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") and "shared.weight" in expected:
+            name = name.removeprefix(
+                bare
+            )  # TFBertModel keeps its encoder under bert/; PyTorch's BertModel is it
+        if (
+            name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+            and "shared.weight" in expected
+        ):
             continue  # tied to shared in PyTorch (and not a separate variable in transformers' TF T5 either)
         if name not in expected:
-            raise ConvertError(f"{weight.file}: TF weight {weight.name} (-> {name}) has no place in {architecture} (config.json)")
+            raise ConvertError(
+                f"{weight.file}: TF weight {weight.name} (-> {name}) has no place in {architecture} "
+                "(config.json)"
+            )
         if name in tensors:
-            raise ConvertError(f"{weight.file}: TF weight {weight.name} maps to {name}, as {tensors[name].origin} does")
+            raise ConvertError(
+                f"{weight.file}: TF weight {weight.name} maps to {name}, as {tensors[name].origin} does"
+            )
         if transpose and len(weight.shape) != 2:
-            raise ConvertError(f"{weight.file}: TF weight {weight.name}: a {len(weight.shape)}-D kernel ({family.label} has only 2-D ones)")
+            raise ConvertError(
+                f"{weight.file}: TF weight {weight.name}: a {len(weight.shape)}-D kernel ({family.label} has "
+                "only 2-D ones)"
+            )
         shape = tuple(reversed(weight.shape)) if transpose else weight.shape
         expect_shape(origin, shape, expected[name], name)
-        tensors[name] = SourceTensor(name=name, shape=shape, dtype=weight.dtype, load=_loader(weight, transpose), origin=origin)
+        tensors[name] = SourceTensor(
+            name=name, shape=shape, dtype=weight.dtype, load=_loader(weight, transpose), origin=origin
+        )
     missing = [n for n in expected if n not in tensors]
     if missing:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        raise ConvertError(f"{ckpt}: the TF checkpoint lacks weights the config implies: {', '.join(missing[:8])}{more}")
+        raise ConvertError(
+            f"{ckpt}: the TF checkpoint lacks weights the config implies: {', '.join(missing[:8])}{more}"
+        )
     return [tensors[n] for n in expected]
 
 

@@ -1,8 +1,9 @@
 """What every checkpoint reader hands the writer: an HF config and a list of tensors under their HF names.
 
-A reader (T5X, torch, Keras) never loads weights; it plans. Each :class:`SourceTensor` knows its final HF name,
-shape and dtype, and how to load itself (read, slice, transpose) when the writer gets to it. That is what keeps
-peak memory near the size of the largest tensor, and it lets the writer check every shape before writing a byte.
+A reader (T5X, torch, Keras) never loads weights; it plans. Each :class:`SourceTensor` knows its final HF
+name, shape and dtype, and how to load itself (read, slice, transpose) when the writer gets to it. That is
+what keeps peak memory near the size of the largest tensor, and it lets the writer check every shape before
+writing a byte.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ T = TypeVar("T")
 
 
 class ConvertError(ValueError):
-    """The checkpoint cannot be converted as asked; the message names the path and, where known, the parameter."""
+    """The checkpoint cannot be converted as asked; the message names the path and, where known, the
+    parameter."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,8 @@ class SourceTensor:
     """NumPy dtype name of what ``load`` returns ("float32", "bfloat16", "int64", ...)."""
     load: Callable[[], np.ndarray]
     origin: str
-    """Where it comes from in the source checkpoint (a T5X param path, a TF weight name), for error messages."""
+    """Where it comes from in the source checkpoint (a T5X param path, a TF weight name), for error
+    messages."""
 
 
 @dataclass
@@ -50,7 +53,8 @@ class ModelSource:
 
 
 def pick_step(found: list[tuple[int, T]], step: int | None, where: object, what: str = "checkpoint") -> T:
-    """The latest of ``found`` (sorted (step, path) pairs), or the one for ``step``; an error lists the steps there."""
+    """The latest of ``found`` (sorted (step, path) pairs), or the one for ``step``; an error lists the steps
+    there."""
     if step is None:
         return found[-1][1]
     for number, candidate in found:
@@ -61,4 +65,6 @@ def pick_step(found: list[tuple[int, T]], step: int | None, where: object, what:
 
 def expect_shape(origin: str, shape: tuple[int, ...], expected: tuple[int, ...], what: str) -> None:
     if tuple(shape) != tuple(expected):
-        raise ConvertError(f"{origin}: shape {tuple(shape)} does not match the config ({what}: expected {tuple(expected)})")
+        raise ConvertError(
+            f"{origin}: shape {tuple(shape)} does not match the config ({what}: expected {tuple(expected)})"
+        )

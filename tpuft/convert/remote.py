@@ -1,11 +1,11 @@
 """Checkpoints in a bucket: fetch only what a conversion reads, through the storage layer, resumably.
 
-A T5X model dir in GCS holds every step and the optimizer state (for t5-xxl, tens of GB beside the weights); the
-converter needs one step's parameters. So the listing decides the step first, then only that step's files are
-downloaded. Which folders are checkpoints, which of their files hold the weights and which checkpoints are complete,
-each backend's :class:`~tpuft.backends.spec.RunLayout` says (``markers``, ``weights``, ``not_weights``,
-``companions``, ``manifest``), asked through the registry: no backend is named here. Downloads resume (same size +
-CRC32C are skipped), so a re-run after an interruption is cheap.
+A T5X model dir in GCS holds every step and the optimizer state (for t5-xxl, tens of GB beside the weights);
+the converter needs one step's parameters. So the listing decides the step first, then only that step's files
+are downloaded. Which folders are checkpoints, which of their files hold the weights and which checkpoints are
+complete, each backend's :class:`~tpuft.backends.spec.RunLayout` says (``markers``, ``weights``,
+``not_weights``, ``companions``, ``manifest``), asked through the registry: no backend is named here.
+Downloads resume (same size + CRC32C are skipped), so a re-run after an interruption is cheap.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def cache_dir(url: str) -> Path:
 
 
 def checkpoint_kinds() -> list[list[RunLayout]]:
-    """The registered layouts, grouped where they name and mark checkpoints alike (two backends may write the same
-    ``step_N`` folders): a group reads a file that every layout of it reads."""
+    """The registered layouts, grouped where they name and mark checkpoints alike (two backends may write the
+    same ``step_N`` folders): a group reads a file that every layout of it reads."""
     groups: dict[tuple[str, tuple[str, ...]], list[RunLayout]] = {}
     for kind in kinds():
         one = layout(kind)
@@ -57,13 +57,20 @@ def _files(group: list[RunLayout], names: list[str], checkpoint: str) -> set[str
 def _companions(group: list[RunLayout], names: set[str], checkpoint: str) -> set[str]:
     """Companion files in the checkpoint's folder and in the folder above it."""
     folders = [checkpoint] + ([checkpoint.rpartition("/")[0]] if checkpoint else [])
-    wanted = {f"{folder}/{name}" if folder else name for one in group for name in one.companions for folder in folders}
+    wanted = {
+        f"{folder}/{name}" if folder else name
+        for one in group
+        for name in one.companions
+        for folder in folders
+    }
     return wanted & names
 
 
 def _is_hf_dir(names: set[str]) -> bool:
     """A save_pretrained dir (an export, or a step_N folder given as the URL): a config and its weights."""
-    return "config.json" in names and ("tf_model.h5" in names or any(n.startswith("model") and n.endswith(".safetensors") for n in names))
+    return "config.json" in names and (
+        "tf_model.h5" in names or any(n.startswith("model") and n.endswith(".safetensors") for n in names)
+    )
 
 
 def select_files(
@@ -85,16 +92,26 @@ def select_files(
         if complete is not None and not all(one.foreign_checkpoints for one in group):
             gaps = {s: complete(p) for s, p in found.items()}
             if step is not None and gaps.get(step):
-                raise ConvertError(f"{url}: checkpoint {found[step]} is incomplete ({'; '.join(gaps[step][:3])}); "
-                                   "it was being written or uploaded when its run stopped")
+                raise ConvertError(
+                    f"{url}: checkpoint {found[step]} is incomplete ({'; '.join(gaps[step][:3])}); "
+                    "it was being written or uploaded when its run stopped"
+                )
             found = {s: p for s, p in found.items() if not gaps[s]}
             if not found:
-                raise ConvertError(f"{url}: no complete checkpoint (each checkpoint folder lacks its manifest or a "
-                                   "listed file)")
+                raise ConvertError(
+                    f"{url}: no complete checkpoint (each checkpoint folder lacks its manifest or a "
+                    "listed file)"
+                )
         chosen = pick_step(sorted(found.items()), step, url)
-        return Selection(chosen, frozenset(_files(group, names, chosen) | _companions(group, name_set, chosen)))
-    looked = ", ".join(f"{group[0].checkpoint_format.format(step=0)}/{group[0].markers[0]}" for group in groups)
-    raise ConvertError(f"{url}: no checkpoint found (looked for checkpoint folders like {looked}, or a save_pretrained dir)")
+        return Selection(
+            chosen, frozenset(_files(group, names, chosen) | _companions(group, name_set, chosen))
+        )
+    looked = ", ".join(
+        f"{group[0].checkpoint_format.format(step=0)}/{group[0].markers[0]}" for group in groups
+    )
+    raise ConvertError(
+        f"{url}: no checkpoint found (looked for checkpoint folders like {looked}, or a save_pretrained dir)"
+    )
 
 
 def _checkpoints(kind: RunLayout, names: list[str]) -> dict[int, str]:
@@ -117,7 +134,8 @@ def _checkpoints(kind: RunLayout, names: list[str]) -> dict[int, str]:
 
 
 def fetch_checkpoint(url: str, step: int | None, *, project: str | None = None) -> Path:
-    """Download the chosen checkpoint of ``url`` into a cache dir; returns its local path (same layout below)."""
+    """Download the chosen checkpoint of ``url`` into a cache dir; returns its local path (same layout
+    below)."""
     storage = open_storage(url, project=project)
     sizes = storage.sizes("")
     if not sizes:
@@ -139,7 +157,8 @@ def fetch_checkpoint(url: str, step: int | None, *, project: str | None = None) 
 
 
 def upload_model(local_dir: Path, url: str, *, overwrite: bool, project: str | None = None) -> int:
-    """Upload a finished HF dir; config.json goes last, so a reader never finds a config without its weights."""
+    """Upload a finished HF dir; config.json goes last, so a reader never finds a config without its
+    weights."""
     storage = open_storage(url, project=project)
     if storage.list("") and not overwrite:
         raise ConvertError(f"{url}: already holds files (pass --overwrite to replace them)")

@@ -1,8 +1,9 @@
 """Streaming safetensors reading and writing with NumPy only.
 
-The format is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte offsets) and the raw
-tensor bytes. Reading maps the file and hands out one tensor at a time; writing lays out the header first and then
-streams tensors in, so converting a model never needs more than one tensor in memory (plus the page cache).
+The format is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte offsets) and
+the raw tensor bytes. Reading maps the file and hands out one tensor at a time; writing lays out the header
+first and then streams tensors in, so converting a model never needs more than one tensor in memory (plus the
+page cache).
 """
 
 from __future__ import annotations
@@ -17,9 +18,30 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-_NUMPY = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-          "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+_NUMPY = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 
 
 class SafetensorsError(ValueError):
@@ -143,7 +165,9 @@ def write_streaming(
 def _write_one(handle: BinaryIO, tensor: PlannedTensor, offsets: list[int]) -> None:
     array = np.ascontiguousarray(tensor.load())
     if tuple(array.shape) != tuple(tensor.shape):
-        raise SafetensorsError(f"tensor {tensor.name}: shape {array.shape} differs from planned {tensor.shape}")
+        raise SafetensorsError(
+            f"tensor {tensor.name}: shape {array.shape} differs from planned {tensor.shape}"
+        )
     data = array.reshape(-1).view(np.uint8)  # the array's own bytes, no copy
     if data.size != offsets[1] - offsets[0]:
         raise SafetensorsError(f"tensor {tensor.name}: {data.size} bytes, expected {offsets[1] - offsets[0]}")

@@ -1,4 +1,5 @@
-"""Tell what a checkpoint path holds and open the matching reader; the single entry point ``tpuft convert`` uses.
+"""Tell what a checkpoint path holds and open the matching reader; the single entry point ``tpuft convert``
+uses.
 
 Accepted: a T5X model dir or one ``checkpoint_N`` in it (legacy or Orbax), a PyTorch/XLA run dir, its
 ``checkpoints/`` or one ``step_N`` (HF names already), and a transformers 4.x Keras/TF save_pretrained dir.
@@ -11,11 +12,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tpuft.convert.model_source import ConvertError, ModelSource
 from tpuft.convert.hf_ckpt import TOKENIZER_FILES
+from tpuft.convert.model_source import ConvertError, ModelSource
 
 
-def open_source(path: Path, *, step: int | None = None, overrides: dict[str, Any] | None = None) -> ModelSource:
+def open_source(
+    path: Path, *, step: int | None = None, overrides: dict[str, Any] | None = None
+) -> ModelSource:
     path = Path(os.path.abspath(path))  # readers such as tensorstore refuse `..` in a path
     if not path.exists():
         raise ConvertError(f"{path}: no such file or directory")
@@ -37,7 +40,8 @@ def open_source(path: Path, *, step: int | None = None, overrides: dict[str, Any
             ckpt = find_checkpoint(path, step)
         except ConvertError as exc:
             raise ConvertError(
-                f"{exc}\n(also not a T5X checkpoint: no checkpoint_N/ with a 'checkpoint' file or Orbax state/, "
+                f"{exc}\n(also not a T5X checkpoint: no checkpoint_N/ with a 'checkpoint' file or Orbax "
+                "state/, "
                 "and not a Keras/TF save_pretrained dir: no tf_model.h5)"
             ) from None
         source = open_hf_checkpoint(ckpt)
@@ -47,19 +51,32 @@ def open_source(path: Path, *, step: int | None = None, overrides: dict[str, Any
 
 
 def apply_tokenizer(source: ModelSource, tokenizer: Path) -> None:
-    """``--tokenizer``: a SentencePiece model file, or a dir holding HF tokenizer files, replaces what was found."""
+    """``--tokenizer``: a SentencePiece model file, or a dir holding HF tokenizer files, replaces what was
+    found."""
     if tokenizer.is_file():
         extra = 0
         if source.files.get("tokenizer_config.json") is not None:
             current = source.files["tokenizer_config.json"]
             data = json.loads(current.read_text() if isinstance(current, Path) else current)
             extra = int(data.get("extra_ids", 0) or 0)
-        config = {"tokenizer_class": "T5Tokenizer", "extra_ids": extra, "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
-        source.files = {"spiece.model": tokenizer, "tokenizer_config.json": (json.dumps(config, indent=2) + "\n").encode()}
+        config = {
+            "tokenizer_class": "T5Tokenizer",
+            "extra_ids": extra,
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+            "unk_token": "<unk>",
+        }
+        source.files = {
+            "spiece.model": tokenizer,
+            "tokenizer_config.json": (json.dumps(config, indent=2) + "\n").encode(),
+        }
     elif tokenizer.is_dir():
         found = {name: tokenizer / name for name in TOKENIZER_FILES if (tokenizer / name).is_file()}
         if not found:
-            raise ConvertError(f"--tokenizer {tokenizer}: no tokenizer files in it (expected one of {', '.join(TOKENIZER_FILES)})")
+            raise ConvertError(
+                f"--tokenizer {tokenizer}: no tokenizer files in it (expected one of "
+                f"{', '.join(TOKENIZER_FILES)})"
+            )
         source.files = dict(found)
     else:
         raise ConvertError(f"--tokenizer {tokenizer}: no such file or directory")

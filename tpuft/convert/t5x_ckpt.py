@@ -2,11 +2,12 @@
 
 Two on-disk formats, both written by T5X itself:
 
-* legacy (``use_orbax = False``): ``checkpoint_N/checkpoint`` is a msgpack tree (flax serialization, version 3)
-  whose leaves are either small arrays stored inline (flax's ndarray ext type) or tensorstore specs pointing at
+* legacy (``use_orbax = False``): ``checkpoint_N/checkpoint`` is a msgpack tree (flax serialization, version
+  3) whose leaves are either small arrays stored inline (flax's ndarray ext type) or tensorstore specs
+     pointing at
   one zarr dir per parameter beside it (``target.encoder.layers_0.attention.key.kernel/``);
-* Orbax (the default): ``checkpoint_N/state/`` is an Orbax PyTree checkpoint: ``_METADATA`` names the tree, and
-  the arrays are zarr (or zarr3) arrays inside one OCDBT key-value store (or one dir each without OCDBT).
+* Orbax (the default): ``checkpoint_N/state/`` is an Orbax PyTree checkpoint: ``_METADATA`` names the tree,
+  and the arrays are zarr (or zarr3) arrays inside one OCDBT key-value store (or one dir each without OCDBT).
 
 Both are read with tensorstore, one parameter at a time and only when asked, so nothing here holds more than
 the tensor being converted. Only the model's parameters (``target``) are read; the optimizer state never is.
@@ -58,7 +59,8 @@ class T5xCheckpoint:
     params: dict[str, T5xParam]
 
     def gin_file(self) -> Path | None:
-        """The operative config T5X writes into the model dir (beside checkpoint_N), or one in the step dir."""
+        """The operative config T5X writes into the model dir (beside checkpoint_N), or one in the step
+        dir."""
         for candidate in (self.path / "config.gin", self.path.parent / "config.gin"):
             if candidate.is_file():
                 return candidate
@@ -84,7 +86,8 @@ def list_step_dirs(model_dir: Path) -> list[tuple[int, Path]]:
 
 
 def find_t5x_checkpoint(path: Path, step: int | None = None) -> Path | None:
-    """``checkpoint_N`` itself, or the model dir holding them (latest, or ``step``). None: not a T5X checkpoint."""
+    """``checkpoint_N`` itself, or the model dir holding them (latest, or ``step``). None: not a T5X
+    checkpoint."""
     if path.is_file() and path.name == LEGACY_FILE:
         path = path.parent
     if checkpoint_kind(path):
@@ -105,13 +108,15 @@ def open_t5x_checkpoint(ckpt: Path) -> T5xCheckpoint:
     elif kind == "t5x-orbax":
         params = _orbax_params(ckpt)
     else:
-        raise ConvertError(f"{ckpt}: not a T5X checkpoint (no '{LEGACY_FILE}' file and no Orbax 'state/{ORBAX_METADATA}')")
+        raise ConvertError(
+            f"{ckpt}: not a T5X checkpoint (no '{LEGACY_FILE}' file and no Orbax 'state/{ORBAX_METADATA}')"
+        )
     if not params:
         raise ConvertError(f"{ckpt}: the checkpoint holds no model parameters ('target' is empty)")
     return T5xCheckpoint(kind=kind, path=ckpt, step=step, params=params)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # legacy: msgpack tree + per-parameter zarr
 
 
@@ -128,7 +133,9 @@ def _legacy_params(ckpt: Path) -> dict[str, T5xParam]:
     root = tree.get("optimizer", tree)
     target = root.get("target") if isinstance(root, dict) else None
     if not isinstance(target, dict):
-        raise ConvertError(f"{ckpt / LEGACY_FILE}: no 'optimizer/target' (model parameters) in the checkpoint tree")
+        raise ConvertError(
+            f"{ckpt / LEGACY_FILE}: no 'optimizer/target' (model parameters) in the checkpoint tree"
+        )
     params: dict[str, T5xParam] = {}
     for path, leaf in _flatten(target):
         params[path] = _legacy_leaf(ckpt, path, leaf)
@@ -159,12 +166,15 @@ def _legacy_leaf(ckpt: Path, path: str, leaf: Any) -> T5xParam:
         array = flat.reshape(tuple(leaf["shape"]))
     else:
         array = np.asarray(leaf)
-    return T5xParam(path, tuple(array.shape), array.dtype.name, lambda index, a=array: a if index is None else a[index])
+    return T5xParam(
+        path, tuple(array.shape), array.dtype.name, lambda index, a=array: a if index is None else a[index]
+    )
 
 
 def _local_zarr_spec(ckpt: Path, path: str, spec: dict) -> dict:
-    """T5X writes the zarr dir's path relative to the checkpoint dir (or absolute, gs:// included, in old ones):
-    always read the dir of that name beside the msgpack file, wherever the checkpoint has been copied to."""
+    """T5X writes the zarr dir's path relative to the checkpoint dir (or absolute, gs:// included, in old
+    ones): always read the dir of that name beside the msgpack file, wherever the checkpoint has been copied
+    to."""
     kvstore = spec.get("kvstore") if isinstance(spec.get("kvstore"), dict) else {}
     relative = str(kvstore.get("path") or spec.get("path") or "").rstrip("/")
     name = relative.split("/")[-1]
@@ -173,7 +183,8 @@ def _local_zarr_spec(ckpt: Path, path: str, spec: dict) -> dict:
     local = ckpt / name
     if not local.is_dir():
         raise ConvertError(f"{ckpt}: parameter {path}: its array dir '{name}/' is missing")
-    # tensorstore refuses paths with `..` in them (`Invalid file path`): always hand it an absolute, normal one
+    # tensorstore refuses paths with `..` in them (`Invalid file path`): always hand it an absolute, normal
+    # one
     kv = {"driver": "file", "path": os.path.abspath(local) + "/"}
     out: dict[str, Any] = {"driver": spec.get("driver", "zarr"), "kvstore": kv}
     if "dtype" in spec:
@@ -204,7 +215,7 @@ def _numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Orbax: _METADATA + zarr arrays in an OCDBT store
 
 
@@ -217,7 +228,9 @@ def _orbax_params(ckpt: Path) -> dict[str, T5xParam]:
         raise ConvertError(f"{meta_path}: not JSON ({exc})") from None
     tree = meta.get("tree_metadata")
     if not isinstance(tree, dict):
-        raise ConvertError(f"{meta_path}: no 'tree_metadata' (not an Orbax PyTree checkpoint this version can read)")
+        raise ConvertError(
+            f"{meta_path}: no 'tree_metadata' (not an Orbax PyTree checkpoint this version can read)"
+        )
     driver = "zarr3" if meta.get("use_zarr3") else "zarr"
     use_ocdbt = bool(meta.get("use_ocdbt", True))
     base = f"file://{state.resolve()}"
@@ -235,7 +248,9 @@ def _orbax_params(ckpt: Path) -> dict[str, T5xParam]:
             kvstore: dict[str, Any] = {"driver": "ocdbt", "base": base, "path": name}
         else:
             kvstore = {"driver": "file", "path": os.path.abspath(state / name) + "/"}
-        params[path] = _tensorstore_param(path, {"driver": driver, "kvstore": kvstore}, origin=f"{state}: {name}")
+        params[path] = _tensorstore_param(
+            path, {"driver": driver, "kvstore": kvstore}, origin=f"{state}: {name}"
+        )
     return params
 
 
@@ -249,7 +264,7 @@ def _orbax_keys(raw_key: str, entry: Any) -> list[str]:
     return [str(k) for k in parsed] if isinstance(parsed, tuple) else [str(parsed)]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # shared: a lazily-read tensorstore array
 
 _CONTEXT: Any = None

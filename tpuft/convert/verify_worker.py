@@ -72,12 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _source_logits(kind: str, source: str, inputs: dict[str, np.ndarray], transformers: Any, torch: Any) -> tuple[np.ndarray | None, str, str]:
+def _source_logits(
+    kind: str, source: str, inputs: dict[str, np.ndarray], transformers: Any, torch: Any
+) -> tuple[np.ndarray | None, str, str]:
     if kind == "torch":
         config = transformers.AutoConfig.from_pretrained(source)
         model = _model_class(transformers, config).from_pretrained(source, dtype=torch.float32).eval()
         with torch.no_grad():
-            return model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits.float().numpy(), "the torch checkpoint", ""
+            return (
+                model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits.float().numpy(),
+                "the torch checkpoint",
+                "",
+            )
     if kind.startswith("keras"):
         try:
             importlib.import_module("tensorflow")
@@ -87,7 +93,12 @@ def _source_logits(kind: str, source: str, inputs: dict[str, np.ndarray], transf
             return None, "", "TensorFlow (with transformers 4.x TF models) is not importable in this Python"
         tf_model = tf_class.from_pretrained(source)
         return tf_model(**inputs).logits.numpy(), "the TF model (transformers TF)", ""
-    return None, "", "T5X (JAX + t5x) is not importable here; the golden tests compare T5X conversions with T5X's own logits"
+    return (
+        None,
+        "",
+        "T5X (JAX + t5x) is not importable here; the golden tests compare T5X conversions with T5X's own "
+        "logits",
+    )
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """The Cloud TPU catalogue: accelerator type -> chips, worker hosts, default runtime, list price.
 
 Why a table and not an API call: ``create`` has to show a cost estimate and the local provider has to know how
-many workers a ``v4-32`` has, both before (or without) talking to Google. The numbers follow the public Cloud TPU
-docs: v2/v3/v4/v5p names count TensorCores (2 per chip), v5litepod/v6e names count chips; hosts carry 4 chips,
-except the single-host v5e/v6e shapes of up to 8 chips. HBM per chip, from each generation's system architecture
-page: v2 16 GiB (8 per TensorCore), v3 32 GiB (16 per TensorCore), v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e 32 GiB.
-Prices are on-demand US list prices per chip-hour (spot and reserved ones beside them); they change, so they are an estimate, labelled as such wherever
-they are shown. Peak bf16 FLOP/s per chip, from the same pages (v2 45, v3 123, v4 275, v5e 197, v5p 459, v6e 918
-TFLOP/s): what turns a compiled step's flops into a lower bound on its time (``recipes show --compile``).
+many workers a ``v4-32`` has, both before (or without) talking to Google. The numbers follow the public Cloud
+TPU docs: v2/v3/v4/v5p names count TensorCores (2 per chip), v5litepod/v6e names count chips; hosts carry 4
+chips, except the single-host v5e/v6e shapes of up to 8 chips. HBM per chip, from each generation's system
+architecture page: v2 16 GiB (8 per TensorCore), v3 32 GiB (16 per TensorCore), v4 32 GiB, v5e 16 GiB, v5p 95
+GiB, v6e 32 GiB. Prices are on-demand US list prices per chip-hour (spot and reserved ones beside them); they
+change, so they are an estimate, labelled as such wherever they are shown. Peak bf16 FLOP/s per chip, from the
+same pages (v2 45, v3 123, v4 275, v5e 197, v5p 459, v6e 918 TFLOP/s): what turns a compiled step's flops into
+a lower bound on its time (``recipes show --compile``).
 
 The topology (:meth:`AcceleratorType.topology`) is how libtpu names a slice's shape (``v4:2x2x4``): what
-``jax.experimental.topologies.get_topology_desc`` takes to describe the slice's devices on a machine without TPUs.
+``jax.experimental.topologies.get_topology_desc`` takes to describe the slice's devices on a machine without
+TPUs.
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ class Generation:
     spot_price_per_chip_hour: float | None = None
     """USD, spot (or legacy preemptible) capacity; an estimate (see ``_SPOT_AND_RESERVED``)."""
     reserved_price_per_chip_hour: float | None = None
-    """USD, reserved capacity, priced at the 1-year committed-use rate; an estimate (see ``_SPOT_AND_RESERVED``)."""
+    """USD, reserved capacity, priced at the 1-year committed-use rate; an estimate (see
+    ``_SPOT_AND_RESERVED``)."""
 
     def price(self, pricing: str) -> float | None:
-        """USD per chip-hour for ``pricing`` (``on-demand``, ``spot`` or ``reserved``, as the node was created);
-        None where no public figure is known."""
+        """USD per chip-hour for ``pricing`` (``on-demand``, ``spot`` or ``reserved``, as the node was
+        created); None where no public figure is known."""
         if pricing == "spot":
             return self.spot_price_per_chip_hour
         if pricing == "reserved":
@@ -58,8 +61,8 @@ class Generation:
 
     @property
     def devices_per_chip(self) -> int:
-        """TPU devices a framework such as TensorFlow sees per chip: v2/v3 chips show their 2 TensorCores apart;
-        from v4 on a chip is one device (megacore, or a single core on v5e/v6e)."""
+        """TPU devices a framework such as TensorFlow sees per chip: v2/v3 chips show their 2 TensorCores
+        apart; from v4 on a chip is one device (megacore, or a single core on v5e/v6e)."""
         return 2 if self.name in ("v2", "v3") else 1
 
     @property
@@ -77,19 +80,50 @@ _POW2 = tuple(2**i for i in range(3, 13))  # 8 .. 4096
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
-        Generation("v2", (8, 32, 128, 256, 512), True, 4, 4, "tpu-ubuntu2204-base", 1.125, 2, 16, 45e12, "v2"),
-        Generation("v3", (8, 32, 64, 128, 256, 512, 1024, 2048), True, 4, 4, "tpu-ubuntu2204-base", 2.00, 2, 32, 123e12, "v3"),
+        Generation(
+            "v2", (8, 32, 128, 256, 512), True, 4, 4, "tpu-ubuntu2204-base", 1.125, 2, 16, 45e12, "v2"
+        ),
+        Generation(
+            "v3",
+            (8, 32, 64, 128, 256, 512, 1024, 2048),
+            True,
+            4,
+            4,
+            "tpu-ubuntu2204-base",
+            2.00,
+            2,
+            32,
+            123e12,
+            "v3",
+        ),
         Generation("v4", _POW2, True, 4, 4, "tpu-ubuntu2204-base", 3.22, 3, 32, 275e12, "v4"),
-        Generation("v5p", _POW2 + (6144, 8192, 12288), True, 4, 4, "v2-alpha-tpuv5", 4.20, 3, 95, 459e12, "v5p"),
-        Generation("v5litepod", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv5-lite", 1.20, 2, 16, 197e12, "v5e"),
-        Generation("v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70, 2, 32, 918e12, "v6e"),
+        Generation(
+            "v5p", _POW2 + (6144, 8192, 12288), True, 4, 4, "v2-alpha-tpuv5", 4.20, 3, 95, 459e12, "v5p"
+        ),
+        Generation(
+            "v5litepod",
+            (1, 4, 8, 16, 32, 64, 128, 256),
+            False,
+            4,
+            8,
+            "v2-alpha-tpuv5-lite",
+            1.20,
+            2,
+            16,
+            197e12,
+            "v5e",
+        ),
+        Generation(
+            "v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70, 2, 32, 918e12, "v6e"
+        ),
     )
 }
 
-# Spot and reserved list prices per chip-hour, USD, us-central regions, ESTIMATES as of 2026 from the public Cloud TPU
-# pricing page (https://cloud.google.com/tpu/pricing): spot (v2/v3: the preemptible rate) and the 1-year
-# committed-use rate, which is what reserved capacity is billed at (a TPU reservation needs a commitment). They vary by
-# region and change (spot prices move with demand): every figure tpuft shows from them is labelled an estimate.
+# Spot and reserved list prices per chip-hour, USD, us-central regions, ESTIMATES as of 2026 from the public
+# Cloud TPU pricing page (https://cloud.google.com/tpu/pricing): spot (v2/v3: the preemptible rate) and the
+# 1-year committed-use rate, which is what reserved capacity is billed at (a TPU reservation needs a
+# commitment). They vary by region and change (spot prices move with demand): every figure tpuft shows from
+# them is labelled an estimate.
 _SPOT_AND_RESERVED: dict[str, tuple[float, float]] = {
     "v2": (0.3375, 0.7313),
     "v3": (0.60, 1.30),
@@ -99,8 +133,11 @@ _SPOT_AND_RESERVED: dict[str, tuple[float, float]] = {
     "v6e": (1.35, 1.89),
 }
 GENERATIONS = {
-    name: replace(g, spot_price_per_chip_hour=_SPOT_AND_RESERVED[name][0],
-                  reserved_price_per_chip_hour=_SPOT_AND_RESERVED[name][1])
+    name: replace(
+        g,
+        spot_price_per_chip_hour=_SPOT_AND_RESERVED[name][0],
+        reserved_price_per_chip_hour=_SPOT_AND_RESERVED[name][1],
+    )
     for name, g in GENERATIONS.items()
 }
 
@@ -131,9 +168,10 @@ class AcceleratorType:
         return self.chips * self.generation.devices_per_chip
 
     def topology(self) -> Topology:
-        """The slice's shape as libtpu names it: chips laid out as evenly as the torus allows (``v4-32``: 16 chips,
-        ``v4:2x2x4``), each host's block of chips (2x2x1; a single-host v5e/v6e slice is one block), and the chip
-        configuration (``megacore``: one device per v4/v5p chip, as the TPU runtime runs them)."""
+        """The slice's shape as libtpu names it: chips laid out as evenly as the torus allows (``v4-32``: 16
+        chips, ``v4:2x2x4``), each host's block of chips (2x2x1; a single-host v5e/v6e slice is one block),
+        and the chip configuration (``megacore``: one device per v4/v5p chip, as the TPU runtime runs
+        them)."""
         generation = self.generation
         dims = _even_dims(self.chips, generation.topology_dims)
         if self.hosts == 1:
@@ -141,8 +179,13 @@ class AcceleratorType:
         else:
             per_host = (2, 2, 1)
         chip_config = "megacore" if generation.topology_dims == 3 else "default"
-        return Topology(f"{generation.topology_prefix}:{'x'.join(str(d) for d in dims)}", chip_config,
-                        tuple(per_host), self.devices, self.hosts)
+        return Topology(
+            f"{generation.topology_prefix}:{'x'.join(str(d) for d in dims)}",
+            chip_config,
+            tuple(per_host),
+            self.devices,
+            self.hosts,
+        )
 
 
 @dataclass(frozen=True)
@@ -156,9 +199,9 @@ class Topology:
 
 
 def _even_dims(chips: int, count: int) -> tuple[int, ...]:
-    """``chips`` as ``count`` torus dimensions, as even as the factors allow (16 -> 2x2x4, 32 -> 2x4x4), smallest
-    first; a flat 3-D slice keeps its 1 last, as libtpu writes it (a v4-8 is ``2x2x1``). Each factor, largest
-    first, multiplies the smallest dimension so far."""
+    """``chips`` as ``count`` torus dimensions, as even as the factors allow (16 -> 2x2x4, 32 -> 2x4x4),
+    smallest first; a flat 3-D slice keeps its 1 last, as libtpu writes it (a v4-8 is ``2x2x1``). Each factor,
+    largest first, multiplies the smallest dimension so far."""
     factors: list[int] = []
     rest, prime = chips, 2
     while rest > 1:

@@ -1,19 +1,18 @@
 """The building blocks of tpuft's config models: a strict base model and the checked string types.
 
 Shared by :mod:`tpuft.config` (the cluster file and the recipe) and by each backend's own recipe section
-(``tpuft/backends/<kind>_schema.py``), which :mod:`tpuft.config` gathers from the registry; it stays outside the
-``tpuft/config/`` package so that a backend's section imports these without running the package that imports it.
-Strict: YAML ``true`` is not 1, ``1.5`` is not an int, ``"10"`` is not a number; NaN and infinity are refused.
-Pydantic and the stdlib only: the worker imports it too.
+(``tpuft/backends/<kind>_schema.py``), which :mod:`tpuft.config` gathers from the registry; it stays outside
+the ``tpuft/config/`` package so that a backend's section imports these without running the package that
+imports it. Strict: YAML ``true`` is not 1, ``1.5`` is not an int, ``"10"`` is not a number; NaN and infinity
+are refused. Pydantic and the stdlib only: the worker imports it too.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
-
-import re
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo
 
@@ -30,8 +29,8 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, strict=True, allow_inf_nan=False)
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
-        """Checks that span several keys, each located at the key to change (a model validator can only point at
-        the whole section)."""
+        """Checks that span several keys, each located at the key to change (a model validator can only point
+        at the whole section)."""
         return []
 
 
@@ -41,15 +40,16 @@ def check(problem: str | None) -> None:
 
 
 def listed_once(value: list[str]) -> list[str]:
-    """A list of choices where each may appear once (``model.freeze``, ``report.to``): the repeated ones named."""
+    """A list of choices where each may appear once (``model.freeze``, ``report.to``): the repeated ones
+    named."""
     twice = sorted({item for item in value if value.count(item) > 1})
     check(f"{', '.join(twice)} listed twice" if twice else None)
     return value
 
 
 def path_from_file(text: str, info: ValidationInfo) -> Path:
-    """A path written in a config file: checked for shape, and relative to that file's folder (``base_dir``), so a
-    file means the same wherever tpuft runs from."""
+    """A path written in a config file: checked for shape, and relative to that file's folder (``base_dir``),
+    so a file means the same wherever tpuft runs from."""
     check(formats.path_text_problem(text))
     path = Path(text).expanduser()
     base = (info.context or {}).get("base_dir")
@@ -57,7 +57,8 @@ def path_from_file(text: str, info: ValidationInfo) -> Path:
 
 
 def shaped(problem: Callable[[str], str | None]) -> AfterValidator:
-    """A string type checked by one of :mod:`tpuft.core.formats`' rules (a refusal becomes the key's error)."""
+    """A string type checked by one of :mod:`tpuft.core.formats`' rules (a refusal becomes the key's
+    error)."""
 
     def checked(value: str) -> str:
         check(problem(value))
@@ -77,14 +78,17 @@ Scope = Annotated[str, shaped(formats.scope_problem)]
 Command = Annotated[str, shaped(formats.command_problem)]
 PathText = Annotated[str, shaped(formats.path_text_problem)]
 UserName = Annotated[str, shaped(formats.user_name_problem)]
+
+
 def pip_version_problem(text: str) -> str | None:
-    """:func:`formats.version_problem`, then pip's own parser where it is installed (the controller): a version pip
-    refuses would fail the venv build on every worker, after the cluster is up."""
+    """:func:`formats.version_problem`, then pip's own parser where it is installed (the controller): a
+    version pip refuses would fail the venv build on every worker, after the cluster is up."""
     problem = formats.version_problem(text)
     if problem:
         return problem
     try:
-        from packaging.version import InvalidVersion, Version as Parsed
+        from packaging.version import InvalidVersion
+        from packaging.version import Version as Parsed
     except ImportError:  # a worker venv without packaging: the controller has checked it already
         return None
     try:
@@ -105,7 +109,8 @@ _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
 
 def duration_seconds(value: object) -> object:
-    """``600``, ``90s``, ``10m``, ``1h30m`` -> seconds (a float); anything else is left for the type check to refuse."""
+    """``600``, ``90s``, ``10m``, ``1h30m`` -> seconds (a float); anything else is left for the type check to
+    refuse."""
     if isinstance(value, str):
         match = _DURATION.fullmatch(value.strip())
         if not value.strip() or match is None or not any(match.groups()):

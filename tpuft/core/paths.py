@@ -1,5 +1,5 @@
-"""Where tpuft keeps state on the controller machine. Every location can be moved by an environment variable so
-that tests (and users with odd home directories) stay out of ``~``."""
+"""Where tpuft keeps state on the controller machine. Every location can be moved by an environment variable
+so that tests (and users with odd home directories) stay out of ``~``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ def tpuft_home() -> Path:
 
 
 def venv_cache() -> Path:
-    """Backend venvs are multi-GB and keyed by a requirements hash, so they are shared machine-wide, outside any
-    repo and outside ``TPUFT_HOME`` (a test's throw-away home must not rebuild them): ``$TPUFT_VENV_CACHE`` moves
-    them, else the XDG cache folder (docs/how-it-works.md, "Where things live on this machine")."""
+    """Backend venvs are multi-GB and keyed by a requirements hash, so they are shared machine-wide, outside
+    any repo and outside ``TPUFT_HOME`` (a test's throw-away home must not rebuild them):
+    ``$TPUFT_VENV_CACHE`` moves them, else the XDG cache folder (docs/how-it-works.md, "Where things live on
+    this machine")."""
     explicit = os.environ.get("TPUFT_VENV_CACHE")
     if explicit:
         return Path(explicit).expanduser()
@@ -29,15 +30,16 @@ def package_root() -> Path:
 
 
 def environ_with_package() -> dict[str, str]:
-    """This process's environment for a Python started from it in another interpreter (a backend venv, a detached
-    agent) that must import this very tpuft: its folder first on ``PYTHONPATH``."""
+    """This process's environment for a Python started from it in another interpreter (a backend venv, a
+    detached agent) that must import this very tpuft: its folder first on ``PYTHONPATH``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_root().parent), env.get("PYTHONPATH")]))
     return env
 
 
 def repo_root() -> Path | None:
-    """The source checkout when running from one (recipes/ and data/ live there); None for an installed wheel."""
+    """The source checkout when running from one (recipes/ and data/ live there); None for an installed
+    wheel."""
     root = package_root().parent
     return root if (root / "recipes").is_dir() else None
 

@@ -1,8 +1,8 @@
 """The records that cross the provider boundary: a cluster, its ordered workers, and the state words.
 
 Providers produce them and fleets consume them, so both import this module and neither imports the other. Only
-these records leave a provider: ``ops`` never sees a google-cloud-tpu object or a local folder layout. Workers are
-ordered: index i is ``--worker i`` on a TPU pod slice, and worker 0 is the coordinator.
+these records leave a provider: ``ops`` never sees a google-cloud-tpu object or a local folder layout. Workers
+are ordered: index i is ``--worker i`` on a TPU pod slice, and worker 0 is the coordinator.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ class Worker:
     home: Path | None = None
     """The worker's private HOME (local provider only)."""
     cpus: tuple[int, ...] = ()
-    """CPU cores a local worker is pinned to, so local workers do not fight over cores like real hosts would not."""
+    """CPU cores a local worker is pinned to, so local workers do not fight over cores like real hosts would
+    not."""
     internal_address: str = ""
     """The VPC address (GCP); what other workers use to reach this one."""
     slice: int = 0
-    """Multislice: the slice this host belongs to (0 on a single slice). Workers are ordered slice by slice, so
-    ``index`` is the flat number and ``(slice, host)`` the same worker as ``--worker S:I`` names it."""
+    """Multislice: the slice this host belongs to (0 on a single slice). Workers are ordered slice by slice,
+    so ``index`` is the flat number and ``(slice, host)`` the same worker as ``--worker S:I`` names it."""
 
 
 @dataclass
@@ -64,9 +65,10 @@ class Cluster:
 
 @dataclass(frozen=True)
 class SliceLayout:
-    """Multislice addressing: flat worker index <-> (slice, host in the slice). Slices are equal (one accelerator
-    type), workers numbered slice by slice: worker ``s * hosts + i`` is host ``i`` of slice ``s``, which is also how
-    JAX numbers the processes of a Multislice job. With one slice a worker is named as before ("worker 3")."""
+    """Multislice addressing: flat worker index <-> (slice, host in the slice). Slices are equal (one
+    accelerator type), workers numbered slice by slice: worker ``s * hosts + i`` is host ``i`` of slice ``s``,
+    which is also how JAX numbers the processes of a Multislice job. With one slice a worker is named as
+    before ("worker 3")."""
 
     slices: int
     hosts: int

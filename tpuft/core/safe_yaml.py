@@ -1,13 +1,14 @@
 """Read YAML that a user, or an attacker, wrote: bounded in size, depth and alias expansion, YAML 1.2 scalars.
 
 A recipe is a small file, but YAML lets a 1 KB file describe a billion-node tree (nested aliases), a cycle
-(``steps: &r [*r]``), or nesting that overflows the Python stack; PyYAML's own scalar rules (YAML 1.1) read ``no`` as
-false, ``012`` as 10, ``1:20`` as 80 and ``1e-3`` as a string. Everything here is checked on PyYAML's event stream
-and node graph before a single Python object is built, and every refusal is located as ``file:line``.
+(``steps: &r [*r]``), or nesting that overflows the Python stack; PyYAML's own scalar rules (YAML 1.1) read
+``no`` as false, ``012`` as 10, ``1:20`` as 80 and ``1e-3`` as a string. Everything here is checked on
+PyYAML's event stream and node graph before a single Python object is built, and every refusal is located as
+``file:line``.
 
-Scalars follow the YAML 1.2 core schema, which is what people mean: ``true``/``false`` only, decimal, ``0x`` and
-``0o`` integers, ``1e-3`` is a float, and anything else is a string. Mapping keys are always strings. Only the
-core tags are allowed: an explicit ``!!python/...`` (or any other) tag is refused, not ignored.
+Scalars follow the YAML 1.2 core schema, which is what people mean: ``true``/``false`` only, decimal, ``0x``
+and ``0o`` integers, ``1e-3`` is a float, and anything else is a string. Mapping keys are always strings. Only
+the core tags are allowed: an explicit ``!!python/...`` (or any other) tag is refused, not ignored.
 
 Framework-free (PyYAML only): the worker imports it too, through ``tpuft.config``.
 """
@@ -35,7 +36,9 @@ KeyPath = tuple[str | int, ...]
 class YamlProblem(ValueError):
     """One located problem: ``line`` is 1-based, None when it concerns the whole file."""
 
-    def __init__(self, message: str, line: int | None = None, path: KeyPath | None = None, *, syntax: bool = False) -> None:
+    def __init__(
+        self, message: str, line: int | None = None, path: KeyPath | None = None, *, syntax: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.line = line
@@ -45,7 +48,7 @@ class YamlProblem(ValueError):
         """Not YAML at all (as opposed to YAML that breaks a limit or uses a refused tag)."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # YAML 1.2 core schema on top of PyYAML's safe loader
 
 _CORE_TAGS = {
@@ -99,15 +102,16 @@ CoreLoader.add_constructor("tag:yaml.org,2002:map", CoreLoader.construct_yaml_ma
 
 
 class CoreDumper(yaml.SafeDumper):
-    """Quotes exactly the strings that :class:`CoreLoader` would read as something else (``1e-3``, ``0o17``), so a
-    dumped recipe reads back as it was."""
+    """Quotes exactly the strings that :class:`CoreLoader` would read as something else (``1e-3``, ``0o17``),
+    so a dumped recipe reads back as it was."""
 
     yaml_implicit_resolvers = CoreLoader.yaml_implicit_resolvers
 
 
 def _represent_text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    """``no``, ``on``, ``y``... quoted: they are text here, and tpuft refuses them unquoted where a boolean could go too,
-    so a resolved recipe must read back as written (the workers and ``resume`` load it again)."""
+    """``no``, ``on``, ``y``... quoted: they are text here, and tpuft refuses them unquoted where a boolean
+    could go too, so a resolved recipe must read back as written (the workers and ``resume`` load it
+    again)."""
     if YAML11_WORDS.match(value):
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'")
     return dumper.represent_str(value)
@@ -120,12 +124,13 @@ def dump(data: Any) -> str:
     return yaml.dump(data, Dumper=CoreDumper, sort_keys=False, allow_unicode=True)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Reading
 
 
 def read_config_text(path: Path, what: str) -> str:
-    """The file's text, refusing what is not a small regular UTF-8 file (a FIFO would block, /dev/zero never ends)."""
+    """The file's text, refusing what is not a small regular UTF-8 file (a FIFO would block, /dev/zero never
+    ends)."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -147,13 +152,16 @@ def read_config_text(path: Path, what: str) -> str:
 
 
 def _too_big(raw: bytes, what: str, size: int) -> YamlProblem:
-    """Located where the file passes the limit, with the key being written there: a value of megabytes (a pasted
-    data set, a runaway template) is the usual cause, and the user needs to know which one."""
+    """Located where the file passes the limit, with the key being written there: a value of megabytes (a
+    pasted data set, a runaway template) is the usual cause, and the user needs to know which one."""
     line = raw.count(b"\n", 0, MAX_BYTES) + 1
     text = raw.decode("utf-8", "replace")  # up to and including the byte past the limit: its line is in it
     return YamlProblem(
-        f"{what} is {size:,} bytes, over the limit of {MAX_BYTES:,}, and passes it here: a value this long belongs "
-        "in a data file", line, key_path_at(text, line),
+        f"{what} is {size:,} bytes, over the limit of {MAX_BYTES:,}, and passes it here: a value this long "
+        "belongs "
+        "in a data file",
+        line,
+        key_path_at(text, line),
     )
 
 
@@ -172,7 +180,9 @@ YAML11_WORDS = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OF
 """Plain words that YAML 1.1 (PyYAML, many editors and tools) reads as booleans and YAML 1.2 reads as text."""
 
 
-def load(text: str, *, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> tuple[Any, dict[KeyPath, int]]:
+def load(
+    text: str, *, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH
+) -> tuple[Any, dict[KeyPath, int]]:
     """Parse one YAML document into plain Python values and a map from each key path to its line.
 
     Raises :class:`YamlProblem` for syntax errors, several documents, excessive depth or expansion, cycles,
@@ -185,8 +195,9 @@ def load(text: str, *, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -
 def load_noting_words(
     text: str, *, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH
 ) -> tuple[Any, dict[KeyPath, int], set[KeyPath]]:
-    """:func:`load`, plus the key paths whose value is an unquoted YAML 1.1 boolean word (``no``, ``on``, ``y``):
-    text here, a boolean to whoever wrote it with YAML 1.1 in mind, so the schema decides whether that is clear."""
+    """:func:`load`, plus the key paths whose value is an unquoted YAML 1.1 boolean word (``no``, ``on``,
+    ``y``): text here, a boolean to whoever wrote it with YAML 1.1 in mind, so the schema decides whether that
+    is clear."""
     if len(text) > MAX_BYTES:
         raise YamlProblem(f"the text is over {MAX_BYTES:,} characters")
     try:
@@ -223,13 +234,15 @@ def _note_words(node: yaml.Node, path: KeyPath, words: set[KeyPath]) -> None:
             _note_words(item, path + (index,), words)
 
 
-_BLOCK_KEY = re.compile(r"^(\s*)(?:-\s+)?(?:\"([^\"]+)\"|'([^']+)'|([^\s#'\"{}\[\],&*!|>%@`][^:#{}\[\]]*?))\s*:(?:\s|$)")
+_BLOCK_KEY = re.compile(
+    r"^(\s*)(?:-\s+)?(?:\"([^\"]+)\"|'([^']+)'|([^\s#'\"{}\[\],&*!|>%@`][^:#{}\[\]]*?))\s*:(?:\s|$)"
+)
 
 
 def key_path_at(text: str, line: int) -> KeyPath | None:
-    """The block-mapping key path on ``line`` (1-based) as the indentation above it gives it, read from the text
-    itself: for a problem found before there is a node graph to ask (a syntax error, an undefined alias, a tag).
-    None when the line holds no key and sits under none."""
+    """The block-mapping key path on ``line`` (1-based) as the indentation above it gives it, read from the
+    text itself: for a problem found before there is a node graph to ask (a syntax error, an undefined alias,
+    a tag). None when the line holds no key and sits under none."""
     stack: list[tuple[int, str]] = []
     found: KeyPath | None = None
     for number, whole in enumerate(text.splitlines()[:line], start=1):
@@ -240,7 +253,9 @@ def key_path_at(text: str, line: int) -> KeyPath | None:
                 indent = len(raw) - len(raw.lstrip())
                 found = tuple(key for at, key in stack if at < indent) or None
             continue
-        indent = len(match.group(1)) + (len(raw[len(match.group(1)) :]) - len(raw[len(match.group(1)) :].lstrip("- ")))
+        indent = len(match.group(1)) + (
+            len(raw[len(match.group(1)) :]) - len(raw[len(match.group(1)) :].lstrip("- "))
+        )
         key = next(group for group in match.group(2, 3, 4) if group is not None).strip()
         while stack and stack[-1][0] >= indent:
             stack.pop()
@@ -255,7 +270,9 @@ def _located(exc: yaml.YAMLError, text: str) -> YamlProblem:
     line = mark.line + 1 if mark is not None else None
     if isinstance(exc, yaml.reader.ReaderError):  # a control character: located by position, not by mark
         line = text.count("\n", 0, exc.position) + 1
-        return YamlProblem(f"not valid YAML: character #x{exc.character:04x} is not allowed in YAML text", line, syntax=True)
+        return YamlProblem(
+            f"not valid YAML: character #x{exc.character:04x} is not allowed in YAML text", line, syntax=True
+        )
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     if "single document" in (getattr(exc, "context", None) or ""):
         problem = "more than one YAML document (a '---' line): give one mapping of keys"
@@ -263,7 +280,8 @@ def _located(exc: yaml.YAMLError, text: str) -> YamlProblem:
 
 
 def _check_events(text: str, max_depth: int) -> None:
-    """Depth on the event stream, which PyYAML produces without recursion (its composer recurses per level)."""
+    """Depth on the event stream, which PyYAML produces without recursion (its composer recurses per
+    level)."""
     depth = 0
     try:
         for event in yaml.parse(text, Loader=CoreLoader):
@@ -278,7 +296,8 @@ def _check_events(text: str, max_depth: int) -> None:
 
 
 def _check_graph(root: yaml.Node, max_nodes: int) -> dict[KeyPath, int]:
-    """Refuse cycles, over-large expansions, complex keys, duplicate keys and foreign tags; then record lines."""
+    """Refuse cycles, over-large expansions, complex keys, duplicate keys and foreign tags; then record
+    lines."""
     sizes: dict[int, int] = {}
     state: dict[int, int] = {}  # 1: on the current path, 2: done
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -298,13 +317,17 @@ def _check_graph(root: yaml.Node, max_nodes: int) -> dict[KeyPath, int]:
         if state.get(key) == 2:
             continue
         if state.get(key) == 1:
-            raise YamlProblem("an alias refers to the node that contains it (a cycle)", node.start_mark.line + 1)
+            raise YamlProblem(
+                "an alias refers to the node that contains it (a cycle)", node.start_mark.line + 1
+            )
         _check_node(node)
         state[key] = 1
         stack.append((node, True))
         for child in _children(node):
             if state.get(id(child)) == 1:
-                raise YamlProblem("an alias refers to the node that contains it (a cycle)", child.start_mark.line + 1)
+                raise YamlProblem(
+                    "an alias refers to the node that contains it (a cycle)", child.start_mark.line + 1
+                )
             if state.get(id(child)) != 2:
                 stack.append((child, False))
     lines: dict[KeyPath, int] = {(): root.start_mark.line + 1}
@@ -328,7 +351,8 @@ def _check_node(node: yaml.Node) -> None:
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise YamlProblem(
-                    "a key must be a plain name, not a list or a mapping ('? [...]')", key_node.start_mark.line + 1
+                    "a key must be a plain name, not a list or a mapping ('? [...]')",
+                    key_node.start_mark.line + 1,
                 )
 
 
@@ -365,8 +389,9 @@ def load_value(text: str) -> Any:
 
 
 def resolved_section(text: str | None, section: str) -> dict[str, Any]:
-    """A section (``train``) of a resolved recipe as tpuft wrote it in a run dir, for the few numbers a supervisor
-    or the controller needs without validating the whole recipe; {} for no text or an unreadable one."""
+    """A section (``train``) of a resolved recipe as tpuft wrote it in a run dir, for the few numbers a
+    supervisor or the controller needs without validating the whole recipe; {} for no text or an unreadable
+    one."""
     try:
         recipe = yaml.safe_load(text or "") or {}
     except yaml.YAMLError:

@@ -1,8 +1,8 @@
 """``data.source_template: "question: {question} context: {context}"``: str.format with names of JSON fields.
 
-One parser for the controller (which checks a recipe's templates before anything runs) and the worker (which fills
-them in): ``{a.b}`` reaches into nested objects, and only named fields are allowed, so a template means the same on
-both sides. Framework-free.
+One parser for the controller (which checks a recipe's templates before anything runs) and the worker (which
+fills them in): ``{a.b}`` reaches into nested objects, and only named fields are allowed, so a template means
+the same on both sides. Framework-free.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def template_fields(template: str) -> list[str]:
         if name is None:
             continue
         if name == "" or name.isdigit():
-            raise TemplateError("positional fields ({} or {0}) are not allowed: name a field of the data, e.g. {question}")
+            raise TemplateError(
+                "positional fields ({} or {0}) are not allowed: name a field of the data, e.g. {question}"
+            )
         if "[" in name or any(part == "" for part in name.split(".")):
             raise TemplateError(f"field {{{name}}}: use field names joined by dots (e.g. {{translation.en}})")
         names.append(name)

@@ -1,21 +1,22 @@
-"""Waits that say what they wait for: anything that may block for more than a couple of seconds (host keys a fresh
-VM has not published, a long-running cloud operation, a queued resource waiting for capacity, a lock another
-process holds, SSH connection retries) runs inside ``waiting(...)``, so a user never stares at a silent terminal.
+"""Waits that say what they wait for: anything that may block for more than a couple of seconds (host keys a
+fresh VM has not published, a long-running cloud operation, a queued resource waiting for capacity, a lock
+another process holds, SSH connection retries) runs inside ``waiting(...)``, so a user never stares at a
+silent terminal.
 
-A wait is silent for its first ``SILENT_S`` seconds (most waits end sooner, and a line that flashes is noise), then
-writes to stderr what it waits for, its latest detail and the time it has left (or has waited, when it has no
-bound). On a terminal that is one line, rewritten in place about once a second and erased when the wait ends;
-concurrent waits (one SSH connection per worker) share it. Anywhere else (a pipe, a log file, a worker's output
-streamed over SSH) it is plain lines: one when the wait is first shown, then one every ``EVERY_S`` seconds (every
-third of that when the detail changed), and one at the end.
+A wait is silent for its first ``SILENT_S`` seconds (most waits end sooner, and a line that flashes is noise),
+then writes to stderr what it waits for, its latest detail and the time it has left (or has waited, when it
+has no bound). On a terminal that is one line, rewritten in place about once a second and erased when the wait
+ends; concurrent waits (one SSH connection per worker) share it. Anywhere else (a pipe, a log file, a worker's
+output streamed over SSH) it is plain lines: one when the wait is first shown, then one every ``EVERY_S``
+seconds (every third of that when the detail changed), and one at the end.
 
 A wait whose caller already reports through a ``Progress`` callback (the CLI's spinner for ``create``, the
-recovery watcher's lines) says it there instead, never twice: the callback gets the same text whenever it changes,
-with the time left in whole minutes once there are more than two of them, so a line-printing callback prints about
-one line a minute, not one per poll.
+recovery watcher's lines) says it there instead, never twice: the callback gets the same text whenever it
+changes, with the time left in whole minutes once there are more than two of them, so a line-printing callback
+prints about one line a minute, not one per poll.
 
-Stdlib only (a foundation): the providers, the fleet, the ops and the worker side all use it. ``TPUFT_WAIT_SILENT_S``
-and ``TPUFT_WAIT_EVERY_S`` change the two thresholds (tests shorten them).
+Stdlib only (a foundation): the providers, the fleet, the ops and the worker side all use it.
+``TPUFT_WAIT_SILENT_S`` and ``TPUFT_WAIT_EVERY_S`` change the two thresholds (tests shorten them).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ REDRAW_S = 1.0
 
 
 def duration(seconds: float) -> str:
-    """``42 s``, ``3 min``, ``2 h 5 min``: seconds below two minutes (rounded to 10 s above 30 s, so the text does
-    not change every poll), whole minutes above."""
+    """``42 s``, ``3 min``, ``2 h 5 min``: seconds below two minutes (rounded to 10 s above 30 s, so the text
+    does not change every poll), whole minutes above."""
     seconds = max(0.0, seconds)
     if seconds < 30:
         return f"{seconds:.0f} s"
@@ -54,8 +55,16 @@ def duration(seconds: float) -> str:
 class Wait:
     """One wait: what it is for, its bound, its latest detail. ``update`` is cheap: call it every poll."""
 
-    def __init__(self, what: str, timeout: float | None, *, detail: str = "", progress: Callable[[str], None] | None = None,
-                 silent_s: float | None = None, every_s: float | None = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        timeout: float | None,
+        *,
+        detail: str = "",
+        progress: Callable[[str], None] | None = None,
+        silent_s: float | None = None,
+        every_s: float | None = None,
+    ) -> None:
         self.what = what
         self.timeout = timeout
         self.detail = detail
@@ -84,13 +93,15 @@ class Wait:
         return left is not None and left <= 0
 
     def update(self, detail: str) -> None:
-        """The wait's news (``2 of 4 published``, the resource's state); a progress callback hears of it at once."""
+        """The wait's news (``2 of 4 published``, the resource's state); a progress callback hears of it at
+        once."""
         self.detail = detail
         if self.progress is not None:
             self._tell_progress()
 
     def text(self, width: int | None = None) -> str:
-        """``waiting for WHAT: DETAIL (N s left)``; within ``width`` the thing waited for is cut, never the time."""
+        """``waiting for WHAT: DETAIL (N s left)``; within ``width`` the thing waited for is cut, never the
+        time."""
         left = self.left()
         clock = f"{duration(self.elapsed)} so far" if left is None else f"{duration(left)} left"
         detail = f": {self.detail}" if self.detail else ""
@@ -112,12 +123,16 @@ class Wait:
             self.progress(text)
 
     def line_due(self, now: float) -> bool:
-        """Off a terminal: a line is due when the wait is first shown, ``every_s`` after the last one, or a third of
-        that after it when the detail changed (news, but not a line per poll)."""
+        """Off a terminal: a line is due when the wait is first shown, ``every_s`` after the last one, or a
+        third of that after it when the detail changed (news, but not a line per poll)."""
         if now - self.started < self.silent_s:
             return False
         since = now - self._last_line
-        return not self.shown or since >= self.every_s or (self.detail != self._last_detail and since >= self.every_s / 3)
+        return (
+            not self.shown
+            or since >= self.every_s
+            or (self.detail != self._last_detail and since >= self.every_s / 3)
+        )
 
     def mark_line(self, now: float) -> None:
         self.shown = True
@@ -193,7 +208,8 @@ class _Board:
                     pass
 
     def _draw(self, stream: TextIO, now: float) -> None:
-        """One line for every wait past its silent time, cut to the terminal's width so that ``\\r`` rewrites it."""
+        """One line for every wait past its silent time, cut to the terminal's width so that ``\\r`` rewrites
+        it."""
         visible = [w for w in self.waits if w.progress is None and now - w.started >= w.silent_s]
         if not visible:
             return
@@ -221,13 +237,20 @@ _BOARD = _Board()
 
 
 @contextmanager
-def waiting(what: str, timeout: float | None = None, *, detail: str = "", progress: Callable[[str], None] | None = None,
-            silent_s: float | None = None, every_s: float | None = None) -> Iterator[Wait]:  # fmt: skip
+def waiting(
+    what: str,
+    timeout: float | None = None,
+    *,
+    detail: str = "",
+    progress: Callable[[str], None] | None = None,
+    silent_s: float | None = None,
+    every_s: float | None = None,
+) -> Iterator[Wait]:
     """Show this wait on stderr (or through ``progress``) while the block runs; see the module's docstring.
 
-    ``what`` completes "waiting for ...": name the thing and who makes it happen ("host keys of TPU node t5 workers
-    0-3 (published by each VM's guest agent at boot)"). ``timeout`` is the caller's own bound, shown as time left;
-    the caller still enforces it (``Wait.expired``)."""
+    ``what`` completes "waiting for ...": name the thing and who makes it happen ("host keys of TPU node t5
+    workers 0-3 (published by each VM's guest agent at boot)"). ``timeout`` is the caller's own bound, shown
+    as time left; the caller still enforces it (``Wait.expired``)."""
     wait = Wait(what, timeout, detail=detail, progress=progress, silent_s=silent_s, every_s=every_s)
     if progress is not None:
         yield wait  # the caller's callback shows it, from the first update on

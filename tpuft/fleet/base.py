@@ -1,8 +1,9 @@
 """The fleet contract: run one command on many workers at once and report per worker, in worker order.
 
-Commands are argv lists (quoted with ``shlex`` when they must become a shell string), never strings pasted together
-from recipe values. A fleet streams every output line as it comes, tees each worker's output to its own log file,
-and is fail-fast: the first worker to exit non-zero gets the others terminated, process group and all.
+Commands are argv lists (quoted with ``shlex`` when they must become a shell string), never strings pasted
+together from recipe values. A fleet streams every output line as it comes, tees each worker's output to its
+own log file, and is fail-fast: the first worker to exit non-zero gets the others terminated, process group
+and all.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ LineSink = Callable[[int, str], None]
 EnvFor = Callable[[Worker], dict[str, str]]
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-"""POSIX's environment variable name. The same rule as :data:`tpuft.core.formats.ENV_NAME` (which checks the cluster
-file; a test keeps the two equal), written here because the fleet is a leaf and guards every other caller."""
+"""POSIX's environment variable name. The same rule as :data:`tpuft.core.formats.ENV_NAME` (which checks the
+cluster file; a test keeps the two equal), written here because the fleet is a leaf and guards every other
+caller."""
 
 
 @dataclass
@@ -60,11 +62,12 @@ class FleetResult:
 
 
 def failure_error(result: FleetResult, what: str, *, worker_exit_code: bool = False) -> TpuftError | None:
-    """The error a failed (or interrupted) fleet run is reported as; None when it went well. Here rather than in
-    ``ops`` so that the warm ``exec`` path (:mod:`tpuft.ops.agent_client`) words it exactly like the cold one.
+    """The error a failed (or interrupted) fleet run is reported as; None when it went well. Here rather than
+    in ``ops`` so that the warm ``exec`` path (:mod:`tpuft.ops.agent_client`) words it exactly like the cold
+    one.
 
-    ``worker_exit_code`` (``tpuft exec``): the error exits with the failing worker's own code, as ``ssh host cmd``
-    would; when several fail, the first to fail (the one that stopped the others) gives it."""
+    ``worker_exit_code`` (``tpuft exec``): the error exits with the failing worker's own code, as ``ssh host
+    cmd`` would; when several fail, the first to fail (the one that stopped the others) gives it."""
     if result.interrupted:
         stopped = ", ".join(str(r.index) for r in result.results)
         return Interrupted(f"interrupted during {what}: stopped the processes of worker(s) {stopped}")
@@ -88,8 +91,8 @@ def failure_error(result: FleetResult, what: str, *, worker_exit_code: bool = Fa
 
 
 def last_json_object(lines: Iterable[str]) -> dict[str, Any] | None:
-    """The last line that is a JSON object: how a tool run on a worker (or in a venv) answers, after whatever its
-    libraries printed before it."""
+    """The last line that is a JSON object: how a tool run on a worker (or in a venv) answers, after whatever
+    its libraries printed before it."""
     for line in reversed(list(lines)):
         if line.startswith("{"):
             try:
@@ -107,8 +110,8 @@ def shell_exit_code(code: int) -> int:
 
 
 def check_env(env: dict[str, str], worker: int | None = None) -> dict[str, str]:
-    """Refuse what cannot be an environment variable before it reaches a process or a remote shell line: the cluster
-    file is checked when it is loaded, this guards every other caller of a fleet."""
+    """Refuse what cannot be an environment variable before it reaches a process or a remote shell line: the
+    cluster file is checked when it is loaded, this guards every other caller of a fleet."""
     where = f"worker {worker}: " if worker is not None else ""
     for key, value in env.items():
         if not isinstance(key, str) or not ENV_NAME.fullmatch(key):

@@ -1,7 +1,8 @@
 """The local fleet: each worker is a process (group) on this machine, with its folder as HOME.
 
 Every worker runs in its own session (``start_new_session``), so stopping it stops everything it started. The
-controller's own venv variables are not passed on: a worker must find its backend venv the way a TPU host would.
+controller's own venv variables are not passed on: a worker must find its backend venv the way a TPU host
+would.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tpuft.core.errors import TpuftError
+from tpuft.core.records import Worker
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, WorkerResult, check_env, select_workers
 from tpuft.fleet.supervise import Handle, Output, run_supervised
-from tpuft.core.records import Worker
 
 STOP_GRACE_SECONDS = 5.0
 _CONTROLLER_ONLY_ENV = ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")
@@ -81,11 +82,18 @@ class _Process:
     """One worker process group, its reader thread and its log."""
 
     def __init__(
-        self, worker: Worker, argv: list[str], env: dict[str, str], cwd: Path | None, output: Output,
-        changed: threading.Event, register: Callable[[_Process], None],
+        self,
+        worker: Worker,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path | None,
+        output: Output,
+        changed: threading.Event,
+        register: Callable[[_Process], None],
     ) -> None:
         """``register`` (the supervisor's list of handles) hears of the process the moment it exists: a Ctrl-C
-        landing while its reader thread starts (a while, on a loaded machine) must still stop it with the others."""
+        landing while its reader thread starts (a while, on a loaded machine) must still stop it with the
+        others."""
         self.index = worker.index
         self.changed = changed
         self.output = output
@@ -106,7 +114,9 @@ class _Process:
             )
         except OSError as exc:  # what a remote shell would report as exit 126/127
             output.close()
-            raise TpuftError(f"worker {worker.index}: cannot start {argv[0]}: {exc.strerror or exc}") from None
+            raise TpuftError(
+                f"worker {worker.index}: cannot start {argv[0]}: {exc.strerror or exc}"
+            ) from None
         register(self)
         reader = threading.Thread(target=self._pump, daemon=True)
         reader.start()
@@ -135,7 +145,10 @@ class _Process:
         _kill_group(self.proc.pid, signal.SIGTERM)
 
     def escalate(self) -> None:
-        if self.stop_requested_at is not None and time.monotonic() - self.stop_requested_at > STOP_GRACE_SECONDS:
+        if (
+            self.stop_requested_at is not None
+            and time.monotonic() - self.stop_requested_at > STOP_GRACE_SECONDS
+        ):
             _kill_group(self.proc.pid, signal.SIGKILL)
 
     def finish(self) -> None:

@@ -1,11 +1,11 @@
-"""Worker specs (``--worker 0,2``, ``1-3``, ``1:0``, ``1:2-3``, ``1:*``) and the argv of an ad-hoc command, shared
-by the cold ``exec`` path (:mod:`tpuft.ops.cluster`) and the warm one (:mod:`tpuft.ops.agent_client`), so both refuse
-and run the same things. Standard library, :mod:`tpuft.core.errors` and :mod:`tpuft.core.records` only: the warm path must
-start fast.
+"""Worker specs (``--worker 0,2``, ``1-3``, ``1:0``, ``1:2-3``, ``1:*``) and the argv of an ad-hoc command,
+shared by the cold ``exec`` path (:mod:`tpuft.ops.cluster`) and the warm one (:mod:`tpuft.ops.agent_client`),
+so both refuse and run the same things. Standard library, :mod:`tpuft.core.errors` and
+:mod:`tpuft.core.records` only: the warm path must start fast.
 
-A multislice cluster numbers its workers slice by slice (:class:`tpuft.core.records.SliceLayout`), so a user names a host
-either by its flat index, as on one slice, or as ``S:I`` (slice S, host I), the way the slices' own consoles and
-logs do. ``S:I`` on a one-slice cluster is slice 0 only.
+A multislice cluster numbers its workers slice by slice (:class:`tpuft.core.records.SliceLayout`), so a user
+names a host either by its flat index, as on one slice, or as ``S:I`` (slice S, host I), the way the slices'
+own consoles and logs do. ``S:I`` on a one-slice cluster is slice 0 only.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ _FORMS = "indices like 0,2 or 1-3, or slice:host like 1:0, 1:2-3 or 1:* (a whole
 
 
 def parse_worker_list(text: str | None, layout: SliceLayout | int) -> list[int] | None:
-    """``"0,2"``, ``"1-3"``, ``"1:0"``, ``"1:2-3"``, ``"1:*"`` (and lists of them) -> flat indices, checked against
-    the cluster; None means all workers. ``layout``: the cluster's slices, or a worker count for one slice."""
+    """``"0,2"``, ``"1-3"``, ``"1:0"``, ``"1:2-3"``, ``"1:*"`` (and lists of them) -> flat indices, checked
+    against the cluster; None means all workers. ``layout``: the cluster's slices, or a worker count for one
+    slice."""
     if isinstance(layout, int):
         layout = SliceLayout(1, layout)
     if text is None or text.strip() in {"", "all", "*"}:
@@ -78,7 +79,9 @@ def parse_one_worker(text: str, layout: SliceLayout) -> int:
     """``--worker`` of the verbs that reach one worker (``ssh``, ``logs``): ``7`` or ``1:3``."""
     chosen = parse_worker_list(text, layout)
     if chosen is None or len(chosen) != 1:
-        raise UsageError(f"--worker {text!r}: this command takes one worker (an index like 3, or slice:host like 1:0)")
+        raise UsageError(
+            f"--worker {text!r}: this command takes one worker (an index like 3, or slice:host like 1:0)"
+        )
     return chosen[0]
 
 
@@ -90,8 +93,9 @@ def command_argv(command: Sequence[str]) -> list[str]:
 
 
 def exec_env(index: int, layout: SliceLayout) -> dict[str, str]:
-    """What every ``tpuft exec`` command sees about its place in the cluster; on a multislice cluster also its slice
-    (``TPUFT_SLICE_ID``, ``TPUFT_NUM_SLICES``: the names a run's trainers get), so a script can act per slice."""
+    """What every ``tpuft exec`` command sees about its place in the cluster; on a multislice cluster also its
+    slice (``TPUFT_SLICE_ID``, ``TPUFT_NUM_SLICES``: the names a run's trainers get), so a script can act per
+    slice."""
     env = {"TPUFT_WORKER_ID": str(index), "TPUFT_NUM_WORKERS": str(layout.workers)}
     if layout.slices > 1:
         env |= {"TPUFT_SLICE_ID": str(layout.slice_of(index)), "TPUFT_NUM_SLICES": str(layout.slices)}

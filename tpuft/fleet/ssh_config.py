@@ -1,6 +1,7 @@
-"""The SSH fleet and the user's OpenSSH client config: ``Host`` blocks as ``ssh`` reads them (``%p``/``%r`` as the
-connection will use them), ``ProxyCommand`` whose end ends the connection, ``ProxyJump`` hosts checked like
-``ssh -J`` checks them, and the options that make ``tpuft ssh`` (OpenSSH itself) reach a worker as the fleet does.
+"""The SSH fleet and the user's OpenSSH client config: ``Host`` blocks as ``ssh`` reads them (``%p``/``%r`` as
+the connection will use them), ``ProxyCommand`` whose end ends the connection, ``ProxyJump`` hosts checked
+like ``ssh -J`` checks them, and the options that make ``tpuft ssh`` (OpenSSH itself) reach a worker as the
+fleet does.
 
 Apart from :mod:`tpuft.fleet.ssh` because it is about the user's machine and its files, not about the workers;
 the fleet's settings (``SshSettings``) live here with it, and :mod:`tpuft.fleet.ssh` re-exports them.
@@ -30,16 +31,18 @@ class SshSettings:
     max_parallel_connects: int = 64
     """Bounded fan-out for the handshakes (each costs sshd a fork and a key exchange)."""
     known_hosts: Path | None = None
-    """The cluster's pinned host keys (from the TPU API's guest attributes); None: no pinning (tests, benchmarks)."""
+    """The cluster's pinned host keys (from the TPU API's guest attributes); None: no pinning (tests,
+    benchmarks)."""
     ssh_config: Path | None = Path("~/.ssh/config")
-    """The OpenSSH client config whose ``Host`` blocks apply to the workers (``User``, ``Port``, ``IdentityFile``,
-    ``HostName``, ``ProxyJump``, ``ProxyCommand``, ``ConnectTimeout``); a missing file is an empty one; None reads
-    none. Only this file: like ``ssh -F FILE``, not also /etc/ssh/ssh_config."""
+    """The OpenSSH client config whose ``Host`` blocks apply to the workers (``User``, ``Port``,
+    ``IdentityFile``, ``HostName``, ``ProxyJump``, ``ProxyCommand``, ``ConnectTimeout``); a missing file is an
+    empty one; None reads none. Only this file: like ``ssh -F FILE``, not also /etc/ssh/ssh_config."""
     explicit: tuple[str, ...] = ("key_file", "port", "user")
-    """Which of ``user``, ``key_file`` and ``port`` the cluster file set. Those win over ``ssh_config``; the others
-    are defaults (local user name, ~/.ssh/google_compute_engine, 22) that a matching ``Host`` block replaces. Code
-    that builds settings itself (tests, benchmarks) means what it gives, hence all three by default. A sorted tuple,
-    not a set: the settings' repr names the connection agent's socket and must be the same in every process."""
+    """Which of ``user``, ``key_file`` and ``port`` the cluster file set. Those win over ``ssh_config``; the
+    others are defaults (local user name, ~/.ssh/google_compute_engine, 22) that a matching ``Host`` block
+    replaces. Code that builds settings itself (tests, benchmarks) means what it gives, hence all three by
+    default. A sorted tuple, not a set: the settings' repr names the connection agent's socket and must be the
+    same in every process."""
 
 
 class SshConnectError(TpuftError):
@@ -52,8 +55,8 @@ def known_hosts_name(host: str, port: int) -> str:
 
 
 def host_block(settings: SshSettings, address: str) -> dict[str, Any]:
-    """What ``settings.ssh_config`` says for ``address`` (lower-case keys, as paramiko's lookup gives them); {} when
-    there is no file."""
+    """What ``settings.ssh_config`` says for ``address`` (lower-case keys, as paramiko's lookup gives them);
+    {} when there is no file."""
     import paramiko
 
     if settings.ssh_config is None:
@@ -65,9 +68,9 @@ def host_block(settings: SshSettings, address: str) -> dict[str, Any]:
 
 
 def openssh_options(settings: SshSettings, address: str) -> list[str]:
-    """Options that make OpenSSH's client (``tpuft ssh``) reach ``address`` as the fleet does: the same config file
-    (``-F``; /dev/null for none or a missing one), and ``-l``/``-p``/``-i`` only for what the cluster file set or no
-    Host block says, so the rest comes from the Host block as in the fleet."""
+    """Options that make OpenSSH's client (``tpuft ssh``) reach ``address`` as the fleet does: the same config
+    file (``-F``; /dev/null for none or a missing one), and ``-l``/``-p``/``-i`` only for what the cluster
+    file set or no Host block says, so the rest comes from the Host block as in the fleet."""
     path = settings.ssh_config.expanduser() if settings.ssh_config is not None else None
     says = host_block(settings, address)
     options = ["-F", str(path) if path is not None and path.is_file() else "/dev/null"]
@@ -81,9 +84,10 @@ def openssh_options(settings: SshSettings, address: str) -> list[str]:
 
 
 def worker_ssh_config_class() -> Any:
-    """paramiko's SSHConfig, except that for a worker's address ``%p`` and ``%r`` (in ``ProxyCommand``, say) mean the
-    port and user the connection will use: the cluster file's explicit ones win over the Host block, as ``ssh -p``
-    and ``-l`` do. paramiko expands them from the Host block alone; a bastion's lookup is left as it is."""
+    """paramiko's SSHConfig, except that for a worker's address ``%p`` and ``%r`` (in ``ProxyCommand``, say)
+    mean the port and user the connection will use: the cluster file's explicit ones win over the Host block,
+    as ``ssh -p`` and ``-l`` do. paramiko expands them from the Host block alone; a bastion's lookup is left
+    as it is."""
     import paramiko
 
     class WorkerSshConfig(paramiko.SSHConfig):  # type: ignore[misc]
@@ -99,13 +103,12 @@ def worker_ssh_config_class() -> Any:
 
 
 def proxy_command_class() -> Any:
-    """paramiko's ProxyCommand, except that the end of the command's output ends the connection. paramiko's ``recv``
-    loops while ``select`` says the pipe is readable and ``read`` returns nothing, which is what a pipe does once the
-    command has exited (the bastion went away, ``ssh -W`` died): the transport's thread then spins a core for good
-    and never sees the connection drop, so nothing reconnects. Here EOF returns what was read (``b""`` at the end),
-    which paramiko takes, as from a socket, for a closed connection."""
+    """paramiko's ProxyCommand, except that the end of the command's output ends the connection. paramiko's
+    ``recv`` loops while ``select`` says the pipe is readable and ``read`` returns nothing, which is what a
+    pipe does once the command has exited (the bastion went away, ``ssh -W`` died): the transport's thread
+    then spins a core for good and never sees the connection drop, so nothing reconnects. Here EOF returns
+    what was read (``b""`` at the end), which paramiko takes, as from a socket, for a closed connection."""
     import select
-    import socket
 
     import paramiko
 
@@ -119,7 +122,7 @@ def proxy_command_class() -> Any:
                     if self.timeout is not None:
                         wait = self.timeout - (time.time() - started)
                         if wait <= 0:
-                            raise socket.timeout()
+                            raise TimeoutError()
                     readable, _, _ = select.select([self.process.stdout], [], [], wait)
                     if readable:
                         chunk = os.read(self.process.stdout.fileno(), size - len(buffer))
@@ -127,7 +130,7 @@ def proxy_command_class() -> Any:
                             return buffer
                         buffer += chunk
                 return buffer
-            except socket.timeout:
+            except TimeoutError:
                 if buffer:
                     return buffer
                 raise
@@ -138,15 +141,18 @@ def proxy_command_class() -> Any:
 
 
 def prepare_bastion(hop: Any) -> None:
-    """A ProxyJump host is a host of the user's, not a TPU worker: its key is checked the way ``ssh -J`` would, from
-    the known_hosts files its ``Host`` block names (default ~/.ssh/known_hosts, ~/.ssh/known_hosts2 and the global
-    /etc/ssh/ssh_known_hosts), refusing an unknown one (ssh in batch mode) unless its ``StrictHostKeyChecking`` is
-    ``accept-new`` or ``no``. A changed key is always refused. Its User, Port and IdentityFile are ssh's too."""
+    """A ProxyJump host is a host of the user's, not a TPU worker: its key is checked the way ``ssh -J``
+    would, from the known_hosts files its ``Host`` block names (default ~/.ssh/known_hosts,
+    ~/.ssh/known_hosts2 and the global /etc/ssh/ssh_known_hosts), refusing an unknown one (ssh in batch mode)
+    unless its ``StrictHostKeyChecking`` is ``accept-new`` or ``no``. A changed key is always refused. Its
+    User, Port and IdentityFile are ssh's too."""
     import paramiko
 
     config = hop.ssh_config
     files = str(config.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2")).split()
-    files += str(config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")).split()
+    files += str(
+        config.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")
+    ).split()
     for name in files:
         path = os.path.expanduser(name)
         if os.path.isfile(path):
@@ -157,10 +163,11 @@ def prepare_bastion(hop: Any) -> None:
 
 
 def set_nodelay(sock: Any) -> None:
-    """Turn Nagle's algorithm off on a TCP socket (anything else, a ProxyCommand's pipe, is left alone). SSH is a
-    conversation of small packets: with Nagle on, a packet sent while the previous one is unacknowledged waits for
-    the peer's delayed ACK, 40 ms on Linux, and the handshake and a command's start met it once or twice each
-    (paramiko, unlike OpenSSH, never sets it): a cold ``exec`` to one worker spent 65-105 ms connecting, 20 with it."""
+    """Turn Nagle's algorithm off on a TCP socket (anything else, a ProxyCommand's pipe, is left alone). SSH
+    is a conversation of small packets: with Nagle on, a packet sent while the previous one is unacknowledged
+    waits for the peer's delayed ACK, 40 ms on Linux, and the handshake and a command's start met it once or
+    twice each (paramiko, unlike OpenSSH, never sets it): a cold ``exec`` to one worker spent 65-105 ms
+    connecting, 20 with it."""
     import socket
 
     if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -178,7 +185,8 @@ def nodelay_socket(host: str, port: int, timeout: float) -> Any:
 
 
 def fingerprint(key: Any) -> str:
-    """``SHA256:...`` as ``ssh-keygen -l`` prints it, so a user can compare with what the VM's console says."""
+    """``SHA256:...`` as ``ssh-keygen -l`` prints it, so a user can compare with what the VM's console
+    says."""
     import base64
     import hashlib
 

@@ -1,9 +1,9 @@
-"""A worker connection without Fabric, for the common case where the user's ``~/.ssh/config`` says nothing about
-the worker (no ``Host`` block sets its HostName, User, Port, IdentityFile, ConnectTimeout, ProxyJump or
-ProxyCommand): then Fabric would only hand paramiko the cluster file's settings, and importing it (and invoke, which
-paramiko's config module imports on its own too, for ``Match exec``: unittest.mock, asyncio, a YAML parser) cost a
-cold ``tpuft exec`` about 50 ms of its 200. Anything the file does say for the worker still goes through Fabric
-(:mod:`tpuft.fleet.ssh`), as before; so does a ``Match exec`` line (invoke runs it).
+"""A worker connection without Fabric, for the common case where the user's ``~/.ssh/config`` says nothing
+about the worker (no ``Host`` block sets its HostName, User, Port, IdentityFile, ConnectTimeout, ProxyJump or
+ProxyCommand): then Fabric would only hand paramiko the cluster file's settings, and importing it (and invoke,
+which paramiko's config module imports on its own too, for ``Match exec``: unittest.mock, asyncio, a YAML
+parser) cost a cold ``tpuft exec`` about 50 ms of its 200. Anything the file does say for the worker still
+goes through Fabric (:mod:`tpuft.fleet.ssh`), as before; so does a ``Match exec`` line (invoke runs it).
 """
 
 from __future__ import annotations
@@ -16,19 +16,20 @@ import types
 from typing import Any
 
 FABRIC_KEYS = frozenset({"port", "user", "identityfile", "connecttimeout", "proxyjump", "proxycommand"})
-"""What Fabric reads from a Host block for a connection (HostName too). Other keys (ServerAliveInterval, ...) are
-read by neither way."""
+"""What Fabric reads from a Host block for a connection (HostName too). Other keys (ServerAliveInterval, ...)
+are read by neither way."""
 
 _import_lock = threading.Lock()
 
 
 def import_paramiko() -> Any:
     """paramiko, imported without two things it does not need here, each only if nothing has imported it yet:
-    invoke (``sys.modules[name] = None`` makes paramiko's ``try: import invoke`` fail the way a missing package does;
-    :func:`enable_match_exec` brings it back for the one feature that needs it), and ``importlib.metadata``, which
-    paramiko's ``__init__`` imports to read its own version for the SSH banner (email, zipfile, csv and a scan of
-    site-packages: 15-20 ms of CPU); :class:`_PackageVersions` answers from paramiko's ``.dist-info`` folder name
-    instead, and hands anything else to the real module."""
+    invoke (``sys.modules[name] = None`` makes paramiko's ``try: import invoke`` fail the way a missing
+    package does;
+    :func:`enable_match_exec` brings it back for the one feature that needs it), and ``importlib.metadata``,
+    which paramiko's ``__init__`` imports to read its own version for the SSH banner (email, zipfile, csv and
+    a scan of site-packages: 15-20 ms of CPU); :class:`_PackageVersions` answers from paramiko's
+    ``.dist-info`` folder name instead, and hands anything else to the real module."""
     with _import_lock:
         if "paramiko" not in sys.modules:
             hidden: dict[str, Any] = {}
@@ -53,8 +54,8 @@ def import_paramiko() -> Any:
 
 
 class _PackageVersions(types.ModuleType):
-    """Stands in for ``importlib.metadata`` while paramiko is imported: ``version("paramiko")`` from the name of
-    its ``paramiko-X.Y.Z.dist-info`` folder beside the package; anything else from the real module."""
+    """Stands in for ``importlib.metadata`` while paramiko is imported: ``version("paramiko")`` from the name
+    of its ``paramiko-X.Y.Z.dist-info`` folder beside the package; anything else from the real module."""
 
     def version(self, name: str) -> str:
         if name == "paramiko":
@@ -100,13 +101,15 @@ def needs_fabric(says: dict[str, Any], address: str) -> bool:
 
 
 class DirectConnection:
-    """What :class:`tpuft.fleet.ssh.SshFleet` uses of a ``fabric.Connection`` (host, user, port, ``connect_kwargs``,
-    ``open``, ``client``, ``close``), for a worker its ssh_config says nothing about: Fabric would connect it with
-    exactly these values (the cluster file's)."""
+    """What :class:`tpuft.fleet.ssh.SshFleet` uses of a ``fabric.Connection`` (host, user, port,
+    ``connect_kwargs``, ``open``, ``client``, ``close``), for a worker its ssh_config says nothing about:
+    Fabric would connect it with exactly these values (the cluster file's)."""
 
     gateway = None
 
-    def __init__(self, host: str, user: str, port: int, connect_timeout: float, ssh_config: dict[str, Any]) -> None:
+    def __init__(
+        self, host: str, user: str, port: int, connect_timeout: float, ssh_config: dict[str, Any]
+    ) -> None:
         paramiko = import_paramiko()
         self.host = host
         self.user = user
@@ -123,7 +126,11 @@ class DirectConnection:
 
     def open(self) -> None:
         self.client.connect(
-            **self.connect_kwargs, hostname=self.host, port=self.port, username=self.user, timeout=self.connect_timeout
+            **self.connect_kwargs,
+            hostname=self.host,
+            port=self.port,
+            username=self.user,
+            timeout=self.connect_timeout,
         )
 
     def close(self) -> None:

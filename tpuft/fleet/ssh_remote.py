@@ -14,17 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from tpuft.core.records import Worker
 from tpuft.fleet.base import WorkerResult, check_env
 from tpuft.fleet.supervise import Output
-from tpuft.core.records import Worker
 
 PGID_MARKER = "__TPUFT_PGID__"
 STOP_GRACE_SECONDS = 5.0
 
 
 class RemoteShell(Protocol):
-    """What a remote process needs of the fleet: a fresh session on the worker's connection, and a short command
-    (to signal its process group)."""
+    """What a remote process needs of the fleet: a fresh session on the worker's connection, and a short
+    command (to signal its process group)."""
 
     def session(self, worker: Worker) -> Any: ...
 
@@ -32,7 +32,8 @@ class RemoteShell(Protocol):
 
 
 def remote_command(argv: Sequence[str], env: dict[str, str], *, cwd_home: bool = True) -> str:
-    """The shell line sent to a worker: report the process-group id, go home, read the environment from stdin (see
+    """The shell line sent to a worker: report the process-group id, go home, read the environment from stdin
+    (see
     :func:`env_payload`), then exec the quoted argv. No value of ``env`` is in it: only its presence."""
     check_env(env)
     parts = [f"echo {PGID_MARKER} $$"]
@@ -45,8 +46,8 @@ def remote_command(argv: Sequence[str], env: dict[str, str], *, cwd_home: bool =
 
 
 def env_payload(env: dict[str, str]) -> bytes | None:
-    """``export K='V'`` lines for the remote shell's ``eval`` (names checked, values quoted, so nothing is read as
-    shell); None when there is nothing to send."""
+    """``export K='V'`` lines for the remote shell's ``eval`` (names checked, values quoted, so nothing is
+    read as shell); None when there is nothing to send."""
     check_env(env)
     if not env:
         return None
@@ -70,8 +71,15 @@ def tar_payload(source: Path) -> bytes:
 class RemoteProcess:
     """One worker's command on its channel; stopping it kills the remote process group."""
 
-    def __init__(self, fleet: RemoteShell, worker: Worker, command: str, output: Output, changed: threading.Event,
-                 stdin: bytes | None = None) -> None:
+    def __init__(
+        self,
+        fleet: RemoteShell,
+        worker: Worker,
+        command: str,
+        output: Output,
+        changed: threading.Event,
+        stdin: bytes | None = None,
+    ) -> None:
         self.fleet = fleet
         self.changed = changed
         self.worker = worker

@@ -1,8 +1,9 @@
 """What every fleet shares: teeing worker output, fail-fast supervision, and Ctrl-C/SIGTERM clean-up.
 
-A fleet starts one handle per worker (a local process group, or a remote one over SSH); this module watches them.
-The first worker to exit non-zero gets every other one stopped (SIGTERM to its process group, SIGKILL after a grace
-period); Ctrl-C or SIGTERM to tpuft stops them all, and a second Ctrl-C cannot cut that clean-up short.
+A fleet starts one handle per worker (a local process group, or a remote one over SSH); this module watches
+them. The first worker to exit non-zero gets every other one stopped (SIGTERM to its process group, SIGKILL
+after a grace period); Ctrl-C or SIGTERM to tpuft stops them all, and a second Ctrl-C cannot cut that clean-up
+short.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
 from tpuft.core.waiting import waiting
+from tpuft.fleet.base import FleetResult, LineSink, WorkerResult
 
 TAIL_LINES = 30
 POLL_SECONDS = 0.05
 STOP_BOUND_S = 10.0
-"""How long stopping the workers' commands may take: the fleets' 5 s SIGTERM grace, then SIGKILL and its answer."""
+"""How long stopping the workers' commands may take: the fleets' 5 s SIGTERM grace, then SIGKILL and its
+answer."""
 
 
 class Handle(Protocol):
@@ -44,13 +46,13 @@ class Handle(Protocol):
         """Wait (bounded) for the end, kill what is left, and drain the output."""
         ...
 
-    def result(self) -> WorkerResult:
-        ...
+    def result(self) -> WorkerResult: ...
 
 
 class Output:
-    """One worker's output: each line goes to its log file, the tail buffer and the caller's sink. (A run's worker
-    logs, which ``tpuft logs`` interleaves in time order, are stamped on the worker by its supervisor.)"""
+    """One worker's output: each line goes to its log file, the tail buffer and the caller's sink. (A run's
+    worker logs, which ``tpuft logs`` interleaves in time order, are stamped on the worker by its
+    supervisor.)"""
 
     def __init__(self, index: int, log_path: Path | None, on_line: LineSink | None) -> None:
         self.index = index
@@ -78,8 +80,9 @@ class Output:
 
 
 def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_fast: bool) -> FleetResult:
-    """``start`` appends a handle per worker as it launches them (so a Ctrl-C during start-up stops those too).
-    Handles set the event when their worker's command may have ended, so the supervisor reacts at once."""
+    """``start`` appends a handle per worker as it launches them (so a Ctrl-C during start-up stops those
+    too). Handles set the event when their worker's command may have ended, so the supervisor reacts at
+    once."""
     handles: list[Handle] = []
     changed = threading.Event()
     restore = _raise_on_sigterm()
@@ -87,7 +90,9 @@ def run_supervised(start: Callable[[list[Handle], threading.Event], None], fail_
         with _starting() as interrupted:
             try:
                 start(handles, changed)
-            except Exception:  # a later worker could not be started: the earlier ones must not run on, unwatched
+            except (
+                Exception
+            ):  # a later worker could not be started: the earlier ones must not run on, unwatched
                 _stop_all(handles)
                 raise
         if interrupted:  # Ctrl-C while starting: now that every started worker is on record, all are stopped
@@ -153,16 +158,18 @@ _deferred_interrupts: set[int] = set()
 
 @contextlib.contextmanager
 def _starting() -> Iterator[list[int]]:
-    """While a fleet starts its workers, an interrupt (Ctrl-C, SIGTERM, or the agent's :func:`interrupt_thread`) is
-    held back until ``start`` returns: landing between a process's creation and its handle's record, it would leave
-    that worker running, unwatched (seen on a loaded machine). Starting is quick, so the wait is short. Yields a list
-    that is non-empty when an interrupt was held back."""
+    """While a fleet starts its workers, an interrupt (Ctrl-C, SIGTERM, or the agent's
+    :func:`interrupt_thread`) is held back until ``start`` returns: landing between a process's creation and
+    its handle's record, it would leave that worker running, unwatched (seen on a loaded machine). Starting is
+    quick, so the wait is short. Yields a list that is non-empty when an interrupt was held back."""
     held: list[int] = []
     me = threading.get_ident()
     previous: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {
+            sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+            for sig in (signal.SIGINT, signal.SIGTERM)
+        }
     with _start_gate:
         _starting_threads.add(me)
     try:
@@ -178,8 +185,9 @@ def _starting() -> Iterator[list[int]]:
 
 
 def interrupt_thread(thread_id: int, inject: Callable[[], None]) -> None:
-    """Interrupt the fleet run of another thread (the agent's requests): ``inject`` raises in it now, unless it is
-    starting its workers, in which case the interrupt is held back until they are all on record (:func:`_starting`)."""
+    """Interrupt the fleet run of another thread (the agent's requests): ``inject`` raises in it now, unless
+    it is starting its workers, in which case the interrupt is held back until they are all on record
+    (:func:`_starting`)."""
     with _start_gate:
         if thread_id in _starting_threads:
             _deferred_interrupts.add(thread_id)

@@ -1,16 +1,20 @@
-"""The FSDP sharding plan: which dimension of each parameter is split over the chips (``train.sharding: fsdp``).
+"""The FSDP sharding plan: which dimension of each parameter is split over the chips (``train.sharding:
+fsdp``).
 
 The PyTorch/XLA trainer shards parameters with ``torch_xla.distributed.spmd`` over a 1-D mesh whose one axis,
-``fsdp``, holds every device of every host (FSDPv2 style: each device keeps 1/N of each large matrix, XLA gathers a
-layer's weights when it runs and reduce-scatters its gradients). This module decides the partition specs from names
-and shapes alone, so the trainer (live ``model.named_parameters()``) and ``tpuft recipes show --summary`` (shapes from
+``fsdp``, holds every device of every host (FSDPv2 style: each device keeps 1/N of each large matrix, XLA
+gathers a layer's weights when it runs and reduce-scatters its gradients). This module decides the partition
+specs from names and shapes alone, so the trainer (live ``model.named_parameters()``) and ``tpuft recipes show
+--summary`` (shapes from
 :mod:`tpuft.model.shapes`) agree on what each chip holds. Pure Python.
 
 The rule, per parameter:
-  - vectors (layer norms; any tensor of fewer than 2 dimensions) are replicated: tiny, and every op needs them whole;
+  - vectors (layer norms; any tensor of fewer than 2 dimensions) are replicated: tiny, and every op needs them
+    whole;
   - relative attention biases are replicated: a few thousand numbers that every attention layer reads;
-  - otherwise the largest dimension that ``mesh_size`` divides is sharded (dimension 0 on a tie): an even split, so no
-    device holds padding; a matrix that no dimension divides is replicated (and listed, so it shows).
+  - otherwise the largest dimension that ``mesh_size`` divides is sharded (dimension 0 on a tie): an even
+    split, so no device holds padding; a matrix that no dimension divides is replicated (and listed, so it
+    shows).
 
 Trainer side, for example::
 
@@ -35,9 +39,9 @@ Spec = tuple[str | None, ...]
 
 
 def partition_spec(name: str, shape: Sequence[int], mesh_size: int) -> Spec:
-    """The partition spec of one parameter over the 1-D ``fsdp`` mesh: ``AXIS`` on the sharded dimension, None on
-    the others; all None (replicated) for vectors, relative attention biases and matrices that no dimension of which
-    ``mesh_size`` divides. ``shape`` may be a ``torch.Size``."""
+    """The partition spec of one parameter over the 1-D ``fsdp`` mesh: ``AXIS`` on the sharded dimension, None
+    on the others; all None (replicated) for vectors, relative attention biases and matrices that no dimension
+    of which ``mesh_size`` divides. ``shape`` may be a ``torch.Size``."""
     if mesh_size < 1:
         raise ValueError(f"mesh_size must be at least 1 (got {mesh_size})")
     dims = tuple(int(d) for d in shape)
@@ -126,7 +130,8 @@ class Plan:
 
 def plan(shapes: Mapping[str, Sequence[int]], mesh_size: int, bytes_per_element: int = 4) -> Plan:
     """The plan for every parameter of ``shapes`` (``{name: shape}``, e.g. from ``named_parameters()`` or
-    :func:`tpuft.model.shapes.t5_shapes`) over ``mesh_size`` devices; ``bytes_per_element``: 4 for float32 weights."""
+    :func:`tpuft.model.shapes.t5_shapes`) over ``mesh_size`` devices; ``bytes_per_element``: 4 for float32
+    weights."""
     params: dict[str, ParamPlan] = {}
     for name, shape in shapes.items():
         dims = tuple(int(d) for d in shape)

@@ -1,17 +1,20 @@
-"""The named parameter shapes of a Hugging Face ``T5ForConditionalGeneration``, computed from its config alone.
+"""The named parameter shapes of a Hugging Face ``T5ForConditionalGeneration``, computed from its config
+alone.
 
-T5, mT5 and ByT5 share one architecture (``MT5ForConditionalGeneration`` is the same module tree), so a handful of
-config numbers give every parameter's name and shape, in the order ``model.named_parameters()`` lists them, without
-torch or transformers. ``tests/test_model_summary.py`` compares this with the real model built in the PyTorch/XLA
-backend's venv. Pure Python: the CLI (``recipes show --summary``) and the trainer (the FSDP plan) both use it.
+T5, mT5 and ByT5 share one architecture (``MT5ForConditionalGeneration`` is the same module tree), so a
+handful of config numbers give every parameter's name and shape, in the order ``model.named_parameters()``
+lists them, without torch or transformers. ``tests/test_model_summary.py`` compares this with the real model
+built in the PyTorch/XLA backend's venv. Pure Python: the CLI (``recipes show --summary``) and the trainer
+(the FSDP plan) both use it.
 
-Tying. ``shared.weight`` is the input embedding of both stacks (``encoder.embed_tokens`` and ``decoder.embed_tokens``
-are the same tensor and ``named_parameters()`` lists it once). A tied model (T5 v1.0: ``tie_word_embeddings`` true,
-the default) also uses it as the output layer; an untied one (T5 v1.1, mT5, ByT5) has its own ``lm_head.weight``.
-transformers 5 builds every *fresh* T5 tied (``T5Config`` keeps ``tie_word_embeddings: false`` only as "do not rescale
-the decoder output") and unties it only when a checkpoint brings a different ``lm_head.weight``, as the v1.1, mT5 and
-ByT5 checkpoints do. So a random-init model with ``tie_word_embeddings: false`` has no ``lm_head`` under transformers
-5, and has one under transformers 4: these shapes follow the config, as transformers 4 and checkpoints do.
+Tying. ``shared.weight`` is the input embedding of both stacks (``encoder.embed_tokens`` and
+``decoder.embed_tokens`` are the same tensor and ``named_parameters()`` lists it once). A tied model (T5 v1.0:
+``tie_word_embeddings`` true, the default) also uses it as the output layer; an untied one (T5 v1.1, mT5,
+ByT5) has its own ``lm_head.weight``. transformers 5 builds every *fresh* T5 tied (``T5Config`` keeps
+``tie_word_embeddings: false`` only as "do not rescale the decoder output") and unties it only when a
+checkpoint brings a different ``lm_head.weight``, as the v1.1, mT5 and ByT5 checkpoints do. So a random-init
+model with ``tie_word_embeddings: false`` has no ``lm_head`` under transformers 5, and has one under
+transformers 4: these shapes follow the config, as transformers 4 and checkpoints do.
 """
 
 from __future__ import annotations
@@ -23,48 +26,75 @@ from tpuft.model.t5_config import TRANSFORMERS_DEFAULTS
 
 Shape = tuple[int, ...]
 
-ARCHITECTURE_KEYS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
-                     "relative_attention_num_buckets", "feed_forward_proj")
+ARCHITECTURE_KEYS = (
+    "vocab_size",
+    "d_model",
+    "d_kv",
+    "d_ff",
+    "num_layers",
+    "num_decoder_layers",
+    "num_heads",
+    "relative_attention_num_buckets",
+    "feed_forward_proj",
+)
 T5_DEFAULTS: dict[str, Any] = {
     **{key: TRANSFORMERS_DEFAULTS[key] for key in ARCHITECTURE_KEYS},
     "tie_word_embeddings": True,  # PretrainedConfig's
 }
-"""The architecture keys and transformers' defaults for them (from ``tpuft.model.t5_config.TRANSFORMERS_DEFAULTS``)."""
+"""The architecture keys and transformers' defaults for them (from
+``tpuft.model.t5_config.TRANSFORMERS_DEFAULTS``)."""
 
 MODEL_TYPES = ("t5", "mt5")
 """``model_type`` values of config.json that this module describes (ByT5's config.json says t5)."""
 
 
 def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The architecture keys of a T5 config (a config.json, or ``T5Config`` keyword arguments), defaults filled in and
-    ``num_decoder_layers`` resolved. Raises ValueError for a config of another architecture or a bad number."""
+    """The architecture keys of a T5 config (a config.json, or ``T5Config`` keyword arguments), defaults
+    filled in and ``num_decoder_layers`` resolved. Raises ValueError for a config of another architecture or a
+    bad number."""
     model_type = config.get("model_type")
     if model_type is not None and model_type not in MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not T5 or mT5 ({', '.join(MODEL_TYPES)})")
     arch = {key: config.get(key, default) for key, default in T5_DEFAULTS.items()}
-    for key in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads", "relative_attention_num_buckets"):
+    for key in (
+        "vocab_size",
+        "d_model",
+        "d_kv",
+        "d_ff",
+        "num_layers",
+        "num_heads",
+        "relative_attention_num_buckets",
+    ):
         if not isinstance(arch[key], int) or isinstance(arch[key], bool) or arch[key] < 1:
             raise ValueError(f"{key} must be a positive integer (got {arch[key]!r})")
     if arch["num_decoder_layers"] is None:
         arch["num_decoder_layers"] = arch["num_layers"]
     if not isinstance(arch["num_decoder_layers"], int) or arch["num_decoder_layers"] < 1:
-        raise ValueError(f"num_decoder_layers must be a positive integer (got {arch['num_decoder_layers']!r})")
+        raise ValueError(
+            f"num_decoder_layers must be a positive integer (got {arch['num_decoder_layers']!r})"
+        )
     if not isinstance(arch["feed_forward_proj"], str):
-        raise ValueError(f"feed_forward_proj must be a string such as relu or gated-gelu (got {arch['feed_forward_proj']!r})")
+        raise ValueError(
+            "feed_forward_proj must be a string such as relu or gated-gelu (got "
+            f"{arch['feed_forward_proj']!r})"
+        )
     arch["tie_word_embeddings"] = bool(arch["tie_word_embeddings"])
     return arch
 
 
 def is_gated(config: Mapping[str, Any]) -> bool:
-    """``gated-gelu`` / ``gated-silu`` (T5 v1.1, mT5, ByT5): two input projections ``wi_0``, ``wi_1``; else one ``wi``."""
+    """``gated-gelu`` / ``gated-silu`` (T5 v1.1, mT5, ByT5): two input projections ``wi_0``, ``wi_1``; else
+    one ``wi``."""
     return str(config.get("feed_forward_proj", "relu")).startswith("gated-")
 
 
 def t5_shapes(config: Mapping[str, Any]) -> dict[str, Shape]:
-    """``{name: shape}`` of ``T5ForConditionalGeneration(T5Config(**config)).named_parameters()``, in that order.
+    """``{name: shape}`` of ``T5ForConditionalGeneration(T5Config(**config)).named_parameters()``, in that
+    order.
 
-    ``config``: a config.json's content or T5Config keyword arguments (missing keys take transformers' defaults).
-    The relative attention bias lives in block 0's self-attention of each stack only (shared by the other blocks).
+    ``config``: a config.json's content or T5Config keyword arguments (missing keys take transformers'
+    defaults). The relative attention bias lives in block 0's self-attention of each stack only (shared by the
+    other blocks).
     """
     arch = architecture(config)
     d_model, inner = arch["d_model"], arch["num_heads"] * arch["d_kv"]
@@ -115,7 +145,7 @@ def count(shapes: Mapping[str, Shape]) -> int:
     return sum(numel(shape) for shape in shapes.values())
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Known models
 
 _V1_0 = {"feed_forward_proj": "relu", "tie_word_embeddings": True, "vocab_size": 32128, "d_kv": 64}
@@ -124,10 +154,22 @@ _MT5 = {**_V1_1, "model_type": "mt5", "vocab_size": 250112}
 _BYT5 = {**_V1_1, "vocab_size": 384}
 
 
-def _dims(d_model: int, d_ff: int, num_heads: int, num_layers: int, num_decoder_layers: int | None = None,
-          **extra: Any) -> dict[str, Any]:
-    return {"d_model": d_model, "d_ff": d_ff, "num_heads": num_heads, "num_layers": num_layers,
-            "num_decoder_layers": num_decoder_layers or num_layers, **extra}
+def _dims(
+    d_model: int,
+    d_ff: int,
+    num_heads: int,
+    num_layers: int,
+    num_decoder_layers: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "d_model": d_model,
+        "d_ff": d_ff,
+        "num_heads": num_heads,
+        "num_layers": num_layers,
+        "num_decoder_layers": num_decoder_layers or num_layers,
+        **extra,
+    }
 
 
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
@@ -152,21 +194,24 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "google/byt5-xl": {**_BYT5, **_dims(2560, 6720, 32, 36, 12)},
     "google/byt5-xxl": {**_BYT5, **_dims(4672, 12352, 64, 36, 12)},
 }
-"""Architecture keys of the public checkpoints' config.json on the Hugging Face hub (all with 32 relative attention
-buckets), written down so that the summary works offline. Cross-checked with the T5X model gins of the same models
-(t5x/examples/t5/{t5_1_0,t5_1_1,mt5,byt5}/*.gin: emb_dim, mlp_dim, num_heads, head_dim, layers, vocab_size,
-logits_via_embedding = tie_word_embeddings) and with the published parameter counts (tests/test_model_summary.py)."""
+"""Architecture keys of the public checkpoints' config.json on the Hugging Face hub (all with 32 relative
+attention buckets), written down so that the summary works offline. Cross-checked with the T5X model gins of
+the same models (t5x/examples/t5/{t5_1_0,t5_1_1,mt5,byt5}/*.gin: emb_dim, mlp_dim, num_heads, head_dim,
+layers, vocab_size, logits_via_embedding = tie_word_embeddings) and with the published parameter counts
+(tests/test_model_summary.py)."""
 
 _ALIASES = {f"google-t5/{name}": name for name in KNOWN_CONFIGS if name.startswith("t5-")}
 """The hub moved the original checkpoints under google-t5/; the old ids still resolve."""
 
 TOKENIZER_SIZES: dict[str, int] = {"t5": 32100, "mt5": 250100, "byt5": 384}
-"""``len(tokenizer)`` by family: the SentencePiece pieces plus 100 sentinels (32,000 / 250,000), or ByT5's 384 ids.
-A model's vocab_size is rounded up past it (32128, 250112): a random-init model takes the tokenizer's length."""
+"""``len(tokenizer)`` by family: the SentencePiece pieces plus 100 sentinels (32,000 / 250,000), or ByT5's 384
+ids. A model's vocab_size is rounded up past it (32128, 250112): a random-init model takes the tokenizer's
+length."""
 
 
 def known_config(name: str) -> dict[str, Any] | None:
-    """The architecture of a known hub id (``t5-11b``, ``google-t5/t5-11b``, ``google/mt5-base``, ...), or None."""
+    """The architecture of a known hub id (``t5-11b``, ``google-t5/t5-11b``, ``google/mt5-base``, ...), or
+    None."""
     key = name.strip().rstrip("/")
     key = _ALIASES.get(key, key)
     found = KNOWN_CONFIGS.get(key)
@@ -174,38 +219,57 @@ def known_config(name: str) -> dict[str, Any] | None:
 
 
 def tokenizer_size(name: str) -> int | None:
-    """``len(tokenizer)`` of ``byt5`` or a known hub id's tokenizer, or None when only loading it would tell."""
+    """``len(tokenizer)`` of ``byt5`` or a known hub id's tokenizer, or None when only loading it would
+    tell."""
     if name == "byt5":
         return TOKENIZER_SIZES["byt5"]
     key = _ALIASES.get(name.strip().rstrip("/"), name.strip().rstrip("/"))
     if key not in KNOWN_CONFIGS:
         encoder = known_encoder(key)
-        return None if encoder is None else encoder["vocab_size"]  # BERT's WordPiece: len(tokenizer) = vocab_size
+        return (
+            None if encoder is None else encoder["vocab_size"]
+        )  # BERT's WordPiece: len(tokenizer) = vocab_size
     family = "mt5" if "/mt5-" in key else "byt5" if "/byt5-" in key else "t5"
     return TOKENIZER_SIZES[family]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # BERT encoders (sequence classification)
 
-BERT_DEFAULTS: dict[str, Any] = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
-                                 "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
-                                 "type_vocab_size": 2}
+BERT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+}
 """``transformers.BertConfig``'s defaults for the keys that set a parameter's shape."""
 
 KNOWN_ENCODERS: dict[str, dict[str, Any]] = {
     "bert-base-uncased": {},
     "bert-base-cased": {"vocab_size": 28996},
-    "bert-large-uncased": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                           "intermediate_size": 4096},
-    "bert-large-cased": {"vocab_size": 28996, "hidden_size": 1024, "num_hidden_layers": 24,
-                         "num_attention_heads": 16, "intermediate_size": 4096},
+    "bert-large-uncased": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+    },
+    "bert-large-cased": {
+        "vocab_size": 28996,
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+    },
 }
 """The hub's original BERT checkpoints (also under google-bert/), as config keys over BERT_DEFAULTS."""
 
 
 def known_encoder(name: str) -> dict[str, Any] | None:
-    """The config of a known BERT checkpoint (``bert-base-uncased``, ``google-bert/bert-large-cased``), or None."""
+    """The config of a known BERT checkpoint (``bert-base-uncased``, ``google-bert/bert-large-cased``), or
+    None."""
     key = name.strip().rstrip("/").removeprefix("google-bert/")
     found = KNOWN_ENCODERS.get(key)
     return None if found is None else {"model_type": "bert", **BERT_DEFAULTS, **found}
@@ -225,9 +289,9 @@ def encoder_architecture(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def bert_classifier_shapes(config: Mapping[str, Any], num_labels: int) -> dict[str, Shape]:
-    """``{name: shape}`` of ``BertForSequenceClassification`` (the TF one has the same tensors): embeddings, the
-    layers, the pooler and the classifier head; names without the ``bert.`` prefix so that the first part is the
-    module (``embeddings``, ``encoder``, ``pooler``, ``classifier``)."""
+    """``{name: shape}`` of ``BertForSequenceClassification`` (the TF one has the same tensors): embeddings,
+    the layers, the pooler and the classifier head; names without the ``bert.`` prefix so that the first part
+    is the module (``embeddings``, ``encoder``, ``pooler``, ``classifier``)."""
     arch = encoder_architecture(config)
     hidden, inner = arch["hidden_size"], arch["intermediate_size"]
     shapes: dict[str, Shape] = {
@@ -239,7 +303,12 @@ def bert_classifier_shapes(config: Mapping[str, Any], num_labels: int) -> dict[s
     }
     for i in range(arch["num_hidden_layers"]):
         at = f"encoder.layer.{i}"
-        for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+        for name in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+        ):
             shapes[f"{at}.{name}.weight"] = (hidden, hidden)
             shapes[f"{at}.{name}.bias"] = (hidden,)
         shapes[f"{at}.attention.output.LayerNorm.weight"] = (hidden,)

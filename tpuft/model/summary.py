@@ -1,33 +1,40 @@
-"""What ``tpuft recipes show --summary RECIPE`` works out: the recipe's model, its parameters per module (total and
-trainable, after ``model.freeze`` and prompt tuning) and the memory one device needs to train it, against the HBM of
-the cluster's accelerator. Pure Python, offline: the model comes from :mod:`tpuft.model.shapes` (a known hub id, a
-local folder's config.json or the recipe's ``model.config``; a T5X family and size with the ``T5Config`` bindings of
-``gin_overrides``, :mod:`tpuft.model.gin_network`; a BERT classifier's encoder, pooler and head), the sharding from
-:mod:`tpuft.model.fsdp_plan`. A model it cannot size is a located error that says so (:class:`ModelUnknown`), never the
-size of another model.
+"""What ``tpuft recipes show --summary RECIPE`` works out: the recipe's model, its parameters per module
+(total and trainable, after ``model.freeze`` and prompt tuning) and the memory one device needs to train it,
+against the HBM of the cluster's accelerator. Pure Python, offline: the model comes from
+:mod:`tpuft.model.shapes` (a known hub id, a local folder's config.json or the recipe's ``model.config``; a
+T5X family and size with the ``T5Config`` bindings of ``gin_overrides``, :mod:`tpuft.model.gin_network`; a
+BERT classifier's encoder, pooler and head), the sharding from
+:mod:`tpuft.model.fsdp_plan`. A model it cannot size is a located error that says so (:class:`ModelUnknown`),
+never the size of another model.
 
 The memory model, per device (a chip from v4 on; a TensorCore on v2/v3, which frameworks use as two devices):
-  weights      float32 (``train.precision: bf16`` is bf16 *compute*: XLA / autocast cast per op; the weights, their
-               gradients and the optimizer state stay float32). ``sharding: data`` holds them whole on every device,
-               ``fsdp`` holds each device's shard (:func:`tpuft.model.fsdp_plan.plan`: large matrices split, vectors whole).
+  weights      float32 (``train.precision: bf16`` is bf16 *compute*: XLA / autocast cast per op; the weights,
+  their
+               gradients and the optimizer state stay float32). ``sharding: data`` holds them whole on every
+               device, ``fsdp`` holds each device's shard (:func:`tpuft.model.fsdp_plan.plan`: large matrices
+               split, vectors whole).
   gradients    float32, trainable parameters only, sharded like the weights.
-  optimizer    AdamW: two float32 moments per trainable parameter. Adafactor: a factored second moment (rows + columns
+  optimizer    AdamW: two float32 moments per trainable parameter. Adafactor: a factored second moment (rows +
+  columns
                floats for a matrix, the whole vector for a vector), plus a float32 first moment when
                ``train.adafactor.beta1`` is set. Sharded like the weights (a matrix's factor along its sharded
                dimension is split, the other is whole).
-  fsdp working set  the largest unit (a block, or the embedding table) gathered whole while it runs, and the full
-               gradient of its trainable part before the reduce-scatter, float32. An estimate; XLA may overlap more.
+  fsdp working set  the largest unit (a block, or the embedding table) gathered whole while it runs, and the
+  full
+               gradient of its trainable part before the reduce-scatter, float32. An estimate; XLA may overlap
+               more.
   activations  a rough estimate of what the backward pass keeps per example (per layer: the projections, the
-               attention scores and probabilities, the feed-forward outputs), times the examples one device runs
-               per micro-batch: global batch / devices / grad_accum_steps. bf16 counts 2 bytes, float32 4; the
-               logits and the loss's float32 log-softmax count in full. With gradient checkpointing only each
-               block's input is kept, plus one block recomputed at a time. Dropout masks, XLA's temporaries and the
-               runtime's own reserve are not counted: keep some headroom.
+               attention scores and probabilities, the feed-forward outputs), times the examples one device
+               runs per micro-batch: global batch / devices / grad_accum_steps. bf16 counts 2 bytes, float32
+               4; the logits and the loss's float32 log-softmax count in full. With gradient checkpointing
+               only each block's input is kept, plus one block recomputed at a time. Dropout masks, XLA's
+               temporaries and the runtime's own reserve are not counted: keep some headroom.
 
-Freezing. ``model.freeze: [embeddings]`` freezes ``shared`` (the token embedding of both stacks, and the output layer
-of a tied model) and the separate ``lm_head`` of an untied one (T5 v1.1, mT5, ByT5): both map between token ids and
-vectors. ``encoder`` / ``decoder`` freeze every parameter under ``encoder.`` / ``decoder.`` (their final layer norms
-included). Prompt tuning freezes the whole model and trains ``prompt.weight``: tokens x d_model.
+Freezing. ``model.freeze: [embeddings]`` freezes ``shared`` (the token embedding of both stacks, and the
+output layer of a tied model) and the separate ``lm_head`` of an untied one (T5 v1.1, mT5, ByT5): both map
+between token ids and vectors. ``encoder`` / ``decoder`` freeze every parameter under ``encoder.`` /
+``decoder.`` (their final layer norms included). Prompt tuning freezes the whole model and trains
+``prompt.weight``: tokens x d_model.
 """
 
 from __future__ import annotations
@@ -39,19 +46,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft.model import fsdp_plan, gin_network, shapes as model_shapes
 from tpuft.core.errors import UsageError
+from tpuft.model import fsdp_plan, gin_network
+from tpuft.model import shapes as model_shapes
 from tpuft.model.shapes import Shape
 
 if TYPE_CHECKING:
-    from tpuft.core.accelerators import AcceleratorType
     from tpuft.config import KeyPath, RecipeConfig
+    from tpuft.core.accelerators import AcceleratorType
 
 FLOAT32 = 4
 MODULES = ("shared", "encoder", "decoder", "lm_head", "prompt")
 ENCODER_MODULES = ("embeddings", "encoder", "pooler", "classifier")
 """The modules of a BERT classifier (:func:`tpuft.model.shapes.bert_classifier_shapes`)."""
-FREEZE_GROUPS = {"embeddings": ("shared", "lm_head", "embeddings"), "encoder": ("encoder",), "decoder": ("decoder",)}
+FREEZE_GROUPS = {
+    "embeddings": ("shared", "lm_head", "embeddings"),
+    "encoder": ("encoder",),
+    "decoder": ("decoder",),
+}
 PROMPT_PARAM = "prompt.weight"
 """The name the summary gives the soft prompt (prompt tuning): ``tokens x d_model``, trainable."""
 CONFIG_JSON_MAX_BYTES = 1 << 20
@@ -65,7 +77,7 @@ class ModelUnknown(UsageError):
         self.path = path
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Which model
 
 
@@ -74,26 +86,35 @@ class ModelSource:
     name: str
     """What the recipe names: a hub id, a folder, ``random init``, or a T5X family and size."""
     origin: str
-    """Where the architecture came from, for people: ``known config``, a config.json path, ``model.config``."""
+    """Where the architecture came from, for people: ``known config``, a config.json path,
+    ``model.config``."""
     config: dict[str, Any]
-    """The architecture keys (:func:`tpuft.model.shapes.architecture`, or ``encoder_architecture`` + num_labels)."""
+    """The architecture keys (:func:`tpuft.model.shapes.architecture`, or ``encoder_architecture`` +
+    num_labels)."""
     kind: str = "t5"
     """``t5`` (an encoder-decoder) or ``bert`` (an encoder with a classification head)."""
 
     def describe(self) -> str:
         c = self.config
         if self.kind == "bert":
-            return (f"BERT encoder: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']} "
-                    f"heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, {c['max_position_embeddings']} "
-                    f"positions; pooler and a {c['num_labels']}-label classifier head")
+            return (
+                f"BERT encoder: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+                f"{c['num_attention_heads']} "
+                f"heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, "
+                f"{c['max_position_embeddings']} "
+                f"positions; pooler and a {c['num_labels']}-label classifier head"
+            )
         ff = f"{c['feed_forward_proj']} d_ff {c['d_ff']}"
         tied = "tied output layer" if c["tie_word_embeddings"] else "separate lm_head"
-        return (f"d_model {c['d_model']}, {c['num_layers']}+{c['num_decoder_layers']} layers, {ff}, "
-                f"{c['num_heads']} heads x {c['d_kv']}, vocab {c['vocab_size']}, {tied}")
+        return (
+            f"d_model {c['d_model']}, {c['num_layers']}+{c['num_decoder_layers']} layers, {ff}, "
+            f"{c['num_heads']} heads x {c['d_kv']}, vocab {c['vocab_size']}, {tied}"
+        )
 
 
 def resolve_model(recipe: RecipeConfig, recipe_dir: Path | None = None) -> ModelSource:
-    """The recipe's model architecture, offline; :class:`ModelUnknown` (exit 2) when only the hub could tell."""
+    """The recipe's model architecture, offline; :class:`ModelUnknown` (exit 2) when only the hub could
+    tell."""
     backend = recipe.backend
     if getattr(backend, "task", None) == "classification":
         return _encoder_model(recipe, recipe_dir)
@@ -104,9 +125,12 @@ def resolve_model(recipe: RecipeConfig, recipe_dir: Path | None = None) -> Model
         settings = model.config.kwargs()
         vocab = settings.get("vocab_size") or model_shapes.tokenizer_size(model.tokenizer)
         if vocab is None:
-            raise ModelUnknown(("model", "config", "vocab_size"), f"a random-init model takes its vocabulary size from "
-                               f"the tokenizer {model.tokenizer!r}, which the summary cannot load offline: set "
-                               "model.config.vocab_size")
+            raise ModelUnknown(
+                ("model", "config", "vocab_size"),
+                f"a random-init model takes its vocabulary size from "
+                f"the tokenizer {model.tokenizer!r}, which the summary cannot load offline: set "
+                "model.config.vocab_size",
+            )
         config = {**settings, "vocab_size": vocab}
         return ModelSource("random init", "model.config", _architecture(config, ("model", "config")))
     if model.name_or_path is None:
@@ -120,21 +144,26 @@ def resolve_model(recipe: RecipeConfig, recipe_dir: Path | None = None) -> Model
     if known is None:
         raise ModelUnknown(
             ("model", "name_or_path"),
-            f"{name!r} is neither a local folder nor a model the summary knows offline, so its size is unknown",
-            hint="The summary needs the model's config: download the model to a folder (config.json is enough) and "
+            f"{name!r} is neither a local folder nor a model the summary knows offline, so its size is "
+            "unknown",
+            hint="The summary needs the model's config: download the model to a folder (config.json is "
+            "enough) and "
             f"--set model.name_or_path=FOLDER, or use one of: {', '.join(model_shapes.KNOWN_CONFIGS)}",
         )
     return ModelSource(name, "known config", _architecture(known, ("model", "name_or_path")))
 
 
 def _gin_model(recipe: RecipeConfig) -> ModelSource:
-    """The network the generated gin builds: the example gin of ``backend.family`` + ``backend.size``, then the
-    ``T5Config`` bindings of ``backend.gin_overrides`` (:mod:`tpuft.model.gin_network`)."""
+    """The network the generated gin builds: the example gin of ``backend.family`` + ``backend.size``, then
+    the ``T5Config`` bindings of ``backend.gin_overrides`` (:mod:`tpuft.model.gin_network`)."""
     backend: Any = recipe.backend
     family, size = getattr(backend, "family", None), getattr(backend, "size", None)
     if family is None or size is None:
-        raise ModelUnknown(("backend", "gin_files"), "the summary cannot size a model of your own gin files: it knows "
-                           "the models named by backend.family and backend.size")
+        raise ModelUnknown(
+            ("backend", "gin_files"),
+            "the summary cannot size a model of your own gin files: it knows "
+            "the models named by backend.family and backend.size",
+        )
     overrides = dict(getattr(backend, "gin_overrides", None) or {})
     hub_id = gin_network.family_hub_id(family, size)
     known = model_shapes.known_config(hub_id) if hub_id else None
@@ -149,17 +178,26 @@ def _gin_model(recipe: RecipeConfig) -> ModelSource:
 
 
 def _encoder_model(recipe: RecipeConfig, recipe_dir: Path | None) -> ModelSource:
-    """An encoder classifier (``backend.task: classification``): a BERT from ``backend.encoder`` (random init, the
-    tokenizer's length as its vocabulary, as the trainer builds it) or from a pretrained checkpoint's config."""
+    """An encoder classifier (``backend.task: classification``): a BERT from ``backend.encoder`` (random init,
+    the tokenizer's length as its vocabulary, as the trainer builds it) or from a pretrained checkpoint's
+    config."""
     backend: Any = recipe.backend
     labels = len(recipe.data.labels or ())
     encoder, model = getattr(backend, "encoder", None), recipe.model
     if encoder is not None:
         vocab = model_shapes.tokenizer_size(model.tokenizer)
         if vocab is None:
-            raise ModelUnknown(("model", "tokenizer"), f"a random-init encoder takes its vocabulary size from the "
-                               f"tokenizer {model.tokenizer!r}, which the summary cannot load offline")
-        name, origin, config, where = "random init", "backend.encoder", {**encoder, "vocab_size": vocab}, ("backend", "encoder")
+            raise ModelUnknown(
+                ("model", "tokenizer"),
+                f"a random-init encoder takes its vocabulary size from the "
+                f"tokenizer {model.tokenizer!r}, which the summary cannot load offline",
+            )
+        name, origin, config, where = (
+            "random init",
+            "backend.encoder",
+            {**encoder, "vocab_size": vocab},
+            ("backend", "encoder"),
+        )
     elif model.name_or_path is not None:
         name, where = model.name_or_path, ("model", "name_or_path")
         folder = _local_folder(name, recipe_dir)
@@ -170,10 +208,16 @@ def _encoder_model(recipe: RecipeConfig, recipe_dir: Path | None) -> ModelSource
         elif known is not None:
             origin, config = "known config", known
         else:
-            raise ModelUnknown(where, f"{name!r} is neither a local folder nor an encoder the summary knows offline, "
-                               "so its size is unknown", hint="Known encoders: " + ", ".join(model_shapes.KNOWN_ENCODERS))
+            raise ModelUnknown(
+                where,
+                f"{name!r} is neither a local folder nor an encoder the summary knows offline, "
+                "so its size is unknown",
+                hint="Known encoders: " + ", ".join(model_shapes.KNOWN_ENCODERS),
+            )
     else:
-        raise ModelUnknown(("model",), "the recipe names no encoder: give model.name_or_path or backend.encoder")
+        raise ModelUnknown(
+            ("model",), "the recipe names no encoder: give model.name_or_path or backend.encoder"
+        )
     try:
         arch = model_shapes.encoder_architecture(config)
     except ValueError as exc:
@@ -186,15 +230,20 @@ def _encoder_model(recipe: RecipeConfig, recipe_dir: Path | None) -> ModelSource
 def _config_json(folder: Path) -> Path:
     path = folder / "config.json"
     if not path.is_file():
-        raise ModelUnknown(("model", "name_or_path"), f"{folder} has no config.json: the summary reads the model's "
-                           "architecture from it")
+        raise ModelUnknown(
+            ("model", "name_or_path"),
+            f"{folder} has no config.json: the summary reads the model's architecture from it",
+        )
     return path
 
 
 def _local_folder(name: str, recipe_dir: Path | None) -> Path | None:
-    """The folder ``name`` means on this machine, if there is one (transformers looks for a folder first too)."""
+    """The folder ``name`` means on this machine, if there is one (transformers looks for a folder first
+    too)."""
     path = Path(os.path.expanduser(name))
-    candidates = [path] if path.is_absolute() else [*([recipe_dir / path] if recipe_dir else []), Path.cwd() / path]
+    candidates = (
+        [path] if path.is_absolute() else [*([recipe_dir / path] if recipe_dir else []), Path.cwd() / path]
+    )
     found = next((c for c in candidates if c.is_dir()), None)
     if found is None and name.startswith((".", "/", "~")):
         raise ModelUnknown(("model", "name_or_path"), f"folder not found: {candidates[0]}")
@@ -220,12 +269,13 @@ def _architecture(config: dict[str, Any], where: KeyPath) -> dict[str, Any]:
         raise ModelUnknown(where, f"not a T5 model the summary can size: {exc}") from None
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Parameters per module
 
 
 def module_of(name: str) -> str:
-    """``shared``, ``encoder``, ``decoder``, ``lm_head`` or ``prompt``: the top-level module a parameter is under."""
+    """``shared``, ``encoder``, ``decoder``, ``lm_head`` or ``prompt``: the top-level module a parameter is
+    under."""
     return name.split(".", 1)[0]
 
 
@@ -245,8 +295,9 @@ class ModuleRow:
     note: str = ""
 
 
-def module_rows(shapes: dict[str, Shape], trainable: set[str], tied: bool,
-                modules: tuple[str, ...] = MODULES) -> list[ModuleRow]:
+def module_rows(
+    shapes: dict[str, Shape], trainable: set[str], tied: bool, modules: tuple[str, ...] = MODULES
+) -> list[ModuleRow]:
     rows = []
     for module in modules:
         names = [n for n in shapes if module_of(n) == module]
@@ -257,16 +308,19 @@ def module_rows(shapes: dict[str, Shape], trainable: set[str], tied: bool,
             continue
         total = sum(model_shapes.numel(shapes[n]) for n in names)
         learn = sum(model_shapes.numel(shapes[n]) for n in names if n in trainable)
-        note = {"shared": "token embeddings of both stacks" + (" and the output layer" if tied else ""),
-                "prompt": "soft prompt (prompt tuning)", "pooler": "dense + tanh over the first token",
-                "classifier": "the classification head"}.get(module, "")
+        note = {
+            "shared": "token embeddings of both stacks" + (" and the output layer" if tied else ""),
+            "prompt": "soft prompt (prompt tuning)",
+            "pooler": "dense + tanh over the first token",
+            "classifier": "the classification head",
+        }.get(module, "")
         if module == "embeddings":
             note = "token, position and token-type embeddings, layer norm"
         rows.append(ModuleRow(module, total, learn, note))
     return rows
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Memory per device
 
 
@@ -278,7 +332,8 @@ class Setup:
     sharding: str
     """``data`` (a full copy per device), ``fsdp``, or ``model-parallel`` (``backend.num_partitions`` > 1)."""
     shard_over: int
-    """Devices each parameter is split over: all of them for fsdp, num_partitions for a partitioned model, else 1."""
+    """Devices each parameter is split over: all of them for fsdp, num_partitions for a partitioned model,
+    else 1."""
     optimizer: str
     beta1: float | None
     precision: str
@@ -288,11 +343,12 @@ class Setup:
 
 
 def training_setup(recipe: RecipeConfig, devices: int) -> Setup:
-    """The recipe's ``train`` settings, and what a backend section says instead where it has its own knobs (read
-    by name, so that no backend is named here): ``precision`` (float32 / mixed_bfloat16 / auto) or ``dtype``
-    (float32 / bfloat16) for the compute precision, ``num_partitions`` for a model split over devices,
-    ``num_microbatches`` for gradient accumulation. Keys a backend does not implement are refused at their default
-    by its recipe check, so the ``train`` values hold wherever the backend has no knob of its own."""
+    """The recipe's ``train`` settings, and what a backend section says instead where it has its own knobs
+    (read by name, so that no backend is named here): ``precision`` (float32 / mixed_bfloat16 / auto) or
+    ``dtype`` (float32 / bfloat16) for the compute precision, ``num_partitions`` for a model split over
+    devices, ``num_microbatches`` for gradient accumulation. Keys a backend does not implement are refused at
+    their default by its recipe check, so the ``train`` values hold wherever the backend has no knob of its
+    own."""
     train, backend = recipe.train, recipe.backend
     beta1 = train.adafactor.beta1 if train.optimizer == "adafactor" else None
     notes: list[str] = []
@@ -305,20 +361,36 @@ def training_setup(recipe: RecipeConfig, devices: int) -> Setup:
     partitions = min(int(getattr(backend, "num_partitions", 1) or 1), devices)
     if partitions > 1:
         sharding, shard_over = "model-parallel", partitions
-        notes.append(f"backend.num_partitions {partitions}: the backend's partitioner splits the model over "
-                     f"{partitions} devices; counted like fsdp over that many, an approximation")
+        notes.append(
+            f"backend.num_partitions {partitions}: the backend's partitioner splits the model over "
+            f"{partitions} devices; counted like fsdp over that many, an approximation"
+        )
     else:
         sharding = train.sharding
         shard_over = devices if sharding == "fsdp" else 1
     accum = getattr(backend, "num_microbatches", None) or train.grad_accum_steps
-    return Setup(backend.kind, sharding, shard_over, train.optimizer, beta1, precision,
-                 recipe.model.gradient_checkpointing, accum, notes)
+    return Setup(
+        backend.kind,
+        sharding,
+        shard_over,
+        train.optimizer,
+        beta1,
+        precision,
+        recipe.model.gradient_checkpointing,
+        accum,
+        notes,
+    )
 
 
 def accepts_checkpointing(recipe: RecipeConfig) -> bool:
-    """Whether the recipe's backend would take ``model.gradient_checkpointing: true`` (its own recipe check says)."""
-    trial = recipe.model_copy(update={"model": recipe.model.model_copy(update={"gradient_checkpointing": True})})
-    return not any(path[:2] == ("model", "gradient_checkpointing") for path, _ in trial.backend.recipe_problems(trial))
+    """Whether the recipe's backend would take ``model.gradient_checkpointing: true`` (its own recipe check
+    says)."""
+    trial = recipe.model_copy(
+        update={"model": recipe.model.model_copy(update={"gradient_checkpointing": True})}
+    )
+    return not any(
+        path[:2] == ("model", "gradient_checkpointing") for path, _ in trial.backend.recipe_problems(trial)
+    )
 
 
 def optimizer_bytes(spec_plan: fsdp_plan.ParamPlan, optimizer: str, beta1: float | None) -> int:
@@ -335,17 +407,28 @@ def optimizer_bytes(spec_plan: fsdp_plan.ParamPlan, optimizer: str, beta1: float
     return second + (spec_plan.bytes_per_chip if beta1 is not None else 0)
 
 
-def activation_bytes(config: dict[str, Any], source_len: int, target_len: int, precision: str,
-                     checkpointing: bool) -> int:
+def activation_bytes(
+    config: dict[str, Any], source_len: int, target_len: int, precision: str, checkpointing: bool
+) -> int:
     """A rough estimate of what the backward pass keeps per example (see the module docstring)."""
     act = 2 if precision == "bf16" else 4
-    d, inner, ff, h = config["d_model"], config["num_heads"] * config["d_kv"], config["d_ff"], config["num_heads"]
+    d, inner, ff, h = (
+        config["d_model"],
+        config["num_heads"] * config["d_kv"],
+        config["d_ff"],
+        config["num_heads"],
+    )
     k = 4 if model_shapes.is_gated(config) else 2  # wi outputs, activation, (gate product)
     s, t, vocab = source_len, target_len, config["vocab_size"]
     encoder_layer = s * (6 * d + 4 * inner + k * ff) + 2 * h * s * s
-    decoder_layer = (t * (3 * d + 4 * inner) + 2 * h * t * t  # self-attention
-                     + t * (3 * d + 2 * inner) + 2 * s * inner + 2 * h * t * s  # cross-attention
-                     + t * (3 * d + k * ff))  # feed-forward
+    decoder_layer = (
+        t * (3 * d + 4 * inner)
+        + 2 * h * t * t  # self-attention
+        + t * (3 * d + 2 * inner)
+        + 2 * s * inner
+        + 2 * h * t * s  # cross-attention
+        + t * (3 * d + k * ff)
+    )  # feed-forward
     around = 2 * (s + t) * d  # embeddings out, final layer norms
     logits = t * vocab * (act + 4)  # logits + the loss's float32 log-softmax
     if checkpointing:
@@ -356,11 +439,19 @@ def activation_bytes(config: dict[str, Any], source_len: int, target_len: int, p
     return (kept + around) * act + logits
 
 
-def encoder_activation_bytes(config: dict[str, Any], source_len: int, precision: str, checkpointing: bool) -> int:
-    """The same estimate for a BERT encoder: per layer the projections, the attention scores and probabilities,
-    the feed-forward outputs (biases and layer norms kept whole); the pooler and the head are negligible."""
+def encoder_activation_bytes(
+    config: dict[str, Any], source_len: int, precision: str, checkpointing: bool
+) -> int:
+    """The same estimate for a BERT encoder: per layer the projections, the attention scores and
+    probabilities, the feed-forward outputs (biases and layer norms kept whole); the pooler and the head are
+    negligible."""
     act = 2 if precision == "bf16" else 4
-    d, ff, h, s = config["hidden_size"], config["intermediate_size"], config["num_attention_heads"], source_len
+    d, ff, h, s = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_attention_heads"],
+        source_len,
+    )
     layer = s * (10 * d + 2 * ff) + 2 * h * s * s
     around = 2 * s * d
     if checkpointing:
@@ -371,8 +462,8 @@ def encoder_activation_bytes(config: dict[str, Any], source_len: int, precision:
 
 
 def fsdp_working_set(shapes: dict[str, Shape], trainable: set[str]) -> tuple[int, int]:
-    """(elements, of which gathered weights) of the largest unit FSDP has whole at once: one block of a stack, or
-    a top-level tensor (the embedding table), gathered, plus the full gradient of its trainable part."""
+    """(elements, of which gathered weights) of the largest unit FSDP has whole at once: one block of a stack,
+    or a top-level tensor (the embedding table), gathered, plus the full gradient of its trainable part."""
     units: dict[str, tuple[int, int]] = {}
     for name, shape in shapes.items():
         parts = name.split(".")
@@ -435,8 +526,10 @@ class Summary:
             "parameters": {
                 "total": self.total_params,
                 "trainable": self.trainable_params,
-                "modules": [{"module": r.module, "params": r.params, "trainable": r.trainable, "note": r.note}
-                            for r in self.modules],
+                "modules": [
+                    {"module": r.module, "params": r.params, "trainable": r.trainable, "note": r.note}
+                    for r in self.modules
+                ],
             },
             "accelerator": self.accelerator,
             "devices": self.devices,
@@ -458,26 +551,36 @@ class Summary:
             "total_bytes_per_device": self.total_bytes,
             "fits": self.fits,
             "margin_bytes": self.margin_bytes,
-            "sharding_plan": (None if self.setup.shard_over == 1
-                              else {k: v for k, v in self.plan.to_json().items() if k != "specs"}),
+            "sharding_plan": (
+                None
+                if self.setup.shard_over == 1
+                else {k: v for k, v in self.plan.to_json().items() if k != "specs"}
+            ),
             "notes": self.notes,
         }
 
 
-def summarize(recipe: RecipeConfig, accelerator: AcceleratorType, *, slices: int = 1,
-              recipe_dir: Path | None = None) -> Summary:
+def summarize(
+    recipe: RecipeConfig, accelerator: AcceleratorType, *, slices: int = 1, recipe_dir: Path | None = None
+) -> Summary:
     """The summary of ``recipe`` trained on ``slices`` slices of ``accelerator``."""
     source = resolve_model(recipe, recipe_dir)
     config = source.config
     encoder = source.kind == "bert"
-    shapes = (model_shapes.bert_classifier_shapes(config, config["num_labels"]) if encoder
-              else model_shapes.t5_shapes(config))
+    shapes = (
+        model_shapes.bert_classifier_shapes(config, config["num_labels"])
+        if encoder
+        else model_shapes.t5_shapes(config)
+    )
     prompt = recipe.model.prompt_tuning
     if prompt is not None:
         shapes[PROMPT_PARAM] = (prompt.tokens, config["d_model"])
     trainable = trainable_names(shapes, list(recipe.model.freeze), prompt is not None)
-    modules = (module_rows(shapes, trainable, False, ENCODER_MODULES) if encoder
-               else module_rows(shapes, trainable, config["tie_word_embeddings"]))
+    modules = (
+        module_rows(shapes, trainable, False, ENCODER_MODULES)
+        if encoder
+        else module_rows(shapes, trainable, config["tie_word_embeddings"])
+    )
 
     per_chip = accelerator.generation.devices_per_chip
     devices = accelerator.chips * slices * per_chip
@@ -491,43 +594,82 @@ def summarize(recipe: RecipeConfig, accelerator: AcceleratorType, *, slices: int
     total = model_shapes.count(shapes)
     learn = sum(model_shapes.numel(shapes[n]) for n in trainable)
     word = "core" if per_chip > 1 else "chip"
-    spread = f"sharded over {setup.shard_over} {word}s" if setup.shard_over > 1 else f"a full copy on every {word}"
+    spread = (
+        f"sharded over {setup.shard_over} {word}s" if setup.shard_over > 1 else f"a full copy on every {word}"
+    )
     memory = [
-        MemoryRow("weights", layout.bytes_per_chip, f"float32, {fmt_count(total)} parameters, {spread}"
-                  + (f" ({len(layout.replicated)} small tensors whole)" if setup.shard_over > 1 else "")),
-        MemoryRow("gradients", sum(layout.params[n].bytes_per_chip for n in trainable),
-                  f"float32, the {fmt_count(learn)} trainable parameters"),
-        MemoryRow("optimizer", sum(optimizer_bytes(layout.params[n], setup.optimizer, setup.beta1) for n in trainable),
-                  _optimizer_words(setup)),
+        MemoryRow(
+            "weights",
+            layout.bytes_per_chip,
+            f"float32, {fmt_count(total)} parameters, {spread}"
+            + (f" ({len(layout.replicated)} small tensors whole)" if setup.shard_over > 1 else ""),
+        ),
+        MemoryRow(
+            "gradients",
+            sum(layout.params[n].bytes_per_chip for n in trainable),
+            f"float32, the {fmt_count(learn)} trainable parameters",
+        ),
+        MemoryRow(
+            "optimizer",
+            sum(optimizer_bytes(layout.params[n], setup.optimizer, setup.beta1) for n in trainable),
+            _optimizer_words(setup),
+        ),
     ]
     if setup.shard_over > 1:
         elements, gathered = fsdp_working_set(shapes, trainable)
         what = ", and its full gradient" if elements > gathered else " (frozen: no gradient)"
-        memory.append(MemoryRow("fsdp working set", elements * FLOAT32,
-                                f"estimate: the largest unit ({fmt_count(gathered)} parameters) gathered{what}"))
+        memory.append(
+            MemoryRow(
+                "fsdp working set",
+                elements * FLOAT32,
+                f"estimate: the largest unit ({fmt_count(gathered)} parameters) gathered{what}",
+            )
+        )
     if encoder:
         act = encoder_activation_bytes(config, source_len, setup.precision, setup.gradient_checkpointing)
     else:
         act = activation_bytes(config, source_len, target_len, setup.precision, setup.gradient_checkpointing)
     tokens = f"{source_len}" if encoder else f"{source_len}+{target_len}"
-    memory.append(MemoryRow("activations", act * examples,
-                            f"estimate: {examples} x {fmt_bytes(act)} per example ({tokens} tokens, "
-                            f"{setup.precision}{', gradient checkpointing' if setup.gradient_checkpointing else ''})"))
+    memory.append(
+        MemoryRow(
+            "activations",
+            act * examples,
+            f"estimate: {examples} x {fmt_bytes(act)} per example ({tokens} tokens, "
+            f"{setup.precision}{', gradient checkpointing' if setup.gradient_checkpointing else ''})",
+        )
+    )
     notes = list(setup.notes)
     if setup.precision == "bf16":
         notes.append("bf16 means bfloat16 compute: weights, gradients and optimizer state stay float32")
     if not setup.gradient_checkpointing and act * examples > sum(row.bytes for row in memory) / 2:
         if accepts_checkpointing(recipe):
-            notes.append("model.gradient_checkpointing: true keeps much less activation memory (about 1/3 more compute)")
+            notes.append(
+                "model.gradient_checkpointing: true keeps much less activation memory (about 1/3 more "
+                "compute)"
+            )
     if recipe.model.config is not None and recipe.model.config.tie_word_embeddings is False:
-        notes.append("model.config.tie_word_embeddings false: counted with a separate lm_head, as transformers 4 "
-                     "builds it; transformers 5 builds a fresh T5 tied whatever it says (it only stops rescaling)")
+        notes.append(
+            "model.config.tie_word_embeddings false: counted with a separate lm_head, as transformers 4 "
+            "builds it; transformers 5 builds a fresh T5 tied whatever it says (it only stops rescaling)"
+        )
     return Summary(
-        recipe=recipe.name, backend=setup.backend, model=source, modules=modules, total_params=total,
-        trainable_params=learn, accelerator=accelerator.name if slices == 1 else f"{slices} x {accelerator.name}",
-        devices=devices, device_word=word,
-        hbm_bytes=accelerator.generation.hbm_bytes_per_device, setup=setup, examples_per_device=examples,
-        source_len=source_len, target_len=target_len, memory=memory, plan=layout, notes=notes,
+        recipe=recipe.name,
+        backend=setup.backend,
+        model=source,
+        modules=modules,
+        total_params=total,
+        trainable_params=learn,
+        accelerator=accelerator.name if slices == 1 else f"{slices} x {accelerator.name}",
+        devices=devices,
+        device_word=word,
+        hbm_bytes=accelerator.generation.hbm_bytes_per_device,
+        setup=setup,
+        examples_per_device=examples,
+        source_len=source_len,
+        target_len=target_len,
+        memory=memory,
+        plan=layout,
+        notes=notes,
     )
 
 

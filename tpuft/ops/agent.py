@@ -1,20 +1,21 @@
-"""A per-cluster connection agent: a small background process that keeps SSH connections to every worker open and
-runs ``tpuft exec`` commands on them, so a repeated command pays neither Python's imports nor a handshake per
-worker (OpenSSH's ControlMaster/ControlPersist, for the whole pod at once).
+"""A per-cluster connection agent: a small background process that keeps SSH connections to every worker open
+and runs ``tpuft exec`` commands on them, so a repeated command pays neither Python's imports nor a handshake
+per worker (OpenSSH's ControlMaster/ControlPersist, for the whole pod at once).
 
 Started detached by a cold ``tpuft exec`` (:func:`tpuft.ops.agent_client.ensure_agent`) as
-``python -m tpuft.ops.agent --config FILE``. It serves a Unix socket in ``$TPUFT_HOME/agents`` (0700) named by the
-cluster's identity (:mod:`tpuft.ops.agent_client`), answers only its own user (``SO_PEERCRED``), and ends itself:
-after ``$TPUFT_AGENT_IDLE_S`` seconds without a request (default 300), when the cluster file, the remembered workers
-or node, the ssh client config, the pinned host keys or its socket change, when a worker cannot be reached, or when asked (``stop``). It holds keys only in memory, as
-the fleet does, and writes only its pointer (paths and hashes) and a log of its own events (never a command).
+``python -m tpuft.ops.agent --config FILE``. It serves a Unix socket in ``$TPUFT_HOME/agents`` (0700) named by
+the cluster's identity (:mod:`tpuft.ops.agent_client`), answers only its own user (``SO_PEERCRED``), and ends
+itself: after ``$TPUFT_AGENT_IDLE_S`` seconds without a request (default 300), when the cluster file, the
+remembered workers or node, the ssh client config, the pinned host keys or its socket change, when a worker
+cannot be reached, or when asked (``stop``). It holds keys only in memory, as the fleet does, and writes only
+its pointer (paths and hashes) and a log of its own events (never a command).
 
-A request runs on the public :class:`~tpuft.fleet.ssh.SshFleet` API (``run``/``close``) exactly as the cold path
-runs it: same argv, same environment (the cluster file's ``worker_env`` too, through
-:func:`tpuft.ops.common.worker_env`, on the channel's stdin), fail-fast. Connections are pooled per fleet: a request
-takes an idle fleet or makes a new one, so concurrent requests never share one fleet. Ctrl-C on the client (or its
-death) interrupts the request's ``run`` the way Ctrl-C interrupts it in the foreground: the fleet stops the remote
-process groups.
+A request runs on the public :class:`~tpuft.fleet.ssh.SshFleet` API (``run``/``close``) exactly as the cold
+path runs it: same argv, same environment (the cluster file's ``worker_env`` too, through
+:func:`tpuft.ops.common.worker_env`, on the channel's stdin), fail-fast. Connections are pooled per fleet: a
+request takes an idle fleet or makes a new one, so concurrent requests never share one fleet. Ctrl-C on the
+client (or its death) interrupts the request's ``run`` the way Ctrl-C interrupts it in the foreground: the
+fleet stops the remote process groups.
 """
 
 from __future__ import annotations
@@ -56,7 +57,13 @@ def settings_fingerprint(settings: Any) -> str:
 
 class Agent:
     def __init__(
-        self, config_path: str, folder: Path, identity: wire.Identity, provider: Any, cluster: Any, config: Any
+        self,
+        config_path: str,
+        folder: Path,
+        identity: wire.Identity,
+        provider: Any,
+        cluster: Any,
+        config: Any,
     ) -> None:
         self.config_path = config_path
         self.config = config
@@ -76,7 +83,7 @@ class Agent:
         self.stopping = threading.Event()
         self.socket_inode: int | None = None
 
-    # -- fleets --------------------------------------------------------------------------------------------------
+    # -- fleets ---------------------------------------------------------------------------------------------
     def new_fleet(self) -> Any:
         from tpuft.fleet.ssh import SshFleet
 
@@ -109,15 +116,20 @@ class Agent:
             raise RuntimeError("`true` failed on a worker while connecting")
         self.give_back(fleet)
 
-    # -- still the right agent? ----------------------------------------------------------------------------------
+    # -- still the right agent? -----------------------------------------------------------------------------
     def still_current(self) -> bool:
         if wire.file_key(self.config_path) != self.identity.key:
             return False
         try:
             with open(self.pointer["record"], encoding="utf-8") as handle:
                 record = json.load(handle)
-            if record.get("state") != "READY" or wire.agent_id_of(self.identity.key, self.pointer, record) != self.identity.agent:
-                return False  # other workers, another node, other SSH settings, an edited ssh config or new pins
+            if (
+                record.get("state") != "READY"
+                or wire.agent_id_of(self.identity.key, self.pointer, record) != self.identity.agent
+            ):
+                return (
+                    False  # other workers, another node, other SSH settings, an edited ssh config or new pins
+                )
         except (OSError, ValueError, KeyError):
             return False
         try:
@@ -125,7 +137,7 @@ class Agent:
         except OSError:
             return False
 
-    # -- serving -------------------------------------------------------------------------------------------------
+    # -- serving --------------------------------------------------------------------------------------------
     def serve(self, server: socket.socket) -> None:
         server.settimeout(CHECK_SECONDS)
         while not self.stopping.is_set():
@@ -138,7 +150,10 @@ class Agent:
                     log(f"idle for {self.idle_s:g} s: ending")
                     break
                 if not self.still_current():
-                    log("the cluster file, the workers, the node, the ssh config, the pins or the socket changed: ending")
+                    log(
+                        "the cluster file, the workers, the node, the ssh config, the pins or the socket "
+                        "changed: ending"
+                    )
                     break
                 continue
             if not _same_user(conn):
@@ -157,8 +172,15 @@ class Agent:
             op = message.get("op")
             if op == "ping":
                 with self.lock:
-                    channel.send({"pid": os.getpid(), "id": self.identity.agent, "fleets_made": self.fleets_made,
-                                  "requests": self.requests, "workers": len(self.identity.workers)})
+                    channel.send(
+                        {
+                            "pid": os.getpid(),
+                            "id": self.identity.agent,
+                            "fleets_made": self.fleets_made,
+                            "requests": self.requests,
+                            "workers": len(self.identity.workers),
+                        }
+                    )
             elif op == "stop":
                 self.stopping.set()
                 channel.send({"stopping": True})
@@ -177,8 +199,13 @@ class Agent:
         count = len(self.identity.workers)
         valid = (
             message.get("id") == self.identity.agent
-            and isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
-            and (chosen is None or (isinstance(chosen, list) and all(isinstance(i, int) and 0 <= i < count for i in chosen)))
+            and isinstance(argv, list)
+            and argv
+            and all(isinstance(a, str) for a in argv)
+            and (
+                chosen is None
+                or (isinstance(chosen, list) and all(isinstance(i, int) and 0 <= i < count for i in chosen))
+            )
         )
         if not valid or not self.still_current():
             channel.send({"fallback": "stale or malformed request"})
@@ -195,10 +222,13 @@ class Agent:
 
 
 class Request:
-    """One ``exec``: the fleet runs in this thread; a watcher thread turns the client's Ctrl-C (or its going away)
-    into a KeyboardInterrupt here, which the fleet handles as in the foreground (it stops the remote groups)."""
+    """One ``exec``: the fleet runs in this thread; a watcher thread turns the client's Ctrl-C (or its going
+    away) into a KeyboardInterrupt here, which the fleet handles as in the foreground (it stops the remote
+    groups)."""
 
-    def __init__(self, agent: Agent, channel: wire.Channel, argv: list[str], chosen: list[int] | None) -> None:
+    def __init__(
+        self, agent: Agent, channel: wire.Channel, argv: list[str], chosen: list[int] | None
+    ) -> None:
         self.agent = agent
         self.channel = channel
         self.argv = argv
@@ -227,8 +257,12 @@ class Request:
         with self.state_lock:
             if self.running and not self.interrupted:
                 self.interrupted = True
-                interrupt_thread(self.thread_id, lambda: ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self.thread_id), ctypes.py_object(KeyboardInterrupt)))
+                interrupt_thread(
+                    self.thread_id,
+                    lambda: ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(self.thread_id), ctypes.py_object(KeyboardInterrupt)
+                    ),
+                )
 
     def watch(self) -> None:
         while True:
@@ -241,8 +275,8 @@ class Request:
                 return
 
     def env_for(self) -> Callable[[Any], dict[str, str]]:
-        """Each worker's environment, as the cold path builds it (:func:`tpuft.ops.cluster.exec_command`), from the
-        same remembered workers (their slices included)."""
+        """Each worker's environment, as the cold path builds it (:func:`tpuft.ops.cluster.exec_command`),
+        from the same remembered workers (their slices included)."""
         layout = self.agent.cluster.layout
         return lambda worker: worker_env(self.agent.config, exec_env(worker.index, layout))
 
@@ -275,25 +309,38 @@ class Request:
         except Exception as exc:  # noqa: BLE001 - whatever it is, the client must hear it (or run the command itself)
             healthy = False
             log(f"request failed: {type(exc).__name__}: {exc}")
-            self.send({"fallback": "error"} if not self.printed else {"error": f"{type(exc).__name__}: {exc}"})
+            self.send(
+                {"fallback": "error"} if not self.printed else {"error": f"{type(exc).__name__}: {exc}"}
+            )
             return
         finally:
             if healthy:
                 self.agent.give_back(fleet)
             else:
                 fleet.close()
-        self.send({"done": {
-            "results": [
-                {"index": r.index, "exit_code": r.exit_code, "seconds": r.seconds, "tail": list(r.tail), "pid": r.pid}
-                for r in result.results
-            ],
-            "first_failure": result.first_failure,
-            "interrupted": result.interrupted,
-        }})
+        self.send(
+            {
+                "done": {
+                    "results": [
+                        {
+                            "index": r.index,
+                            "exit_code": r.exit_code,
+                            "seconds": r.seconds,
+                            "tail": list(r.tail),
+                            "pid": r.pid,
+                        }
+                        for r in result.results
+                    ],
+                    "first_failure": result.first_failure,
+                    "interrupted": result.interrupted,
+                }
+            }
+        )
 
 
 def _same_user(conn: socket.socket) -> bool:
-    """Only our own user may use our connections (the 0700 folder says so too; this checks the peer itself)."""
+    """Only our own user may use our connections (the 0700 folder says so too; this checks the peer
+    itself)."""
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
@@ -344,7 +391,9 @@ def start(config_path: str) -> int:
         return 0  # another agent of this identity is alive (or starting)
     agent = Agent(config_path, folder, identity, provider, cluster, config)
     agent.pointer = pointer
-    signal.signal(signal.SIGTERM, lambda signum, frame: agent.stopping.set())  # end cleanly: socket, connections
+    signal.signal(
+        signal.SIGTERM, lambda signum, frame: agent.stopping.set()
+    )  # end cleanly: socket, connections
     try:
         agent.warm_up()
     except Exception as exc:  # noqa: BLE001 - no agent then; the cold path works as always
@@ -383,7 +432,9 @@ def start(config_path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tpuft.ops.agent", description="tpuft's per-cluster SSH agent")
+    parser = argparse.ArgumentParser(
+        prog="python -m tpuft.ops.agent", description="tpuft's per-cluster SSH agent"
+    )
     parser.add_argument("--config", required=True, help="the cluster file (absolute path)")
     args = parser.parse_args(argv)
     try:

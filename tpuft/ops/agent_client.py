@@ -1,23 +1,24 @@
-"""The warm path of ``tpuft exec``: hand the command to this cluster's connection agent (:mod:`tpuft.ops.agent`)
-instead of starting an SSH fleet, like OpenSSH's ControlMaster. Never needed for correctness: every ``None`` below
-means "no usable agent, run the normal way", and the caller does.
+"""The warm path of ``tpuft exec``: hand the command to this cluster's connection agent
+(:mod:`tpuft.ops.agent`) instead of starting an SSH fleet, like OpenSSH's ControlMaster. Never needed for
+correctness: every ``None`` below means "no usable agent, run the normal way", and the caller does.
 
-Why this module is light: it runs before Typer, pydantic and paramiko are imported (``tpuft exec`` in a loop pays
-Python's start-up and nothing else). It finds the agent without loading the cluster file:
+Why this module is light: it runs before Typer, pydantic and paramiko are imported (``tpuft exec`` in a loop
+pays Python's start-up and nothing else). It finds the agent without loading the cluster file:
 
-* ``file key``: a hash of the cluster file's absolute path, its bytes, and the environment that can change what it
-  means (``TPUFT_*``, the login name, HOME). The agent writes ``agents/<file key>.json`` (the *pointer*: where the
-  provider remembers the cluster, a fingerprint of the SSH settings, how long the memory is trusted).
+* ``file key``: a hash of the cluster file's absolute path, its bytes, and the environment that can change
+  what it means (``TPUFT_*``, the login name, HOME). The agent writes ``agents/<file key>.json`` (the
+  *pointer*: where the provider remembers the cluster, a fingerprint of the SSH settings, how long the memory
+  is trusted).
 * ``agent id``: a hash of the file key, the remembered workers and node ids, the settings fingerprint and the
-  contents of the ssh client config and the pinned known_hosts. It names the socket, so a recreated node (other
-  addresses, or the same ones under a new node id), other SSH settings, an edited ``~/.ssh/config`` or refreshed host
-  keys never reach an agent holding old connections.
-* The remembered cluster must be READY and fresh, as the cold path's ``open_session(cached=True)`` requires; the
-  worker spec is parsed by the same function; anything unexpected falls back to the cold path, which then reports
-  the problem in its own words.
+  contents of the ssh client config and the pinned known_hosts. It names the socket, so a recreated node
+  (other addresses, or the same ones under a new node id), other SSH settings, an edited ``~/.ssh/config`` or
+  refreshed host keys never reach an agent holding old connections.
+* The remembered cluster must be READY and fresh, as the cold path's ``open_session(cached=True)`` requires;
+  the worker spec is parsed by the same function; anything unexpected falls back to the cold path, which then
+  reports the problem in its own words.
 
-Everything lives in ``$TPUFT_HOME/agents`` (0700, ours, checked), holds no secret, and ``TPUFT_NO_AGENT=1`` turns
-the whole thing off.
+Everything lives in ``$TPUFT_HOME/agents`` (0700, ours, checked), holds no secret, and ``TPUFT_NO_AGENT=1``
+turns the whole thing off.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.core.errors import Interrupted, TpuftError, UsageError
-from tpuft.fleet.base import FleetResult, WorkerResult
-from tpuft.fleet.spec import command_argv, parse_worker_list
 from tpuft.core.paths import tpuft_home
 from tpuft.core.records import SliceLayout
+from tpuft.fleet.base import FleetResult, WorkerResult
+from tpuft.fleet.spec import command_argv, parse_worker_list
 
 OFF_ENV = "TPUFT_NO_AGENT"
 IDLE_ENV = "TPUFT_AGENT_IDLE_S"
@@ -67,7 +68,8 @@ def idle_seconds() -> float:
 
 
 def agents_dir(create: bool = True) -> Path | None:
-    """``$TPUFT_HOME/agents``, a 0700 folder that is ours (None if it is not and cannot be made so: no agent)."""
+    """``$TPUFT_HOME/agents``, a 0700 folder that is ours (None if it is not and cannot be made so: no
+    agent)."""
     folder = tpuft_home() / "agents"
     try:
         if create:
@@ -103,7 +105,8 @@ def file_key(path: str) -> str | None:
     digest = hashlib.sha256()
     digest.update(path.encode() + b"\0" + contents + b"\0")
     meaning = sorted(
-        (k, v) for k, v in os.environ.items()
+        (k, v)
+        for k, v in os.environ.items()
         if (k.startswith("TPUFT_") and not k.startswith("TPUFT_AGENT") and k != OFF_ENV) or k in _USER_ENV
     )
     digest.update(json.dumps(meaning).encode())
@@ -112,7 +115,8 @@ def file_key(path: str) -> str | None:
 
 def agent_id(key: str, workers: Any, nodes: Any, settings: str, files: Sequence[str]) -> str:
     """``nodes``: the API's unique ids of the slices (a node recreated on the same addresses is another node);
-    ``files``: files whose contents change how a worker is reached (the ssh client config, the pinned host keys)."""
+    ``files``: files whose contents change how a worker is reached (the ssh client config, the pinned host
+    keys)."""
     contents = []
     for name in files:
         try:
@@ -120,18 +124,24 @@ def agent_id(key: str, workers: Any, nodes: Any, settings: str, files: Sequence[
                 contents.append(hashlib.sha256(handle.read()).hexdigest())
         except OSError:
             contents.append("")
-    return hashlib.sha256(json.dumps([PROTOCOL, key, workers, nodes, settings, contents]).encode()).hexdigest()[:16]
+    return hashlib.sha256(
+        json.dumps([PROTOCOL, key, workers, nodes, settings, contents]).encode()
+    ).hexdigest()[:16]
 
 
 def agent_id_of(key: str, pointer: dict[str, Any], record: dict[str, Any]) -> str:
-    """The agent id for a remembered cluster record, whatever its age (the agent checks it is still the one)."""
+    """The agent id for a remembered cluster record, whatever its age (the agent checks it is still the
+    one)."""
     files = pointer.get("files") or []
-    return agent_id(key, record["workers"], record.get("nodes") or [], str(pointer["settings"]), [str(f) for f in files])
+    return agent_id(
+        key, record["workers"], record.get("nodes") or [], str(pointer["settings"]), [str(f) for f in files]
+    )
 
 
 @dataclass(frozen=True)
 class Identity:
-    """Who the agent of a cluster file is right now (None from :func:`current_identity`: no agent can serve it)."""
+    """Who the agent of a cluster file is right now (None from :func:`current_identity`: no agent can serve
+    it)."""
 
     folder: Path
     key: str
@@ -143,14 +153,16 @@ class Identity:
 
     @property
     def layout(self) -> SliceLayout | None:
-        """The slices of the remembered workers, so ``--worker 1:0`` means here what it means on the cold path;
-        None when the record cannot tell (then only the cold path may read a ``S:I``)."""
+        """The slices of the remembered workers, so ``--worker 1:0`` means here what it means on the cold
+        path; None when the record cannot tell (then only the cold path may read a ``S:I``)."""
         slices = {row[3] for row in self.workers if len(row) > 3}
         if slices:
             count = max(slices) + 1
         else:
             count = len(self.nodes) or 1
-            if count > 1 and any(len(node) < 3 or node[2] != len(self.workers) // count for node in self.nodes):
+            if count > 1 and any(
+                len(node) < 3 or node[2] != len(self.workers) // count for node in self.nodes
+            ):
                 return None
         if len(self.workers) % count:
             return None
@@ -175,7 +187,9 @@ def write_pointer(folder: Path, key: str, pointer: dict[str, Any]) -> None:
     os.replace(staging, target)
 
 
-def identity_for(folder: Path, key: str, pointer: dict[str, Any], now: float | None = None) -> Identity | None:
+def identity_for(
+    folder: Path, key: str, pointer: dict[str, Any], now: float | None = None
+) -> Identity | None:
     """The agent id for the remembered cluster, if it is READY and fresh enough to be used without the API."""
     try:
         with open(pointer["record"], encoding="utf-8") as handle:
@@ -189,7 +203,9 @@ def identity_for(folder: Path, key: str, pointer: dict[str, Any], now: float | N
         if not isinstance(workers, list) or not workers:
             return None
         nodes = record.get("nodes") or []
-        return Identity(folder, key, agent_id_of(key, pointer, record), workers, nodes if isinstance(nodes, list) else [])
+        return Identity(
+            folder, key, agent_id_of(key, pointer, record), workers, nodes if isinstance(nodes, list) else []
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -209,7 +225,7 @@ def current_identity(config_path: str | None) -> Identity | None:
     return identity_for(folder, key, pointer) if isinstance(pointer, dict) else None
 
 
-# -- the wire: one JSON object per line, both ways ---------------------------------------------------------------
+# -- the wire: one JSON object per line, both ways ---------------------------------------------------------
 def socket_address(path: Path) -> tuple[str, int | None]:
     """A path ``connect``/``bind`` accept (108 bytes at most): long ones go through ``/proc/self/fd`` of the
     folder. Returns the address and the folder's fd to close afterwards (None: nothing to close)."""
@@ -231,7 +247,8 @@ class Channel:
         self.sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
 
     def receive(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """The next message; None at end of stream. Raises ``socket.timeout`` / ``OSError`` / ``ValueError``."""
+        """The next message; None at end of stream. Raises ``socket.timeout`` / ``OSError`` /
+        ``ValueError``."""
         self.sock.settimeout(timeout)
         while b"\n" not in self._buffer:
             chunk = self.sock.recv(65536)
@@ -287,15 +304,15 @@ def request(identity: Identity, message: dict[str, Any]) -> dict[str, Any] | Non
         channel.close()
 
 
-# -- exec ----------------------------------------------------------------------------------------------------------
+# -- exec --------------------------------------------------------------------------------------------------
 LineSink = Callable[[int, str], None]
 
 
 def try_exec(
     config_path: str | None, command: Sequence[str], workers: str | None, on_line: LineSink
 ) -> FleetResult | None:
-    """Run ``command`` through the cluster's agent and return what the fleet would have; None: run it the normal
-    way (nothing was started). Output reaches ``on_line`` exactly as the fleet would have given it."""
+    """Run ``command`` through the cluster's agent and return what the fleet would have; None: run it the
+    normal way (nothing was started). Output reaches ``on_line`` exactly as the fleet would have given it."""
     identity = current_identity(config_path)
     if identity is None:
         return None
@@ -334,7 +351,9 @@ def _stream(channel: Channel, on_line: LineSink) -> FleetResult | None:
             except KeyboardInterrupt:  # Ctrl-C (or SIGTERM): the agent stops the workers and reports them
                 if state.interrupted_at is None:
                     state.interrupted_at = time.monotonic()
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the clean-up short
+                    signal.signal(
+                        signal.SIGINT, signal.SIG_IGN
+                    )  # a second Ctrl-C cannot cut the clean-up short
                     try:
                         channel.send({"op": "interrupt"})
                     except OSError:
@@ -356,7 +375,8 @@ _MORE = object()
 
 
 def _next(channel: Channel, on_line: LineSink, state: _StreamState) -> object:
-    """Handle one message from the agent: ``_MORE``, or what ``_stream`` returns (a result, or None: run it cold)."""
+    """Handle one message from the agent: ``_MORE``, or what ``_stream`` returns (a result, or None: run it
+    cold)."""
     timeout = None
     if state.interrupted_at is not None:
         timeout = max(0.1, state.interrupted_at + INTERRUPT_GRACE_S - time.monotonic())
@@ -368,7 +388,8 @@ def _next(channel: Channel, on_line: LineSink, state: _StreamState) -> object:
         if state.interrupted_at is not None:
             raise Interrupted("interrupted during the command: the tpuft agent did not report the workers")
         raise TpuftError(
-            "the tpuft agent went away while the command ran (its remote processes have lost their connection)",
+            "the tpuft agent went away while the command ran (its remote processes have lost their "
+            "connection)",
             hint=f"Run it again; {OFF_ENV}=1 runs it without the agent.",
         )
     if "o" in message:
@@ -389,16 +410,23 @@ def _next(channel: Channel, on_line: LineSink, state: _StreamState) -> object:
 def _result(done: dict[str, Any]) -> FleetResult:
     results = [
         WorkerResult(
-            index=int(r["index"]), exit_code=r["exit_code"], seconds=float(r["seconds"]), tail=list(r["tail"]),
-            log_path=None, pid=r.get("pid"),
+            index=int(r["index"]),
+            exit_code=r["exit_code"],
+            seconds=float(r["seconds"]),
+            tail=list(r["tail"]),
+            log_path=None,
+            pid=r.get("pid"),
         )
         for r in done["results"]
     ]
-    return FleetResult(results=results, first_failure=done.get("first_failure"), interrupted=bool(done.get("interrupted")))
+    return FleetResult(
+        results=results, first_failure=done.get("first_failure"), interrupted=bool(done.get("interrupted"))
+    )
 
 
 def _sigterm_interrupts() -> Callable[[], None]:
-    """SIGTERM to a waiting client stops the remote commands, as it does on the cold path (the fleet's rule)."""
+    """SIGTERM to a waiting client stops the remote commands, as it does on the cold path (the fleet's
+    rule)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -417,7 +445,7 @@ def _sigterm_interrupts() -> Callable[[], None]:
     return restore
 
 
-# -- starting and stopping agents --------------------------------------------------------------------------------
+# -- starting and stopping agents --------------------------------------------------------------------------
 def ping(config_path: str | None) -> dict[str, Any] | None:
     identity = current_identity(config_path)
     return request(identity, {"op": "ping"}) if identity is not None else None
@@ -429,8 +457,9 @@ def stop(config_path: str | None) -> bool:
 
 
 def ensure_agent(config_path: str | None) -> None:
-    """After a cold ``exec``: start this cluster file's agent in the background unless one answers. Detached (its own
-    session, no terminal, output to a log in the agents folder), so it outlives this command and never blocks it."""
+    """After a cold ``exec``: start this cluster file's agent in the background unless one answers. Detached
+    (its own session, no terminal, output to a log in the agents folder), so it outlives this command and
+    never blocks it."""
     if not enabled() or config_path is None:
         return
     folder = agents_dir()
@@ -454,7 +483,12 @@ def ensure_agent(config_path: str | None) -> None:
     try:
         subprocess.Popen(
             [sys.executable, "-m", "tpuft.ops.agent", "--config", config_path],
-            stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, close_fds=True, env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
             cwd=str(folder),
         )
     except OSError:
@@ -463,12 +497,13 @@ def ensure_agent(config_path: str | None) -> None:
         os.close(fd)
 
 
-# -- interactive shells: OpenSSH's own connection sharing --------------------------------------------------------
+# -- interactive shells: OpenSSH's own connection sharing --------------------------------------------------
 def control_path(cluster_dir: Path, address: str, settings: Any) -> str | None:
     """A ControlPath for ``tpuft ssh`` to one worker: a PTY session cannot go through the agent's paramiko
-    connections, so the second ``tpuft ssh`` reuses OpenSSH's own master connection instead (ControlMaster=auto,
-    ControlPersist). Named per cluster (a prefix :func:`forget_control_paths` finds) and per address and settings, in
-    the 0700 agents folder; None when off, or when the path would be too long for a socket (ssh adds a suffix)."""
+    connections, so the second ``tpuft ssh`` reuses OpenSSH's own master connection instead
+    (ControlMaster=auto, ControlPersist). Named per cluster (a prefix :func:`forget_control_paths` finds) and
+    per address and settings, in the 0700 agents folder; None when off, or when the path would be too long for
+    a socket (ssh adds a suffix)."""
     if not enabled():
         return None
     folder = agents_dir()
@@ -485,7 +520,14 @@ def control_options(cluster_dir: Path, address: str, settings: Any) -> list[str]
     path = control_path(cluster_dir, address, settings)
     if path is None:
         return []
-    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={path}", "-o", f"ControlPersist={int(idle_seconds()) or 1}"]
+    return [
+        "-o",
+        "ControlMaster=auto",
+        "-o",
+        f"ControlPath={path}",
+        "-o",
+        f"ControlPersist={int(idle_seconds()) or 1}",
+    ]
 
 
 def forget_control_paths(cluster_dir: Path) -> None:

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft.run import goodput
-from tpuft.core.accelerators import AcceleratorType, lookup
 from tpuft.config import ClusterConfig
+from tpuft.core.accelerators import AcceleratorType, lookup
 from tpuft.core.errors import UsageError
+from tpuft.core.records import Cluster, Progress, State
 from tpuft.fleet.base import FleetResult, LineSink
 from tpuft.fleet.spec import command_argv, exec_env, parse_one_worker, parse_worker_list
 from tpuft.ops.common import Session, open_session, worker_env
 from tpuft.providers import get_provider
-from tpuft.core.records import Cluster, Progress, State
+from tpuft.run import goodput
 
 
 @dataclass
@@ -39,7 +39,8 @@ def create(config: ClusterConfig, progress: Progress | None = None) -> CreateRes
 
 def capacity_wait(provider: object) -> tuple[float, float] | None:
     """(start, seconds) of the wait for capacity of the queued resource the provider has just created (until
-    PROVISIONING), for goodput's ``queue_wait``; None for a node created directly, or a provider without queues."""
+    PROVISIONING), for goodput's ``queue_wait``; None for a node created directly, or a provider without
+    queues."""
     return getattr(getattr(provider, "nodes", None), "queue_wait", None)
 
 
@@ -54,14 +55,15 @@ class CostEstimate:
             return f"{accelerator} x {self.slices}: no public price known"
         kind = "spot VMs cost less than this on-demand list price" if spot else "on-demand list price"
         return (
-            f"{accelerator} x {self.slices} slice(s) = {self.chips} chips: about ${self.per_hour:,.2f} per hour "
+            f"{accelerator} x {self.slices} slice(s) = {self.chips} chips: about ${self.per_hour:,.2f} per "
+            "hour "
             f"({kind}; an estimate)"
         )
 
 
 def cost_to_confirm(config: ClusterConfig) -> CostEstimate | None:
-    """What a user must agree to before ``create`` spends money: the estimate for a cloud cluster that does not exist
-    yet; None for the local provider or a cluster that is reused as it is."""
+    """What a user must agree to before ``create`` spends money: the estimate for a cloud cluster that does
+    not exist yet; None for the local provider or a cluster that is reused as it is."""
     if config.provider == "local" or status(config).state != State.NOT_FOUND:
         return None
     return cost_estimate(config)
@@ -71,7 +73,9 @@ def cost_estimate(config: ClusterConfig) -> CostEstimate:
     acc = lookup(config.accelerator)
     slices = config.gcp.slices if config.provider == "gcp" else 1
     price = acc.price_per_hour
-    return CostEstimate(chips=acc.chips * slices, slices=slices, per_hour=None if price is None else price * slices)
+    return CostEstimate(
+        chips=acc.chips * slices, slices=slices, per_hour=None if price is None else price * slices
+    )
 
 
 def status(config: ClusterConfig) -> Cluster:
@@ -79,8 +83,8 @@ def status(config: ClusterConfig) -> Cluster:
 
 
 def delete(config: ClusterConfig, progress: Progress | None = None, *, force: bool = False) -> bool:
-    """Refuses while a run trains on the cluster (deleting it would throw the run away, export and all); ``force``
-    stops such runs first (recorded as stopped, resumable on a new cluster of the same shape)."""
+    """Refuses while a run trains on the cluster (deleting it would throw the run away, export and all);
+    ``force`` stops such runs first (recorded as stopped, resumable on a new cluster of the same shape)."""
     from tpuft.ops.lifecycle import alive_runs, stop
 
     alive = alive_runs(config)
@@ -96,7 +100,9 @@ def delete(config: ClusterConfig, progress: Progress | None = None, *, force: bo
         stop(config, run, reason=f"cluster {config.name} deleted (tpuft delete --force)")
     provider = get_provider(config)
     deleted = provider.delete(progress)
-    if config.provider != "local":  # its agent ends by itself once the cluster is forgotten; its ssh masters go now
+    if (
+        config.provider != "local"
+    ):  # its agent ends by itself once the cluster is forgotten; its ssh masters go now
         from tpuft.ops.agent_client import forget_control_paths
 
         forget_control_paths(provider.state_dir())
@@ -114,26 +120,33 @@ def exec_command(
     agent_tried: bool = False,
     refresh: bool = False,
 ) -> FleetResult:
-    """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are argv.
-    Each sees the cluster file's ``worker_env`` and its place (``TPUFT_WORKER_ID``, ``TPUFT_NUM_WORKERS``, and on
-    several slices ``TPUFT_SLICE_ID``, ``TPUFT_NUM_SLICES``), sent as
+    """Run ``command`` on the workers in parallel. One argument is a shell line (``bash -c``); several are
+    argv. Each sees the cluster file's ``worker_env`` and its place (``TPUFT_WORKER_ID``,
+    ``TPUFT_NUM_WORKERS``, and on several slices ``TPUFT_SLICE_ID``, ``TPUFT_NUM_SLICES``), sent as
     every worker process's environment is (:func:`tpuft.ops.common.worker_env`), warm or cold.
 
-    ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.ops.agent`), unless the caller
-    already did (``agent_tried``), and after a run over SSH start one for next time. ``cluster_path`` is the file
-    ``config`` came from (None: the default lookup), which names the agent and the plan the next cold ``exec`` reads
-    (:mod:`tpuft.ops.quick_exec`). ``refresh``: the remembered workers failed, ask the API first."""
+    ``use_agent`` (the CLI): try the cluster's connection agent first (:mod:`tpuft.ops.agent`), unless the
+    caller already did (``agent_tried``), and after a run over SSH start one for next time. ``cluster_path``
+    is the file ``config`` came from (None: the default lookup), which names the agent and the plan the next
+    cold ``exec`` reads (:mod:`tpuft.ops.quick_exec`). ``refresh``: the remembered workers failed, ask the API
+    first."""
     argv = command_argv(command)
     from tpuft.ops import agent_client
 
-    path = agent_client.resolve_cluster_path(None if cluster_path is None else str(cluster_path)) if use_agent else None
+    path = (
+        agent_client.resolve_cluster_path(None if cluster_path is None else str(cluster_path))
+        if use_agent
+        else None
+    )
     if path is not None and not agent_tried:
         warm = agent_client.try_exec(path, command, workers, on_line or (lambda index, line: None))
         if warm is not None:
             return warm
     from tpuft.fleet.ssh import SshConnectError, SshFleet
 
-    if refresh:  # what the remembered plan said failed: forget it all (addresses, pins), as the retry below does
+    if (
+        refresh
+    ):  # what the remembered plan said failed: forget it all (addresses, pins), as the retry below does
         getattr(get_provider(config), "forget", lambda: None)()
     session = open_session(config, cached=not refresh)
     forget = getattr(session.provider, "forget", None)
@@ -146,7 +159,9 @@ def exec_command(
         session = open_session(config)
         result = _exec(session, argv, workers, on_line)
     if isinstance(session.fleet, SshFleet):
-        plan_for = path or agent_client.resolve_cluster_path(None if cluster_path is None else str(cluster_path))
+        plan_for = path or agent_client.resolve_cluster_path(
+            None if cluster_path is None else str(cluster_path)
+        )
         remember = getattr(session.provider, "remember_exec_plan", None)
         if plan_for is not None and remember is not None:
             remember(plan_for)
@@ -159,13 +174,16 @@ def _exec(session: Session, argv: list[str], workers: str | None, on_line: LineS
     layout = session.cluster.layout
     chosen = parse_worker_list(workers, layout)
     return session.fleet.run(
-        argv, workers=chosen, on_line=on_line, env=lambda w: worker_env(session.config, exec_env(w.index, layout))
+        argv,
+        workers=chosen,
+        on_line=on_line,
+        env=lambda w: worker_env(session.config, exec_env(w.index, layout)),
     )
 
 
 def shell_argv(config: ClusterConfig, spec: str) -> tuple[list[str], dict[str, str], str | None]:
-    """argv, extra environment and working directory for an interactive shell on one worker (``spec``: ``--worker``,
-    a flat index or ``S:I``)."""
+    """argv, extra environment and working directory for an interactive shell on one worker (``spec``:
+    ``--worker``, a flat index or ``S:I``)."""
     session = open_session(config, cached=True)
     worker = parse_one_worker(spec, session.cluster.layout)
     target = session.cluster.workers[worker]
@@ -176,15 +194,27 @@ def shell_argv(config: ClusterConfig, spec: str) -> tuple[list[str], dict[str, s
 
     session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata
     settings = session.provider.ssh_settings()  # type: ignore[attr-defined]
-    known_hosts = settings.known_hosts or session.provider.state_dir() / "known_hosts"  # pinned from the API by prepare
+    known_hosts = (
+        settings.known_hosts or session.provider.state_dir() / "known_hosts"
+    )  # pinned from the API by prepare
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     argv = [
-        "ssh", "-t", *openssh_options(settings, target.address),  # ~/.ssh/config applies as in the fleet
-        "-o", f"StrictHostKeyChecking={'yes' if settings.known_hosts else 'accept-new'}",
-        "-o", f"UserKnownHostsFile={known_hosts}",
-        # the pins are by the worker's address and the cluster's port, whatever a Host block's HostName/Port say
-        *(["-o", f"HostKeyAlias={known_hosts_name(target.address, settings.port)}"] if settings.known_hosts else []),
-        "-o", "ServerAliveInterval=30",
+        "ssh",
+        "-t",
+        *openssh_options(settings, target.address),  # ~/.ssh/config applies as in the fleet
+        "-o",
+        f"StrictHostKeyChecking={'yes' if settings.known_hosts else 'accept-new'}",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        # the pins are by the worker's address and the cluster's port, whatever a Host block's HostName/Port
+        # say
+        *(
+            ["-o", f"HostKeyAlias={known_hosts_name(target.address, settings.port)}"]
+            if settings.known_hosts
+            else []
+        ),
+        "-o",
+        "ServerAliveInterval=30",
         *agent_client.control_options(session.provider.state_dir(), target.address, settings),
         target.address,
     ]

@@ -1,4 +1,5 @@
-"""Pieces every verb needs: the provider for a cluster file, a ready cluster, and the tpuft package on workers."""
+"""Pieces every verb needs: the provider for a cluster file, a ready cluster, and the tpuft package on
+workers."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pathlib import Path
 from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
-from tpuft.fleet.base import Fleet, FleetResult, failure_error
 from tpuft.core.paths import package_root
-from tpuft.providers import Provider, get_provider
 from tpuft.core.records import Cluster, State
+from tpuft.fleet.base import Fleet, FleetResult, failure_error
+from tpuft.providers import Provider, get_provider
 
 PACKAGE_HOME = ".tpuft/pkg"
 """Under each worker's HOME: one folder per version of the tpuft package, named by a hash of its files."""
@@ -43,13 +44,14 @@ class Session:
 
 
 def worker_env(config: ClusterConfig, own: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of every worker process tpuft starts (``exec``, ``setup``'s bootstrap, ``train``'s check and
-    its supervisors and trainers): the cluster file's ``worker_env``, then tpuft's own variables for that process,
-    which win (the cluster file may not name ``TPUFT_*``, ``HOME`` or ``PYTHONPATH`` anyway).
+    """The environment of every worker process tpuft starts (``exec``, ``setup``'s bootstrap, ``train``'s
+    check and its supervisors and trainers): the cluster file's ``worker_env``, then tpuft's own variables for
+    that process, which win (the cluster file may not name ``TPUFT_*``, ``HOME`` or ``PYTHONPATH`` anyway).
 
-    It is handed to the fleet as ``env``, the one secret-safe channel: over SSH the values travel on the channel's
-    stdin (:func:`tpuft.fleet.ssh_remote.env_payload`), on the local pod in the process environment, never in an
-    argv that ``ps`` would show. Every caller goes through here, so no verb can forget ``worker_env``."""
+    It is handed to the fleet as ``env``, the one secret-safe channel: over SSH the values travel on the
+    channel's stdin (:func:`tpuft.fleet.ssh_remote.env_payload`), on the local pod in the process environment,
+    never in an argv that ``ps`` would show. Every caller goes through here, so no verb can forget
+    ``worker_env``."""
     return {**config.worker_env, **(own or {})}
 
 
@@ -60,7 +62,9 @@ def open_session(config: ClusterConfig, *, require_ready: bool = True, cached: b
     cluster = (remembered() if remembered else None) or provider.get()
     if require_ready and cluster.state != State.READY:
         if cluster.state == State.NOT_FOUND:
-            raise UsageError(f"cluster {config.name!r} ({config.provider}) does not exist", hint="Create it: tpuft create")
+            raise UsageError(
+                f"cluster {config.name!r} ({config.provider}) does not exist", hint="Create it: tpuft create"
+            )
         problem = cluster.details.get("problem", "")
         raise UsageError(
             f"cluster {config.name!r} is {cluster.state}{': ' + problem if problem else ''}",
@@ -71,8 +75,8 @@ def open_session(config: ClusterConfig, *, require_ready: bool = True, cached: b
 
 @functools.cache
 def package_hash() -> str:
-    """Once per process: a launch ships the package and runs a probe under this name, so a file edited in between
-    (an editable install being worked on) must not split them between two folders."""
+    """Once per process: a launch ships the package and runs a probe under this name, so a file edited in
+    between (an editable install being worked on) must not split them between two folders."""
     digest = hashlib.sha256()
     root = package_root()
     for path in sorted(root.rglob("*")):
@@ -83,7 +87,8 @@ def package_hash() -> str:
 
 
 def ship_package(session: Session, workers: Sequence[int] | None = None) -> str:
-    """Copy this tpuft package to the workers (all by default; once per version); returns its folder under HOME."""
+    """Copy this tpuft package to the workers (all by default; once per version); returns its folder under
+    HOME."""
     folder = f"{PACKAGE_HOME}/{package_hash()}"
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "tpuft"

@@ -1,12 +1,12 @@
 """Does the recipe fit its slice? ``recipes show --summary --compile`` and ``train``/``up --check-fit``.
 
-The paper estimate (:mod:`tpuft.model.summary`) counts parameters and optimizer slots; what decides a step's fit is
-also XLA's temporaries, which only a compile knows. A backend that can compile its real train step for a TPU slice
-on this machine's CPU says how (:class:`tpuft.backends.base.CompilePlan`, through the registry); here the plan's
-venv and overlay are built (cached, only when a compile is asked), the program runs, and its per-device bytes and
-flops become the report: each part against the device's HBM from the catalogue, a verdict, what to change when it
-does not fit, and flops turned into a lower bound on step time and on the run's cost. A backend that cannot compile
-keeps the paper estimate, labelled as one.
+The paper estimate (:mod:`tpuft.model.summary`) counts parameters and optimizer slots; what decides a step's
+fit is also XLA's temporaries, which only a compile knows. A backend that can compile its real train step for
+a TPU slice on this machine's CPU says how (:class:`tpuft.backends.base.CompilePlan`, through the registry);
+here the plan's venv and overlay are built (cached, only when a compile is asked), the program runs, and its
+per-device bytes and flops become the report: each part against the device's HBM from the catalogue, a
+verdict, what to change when it does not fit, and flops turned into a lower bound on step time and on the
+run's cost. A backend that cannot compile keeps the paper estimate, labelled as one.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import tpuft
 from tpuft.core.accelerators import GENERATIONS, AcceleratorType, lookup
 from tpuft.core.errors import TpuftError, UsageError
-from tpuft.fleet.base import last_json_object
 from tpuft.core.paths import tpuft_home, venv_cache
 from tpuft.core.waiting import waiting
+from tpuft.fleet.base import last_json_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,14 +38,14 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 HEADROOM = 0.93
-"""A suggestion must leave 7% of HBM free, and a step with less to spare is called tight: the TPU runtime keeps some
-HBM for itself (XLA's TPU compiler allowed a v2 core 7.48 of its 8 GiB), and a suggestion is extrapolated from this
-compile, not compiled."""
+"""A suggestion must leave 7% of HBM free, and a step with less to spare is called tight: the TPU runtime
+keeps some HBM for itself (XLA's TPU compiler allowed a v2 core 7.48 of its 8 GiB), and a suggestion is
+extrapolated from this compile, not compiled."""
 
 
 class DoesNotFit(TpuftError):
-    """``--check-fit``: the step needs more HBM than the slice has (exit 2: a setting to change, before anything
-    is created)."""
+    """``--check-fit``: the step needs more HBM than the slice has (exit 2: a setting to change, before
+    anything is created)."""
 
     exit_code = 2
 
@@ -78,9 +78,22 @@ class CompiledStep:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CompiledStep:
-        known = {"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
-                 "flops_per_device", "devices", "mesh", "compile_s", "params"}
-        return cls(**{k: data[k] for k in known if k in data}, extra={k: v for k, v in data.items() if k not in known})
+        known = {
+            "argument_bytes",
+            "output_bytes",
+            "alias_bytes",
+            "temp_bytes",
+            "generated_code_bytes",
+            "flops_per_device",
+            "devices",
+            "mesh",
+            "compile_s",
+            "params",
+        }
+        return cls(
+            **{k: data[k] for k in known if k in data},
+            extra={k: v for k, v in data.items() if k not in known},
+        )
 
 
 @dataclass
@@ -119,12 +132,17 @@ class FitReport:
         """``fits with 27.1 GiB to spare`` or ``does not fit: needs 45.2 of 32.0 GiB per chip, try ...``."""
         source = "" if self.step is not None else f"; {self.estimate}"
         if self.fits:
-            tight = (" (tight: the TPU runtime keeps some HBM for itself; XLA gave a v2 core 7.48 of its 8 GiB)"
-                     if self.margin_bytes < self.hbm_bytes * (1 - HEADROOM) else "")
+            tight = (
+                " (tight: the TPU runtime keeps some HBM for itself; XLA gave a v2 core 7.48 of its 8 GiB)"
+                if self.margin_bytes < self.hbm_bytes * (1 - HEADROOM)
+                else ""
+            )
             return f"fits with {gib(self.margin_bytes)} to spare per {self.device_word}{source}{tight}"
         tries = f", try {'; or '.join(self.suggestions)}" if self.suggestions else ""
-        return (f"does not fit: needs {gib(self.total_bytes)} of {gib(self.hbm_bytes)} per {self.device_word} on "
-                f"{self.accelerator}{source}{tries}")
+        return (
+            f"does not fit: needs {gib(self.total_bytes)} of {gib(self.hbm_bytes)} per {self.device_word} on "
+            f"{self.accelerator}{source}{tries}"
+        )
 
     def rows(self) -> list[tuple[str, int, str]]:
         """(what, bytes per device, how) for the table."""
@@ -133,18 +151,35 @@ class FitReport:
             return []
         return [
             ("arguments", step.argument_bytes, "parameters, optimizer state and the batch"),
-            ("temporaries", step.temp_bytes, "activations kept for the backward pass, gradients, XLA's buffers"),
-            ("outputs", step.new_output_bytes, f"{gib(step.output_bytes)} of which {gib(step.alias_bytes)} written "
-                                               "over the donated train state"),
+            (
+                "temporaries",
+                step.temp_bytes,
+                "activations kept for the backward pass, gradients, XLA's buffers",
+            ),
+            (
+                "outputs",
+                step.new_output_bytes,
+                f"{gib(step.output_bytes)} of which {gib(step.alias_bytes)} written "
+                "over the donated train state",
+            ),
             ("generated code", step.generated_code_bytes, "the compiled program"),
         ]
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "recipe": self.recipe, "backend": self.backend, "accelerator": self.accelerator, "devices": self.devices,
-            "hbm_bytes_per_device": self.hbm_bytes, "total_bytes_per_device": self.total_bytes, "fits": self.fits,
-            "margin_bytes": self.margin_bytes, "verdict": self.verdict(), "suggestions": self.suggestions,
-            "step_time_lower_bound_s": self.step_time_s, "cost_lower_bound_usd": self.cost_usd, "steps": self.steps,
+            "recipe": self.recipe,
+            "backend": self.backend,
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "hbm_bytes_per_device": self.hbm_bytes,
+            "total_bytes_per_device": self.total_bytes,
+            "fits": self.fits,
+            "margin_bytes": self.margin_bytes,
+            "verdict": self.verdict(),
+            "suggestions": self.suggestions,
+            "step_time_lower_bound_s": self.step_time_s,
+            "cost_lower_bound_usd": self.cost_usd,
+            "steps": self.steps,
             "source": "compile" if self.step is not None else self.estimate,
         }
         if self.step is not None:
@@ -156,15 +191,23 @@ def gib(count: float) -> str:
     return f"{count / GIB:.1f} GiB" if abs(count) >= GIB / 10 else f"{count / 2**20:.1f} MiB"
 
 
-def report(recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep, slices: int = 1) -> FitReport:
-    """The compile's numbers against the catalogue: the verdict's parts, what to change, the lower bounds. With
-    ``slices`` (Multislice) the devices and the price are every slice's; the bytes per device are one device's."""
+def report(
+    recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep, slices: int = 1
+) -> FitReport:
+    """The compile's numbers against the catalogue: the verdict's parts, what to change, the lower bounds.
+    With ``slices`` (Multislice) the devices and the price are every slice's; the bytes per device are one
+    device's."""
     generation = accelerator.generation
-    found = FitReport(recipe=recipe.name, backend=recipe.backend.kind,
-                      accelerator=accelerator.name if slices == 1 else f"{slices} x {accelerator.name}",
-                      devices=accelerator.devices * slices,
-                      device_word="chip" if generation.devices_per_chip == 1 else "core",
-                      hbm_bytes=generation.hbm_bytes_per_device, steps=recipe.train.steps, step=step)
+    found = FitReport(
+        recipe=recipe.name,
+        backend=recipe.backend.kind,
+        accelerator=accelerator.name if slices == 1 else f"{slices} x {accelerator.name}",
+        devices=accelerator.devices * slices,
+        device_word="chip" if generation.devices_per_chip == 1 else "core",
+        hbm_bytes=generation.hbm_bytes_per_device,
+        steps=recipe.train.steps,
+        step=step,
+    )
     if step.flops_per_device > 0:
         found.step_time_s = step.flops_per_device / generation.peak_flops_per_device
         price = accelerator.price_per_hour
@@ -175,11 +218,14 @@ def report(recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledSte
     return found
 
 
-def suggestions(recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep, slices: int = 1) -> list[str]:
+def suggestions(
+    recipe: RecipeConfig, accelerator: AcceleratorType, step: CompiledStep, slices: int = 1
+) -> list[str]:
     """Concrete settings that would fit, extrapolated from this compile (recompile with one to be sure):
 
-    * more model parallelism: the train state is split ``num_partitions`` ways, so its bytes (arguments and the
-      outputs written anew) shrink by old/new; the smallest power of two that divides the devices and fits;
+    * more model parallelism: the train state is split ``num_partitions`` ways, so its bytes (arguments and
+      the outputs written anew) shrink by old/new; the smallest power of two that divides the devices and
+      fits;
     * more microbatches: temporaries (activations mostly) shrink by old/new; the smallest that divides each
       replica's batch and fits;
     * the same number of chips of a generation with more HBM per chip.
@@ -221,19 +267,34 @@ def suggestions(recipe: RecipeConfig, accelerator: AcceleratorType, step: Compil
     return found
 
 
-def estimate_report(recipe: RecipeConfig, accelerator: AcceleratorType, total_bytes: int, reason: str) -> FitReport:
+def estimate_report(
+    recipe: RecipeConfig, accelerator: AcceleratorType, total_bytes: int, reason: str
+) -> FitReport:
     """For a backend without an offline compile: the paper estimate's total, labelled."""
     generation = accelerator.generation
-    return FitReport(recipe=recipe.name, backend=recipe.backend.kind, accelerator=accelerator.name,
-                     devices=accelerator.devices, device_word="chip" if generation.devices_per_chip == 1 else "core",
-                     hbm_bytes=generation.hbm_bytes_per_device, steps=recipe.train.steps,
-                     estimate=f"estimate (no compile for {recipe.backend.kind}: {reason})", estimate_bytes=total_bytes)
+    return FitReport(
+        recipe=recipe.name,
+        backend=recipe.backend.kind,
+        accelerator=accelerator.name,
+        devices=accelerator.devices,
+        device_word="chip" if generation.devices_per_chip == 1 else "core",
+        hbm_bytes=generation.hbm_bytes_per_device,
+        steps=recipe.train.steps,
+        estimate=f"estimate (no compile for {recipe.backend.kind}: {reason})",
+        estimate_bytes=total_bytes,
+    )
 
 
-# -- running the compile ------------------------------------------------------------------------------------------
-def fit_report(recipe: RecipeConfig, accelerator: AcceleratorType, *, python: str = "python3",
-               recipe_dir: Path | None = None, progress: Callable[[str], None] | None = None,
-               slices: int = 1) -> FitReport:
+# -- running the compile -----------------------------------------------------------------------------------
+def fit_report(
+    recipe: RecipeConfig,
+    accelerator: AcceleratorType,
+    *,
+    python: str = "python3",
+    recipe_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    slices: int = 1,
+) -> FitReport:
     """Compile the recipe's step for ``accelerator`` (``slices`` of it: Multislice), or, for a backend that
     cannot, the paper estimate."""
     from tpuft.backends.registry import compile_planner, no_compile_reason
@@ -248,17 +309,27 @@ def fit_report(recipe: RecipeConfig, accelerator: AcceleratorType, *, python: st
     return report(recipe, accelerator, run_compile(plan, progress), slices)
 
 
-def require_fit(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: Callable[[str], None] | None = None) -> FitReport:
-    """``--check-fit``: compile for the cluster's accelerator before anything is created or launched; a step that
-    does not fit stops here (exit 2) with its bytes and what to change. Its waits are shown on stderr."""
+def require_fit(
+    config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: Callable[[str], None] | None = None
+) -> FitReport:
+    """``--check-fit``: compile for the cluster's accelerator before anything is created or launched; a step
+    that does not fit stops here (exit 2) with its bytes and what to change. Its waits are shown on stderr."""
     accelerator = lookup(config.accelerator)
-    found = fit_report(recipe.value, accelerator, python=config.local.python,
-                       recipe_dir=Path(recipe.source).resolve().parent, progress=progress, slices=config.slices)
+    found = fit_report(
+        recipe.value,
+        accelerator,
+        python=config.local.python,
+        recipe_dir=Path(recipe.source).resolve().parent,
+        progress=progress,
+        slices=config.slices,
+    )
     if not found.fits:
         parts = ", ".join(f"{what} {gib(size)}" for what, size, _ in found.rows())
-        raise DoesNotFit(f"{recipe.source}: {found.verdict()}" + (f" ({parts})" if parts else ""),
-                         hint=f"see it whole: tpuft recipes show --summary {recipe.source} --compile "
-                              f"--accelerator {accelerator.name}")
+        raise DoesNotFit(
+            f"{recipe.source}: {found.verdict()}" + (f" ({parts})" if parts else ""),
+            hint=f"see it whole: tpuft recipes show --summary {recipe.source} --compile "
+            f"--accelerator {accelerator.name}",
+        )
     return found
 
 
@@ -275,31 +346,47 @@ def run_compile(plan: CompilePlan, progress: Callable[[str], None] | None = None
             if progress is not None:
                 wait.update("compiling")
             with errors.open("wb") as err:
-                done = subprocess.run([python, "-m", plan.module, str(request)], env=env, stdout=subprocess.PIPE,
-                                      stderr=err, stdin=subprocess.DEVNULL, check=False)
+                done = subprocess.run(
+                    [python, "-m", plan.module, str(request)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    check=False,
+                )
         answer = last_json_object(done.stdout.decode("utf-8", "replace").splitlines())
         if answer is not None and "error" in answer:
             raise UsageError(f"the compile refused the recipe's settings: {answer['error']}")
         if done.returncode != 0 or answer is None:
-            raise _compile_failure(plan, done.returncode, errors.read_text(encoding="utf-8", errors="replace"))
+            raise _compile_failure(
+                plan, done.returncode, errors.read_text(encoding="utf-8", errors="replace")
+            )
     return CompiledStep.from_json(answer)
 
 
 def ensure_env(spec: EnvSpec, progress: Callable[[str], None] | None) -> str:
-    """The plan's venv, through the same bootstrap and cache as ``tpuft setup`` (in a child process: the bootstrap
-    prints, and stdout may be carrying ``--json``)."""
+    """The plan's venv, through the same bootstrap and cache as ``tpuft setup`` (in a child process: the
+    bootstrap prints, and stdout may be carrying ``--json``)."""
     from tpuft.worker.bootstrap import is_ready
 
     venv = venv_cache() / spec.key
     if not is_ready(venv):
-        argv = [sys.executable, "-m", "tpuft.worker.bootstrap", "--cache", str(venv_cache()),
-                "--spec", json.dumps(spec.payload())]
+        argv = [
+            sys.executable,
+            "-m",
+            "tpuft.worker.bootstrap",
+            "--cache",
+            str(venv_cache()),
+            "--spec",
+            json.dumps(spec.payload()),
+        ]
         _run_with_progress(argv, f"the {spec.kind} venv to be built for the compile: {venv}", progress)
     return str(venv / "bin" / "python")
 
 
 def ensure_overlay(plan: CompilePlan, python: str, progress: Callable[[str], None] | None) -> Path:
-    """The overlay folder (libtpu), installed once per machine under a lock; a half-written one is replaced."""
+    """The overlay folder (libtpu), installed once per machine under a lock; a half-written one is
+    replaced."""
     import fcntl
 
     from tpuft.worker.bootstrap import MARKER
@@ -317,19 +404,34 @@ def ensure_overlay(plan: CompilePlan, python: str, progress: Callable[[str], Non
             return folder
         partial = cache / f".{plan.overlay_key}.{os.getpid()}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", "--no-deps",
-                "--target", str(partial), *plan.overlay]
+        argv = [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "--no-deps",
+            "--target",
+            str(partial),
+            *plan.overlay,
+        ]
         _run_with_progress(argv, f"{' '.join(plan.overlay)} to be installed (once) into {folder}", progress)
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
-        marker.write_text(json.dumps({"requirements": list(plan.overlay), "built_at": time.time()}), encoding="utf-8")
+        marker.write_text(
+            json.dumps({"requirements": list(plan.overlay), "built_at": time.time()}), encoding="utf-8"
+        )
     return folder
 
 
 def _run_with_progress(argv: list[str], what: str, progress: Callable[[str], None] | None) -> None:
     lines: list[str] = []
     with waiting(what, progress=progress) as wait:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
@@ -338,12 +440,14 @@ def _run_with_progress(argv: list[str], what: str, progress: Callable[[str], Non
                 wait.update(line[:120])
         code = proc.wait()
     if code != 0:
-        raise TpuftError(f"command failed (exit code {code}): {' '.join(argv[:6])} ...\n{_tail(chr(10).join(lines))}")
+        raise TpuftError(
+            f"command failed (exit code {code}): {' '.join(argv[:6])} ...\n{_tail(chr(10).join(lines))}"
+        )
 
 
 def _compile_failure(plan: CompilePlan, code: int, stderr: str) -> TpuftError:
-    """One line a user can act on, not the compiler's traceback: the exception the program died of (XLA's own words),
-    and the whole of its stderr kept in a log file for a bug report."""
+    """One line a user can act on, not the compiler's traceback: the exception the program died of (XLA's own
+    words), and the whole of its stderr kept in a log file for a bug report."""
     log = tpuft_home() / "logs" / f"compile-{time.strftime('%Y%m%d-%H%M%S')}.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -353,14 +457,18 @@ def _compile_failure(plan: CompilePlan, code: int, stderr: str) -> TpuftError:
         kept = ""
     raised = [line.strip() for line in stderr.splitlines() if _RAISED.match(line.strip())]
     if raised and "Invalid TPU program" in raised[-1]:
-        return TpuftError(f"XLA's TPU compiler refused {plan.what}: {raised[-1].split(': ', 1)[-1]}",
-                          hint="libtpu says this of a step with one buffer larger than a device's HBM (e.g. attention "
-                               "scores of long sequences), among other causes: try a shorter data.max_source_length, a "
-                               "smaller batch or more backend.num_microbatches"
-                               + (f"; the compiler's whole output: {kept}" if kept else ""))
+        return TpuftError(
+            f"XLA's TPU compiler refused {plan.what}: {raised[-1].split(': ', 1)[-1]}",
+            hint="libtpu says this of a step with one buffer larger than a device's HBM (e.g. attention "
+            "scores of long sequences), among other causes: try a shorter data.max_source_length, a "
+            "smaller batch or more backend.num_microbatches"
+            + (f"; the compiler's whole output: {kept}" if kept else ""),
+        )
     said = raised[-1] if raised else _tail(stderr)
-    return TpuftError(f"the compile failed (exit code {code}): {plan.what}: {said}",
-                      hint=f"The compiler's whole output: {kept}" if kept else None)
+    return TpuftError(
+        f"the compile failed (exit code {code}): {plan.what}: {said}",
+        hint=f"The compiler's whole output: {kept}" if kept else None,
+    )
 
 
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exhausted)\b.*: ")
@@ -368,5 +476,9 @@ _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exhausted)\b.*: ")
 
 
 def _tail(text: str, lines: int = 15) -> str:
-    kept = [line for line in text.splitlines() if line.strip() and not line.startswith(("W0", "I0", "WARNING:absl"))]
+    kept = [
+        line
+        for line in text.splitlines()
+        if line.strip() and not line.startswith(("W0", "I0", "WARNING:absl"))
+    ]
     return "\n".join(kept[-lines:])

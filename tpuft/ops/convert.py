@@ -1,4 +1,5 @@
-"""convert: a training checkpoint (T5X, torch, Keras) -> a Hugging Face model directory, local or in a bucket."""
+"""convert: a training checkpoint (T5X, torch, Keras) -> a Hugging Face model directory, local or in a
+bucket."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.config import ClusterConfig
 from tpuft.convert.hf_writer import ExportResult, Progress, parse_size, write_hf_model
 from tpuft.convert.model_source import ConvertError
 from tpuft.core.errors import UsageError
+from tpuft.run import rundir
 
 
 @dataclass
@@ -43,7 +44,8 @@ class ConvertReport:
 
 
 def parse_overrides(pairs: list[str], config_file: Path | None) -> dict[str, Any]:
-    """``--hf-config FILE`` then ``--hf-set KEY=VALUE`` (VALUE read as JSON when it parses, else as a string)."""
+    """``--hf-config FILE`` then ``--hf-set KEY=VALUE`` (VALUE read as JSON when it parses, else as a
+    string)."""
     overrides: dict[str, Any] = {}
     if config_file is not None:
         from tpuft.core.safe_yaml import YamlProblem, read_config_text
@@ -118,8 +120,13 @@ def convert(
             verified = verify_model(source, written, python=verify_python)
 
         result = write_hf_model(
-            source, local_out, dtype=dtype, max_shard_bytes=max_shard_bytes, overwrite=overwrite or remote_out,
-            progress=progress, check=check if verify else None,
+            source,
+            local_out,
+            dtype=dtype,
+            max_shard_bytes=max_shard_bytes,
+            overwrite=overwrite or remote_out,
+            progress=progress,
+            check=check if verify else None,
         )
         if remote_out:
             from tpuft.convert.remote import upload_model
@@ -131,7 +138,9 @@ def convert(
         if checkpoint.startswith("gs://"):
             from tpuft.convert.remote import cache_dir
 
-            shutil.rmtree(cache_dir(checkpoint), ignore_errors=True)  # kept only while a download may need resuming
+            shutil.rmtree(
+                cache_dir(checkpoint), ignore_errors=True
+            )  # kept only while a download may need resuming
     except ConvertError as exc:
         raise UsageError(str(exc)) from None
     return ConvertReport(result=result, source=checkpoint, out=out, step=source.step, verify=verified)

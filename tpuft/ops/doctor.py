@@ -1,14 +1,15 @@
 """doctor: before paying for a run, ask every worker the launch plan uses what would break it there.
 
-One short probe per worker, in parallel through the fleet (:mod:`tpuft.worker.doctor_probe`, shipped alone and run
-with the worker's base python, since the venv and the tpuft package are among the questions), then one tiny timed
-command for the clocks. The probe only looks; this module judges: each check of each worker is ``ok``, ``warn`` (worth
-knowing, the run would go on) or ``fail`` (the run would break), with the culprit named (the worker, the pid, the
-file, the port) and the numbers behind it.
+One short probe per worker, in parallel through the fleet (:mod:`tpuft.worker.doctor_probe`, shipped alone and
+run with the worker's base python, since the venv and the tpuft package are among the questions), then one
+tiny timed command for the clocks. The probe only looks; this module judges: each check of each worker is
+``ok``, ``warn`` (worth knowing, the run would go on) or ``fail`` (the run would break), with the culprit
+named (the worker, the pid, the file, the port) and the numbers behind it.
 
-Some failures ``train`` deals with itself before it launches: it kills this user's processes holding the TPU chips,
-removes a stale libtpu lockfile when it may, and refuses a busy worker naming the live run. ``tpuft doctor`` shows
-them all, as they are now; :func:`doctor_problems`, the check to run before ``train``, leaves those out.
+Some failures ``train`` deals with itself before it launches: it kills this user's processes holding the TPU
+chips, removes a stale libtpu lockfile when it may, and refuses a busy worker naming the live run. ``tpuft
+doctor`` shows them all, as they are now; :func:`doctor_problems`, the check to run before ``train``, leaves
+those out.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tpuft.core.accelerators import lookup
 from tpuft.backends.registry import layout
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+from tpuft.core.accelerators import lookup
 from tpuft.core.errors import TpuftError, UsageError
+from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.fleet.base import last_json_object
 from tpuft.model.summary import fmt_bytes, summarize
 from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
-from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.worker import doctor_probe
 from tpuft.worker.bootstrap import MARKER
 from tpuft.worker.supervisor.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
@@ -46,8 +47,8 @@ VENV_ESTIMATE_BYTES = 8 * 2**30
 estimate for a worker whose venv is still to be built."""
 CLOCK_WARN_S = 1.0
 CLOCK_FAIL_S = 15.0
-"""Beyond this the workers' and the controller's liveness records disagree: a supervisor refreshes its record every
-15 s and a run counts as alive while a record is under a minute old."""
+"""Beyond this the workers' and the controller's liveness records disagree: a supervisor refreshes its record
+every 15 s and a run counts as alive while a record is under a minute old."""
 CONTROLLER = -1
 """The ``worker`` of a finding about this machine (the run storage when it is a local folder)."""
 
@@ -63,8 +64,9 @@ class Finding:
     detail: str = ""
     """One line: what is wrong, the culprit named, what to do."""
     train_handles: bool = False
-    """``train`` deals with it itself before launching: it clears it (this user's stale TPU processes, a removable
-    stale lockfile) or refuses with its own message (a busy worker: the live run's id and how to stop it)."""
+    """``train`` deals with it itself before launching: it clears it (this user's stale TPU processes, a
+    removable stale lockfile) or refuses with its own message (a busy worker: the live run's id and how to
+    stop it)."""
 
     @property
     def where(self) -> str:
@@ -91,7 +93,9 @@ class DoctorReport:
 
     def problems(self, *, before_train: bool = False) -> list[str]:
         """The failures, one line each; ``before_train``: only those ``train`` would not deal with itself."""
-        return [f.line() for f in self.findings if f.status == "fail" and not (before_train and f.train_handles)]
+        return [
+            f.line() for f in self.findings if f.status == "fail" and not (before_train and f.train_handles)
+        ]
 
     def warnings(self) -> list[str]:
         return [f.line() for f in self.findings if f.status == "warn"]
@@ -101,24 +105,33 @@ class DoctorReport:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "cluster": self.cluster, "backend": self.backend, "target": self.target,
-            "workers": list(self.workers), "venv_key": self.venv_key, "package": self.package,
-            "problems": self.problems(), "warnings": self.warnings(), "notes": self.notes,
+            "ok": self.ok,
+            "cluster": self.cluster,
+            "backend": self.backend,
+            "target": self.target,
+            "workers": list(self.workers),
+            "venv_key": self.venv_key,
+            "package": self.package,
+            "problems": self.problems(),
+            "warnings": self.warnings(),
+            "notes": self.notes,
             "checks": [asdict(f) for f in self.findings],
         }
 
 
 def doctor(config: ClusterConfig, recipe: Loaded[RecipeConfig]) -> DoctorReport:
-    """``tpuft doctor RECIPE``: the recipe against the cluster's shape (a located error, exit 2), then every check."""
+    """``tpuft doctor RECIPE``: the recipe against the cluster's shape (a located error, exit 2), then every
+    check."""
     session = open_session(config)
     check_against_cluster(recipe, session.shape)
     return examine(session, recipe.value, Path(recipe.source).resolve().parent)
 
 
 def doctor_problems(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = None) -> list[str]:
-    """What would break ``recipe``'s run on this session's cluster that ``train`` would not deal with itself (it
-    clears stale TPU processes and lockfiles of its user, and refuses a busy cluster with its own message): one line
-    per worker and check. For ``train``'s preflight, after the venv is known to be there."""
+    """What would break ``recipe``'s run on this session's cluster that ``train`` would not deal with itself
+    (it clears stale TPU processes and lockfiles of its user, and refuses a busy cluster with its own
+    message): one line per worker and check. For ``train``'s preflight, after the venv is known to be
+    there."""
     return examine(session, recipe, recipe_dir).problems(before_train=True)
 
 
@@ -127,9 +140,12 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
     plan = launch_plan(session, recipe)
     workers = tuple(plan.workers)
     tpu = session.shape.target == "tpu"
-    report = DoctorReport(session.config.name, recipe.backend.kind, session.shape.target, workers, spec.key, package_hash())
+    report = DoctorReport(
+        session.config.name, recipe.backend.kind, session.shape.target, workers, spec.key, package_hash()
+    )
     hosts = {w.index: (w.internal_address or w.address) for w in session.cluster.workers}
-    # train's rule (ops/train.py, _coordinator_port): workers on this machine get a port picked free at launch.
+    # train's rule (ops/train.py, _coordinator_port): workers on this machine get a port picked free at
+    # launch.
     port = None if hosts[workers[0]] in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
     probe_spec = {
         "venv": {"cache": session.provider.venv_cache(), "key": spec.key, "marker": MARKER},
@@ -140,17 +156,29 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
     reports = _probe(session, spec.python, workers, probe_spec, port)
     checkpoint, how = _checkpoint_bytes(session, recipe, recipe_dir)
     keep = recipe.train.keep_checkpoints + 2
-    staged_on_worker = session.cluster.bucket.startswith("gs://") and not layout(recipe.backend.kind).writes_to_bucket
+    staged_on_worker = (
+        session.cluster.bucket.startswith("gs://") and not layout(recipe.backend.kind).writes_to_bucket
+    )
     report.notes.append(how)
     for index in workers:
         data = reports[index]
-        found = [_free(data), _venv(data, recipe.name), _package(data, report.package), *(_tpu(data) if tpu else ()),
-                 _port(data, port if index == workers[0] else None),
-                 _disk(data, probe_spec, checkpoint if staged_on_worker and index == workers[0] else 0, keep)]
-        report.findings += [Finding(check, index, status, cell, detail, handled) for check, status, cell, detail, handled in found]
+        found = [
+            _free(data),
+            _venv(data, recipe.name),
+            _package(data, report.package),
+            *(_tpu(data) if tpu else ()),
+            _port(data, port if index == workers[0] else None),
+            _disk(data, probe_spec, checkpoint if staged_on_worker and index == workers[0] else 0, keep),
+        ]
+        report.findings += [
+            Finding(check, index, status, cell, detail, handled)
+            for check, status, cell, detail, handled in found
+        ]
     report.findings += _reachability(session, spec.python, workers, port, reports)
     if not session.cluster.bucket.startswith("gs://"):
-        report.findings.append(_storage_disk(session.cluster.bucket, checkpoint * keep if checkpoint else None, keep))
+        report.findings.append(
+            _storage_disk(session.cluster.bucket, checkpoint * keep if checkpoint else None, keep)
+        )
     for index, (skew, rtt) in _clocks(session, spec.python, workers).items():
         report.findings.append(_clock(index, skew, rtt))
     return report
@@ -165,7 +193,9 @@ def _probe_path() -> str:
     return f"{PROBE_HOME}/{package_hash()}/{source.name}"
 
 
-def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[str, Any], port: int | None) -> dict[int, dict[str, Any]]:
+def _probe(
+    session: Session, python: str, workers: tuple[int, ...], spec: dict[str, Any], port: int | None
+) -> dict[int, dict[str, Any]]:
     """Ship the probe, run it on every worker at once, and read each one's JSON line."""
     session.fleet.put(Path(doctor_probe.__file__), _probe_path(), workers=workers)
     # One argv for all (the port is cheap to ask everywhere; only the coordinator's worker is judged on it).
@@ -173,9 +203,14 @@ def _probe(session: Session, python: str, workers: tuple[int, ...], spec: dict[s
 
 
 def _run_probe(
-    session: Session, python: str, workers: tuple[int, ...], args: list[str], on_line: Any = None,
+    session: Session,
+    python: str,
+    workers: tuple[int, ...],
+    args: list[str],
+    on_line: Any = None,
 ) -> dict[int, dict[str, Any]]:
-    """Run the shipped probe with ``args`` on ``workers``; each one's last JSON line (``on_line`` hears them all)."""
+    """Run the shipped probe with ``args`` on ``workers``; each one's last JSON line (``on_line`` hears them
+    all)."""
     lines: dict[int, list[str]] = {}
     lock = threading.Lock()
 
@@ -185,21 +220,28 @@ def _run_probe(
         if on_line is not None:
             on_line(index, line)
 
-    extra = {name: os.environ[name] for name in (doctor_probe.TPU_PATHS_ENV, doctor_probe.SKIP_LISTEN_ENV)
-             if os.environ.get(name)}
+    extra = {
+        name: os.environ[name]
+        for name in (doctor_probe.TPU_PATHS_ENV, doctor_probe.SKIP_LISTEN_ENV)
+        if os.environ.get(name)
+    }
     found: dict[int, dict[str, Any]] = {}
     env = lambda w: worker_env(session.config, extra)  # noqa: E731
-    result = session.fleet.run([python, _probe_path(), *args], env=env, workers=workers, on_line=collect, fail_fast=False)
+    result = session.fleet.run(
+        [python, _probe_path(), *args], env=env, workers=workers, on_line=collect, fail_fast=False
+    )
     for r in result.results:
         data = last_json_object(lines.get(r.index, []))
         if r.exit_code != 0 or data is None:
             tail = "\n".join("  " + line for line in r.tail[-10:])
-            raise TpuftError(f"the doctor's probe failed on worker {r.index} (exit code {r.exit_code}):\n{tail}")
+            raise TpuftError(
+                f"the doctor's probe failed on worker {r.index} (exit code {r.exit_code}):\n{tail}"
+            )
         found[r.index] = data
     return found
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Judging one worker's report
 
 
@@ -208,8 +250,14 @@ def _free(data: dict[str, Any]) -> Judged:
     if busy is None:
         return ("free", "ok", "yes", "", False)
     run = busy.get("run_id")
-    return ("free", "fail", f"run {run}", f"run {run} is training here (supervisor pid {busy['supervisor_pid']}): "
-            f"train refuses a busy cluster; stop it: tpuft stop {run}", True)
+    return (
+        "free",
+        "fail",
+        f"run {run}",
+        f"run {run} is training here (supervisor pid {busy['supervisor_pid']}): "
+        f"train refuses a busy cluster; stop it: tpuft stop {run}",
+        True,
+    )
 
 
 def _venv(data: dict[str, Any], recipe: str) -> Judged:
@@ -220,7 +268,8 @@ def _venv(data: dict[str, Any], recipe: str) -> Judged:
     why = {
         "missing": f"the venv {venv['path']} is not there",
         "incomplete": f"the venv {venv['path']} has no completion marker ({MARKER}): its build was cut off",
-        "stale": f"the venv {venv['path']} was built by Python {venv.get('built_by')}, this worker's is {venv['python']}",
+        "stale": f"the venv {venv['path']} was built by Python {venv.get('built_by')}, this worker's is "
+        f"{venv['python']}",
     }[state]
     return ("venv", "fail", state, f"{why}; run: tpuft setup {recipe}", False)
 
@@ -230,9 +279,21 @@ def _package(data: dict[str, Any], expected: str) -> Judged:
     if package["state"] == "same":
         return ("tpuft", "ok", "same", "", False)
     if package["state"] == "missing":
-        return ("tpuft", "warn", "not shipped", f"this tpuft ({expected}) is not on the worker yet: train ships it", False)
-    return ("tpuft", "warn", "changed", f"{package['path']} hashes to {package['hash']}, not {expected} (changed on the "
-            "worker): train copies it again", False)
+        return (
+            "tpuft",
+            "warn",
+            "not shipped",
+            f"this tpuft ({expected}) is not on the worker yet: train ships it",
+            False,
+        )
+    return (
+        "tpuft",
+        "warn",
+        "changed",
+        f"{package['path']} hashes to {package['hash']}, not {expected} (changed on the "
+        "worker): train copies it again",
+        False,
+    )
 
 
 def _who(process: dict[str, Any]) -> str:
@@ -249,16 +310,33 @@ def _tpu(data: dict[str, Any]) -> list[Judged]:
     elif libtpu["ok"]:
         found.append(("libtpu", "ok", "imports", "", False))
     else:
-        found.append(("libtpu", "fail", "no import", f"libtpu does not import in the venv: {libtpu['error']}", False))
+        found.append(
+            ("libtpu", "fail", "no import", f"libtpu does not import in the venv: {libtpu['error']}", False)
+        )
     holders = tpu["holders"]
     if not tpu["devices"]:
-        found.append(("TPU chips", "fail", "no chips", "no TPU device (/dev/accel*, /dev/vfio/*) on this host", False))
+        found.append(
+            ("TPU chips", "fail", "no chips", "no TPU device (/dev/accel*, /dev/vfio/*) on this host", False)
+        )
     elif holders:
         mine = all(p.get("ours") for p in holders) and data.get("busy") is None
         who = "; ".join(_who(p) for p in holders)
-        fix = ("train kills it before launching" if mine else "a live run's: stop it first" if data.get("busy")
-               else "train cannot kill it (another user's): stop it on the host")
-        found.append(("TPU chips", "fail", f"held by {holders[0]['pid']}", f"the TPU chips are held by {who}: {fix}", mine))
+        fix = (
+            "train kills it before launching"
+            if mine
+            else "a live run's: stop it first"
+            if data.get("busy")
+            else "train cannot kill it (another user's): stop it on the host"
+        )
+        found.append(
+            (
+                "TPU chips",
+                "fail",
+                f"held by {holders[0]['pid']}",
+                f"the TPU chips are held by {who}: {fix}",
+                mine,
+            )
+        )
     else:
         found.append(("TPU chips", "ok", f"{len(tpu['devices'])} free", "", False))
     lock = tpu["lockfile"]
@@ -268,8 +346,20 @@ def _tpu(data: dict[str, Any]) -> list[Judged]:
         who = "; ".join(_who(p) for p in lock["holders"])
         found.append(("libtpu lock", "fail", "in use", f"{lock['path']} is held by {who}", False))
     else:
-        fix = "train removes it before launching" if lock["removable"] else "train cannot remove it (not this user's): remove it on the host"
-        found.append(("libtpu lock", "fail", "stale", f"{lock['path']} is left by a process that is gone: {fix}", lock["removable"]))
+        fix = (
+            "train removes it before launching"
+            if lock["removable"]
+            else "train cannot remove it (not this user's): remove it on the host"
+        )
+        found.append(
+            (
+                "libtpu lock",
+                "fail",
+                "stale",
+                f"{lock['path']} is left by a process that is gone: {fix}",
+                lock["removable"],
+            )
+        )
     return found
 
 
@@ -283,29 +373,52 @@ def _port(data: dict[str, Any], port: int | None) -> Judged:
     if listeners:
         who = "; ".join(_who(p) for p in listeners)
     elif state.get("lingering"):
-        who = (f"no live process: sockets in {', '.join(state['lingering'])} stayed on it for {state.get('waited_s')} s "
-               "(the remains of a process that ended; the kernel frees them within minutes)")
+        who = (
+            f"no live process: sockets in {', '.join(state['lingering'])} stayed on it for "
+            f"{state.get('waited_s')} s "
+            "(the remains of a process that ended; the kernel frees them within minutes)"
+        )
     else:
         who = "a process this user cannot see"
-    return ("port", "fail", f"{port} taken", f"the coordinator's port {port} is taken ({state.get('error')}) by {who}", False)
+    return (
+        "port",
+        "fail",
+        f"{port} taken",
+        f"the coordinator's port {port} is taken ({state.get('error')}) by {who}",
+        False,
+    )
 
 
 def _disk(data: dict[str, Any], spec: dict[str, Any], checkpoint: int, keep: int) -> Judged:
-    """HOME needs ``keep`` staged checkpoints of ``checkpoint`` bytes (worker 0 of a bucket run whose trainer does
-    not write the bucket itself), the venv cache a venv still to build; on one filesystem, both."""
+    """HOME needs ``keep`` staged checkpoints of ``checkpoint`` bytes (worker 0 of a bucket run whose trainer
+    does not write the bucket itself), the venv cache a venv still to build; on one filesystem, both."""
     home, cache = data["disk"]["~"], data["disk"][spec["venv"]["cache"]]
     checkpoints = checkpoint * keep
     venv = VENV_ESTIMATE_BYTES if data["venv"]["state"] != "ready" else 0
     needs = {home["device"]: 0, cache["device"]: 0}
     needs[home["device"]] += checkpoints
     needs[cache["device"]] += venv
-    short = [(device, need) for device, need in needs.items() if need > (home if device == home["device"] else cache)["free"]]
+    short = [
+        (device, need)
+        for device, need in needs.items()
+        if need > (home if device == home["device"] else cache)["free"]
+    ]
     free = min(home["free"], cache["free"])
-    parts = ([f"{keep} checkpoints {fmt_bytes(checkpoints)}"] if checkpoints else []) + ([f"a venv ~{fmt_bytes(venv)}"] if venv else [])
-    wants = f"needs {fmt_bytes(sum(needs.values()))} ({' + '.join(parts)})" if parts else "nothing to write here"
+    parts = ([f"{keep} checkpoints {fmt_bytes(checkpoints)}"] if checkpoints else []) + (
+        [f"a venv ~{fmt_bytes(venv)}"] if venv else []
+    )
+    wants = (
+        f"needs {fmt_bytes(sum(needs.values()))} ({' + '.join(parts)})" if parts else "nothing to write here"
+    )
     if short:
         where = home["at"] if short[0][0] == home["device"] else cache["at"]
-        return ("disk", "fail", f"{fmt_bytes(free)} free", f"{fmt_bytes(free)} free at {where}, {wants}", False)
+        return (
+            "disk",
+            "fail",
+            f"{fmt_bytes(free)} free",
+            f"{fmt_bytes(free)} free at {where}, {wants}",
+            False,
+        )
     return ("disk", "ok", f"{fmt_bytes(free)} free", f"{fmt_bytes(free)} free, {wants}", False)
 
 
@@ -315,44 +428,64 @@ def _storage_disk(folder: str, needed: int | None, keep: int) -> Finding:
         path = path.parent
     free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
     if needed is None:
-        return Finding("disk", CONTROLLER, "warn", f"{fmt_bytes(free)} free", f"{fmt_bytes(free)} free for the run storage "
-                       f"{folder}; the checkpoints' size is unknown")
+        return Finding(
+            "disk",
+            CONTROLLER,
+            "warn",
+            f"{fmt_bytes(free)} free",
+            f"{fmt_bytes(free)} free for the run storage {folder}; the checkpoints' size is unknown",
+        )
     status: Status = "fail" if needed > free else "ok"
-    return Finding("disk", CONTROLLER, status, f"{fmt_bytes(free)} free",
-                   f"{fmt_bytes(free)} free for the run storage {folder}, needs {fmt_bytes(needed)} ({keep} checkpoints)")
+    return Finding(
+        "disk",
+        CONTROLLER,
+        status,
+        f"{fmt_bytes(free)} free",
+        f"{fmt_bytes(free)} free for the run storage {folder}, needs {fmt_bytes(needed)} ({keep} checkpoints)",
+    )
 
 
 def _checkpoint_bytes(session: Session, recipe: RecipeConfig, recipe_dir: Path | None) -> tuple[int, str]:
-    """One checkpoint's size from the paper estimate (:mod:`tpuft.model.summary`): float32 weights and the optimizer
-    state, whole. 0 when the model cannot be sized offline (a note says so)."""
+    """One checkpoint's size from the paper estimate (:mod:`tpuft.model.summary`): float32 weights and the
+    optimizer state, whole. 0 when the model cannot be sized offline (a note says so)."""
     try:
         summary = summarize(recipe, lookup(session.config.accelerator), recipe_dir=recipe_dir)
     except UsageError as exc:
         return 0, f"checkpoint size unknown ({exc.message}): the disk check counts the venv only"
-    optimizer = next((row.bytes for row in summary.memory if row.what == "optimizer"), 0) * summary.setup.shard_over
+    optimizer = (
+        next((row.bytes for row in summary.memory if row.what == "optimizer"), 0) * summary.setup.shard_over
+    )
     size = summary.total_params * 4 + optimizer
     keep = recipe.train.keep_checkpoints
-    return size, (f"a checkpoint is ~{fmt_bytes(size)} ({summary.total_params:,} float32 parameters and the optimizer "
-                  f"state); the disk check counts {keep + 2}: train.keep_checkpoints ({keep}), the best, and the one "
-                  "being written")
+    return size, (
+        f"a checkpoint is ~{fmt_bytes(size)} ({summary.total_params:,} float32 parameters and the optimizer "
+        f"state); the disk check counts {keep + 2}: train.keep_checkpoints ({keep}), the best, and the one "
+        "being written"
+    )
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Reachability: the firewall between the hosts
 
 
 REACH_TIMEOUT_S = 5.0
 """Per address: a VPC firewall drops packets (a connection times out) rather than refusing them."""
 LISTEN_S = 120.0
-"""The listener's longest wait for the connecting hosts (it ends as soon as each has connected, or is told to)."""
+"""The listener's longest wait for the connecting hosts (it ends as soon as each has connected, or is told
+to)."""
 
 
 def _reachability(
-    session: Session, python: str, workers: tuple[int, ...], port: int | None, reports: dict[int, dict[str, Any]],
+    session: Session,
+    python: str,
+    workers: tuple[int, ...],
+    port: int | None,
+    reports: dict[int, dict[str, Any]],
 ) -> list[Finding]:
-    """Before a launch on hosts of their own (GCP, not the local pod): does every launched host reach slice 0 host 0
-    on the in-run coordinator's port and, for several slices, the cross-slice one? Slice 0 host 0 listens on them
-    (only for the check: the port check before has just found them free) while the others connect."""
+    """Before a launch on hosts of their own (GCP, not the local pod): does every launched host reach slice 0
+    host 0 on the in-run coordinator's port and, for several slices, the cross-slice one? Slice 0 host 0
+    listens on them (only for the check: the port check before has just found them free) while the others
+    connect."""
     if port is None or len(workers) < 2:
         return []
     first = workers[0]
@@ -363,50 +496,94 @@ def _reachability(
     host = next(w.internal_address or w.address for w in session.cluster.workers if w.index == first)
     listener: list[dict[int, dict[str, Any]]] = []
     ready = threading.Event()
-    thread = threading.Thread(target=lambda: listener.append(_run_probe(
-        session, python, (first,), ["--listen", ",".join(map(str, ports)), "--expect", str(len(workers) - 1),
-                                    "--seconds", str(LISTEN_S)],
-        on_line=lambda index, line: ready.set() if line.startswith('{"listening"') else None)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: listener.append(
+            _run_probe(
+                session,
+                python,
+                (first,),
+                [
+                    "--listen",
+                    ",".join(map(str, ports)),
+                    "--expect",
+                    str(len(workers) - 1),
+                    "--seconds",
+                    str(LISTEN_S),
+                ],
+                on_line=lambda index, line: ready.set() if line.startswith('{"listening"') else None,
+            )
+        ),
+        daemon=True,
+    )
     thread.start()
     ready.wait(LISTEN_S)
     found: dict[int, dict[str, Any]] = {}
     if ready.is_set():
         addresses = ",".join(f"{host}:{p}" for p in ports)
-        found = _run_probe(session, python, workers[1:], ["--connect", addresses, "--seconds", str(REACH_TIMEOUT_S)])
+        found = _run_probe(
+            session, python, workers[1:], ["--connect", addresses, "--seconds", str(REACH_TIMEOUT_S)]
+        )
         if thread.is_alive():  # someone could not connect: the listener would wait for it in vain
             opened = [p for p in ports if p not in _refused_everywhere(found, host)]
             if opened:
-                _run_probe(session, python, (first,), ["--connect", f"127.0.0.1:{opened[0]}", "--send", "done",
-                                                      "--seconds", str(REACH_TIMEOUT_S)])
+                _run_probe(
+                    session,
+                    python,
+                    (first,),
+                    [
+                        "--connect",
+                        f"127.0.0.1:{opened[0]}",
+                        "--send",
+                        "done",
+                        "--seconds",
+                        str(REACH_TIMEOUT_S),
+                    ],
+                )
     thread.join(LISTEN_S)
     if not listener:
-        return [Finding("reach", first, "fail", "no listener", "the reachability probe's listener did not start")]
+        return [
+            Finding("reach", first, "fail", "no listener", "the reachability probe's listener did not start")
+        ]
     errors = listener[0][first].get("bind_errors") or {}
     findings = [_listening(first, layout.name(first), errors)]
     rule = _firewall_rule(session, ports)
     for index in workers[1:]:
         failed = [r for r in found.get(index, {}).get("reach", []) if not r["ok"]]
         if not failed:
-            findings.append(Finding("reach", index, "ok", "ok", f"reaches {host} on tcp:{','.join(map(str, ports))}"))
+            findings.append(
+                Finding("reach", index, "ok", "ok", f"reaches {host} on tcp:{','.join(map(str, ports))}")
+            )
             continue
         what = "; ".join(f"{r['address']} ({r.get('error')})" for r in failed)
-        findings.append(Finding("reach", index, "fail", failed[0].get("error", "no"),
-                                f"{layout.name(index)} cannot reach slice 0 host 0 at {what}: {rule}"))
+        findings.append(
+            Finding(
+                "reach",
+                index,
+                "fail",
+                failed[0].get("error", "no"),
+                f"{layout.name(index)} cannot reach slice 0 host 0 at {what}: {rule}",
+            )
+        )
     return findings
 
 
 def _refused_everywhere(found: dict[int, dict[str, Any]], host: str) -> set[int]:
     """Ports no host reached (nothing listens there to be told ``done``)."""
     results = [r for report in found.values() for r in report.get("reach", [])]
-    return {int(r["address"].rsplit(":", 1)[1]) for r in results
-            if not any(o["ok"] and o["address"] == r["address"] for o in results)}
+    return {
+        int(r["address"].rsplit(":", 1)[1])
+        for r in results
+        if not any(o["ok"] and o["address"] == r["address"] for o in results)
+    }
 
 
 def _listening(index: int, name: str, errors: dict[str, str]) -> Finding:
     if not errors:
         return Finding("reach", index, "ok", "listens")
     what = "; ".join(f"port {port} ({error})" for port, error in errors.items())
-    return Finding("reach", index, "fail", "cannot listen", f"{name} (the coordinators' host) cannot listen on {what}")
+    return Finding(
+        "reach", index, "fail", "cannot listen", f"{name} (the coordinators' host) cannot listen on {what}"
+    )
 
 
 def _firewall_rule(session: Session, ports: list[int]) -> str:
@@ -414,13 +591,17 @@ def _firewall_rule(session: Session, ports: list[int]) -> str:
     internal addresses."""
     network = str(session.config.gcp.network or "default")
     allow = ",".join(f"tcp:{p}" for p in ports)
-    return (f"allow {allow} from the TPU hosts' range in the VPC network {network}: gcloud compute firewall-rules "
-            f"create tpuft-{session.config.name}-internal --network={network} --allow={allow} "
-            f"--source-ranges={_source_range(session)}")
+    return (
+        f"allow {allow} from the TPU hosts' range in the VPC network {network}: gcloud compute "
+        "firewall-rules "
+        f"create tpuft-{session.config.name}-internal --network={network} --allow={allow} "
+        f"--source-ranges={_source_range(session)}"
+    )
 
 
 def _source_range(session: Session) -> str:
-    """The smallest /16-or-wider range holding every host's internal address (the subnet's own range is better)."""
+    """The smallest /16-or-wider range holding every host's internal address (the subnet's own range is
+    better)."""
     try:
         addresses = [ipaddress.ip_address(w.internal_address or w.address) for w in session.cluster.workers]
     except ValueError:
@@ -431,7 +612,7 @@ def _source_range(session: Session) -> str:
     return str(network)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Clocks
 
 
@@ -445,16 +626,16 @@ CLOCK_COMMAND = (
     "    ran = 0.0\n"
     "print(repr(now), repr(max(ran, 0.0)), flush=True)\n"
 )
-"""Prints the worker's time and how long its python had been running by then (its start-up, which is no part of
-the round trip's uncertainty: the time was read after it)."""
+"""Prints the worker's time and how long its python had been running by then (its start-up, which is no part
+of the round trip's uncertainty: the time was read after it)."""
 CLOCK_TICK_S = 0.02
 """The start-up is known to a clock tick (10 ms): the window is widened by two."""
 
 
 def _clocks(session: Session, python: str, workers: tuple[int, ...]) -> dict[int, tuple[float, float]]:
-    """worker -> (its clock minus this one's, the window the reading fell in), from one tiny command: its time was
-    read after its python started and before its line arrived here, so it is compared with the midpoint of that
-    window (connections are open by now: the probe ran)."""
+    """worker -> (its clock minus this one's, the window the reading fell in), from one tiny command: its time
+    was read after its python started and before its line arrived here, so it is compared with the midpoint of
+    that window (connections are open by now: the probe ran)."""
     arrived: dict[int, tuple[float, float]] = {}
     started = time.time()
 
@@ -468,7 +649,9 @@ def _clocks(session: Session, python: str, workers: tuple[int, ...]) -> dict[int
         arrived[index] = (theirs - (earliest + now) / 2, now - earliest)
 
     argv = [python, "-c", CLOCK_COMMAND]
-    session.fleet.run(argv, env=lambda w: worker_env(session.config), workers=workers, on_line=stamp, fail_fast=False)
+    session.fleet.run(
+        argv, env=lambda w: worker_env(session.config), workers=workers, on_line=stamp, fail_fast=False
+    )
     return {index: arrived.get(index, (float("nan"), float("nan"))) for index in workers}
 
 
@@ -479,9 +662,11 @@ def _clock(index: int, skew: float, rtt: float) -> Finding:
     detail = f"clock {skew:+.3f} s from this machine's (± {rtt / 2:.3f} s)"
     off = abs(skew) - rtt / 2  # what is certainly off, wherever in its window the reading fell
     if off > CLOCK_FAIL_S:
-        return Finding("clock", index, "fail", cell, f"{detail}: liveness records would be misread; sync it (chrony/NTP)")
+        return Finding(
+            "clock", index, "fail", cell, f"{detail}: liveness records would be misread; sync it (chrony/NTP)"
+        )
     if off > CLOCK_WARN_S:
-        return Finding("clock", index, "warn", cell, f"{detail}: logs and heartbeats misorder; sync it (chrony/NTP)")
+        return Finding(
+            "clock", index, "warn", cell, f"{detail}: logs and heartbeats misorder; sync it (chrony/NTP)"
+        )
     return Finding("clock", index, "ok", cell, detail)
-
-

@@ -1,15 +1,17 @@
-"""``tpuft drill maintenance|preempt --worker I``: make the infrastructure do to one worker what maintenance or a
-preemption would, so that a run's handling of it (checkpoint before the window, recovery) is exercised on purpose.
+"""``tpuft drill maintenance|preempt --worker I``: make the infrastructure do to one worker what maintenance
+or a preemption would, so that a run's handling of it (checkpoint before the window, recovery) is exercised on
+purpose.
 
 On GCP, ``maintenance`` is the TPU API's own simulation (``SimulateMaintenanceEvent``, v2alpha1): the worker's
-metadata server announces a window and the node shows it, as for real maintenance. ``preempt`` has no simulation in
-the TPU API (none for TPU VMs in v2 or v2alpha1); the nearest real action is ``StopNode``, which takes the whole node
-to STOPPED, as a preemption takes it to PREEMPTED: the run's workers are gone and a watcher recovers it. The result
-says which action was taken.
+metadata server announces a window and the node shows it, as for real maintenance. ``preempt`` has no
+simulation in the TPU API (none for TPU VMs in v2 or v2alpha1); the nearest real action is ``StopNode``, which
+takes the whole node to STOPPED, as a preemption takes it to PREEMPTED: the run's workers are gone and a
+watcher recovers it. The result says which action was taken.
 
-On the local pod, ``maintenance`` writes the worker's notice file (``~/.tpuft/upcoming-maintenance.json`` in its
-home, what its supervisor reads in place of a metadata server) with a window ``--notice`` seconds ahead; ``preempt``
-kills the worker's supervisor and trainer with SIGKILL, which is what a VM going away does to them.
+On the local pod, ``maintenance`` writes the worker's notice file (``~/.tpuft/upcoming-maintenance.json`` in
+its home, what its supervisor reads in place of a metadata server) with a window ``--notice`` seconds ahead;
+``preempt`` kills the worker's supervisor and trainer with SIGKILL, which is what a VM going away does to
+them.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from typing import Any
 
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
-from tpuft.run.maintenance_window import Window, rfc3339
-from tpuft.providers import get_provider
 from tpuft.core.records import Cluster, Worker
+from tpuft.providers import get_provider
+from tpuft.run.maintenance_window import Window, rfc3339
 from tpuft.worker.supervisor.host_state import STATE_DIR
 from tpuft.worker.supervisor.maintenance import notice_file
 
@@ -47,18 +49,24 @@ class DrillResult:
         return asdict(self)
 
 
-def drill(config: ClusterConfig, kind: str, worker: int, *, notice: float = 60.0, lasts: float = 600.0) -> DrillResult:
+def drill(
+    config: ClusterConfig, kind: str, worker: int, *, notice: float = 60.0, lasts: float = 600.0
+) -> DrillResult:
     """Do it; a cluster that is not READY, or a worker it does not have, is a usage error (exit 2)."""
     if kind not in KINDS:
         raise UsageError(f"tpuft drill: unknown drill {kind!r}; one of: {', '.join(KINDS)}")
     provider = get_provider(config)
     cluster = provider.get()
     if cluster.state != "READY":
-        raise UsageError(f"tpuft drill {kind}: cluster {config.name} is {cluster.state}, not READY",
-                         hint="See: tpuft status")
+        raise UsageError(
+            f"tpuft drill {kind}: cluster {config.name} is {cluster.state}, not READY",
+            hint="See: tpuft status",
+        )
     if not 0 <= worker < len(cluster.workers):
-        raise UsageError(f"tpuft drill {kind}: --worker {worker}: cluster {config.name} has workers "
-                         f"0..{len(cluster.workers) - 1}")
+        raise UsageError(
+            f"tpuft drill {kind}: --worker {worker}: cluster {config.name} has workers "
+            f"0..{len(cluster.workers) - 1}"
+        )
     target = cluster.workers[worker]
     if provider.name == "gcp":
         return _on_gcp(provider, cluster, kind, target)
@@ -73,12 +81,22 @@ def _on_gcp(provider: Any, cluster: Cluster, kind: str, target: Worker) -> Drill
     host = target.index - sum(1 for w in cluster.workers if w.slice < target.slice)
     if kind == "maintenance":
         operation = maintenance.simulate(api, node_id, host)
-        return DrillResult(kind, target.index, "gcp", "SimulateMaintenanceEvent (TPU API v2alpha1)",
-                           {"node": node_id, "node_worker": host, "operation": operation.get("name", "")})
+        return DrillResult(
+            kind,
+            target.index,
+            "gcp",
+            "SimulateMaintenanceEvent (TPU API v2alpha1)",
+            {"node": node_id, "node_worker": host, "operation": operation.get("name", "")},
+        )
     operation = maintenance.stop_node(api, node_id)
     api.wait_operation(f"stopping TPU node {node_id}", operation, None, None)
-    return DrillResult(kind, target.index, "gcp", maintenance.SIMULATED_PREEMPTION,
-                       {"node": node_id, "node_worker": host, "note": "the whole node stops, every worker of it"})
+    return DrillResult(
+        kind,
+        target.index,
+        "gcp",
+        maintenance.SIMULATED_PREEMPTION,
+        {"node": node_id, "node_worker": host, "note": "the whole node stops, every worker of it"},
+    )
 
 
 def _on_local(kind: str, target: Worker, notice: float, lasts: float) -> DrillResult:
@@ -89,12 +107,28 @@ def _on_local(kind: str, target: Worker, notice: float, lasts: float) -> DrillRe
         window = Window("UNSCHEDULED", "PENDING", start, start + lasts)
         path = notice_file(target.home)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"type": window.kind, "maintenance_status": window.status,
-                                    "window_start_time": rfc3339(start), "window_end_time": rfc3339(start + lasts)}))
-        return DrillResult(kind, target.index, "local", "the worker's maintenance notice file",
-                           {"path": str(path), "window": window.describe()})
-    current = json.loads((target.home / STATE_DIR / "current.json").read_text() or "{}") \
-        if (target.home / STATE_DIR / "current.json").exists() else {}
+        path.write_text(
+            json.dumps(
+                {
+                    "type": window.kind,
+                    "maintenance_status": window.status,
+                    "window_start_time": rfc3339(start),
+                    "window_end_time": rfc3339(start + lasts),
+                }
+            )
+        )
+        return DrillResult(
+            kind,
+            target.index,
+            "local",
+            "the worker's maintenance notice file",
+            {"path": str(path), "window": window.describe()},
+        )
+    current = (
+        json.loads((target.home / STATE_DIR / "current.json").read_text() or "{}")
+        if (target.home / STATE_DIR / "current.json").exists()
+        else {}
+    )
     killed = []
     for key in ("trainer_pid", "supervisor_pid"):
         pid = current.get(key)
@@ -107,5 +141,10 @@ def _on_local(kind: str, target: Worker, notice: float, lasts: float) -> DrillRe
                 killed.append(pid)
     if not killed:
         raise UsageError(f"tpuft drill preempt: worker {target.index} runs nothing to preempt")
-    return DrillResult(kind, target.index, "local", "SIGKILL of the worker's supervisor and trainer (a VM going away)",
-                       {"killed": killed})
+    return DrillResult(
+        kind,
+        target.index,
+        "local",
+        "SIGKILL of the worker's supervisor and trainer (a VM going away)",
+        {"killed": killed},
+    )

@@ -1,22 +1,24 @@
-"""``tpuft gc``: capacity tpuft created that holds quota or bills with nothing to show for it, found and removed.
+"""``tpuft gc``: capacity tpuft created that holds quota or bills with nothing to show for it, found and
+removed.
 
-Why: a preempted spot node stays PREEMPTED (holding its quota) until someone deletes it; a FAILED or SUSPENDED queued
-resource keeps its place; a READY node whose run ended on Friday bills all weekend. Only resources tpuft created are
-considered, by the label ``created-by=tpuft`` that :mod:`tpuft.providers.gcp.nodes` puts on every node it asks for
-(a queued resource carries it on its node spec): nothing else in the project is ever listed or deleted.
+Why: a preempted spot node stays PREEMPTED (holding its quota) until someone deletes it; a FAILED or SUSPENDED
+queued resource keeps its place; a READY node whose run ended on Friday bills all weekend. Only resources
+tpuft created are considered, by the label ``created-by=tpuft`` that :mod:`tpuft.providers.gcp.nodes` puts on
+every node it asks for (a queued resource carries it on its node spec): nothing else in the project is ever
+listed or deleted.
 
 What counts as a leak, per zone of the project (the cluster file's, and ``--zone`` more):
 
 * a queued resource FAILED or SUSPENDED (SUSPENDING too), or one whose node is PREEMPTED or TERMINATED;
 * a node (outside a queued resource) PREEMPTED or TERMINATED;
-* a READY node (or an ACTIVE queued resource's READY nodes) with no live run for longer than ``idle_s``: idle since
-  the later of its creation and the last sign of life of the runs in the cluster's bucket whose run.json names it
-  (``cluster``: the node's, or its queued resource's, name). A live run is one whose run.json says running and whose
-  heartbeat or supervisor record is fresher than :data:`LIVE_WITHIN_S`.
+* a READY node (or an ACTIVE queued resource's READY nodes) with no live run for longer than ``idle_s``: idle
+  since the later of its creation and the last sign of life of the runs in the cluster's bucket whose run.json
+  names it (``cluster``: the node's, or its queued resource's, name). A live run is one whose run.json says
+  running and whose heartbeat or supervisor record is fresher than :data:`LIVE_WITHIN_S`.
 
-The API gives no time for a state change, so the age shown is the creation time's, except for an idle node, whose
-idle time is shown. Deleting goes through the queued resource when there is one, with ``force`` (its nodes go with
-it), as ``tpuft delete`` does.
+The API gives no time for a state change, so the age shown is the creation time's, except for an idle node,
+whose idle time is shown. Deleting goes through the queued resource when there is one, with ``force`` (its
+nodes go with it), as ``tpuft delete`` does.
 """
 
 from __future__ import annotations
@@ -27,24 +29,26 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tpuft.run import cost, rundir
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import TpuftError, UsageError
 from tpuft.providers.gcp.api import TpuApi
+from tpuft.run import cost, rundir
 
 CREATED_BY = ("created-by", "tpuft")
 """The label every node tpuft creates carries (``TpuNodes.node_spec``)."""
 DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
 DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED", "SUSPENDING"})
 LIVE_WITHIN_S = 600.0
-"""A running run whose freshest heartbeat or supervisor record is younger than this is live (the supervisors write
-every 15 s and a bucket sync round is 15 s: ten minutes leaves room for a slow bucket, not for a dead run)."""
+"""A running run whose freshest heartbeat or supervisor record is younger than this is live (the supervisors
+write every 15 s and a bucket sync round is 15 s: ten minutes leaves room for a slow bucket, not for a dead
+run)."""
 DEFAULT_IDLE_S = 7200.0
 
 
 @dataclass
 class Leak:
-    """One resource to remove: what it is, where, why, what it costs at list price, and (after --yes) the outcome."""
+    """One resource to remove: what it is, where, why, what it costs at list price, and (after --yes) the
+    outcome."""
 
     kind: str
     """``node`` or ``queued resource``."""
@@ -65,27 +69,46 @@ class Leak:
     error: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "zone": self.zone, "state": self.state, "reason": self.reason,
-                "accelerator": self.accelerator, "pricing": self.pricing, "price_per_hour": self.price_per_hour,
-                "age_s": None if self.age_s is None else round(self.age_s, 1), "age_of": self.age_of,
-                "nodes": self.nodes, "deleted": self.deleted, "error": self.error or None}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "zone": self.zone,
+            "state": self.state,
+            "reason": self.reason,
+            "accelerator": self.accelerator,
+            "pricing": self.pricing,
+            "price_per_hour": self.price_per_hour,
+            "age_s": None if self.age_s is None else round(self.age_s, 1),
+            "age_of": self.age_of,
+            "nodes": self.nodes,
+            "deleted": self.deleted,
+            "error": self.error or None,
+        }
 
 
 def zones_of(config: ClusterConfig, extra: list[str]) -> list[str]:
     """The cluster file's zone, then each ``--zone`` once; refused when no project or zone is known."""
     if not config.gcp.project:
-        raise UsageError(f"tpuft gc looks in a GCP project, and cluster {config.name} ({config.provider}) names none",
-                         hint="pass a cluster file with provider: gcp (--config), or set gcp.project in it")
+        raise UsageError(
+            f"tpuft gc looks in a GCP project, and cluster {config.name} ({config.provider}) names none",
+            hint="pass a cluster file with provider: gcp (--config), or set gcp.project in it",
+        )
     zones = [z for z in [config.gcp.zone, *extra] if z]
     if not zones:
         raise UsageError("tpuft gc needs a zone: the cluster file's gcp.zone, or --zone")
     return list(dict.fromkeys(zones))
 
 
-def find_leaks(config: ClusterConfig, zones: list[str], idle_s: float = DEFAULT_IDLE_S, now: float | None = None,
-               runs: list[dict[str, Any]] | None = None) -> list[Leak]:
-    """Every leak in ``zones`` of the cluster file's project. ``runs``: the run.json of each run in the bucket with
-    its last sign of life (:func:`run_activity`), read once from the bucket when not given and a node is READY."""
+def find_leaks(
+    config: ClusterConfig,
+    zones: list[str],
+    idle_s: float = DEFAULT_IDLE_S,
+    now: float | None = None,
+    runs: list[dict[str, Any]] | None = None,
+) -> list[Leak]:
+    """Every leak in ``zones`` of the cluster file's project. ``runs``: the run.json of each run in the bucket
+    with its last sign of life (:func:`run_activity`), read once from the bucket when not given and a node is
+    READY."""
     now = time.time() if now is None else now
     leaks: list[Leak] = []
     known: list[list[dict[str, Any]]] = [runs] if runs is not None else []
@@ -98,8 +121,12 @@ def find_leaks(config: ClusterConfig, zones: list[str], idle_s: float = DEFAULT_
     for zone in zones:
         api = _api(config, zone)
         nodes = api.call("listing TPU nodes", lambda: list(api.client().list_nodes(parent=api.parent)))
-        queued = list(api.call("listing queued resources",
-                               lambda: list(api.client().list_queued_resources(parent=api.parent))))
+        queued = list(
+            api.call(
+                "listing queued resources",
+                lambda: list(api.client().list_queued_resources(parent=api.parent)),
+            )
+        )
         ours_queued = {q.name: q for q in queued if _ours(_queued_labels(q))}
         by_queued: dict[str, list[Any]] = {}
         for node in nodes:
@@ -108,7 +135,9 @@ def find_leaks(config: ClusterConfig, zones: list[str], idle_s: float = DEFAULT_
         for name, resource in ours_queued.items():
             leak = _queued_leak(resource, by_queued.get(name, []), zone, now)
             if leak is None and _all_ready(by_queued.get(name, [])):
-                leak = _idle_leak(_short(name), "queued resource", resource, by_queued[name], zone, idle_s, now, bucket())
+                leak = _idle_leak(
+                    _short(name), "queued resource", resource, by_queued[name], zone, idle_s, now, bucket()
+                )
             if leak is not None:
                 leaks.append(leak)
         for node in nodes:
@@ -126,8 +155,8 @@ def find_leaks(config: ClusterConfig, zones: list[str], idle_s: float = DEFAULT_
 
 
 def delete_leaks(config: ClusterConfig, leaks: list[Leak], on_done: Callable[[Leak], None]) -> list[Leak]:
-    """Delete each leak (a queued resource with ``force``: its nodes go with it) and report it through ``on_done``,
-    deleted or with the error that stopped it; one failure does not stop the others."""
+    """Delete each leak (a queued resource with ``force``: its nodes go with it) and report it through
+    ``on_done``, deleted or with the error that stopped it; one failure does not stop the others."""
     from google.cloud import tpu_v2
 
     for leak in leaks:
@@ -135,8 +164,12 @@ def delete_leaks(config: ClusterConfig, leaks: list[Leak], on_done: Callable[[Le
         client = api.client()
         try:
             if leak.kind == "queued resource":
-                request = tpu_v2.DeleteQueuedResourceRequest(name=f"{api.parent}/queuedResources/{leak.name}", force=True)
-                operation = api.call("deleting queued resource", client.delete_queued_resource, request=request)
+                request = tpu_v2.DeleteQueuedResourceRequest(
+                    name=f"{api.parent}/queuedResources/{leak.name}", force=True
+                )
+                operation = api.call(
+                    "deleting queued resource", client.delete_queued_resource, request=request
+                )
             else:
                 operation = api.call("deleting TPU node", client.delete_node, name=api.node_path(leak.name))
             api.wait_operation(f"deleting {leak.kind} {leak.name}", operation, None, None)
@@ -148,15 +181,16 @@ def delete_leaks(config: ClusterConfig, leaks: list[Leak], on_done: Callable[[Le
 
 
 def bucket_runs(config: ClusterConfig) -> list[dict[str, Any]]:
-    """Each run in the cluster's bucket as (cluster, live, last sign of life): what tells an idle node from a busy one."""
+    """Each run in the cluster's bucket as (cluster, live, last sign of life): what tells an idle node from a
+    busy one."""
     from tpuft.readers.runs import list_runs
 
     return [activity for run in list_runs(config) if (activity := run_activity(run.storage)) is not None]
 
 
 def run_activity(storage: Any, now: float | None = None) -> dict[str, Any] | None:
-    """``{"run", "cluster", "live", "last"}`` of one run dir; None without a run.json. ``last``: the latest of its
-    start, end, attempts' ends, heartbeats and supervisor records."""
+    """``{"run", "cluster", "live", "last"}`` of one run dir; None without a run.json. ``last``: the latest of
+    its start, end, attempts' ends, heartbeats and supervisor records."""
     from tpuft.readers.runs import read_run_info
 
     now = time.time() if now is None else now
@@ -175,7 +209,7 @@ def run_activity(storage: Any, now: float | None = None) -> dict[str, Any] | Non
     return {"run": info.get("run_id"), "cluster": info.get("cluster"), "live": live, "last": last}
 
 
-# -- one resource ----------------------------------------------------------------------------------------------
+# -- one resource ------------------------------------------------------------------------------------------
 def _queued_leak(resource: Any, nodes: list[Any], zone: str, now: float) -> Leak | None:
     state = resource.state.state.name
     reason = ""
@@ -193,9 +227,18 @@ def _queued_leak(resource: Any, nodes: list[Any], zone: str, now: float) -> Leak
     return _queued_record(resource, nodes, zone, state, reason, _age(resource.create_time, now), "created")
 
 
-def _idle_leak(name: str, kind: str, resource: Any, nodes: list[Any], zone: str, idle_s: float, now: float,
-               runs: list[dict[str, Any]]) -> Leak | None:
-    """A READY node (or queued resource) whose runs are not live and were last alive longer than ``idle_s`` ago."""
+def _idle_leak(
+    name: str,
+    kind: str,
+    resource: Any,
+    nodes: list[Any],
+    zone: str,
+    idle_s: float,
+    now: float,
+    runs: list[dict[str, Any]],
+) -> Leak | None:
+    """A READY node (or queued resource) whose runs are not live and were last alive longer than ``idle_s``
+    ago."""
     mine = [r for r in runs if r.get("cluster") == name]
     if any(r["live"] for r in mine):
         return None
@@ -203,7 +246,11 @@ def _idle_leak(name: str, kind: str, resource: Any, nodes: list[Any], zone: str,
     last = max([created, *(r["last"] for r in mine if r["last"] is not None)])
     if now - last < idle_s:
         return None
-    used = f"its last run {max(mine, key=lambda r: r['last'] or 0)['run']} ended" if mine else "no run has used it"
+    used = (
+        f"its last run {max(mine, key=lambda r: r['last'] or 0)['run']} ended"
+        if mine
+        else "no run has used it"
+    )
     reason = f"READY with no live run ({used}) for {_hours(now - last)}"
     if resource is not None:
         return _queued_record(resource, nodes, zone, "ACTIVE", reason, now - last, "idle")
@@ -214,21 +261,44 @@ def _node_leak(node: Any, zone: str, state: str, reason: str, age: float | None,
     scheduling = node.scheduling_config
     pricing = cost.pricing_of(scheduling.spot, scheduling.preemptible, scheduling.reserved)
     accelerator = node.accelerator_type
-    return Leak("node", _short(node.name), zone, state, reason, accelerator, pricing,
-                _price(accelerator, pricing, 1), age, age_of, [_short(node.name)])
+    return Leak(
+        "node",
+        _short(node.name),
+        zone,
+        state,
+        reason,
+        accelerator,
+        pricing,
+        _price(accelerator, pricing, 1),
+        age,
+        age_of,
+        [_short(node.name)],
+    )
 
 
-def _queued_record(resource: Any, nodes: list[Any], zone: str, state: str, reason: str, age: float | None,
-                   age_of: str) -> Leak:
+def _queued_record(
+    resource: Any, nodes: list[Any], zone: str, state: str, reason: str, age: float | None, age_of: str
+) -> Leak:
     specs = list(resource.tpu.node_spec)
     accelerator = specs[0].node.accelerator_type if specs else ""
     count = sum(max(1, s.multislice_params.node_count) for s in specs) or 1
     pricing = cost.pricing_of(spot="spot" in resource, reservation=resource.reservation_name or None)
-    return Leak("queued resource", _short(resource.name), zone, state, reason, accelerator, pricing,
-                _price(accelerator, pricing, count), age, age_of, [_short(n.name) for n in nodes])
+    return Leak(
+        "queued resource",
+        _short(resource.name),
+        zone,
+        state,
+        reason,
+        accelerator,
+        pricing,
+        _price(accelerator, pricing, count),
+        age,
+        age_of,
+        [_short(n.name) for n in nodes],
+    )
 
 
-# -- helpers ---------------------------------------------------------------------------------------------------
+# -- helpers -----------------------------------------------------------------------------------------------
 def _api(config: ClusterConfig, zone: str) -> TpuApi:
     assert config.gcp.project is not None  # zones_of refused a cluster file without one
     return TpuApi(config.gcp.project, zone, "", 1, config.gcp.tpu_api_endpoint, config.gcp.timeout)
@@ -259,7 +329,8 @@ def _short(name: str) -> str:
 
 
 def _unix(stamp: Any) -> float | None:
-    """The API's createTime (a datetime from the client, or RFC 3339 text) as unix seconds; None when unset."""
+    """The API's createTime (a datetime from the client, or RFC 3339 text) as unix seconds; None when
+    unset."""
     if stamp is None or stamp == "":
         return None
     if isinstance(stamp, datetime):

@@ -1,11 +1,12 @@
-"""A run's life on the pod, from the controller: claim the workers, start their supervisors, attach, stop, and find
-the runs that are alive.
+"""A run's life on the pod, from the controller: claim the workers, start their supervisors, attach, stop, and
+find the runs that are alive.
 
-The trainers live under worker-side supervisors (tpuft/worker/supervisor/process.py), so nothing here has to stay running:
-``attach`` is only a reader (a ``follow`` per worker, over the fleet; Ctrl-C ends the followers, not the run),
-``stop`` asks in the run dir (``attempts/<n>/stop.json``, which a worker sees even when this machine cannot reach it)
-and, to be quick, signals each supervisor over the fleet too. run.json keeps what it takes to reach a run's
-supervisors again from any machine (``launch``: the hosts, the venv's python, the package folder).
+The trainers live under worker-side supervisors (tpuft/worker/supervisor/process.py), so nothing here has to
+stay running: ``attach`` is only a reader (a ``follow`` per worker, over the fleet; Ctrl-C ends the followers,
+not the run), ``stop`` asks in the run dir (``attempts/<n>/stop.json``, which a worker sees even when this
+machine cannot reach it) and, to be quick, signals each supervisor over the fleet too. run.json keeps what it
+takes to reach a run's supervisors again from any machine (``launch``: the hosts, the venv's python, the
+package folder).
 """
 
 from __future__ import annotations
@@ -21,18 +22,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import TpuftError, UsageError
+from tpuft.core.records import Worker
+from tpuft.core.waiting import waiting
 from tpuft.fleet.base import LineSink, last_json_object
-from tpuft.readers.monitor import run_layout  # run.json's slices: the one reading that logs and monitor use too
 from tpuft.ops.common import Session, on_worker, open_session
 from tpuft.ops.ondemand import CheckpointDone, request_checkpoint, wait_checkpoint  # noqa: F401 - the contract's names
-from tpuft.core.records import Worker
+from tpuft.readers.monitor import (
+    run_layout,
+)  # run.json's slices: the one reading that logs and monitor use too
 from tpuft.readers.runs import Run, list_runs
-from tpuft.core.waiting import waiting
-from tpuft.worker.supervisor.startup import not_up, waiting_line
+from tpuft.run import rundir
 from tpuft.worker.supervisor.process import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT, is_alive
+from tpuft.worker.supervisor.startup import not_up, waiting_line
 
 SUPERVISOR = ("-m", "tpuft.worker.supervisor.process")
 ALIVE_WITHIN_SECONDS = 60.0
@@ -40,12 +43,14 @@ ALIVE_WITHIN_SECONDS = 60.0
 STARTUP_REPORT_SECONDS = 30.0
 """While some launched trainers are not up (no first step), the live view says who, this often."""
 REATTACH_DELAYS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 30.0, 30.0, 30.0, 30.0)
-"""Back-off between re-attaching to a worker whose follower's connection dropped (a laptop waking up, a VPN)."""
+"""Back-off between re-attaching to a worker whose follower's connection dropped (a laptop waking up, a
+VPN)."""
 
 
 @dataclass(frozen=True)
 class Launch:
-    """How to reach a run's supervisors: kept in run.json, so ``attach``/``stop``/``resume`` work from any machine."""
+    """How to reach a run's supervisors: kept in run.json, so ``attach``/``stop``/``resume`` work from any
+    machine."""
 
     hosts: tuple[int, ...]
     """The cluster's worker indices that run the trainer (the backend's launch plan); rank = position."""
@@ -61,12 +66,16 @@ class Launch:
     def of(cls, run: Run, info: dict[str, Any]) -> Launch:
         data = info.get("launch")
         if not isinstance(data, dict):
-            raise UsageError(f"run {run.id} was started by a tpuft without worker supervisors: it cannot be attached to, "
-                             "stopped or resumed by this one")
+            raise UsageError(
+                f"run {run.id} was started by a tpuft without worker supervisors: it cannot be attached to, "
+                "stopped or resumed by this one"
+            )
         return cls(tuple(int(h) for h in data["hosts"]), str(data["python"]), str(data["package"]))
 
 
-def supervisor_env(session: Session, run: Run, launch: Launch, worker: Worker, extra: dict[str, str] | None = None) -> dict[str, str]:
+def supervisor_env(
+    session: Session, run: Run, launch: Launch, worker: Worker, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     """What every supervisor subcommand needs to find its run on a worker."""
     return {
         "TPUFT_RUN_ID": run.id,
@@ -80,17 +89,21 @@ def supervisor_env(session: Session, run: Run, launch: Launch, worker: Worker, e
 
 
 def _tool_env(session: Session, launch: Launch) -> Callable[[Worker], dict[str, str]]:
-    """For ``check``/``stop``: no run id in the environment (``check`` cleans processes by the run id they carry)."""
-    return lambda worker: {"PYTHONPATH": on_worker(session, worker.index, launch.package), "PYTHONUNBUFFERED": "1"}
+    """For ``check``/``stop``: no run id in the environment (``check`` cleans processes by the run id they
+    carry)."""
+    return lambda worker: {
+        "PYTHONPATH": on_worker(session, worker.index, launch.package),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Claiming the workers
 
 
 def claim_workers(session: Session, launch: Launch, *, free_tpu: bool) -> list[str]:
-    """Refuse a busy cluster (naming the live run and how to stop it); clean what dead runs left behind. Returns
-    what was cleaned, one line per worker and thing."""
+    """Refuse a busy cluster (naming the live run and how to stop it); clean what dead runs left behind.
+    Returns what was cleaned, one line per worker and thing."""
     busy: dict[int, dict[str, Any]] = {}
     cleaned: list[str] = []
     lines: dict[int, list[str]] = {}
@@ -99,12 +112,16 @@ def claim_workers(session: Session, launch: Launch, *, free_tpu: bool) -> list[s
         lines.setdefault(index, []).append(line)
 
     argv = [launch.python, *SUPERVISOR, "check", *(["--free-tpu"] if free_tpu else [])]
-    result = session.fleet.run(argv, env=_tool_env(session, launch), workers=launch.hosts, on_line=collect, fail_fast=False)
+    result = session.fleet.run(
+        argv, env=_tool_env(session, launch), workers=launch.hosts, on_line=collect, fail_fast=False
+    )
     for r in result.results:
         report = last_json_object(lines.get(r.index, []))
         if r.exit_code not in (0, BUSY_EXIT) or report is None:
             tail = "\n".join("  " + line for line in r.tail[-10:])
-            raise TpuftError(f"checking worker {r.index} for a running run failed (exit code {r.exit_code}):\n{tail}")
+            raise TpuftError(
+                f"checking worker {r.index} for a running run failed (exit code {r.exit_code}):\n{tail}"
+            )
         if report.get("busy"):
             busy[r.index] = report
         cleaned += [f"worker {r.index}: {line}" for line in report.get("cleaned", [])]
@@ -118,21 +135,45 @@ def claim_workers(session: Session, launch: Launch, *, free_tpu: bool) -> list[s
     return cleaned
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Starting
 
 
 def start_supervisors(
-    session: Session, run: Run, launch: Launch, env: dict[str, str], *, attempt: int, hang_timeout: float, argv: tuple[str, ...],
-    free_tpu: bool, on_line: LineSink | None = None, startup_timeout: float = 1800.0,
+    session: Session,
+    run: Run,
+    launch: Launch,
+    env: dict[str, str],
+    *,
+    attempt: int,
+    hang_timeout: float,
+    argv: tuple[str, ...],
+    free_tpu: bool,
+    on_line: LineSink | None = None,
+    startup_timeout: float = 1800.0,
 ) -> None:
-    """One detached supervisor per launched worker; returns once every trainer runs. A worker that cannot start
-    (claimed by a racing run, a broken venv) gets the others stopped and the attempt recorded as failed."""
-    command = [launch.python, *SUPERVISOR, "start", "--argv", json.dumps(list(argv)), "--attempt", str(attempt),
-               "--hang-timeout", str(hang_timeout), "--startup-timeout", str(startup_timeout),
-               *(["--free-tpu"] if free_tpu else [])]
+    """One detached supervisor per launched worker; returns once every trainer runs. A worker that cannot
+    start (claimed by a racing run, a broken venv) gets the others stopped and the attempt recorded as
+    failed."""
+    command = [
+        launch.python,
+        *SUPERVISOR,
+        "start",
+        "--argv",
+        json.dumps(list(argv)),
+        "--attempt",
+        str(attempt),
+        "--hang-timeout",
+        str(hang_timeout),
+        "--startup-timeout",
+        str(startup_timeout),
+        *(["--free-tpu"] if free_tpu else []),
+    ]
     result = session.fleet.run(
-        command, env=lambda w: supervisor_env(session, run, launch, w, env), workers=launch.hosts, on_line=on_line,
+        command,
+        env=lambda w: supervisor_env(session, run, launch, w, env),
+        workers=launch.hosts,
+        on_line=on_line,
         fail_fast=False,
     )
     if result.ok:
@@ -142,12 +183,16 @@ def start_supervisors(
     signal_supervisors(session, run, launch)
     first = bad[0]
     busy = first.exit_code == BUSY_EXIT
-    what = "is busy with another run (it started a moment ago)" if busy else f"could not start (exit code {first.exit_code})"
+    what = (
+        "is busy with another run (it started a moment ago)"
+        if busy
+        else f"could not start (exit code {first.exit_code})"
+    )
     tail = "\n".join("  " + line for line in first.tail[-15:])
     raise TpuftError(f"worker {first.index} {what}; the workers that had started were stopped\n{tail}")
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Attaching
 
 
@@ -162,23 +207,34 @@ class AttachOutcome:
     lost: tuple[int, ...] = ()
     """Workers that could not be reached again after their connection dropped."""
     gone: str | None = None
-    """The provider's reason why the workers are gone (``node PREEMPTED``, ...), from the ``watch`` of ``attach``."""
+    """The provider's reason why the workers are gone (``node PREEMPTED``, ...), from the ``watch`` of
+    ``attach``."""
 
 
 def attach(
-    session: Session, run: Run, launch: Launch, on_line: LineSink | None, *, tail: int | None = None,
-    since: str | None = None, sleep: Callable[[float], None] = time.sleep,
-    watch: Callable[[], str | None] | None = None, watch_every: float = 30.0,
+    session: Session,
+    run: Run,
+    launch: Launch,
+    on_line: LineSink | None,
+    *,
+    tail: int | None = None,
+    since: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    watch: Callable[[], str | None] | None = None,
+    watch_every: float = 30.0,
     on_notice: Callable[[str], None] | None = None,
 ) -> AttachOutcome:
-    """Stream every worker's log of the run (``[wN]`` lines through ``on_line``) until the run ends there. A dropped
-    connection re-attaches from the next line, with back-off; Ctrl-C (and SIGHUP) only ends the followers.
+    """Stream every worker's log of the run (``[wN]`` lines through ``on_line``) until the run ends there. A
+    dropped connection re-attaches from the next line, with back-off; Ctrl-C (and SIGHUP) only ends the
+    followers.
 
-    ``watch`` (the recovery watcher's question to the provider: why are the workers gone, or None) is asked every
-    ``watch_every`` seconds and before each re-attach: a preempted VM's connections may hang rather than drop, and
-    re-attaching to a node that is gone would only wait out SSH's retries. An answer ends the attach (``gone``).
+    ``watch`` (the recovery watcher's question to the provider: why are the workers gone, or None) is asked
+    every ``watch_every`` seconds and before each re-attach: a preempted VM's connections may hang rather than
+    drop, and re-attaching to a node that is gone would only wait out SSH's retries. An answer ends the attach
+    (``gone``).
 
-    ``on_notice`` hears, every ~30 s, which trainers are not up yet while the attempt starts (:func:`_reporting_startup`)."""
+    ``on_notice`` hears, every ~30 s, which trainers are not up yet while the attempt starts
+    (:func:`_reporting_startup`)."""
     next_line: dict[int, int] = {}
     lock = threading.Lock()
     with _watching(session, watch, watch_every) as gone, _reporting_startup(run, launch, on_notice):
@@ -190,7 +246,8 @@ def attach(
 
 @contextmanager
 def _watching(session: Session, watch: Callable[[], str | None] | None, every: float) -> Iterator[list[str]]:
-    """Ask ``watch`` in the background; on an answer, close the fleet's connections so the followers end now."""
+    """Ask ``watch`` in the background; on an answer, close the fleet's connections so the followers end
+    now."""
     gone: list[str] = []
     if watch is None:
         yield gone
@@ -219,7 +276,8 @@ def _watching(session: Session, watch: Callable[[], str | None] | None, every: f
 @contextmanager
 def _reporting_startup(run: Run, launch: Launch, on_notice: Callable[[str], None] | None) -> Iterator[None]:
     """Start-up as one unit: until every launched trainer is up, say every ~30 s which are not and how much of
-    ``train.startup_timeout`` is left (a multislice runtime waits silently for its last host); then stop asking."""
+    ``train.startup_timeout`` is left (a multislice runtime waits silently for its last host); then stop
+    asking."""
     info = run.info()
     if on_notice is None or not info:
         yield
@@ -259,8 +317,16 @@ def _ask(watch: Callable[[], str | None]) -> str | None:
 
 
 def _attach(
-    session: Session, run: Run, launch: Launch, on_line: LineSink | None, next_line: dict[int, int], lock: threading.Lock,
-    tail: int | None, since: str | None, sleep: Callable[[float], None], watch: Callable[[], str | None] | None,
+    session: Session,
+    run: Run,
+    launch: Launch,
+    on_line: LineSink | None,
+    next_line: dict[int, int],
+    lock: threading.Lock,
+    tail: int | None,
+    since: str | None,
+    sleep: Callable[[float], None],
+    watch: Callable[[], str | None] | None,
     gone: list[str],
 ) -> AttachOutcome:
     def sink(index: int, line: str) -> None:
@@ -279,17 +345,20 @@ def _attach(
     pending = list(launch.hosts)
     retries = 0
     first = True
-    # While attached, a closed terminal (SIGHUP) ends the followers like Ctrl-C does, and is told apart from it.
+    # While attached, a closed terminal (SIGHUP) ends the followers like Ctrl-C does, and is told apart from
+    # it.
     with _signals_seen((signal.SIGHUP,), interrupt=True) as hangup:
         while pending:
             if gone:  # the watcher's answer came while waiting to re-attach: connecting again would only wait
                 return AttachOutcome(ended=False, lost=tuple(pending))
-            # One fleet run per distinct argument list: the first round has one; a re-attach continues each worker
-            # from the line after the last one it delivered.
+            # One fleet run per distinct argument list: the first round has one; a re-attach continues each
+            # worker from the line after the last one it delivered.
             groups: dict[tuple[str, ...], list[int]] = {}
             for index in pending:
                 if first:
-                    args = (["--tail", str(tail)] if tail is not None else []) + (["--since", since] if since else [])
+                    args = (["--tail", str(tail)] if tail is not None else []) + (
+                        ["--since", since] if since else []
+                    )
                 else:
                     args = ["--from-line", str(next_line.get(index, 0))]
                 groups.setdefault(tuple(args), []).append(index)
@@ -306,8 +375,9 @@ def _attach(
             except Exception:  # noqa: BLE001 - see below
                 if not gone:
                     raise
-                # The watch has its answer and closed the connections under the followers on purpose: whatever the
-                # SSH library raised as they closed is that closing, not a failure of the run or of this watcher.
+                # The watch has its answer and closed the connections under the followers on purpose: whatever
+                # the SSH library raised as they closed is that closing, not a failure of the run or of this
+                # watcher.
                 return AttachOutcome(ended=False, lost=tuple(pending))
             for result in results:
                 if result.interrupted:
@@ -324,8 +394,11 @@ def _attach(
                 gone.append(problem)
                 return AttachOutcome(ended=False, lost=tuple(dropped))
             try:
-                with waiting(f"the next try to re-attach to worker(s) {', '.join(map(str, dropped))} of run {run.id} "
-                             f"({retries + 1} of {len(REATTACH_DELAYS)})", REATTACH_DELAYS[retries]):
+                with waiting(
+                    f"the next try to re-attach to worker(s) {', '.join(map(str, dropped))} of run {run.id} "
+                    f"({retries + 1} of {len(REATTACH_DELAYS)})",
+                    REATTACH_DELAYS[retries],
+                ):
                     sleep(REATTACH_DELAYS[retries])
             except KeyboardInterrupt:
                 return AttachOutcome(ended=False, interrupted=True, hung_up=hangup.hung_up)
@@ -334,11 +407,19 @@ def _attach(
     return AttachOutcome(ended=True)
 
 
-def _follow_groups(session: Session, launch: Launch, groups: dict[tuple[str, ...], list[int]], env: Any, sink: LineSink) -> list[Any]:
+def _follow_groups(
+    session: Session, launch: Launch, groups: dict[tuple[str, ...], list[int]], env: Any, sink: LineSink
+) -> list[Any]:
     """Run the followers, a group at a time (workers that had read different amounts are rare: one by one)."""
     results: list[Any] = []
     for args, workers in groups.items():
-        result = session.fleet.run([launch.python, *SUPERVISOR, "follow", *args], env=env, workers=workers, on_line=sink, fail_fast=False)
+        result = session.fleet.run(
+            [launch.python, *SUPERVISOR, "follow", *args],
+            env=env,
+            workers=workers,
+            on_line=sink,
+            fail_fast=False,
+        )
         results.append(result)
         if result.interrupted:
             break
@@ -353,8 +434,8 @@ class SignalsSeen:
 
 @contextmanager
 def _signals_seen(signals: tuple[signal.Signals, ...], *, interrupt: bool) -> Iterator[SignalsSeen]:
-    """Note ``signals`` while the block runs; with ``interrupt`` each also raises KeyboardInterrupt (which ends the
-    fleet's followers), else it is only remembered for the caller to act on afterwards."""
+    """Note ``signals`` while the block runs; with ``interrupt`` each also raises KeyboardInterrupt (which
+    ends the fleet's followers), else it is only remembered for the caller to act on afterwards."""
     seen = SignalsSeen()
     if threading.current_thread() is not threading.main_thread():
         yield seen
@@ -375,8 +456,9 @@ def _signals_seen(signals: tuple[signal.Signals, ...], *, interrupt: bool) -> It
 
 
 def deferred_interrupts() -> contextlib.AbstractContextManager[SignalsSeen]:
-    """Ctrl-C and SIGHUP while the supervisors start are remembered, not raised: a ``start`` cut off half-way could
-    leave a worker claimed by a supervisor that nobody knows of. The caller acts on them once every worker runs."""
+    """Ctrl-C and SIGHUP while the supervisors start are remembered, not raised: a ``start`` cut off half-way
+    could leave a worker claimed by a supervisor that nobody knows of. The caller acts on them once every
+    worker runs."""
     return _signals_seen((signal.SIGINT, signal.SIGHUP), interrupt=False)
 
 
@@ -384,7 +466,7 @@ def _attempt_over(run: Run) -> bool:
     return finalize(run) is not None
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Ending: outcome, stop
 
 
@@ -393,9 +475,12 @@ def finalize(run: Run) -> dict[str, Any] | None:
     return rundir.finalize_run(run.storage)
 
 
-def wait_for_outcome(run: Run, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    """run.json once the attempt has an outcome; after ``timeout``, whatever run.json says (a worker whose supervisor
-    died without a last word leaves the attempt open: ``runs`` shows it as stale, ``resume`` can take over)."""
+def wait_for_outcome(
+    run: Run, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
+) -> dict[str, Any]:
+    """run.json once the attempt has an outcome; after ``timeout``, whatever run.json says (a worker whose
+    supervisor died without a last word leaves the attempt open: ``runs`` shows it as stale, ``resume`` can
+    take over)."""
     what = f"the supervisors of run {run.id} to record how the attempt ended"
     with waiting(what, timeout) as wait:
         while True:
@@ -412,10 +497,12 @@ def request_stop(run: Run, attempt: int, reason: str) -> None:
 
 
 def signal_supervisors(session: Session, run: Run, launch: Launch, on_line: LineSink | None = None) -> None:
-    """SIGTERM each worker's supervisor of ``run`` over the fleet and wait for it to end (the run dir's stop request
-    does the same, a little later, for a worker this machine cannot reach)."""
+    """SIGTERM each worker's supervisor of ``run`` over the fleet and wait for it to end (the run dir's stop
+    request does the same, a little later, for a worker this machine cannot reach)."""
     argv = [launch.python, *SUPERVISOR, "stop", "--run", run.id]
-    session.fleet.run(argv, env=_tool_env(session, launch), workers=launch.hosts, on_line=on_line, fail_fast=False)
+    session.fleet.run(
+        argv, env=_tool_env(session, launch), workers=launch.hosts, on_line=on_line, fail_fast=False
+    )
 
 
 @dataclass
@@ -427,7 +514,9 @@ class StopResult:
     """worker -> pid of the trainer that was stopped (from the supervisors' records)."""
 
 
-def stop(config: ClusterConfig, run: Run, *, reason: str = "stopped with tpuft stop", timeout: float = 60.0) -> StopResult:
+def stop(
+    config: ClusterConfig, run: Run, *, reason: str = "stopped with tpuft stop", timeout: float = 60.0
+) -> StopResult:
     info = run.info()
     if not info:
         raise UsageError(f"run {run.id} has no run.json: nothing to stop")
@@ -439,7 +528,9 @@ def stop(config: ClusterConfig, run: Run, *, reason: str = "stopped with tpuft s
     try:
         session = open_session(config)
     except TpuftError:
-        session = None  # the cluster is gone or not READY: the stop request waits in the run dir for its workers
+        session = (
+            None  # the cluster is gone or not READY: the stop request waits in the run dir for its workers
+        )
     if session is not None:
         signal_supervisors(session, run, launch)
     final = wait_for_outcome(run, timeout)
@@ -448,10 +539,15 @@ def stop(config: ClusterConfig, run: Run, *, reason: str = "stopped with tpuft s
     return StopResult(run.id, str(final.get("status")), False, trainers)
 
 
-def stop_with_checkpoint(run: Run, *, timeout: float, reason: str = "stopped with tpuft stop --checkpoint",
-                         at_step: int | None = None) -> tuple[CheckpointDone, StopResult]:
-    """``tpuft stop --checkpoint``: the trainers save at a step boundary and are stopped right after it by their
-    supervisors (no SIGTERM first, so no step is lost: a resume starts at exactly that checkpoint)."""
+def stop_with_checkpoint(
+    run: Run,
+    *,
+    timeout: float,
+    reason: str = "stopped with tpuft stop --checkpoint",
+    at_step: int | None = None,
+) -> tuple[CheckpointDone, StopResult]:
+    """``tpuft stop --checkpoint``: the trainers save at a step boundary and are stopped right after it by
+    their supervisors (no SIGTERM first, so no step is lost: a resume starts at exactly that checkpoint)."""
     request_id = request_checkpoint(run, reason=reason, stop=True, at_step=at_step)
     done = wait_checkpoint(run, request_id, timeout)
     final = wait_for_outcome(run, timeout=60.0)
@@ -461,13 +557,13 @@ def stop_with_checkpoint(run: Run, *, timeout: float, reason: str = "stopped wit
     return done, StopResult(run.id, str(final.get("status")), False, trainers)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Which runs are alive
 
 
 def run_is_alive(run: Run, now: float | None = None) -> bool:
-    """A run whose run.json says running and one of whose supervisors wrote its record in the last minute and has
-    not ended (on this machine, a local run's supervisor pid is checked too)."""
+    """A run whose run.json says running and one of whose supervisors wrote its record in the last minute and
+    has not ended (on this machine, a local run's supervisor pid is checked too)."""
     info = run.info()
     if info.get("status") != "running":
         return False
@@ -492,4 +588,6 @@ def _local_pid_alive(record: dict[str, Any]) -> bool:
 
 
 def alive_runs(config: ClusterConfig) -> list[Run]:
-    return [run for run in list_runs(config) if run.info().get("cluster") == config.name and run_is_alive(run)]
+    return [
+        run for run in list_runs(config) if run.info().get("cluster") == config.name and run_is_alive(run)
+    ]

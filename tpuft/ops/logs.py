@@ -1,9 +1,9 @@
 """logs: print a run's worker logs, one worker or all of them interleaved in time order, and follow them live.
 
-Each worker's supervisor writes ``logs/worker-N.log`` with every line stamped with the time it arrived. A local run's
-logs are in its run dir as they are written. A bucket run's logs are uploaded every 15 s while it trains (and at the
-end); ``tpuft attach`` reads them live from the workers instead. Following stops once the run has ended and every log
-has been read to its end.
+Each worker's supervisor writes ``logs/worker-N.log`` with every line stamped with the time it arrived. A
+local run's logs are in its run dir as they are written. A bucket run's logs are uploaded every 15 s while it
+trains (and at the end); ``tpuft attach`` reads them live from the workers instead. Following stops once the
+run has ended and every log has been read to its end.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuft.run import rundir
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
+from tpuft.core.records import SliceLayout
 from tpuft.fleet.spec import parse_one_worker
 from tpuft.readers.monitor import run_layout
-from tpuft.core.records import SliceLayout
 from tpuft.readers.runs import resolve_run
+from tpuft.run import rundir
 from tpuft.storage import Storage, open_storage
 
 LOCAL_POLL_SECONDS = 0.5
@@ -35,8 +35,8 @@ class LogLine:
     text: str
 
     def render(self, *, prefix: bool, timestamps: bool, layout: SliceLayout | None = None) -> str:
-        """``[w5]``, or ``[w5 1:1]`` (slice 1 host 1) on a multislice run: the flat number stays first, as tools that
-        parse ``[wN]`` expect."""
+        """``[w5]``, or ``[w5 1:1]`` (slice 1 host 1) on a multislice run: the flat number stays first, as
+        tools that parse ``[wN]`` expect."""
         where = f" {layout.ref(self.worker)}" if layout is not None and layout.slices > 1 else ""
         head = f"[w{self.worker}{where}] " if prefix else ""
         when = f"{self.stamp} " if timestamps and self.stamp else ""
@@ -54,7 +54,8 @@ class LogSource:
     lines: list[LogLine] = field(default_factory=list)
 
     def poll(self) -> list[LogLine]:
-        """The complete lines written since the last poll (a line still being written waits for its newline)."""
+        """The complete lines written since the last poll (a line still being written waits for its
+        newline)."""
         data = self.read_from(self.offset)
         self.offset += len(data)
         chunks = (self.partial + data).split(b"\n")
@@ -81,7 +82,8 @@ class RunLogs:
     where: str
     """Where the logs are read from (for the header line)."""
     folder: Path | None = None
-    """A local log folder to rescan for workers whose log appears later (None: a bucket, or one worker asked for)."""
+    """A local log folder to rescan for workers whose log appears later (None: a bucket, or one worker asked
+    for)."""
     layout: SliceLayout | None = None
     """The run's slices (for the ``[w5 1:1]`` prefixes); None: one slice."""
 
@@ -95,11 +97,15 @@ def open_run_logs(config: ClusterConfig, run_id: str | None, worker: str | int |
 
     if not run.remote:
         live = run.mirror / rundir.LOGS_DIR
-        sources = {w: LogSource(w, _file_reader(path)) for w, path in _worker_files(live)} if live.is_dir() else {}
+        sources = (
+            {w: LogSource(w, _file_reader(path)) for w, path in _worker_files(live)} if live.is_dir() else {}
+        )
         where, poll = str(live), LOCAL_POLL_SECONDS
     else:
         store = open_storage(f"{run.url}/{rundir.LOGS_DIR}", project=run.project)
-        found = sorted((int(m.group(1)), rel) for rel in store.list("") for m in [rundir.LOG_NAME.match(rel)] if m)
+        found = sorted(
+            (int(m.group(1)), rel) for rel in store.list("") for m in [rundir.LOG_NAME.match(rel)] if m
+        )
         sources = {w: LogSource(w, _object_reader(store, rel)) for w, rel in found}
         where, poll = f"{run.url}/{rundir.LOGS_DIR}", BUCKET_POLL_SECONDS
     layout = run_layout(run.info(), max(sources, default=-1) + 1)
@@ -110,12 +116,14 @@ def open_run_logs(config: ClusterConfig, run_id: str | None, worker: str | int |
             raise UsageError(f"run {run.id}: no log for {layout.name(index)} (workers with logs: {have})")
         sources = {index: sources[index]}
     folder = Path(where) if worker is None and poll == LOCAL_POLL_SECONDS else None
-    return RunLogs(run.id, run.url, sources, is_running, poll, where, folder, layout if layout.slices > 1 else None)
+    return RunLogs(
+        run.id, run.url, sources, is_running, poll, where, folder, layout if layout.slices > 1 else None
+    )
 
 
 def _one_worker(spec: str, layout: SliceLayout) -> int:
-    """A flat index is looked up among the logs as it is (a run may have more logs than run.json says); ``S:I`` is
-    read against the run's slices."""
+    """A flat index is looked up among the logs as it is (a run may have more logs than run.json says);
+    ``S:I`` is read against the run's slices."""
     if ":" in spec:
         return parse_one_worker(spec, layout)
     try:
@@ -125,7 +133,9 @@ def _one_worker(spec: str, layout: SliceLayout) -> int:
 
 
 def _worker_files(folder: Path) -> list[tuple[int, Path]]:
-    return sorted((int(m.group(1)), p) for p in folder.iterdir() for m in [rundir.LOG_NAME.match(p.name)] if m)
+    return sorted(
+        (int(m.group(1)), p) for p in folder.iterdir() for m in [rundir.LOG_NAME.match(p.name)] if m
+    )
 
 
 def _file_reader(path: Path) -> Callable[[int], bytes]:
@@ -148,8 +158,11 @@ def _object_reader(store: Storage, relpath: str) -> Callable[[int], bytes]:
 
 
 def in_time_order(batches: Iterable[list[LogLine]]) -> Iterator[LogLine]:
-    """Merge per-worker line lists (each already in order) by arrival time; unstamped lines keep their place."""
-    keyed = [[(line.stamp or "", i, n, line) for n, line in enumerate(batch)] for i, batch in enumerate(batches)]
+    """Merge per-worker line lists (each already in order) by arrival time; unstamped lines keep their
+    place."""
+    keyed = [
+        [(line.stamp or "", i, n, line) for n, line in enumerate(batch)] for i, batch in enumerate(batches)
+    ]
     for _, _, _, line in heapq.merge(*keyed):
         yield line
 
@@ -159,7 +172,9 @@ def read_all(logs: RunLogs) -> Iterator[LogLine]:
     return in_time_order(batches)
 
 
-def follow(logs: RunLogs, emit: Callable[[LogLine], None], *, sleep: Callable[[float], None] = time.sleep) -> None:
+def follow(
+    logs: RunLogs, emit: Callable[[LogLine], None], *, sleep: Callable[[float], None] = time.sleep
+) -> None:
     """Print what is there, then what arrives, until the run has ended and its logs are read to the end."""
     while True:
         running = logs.is_running()

@@ -2,11 +2,13 @@
 
 No API call, no credentials, no connection to a worker: the provider builds the create request it would send
 (:meth:`tpuft.providers.base.Provider.plan`), the backend says which workers run what (its launch plan for the
-cluster's shape as the cluster file states it) and what venv ``setup`` builds, and the price comes from the built-in
-catalogue through the one cost estimate ``create`` also shows (:func:`tpuft.ops.cluster.cost_estimate`). Whether the
-cluster exists already is not known without asking the API, so the plan is the one for a cluster that does not.
+cluster's shape as the cluster file states it) and what venv ``setup`` builds, and the price comes from the
+built-in catalogue through the one cost estimate ``create`` also shows
+(:func:`tpuft.ops.cluster.cost_estimate`). Whether the cluster exists already is not known without asking the
+API, so the plan is the one for a cluster that does not.
 
-Environment variables are named, never valued: the cluster file's ``worker_env`` may carry a token (``HF_TOKEN``).
+Environment variables are named, never valued: the cluster file's ``worker_env`` may carry a token
+(``HF_TOKEN``).
 """
 
 from __future__ import annotations
@@ -15,23 +17,31 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpuft.core.accelerators import lookup
 from tpuft.backends import get_backend
 from tpuft.backends.spec import LOCAL_DEVICES_ENV, ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+from tpuft.config.tracking_env import tracking_spec
+from tpuft.core.accelerators import lookup
 from tpuft.ops.cluster import cost_estimate
 from tpuft.providers import get_provider
-from tpuft.config.tracking_env import tracking_spec
 
 VERBS = ("create", "setup", "train", "up")
 
 TRAINER_ENV = (
-    "TPUFT_RUN_ID", "TPUFT_RUN_DIR", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS",  # ops/lifecycle.py: supervisor_env
-    "TPUFT_COORDINATOR", "TPUFT_PEERS", "TPUFT_NODE", "TPUFT_NUM_SLICES", "TPUFT_TARGET",  # ops/train.py: _trainer_env
-    "PYTHONPATH", "PYTHONUNBUFFERED",
+    "TPUFT_RUN_ID",
+    "TPUFT_RUN_DIR",
+    "TPUFT_WORKER_ID",
+    "TPUFT_NUM_WORKERS",  # ops/lifecycle.py: supervisor_env
+    "TPUFT_COORDINATOR",
+    "TPUFT_PEERS",
+    "TPUFT_NODE",
+    "TPUFT_NUM_SLICES",
+    "TPUFT_TARGET",  # ops/train.py: _trainer_env
+    "PYTHONPATH",
+    "PYTHONUNBUFFERED",
 )
-"""tpuft's own variables in every supervisor's and trainer's environment (tests/ops/test_dry_run.py holds this list
-to the names those two functions set)."""
+"""tpuft's own variables in every supervisor's and trainer's environment (tests/ops/test_dry_run.py holds this
+list to the names those two functions set)."""
 
 
 @dataclass
@@ -44,11 +54,13 @@ class WorkerRole:
 @dataclass
 class Price:
     per_hour: float | None
-    """USD, on-demand list price of the whole cluster (all slices); None: no public price (or the local pod)."""
+    """USD, on-demand list price of the whole cluster (all slices); None: no public price (or the local
+    pod)."""
     described: str
     steps: int | None = None
     run_note: str = ""
-    """The whole run's price: steps x an estimated step time where one is known; else why it is per hour only."""
+    """The whole run's price: steps x an estimated step time where one is known; else why it is per hour
+    only."""
 
 
 @dataclass
@@ -60,7 +72,8 @@ class Plan:
     chips: int
     workers: int
     create: dict[str, Any]
-    """The provider's plan: the create request and node ids (gcp) or the worker folders (local), and the bucket."""
+    """The provider's plan: the create request and node ids (gcp) or the worker folders (local), and the
+    bucket."""
     price: Price
     recipe: str | None = None
     backend: str | None = None
@@ -70,15 +83,16 @@ class Plan:
     env: dict[str, list[str]] = field(default_factory=dict)
     """Per process kind (``setup``, ``trainer``): the NAMES of the variables it gets."""
     layout: str | None = None
-    """The run's devices: workers x devices each (and replicas x partitions where the recipe partitions the model)."""
+    """The run's devices: workers x devices each (and replicas x partitions where the recipe partitions the
+    model)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"dry_run": True, **asdict(self)}
 
 
 def plan(config: ClusterConfig, verb: str, recipe: Loaded[RecipeConfig] | None = None) -> Plan:
-    """The plan of ``verb`` (one of :data:`VERBS`); ``recipe`` for setup, train and up. A recipe that does not fit
-    the cluster's shape is refused here as it would be by the verb (a located :class:`ConfigError`)."""
+    """The plan of ``verb`` (one of :data:`VERBS`); ``recipe`` for setup, train and up. A recipe that does not
+    fit the cluster's shape is refused here as it would be by the verb (a located :class:`ConfigError`)."""
     provider = get_provider(config)
     accelerator = lookup(config.accelerator)
     estimate = cost_estimate(config)
@@ -86,7 +100,9 @@ def plan(config: ClusterConfig, verb: str, recipe: Loaded[RecipeConfig] | None =
     spot = config.gcp.spot if not local else False
     price = Price(
         per_hour=None if local else estimate.per_hour,
-        described="the local pod runs on this machine: no price" if local else estimate.describe(accelerator.name, spot),
+        described="the local pod runs on this machine: no price"
+        if local
+        else estimate.describe(accelerator.name, spot),
     )
     result = Plan(
         verb=verb,
@@ -104,7 +120,9 @@ def plan(config: ClusterConfig, verb: str, recipe: Loaded[RecipeConfig] | None =
     return result
 
 
-def _add_recipe(result: Plan, config: ClusterConfig, recipe: Loaded[RecipeConfig], python: str, cache: str) -> None:
+def _add_recipe(
+    result: Plan, config: ClusterConfig, recipe: Loaded[RecipeConfig], python: str, cache: str
+) -> None:
     from tpuft.ops.preflight import check_against_cluster
 
     value = recipe.value
@@ -119,7 +137,9 @@ def _add_recipe(result: Plan, config: ClusterConfig, recipe: Loaded[RecipeConfig
     result.venv = f"{cache if cache.startswith('/') else '~/' + cache}/{spec.key}"  # gcp: HOME-relative
     result.requirements = list(spec.requirements) + [f"{entry} (--no-deps)" for entry in spec.no_deps]
     if value.report.trackers:  # report.to: the chief also gets the tracker sidecar's own venv
-        result.requirements += [f"{entry} (tracking venv, on the chief only)" for entry in tracking_spec(python).requirements]
+        result.requirements += [
+            f"{entry} (tracking venv, on the chief only)" for entry in tracking_spec(python).requirements
+        ]
     ranks = {worker: rank for rank, worker in enumerate(launch.workers)}
     trainer = " ".join(("<venv>/bin/python", *launch.argv))
     for index in range(result.workers):
@@ -135,13 +155,16 @@ def _add_recipe(result: Plan, config: ClusterConfig, recipe: Loaded[RecipeConfig
         result.env["trainer"] = sorted({*config.worker_env, *TRAINER_ENV, *launch.env})
         result.price.steps = value.train.steps
         if result.price.per_hour is not None:
-            result.price.run_note = (f"{value.train.steps} steps; no step-time estimate for this recipe, so the "
-                                     "run's total is not estimated: per hour only")
+            result.price.run_note = (
+                f"{value.train.steps} steps; no step-time estimate for this recipe, so the "
+                "run's total is not estimated: per hour only"
+            )
 
 
 def device_layout(shape: ClusterShape, launch_env: dict[str, str], partitions: int | None) -> str:
-    """``2 worker(s) x 2 device(s) = 4 devices: 2 replicas x 2 partitions``. A local worker exposes the devices its
-    backend's launch plan asks for (``TPUFT_LOCAL_DEVICES``), one where the backend asks for none."""
+    """``2 worker(s) x 2 device(s) = 4 devices: 2 replicas x 2 partitions``. A local worker exposes the
+    devices its backend's launch plan asks for (``TPUFT_LOCAL_DEVICES``), one where the backend asks for
+    none."""
     if shape.target == "tpu":
         per_worker, what = shape.chips_per_host * shape.devices_per_chip, "TPU device(s)"
     else:
@@ -156,19 +179,31 @@ def device_layout(shape: ClusterShape, launch_env: dict[str, str], partitions: i
 def lines(result: Plan) -> list[str]:
     """The plan as text for a terminal (plain: no markup; the request body is JSON)."""
     create = result.create
-    out = [f"dry run of tpuft {result.verb}: nothing is created, called or connected to",
-           f"cluster {result.cluster} ({result.provider}, {result.accelerator}): {result.workers} worker(s)"]
+    out = [
+        f"dry run of tpuft {result.verb}: nothing is created, called or connected to",
+        f"cluster {result.cluster} ({result.provider}, {result.accelerator}): {result.workers} worker(s)",
+    ]
     if result.provider == "gcp":
-        what = "queued resource " + str(create["queued_resource"]) if create["queued_resource"] else "TPU node"
-        out.append(f"  create (unless it exists): {what} in {create['project']}/{create['zone']} -> "
-                   f"node(s) {', '.join(create['nodes'])}")
+        what = (
+            "queued resource " + str(create["queued_resource"]) if create["queued_resource"] else "TPU node"
+        )
+        out.append(
+            f"  create (unless it exists): {what} in {create['project']}/{create['zone']} -> "
+            f"node(s) {', '.join(create['nodes'])}"
+        )
         request = create["request"]
         out.append(f"  request: {request['rpc']} {request['parent']}")
         out += ["    " + text for text in json.dumps(request["body"], indent=2, sort_keys=True).splitlines()]
     else:
-        out.append(f"  create (unless it exists): {len(create['worker_folders'])} worker folder(s) under {create['state_dir']}")
+        out.append(
+            f"  create (unless it exists): {len(create['worker_folders'])} worker folder(s) under "
+            f"{create['state_dir']}"
+        )
         out += [f"    {folder}" for folder in create["worker_folders"]]
-    out.append(f"  run storage: {create['bucket']}" + (f" (in {create['bucket_region']})" if "bucket_region" in create else ""))
+    out.append(
+        f"  run storage: {create['bucket']}"
+        + (f" (in {create['bucket_region']})" if "bucket_region" in create else "")
+    )
     out.append(f"  price: {result.price.described}")
     if result.backend is None:
         return out

@@ -1,15 +1,17 @@
-"""``tpuft predict SOURCE --input IN --output OUT``: what a prediction job is, checked before anything is launched.
+"""``tpuft predict SOURCE --input IN --output OUT``: what a prediction job is, checked before anything is
+launched.
 
 The source is a training run (its best checkpoint under ``train.keep_best``, else its last complete one), a
 checkpoint folder of a run, or a Hugging Face model folder. The input is read through here first, the way the
-workers will read it (:func:`tpuft.worker.predict_input.check`): a bad line is a located error, every one at once,
-before a worker is asked for anything. Then the output's rules: an existing OUT (or an earlier job's shards) is
-refused unless ``--resume`` (the same job: :meth:`PredictJob.same_work`; its finished shards are kept) or
-``--overwrite`` (its shards are removed first).
+workers will read it (:func:`tpuft.worker.predict_input.check`): a bad line is a located error, every one at
+once, before a worker is asked for anything. Then the output's rules: an existing OUT (or an earlier job's
+shards) is refused unless ``--resume`` (the same job: :meth:`PredictJob.same_work`; its finished shards are
+kept) or ``--overwrite`` (its shards are removed first).
 
-Where the job runs is the caller's choice: ``--local`` (:func:`run_local`: the Hugging Face export on this machine's
-CPU, in the Python ``convert --verify`` uses) or the cluster (:mod:`tpuft.ops.predict_launch`: a run of its own under
-the workers' supervisors). Both write shards that a killed job resumes from and join them into OUT in input order.
+Where the job runs is the caller's choice: ``--local`` (:func:`run_local`: the Hugging Face export on this
+machine's CPU, in the Python ``convert --verify`` uses) or the cluster (:mod:`tpuft.ops.predict_launch`: a run
+of its own under the workers' supervisors). Both write shards that a killed job resumes from and join them
+into OUT in input order.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.config import ClusterConfig, RecipeConfig, load_recipe, recipe_from_text
 from tpuft.core.errors import ConfigError, TpuftError, UsageError
+from tpuft.ops.predict_shards import Progress, ProgressWatch, join_output
 from tpuft.readers.runs import Run, layout_for, resolve_run
+from tpuft.run import rundir
 from tpuft.storage import open_storage
 from tpuft.worker import predict_input
 from tpuft.worker.data import DataError
-from tpuft.ops.predict_shards import Progress, ProgressWatch, join_output
 from tpuft.worker.predict_job import JOB_FILE, SHARD_LINES, PredictJob
 from tpuft.worker.text_transforms import HookError
 
@@ -63,7 +65,8 @@ class PredictOptions:
 
 @dataclass(frozen=True)
 class Source:
-    """What predicts: the backend's engine and the model folder it loads, with the recipe it was trained by."""
+    """What predicts: the backend's engine and the model folder it loads, with the recipe it was trained
+    by."""
 
     kind: str
     """``run``, ``checkpoint`` or ``hf``."""
@@ -103,21 +106,32 @@ class PredictResult:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
     def as_json(self) -> dict[str, Any]:
-        return {"output": self.output, "rows": self.rows, "seconds": round(self.seconds, 2),
-                "examples_per_s": round(self.examples_per_s, 2), "scores": self.scores, "run_id": self.run_id,
-                "shards": self.shards, "resumed_shards": self.resumed_shards, "detached": self.detached}
+        return {
+            "output": self.output,
+            "rows": self.rows,
+            "seconds": round(self.seconds, 2),
+            "examples_per_s": round(self.examples_per_s, 2),
+            "scores": self.scores,
+            "run_id": self.run_id,
+            "shards": self.shards,
+            "resumed_shards": self.resumed_shards,
+            "detached": self.detached,
+        }
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # The source
 
 
 def resolve_source(config: ClusterConfig, text: str, options: PredictOptions) -> Source:
-    """A run id or prefix (``latest`` too), else a checkpoint or Hugging Face model folder (local or ``gs://``)."""
+    """A run id or prefix (``latest`` too), else a checkpoint or Hugging Face model folder (local or
+    ``gs://``)."""
     if text.startswith("gs://") or Path(text).expanduser().is_dir():
         return _folder_source(config, text, options)
     if "/" in text or text.startswith("."):
-        raise UsageError(f"{text}: no such folder (SOURCE is a run id, a checkpoint folder or a Hugging Face model folder)")
+        raise UsageError(
+            f"{text}: no such folder (SOURCE is a run id, a checkpoint folder or a Hugging Face model folder)"
+        )
     run = _latest_training_run(config) if text == "latest" else resolve_run(config, text)
     return _run_source(run, options)
 
@@ -135,18 +149,23 @@ def _latest_training_run(config: ClusterConfig) -> Run:
 def _run_source(run: Run, options: PredictOptions) -> Source:
     info = run.info()
     if info.get("job") == "predict":
-        raise UsageError(f"run {run.id} is a predict job, not a training run: give the run that trained the model")
+        raise UsageError(
+            f"run {run.id} is a predict job, not a training run: give the run that trained the model"
+        )
     recipe, text = _run_recipe(run, options)
     layout = layout_for(info, run.storage)
     steps = layout.checkpoint_steps(run.storage)
     if not steps:
-        raise UsageError(f"run {run.id} has no complete checkpoint to predict with",
-                         hint=f"Look: tpuft monitor {run.id}   (a run writes one every train.checkpoint_every steps)")
+        raise UsageError(
+            f"run {run.id} has no complete checkpoint to predict with",
+            hint=f"Look: tpuft monitor {run.id}   (a run writes one every train.checkpoint_every steps)",
+        )
     from tpuft.ops.pull import choose_checkpoints, eval_rows_of
 
     evals = eval_rows_of(run.storage.read_text(rundir.METRICS) or "") if recipe.train.keep_best else []
-    chosen, notes = choose_checkpoints("best" if recipe.train.keep_best else "latest", sorted(steps), evals,
-                                       recipe.eval.metric)
+    chosen, notes = choose_checkpoints(
+        "best" if recipe.train.keep_best else "latest", sorted(steps), evals, recipe.eval.metric
+    )
     step = chosen[0]
     model = f"{run.url}/{layout.checkpoints}/{steps[step]}"
     return Source("run", recipe.backend.kind, model, recipe, text, run=run, step=step, notes=tuple(notes))
@@ -183,22 +202,29 @@ def _folder_source(config: ClusterConfig, text: str, options: PredictOptions) ->
         recipe, recipe_text = _run_recipe(run, options)
         if step is not None and url.endswith(f"{layout.checkpoints}/{name}"):
             if step not in layout.checkpoint_steps(run.storage):
-                raise UsageError(f"{text}: the checkpoint of step {step} is not complete (still being written, or cut "
-                                 "off); give a complete one")
+                raise UsageError(
+                    f"{text}: the checkpoint of step {step} is not complete (still being written, or cut "
+                    "off); give a complete one"
+                )
             return Source("checkpoint", recipe.backend.kind, url, recipe, recipe_text, run=run, step=step)
         if store.exists("config.json"):
             return Source("hf", HF_ENGINE, url, recipe, recipe_text, run=run)
     if not store.exists("config.json"):
-        raise UsageError(f"{text}: neither a checkpoint folder of a run nor a Hugging Face model folder (no config.json)")
+        raise UsageError(
+            f"{text}: neither a checkpoint folder of a run nor a Hugging Face model folder (no config.json)"
+        )
     if options.recipe is None:
-        raise UsageError(f"{text} is a Hugging Face model folder outside a run: give the recipe whose fields, prefix "
-                         "and lengths its inputs follow with --recipe")
+        raise UsageError(
+            f"{text} is a Hugging Face model folder outside a run: give the recipe whose fields, prefix "
+            "and lengths its inputs follow with --recipe"
+        )
     recipe, recipe_text = _given_recipe(options)
     return Source("hf", HF_ENGINE, url, recipe, recipe_text)
 
 
 def _run_dir_above(url: str, config: ClusterConfig) -> str | None:
-    """The run dir a checkpoint (``<run>/checkpoints/step_N``) or export (``<run>/export/hf``) folder is in."""
+    """The run dir a checkpoint (``<run>/checkpoints/step_N``) or export (``<run>/export/hf``) folder is
+    in."""
     parts = url.rstrip("/").rsplit("/", 2)
     if len(parts) < 3:
         return None
@@ -208,18 +234,25 @@ def _run_dir_above(url: str, config: ClusterConfig) -> str | None:
 
 
 def hf_model_for_local(source: Source, project: str | None) -> str:
-    """``--local`` runs a Hugging Face model: the run's ``export/hf`` (fetched into the run's mirror when it is in
-    a bucket), or the folder given. A checkpoint that is not one (T5X, Keras) has to be converted first."""
+    """``--local`` runs a Hugging Face model: the run's ``export/hf`` (fetched into the run's mirror when it
+    is in a bucket), or the folder given. A checkpoint that is not one (T5X, Keras) has to be converted
+    first."""
     if source.kind == "hf":
         folder = source.model
     elif source.run is not None and source.run.storage.exists(f"{rundir.EXPORT_HF}/config.json"):
         folder = f"{source.run.url}/{rundir.EXPORT_HF}"
-    elif not source.model.startswith("gs://") and (Path(source.model) / "config.json").is_file() and _has_weights(Path(source.model)):
+    elif (
+        not source.model.startswith("gs://")
+        and (Path(source.model) / "config.json").is_file()
+        and _has_weights(Path(source.model))
+    ):
         folder = source.model
     else:
         where = source.run.id if source.run is not None else source.model
-        raise UsageError(f"--local runs a Hugging Face model, and {where} has none (no {rundir.EXPORT_HF})",
-                         hint=f"Make it: tpuft convert --run {where}   or predict on the cluster (drop --local)")
+        raise UsageError(
+            f"--local runs a Hugging Face model, and {where} has none (no {rundir.EXPORT_HF})",
+            hint=f"Make it: tpuft convert --run {where}   or predict on the cluster (drop --local)",
+        )
     if not folder.startswith("gs://"):
         return folder
     from tpuft.core.paths import tpuft_home
@@ -233,16 +266,21 @@ def _has_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors")) or (folder / "pytorch_model.bin").is_file()
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # The input
 
 
-def check_input(source: Source, options: PredictOptions, progress: Progress | None = None) -> predict_input.InputCheck:
-    """Every record read as a worker will read it; all problems at once as one located ConfigError (exit 2)."""
+def check_input(
+    source: Source, options: PredictOptions, progress: Progress | None = None
+) -> predict_input.InputCheck:
+    """Every record read as a worker will read it; all problems at once as one located ConfigError (exit
+    2)."""
     data = source.recipe.data
     try:
         fields = predict_input.fields_for(data, options.field)
-        checked = predict_input.check(options.input, fields, list(getattr(data, "labels", []) or []), progress=progress)
+        checked = predict_input.check(
+            options.input, fields, list(getattr(data, "labels", []) or []), progress=progress
+        )
     except HookError as exc:
         raise UsageError(f"data.preprocess: {exc}") from None
     except DataError as exc:
@@ -257,16 +295,36 @@ def check_input(source: Source, options: PredictOptions, progress: Progress | No
     return checked
 
 
-def make_job(source: Source, options: PredictOptions, *, model: str, backend: str, input_url: str, shards: str,
-             output: str | None, total: int, settings: dict[str, Any] | None = None) -> PredictJob:
+def make_job(
+    source: Source,
+    options: PredictOptions,
+    *,
+    model: str,
+    backend: str,
+    input_url: str,
+    shards: str,
+    output: str | None,
+    total: int,
+    settings: dict[str, Any] | None = None,
+) -> PredictJob:
     return PredictJob(
-        input=input_url, shards=shards, output=output, backend=backend, model=model, recipe=source.recipe_text,
-        field=options.field, num_beams=options.num_beams, max_new_tokens=options.max_new_tokens,
-        batch_size=options.batch_size, shard_lines=options.shard_lines, total_lines=total, settings=settings or {},
+        input=input_url,
+        shards=shards,
+        output=output,
+        backend=backend,
+        model=model,
+        recipe=source.recipe_text,
+        field=options.field,
+        num_beams=options.num_beams,
+        max_new_tokens=options.max_new_tokens,
+        batch_size=options.batch_size,
+        shard_lines=options.shard_lines,
+        total_lines=total,
+        settings=settings or {},
     )
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # --local
 
 
@@ -275,21 +333,30 @@ MAX_LOCAL_PROCESSES = 8
 
 
 def local_processes() -> int:
-    """``--local``'s default: one engine process per CPU this process may use (at most :data:`MAX_LOCAL_PROCESSES`).
-    A small seq2seq model's decode is a chain of small matrix products, where torch's threads help little and
-    processes each on a core of their own scale (``benchmarks/predict.py``)."""
+    """``--local``'s default: one engine process per CPU this process may use (at most
+    :data:`MAX_LOCAL_PROCESSES`). A small seq2seq model's decode is a chain of small matrix products, where
+    torch's threads help little and processes each on a core of their own scale
+    (``benchmarks/predict.py``)."""
     return max(1, min(MAX_LOCAL_PROCESSES, len(os.sched_getaffinity(0))))
 
 
 def local_settings(processes: int) -> dict[str, Any]:
-    """The engine settings of ``processes`` processes sharing this machine's CPUs: torch threads split evenly."""
+    """The engine settings of ``processes`` processes sharing this machine's CPUs: torch threads split
+    evenly."""
     return {"device": "cpu", "threads": max(1, len(os.sched_getaffinity(0)) // processes)}
 
 
-def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | None = None,
-              progress: Progress | None = None, resumed: int = 0, processes: int = 1) -> PredictResult:
-    """The job in ``processes`` processes on this machine's CPU (the ``hf`` engine, each its share of every shard,
-    as a worker's processes share it), then the join into OUT. One failing process stops the others."""
+def run_local(
+    job: PredictJob,
+    output: str,
+    *,
+    on_line: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
+    resumed: int = 0,
+    processes: int = 1,
+) -> PredictResult:
+    """The job in ``processes`` processes on this machine's CPU (the ``hf`` engine, each its share of every
+    shard, as a worker's processes share it), then the join into OUT. One failing process stops the others."""
     from tpuft.convert.model_source import ConvertError
     from tpuft.convert.verify import find_verify_python
     from tpuft.core.paths import environ_with_package
@@ -303,7 +370,15 @@ def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | 
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for name in ("TPUFT_RUN_DIR", "TPUFT_RUN_ID", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS"):
         env.pop(name, None)  # one process, not a worker of a run
-    argv = [python, *WORKER_MODULE, "--local", "--job", f"{job.shards}/{JOB_FILE}", "--processes", str(processes)]
+    argv = [
+        python,
+        *WORKER_MODULE,
+        "--local",
+        "--job",
+        f"{job.shards}/{JOB_FILE}",
+        "--processes",
+        str(processes),
+    ]
     started = time.monotonic()
     tail: list[str] = []
     lock = threading.Lock()
@@ -319,9 +394,20 @@ def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | 
                     on_line(line)
 
     with ProgressWatch(job, progress, every=1.0):
-        children = [subprocess.Popen([*argv, "--process", str(index)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env) for index in range(processes)]
-        readers = [threading.Thread(target=follow, args=(index, child), daemon=True) for index, child in enumerate(children)]
+        children = [
+            subprocess.Popen(
+                [*argv, "--process", str(index)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
+            for index in range(processes)
+        ]
+        readers = [
+            threading.Thread(target=follow, args=(index, child), daemon=True)
+            for index, child in enumerate(children)
+        ]
         for reader in readers:
             reader.start()
         code = _wait_all(children)
@@ -329,16 +415,25 @@ def run_local(job: PredictJob, output: str, *, on_line: Callable[[str], None] | 
             reader.join(timeout=10)
     if code != 0:
         lines = "\n".join("  " + line for line in tail)
-        raise TpuftError(f"predicting on this machine failed (exit code {code}):\n{lines}",
-                         hint="The finished shards are kept: run the same command with --resume")
+        raise TpuftError(
+            f"predicting on this machine failed (exit code {code}):\n{lines}",
+            hint="The finished shards are kept: run the same command with --resume",
+        )
     summary = join_output(job, output)
     seconds = time.monotonic() - started
-    return PredictResult(output, int(summary.get("rows", job.total_lines or 0)), seconds,
-                         dict(summary.get("scores") or {}), shards=job.shards, resumed_shards=resumed)
+    return PredictResult(
+        output,
+        int(summary.get("rows", job.total_lines or 0)),
+        seconds,
+        dict(summary.get("scores") or {}),
+        shards=job.shards,
+        resumed_shards=resumed,
+    )
 
 
 def _wait_all(children: list[subprocess.Popen[str]]) -> int:
-    """The first non-zero exit code (the others are stopped then: a lock-step partner would wait for it), else 0."""
+    """The first non-zero exit code (the others are stopped then: a lock-step partner would wait for it), else
+    0."""
     while True:
         codes = [child.poll() for child in children]
         failed = next((code for code in codes if code not in (None, 0)), None)
@@ -363,5 +458,7 @@ def score_line(scores: dict[str, Any]) -> str:
 
 
 def summary_line(result: PredictResult) -> str:
-    return (f"{result.rows:,} rows in {result.seconds:.1f} s ({result.examples_per_s:,.1f} examples/s) -> "
-            f"{result.output}")
+    return (
+        f"{result.rows:,} rows in {result.seconds:.1f} s ({result.examples_per_s:,.1f} examples/s) -> "
+        f"{result.output}"
+    )

@@ -1,6 +1,7 @@
-"""The shards of a ``tpuft predict`` job, from the controller: where they go, the rules of an existing OUT (refused
-unless ``--resume`` of the same job or ``--overwrite``), the progress read from the parts written, and the join into
-OUT. Shared by ``--local`` (:mod:`tpuft.ops.predict`) and the cluster (:mod:`tpuft.ops.predict_launch`)."""
+"""The shards of a ``tpuft predict`` job, from the controller: where they go, the rules of an existing OUT
+(refused unless ``--resume`` of the same job or ``--overwrite``), the progress read from the parts written,
+and the join into OUT. Shared by ``--local`` (:mod:`tpuft.ops.predict`) and the cluster
+(:mod:`tpuft.ops.predict_launch`)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def default_shards(output: str) -> str:
 
 
 def storage_shards(run_storage: str, output: str) -> str:
-    """For workers that cannot write where OUT is (a local OUT, SSH workers): a folder of the run storage named by
-    OUT, so that the same OUT finds the same shards again (``--resume``)."""
+    """For workers that cannot write where OUT is (a local OUT, SSH workers): a folder of the run storage
+    named by OUT, so that the same OUT finds the same shards again (``--resume``)."""
     key = hashlib.sha256(absolute(output).encode()).hexdigest()[:16]
     return f"{run_storage.rstrip('/')}/predict/{key}{SHARDS_SUFFIX}"
 
@@ -44,9 +45,11 @@ def output_exists(url: str, project: str | None = None) -> bool:
     return open_storage(parent, project=project).exists(name)
 
 
-def claim_output(job: PredictJob, output: str, *, resume: bool, overwrite: bool, project: str | None = None) -> int:
-    """Apply the rules of an existing OUT and shards, then record ``job`` in its shards folder. Returns how many
-    finished shards an earlier job left (kept under ``--resume``)."""
+def claim_output(
+    job: PredictJob, output: str, *, resume: bool, overwrite: bool, project: str | None = None
+) -> int:
+    """Apply the rules of an existing OUT and shards, then record ``job`` in its shards folder. Returns how
+    many finished shards an earlier job left (kept under ``--resume``)."""
     if resume and overwrite:
         raise UsageError("--resume keeps an earlier job's shards and --overwrite removes them: give one")
     shards = open_storage(job.shards, project=project)
@@ -60,18 +63,26 @@ def claim_output(job: PredictJob, output: str, *, resume: bool, overwrite: bool,
             try:
                 earlier = PredictJob.from_json(recorded)
             except (ValueError, TypeError) as exc:
-                raise UsageError(f"{job.shards}/{JOB_FILE} is not a predict job ({exc}): --overwrite to start over") from None
+                raise UsageError(
+                    f"{job.shards}/{JOB_FILE} is not a predict job ({exc}): --overwrite to start over"
+                ) from None
             differ = earlier.same_work(job)
             if differ:
-                raise UsageError(f"--resume: {job.shards} holds another job's shards ({', '.join(differ)} differ); "
-                                 "give the same source, input and settings, or --overwrite to start over")
+                raise UsageError(
+                    f"--resume: {job.shards} holds another job's shards ({', '.join(differ)} differ); "
+                    "give the same source, input and settings, or --overwrite to start over"
+                )
         elif output_exists(output, project):
-            raise UsageError(f"{output} exists and no shards of the job that wrote it are left to resume",
-                             hint="Predict it again: --overwrite")
+            raise UsageError(
+                f"{output} exists and no shards of the job that wrote it are left to resume",
+                hint="Predict it again: --overwrite",
+            )
     elif recorded is not None or output_exists(output, project):
         what = output if output_exists(output, project) else f"{job.shards} (an unfinished job's shards)"
-        raise UsageError(f"{what} exists", hint="Keep its finished shards and predict the rest: --resume   "
-                         "Start over: --overwrite")
+        raise UsageError(
+            f"{what} exists",
+            hint="Keep its finished shards and predict the rest: --resume   Start over: --overwrite",
+        )
     shards.write_text(JOB_FILE, job.to_json())
     return done
 
@@ -106,8 +117,9 @@ def kept_shards(shards: Any) -> int:
 
 
 def examples_done(job: PredictJob, parts: dict[int, int]) -> int:
-    """Examples in the parts written so far: every part of a shard holds about an equal share of its lines (line
-    ``i`` goes to process ``i % processes``); the processes are as many as the most parts any shard has."""
+    """Examples in the parts written so far: every part of a shard holds about an equal share of its lines
+    (line ``i`` goes to process ``i % processes``); the processes are as many as the most parts any shard
+    has."""
     total = job.total_lines or 0
     processes = max(parts.values(), default=1)
     done = 0
@@ -120,7 +132,9 @@ def examples_done(job: PredictJob, parts: dict[int, int]) -> int:
 class ProgressWatch:
     """Reads the shards folder every ``every`` seconds in the background and reports the examples done."""
 
-    def __init__(self, job: PredictJob, progress: Progress | None, project: str | None = None, every: float = 2.0) -> None:
+    def __init__(
+        self, job: PredictJob, progress: Progress | None, project: str | None = None, every: float = 2.0
+    ) -> None:
         self.job, self.progress, self.every = job, progress, every
         self._store = open_storage(job.shards, project=project)
         self._done = threading.Event()
@@ -152,7 +166,8 @@ class ProgressWatch:
 
 
 def join_output(job: PredictJob, output: str) -> dict[str, Any]:
-    """Every shard's parts into OUT, in input order (streamed: one shard in memory at a time), and the scores."""
+    """Every shard's parts into OUT, in input order (streamed: one shard in memory at a time), and the
+    scores."""
     from tpuft.worker.predict import loop as predict_loop
 
     summary = predict_loop.join(job, output=output)

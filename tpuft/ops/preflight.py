@@ -1,10 +1,11 @@
-"""Everything about a recipe that can be checked on this machine before a cluster is created or a worker started.
+"""Everything about a recipe that can be checked on this machine before a cluster is created or a worker
+started.
 
-Loading a recipe checks its keys and values; this checks it against the cluster (the batch splits over the workers)
-and reads its data files through (JSON lines, CSV, TSV or Parquet; a ``gs://`` one through the storage layer), record
-by record, with the reader the workers use: an invalid line, a missing field or column, a non-UTF-8 byte, a ``null``
-target or an empty eval file is reported here, at file:line, in seconds, instead of on the workers after set-up.
-Used by ``recipes validate``, ``train`` and ``up``.
+Loading a recipe checks its keys and values; this checks it against the cluster (the batch splits over the
+workers) and reads its data files through (JSON lines, CSV, TSV or Parquet; a ``gs://`` one through the
+storage layer), record by record, with the reader the workers use: an invalid line, a missing field or column,
+a non-UTF-8 byte, a ``null`` target or an empty eval file is reported here, at file:line, in seconds, instead
+of on the workers after set-up. Used by ``recipes validate``, ``train`` and ``up``.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ class Preflight:
         return found.examples if found is not None else None
 
 
-def cluster_problems(recipe: Loaded[RecipeConfig], shape: ClusterShape, cluster: ClusterConfig | None = None) -> list[str]:
-    """Recipe settings that are only wrong for this cluster (the backend says which), located in the recipe file
-    and, given the cluster, at the cluster file's line that sets the worker count too."""
+def cluster_problems(
+    recipe: Loaded[RecipeConfig], shape: ClusterShape, cluster: ClusterConfig | None = None
+) -> list[str]:
+    """Recipe settings that are only wrong for this cluster (the backend says which), located in the recipe
+    file and, given the cluster, at the cluster file's line that sets the worker count too."""
     backend = get_backend(recipe.value.backend.kind)
     workers = f" (the workers: {cluster.shape_origin()})" if cluster is not None else ""
     return [recipe.problem(path, message + workers) for path, message in backend.check(recipe.value, shape)]
@@ -53,7 +56,9 @@ PARQUET_READERS = ("pyarrow", "datasets")
 """Requirements that put pyarrow in a worker venv (``datasets`` depends on it)."""
 
 
-def _format_problem(recipe: Loaded[RecipeConfig], key: str, path: object, shape: ClusterShape | None) -> str | None:
+def _format_problem(
+    recipe: Loaded[RecipeConfig], key: str, path: object, shape: ClusterShape | None
+) -> str | None:
     """The file's format unknown, or Parquet on a backend whose worker venv has no pyarrow to read it."""
     try:
         kind, _ = file_format(str(path), recipe.value.data.format)
@@ -64,15 +69,24 @@ def _format_problem(recipe: Loaded[RecipeConfig], key: str, path: object, shape:
     backend = get_backend(recipe.value.backend.kind)
     spec = backend.env_spec(recipe.value.backend, shape.target, "3")
     names = {requirement.split(";")[0].strip().lower().replace("_", "-") for requirement in spec.requirements}
-    if any(name.startswith(reader) and not name[len(reader):len(reader) + 1].isalnum() for name in names
-           for reader in PARQUET_READERS):
+    if any(
+        name.startswith(reader) and not name[len(reader) : len(reader) + 1].isalnum()
+        for name in names
+        for reader in PARQUET_READERS
+    ):
         return None
-    return recipe.problem(("data", key), f"{path} is Parquet, and the {backend.kind} backend's worker venv has no "
-                          "pyarrow to read it: add pyarrow to backend.extra_requirements, or use JSON lines, CSV or TSV")
+    return recipe.problem(
+        ("data", key),
+        f"{path} is Parquet, and the {backend.kind} backend's worker venv has no "
+        "pyarrow to read it: add pyarrow to backend.extra_requirements, or use JSON lines, CSV or TSV",
+    )
 
 
 def data_problems(
-    recipe: Loaded[RecipeConfig], workers: int, progress: DataProgress | None = None, shape: ClusterShape | None = None
+    recipe: Loaded[RecipeConfig],
+    workers: int,
+    progress: DataProgress | None = None,
+    shape: ClusterShape | None = None,
 ) -> tuple[list[str], dict[str, FileCheck]]:
     data = recipe.value.data
     try:
@@ -96,7 +110,12 @@ def data_problems(
         if wrong_field is not None:  # not the data's fault: the recipe names a field no line has
             side, name = wrong_field
             key_path = ("data", f"{side}_template" if getattr(data, f"{side}_template") else f"{side}_field")
-            problems.append(recipe.problem(key_path, f"no line of {path} has a field {name!r} (they have: {check.problems[0].fields})"))
+            problems.append(
+                recipe.problem(
+                    key_path,
+                    f"no line of {path} has a field {name!r} (they have: {check.problems[0].fields})",
+                )
+            )
             continue
         problems += [f"{p.where}: data.{key}: {p.message}" for p in check.problems]
         if check.more_problems:
@@ -107,14 +126,16 @@ def data_problems(
             problems.append(
                 recipe.problem(
                     ("data", "train"),
-                    f"{path} has {check.examples} example(s) for {workers} workers; every worker needs at least one",
+                    f"{path} has {check.examples} example(s) for {workers} workers; every worker needs at "
+                    "least one",
                 )
             )
         if key in ("eval", "test") and check.examples == 0:
             problems.append(
                 recipe.problem(
                     ("data", key),
-                    f"{path} has no examples (it would report a perfect {key} loss of 0): fill it, or remove data.{key}",
+                    f"{path} has no examples (it would report a perfect {key} loss of 0): fill it, or remove "
+                    f"data.{key}",
                 )
             )
     return problems, checks
@@ -127,8 +148,11 @@ def _field_missing_everywhere(check: FileCheck) -> tuple[str, str] | None:
     return None
 
 
-def preflight(config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: DataProgress | None = None) -> Preflight:
-    """Every problem at once (the recipe against the cluster, then the data), as one ConfigError: exit code 2."""
+def preflight(
+    config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: DataProgress | None = None
+) -> Preflight:
+    """Every problem at once (the recipe against the cluster, then the data), as one ConfigError: exit code
+    2."""
     shape = config.shape()
     launched = len(get_backend(recipe.value.backend.kind).plan(recipe.value, shape).workers)
     problems = cluster_problems(recipe, shape, config)

@@ -1,11 +1,11 @@
-"""pull: copy a run directory home (recipe, run info, metrics, logs, TensorBoard events, the chosen checkpoints and
-the Hugging Face export) from the bucket or a local run dir.
+"""pull: copy a run directory home (recipe, run info, metrics, logs, TensorBoard events, the chosen
+checkpoints and the Hugging Face export) from the bucket or a local run dir.
 
-The transfer itself is the storage layer's tree download: parallel through transfer_manager for ``gs://``, every
-file checked against the size and CRC32C (MD5 for an object without one) that GCS lists, written under a partial
-name and renamed only once complete. Files already in the destination with the same size and checksum are skipped,
-so pulling again after an interruption (or into a folder that holds an older pull) moves only what is missing or
-different. Checkpoints are the bulk of a run, so only the ones asked for come along.
+The transfer itself is the storage layer's tree download: parallel through transfer_manager for ``gs://``,
+every file checked against the size and CRC32C (MD5 for an object without one) that GCS lists, written under a
+partial name and renamed only once complete. Files already in the destination with the same size and checksum
+are skipped, so pulling again after an interruption (or into a folder that holds an older pull) moves only
+what is missing or different. Checkpoints are the bulk of a run, so only the ones asked for come along.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft.run import rundir
 from tpuft.core.errors import UsageError
 from tpuft.readers.runs import layout_for, read_run_info
+from tpuft.run import rundir
 from tpuft.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 CHECKPOINT_MODES = ("latest", "best", "all", "none")
 DEFAULT_WORKERS = 16
-"""Parallel downloads: a run is mostly many small files (logs, events, sharded checkpoints) where latency dominates."""
+"""Parallel downloads: a run is mostly many small files (logs, events, sharded checkpoints) where latency
+dominates."""
 
 
 @dataclass
@@ -89,13 +90,14 @@ def pull(
     progress: Callable[[int, int], None] | None = None,
     project: str | None = None,
 ) -> PullResult:
-    """Copy the run dir ``run`` (a local path or ``gs://`` URL: a :class:`~tpuft.readers.runs.Run`'s url) into ``dest``.
+    """Copy the run dir ``run`` (a local path or ``gs://`` URL: a :class:`~tpuft.readers.runs.Run`'s url) into
+    ``dest``.
 
-    ``checkpoints``: ``latest`` (highest step), ``best`` (best eval metric in metrics.jsonl), ``all`` or ``none``.
-    ``progress(bytes_done, bytes_total)`` is called once the files are listed, then as bytes land (from worker
-    threads, one call at a time), and ends at ``(total, total)``. ``project``: the GCP project for a ``gs://`` run.
-    Raises :class:`UsageError` for a bad argument or a missing run, :class:`TpuftError` when files fail to download
-    (those completed stay; pulling again fetches only the rest)."""
+    ``checkpoints``: ``latest`` (highest step), ``best`` (best eval metric in metrics.jsonl), ``all`` or
+    ``none``. ``progress(bytes_done, bytes_total)`` is called once the files are listed, then as bytes land
+    (from worker threads, one call at a time), and ends at ``(total, total)``. ``project``: the GCP project
+    for a ``gs://`` run. Raises :class:`UsageError` for a bad argument or a missing run, :class:`TpuftError`
+    when files fail to download (those completed stay; pulling again fetches only the rest)."""
     mode = _check_args(checkpoints, workers)
     source = str(run)
     storage = open_storage(source, project=project)
@@ -107,7 +109,9 @@ def pull(
     layout = layout_for(info or {}, storage)
     steps = layout.checkpoint_steps(storage)
     if info is None and not steps and not storage.folders() and storage.read_text(rundir.METRICS) is None:
-        raise UsageError(f"{source}: not a run directory (no {rundir.RUN_INFO}, {rundir.METRICS} or folders in it)")
+        raise UsageError(
+            f"{source}: not a run directory (no {rundir.RUN_INFO}, {rundir.METRICS} or folders in it)"
+        )
     eval_rows = eval_rows_of(storage.read_text(rundir.METRICS) or "") if mode == "best" else []
     metric = rundir.recipe_metric(storage.read_text(rundir.RECIPE)) if mode == "best" else None
     chosen, notes = choose_checkpoints(mode, sorted(steps), eval_rows, metric)
@@ -133,14 +137,16 @@ def pull(
     )
 
 
-def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, Any]], metric: str | None = None
-                       ) -> tuple[list[int], list[str]]:
+def choose_checkpoints(
+    mode: str, steps: list[int], eval_rows: list[dict[str, Any]], metric: str | None = None
+) -> tuple[list[int], list[str]]:
     """The checkpoint steps to pull out of ``steps`` (sorted), and notes on any fallback taken.
 
-    ``best`` ranks evaluations by ``metric``, the run's ``eval.metric`` (what its trainer kept the best checkpoint
-    by), else as ``tpuft monitor`` does (``eval_exact_match`` highest first, ... ``eval_loss`` lowest last). Checkpoints are saved less often than
-    evaluations run, and old ones are deleted, so the best eval step may have none: then the closest one before it
-    (the weights that eval measured are gone; those are the nearest that led to them), else the first after it."""
+    ``best`` ranks evaluations by ``metric``, the run's ``eval.metric`` (what its trainer kept the best
+    checkpoint by), else as ``tpuft monitor`` does (``eval_exact_match`` highest first, ... ``eval_loss``
+    lowest last). Checkpoints are saved less often than evaluations run, and old ones are deleted, so the best
+    eval step may have none: then the closest one before it (the weights that eval measured are gone; those
+    are the nearest that led to them), else the first after it."""
     if mode == "none":
         return [], []
     if not steps:
@@ -152,12 +158,16 @@ def choose_checkpoints(mode: str, steps: list[int], eval_rows: list[dict[str, An
     return _best(steps, eval_rows, metric)
 
 
-def _best(steps: list[int], eval_rows: list[dict[str, Any]], metric: str | None) -> tuple[list[int], list[str]]:
+def _best(
+    steps: list[int], eval_rows: list[dict[str, Any]], metric: str | None
+) -> tuple[list[int], list[str]]:
     from tpuft.run.rundir import best_eval_metric, best_eval_row
 
     ranked = best_eval_metric(best_eval_row(eval_rows, metric), metric)
     if ranked is None:
-        return [steps[-1]], [f"no eval metrics in {rundir.METRICS}: pulled the latest checkpoint (step {steps[-1]})"]
+        return [steps[-1]], [
+            f"no eval metrics in {rundir.METRICS}: pulled the latest checkpoint (step {steps[-1]})"
+        ]
     name, value, step = ranked
     notes = [f"best eval: {name} = {value:g} at step {step}"]
     before = [s for s in steps if s <= step]
@@ -180,14 +190,17 @@ def _check_args(checkpoints: str, workers: int) -> str:
 
 
 def _check_dest(storage: Storage, dest: Path) -> None:
-    """A local run pulled into itself (or below itself) would copy files onto themselves, or into its own copy."""
+    """A local run pulled into itself (or below itself) would copy files onto themselves, or into its own
+    copy."""
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder; give a folder to pull the run into")
     if storage.local_root is None:
         return
     source, target = storage.local_root.resolve(), dest.expanduser().resolve()
     if target == source or source in target.parents:
-        raise UsageError(f"{dest}: the destination is inside the run dir {storage.root}; choose another folder")
+        raise UsageError(
+            f"{dest}: the destination is inside the run dir {storage.root}; choose another folder"
+        )
 
 
 def _selector(layout: RunLayout, chosen: set[str]) -> Callable[[str], bool]:
@@ -204,7 +217,8 @@ def _selector(layout: RunLayout, chosen: set[str]) -> Callable[[str], bool]:
 
 
 def eval_rows_of(text: str) -> list[dict[str, Any]]:
-    """Eval rows of a metrics.jsonl (``rundir.read_metrics`` on text: the file may be remote); bad lines skipped."""
+    """Eval rows of a metrics.jsonl (``rundir.read_metrics`` on text: the file may be remote); bad lines
+    skipped."""
     log = rundir.MetricsLog()
     for line in text.splitlines():
         try:

@@ -1,4 +1,5 @@
-"""recipes ls / show / cp / validate, modelled on torchtune's ``tune ls`` and ``tune cp``; ``show --summary``."""
+"""recipes ls / show / cp / validate, modelled on torchtune's ``tune ls`` and ``tune cp``; ``show
+--summary``."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
     from tpuft.ops.compile_fit import FitReport
 
 DATA_MISSING_EXIT = 3
-"""``recipes validate``'s exit code when the recipe is valid but data files it names are not on this machine."""
+"""``recipes validate``'s exit code when the recipe is valid but data files it names are not on this
+machine."""
 
 
 class DataMissing(TpuftError):
-    """The recipe's keys are fine; its data is not here yet (one line per file, with the command that fetches it)."""
+    """The recipe's keys are fine; its data is not here yet (one line per file, with the command that fetches
+    it)."""
 
     exit_code = DATA_MISSING_EXIT
 
@@ -57,11 +60,14 @@ def list_recipes() -> list[RecipeInfo]:
 
 def missing_data(loaded: Loaded[RecipeConfig]) -> list[str]:
     """One line per local data file the recipe names that is not on this machine (``file:line: data.train:
-    missing PATH; fetch it: COMMAND`` where the file's folder ships a fetch.py). ``loaded`` is loaded without the
-    file check, so that the schema and the data are told apart."""
+    missing PATH; fetch it: COMMAND`` where the file's folder ships a fetch.py). ``loaded`` is loaded without
+    the file check, so that the schema and the data are told apart."""
     data = loaded.value.data
-    named = [(("data", key), getattr(data, key)) for key in ("train", "eval", "test")
-             if not str(getattr(data, key)).startswith("gs://")]  # a bucket's file is looked up by the data check
+    named = [
+        (("data", key), getattr(data, key))
+        for key in ("train", "eval", "test")
+        if not str(getattr(data, key)).startswith("gs://")
+    ]  # a bucket's file is looked up by the data check
     named += [(("data", "corpus"), Path(text)) for text in data.corpus if not text.startswith("gs://")]
     lines = []
     for key, path in named:
@@ -77,10 +83,12 @@ def check_data_present(loaded: Loaded[RecipeConfig]) -> None:
     """:class:`DataMissing` (exit 3) when :func:`missing_data` finds any."""
     lines = missing_data(loaded)
     if lines:
-        raise DataMissing(f"{loaded.source}: the recipe is valid, but {len(lines)} data file(s) are not here:\n"
-                          + "\n".join(f"  {line}" for line in lines),
-                          hint="Fetch them with the command shown, or check the rest without the data: "
-                          "tpuft recipes validate RECIPE --no-data-check")
+        raise DataMissing(
+            f"{loaded.source}: the recipe is valid, but {len(lines)} data file(s) are not here:\n"
+            + "\n".join(f"  {line}" for line in lines),
+            hint="Fetch them with the command shown, or check the rest without the data: "
+            "tpuft recipes validate RECIPE --no-data-check",
+        )
 
 
 def recipe_file(name: str) -> Path:
@@ -98,14 +106,19 @@ def find(name: str) -> Path:
         from tpuft.config import recipe_suggestion
 
         close = recipe_suggestion(name, local=False)
-        raise UsageError(f"unknown recipe {name!r}{close or ';'} shipped recipes: {known}", hint="List them: tpuft recipes ls")
+        raise UsageError(
+            f"unknown recipe {name!r}{close or ';'} shipped recipes: {known}",
+            hint="List them: tpuft recipes ls",
+        )
     return path
 
 
 def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
     source = find(name)
     if dest.exists() and not dest.is_dir() and not dest.is_file():
-        raise UsageError(f"{dest} is not a file or a folder (a device or FIFO?); give a .yaml file name or a folder")
+        raise UsageError(
+            f"{dest} is not a file or a folder (a device or FIFO?); give a .yaml file name or a folder"
+        )
     target = dest / source.name if dest.is_dir() else dest
     if target.suffix not in {".yaml", ".yml"}:
         target = target.with_suffix(".yaml")
@@ -128,13 +141,18 @@ def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
 
 
 def summary(
-    recipe: Path, overrides: list[str] | None = None, *, config: Path | None = None, accelerator: str | None = None
+    recipe: Path,
+    overrides: list[str] | None = None,
+    *,
+    config: Path | None = None,
+    accelerator: str | None = None,
 ) -> Summary:
-    """The recipe's model, parameters and memory per device on the cluster's accelerator (``accelerator`` instead:
-    e.g. ``v4-64``); offline, nothing is created and the data is not read. A model the summary cannot size is a
+    """The recipe's model, parameters and memory per device on the cluster's accelerator (``accelerator``
+    instead: e.g. ``v4-64``); offline, nothing is created and the data is not read. A model the summary cannot
+    size is a
     :class:`ConfigError` located at the recipe key to change (exit 2)."""
-    from tpuft.core.accelerators import lookup
     from tpuft.config import load_cluster
+    from tpuft.core.accelerators import lookup
     from tpuft.model.summary import ModelUnknown, summarize
 
     loaded = load_recipe(recipe, overrides or [], check_files=False)
@@ -150,19 +168,28 @@ def summary(
 
 
 def compile_fit(
-    recipe: Path, overrides: list[str] | None = None, *, config: Path | None = None, accelerator: str | None = None,
+    recipe: Path,
+    overrides: list[str] | None = None,
+    *,
+    config: Path | None = None,
+    accelerator: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> FitReport:
-    """``show --summary --compile``: the recipe's real train step compiled for the accelerator (the cluster's, or
-    ``accelerator``) on this machine's CPU, against the chip's HBM (:mod:`tpuft.ops.compile_fit`); a backend that
-    cannot compile offline gets its paper estimate, labelled."""
-    from tpuft.core.accelerators import lookup
+    """``show --summary --compile``: the recipe's real train step compiled for the accelerator (the cluster's,
+    or ``accelerator``) on this machine's CPU, against the chip's HBM (:mod:`tpuft.ops.compile_fit`); a
+    backend that cannot compile offline gets its paper estimate, labelled."""
     from tpuft.config import load_cluster
+    from tpuft.core.accelerators import lookup
     from tpuft.ops.compile_fit import fit_report
 
     loaded = load_recipe(recipe, overrides or [], check_files=False)
     cluster = load_cluster(config).value
     chosen = lookup(accelerator) if accelerator is not None else lookup(cluster.accelerator)
-    return fit_report(loaded.value, chosen, python=cluster.local.python,
-                      recipe_dir=Path(loaded.source).resolve().parent, progress=progress,
-                      slices=cluster.slices if accelerator is None else 1)
+    return fit_report(
+        loaded.value,
+        chosen,
+        python=cluster.local.python,
+        recipe_dir=Path(loaded.source).resolve().parent,
+        progress=progress,
+        slices=cluster.slices if accelerator is None else 1,
+    )

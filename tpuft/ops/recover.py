@@ -1,16 +1,17 @@
 """Preemption recovery: watch a run from the controller and bring it back when the infrastructure loses it.
 
-Spot and preemptible TPU VMs are reclaimed; maintenance repairs nodes; a node may come back with new addresses. The
-trainers and their supervisors live on the workers, so the only thing that can notice a whole node going away is a
-watcher outside it. This one attaches like ``tpuft attach`` and asks the provider about the node every
-``recover.poll`` seconds (a reclaimed VM's connections may hang instead of dropping). When the node is not READY, is
-gone, or answers on other addresses, it waits (back-off), recreates the node the way ``create`` does (queued
-resources included, waiting for capacity), runs ``setup`` again, and resumes the run from its last complete
-checkpoint through the resume path: a new attempt, recorded in run.json's ``recoveries``.
+Spot and preemptible TPU VMs are reclaimed; maintenance repairs nodes; a node may come back with new
+addresses. The trainers and their supervisors live on the workers, so the only thing that can notice a whole
+node going away is a watcher outside it. This one attaches like ``tpuft attach`` and asks the provider about
+the node every ``recover.poll`` seconds (a reclaimed VM's connections may hang instead of dropping). When the
+node is not READY, is gone, or answers on other addresses, it waits (back-off), recreates the node the way
+``create`` does (queued resources included, waiting for capacity), runs ``setup`` again, and resumes the run
+from its last complete checkpoint through the resume path: a new attempt, recorded in run.json's
+``recoveries``.
 
-What it does not retry: a run that failed on a healthy node (the user's code), a run that was stopped, and more than
-``recover.max_attempts`` recoveries. A watcher holds a lease in the run dir (``watcher.json``), so two never
-recreate the same node; one that died (its laptop closed, its process killed) is taken over by
+What it does not retry: a run that failed on a healthy node (the user's code), a run that was stopped, and
+more than ``recover.max_attempts`` recoveries. A watcher holds a lease in the run dir (``watcher.json``), so
+two never recreate the same node; one that died (its laptop closed, its process killed) is taken over by
 ``tpuft resume RUN --recover`` on any machine.
 """
 
@@ -25,27 +26,35 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tpuft.run import goodput, rundir
 from tpuft.backends import get_backend
 from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
 from tpuft.core.errors import Interrupted, TpuftError, UsageError
+from tpuft.core.records import Cluster, Progress, SliceLayout, State
 from tpuft.fleet.base import LineSink
-from tpuft.ops.lifecycle import (Launch, attach, finalize, request_stop, run_is_alive, signal_supervisors, stop,
-                                 wait_for_outcome)
 from tpuft.ops.cluster import capacity_wait
 from tpuft.ops.common import open_session
+from tpuft.ops.lifecycle import (
+    Launch,
+    attach,
+    finalize,
+    request_stop,
+    run_is_alive,
+    signal_supervisors,
+    stop,
+    wait_for_outcome,
+)
 from tpuft.ops.maintenance import MaintenanceWatch, wait_out_window
 from tpuft.ops.setup import setup
 from tpuft.ops.train import Notice, TrainResult, finished_result, resume
 from tpuft.providers import get_provider
-from tpuft.core.records import Cluster, Progress, SliceLayout, State
 from tpuft.readers.runs import Run, resolve_run
+from tpuft.run import goodput, rundir
 from tpuft.storage.network import CloudUnreachable
 from tpuft.worker.supervisor.process import is_alive
 
 CAPACITY_ERRORS = {"ResourceExhausted", "TooManyRequests", "ServiceUnavailable", "InternalServerError"}
-"""API refusals that mean "not now" (a zone stocked out, quota busy, the API down): the recovery is tried again
-after the next back-off, and the try counts against ``recover.max_attempts``."""
+"""API refusals that mean "not now" (a zone stocked out, quota busy, the API down): the recovery is tried
+again after the next back-off, and the try counts against ``recover.max_attempts``."""
 
 WATCHER = "watcher.json"
 """The watcher's lease, in the run dir: who watches (host, pid) and when it last said so."""
@@ -64,10 +73,13 @@ class Callbacks:
             self.on_notice(text)
 
 
-def node_problem(config: ClusterConfig, info: dict[str, Any], seen: Callable[[Cluster], Any] | None = None) -> str | None:
-    """Why the run's workers are gone, in the provider's words; None while the node is READY on the run's addresses.
-    On a multislice cluster the lost slice(s) are named: ``node NAME-1 (slice 1) PREEMPTED``. ``seen`` gets the
-    provider's answer too (its health, symptoms and upcoming maintenance: :class:`MaintenanceWatch`)."""
+def node_problem(
+    config: ClusterConfig, info: dict[str, Any], seen: Callable[[Cluster], Any] | None = None
+) -> str | None:
+    """Why the run's workers are gone, in the provider's words; None while the node is READY on the run's
+    addresses. On a multislice cluster the lost slice(s) are named: ``node NAME-1 (slice 1) PREEMPTED``.
+    ``seen`` gets the provider's answer too (its health, symptoms and upcoming maintenance:
+    :class:`MaintenanceWatch`)."""
     cluster = get_provider(config).get()
     if seen is not None:
         seen(cluster)
@@ -99,11 +111,12 @@ def slice_states(cluster: Cluster) -> list[tuple[int, str, str]]:
 
 
 def lost_slices(cluster: Cluster) -> list[tuple[int, str, str]]:
-    """The slices whose node is not READY (preempted, suspended, gone): any one of them loses the whole run."""
+    """The slices whose node is not READY (preempted, suspended, gone): any one of them loses the whole
+    run."""
     return [entry for entry in slice_states(cluster) if entry[2] != State.READY]
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # The lease
 
 
@@ -112,8 +125,8 @@ def _stale_after(policy: RecoverConfig) -> float:
 
 
 class WatchTakenOver(TpuftError):
-    """Another watcher holds the run's lease now (this one was presumed gone, e.g. a laptop that slept): this one
-    stops at once and touches nothing, so two watchers never recreate one node."""
+    """Another watcher holds the run's lease now (this one was presumed gone, e.g. a laptop that slept): this
+    one stops at once and touches nothing, so two watchers never recreate one node."""
 
 
 def _holder(held: dict[str, Any]) -> str:
@@ -124,9 +137,10 @@ def _holder(held: dict[str, Any]) -> str:
 def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None]]:
     """Claim the run for this watcher (refused while another one lives); yields the function that renews it.
 
-    Every write of the lease is a compare-and-write against the version this watcher last saw (a bucket object's
-    generation): two watchers that start at the same moment cannot both win, and a watcher whose lease was taken
-    over while it was away (presumed dead after ``3 * poll + 30`` s) learns so at its next renewal, which raises
+    Every write of the lease is a compare-and-write against the version this watcher last saw (a bucket
+    object's generation): two watchers that start at the same moment cannot both win, and a watcher whose
+    lease was taken over while it was away (presumed dead after ``3 * poll + 30`` s) learns so at its next
+    renewal, which raises
     :class:`WatchTakenOver` before it acts on the node again."""
     me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
     text, version = run.storage.read_versioned(WATCHER)
@@ -137,16 +151,19 @@ def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None
         if age < _stale_after(policy) and not dead_here:
             raise UsageError(
                 f"run {run.id} is already watched for recovery by {_holder(held)} (last seen {age:.0f} s ago)",
-                hint=f"Stop that watcher (Ctrl-C there), or wait {_stale_after(policy):.0f} s after it is gone: "
+                hint=f"Stop that watcher (Ctrl-C there), or wait {_stale_after(policy):.0f} s after it is "
+                "gone: "
                 f"tpuft resume {run.id} --recover then takes over",
             )
     state: dict[str, Any] = {"version": version, "holder": None}
 
     def write(extra: dict[str, Any]) -> bool:
-        """Write our lease over the version we last saw; False if someone else's is there now (and for good: a lost
-        lease is never written again)."""
+        """Write our lease over the version we last saw; False if someone else's is there now (and for good: a
+        lost lease is never written again)."""
         for _ in range(3 if state["holder"] is None else 0):
-            written = run.storage.write_text_if(WATCHER, json.dumps({**me, "seen": time.time(), **extra}), state["version"])
+            written = run.storage.write_text_if(
+                WATCHER, json.dumps({**me, "seen": time.time(), **extra}), state["version"]
+            )
             if written is not None:
                 state["version"] = written
                 return True
@@ -160,21 +177,25 @@ def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None
     def renew() -> None:
         if not write({}):
             raise WatchTakenOver(
-                f"run {run.id} is watched by {state['holder'] or 'another watcher'} now: this watcher stops and "
+                f"run {run.id} is watched by {state['holder'] or 'another watcher'} now: this watcher stops "
+                "and "
                 "leaves the node and the run to it",
                 hint=f"Only one watcher per run; see it with: tpuft monitor {run.id}",
             )
 
     if not write({}):
         raise UsageError(
-            f"run {run.id} was claimed for recovery by {state['holder'] or 'another watcher'} at the same moment",
+            f"run {run.id} was claimed for recovery by {state['holder'] or 'another watcher'} at the same "
+            "moment",
             hint="Only one watcher per run; stop that one first if this one should watch",
         )
     try:
         yield renew
     finally:
         try:
-            write({"ended": time.time()})  # let go, unless someone else holds it now (then it is theirs: untouched)
+            write(
+                {"ended": time.time()}
+            )  # let go, unless someone else holds it now (then it is theirs: untouched)
         except TpuftError:
             pass  # the bucket cannot be reached: the lease goes stale by itself, and what raised matters more
 
@@ -183,18 +204,24 @@ def _is_me(held: dict[str, Any], me: dict[str, Any]) -> bool:
     return (held.get("host"), held.get("pid")) == (me["host"], me["pid"])
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Watching
 
 
 def watch(
-    config: ClusterConfig, run_id: str, callbacks: Callbacks, *, policy: RecoverConfig | None = None,
-    stop_on_interrupt: bool = False, tail: int | None = None, resume_ended: bool = False,
+    config: ClusterConfig,
+    run_id: str,
+    callbacks: Callbacks,
+    *,
+    policy: RecoverConfig | None = None,
+    stop_on_interrupt: bool = False,
+    tail: int | None = None,
+    resume_ended: bool = False,
     sleep: Callable[[float], None] = time.sleep,
 ) -> TrainResult:
-    """Attach to a run and recover it from infrastructure failures until it finishes; returns its summary, or raises
-    how it ended otherwise (the user's failure, a stop, recoveries used up). ``resume_ended``: the user asked to
-    resume, so a stopped or failed run is resumed first (on a recreated node if its node is gone)."""
+    """Attach to a run and recover it from infrastructure failures until it finishes; returns its summary, or
+    raises how it ended otherwise (the user's failure, a stop, recoveries used up). ``resume_ended``: the user
+    asked to resume, so a stopped or failed run is resumed first (on a recreated node if its node is gone)."""
     policy = policy or config.recover
     run = resolve_run(config, run_id)
     with watcher_lease(run, policy) as renew:
@@ -205,22 +232,35 @@ def watch(
                 outage.over()
                 status = info.get("status")
                 launch = Launch.of(run, info)
-                if status == "stopped" and not resume_ended and wait_out_window(info, callbacks.notice, renew, policy.poll, sleep, run):
-                    resume_ended = True  # stopped with a checkpoint before maintenance: resumed now that it is over
+                if (
+                    status == "stopped"
+                    and not resume_ended
+                    and wait_out_window(info, callbacks.notice, renew, policy.poll, sleep, run)
+                ):
+                    resume_ended = (
+                        True  # stopped with a checkpoint before maintenance: resumed now that it is over
+                    )
                     continue
                 if status == "finished" or (status == "stopped" and not resume_ended):
-                    return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
+                    return finished_result(
+                        run, info, get_backend(str(info.get("backend"))), len(launch.hosts)
+                    )
                 problem = node_problem(config, info)
                 if problem is None and status in {"failed", "stopped"}:
                     if not resume_ended:  # the user's code failed on a healthy node: not retried
-                        return finished_result(run, info, get_backend(str(info.get("backend"))), len(launch.hosts))
+                        return finished_result(
+                            run, info, get_backend(str(info.get("backend"))), len(launch.hosts)
+                        )
                     resume(config, run.id, on_notice=callbacks.on_notice, detach=True)
                     resume_ended, tail = False, None
                     continue
                 if problem is None:  # running (or starting): follow it
-                    problem = _attach_and_watch(config, run, info, launch, callbacks, policy, renew, stop_on_interrupt, tail)
-                    # Later attempts are followed from their first line; and the resume asked for was of the run as it
-                    # stood: an attempt followed here that fails on a healthy node is the user's code, not retried.
+                    problem = _attach_and_watch(
+                        config, run, info, launch, callbacks, policy, renew, stop_on_interrupt, tail
+                    )
+                    # Later attempts are followed from their first line; and the resume asked for was of the
+                    # run as it stood: an attempt followed here that fails on a healthy node is the user's
+                    # code, not retried.
                     tail, resume_ended = None, False
                     if problem is None:
                         continue  # the attempt ended: its outcome decides
@@ -231,10 +271,11 @@ def watch(
 
 
 class _Outage:
-    """The watcher outlives an outage of its own network: a run lasts days, the laptop that watches it sleeps and
-    wakes, and one command's ``gcp.timeout`` is no reason to give up recovering a week. Each failed round waits a
-    poll and tries again (the lease keeps two watchers apart meanwhile: a watcher away too long finds its lease
-    taken over and stops); said once, then every ten minutes, and once more when Google Cloud answers again."""
+    """The watcher outlives an outage of its own network: a run lasts days, the laptop that watches it sleeps
+    and wakes, and one command's ``gcp.timeout`` is no reason to give up recovering a week. Each failed round
+    waits a poll and tries again (the lease keeps two watchers apart meanwhile: a watcher away too long finds
+    its lease taken over and stops); said once, then every ten minutes, and once more when Google Cloud
+    answers again."""
 
     def __init__(self, callbacks: Callbacks, poll: float) -> None:
         self.callbacks = callbacks
@@ -248,8 +289,10 @@ class _Outage:
             self.since = now
         if now - self.said >= 600.0:
             self.said = now
-            self.callbacks.notice(f"cannot reach Google Cloud ({exc.message}); the watcher tries again every "
-                                  f"{self.poll:.0f} s (down for {now - self.since:.0f} s)")
+            self.callbacks.notice(
+                f"cannot reach Google Cloud ({exc.message}); the watcher tries again every "
+                f"{self.poll:.0f} s (down for {now - self.since:.0f} s)"
+            )
         sleep(self.poll)
 
     def over(self) -> None:
@@ -259,8 +302,15 @@ class _Outage:
 
 
 def _attach_and_watch(
-    config: ClusterConfig, run: Run, info: dict[str, Any], launch: Launch, callbacks: Callbacks, policy: RecoverConfig,
-    renew: Callable[[], None], stop_on_interrupt: bool, tail: int | None,
+    config: ClusterConfig,
+    run: Run,
+    info: dict[str, Any],
+    launch: Launch,
+    callbacks: Callbacks,
+    policy: RecoverConfig,
+    renew: Callable[[], None],
+    stop_on_interrupt: bool,
+    tail: int | None,
 ) -> str | None:
     """Follow the attempt until it ends (None) or its workers are gone (the reason)."""
 
@@ -275,10 +325,14 @@ def _attach_and_watch(
             return "another watcher took over"
         return node_problem(config, info, maintenance.see)
 
-    callbacks.notice(f"watching run {run.id} (attempt {info.get('attempt', 1)}) to recover it from preemption")
+    callbacks.notice(
+        f"watching run {run.id} (attempt {info.get('attempt', 1)}) to recover it from preemption"
+    )
     session = open_session(config)
     try:
-        outcome = attach(session, run, launch, callbacks.on_line, tail=tail, watch=question, watch_every=policy.poll)
+        outcome = attach(
+            session, run, launch, callbacks.on_line, tail=tail, watch=question, watch_every=policy.poll
+        )
     finally:
         close = getattr(session.fleet, "close", None) if "fleet" in session.__dict__ else None
         if close is not None:
@@ -289,17 +343,22 @@ def _attach_and_watch(
     if outcome.interrupted:
         if stop_on_interrupt and not outcome.hung_up:
             stopped = stop(config, run, reason="interrupted on the controller (Ctrl-C)")
-            raise Interrupted(f"stopped run {run.id} ({stopped.status})", hint=f"Continue it: tpuft resume {run.id}")
-        raise Interrupted(f"stopped watching run {run.id}; it goes on without recovery",
-                          hint=f"Watch and recover it again from any machine: tpuft resume {run.id} --recover")
+            raise Interrupted(
+                f"stopped run {run.id} ({stopped.status})", hint=f"Continue it: tpuft resume {run.id}"
+            )
+        raise Interrupted(
+            f"stopped watching run {run.id}; it goes on without recovery",
+            hint=f"Watch and recover it again from any machine: tpuft resume {run.id} --recover",
+        )
     if outcome.gone:
         return outcome.gone
     if outcome.ended:
         wait_for_outcome(run)
         if finalize(run) is not None or run_is_alive(run):
             return None
-        # The VMs died under the followers (they saw the end before the watch saw the node): the provider's word
-        # (node PREEMPTED, ...) says more than "gone", and decides whether the recovery recreates the node.
+        # The VMs died under the followers (they saw the end before the watch saw the node): the provider's
+        # word (node PREEMPTED, ...) says more than "gone", and decides whether the recovery recreates the
+        # node.
         problem = question()
         if taken:
             raise taken[0]
@@ -311,18 +370,26 @@ def _attach_and_watch(
         return gone_without_word
     if problem is None:
         lost = ", ".join(map(str, outcome.lost))
-        raise TpuftError(f"lost contact with worker(s) {lost} of run {run.id}, but the TPU API says the node is READY",
-                         hint=f"Look: tpuft monitor {run.id}   Watch again: tpuft resume {run.id} --recover")
+        raise TpuftError(
+            f"lost contact with worker(s) {lost} of run {run.id}, but the TPU API says the node is READY",
+            hint=f"Look: tpuft monitor {run.id}   Watch again: tpuft resume {run.id} --recover",
+        )
     return problem
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Recovering
 
 
 def _recover(
-    config: ClusterConfig, run: Run, info: dict[str, Any], problem: str, callbacks: Callbacks, policy: RecoverConfig,
-    sleep: Callable[[float], None], renew: Callable[[], None],
+    config: ClusterConfig,
+    run: Run,
+    info: dict[str, Any],
+    problem: str,
+    callbacks: Callbacks,
+    policy: RecoverConfig,
+    sleep: Callable[[float], None],
+    renew: Callable[[], None],
 ) -> None:
     """Recreate (when the node is not READY), set up and resume; one recovery, recorded in run.json."""
     done = list(info.get("recoveries") or [])
@@ -341,15 +408,20 @@ def _recover(
     try:
         survivors = _stop_survivors(config, run, info, problem, callbacks)
         _sleep_renewing(delay, sleep, renew, policy.poll)
-        goodput.record_controller_event(run.storage, "recovery_wait", detected, time.time() - detected, attempt + 1)
+        goodput.record_controller_event(
+            run.storage, "recovery_wait", detected, time.time() - detected, attempt + 1
+        )
         _wait_final(run, attempt, survivors, sleep)
-        # Read after the survivors' last upload: a sync round runs every few seconds, so the bucket can lag the
-        # trainers by a checkpoint; the resumed attempt starts from what is there now, and the record says so.
+        # Read after the survivors' last upload: a sync round runs every few seconds, so the bucket can lag
+        # the trainers by a checkpoint; the resumed attempt starts from what is there now, and the record says
+        # so.
         checkpoint = max(run.layout().checkpoint_steps(run.storage), default=0)
-        # The bucket's heartbeats can be older than its newest checkpoint (a sync round uploads checkpoints/ before
-        # heartbeat/, and the node may die in between): the run reached at least its checkpoint's step.
+        # The bucket's heartbeats can be older than its newest checkpoint (a sync round uploads checkpoints/
+        # before heartbeat/, and the node may die in between): the run reached at least its checkpoint's step.
         last_step = max(run.snapshot().step, checkpoint)
-        callbacks.notice(f"run {run.id} reached step {last_step}; it resumes from the checkpoint at step {checkpoint}")
+        callbacks.notice(
+            f"run {run.id} reached step {last_step}; it resumes from the checkpoint at step {checkpoint}"
+        )
         provider = get_provider(config)
         cluster = provider.get()
         recreated = cluster.state != State.READY
@@ -364,16 +436,28 @@ def _recover(
             except TpuftError as exc:
                 if not _not_now(exc):
                     raise
-                _record(run, {"attempt": attempt, "cause": problem, "detected": detected, "last_step": last_step,
-                              "checkpoint_step": checkpoint, "waited_s": round(delay, 1), "recreated": False,
-                              "error": exc.message[:500]})
+                _record(
+                    run,
+                    {
+                        "attempt": attempt,
+                        "cause": problem,
+                        "detected": detected,
+                        "last_step": last_step,
+                        "checkpoint_step": checkpoint,
+                        "waited_s": round(delay, 1),
+                        "recreated": False,
+                        "error": exc.message[:500],
+                    },
+                )
                 callbacks.notice(f"could not recreate {config.name} now: {exc.message}")
                 return
         renew()
         made = time.time()
         if recreated:
             goodput.record_controller_event(run.storage, "provision", started, made - started, attempt + 1)
-            queued = capacity_wait(provider)  # a recreated queued resource's wait for capacity, inside provisioning
+            queued = capacity_wait(
+                provider
+            )  # a recreated queued resource's wait for capacity, inside provisioning
             if queued is not None:
                 goodput.record_controller_event(run.storage, "queue_wait", *queued, attempt + 1)
         text = run.storage.read_text(rundir.RECIPE)
@@ -385,24 +469,37 @@ def _recover(
         renew()
         set_up = time.time()
         record = {
-            "attempt": attempt, "cause": problem, "detected": detected, "last_step": last_step,
-            "checkpoint_step": checkpoint, "steps_lost": max(0, last_step - checkpoint), "waited_s": round(delay, 1),
-            "recreated": recreated, "recreate_s": round(made - started, 1), "setup_s": round(set_up - made, 1),
+            "attempt": attempt,
+            "cause": problem,
+            "detected": detected,
+            "last_step": last_step,
+            "checkpoint_step": checkpoint,
+            "steps_lost": max(0, last_step - checkpoint),
+            "waited_s": round(delay, 1),
+            "recreated": recreated,
+            "recreate_s": round(made - started, 1),
+            "setup_s": round(set_up - made, 1),
         }
         resume(config, run.id, on_notice=callbacks.on_notice, detach=True, recovery=record)
         _note_back(run, time.time() - detected)
     except KeyboardInterrupt:
-        raise Interrupted(f"recovery of run {run.id} interrupted; nothing of the run is lost",
-                          hint=f"Go on with it: tpuft resume {run.id} --recover") from None
-    callbacks.notice(f"run {run.id} resumed from step {checkpoint} {time.time() - detected:.0f} s after the failure")
+        raise Interrupted(
+            f"recovery of run {run.id} interrupted; nothing of the run is lost",
+            hint=f"Go on with it: tpuft resume {run.id} --recover",
+        ) from None
+    callbacks.notice(
+        f"run {run.id} resumed from step {checkpoint} {time.time() - detected:.0f} s after the failure"
+    )
 
 
-def _stop_survivors(config: ClusterConfig, run: Run, info: dict[str, Any], problem: str, callbacks: Callbacks
-                    ) -> tuple[int, ...]:  # fmt: skip
-    """A lost slice loses the whole run: the trainers of the slices still READY are stopped at once (they would wait
-    on their lost peers, or write to the run dir while the queued resource is recreated), before the queued resource
-    is deleted with them. Best effort: the delete ends them anyway, and an unreachable survivor reads the stop request
-    the run dir holds for its attempt. Returns the survivors' hosts (none when the attempt had already ended)."""
+def _stop_survivors(
+    config: ClusterConfig, run: Run, info: dict[str, Any], problem: str, callbacks: Callbacks
+) -> tuple[int, ...]:
+    """A lost slice loses the whole run: the trainers of the slices still READY are stopped at once (they
+    would wait on their lost peers, or write to the run dir while the queued resource is recreated), before
+    the queued resource is deleted with them. Best effort: the delete ends them anyway, and an unreachable
+    survivor reads the stop request the run dir holds for its attempt. Returns the survivors' hosts (none when
+    the attempt had already ended)."""
     if info.get("status") != "running":
         return ()
     cluster = get_provider(config).get()
@@ -416,8 +513,12 @@ def _stop_survivors(config: ClusterConfig, run: Run, info: dict[str, Any], probl
     request_stop(run, int(info.get("attempt", 1)), f"{problem}: the whole run restarts")
     if not survivors:
         return ()
-    callbacks.notice(f"stopping the trainers of the slices still up ({', '.join(layout.name(h) for h in survivors)})")
-    if len(cluster.workers) != layout.workers:  # a slice's node is gone: flat indexes no longer match the fleet's
+    callbacks.notice(
+        f"stopping the trainers of the slices still up ({', '.join(layout.name(h) for h in survivors)})"
+    )
+    if (
+        len(cluster.workers) != layout.workers
+    ):  # a slice's node is gone: flat indexes no longer match the fleet's
         callbacks.notice("a slice's node is gone; the survivors stop on the run dir's stop request")
         return survivors
     try:
@@ -429,13 +530,15 @@ def _stop_survivors(config: ClusterConfig, run: Run, info: dict[str, Any], probl
 
 
 SURVIVORS_FINAL_S = 45.0
-"""How long a recovery waits for the stopped survivors' last upload: their trainers' grace (10 s), a sync round
-(15 s) and the upload itself; past it the recovery goes on with what the bucket holds."""
+"""How long a recovery waits for the stopped survivors' last upload: their trainers' grace (10 s), a sync
+round (15 s) and the upload itself; past it the recovery goes on with what the bucket holds."""
 
 
-def _wait_final(run: Run, attempt: int, survivors: tuple[int, ...], sleep: Callable[[float], None] = time.sleep
-                ) -> None:  # fmt: skip
-    """Until each survivor's supervisor has recorded its end (after uploading its files), at most SURVIVORS_FINAL_S."""
+def _wait_final(
+    run: Run, attempt: int, survivors: tuple[int, ...], sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Until each survivor's supervisor has recorded its end (after uploading its files), at most
+    SURVIVORS_FINAL_S."""
     for _ in range(int(SURVIVORS_FINAL_S) if survivors else 0):
         records = rundir.attempt_records(run.storage, attempt)
         if all((records.get(h) or {}).get("final") for h in survivors):
@@ -444,14 +547,16 @@ def _wait_final(run: Run, attempt: int, survivors: tuple[int, ...], sleep: Calla
 
 
 def _not_now(exc: TpuftError) -> bool:
-    """A capacity or availability refusal (try again later), not a mistake in the cluster file or the account."""
+    """A capacity or availability refusal (try again later), not a mistake in the cluster file or the
+    account."""
     return getattr(exc, "kind", "") in CAPACITY_ERRORS or (
         "queued resource" in exc.message and any(word in exc.message for word in ("FAILED", "SUSPENDED"))
     )
 
 
 def _record(run: Run, recovery: dict[str, Any]) -> None:
-    """A recovery that did not get the run back (the node could not be recreated now) still counts and shows."""
+    """A recovery that did not get the run back (the node could not be recreated now) still counts and
+    shows."""
     info = run.info()
     info["recoveries"] = [*(info.get("recoveries") or []), recovery]
     run.storage.write_text(rundir.RUN_INFO, json.dumps(info, indent=2, sort_keys=True))
@@ -463,11 +568,16 @@ def _note_back(run: Run, seconds: float) -> None:
     done = list(info.get("recoveries") or [])
     if done:
         done[-1] = {**done[-1], "back_s": round(seconds, 1)}
-        run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, "recoveries": done}, indent=2, sort_keys=True))
+        run.storage.write_text(
+            rundir.RUN_INFO, json.dumps({**info, "recoveries": done}, indent=2, sort_keys=True)
+        )
 
 
-def _sleep_renewing(seconds: float, sleep: Callable[[float], None], renew: Callable[[], None], every: float) -> None:
-    """A long back-off keeps the lease alive, so another machine does not take over a watcher that is only waiting."""
+def _sleep_renewing(
+    seconds: float, sleep: Callable[[float], None], renew: Callable[[], None], every: float
+) -> None:
+    """A long back-off keeps the lease alive, so another machine does not take over a watcher that is only
+    waiting."""
     left = seconds
     while left > 0:
         step = min(left, every)
@@ -476,20 +586,22 @@ def _sleep_renewing(seconds: float, sleep: Callable[[float], None], renew: Calla
         renew()
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Entry points
 
 
-def watch_new_run(config: ClusterConfig, started: TrainResult, callbacks: Callbacks, *,
-                  stop_on_interrupt: bool = False) -> TrainResult:
+def watch_new_run(
+    config: ClusterConfig, started: TrainResult, callbacks: Callbacks, *, stop_on_interrupt: bool = False
+) -> TrainResult:
     """``train --recover`` / ``up --recover``: the run was started detached; watch it from its first line."""
     return watch(config, started.run_id, callbacks, stop_on_interrupt=stop_on_interrupt, tail=None)
 
 
-def resume_and_watch(config: ClusterConfig, run_id: str | None, callbacks: Callbacks, *,
-                     stop_on_interrupt: bool = False) -> TrainResult:
-    """``resume RUN --recover`` (and ``train --resume RUN --recover``): take over a running run's watch, recover a run
-    whose node is gone, or resume a stopped or failed one; then watch it to the end."""
+def resume_and_watch(
+    config: ClusterConfig, run_id: str | None, callbacks: Callbacks, *, stop_on_interrupt: bool = False
+) -> TrainResult:
+    """``resume RUN --recover`` (and ``train --resume RUN --recover``): take over a running run's watch,
+    recover a run whose node is gone, or resume a stopped or failed one; then watch it to the end."""
     run = resolve_run(config, run_id)
     info = finalize(run) or run.info()
     if not info:

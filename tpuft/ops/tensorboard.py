@@ -1,13 +1,13 @@
 """tensorboard: serve a run's TensorBoard events on this machine, for a local run dir or a ``gs://`` one.
 
-TensorBoard runs as a child process (``python -m tensorboard.main``) so that the CLI imports none of it. A bucket
-run's ``tb/`` is mirrored into the run's local mirror (``tpuft.readers.runs.Run.mirror``; only new or changed files move, see
-``storage.download_tree``) and re-synced every 30 s on a daemon thread while TensorBoard runs. The mirror replaces a
-grown event file by renaming a complete copy over it. TensorBoard without TensorFlow re-opens files by name and sees
-that anyway, but with TensorFlow installed (a T5X backend venv's TensorBoard) it keeps reading the old, unlinked file,
-so it is started with ``--detect_file_replacement``. That flag works in its Python loader only, hence
-``--load_fast=false`` (T5X and tpuft logs are small; the Rust data server would buy nothing and add a second process
-to stop).
+TensorBoard runs as a child process (``python -m tensorboard.main``) so that the CLI imports none of it. A
+bucket run's ``tb/`` is mirrored into the run's local mirror (``tpuft.readers.runs.Run.mirror``; only new or
+changed files move, see ``storage.download_tree``) and re-synced every 30 s on a daemon thread while
+TensorBoard runs. The mirror replaces a grown event file by renaming a complete copy over it. TensorBoard
+without TensorFlow re-opens files by name and sees that anyway, but with TensorFlow installed (a T5X backend
+venv's TensorBoard) it keeps reading the old, unlinked file, so it is started with
+``--detect_file_replacement``. That flag works in its Python loader only, hence ``--load_fast=false`` (T5X and
+tpuft logs are small; the Rust data server would buy nothing and add a second process to stop).
 """
 
 from __future__ import annotations
@@ -24,17 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.core.errors import TpuftError, UsageError
 from tpuft.core.paths import tpuft_home, venv_cache
 from tpuft.core.ports import free_port
+from tpuft.run import rundir
 
 SYNC_SECONDS = 30.0
 """How often a bucket run's ``tb/`` is mirrored again while TensorBoard runs."""
 READY_TIMEOUT_SECONDS = 60.0
-"""How long TensorBoard may take to answer ``/data/runs`` (its first import and the first load of the logdir)."""
+"""How long TensorBoard may take to answer ``/data/runs`` (its first import and the first load of the
+logdir)."""
 STDERR_TAIL_LINES = 20
-INSTALL_HINT = "Install it where tpuft runs: pip install 'tensorboard>=2.15' (a dependency of tpuft; an install with --no-deps skips it)"
+INSTALL_HINT = (
+    "Install it where tpuft runs: pip install 'tensorboard>=2.15' (a dependency of tpuft; an "
+    "install with --no-deps skips it)"
+)
 
 
 @dataclass(eq=False)
@@ -62,7 +66,8 @@ class TensorBoardHandle:
         return self.process.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the sync thread and TensorBoard (SIGTERM, then SIGKILL after ``timeout`` s). Safe to call twice."""
+        """Stop the sync thread and TensorBoard (SIGTERM, then SIGKILL after ``timeout`` s). Safe to call
+        twice."""
         self._stop.set()
         if self.process.poll() is None:
             self.process.terminate()
@@ -112,7 +117,9 @@ def start_tensorboard(
     if remote:
         flags.append("--detect_file_replacement=true")
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen([*command, *flags], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [*command, *flags], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+        )
     handle = TensorBoardHandle(_url(host, chosen), process, logdir, str(run), log_path)
     try:
         _wait_ready(handle, ready_timeout_s)
@@ -120,7 +127,9 @@ def start_tensorboard(
         handle.stop(timeout=5)
         raise
     if store is not None:
-        handle._thread = threading.Thread(target=_sync_loop, args=(handle, store, sync_interval_s), name="tpuft-tb-sync", daemon=True)
+        handle._thread = threading.Thread(
+            target=_sync_loop, args=(handle, store, sync_interval_s), name="tpuft-tb-sync", daemon=True
+        )
         handle._thread.start()
     return handle
 
@@ -147,7 +156,10 @@ def tensorboard_command() -> list[str]:
     found = [p for p in venv_cache().glob("*/bin/tensorboard") if p.is_file() and os.access(p, os.X_OK)]
     if found:
         return [str(max(found, key=lambda p: (p.stat().st_mtime, p.as_posix())))]
-    raise UsageError(f"TensorBoard is not installed in {sys.executable}'s environment nor in a backend venv", hint=INSTALL_HINT)
+    raise UsageError(
+        f"TensorBoard is not installed in {sys.executable}'s environment nor in a backend venv",
+        hint=INSTALL_HINT,
+    )
 
 
 def _url(host: str, port: int) -> str:
@@ -162,7 +174,10 @@ def _wait_ready(handle: TensorBoardHandle, timeout_s: float) -> None:
     while True:
         code = handle.process.poll()
         if code is not None:
-            raise TpuftError(f"TensorBoard exited with code {code} before serving {handle.url}", hint=_tail(handle.log_path))
+            raise TpuftError(
+                f"TensorBoard exited with code {code} before serving {handle.url}",
+                hint=_tail(handle.log_path),
+            )
         try:
             with urllib.request.urlopen(probe, timeout=2) as answer:
                 if answer.status == 200:
@@ -170,7 +185,9 @@ def _wait_ready(handle: TensorBoardHandle, timeout_s: float) -> None:
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise TpuftError(f"TensorBoard did not answer {probe} within {timeout_s:.0f} s", hint=_tail(handle.log_path))
+            raise TpuftError(
+                f"TensorBoard did not answer {probe} within {timeout_s:.0f} s", hint=_tail(handle.log_path)
+            )
         time.sleep(0.25)
 
 
@@ -180,12 +197,16 @@ def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     except OSError:
         return f"(no output: {path} is unreadable)"
     tail = [line for line in text.splitlines() if line.strip()][-lines:]
-    return f"TensorBoard's last output ({path}):\n" + "\n".join("  " + line for line in tail) if tail else "(TensorBoard printed nothing)"
+    return (
+        f"TensorBoard's last output ({path}):\n" + "\n".join("  " + line for line in tail)
+        if tail
+        else "(TensorBoard printed nothing)"
+    )
 
 
 def _sync_loop(handle: TensorBoardHandle, store: Any, interval_s: float) -> None:
-    """Mirror the bucket's ``tb/`` every ``interval_s`` until stopped or TensorBoard exits; failures are kept on the
-    handle and retried next round (a network blip must not end the view)."""
+    """Mirror the bucket's ``tb/`` every ``interval_s`` until stopped or TensorBoard exits; failures are kept
+    on the handle and retried next round (a network blip must not end the view)."""
     while not handle._stop.wait(interval_s):
         if handle.process.poll() is not None:
             return

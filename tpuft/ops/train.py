@@ -1,8 +1,9 @@
 """train and resume: start a run's attempt under the workers' supervisors, then attach to it.
 
-The supervisors (tpuft/worker/supervisor/process.py) keep the run going without this process; they stop every worker when one
-fails or hangs, and write the outcome into run.json. This module prepares the workers (package, venv, a free cluster),
-writes the run dir, starts the supervisors and, attached, turns the outcome into a summary or a located error."""
+The supervisors (tpuft/worker/supervisor/process.py) keep the run going without this process; they stop every
+worker when one fails or hangs, and write the outcome into run.json. This module prepares the workers
+(package, venv, a free cluster), writes the run dir, starts the supervisors and, attached, turns the outcome
+into a summary or a located error."""
 
 from __future__ import annotations
 
@@ -13,30 +14,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import cost, goodput, rundir
 from tpuft.backends import get_backend
-from tpuft.run.cost import RunCost
-from tpuft.run.goodput import Goodput
 from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
 from tpuft.core.errors import Interrupted, TpuftError, UsageError, WorkerFailure
+from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
+from tpuft.ops.doctor import doctor_problems
 from tpuft.ops.lifecycle import (
-    AttachOutcome, Launch, attach, claim_workers, deferred_interrupts, finalize, run_layout, start_supervisors, stop,
+    AttachOutcome,
+    Launch,
+    attach,
+    claim_workers,
+    deferred_interrupts,
+    finalize,
+    run_layout,
+    start_supervisors,
+    stop,
     wait_for_outcome,
 )
-from tpuft.ops.doctor import doctor_problems
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, tracking_env, venv_python
-from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
-from tpuft.worker.multislice import PORT_ENV as MEGASCALE_PORT_ENV
 from tpuft.readers.runs import Run, resolve_run
+from tpuft.run import cost, goodput, rundir
+from tpuft.run.cost import RunCost
+from tpuft.run.goodput import Goodput
 from tpuft.storage import open_storage
+from tpuft.worker.multislice import PORT_ENV as MEGASCALE_PORT_ENV
 
 Notice = Callable[[str], None]
 """Told what tpuft did besides training (leftovers of dead runs cleaned from the workers)."""
-
 
 
 @dataclass
@@ -49,7 +57,8 @@ class TrainResult:
     last_train: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
     test: dict[str, Any] = field(default_factory=dict)
-    """The test evaluation's ``test_*`` items (:attr:`tpuft.readers.runs.RunSnapshot.test`); {} without a test set."""
+    """The test evaluation's ``test_*`` items (:attr:`tpuft.readers.runs.RunSnapshot.test`); {} without a test
+    set."""
     export_dir: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     """The backend's own summary values (``--json``)."""
@@ -75,9 +84,9 @@ def _free_port_besides(used: set[str]) -> int:
 
 
 def _peer_addresses(hosts: list[str], coordinator: str) -> list[str]:
-    """An address per launched worker, for runtimes that connect every worker to every other (TF's TF_CONFIG). TF
-    binds its server on every interface, so workers at loopback addresses (one machine) need distinct ports; real
-    hosts use the port after the coordinator's."""
+    """An address per launched worker, for runtimes that connect every worker to every other (TF's TF_CONFIG).
+    TF binds its server on every interface, so workers at loopback addresses (one machine) need distinct
+    ports; real hosts use the port after the coordinator's."""
     used = {coordinator.rsplit(":", 1)[1]}
     peers = []
     for host in hosts:
@@ -96,34 +105,40 @@ def _on_this_machine(host: str) -> bool:
 
 
 def _coordinator_port(host: str) -> int:
-    """Worker 0's rendezvous port: a free one when the workers share this machine (a local pod, a loopback rig),
-    the fixed one on real hosts (nothing else listens there; a worker's peer port is the next one)."""
+    """Worker 0's rendezvous port: a free one when the workers share this machine (a local pod, a loopback
+    rig), the fixed one on real hosts (nothing else listens there; a worker's peer port is the next one)."""
     return free_port() if _on_this_machine(host) else COORDINATOR_PORT
 
 
 def _megascale_port(host: str, taken: set[str]) -> int:
-    """The cross-slice coordinator's port: the fixed one on real hosts, a free one (not the rendezvous's nor a peer's)
-    where workers share this machine, as the rendezvous port is chosen."""
+    """The cross-slice coordinator's port: the fixed one on real hosts, a free one (not the rendezvous's nor a
+    peer's) where workers share this machine, as the rendezvous port is chosen."""
     if not _on_this_machine(host):
         return MEGASCALE_PORT
     return _free_port_besides({address.rsplit(":", 1)[1] for address in taken})
 
 
 def launched_slices(session: Session, plan: LaunchPlan, kind: str) -> int:
-    """How many slices the launched workers make: the cluster's, as a multislice run needs every host of every slice
-    (the runtime waits for all of them); a plan that leaves hosts out of a multislice cluster cannot run there."""
+    """How many slices the launched workers make: the cluster's, as a multislice run needs every host of every
+    slice (the runtime waits for all of them); a plan that leaves hosts out of a multislice cluster cannot run
+    there."""
     layout = session.cluster.layout
     if layout.slices > 1 and list(plan.workers) != list(range(layout.workers)):
-        raise UsageError(f"the {kind} backend's launch plan runs on worker(s) {list(plan.workers)} only, and "
-                         f"this cluster is {layout.slices} slices of {layout.hosts} host(s): a multislice run needs "
-                         "every host of every slice", hint="use a single-slice cluster (gcp.slices: 1) for this backend")
+        raise UsageError(
+            f"the {kind} backend's launch plan runs on worker(s) {list(plan.workers)} only, and "
+            f"this cluster is {layout.slices} slices of {layout.hosts} host(s): a multislice run needs "
+            "every host of every slice",
+            hint="use a single-slice cluster (gcp.slices: 1) for this backend",
+        )
     return layout.slices
 
 
 def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: LaunchPlan) -> str:
     spec = env_spec(session, recipe)
     argv = bootstrap_argv(session, package, spec, check=True)
-    check = session.fleet.run(argv, workers=plan.workers, fail_fast=False, env=lambda w: worker_env(session.config))
+    check = session.fleet.run(
+        argv, workers=plan.workers, fail_fast=False, env=lambda w: worker_env(session.config)
+    )
     missing = [r.index for r in check.results if r.exit_code == 3]
     if missing:
         raise UsageError(
@@ -148,10 +163,10 @@ def train(
 ) -> TrainResult:
     """Start a new run under the workers' supervisors, then attach to it (unless ``detach``).
 
-    ``checked``: the caller has run :func:`tpuft.ops.preflight.preflight` already (``up`` does, before create).
-    Ctrl-C while attached detaches (the run goes on; the result says ``detached``) unless ``stop_on_interrupt``.
-    ``check_fit``: compile the step for the cluster's accelerator first, before any cloud call, and stop when it does
-    not fit (:func:`tpuft.ops.compile_fit.require_fit`)."""
+    ``checked``: the caller has run :func:`tpuft.ops.preflight.preflight` already (``up`` does, before
+    create). Ctrl-C while attached detaches (the run goes on; the result says ``detached``) unless
+    ``stop_on_interrupt``. ``check_fit``: compile the step for the cluster's accelerator first, before any
+    cloud call, and stop when it does not fit (:func:`tpuft.ops.compile_fit.require_fit`)."""
     if not checked:
         preflight(config, recipe)
     if check_fit:
@@ -169,8 +184,10 @@ def train(
     run_id = rundir.new_run_id(recipe.value.name)
     run = Run(run_id, str(open_storage(session.cluster.bucket).run_dir(run_id)), config.gcp.project)
     if _remote_fleet(session) and _local_only_dataset(recipe.value):
-        raise UsageError(f"{_local_only_dataset(recipe.value)}, which the workers cannot read",
-                         hint="put the files in the bucket (gs://...) or name a hub dataset the workers can download")
+        raise UsageError(
+            f"{_local_only_dataset(recipe.value)}, which the workers cannot read",
+            hint="put the files in the bucket (gs://...) or name a hub dataset the workers can download",
+        )
     shipped = _shipped_data(recipe.value, plan) if _remote_fleet(session) else {}
     resolved = _ship_data(session, recipe.value, run_id, plan) if shipped else recipe.value
     run.storage.write_text(rundir.RECIPE, dump_recipe(resolved))
@@ -201,8 +218,19 @@ def train(
     _write_info(run, info)
     if on_start is not None:
         on_start(run_id, run.url)
-    return _run_attempt(session, config, run, recipe.value, plan, launch, info, on_line=on_line, detach=detach,
-                        stop_on_interrupt=stop_on_interrupt, on_notice=on_notice)
+    return _run_attempt(
+        session,
+        config,
+        run,
+        recipe.value,
+        plan,
+        launch,
+        info,
+        on_line=on_line,
+        detach=detach,
+        stop_on_interrupt=stop_on_interrupt,
+        on_notice=on_notice,
+    )
 
 
 def resume(
@@ -218,18 +246,23 @@ def resume(
 ) -> TrainResult:
     """Continue a stopped or failed run, same id, from its last complete checkpoint (a new attempt).
 
-    ``recovery``: the recovery watcher's record of why (kept in run.json's ``recoveries`` with the new attempt).
-    A run that has spent its ``train.max_cost`` is refused (:func:`set_max_cost` raises the limit)."""
+    ``recovery``: the recovery watcher's record of why (kept in run.json's ``recoveries`` with the new
+    attempt). A run that has spent its ``train.max_cost`` is refused (:func:`set_max_cost` raises the
+    limit)."""
     run = resolve_run(config, run_id)
     info = run.info()
     if not info:
         raise UsageError(f"run {run.id} has no run.json: it cannot be resumed")
     if info.get("job") == "predict":
-        raise UsageError(f"run {run.id} is a predict job: it continues with the command that started it and --resume",
-                         hint=f"{(info.get('predict') or {}).get('command', 'tpuft predict ...')} --resume")
+        raise UsageError(
+            f"run {run.id} is a predict job: it continues with the command that started it and --resume",
+            hint=f"{(info.get('predict') or {}).get('command', 'tpuft predict ...')} --resume",
+        )
     if info.get("status") == "finished":
-        raise UsageError(f"run {run.id} has finished: there is nothing to resume",
-                         hint=f"Train longer in a new run: tpuft train {info.get('recipe')} --set train.steps=...")
+        raise UsageError(
+            f"run {run.id} has finished: there is nothing to resume",
+            hint=f"Train longer in a new run: tpuft train {info.get('recipe')} --set train.steps=...",
+        )
     cost.check_budget(run.id, info, None)
     previous = Launch.of(run, info)
     text = run.storage.read_text(rundir.RECIPE)
@@ -240,8 +273,10 @@ def resume(
     check_against_cluster(Loaded(recipe, f"{run.url}/{rundir.RECIPE}", {}), session.shape)
     plan = launch_plan(session, recipe)
     if tuple(plan.workers) != previous.hosts:
-        raise UsageError(f"run {run.id} trained on worker(s) {list(previous.hosts)}; this cluster would launch it on "
-                         f"{list(plan.workers)}: resume it on a cluster of the same shape")
+        raise UsageError(
+            f"run {run.id} trained on worker(s) {list(previous.hosts)}; this cluster would launch it on "
+            f"{list(plan.workers)}: resume it on a cluster of the same shape"
+        )
     launched_slices(session, plan, recipe.backend.kind)
     launch = _prepare_workers(session, recipe, plan, on_notice, resuming=run.id)
     for key, local in (info.get("shipped_data") or {}).items():  # a recreated worker has lost its copy
@@ -253,7 +288,9 @@ def resume(
     attempt = int(info.get("attempt", 1)) + 1
     now = time.time()
     attempts = list(info.get("attempts") or [])
-    if attempts and "ended" not in attempts[-1]:  # its supervisors died without a last word (the VM went away)
+    if (
+        attempts and "ended" not in attempts[-1]
+    ):  # its supervisors died without a last word (the VM went away)
         attempts[-1] = {**attempts[-1], "ended": now, "status": "lost"}
     info = {k: v for k, v in info.items() if k not in {"cause", "culprit", "culprit_tail", "ended"}}
     entry: dict[str, Any] = {"attempt": attempt, "started": now, "resumed": True}
@@ -261,13 +298,32 @@ def resume(
         recovery = {**recovery, "resumed_attempt": attempt, "resumed": now}
         info["recoveries"] = [*(info.get("recoveries") or []), recovery]
         entry["recovery"] = recovery.get("cause")
-    info.update(status="running", attempt=attempt, launch=launch.as_json(), addresses=_addresses(session, plan),
-                attempts=[*attempts, entry], startup_timeout=recipe.train.startup_timeout, **_placement(session, plan))
+    info.update(
+        status="running",
+        attempt=attempt,
+        launch=launch.as_json(),
+        addresses=_addresses(session, plan),
+        attempts=[*attempts, entry],
+        startup_timeout=recipe.train.startup_timeout,
+        **_placement(session, plan),
+    )
     _write_info(run, info)
     if on_start is not None:
         on_start(run.id, run.url)
-    return _run_attempt(session, config, run, recipe, plan, launch, info, on_line=on_line, detach=detach,
-                        stop_on_interrupt=stop_on_interrupt, resume=True, on_notice=on_notice)
+    return _run_attempt(
+        session,
+        config,
+        run,
+        recipe,
+        plan,
+        launch,
+        info,
+        on_line=on_line,
+        detach=detach,
+        stop_on_interrupt=stop_on_interrupt,
+        resume=True,
+        on_notice=on_notice,
+    )
 
 
 def attach_run(
@@ -280,9 +336,9 @@ def attach_run(
     stop_on_interrupt: bool = False,
     on_notice: Notice | None = None,
 ) -> TrainResult:
-    """Re-attach to a run (the latest by default): its workers' last lines, then live until it ends; then its summary,
-    or the error that says how it ended. A run that has ended already gives that at once. ``on_notice`` hears the
-    start-up's waiting lines while some trainers are not up yet."""
+    """Re-attach to a run (the latest by default): its workers' last lines, then live until it ends; then its
+    summary, or the error that says how it ended. A run that has ended already gives that at once.
+    ``on_notice`` hears the start-up's waiting lines while some trainers are not up yet."""
     run = resolve_run(config, run_id)
     info = finalize(run) or run.info()
     launch = Launch.of(run, info)
@@ -291,11 +347,17 @@ def attach_run(
         return finished_result(run, info, backend, len(launch.hosts))
     session = open_session(config)
     outcome = attach(session, run, launch, on_line, tail=tail, since=since, on_notice=on_notice)
-    return _after_attach(config, run, launch, backend, outcome, stop_on_interrupt, int(info.get("attempt", 1)))
+    return _after_attach(
+        config, run, launch, backend, outcome, stop_on_interrupt, int(info.get("attempt", 1))
+    )
 
 
 def _prepare_workers(
-    session: Session, recipe: RecipeConfig, plan: LaunchPlan, on_notice: Notice | None, resuming: str | None = None
+    session: Session,
+    recipe: RecipeConfig,
+    plan: LaunchPlan,
+    on_notice: Notice | None,
+    resuming: str | None = None,
 ) -> Launch:
     """Ship tpuft, check the venv, and claim the workers (refused when another run lives there)."""
     package = ship_package(session, plan.workers)
@@ -305,7 +367,9 @@ def _prepare_workers(
         cleaned = claim_workers(session, launch, free_tpu=session.shape.target == "tpu")
     except UsageError as exc:
         if resuming and resuming in exc.message:
-            raise UsageError(f"run {resuming} is still running", hint=f"Watch it: tpuft attach {resuming}") from None
+            raise UsageError(
+                f"run {resuming} is still running", hint=f"Watch it: tpuft attach {resuming}"
+            ) from None
         raise
     for line in cleaned:
         if on_notice is not None:
@@ -313,8 +377,10 @@ def _prepare_workers(
     # After the claim: leftovers of a dead run on these workers (a held port, the chips) are gone by now.
     problems = doctor_problems(session, recipe)
     if problems:
-        raise TpuftError("the workers are not ready for this run:\n" + "\n".join(f"  {p}" for p in problems),
-                         hint=f"Every check, worker by worker: tpuft doctor {recipe.name}")
+        raise TpuftError(
+            "the workers are not ready for this run:\n" + "\n".join(f"  {p}" for p in problems),
+            hint=f"Every check, worker by worker: tpuft doctor {recipe.name}",
+        )
     return launch
 
 
@@ -324,17 +390,19 @@ def _addresses(session: Session, plan: LaunchPlan) -> list[str]:
 
 
 def _placement(session: Session, plan: LaunchPlan) -> dict[str, Any]:
-    """run.json's ``slices`` and, per launched worker (rank order, as ``addresses``), its slice and host in the slice
-    (a run.json without them is a single-slice run's). A plan that leaves hosts out of several slices never gets
-    here: :func:`launched_slices` refused it."""
+    """run.json's ``slices`` and, per launched worker (rank order, as ``addresses``), its slice and host in
+    the slice (a run.json without them is a single-slice run's). A plan that leaves hosts out of several
+    slices never gets here: :func:`launched_slices` refused it."""
     layout = session.cluster.layout
-    return {"slices": layout.slices,
-            "placement": [{"slice": layout.slice_of(i), "host": layout.host_of(i)} for i in plan.workers]}
+    return {
+        "slices": layout.slices,
+        "placement": [{"slice": layout.slice_of(i), "host": layout.host_of(i)} for i in plan.workers],
+    }
 
 
 def set_max_cost(config: ClusterConfig, run_id: str | None, max_cost: float) -> None:
-    """``tpuft resume --max-cost``: the run's new ``train.max_cost`` in run.json, where its chief's supervisor reads
-    it at the next attempt's start (refused when the run has spent that much already)."""
+    """``tpuft resume --max-cost``: the run's new ``train.max_cost`` in run.json, where its chief's supervisor
+    reads it at the next attempt's start (refused when the run has spent that much already)."""
     run = resolve_run(config, run_id)
     _write_info(run, cost.check_budget(run.id, run.info(), max_cost))
 
@@ -345,25 +413,37 @@ def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
 
 
 def _trainer_env(
-    session: Session, config: ClusterConfig, plan: LaunchPlan, resume: bool, kind: str | None = None,
+    session: Session,
+    config: ClusterConfig,
+    plan: LaunchPlan,
+    resume: bool,
+    kind: str | None = None,
 ) -> dict[str, str]:
     """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH).
 
-    ``kind``: the training backend, whose run spans every slice; None for a predict job, whose processes shard the
-    input among themselves and are launched as one slice (no cross-slice runtime), as before multislice."""
+    ``kind``: the training backend, whose run spans every slice; None for a predict job, whose processes shard
+    the input among themselves and are launched as one slice (no cross-slice runtime), as before
+    multislice."""
     workers = session.cluster.workers
-    hosts = [(workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1") for i in plan.workers]
+    hosts = [
+        (workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1")
+        for i in plan.workers
+    ]
     coordinator = f"{hosts[0]}:{_coordinator_port(hosts[0])}"
     peers = _peer_addresses(hosts, coordinator)
     slices = launched_slices(session, plan, kind) if kind is not None else 1
-    env = worker_env(config, {
-        "TPUFT_COORDINATOR": coordinator,
-        "TPUFT_PEERS": ",".join(peers),
-        "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
-        "TPUFT_NUM_SLICES": str(slices),
-        "TPUFT_TARGET": session.shape.target,  # worker/multislice.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
-        **plan.env,
-    })
+    env = worker_env(
+        config,
+        {
+            "TPUFT_COORDINATOR": coordinator,
+            "TPUFT_PEERS": ",".join(peers),
+            "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
+            "TPUFT_NUM_SLICES": str(slices),
+            # worker/multislice.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
+            "TPUFT_TARGET": session.shape.target,
+            **plan.env,
+        },
+    )
     if slices > 1:
         env[MEGASCALE_PORT_ENV] = str(_megascale_port(hosts[0], {coordinator, *peers}))
     if resume:
@@ -372,25 +452,44 @@ def _trainer_env(
 
 
 def _run_attempt(
-    session: Session, config: ClusterConfig, run: Run, recipe: RecipeConfig, plan: LaunchPlan, launch: Launch,
-    info: dict[str, Any], *, on_line: LineSink | None, detach: bool, stop_on_interrupt: bool, resume: bool = False,
+    session: Session,
+    config: ClusterConfig,
+    run: Run,
+    recipe: RecipeConfig,
+    plan: LaunchPlan,
+    launch: Launch,
+    info: dict[str, Any],
+    *,
+    on_line: LineSink | None,
+    detach: bool,
+    stop_on_interrupt: bool,
+    resume: bool = False,
     on_notice: Notice | None = None,
 ) -> TrainResult:
     attempt = int(info["attempt"])
     launching = time.time()
     try:
-        # The tracker venv (report.to) may take minutes to build the first time: before the block a Ctrl-C cannot
-        # cut short, which is for starting the supervisors only.
+        # The tracker venv (report.to) may take minutes to build the first time: before the block a Ctrl-C
+        # cannot cut short, which is for starting the supervisors only.
         tracking = tracking_env(session, recipe, launch.package)
-        with deferred_interrupts() as deferred:  # half-started supervisors must not be left behind by a Ctrl-C
+        with (
+            deferred_interrupts() as deferred
+        ):  # half-started supervisors must not be left behind by a Ctrl-C
             env = {**_trainer_env(session, config, plan, resume, recipe.backend.kind), **tracking}
             start_supervisors(
-                session, run, launch, env, attempt=attempt,
-                hang_timeout=recipe.train.hang_timeout, startup_timeout=recipe.train.startup_timeout,
+                session,
+                run,
+                launch,
+                env,
+                attempt=attempt,
+                hang_timeout=recipe.train.hang_timeout,
+                startup_timeout=recipe.train.startup_timeout,
                 argv=(launch.python, *plan.argv),
                 free_tpu=session.shape.target == "tpu",
             )
-        goodput.adopt_cluster_events(session.provider.state_dir(), run.storage, attempt)  # its create and setup
+        goodput.adopt_cluster_events(
+            session.provider.state_dir(), run.storage, attempt
+        )  # its create and setup
         goodput.record_controller_event(run.storage, "launch", launching, time.time() - launching, attempt)
     except BaseException as exc:  # nothing trains: the run must not say `running` forever
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
@@ -408,21 +507,32 @@ def _run_attempt(
 
 
 def _after_attach(
-    config: ClusterConfig, run: Run, launch: Launch, backend: Backend, outcome: AttachOutcome, stop_on_interrupt: bool,
+    config: ClusterConfig,
+    run: Run,
+    launch: Launch,
+    backend: Backend,
+    outcome: AttachOutcome,
+    stop_on_interrupt: bool,
     attempt: int,
 ) -> TrainResult:
     launched = len(launch.hosts)
     if outcome.interrupted:
         if stop_on_interrupt and not outcome.hung_up:
             stopped = stop(config, run, reason="interrupted on the controller (Ctrl-C)")
-            raise Interrupted(f"stopped run {run.id} on {launched} worker(s) ({stopped.status})",
-                              hint=f"Continue it: tpuft resume {run.id}")
+            raise Interrupted(
+                f"stopped run {run.id} on {launched} worker(s) ({stopped.status})",
+                hint=f"Continue it: tpuft resume {run.id}",
+            )
         return TrainResult(run.id, run.url, 0.0, launched, detached=True, attempt=attempt)
     if outcome.lost:
         layout = run_layout(run.info())
-        lost = ", ".join(layout.name(launch.hosts.index(i)) if i in launch.hosts else f"worker {i}" for i in outcome.lost)
-        raise TpuftError(f"lost contact with {lost} of run {run.id}; their supervisors may still be training",
-                         hint=f"Look: tpuft monitor {run.id}   Re-attach: tpuft attach {run.id}")
+        lost = ", ".join(
+            layout.name(launch.hosts.index(i)) if i in launch.hosts else f"worker {i}" for i in outcome.lost
+        )
+        raise TpuftError(
+            f"lost contact with {lost} of run {run.id}; their supervisors may still be training",
+            hint=f"Look: tpuft monitor {run.id}   Re-attach: tpuft attach {run.id}",
+        )
     return finished_result(run, wait_for_outcome(run), backend, launched)
 
 
@@ -443,13 +553,21 @@ def finished_result(run: Run, info: dict[str, Any], backend: Backend, launched: 
         if culprit is not None:
             lines.append(f"full log: {run.url}/{rundir.LOGS_DIR}/worker-{culprit}.log")
         lines.append(f"run dir: {run.url}")
-        raise WorkerFailure("\n".join(lines), hint=f"Fix it, then continue from the last checkpoint: tpuft resume {run.id}")
+        raise WorkerFailure(
+            "\n".join(lines), hint=f"Fix it, then continue from the last checkpoint: tpuft resume {run.id}"
+        )
     if status == "stopped":
-        raise TpuftError(f"run {run.id} was stopped: {info.get('cause', '')}", hint=f"Continue it: tpuft resume {run.id}")
+        raise TpuftError(
+            f"run {run.id} was stopped: {info.get('cause', '')}", hint=f"Continue it: tpuft resume {run.id}"
+        )
     if status != "finished":
-        raise TpuftError(f"run {run.id}: every worker's supervisor has ended but the run has no outcome yet ({status})",
-                         hint=f"Look: tpuft monitor {run.id}")
-    return summarize(run, backend, float(info.get("seconds") or 0.0), launched, attempt=int(info.get("attempt", 1)))
+        raise TpuftError(
+            f"run {run.id}: every worker's supervisor has ended but the run has no outcome yet ({status})",
+            hint=f"Look: tpuft monitor {run.id}",
+        )
+    return summarize(
+        run, backend, float(info.get("seconds") or 0.0), launched, attempt=int(info.get("attempt", 1))
+    )
 
 
 def _remote_fleet(session: Session) -> bool:
@@ -458,7 +576,8 @@ def _remote_fleet(session: Session) -> bool:
 
 
 def _recipe_value(recipe: RecipeConfig, key: str) -> Any:
-    """A plan's ``ship`` key: a ``data`` key (``train``), or a dotted one of another section (``backend.gin_files``)."""
+    """A plan's ``ship`` key: a ``data`` key (``train``), or a dotted one of another section
+    (``backend.gin_files``)."""
     section, _, name = key.rpartition(".")
     return getattr(getattr(recipe, section or "data"), name, None)
 
@@ -470,8 +589,8 @@ def _local_file(value: Any) -> bool:
 
 
 def _hook_parts(value: Any) -> tuple[Any, str]:
-    """``data.preprocess`` names a file and a function (``/x/hooks.py:clean``): the file travels, the function name
-    stays; any other value is all path."""
+    """``data.preprocess`` names a file and a function (``/x/hooks.py:clean``): the file travels, the function
+    name stays; any other value is all path."""
     text = str(value) if value is not None else ""
     head, sep, tail = text.rpartition(":")
     if sep and head.endswith(".py") and tail.isidentifier():
@@ -484,7 +603,9 @@ def _local_only_dataset(recipe: RecipeConfig) -> str | None:
     hf = recipe.data.hf
     if hf is None:
         return None
-    files = hf.data_files if isinstance(hf.data_files, list) else [f for fs in hf.data_files.values() for f in fs]
+    files = (
+        hf.data_files if isinstance(hf.data_files, list) else [f for fs in hf.data_files.values() for f in fs]
+    )
     local = [f for f in files if not f.startswith("gs://")]
     if local:
         return f"data.hf.data_files: {local[0]} is on this machine"
@@ -494,8 +615,8 @@ def _local_only_dataset(recipe: RecipeConfig) -> str | None:
 
 
 def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, Any]:
-    """The files the plan ships (key -> this machine's path, or paths for a list such as ``data.corpus``): kept in
-    run.json so that a resume can ship them again to a worker that lost its copy."""
+    """The files the plan ships (key -> this machine's path, or paths for a list such as ``data.corpus``):
+    kept in run.json so that a resume can ship them again to a worker that lost its copy."""
     shipped: dict[str, Any] = {}
     for key in plan.ship:
         value = _recipe_value(recipe, key)
@@ -507,8 +628,8 @@ def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, Any]:
 
 
 def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: LaunchPlan) -> RecipeConfig:
-    """Copy the recipe's files that the plan names to its workers; point the recipe at the copies (HOME-relative).
-    ``gs://`` paths stay: the workers read the bucket themselves."""
+    """Copy the recipe's files that the plan names to its workers; point the recipe at the copies
+    (HOME-relative). ``gs://`` paths stay: the workers read the bucket themselves."""
     folder = f".tpuft/data/{run_id}"
     updates: dict[str, dict[str, Any]] = {}
 
@@ -531,13 +652,15 @@ def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: Launch
         if shipped != value:
             updates.setdefault(section or "data", {})[name] = shipped
     return recipe.model_copy(
-        update={section: getattr(recipe, section).model_copy(update=fields) for section, fields in updates.items()}
+        update={
+            section: getattr(recipe, section).model_copy(update=fields) for section, fields in updates.items()
+        }
     )
 
 
 def summarize(run: Run, backend: Backend, seconds: float, launched: int, attempt: int = 1) -> TrainResult:
-    """What ``train`` reports, from the run's own snapshot (the same reading ``monitor`` shows) and what the backend
-    adds (the PyTorch/XLA one: whether every replica ended with the same weights)."""
+    """What ``train`` reports, from the run's own snapshot (the same reading ``monitor`` shows) and what the
+    backend adds (the PyTorch/XLA one: whether every replica ended with the same weights)."""
     snap = run.snapshot()
     extras, rows = backend.summarize(snap, launched)
     exported = run.storage.exists(f"{rundir.EXPORT_HF}/config.json")

@@ -1,6 +1,6 @@
-"""up: the whole path in one go. The recipe and its data are checked first (a typo must not cost a cluster and a
-venv build), then a new cloud cluster's cost is confirmed, then create -> setup -> train. The CLI supplies the
-prompts and the rendering through the callbacks; nothing here talks to a terminal."""
+"""up: the whole path in one go. The recipe and its data are checked first (a typo must not cost a cluster and
+a venv build), then a new cloud cluster's cost is confirmed, then create -> setup -> train. The CLI supplies
+the prompts and the rendering through the callbacks; nothing here talks to a terminal."""
 
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ def up(
     stop_on_interrupt: bool = False,
     check_fit: bool = False,
 ) -> UpResult:
-    """``confirm(estimate)`` is called before a new cloud cluster is created and raises to stop. ``on_step(i, what,
-    previous)`` announces step i of :data:`STEPS` with the result of the step before it (None for the first); the
-    last step, the summary, is the caller's to render. ``checked``: the caller has run the preflight already;
-    ``detach``, ``stop_on_interrupt`` and ``check_fit`` are :func:`tpuft.ops.train.train`'s (the fit is checked
-    here, before the cluster is created)."""
+    """``confirm(estimate)`` is called before a new cloud cluster is created and raises to stop. ``on_step(i,
+    what, previous)`` announces step i of :data:`STEPS` with the result of the step before it (None for the
+    first); the last step, the summary, is the caller's to render. ``checked``: the caller has run the
+    preflight already; ``detach``, ``stop_on_interrupt`` and ``check_fit`` are :func:`tpuft.ops.train.train`'s
+    (the fit is checked here, before the cluster is created)."""
     started = time.monotonic()
     step = on_step or (lambda index, what, previous: None)
     if not checked:
@@ -63,7 +63,15 @@ def up(
     step(1, f"setup {recipe.value.backend.kind}", created)
     done = setup(config, recipe.value, on_line=on_line)
     step(2, f"train {recipe.value.name}", done)
-    result = train(config, recipe, on_line=on_line, on_start=on_start, on_notice=on_notice, checked=True, detach=detach,
-                   stop_on_interrupt=stop_on_interrupt)
+    result = train(
+        config,
+        recipe,
+        on_line=on_line,
+        on_start=on_start,
+        on_notice=on_notice,
+        checked=True,
+        detach=detach,
+        stop_on_interrupt=stop_on_interrupt,
+    )
     step(3, "summary and export", result)
     return UpResult(created=created, setup=done, train=result, seconds=time.monotonic() - started)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tpuft.providers.base import Provider
 from tpuft.core.records import Cluster, Worker
+from tpuft.providers.base import Provider
 
 if TYPE_CHECKING:  # the records above are imported by the worker-facing fleet code; keep pydantic out of it
     from tpuft.config import ClusterConfig

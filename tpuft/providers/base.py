@@ -1,5 +1,4 @@
-"""The provider contract: the verbs every provider has (its records live in :mod:`tpuft.core.records`).
-"""
+"""The provider contract: the verbs every provider has (its records live in :mod:`tpuft.core.records`)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ class Provider(Protocol):
     """'cpu' (the local pod) or 'tpu': which wheels a backend installs on the workers."""
 
     def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:
-        """Create the node(s) and the bucket, or reuse matching ones. Returns the cluster and whether it was new."""
+        """Create the node(s) and the bucket, or reuse matching ones. Returns the cluster and whether it was
+        new."""
         ...
 
     def plan(self) -> dict[str, Any]:
@@ -33,7 +33,8 @@ class Provider(Protocol):
         ...
 
     def delete(self, progress: Progress | None = None) -> bool:
-        """Remove the node(s); the bucket and its runs are kept. Returns False when there was nothing to delete."""
+        """Remove the node(s); the bucket and its runs are kept. Returns False when there was nothing to
+        delete."""
         ...
 
     def prepare(self, cluster: Cluster) -> None:

@@ -1,11 +1,12 @@
 """The local provider: a "pod" of N worker folders on this machine, each a private HOME.
 
 It runs the real backend on CPU, so a recipe can be rehearsed (and CI can test the whole path) without a cloud
-account. Workers are pinned to disjoint CPU cores where the machine has enough, as real TPU hosts do not share CPUs.
+account. Workers are pinned to disjoint CPU cores where the machine has enough, as real TPU hosts do not share
+CPUs.
 
 ``local.slices`` rehearses Multislice: ``slices x local.workers`` folders, numbered slice by slice as a queued
-resource's workers are (``worker-5`` is slice 1 host 1 of 4 hosts per slice), each :class:`Worker` with its slice.
-A local "slice" is only a group of worker processes: there is no data-centre network between them.
+resource's workers are (``worker-5`` is slice 1 host 1 of 4 hosts per slice), each :class:`Worker` with its
+slice. A local "slice" is only a group of worker processes: there is no data-centre network between them.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any
 
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
-from tpuft.fleet.local import LocalFleet
-from tpuft.run.maintenance_window import notice_details
 from tpuft.core.paths import tpuft_home, venv_cache
 from tpuft.core.records import Cluster, Progress, State, Worker
+from tpuft.fleet.local import LocalFleet
+from tpuft.run.maintenance_window import notice_details
 
 _MARKER = "cluster.json"
 
@@ -33,9 +34,11 @@ class LocalProvider:
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
-        self._state_dir = (config.local.state_dir or tpuft_home() / "local" / config.name).expanduser().resolve()
+        self._state_dir = (
+            (config.local.state_dir or tpuft_home() / "local" / config.name).expanduser().resolve()
+        )
 
-    # -- locations -------------------------------------------------------------------------------------------
+    # -- locations ------------------------------------------------------------------------------------------
     def state_dir(self) -> Path:
         return self._state_dir
 
@@ -57,7 +60,8 @@ class LocalProvider:
         return self._state_dir / "workers" / f"worker-{index}"
 
     def plan(self) -> dict[str, Any]:
-        """What ``create`` would make (``--dry-run``): one folder per worker, each its HOME, and the run storage."""
+        """What ``create`` would make (``--dry-run``): one folder per worker, each its HOME, and the run
+        storage."""
         return {
             "state_dir": str(self._state_dir),
             "worker_folders": [str(self._worker_dir(index)) for index in range(self.config.num_workers)],
@@ -66,7 +70,7 @@ class LocalProvider:
             "venv_cache": self.venv_cache(),
         }
 
-    # -- verbs -----------------------------------------------------------------------------------------------
+    # -- verbs ----------------------------------------------------------------------------------------------
     def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:
         existing = self.get()
         wanted, slices = self.config.num_workers, self.config.slices
@@ -113,14 +117,22 @@ class LocalProvider:
         count = int(marker.get("workers", 0))
         per_slice = max(1, count // max(1, int(marker.get("slices", 1))))
         workers = [
-            Worker(index=i, address="localhost", home=self._worker_dir(i), cpus=_cpus_for(i, count), slice=i // per_slice)
+            Worker(
+                index=i,
+                address="localhost",
+                home=self._worker_dir(i),
+                cpus=_cpus_for(i, count),
+                slice=i // per_slice,
+            )
             for i in range(count)
         ]
         missing = [w.index for w in workers if w.home is None or not w.home.is_dir()]
         details = {"state_dir": str(self._state_dir), "venv_cache": self.venv_cache()}
         if missing:
             details["problem"] = f"worker folder(s) missing: {', '.join(map(str, missing))}"
-        details.update(notice_details({w.index: w.home for w in workers}))  # tpuft drill maintenance's notices
+        details.update(
+            notice_details({w.index: w.home for w in workers})
+        )  # tpuft drill maintenance's notices
         return Cluster(
             name=self.config.name,
             provider=self.name,
@@ -153,22 +165,31 @@ class LocalProvider:
 
 
 def _shape_text(workers: Any, slices: int) -> str:
-    """``2 workers``, or ``4 workers (2 slices of 2)``: what a local cluster's marker and cluster file ask for."""
-    return f"{workers} workers" if slices == 1 else f"{workers} workers ({slices} slices of {int(workers) // slices})"
+    """``2 workers``, or ``4 workers (2 slices of 2)``: what a local cluster's marker and cluster file ask
+    for."""
+    return (
+        f"{workers} workers"
+        if slices == 1
+        else f"{workers} workers ({slices} slices of {int(workers) // slices})"
+    )
 
 
 def _make_folder(path: Path) -> None:
-    """A folder the cluster needs; a file in the way or a read-only disk is the user's to fix, named as such."""
+    """A folder the cluster needs; a file in the way or a read-only disk is the user's to fix, named as
+    such."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise UsageError(f"cannot create folder {path}: a file of that name (or above it) is in the way") from None
+        raise UsageError(
+            f"cannot create folder {path}: a file of that name (or above it) is in the way"
+        ) from None
     except OSError as exc:
         raise UsageError(f"cannot create folder {path}: {exc.strerror or exc}") from None
 
 
 def _cpus_for(index: int, count: int) -> tuple[int, ...]:
-    """Split this machine's cores evenly between the workers; when there are fewer cores than workers they share."""
+    """Split this machine's cores evenly between the workers; when there are fewer cores than workers they
+    share."""
     try:
         available = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -1,6 +1,6 @@
-"""Watching a run from the controller: one refresh of ``tpuft monitor`` is the run's snapshot (:mod:`tpuft.readers.runs`)
-plus the provider's word for the node, asked with a deadline so a slow cloud API never freezes the view. The CLI
-renders it (:mod:`tpuft.cli.render`)."""
+"""Watching a run from the controller: one refresh of ``tpuft monitor`` is the run's snapshot
+(:mod:`tpuft.readers.runs`) plus the provider's word for the node, asked with a deadline so a slow cloud API
+never freezes the view. The CLI renders it (:mod:`tpuft.cli.render`)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def run_layout(info: dict[str, Any], workers: int = 0) -> SliceLayout:
 
 
 def node_state(config: ClusterConfig, *, timeout_s: float = 8.0) -> str:
-    """The provider's word for the cluster now. A failed or slow API call (the provider retries for up to half a
-    minute) is shown, not raised or waited out: the live view keeps refreshing from the run dir."""
+    """The provider's word for the cluster now. A failed or slow API call (the provider retries for up to half
+    a minute) is shown, not raised or waited out: the live view keeps refreshing from the run dir."""
     import threading
 
     from tpuft.core.errors import TpuftError
@@ -48,5 +48,6 @@ def node_state(config: ClusterConfig, *, timeout_s: float = 8.0) -> str:
 
 
 def watch(config: ClusterConfig, run: Run) -> RunSnapshot:
-    """One refresh of ``tpuft monitor``: the run's files (mirrored when in a bucket), its logs' tails, the node."""
+    """One refresh of ``tpuft monitor``: the run's files (mirrored when in a bucket), its logs' tails, the
+    node."""
     return run.snapshot(logs=True, node_state=node_state(config))

@@ -1,7 +1,8 @@
 """Loss and eval curves of a run as one PNG (``tpuft monitor --plot``).
 
-matplotlib is imported inside :func:`plot_curves` only, and through its object API (``Figure`` + the Agg canvas), not
-``pyplot``: no display is needed, no global backend is switched, no figure is left open in a long-lived process.
+matplotlib is imported inside :func:`plot_curves` only, and through its object API (``Figure`` + the Agg
+canvas), not ``pyplot``: no display is needed, no global backend is switched, no figure is left open in a
+long-lived process.
 """
 
 from __future__ import annotations
@@ -33,26 +34,31 @@ class Series:
 
 
 def plot_curves(log: MetricsLog, out: Path, *, title: str, goodput: Any = None) -> Path:
-    """Draw training loss, eval loss (top) and eval metrics in [0, 1] (below) against step into the PNG ``out``, and
-    with ``goodput`` (a :class:`tpuft.run.goodput.Goodput` with events) a stacked bar of where the run's wall time went.
+    """Draw training loss, eval loss (top) and eval metrics in [0, 1] (below) against step into the PNG
+    ``out``, and with ``goodput`` (a :class:`tpuft.run.goodput.Goodput` with events) a stacked bar of where
+    the run's wall time went.
 
-    The file is written under a temporary name and renamed, so a reader (or a browser reloading it) never sees half
-    a PNG. Raises :class:`UsageError` when the log has nothing to draw or ``out``'s folder does not exist."""
+    The file is written under a temporary name and renamed, so a reader (or a browser reloading it) never sees
+    half a PNG. Raises :class:`UsageError` when the log has nothing to draw or ``out``'s folder does not
+    exist."""
     out = Path(out)
     _check_target(out)
-    losses = [s for s in (_series(log.rows, "loss", "train loss"), _series(log.rows, "eval_loss", "eval loss")) if s]
+    losses = [
+        s for s in (_series(log.rows, "loss", "train loss"), _series(log.rows, "eval_loss", "eval loss")) if s
+    ]
     metrics = _metric_series(log.rows)
     if not losses and not metrics:
         raise UsageError(
             f"nothing to plot for {title}: no training loss, eval loss or eval metrics logged yet",
-            hint="Plots need at least one logged step; try again once the run has logged (tpuft monitor shows it).",
+            hint="Plots need at least one logged step; try again once the run has logged (tpuft monitor "
+            "shows it).",
         )
     figure = _draw(losses, metrics, title, goodput if goodput is not None and goodput.events else None)
     _save_atomic(figure, out)
     return out
 
 
-# ---- data ----------------------------------------------------------------------------------------------------------
+# ---- data ------------------------------------------------------------------------------------------------
 
 
 def _series(rows: list[dict[str, Any]], key: str, label: str) -> Series | None:
@@ -70,7 +76,8 @@ def _finite(value: object) -> bool:
 
 
 def _metric_series(rows: list[dict[str, Any]]) -> list[Series]:
-    """Eval accuracy-like columns. Ones logged in percent (seqio's are 0-100) are scaled to [0, 1] and say so."""
+    """Eval accuracy-like columns. Ones logged in percent (seqio's are 0-100) are scaled to [0, 1] and say
+    so."""
     keys = sorted({k for row in rows for k in row if k.startswith("eval_") and _is_metric(k)})
     found = []
     for key in keys:
@@ -90,9 +97,11 @@ def _is_metric(key: str) -> bool:
     return any(word in key for word in METRIC_WORDS) and "loss" not in key
 
 
-def downsample(steps: list[float], values: list[float], limit: int = MAX_POINTS) -> tuple[list[float], list[float]]:
-    """At most ``limit`` points: the lowest and highest point of each of ``limit // 2`` buckets, in step order, so
-    a loss spike or a dip still shows. Short series come back unchanged."""
+def downsample(
+    steps: list[float], values: list[float], limit: int = MAX_POINTS
+) -> tuple[list[float], list[float]]:
+    """At most ``limit`` points: the lowest and highest point of each of ``limit // 2`` buckets, in step
+    order, so a loss spike or a dip still shows. Short series come back unchanged."""
     if len(steps) <= limit:
         return steps, values
     import numpy as np
@@ -106,13 +115,15 @@ def downsample(steps: list[float], values: list[float], limit: int = MAX_POINTS)
     return x[keep].tolist(), y[keep].tolist()
 
 
-# ---- drawing -------------------------------------------------------------------------------------------------------
+# ---- drawing ---------------------------------------------------------------------------------------------
 
 
 def _draw(losses: list[Series], metrics: list[Series], title: str, goodput: Any = None) -> Any:
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN * (1.25 if goodput is not None else 1)), dpi=DPI, layout="constrained")
+    figure = Figure(
+        figsize=(WIDTH_IN, HEIGHT_IN * (1.25 if goodput is not None else 1)), dpi=DPI, layout="constrained"
+    )
     if goodput is not None:
         top, bottom, bar = figure.subplots(3, 1, height_ratios=[3, 3, 1])
         bottom.sharex(top)
@@ -139,7 +150,9 @@ def _draw(losses: list[Series], metrics: list[Series], title: str, goodput: Any 
         if have:
             axes.legend(loc="best")
         else:
-            axes.text(0.5, 0.5, "nothing logged", transform=axes.transAxes, ha="center", va="center", color="gray")
+            axes.text(
+                0.5, 0.5, "nothing logged", transform=axes.transAxes, ha="center", va="center", color="gray"
+            )
     return figure
 
 
@@ -147,17 +160,41 @@ def _stacked_bar(axes: Any, goodput: Any) -> None:
     """One horizontal bar, the wall time: goodput first, then each cause of badput, in minutes."""
     from tpuft.run.goodput import CAUSES, SHORT
 
-    parts = [("goodput", goodput.good_s)] + [(SHORT.get(c, c), goodput.badput[c]) for c in CAUSES if goodput.badput.get(c, 0) > 0]
+    parts = [("goodput", goodput.good_s)] + [
+        (SHORT.get(c, c), goodput.badput[c]) for c in CAUSES if goodput.badput.get(c, 0) > 0
+    ]
     left = 0.0
-    colours = ["tab:green", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive",
-               "tab:cyan", "tab:blue", "gold", "navy", "teal", "salmon", "black", "silver"]
+    colours = [
+        "tab:green",
+        "tab:orange",
+        "tab:red",
+        "tab:purple",
+        "tab:brown",
+        "tab:pink",
+        "tab:gray",
+        "tab:olive",
+        "tab:cyan",
+        "tab:blue",
+        "gold",
+        "navy",
+        "teal",
+        "salmon",
+        "black",
+        "silver",
+    ]
     for (label, seconds), colour in zip(parts, colours):
         axes.barh([0], [seconds / 60], left=[left], color=colour, label=f"{label} {seconds / 60:.1f} min")
         left += seconds / 60
     axes.set_yticks([])
     axes.set_xlabel("minutes of wall time")
     axes.set_title(f"goodput {goodput.goodput:.0%} of {goodput.wall_s / 60:.1f} min (badput by cause)")
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=min(len(parts), 5), fontsize="small", frameon=False)
+    axes.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.6),
+        ncol=min(len(parts), 5),
+        fontsize="small",
+        frameon=False,
+    )
 
 
 def _line(axes: Any, series: Series) -> None:
@@ -167,18 +204,22 @@ def _line(axes: Any, series: Series) -> None:
 
 
 def _wide_range(values: list[float]) -> bool:
-    """Log scale when every value is positive and they span more than 20x (early T5 losses dwarf late ones)."""
+    """Log scale when every value is positive and they span more than 20x (early T5 losses dwarf late
+    ones)."""
     return bool(values) and min(values) > 0 and max(values) / min(values) > 20
 
 
-# ---- output --------------------------------------------------------------------------------------------------------
+# ---- output ----------------------------------------------------------------------------------------------
 
 
 def _check_target(out: Path) -> None:
     if out.is_dir():
         raise UsageError(f"{out} is a folder; give a file name for the plot, e.g. {out / 'curves.png'}")
     if not out.parent.is_dir():
-        raise UsageError(f"cannot write {out}: folder {out.parent} does not exist", hint=f"Create it: mkdir -p {out.parent}")
+        raise UsageError(
+            f"cannot write {out}: folder {out.parent} does not exist",
+            hint=f"Create it: mkdir -p {out.parent}",
+        )
 
 
 def _save_atomic(figure: Any, out: Path) -> None:

@@ -1,12 +1,13 @@
 """A run, as the controller sees it: where it lives, its one local mirror, its status and summary.
 
-A run is named by its id and lives under the cluster's run storage (``runs/<id>``): a local folder, or a ``gs://``
-prefix. :class:`Run` is the one reference every verb uses (monitor, runs, logs, pull, convert --run, tensorboard,
-train), so finding a run by prefix, mirroring a bucket run to this machine, and reading its status are written once.
+A run is named by its id and lives under the cluster's run storage (``runs/<id>``): a local folder, or a
+``gs://`` prefix. :class:`Run` is the one reference every verb uses (monitor, runs, logs, pull, convert --run,
+tensorboard, train), so finding a run by prefix, mirroring a bucket run to this machine, and reading its
+status are written once.
 
-A bucket run has exactly one local mirror, ``$TPUFT_HOME/runs/<bucket>/<prefix>/<run_id>``: ``tpuft train`` writes the
-live worker logs there, ``monitor``/``runs`` refresh its status files (and the appended part of each log), and
-``tensorboard`` mirrors its events there. A local run is its own mirror.
+A bucket run has exactly one local mirror, ``$TPUFT_HOME/runs/<bucket>/<prefix>/<run_id>``: ``tpuft train``
+writes the live worker logs there, ``monitor``/``runs`` refresh its status files (and the appended part of
+each log), and ``tensorboard`` mirrors its events there. A local run is its own mirror.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft.run import rundir
-from tpuft.run.rundir import best_eval_metric, best_eval_row
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
+from tpuft.run import rundir
+from tpuft.run.rundir import best_eval_metric, best_eval_row
 from tpuft.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ STALE_AFTER_SECONDS = 120.0
 
 @dataclass(frozen=True)
 class Run:
-    """One run: its id, its run dir (a folder or a ``gs://`` URL), and the GCP project that owns the bucket."""
+    """One run: its id, its run dir (a folder or a ``gs://`` URL), and the GCP project that owns the
+    bucket."""
 
     id: str
     url: str
@@ -67,8 +69,8 @@ class Run:
         return read_run_info(self.storage) or {}
 
     def local_view(self, *, logs: bool = False) -> Path:
-        """A folder with the run's status files: the run dir itself, or the mirror refreshed from the bucket (with
-        ``logs``, the new part of each worker log too)."""
+        """A folder with the run's status files: the run dir itself, or the mirror refreshed from the bucket
+        (with ``logs``, the new part of each worker log too)."""
         if not self.remote:
             return self.mirror
         return mirror_small_files(self.storage, self.mirror, logs=logs)
@@ -96,8 +98,8 @@ def read_run_info(storage: Storage) -> dict[str, Any] | None:
 
 
 def layout_of(info: dict[str, Any]) -> RunLayout | None:
-    """The layout of the backend that wrote the run (run.json names it); None when tpuft does not know that backend
-    (a run dir written by another tool, or by an older tpuft)."""
+    """The layout of the backend that wrote the run (run.json names it); None when tpuft does not know that
+    backend (a run dir written by another tool, or by an older tpuft)."""
     from tpuft.backends.registry import MODULES, layout
 
     kind = info.get("backend")
@@ -178,8 +180,8 @@ class RunSnapshot:
     last_eval: dict[str, Any] = field(default_factory=dict)
     best_eval: dict[str, Any] = field(default_factory=dict)
     test: dict[str, Any] = field(default_factory=dict)
-    """The test evaluation's ``test_*`` scores (``data.test``), with ``test_checkpoint_step``, ``test_examples`` and
-    ``test_seconds``; {} before it (or without a test set)."""
+    """The test evaluation's ``test_*`` scores (``data.test``), with ``test_checkpoint_step``,
+    ``test_examples`` and ``test_seconds``; {} before it (or without a test set)."""
     workers: list[WorkerView] = field(default_factory=list)
     skipped_lines: list[int] = field(default_factory=list)
     eta_s: float | None = None
@@ -204,16 +206,22 @@ class RunSnapshot:
 
     @property
     def recovery_line(self) -> str | None:
-        """``attempt 3, 2 recoveries (last: node PREEMPTED at step 812, 12 steps redone)``; None without recoveries."""
+        """``attempt 3, 2 recoveries (last: node PREEMPTED at step 812, 12 steps redone)``; None without
+        recoveries."""
         done = self.info.get("recoveries") or []
         if not done:
             return None
         last = done[-1]
-        head = f"attempt {self.info.get('attempt', 1)}, {len(done)} recover{'y' if len(done) == 1 else 'ies'} (last: "
+        head = (
+            f"attempt {self.info.get('attempt', 1)}, {len(done)} "
+            f"recover{'y' if len(done) == 1 else 'ies'} (last: "
+        )
         if last.get("error"):
             return head + f"{last.get('cause')}; could not recreate the node yet: {last['error']})"
-        return head + (f"{last.get('cause')} at step {last.get('last_step')}, {last.get('steps_lost', 0)} steps redone "
-                       f"from the checkpoint at {last.get('checkpoint_step')})")
+        return head + (
+            f"{last.get('cause')} at step {last.get('last_step')}, {last.get('steps_lost', 0)} steps redone "
+            f"from the checkpoint at {last.get('checkpoint_step')})"
+        )
 
     @property
     def best_metric(self) -> tuple[str, float, int] | None:
@@ -221,8 +229,8 @@ class RunSnapshot:
 
     @property
     def tracking(self) -> dict[str, Any]:
-        """Where W&B and MLflow have the run (``report.to``): run.json's ``tracking`` once it has ended, the sidecar's
-        ``tracking.json`` while it runs; {} without trackers."""
+        """Where W&B and MLflow have the run (``report.to``): run.json's ``tracking`` once it has ended, the
+        sidecar's ``tracking.json`` while it runs; {} without trackers."""
         recorded = self.info.get("tracking")
         if isinstance(recorded, dict) and recorded:
             return recorded
@@ -261,7 +269,8 @@ class RunSnapshot:
 
 def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> Path:
     """Copy a remote run's status files (run info, metrics, heartbeats; not checkpoints) into ``mirror``; with
-    ``logs`` its worker logs too, and its TensorBoard events when those are its metrics (:func:`metrics_are_events`)."""
+    ``logs`` its worker logs too, and its TensorBoard events when those are its metrics
+    (:func:`metrics_are_events`)."""
     mirror.mkdir(parents=True, exist_ok=True)
     for name in (rundir.METRICS, rundir.RUN_INFO, rundir.TRACKING):
         text = run_store.read_text(name)
@@ -270,7 +279,9 @@ def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> P
     run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
     info = rundir.read_json(mirror / rundir.RUN_INFO) or {}
     attempt_dir = f"{rundir.ATTEMPTS_DIR}/{int(info.get('attempt', 1))}"
-    run_store.download_tree(attempt_dir, mirror / attempt_dir)  # the supervisors' records: hung, failed, stopped
+    run_store.download_tree(
+        attempt_dir, mirror / attempt_dir
+    )  # the supervisors' records: hung, failed, stopped
     if logs:
         _append_new_log_bytes(run_store, mirror)
     if metrics_are_events(mirror):
@@ -279,8 +290,8 @@ def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> P
 
 
 def _append_new_log_bytes(run_store: Any, mirror: Path) -> None:
-    """Logs only grow: fetch each one from the size the mirror already has (a ranged read), so a refresh every few
-    seconds moves the new lines, not the whole log again."""
+    """Logs only grow: fetch each one from the size the mirror already has (a ranged read), so a refresh every
+    few seconds moves the new lines, not the whole log again."""
     for relpath in run_store.list(rundir.LOGS_DIR):
         local = mirror / relpath
         local.parent.mkdir(parents=True, exist_ok=True)
@@ -292,8 +303,8 @@ def _append_new_log_bytes(run_store: Any, mirror: Path) -> None:
 
 
 def metrics_are_events(run_dir: Path) -> bool:
-    """Whether a run's metrics are TensorBoard events only (a T5X-style backend) rather than metrics.jsonl: what its
-    backend's layout says, or, for a backend tpuft does not know, whether it has no metrics.jsonl."""
+    """Whether a run's metrics are TensorBoard events only (a T5X-style backend) rather than metrics.jsonl:
+    what its backend's layout says, or, for a backend tpuft does not know, whether it has no metrics.jsonl."""
     layout = layout_of(rundir.read_json(run_dir / rundir.RUN_INFO) or {})
     if layout is not None:
         return layout.metrics == "tensorboard"
@@ -329,11 +340,16 @@ def last_log_line(path: Path, max_bytes: int = 8192) -> str | None:
 def _local_attempt_records(run_dir: Path, attempt: int) -> dict[int, dict[str, Any]]:
     from tpuft.storage import LocalStorage
 
-    return rundir.attempt_records(LocalStorage(run_dir), attempt) if (run_dir / rundir.ATTEMPTS_DIR).is_dir() else {}
+    return (
+        rundir.attempt_records(LocalStorage(run_dir), attempt)
+        if (run_dir / rundir.ATTEMPTS_DIR).is_dir()
+        else {}
+    )
 
 
 def status_label(info: dict[str, Any], status: str) -> str:
-    """``failed (hung: worker 1)``, ``failed (worker 1)``, or the status itself: what ``runs`` and ``monitor`` show."""
+    """``failed (hung: worker 1)``, ``failed (worker 1)``, or the status itself: what ``runs`` and ``monitor``
+    show."""
     culprit = info.get("culprit")
     if status == "failed" and culprit is not None:
         hung = str(info.get("cause", "")).startswith("hung:")
@@ -351,24 +367,38 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
     count = int(info.get("workers") or 0) or len(list((run_dir / rundir.HEARTBEAT_DIR).glob("worker-*.json")))
     records = _local_attempt_records(run_dir, int(info.get("attempt", 1)))
     recorded = info.get("test")
-    test = rundir.test_items(metrics.test_row) or rundir.test_items(recorded if isinstance(recorded, dict) else {})
+    test = rundir.test_items(metrics.test_row) or rundir.test_items(
+        recorded if isinstance(recorded, dict) else {}
+    )
     for index in range(count):
         beat = rundir.read_json(rundir.heartbeat_path(run_dir, index)) or {}
         test = test or rundir.test_items(beat)  # metrics as TensorBoard events may not carry the row
         age = now - beat["time"] if "time" in beat else None
         status = beat.get("status", "no heartbeat")
         record = records.get(index, {})
-        if record.get("status") in rundir.TERMINAL:  # the supervisor knows how the trainer ended (hung, stopped...)
+        if (
+            record.get("status") in rundir.TERMINAL
+        ):  # the supervisor knows how the trainer ended (hung, stopped...)
             status = record["status"]
         stale = status in {"running", "starting"} and age is not None and age > STALE_AFTER_SECONDS
         workers.append(
             WorkerView(
-                index, status, beat.get("step"), age, stale, beat.get("params_sha256"),
-                loss=beat.get("loss"), lr=beat.get("lr"), examples_per_s=beat.get("examples_per_s"),
-                tokens_per_s=beat.get("tokens_per_s"), last_log_line=last_log_line(rundir.log_path(run_dir, index)),
+                index,
+                status,
+                beat.get("step"),
+                age,
+                stale,
+                beat.get("params_sha256"),
+                loss=beat.get("loss"),
+                lr=beat.get("lr"),
+                examples_per_s=beat.get("examples_per_s"),
+                tokens_per_s=beat.get("tokens_per_s"),
+                last_log_line=last_log_line(rundir.log_path(run_dir, index)),
             )
         )
-    if info.get("job") == "predict":  # each worker counts the examples it predicted: the job has done their sum
+    if (
+        info.get("job") == "predict"
+    ):  # each worker counts the examples it predicted: the job has done their sum
         step = sum(w.step or 0 for w in workers)
     else:
         step = int(train_rows[-1]["step"]) if train_rows else max([w.step or 0 for w in workers], default=0)
@@ -379,8 +409,11 @@ def snapshot(run_dir: Path, now: float | None = None, *, node_state: str | None 
         ages = [w.age_s for w in workers if w.age_s is not None]
         stale_for = round(min(ages), 1) if ages else None
     started = info.get("started")
-    elapsed = info.get("seconds") if status != "running" and info.get("seconds") is not None else (
-        round(now - started, 1) if isinstance(started, (int, float)) else None)
+    elapsed = (
+        info.get("seconds")
+        if status != "running" and info.get("seconds") is not None
+        else (round(now - started, 1) if isinstance(started, (int, float)) else None)
+    )
     eta = None
     trained_for = train_rows[-1].get("elapsed_s") if train_rows else None
     if status == "running" and trained_for and step and total > step:

@@ -1,35 +1,38 @@
-"""TensorBoard event files -> :class:`~tpuft.run.rundir.MetricsLog`, for backends that write no ``metrics.jsonl`` (T5X).
+"""TensorBoard event files -> :class:`~tpuft.run.rundir.MetricsLog`, for backends that write no
+``metrics.jsonl`` (T5X).
 
 Events are read with TensorBoard's own reader (``event_file_loader.RawEventFileLoader``: TFRecord framing and
 CRC32C checks) and decoded with TensorBoard's ``Event`` proto; scalar tensors are turned into numbers with
-``tensor_util.make_ndarray``. ``tensorboard`` is imported inside :func:`read_tb_metrics` only: the CLI must start fast.
+``tensor_util.make_ndarray``. ``tensorboard`` is imported inside :func:`read_tb_metrics` only: the CLI must
+start fast.
 
 Where the tags come from (checked against google-research/t5x at cc342d4 and google/seqio):
 
 * ``t5x/trainer.py``: ``MetricsManager("train", summary_dir=model_dir)`` writes ``<tb>/train/`` and
   ``MetricsManager(f"training_eval/{task[:113]}", ...)`` writes ``<tb>/training_eval/<task>/``, through
-  ``clu.metric_writers`` (``tf.summary.scalar``: *tensor* summaries with the ``scalars`` plugin metadata on the
-  first event of a tag only, no ``simple_value``). The trainer adds ``learning_rate`` (mean over the log period)
-  and ``learning_rate/current``; ``timing/compilation_seconds``, ``timing/uptime``.
+  ``clu.metric_writers`` (``tf.summary.scalar``: *tensor* summaries with the ``scalars`` plugin metadata on
+  the first event of a tag only, no ``simple_value``). The trainer adds ``learning_rate`` (mean over the log
+  period) and ``learning_rate/current``; ``timing/compilation_seconds``, ``timing/uptime``.
 * ``t5x/models.py`` (``compute_base_metrics``): ``loss``, ``accuracy`` (teacher-forced, per target token),
   ``loss_per_nonpadding_target_token``, ``loss_per_all_target_tokens``, ``timing/seqs_per_second``,
-  ``timing/steps_per_second``, ``timing/seconds``, ``timing/seqs``, ``timing/target_tokens_per_second`` (padded
-  target tokens), ``..._per_core``, ``non_padding_fraction/loss_weights``; with z-loss also ``z_loss`` and
-  ``cross_ent_loss``. The same model metrics are written for every ``training_eval`` task.
-* ``t5x/train.py``: ``timing/init_or_restore_seconds``, ``timing/evaluate_seconds``, ``timing/checkpoint_seconds``
-  (train dir). Inference evals (``seqio.Evaluator`` with ``log_dir=model_dir``) go to ``<tb>/inference_eval/<task>/``
-  with tags ``eval/<metric>`` (``seqio/loggers.py`` ``TensorBoardLogger``; seqio metrics such as ``accuracy`` are
-  usually in percent, 0-100).
+  ``timing/steps_per_second``, ``timing/seconds``, ``timing/seqs``, ``timing/target_tokens_per_second``
+  (padded target tokens), ``..._per_core``, ``non_padding_fraction/loss_weights``; with z-loss also ``z_loss``
+  and ``cross_ent_loss``. The same model metrics are written for every ``training_eval`` task.
+* ``t5x/train.py``: ``timing/init_or_restore_seconds``, ``timing/evaluate_seconds``,
+  ``timing/checkpoint_seconds`` (train dir). Inference evals (``seqio.Evaluator`` with ``log_dir=model_dir``)
+  go to ``<tb>/inference_eval/<task>/`` with tags ``eval/<metric>`` (``seqio/loggers.py``
+  ``TensorBoardLogger``; seqio metrics such as ``accuracy`` are usually in percent, 0-100).
 * tpuft's own worker (``tpuft/worker/metrics.py``) writes ``simple_value`` scalars in ``<tb>/`` itself:
   ``train/<key>`` and ``eval/<key>`` for the ``<key>`` / ``eval_<key>`` columns of ``metrics.jsonl``.
 
 The mapping into ``metrics.jsonl`` columns:
 
-=========================================  =====================================================================
-tag (in a train dir: ``train/``, ``tb/``)  column
-=========================================  =====================================================================
-``loss``                                   ``loss``
-``learning_rate/current``                  ``lr`` (the rate at that step, like tpuft's own ``lr``)
+=========================================
+===================================================================== tag (in a train dir: ``train/``,
+``tb/``)  column
+=========================================
+===================================================================== ``loss``
+``loss`` ``learning_rate/current``                  ``lr`` (the rate at that step, like tpuft's own ``lr``)
 ``learning_rate``                          ``lr`` when there is no ``learning_rate/current`` (older T5X)
 ``accuracy``                               ``accuracy``
 ``timing/seqs_per_second``                 ``examples_per_s``
@@ -38,23 +41,25 @@ tag (in a train dir: ``train/``, ``tb/``)  column
 ``train/<key>`` (tpuft's own)              ``<key>``, then the rows above
 ``eval/<key>`` (tpuft's own)               ``eval_<key>``
 anything else (``cross_ent_loss``, ...)    the tag unchanged (``cross_ent_loss``, ``timing/seqs``, ...)
-=========================================  =====================================================================
+=========================================
+=====================================================================
 
-In an eval dir (``training_eval/<task>/``, ``inference_eval/<task>/``, ``eval/``, ``validation/``) a tag is first
-stripped of seqio's ``eval/`` prefix and renamed with the table above, then becomes ``eval_<name>`` (``eval_loss``,
-``eval_accuracy``, ``eval_examples_per_s``). With more than one task name among the eval dirs it becomes
-``eval_<task>/<name>`` (``eval_mnli/loss``). When two eval dirs of one task give the same column (T5X's
-teacher-forced ``training_eval`` ``accuracy`` and seqio's ``inference_eval`` ``eval/accuracy``), the
-``inference_eval`` one keeps the plain column and the other is qualified by its folder: ``eval_training_eval/accuracy``.
-The same rule (qualify the loser by its folder) settles any other clash, so no value silently overwrites another.
+In an eval dir (``training_eval/<task>/``, ``inference_eval/<task>/``, ``eval/``, ``validation/``) a tag is
+first stripped of seqio's ``eval/`` prefix and renamed with the table above, then becomes ``eval_<name>``
+(``eval_loss``, ``eval_accuracy``, ``eval_examples_per_s``). With more than one task name among the eval dirs
+it becomes ``eval_<task>/<name>`` (``eval_mnli/loss``). When two eval dirs of one task give the same column
+(T5X's teacher-forced ``training_eval`` ``accuracy`` and seqio's ``inference_eval`` ``eval/accuracy``), the
+``inference_eval`` one keeps the plain column and the other is qualified by its folder:
+``eval_training_eval/accuracy``. The same rule (qualify the loser by its folder) settles any other clash, so
+no value silently overwrites another.
 
-Every row also gets ``time`` (the event's wall time) and ``elapsed_s`` (seconds since the first event of any file;
-from a train dir's events where the step has some) unless a tag already gave them. Rows are merged by step (one row
-per step, train and eval columns together) and sorted by step. When a run was restarted and logged a step again,
-the newer event file (by the time stamp in its name) wins.
+Every row also gets ``time`` (the event's wall time) and ``elapsed_s`` (seconds since the first event of any
+file; from a train dir's events where the step has some) unless a tag already gave them. Rows are merged by
+step (one row per step, train and eval columns together) and sorted by step. When a run was restarted and
+logged a step again, the newer event file (by the time stamp in its name) wins.
 
-A truncated or corrupt event file (a run killed mid-write, a half-copied file) is read up to the bad record; the rest
-is skipped and said in :attr:`TbMetricsLog.notes`. Nothing here raises on bad files.
+A truncated or corrupt event file (a run killed mid-write, a half-copied file) is read up to the bad record;
+the rest is skipped and said in :attr:`TbMetricsLog.notes`. Nothing here raises on bad files.
 """
 
 from __future__ import annotations
@@ -116,11 +121,13 @@ class _Dir:
     task: str
     series: dict[str, dict[int, _Point]] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)
-    """tag -> plugin name, from the first event of the tag that carried metadata (TF2 writers send it once)."""
+    """tag -> plugin name, from the first event of the tag that carried metadata (TF2 writers send it
+    once)."""
 
 
 def read_tb_metrics(tb_dir: Path) -> TbMetricsLog:
-    """Every scalar under ``tb_dir`` (recursively), merged by step into rows shaped like ``metrics.jsonl`` rows."""
+    """Every scalar under ``tb_dir`` (recursively), merged by step into rows shaped like ``metrics.jsonl``
+    rows."""
     result = TbMetricsLog()
     tb_dir = Path(tb_dir)
     if not tb_dir.is_dir():
@@ -141,7 +148,7 @@ def read_tb_metrics(tb_dir: Path) -> TbMetricsLog:
     return result
 
 
-# ---- reading -------------------------------------------------------------------------------------------------------
+# ---- reading ---------------------------------------------------------------------------------------------
 
 
 def _event_files(tb_dir: Path) -> list[Path]:
@@ -168,7 +175,8 @@ def _new_dir(rel: str) -> _Dir:
 
 
 def _read_file(path: Path, run: _Dir, notes: list[str], *, label: str) -> float | None:
-    """Add the file's scalars to ``run``; returns the earliest wall time seen. Never raises: problems become notes."""
+    """Add the file's scalars to ``run``; returns the earliest wall time seen. Never raises: problems become
+    notes."""
     from google.protobuf.message import DecodeError
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto import event_pb2
@@ -190,10 +198,15 @@ def _read_file(path: Path, run: _Dir, notes: list[str], *, label: str) -> float 
             if event.HasField("summary"):
                 _add_summary(run, event)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is skipped with a note, never fatal
-        notes.append(f"{label}: unreadable after {records} record(s) ({type(exc).__name__}: {exc}); the rest skipped")
+        notes.append(
+            f"{label}: unreadable after {records} record(s) ({type(exc).__name__}: {exc}); the rest skipped"
+        )
         return earliest
     if consumed < size:
-        notes.append(f"{label}: truncated or corrupt after {records} record(s) (byte {consumed} of {size}); the rest skipped")
+        notes.append(
+            f"{label}: truncated or corrupt after {records} record(s) (byte {consumed} of {size}); the rest "
+            "skipped"
+        )
     if bad:
         notes.append(f"{label}: {bad} record(s) are not TensorBoard events; skipped")
     return earliest
@@ -210,7 +223,8 @@ def _add_summary(run: _Dir, event: Any) -> None:
 
 
 def _scalar(value: Any, plugin: str) -> float | int | None:
-    """A ``simple_value``, or a one-element numeric tensor of the ``scalars`` plugin; None for anything else."""
+    """A ``simple_value``, or a one-element numeric tensor of the ``scalars`` plugin; None for anything
+    else."""
     kind = value.WhichOneof("value")
     if kind == "simple_value":
         return _short_float32(value.simple_value)
@@ -231,13 +245,14 @@ def _scalar(value: Any, plugin: str) -> float | int | None:
 
 
 def _short_float32(value: float) -> float:
-    """The shortest decimal that is the same float32 (``2.3``, not ``2.299999952316284``): readable JSON rows."""
+    """The shortest decimal that is the same float32 (``2.3``, not ``2.299999952316284``): readable JSON
+    rows."""
     import numpy as np
 
     return float(str(np.float32(value)))
 
 
-# ---- naming and merging --------------------------------------------------------------------------------------------
+# ---- naming and merging ----------------------------------------------------------------------------------
 
 
 def _train_name(tag: str) -> str:
@@ -254,7 +269,8 @@ def _column(run: _Dir, tag: str, eval_prefix: str) -> str:
 
 
 def _tag_rank(tag: str) -> int:
-    """Lower wins when two tags of one folder give the same column (``learning_rate/current`` over ``learning_rate``)."""
+    """Lower wins when two tags of one folder give the same column (``learning_rate/current`` over
+    ``learning_rate``)."""
     stripped = tag.removeprefix("train/").removeprefix("eval/")
     order = list(TRAIN_TAGS)
     return order.index(stripped) if stripped in order else len(order)
@@ -297,7 +313,9 @@ def _merge(dirs: list[_Dir], first_wall: float | None) -> list[dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     walls: dict[int, tuple[bool, float]] = {}
     for run in dirs:
-        for tag in sorted(run.series, key=lambda t: (-_tag_rank(t), t)):  # preferred tags last: they overwrite
+        for tag in sorted(
+            run.series, key=lambda t: (-_tag_rank(t), t)
+        ):  # preferred tags last: they overwrite
             column = columns[(run.rel, tag)]
             for step, point in run.series[tag].items():
                 rows.setdefault(step, {"step": step})[column] = point.value
@@ -317,7 +335,8 @@ _FIRST_COLUMNS = ("step", "loss", "lr", "examples_per_s", "tokens_per_s", "steps
 
 
 def _in_column_order(row: dict[str, Any]) -> dict[str, Any]:
-    """step, the metrics.jsonl columns, other train columns, eval columns, then time: rows that read like the file."""
+    """step, the metrics.jsonl columns, other train columns, eval columns, then time: rows that read like the
+    file."""
 
     def rank(key: str) -> tuple[int, int, str]:
         if key in _FIRST_COLUMNS:

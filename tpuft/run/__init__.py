@@ -1,1 +1,2 @@
-"""The run directory and its records: the contract's names, the goodput timeline, cost, maintenance windows."""
+"""The run directory and its records: the contract's names, the goodput timeline, cost, maintenance
+windows."""

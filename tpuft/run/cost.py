@@ -1,15 +1,18 @@
-"""What a run has cost so far: its attempts' chip-hours times the catalogue's list price, as the capacity was created.
+"""What a run has cost so far: its attempts' chip-hours times the catalogue's list price, as the capacity was
+created.
 
-Why computed and never stored: the cost of a running attempt grows with the clock, and a price correction in the
-catalogue should change every reader's figure at once. run.json carries what the computation needs and cannot be
-guessed later: ``chips`` (every slice's) and ``pricing`` (``on-demand``, ``spot`` or ``reserved``, from the cluster
-file when the run was launched), with each attempt's ``started`` and ``ended``. A run.json from before those fields
-is priced from its accelerator and slices, on demand, and the note says it assumed so.
+Why computed and never stored: the cost of a running attempt grows with the clock, and a price correction in
+the catalogue should change every reader's figure at once. run.json carries what the computation needs and
+cannot be guessed later: ``chips`` (every slice's) and ``pricing`` (``on-demand``, ``spot`` or ``reserved``,
+from the cluster file when the run was launched), with each attempt's ``started`` and ``ended``. A run.json
+from before those fields is priced from its accelerator and slices, on demand, and the note says it assumed
+so.
 
-What is counted: the attempts' wall time, the time the trainers ran. The node's time around them (creation, setup,
-the wait before a recovery, a node left idle after the run) is billed too but is not the run's: ``tpuft gc`` finds the
-idle and leaked capacity. Every figure is an estimate (list prices of one region; discounts and taxes not known), and
-says so. The same arithmetic serves ``train.max_cost`` in the chief's supervisor (:func:`run_cost` with the clock).
+What is counted: the attempts' wall time, the time the trainers ran. The node's time around them (creation,
+setup, the wait before a recovery, a node left idle after the run) is billed too but is not the run's: ``tpuft
+gc`` finds the idle and leaked capacity. Every figure is an estimate (list prices of one region; discounts and
+taxes not known), and says so. The same arithmetic serves ``train.max_cost`` in the chief's supervisor
+(:func:`run_cost` with the clock).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ PRICINGS = ("on-demand", "spot", "reserved")
 ESTIMATE_NOTE = "estimate: chip-hours of the attempts x the list price (us-central, no discounts)"
 
 
-def pricing_of(spot: bool = False, preemptible: bool = False, reserved: bool = False, reservation: str | None = None) -> str:
-    """How the capacity is billed, from the cluster file's ``gcp`` keys: legacy preemptible is priced as spot."""
+def pricing_of(
+    spot: bool = False, preemptible: bool = False, reserved: bool = False, reservation: str | None = None
+) -> str:
+    """How the capacity is billed, from the cluster file's ``gcp`` keys: legacy preemptible is priced as
+    spot."""
     if spot or preemptible:
         return "spot"
     if reserved or reservation:
@@ -62,9 +68,15 @@ class AttemptCost:
     pricing: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "chips": self.chips, "hours": round(self.hours, 6),
-                "chip_hours": round(self.chip_hours, 6), "price_per_chip_hour": self.price_per_chip_hour,
-                "usd": None if self.usd is None else round(self.usd, 4), "pricing": self.pricing}
+        return {
+            "attempt": self.attempt,
+            "chips": self.chips,
+            "hours": round(self.hours, 6),
+            "chip_hours": round(self.chip_hours, 6),
+            "price_per_chip_hour": self.price_per_chip_hour,
+            "usd": None if self.usd is None else round(self.usd, 4),
+            "pricing": self.pricing,
+        }
 
 
 @dataclass(frozen=True)
@@ -80,9 +92,13 @@ class RunCost:
     attempts: list[AttemptCost] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"per_attempt": self.per_attempt, "chip_hours": round(self.chip_hours, 6),
-                "total_usd": None if self.total_usd is None else round(self.total_usd, 4),
-                "note": self.note, "billed": self.billed}
+        return {
+            "per_attempt": self.per_attempt,
+            "chip_hours": round(self.chip_hours, 6),
+            "total_usd": None if self.total_usd is None else round(self.total_usd, 4),
+            "note": self.note,
+            "billed": self.billed,
+        }
 
     def label(self) -> str:
         """One short figure for a table cell: ``$12.34 (est.)``, or the chip-hours where no price is known."""
@@ -92,8 +108,8 @@ class RunCost:
 
 
 def run_cost(info: dict[str, Any], now: float | None = None) -> RunCost:
-    """The cost so far of the run that run.json ``info`` describes: an attempt without ``ended`` counts until ``now``
-    while the run is running, else until the run's ``ended`` (or ``now`` when run.json has none)."""
+    """The cost so far of the run that run.json ``info`` describes: an attempt without ``ended`` counts until
+    ``now`` while the run is running, else until the run's ``ended`` (or ``now`` when run.json has none)."""
     now = time.time() if now is None else now
     accelerator = str(info.get("accelerator") or "")
     assumed = "pricing" not in info
@@ -101,7 +117,13 @@ def run_cost(info: dict[str, Any], now: float | None = None) -> RunCost:
     default_chips = info.get("chips") or chips_of(accelerator, info.get("slices") or 1) or 0
     attempts = list(info.get("attempts") or [])
     if not attempts and info.get("started") is not None:
-        attempts = [{"attempt": info.get("attempt", 1), "started": info["started"], **({"ended": info["ended"]} if "ended" in info else {})}]
+        attempts = [
+            {
+                "attempt": info.get("attempt", 1),
+                "started": info["started"],
+                **({"ended": info["ended"]} if "ended" in info else {}),
+            }
+        ]
     costs = []
     for index, entry in enumerate(attempts):
         started = _number(entry.get("started"))
@@ -116,19 +138,37 @@ def run_cost(info: dict[str, Any], now: float | None = None) -> RunCost:
         hours = max(0.0, end - started) / 3600.0
         price = price_per_chip_hour(accelerator, pricing)
         chip_hours = chips * hours
-        costs.append(AttemptCost(int(entry.get("attempt") or index + 1), chips, hours, chip_hours, price,
-                                 None if price is None else chip_hours * price, pricing))
+        costs.append(
+            AttemptCost(
+                int(entry.get("attempt") or index + 1),
+                chips,
+                hours,
+                chip_hours,
+                price,
+                None if price is None else chip_hours * price,
+                pricing,
+            )
+        )
     known = [c.usd for c in costs if c.usd is not None]
     billed = info.get("provider") != "local"
     note = ESTIMATE_NOTE
     if assumed:
         note += "; priced on demand (run.json predates its pricing)"
     if not billed:
-        note += f"; local pod: nothing is billed, this is what the same hours would cost on {accelerator or 'its accelerator'}"
+        note += (
+            "; local pod: nothing is billed, this is what the same hours would cost on "
+            f"{accelerator or 'its accelerator'}"
+        )
     if costs and len(known) < len(costs):
         note += f"; no list price known for {accelerator} {default_pricing}"
-    return RunCost(per_attempt=[c.as_dict() for c in costs], total_usd=sum(known) if known else None,
-                   chip_hours=sum(c.chip_hours for c in costs), note=note, billed=billed, attempts=costs)
+    return RunCost(
+        per_attempt=[c.as_dict() for c in costs],
+        total_usd=sum(known) if known else None,
+        chip_hours=sum(c.chip_hours for c in costs),
+        note=note,
+        billed=billed,
+        attempts=costs,
+    )
 
 
 def _number(value: Any) -> float | None:
@@ -141,9 +181,11 @@ def launch_fields(accelerator: str, gcp: Any, slices: int) -> dict[str, Any]:
     return {"pricing": pricing, "chips": chips_of(accelerator, slices)}
 
 
-def check_budget(run_id: str, info: dict[str, Any], max_cost: float | None, now: float | None = None) -> dict[str, Any]:
-    """run.json ``info`` for a resume, with ``max_cost`` (a new ``train.max_cost``) when given; refused when the run
-    has spent its limit already, which would stop it again at its first step."""
+def check_budget(
+    run_id: str, info: dict[str, Any], max_cost: float | None, now: float | None = None
+) -> dict[str, Any]:
+    """run.json ``info`` for a resume, with ``max_cost`` (a new ``train.max_cost``) when given; refused when
+    the run has spent its limit already, which would stop it again at its first step."""
     if max_cost is not None:
         if not max_cost > 0:
             raise UsageError(f"--max-cost {max_cost}: must be more than 0 (USD)")
@@ -151,6 +193,9 @@ def check_budget(run_id: str, info: dict[str, Any], max_cost: float | None, now:
     limit = info.get("max_cost")
     spent = run_cost(info, now).total_usd if limit else None
     if limit and spent is not None and spent >= float(limit):
-        raise UsageError(f"run {run_id} has cost ${spent:,.2f} so far ({ESTIMATE_NOTE}): its train.max_cost "
-                         f"${float(limit):,.2f} is spent", hint=f"raise it: tpuft resume {run_id} --max-cost USD")
+        raise UsageError(
+            f"run {run_id} has cost ${spent:,.2f} so far ({ESTIMATE_NOTE}): its train.max_cost "
+            f"${float(limit):,.2f} is spent",
+            hint=f"raise it: tpuft resume {run_id} --max-cost USD",
+        )
     return info

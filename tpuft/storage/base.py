@@ -1,8 +1,8 @@
 """What every run storage is: the interface (``Storage``), the shapes a transfer reports in, and path rules.
 
 Two storages implement it: a local folder (:mod:`tpuft.storage.local`) and ``gs://bucket[/prefix]``
-(:mod:`tpuft.storage.gcs`). Paths given to them are relative to the storage root and always use ``/``; they never
-leave the root.
+(:mod:`tpuft.storage.gcs`). Paths given to them are relative to the storage root and always use ``/``; they
+never leave the root.
 """
 
 from __future__ import annotations
@@ -15,26 +15,26 @@ from typing import Protocol
 
 from tpuft.core.errors import UsageError
 
-
 RUNS = "runs"
 PARTIAL_SUFFIX = ".tpuft-part"
 """Suffix of a file being downloaded or copied; never listed, uploaded or left under the final name."""
 MiB = 1024 * 1024
 Failures = list[tuple[str, BaseException]]
-"""``(gs:// url, exception)`` of each file a transfer could not move. (An alias: inside the storage classes the name
-``list`` is their method.)"""
+"""``(gs:// url, exception)`` of each file a transfer could not move. (An alias: inside the storage classes
+the name ``list`` is their method.)"""
 _RUN_STAMP = re.compile(r"-(\d{8}-\d{6})-\d+$")
 """The creation time inside a run id (``rundir.new_run_id``: ``<recipe>-YYYYmmdd-HHMMSS-<pid>``)."""
 Progress = Callable[[int, int], None]
-"""``progress(bytes_done, bytes_total)`` of a tree download: called once the files are listed (0 done), then as bytes
-land, from worker threads but never two at a time; files already in place count as done when they are checked."""
+"""``progress(bytes_done, bytes_total)`` of a tree download: called once the files are listed (0 done), then
+as bytes land, from worker threads but never two at a time; files already in place count as done when they are
+checked."""
 RERUN_HINT = "Run it again: files already complete are kept and only the rest is fetched"
 
 
 @dataclass(frozen=True)
 class TreeTransfer:
-    """What a tree download did: the files it was asked for, and those it fetched (the others were already there
-    with the same size and checksum)."""
+    """What a tree download did: the files it was asked for, and those it fetched (the others were already
+    there with the same size and checksum)."""
 
     files: int
     total_bytes: int
@@ -47,7 +47,8 @@ class TreeTransfer:
 
 
 def clean_relpath(relpath: str) -> str:
-    """``a//b/`` -> ``a/b``. A storage path never leaves the storage root, whatever a caller or object name says."""
+    """``a//b/`` -> ``a/b``. A storage path never leaves the storage root, whatever a caller or object name
+    says."""
     parts = [p for p in relpath.replace("\\", "/").split("/") if p not in ("", ".")]
     if ".." in parts:
         raise UsageError(f"{relpath!r}: storage paths must stay inside the storage root (no '..')")
@@ -75,15 +76,17 @@ class TreeDownloads:
         include: Callable[[str], bool] | None = None,
         progress: Progress | None = None,
     ) -> int:
-        """Copy ``relprefix`` into ``local_dir``; returns how many files were fetched. Files already there with the
-        same size and checksum are skipped, so an interrupted download resumes; ``include`` picks files by their
-        path inside ``relprefix``."""
-        return self.fetch_tree(relprefix, local_dir, workers=workers, include=include, progress=progress).fetched
+        """Copy ``relprefix`` into ``local_dir``; returns how many files were fetched. Files already there
+        with the same size and checksum are skipped, so an interrupted download resumes; ``include`` picks
+        files by their path inside ``relprefix``."""
+        return self.fetch_tree(
+            relprefix, local_dir, workers=workers, include=include, progress=progress
+        ).fetched
 
 
 class Storage(Protocol):
-    """A place for run directories: a local folder or ``gs://bucket[/prefix]``. ``relpath`` arguments are relative
-    to :attr:`url` and use ``/``."""
+    """A place for run directories: a local folder or ``gs://bucket[/prefix]``. ``relpath`` arguments are
+    relative to :attr:`url` and use ``/``."""
 
     @property
     def url(self) -> str:
@@ -114,13 +117,15 @@ class Storage(Protocol):
         ...
 
     def read_versioned(self, relpath: str) -> tuple[str | None, str]:
-        """The file's text (None when it does not exist) and its version: what :meth:`write_text_if` compares."""
+        """The file's text (None when it does not exist) and its version: what :meth:`write_text_if`
+        compares."""
         ...
 
     def write_text_if(self, relpath: str, text: str, version: str) -> str | None:
-        """Write only if the file is still at ``version`` (as :meth:`read_versioned` gave it; the absent file has
-        one too), atomically against other writers using this method on any machine; returns the new version, or
-        None when someone else wrote first (nothing written). A bucket's object generation, a local file's lock."""
+        """Write only if the file is still at ``version`` (as :meth:`read_versioned` gave it; the absent file
+        has one too), atomically against other writers using this method on any machine; returns the new
+        version, or None when someone else wrote first (nothing written). A bucket's object generation, a
+        local file's lock."""
         ...
 
     def read_bytes(self, relpath: str, *, start: int = 0) -> bytes | None:
@@ -149,8 +154,8 @@ class Storage(Protocol):
         ...
 
     def remove_tree(self, relprefix: str) -> int:
-        """Delete every file below the folder ``relprefix`` (``tpuft predict --overwrite``'s old shards); returns how
-        many. A bucket has no folders, so nothing else is left behind either."""
+        """Delete every file below the folder ``relprefix`` (``tpuft predict --overwrite``'s old shards);
+        returns how many. A bucket has no folders, so nothing else is left behind either."""
         ...
 
     def download_tree(
@@ -162,7 +167,8 @@ class Storage(Protocol):
         include: Callable[[str], bool] | None = None,
         progress: Progress | None = None,
     ) -> int:
-        """Copy ``relprefix`` into ``local_dir``; returns how many files were fetched (intact ones are skipped)."""
+        """Copy ``relprefix`` into ``local_dir``; returns how many files were fetched (intact ones are
+        skipped)."""
         ...
 
     def fetch_tree(

@@ -1,8 +1,9 @@
 """Google Cloud Storage failures as one line a user can act on: which call, which object, what to do.
 
 Every GCS call runs inside :func:`gcs_call`, which turns the client's exceptions (HTTP errors, auth errors,
-corrupted downloads, dropped connections) into :class:`~tpuft.core.errors.TpuftError` with a hint. A network that does
-not answer (Storage or the token endpoint: refused, unresolvable, timed out, retries run out) is told apart by
+corrupted downloads, dropped connections) into :class:`~tpuft.core.errors.TpuftError` with a hint. A network
+that does not answer (Storage or the token endpoint: refused, unresolvable, timed out, retries run out) is
+told apart by
 :mod:`tpuft.storage.network`, the classification the TPU API shares, and becomes its one line.
 """
 
@@ -14,7 +15,6 @@ from typing import Any
 
 from tpuft.core.errors import TpuftError
 from tpuft.storage.network import CLOCK, CloudUnreachable, is_network_error, unreachable
-
 
 LOGIN_HINT = "Run: gcloud auth application-default login (on a VM, check its service account and scopes)"
 
@@ -98,7 +98,11 @@ def _is_api_error(exc: BaseException) -> bool:
 def _status_of(exc: BaseException) -> str:
     response: Any = getattr(exc, "response", None)
     return f"HTTP {getattr(response, 'status_code', '?')}"
-_EXPLAINERS: list[tuple[Callable[[BaseException], bool], Callable[[BaseException, str], tuple[str, str | None]]]] = [
+
+
+_EXPLAINERS: list[
+    tuple[Callable[[BaseException], bool], Callable[[BaseException, str], tuple[str, str | None]]]
+] = [
     (
         _api_error(404),
         lambda e, b: (
@@ -111,7 +115,8 @@ _EXPLAINERS: list[tuple[Callable[[BaseException], bool], Callable[[BaseException
         lambda e, b: (
             f"permission denied ({_message(e)})",
             (
-                f"The account in use needs roles/storage.objectAdmin on {b} (roles/storage.admin to create it). "
+                f"The account in use needs roles/storage.objectAdmin on {b} (roles/storage.admin to create "
+                "it). "
                 "Bucket names are global: if another project owns this one, choose another name"
             ),
         ),
@@ -119,7 +124,10 @@ _EXPLAINERS: list[tuple[Callable[[BaseException], bool], Callable[[BaseException
     (_is_auth_error, lambda e, b: (f"credentials were refused or have expired ({_message(e)})", LOGIN_HINT)),
     (
         _api_error(409),
-        lambda e, b: (f"conflict ({_message(e)})", "Bucket names are global: another project may own this one"),
+        lambda e, b: (
+            f"conflict ({_message(e)})",
+            "Bucket names are global: another project may own this one",
+        ),
     ),
     (
         _api_error(429),
@@ -127,12 +135,18 @@ _EXPLAINERS: list[tuple[Callable[[BaseException], bool], Callable[[BaseException
     ),
     (
         _is_corruption,
-        lambda e, b: ("checksum mismatch, the copy was discarded", "Run it again; a repeated mismatch is a bug"),
+        lambda e, b: (
+            "checksum mismatch, the copy was discarded",
+            "Run it again; a repeated mismatch is a bug",
+        ),
     ),
     (_is_bad_response, lambda e, b: (f"unexpected answer {_status_of(e)} ({_message(e)})", None)),
     (
         _is_connection_error,
-        lambda e, b: (f"cannot reach Cloud Storage ({type(e).__name__})", "Check the network (and a proxy, if any)"),
+        lambda e, b: (
+            f"cannot reach Cloud Storage ({type(e).__name__})",
+            "Check the network (and a proxy, if any)",
+        ),
     ),
     (_is_api_error, lambda e, b: (f"failed: {_message(e)}", None)),
 ]

@@ -1,8 +1,9 @@
 """Run storage in ``gs://bucket[/prefix]`` through google-cloud-storage (and its transfer_manager for trees).
 
 google-cloud-storage is imported only when a ``gs://`` storage is first used: the CLI imports this package at
-start-up and most commands never touch GCS. Every call passes a retry that ends with the command's network budget
-(:func:`_retry`, :mod:`tpuft.storage.network`), and the client's sessions bound each request and token refresh.
+start-up and most commands never touch GCS. Every call passes a retry that ends with the command's network
+budget (:func:`_retry`, :mod:`tpuft.storage.network`), and the client's sessions bound each request and token
+refresh.
 """
 
 from __future__ import annotations
@@ -16,10 +17,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuft.core.errors import TpuftError, UsageError
-from tpuft.storage.base import TreeDownloads, Failures, MiB, Progress, RUNS, TreeTransfer, clean_relpath, join_relpath, run_order
-from tpuft.storage.transfer import Meter, PartialWriter, check_download, file_md5, finish_download, interruptible, partial_path, raise_failures, same_content, target_in, walk_files
+from tpuft.storage.base import (
+    RUNS,
+    Failures,
+    MiB,
+    Progress,
+    TreeDownloads,
+    TreeTransfer,
+    clean_relpath,
+    join_relpath,
+    run_order,
+)
 from tpuft.storage.errors import LOGIN_HINT, gcs_call
 from tpuft.storage.network import CLOCK, budget_session
+from tpuft.storage.transfer import (
+    Meter,
+    PartialWriter,
+    check_download,
+    file_md5,
+    finish_download,
+    interruptible,
+    partial_path,
+    raise_failures,
+    same_content,
+    target_in,
+    walk_files,
+)
 
 if TYPE_CHECKING:
     from google.cloud.storage import Blob, Bucket, Client
@@ -46,14 +69,16 @@ def _region_warning(url: str, actual: str | None, wanted: str | None) -> str | N
 
 @dataclass(eq=False)
 class GcsStorage(TreeDownloads):
-    """``gs://bucket[/prefix]``; every path is an object name under ``prefix``. The client is made on first use."""
+    """``gs://bucket[/prefix]``; every path is an object name under ``prefix``. The client is made on first
+    use."""
 
     bucket: str
     prefix: str = ""
     project: str | None = None
     """Project that owns (or will own) the bucket; default: the credentials' or ``$GOOGLE_CLOUD_PROJECT``."""
     sliced_threshold: int = 256 * MiB
-    """Files at least this big move in ``slice_size`` pieces in parallel (XML multipart up, ranged GETs down)."""
+    """Files at least this big move in ``slice_size`` pieces in parallel (XML multipart up, ranged GETs
+    down)."""
     slice_size: int = 64 * MiB
     _client: Client | None = field(default=None, init=False, repr=False)
 
@@ -80,7 +105,8 @@ class GcsStorage(TreeDownloads):
         return f"{self.url}/{RUNS}/{run_id}"
 
     def run_ids(self) -> list[str]:
-        """Run ids, oldest first. GCS keeps no time on a "folder", so order by the time stamp inside the id."""
+        """Run ids, oldest first. GCS keeps no time on a "folder", so order by the time stamp inside the
+        id."""
         folder = self._folder(RUNS)
         with gcs_call("list runs", f"gs://{self.bucket}/{folder}"):
             pages = self._gcs().list_blobs(
@@ -91,11 +117,12 @@ class GcsStorage(TreeDownloads):
             ids = [p[len(folder) :].rstrip("/") for p in pages.prefixes]
         return sorted(ids, key=run_order)
 
-    # ---- buckets and single objects ----------------------------------------------------------------------------
+    # ---- buckets and single objects -----------------------------------------------------------------------
 
     def ensure_bucket(self, location: str | None = None) -> tuple[bool, str | None]:
-        """Create the bucket in ``location`` unless it exists. Returns (created, warning); the warning says when an
-        existing bucket is in another region than asked, because every step would then read across regions."""
+        """Create the bucket in ``location`` unless it exists. Returns (created, warning); the warning says
+        when an existing bucket is in another region than asked, because every step would then read across
+        regions."""
         target = f"gs://{self.bucket}"
         with gcs_call("get bucket", target):
             bucket = self._gcs().lookup_bucket(self.bucket, retry=_retry())
@@ -110,7 +137,9 @@ class GcsStorage(TreeDownloads):
         name = self._name(relpath)
         with gcs_call("upload", self._url_of(name)):
             blob = self._bucket().blob(name)
-            blob.upload_from_string(text.encode("utf-8"), content_type="text/plain; charset=utf-8", retry=_retry())
+            blob.upload_from_string(
+                text.encode("utf-8"), content_type="text/plain; charset=utf-8", retry=_retry()
+            )
 
     def read_text(self, relpath: str) -> str | None:
         from google.api_core.exceptions import NotFound
@@ -124,7 +153,8 @@ class GcsStorage(TreeDownloads):
         return data.decode("utf-8")
 
     def read_versioned(self, relpath: str) -> tuple[str | None, str]:
-        """The object's text and generation ("0": no object), read as one: the bytes of exactly that generation."""
+        """The object's text and generation ("0": no object), read as one: the bytes of exactly that
+        generation."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         name = self._name(relpath)
@@ -141,7 +171,8 @@ class GcsStorage(TreeDownloads):
         raise TpuftError(f"{self._url_of(name)}: rewritten faster than it can be read (5 tries)")
 
     def write_text_if(self, relpath: str, text: str, version: str) -> str | None:
-        """An upload with ``ifGenerationMatch`` (0: only if there is no object), which GCS applies atomically."""
+        """An upload with ``ifGenerationMatch`` (0: only if there is no object), which GCS applies
+        atomically."""
         from google.api_core.exceptions import PreconditionFailed
 
         name = self._name(relpath)
@@ -149,8 +180,10 @@ class GcsStorage(TreeDownloads):
             blob = self._bucket().blob(name)
             try:
                 blob.upload_from_string(
-                    text.encode("utf-8"), content_type="text/plain; charset=utf-8",
-                    if_generation_match=int(version), retry=_retry(),  # the generation is given: safe to retry
+                    text.encode("utf-8"),
+                    content_type="text/plain; charset=utf-8",
+                    if_generation_match=int(version),
+                    retry=_retry(),  # the generation is given: safe to retry
                 )
             except PreconditionFailed:
                 return None
@@ -164,7 +197,11 @@ class GcsStorage(TreeDownloads):
         with gcs_call("download", self._url_of(name)):
             try:
                 blob = self._bucket().blob(name)
-                return blob.download_as_bytes(start=start, retry=_retry()) if start else blob.download_as_bytes(retry=_retry())
+                return (
+                    blob.download_as_bytes(start=start, retry=_retry())
+                    if start
+                    else blob.download_as_bytes(retry=_retry())
+                )
             except NotFound:
                 return None
             except RequestRangeNotSatisfiable:  # nothing past the end yet
@@ -181,14 +218,14 @@ class GcsStorage(TreeDownloads):
         return sorted(join_relpath(start, rel) for rel in self._objects(start))
 
     def sizes(self, prefix: str = "") -> dict[str, int]:
-        """Objects under the folder ``prefix``, recursively, with their sizes in bytes: one listing, no object read.
-        An object exists only once its upload is complete, so a size here is the whole object's."""
+        """Objects under the folder ``prefix``, recursively, with their sizes in bytes: one listing, no object
+        read. An object exists only once its upload is complete, so a size here is the whole object's."""
         start = clean_relpath(prefix)
         return {join_relpath(start, rel): int(blob.size or 0) for rel, blob in self._objects(start).items()}
 
     def folders(self, prefix: str = "") -> list[str]:
-        """Names of the "folders" directly inside the folder ``prefix``, sorted: one delimited listing, however many
-        objects are below them."""
+        """Names of the "folders" directly inside the folder ``prefix``, sorted: one delimited listing,
+        however many objects are below them."""
         folder = self._folder(prefix)
         with gcs_call("list folders", f"gs://{self.bucket}/{folder}"):
             pages = self._gcs().list_blobs(
@@ -207,7 +244,7 @@ class GcsStorage(TreeDownloads):
             else:
                 self._bucket().blob(name).upload_from_filename(str(path), retry=_retry())
 
-    # ---- trees -------------------------------------------------------------------------------------------------
+    # ---- trees --------------------------------------------------------------------------------------------
 
     def remove_tree(self, relprefix: str) -> int:
         if not clean_relpath(relprefix):
@@ -219,8 +256,8 @@ class GcsStorage(TreeDownloads):
         return len(blobs)
 
     def upload_tree(self, local_dir: Path | str, relprefix: str, *, workers: int = 8) -> int:
-        """Upload ``local_dir`` to ``relprefix`` with ``workers`` parallel requests; returns how many files were sent
-        (objects with the same size and CRC32C are skipped)."""
+        """Upload ``local_dir`` to ``relprefix`` with ``workers`` parallel requests; returns how many files
+        were sent (objects with the same size and CRC32C are skipped)."""
         source = Path(local_dir)
         if not source.is_dir():
             raise TpuftError(f"{source}: no such folder to upload to {self._url_of(self._folder(relprefix))}")
@@ -250,8 +287,9 @@ class GcsStorage(TreeDownloads):
         include: Callable[[str], bool] | None = None,
         progress: Progress | None = None,
     ) -> TreeTransfer:
-        """:meth:`download_tree`, reporting files and bytes (wanted, and fetched) instead of a count. Every fetched
-        file is checked against the size and CRC32C (else MD5) in the listing; a mismatch drops it and fails."""
+        """:meth:`download_tree`, reporting files and bytes (wanted, and fetched) instead of a count. Every
+        fetched file is checked against the size and CRC32C (else MD5) in the listing; a mismatch drops it and
+        fails."""
         folder = Path(local_dir)
         folder.mkdir(parents=True, exist_ok=True)
         wanted = [
@@ -269,14 +307,18 @@ class GcsStorage(TreeDownloads):
         small = [(blob, target) for blob, target in todo if (blob.size or 0) < self.sliced_threshold]
         large = [(blob, target) for blob, target in todo if (blob.size or 0) >= self.sliced_threshold]
         failures = self._download_many(small, workers, meter) + [
-            failure for blob, target in large for failure in self._download_sliced(blob, target, workers, meter)
+            failure
+            for blob, target in large
+            for failure in self._download_sliced(blob, target, workers, meter)
         ]
         raise_failures("download", failures, len(todo))
         return TreeTransfer(len(wanted), meter.total, len(todo), sum(blob.size or 0 for blob, _ in todo))
 
-    # ---- transfers: google.cloud.storage.transfer_manager with THREAD workers (the work waits on the network, and
-    # ---- threads share one client where PROCESS workers would pickle it into each process). Uploads are retried
-    # ---- like downloads: sending the same bytes again is idempotent here, though GCS cannot know that. ----------
+    # ---- transfers: google.cloud.storage.transfer_manager with THREAD workers (the work waits on the
+    # network, and
+    # ---- threads share one client where PROCESS workers would pickle it into each process). Uploads are
+    # retried
+    # ---- like downloads: sending the same bytes again is idempotent here, though GCS cannot know that. -----
 
     def _upload_many(self, todo: Sequence[tuple[Path, str]], workers: int) -> Failures:
         if not todo:
@@ -286,7 +328,10 @@ class GcsStorage(TreeDownloads):
         pairs = [(str(path), self._bucket().blob(name)) for path, name in todo]
         with gcs_call("upload", self._url_of(self._folder(""))):
             results = transfer_manager.upload_many(
-                pairs, upload_kwargs={"retry": _retry()}, worker_type=transfer_manager.THREAD, max_workers=workers
+                pairs,
+                upload_kwargs={"retry": _retry()},
+                worker_type=transfer_manager.THREAD,
+                max_workers=workers,
             )
         return [(self._url_of(name), r) for (_, name), r in zip(todo, results, strict=True) if _failed(r)]
 
@@ -303,10 +348,12 @@ class GcsStorage(TreeDownloads):
             retry=_retry(),
         )
 
-    def _download_many(self, todo: Sequence[tuple[Blob, Path]], workers: int, meter: Meter | None = None) -> Failures:
-        """Each object into a :class:`PartialWriter` (THREAD workers take file objects), which checks it and puts it
-        in place from the worker as its last byte lands. ``raw_download``: the bytes as stored, which are what the
-        listed size and checksums describe (no gzip transcoding)."""
+    def _download_many(
+        self, todo: Sequence[tuple[Blob, Path]], workers: int, meter: Meter | None = None
+    ) -> Failures:
+        """Each object into a :class:`PartialWriter` (THREAD workers take file objects), which checks it and
+        puts it in place from the worker as its last byte lands. ``raw_download``: the bytes as stored, which
+        are what the listed size and checksums describe (no gzip transcoding)."""
         if not todo:
             return []
         from google.cloud.storage import transfer_manager
@@ -340,9 +387,11 @@ class GcsStorage(TreeDownloads):
                 failures.append((writer.url, exc))
         return failures
 
-    def _download_sliced(self, blob: Blob, target: Path, workers: int, meter: Meter | None = None) -> Failures:
-        """One big object in ranged GETs, ``workers`` at a time; transfer_manager checks the combined CRC32C of the
-        slices against the object's. Progress moves when the whole file is in."""
+    def _download_sliced(
+        self, blob: Blob, target: Path, workers: int, meter: Meter | None = None
+    ) -> Failures:
+        """One big object in ranged GETs, ``workers`` at a time; transfer_manager checks the combined CRC32C
+        of the slices against the object's. Progress moves when the whole file is in."""
         from google.cloud.storage import transfer_manager
 
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -369,7 +418,7 @@ class GcsStorage(TreeDownloads):
             meter.add(blob.size or 0)
         return []
 
-    # ---- names and the client ----------------------------------------------------------------------------------
+    # ---- names and the client -----------------------------------------------------------------------------
 
     def _name(self, relpath: str) -> str:
         name = join_relpath(self.prefix, relpath)
@@ -378,7 +427,8 @@ class GcsStorage(TreeDownloads):
         return name
 
     def _folder(self, relprefix: str) -> str:
-        """The object-name prefix of a folder: ``prefix/relprefix/`` (``""`` for the root of a bare bucket)."""
+        """The object-name prefix of a folder: ``prefix/relprefix/`` (``""`` for the root of a bare
+        bucket)."""
         folder = join_relpath(self.prefix, relprefix)
         return f"{folder}/" if folder else ""
 
@@ -401,7 +451,8 @@ class GcsStorage(TreeDownloads):
         return self._client
 
     def _create_bucket(self, location: str | None) -> bool:
-        """Create the bucket; False when it appeared meanwhile (409: another process made it, or it is taken)."""
+        """Create the bucket; False when it appeared meanwhile (409: another process made it, or it is
+        taken)."""
         from google.api_core.exceptions import Conflict
 
         client = self._gcs()
@@ -409,7 +460,8 @@ class GcsStorage(TreeDownloads):
         if not project:
             raise TpuftError(
                 f"gs://{self.bucket} does not exist and there is no project to create it in",
-                hint="Set project: in the cluster file, or GOOGLE_CLOUD_PROJECT, or: gcloud config set project ID",
+                hint="Set project: in the cluster file, or GOOGLE_CLOUD_PROJECT, or: gcloud config set "
+                "project ID",
             )
         bucket = client.bucket(self.bucket)
         # Run storage holds checkpoints: IAM-only access, never public.
@@ -432,7 +484,8 @@ def _failed(result: object) -> bool:
 
 
 def _make_client(bucket: str, project: str | None) -> Client:
-    """A storage client: anonymous against ``$STORAGE_EMULATOR_HOST``, else Application Default Credentials."""
+    """A storage client: anonymous against ``$STORAGE_EMULATOR_HOST``, else Application Default
+    Credentials."""
     from google.cloud import storage
 
     if os.environ.get("STORAGE_EMULATOR_HOST"):
@@ -450,28 +503,32 @@ def _make_client(bucket: str, project: str | None) -> Client:
             scopes=["https://www.googleapis.com/auth/devstorage.full_control"]
         )
     except DefaultCredentialsError as exc:
-        raise TpuftError(f"gs://{bucket}: no Google Cloud credentials found ({exc})", hint=LOGIN_HINT) from None
+        raise TpuftError(
+            f"gs://{bucket}: no Google Cloud credentials found ({exc})", hint=LOGIN_HINT
+        ) from None
     project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or default_project
     return _budgeted(storage.Client(project=project, credentials=credentials))
 
 
 def _budgeted(client: Client) -> Client:
-    """The client's sessions (requests, and google-auth's token refreshes) under the network budget, keeping up to
-    :data:`POOL_SIZE` connections per host instead of requests' 10: with more transfer workers than that, each extra
-    connection was closed after one request ("Connection pool is full, discarding connection") and the next request
-    paid a new TCP and TLS handshake. A mutual-TLS adapter, if one is configured, is left alone."""
+    """The client's sessions (requests, and google-auth's token refreshes) under the network budget, keeping
+    up to
+    :data:`POOL_SIZE` connections per host instead of requests' 10: with more transfer workers than that, each
+    extra connection was closed after one request ("Connection pool is full, discarding connection") and the
+    next request paid a new TCP and TLS handshake. A mutual-TLS adapter, if one is configured, is left
+    alone."""
     budget_session(client._http, "Cloud Storage", pool_maxsize=POOL_SIZE)
     return client
 
 
 def _retry() -> Any:
-    """Storage's default retry, ending where the command's network budget does (the library's own 120 s where no
-    budget is armed: on the workers)."""
+    """Storage's default retry, ending where the command's network budget does (the library's own 120 s where
+    no budget is armed: on the workers)."""
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     deadline = CLOCK.retry_deadline()
     if deadline is None:
         return DEFAULT_RETRY
-    # Pauses of at most 5 s: the library gives up when its next pause would pass the deadline, and its pauses grow
-    # to 60 s, which ended some calls at a third of the budget.
+    # Pauses of at most 5 s: the library gives up when its next pause would pass the deadline, and its pauses
+    # grow to 60 s, which ended some calls at a third of the budget.
     return DEFAULT_RETRY.with_timeout(deadline).with_delay(initial=1.0, maximum=5.0, multiplier=2.0)

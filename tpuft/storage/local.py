@@ -1,4 +1,5 @@
-"""Run storage in a local folder (the local provider's "bucket"): the same interface as a bucket, plain files."""
+"""Run storage in a local folder (the local provider's "bucket"): the same interface as a bucket, plain
+files."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuft.core.errors import TpuftError
-from tpuft.storage.base import PARTIAL_SUFFIX, TreeDownloads, RUNS, Progress, TreeTransfer, clean_relpath, join_relpath, run_order
+from tpuft.storage.base import (
+    PARTIAL_SUFFIX,
+    RUNS,
+    Progress,
+    TreeDownloads,
+    TreeTransfer,
+    clean_relpath,
+    join_relpath,
+    run_order,
+)
 from tpuft.storage.transfer import Meter, copy_atomic, partial_path, sync_tree, walk_files
 
 
@@ -43,14 +53,15 @@ class LocalStorage(TreeDownloads):
         return self.root.joinpath(*clean.split("/")) if clean else self.root
 
     def ensure_bucket(self, location: str | None = None) -> tuple[bool, str | None]:
-        """Create the folder; a local folder has no region, so ``location`` is ignored and there is no warning."""
+        """Create the folder; a local folder has no region, so ``location`` is ignored and there is no
+        warning."""
         existed = self.root.is_dir()
         self.root.mkdir(parents=True, exist_ok=True)
         return not existed, None
 
     def write_text(self, relpath: str, text: str) -> None:
-        """Write through a temporary file, so a reader never sees half a file. The temporary name is this process's
-        own: several workers' supervisors may write the same small file (run.json) at once."""
+        """Write through a temporary file, so a reader never sees half a file. The temporary name is this
+        process's own: several workers' supervisors may write the same small file (run.json) at once."""
         target = self._path(relpath)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = partial_path(target).with_name(f".{target.name}.{os.getpid()}{PARTIAL_SUFFIX}")
@@ -69,8 +80,8 @@ class LocalStorage(TreeDownloads):
             return self.read_text(relpath), _version(target)
 
     def write_text_if(self, relpath: str, text: str, version: str) -> str | None:
-        """Under an advisory lock beside the file (``.NAME.lock.tpuft-part``, never listed); every write replaces the file, so its inode and
-        mtime are a version that changes with each write."""
+        """Under an advisory lock beside the file (``.NAME.lock.tpuft-part``, never listed); every write
+        replaces the file, so its inode and mtime are a version that changes with each write."""
         target = self._path(relpath)
         target.parent.mkdir(parents=True, exist_ok=True)
         with _locked(target):
@@ -80,7 +91,8 @@ class LocalStorage(TreeDownloads):
             return _version(target)
 
     def read_bytes(self, relpath: str, *, start: int = 0) -> bytes | None:
-        """The file's bytes from offset ``start`` on (for following a growing log); None if there is no file."""
+        """The file's bytes from offset ``start`` on (for following a growing log); None if there is no
+        file."""
         try:
             with self._path(relpath).open("rb") as handle:
                 handle.seek(start)
@@ -101,7 +113,8 @@ class LocalStorage(TreeDownloads):
         return [join_relpath(start, rel) for rel, _ in walk_files(base)]
 
     def sizes(self, prefix: str = "") -> dict[str, int]:
-        """Files under the folder ``prefix``, recursively, with their sizes in bytes (keys as :meth:`list` has them)."""
+        """Files under the folder ``prefix``, recursively, with their sizes in bytes (keys as :meth:`list` has
+        them)."""
         base = self._path(prefix)
         if not base.is_dir():
             return {}
@@ -109,7 +122,8 @@ class LocalStorage(TreeDownloads):
         return {join_relpath(start, rel): path.stat().st_size for rel, path in walk_files(base)}
 
     def folders(self, prefix: str = "") -> list[str]:
-        """Names of the folders directly inside the folder ``prefix``, sorted (``checkpoints`` -> ``step_...``)."""
+        """Names of the folders directly inside the folder ``prefix``, sorted (``checkpoints`` ->
+        ``step_...``)."""
         base = self._path(prefix)
         return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
 
@@ -126,8 +140,9 @@ class LocalStorage(TreeDownloads):
         return count
 
     def upload_tree(self, local_dir: Path | str, relprefix: str, *, workers: int = 8) -> int:
-        """Copy ``local_dir`` to ``relprefix``; returns how many files were copied (unchanged ones are skipped).
-        ``workers`` is accepted for the same signature as GCS; a local copy is disk-bound, so it runs serially."""
+        """Copy ``local_dir`` to ``relprefix``; returns how many files were copied (unchanged ones are
+        skipped). ``workers`` is accepted for the same signature as GCS; a local copy is disk-bound, so it
+        runs serially."""
         source = Path(local_dir)
         if not source.is_dir():
             raise TpuftError(f"{source}: no such folder to upload to {self._path(relprefix)}")
@@ -162,7 +177,8 @@ def _version(path: Path) -> str:
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock for ``path``'s compare-and-write; a missing folder needs none (nothing to race)."""
+    """An exclusive advisory lock for ``path``'s compare-and-write; a missing folder needs none (nothing to
+    race)."""
     try:
         # named like a partial file: never listed, uploaded or synced
         fd = os.open(path.with_name(f".{path.name}.lock{PARTIAL_SUFFIX}"), os.O_WRONLY | os.O_CREAT, 0o644)

@@ -1,26 +1,27 @@
 """When Google Cloud cannot be reached: one time budget for a command's cloud calls, and one way to say so.
 
-Every HTTP request the controller sends to Google (the Cloud TPU API, Cloud Storage, the OAuth2 token endpoint)
-goes through a session that :func:`budget_session` has fitted with :class:`BudgetedAdapter`. The adapter keeps the
-process-wide :data:`CLOCK`, an outage clock: it starts at the first request that fails for the network's sake
-(refused, unresolvable, timed out, a 5xx or 429 answer) and stops at the next one that gets an answer. While it runs,
-no request may wait longer than what is left of the budget (``gcp.timeout``), and the callers' retries stop at its
-end (``TpuApi.call``'s loop; Storage's ``Retry`` objects get :meth:`OutageClock.retry_deadline`). Once it is spent,
-each new call (:meth:`OutageClock.begin_call`) gets one try and any further request fails at once with
-:class:`CloudUnreachable`, which no library retries, not even the ones tpuft does not steer. So a command that makes
-ten calls while the network is down fails within the budget, not ten times it, while a long ``train`` attach, a
-``monitor`` or the recovery watcher rides out an outage: their next poll is a new call, and any answer stops the
-clock.
+Every HTTP request the controller sends to Google (the Cloud TPU API, Cloud Storage, the OAuth2 token
+endpoint) goes through a session that :func:`budget_session` has fitted with :class:`BudgetedAdapter`. The
+adapter keeps the process-wide :data:`CLOCK`, an outage clock: it starts at the first request that fails for
+the network's sake (refused, unresolvable, timed out, a 5xx or 429 answer) and stops at the next one that gets
+an answer. While it runs, no request may wait longer than what is left of the budget (``gcp.timeout``), and
+the callers' retries stop at its end (``TpuApi.call``'s loop; Storage's ``Retry`` objects get
+:meth:`OutageClock.retry_deadline`). Once it is spent, each new call (:meth:`OutageClock.begin_call`) gets one
+try and any further request fails at once with
+:class:`CloudUnreachable`, which no library retries, not even the ones tpuft does not steer. So a command that
+makes ten calls while the network is down fails within the budget, not ten times it, while a long ``train``
+attach, a ``monitor`` or the recovery watcher rides out an outage: their next poll is a new call, and any
+answer stops the clock.
 
-The clock is armed only where a cluster file's ``gcp.timeout`` is read, on the controller (the CLI when it loads the
-cluster file, and the TPU API client): the workers, which mirror their run dir for hours and retry on their own, keep
-the libraries' own retries.
+The clock is armed only where a cluster file's ``gcp.timeout`` is read, on the controller (the CLI when it
+loads the cluster file, and the TPU API client): the workers, which mirror their run dir for hours and retry
+on their own, keep the libraries' own retries.
 
 :func:`is_network_error` is the one classification of "the network failed" shared by the TPU API
-(``providers/gcp/api``) and Cloud Storage (``storage/errors``), and :func:`unreachable` the one line it becomes: a
-transport error, a DNS failure, a refused connection, a timeout or an exhausted retry, said as what was being done,
-which endpoint, why, and what to check. This module is in the storage layer because Storage needs it and may import
-nothing above itself.
+(``providers/gcp/api``) and Cloud Storage (``storage/errors``), and :func:`unreachable` the one line it
+becomes: a transport error, a DNS failure, a refused connection, a timeout or an exhausted retry, said as what
+was being done, which endpoint, why, and what to check. This module is in the storage layer because Storage
+needs it and may import nothing above itself.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_S = 30.0
 """``gcp.timeout``'s default: how long one command keeps trying to reach Google Cloud before it gives up."""
 LAST_TRY_S = 2.0
-"""Once the budget is spent, a new call (a long-lived command's next poll) still gets one try this long, so that
-the clock can stop when the network is back."""
+"""Once the budget is spent, a new call (a long-lived command's next poll) still gets one try this long, so
+that the clock can stop when the network is back."""
 TOKEN_ENDPOINT = "the OAuth2 token endpoint"
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 
 CHECK_HINT = (
-    "Check the network and any proxy (HTTPS_PROXY), then the credentials (gcloud auth application-default login) "
+    "Check the network and any proxy (HTTPS_PROXY), then the credentials (gcloud auth application-default "
+    "login) "
     "and the cluster file's gcp.tpu_api_endpoint if set; gcp.timeout is how long tpuft keeps trying"
 )
 
@@ -55,14 +57,17 @@ class CloudUnreachable(TpuftError):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, hint: str | None = CHECK_HINT, endpoint: str = "", reason: str = "") -> None:
+    def __init__(
+        self, message: str, *, hint: str | None = CHECK_HINT, endpoint: str = "", reason: str = ""
+    ) -> None:
         super().__init__(message, hint=hint)
         self.endpoint = endpoint
         self.reason = reason
 
 
 class OutageClock:
-    """How long the cloud has been failing, against the budget. Shared by every thread (transfers run many)."""
+    """How long the cloud has been failing, against the budget. Shared by every thread (transfers run
+    many)."""
 
     def __init__(self) -> None:
         self.budget_s: float | None = None
@@ -102,7 +107,8 @@ class OutageClock:
         return left is not None and left <= 0
 
     def failed(self, started: float, endpoint: str, reason: str) -> None:
-        """A request begun at ``started`` (monotonic) got no useful answer: the outage began then at the latest."""
+        """A request begun at ``started`` (monotonic) got no useful answer: the outage began then at the
+        latest."""
         with self._lock:
             if self.failing_since is None or started < self.failing_since:
                 self.failing_since = started
@@ -126,7 +132,8 @@ class OutageClock:
             self.failing_since = None
 
     def request_timeout(self, asked: Any) -> Any:
-        """The library's per-request timeout, cut to what is left of the budget (at least :data:`LAST_TRY_S`)."""
+        """The library's per-request timeout, cut to what is left of the budget (at least
+        :data:`LAST_TRY_S`)."""
         left = self.remaining()
         if left is None:
             return asked
@@ -156,7 +163,8 @@ def _adapter_class() -> type:
         from requests.adapters import HTTPAdapter
 
         class BudgetedAdapter(HTTPAdapter):
-            """An HTTP adapter that keeps :data:`CLOCK`: capped timeouts, failures timed, no request past the budget."""
+            """An HTTP adapter that keeps :data:`CLOCK`: capped timeouts, failures timed, no request past the
+            budget."""
 
             def __init__(self, role: str, **kwargs: Any) -> None:
                 self.role = role
@@ -166,7 +174,8 @@ def _adapter_class() -> type:
                 endpoint = endpoint_label(self.role, request.url or "")
                 if not CLOCK.may_send():
                     raise CloudUnreachable(
-                        f"no answer from {CLOCK.endpoint or endpoint} for {CLOCK.failing_for():.0f}s ({CLOCK.reason})",
+                        f"no answer from {CLOCK.endpoint or endpoint} for {CLOCK.failing_for():.0f}s "
+                        f"({CLOCK.reason})",
                         endpoint=CLOCK.endpoint or endpoint,
                         reason=CLOCK.reason,
                     )
@@ -188,8 +197,8 @@ def _adapter_class() -> type:
 
 
 def budget_session(session: Any, role: str, *, pool_maxsize: int = 10) -> Any:
-    """Fit a requests session (and, for google-auth's ``AuthorizedSession``, the session its token refreshes use)
-    with the budgeted adapter. A mutual-TLS adapter, if one is configured, is left alone."""
+    """Fit a requests session (and, for google-auth's ``AuthorizedSession``, the session its token refreshes
+    use) with the budgeted adapter. A mutual-TLS adapter, if one is configured, is left alone."""
     from requests.adapters import HTTPAdapter
 
     adapter = _adapter_class()
@@ -216,7 +225,8 @@ def endpoint_label(role: str, url: str) -> str:
 
 
 def reason_of(exc: BaseException) -> str:
-    """The network's own words for a failure, short: ``connection refused``, ``name not resolved``, ``timed out``."""
+    """The network's own words for a failure, short: ``connection refused``, ``name not resolved``, ``timed
+    out``."""
     seen: set[int] = set()
     current: BaseException | None = exc
     words = ""
@@ -241,7 +251,8 @@ def reason_of(exc: BaseException) -> str:
 
 
 def _wrapped(exc: BaseException) -> BaseException | None:
-    """What a library kept inside its own exception: a RetryError's ``cause``, urllib3's ``reason``, an args[0]."""
+    """What a library kept inside its own exception: a RetryError's ``cause``, urllib3's ``reason``, an
+    args[0]."""
     for attribute in ("cause", "reason", "last_exc"):
         inner = getattr(exc, attribute, None)
         if isinstance(inner, BaseException):
@@ -253,8 +264,8 @@ def _wrapped(exc: BaseException) -> BaseException | None:
 
 
 def is_network_error(exc: BaseException) -> bool:
-    """True for a failure of the way to the cloud, not of the request: transport and token-endpoint failures, DNS,
-    refused or dropped connections, timeouts, 503/504 and retries that ran out on any of these."""
+    """True for a failure of the way to the cloud, not of the request: transport and token-endpoint failures,
+    DNS, refused or dropped connections, timeouts, 503/504 and retries that ran out on any of these."""
     import requests
     from google.api_core import exceptions as gexc
     from google.auth import exceptions as auth_exc
@@ -263,7 +274,9 @@ def is_network_error(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, CloudUnreachable | auth_exc.TransportError | requests.ConnectionError | requests.Timeout):
+        if isinstance(
+            current, CloudUnreachable | auth_exc.TransportError | requests.ConnectionError | requests.Timeout
+        ):
             return True
         if isinstance(current, gexc.ServiceUnavailable | gexc.DeadlineExceeded | gexc.GatewayTimeout):
             return True
@@ -292,4 +305,6 @@ def unreachable(what: str, exc: BaseException, *, endpoint: str = "") -> CloudUn
     reason = (inner.reason if inner else "") or reason_of(exc)
     seconds = CLOCK.failing_for()
     waited = f" for {seconds:.0f}s" if seconds >= 1 else ""
-    return CloudUnreachable(f"{what}: no answer from {where or 'Google Cloud'}{waited} ({reason})", endpoint=where, reason=reason)
+    return CloudUnreachable(
+        f"{what}: no answer from {where or 'Google Cloud'}{waited} ({reason})", endpoint=where, reason=reason
+    )

@@ -1,8 +1,8 @@
 """Mirror a growing local run directory to run storage, while it grows and once more at the end.
 
 Objects in a bucket cannot be appended to, so a worker writes its run files (metrics, heartbeats, TensorBoard
-events, checkpoints, export) to a local staging folder, and this thread uploads what changed every few seconds and
-once more at the end. Half-written checkpoints (``*.tmp``) are skipped until they are renamed into place.
+events, checkpoints, export) to a local staging folder, and this thread uploads what changed every few seconds
+and once more at the end. Half-written checkpoints (``*.tmp``) are skipped until they are renamed into place.
 """
 
 from __future__ import annotations

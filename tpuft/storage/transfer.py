@@ -1,10 +1,11 @@
 """Moving files whole or not at all: checksums, partial files, atomic copies, progress, interruptible work.
 
-Transfers skip files whose size and CRC32C already match (the checksum GCS keeps for every object; MD5 for an object
-that has no CRC32C), so running an interrupted transfer again only moves what is missing or different. A download is
-written under a temporary name (``.NAME.tpuft-part``), checked against the size and checksum GCS listed for the
-object, and renamed as soon as it is complete (a run killed midway keeps the files it finished), so a file under its
-final name is always whole; GCS itself only shows an uploaded object once it is complete.
+Transfers skip files whose size and CRC32C already match (the checksum GCS keeps for every object; MD5 for an
+object that has no CRC32C), so running an interrupted transfer again only moves what is missing or different.
+A download is written under a temporary name (``.NAME.tpuft-part``), checked against the size and checksum GCS
+listed for the object, and renamed as soon as it is complete (a run killed midway keeps the files it
+finished), so a file under its final name is always whole; GCS itself only shows an uploaded object once it is
+complete.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from tpuft.core.errors import TpuftError
-from tpuft.storage.base import Failures, MiB, PARTIAL_SUFFIX, Progress, RERUN_HINT, TreeTransfer
+from tpuft.storage.base import PARTIAL_SUFFIX, RERUN_HINT, Failures, MiB, Progress, TreeTransfer
 from tpuft.storage.errors import as_tpuft
 
 if TYPE_CHECKING:
@@ -51,10 +52,15 @@ def file_md5(path: Path) -> str:
 
 
 def same_content(path: Path, size: int | None, crc32c: str | None, md5: str | None = None) -> bool:
-    """True when ``path`` is a file with this size and CRC32C (or MD5, for an object without a CRC32C); the checksum
-    is only computed when sizes agree, and without any checksum nothing counts as the same."""
+    """True when ``path`` is a file with this size and CRC32C (or MD5, for an object without a CRC32C); the
+    checksum is only computed when sizes agree, and without any checksum nothing counts as the same."""
     try:
-        if size is None or (crc32c is None and md5 is None) or path.stat().st_size != size or not path.is_file():
+        if (
+            size is None
+            or (crc32c is None and md5 is None)
+            or path.stat().st_size != size
+            or not path.is_file()
+        ):
             return False
     except OSError:
         return False
@@ -100,8 +106,8 @@ def target_in(folder: Path, rel: str, source: str) -> Path:
 
 
 def copy_atomic(source: Path, target: Path, on_bytes: Callable[[int], None] | None = None) -> None:
-    """Copy through the partial name (removed again if the copy fails or is interrupted); with ``on_bytes``, 8 MiB at
-    a time so a big file's progress moves."""
+    """Copy through the partial name (removed again if the copy fails or is interrupted); with ``on_bytes``, 8
+    MiB at a time so a big file's progress moves."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_path(target)
     try:
@@ -121,7 +127,8 @@ def copy_atomic(source: Path, target: Path, on_bytes: Callable[[int], None] | No
 
 class Meter:
     """Bytes done out of a known total, for a :data:`Progress` callback fed from several threads: updates are
-    serialised under a lock, so the callback sees a count that only grows and need not be thread-safe itself."""
+    serialised under a lock, so the callback sees a count that only grows and need not be thread-safe
+    itself."""
 
     def __init__(self, total: int, progress: Progress | None) -> None:
         self.total = total
@@ -135,13 +142,19 @@ class Meter:
             return
         with self._lock:
             self.done += nbytes
-            self._progress(min(self.done, self.total), self.total)  # a retried read may count some bytes twice
+            self._progress(
+                min(self.done, self.total), self.total
+            )  # a retried read may count some bytes twice
 
 
 def sync_tree(
     source: Path, target: Path, include: Callable[[str], bool] | None = None, progress: Progress | None = None
 ) -> TreeTransfer:
-    files = [(rel, path, path.stat().st_size) for rel, path in walk_files(source) if include is None or include(rel)]
+    files = [
+        (rel, path, path.stat().st_size)
+        for rel, path in walk_files(source)
+        if include is None or include(rel)
+    ]
     meter = Meter(sum(size for _, _, size in files), progress)
     copied = copied_bytes = 0
     for rel, path, size in files:
@@ -156,10 +169,11 @@ def sync_tree(
 
 
 class PartialWriter:
-    """The file object one download_many transfer writes into: ``.NAME.tpuft-part``, opened at the first byte (so
-    thousands of queued downloads hold no file descriptors), checksummed as it is written, then checked against the
-    listed size and CRC32C (MD5 when the object has no CRC32C) and renamed to NAME by the worker thread itself as the
-    last byte lands, so a download killed midway keeps every file it completed. One thread writes at a time."""
+    """The file object one download_many transfer writes into: ``.NAME.tpuft-part``, opened at the first byte
+    (so thousands of queued downloads hold no file descriptors), checksummed as it is written, then checked
+    against the listed size and CRC32C (MD5 when the object has no CRC32C) and renamed to NAME by the worker
+    thread itself as the last byte lands, so a download killed midway keeps every file it completed. One
+    thread writes at a time."""
 
     def __init__(self, blob: Blob, target: Path, url: str, meter: Meter, stop: threading.Event) -> None:
         self.blob, self.target, self.url, self.meter, self.stop = blob, target, url, meter, stop
@@ -174,7 +188,9 @@ class PartialWriter:
 
         self._written = 0
         self._crc = google_crc32c.Checksum()
-        self._md5 = hashlib.md5(usedforsecurity=False) if self.blob.crc32c is None and self.blob.md5_hash else None
+        self._md5 = (
+            hashlib.md5(usedforsecurity=False) if self.blob.crc32c is None and self.blob.md5_hash else None
+        )
 
     def write(self, data: bytes) -> int:
         if self.stop.is_set():
@@ -227,7 +243,8 @@ class PartialWriter:
         os.replace(partial, self.target)
 
     def discard(self) -> None:
-        """After a failed transfer: close and drop the partial file (a file already put in place was checked)."""
+        """After a failed transfer: close and drop the partial file (a file already put in place was
+        checked)."""
         if self._file is not None:
             self._file.close()
         partial_path(self.target).unlink(missing_ok=True)
@@ -242,9 +259,10 @@ class Stopped(Exception):
 
 
 def interruptible(work: Callable[[], Any], stop: threading.Event) -> Any:
-    """Run ``work`` (a transfer_manager call) in a helper thread, so that Ctrl-C reaches this thread at once: inside
-    transfer_manager the interrupt would wait for its pool to finish the whole queue. On Ctrl-C, ``stop`` makes every
-    download still running or queued fail at its next write, and the interrupt is raised again once they have."""
+    """Run ``work`` (a transfer_manager call) in a helper thread, so that Ctrl-C reaches this thread at once:
+    inside transfer_manager the interrupt would wait for its pool to finish the whole queue. On Ctrl-C,
+    ``stop`` makes every download still running or queued fail at its next write, and the interrupt is raised
+    again once they have."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -268,7 +286,8 @@ def interruptible(work: Callable[[], Any], stop: threading.Event) -> Any:
 
 
 def check_download(url: str, blob: Blob, size: int, crc32c: str | None, md5: str | None) -> None:
-    """Raise unless a download has the object's listed size and CRC32C (or MD5, for an object without CRC32C)."""
+    """Raise unless a download has the object's listed size and CRC32C (or MD5, for an object without
+    CRC32C)."""
     problem = None
     if blob.size is not None and size != blob.size:
         problem = f"got {size} bytes, the object has {blob.size}"
@@ -279,7 +298,8 @@ def check_download(url: str, blob: Blob, size: int, crc32c: str | None, md5: str
     if problem:
         raise TpuftError(
             f"{url}: download: checksum mismatch ({problem}); the copy was discarded",
-            hint=f"{RERUN_HINT}. A repeated mismatch means the object changes while it is read, or data is corrupted",
+            hint=f"{RERUN_HINT}. A repeated mismatch means the object changes while it is read, or data is "
+            "corrupted",
         )
 
 
@@ -298,7 +318,8 @@ def raise_failures(verb: str, failures: Failures, total: int) -> None:
     url, exc = failures[0]
     first = exc if isinstance(exc, TpuftError) else as_tpuft(exc, verb, url)
     raise TpuftError(
-        f"{len(failures)} of {total} {verb}s failed (the others completed; run it again to retry only these). "
+        f"{len(failures)} of {total} {verb}s failed (the others completed; run it again to retry only "
+        "these). "
         f"First: {first.message}",
         hint=first.hint,
     ) from exc

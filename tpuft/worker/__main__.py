@@ -1,9 +1,11 @@
-"""``python -m tpuft.worker``: load the resolved recipe from the run dir and hand over to the backend's trainer.
+"""``python -m tpuft.worker``: load the resolved recipe from the run dir and hand over to the backend's
+trainer.
 
-It runs under the worker's supervisor (tpuft/worker/supervisor/process.py). When the run dir is remote (gs://), objects
-cannot be appended to: the supervisor has put the recipe in a local staging folder (``ctx.run_dir``), where the
-trainer writes, and mirrors that folder to the bucket while it grows and once more at the end. A backend whose trainer
-writes the bucket itself (T5X's checkpoints do) also gets the gs:// URL (``ctx.run_url``).
+It runs under the worker's supervisor (tpuft/worker/supervisor/process.py). When the run dir is remote
+(gs://), objects cannot be appended to: the supervisor has put the recipe in a local staging folder
+(``ctx.run_dir``), where the trainer writes, and mirrors that folder to the bucket while it grows and once
+more at the end. A backend whose trainer writes the bucket itself (T5X's checkpoints do) also gets the gs://
+URL (``ctx.run_url``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import importlib
 import sys
 import traceback
 
-from tpuft.run import rundir
 from tpuft.config import recipe_from_text
 from tpuft.core.errors import TpuftError
+from tpuft.run import rundir
 from tpuft.worker.context import WorkerContext, pin_cpus
 from tpuft.worker.data import DataError
 from tpuft.worker.multislice import apply_megascale_env
@@ -29,7 +31,8 @@ def _recipe_text(ctx: WorkerContext) -> str:
 
 def _record_failure(ctx: WorkerContext, error: str) -> None:
     rundir.write_json_atomic(
-        rundir.heartbeat_path(ctx.run_dir, ctx.worker_id), {"worker": ctx.worker_id, "status": "failed", "error": error}
+        rundir.heartbeat_path(ctx.run_dir, ctx.worker_id),
+        {"worker": ctx.worker_id, "status": "failed", "error": error},
     )
 
 

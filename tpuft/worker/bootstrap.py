@@ -1,14 +1,15 @@
-"""Build (or reuse) a backend venv on a worker. Runs with the host's own python3 before any venv exists, so it is
-stdlib-only and runnable as a plain script: ``python3 bootstrap.py --spec '{"key": ..., "requirements": [...]}'``.
+"""Build (or reuse) a backend venv on a worker. Runs with the host's own python3 before any venv exists, so it
+is stdlib-only and runnable as a plain script: ``python3 bootstrap.py --spec '{"key": ..., "requirements":
+[...]}'``.
 
-Venvs are cached by a hash of their requirements (the key), so a second ``tpuft setup`` takes seconds. Workers that
-share a disk (the local pod) share the cache: a file lock makes one build while the others wait, and a marker file
-written last tells a complete venv from one whose build was interrupted (which is then rebuilt).
+Venvs are cached by a hash of their requirements (the key), so a second ``tpuft setup`` takes seconds. Workers
+that share a disk (the local pod) share the cache: a file lock makes one build while the others wait, and a
+marker file written last tells a complete venv from one whose build was interrupted (which is then rebuilt).
 
-``no_deps`` entries are installed after the requirements with ``--no-deps`` (packages whose own dependency lists
-cannot be trusted); an entry starting with ``~/`` is a copy that tpuft shipped under this worker's HOME. When the
-pins need a newer Python than the one running this script (``min_python``), the venv is built from the newest
-``python3.N`` on PATH that is new enough.
+``no_deps`` entries are installed after the requirements with ``--no-deps`` (packages whose own dependency
+lists cannot be trusted); an entry starting with ``~/`` is a copy that tpuft shipped under this worker's HOME.
+When the pins need a newer Python than the one running this script (``min_python``), the venv is built from
+the newest ``python3.N`` on PATH that is new enough.
 """
 
 from __future__ import annotations
@@ -28,18 +29,20 @@ from typing import Any
 
 MARKER = ".tpuft-complete"
 WAIT_REPORT_S = float(os.environ.get("TPUFT_WAIT_EVERY_S", "30"))
-"""While another process builds the venv: how often to say that this one still waits (tpuft.core.waiting's cadence)."""
+"""While another process builds the venv: how often to say that this one still waits (tpuft.core.waiting's
+cadence)."""
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
-"""The Python running this script: the worker's base interpreter, which the venv is built from unless ``min_python``
-asks for a newer one."""
+"""The Python running this script: the worker's base interpreter, which the venv is built from unless
+``min_python`` asks for a newer one."""
 NEWEST_MINOR = 20
 """Looking for an interpreter new enough starts at python3.<this> (or at min_python's minor, when higher)."""
 _VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
 
 
 def is_ready(venv: Path) -> bool:
-    """Complete, and built while this base Python was the one running the bootstrap (an upgraded python3 on the host
-    makes the cached venv stale). A venv built from a newer interpreter found on PATH records both versions."""
+    """Complete, and built while this base Python was the one running the bootstrap (an upgraded python3 on
+    the host makes the cached venv stale). A venv built from a newer interpreter found on PATH records both
+    versions."""
     try:
         record = json.loads((venv / MARKER).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -52,8 +55,8 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def _probe(command: str) -> str | None:
-    """``major.minor`` of the interpreter ``command`` names on PATH, or None if there is none that runs (a pyenv shim
-    for a version that is not installed exists on PATH and fails)."""
+    """``major.minor`` of the interpreter ``command`` names on PATH, or None if there is none that runs (a
+    pyenv shim for a version that is not installed exists on PATH and fails)."""
     path = shutil.which(command)
     if path is None:
         return None
@@ -66,10 +69,11 @@ def _probe(command: str) -> str | None:
 
 
 def pick_python(spec: dict) -> tuple[str, str]:
-    """(interpreter to build the venv from, its ``major.minor``): the spec's own when it is within ``min_python`` ..
-    ``max_python``, else the newest ``python3.N`` on PATH that is; exits with what to do when there is none. The
-    ceiling exists because a pin can stop at a Python (T5X's seqio needs editdistance, which has no wheel past 3.12):
-    a worker whose newest interpreter is past it would build from source and fail without a compiler."""
+    """(interpreter to build the venv from, its ``major.minor``): the spec's own when it is within
+    ``min_python`` .. ``max_python``, else the newest ``python3.N`` on PATH that is; exits with what to do
+    when there is none. The ceiling exists because a pin can stop at a Python (T5X's seqio needs editdistance,
+    which has no wheel past 3.12): a worker whose newest interpreter is past it would build from source and
+    fail without a compiler."""
     base = spec.get("python") or sys.executable
     needed, ceiling = spec.get("min_python"), spec.get("max_python")
     if _within(PYTHON, needed, ceiling):
@@ -80,13 +84,20 @@ def pick_python(spec: dict) -> tuple[str, str]:
         command = f"python{major}.{candidate}"
         found = _probe(command)
         if found is not None and _within(found, needed, ceiling):
-            _say(f"{spec.get('kind', 'this')} venv needs Python {_span(needed, ceiling)} and {base} is {PYTHON}: using {command} ({found})")
+            _say(
+                f"{spec.get('kind', 'this')} venv needs Python {_span(needed, ceiling)} and {base} is "
+                f"{PYTHON}: using {command} ({found})"
+            )
             return str(shutil.which(command)), found
     wanted = f"python{major}.{top}" if ceiling else f"python{major}.{minor}"
-    where = (f"no python{major}.{minor} .. python{major}.{top} on PATH" if ceiling
-             else f"no python{major}.{minor} or newer on PATH")
+    where = (
+        f"no python{major}.{minor} .. python{major}.{top} on PATH"
+        if ceiling
+        else f"no python{major}.{minor} or newer on PATH"
+    )
     raise SystemExit(
-        f"[setup] the {spec.get('kind', spec['key'])} venv needs Python {_span(needed, ceiling)} (its pinned wheels do), but this "
+        f"[setup] the {spec.get('kind', spec['key'])} venv needs Python {_span(needed, ceiling)} (its pinned "
+        "wheels do), but this "
         f"worker's {base} is Python {PYTHON} and there is {where}: install one with "
         f"its venv module on the workers (e.g. apt-get install {wanted} {wanted}-venv), or set "
         "gcp.python in the cluster file to an interpreter that fits"
@@ -94,7 +105,8 @@ def pick_python(spec: dict) -> tuple[str, str]:
 
 
 def _within(version: str, lowest: str | None, highest: str | None) -> bool:
-    """Whether ``major.minor`` lies in [lowest, highest] (either bound may be absent; the ceiling counts minors)."""
+    """Whether ``major.minor`` lies in [lowest, highest] (either bound may be absent; the ceiling counts
+    minors)."""
     have = _version(version)[:2]
     return (not lowest or have >= _version(lowest)[:2]) and (not highest or have <= _version(highest)[:2])
 
@@ -125,8 +137,9 @@ def _try_lock(handle: Any) -> bool:
 
 
 def _wait_for_builder(lock: Any, venv: Path) -> None:
-    """Another tpuft process (a worker sharing this disk, or a second setup) builds this venv: say so at once and
-    every ``WAIT_REPORT_S`` seconds while waiting, naming it, so a long pip install is never a silent hang."""
+    """Another tpuft process (a worker sharing this disk, or a second setup) builds this venv: say so at once
+    and every ``WAIT_REPORT_S`` seconds while waiting, naming it, so a long pip install is never a silent
+    hang."""
     builder = lock.read().strip() or "a process that did not say"
     _say(f"another tpuft process is building this venv ({builder}); waiting for it: {venv}")
     started = last = time.monotonic()
@@ -134,8 +147,10 @@ def _wait_for_builder(lock: Any, venv: Path) -> None:
         time.sleep(0.2)
         if time.monotonic() - last >= WAIT_REPORT_S:
             last = time.monotonic()
-            _say(f"still waiting for the venv build by {builder} ({time.monotonic() - started:.0f} s so far; "
-                 "it ends when that pip install does)")
+            _say(
+                f"still waiting for the venv build by {builder} ({time.monotonic() - started:.0f} s so far; "
+                "it ends when that pip install does)"
+            )
     if time.monotonic() - started >= 2:
         _say(f"the other build ended after {time.monotonic() - started:.0f} s of waiting")
 
@@ -146,7 +161,9 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
         _say(f"venv ready (cached): {venv}")
         return venv
     cache.mkdir(parents=True, exist_ok=True)
-    fd = os.open(cache / f"{spec['key']}.lock", os.O_RDWR | os.O_CREAT, 0o644)  # not "w": it names the builder
+    fd = os.open(
+        cache / f"{spec['key']}.lock", os.O_RDWR | os.O_CREAT, 0o644
+    )  # not "w": it names the builder
     with os.fdopen(fd, "r+") as lock:
         if not _try_lock(lock):
             _wait_for_builder(lock, venv)
@@ -162,11 +179,26 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
             shutil.rmtree(venv)
         started = time.time()
         python, version = pick_python(spec)
-        hint = "" if version == PYTHON else f" (does {python} have its venv module? e.g. apt-get install python{version}-venv)"
+        hint = (
+            ""
+            if version == PYTHON
+            else f" (does {python} have its venv module? e.g. apt-get install python{version}-venv)"
+        )
         _run([python, "-m", "venv", str(venv)], hint)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
+        pip = [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+        ]
         _run([*pip, *spec.get("pip_args", []), *spec["requirements"]])
-        no_deps = [os.path.expanduser(entry) if entry.startswith("~/") else entry for entry in spec.get("no_deps", [])]
+        no_deps = [
+            os.path.expanduser(entry) if entry.startswith("~/") else entry
+            for entry in spec.get("no_deps", [])
+        ]
         if no_deps:
             _run([*pip, *spec.get("pip_args", []), "--no-deps", *no_deps])
         seconds = round(time.time() - started, 1)
@@ -187,8 +219,14 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cache", required=True, help="folder holding cached venvs")
-    parser.add_argument("--spec", required=True, help="JSON: key, requirements, python, pip_args, no_deps, min_python, max_python (EnvSpec.payload)")
-    parser.add_argument("--check", action="store_true", help="only report whether the venv is ready (exit 3 if not)")
+    parser.add_argument(
+        "--spec",
+        required=True,
+        help="JSON: key, requirements, python, pip_args, no_deps, min_python, max_python (EnvSpec.payload)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only report whether the venv is ready (exit 3 if not)"
+    )
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
     cache = Path(os.path.expanduser(args.cache))

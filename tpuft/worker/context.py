@@ -21,7 +21,8 @@ class WorkerContext:
     run_url: str = ""
     """The run dir as the launcher named it (``gs://...`` when it is remote, else the same as ``run_dir``)."""
     num_slices: int = 1
-    """Multislice (``TPUFT_NUM_SLICES``): the launched workers are this many equal slices, numbered slice by slice."""
+    """Multislice (``TPUFT_NUM_SLICES``): the launched workers are this many equal slices, numbered slice by
+    slice."""
 
     @property
     def layout(self) -> SliceLayout:
@@ -42,7 +43,11 @@ class WorkerContext:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> WorkerContext:
         env = dict(os.environ if env is None else env)
-        missing = [k for k in ("TPUFT_RUN_ID", "TPUFT_RUN_DIR", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS") if k not in env]
+        missing = [
+            k
+            for k in ("TPUFT_RUN_ID", "TPUFT_RUN_DIR", "TPUFT_WORKER_ID", "TPUFT_NUM_WORKERS")
+            if k not in env
+        ]
         if missing:
             raise SystemExit(f"tpuft.worker: missing environment {', '.join(missing)} (set by `tpuft train`)")
         url = env["TPUFT_RUN_DIR"]

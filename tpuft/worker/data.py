@@ -1,17 +1,17 @@
 """Text-to-text examples from data files (JSON lines, CSV, TSV, Parquet; local or ``gs://``): checked on the
 controller, sharded by worker on the workers.
 
-One reader (:func:`read_rows`) for both sides and every backend, so a bad record is reported the same way wherever
-it is met: ``file:line: problem``.
-The controller streams the whole file before anything is created or launched (``check_file``: seconds for a big
-file, memory for one line at a time); a worker streams it again and keeps only its own shard.
+One reader (:func:`read_rows`) for both sides and every backend, so a bad record is reported the same way
+wherever it is met: ``file:line: problem``.
+The controller streams the whole file before anything is created or launched (``check_file``: seconds for a
+big file, memory for one line at a time); a worker streams it again and keeps only its own shard.
 
-Sharding is by record (non-blank line or row i goes to worker i mod N) while streaming, so each worker reads the file
-once, holds only its own shard, and the shards are disjoint and together cover every example.
+Sharding is by record (non-blank line or row i goes to worker i mod N) while streaming, so each worker reads
+the file once, holds only its own shard, and the shards are disjoint and together cover every example.
 
-What counts as text: a JSON string, or a number (``"label": 1`` becomes ``"1"``). ``null``, ``true``/``false``,
-``NaN``, lists and objects are refused: training on the text ``"null"`` or ``"nan"`` is never what was meant.
-Framework-free: the trainer tokenizes.
+What counts as text: a JSON string, or a number (``"label": 1`` becomes ``"1"``). ``null``,
+``true``/``false``, ``NaN``, lists and objects are refused: training on the text ``"null"`` or ``"nan"`` is
+never what was meant. Framework-free: the trainer tokenizes.
 """
 
 from __future__ import annotations
@@ -46,10 +46,13 @@ class Example:
 
 
 class DataError(ValueError):
-    """A data file problem, located as ``where`` (file:line) and told as ``message``. ``missing`` is (side, field)
-    when the problem is a field the line lacks: when every line lacks it, the recipe names the wrong field."""
+    """A data file problem, located as ``where`` (file:line) and told as ``message``. ``missing`` is (side,
+    field) when the problem is a field the line lacks: when every line lacks it, the recipe names the wrong
+    field."""
 
-    def __init__(self, where: str, message: str, missing: tuple[str, str] | None = None, fields: str = "") -> None:
+    def __init__(
+        self, where: str, message: str, missing: tuple[str, str] | None = None, fields: str = ""
+    ) -> None:
         super().__init__(f"{where}: {message}")
         self.where = where
         self.message = message
@@ -79,7 +82,9 @@ class Fields:
     def of(cls, data_config: Any) -> Fields:
         from tpuft.worker.text_transforms import load_preprocess, text_transform
 
-        label_field = getattr(data_config, "label_field", None)  # classification: the label is the target text
+        label_field = getattr(
+            data_config, "label_field", None
+        )  # classification: the label is the target text
         hook = getattr(data_config, "preprocess", None)
         return cls(
             source_field=data_config.source_field,
@@ -119,7 +124,8 @@ def _text_problem(value: Any) -> str | None:
 
 
 class _TemplateFormatter(string.Formatter):
-    """``{a.b}`` reaches into nested JSON objects (not attributes); a missing field raises KeyError by name."""
+    """``{a.b}`` reaches into nested JSON objects (not attributes); a missing field raises KeyError by
+    name."""
 
     def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
         value = _lookup(kwargs, field_name)
@@ -149,22 +155,30 @@ def make_example(record: Any, *, line: int, path: Path | str, fields: Fields = F
     return Example(fields.prefix + source, target, line)
 
 
-def _preprocessed(record: dict[str, Any], fields: Fields, path: Path | str, line: int) -> dict[str, Any] | None:
+def _preprocessed(
+    record: dict[str, Any], fields: Fields, path: Path | str, line: int
+) -> dict[str, Any] | None:
     assert fields.preprocess is not None
     try:
-        out = fields.preprocess(dict(record))  # a copy: a hook that edits in place cannot change the caller's record
+        out = fields.preprocess(
+            dict(record)
+        )  # a copy: a hook that edits in place cannot change the caller's record
     except Exception as exc:
-        raise DataError(f"{path}:{line}", f"data.preprocess {fields.preprocess_name} failed: "
-                        f"{type(exc).__name__}: {exc}") from None
+        raise DataError(
+            f"{path}:{line}", f"data.preprocess {fields.preprocess_name} failed: {type(exc).__name__}: {exc}"
+        ) from None
     if out is not None and type(out) is not dict:
-        raise DataError(f"{path}:{line}", f"data.preprocess {fields.preprocess_name} returned "
-                        f"{_json_kind(out)}; expected a record (a dict) or None to drop the example")
+        raise DataError(
+            f"{path}:{line}",
+            f"data.preprocess {fields.preprocess_name} returned "
+            f"{_json_kind(out)}; expected a record (a dict) or None to drop the example",
+        )
     return out
 
 
 def _build(record: dict[str, Any], template: str | None, name: str, what: str, path: Path, line: int) -> str:
-    """One side of an example. The plain field is the hot path (every line of every file): no closure, no split
-    for a name without dots, and a string returned as it is."""
+    """One side of an example. The plain field is the hot path (every line of every file): no closure, no
+    split for a name without dots, and a string returned as it is."""
     try:
         if template is not None:
             return _FORMATTER.vformat(template, (), record)
@@ -191,22 +205,27 @@ def _json_kind(value: Any) -> str:
 
 def _lines(path: Path, gzipped: bool = False, where: str | None = None) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines as bytes, numbered from 1; the file is read as a stream (never whole)."""
-    with (gzip.open(path, "rb") if gzipped else path.open("rb")) as handle:
+    with gzip.open(path, "rb") if gzipped else path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if number == 1 and raw.startswith(BOM):
-                raise DataError(f"{where or path}:1", "the file starts with a byte-order mark (U+FEFF); save it as UTF-8 without BOM")
+                raise DataError(
+                    f"{where or path}:1",
+                    "the file starts with a byte-order mark (U+FEFF); save it as UTF-8 without BOM",
+                )
             if raw.strip():
                 yield number, raw
 
 
 def _not_utf8(raw: bytes, exc: UnicodeDecodeError, path: Path | str, number: int) -> DataError:
     bad = raw[exc.start] if exc.start < len(raw) else 0
-    return DataError(f"{path}:{number}", f"not UTF-8: byte 0x{bad:02x} at column {exc.start + 1} (save the file as UTF-8)")
+    return DataError(
+        f"{path}:{number}", f"not UTF-8: byte 0x{bad:02x} at column {exc.start + 1} (save the file as UTF-8)"
+    )
 
 
 def parse_line(path: Path | str, number: int, raw: bytes) -> Any:
-    """One line's JSON value. The fast path hands the bytes to json (which decodes UTF-8 itself); the slow path,
-    only for a bad line, finds the exact byte or column to report."""
+    """One line's JSON value. The fast path hands the bytes to json (which decodes UTF-8 itself); the slow
+    path, only for a bad line, finds the exact byte or column to report."""
     if b"\x00" in raw:
         raise DataError(f"{path}:{number}", "contains a NUL byte (is the file UTF-16? save it as UTF-8)")
     try:
@@ -215,7 +234,9 @@ def parse_line(path: Path | str, number: int, raw: bytes) -> Any:
         raise _not_utf8(raw, exc, path, number) from None
     except json.JSONDecodeError:
         try:
-            json.loads(raw.decode("utf-8").rstrip("\r\n"))  # the column as the line shows it, without its newline
+            json.loads(
+                raw.decode("utf-8").rstrip("\r\n")
+            )  # the column as the line shows it, without its newline
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{number}", f"not valid JSON: {exc.msg} (column {exc.colno})") from None
         raise DataError(f"{path}:{number}", "not valid JSON") from None
@@ -223,7 +244,9 @@ def parse_line(path: Path | str, number: int, raw: bytes) -> Any:
         raise DataError(f"{path}:{number}", "not valid JSON: nested too deeply") from None
 
 
-def iter_shard(path: Path | str, worker: int, num_workers: int, fields: Fields = Fields()) -> Iterator[Example]:
+def iter_shard(
+    path: Path | str, worker: int, num_workers: int, fields: Fields = Fields()
+) -> Iterator[Example]:
     """Stream ``path`` and yield this worker's examples (records whose index i has i % N == worker)."""
     if not 0 <= worker < num_workers:
         raise ValueError(f"worker {worker} out of range for {num_workers} workers")
@@ -239,7 +262,9 @@ def iter_shard(path: Path | str, worker: int, num_workers: int, fields: Fields =
 def load_shard(path: Path | str, worker: int, num_workers: int, fields: Fields = Fields()) -> list[Example]:
     shard = list(iter_shard(path, worker, num_workers, fields))
     if not shard:
-        raise DataError(str(path), f"worker {worker} of {num_workers} got no examples (the file has too few records)")
+        raise DataError(
+            str(path), f"worker {worker} of {num_workers} got no examples (the file has too few records)"
+        )
     return shard
 
 
@@ -306,8 +331,8 @@ class Row(NamedTuple):
     line: int
     """1-based line in the file (the header is line 1 of a CSV/TSV file); a Parquet file's 1-based row."""
     record: Any
-    """The record (a dict for CSV, TSV and Parquet; any JSON value for a line), or the :class:`DataError` that says
-    why this one cannot be read: a check goes on past it."""
+    """The record (a dict for CSV, TSV and Parquet; any JSON value for a line), or the :class:`DataError` that
+    says why this one cannot be read: a check goes on past it."""
     size: int
     """Bytes it took in the file (about, for CSV/TSV and Parquet): for progress."""
 
@@ -318,7 +343,8 @@ FORMAT_NAMES = ("jsonl", "csv", "tsv", "parquet")
 
 
 def file_format(name: Path | str, declared: str = "auto") -> tuple[str, bool]:
-    """(format, gzipped) of a data file: ``declared`` (``data.format``) unless ``auto``, else by its suffix."""
+    """(format, gzipped) of a data file: ``declared`` (``data.format``) unless ``auto``, else by its
+    suffix."""
     text = str(name).rstrip("/")
     base = text[:-3] if text.lower().endswith(".gz") else text
     gzipped = base != text
@@ -327,8 +353,11 @@ def file_format(name: Path | str, declared: str = "auto") -> tuple[str, bool]:
     else:
         suffix = Path(base).suffix.lower()
         if suffix not in FORMATS:
-            raise DataError(text, f"unknown data format {suffix or '(no suffix)'!r}: name the file .jsonl, .json, "
-                            ".csv, .tsv or .parquet (.gz for a compressed text file), or set data.format")
+            raise DataError(
+                text,
+                f"unknown data format {suffix or '(no suffix)'!r}: name the file .jsonl, .json, "
+                ".csv, .tsv or .parquet (.gz for a compressed text file), or set data.format",
+            )
         kind = FORMATS[suffix]
     if kind not in FORMAT_NAMES:
         raise DataError(text, f"unknown data format {kind!r} (expected one of {', '.join(FORMAT_NAMES)})")
@@ -337,13 +366,16 @@ def file_format(name: Path | str, declared: str = "auto") -> tuple[str, bool]:
     return kind, gzipped
 
 
-def read_rows(path: Path | str, data_format: str = "auto", *, keep: Callable[[int], bool] | None = None) -> Iterator[Row]:
-    """Every record of a data file in order, streamed (JSON lines and CSV/TSV a line at a time, Parquet a batch of
-    a row group at a time), whatever its format: the one reader of every backend's data files, the controller's
-    check and ``tpuft predict``'s input. ``path`` may be ``gs://``: read from a cached copy (:func:`local_copy`),
-    named by its URL in messages. ``keep(index)`` False skips a record unparsed (a worker's shard of a big JSON-lines
-    file parses only its own lines). A problem with one record comes as its row's ``record``; a problem with the
-    whole file (format, byte-order mark, broken quoting, not Parquet) is raised."""
+def read_rows(
+    path: Path | str, data_format: str = "auto", *, keep: Callable[[int], bool] | None = None
+) -> Iterator[Row]:
+    """Every record of a data file in order, streamed (JSON lines and CSV/TSV a line at a time, Parquet a
+    batch of a row group at a time), whatever its format: the one reader of every backend's data files, the
+    controller's check and ``tpuft predict``'s input. ``path`` may be ``gs://``: read from a cached copy
+    (:func:`local_copy`), named by its URL in messages. ``keep(index)`` False skips a record unparsed (a
+    worker's shard of a big JSON-lines file parses only its own lines). A problem with one record comes as its
+    row's ``record``; a problem with the whole file (format, byte-order mark, broken quoting, not Parquet) is
+    raised."""
     where = str(path)
     kind, gzipped = file_format(where, data_format)
     local = local_copy(where)
@@ -356,7 +388,8 @@ def read_rows(path: Path | str, data_format: str = "auto", *, keep: Callable[[in
 
 
 def iter_records(path: Path | str, data_format: str = "auto") -> Iterator[tuple[int, Any]]:
-    """(line, record) of every record of a data file; the first bad one raises its located :class:`DataError`."""
+    """(line, record) of every record of a data file; the first bad one raises its located
+    :class:`DataError`."""
     for row in read_rows(path, data_format):
         if isinstance(row.record, DataError):
             raise row.record
@@ -364,8 +397,8 @@ def iter_records(path: Path | str, data_format: str = "auto") -> Iterator[tuple[
 
 
 def _text_lines(handle: IO[bytes], where: str) -> Iterator[str]:
-    """The file's lines decoded one by one, so that a byte that is not UTF-8 is located at its line (a text-mode
-    file decodes ahead, in blocks); a byte-order mark (spreadsheets write one) is dropped."""
+    """The file's lines decoded one by one, so that a byte that is not UTF-8 is located at its line (a
+    text-mode file decodes ahead, in blocks); a byte-order mark (spreadsheets write one) is dropped."""
     for number, raw in enumerate(handle, start=1):
         try:
             text = raw.decode("utf-8")
@@ -385,14 +418,18 @@ def _json_rows(path: Path, gzipped: bool, where: str, keep: Callable[[int], bool
         yield Row(index, number, record, len(raw))
 
 
-def _delimited_rows(path: Path, kind: str, gzipped: bool, where: str, keep: Callable[[int], bool] | None) -> Iterator[Row]:
+def _delimited_rows(
+    path: Path, kind: str, gzipped: bool, where: str, keep: Callable[[int], bool] | None
+) -> Iterator[Row]:
     """CSV (RFC 4180: quoted fields may hold commas, quotes doubled, newlines) or TSV as GLUE writes it: a tab
-    between fields and no quoting at all, so a ``"`` is a character of the text (SST-2's sentences have them unpaired).
-    The first row names the columns; every value is text."""
+    between fields and no quoting at all, so a ``"`` is a character of the text (SST-2's sentences have them
+    unpaired). The first row names the columns; every value is text."""
     tsv = kind == "tsv"
     quoting = csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL
-    with (gzip.open(path, "rb") if gzipped else path.open("rb")) as handle:
-        reader = csv.reader(_text_lines(handle, where), delimiter="\t" if tsv else ",", quoting=quoting, strict=not tsv)
+    with gzip.open(path, "rb") if gzipped else path.open("rb") as handle:
+        reader = csv.reader(
+            _text_lines(handle, where), delimiter="\t" if tsv else ",", quoting=quoting, strict=not tsv
+        )
         header: list[str] | None = None
         index, ended = 0, 0
         while True:
@@ -415,8 +452,9 @@ def _delimited_rows(path: Path, kind: str, gzipped: bool, where: str, keep: Call
             size = sum(len(value) + 1 for value in values)
             if len(values) != len(header):
                 inside = "a tab inside a value" if tsv else "an unquoted comma inside a value"
-                record: Any = DataError(f"{where}:{start}", f"has {len(values)} column(s), the header {len(header)} "
-                                        f"({inside}?)")
+                record: Any = DataError(
+                    f"{where}:{start}", f"has {len(values)} column(s), the header {len(header)} ({inside}?)"
+                )
             else:
                 record = dict(zip(header, values))
             yield Row(index, start, record, size)
@@ -433,14 +471,17 @@ def _header(values: list[str], where: str, line: int) -> list[str]:
 
 
 def _parquet_rows(path: Path, where: str, keep: Callable[[int], bool] | None) -> Iterator[Row]:
-    """A row group at a time, in batches: never the whole file in memory. Nested columns (structs) are dicts that
-    dotted fields reach into, as in JSON."""
+    """A row group at a time, in batches: never the whole file in memory. Nested columns (structs) are dicts
+    that dotted fields reach into, as in JSON."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError(where, f"reading Parquet needs pyarrow, which this Python ({sys.executable}) lacks: "
-                        "use JSON lines, CSV or TSV on this backend, or add pyarrow to its worker venv") from None
+        raise DataError(
+            where,
+            f"reading Parquet needs pyarrow, which this Python ({sys.executable}) lacks: "
+            "use JSON lines, CSV or TSV on this backend, or add pyarrow to its worker venv",
+        ) from None
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
@@ -452,7 +493,11 @@ def _parquet_rows(path: Path, where: str, keep: Callable[[int], bool] | None) ->
             stored = sum(meta.column(column).total_compressed_size for column in range(meta.num_columns))
             size = stored // max(meta.num_rows, 1)
             for batch in parquet.iter_batches(batch_size=PARQUET_BATCH, row_groups=[group]):
-                wanted = range(batch.num_rows) if keep is None else [i for i in range(batch.num_rows) if keep(index + i)]
+                wanted = (
+                    range(batch.num_rows)
+                    if keep is None
+                    else [i for i in range(batch.num_rows) if keep(index + i)]
+                )
                 chosen = batch if keep is None else batch.take(pa.array(list(wanted), pa.int64()))
                 for offset, record in zip(wanted, chosen.to_pylist()):
                     yield Row(index + offset, index + offset + 1, record, size)
@@ -461,17 +506,17 @@ def _parquet_rows(path: Path, where: str, keep: Callable[[int], bool] | None) ->
 
 def cache_folder(url: str) -> Path:
     """Where a ``gs://`` data file, predict input or model is downloaded to: ``$TPUFT_PREDICT_CACHE`` (default
-    ``~/.cache/tpuft/predict``), one folder per URL, kept (an intact file is not fetched again: a resumed run or
-    job, or the next read of the same file, costs a listing)."""
+    ``~/.cache/tpuft/predict``), one folder per URL, kept (an intact file is not fetched again: a resumed run
+    or job, or the next read of the same file, costs a listing)."""
     root = Path(os.environ.get("TPUFT_PREDICT_CACHE", "~/.cache/tpuft/predict")).expanduser()
     return root / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 def local_copy(url: str) -> Path:
-    """A data file as a file on this machine: itself, or a ``gs://`` object's cached download (checked against the
-    bucket's size and CRC32C). A copy, not a stream of the object: a file is read more than once (the controller's
-    check, a worker's shard, the eval and test sets, T5X's dataset), a dropped connection cannot cut a read short,
-    and the text formats need no seekable remote reader."""
+    """A data file as a file on this machine: itself, or a ``gs://`` object's cached download (checked against
+    the bucket's size and CRC32C). A copy, not a stream of the object: a file is read more than once (the
+    controller's check, a worker's shard, the eval and test sets, T5X's dataset), a dropped connection cannot
+    cut a read short, and the text formats need no seekable remote reader."""
     if not url.startswith("gs://"):
         return Path(url).expanduser()
     from tpuft.storage import GcsStorage
@@ -491,9 +536,9 @@ def batches(
 ) -> Iterator[list[Example]]:
     """Endless batches over the shard, reshuffled every epoch; a batch may wrap into the next epoch.
 
-    ``consumed``: start after that many examples of the stream, as if they had been drawn (a resumed run continues
-    where its checkpoint left the data). Each epoch's order is a function of the seed and the epoch alone, so the
-    position is found by arithmetic, not by replaying the stream."""
+    ``consumed``: start after that many examples of the stream, as if they had been drawn (a resumed run
+    continues where its checkpoint left the data). Each epoch's order is a function of the seed and the epoch
+    alone, so the position is found by arithmetic, not by replaying the stream."""
     if not examples:
         raise ValueError("no examples to batch")
     if consumed < 0:
@@ -520,10 +565,9 @@ def _epoch_order(examples: list[Example], seed: int, epoch: int, shuffle: bool =
     return order
 
 
-
 def keep_tokens(ids: list[int], limit: int, mode: str) -> list[int]:
-    """At most ``limit`` of ``ids``: the first ones (``head``), the last ones (``tail``), or the first and the last
-    half (``head+tail``; the head gets the odd one), as data.truncation says."""
+    """At most ``limit`` of ``ids``: the first ones (``head``), the last ones (``tail``), or the first and the
+    last half (``head+tail``; the head gets the odd one), as data.truncation says."""
     if len(ids) <= limit:
         return ids
     if mode == "tail":
@@ -534,10 +578,12 @@ def keep_tokens(ids: list[int], limit: int, mode: str) -> list[int]:
     return ids[:limit]
 
 
-def encode_texts(tokenizer: Any, texts: list[str], limit: int, mode: str) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids and attention masks of ``texts`` padded to exactly ``limit`` (static shapes), the special tokens
-    kept (T5's EOS, BERT's [CLS] and [SEP]) and the text truncated as ``mode`` says. ``tokenizer``: a Hugging Face
-    tokenizer (any framework)."""
+def encode_texts(
+    tokenizer: Any, texts: list[str], limit: int, mode: str
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids and attention masks of ``texts`` padded to exactly ``limit`` (static shapes), the special
+    tokens kept (T5's EOS, BERT's [CLS] and [SEP]) and the text truncated as ``mode`` says. ``tokenizer``: a
+    Hugging Face tokenizer (any framework)."""
     if mode == "head":  # the tokenizer's own truncation keeps the head, and is faster
         enc = tokenizer(texts, max_length=limit, padding="max_length", truncation=True)
         return enc["input_ids"], enc["attention_mask"]

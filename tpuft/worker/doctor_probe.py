@@ -1,19 +1,22 @@
 """``tpuft doctor``'s look at one worker: what would break a run here, as one JSON line on stdout.
 
-Runs with the worker's base ``python3`` (the one setup's bootstrap runs with: the backend venv may be missing or
-broken, which is what is being asked), shipped alone (not the tpuft package, whose presence is one of the
-questions), so it is stdlib only and runnable as a plain script: ``python3 doctor_probe.py --spec JSON``. It only
-looks: nothing is killed, removed or built; the controller (:mod:`tpuft.ops.doctor`) judges what it reports.
+Runs with the worker's base ``python3`` (the one setup's bootstrap runs with: the backend venv may be missing
+or broken, which is what is being asked), shipped alone (not the tpuft package, whose presence is one of the
+questions), so it is stdlib only and runnable as a plain script: ``python3 doctor_probe.py --spec JSON``. It
+only looks: nothing is killed, removed or built; the controller (:mod:`tpuft.ops.doctor`) judges what it
+reports.
 
-The controller's spec says what to look at (the venv cache and key, the package folder and hash, the TPU device
-paths and libtpu's lockfile of :mod:`tpuft.worker.supervisor.host_state`, the coordinator port). ``TPUFT_DOCTOR_TPU_PATHS``
-(JSON: ``{"devices": [...], "lockfile": ...}``, ``~/`` for the worker's HOME) replaces the TPU paths: the tests use it
-to put fake chips and a fake lockfile on hosts that have none; a user has no reason to set it.
+The controller's spec says what to look at (the venv cache and key, the package folder and hash, the TPU
+device paths and libtpu's lockfile of :mod:`tpuft.worker.supervisor.host_state`, the coordinator port).
+``TPUFT_DOCTOR_TPU_PATHS`` (JSON: ``{"devices": [...], "lockfile": ...}``, ``~/`` for the worker's HOME)
+replaces the TPU paths: the tests use it to put fake chips and a fake lockfile on hosts that have none; a user
+has no reason to set it.
 
-The connectivity preflight runs it in two more modes: ``--listen PORTS`` on slice 0 host 0 (takes the ports only
-for the check, after the port check has let them go; one line once listening, another when done) and ``--connect
-HOST:PORT,...`` on every other launched host (refused, timed out or reached, per address). ``TPUFT_DOCTOR_SKIP_LISTEN``
-(ports, comma-separated) makes the listener leave ports closed: the tests' stand-in for a firewall that drops them.
+The connectivity preflight runs it in two more modes: ``--listen PORTS`` on slice 0 host 0 (takes the ports
+only for the check, after the port check has let them go; one line once listening, another when done) and
+``--connect HOST:PORT,...`` on every other launched host (refused, timed out or reached, per address).
+``TPUFT_DOCTOR_SKIP_LISTEN`` (ports, comma-separated) makes the listener leave ports closed: the tests'
+stand-in for a firewall that drops them.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ IMPORT_TIMEOUT_S = 120.0
 
 
 def venv_state(cache: str, key: str, marker: str) -> dict[str, Any]:
-    """missing / incomplete (a build was cut off) / stale (built by another base Python) / ready, the way setup's
-    bootstrap (``is_ready``) tells them apart."""
+    """missing / incomplete (a build was cut off) / stale (built by another base Python) / ready, the way
+    setup's bootstrap (``is_ready``) tells them apart."""
     venv = Path(os.path.expanduser(cache)) / key
     found: dict[str, Any] = {"path": str(venv), "python": PYTHON}
     if not venv.is_dir():
@@ -60,7 +63,8 @@ def venv_state(cache: str, key: str, marker: str) -> dict[str, Any]:
 
 
 def package_state(folder: str, expected: str) -> dict[str, Any]:
-    """Whether the controller's tpuft is on this worker, by the same hash of its files the controller names it by."""
+    """Whether the controller's tpuft is on this worker, by the same hash of its files the controller names it
+    by."""
     root = Path(os.path.expanduser(folder)) / "tpuft"
     if not root.is_dir():
         return {"state": "missing", "path": str(root)}
@@ -75,9 +79,15 @@ def package_state(folder: str, expected: str) -> dict[str, Any]:
 
 def libtpu_state(venv: str) -> dict[str, Any]:
     """Import libtpu with the venv's python (its package only: nothing opens the chips)."""
-    argv = [str(Path(venv) / "bin" / "python"), "-c", "import os, libtpu; print(os.path.dirname(libtpu.__file__))"]
+    argv = [
+        str(Path(venv) / "bin" / "python"),
+        "-c",
+        "import os, libtpu; print(os.path.dirname(libtpu.__file__))",
+    ]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     if proc.returncode != 0:
@@ -87,7 +97,11 @@ def libtpu_state(venv: str) -> dict[str, Any]:
 
 
 def _processes() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit() and int(entry.name) != os.getpid()]
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and int(entry.name) != os.getpid()
+    ]
 
 
 def _open_files(pid: int) -> list[str]:
@@ -105,8 +119,8 @@ def _open_files(pid: int) -> list[str]:
 
 
 def describe_process(pid: int) -> dict[str, Any]:
-    """pid, owner, command line, the tpuft run it belongs to (readable for one's own processes), and whether this
-    user may signal it (what ``train``'s clean-up needs)."""
+    """pid, owner, command line, the tpuft run it belongs to (readable for one's own processes), and whether
+    this user may signal it (what ``train``'s clean-up needs)."""
     info: dict[str, Any] = {"pid": pid}
     try:
         info["uid"] = Path(f"/proc/{pid}").stat().st_uid
@@ -116,7 +130,14 @@ def describe_process(pid: int) -> dict[str, Any]:
         pass
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        run = next((item.split(b"=", 1)[1].decode(errors="replace") for item in environ if item.startswith(b"TPUFT_RUN_ID=")), None)
+        run = next(
+            (
+                item.split(b"=", 1)[1].decode(errors="replace")
+                for item in environ
+                if item.startswith(b"TPUFT_RUN_ID=")
+            ),
+            None,
+        )
         if run:
             info["run_id"] = run
     except OSError:
@@ -126,7 +147,8 @@ def describe_process(pid: int) -> dict[str, Any]:
 
 
 def device_paths(prefixes: list[str]) -> list[str]:
-    """The chips' device files: ``/dev/accel0``... for a prefix ``/dev/accel``, everything in ``/dev/vfio/``."""
+    """The chips' device files: ``/dev/accel0``... for a prefix ``/dev/accel``, everything in
+    ``/dev/vfio/``."""
     found = []
     for prefix in prefixes:
         folder, start = os.path.split(prefix)
@@ -139,8 +161,8 @@ def device_paths(prefixes: list[str]) -> list[str]:
 
 
 def tpu_state(devices: list[str], lockfile: str) -> dict[str, Any]:
-    """Who holds the chips open (what ``train``'s ``--free-tpu`` check kills), and libtpu's lockfile: its holders,
-    or none (stale: left by a process that is gone)."""
+    """Who holds the chips open (what ``train``'s ``--free-tpu`` check kills), and libtpu's lockfile: its
+    holders, or none (stale: left by a process that is gone)."""
     prefixes = tuple(devices)
     holders, lock_holders = [], []
     for pid in _processes():
@@ -165,12 +187,23 @@ def tpu_state(devices: list[str], lockfile: str) -> dict[str, Any]:
     return {"devices": device_paths(list(devices)), "holders": holders, "lockfile": lock}
 
 
-TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
-              "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+TCP_STATES = {
+    "01": "ESTABLISHED",
+    "02": "SYN_SENT",
+    "03": "SYN_RECV",
+    "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2",
+    "06": "TIME_WAIT",
+    "07": "CLOSE",
+    "08": "CLOSE_WAIT",
+    "09": "LAST_ACK",
+    "0A": "LISTEN",
+    "0B": "CLOSING",
+}
 
 PORT_SETTLE_S = 75.0
-"""How long a port held only by sockets without a live listener (a run that just ended: its connections in TIME_WAIT
-for 60 s, a killed process still being torn down) is asked again before it counts as taken."""
+"""How long a port held only by sockets without a live listener (a run that just ended: its connections in
+TIME_WAIT for 60 s, a killed process still being torn down) is asked again before it counts as taken."""
 
 
 def _sockets(port: int) -> list[tuple[str, str]]:
@@ -208,10 +241,11 @@ def _bind_error(port: int) -> str | None:
 
 
 def port_state(port: int, settle_s: float = PORT_SETTLE_S) -> dict[str, Any]:
-    """Whether the coordinator could listen on ``port`` on every address, as it will. A socket lingering in TIME_WAIT
-    does not count as long as servers set SO_REUSEADDR; when the port is taken all the same and no process listens
-    on it, what holds it is the remains of a run that just ended, so it is asked again for up to ``settle_s``
-    (a relaunch right after a failure would otherwise be refused for a minute of the kernel's bookkeeping)."""
+    """Whether the coordinator could listen on ``port`` on every address, as it will. A socket lingering in
+    TIME_WAIT does not count as long as servers set SO_REUSEADDR; when the port is taken all the same and no
+    process listens on it, what holds it is the remains of a run that just ended, so it is asked again for up
+    to ``settle_s`` (a relaunch right after a failure would otherwise be refused for a minute of the kernel's
+    bookkeeping)."""
     deadline = time.monotonic() + settle_s
     while True:
         error = _bind_error(port)
@@ -220,8 +254,14 @@ def port_state(port: int, settle_s: float = PORT_SETTLE_S) -> dict[str, Any]:
         listeners = _listeners(port)
         if listeners or time.monotonic() >= deadline:
             lingering = sorted({state for state, _ in _sockets(port) if state != "LISTEN"})
-            return {"port": port, "free": False, "error": error, "listeners": listeners, "lingering": lingering,
-                    "waited_s": round(settle_s - max(0.0, deadline - time.monotonic()), 1)}
+            return {
+                "port": port,
+                "free": False,
+                "error": error,
+                "listeners": listeners,
+                "lingering": lingering,
+                "waited_s": round(settle_s - max(0.0, deadline - time.monotonic()), 1),
+            }
         time.sleep(1.0)
 
 
@@ -233,7 +273,12 @@ def disk_state(paths: list[str]) -> dict[str, Any]:
         while not path.exists() and path != path.parent:
             path = path.parent
         usage = shutil.disk_usage(path)
-        found[name] = {"free": usage.free, "total": usage.total, "device": os.stat(path).st_dev, "at": str(path)}
+        found[name] = {
+            "free": usage.free,
+            "total": usage.total,
+            "device": os.stat(path).st_dev,
+            "at": str(path),
+        }
     return found
 
 
@@ -246,7 +291,8 @@ def _start_ticks(pid: int) -> int | None:
 
 def busy_state(current: str) -> dict[str, Any] | None:
     """The run this worker's supervisor serves, when that supervisor lives (the record and the test of
-    :mod:`tpuft.worker.supervisor.host_state`: the pid with its start time, so a reused pid does not count)."""
+    :mod:`tpuft.worker.supervisor.host_state`: the pid with its start time, so a reused pid does not
+    count)."""
     try:
         record = json.loads(Path(os.path.expanduser(current)).read_text())
     except (OSError, json.JSONDecodeError):
@@ -271,7 +317,9 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         override = os.environ.get(TPU_PATHS_ENV)
         if override:
             tpu = {**tpu, **json.loads(override)}
-        devices = [os.path.expanduser(path) for path in tpu["devices"]]  # "~/": per worker, for the tests' fakes
+        devices = [
+            os.path.expanduser(path) for path in tpu["devices"]
+        ]  # "~/": per worker, for the tests' fakes
         report["tpu"] = tpu_state(devices, os.path.expanduser(str(tpu["lockfile"])))
         if report["venv"]["state"] == "ready":
             report["libtpu"] = libtpu_state(report["venv"]["path"])
@@ -283,8 +331,8 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
 
 def listen(ports: list[int], expect: int, seconds: float) -> dict[str, Any]:
     """Listen on ``ports`` (every address, as the coordinators will) until each open one has had ``expect``
-    connections, a connection says ``done``, or ``seconds`` pass. Prints ``{"listening": ...}`` once the sockets are
-    open, so that the connecting hosts are started only then."""
+    connections, a connection says ``done``, or ``seconds`` pass. Prints ``{"listening": ...}`` once the
+    sockets are open, so that the connecting hosts are started only then."""
     skip = {int(p) for p in os.environ.get(SKIP_LISTEN_ENV, "").split(",") if p.strip()}
     selector = selectors.DefaultSelector()
     errors: dict[str, str] = {}
@@ -306,7 +354,9 @@ def listen(ports: list[int], expect: int, seconds: float) -> dict[str, Any]:
     accepted = dict.fromkeys(open_ports, 0)
     deadline = time.monotonic() + seconds
     done = False
-    while open_ports and not done and time.monotonic() < deadline and any(n < expect for n in accepted.values()):
+    while (
+        open_ports and not done and time.monotonic() < deadline and any(n < expect for n in accepted.values())
+    ):
         for key, _ in selector.select(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
             conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
             with conn:
@@ -324,8 +374,8 @@ def listen(ports: list[int], expect: int, seconds: float) -> dict[str, Any]:
 
 
 def connect(addresses: list[str], timeout: float, message: bytes = b"hello") -> dict[str, Any]:
-    """Open a TCP connection to each ``host:port``: ``ok``, or why not (``refused``: nothing listens or a firewall
-    rejects; ``timed out``: a firewall drops the packets)."""
+    """Open a TCP connection to each ``host:port``: ``ok``, or why not (``refused``: nothing listens or a
+    firewall rejects; ``timed out``: a firewall drops the packets)."""
     found = []
     for address in addresses:
         host, _, port = address.rpartition(":")
@@ -344,12 +394,18 @@ def connect(addresses: list[str], timeout: float, message: bytes = b"hello") -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--spec", help="JSON: venv {cache, key, marker}, package {folder, hash}, current, tpu, port")
+    parser.add_argument(
+        "--spec", help="JSON: venv {cache, key, marker}, package {folder, hash}, current, tpu, port"
+    )
     parser.add_argument("--listen", help="ports to listen on, comma-separated")
-    parser.add_argument("--expect", type=int, default=1, help="--listen: connections to wait for on each port")
+    parser.add_argument(
+        "--expect", type=int, default=1, help="--listen: connections to wait for on each port"
+    )
     parser.add_argument("--connect", help="host:port addresses to reach, comma-separated")
     parser.add_argument("--send", default="hello", help="--connect: what to say once connected")
-    parser.add_argument("--seconds", type=float, default=10.0, help="--listen: the longest wait; --connect: per address")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="--listen: the longest wait; --connect: per address"
+    )
     args = parser.parse_args(argv)
     if args.listen:
         report = listen([int(p) for p in args.listen.split(",")], args.expect, args.seconds)

@@ -1,50 +1,51 @@
-"""Training batches for the PyTorch/XLA trainer, from JSON lines or a Hugging Face dataset, with a position that a
-checkpoint keeps and that a resumed run continues from exactly.
+"""Training batches for the PyTorch/XLA trainer, from JSON lines or a Hugging Face dataset, with a position
+that a checkpoint keeps and that a resumed run continues from exactly.
 
 What the trainer calls::
 
-    stream = open_train_stream(data_cfg, rank=r, world=W, local_batch=b, seed=train.seed, position=saved_or_None)
-    batch = next(stream)                  # b Examples, endlessly, epoch after epoch
+    stream = open_train_stream(data_cfg, rank=r, world=W, local_batch=b, seed=train.seed,
+    position=saved_or_None) batch = next(stream)                  # b Examples, endlessly, epoch after epoch
     state["data_position"] = stream.position()
     stream.close()                        # data-loader processes
     load_eval_examples(data_cfg, rank=r, world=W, limit=eval.max_examples)
 
-**The position is the same on every replica**: ``{"consumed": n, ...}``, the examples each replica has drawn (every
-replica draws ``local_batch`` a batch), so the chief's copy in ``trainer_state.json`` is right for all of them. A
-JSON-lines position and a Hugging Face one have the same meaning, and ``{"consumed": step * local_batch}`` (what a
-checkpoint from before positions were saved implies) is a valid position of both.
+**The position is the same on every replica**: ``{"consumed": n, ...}``, the examples each replica has drawn
+(every replica draws ``local_batch`` a batch), so the chief's copy in ``trainer_state.json`` is right for all
+of them. A JSON-lines position and a Hugging Face one have the same meaning, and ``{"consumed": step *
+local_batch}`` (what a checkpoint from before positions were saved implies) is a valid position of both.
 
-JSON lines (``data.train``): today's path unchanged. Each replica keeps its shard in memory (line i goes to replica
-i mod W) and draws reshuffled epochs from it (:func:`tpuft.worker.data.batches`; resuming is arithmetic).
+JSON lines (``data.train``): today's path unchanged. Each replica keeps its shard in memory (line i goes to
+replica i mod W) and draws reshuffled epochs from it (:func:`tpuft.worker.data.batches`; resuming is
+arithmetic).
 
 A Hugging Face dataset (``data.hf``) is read as a stream, never held whole:
 
-* Readers. The split is cut into ``readers = W x max(1, loader_workers)`` disjoint parts that together cover it;
-  replica r owns readers ``r*k .. r*k+k-1``. Whole files when the split's files (its shards) can be dealt out evenly:
-  their number is a multiple of the readers, or at least 16 per reader (each reader then opens only its own files);
-  else every ``readers``-th example of the split (each reader scans the whole split and keeps its own). A dataset
-  folder written by ``save_to_disk`` (or a split downloaded with ``streaming: false``) is on disk with random access:
-  each reader takes a contiguous range of rows.
-* Order. Each epoch each reader reads its files (or 64 slices of its rows) in an order drawn from (seed, epoch,
-  reader), through a bounded shuffle buffer (``shuffle_buffer`` records, drawn from the same generator); with
-  ``data.shuffle: false``, in file order without the buffer. The replica takes one example from each of its readers
-  in turn (reader 0 first each epoch), skipping those whose part of the epoch is over; the epoch ends when all are.
-  The readers' parts do not change from epoch to epoch, only their order.
-* Resume from ``consumed = n``. The interleaving above is a function of the parts' sizes alone, so the place of
-  every reader after n examples is arithmetic once they are known. Each reader counts its part (examples, after
-  ``data.preprocess`` drops, capped at n + 1: a run early in its first epoch counts only that far), then the epoch
-  ``n // epoch_length`` is opened and each reader skips what it had given of it. The cost, once, at start-up: at most
-  one epoch read to count, plus the current epoch up to the position; nothing is held.
-* Data-loader processes (``loader_workers`` > 0): each reader is a process (from a fork server: the trainer's XLA
-  runtime threads must not be forked) that reads its part epoch after epoch into a bounded queue, in chunks. Not
-  ``torch.utils.data.DataLoader``: the examples are Python strings, not tensors, so it would add nothing but its own
-  worker scheduling, and this module's exact resume needs to place each reader itself. ``loader_workers`` 0 and 1
-  are both one reader per replica (in the trainer's process, or in one loader process) and give the same order; 2
-  or more cut the replica's part further, another order: a position saved with another number of readers per
-  replica is refused, as the examples would not continue.
-* Locations. A bad record is reported as ``hf:PATH[SPLIT] FILE:N``, N the 1-based record number in that file (for a
-  builder over data files and for the hub's files), or ``hf:PATH[SPLIT]:N``, N the 1-based row of the split (a
-  dataset folder).
+* Readers. The split is cut into ``readers = W x max(1, loader_workers)`` disjoint parts that together cover
+  it; replica r owns readers ``r*k .. r*k+k-1``. Whole files when the split's files (its shards) can be dealt
+  out evenly: their number is a multiple of the readers, or at least 16 per reader (each reader then opens
+  only its own files); else every ``readers``-th example of the split (each reader scans the whole split and
+  keeps its own). A dataset folder written by ``save_to_disk`` (or a split downloaded with ``streaming:
+  false``) is on disk with random access: each reader takes a contiguous range of rows.
+* Order. Each epoch each reader reads its files (or 64 slices of its rows) in an order drawn from (seed,
+  epoch, reader), through a bounded shuffle buffer (``shuffle_buffer`` records, drawn from the same
+  generator); with ``data.shuffle: false``, in file order without the buffer. The replica takes one example
+  from each of its readers in turn (reader 0 first each epoch), skipping those whose part of the epoch is
+  over; the epoch ends when all are. The readers' parts do not change from epoch to epoch, only their order.
+* Resume from ``consumed = n``. The interleaving above is a function of the parts' sizes alone, so the place
+  of every reader after n examples is arithmetic once they are known. Each reader counts its part (examples,
+  after ``data.preprocess`` drops, capped at n + 1: a run early in its first epoch counts only that far), then
+  the epoch ``n // epoch_length`` is opened and each reader skips what it had given of it. The cost, once, at
+  start-up: at most one epoch read to count, plus the current epoch up to the position; nothing is held.
+* Data-loader processes (``loader_workers`` > 0): each reader is a process (from a fork server: the trainer's
+  XLA runtime threads must not be forked) that reads its part epoch after epoch into a bounded queue, in
+  chunks. Not ``torch.utils.data.DataLoader``: the examples are Python strings, not tensors, so it would add
+  nothing but its own worker scheduling, and this module's exact resume needs to place each reader itself.
+  ``loader_workers`` 0 and 1 are both one reader per replica (in the trainer's process, or in one loader
+  process) and give the same order; 2 or more cut the replica's part further, another order: a position saved
+  with another number of readers per replica is refused, as the examples would not continue.
+* Locations. A bad record is reported as ``hf:PATH[SPLIT] FILE:N``, N the 1-based record number in that file
+  (for a builder over data files and for the hub's files), or ``hf:PATH[SPLIT]:N``, N the 1-based row of the
+  split (a dataset folder).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ EPOCH_END = "<epoch end>"
 READ_BATCH = 1000
 """Rows per Arrow batch read from the dataset (one dict per row is built from it)."""
 CHUNK = 256
-"""Examples per message from a data-loader process (one message per example would cost more than the reading)."""
+"""Examples per message from a data-loader process (one message per example would cost more than the
+reading)."""
 QUEUE_CHUNKS = 8
 """Messages a data-loader process keeps ready: bounded, so a fast reader cannot fill the host's memory."""
 FILES_PER_READER = 16
@@ -96,10 +98,11 @@ class TrainStream(Iterator[list[Example]]):
         """Stop the data-loader processes (if any)."""
 
 
-def open_train_stream(data_cfg: Any, *, rank: int, world: int, local_batch: int, seed: int,
-                      position: dict[str, Any] | None) -> TrainStream:
-    """This replica's training batches (``seed``: ``train.seed``, the same on every replica), from ``position`` (None:
-    the start)."""
+def open_train_stream(
+    data_cfg: Any, *, rank: int, world: int, local_batch: int, seed: int, position: dict[str, Any] | None
+) -> TrainStream:
+    """This replica's training batches (``seed``: ``train.seed``, the same on every replica), from
+    ``position`` (None: the start)."""
     if not 0 <= rank < world:
         raise ValueError(f"replica {rank} out of range for {world} replicas")
     if local_batch < 1:
@@ -109,8 +112,9 @@ def open_train_stream(data_cfg: Any, *, rank: int, world: int, local_batch: int,
 
 
 def load_eval_examples(data_cfg: Any, *, rank: int, world: int, limit: int | None) -> list[Example]:
-    """This replica's share of the held-out examples (the i-th goes to replica i mod W), of the first ``limit`` of the
-    set overall; eval-sized, so held in memory. Every replica reads the set (up to ``limit``) in order."""
+    """This replica's share of the held-out examples (the i-th goes to replica i mod W), of the first
+    ``limit`` of the set overall; eval-sized, so held in memory. Every replica reads the set (up to ``limit``)
+    in order."""
     return [example for _, example in held_out(data_cfg, "eval", rank=rank, world=world, limit=limit)]
 
 
@@ -121,12 +125,13 @@ def has_held_out(data_cfg: Any, role: str) -> bool:
     return getattr(data_cfg.hf, f"{role}_split") is not None
 
 
-def held_out(data_cfg: Any, role: str, *, rank: int, world: int, limit: int | None = None
-             ) -> list[tuple[int, Example]]:
+def held_out(
+    data_cfg: Any, role: str, *, rank: int, world: int, limit: int | None = None
+) -> list[tuple[int, Example]]:
     """``(position, example)`` of this replica's share of the ``role`` set ("eval": ``data.eval`` or
-    ``data.hf.eval_split``; "test": ``data.test`` or ``data.hf.test_split``), as :func:`load_eval_examples` deals
-    it. The position is the example's 0-based place in its source (a file's line index, a split's row in order): the
-    ``id`` of its prediction, which puts every replica's predictions back in input order."""
+    ``data.hf.eval_split``; "test": ``data.test`` or ``data.hf.test_split``), as :func:`load_eval_examples`
+    deals it. The position is the example's 0-based place in its source (a file's line index, a split's row in
+    order): the ``id`` of its prediction, which puts every replica's predictions back in input order."""
     fields = data_mod.Fields.of(data_cfg)
     if data_cfg.hf is None:
         path = getattr(data_cfg, role)
@@ -149,19 +154,22 @@ def _consumed(position: dict[str, Any] | None) -> int:
     return consumed
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # JSON lines
 
 
 class JsonlStream(TrainStream):
     """Today's JSON-lines stream: the replica's shard in memory, reshuffled every epoch."""
 
-    def __init__(self, cfg: Any, *, rank: int, world: int, local_batch: int, seed: int,
-                 position: dict[str, Any] | None) -> None:
+    def __init__(
+        self, cfg: Any, *, rank: int, world: int, local_batch: int, seed: int, position: dict[str, Any] | None
+    ) -> None:
         self.consumed = _consumed(position)
         shard = data_mod.load_shard(cfg.train, rank, world, data_mod.Fields.of(cfg))
         self.examples = len(shard)
-        self._batches = data_mod.batches(shard, local_batch, seed + 7919 * rank, cfg.shuffle, consumed=self.consumed)
+        self._batches = data_mod.batches(
+            shard, local_batch, seed + 7919 * rank, cfg.shuffle, consumed=self.consumed
+        )
 
     @property
     def epoch(self) -> int:  # type: ignore[override]
@@ -176,7 +184,7 @@ class JsonlStream(TrainStream):
         return {"consumed": self.consumed}
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Hugging Face datasets: reading
 
 
@@ -185,28 +193,36 @@ def _label(hf: Any, split: str) -> str:
 
 
 def load_split(hf: Any, split: str) -> Any:
-    """The split: a ``save_to_disk`` folder (``load_from_disk``), or ``load_dataset`` of a hub id, a folder of data
-    files or a builder (json, csv, parquet, text) over ``data_files`` (a list: the files of ``hf.split``)."""
+    """The split: a ``save_to_disk`` folder (``load_from_disk``), or ``load_dataset`` of a hub id, a folder of
+    data files or a builder (json, csv, parquet, text) over ``data_files`` (a list: the files of
+    ``hf.split``)."""
     import datasets
 
     datasets.disable_progress_bars()
-    if os.path.isdir(hf.path) and any(os.path.isfile(os.path.join(hf.path, name))
-                                      for name in ("dataset_dict.json", "state.json")):
+    if os.path.isdir(hf.path) and any(
+        os.path.isfile(os.path.join(hf.path, name)) for name in ("dataset_dict.json", "state.json")
+    ):
         loaded = datasets.load_from_disk(hf.path)
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
-                raise DataError(_label(hf, split), f"the dataset folder has no split {split!r} (it has: "
-                                f"{', '.join(loaded) or 'none'})")
+                raise DataError(
+                    _label(hf, split),
+                    f"the dataset folder has no split {split!r} (it has: {', '.join(loaded) or 'none'})",
+                )
             return loaded[split]
         if split != hf.split:
-            raise DataError(_label(hf, split), "the dataset folder holds one split (saved from a Dataset, not a "
-                            f"DatasetDict): it is data.hf.split {hf.split!r}")
+            raise DataError(
+                _label(hf, split),
+                "the dataset folder holds one split (saved from a Dataset, not a "
+                f"DatasetDict): it is data.hf.split {hf.split!r}",
+            )
         return loaded
     files: Any = hf.data_files or None
     if isinstance(files, list):
         files = {hf.split: files}
-    return datasets.load_dataset(hf.path, hf.name, split=split, data_files=files, streaming=hf.streaming,
-                                 revision=hf.revision)
+    return datasets.load_dataset(
+        hf.path, hf.name, split=split, data_files=files, streaming=hf.streaming, revision=hf.revision
+    )
 
 
 def whole_files(shards: int, readers: int) -> bool:
@@ -214,17 +230,20 @@ def whole_files(shards: int, readers: int) -> bool:
     return shards >= readers and (shards % readers == 0 or shards >= FILES_PER_READER * readers)
 
 
-def _records(dataset: Any, label: str, reader: int, readers: int, rng: random.Random | None
-             ) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """(where, line, record) of ``reader``'s part of the split; its files (or slices) in ``rng``'s order, or in the
-    split's order when ``rng`` is None."""
+def _records(
+    dataset: Any, label: str, reader: int, readers: int, rng: random.Random | None
+) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """(where, line, record) of ``reader``'s part of the split; its files (or slices) in ``rng``'s order, or
+    in the split's order when ``rng`` is None."""
     import datasets
 
     if isinstance(dataset, datasets.Dataset):  # on disk, random access: a contiguous range of rows per reader
         rows = len(dataset)
         low, high = rows * reader // readers, rows * (reader + 1) // readers
         count = max(1, min(SLICES, high - low))
-        slices = [(low + (high - low) * i // count, low + (high - low) * (i + 1) // count) for i in range(count)]
+        slices = [
+            (low + (high - low) * i // count, low + (high - low) * (i + 1) // count) for i in range(count)
+        ]
         if rng is not None:
             rng.shuffle(slices)
         for start, stop in slices:
@@ -245,13 +264,15 @@ def _records(dataset: Any, label: str, reader: int, readers: int, rng: random.Ra
         for index in mine:
             yield from _rows(*shard(index))
         return
-    seen = 0  # the split's example index of the next file's first record; the reader keeps seen % readers == reader
+    # the split's example index of the next file's first record; the reader keeps seen % readers == reader
+    seen = 0
     for index in range(shards):
         seen += yield from _rows(*shard(index), every=readers, first=(reader - seen) % readers)
 
 
-def _rows(dataset: Any, where: str, *, base: int = 0, every: int = 1, first: int = 0
-          ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+def _rows(
+    dataset: Any, where: str, *, base: int = 0, every: int = 1, first: int = 0
+) -> Iterator[tuple[str, int, dict[str, Any]]]:
     """Rows ``first``, ``first + every``, ... of ``dataset`` as (where, base + row + 1, record), read in Arrow
     batches; returns how many rows the dataset has."""
     rows = 0
@@ -267,8 +288,8 @@ def _rows(dataset: Any, where: str, *, base: int = 0, every: int = 1, first: int
 
 
 def _shard_files(dataset: Any, shards: int) -> list[str] | None:
-    """The file behind each shard of a builder's stream, for error messages (best effort: ``datasets`` keeps them in
-    a private attribute; without them a record is located by shard number)."""
+    """The file behind each shard of a builder's stream, for error messages (best effort: ``datasets`` keeps
+    them in a private attribute; without them a record is located by shard number)."""
     try:
         kwargs = dataset._ex_iterable.kwargs
         for key in ("original_files", "files"):
@@ -281,7 +302,8 @@ def _shard_files(dataset: Any, shards: int) -> list[str] | None:
 
 
 def _buffer_shuffle(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    """A bounded shuffle: keep ``size`` items, give a random one of them for each new one (memory: ``size`` records)."""
+    """A bounded shuffle: keep ``size`` items, give a random one of them for each new one (memory: ``size``
+    records)."""
     buffer: list[Any] = []
     for item in items:
         if len(buffer) < size:
@@ -294,10 +316,11 @@ def _buffer_shuffle(items: Iterator[Any], size: int, rng: random.Random) -> Iter
     yield from buffer
 
 
-def _reader_examples(cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int
-                     ) -> Iterator[Example | str]:
-    """Reader ``reader``'s part, epoch after epoch from ``epoch`` (whose first ``skip`` examples are left out), with
-    EPOCH_END after each epoch's part."""
+def _reader_examples(
+    cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int
+) -> Iterator[Example | str]:
+    """Reader ``reader``'s part, epoch after epoch from ``epoch`` (whose first ``skip`` examples are left
+    out), with EPOCH_END after each epoch's part."""
     hf = cfg.hf
     fields = data_mod.Fields.of(cfg)
     dataset = load_split(hf, hf.split)
@@ -324,7 +347,9 @@ def _count(cfg: Any, reader: int, readers: int, cap: int) -> int:
     hf = cfg.hf
     fields = data_mod.Fields.of(cfg)
     count = 0
-    for where, line, record in _records(load_split(hf, hf.split), _label(hf, hf.split), reader, readers, None):
+    for where, line, record in _records(
+        load_split(hf, hf.split), _label(hf, hf.split), reader, readers, None
+    ):
         if data_mod.make_example(record, line=line, path=where, fields=fields) is not None:
             count += 1
             if count >= cap:
@@ -333,8 +358,9 @@ def _count(cfg: Any, reader: int, readers: int, cap: int) -> int:
 
 
 def round_robin(sizes: list[int], drawn: int) -> tuple[list[int], int]:
-    """Where readers with parts of ``sizes`` examples are after ``drawn`` examples of an epoch taken from them in
-    turn (each in order, skipping those whose part is over): how many each has given, and whose turn is next."""
+    """Where readers with parts of ``sizes`` examples are after ``drawn`` examples of an epoch taken from them
+    in turn (each in order, skipping those whose part is over): how many each has given, and whose turn is
+    next."""
     low, high = 0, max(sizes, default=0)
     while low < high:  # the most full rounds that fit: sum(min(size, rounds)) <= drawn
         middle = (low + high + 1) // 2
@@ -344,7 +370,9 @@ def round_robin(sizes: list[int], drawn: int) -> tuple[list[int], int]:
             high = middle - 1
     taken = [min(size, low) for size in sizes]
     left, turn = drawn - sum(taken), 0
-    for index, size in enumerate(sizes):  # the round under way: one each from the first readers that still have some
+    for index, size in enumerate(
+        sizes
+    ):  # the round under way: one each from the first readers that still have some
         if left and size > low:
             taken[index] += 1
             left -= 1
@@ -354,7 +382,7 @@ def round_robin(sizes: list[int], drawn: int) -> tuple[list[int], int]:
     return taken, turn
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Readers: in the trainer's process, or data-loader processes
 
 
@@ -369,14 +397,22 @@ class _InProcessReader:
         self._items.close()
 
 
-def _loader_main(cfg_json: dict[str, Any], reader: int, readers: int, seed: int, epoch: int, skip: int,
-                 cap: int | None, out: Any) -> None:
-    """A data-loader process: its part (epoch after epoch, in chunks; None ends an epoch's part) into ``out``, or its
-    count up to ``cap``; a failure as ("error", ...). It leaves when the trainer's process is gone."""
+def _loader_main(
+    cfg_json: dict[str, Any],
+    reader: int,
+    readers: int,
+    seed: int,
+    epoch: int,
+    skip: int,
+    cap: int | None,
+    out: Any,
+) -> None:
+    """A data-loader process: its part (epoch after epoch, in chunks; None ends an epoch's part) into ``out``,
+    or its count up to ``cap``; a failure as ("error", ...). It leaves when the trainer's process is gone."""
     parent = multiprocessing.parent_process()
 
     def stop(signum: int, frame: Any) -> None:  # close(): leave through the normal exit, which releases what
-        out.cancel_join_thread()                # datasets' locks hold, without waiting for the trainer to read
+        out.cancel_join_thread()  # datasets' locks hold, without waiting for the trainer to read
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -387,7 +423,9 @@ def _loader_main(cfg_json: dict[str, Any], reader: int, readers: int, seed: int,
                 out.put(message, timeout=5)
                 return
             except queue_mod.Full:
-                if parent is not None and not parent.is_alive():  # nobody will read: no flushing of the queue either
+                if (
+                    parent is not None and not parent.is_alive()
+                ):  # nobody will read: no flushing of the queue either
                     os._exit(0)
 
     chunk: list[tuple[str, str, int] | None] = []
@@ -404,7 +442,9 @@ def _loader_main(cfg_json: dict[str, Any], reader: int, readers: int, seed: int,
                 send(chunk)
                 chunk = []
     except Exception as exc:  # noqa: BLE001 - the trainer reports it; a reader that dies silently would hang it
-        if chunk:  # the examples before the failure first, as a reader in the trainer's process would give them
+        if (
+            chunk
+        ):  # the examples before the failure first, as a reader in the trainer's process would give them
             send(chunk)
         if isinstance(exc, DataError):  # located at its record: the trainer raises it as it is
             send(("error", "DataError", exc.where, exc.message))
@@ -414,22 +454,27 @@ def _loader_main(cfg_json: dict[str, Any], reader: int, readers: int, seed: int,
 
 def _process_context() -> Any:
     """Processes forked from a fork server that has imported this module and ``datasets`` (a new one starts in
-    milliseconds, not the second a fresh interpreter takes): never forked from the trainer, whose XLA runtime threads
-    must not be."""
+    milliseconds, not the second a fresh interpreter takes): never forked from the trainer, whose XLA runtime
+    threads must not be."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["tpuft.worker.hf_data", "tpuft.config", "datasets"])  # before it first starts
+    context.set_forkserver_preload(
+        ["tpuft.worker.hf_data", "tpuft.config", "datasets"]
+    )  # before it first starts
     return context
 
 
 class _ProcessReader:
-    def __init__(self, cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int,
-                 cap: int | None = None) -> None:
+    def __init__(
+        self, cfg: Any, reader: int, readers: int, seed: int, epoch: int, skip: int, cap: int | None = None
+    ) -> None:
         context = _process_context()
         self.reader = reader
         self._queue = context.Queue(QUEUE_CHUNKS)
         self._ready: deque[tuple[str, str, int] | None] = deque()
         self._process = context.Process(
-            target=_loader_main, name=f"tpuft-data-{reader}", daemon=True,
+            target=_loader_main,
+            name=f"tpuft-data-{reader}",
+            daemon=True,
             args=(cfg.model_dump(mode="json"), reader, readers, seed, epoch, skip, cap, self._queue),
         )
         self._process.start()
@@ -441,8 +486,10 @@ class _ProcessReader:
                 break
             except queue_mod.Empty:
                 if not self._process.is_alive():
-                    raise RuntimeError(f"the data-loader process of reader {self.reader} died "
-                                       f"(exit code {self._process.exitcode})") from None
+                    raise RuntimeError(
+                        f"the data-loader process of reader {self.reader} died "
+                        f"(exit code {self._process.exitcode})"
+                    ) from None
         if isinstance(message, tuple) and message[0] == "error":
             _, kind, where, text = message
             if kind == "DataError":
@@ -470,15 +517,16 @@ class _ProcessReader:
         self._queue.close()
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Hugging Face datasets: the replica's stream
 
 
 class HfStream(TrainStream):
     """Endless batches from this replica's readers; see the module's docstring."""
 
-    def __init__(self, cfg: Any, *, rank: int, world: int, local_batch: int, seed: int,
-                 position: dict[str, Any] | None) -> None:
+    def __init__(
+        self, cfg: Any, *, rank: int, world: int, local_batch: int, seed: int, position: dict[str, Any] | None
+    ) -> None:
         self.cfg, self.rank, self.local_batch, self.seed = cfg, rank, local_batch, seed
         self.per_replica = max(1, cfg.hf.loader_workers)
         self.readers = world * self.per_replica
@@ -488,7 +536,8 @@ class HfStream(TrainStream):
         saved = (position or {}).get("readers_per_replica")
         if saved is not None and int(saved) != self.per_replica:
             raise ValueError(
-                f"the data position was saved with {saved} readers per replica and this run has {self.per_replica} "
+                f"the data position was saved with {saved} readers per replica and this run has "
+                f"{self.per_replica} "
                 f"(data.hf.loader_workers changed): the examples would not continue exactly; set it back to "
                 f"{saved} to resume"
             )
@@ -507,9 +556,11 @@ class HfStream(TrainStream):
         self._epoch_examples = sum(taken)
 
     def _empty(self) -> DataError:
-        return DataError(_label(self.cfg.hf, self.cfg.hf.split),
-                         f"replica {self.rank}'s readers ({self.mine} of {self.readers}: replicas x "
-                         "data.hf.loader_workers) got no examples: the split has too few")
+        return DataError(
+            _label(self.cfg.hf, self.cfg.hf.split),
+            f"replica {self.rank}'s readers ({self.mine} of {self.readers}: replicas x "
+            "data.hf.loader_workers) got no examples: the split has too few",
+        )
 
     def _place(self, consumed: int) -> tuple[int, list[int], int]:
         """(epoch, examples each reader has given of it, whose turn) after ``consumed`` examples."""
@@ -569,25 +620,28 @@ class HfStream(TrainStream):
         self._live = []
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # One pass over a split, for a trainer that writes its examples once (the Keras trainer's TFRecords)
 
 
 def split_examples(data_cfg: Any, split: str, *, rank: int, world: int) -> Iterator[Example]:
     """This replica's share of ``split`` of ``data.hf``, read once as a stream (nothing held), dealt as
-    :func:`held_out` deals a held-out set. For a trainer that writes its examples to files once and shuffles them
-    itself."""
+    :func:`held_out` deals a held-out set. For a trainer that writes its examples to files once and shuffles
+    them itself."""
     return (example for _, example in _dealt(data_cfg, split, rank=rank, world=world))
 
 
-def _dealt(data_cfg: Any, split: str, *, rank: int, world: int, limit: int | None = None
-           ) -> Iterator[tuple[int, Example]]:
+def _dealt(
+    data_cfg: Any, split: str, *, rank: int, world: int, limit: int | None = None
+) -> Iterator[tuple[int, Example]]:
     """``(position, example)`` of this replica's share of ``split``, streamed: the i-th example kept after
     ``data.preprocess`` goes to replica i mod W, in the split's order, of the first ``limit`` kept overall."""
     hf = data_cfg.hf
     fields = data_mod.Fields.of(data_cfg)
     kept = 0
-    for position, (where, line, record) in enumerate(_records(load_split(hf, split), _label(hf, split), 0, 1, None)):
+    for position, (where, line, record) in enumerate(
+        _records(load_split(hf, split), _label(hf, split), 0, 1, None)
+    ):
         if limit is not None and kept >= limit:
             return
         example = data_mod.make_example(record, line=line, path=where, fields=fields)

@@ -1,7 +1,7 @@
 """Metrics out of a worker: ``metrics.jsonl`` and TensorBoard events (worker 0), heartbeats (every worker).
 
-TensorBoard events are written with TensorBoard's own writer (``tensorboard`` is in every backend venv), not with a
-framework's wrapper, so every backend's trainer can use this module.
+TensorBoard events are written with TensorBoard's own writer (``tensorboard`` is in every backend venv), not
+with a framework's wrapper, so every backend's trainer can use this module.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ class MetricsWriter:
             self._tb.add_text(step, tag, text)
 
     def restart_at(self, step: int) -> int:
-        """A resumed run goes on from its checkpoint at ``step``: forget what an earlier attempt logged after it.
-        ``metrics.jsonl`` keeps its rows up to ``step`` (the later steps are run again and logged anew), and a
-        TensorBoard ``SessionLog(START)`` at ``step + 1`` makes TensorBoard drop the earlier attempt's points from
-        there on. Returns how many lines were dropped."""
+        """A resumed run goes on from its checkpoint at ``step``: forget what an earlier attempt logged after
+        it. ``metrics.jsonl`` keeps its rows up to ``step`` (the later steps are run again and logged anew),
+        and a TensorBoard ``SessionLog(START)`` at ``step + 1`` makes TensorBoard drop the earlier attempt's
+        points from there on. Returns how many lines were dropped."""
         if not self.chief:
             return 0
         self._jsonl.close()
@@ -67,9 +67,9 @@ class MetricsWriter:
 
 
 def truncate_metrics(path: Path, step: int) -> int:
-    """Keep the rows of ``metrics.jsonl`` whose step is at most ``step``, and no line that is not a whole JSON row
-    (a worker killed mid-write leaves half a line at the end). Rewritten through a temp file; returns how many lines
-    were dropped (0 when there is no file)."""
+    """Keep the rows of ``metrics.jsonl`` whose step is at most ``step``, and no line that is not a whole JSON
+    row (a worker killed mid-write leaves half a line at the end). Rewritten through a temp file; returns how
+    many lines were dropped (0 when there is no file)."""
     try:
         lines = path.read_bytes().splitlines(keepends=True)
     except FileNotFoundError:
@@ -111,7 +111,9 @@ class _EventWriter:
         if not values:
             return
         summary = self._summary_pb2.Summary(
-            value=[self._summary_pb2.Summary.Value(tag=_tag(k), simple_value=float(v)) for k, v in values.items()]
+            value=[
+                self._summary_pb2.Summary.Value(tag=_tag(k), simple_value=float(v)) for k, v in values.items()
+            ]
         )
         self._writer.add_event(self._event_pb2.Event(summary=summary, wall_time=time.time(), step=step))
         self._writer.flush()
@@ -124,17 +126,24 @@ class _EventWriter:
         tensor = tensor_pb2.TensorProto(
             dtype="DT_STRING",
             string_val=[text.encode("utf-8")],
-            tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]),
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(
+                dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]
+            ),
         )
         value = self._summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)
-        event = self._event_pb2.Event(summary=self._summary_pb2.Summary(value=[value]), wall_time=time.time(), step=step)
+        event = self._event_pb2.Event(
+            summary=self._summary_pb2.Summary(value=[value]), wall_time=time.time(), step=step
+        )
         self._writer.add_event(event)
         self._writer.flush()
 
     def add_session_start(self, step: int) -> None:
-        """TensorBoard purges every point at ``step`` or later written before this event (a restart's orphans)."""
+        """TensorBoard purges every point at ``step`` or later written before this event (a restart's
+        orphans)."""
         session_log = self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START)
-        self._writer.add_event(self._event_pb2.Event(session_log=session_log, wall_time=time.time(), step=step))
+        self._writer.add_event(
+            self._event_pb2.Event(session_log=session_log, wall_time=time.time(), step=step)
+        )
         self._writer.flush()
 
     def close(self) -> None:
@@ -157,24 +166,29 @@ def _event_writer(logdir: Path) -> _EventWriter | None:
 
 
 PATIENT_PHASES = frozenset({"starting", "eval", "checkpoint", "export"})
-"""Phases in which a trainer may legitimately go quiet for long (XLA compiling the first step or the eval graph, a
-checkpoint or an export being written): the worker's supervisor gives them a longer hang timeout."""
+"""Phases in which a trainer may legitimately go quiet for long (XLA compiling the first step or the eval
+graph, a checkpoint or an export being written): the worker's supervisor gives them a longer hang timeout."""
 
 
 class Heartbeat:
-    """Each worker's last step, phase and time, so that its supervisor can tell a hung trainer from a slow one and
-    ``monitor`` a live worker from a stuck or dead one.
+    """Each worker's last step, phase and time, so that its supervisor can tell a hung trainer from a slow one
+    and ``monitor`` a live worker from a stuck or dead one.
 
-    Cheap enough to call every step (one small atomic file write). ``phase`` says what the trainer is about to do:
-    ``starting`` (set-up and the first step's compilation), ``step``, ``collective`` (about to wait for its peers in a
-    cross-worker reduction: a worker whose beat says so and is old is waiting, not hung), ``eval``, ``checkpoint``,
-    ``export``."""
+    Cheap enough to call every step (one small atomic file write). ``phase`` says what the trainer is about to
+    do: ``starting`` (set-up and the first step's compilation), ``step``, ``collective`` (about to wait for
+    its peers in a cross-worker reduction: a worker whose beat says so and is old is waiting, not hung),
+    ``eval``, ``checkpoint``, ``export``."""
 
     def __init__(self, run_dir: Path, worker: int, total_steps: int) -> None:
         self.path = rundir.heartbeat_path(run_dir, worker)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self.base = {"worker": worker, "pid": os.getpid(), "host": socket.gethostname(), "total_steps": total_steps}
+        self.base = {
+            "worker": worker,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "total_steps": total_steps,
+        }
         self.started = time.time()
         self._lock = threading.Lock()
         """A framework may report from a background thread (T5X's metrics writer) while the loop beats."""
@@ -187,17 +201,23 @@ class Heartbeat:
         with self._lock:
             self.latest.update(extra)
             data = {
-                **self.base, "step": step, "status": status, "phase": phase, "time": time.time(),
-                "started": self.started, **self.latest,
-            }  # fmt: skip
+                **self.base,
+                "step": step,
+                "status": status,
+                "phase": phase,
+                "time": time.time(),
+                "started": self.started,
+                **self.latest,
+            }
             with open(self._tmp, "w", encoding="utf-8") as handle:
                 handle.write(json.dumps(data, separators=(",", ":")))
             os.replace(self._tmp, self.path)
 
 
 def fetch_missing_metrics(ctx: Any) -> None:
-    """A resumed ``gs://`` run on a host without the staging copy of ``metrics.jsonl``: start from the bucket's,
-    which would otherwise be overwritten by the new attempt's rows alone. ``ctx``: the worker's WorkerContext."""
+    """A resumed ``gs://`` run on a host without the staging copy of ``metrics.jsonl``: start from the
+    bucket's, which would otherwise be overwritten by the new attempt's rows alone. ``ctx``: the worker's
+    WorkerContext."""
     local = ctx.run_dir / rundir.METRICS
     if not ctx.remote or local.exists():
         return

@@ -1,15 +1,16 @@
-"""The records of a ``tpuft predict`` input, streamed: JSON lines, CSV, TSV or Parquet (by the file's suffix), local
-or ``gs://``, read by the training data's reader (:func:`tpuft.worker.data.read_rows`), each turned into the source
-text the model was trained on.
+"""The records of a ``tpuft predict`` input, streamed: JSON lines, CSV, TSV or Parquet (by the file's suffix),
+local or ``gs://``, read by the training data's reader (:func:`tpuft.worker.data.read_rows`), each turned into
+the source text the model was trained on.
 
-The fields are the training data's (:class:`tpuft.worker.data.Fields`: ``source_field`` or ``source_template``,
-``prefix``, ``source_transforms``, ``data.preprocess``), so an input that trains also predicts, and a bad line says
-``file:line: problem`` exactly as the training data's check does. Unlike training, a target is optional: an input
-with one is scored, an input without is only predicted. ``--field`` names the source field instead of the recipe's.
+The fields are the training data's (:class:`tpuft.worker.data.Fields`: ``source_field`` or
+``source_template``, ``prefix``, ``source_transforms``, ``data.preprocess``), so an input that trains also
+predicts, and a bad line says ``file:line: problem`` exactly as the training data's check does. Unlike
+training, a target is optional: an input with one is scored, an input without is only predicted. ``--field``
+names the source field instead of the recipe's.
 
-A CSV or TSV file has a header row naming its columns; its values are text. A ``gs://`` input is downloaded once to
-a cache folder on this machine (kept, so a resumed job does not fetch it again; skipped when intact) and streamed
-from there: never read whole into memory.
+A CSV or TSV file has a header row naming its columns; its values are text. A ``gs://`` input is downloaded
+once to a cache folder on this machine (kept, so a resumed job does not fetch it again; skipped when intact)
+and streamed from there: never read whole into memory.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ cache_folder = data_mod.cache_folder
 @dataclass(frozen=True, slots=True)
 class Record:
     index: int
-    """0-based position among the input's records (non-blank lines, or CSV rows after the header): the row's id."""
+    """0-based position among the input's records (non-blank lines, or CSV rows after the header): the row's
+    id."""
     line: int
     """1-based line number in the file, for messages."""
     source: str
@@ -39,7 +41,8 @@ class Record:
 
 
 def input_format(name: str, declared: str = "auto") -> str:
-    """The input's format: ``declared`` (``data.format``) or its name's suffix (:func:`tpuft.worker.data.file_format`)."""
+    """The input's format: ``declared`` (``data.format``) or its name's suffix
+    (:func:`tpuft.worker.data.file_format`)."""
     return data_mod.file_format(name, declared)[0]
 
 
@@ -55,7 +58,10 @@ def fields_for(data_config: Any, field: str | None = None) -> Fields:
 def _target_less(fields: Fields) -> Fields:
     """Fields that build the source alone (the target side reads the source again, and is dropped)."""
     return dataclasses.replace(
-        fields, target_field=fields.source_field, target_template=fields.source_template, target_transform=None
+        fields,
+        target_field=fields.source_field,
+        target_template=fields.source_template,
+        target_transform=None,
     )
 
 
@@ -83,8 +89,8 @@ def make_record(
 
 
 def records(url: str, fields: Fields, labels: Sequence[str] = ()) -> Iterator[Record]:
-    """Every record of the input, in order, streamed; a bad one raises its located :class:`DataError`. A record
-    that ``data.preprocess`` drops keeps its index (ids stay input positions) but yields nothing."""
+    """Every record of the input, in order, streamed; a bad one raises its located :class:`DataError`. A
+    record that ``data.preprocess`` drops keeps its index (ids stay input positions) but yields nothing."""
     for index, line, raw, _ in data_mod.read_rows(url, fields.data_format):
         if isinstance(raw, DataError):
             raise raw
@@ -98,7 +104,8 @@ class InputCheck(data_mod.FileCheck):
     """What the controller's preflight found reading a whole predict input."""
 
     records: int = 0
-    """Records read (non-blank lines or CSV rows), dropped and bad ones included: the job's ``total_lines``."""
+    """Records read (non-blank lines or CSV rows), dropped and bad ones included: the job's
+    ``total_lines``."""
     targets: int = 0
     """Records that have a target (scores are printed when there are any)."""
 
@@ -130,7 +137,9 @@ def check(url: str, fields: Fields, labels: Sequence[str] = (), *, progress: Any
                 continue
             result.examples += 1
             result.targets += record.target is not None
-    except DataError as exc:  # the format, a byte-order mark in a JSON-lines file, a gs:// object that is not there
+    except (
+        DataError
+    ) as exc:  # the format, a byte-order mark in a JSON-lines file, a gs:// object that is not there
         data_mod._note(result, exc)
     except OSError as exc:
         data_mod._note(result, DataError(url, f"cannot read: {exc.strerror or exc}"))

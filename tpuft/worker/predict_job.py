@@ -1,26 +1,28 @@
-"""What a ``tpuft predict`` job asks of its workers, and what a backend's prediction engine offers: the contract
-between the controller (``tpuft/ops/predict.py``), the shared shard loop (``tpuft/worker/predict/loop.py``) and each
-backend's engine (``tpuft/worker/<kind>_predict.py``, and ``hf_predict.py`` for a Hugging Face model).
+"""What a ``tpuft predict`` job asks of its workers, and what a backend's prediction engine offers: the
+contract between the controller (``tpuft/ops/predict.py``), the shared shard loop
+(``tpuft/worker/predict/loop.py``) and each backend's engine (``tpuft/worker/<kind>_predict.py``, and
+``hf_predict.py`` for a Hugging Face model).
 
 The input is cut into shards of ``shard_lines`` consecutive lines (shard ``k``: lines ``k*shard_lines`` to
-``(k+1)*shard_lines - 1``, 0-based). Every shard is predicted by all the job's processes together, each taking its
-part (line ``i`` of the shard goes to process ``i % processes``), so engines that compute in lock-step (SPMD) call
-their step the same number of times on every process. A process writes its part to
-``<shards>/shard-<k:06d>/predictions-<process:05d>.jsonl`` (whole, through a temp name); a shard is done when every
-part is there, and a resumed job skips it. The parts are joined into ``output`` in input order.
+``(k+1)*shard_lines - 1``, 0-based). Every shard is predicted by all the job's processes together, each taking
+its part (line ``i`` of the shard goes to process ``i % processes``), so engines that compute in lock-step
+(SPMD) call their step the same number of times on every process. A process writes its part to
+``<shards>/shard-<k:06d>/predictions-<process:05d>.jsonl`` (whole, through a temp name); a shard is done when
+every part is there, and a resumed job skips it. The parts are joined into ``output`` in input order.
 
 Stdlib only: it runs in every backend's venv and on the controller.
 """
 
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 JOB_FILE = "job.json"
-"""The job's record in its shards folder: a resumed job must be the same job (same input, model and settings)."""
+"""The job's record in its shards folder: a resumed job must be the same job (same input, model and
+settings)."""
 
 SHARD_LINES = 10_000
 
@@ -39,7 +41,8 @@ class PredictJob:
     backend: str
     """The engine: a backend kind, or ``hf`` (a Hugging Face model folder, with transformers and torch)."""
     model: str
-    """What the engine loads: a checkpoint folder of the backend (or an HF model folder), local or ``gs://``."""
+    """What the engine loads: a checkpoint folder of the backend (or an HF model folder), local or
+    ``gs://``."""
     recipe: str
     """The resolved recipe's YAML text: the data fields, prefix, templates, transforms, labels and lengths."""
     field: str | None = None
@@ -52,7 +55,9 @@ class PredictJob:
     shard_lines: int = SHARD_LINES
     total_lines: int | None = None
     """The input's line count when the controller counted it (for the progress bar's total and ETA)."""
-    settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # the attribute `field` shadows the function
+    settings: dict[str, Any] = dataclasses.field(
+        default_factory=dict
+    )  # the attribute `field` shadows the function
     """Anything else a backend's engine reads (e.g. the device: ``{"device": "cpu"}``)."""
 
     def to_json(self) -> str:
@@ -72,10 +77,11 @@ class Engine(Protocol):
     """A backend's prediction engine, built once per process from the job's model.
 
     ``predict`` gets the processed inputs (the recipe's prefix, template and transforms applied) of up to
-    ``job.batch_size`` examples and returns one prediction per input, as text: the decode (greedy, or beam search
-    with ``job.num_beams``, at most ``max_new_tokens`` tokens), or for a classifier the name of the label the
-    argmax (taken on the device) picked. An engine that computes in lock-step pads to its static batch itself:
-    the loop calls ``predict`` the same number of times on every process, sometimes with fewer inputs (or none)."""
+    ``job.batch_size`` examples and returns one prediction per input, as text: the decode (greedy, or beam
+    search with ``job.num_beams``, at most ``max_new_tokens`` tokens), or for a classifier the name of the
+    label the argmax (taken on the device) picked. An engine that computes in lock-step pads to its static
+    batch itself: the loop calls ``predict`` the same number of times on every process, sometimes with fewer
+    inputs (or none)."""
 
     def predict(self, sources: list[str]) -> list[str]: ...
 

@@ -1,24 +1,25 @@
-"""Predictions scored against their targets, and the predictions files: one implementation for the test evaluation
-that ends a training run (every backend) and for ``tpuft predict``, so that a run's ``test_*`` numbers and what
-``predict`` prints for the same model and inputs are the same computation.
+"""Predictions scored against their targets, and the predictions files: one implementation for the test
+evaluation that ends a training run (every backend) and for ``tpuft predict``, so that a run's ``test_*``
+numbers and what ``predict`` prints for the same model and inputs are the same computation.
 
 A prediction is text (text to text: the decode; classification: the label name the argmax picked). The scores:
 
-* ``exact_match``: the share of predictions equal to their target once whitespace runs are collapsed and the ends
-  stripped (what a user means by "the same answer");
-* classification (``labels`` given): ``accuracy`` (the same count) and ``macro_f1``, the unweighted mean of the F1
-  of every label that occurs as a target or a prediction (scikit-learn's ``f1_score(average="macro")`` without
-  ``labels=``); a prediction that is no label counts against its target's label only;
+* ``exact_match``: the share of predictions equal to their target once whitespace runs are collapsed and the
+  ends stripped (what a user means by "the same answer");
+* classification (``labels`` given): ``accuracy`` (the same count) and ``macro_f1``, the unweighted mean of
+  the F1 of every label that occurs as a target or a prediction (scikit-learn's ``f1_score(average="macro")``
+  without ``labels=``); a prediction that is no label counts against its target's label only;
 * text to text: ``bleu`` (corpus BLEU, sacreBLEU's defaults) and ``rouge_l`` (mean ROUGE-L F), 0-100, from
   :mod:`tpuft.worker.text_metrics`.
 
-Sharded work scores once: every shard turns its pairs into :func:`statistics` (a fixed-length list of sums), the
-backend sums the lists over its replicas with its own collective (or the controller adds up its shards' lists), and
+Sharded work scores once: every shard turns its pairs into :func:`statistics` (a fixed-length list of sums),
+the backend sums the lists over its replicas with its own collective (or the controller adds up its shards'
+lists), and
 :func:`scores` turns the sum into numbers. Summing is exact: every score is a ratio of sums.
 
-Predictions files are JSON lines, one object per input: ``id`` (the input's 0-based position in its file), ``input``,
-``prediction``, and ``target`` and ``correct`` when the input had a target. A sharded writer writes one file per
-process (:func:`shard_name`); readers merge them by ``id``.
+Predictions files are JSON lines, one object per input: ``id`` (the input's 0-based position in its file),
+``input``, ``prediction``, and ``target`` and ``correct`` when the input had a target. A sharded writer writes
+one file per process (:func:`shard_name`); readers merge them by ``id``.
 
 Stdlib only: it runs inside every backend's venv and on the controller.
 """
@@ -87,12 +88,15 @@ def add(a: Sequence[float], b: Sequence[float]) -> list[float]:
 
 def scores(stats: Sequence[float], labels: Sequence[str] = ()) -> dict[str, float | int]:
     """The scores of summed :func:`statistics`: ``examples`` and ``exact_match``, then ``accuracy`` and
-    ``macro_f1`` (classification) or ``bleu`` and ``rouge_l`` (text to text). Ratios are rounded to 6 places, BLEU
-    and ROUGE-L (0-100) to 4."""
+    ``macro_f1`` (classification) or ``bleu`` and ``rouge_l`` (text to text). Ratios are rounded to 6 places,
+    BLEU and ROUGE-L (0-100) to 4."""
     if len(stats) != size(labels):
         raise ValueError(f"expected {size(labels)} statistics for {len(labels)} labels, got {len(stats)}")
     pairs = round(stats[0])
-    result: dict[str, float | int] = {"examples": pairs, "exact_match": round(stats[1] / pairs, 6) if pairs else 0.0}
+    result: dict[str, float | int] = {
+        "examples": pairs,
+        "exact_match": round(stats[1] / pairs, 6) if pairs else 0.0,
+    }
     if labels:
         f1s = []
         for i in range(len(labels)):
@@ -107,7 +111,9 @@ def scores(stats: Sequence[float], labels: Sequence[str] = ()) -> dict[str, floa
     return result
 
 
-def score(predictions: Sequence[str], targets: Sequence[str], labels: Sequence[str] = ()) -> dict[str, float | int]:
+def score(
+    predictions: Sequence[str], targets: Sequence[str], labels: Sequence[str] = ()
+) -> dict[str, float | int]:
     """:func:`scores` of one unsharded list of pairs."""
     return scores(statistics(predictions, targets, labels), labels)
 
@@ -117,7 +123,7 @@ def prefixed(result: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {f"{prefix}_{key}": value for key, value in result.items()}
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Predictions files
 
 
@@ -181,6 +187,6 @@ def read_rows(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
 
 
 def merged(folder: Path) -> list[dict[str, Any]]:
-    """Every ``predictions-*.jsonl`` of ``folder``, in input order (for a test set's few thousand rows; ``tpuft
-    predict`` joins its shards streaming)."""
+    """Every ``predictions-*.jsonl`` of ``folder``, in input order (for a test set's few thousand rows;
+    ``tpuft predict`` joins its shards streaming)."""
     return sorted(read_rows(sorted(folder.glob("predictions-*.jsonl"))), key=lambda item: int(item["id"]))

@@ -1,6 +1,7 @@
-"""Where a resumed run starts (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the run's latest
-complete checkpoint, listed where the run dir really is and fetched to this worker. Shared by the trainers whose
-checkpoints are folders with a manifest (PyTorch/XLA and Keras); T5X restores from its MODEL_DIR itself."""
+"""Where a resumed run starts (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the run's
+latest complete checkpoint, listed where the run dir really is and fetched to this worker. Shared by the
+trainers whose checkpoints are folders with a manifest (PyTorch/XLA and Keras); T5X restores from its
+MODEL_DIR itself."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def resuming() -> bool:
 
 
 def find_resume_checkpoint(ctx: WorkerContext, layout: RunLayout) -> tuple[int, str] | None:
-    """(step, folder name) of the run's latest complete checkpoint, where the run dir really is (the bucket for a
-    ``gs://`` run: the local staging folder may be stale, or empty on a new host); None when there is none."""
+    """(step, folder name) of the run's latest complete checkpoint, where the run dir really is (the bucket
+    for a ``gs://`` run: the local staging folder may be stale, or empty on a new host); None when there is
+    none."""
     if ctx.remote:
         from tpuft.storage import open_storage
 
@@ -50,9 +52,10 @@ def find_resume_checkpoint(ctx: WorkerContext, layout: RunLayout) -> tuple[int, 
 
 
 def fetch_checkpoint(ctx: WorkerContext, layout: RunLayout, name: str) -> Path:
-    """The checkpoint ``name`` as a local folder: in place for a local run dir, else downloaded from the bucket into
-    the staging folder (files already there intact are kept). Processes that share the staging folder (one per chip
-    on a TPU host) download one at a time under a file lock; the later ones find the files in place."""
+    """The checkpoint ``name`` as a local folder: in place for a local run dir, else downloaded from the
+    bucket into the staging folder (files already there intact are kept). Processes that share the staging
+    folder (one per chip on a TPU host) download one at a time under a file lock; the later ones find the
+    files in place."""
     local = ctx.run_dir / layout.checkpoints / name
     if ctx.remote:
         import fcntl
@@ -64,13 +67,21 @@ def fetch_checkpoint(ctx: WorkerContext, layout: RunLayout, name: str) -> Path:
             fcntl.flock(held, fcntl.LOCK_EX)
             open_storage(ctx.run_url).download_tree(f"{layout.checkpoints}/{name}", local)
     if not layout.is_complete(local):
-        raise RuntimeError(f"{local}: the checkpoint is incomplete (a file in its {layout.manifest} is missing or short)")
+        raise RuntimeError(
+            f"{local}: the checkpoint is incomplete (a file in its {layout.manifest} is missing or short)"
+        )
     return local
 
 
-def load_resume_point(ctx: WorkerContext, layout: RunLayout, found: tuple[int, str] | None, total_steps: int,
-                      say: Callable[[str], None]) -> ResumePoint:
-    """The checkpoint ``find_resume_checkpoint`` found, fetched here with its trainer state; said either way."""
+def load_resume_point(
+    ctx: WorkerContext,
+    layout: RunLayout,
+    found: tuple[int, str] | None,
+    total_steps: int,
+    say: Callable[[str], None],
+) -> ResumePoint:
+    """The checkpoint ``find_resume_checkpoint`` found, fetched here with its trainer state; said either
+    way."""
     if found is None:
         if resuming():
             say(f"{RESUME_ENV} is set but the run has no complete checkpoint: training from step 0")
@@ -82,8 +93,8 @@ def load_resume_point(ctx: WorkerContext, layout: RunLayout, found: tuple[int, s
 
 
 def open_metrics(ctx: WorkerContext, *, chief: bool, restart_at: int | None) -> MetricsWriter:
-    """The run's metrics writer. A resumed run (``restart_at``: its step) first takes the bucket's metrics when this
-    host has no staging copy of them, then forgets what was logged after its checkpoint."""
+    """The run's metrics writer. A resumed run (``restart_at``: its step) first takes the bucket's metrics
+    when this host has no staging copy of them, then forgets what was logged after its checkpoint."""
     if restart_at is not None and chief and ctx.remote:
         fetch_missing_metrics(ctx)
     metrics = MetricsWriter(ctx.run_dir, chief=chief)

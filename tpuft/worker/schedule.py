@@ -1,5 +1,6 @@
-"""The learning-rate schedules every backend's recipe names (``train.schedule``), defined once in plain Python: the
-PyTorch/XLA trainer uses it as its LambdaLR factor, and the Keras trainer's TF schedule is tested against it."""
+"""The learning-rate schedules every backend's recipe names (``train.schedule``), defined once in plain
+Python: the PyTorch/XLA trainer uses it as its LambdaLR factor, and the Keras trainer's TF schedule is tested
+against it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from collections.abc import Callable
 
 
 def lr_factor(steps: int, warmup: int, schedule: str) -> Callable[[int], float]:
-    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0, half a cosine to 0,
-    or constant; or T5's inverse square root."""
+    """Multiplier of the peak learning rate for LambdaLR: linear warm-up, then linear decay to 0, half a
+    cosine to 0, or constant; or T5's inverse square root."""
 
     def factor(step: int) -> float:
         if schedule == "inverse_sqrt":  # T5's: the peak for the warm-up steps, then 1/sqrt(step) from there

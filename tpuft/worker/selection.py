@@ -1,15 +1,17 @@
 """Best-so-far and early stopping from a run's evaluations: one implementation for every backend's trainer.
 
-Which number ranks an evaluation is ``eval.metric`` (``exact_match``, ``accuracy``, ``token_accuracy``, ``loss``,
-``bleu``, ``rouge_l``: the result key ``eval_<metric>``) or, when the recipe leaves it unset, the first of
-``rundir.BEST_METRICS`` the evaluation has (exact match, else accuracy, else token accuracy, else the loss: the
-ranking monitor, runs and pull use too). ``rundir.BEST_METRICS`` also says which way is better (the loss: lower).
+Which number ranks an evaluation is ``eval.metric`` (``exact_match``, ``accuracy``, ``token_accuracy``,
+``loss``, ``bleu``, ``rouge_l``: the result key ``eval_<metric>``) or, when the recipe leaves it unset, the
+first of ``rundir.BEST_METRICS`` the evaluation has (exact match, else accuracy, else token accuracy, else the
+loss: the ranking monitor, runs and pull use too). ``rundir.BEST_METRICS`` also says which way is better (the
+loss: lower).
 
 An evaluation improves on the best so far when it is better by more than ``train.early_stopping.min_delta`` (0
 without early stopping): a tie is not an improvement, and neither is a NaN. ``patience`` evaluations in a row
-without an improvement stop training. :meth:`Selector.state` is what a checkpoint's ``trainer_state.json`` keeps
-(``best``, ``bad_evals``, ``stopped_early``) so that a resumed run judges its next evaluations as the original
-would have; the Keras trainer's checkpoints from before this module (``best`` and ``bad_evals`` only) read the same.
+without an improvement stop training. :meth:`Selector.state` is what a checkpoint's ``trainer_state.json``
+keeps (``best``, ``bad_evals``, ``stopped_early``) so that a resumed run judges its next evaluations as the
+original would have; the Keras trainer's checkpoints from before this module (``best`` and ``bad_evals`` only)
+read the same.
 
 Stdlib only (and ``tpuft.run.rundir``, ``tpuft.core.errors``): it runs inside every backend's venv.
 """
@@ -22,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpuft.run import rundir
 from tpuft.core.errors import UsageError
+from tpuft.run import rundir
 
 if TYPE_CHECKING:
     from tpuft.config import EarlyStopping
@@ -40,8 +42,8 @@ class MissingMetric(UsageError):
 
 
 def metric_key(metric: str | None) -> str | None:
-    """The result key ranking evaluations for ``eval.metric`` (``"bleu"`` -> ``"eval_bleu"``; the key itself is
-    accepted too); None for the default ranking."""
+    """The result key ranking evaluations for ``eval.metric`` (``"bleu"`` -> ``"eval_bleu"``; the key itself
+    is accepted too); None for the default ranking."""
     if metric is None:
         return None
     key = metric if metric.startswith("eval_") else f"eval_{metric}"
@@ -61,8 +63,8 @@ def _number(value: Any) -> bool:
 
 def ranked(result: Mapping[str, Any], metric: str | None = None) -> tuple[str, float] | None:
     """The (result key, value) that ranks this evaluation: ``eval.metric``'s, or the first of
-    ``rundir.BEST_METRICS`` present. None when the default ranking finds none of them; an explicit metric that the
-    result lacks raises :class:`MissingMetric`."""
+    ``rundir.BEST_METRICS`` present. None when the default ranking finds none of them; an explicit metric that
+    the result lacks raises :class:`MissingMetric`."""
     key = metric_key(metric)
     if key is None:
         for name, _ in rundir.BEST_METRICS:
@@ -71,8 +73,13 @@ def ranked(result: Mapping[str, Any], metric: str | None = None) -> tuple[str, f
         return None
     if not _number(result.get(key)):
         have = sorted(k for k, v in result.items() if k in _DIRECTION and _number(v))
-        hint = (" BLEU and ROUGE-L are scored on greedy decodes: they need eval.generate_examples > 0 and a held-out "
-                "set." if key in ("eval_bleu", "eval_rouge_l") else "")
+        hint = (
+            " BLEU and ROUGE-L are scored on greedy decodes: they need eval.generate_examples > 0 and a "
+            "held-out "
+            "set."
+            if key in ("eval_bleu", "eval_rouge_l")
+            else ""
+        )
         raise MissingMetric(
             f"eval.metric is {key.removeprefix('eval_')}, but the evaluation has no {key} (it has "
             f"{', '.join(have) or 'no ranking metric'}).{hint}"
@@ -91,8 +98,9 @@ def score(result: Mapping[str, Any], metric: str | None = None) -> float | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one evaluation means: ``improved`` (the best so far: keep its checkpoint), ``stop`` (early stopping
-    says stop now) with its ``reason`` (a sentence for the log and the heartbeat's ``stopped_early``)."""
+    """What one evaluation means: ``improved`` (the best so far: keep its checkpoint), ``stop`` (early
+    stopping says stop now) with its ``reason`` (a sentence for the log and the heartbeat's
+    ``stopped_early``)."""
 
     improved: bool
     stop: bool
@@ -103,15 +111,16 @@ class Selector:
     """Best-so-far and early stopping over a run's evaluations.
 
     ``metric``: ``eval.metric`` (None: the default ranking). ``early_stopping``: ``train.early_stopping`` (an
-    object with ``patience`` and ``min_delta``; None: never stop, and any strict improvement counts). ``state``:
-    what :meth:`state` returned, as read back from a checkpoint's ``trainer_state.json`` (the whole file's dict is
-    fine: other keys are ignored; a missing key means a fresh start for it).
+    object with ``patience`` and ``min_delta``; None: never stop, and any strict improvement counts).
+    ``state``: what :meth:`state` returned, as read back from a checkpoint's ``trainer_state.json`` (the whole
+    file's dict is fine: other keys are ignored; a missing key means a fresh start for it).
 
     Every replica judges the same (all-reduced) numbers, so they all stop at the same evaluation.
     """
 
-    def __init__(self, metric: str | None, early_stopping: EarlyStopping | None,
-                 state: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, metric: str | None, early_stopping: EarlyStopping | None, state: Mapping[str, Any] | None = None
+    ) -> None:
         self.metric = metric_key(metric)
         self.patience: int | None = int(early_stopping.patience) if early_stopping is not None else None
         self.min_delta = float(early_stopping.min_delta) if early_stopping is not None else 0.0
@@ -125,10 +134,11 @@ class Selector:
         """The reason of the last stop verdict: training ended early (kept in the checkpoint)."""
 
     def judge(self, step: int, result: Mapping[str, Any]) -> Verdict:
-        """Judge the evaluation at ``step``. An empty result (no evaluation) and, with the default ranking, one
-        without any ranking metric change nothing; with an explicit ``eval.metric`` a result without it raises
-        :class:`MissingMetric`. A best in another metric (an older checkpoint) cannot be compared: this evaluation
-        replaces it."""
+        """Judge the evaluation at ``step``. An empty result (no evaluation) and, with the default ranking,
+        one without any ranking metric change nothing; with an explicit ``eval.metric`` a result without it
+        raises
+        :class:`MissingMetric`. A best in another metric (an older checkpoint) cannot be compared: this
+        evaluation replaces it."""
         if not result:
             return Verdict(False, False)
         found = ranked(result, self.metric)
@@ -144,10 +154,15 @@ class Selector:
             return Verdict(False, False)
         best = self.best
         if best is None:  # only NaNs so far
-            reason = f"early stopping at step {step}: {name} has had no usable value for {self.bad_evals} evaluations"
+            reason = (
+                f"early stopping at step {step}: {name} has had no usable value for {self.bad_evals} "
+                "evaluations"
+            )
         else:
-            reason = (f"early stopping at step {step}: {name} has not improved on {best['value']:.4f} "
-                      f"(step {best['step']}) for {self.bad_evals} evaluations")
+            reason = (
+                f"early stopping at step {step}: {name} has not improved on {best['value']:.4f} "
+                f"(step {best['step']}) for {self.bad_evals} evaluations"
+            )
         self.stopped_early = reason
         return Verdict(False, True, reason)
 
@@ -163,8 +178,11 @@ class Selector:
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps (JSON): ``{"best": {"metric", "value", "step"} | None, "bad_evals": int,
         "stopped_early": str | None}``; a Selector made with it judges the next evaluations the same."""
-        return {"best": dict(self.best) if self.best else None, "bad_evals": self.bad_evals,
-                "stopped_early": self.stopped_early}
+        return {
+            "best": dict(self.best) if self.best else None,
+            "bad_evals": self.bad_evals,
+            "stopped_early": self.stopped_early,
+        }
 
 
 def _best(best: Any) -> dict[str, Any] | None:

@@ -1,17 +1,19 @@
 """Corpus BLEU and ROUGE-L of greedy decodes against their references, for ``eval.metric: bleu | rouge_l``.
 
 Stdlib only: it runs inside every backend's venv, none of which has sacreBLEU or rouge-score. Both functions
-reproduce those packages' numbers (``tests/worker/test_text_metrics.py`` checks them against the real packages):
+reproduce those packages' numbers (``tests/worker/test_text_metrics.py`` checks them against the real
+packages):
 
-- :func:`corpus_bleu` is ``sacrebleu.corpus_bleu(hypotheses, [references]).score``: the "13a" tokenizer (mteval-v13a,
-  the WMT one), mixed case, n-grams up to 4, the corpus brevity penalty and the "exp" smoothing (sacreBLEU's
-  defaults), one reference per hypothesis.
-- :func:`rouge_l` is the mean over pairs of ``rouge_score.rouge_scorer.RougeScorer(["rougeL"]).score(reference,
-  hypothesis)["rougeL"].fmeasure``: the default tokenizer (lowercase, every run of characters other than ``a-z0-9``
-  is a separator), no stemming.
+- :func:`corpus_bleu` is ``sacrebleu.corpus_bleu(hypotheses, [references]).score``: the "13a" tokenizer
+  (mteval-v13a, the WMT one), mixed case, n-grams up to 4, the corpus brevity penalty and the "exp" smoothing
+  (sacreBLEU's defaults), one reference per hypothesis.
+- :func:`rouge_l` is the mean over pairs of
+  ``rouge_score.rouge_scorer.RougeScorer(["rougeL"]).score(reference, hypothesis)["rougeL"].fmeasure``: the
+  default tokenizer (lowercase, every run of characters other than ``a-z0-9`` is a separator), no stemming.
 
 Both are on a 0-100 scale. A sharded evaluation sums :func:`bleu_statistics` and :func:`rouge_l_sum` over its
-replicas and scores once (:func:`bleu_from_statistics`; ROUGE-L: 100 * sum / pairs): corpus BLEU is not a mean.
+replicas and scores once (:func:`bleu_from_statistics`; ROUGE-L: 100 * sum / pairs): corpus BLEU is not a
+mean.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def tokenize_13a(line: str) -> list[str]:
 
 
 def _ngrams(tokens: list[str]) -> Counter[tuple[str, ...]]:
-    return Counter(tuple(tokens[i : i + n]) for n in range(1, MAX_ORDER + 1) for i in range(len(tokens) - n + 1))
+    return Counter(
+        tuple(tokens[i : i + n]) for n in range(1, MAX_ORDER + 1) for i in range(len(tokens) - n + 1)
+    )
 
 
 def _log(value: float) -> float:
@@ -64,9 +68,10 @@ def _log(value: float) -> float:
 
 
 def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> list[int]:
-    """The corpus's sufficient statistics, sacreBLEU's layout summed over segments: ``[hypothesis length, reference
-    length, matched 1- to 4-grams..., total 1- to 4-grams...]`` (10 numbers). Statistics of two corpora add up
-    element-wise, so a sharded evaluation sums them over replicas and calls :func:`bleu_from_statistics` once."""
+    """The corpus's sufficient statistics, sacreBLEU's layout summed over segments: ``[hypothesis length,
+    reference length, matched 1- to 4-grams..., total 1- to 4-grams...]`` (10 numbers). Statistics of two
+    corpora add up element-wise, so a sharded evaluation sums them over replicas and calls
+    :func:`bleu_from_statistics` once."""
     _check(hypotheses, references)
     stats = [0] * (2 + 2 * MAX_ORDER)
     for hypothesis, reference in zip(hypotheses, references):
@@ -83,8 +88,8 @@ def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> lis
 
 
 def bleu_from_statistics(stats: Sequence[float]) -> float:
-    """BLEU, 0-100, from :func:`bleu_statistics` (or their sum over shards; floats are rounded back to counts):
-    sacreBLEU's ``BLEU.compute_bleu`` with the "exp" smoothing and no effective order."""
+    """BLEU, 0-100, from :func:`bleu_statistics` (or their sum over shards; floats are rounded back to
+    counts): sacreBLEU's ``BLEU.compute_bleu`` with the "exp" smoothing and no effective order."""
     if len(stats) != 2 + 2 * MAX_ORDER:
         raise ValueError(f"BLEU statistics are {2 + 2 * MAX_ORDER} numbers, not {len(stats)}")
     sys_len, ref_len = round(stats[0]), round(stats[1])
@@ -109,17 +114,17 @@ def bleu_from_statistics(stats: Sequence[float]) -> float:
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    """Corpus BLEU, 0-100, exactly as ``sacrebleu.corpus_bleu(hypotheses, [references]).score`` with its defaults
-    (tokenizer 13a, case-sensitive, 4-grams, brevity penalty, "exp" smoothing); one reference per hypothesis.
-    An empty corpus scores 0 (sacreBLEU raises)."""
+    """Corpus BLEU, 0-100, exactly as ``sacrebleu.corpus_bleu(hypotheses, [references]).score`` with its
+    defaults (tokenizer 13a, case-sensitive, 4-grams, brevity penalty, "exp" smoothing); one reference per
+    hypothesis. An empty corpus scores 0 (sacreBLEU raises)."""
     if not hypotheses and not references:
         return 0.0
     return bleu_from_statistics(bleu_statistics(hypotheses, references))
 
 
 def tokenize_rouge(text: str) -> list[str]:
-    """rouge-score's default tokenizer without stemming: lowercase, then runs of non-``[a-z0-9]`` separate tokens
-    (so non-ASCII letters are dropped, as there)."""
+    """rouge-score's default tokenizer without stemming: lowercase, then runs of non-``[a-z0-9]`` separate
+    tokens (so non-ASCII letters are dropped, as there)."""
     text = _NON_ALPHANUM.sub(" ", text.lower())
     return [token for token in _SPACES.split(text) if _VALID_TOKEN.match(token)]
 
@@ -148,8 +153,8 @@ def rouge_l_pair(hypothesis: str, reference: str) -> float:
 
 
 def rouge_l_sum(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    """The sum of the pairs' ROUGE-L F-measures (each 0-1): summed over shards and divided by the number of pairs
-    (times 100), it is :func:`rouge_l` of the whole corpus."""
+    """The sum of the pairs' ROUGE-L F-measures (each 0-1): summed over shards and divided by the number of
+    pairs (times 100), it is :func:`rouge_l` of the whole corpus."""
     _check(hypotheses, references)
     return sum(rouge_l_pair(h, r) for h, r in zip(hypotheses, references))
 

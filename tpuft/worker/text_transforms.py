@@ -1,10 +1,12 @@
-"""Named text transforms (``data.source_transforms`` / ``data.target_transforms``) and the ``data.preprocess`` hook.
+"""Named text transforms (``data.source_transforms`` / ``data.target_transforms``) and the ``data.preprocess``
+hook.
 
-The transforms are the one-liners the seeds' scripts wrote by hand; seed 003's task, restoring Romanian diacritics,
-is ``source_field: target`` + ``source_transforms: [strip_diacritics]``: the input is the target without its marks.
-The hook is for anything else: a function that gets each JSON record and returns the record to use, or None to drop
-the example. Both run wherever examples are built (the controller's data check and every worker), so a hook that
-fails is reported at the data line before anything is launched. Stdlib only: this runs in every backend's venv.
+The transforms are the one-liners the seeds' scripts wrote by hand; seed 003's task, restoring Romanian
+diacritics, is ``source_field: target`` + ``source_transforms: [strip_diacritics]``: the input is the target
+without its marks. The hook is for anything else: a function that gets each JSON record and returns the record
+to use, or None to drop the example. Both run wherever examples are built (the controller's data check and
+every worker), so a hook that fails is reported at the data line before anything is launched. Stdlib only:
+this runs in every backend's venv.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 
 
 def strip_diacritics(text: str) -> str:
-    """Letters without their marks: NFD splits ``ș`` into ``s`` + combining comma below, which is dropped; Romanian's
-    cedilla forms (ş ţ, common in older text) go the same way."""
+    """Letters without their marks: NFD splits ``ș`` into ``s`` + combining comma below, which is dropped;
+    Romanian's cedilla forms (ş ţ, common in older text) go the same way."""
     decomposed = unicodedata.normalize("NFD", text)
     return unicodedata.normalize("NFC", "".join(c for c in decomposed if not unicodedata.combining(c)))
 
@@ -39,7 +41,8 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
 
 
 def text_transform(names: list[str] | tuple[str, ...]) -> Callable[[str], str] | None:
-    """The named transforms applied in order, or None for none (the example builder's hot path stays untouched)."""
+    """The named transforms applied in order, or None for none (the example builder's hot path stays
+    untouched)."""
     if not names:
         return None
     steps = [TRANSFORMS[name] for name in names]
@@ -57,8 +60,8 @@ class HookError(ValueError):
 
 
 def load_preprocess(spec: str) -> Callable[[dict[str, Any]], Any]:
-    """``/abs/file.py:function`` (config resolves a relative file against the recipe) or ``package.module:function``
-    (importable in the worker's venv)."""
+    """``/abs/file.py:function`` (config resolves a relative file against the recipe) or
+    ``package.module:function`` (importable in the worker's venv)."""
     target, _, name = spec.rpartition(":")
     try:
         if target.endswith(".py"):
@@ -75,7 +78,9 @@ def load_preprocess(spec: str) -> Callable[[dict[str, Any]], Any]:
     except HookError:
         raise
     except Exception as exc:  # the user's module failed to import: say which and why, not a traceback of ours
-        raise HookError(f"data.preprocess {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}") from None
+        raise HookError(
+            f"data.preprocess {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}"
+        ) from None
     function = getattr(module, name, None)
     if function is None:
         raise HookError(f"data.preprocess {spec!r}: {target} has no {name!r}")

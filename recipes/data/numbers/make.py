@@ -1,10 +1,10 @@
 """Make the quickstart task: English number words -> digits, e.g. "four thousand two hundred seven" -> "4207".
 
-Every number from 0 to 9999 appears once: 500 random ones are held out for eval (``eval.jsonl``, picked first, so
-it is the file it was before there was a test split), 500 more for test (``test.jsonl``: ``data.test``, evaluated
-once at the end of training on the checkpoint that eval picked), and the other 9,000 are ``train.jsonl``. A model that
-scores well on the held-out numbers has learned how the words compose, not memorised them. Deterministic (one
-seeded shuffle): re-running writes the same files.
+Every number from 0 to 9999 appears once: 500 random ones are held out for eval (``eval.jsonl``, picked first,
+so it is the file it was before there was a test split), 500 more for test (``test.jsonl``: ``data.test``,
+evaluated once at the end of training on the checkpoint that eval picked), and the other 9,000 are
+``train.jsonl``. A model that scores well on the held-out numbers has learned how the words compose, not
+memorised them. Deterministic (one seeded shuffle): re-running writes the same files.
 Run: python recipes/data/numbers/make.py
 """
 

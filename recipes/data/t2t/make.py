@@ -1,10 +1,10 @@
 """Make a small translation set in t2t-tuner's data format: English number words -> German number words.
 
-Each line is ``{"translation": {"s": SOURCE, "t": TARGET}}`` (the format of seed 001's t2t-tuner, after Hugging
-Face's run_translation.py), e.g. ``{"translation": {"s": "three hundred forty-one", "t": "dreihunderteinundvierzig"}}``.
-German composes numbers differently (units before tens, one word), so a model must reorder, not copy. Every number
-from 1 to 9999 appears once; 500 random ones are held out. Deterministic: re-running writes the same files.
-Run: python recipes/data/t2t/make.py
+Each line is ``{"translation": {"s": SOURCE, "t": TARGET}}`` (the format of seed 001's t2t-tuner, after
+Hugging Face's run_translation.py), e.g. ``{"translation": {"s": "three hundred forty-one", "t":
+"dreihunderteinundvierzig"}}``. German composes numbers differently (units before tens, one word), so a model
+must reorder, not copy. Every number from 1 to 9999 appears once; 500 random ones are held out. Deterministic:
+re-running writes the same files. Run: python recipes/data/t2t/make.py
 """
 
 import importlib.util
@@ -18,7 +18,10 @@ assert _spec is not None and _spec.loader is not None
 english = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(english)
 
-ONES = "null eins zwei drei vier fünf sechs sieben acht neun zehn elf zwölf dreizehn vierzehn fünfzehn sechzehn siebzehn achtzehn neunzehn".split()
+ONES = (
+    "null eins zwei drei vier fünf sechs sieben acht neun zehn elf zwölf dreizehn vierzehn fünfzehn "
+    "sechzehn siebzehn achtzehn neunzehn".split()
+)
 TENS = "_ _ zwanzig dreißig vierzig fünfzig sechzig siebzig achtzig neunzig".split()
 
 

@@ -1,11 +1,11 @@
-"""Reaching the workers over SSH: the login (OS Login, or the user's key in the node metadata as gcloud puts it)
-and the workers' host keys, pinned from the API.
+"""Reaching the workers over SSH: the login (OS Login, or the user's key in the node metadata as gcloud puts
+it) and the workers' host keys, pinned from the API.
 
-Host keys are never learnt from whatever answers on port 22: each TPU VM's guest agent publishes its host keys as
-guest attributes (namespace ``hostkeys``), which ``GetGuestAttributes`` returns, the way ``gcloud compute tpus
-tpu-vm ssh`` checks them. ``HostKeyPins.pin`` writes them to the cluster's ``known_hosts`` for the addresses the
-fleet connects to, and refreshes that file from the API only when the node (its ``id``) or the addresses change;
-the SSH fleet refuses a host whose key is not the pinned one.
+Host keys are never learnt from whatever answers on port 22: each TPU VM's guest agent publishes its host keys
+as guest attributes (namespace ``hostkeys``), which ``GetGuestAttributes`` returns, the way ``gcloud compute
+tpus tpu-vm ssh`` checks them. ``HostKeyPins.pin`` writes them to the cluster's ``known_hosts`` for the
+addresses the fleet connects to, and refreshes that file from the API only when the node (its ``id``) or the
+addresses change; the SSH fleet refuses a host whose key is not the pinned one.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuft.core.errors import UsageError
+from tpuft.core.records import Cluster, Worker
+from tpuft.core.waiting import waiting
 from tpuft.providers.gcp import tuning
 from tpuft.providers.gcp.api import GcpError, TpuApi
 from tpuft.providers.gcp.cache import WorkerCache, worker_rows
-from tpuft.core.records import Cluster, Worker
-from tpuft.core.waiting import waiting
 
 if TYPE_CHECKING:
     from tpuft.config import SshConfig
@@ -35,8 +35,8 @@ _KEY_BLOB = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 def ssh_settings(ssh: SshConfig, known_hosts: Path) -> SshSettings:
     """How the fleet logs in: the cluster file's ``ssh`` section, the local login name by default, and the
     cluster's own pinned ``known_hosts``."""
-    from tpuft.fleet.ssh import SshSettings
     from tpuft.core.formats import user_name_problem
+    from tpuft.fleet.ssh import SshSettings
     from tpuft.providers.ssh_keys import user_name
 
     user = ssh.user or user_name()
@@ -90,8 +90,9 @@ class HostKeyPins:
         self.known_hosts = known_hosts
 
     def pin(self, cluster: Cluster, port: int) -> None:
-        """Make ``known_hosts`` hold the host keys the API publishes for exactly these workers. Free when the pins
-        are for the same nodes (same ``id``) and addresses; else one GetGuestAttributes per slice replaces them."""
+        """Make ``known_hosts`` hold the host keys the API publishes for exactly these workers. Free when the
+        pins are for the same nodes (same ``id``) and addresses; else one GetGuestAttributes per slice
+        replaces them."""
         hosts = [known_hosts_host(worker.address, port) for worker in cluster.workers]
         record = self.cache.read() or {}
         same_workers = record.get("workers") == worker_rows(cluster.workers)
@@ -101,14 +102,18 @@ class HostKeyPins:
             return
         keys = self.fetch(cluster, nodes)
         api = self.api
-        header = f"# SSH host keys of TPU {api.name} ({api.project}/{api.zone}) from the TPU API's guest attributes"
+        header = (
+            f"# SSH host keys of TPU {api.name} ({api.project}/{api.zone}) from the TPU API's guest "
+            "attributes"
+        )
         write_known_hosts(self.known_hosts, hosts, keys, header)
         if nodes:  # only a cluster that get() described can be recognised next time
             self.cache.write({**(self.cache.read() or record), "pins": wanted})
 
     def fetch(self, cluster: Cluster, nodes: list[list[Any]] | None = None) -> list[list[str]]:
-        """Every worker's host keys (``"ssh-ed25519 AAAA..."`` lines), in worker order across slices. ``nodes`` gives
-        the workers per slice; without it the slices split the workers evenly (they share one shape)."""
+        """Every worker's host keys (``"ssh-ed25519 AAAA..."`` lines), in worker order across slices.
+        ``nodes`` gives the workers per slice; without it the slices split the workers evenly (they share one
+        shape)."""
         name = self.api.name
         if nodes:
             counts = [(str(node_id), int(count)) for node_id, _, count in nodes]
@@ -116,7 +121,9 @@ class HostKeyPins:
             slices = len(self.api.node_ids())
             per_node, extra = divmod(len(cluster.workers), slices)
             if extra:
-                raise GcpError(f"TPU {name}: {len(cluster.workers)} workers on {slices} slices", hint="See: tpuft status")
+                raise GcpError(
+                    f"TPU {name}: {len(cluster.workers)} workers on {slices} slices", hint="See: tpuft status"
+                )
             counts = [(node_id, per_node) for node_id in self.api.node_ids()]
         if sum(count for _, count in counts) != len(cluster.workers):
             raise GcpError(f"TPU {name} changed while being read", hint="Retry, or see: tpuft status")
@@ -127,11 +134,20 @@ class HostKeyPins:
 
     def _node_host_keys(self, node_id: str, count: int, workers: list[Worker]) -> list[list[str]]:
         """One slice's keys; a VM that has just booted may not have published them yet, so ask again for the
-        missing workers until ``HOSTKEY_WAIT_S`` runs out, then refuse: an unpinned host is never trusted. The wait
-        is shown on stderr after a moment: up to five minutes of silence reads as a hang."""
+        missing workers until ``HOSTKEY_WAIT_S`` runs out, then refuse: an unpinned host is never trusted. The
+        wait is shown on stderr after a moment: up to five minutes of silence reads as a hang."""
         found: dict[int, list[str]] = {}
-        span = f"{workers[0].index}-{workers[-1].index}" if len(workers) > 1 else f"{workers[0].index}" if workers else "-"
-        what = f"the SSH host keys of TPU node {node_id} worker(s) {span} (each VM's guest agent publishes them at boot)"
+        span = (
+            f"{workers[0].index}-{workers[-1].index}"
+            if len(workers) > 1
+            else f"{workers[0].index}"
+            if workers
+            else "-"
+        )
+        what = (
+            f"the SSH host keys of TPU node {node_id} worker(s) {span} (each VM's guest agent publishes "
+            "them at boot)"
+        )
         with waiting(what, tuning.HOSTKEY_WAIT_S) as wait:
             while True:
                 missing = [i for i in range(count) if i not in found]
@@ -144,23 +160,29 @@ class HostKeyPins:
                     worker = workers[missing[0]]
                     others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                     raise GcpError(
-                        f"worker {worker.index} ({worker.address}) of TPU node {node_id}{others} has not published its "
-                        f"SSH host keys (guest attributes) after {tuning.HOSTKEY_WAIT_S:.0f}s, so its identity cannot "
+                        f"worker {worker.index} ({worker.address}) of TPU node {node_id}{others} has not "
+                        "published its "
+                        f"SSH host keys (guest attributes) after {tuning.HOSTKEY_WAIT_S:.0f}s, so its "
+                        "identity cannot "
                         "be checked",
-                        hint="A VM that has just started publishes them within a few minutes: retry soon. If it never "
-                        "does, its guest agent is not running: recreate the node (tpuft delete --yes && tpuft create).",
+                        hint="A VM that has just started publishes them within a few minutes: retry soon. If "
+                        "it never "
+                        "does, its guest agent is not running: recreate the node (tpuft delete --yes && "
+                        "tpuft create).",
                     )
                 time.sleep(min(tuning.POLL_SECONDS, wait.left() or 0.0))
 
     def _ask_host_keys(self, node_id: str, worker_ids: list[int]) -> dict[int, list[str]]:
-        """One GetGuestAttributes for these workers of one slice: slice-local worker id -> its keys (absent: nothing
-        published). The answer carries no worker ids, so it is matched by position only when it has one entry per
-        worker asked; otherwise each worker is asked alone."""
+        """One GetGuestAttributes for these workers of one slice: slice-local worker id -> its keys (absent:
+        nothing published). The answer carries no worker ids, so it is matched by position only when it has
+        one entry per worker asked; otherwise each worker is asked alone."""
         from google.cloud import tpu_v2
 
         api = self.api
         request = tpu_v2.GetGuestAttributesRequest(
-            name=api.node_path(node_id), query_path=f"{HOSTKEY_NAMESPACE}/", worker_ids=[str(i) for i in worker_ids]
+            name=api.node_path(node_id),
+            query_path=f"{HOSTKEY_NAMESPACE}/",
+            worker_ids=[str(i) for i in worker_ids],
         )
         what = f"reading the SSH host keys of TPU node {node_id}"
         entries = list(api.call(what, api.client().get_guest_attributes, request=request).guest_attributes)
@@ -179,14 +201,15 @@ def _workers_named(workers: list[Worker], missing: list[int]) -> str:
 
 
 def known_hosts_host(address: str, port: int) -> str:
-    """The host field of a known_hosts line as OpenSSH and paramiko look it up: ``[addr]:port`` off port 22."""
+    """The host field of a known_hosts line as OpenSSH and paramiko look it up: ``[addr]:port`` off port
+    22."""
     return address if port == 22 else f"[{address}]:{port}"
 
 
 def host_key_lines(items: Any) -> list[str]:
-    """``"type base64"`` lines from guest-attribute entries of the ``hostkeys`` namespace (key = key type, value =
-    the base64 blob, as the guest agent publishes them). Anything malformed is dropped, so a value can never add a
-    line (or a host pattern) of its own to known_hosts."""
+    """``"type base64"`` lines from guest-attribute entries of the ``hostkeys`` namespace (key = key type,
+    value = the base64 blob, as the guest agent publishes them). Anything malformed is dropped, so a value can
+    never add a line (or a host pattern) of its own to known_hosts."""
     lines = []
     for item in items:
         kind, value = str(item.key), str(item.value).strip()
@@ -196,9 +219,11 @@ def host_key_lines(items: Any) -> list[str]:
 
 
 def write_known_hosts(path: Path, hosts: list[str], keys: list[list[str]], header: str) -> None:
-    """Replace ``path`` at once (write then rename): a fleet never reads a half-written file, and a recreated node's
-    pins never sit next to the old node's."""
-    lines = [header] + [f"{host} {key}" for host, host_keys in zip(hosts, keys, strict=True) for key in host_keys]
+    """Replace ``path`` at once (write then rename): a fleet never reads a half-written file, and a recreated
+    node's pins never sit next to the old node's."""
+    lines = [header] + [
+        f"{host} {key}" for host, host_keys in zip(hosts, keys, strict=True) for key in host_keys
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text("\n".join(lines) + "\n")

@@ -1,13 +1,14 @@
-"""One cluster's conversation with the Cloud TPU API: the client, its retries and errors, and the resource names.
+"""One cluster's conversation with the Cloud TPU API: the client, its retries and errors, and the resource
+names.
 
-Every call goes through ``TpuApi.call``: transient errors (UNAVAILABLE, 429, 500) and a network that does not answer
-are retried with backoff until the cluster file's ``gcp.timeout`` is spent (one budget for the whole command, kept
-by :mod:`tpuft.storage.network`, which also bounds each request and the token refresh), then become one line naming
-what was being done and the endpoint; the others become one line naming the project, zone and call, with the likely
-fix. The client is built lazily (the CLI
-never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or ``$TPUFT_TPU_API_ENDPOINT``) points it
-at a private endpoint; anonymous credentials are used only for a loopback ``http://`` endpoint, which is how the
-tests talk to a fake TPU API server.
+Every call goes through ``TpuApi.call``: transient errors (UNAVAILABLE, 429, 500) and a network that does not
+answer are retried with backoff until the cluster file's ``gcp.timeout`` is spent (one budget for the whole
+command, kept by :mod:`tpuft.storage.network`, which also bounds each request and the token refresh), then
+become one line naming what was being done and the endpoint; the others become one line naming the project,
+zone and call, with the likely fix. The client is built lazily (the CLI
+never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or ``$TPUFT_TPU_API_ENDPOINT``)
+points it at a private endpoint; anonymous credentials are used only for a loopback ``http://`` endpoint,
+which is how the tests talk to a fake TPU API server.
 """
 
 from __future__ import annotations
@@ -18,18 +19,21 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tpuft.core.errors import TpuftError
-from tpuft.providers.gcp import tuning
 from tpuft.core.records import Progress
-from tpuft.storage.network import CLOCK, DEFAULT_TIMEOUT_S, budget_session, is_network_error, unreachable
 from tpuft.core.waiting import waiting
+from tpuft.providers.gcp import tuning
+from tpuft.storage.network import CLOCK, DEFAULT_TIMEOUT_S, budget_session, is_network_error, unreachable
 
 T = TypeVar("T")
 
 _HINTS = {
-    "NotFound": "check gcp.project and gcp.zone (and that the TPU API is enabled: gcloud services enable tpu.googleapis.com)",
-    "PermissionDenied": "your account needs roles/tpu.admin in the project (gcloud auth application-default login?)",
+    "NotFound": "check gcp.project and gcp.zone (and that the TPU API is enabled: gcloud services enable "
+    "tpu.googleapis.com)",
+    "PermissionDenied": "your account needs roles/tpu.admin in the project (gcloud auth application-default "
+    "login?)",
     "Forbidden": "your account needs roles/tpu.admin in the project (gcloud auth application-default login?)",
-    "ResourceExhausted": "no quota or no capacity for this shape here: try another zone, spot, or gcp.queued: true",
+    "ResourceExhausted": "no quota or no capacity for this shape here: try another zone, spot, or "
+    "gcp.queued: true",
     "TooManyRequests": "the API is rate-limiting this project: wait a minute and try again",
     "InvalidArgument": "the API refused the request: check the accelerator type, runtime version and zone",
     "BadRequest": "the API refused the request: check the accelerator type, runtime version and zone",
@@ -53,9 +57,17 @@ class TpuApi:
     multislice, then ``name-0``, ``name-1``, ...), possibly behind a queued resource of the same name."""
 
     def __init__(
-        self, project: str, zone: str, name: str, slices: int, endpoint: str | None, timeout: float = DEFAULT_TIMEOUT_S
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        slices: int,
+        endpoint: str | None,
+        timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        CLOCK.arm(timeout)  # this process is the controller, with a cluster file: its cloud calls get the budget
+        CLOCK.arm(
+            timeout
+        )  # this process is the controller, with a cluster file: its cloud calls get the budget
         self.project = project
         self.zone = zone
         self.name = name
@@ -101,7 +113,9 @@ class TpuApi:
                     hint="Log in with: gcloud auth application-default login",
                 ) from None
             session = getattr(client._transport, "_session", None)
-            if session is not None:  # the REST transport's AuthorizedSession: requests and token refreshes budgeted
+            if (
+                session is not None
+            ):  # the REST transport's AuthorizedSession: requests and token refreshes budgeted
                 budget_session(session, "the Cloud TPU API")
             self._client = client
         return self._client
@@ -115,7 +129,12 @@ class TpuApi:
         With ``missing_ok``, NotFound is raised as it is, for callers to which absence is an answer."""
         from google.api_core import exceptions as gexc
 
-        transient = (gexc.ServiceUnavailable, gexc.TooManyRequests, gexc.InternalServerError, gexc.GatewayTimeout)
+        transient = (
+            gexc.ServiceUnavailable,
+            gexc.TooManyRequests,
+            gexc.InternalServerError,
+            gexc.GatewayTimeout,
+        )
         located = _located(what, kwargs)
         CLOCK.begin_call()
         attempt = 0
@@ -136,7 +155,9 @@ class TpuApi:
                     if isinstance(exc, gexc.GoogleAPICallError):
                         raise self.explain(what, exc) from None
                     raise
-                if not CLOCK.failing_for():  # an answer (e.g. a 503) that the transport did not see as a failure
+                if (
+                    not CLOCK.failing_for()
+                ):  # an answer (e.g. a 503) that the transport did not see as a failure
                     CLOCK.failed(started, self.endpoint_label, type(exc).__name__)
                 left = CLOCK.remaining() or 0.0
                 pause = min(tuning.RETRY_BASE_S * 2**attempt, 30.0, left)
@@ -151,20 +172,29 @@ class TpuApi:
         kind = type(exc).__name__
         message = getattr(exc, "message", None) or str(exc)
         hint = _HINTS.get(kind, "")
-        error = GcpError(f"{what} in project {self.project}, zone {self.zone} failed: {kind}: {message}", hint=hint or None)
+        error = GcpError(
+            f"{what} in project {self.project}, zone {self.zone} failed: {kind}: {message}", hint=hint or None
+        )
         error.kind = kind  # type: ignore[attr-defined]
         return error
 
-    def wait_operation(self, what: str, operation: Any, progress: Progress | None, watch: Callable[[], str] | None) -> Any:
-        """Poll a long-running operation, saying what it waits for, the resource's state (``watch``) and the time
-        left through ``progress``, or on stderr when no one listens (tpuft.core.waiting)."""
+    def wait_operation(
+        self, what: str, operation: Any, progress: Progress | None, watch: Callable[[], str] | None
+    ) -> Any:
+        """Poll a long-running operation, saying what it waits for, the resource's state (``watch``) and the
+        time left through ``progress``, or on stderr when no one listens (tpuft.core.waiting)."""
         from google.api_core import exceptions as gexc
 
-        with waiting(f"the Cloud TPU API to finish {what}", tuning.CREATE_TIMEOUT_S, progress=progress) as wait:
+        with waiting(
+            f"the Cloud TPU API to finish {what}", tuning.CREATE_TIMEOUT_S, progress=progress
+        ) as wait:
             while not self.call(f"{what} (polling)", operation.done):
                 wait.update(watch() if watch else "")
                 if wait.expired():
-                    raise GcpError(f"{what}: still not done after {tuning.CREATE_TIMEOUT_S:.0f}s", hint="See: tpuft status")
+                    raise GcpError(
+                        f"{what}: still not done after {tuning.CREATE_TIMEOUT_S:.0f}s",
+                        hint="See: tpuft status",
+                    )
                 time.sleep(tuning.POLL_SECONDS)
         try:
             return operation.result(timeout=60)
@@ -173,7 +203,8 @@ class TpuApi:
 
 
 def _located(what: str, kwargs: dict[str, Any]) -> str:
-    """``reading TPU node`` -> ``reading TPU node nodes/t5-v4``: the resource the call was about, when it names one."""
+    """``reading TPU node`` -> ``reading TPU node nodes/t5-v4``: the resource the call was about, when it
+    names one."""
     target = kwargs.get("name") or getattr(kwargs.get("request"), "name", "") or ""
     if not target:
         return what

@@ -1,5 +1,5 @@
-"""The run storage of a GCP cluster: one bucket, in the region of the cluster's zone, where same-region traffic
-is fast and free."""
+"""The run storage of a GCP cluster: one bucket, in the region of the cluster's zone, where same-region
+traffic is fast and free."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-def ensure_bucket(bucket_url: str, project: str, region: str, cluster: Cluster, progress: Progress | None) -> None:
-    """Create the bucket in ``region`` unless it exists, and say which in the cluster's details (with the storage
-    layer's warning, e.g. a bucket found in another region)."""
+def ensure_bucket(
+    bucket_url: str, project: str, region: str, cluster: Cluster, progress: Progress | None
+) -> None:
+    """Create the bucket in ``region`` unless it exists, and say which in the cluster's details (with the
+    storage layer's warning, e.g. a bucket found in another region)."""
     from tpuft.storage import open_storage
 
     if progress:

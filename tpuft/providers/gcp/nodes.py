@@ -1,8 +1,8 @@
 """TPU VM nodes and queued resources: what to ask for, creating, reading and deleting them.
 
-The node's ``network_endpoints`` are the workers, in order (index i is ``--worker i``). The API's own state words
-(READY, CREATING, PREEMPTED, ...; ACCEPTED, PROVISIONING, ACTIVE, FAILED, SUSPENDED for queued resources) are passed
-through.
+The node's ``network_endpoints`` are the workers, in order (index i is ``--worker i``). The API's own state
+words (READY, CREATING, PREEMPTED, ...; ACCEPTED, PROVISIONING, ACTIVE, FAILED, SUSPENDED for queued
+resources) are passed through.
 """
 
 from __future__ import annotations
@@ -11,17 +11,27 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpuft.core.accelerators import AcceleratorType
 from tpuft.config import parse_duration
-from tpuft.providers.gcp import maintenance, tuning
-from tpuft.providers.gcp.api import GcpError, TpuApi
+from tpuft.core.accelerators import AcceleratorType
 from tpuft.core.records import Cluster, Progress, State, Worker
 from tpuft.core.waiting import waiting
+from tpuft.providers.gcp import maintenance, tuning
+from tpuft.providers.gcp.api import GcpError, TpuApi
 
 if TYPE_CHECKING:
     from tpuft.config import GcpConfig
 
-BAD_STATES = {"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "REPAIRING", "HIDING", "HIDDEN", "UNHIDING"}
+BAD_STATES = {
+    "PREEMPTED",
+    "TERMINATED",
+    "STOPPED",
+    "STOPPING",
+    "DELETING",
+    "REPAIRING",
+    "HIDING",
+    "HIDDEN",
+    "UNHIDING",
+}
 QUEUED_FAILED = {"FAILED", "SUSPENDED", "SUSPENDING"}
 
 
@@ -50,16 +60,18 @@ class TpuNodes:
         self.gcp = gcp
         self.accelerator = accelerator
         self.queue_wait: tuple[float, float] | None = None
-        """(start, seconds) of the last queued resource's wait for capacity, until PROVISIONING (tpuft.run.goodput)."""
+        """(start, seconds) of the last queued resource's wait for capacity, until PROVISIONING
+        (tpuft.run.goodput)."""
 
     # -- the create requests --------------------------------------------------------------------------------
     # What gcloud sends for the same intent (google-cloud-sdk, GA track, API v2; see docs/gcp.md, "What create
     # sends"): ``tpu-vm create`` puts spot / preemptible / reserved in the node's ``schedulingConfig``;
     # ``queued-resources create`` leaves the node's scheduling alone and says it once, on the queued resource
-    # (``spot: {}``, or a ``reservationName`` for reserved capacity). tests/providers/test_create_bodies.py pins each
-    # body against gcloud's.
+    # (``spot: {}``, or a ``reservationName`` for reserved capacity). tests/providers/test_create_bodies.py
+    # pins each body against gcloud's.
     def node_spec(self, *, queued: bool = False) -> Any:
-        """The Node to create; ``queued``: as a queued resource's node spec, whose tier is the queued resource's."""
+        """The Node to create; ``queued``: as a queued resource's node spec, whose tier is the queued
+        resource's."""
         from google.cloud import tpu_v2
 
         gcp = self.gcp
@@ -74,12 +86,18 @@ class TpuNodes:
             ),
         )
         if not queued:
-            node.scheduling_config = tpu_v2.SchedulingConfig(preemptible=gcp.preemptible, spot=gcp.spot, reserved=gcp.reserved)
-        elif gcp.preemptible:  # no queued-resource tier says preemptible (gcloud has no flag for it): the node does
+            node.scheduling_config = tpu_v2.SchedulingConfig(
+                preemptible=gcp.preemptible, spot=gcp.spot, reserved=gcp.reserved
+            )
+        elif (
+            gcp.preemptible
+        ):  # no queued-resource tier says preemptible (gcloud has no flag for it): the node does
             node.scheduling_config = tpu_v2.SchedulingConfig(preemptible=True)
         if gcp.topology:
             generation = self.accelerator.generation.name
-            type_name = {"v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}.get(generation, generation.upper())
+            type_name = {"v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}.get(
+                generation, generation.upper()
+            )
             node.accelerator_config = tpu_v2.AcceleratorConfig(type_=type_name, topology=gcp.topology)
         else:
             node.accelerator_type = self.accelerator.name
@@ -105,7 +123,9 @@ class TpuNodes:
         QR = tpu_v2.QueuedResource
         spec = QR.Tpu.NodeSpec(parent=api.parent, node=self.node_spec(queued=True))
         if gcp.slices > 1:
-            spec.multislice_params = QR.Tpu.NodeSpec.MultisliceParams(node_count=gcp.slices, node_id_prefix=api.name)
+            spec.multislice_params = QR.Tpu.NodeSpec.MultisliceParams(
+                node_count=gcp.slices, node_id_prefix=api.name
+            )
         else:
             spec.node_id = api.name
         resource = QR(tpu=QR.Tpu(node_spec=[spec]))
@@ -117,7 +137,9 @@ class TpuNodes:
         if gcp.valid_until:
             seconds = parse_duration(gcp.valid_until)
             if seconds is not None:
-                resource.queueing_policy = QR.QueueingPolicy(valid_until_duration=duration_pb2.Duration(seconds=seconds))
+                resource.queueing_policy = QR.QueueingPolicy(
+                    valid_until_duration=duration_pb2.Duration(seconds=seconds)
+                )
             else:
                 stamp = timestamp_pb2.Timestamp()
                 stamp.FromJsonString(gcp.valid_until)
@@ -127,7 +149,13 @@ class TpuNodes:
     def create_request(self) -> CreateRequest:
         """The one create call, as it will be sent: what ``create`` sends and ``--dry-run`` shows."""
         if self.gcp.queued:
-            return CreateRequest("CreateQueuedResource", self.api.parent, "queuedResourceId", self.api.name, self.queued_resource())
+            return CreateRequest(
+                "CreateQueuedResource",
+                self.api.parent,
+                "queuedResourceId",
+                self.api.name,
+                self.queued_resource(),
+            )
         return CreateRequest("CreateNode", self.api.parent, "nodeId", self.api.name, self.node_spec())
 
     @staticmethod
@@ -140,13 +168,17 @@ class TpuNodes:
     def wanted_shape(self) -> str:
         return self.shape_of(self.node_spec())
 
-    # -- creating --------------------------------------------------------------------------------------------
+    # -- creating -------------------------------------------------------------------------------------------
     def create_node(self, progress: Progress | None) -> None:
         api = self.api
         node_id = api.name
         node = self.create_request().message
-        operation = api.call("creating TPU node", api.client().create_node, parent=api.parent, node_id=node_id, node=node)
-        api.wait_operation(f"creating TPU node {node_id}", operation, progress, lambda: f"state {self.node_state(node_id)}")
+        operation = api.call(
+            "creating TPU node", api.client().create_node, parent=api.parent, node_id=node_id, node=node
+        )
+        api.wait_operation(
+            f"creating TPU node {node_id}", operation, progress, lambda: f"state {self.node_state(node_id)}"
+        )
 
     def create_queued(self, progress: Progress | None) -> None:
         api = self.api
@@ -170,17 +202,23 @@ class TpuNodes:
                 if state in QUEUED_FAILED:
                     raise GcpError(
                         f"queued resource {api.name} is {state}: {problem or 'no reason given'}",
-                        hint="Delete it (tpuft delete --yes) so it stops holding quota, then retry or change zone/shape.",
+                        hint="Delete it (tpuft delete --yes) so it stops holding quota, then retry or change "
+                        "zone/shape.",
                     )
                 wait.update(state)
                 if wait.expired():
                     raise GcpError(f"queued resource {api.name} still {state}", hint="See: tpuft status")
                 time.sleep(tuning.POLL_SECONDS)
 
-    # -- reading ---------------------------------------------------------------------------------------------
+    # -- reading --------------------------------------------------------------------------------------------
     def queued_state(self) -> tuple[str, str]:
         api = self.api
-        resource = api.call("reading queued resource", api.client().get_queued_resource, name=api.queued_path(), missing_ok=True)
+        resource = api.call(
+            "reading queued resource",
+            api.client().get_queued_resource,
+            name=api.queued_path(),
+            missing_ok=True,
+        )
         state = resource.state.state.name
         problem = ""
         if state == "FAILED":
@@ -192,15 +230,19 @@ class TpuNodes:
 
         api = self.api
         try:
-            return api.call("reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True).state.name
+            return api.call(
+                "reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True
+            ).state.name
         except gexc.NotFound:
             return "REQUESTED"
         except GcpError as exc:
             return f"unknown ({getattr(exc, 'kind', 'error')})"
 
-    def describe(self, provider: str, accelerator: str, bucket: str) -> tuple[Cluster, list[list[Any]] | None]:
-        """The cluster as the API has it, and (when any node exists) [node id, the API's ``id``, worker count] per
-        slice, which is what tells a recreated node from the one seen before."""
+    def describe(
+        self, provider: str, accelerator: str, bucket: str
+    ) -> tuple[Cluster, list[list[Any]] | None]:
+        """The cluster as the API has it, and (when any node exists) [node id, the API's ``id``, worker count]
+        per slice, which is what tells a recreated node from the one seen before."""
         from google.api_core import exceptions as gexc
 
         api = self.api
@@ -216,7 +258,9 @@ class TpuNodes:
         slice_states: dict[str, str] = {}
         for slice_id, node_id in enumerate(api.node_ids()):
             try:
-                node = api.call("reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True)
+                node = api.call(
+                    "reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True
+                )
             except gexc.NotFound:
                 slice_states[f"slice {slice_id}"] = f"{node_id} {State.NOT_FOUND}"
                 continue
@@ -240,25 +284,35 @@ class TpuNodes:
             for endpoint in node.network_endpoints:
                 external = endpoint.access_config.external_ip if endpoint.access_config else ""
                 address = endpoint.ip_address if self.gcp.internal_ip or not external else external
-                workers.append(Worker(index=len(workers), address=address, internal_address=endpoint.ip_address,
-                                      slice=slice_id))
+                workers.append(
+                    Worker(
+                        index=len(workers),
+                        address=address,
+                        internal_address=endpoint.ip_address,
+                        slice=slice_id,
+                    )
+                )
         nodes = [node for _, node in found]
         details["shape"] = self.shape_of(nodes[0])
         details["health"] = ", ".join(sorted({n.health.name for n in nodes if n.health}))
         symptoms = [s.details for n in nodes for s in n.symptoms]
         if symptoms:
             details["symptoms"] = "; ".join(symptoms)
-        details.update(maintenance.details(api, [i for i, n in zip(found_ids, nodes) if n.state.name == State.READY]))
+        details.update(
+            maintenance.details(api, [i for i, n in zip(found_ids, nodes) if n.state.name == State.READY])
+        )
         if len(nodes) < len(api.node_ids()):
             details["problem"] = f"{len(nodes)} of {len(api.node_ids())} slices exist"
         state = states[0] if len(set(states)) == 1 else ",".join(states)
         if len(nodes) < len(api.node_ids()) and state == State.READY:
             state = State.BROKEN
         cluster = Cluster(api.name, provider, state, self.shape_of(nodes[0]), workers, bucket, details)
-        identity = [[node_id, str(node.id), len(node.network_endpoints)] for node_id, node in zip(found_ids, nodes)]
+        identity = [
+            [node_id, str(node.id), len(node.network_endpoints)] for node_id, node in zip(found_ids, nodes)
+        ]
         return cluster, identity
 
-    # -- deleting --------------------------------------------------------------------------------------------
+    # -- deleting -------------------------------------------------------------------------------------------
     def delete(self, progress: Progress | None) -> bool:
         """Delete the queued resource (forced, so its nodes go with it and no abandoned request keeps holding
         quota) or else each node. Returns False when there was nothing to delete."""
@@ -270,7 +324,12 @@ class TpuNodes:
         if self.gcp.queued:
             try:
                 request = tpu_v2.DeleteQueuedResourceRequest(name=api.queued_path(), force=True)
-                operation = api.call("deleting queued resource", client.delete_queued_resource, request=request, missing_ok=True)
+                operation = api.call(
+                    "deleting queued resource",
+                    client.delete_queued_resource,
+                    request=request,
+                    missing_ok=True,
+                )
             except gexc.NotFound:
                 pass
             else:
@@ -279,9 +338,16 @@ class TpuNodes:
         deleted = False
         for node_id in api.node_ids():
             try:
-                operation = api.call("deleting TPU node", client.delete_node, name=api.node_path(node_id), missing_ok=True)
+                operation = api.call(
+                    "deleting TPU node", client.delete_node, name=api.node_path(node_id), missing_ok=True
+                )
             except gexc.NotFound:
                 continue
-            api.wait_operation(f"deleting TPU node {node_id}", operation, progress, lambda n=node_id: f"state {self.node_state(n)}")
+            api.wait_operation(
+                f"deleting TPU node {node_id}",
+                operation,
+                progress,
+                lambda n=node_id: f"state {self.node_state(n)}",
+            )
             deleted = True
         return deleted

@@ -2,8 +2,9 @@
 
 ``GcpProvider`` is the provider contract (:mod:`tpuft.providers.base`) put together from one part per concern:
 the API plumbing and names (:mod:`.api`), nodes and queued resources (:mod:`.nodes`), the bucket
-(:mod:`.buckets`), SSH access with host keys pinned from the API and the key in the metadata unless OS Login is on
-(:mod:`.access`), and the short-lived worker address cache that spares ``exec`` an API round trip (:mod:`.cache`).
+(:mod:`.buckets`), SSH access with host keys pinned from the API and the key in the metadata unless OS Login
+is on (:mod:`.access`), and the short-lived worker address cache that spares ``exec`` an API round trip
+(:mod:`.cache`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from tpuft.core.accelerators import AcceleratorType, lookup
 from tpuft.core.errors import UsageError
+from tpuft.core.records import Cluster, Progress, State
 from tpuft.providers.gcp import access, buckets
 from tpuft.providers.gcp.api import GcpError, TpuApi
 from tpuft.providers.gcp.cache import WorkerCache
 from tpuft.providers.gcp.nodes import BAD_STATES, QUEUED_FAILED, TpuNodes
-from tpuft.core.records import Cluster, Progress, State
 
 if TYPE_CHECKING:
     from tpuft.config import ClusterConfig
@@ -35,7 +36,9 @@ class GcpProvider:
         self.project = str(self.gcp.project)
         self.zone = str(self.gcp.zone)
         self.accelerator: AcceleratorType = lookup(config.accelerator)
-        self.api = TpuApi(self.project, self.zone, config.name, self.gcp.slices, self.gcp.tpu_api_endpoint, self.gcp.timeout)
+        self.api = TpuApi(
+            self.project, self.zone, config.name, self.gcp.slices, self.gcp.tpu_api_endpoint, self.gcp.timeout
+        )
         self.parent = self.api.parent
         self.nodes = TpuNodes(self.api, self.gcp, self.accelerator)
 
@@ -48,7 +51,7 @@ class GcpProvider:
     def pins(self) -> access.HostKeyPins:
         return access.HostKeyPins(self.api, self.cache, self.known_hosts_path)
 
-    # -- names and places ------------------------------------------------------------------------------------
+    # -- names and places -----------------------------------------------------------------------------------
     def client(self) -> Any:
         return self.api.client()
 
@@ -70,7 +73,8 @@ class GcpProvider:
         return self.bucket_url
 
     def venv_cache(self) -> str:
-        """Commands run from HOME on the workers and argv gets no ``~`` expansion: make ``~/x`` plain ``x``."""
+        """Commands run from HOME on the workers and argv gets no ``~`` expansion: make ``~/x`` plain
+        ``x``."""
         cache = self.gcp.venv_cache
         return cache[2:] if cache.startswith("~/") else cache
 
@@ -94,7 +98,7 @@ class GcpProvider:
     def _cache_path(self) -> Path:
         return self.cache.path
 
-    # -- verbs -----------------------------------------------------------------------------------------------
+    # -- verbs ----------------------------------------------------------------------------------------------
     def create(self, progress: Progress | None = None) -> tuple[Cluster, bool]:
         existing = self.get()
         if existing.state != State.NOT_FOUND:
@@ -115,15 +119,20 @@ class GcpProvider:
         return cluster, True
 
     def plan(self) -> dict[str, Any]:
-        """What ``create`` would ask for, built on this machine without an API call or credentials (``--dry-run``):
-        the request as it would be sent, the node(s) it makes, and the bucket."""
+        """What ``create`` would ask for, built on this machine without an API call or credentials
+        (``--dry-run``): the request as it would be sent, the node(s) it makes, and the bucket."""
         request = self.nodes.create_request()
         return {
             "project": self.project,
             "zone": self.zone,
             "nodes": self.api.node_ids(),
             "queued_resource": self.config.name if self.gcp.queued else None,
-            "request": {"rpc": request.rpc, "parent": request.parent, request.id_field: request.id, "body": request.body()},
+            "request": {
+                "rpc": request.rpc,
+                "parent": request.parent,
+                request.id_field: request.id,
+                "body": request.body(),
+            },
             "bucket": self.bucket_url,
             "bucket_region": self.region,
             "venv_cache": self.venv_cache(),
@@ -172,9 +181,9 @@ class GcpProvider:
         return access.ssh_settings(self.config.ssh, self.known_hosts_path)
 
     def prepare(self, cluster: Cluster) -> None:
-        """Make this machine able to log in: the key pair exists and (without OS Login) its public half is in the
-        node's metadata, as gcloud does it; and the workers' host keys are pinned from the API. Both are remembered
-        with the cluster, so each costs API calls once per node."""
+        """Make this machine able to log in: the key pair exists and (without OS Login) its public half is in
+        the node's metadata, as gcloud does it; and the workers' host keys are pinned from the API. Both are
+        remembered with the cluster, so each costs API calls once per node."""
         from tpuft.providers.ssh_keys import ensure_key
 
         settings = self.ssh_settings()
@@ -189,8 +198,9 @@ class GcpProvider:
         self._login = None if self.config.ssh.os_login else entry
 
     def remember_exec_plan(self, config_path: str) -> None:
-        """After ``prepare`` and a fleet that reached the workers: what the next cold ``exec`` with this cluster file
-        needs (:mod:`.exec_plan`). A file with ``worker_env`` gets none (its values are read at validation)."""
+        """After ``prepare`` and a fleet that reached the workers: what the next cold ``exec`` with this
+        cluster file needs (:mod:`.exec_plan`). A file with ``worker_env`` gets none (its values are read at
+        validation)."""
         from tpuft.providers.gcp import exec_plan
 
         if self.config.worker_env or not hasattr(self, "_login"):

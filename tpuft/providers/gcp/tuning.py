@@ -8,9 +8,11 @@ import os
 POLL_SECONDS = float(os.environ.get("TPUFT_GCP_POLL_SECONDS", "5"))
 """How often to ask about a long-running operation or a queued resource (tests set it low)."""
 RETRY_BASE_S = float(os.environ.get("TPUFT_GCP_RETRY_BASE_S", "1"))
-"""First back-off after a transient API error or a network that does not answer; doubles up to 30 s, and the tries
-end with the cluster file's ``gcp.timeout`` (the command's budget, :mod:`tpuft.storage.network`), not at a count."""
+"""First back-off after a transient API error or a network that does not answer; doubles up to 30 s, and the
+tries end with the cluster file's ``gcp.timeout`` (the command's budget, :mod:`tpuft.storage.network`), not at
+a count."""
 HOSTKEY_WAIT_S = float(os.environ.get("TPUFT_GCP_HOSTKEY_WAIT_S", "300"))
-"""How long a fresh VM's guest agent may take to publish its SSH host keys before we refuse (tests set it low)."""
+"""How long a fresh VM's guest agent may take to publish its SSH host keys before we refuse (tests set it
+low)."""
 CREATE_TIMEOUT_S = 3600.0
 """How long one long-running operation may take; a queued resource may wait 24 times as long for capacity."""

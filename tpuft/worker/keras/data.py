@@ -1,13 +1,14 @@
 """The Keras trainer's input: each program's examples tokenized once into TFRecords, read back by ``tf.data``.
 
-Why TFRecords: the same files feed a CPU pod and a TPU slice, and on a pod slice the input pipelines run on every
-host, which cannot read worker 0's disk: there the records go to the run's bucket. Shapes are static (inputs padded
-to ``max_source_length``/``max_target_length``, batches ``drop_remainder``), and the eval set is padded with weight-0
-rows to a whole number of global batches, so that on the CPU pod every worker runs the same number of eval steps
-(their steps meet in collectives). A resumed run skips the batches its checkpoint had consumed, so it sees the data
-the original would have. ``data.hf`` is streamed into the files (``hf_data.split_examples``: a program's share, in
-the split's order, tokenized a chunk at a time) and read from disk each epoch rather than cached in memory; its
-eval and test splits are dealt as the held-out files are (``hf_data.held_out``). TensorFlow is passed in: this module imports without it.
+Why TFRecords: the same files feed a CPU pod and a TPU slice, and on a pod slice the input pipelines run on
+every host, which cannot read worker 0's disk: there the records go to the run's bucket. Shapes are static
+(inputs padded to ``max_source_length``/``max_target_length``, batches ``drop_remainder``), and the eval set
+is padded with weight-0 rows to a whole number of global batches, so that on the CPU pod every worker runs the
+same number of eval steps (their steps meet in collectives). A resumed run skips the batches its checkpoint
+had consumed, so it sees the data the original would have. ``data.hf`` is streamed into the files
+(``hf_data.split_examples``: a program's share, in the split's order, tokenized a chunk at a time) and read
+from disk each epoch rather than cached in memory; its eval and test splits are dealt as the held-out files
+are (``hf_data.held_out``). TensorFlow is passed in: this module imports without it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,18 @@ WRITE_CHUNK = 1024
 class RecordData:
     """The run's train and eval TFRecords and the per-replica datasets over them (``prepare`` writes them)."""
 
-    def __init__(self, tf: Any, ctx: WorkerContext, recipe: RecipeConfig, tokenizer: Any, *, classify: bool,
-                 replicas: int, tpu_hosts: int, say: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        tf: Any,
+        ctx: WorkerContext,
+        recipe: RecipeConfig,
+        tokenizer: Any,
+        *,
+        classify: bool,
+        replicas: int,
+        tpu_hosts: int,
+        say: Callable[..., None],
+    ) -> None:
         self.tf, self.ctx, self.recipe, self.tokenizer = tf, ctx, recipe, tokenizer
         self.classify, self.replicas, self.tpu_hosts, self.say = classify, replicas, tpu_hosts, say
         self.local_batch = recipe.train.batch_size // replicas  # per replica
@@ -43,7 +54,8 @@ class RecordData:
         self.eval_batches = 0
 
     def prepare(self) -> None:
-        """Tokenize this program's examples once, into TFRecords that tf.data reads (the same on CPU and TPU)."""
+        """Tokenize this program's examples once, into TFRecords that tf.data reads (the same on CPU and
+        TPU)."""
         cfg = self.recipe.data
         train = self.recipe.train
         # MWMS: one program per worker, each on its shard. TPU: one program feeds every replica.
@@ -53,10 +65,13 @@ class RecordData:
         shards = max(self.tpu_hosts, 1)
         # data.hf streams into the files (never held whole); the files' order is the split's, so a resumed run
         # writes the same records and skips the batches its checkpoint consumed, as with JSON lines
-        self.train_files, train_count = self._write_records(f"train-{tag}", self._train_examples(rank, world),
-                                                            shards=shards)
+        self.train_files, train_count = self._write_records(
+            f"train-{tag}", self._train_examples(rank, world), shards=shards
+        )
         if not train_count:
-            raise data_mod.DataError(self._where(), f"worker {self.ctx.worker_id} of {world} got no training examples")
+            raise data_mod.DataError(
+                self._where(), f"worker {self.ctx.worker_id} of {world} got no training examples"
+            )
         self.eval_examples = eval_examples = self._eval_examples(rank, world)
         self.say(
             f"data: {train_count} train / {len(eval_examples)} eval examples on worker {self.ctx.worker_id} "
@@ -65,15 +80,16 @@ class RecordData:
             everyone=True,
         )
         if eval_examples:
-            # Static shapes, and on the CPU pod every worker runs the same number of eval batches (their steps meet
-            # in collectives): each program pads its examples with weight-0 rows to whole batches.
+            # Static shapes, and on the CPU pod every worker runs the same number of eval batches (their steps
+            # meet in collectives): each program pads its examples with weight-0 rows to whole batches.
             total = eval_count(cfg, self.recipe.eval.max_examples) if world > 1 else len(eval_examples)
             per_program = self.eval_batch * (self.replicas // world)  # a program's batches feed its replicas
             largest_share = -(-total // world)  # ceil: the worker with the most examples
             self.eval_batches = -(-largest_share // per_program)
             padding = [data_mod.Example("", "", 0)] * (self.eval_batches * per_program - len(eval_examples))
-            self.eval_files, _ = self._write_records(f"eval-{tag}", eval_examples + padding, shards=shards,
-                                                     real=len(eval_examples))
+            self.eval_files, _ = self._write_records(
+                f"eval-{tag}", eval_examples + padding, shards=shards, real=len(eval_examples)
+            )
 
     def _train_examples(self, rank: int, world: int) -> Iterable[data_mod.Example]:
         cfg = self.recipe.data
@@ -84,13 +100,16 @@ class RecordData:
         return data_mod.load_shard(cfg.train, rank, world, data_mod.Fields.of(cfg))
 
     def _eval_examples(self, rank: int, world: int) -> list[data_mod.Example]:
-        """The first ``eval.max_examples`` of the held-out set (wherever their shard is): this program's share."""
+        """The first ``eval.max_examples`` of the held-out set (wherever their shard is): this program's
+        share."""
         from tpuft.worker.hf_data import has_held_out, held_out
 
         cfg = self.recipe.data
         if not has_held_out(cfg, "eval"):
             return []
-        return [e for _, e in held_out(cfg, "eval", rank=rank, world=world, limit=self.recipe.eval.max_examples)]
+        return [
+            e for _, e in held_out(cfg, "eval", rank=rank, world=world, limit=self.recipe.eval.max_examples)
+        ]
 
     def _where(self, role: str = "train") -> str:
         """Where a role's examples come from, for a located error: the file, or the data.hf split."""
@@ -103,15 +122,19 @@ class RecordData:
     def _data_dir(self) -> str:
         if self.tpu_hosts > 1:  # the input pipelines run on every host of the slice: they read the bucket
             if not self.ctx.remote:
-                raise UsageError("the Keras backend on a TPU pod slice reads its data and writes its run dir in a "
-                                 "bucket (every host runs an input pipeline): give the cluster file a bucket")
+                raise UsageError(
+                    "the Keras backend on a TPU pod slice reads its data and writes its run dir in a "
+                    "bucket (every host runs an input pipeline): give the cluster file a bucket"
+                )
             return f"{self.ctx.run_url}/data"
         return str(self.ctx.run_dir / "data")
 
-    def _write_records(self, name: str, examples: Iterable[data_mod.Example], *, shards: int,
-                       real: int | None = None) -> tuple[list[str], int]:
-        """The examples as TFRecords, tokenized ``WRITE_CHUNK`` at a time (a streamed split is never held whole);
-        after the first ``real`` (all when None) come weight-0 padding rows. Returns the files and the real count."""
+    def _write_records(
+        self, name: str, examples: Iterable[data_mod.Example], *, shards: int, real: int | None = None
+    ) -> tuple[list[str], int]:
+        """The examples as TFRecords, tokenized ``WRITE_CHUNK`` at a time (a streamed split is never held
+        whole); after the first ``real`` (all when None) come weight-0 padding rows. Returns the files and the
+        real count."""
         tf = self.tf
         tf.io.gfile.makedirs(self.data_dir)
         paths = [f"{self.data_dir}/{name}-{i:05d}-of-{shards:05d}.tfrecord" for i in range(shards)]
@@ -141,10 +164,16 @@ class RecordData:
         if self.classify:
             targets = [[self._label_id(e)] if w else [0] for e, w in zip(examples, weights)]
         else:
-            enc = self.tokenizer([e.target for e in examples], max_length=cfg.max_target_length,
-                                 padding="max_length", truncation=True)
-            targets = [[t if m else IGNORE for t, m in zip(ids, mask)]
-                       for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+            enc = self.tokenizer(
+                [e.target for e in examples],
+                max_length=cfg.max_target_length,
+                padding="max_length",
+                truncation=True,
+            )
+            targets = [
+                [t if m else IGNORE for t, m in zip(ids, mask)]
+                for ids, mask in zip(enc["input_ids"], enc["attention_mask"])
+            ]
         int_list = tf.train.Int64List
         rows = []
         for ids, mask, target, weight in zip(sources, masks, targets, weights):
@@ -164,8 +193,11 @@ class RecordData:
         if example.target.isdigit() and int(example.target) < len(labels):
             return int(example.target)
         where = f"{self._where('eval' if example in self.eval_examples else 'train')}:{example.line}"
-        raise data_mod.DataError(where, f"label {example.target!r} is not one of data.labels ({', '.join(labels)}) "
-                                 f"nor an index into them")
+        raise data_mod.DataError(
+            where,
+            f"label {example.target!r} is not one of data.labels ({', '.join(labels)}) "
+            f"nor an index into them",
+        )
 
     def _parse(self, record: Any) -> Any:
         tf = self.tf
@@ -196,18 +228,22 @@ class RecordData:
             ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=1)
             ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
             if train:
-                if self.recipe.data.hf is None:  # a JSON-lines shard is in memory anyway; a streamed split is not
+                if (
+                    self.recipe.data.hf is None
+                ):  # a JSON-lines shard is in memory anyway; a streamed split is not
                     ds = ds.cache()
                 hf = self.recipe.data.hf  # a streamed split's buffer is the recipe's (data.hf.shuffle_buffer)
                 buffer = 100_000 if hf is None else hf.shuffle_buffer
                 if self.recipe.data.shuffle and buffer > 1:
                     ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
                 ds = ds.repeat()
-            # Per-replica batches (tf.distribute hands a pipeline's batches to its replicas in turn): a resumed run
-            # skips every batch its pipeline's replicas consumed before the checkpoint.
+            # Per-replica batches (tf.distribute hands a pipeline's batches to its replicas in turn): a
+            # resumed run skips every batch its pipeline's replicas consumed before the checkpoint.
             ds = ds.batch(batch, drop_remainder=True)
             if skip_steps:
-                ds = ds.skip(skip_steps * (context.num_replicas_in_sync // max(context.num_input_pipelines, 1)))
+                ds = ds.skip(
+                    skip_steps * (context.num_replicas_in_sync // max(context.num_input_pipelines, 1))
+                )
             options = tf.data.Options()
             options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
             options.deterministic = True
@@ -217,7 +253,8 @@ class RecordData:
 
 
 def eval_count(cfg: Any, limit: int | None) -> int:
-    """How many eval examples the whole run has (every worker pads its shard to the same number of batches)."""
+    """How many eval examples the whole run has (every worker pads its shard to the same number of
+    batches)."""
     if cfg.hf is not None:
         from tpuft.worker.hf_data import held_out
 

@@ -1,14 +1,15 @@
-"""The Keras trainer's strategy on the local CPU pod, with several devices per worker: ``local.devices_per_worker``
-(``TPUFT_LOCAL_DEVICES``, set by the launch plan) logical CPU devices, each one a replica, so that a worker rehearses
-a TPU host's chips: the run has the slice's replica count and per-replica batch.
+"""The Keras trainer's strategy on the local CPU pod, with several devices per worker:
+``local.devices_per_worker`` (``TPUFT_LOCAL_DEVICES``, set by the launch plan) logical CPU devices, each one a
+replica, so that a worker rehearses a TPU host's chips: the run has the slice's replica count and per-replica
+batch.
 
-Why a patch: ``MultiWorkerMirroredStrategy`` takes a worker's local devices from its GPUs or TPUs and falls back to
-one CPU device per worker (TF 2.20, ``CollectiveAllReduceExtended._initialize_local_devices``), so logical CPU devices
-are never replicas of a multi-worker run. The rest of the strategy does not care what the devices are (the
-collective group is local devices x workers; the RING collectives run between CPU devices), so tpuft swaps that one
-choice, while the strategy is built, for the worker's logical CPU devices, and checks ``num_replicas_in_sync``
-afterwards. One worker alone runs ``MirroredStrategy`` over its devices (the same semantics, no cluster).
-TensorFlow is passed in: this module imports without it.
+Why a patch: ``MultiWorkerMirroredStrategy`` takes a worker's local devices from its GPUs or TPUs and falls
+back to one CPU device per worker (TF 2.20, ``CollectiveAllReduceExtended._initialize_local_devices``), so
+logical CPU devices are never replicas of a multi-worker run. The rest of the strategy does not care what the
+devices are (the collective group is local devices x workers; the RING collectives run between CPU devices),
+so tpuft swaps that one choice, while the strategy is built, for the worker's logical CPU devices, and checks
+``num_replicas_in_sync`` afterwards. One worker alone runs ``MirroredStrategy`` over its devices (the same
+semantics, no cluster). TensorFlow is passed in: this module imports without it.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ def cpu_strategy(tf: Any, devices: int, workers: int, options: Any) -> Any:
     extended = collective.CollectiveAllReduceExtended
     original = getattr(extended, "_initialize_local_devices", None)
     if original is None:
-        raise RuntimeError(f"this TensorFlow ({tf.__version__}) has no CollectiveAllReduceExtended."
-                           "_initialize_local_devices: set local.devices_per_worker: 1 for the Keras backend")
+        raise RuntimeError(
+            f"this TensorFlow ({tf.__version__}) has no CollectiveAllReduceExtended."
+            "_initialize_local_devices: set local.devices_per_worker: 1 for the Keras backend"
+        )
 
     def every_cpu(self: Any, resolver: Any, worker_device: str) -> tuple[tuple[str, ...], str]:
         found, kind = original(self, resolver, worker_device)
@@ -55,6 +58,8 @@ def cpu_strategy(tf: Any, devices: int, workers: int, options: Any) -> Any:
     finally:
         extended._initialize_local_devices = original
     if strategy.num_replicas_in_sync != workers * devices:
-        raise RuntimeError(f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} replicas, not "
-                           f"{workers} workers x {devices} CPU devices")
+        raise RuntimeError(
+            f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} replicas, not "
+            f"{workers} workers x {devices} CPU devices"
+        )
     return strategy

@@ -1,7 +1,8 @@
-"""The Keras trainer's engine parts, TensorFlow passed in (this module imports without it): the Keras model ``fit``
-trains (our ``train_step``: the global-mean loss scaling, gradient accumulation, explicit all-reduce and clipping; our
-``test_step``: eval sums on the device), the eval row from those sums, the learning-rate schedule, the optimizer state
-by position, and the weight digest. Unit-tested in ``tests/worker/test_keras_parts.py`` against the real stack."""
+"""The Keras trainer's engine parts, TensorFlow passed in (this module imports without it): the Keras model
+``fit`` trains (our ``train_step``: the global-mean loss scaling, gradient accumulation, explicit all-reduce
+and clipping; our ``test_step``: eval sums on the device), the eval row from those sums, the learning-rate
+schedule, the optimizer state by position, and the weight digest. Unit-tested in
+``tests/worker/test_keras_parts.py`` against the real stack."""
 
 from __future__ import annotations
 
@@ -14,17 +15,26 @@ IGNORE = -100
 """Label of a padded target position (no loss, not counted)."""
 
 
-def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_norm: float | None,
-                    accum_steps: int = 1, label_smoothing: float = 0.0) -> Any:
+def build_trainable(
+    tf: Any,
+    hf: Any,
+    *,
+    classify: bool,
+    start_token: int,
+    clip_norm: float | None,
+    accum_steps: int = 1,
+    label_smoothing: float = 0.0,
+) -> Any:
     """The Keras model ``fit`` trains: the HF model, our train/test steps and the metrics they keep.
 
     ``accum_steps`` > 1 accumulates gradients over that many micro-batches of each replica's batch inside one
     ``train_step`` and applies them once: ``fit`` still sees one step per optimizer step, so the optimizer's
-    iterations, the learning-rate schedule, the logged loss, checkpoints and the data position all count optimizer
-    steps as without accumulation; only the activations of one micro-batch are alive at a time.
+    iterations, the learning-rate schedule, the logged loss, checkpoints and the data position all count
+    optimizer steps as without accumulation; only the activations of one micro-batch are alive at a time.
 
-    ``label_smoothing`` smooths the training loss as PyTorch's ``cross_entropy(label_smoothing=)`` does (the target
-    weighs 1 - e, every class e / classes); evaluations report the plain cross-entropy, comparable across runs."""
+    ``label_smoothing`` smooths the training loss as PyTorch's ``cross_entropy(label_smoothing=)`` does (the
+    target weighs 1 - e, every class e / classes); evaluations report the plain cross-entropy, comparable
+    across runs."""
 
     class Trainable(tf.keras.Model):
         def __init__(self) -> None:
@@ -36,33 +46,51 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
 
         @property
         def metrics(self) -> list[Any]:
-            return [*self.sums.values()]  # reset by Keras before each evaluation; the train trackers by the callback
+            return [
+                *self.sums.values()
+            ]  # reset by Keras before each evaluation; the train trackers by the callback
 
         def build_all(self, data_cfg: Any) -> None:
             ids = tf.zeros([1, data_cfg.max_source_length], tf.int32)
-            labels = tf.zeros([1], tf.int32) if classify else tf.zeros([1, data_cfg.max_target_length], tf.int32)
-            self._logits_of({"input_ids": ids, "attention_mask": tf.ones_like(ids), "labels": labels}, training=False)
+            labels = (
+                tf.zeros([1], tf.int32) if classify else tf.zeros([1, data_cfg.max_target_length], tf.int32)
+            )
+            self._logits_of(
+                {"input_ids": ids, "attention_mask": tf.ones_like(ids), "labels": labels}, training=False
+            )
 
         def _logits_of(self, batch: dict[str, Any], training: bool) -> Any:
             if classify:
-                return self.hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               training=training).logits
+                return self.hf(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training
+                ).logits
             labels = batch["labels"]
             decoder_inputs = tf.concat(
-                [tf.fill([tf.shape(labels)[0], 1], start_token), tf.where(labels == IGNORE, 0, labels)[:, :-1]], axis=1
+                [
+                    tf.fill([tf.shape(labels)[0], 1], start_token),
+                    tf.where(labels == IGNORE, 0, labels)[:, :-1],
+                ],
+                axis=1,
             )
-            return self.hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=decoder_inputs, training=training).logits
+            return self.hf(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=decoder_inputs,
+                training=training,
+            ).logits
 
         def _mask_of(self, batch: dict[str, Any]) -> Any:
-            """What counts in the loss: the real target tokens, or the real examples (padding rows weigh 0)."""
+            """What counts in the loss: the real target tokens, or the real examples (padding rows weigh
+            0)."""
             if classify:
                 return batch["weight"]
             return tf.cast(batch["labels"] != IGNORE, tf.float32) * batch["weight"][:, None]
 
-        def _item_losses(self, batch: dict[str, Any], logits: Any, smoothing: float = 0.0) -> tuple[Any, Any, Any]:
-            """Per-item losses (in float32 whatever the compute precision), their mask (target tokens, or examples),
-            and whether each item is right."""
+        def _item_losses(
+            self, batch: dict[str, Any], logits: Any, smoothing: float = 0.0
+        ) -> tuple[Any, Any, Any]:
+            """Per-item losses (in float32 whatever the compute precision), their mask (target tokens, or
+            examples), and whether each item is right."""
             logits = tf.cast(logits, tf.float32)
             labels = batch["labels"]
             mask = self._mask_of(batch)
@@ -84,7 +112,9 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
                     loss, mask, _ = self._item_losses(batch, logits, label_smoothing)
                     local_count = tf.reduce_sum(mask)
                     total = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
-                    scaled = tf.reduce_sum(loss * mask) / tf.maximum(total, 1.0)  # sums over replicas to the global mean
+                    scaled = tf.reduce_sum(loss * mask) / tf.maximum(
+                        total, 1.0
+                    )  # sums over replicas to the global mean
                 variables = self.hf.trainable_variables
                 grads = tape.gradient(scaled, variables)
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
@@ -99,28 +129,41 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
             self.token_tracker.update_state(tokens)  # a SUM metric: the replicas' tokens add up
             return {"loss": global_loss}
 
-        def _accumulated(self, batch: dict[str, Any], total: Any, variables: list[Any]) -> tuple[Any, list[Any]]:
-            """This replica's share of the step's loss and its gradients, summed over ``accum_steps`` micro-batches
-            (consecutive slices of the batch). Every micro-batch's summed loss is divided by the tokens (examples) of
-            the whole global step, not its own: micro-batches count different tokens, and only this division makes
-            the sum the gradient of the big batch's mean. A ``tf.while_loop`` with one iteration at a time keeps a
-            single micro-batch's activations alive; the accumulators are dense (an embedding's sparse gradient
-            included)."""
-            pieces = {key: tf.reshape(value, [accum_steps, -1, *value.shape[1:]]) for key, value in batch.items()}
+        def _accumulated(
+            self, batch: dict[str, Any], total: Any, variables: list[Any]
+        ) -> tuple[Any, list[Any]]:
+            """This replica's share of the step's loss and its gradients, summed over ``accum_steps``
+            micro-batches (consecutive slices of the batch). Every micro-batch's summed loss is divided by the
+            tokens (examples) of the whole global step, not its own: micro-batches count different tokens, and
+            only this division makes the sum the gradient of the big batch's mean. A ``tf.while_loop`` with
+            one iteration at a time keeps a single micro-batch's activations alive; the accumulators are dense
+            (an embedding's sparse gradient included)."""
+            pieces = {
+                key: tf.reshape(value, [accum_steps, -1, *value.shape[1:]]) for key, value in batch.items()
+            }
 
             def one(index: Any, loss_sum: Any, sums: list[Any]) -> tuple[Any, Any, list[Any]]:
                 piece = {key: value[index] for key, value in pieces.items()}
                 with tf.GradientTape() as tape:
-                    loss, mask, _ = self._item_losses(piece, self._logits_of(piece, training=True), label_smoothing)
+                    loss, mask, _ = self._item_losses(
+                        piece, self._logits_of(piece, training=True), label_smoothing
+                    )
                     part = tf.reduce_sum(loss * mask) / total
                 grads = tape.gradient(part, variables)
-                dense = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g)
-                         for g, v in zip(grads, variables)]
+                dense = [
+                    tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g)
+                    for g, v in zip(grads, variables)
+                ]
                 return index + 1, loss_sum + part, [s + g for s, g in zip(sums, dense)]
 
             start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, v.dtype) for v in variables])
-            _, scaled, grads = tf.while_loop(lambda index, *_: index < accum_steps, one, start,
-                                             parallel_iterations=1, maximum_iterations=accum_steps)
+            _, scaled, grads = tf.while_loop(
+                lambda index, *_: index < accum_steps,
+                one,
+                start,
+                parallel_iterations=1,
+                maximum_iterations=accum_steps,
+            )
             return scaled, grads
 
         def test_step(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -133,8 +176,13 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
             else:
                 correct = right * mask
                 exact = tf.cast(tf.reduce_all((right > 0) | (mask == 0), axis=-1), tf.float32) * weight
-            values = {"loss_sum": tf.reduce_sum(loss * mask), "tokens": tf.reduce_sum(mask),
-                      "correct": tf.reduce_sum(correct), "exact": tf.reduce_sum(exact), "examples": tf.reduce_sum(weight)}
+            values = {
+                "loss_sum": tf.reduce_sum(loss * mask),
+                "tokens": tf.reduce_sum(mask),
+                "correct": tf.reduce_sum(correct),
+                "exact": tf.reduce_sum(exact),
+                "examples": tf.reduce_sum(weight),
+            }
             for name, value in values.items():
                 self.sums[name].update_state(value)
             return {f"{name}": metric.result() for name, metric in self.sums.items()}
@@ -144,7 +192,8 @@ def build_trainable(tf: Any, hf: Any, *, classify: bool, start_token: int, clip_
 
 def smoothed_cross_entropy(tf: Any, labels: Any, logits: Any, smoothing: float) -> Any:
     """Cross-entropy of each item against its label smoothed by ``smoothing``: (1 - e) of the label's negative
-    log-likelihood plus e of the mean over all classes (PyTorch's definition, so both backends train the same loss)."""
+    log-likelihood plus e of the mean over all classes (PyTorch's definition, so both backends train the same
+    loss)."""
     plain = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     if not smoothing:
         return plain
@@ -170,8 +219,8 @@ def eval_row(sums: dict[str, Any], *, classify: bool) -> dict[str, Any]:
 
 
 def epoch_length(steps: int, eval_every: int | None, checkpoint_every: int | None) -> int:
-    """Keras ``fit`` acts between epochs: an "epoch" here is the largest step count that every eval and checkpoint
-    step (and the last step) is a multiple of."""
+    """Keras ``fit`` acts between epochs: an "epoch" here is the largest step count that every eval and
+    checkpoint step (and the last step) is a multiple of."""
     length = steps
     for every in (eval_every, checkpoint_every):
         if every:
@@ -221,7 +270,9 @@ def restore_optimizer(optimizer: Any, path: Path) -> None:
     saved = np.load(path)
     variables = optimizer.variables
     if len(saved.files) - 1 != len(variables):
-        raise RuntimeError(f"{path}: {len(saved.files) - 1} optimizer variables saved, the optimizer has {len(variables)}")
+        raise RuntimeError(
+            f"{path}: {len(saved.files) - 1} optimizer variables saved, the optimizer has {len(variables)}"
+        )
     for i, variable in enumerate(variables):
         variable.assign(saved[f"v{i:05d}"])
 

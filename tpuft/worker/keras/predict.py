@@ -3,16 +3,17 @@
 (``tpuft/worker/keras/testset.py``) and for ``tpuft predict`` (:func:`main`, through the shared shard loop
 ``tpuft/worker/predict/loop.py``), so that ``test_*`` and ``predict``'s scores come from the same decodes.
 
-* Text to text: greedy decoding as one ``tf.function`` of static shapes run by ``strategy.run`` on every replica
-  (the encoder once, then ``max_new_tokens`` decoder passes over a fixed-length buffer, each filling one position:
-  XLA-friendly, so a TPU compiles it once); ``num_beams`` > 1 runs transformers' TF beam search the same way,
-  inside ``strategy.run``. Only the token ids come back to the host, where they are cut at EOS and detokenized.
-* Classification: the argmax is taken on the device, inside the step, so only a class index per example comes back
-  to the host (seed 002's way); the host maps it to the label's name.
+* Text to text: greedy decoding as one ``tf.function`` of static shapes run by ``strategy.run`` on every
+  replica (the encoder once, then ``max_new_tokens`` decoder passes over a fixed-length buffer, each filling
+  one position: XLA-friendly, so a TPU compiles it once); ``num_beams`` > 1 runs transformers' TF beam search
+  the same way, inside ``strategy.run``. Only the token ids come back to the host, where they are cut at EOS
+  and detokenized.
+* Classification: the argmax is taken on the device, inside the step, so only a class index per example comes
+  back to the host (seed 002's way); the host maps it to the label's name.
 
-A batch is this process's: its rows are split evenly over its local replicas (a TPU program's every core, a CPU
-worker's logical devices) and padded to a static size; the padding rows' outputs are dropped. The step has no
-collective, so processes need not call it in lock-step (they do, through the shard loop, anyway).
+A batch is this process's: its rows are split evenly over its local replicas (a TPU program's every core, a
+CPU worker's logical devices) and padded to a static size; the padding rows' outputs are dropped. The step has
+no collective, so processes need not call it in lock-step (they do, through the shard loop, anyway).
 TensorFlow is passed in: this module imports without it.
 """
 
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from tpuft.core.errors import UsageError
 from tpuft.worker import data as data_mod
-from tpuft.worker.keras import model as keras_model, prompt as keras_prompt
+from tpuft.worker.keras import model as keras_model
+from tpuft.worker.keras import prompt as keras_prompt
 
 if TYPE_CHECKING:
     from tpuft.config import RecipeConfig
@@ -32,10 +34,21 @@ if TYPE_CHECKING:
 
 
 class KerasEngine:
-    """:class:`tpuft.worker.predict_job.Engine` over a Keras (HF TF) model already built in ``strategy``'s scope."""
+    """:class:`tpuft.worker.predict_job.Engine` over a Keras (HF TF) model already built in ``strategy``'s
+    scope."""
 
-    def __init__(self, tf: Any, strategy: Any, hf: Any, tokenizer: Any, recipe: RecipeConfig, *, batch_size: int,
-                 max_new_tokens: int | None = None, num_beams: int = 1) -> None:
+    def __init__(
+        self,
+        tf: Any,
+        strategy: Any,
+        hf: Any,
+        tokenizer: Any,
+        recipe: RecipeConfig,
+        *,
+        batch_size: int,
+        max_new_tokens: int | None = None,
+        num_beams: int = 1,
+    ) -> None:
         self.tf, self.strategy, self.hf, self.tokenizer = tf, strategy, hf, tokenizer
         self.data = recipe.data
         self.classify = getattr(recipe.backend, "task", "") == "classification"
@@ -49,15 +62,20 @@ class KerasEngine:
         self.eos = tokenizer.eos_token_id
         self._step = tf.function(lambda ids, mask: strategy.run(self._replica_step, args=(ids, mask)))
 
-    # -- on the device ----------------------------------------------------------------------------------------
+    # -- on the device --------------------------------------------------------------------------------------
     def _replica_step(self, ids: Any, mask: Any) -> Any:
         tf, hf = self.tf, self.hf
         if self.classify:
             logits = hf(ids, attention_mask=mask, training=False).logits
             return tf.argmax(logits, -1, output_type=tf.int32)  # a class index per row leaves the device
         if self.num_beams > 1:
-            return hf.generate(ids, attention_mask=mask, max_new_tokens=self.max_new_tokens, num_beams=self.num_beams,
-                               do_sample=False)[:, 1:]  # without the decoder's start token
+            return hf.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=self.max_new_tokens,
+                num_beams=self.num_beams,
+                do_sample=False,
+            )[:, 1:]  # without the decoder's start token
         return self._greedy(ids, mask)
 
     def _greedy(self, ids: Any, mask: Any) -> Any:
@@ -72,14 +90,15 @@ class KerasEngine:
         decoder = tf.fill([rows, length], start)
         out = tf.zeros([rows, length], tf.int32)
         for t in tf.range(length):
-            logits = hf(ids, encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=decoder,
-                        training=False).logits
+            logits = hf(
+                ids, encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=decoder, training=False
+            ).logits
             token = tf.argmax(logits[:, t], -1, output_type=tf.int32)[:, None]
             out = tf.where(positions == t, token, out)
             decoder = tf.where(positions == t + 1, token, decoder)
         return out
 
-    # -- on the host ------------------------------------------------------------------------------------------
+    # -- on the host ----------------------------------------------------------------------------------------
     def predict(self, sources: list[str]) -> list[str]:
         out: list[str] = []
         for begin in range(0, len(sources), self.batch):
@@ -91,7 +110,9 @@ class KerasEngine:
 
         if not sources:
             return []
-        ids, masks = data_mod.encode_texts(self.tokenizer, sources, self.data.max_source_length, self.data.truncation)
+        ids, masks = data_mod.encode_texts(
+            self.tokenizer, sources, self.data.max_source_length, self.data.truncation
+        )
         pad = self.batch - len(sources)  # static shapes: copies of the first row, their outputs dropped
         ids_np = np.asarray(ids + [ids[0]] * pad, np.int32)
         mask_np = np.asarray(masks + [masks[0]] * pad, np.int32)
@@ -102,7 +123,9 @@ class KerasEngine:
                 lambda context: tf.constant(array[(context.replica_id_in_sync_group % local) * size :][:size])
             )
 
-        results = self.strategy.experimental_local_results(self._step(per_replica(ids_np), per_replica(mask_np)))
+        results = self.strategy.experimental_local_results(
+            self._step(per_replica(ids_np), per_replica(mask_np))
+        )
         if self.classify:
             indices = np.concatenate([np.asarray(r).reshape(-1) for r in results])[: len(sources)]
             return [self.labels[int(i)] for i in indices]
@@ -125,10 +148,10 @@ class KerasEngine:
 
 
 def main(ctx: WorkerContext, recipe: RecipeConfig, job: PredictJob) -> int:
-    """``tpuft predict`` on a Keras run's checkpoint: the strategy as the trainer sets it up for this many workers
-    (one program over a TPU slice; on the CPU pod every worker with its logical devices), the model from
-    ``job.model``, the engine, and the shared shard loop (``predict_loop.serve``: this process's part of every
-    unfinished shard; worker 0 joins them)."""
+    """``tpuft predict`` on a Keras run's checkpoint: the strategy as the trainer sets it up for this many
+    workers (one program over a TPU slice; on the CPU pod every worker with its logical devices), the model
+    from ``job.model``, the engine, and the shared shard loop (``predict_loop.serve``: this process's part of
+    every unfinished shard; worker 0 joins them)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
@@ -146,10 +169,28 @@ def main(ctx: WorkerContext, recipe: RecipeConfig, job: PredictJob) -> int:
     tokenizer = data_mod.load_tokenizer(str(folder) if saved else named)
     with strategy.scope():
         hf = keras_prompt.wrap(tf, keras_model.build_hf_model(recipe, tokenizer, folder), recipe, folder)
-    engine = KerasEngine(tf, strategy, hf, tokenizer, recipe, batch_size=job.batch_size,
-                         max_new_tokens=job.max_new_tokens, num_beams=job.num_beams)
+    engine = KerasEngine(
+        tf,
+        strategy,
+        hf,
+        tokenizer,
+        recipe,
+        batch_size=job.batch_size,
+        max_new_tokens=job.max_new_tokens,
+        num_beams=job.num_beams,
+    )
     process, processes = (0, 1) if hosts else (ctx.worker_id, ctx.num_workers)
-    print(f"[tpuft] keras predict: {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas, "
-          f"{precision}, process {process} of {processes}, {engine.batch} examples per call", flush=True)
-    return predict_loop.serve(job, engine, process=process, processes=processes, recipe=recipe,
-                              run_dir=ctx.run_dir if ctx.run_url else None, worker=ctx.worker_id)
+    print(
+        f"[tpuft] keras predict: {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas, "
+        f"{precision}, process {process} of {processes}, {engine.batch} examples per call",
+        flush=True,
+    )
+    return predict_loop.serve(
+        job,
+        engine,
+        process=process,
+        processes=processes,
+        recipe=recipe,
+        run_dir=ctx.run_dir if ctx.run_url else None,
+        worker=ctx.worker_id,
+    )

@@ -1,14 +1,15 @@
-"""The Keras trainer's test evaluation (``data.test`` or ``data.hf.test_split``), once at the end of training, before the final checkpoint
-(``tpuft.worker.loop.run_test`` calls :func:`evaluate`).
+"""The Keras trainer's test evaluation (``data.test`` or ``data.hf.test_split``), once at the end of training,
+before the final checkpoint (``tpuft.worker.loop.run_test`` calls :func:`evaluate`).
 
-Every program predicts its share of the test set with the Keras prediction engine (``keras_predict.KerasEngine``:
-greedy decodes on the device, or the classifier's argmax on the device): on the CPU pod every worker the records
-``i`` with ``i % workers == worker``, on a TPU slice the one program all of them. Its predictions go to
-``test/predictions-<worker>.jsonl``; their summable statistics (``tpuft.worker.predictions.statistics``) are summed
-over the workers with the strategy's own all-reduce, so that every worker returns the same scores. Under
-``train.keep_best`` the best checkpoint's weights are loaded into the model for the test (its ``tf_model.h5``, by
-weight name as transformers loads it), and the last weights are put back afterwards: the final checkpoint, the
-digest and the export see the weights training ended with.
+Every program predicts its share of the test set with the Keras prediction engine
+(``keras_predict.KerasEngine``: greedy decodes on the device, or the classifier's argmax on the device): on
+the CPU pod every worker the records ``i`` with ``i % workers == worker``, on a TPU slice the one program all
+of them. Its predictions go to ``test/predictions-<worker>.jsonl``; their summable statistics
+(``tpuft.worker.predictions.statistics``) are summed over the workers with the strategy's own all-reduce, so
+that every worker returns the same scores. Under ``train.keep_best`` the best checkpoint's weights are loaded
+into the model for the test (its ``tf_model.h5``, by weight name as transformers loads it), and the last
+weights are put back afterwards: the final checkpoint, the digest and the export see the weights training
+ended with.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpuft.worker.keras import generate as keras_generate
 from tpuft.worker import predictions
+from tpuft.worker.keras import generate as keras_generate
 from tpuft.worker.predict_input import Record, fields_for, label_name, records
 
 
 def evaluate(run: Any, folder: Path | None) -> dict[str, Any]:
-    """``run``: the trainer (``keras_train.KerasRun``, not imported: it imports this module). This program's share of
-    the test set predicted with the weights of ``folder`` (None: those in memory) by the trainer's one engine (the
-    one that decodes for eval's BLEU), written, scored over every worker."""
+    """``run``: the trainer (``keras_train.KerasRun``, not imported: it imports this module). This program's
+    share of the test set predicted with the weights of ``folder`` (None: those in memory) by the trainer's
+    one engine (the one that decodes for eval's BLEU), written, scored over every worker."""
     recipe, ctx, loop = run.recipe, run.ctx, run.loop
     labels = list(recipe.data.labels)
     rank, world = (0, 1) if run.tpu_hosts else (ctx.worker_id, ctx.num_workers)
@@ -37,16 +38,18 @@ def evaluate(run: Any, folder: Path | None) -> dict[str, Any]:
         if last is not None:
             for variable, value in zip(run.model.hf.weights, last):
                 variable.assign(value)
-    predictions.write_predictions(loop.test_predictions_dir() / predictions.shard_name(ctx.worker_id),
-                                  (predictions.row(r.index, r.source, o, r.target) for r, o in zip(share, outputs)))
+    predictions.write_predictions(
+        loop.test_predictions_dir() / predictions.shard_name(ctx.worker_id),
+        (predictions.row(r.index, r.source, o, r.target) for r, o in zip(share, outputs)),
+    )
     scored = [(o, r.target) for o, r in zip(outputs, share) if r.target is not None]
     stats = predictions.statistics([o for o, _ in scored], [t for _, t in scored], labels)
     return predictions.scores(keras_generate.summed(run, stats), labels)
 
 
 def test_share(cfg: Any, rank: int, world: int) -> list[Record]:
-    """This program's records of ``data.test`` (the i-th record if i % world == rank) or of ``data.hf.test_split``
-    (dealt as every held-out set is), a classification target as its label's name."""
+    """This program's records of ``data.test`` (the i-th record if i % world == rank) or of
+    ``data.hf.test_split`` (dealt as every held-out set is), a classification target as its label's name."""
     labels = list(cfg.labels)
     if cfg.hf is None:
         return [r for r in records(str(cfg.test), fields_for(cfg), labels) if r.index % world == rank]
@@ -73,6 +76,8 @@ def swap_in(run: Any, folder: Path) -> list[Any]:
         hf.load_prompt(folder)
     missing, _, mismatched = load_tf_weights(getattr(hf, "inner", hf), str(folder / "tf_model.h5"))
     if missing or mismatched:
-        raise RuntimeError(f"{folder}: the checkpoint does not fit the model (missing layers {missing}, "
-                           f"mismatched {mismatched})")
+        raise RuntimeError(
+            f"{folder}: the checkpoint does not fit the model (missing layers {missing}, "
+            f"mismatched {mismatched})"
+        )
     return last

@@ -1,36 +1,39 @@
 """TF Keras trainer: a Hugging Face TF model trained with ``model.fit`` under a ``tf.distribute`` strategy.
 
-Reads top to bottom: ``KerasRun.setup()`` picks the strategy, writes the data as TFRecords and builds the model and
-optimizer in the strategy's scope; ``train()`` is one ``model.fit``; ``finish()`` evaluates, checkpoints, exports to
-Hugging Face (PyTorch) format and records the weight digest; with ``data.test`` it first tests the best (keep_best)
-or last weights once, on the device (``tpuft/worker/keras/testset.py``). The run's bookkeeping (resume, metrics rows
-and the progress line, heartbeats, evaluations judged for keep-best and early stopping, checkpoint folders and
-pruning, the test evaluation's record, the final heartbeat) is the shared :class:`~tpuft.worker.loop.RunLoop`: ``fit`` drives the steps, and its callback
-(:func:`run_callback`) calls the loop's events between executions, in the order the loop's driver keeps.
+Reads top to bottom: ``KerasRun.setup()`` picks the strategy, writes the data as TFRecords and builds the
+model and optimizer in the strategy's scope; ``train()`` is one ``model.fit``; ``finish()`` evaluates,
+checkpoints, exports to Hugging Face (PyTorch) format and records the weight digest; with ``data.test`` it
+first tests the best (keep_best) or last weights once, on the device (``tpuft/worker/keras/testset.py``). The
+run's bookkeeping (resume, metrics rows and the progress line, heartbeats, evaluations judged for keep-best
+and early stopping, checkpoint folders and pruning, the test evaluation's record, the final heartbeat) is the
+shared :class:`~tpuft.worker.loop.RunLoop`: ``fit`` drives the steps, and its callback (:func:`run_callback`)
+calls the loop's events between executions, in the order the loop's driver keeps.
 
 Strategy (``tpuft/backends/keras.py`` says where the program runs):
-- local CPU pod: ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG`` built from ``TPUFT_PEERS``; every worker runs
-  this trainer on its own shard, gradients are all-reduced by TF's collectives. A worker with several devices
-  (``local.devices_per_worker``) makes them logical CPU devices, each a replica (``tpuft/worker/keras/devices.py``).
+- local CPU pod: ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG`` built from ``TPUFT_PEERS``; every worker
+  runs this trainer on its own shard, gradients are all-reduced by TF's collectives. A worker with several
+  devices (``local.devices_per_worker``) makes them logical CPU devices, each a replica
+  (``tpuft/worker/keras/devices.py``).
 - TPU: ``TPUStrategy`` over every core of the slice, from worker 0 alone (``TPUFT_TPU_HOSTS`` hosts).
 
-The training step is our own ``train_step`` inside ``fit`` (``tpuft/worker/keras/parts.py``; ``steps_per_execution``
-runs that many steps on the device per call from Python): the loss of a replica is its summed token (or example)
-losses divided by the global count, so that summing gradients over replicas gives the gradient of the global mean;
-``train.grad_accum_steps`` sums the gradients of that many micro-batches of each replica's batch before the one
-update; gradients are all-reduced explicitly, clipped by their global norm, and applied without a second
-aggregation. Eval metrics (loss, token accuracy, exact match with teacher forcing: every target position's argmax
-right, EOS included; classification accuracy) are sums in SUM-synchronised Keras metrics, so they are computed on the
-device and exact over replicas.
+The training step is our own ``train_step`` inside ``fit`` (``tpuft/worker/keras/parts.py``;
+``steps_per_execution`` runs that many steps on the device per call from Python): the loss of a replica is its
+summed token (or example) losses divided by the global count, so that summing gradients over replicas gives
+the gradient of the global mean; ``train.grad_accum_steps`` sums the gradients of that many micro-batches of
+each replica's batch before the one update; gradients are all-reduced explicitly, clipped by their global
+norm, and applied without a second aggregation. Eval metrics (loss, token accuracy, exact match with teacher
+forcing: every target position's argmax right, EOS included; classification accuracy) are sums in
+SUM-synchronised Keras metrics, so they are computed on the device and exact over replicas.
 
-Data (``tpuft/worker/keras/data.py``): each replica's examples are tokenized once and written as TFRecords with
-static shapes; ``tf.data`` shuffles them per epoch with the run's seed, and a resumed run skips the batches its
-checkpoint had consumed.
+Data (``tpuft/worker/keras/data.py``): each replica's examples are tokenized once and written as TFRecords
+with static shapes; ``tf.data`` shuffles them per epoch with the run's seed, and a resumed run skips the
+batches its checkpoint had consumed.
 
 Checkpoints: ``checkpoints/step_N`` holds the HF model (``tf_model.h5`` + config + tokenizer), the optimizer's
-variables (``optimizer.npz``, in the optimizer's own order) and ``trainer_state.json``, then ``manifest.json``.
-``train.keep_best`` keeps the best by the eval metric besides the last ``keep_checkpoints``; early stopping stops
-every replica at the same evaluation (the metric is the same on all of them).
+variables (``optimizer.npz``, in the optimizer's own order) and ``trainer_state.json``, then
+``manifest.json``. ``train.keep_best`` keeps the best by the eval metric besides the last
+``keep_checkpoints``; early stopping stops every replica at the same evaluation (the metric is the same on all
+of them).
 """
 
 from __future__ import annotations
@@ -41,13 +44,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.backends.keras_schema import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
+from tpuft.run import rundir
 from tpuft.worker import data as data_mod
-from tpuft.worker.keras import adafactor as keras_adafactor, generate as keras_generate, layers as keras_layers, model as keras_model, prompt as keras_prompt, testset as keras_test
-from tpuft.worker.hf_data import has_held_out
+from tpuft.worker import events
 from tpuft.worker.context import WorkerContext
+from tpuft.worker.hf_data import has_held_out
+from tpuft.worker.keras import (
+    adafactor as keras_adafactor,
+)
+from tpuft.worker.keras import (
+    generate as keras_generate,
+)
+from tpuft.worker.keras import (
+    layers as keras_layers,
+)
+from tpuft.worker.keras import (
+    model as keras_model,
+)
+from tpuft.worker.keras import (
+    prompt as keras_prompt,
+)
+from tpuft.worker.keras import (
+    testset as keras_test,
+)
 from tpuft.worker.keras.data import RecordData
 from tpuft.worker.keras.parts import (
     build_trainable,
@@ -58,7 +79,6 @@ from tpuft.worker.keras.parts import (
     save_optimizer,
     weights_digest,
 )
-from tpuft.worker import events
 from tpuft.worker.loop import RunLoop, run_test
 from tpuft.worker.ondemand import CheckpointRequests, serve
 
@@ -110,12 +130,21 @@ class KerasRun:
         transformers = keras_model.quiet_transformers()
         self.say(
             f"worker {self.ctx.worker_id}/{self.ctx.num_workers}: {type(self.strategy).__name__} with "
-            f"{self.replicas} replicas, {precision} (tensorflow {tf.__version__}, transformers {transformers.__version__})"
+            f"{self.replicas} replicas, {precision} (tensorflow {tf.__version__}, transformers "
+            f"{transformers.__version__})"
         )
         self.checkpoint = loop.load_checkpoint().checkpoint
         self.tokenizer = data_mod.load_tokenizer(self.recipe.model.tokenizer)
-        self.data = RecordData(tf, self.ctx, self.recipe, self.tokenizer, classify=self.classify,
-                               replicas=self.replicas, tpu_hosts=self.tpu_hosts, say=self.say)
+        self.data = RecordData(
+            tf,
+            self.ctx,
+            self.recipe,
+            self.tokenizer,
+            classify=self.classify,
+            replicas=self.replicas,
+            tpu_hosts=self.tpu_hosts,
+            say=self.say,
+        )
         self.data.prepare()
         loop.has_eval = bool(self.data.eval_files)
         loop.has_test = has_held_out(self.recipe.data, "test")
@@ -124,29 +153,43 @@ class KerasRun:
             self._setup_model()
             self._setup_optimizer()
 
-    # -- model and optimizer ----------------------------------------------------------------------------------
+    # -- model and optimizer --------------------------------------------------------------------------------
     def _setup_model(self) -> None:
         tf = self.tf
         source = self.checkpoint or self.recipe.model.name_or_path  # pretrained weights, or None: random init
         hf = keras_model.build_hf_model(self.recipe, self.tokenizer, source)
-        keras_layers.apply(tf, hf, self.recipe.model, classify=self.classify, say=self.say)  # freeze, recompute
-        hf = keras_prompt.wrap(tf, hf, self.recipe, self.checkpoint)  # model.prompt_tuning: a soft prompt, T5 frozen
+        keras_layers.apply(
+            tf, hf, self.recipe.model, classify=self.classify, say=self.say
+        )  # freeze, recompute
+        hf = keras_prompt.wrap(
+            tf, hf, self.recipe, self.checkpoint
+        )  # model.prompt_tuning: a soft prompt, T5 frozen
         start = 0 if self.classify else int(hf.config.decoder_start_token_id)
-        self.model = build_trainable(tf, hf, classify=self.classify, start_token=start,
-                                     clip_norm=self.recipe.train.max_grad_norm,
-                                     accum_steps=self.recipe.train.grad_accum_steps,
-                                     label_smoothing=self.recipe.train.label_smoothing)
+        self.model = build_trainable(
+            tf,
+            hf,
+            classify=self.classify,
+            start_token=start,
+            clip_norm=self.recipe.train.max_grad_norm,
+            accum_steps=self.recipe.train.grad_accum_steps,
+            label_smoothing=self.recipe.train.label_smoothing,
+        )
         self.model.distribute_reduction_method = "first"  # what train/test steps return is global already
         self.model.build_all(self.recipe.data)
         count = sum(int(tf.size(v)) for v in hf.weights)
         trained = sum(int(tf.size(v)) for v in hf.trainable_variables)
         origin = source or "random init"
-        self.say(f"model: {type(hf).__name__}, {count / 1e6:.2f}M parameters, {trained / 1e6:.3f}M trained ({origin})")
+        self.say(
+            f"model: {type(hf).__name__}, {count / 1e6:.2f}M parameters, {trained / 1e6:.3f}M trained "
+            f"({origin})"
+        )
 
     def _setup_optimizer(self) -> None:
         tf = self.tf
         train = self.recipe.train
-        self.schedule = schedule = make_schedule(tf, train.learning_rate, train.steps, train.warmup_steps, train.schedule)
+        self.schedule = schedule = make_schedule(
+            tf, train.learning_rate, train.steps, train.warmup_steps, train.schedule
+        )
         optimizer = keras_adafactor.make_optimizer(tf, train, schedule)
         self.model.compile(optimizer=optimizer, steps_per_execution=self.backend.steps_per_call(self.recipe))
         optimizer.build(self.model.hf.trainable_variables)
@@ -154,7 +197,7 @@ class KerasRun:
             restore_optimizer(optimizer, self.checkpoint / OPTIMIZER_STATE)
         self.optimizer = optimizer
 
-    # -- training ---------------------------------------------------------------------------------------------
+    # -- training -------------------------------------------------------------------------------------------
     def train(self) -> None:
         loop, data = self.loop, self.data
         train, evaluation = self.recipe.train, self.recipe.eval
@@ -173,14 +216,25 @@ class KerasRun:
         validation = self.eval_dataset if evaluation.every else None
         validation_freq = max((evaluation.every or epoch) // epoch, 1)
         first, last = loop.start_step // epoch, train.steps // epoch
-        self.say(f"training steps {loop.start_step + 1} to {train.steps}" if loop.start_step else
-                 f"training for {train.steps} steps ({self.backend.steps_per_call(self.recipe)} per execution)")
+        self.say(
+            f"training steps {loop.start_step + 1} to {train.steps}"
+            if loop.start_step
+            else f"training for {train.steps} steps ({self.backend.steps_per_call(self.recipe)} per "
+            "execution)"
+        )
         callback = run_callback(self)
         loop.step = loop.start_step
         if first < last:
             self.model.fit(
-                dataset, epochs=last, initial_epoch=first, steps_per_epoch=epoch, callbacks=[callback], verbose=0,
-                validation_data=validation, validation_steps=data.eval_batches or None, validation_freq=validation_freq,
+                dataset,
+                epochs=last,
+                initial_epoch=first,
+                steps_per_epoch=epoch,
+                callbacks=[callback],
+                verbose=0,
+                validation_data=validation,
+                validation_steps=data.eval_batches or None,
+                validation_freq=validation_freq,
             )
 
     def evaluate(self) -> dict[str, Any]:
@@ -188,7 +242,9 @@ class KerasRun:
             return {}
         self.loop.beat(self.loop.step, phase="eval")
         started = time.time()
-        sums = self.model.evaluate(self.eval_dataset, steps=self.data.eval_batches, verbose=0, return_dict=True)
+        sums = self.model.evaluate(
+            self.eval_dataset, steps=self.data.eval_batches, verbose=0, return_dict=True
+        )
         return self.record_eval(sums, time.time() - started)
 
     def record_eval(self, sums: dict[str, Any], seconds: float) -> dict[str, Any]:
@@ -198,26 +254,27 @@ class KerasRun:
         return self.loop.record_eval(self.loop.step, row, seconds)
 
     def judge(self, result: dict[str, Any]) -> bool:
-        """Best-so-far and early stopping (the loop's judge; the metric is identical on every replica, so every
-        replica stops at the same evaluation). True when this evaluation is the best so far."""
+        """Best-so-far and early stopping (the loop's judge; the metric is identical on every replica, so
+        every replica stops at the same evaluation). True when this evaluation is the best so far."""
         verdict = self.loop.judge(self.loop.step, result)
         if verdict.stop:
             self.model.stop_training = True
         return verdict.improved
 
     def wait_for_everyone(self) -> None:
-        """A barrier (an all-reduce of one number) at the end: a worker of a MultiWorkerMirrored run that exits while
-        the chief still saves and exports is seen by TF's coordination service as crashed, which aborts the chief."""
+        """A barrier (an all-reduce of one number) at the end: a worker of a MultiWorkerMirrored run that
+        exits while the chief still saves and exports is seen by TF's coordination service as crashed, which
+        aborts the chief."""
         if self.ctx.num_workers > 1 and not self.tpu_hosts:
             tf = self.tf
             self.loop.beat(self.loop.step, phase="export")  # waiting for the chief's export, not hung
             self.strategy.reduce("SUM", self.strategy.run(lambda: tf.constant(1.0)), axis=None)
 
-    # -- checkpoints and the end ------------------------------------------------------------------------------
+    # -- checkpoints and the end ----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
-        """The chief writes ``checkpoints/step_N`` (the loop's temp folder, trainer state, manifest and pruning); the
-        other replicas hold the same weights and wait for the chief in their next collective: their heartbeat says
-        ``checkpoint`` too, so that their supervisor is as patient as the chief's."""
+        """The chief writes ``checkpoints/step_N`` (the loop's temp folder, trainer state, manifest and
+        pruning); the other replicas hold the same weights and wait for the chief in their next collective:
+        their heartbeat says ``checkpoint`` too, so that their supervisor is as patient as the chief's."""
         step = self.loop.step
         self.loop.beat(step, phase="checkpoint")
 
@@ -230,7 +287,9 @@ class KerasRun:
 
     def finish(self) -> None:
         loop = self.loop
-        if loop.has_eval and self.last_eval_step != loop.step:  # fit's last evaluation may be at the last step
+        if (
+            loop.has_eval and self.last_eval_step != loop.step
+        ):  # fit's last evaluation may be at the last step
             self.judge(self.evaluate())
         if loop.test_due():  # once per run, before the final checkpoint (which records it)
             run_test(loop, lambda folder: keras_test.evaluate(self, folder))
@@ -246,7 +305,9 @@ class KerasRun:
             out = export_hf(self.ctx, source, self.recipe.export.dtype)
             events.record("export", started, time.time() - started, step=loop.step)
             self.say(f"Hugging Face export: {out}")
-            if self.recipe.model.prompt_tuning is not None:  # beside the HF dir: the frozen model plus this file
+            if (
+                self.recipe.model.prompt_tuning is not None
+            ):  # beside the HF dir: the frozen model plus this file
                 shutil.copyfile(source / keras_prompt.PROMPT_FILE, out.parent / keras_prompt.PROMPT_FILE)
                 self.say(f"soft prompt: {out.parent / keras_prompt.PROMPT_FILE}")
         self.wait_for_everyone()
@@ -258,13 +319,15 @@ class KerasRun:
 
 
 def run_callback(run: KerasRun) -> Any:
-    """The loop's events between ``fit``'s executions, in the order of the loop's own driver: a step's metrics row
-    on ``log_every`` and its heartbeat; an evaluation recorded and judged (a new best under ``keep_best`` is
-    checkpointed at once); else a checkpoint on ``checkpoint_every``. A tf.keras Callback, its class made here so
-    that this module imports without TensorFlow."""
+    """The loop's events between ``fit``'s executions, in the order of the loop's own driver: a step's metrics
+    row on ``log_every`` and its heartbeat; an evaluation recorded and judged (a new best under ``keep_best``
+    is checkpointed at once); else a checkpoint on ``checkpoint_every``. A tf.keras Callback, its class made
+    here so that this module imports without TensorFlow."""
     tf = run.tf
     loop = run.loop
-    requests = CheckpointRequests.of(run.ctx, answers=loop.beats)  # tpuft checkpoint: one os.stat per execution
+    requests = CheckpointRequests.of(
+        run.ctx, answers=loop.beats
+    )  # tpuft checkpoint: one os.stat per execution
 
     class Callback(tf.keras.callbacks.Callback):
         def __init__(self) -> None:
@@ -278,14 +341,22 @@ def run_callback(run: KerasRun) -> Any:
             logged: dict[str, Any] = {}
             if loop.log_due(step):
                 model = run.model
-                logged = loop.log_train(step, loss=float(model.loss_tracker.result()),
-                                        lr=float(run.schedule(step - 1)),  # the rate of the window's last step
-                                        tokens=float(model.token_tracker.result()))
+                logged = loop.log_train(
+                    step,
+                    loss=float(model.loss_tracker.result()),
+                    lr=float(run.schedule(step - 1)),  # the rate of the window's last step
+                    tokens=float(model.token_tracker.result()),
+                )
                 model.loss_tracker.reset_state()
                 model.token_tracker.reset_state()
             loop.beat(step, phase="step", **logged)
-            serve(requests, step, lambda at: loop.save_asked(lambda _: run.save_checkpoint(), at), loop.say,
-                  lambda at: loop.beat(at, phase="checkpoint"))
+            serve(
+                requests,
+                step,
+                lambda at: loop.save_asked(lambda _: run.save_checkpoint(), at),
+                loop.say,
+                lambda at: loop.beat(at, phase="checkpoint"),
+            )
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.params_epoch = epoch
@@ -300,7 +371,8 @@ def run_callback(run: KerasRun) -> Any:
                 sums = {k.removeprefix("val_"): v for k, v in logs.items() if k.startswith("val_")}
                 best = run.judge(run.record_eval(sums, time.time() - self.eval_started))
                 if best and run.recipe.train.keep_best and loop.step < run.recipe.train.steps:
-                    run.save_checkpoint()  # the best so far becomes a checkpoint, whatever checkpoint_every says
+                    # the best so far becomes a checkpoint, whatever checkpoint_every says
+                    run.save_checkpoint()
                     return
             if loop.checkpoint_due(loop.step):
                 run.save_checkpoint()

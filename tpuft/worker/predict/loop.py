@@ -1,24 +1,25 @@
-"""The shard loop of ``tpuft predict``, shared by every backend's engine: read the input once, cut it into shards,
-predict this process's part of each shard in length-sorted batches, write the part whole; and :func:`join`, which
-streams the finished parts into the output in input order and sums their scores.
+"""The shard loop of ``tpuft predict``, shared by every backend's engine: read the input once, cut it into
+shards, predict this process's part of each shard in length-sorted batches, write the part whole; and
+:func:`join`, which streams the finished parts into the output in input order and sums their scores.
 
 The layout, in the job's ``shards`` folder (local, or a ``gs://`` prefix):
 
 * ``processes.json``: how many processes write parts. A resume with another count would read half a shard as
   whole, so it is refused (the same workers, or ``--overwrite``).
-* ``shard-<k:06d>/stats-<p:05d>.json``, then ``shard-<k:06d>/predictions-<p:05d>.jsonl``: process ``p``'s part of
-  shard ``k`` (:func:`tpuft.worker.predictions.shard_name`) and its summable statistics; the part is written last
-  and whole, so a part under its name is finished. A shard is finished when every process's part is there.
+* ``shard-<k:06d>/stats-<p:05d>.json``, then ``shard-<k:06d>/predictions-<p:05d>.jsonl``: process ``p``'s part
+  of shard ``k`` (:func:`tpuft.worker.predictions.shard_name`) and its summable statistics; the part is
+  written last and whole, so a part under its name is finished. A shard is finished when every process's part
+  is there.
 * ``done-<p:05d>.json``: process ``p`` has every part of every shard (how many shards and records there are).
 
 Resume: a shard that is finished is skipped by every process; one that is not is redone by every process (a
-killed job's half-written shard is predicted again, its stale parts overwritten). Every process decides from one
-listing made before it predicts anything. Its decisions agree with the others': for a lock-step engine a process
-cannot finish a part before every process has started, and no part is written twice in one job.
+killed job's half-written shard is predicted again, its stale parts overwritten). Every process decides from
+one listing made before it predicts anything. Its decisions agree with the others': for a lock-step engine a
+process cannot finish a part before every process has started, and no part is written twice in one job.
 
-Lock-step: an engine may compute in SPMD, where every process must call its step the same number of times. Every
-process knows each shard's length, so each calls ``engine.predict`` ``ceil(ceil(n / processes) / batch_size)``
-times for a shard of ``n`` records, with fewer inputs (or none) once its own part is done.
+Lock-step: an engine may compute in SPMD, where every process must call its step the same number of times.
+Every process knows each shard's length, so each calls ``engine.predict`` ``ceil(ceil(n / processes) /
+batch_size)`` times for a shard of ``n`` records, with fewer inputs (or none) once its own part is done.
 
 Engines import their framework lazily: this module is stdlib (and tpuft's storage for ``gs://``).
 """
@@ -44,7 +45,8 @@ PROCESSES_FILE = "processes.json"
 JOINED_FILE = "joined.json"
 """Written by process 0 once OUT is whole: a detached job's OUT needs no controller to join it."""
 JOIN_WAIT_S = 1800.0
-"""How long worker 0 waits for the other processes' parts before joining: they run in step with it, or nearly."""
+"""How long worker 0 waits for the other processes' parts before joining: they run in step with it, or
+nearly."""
 
 
 def shard_folder(k: int) -> str:
@@ -70,8 +72,8 @@ def calls_for(shard_size: int, processes: int, batch_size: int) -> int:
 
 
 class Shards:
-    """The job's shards folder through tpuft's storage: a local folder is written in place (through temp names),
-    a bucket prefix gets each part uploaded whole from a local temp file."""
+    """The job's shards folder through tpuft's storage: a local folder is written in place (through temp
+    names), a bucket prefix gets each part uploaded whole from a local temp file."""
 
     def __init__(self, url: str) -> None:
         from tpuft.storage import open_storage
@@ -123,7 +125,9 @@ class Progress:
     done: int = 0
 
     @classmethod
-    def of(cls, process: int, total: int | None, say: Callable[[str], None], run_dir: Path | None) -> Progress:
+    def of(
+        cls, process: int, total: int | None, say: Callable[[str], None], run_dir: Path | None
+    ) -> Progress:
         beat = None
         if run_dir is not None:
             from tpuft.worker.metrics import Heartbeat
@@ -138,8 +142,8 @@ class Progress:
 
 
 def _shards(stream: Iterable[Record], shard_lines: int) -> Iterator[tuple[int, list[Record], int]]:
-    """(k, records, size) per shard: ``size`` counts the shard's input records, dropped ones too (ids are input
-    positions; every process reads the same input, so every process knows every size)."""
+    """(k, records, size) per shard: ``size`` counts the shard's input records, dropped ones too (ids are
+    input positions; every process reads the same input, so every process knows every size)."""
     shard: list[Record] = []
     k = 0
     last = -1
@@ -187,14 +191,20 @@ def _check_processes(shards: Shards, names: set[str], process: int, processes: i
 
 
 def run(
-    job: PredictJob, engine: Engine, *, process: int = 0, processes: int = 1, recipe: Any = None,
-    run_dir: Path | None = None, worker: int | None = None,
+    job: PredictJob,
+    engine: Engine,
+    *,
+    process: int = 0,
+    processes: int = 1,
+    recipe: Any = None,
+    run_dir: Path | None = None,
+    worker: int | None = None,
     say: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> dict[str, Any]:
     """Predict this process's part of every unfinished shard; returns ``{"shards", "records", "predicted",
-    "skipped", "processes"}``. ``recipe``: the job's parsed recipe (parsed from ``job.recipe`` when not given);
-    ``run_dir``: where the heartbeat goes (``heartbeat/worker-<worker>.json``; ``worker`` defaults to ``process``),
-    when a supervisor watches."""
+    "skipped", "processes"}``. ``recipe``: the job's parsed recipe (parsed from ``job.recipe`` when not
+    given); ``run_dir``: where the heartbeat goes (``heartbeat/worker-<worker>.json``; ``worker`` defaults to
+    ``process``), when a supervisor watches."""
     if not 0 <= process < processes:
         raise ValueError(f"process {process} out of range for {processes} processes")
     if recipe is None:
@@ -220,17 +230,29 @@ def run(
         part = _part(shard, k, job.shard_lines, process, processes)
         outputs = predict_part(engine, part, calls_for(size, processes, job.batch_size), job.batch_size)
         scored = [(o, r.target) for o, r in zip(outputs, part) if r.target is not None]
-        stats = predictions.statistics([o for o, _ in scored], [t for _, t in scored], labels) if scored else None
-        shards.write_text(stats_path(k, process), json.dumps({"stats": stats, "labels": labels, "rows": len(part)}))
-        shards.write_rows(part_path(k, process),
-                          (predictions.row(r.index, r.source, o, r.target) for r, o in zip(part, outputs)))
+        stats = (
+            predictions.statistics([o for o, _ in scored], [t for _, t in scored], labels) if scored else None
+        )
+        shards.write_text(
+            stats_path(k, process), json.dumps({"stats": stats, "labels": labels, "rows": len(part)})
+        )
+        shards.write_rows(
+            part_path(k, process),
+            (predictions.row(r.index, r.source, o, r.target) for r, o in zip(part, outputs)),
+        )
         predicted += 1
         progress.done += len(part)
         seconds = max(time.monotonic() - started, 1e-9)
         say(f"[tpuft] predict shard {k}: {len(part)} examples, {len(part) / seconds:.1f} ex/s")
         progress.beat()
         del shard, part, outputs, scored  # before the next shard is read: one shard in memory, not two
-    summary = {"shards": count, "records": total, "predicted": predicted, "skipped": skipped, "processes": processes}
+    summary = {
+        "shards": count,
+        "records": total,
+        "predicted": predicted,
+        "skipped": skipped,
+        "processes": processes,
+    }
     shards.write_text(done_path(process), json.dumps(summary))
     progress.beat(phase="collective")
     return summary
@@ -247,17 +269,20 @@ def wait_done(shards: Shards, *, timeout_s: float = JOIN_WAIT_S, poll_s: float =
         if processes and not missing:
             return json.loads(shards.read_text(done_path(0)) or "{}")
         if time.monotonic() >= deadline:
-            raise TpuftError(f"{shards.url}: processes {missing} did not finish their parts in {timeout_s:.0f} s")
+            raise TpuftError(
+                f"{shards.url}: processes {missing} did not finish their parts in {timeout_s:.0f} s"
+            )
         time.sleep(poll_s)
 
 
 def join(
     job: PredictJob, *, output: str | None = None, timeout_s: float = JOIN_WAIT_S, poll_s: float = 2.0
 ) -> dict[str, Any]:
-    """Stream every shard's parts, in input order, into ``output`` (default ``job.output``; local or ``gs://``:
-    written through a temp name, or uploaded once from a local temp file), one shard in memory at a time. Waits
-    (up to ``timeout_s``) for every process's ``done`` file. Returns ``{"rows", "shards", "output", "scores"}``:
-    the scores of the rows that had targets (:func:`tpuft.worker.predictions.scores`), or None when none had."""
+    """Stream every shard's parts, in input order, into ``output`` (default ``job.output``; local or
+    ``gs://``: written through a temp name, or uploaded once from a local temp file), one shard in memory at a
+    time. Waits (up to ``timeout_s``) for every process's ``done`` file. Returns ``{"rows", "shards",
+    "output", "scores"}``: the scores of the rows that had targets (:func:`tpuft.worker.predictions.scores`),
+    or None when none had."""
     target = output or job.output
     if not target:
         raise ValueError("join needs an output")
@@ -291,8 +316,12 @@ def join(
             GcsStorage.from_url(parent).upload_file(Path(tmp) / name, name)
     else:
         predictions.write_predictions(Path(target).expanduser(), joined())
-    return {"rows": rows, "shards": count, "output": target,
-            "scores": predictions.scores(totals, labels) if totals is not None else None}
+    return {
+        "rows": rows,
+        "shards": count,
+        "output": target,
+        "scores": predictions.scores(totals, labels) if totals is not None else None,
+    }
 
 
 RESULT_PREFIX = "[tpuft] predict result "
@@ -300,8 +329,8 @@ RESULT_PREFIX = "[tpuft] predict result "
 
 
 def model_folder(url: str) -> Path:
-    """The job's model as a folder on this machine: itself, or a ``gs://`` prefix's cached download (files already
-    there and intact are skipped, so a resumed job does not fetch them again)."""
+    """The job's model as a folder on this machine: itself, or a ``gs://`` prefix's cached download (files
+    already there and intact are skipped, so a resumed job does not fetch them again)."""
     if not url.startswith("gs://"):
         return Path(url).expanduser()
     from tpuft.storage import GcsStorage
@@ -313,13 +342,29 @@ def model_folder(url: str) -> Path:
 
 
 def serve(
-    job: PredictJob, engine: Engine, *, process: int, processes: int, recipe: Any, run_dir: Path | None = None,
-    worker: int | None = None, say: Callable[[str], None] = lambda line: print(line, flush=True),
+    job: PredictJob,
+    engine: Engine,
+    *,
+    process: int,
+    processes: int,
+    recipe: Any,
+    run_dir: Path | None = None,
+    worker: int | None = None,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> int:
-    """What every engine's ``main`` does with its engine: :func:`run`, then on process 0, when the job names an
-    output, :func:`join` and the result line. The engine is closed either way."""
+    """What every engine's ``main`` does with its engine: :func:`run`, then on process 0, when the job names
+    an output, :func:`join` and the result line. The engine is closed either way."""
     try:
-        run(job, engine, process=process, processes=processes, recipe=recipe, run_dir=run_dir, worker=worker, say=say)
+        run(
+            job,
+            engine,
+            process=process,
+            processes=processes,
+            recipe=recipe,
+            run_dir=run_dir,
+            worker=worker,
+            say=say,
+        )
     finally:
         engine.close()
     if process == 0 and job.output:

@@ -1,1 +1,2 @@
-"""The per-host supervisor: starts the trainer, watches its peers, relays stops, checkpoint asks and maintenance."""
+"""The per-host supervisor: starts the trainer, watches its peers, relays stops, checkpoint asks and
+maintenance."""

@@ -1,7 +1,7 @@
-"""This worker's own state, for the supervisor (:mod:`tpuft.worker.supervisor.process`): which run it holds, on its disk
-(``$HOME/.tpuft/supervisor/current.json``, under a lock), whether a process is still the one that was recorded, and
-``check``: is this worker free, and what did dead runs leave behind (a trainer that outlived its supervisor, a process
-still holding the TPU chips) that must go before the next run starts.
+"""This worker's own state, for the supervisor (:mod:`tpuft.worker.supervisor.process`): which run it holds,
+on its disk (``$HOME/.tpuft/supervisor/current.json``, under a lock), whether a process is still the one that
+was recorded, and ``check``: is this worker free, and what did dead runs leave behind (a trainer that outlived
+its supervisor, a process still holding the TPU chips) that must go before the next run starts.
 
 Stdlib only, as the supervisor's ``check`` and ``follow`` must start fast.
 """
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.core.waiting import waiting
+from tpuft.run import rundir
 
 STATE_DIR = ".tpuft/supervisor"
 """Under the worker's HOME."""
@@ -37,16 +37,22 @@ def current_path() -> Path:
 
 @contextlib.contextmanager
 def worker_lock() -> Iterator[None]:
-    """One ``check``/``start`` at a time on a worker: two ``tpuft train`` racing cannot both claim it. The holder
-    writes its pid and command into the lock file, so a process kept waiting can say whom it waits for (on stderr,
-    which reaches the controller's terminal as this worker's lines)."""
+    """One ``check``/``start`` at a time on a worker: two ``tpuft train`` racing cannot both claim it. The
+    holder writes its pid and command into the lock file, so a process kept waiting can say whom it waits for
+    (on stderr, which reaches the controller's terminal as this worker's lines)."""
     state_dir().mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir() / "lock", os.O_RDWR | os.O_CREAT, 0o644)  # not "w": that would erase the holder's name
+    fd = os.open(
+        state_dir() / "lock", os.O_RDWR | os.O_CREAT, 0o644
+    )  # not "w": that would erase the holder's name
     with os.fdopen(fd, "r+") as handle:
         if not _try_lock(handle):
             holder = handle.read().strip() or "a process that did not say"
-            with waiting(f"this worker's lock ({state_dir() / 'lock'}), held by another tpuft process: {holder}"):
-                fcntl.flock(handle, fcntl.LOCK_EX)  # blocks until the holder lets go; the wait line tells the time
+            with waiting(
+                f"this worker's lock ({state_dir() / 'lock'}), held by another tpuft process: {holder}"
+            ):
+                fcntl.flock(
+                    handle, fcntl.LOCK_EX
+                )  # blocks until the holder lets go; the wait line tells the time
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} ({' '.join(os.path.basename(a) for a in sys.argv[:3])[:120]})\n")
@@ -105,7 +111,9 @@ def is_alive(pid: int | None, ticks: int | None = None) -> bool:
 
 
 def supervisor_alive(current: dict[str, Any]) -> bool:
-    return current.get("status") in {"starting", "running"} and is_alive(current.get("supervisor_pid"), current.get("supervisor_ticks"))
+    return current.get("status") in {"starting", "running"} and is_alive(
+        current.get("supervisor_pid"), current.get("supervisor_ticks")
+    )
 
 
 def process_environ(pid: int) -> dict[str, str]:
@@ -127,13 +135,13 @@ def kill_pid(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # check: is this worker free? clean what dead runs left behind
 
 
 def leftover_processes(home: str, keep_run: str | None) -> list[tuple[int, str]]:
-    """(pid, run id) of processes of this worker (its HOME) that belong to a tpuft run other than ``keep_run``: the
-    trainers, supervisors and followers of runs that are no longer alive."""
+    """(pid, run id) of processes of this worker (its HOME) that belong to a tpuft run other than
+    ``keep_run``: the trainers, supervisors and followers of runs that are no longer alive."""
     found = []
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -147,8 +155,8 @@ def leftover_processes(home: str, keep_run: str | None) -> list[tuple[int, str]]
 
 
 def tpu_holders(devices: tuple[str, ...] = TPU_DEVICES) -> list[int]:
-    """Processes holding a TPU chip open (``/dev/accel*``, ``/dev/vfio/*``): a crashed run's trainer keeps the chips
-    and the next one fails with "TPU in use", as MaxText's multihost runner knows."""
+    """Processes holding a TPU chip open (``/dev/accel*``, ``/dev/vfio/*``): a crashed run's trainer keeps the
+    chips and the next one fails with "TPU in use", as MaxText's multihost runner knows."""
     holders = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -168,11 +176,19 @@ def tpu_holders(devices: tuple[str, ...] = TPU_DEVICES) -> list[int]:
     return holders
 
 
-def check_worker(*, free_tpu: bool, devices: tuple[str, ...] = TPU_DEVICES, lockfile: str = TPU_LOCKFILE) -> dict[str, Any]:
-    """Under the worker lock: {"busy": run id of a live run, or None; "cleaned": what was stopped or removed}."""
+def check_worker(
+    *, free_tpu: bool, devices: tuple[str, ...] = TPU_DEVICES, lockfile: str = TPU_LOCKFILE
+) -> dict[str, Any]:
+    """Under the worker lock: {"busy": run id of a live run, or None; "cleaned": what was stopped or
+    removed}."""
     current = read_current()
     if supervisor_alive(current):
-        return {"busy": current.get("run_id"), "since": current.get("started"), "attempt": current.get("attempt"), "cleaned": []}
+        return {
+            "busy": current.get("run_id"),
+            "since": current.get("started"),
+            "attempt": current.get("attempt"),
+            "cleaned": [],
+        }
     cleaned = []
     home = os.environ.get("HOME") or str(Path.home())
     for pid, run in leftover_processes(home, None):
@@ -192,5 +208,7 @@ def check_worker(*, free_tpu: bool, devices: tuple[str, ...] = TPU_DEVICES, lock
                 cleaned.append(f"removed {lockfile}")
     if current and current.get("status") in {"starting", "running"}:
         write_current({**current, "status": "ended", "cleaned": time.time()})
-        cleaned.append(f"run {current.get('run_id')} had lost its supervisor (pid {current.get('supervisor_pid')})")
+        cleaned.append(
+            f"run {current.get('run_id')} had lost its supervisor (pid {current.get('supervisor_pid')})"
+        )
     return {"busy": None, "cleaned": cleaned}

@@ -1,29 +1,32 @@
 """The worker-side supervisor: a run's trainer lives on the worker, not in the controller's SSH session.
 
-``tpuft train`` starts one supervisor per launched worker (``start``) and returns to attaching (``follow``); from
-then on the run does not depend on the controller, its terminal, its laptop or its connections. The supervisor:
+``tpuft train`` starts one supervisor per launched worker (``start``) and returns to attaching (``follow``);
+from then on the run does not depend on the controller, its terminal, its laptop or its connections. The
+supervisor:
 
-- runs the trainer in its own process group (its own session, as the supervisor is in another), writing every output
-  line, time-stamped, to ``logs/worker-<i>.log`` on the worker's disk (the run dir, or the staging copy that it
-  mirrors to a ``gs://`` run dir);
-- records itself in the run dir (``attempts/<n>/worker-<i>.json``: running, alive every 15 s, how the trainer ended,
-  then ``final`` once its files are uploaded; a failed or hung worker also in ``attempts/<n>/failures/``, the one
-  folder its peers list);
-- stops its trainer (SIGTERM to the group, SIGKILL after a grace period) when another worker's record says failed or
-  hung, when ``attempts/<n>/stop.json`` appears (``tpuft stop``), or when it gets SIGTERM itself;
-- declares its trainer hung when its heartbeat is older than the hang timeout (three times longer, at least a minute,
-  while compiling, evaluating, checkpointing or exporting), unless the beat says it is waiting for its peers in a
-  collective and the process is not stopped: a waiting worker is not the culprit (it gives up only after twice the
-  timeout, when no peer has reported);
+- runs the trainer in its own process group (its own session, as the supervisor is in another), writing every
+  output line, time-stamped, to ``logs/worker-<i>.log`` on the worker's disk (the run dir, or the staging copy
+  that it mirrors to a ``gs://`` run dir);
+- records itself in the run dir (``attempts/<n>/worker-<i>.json``: running, alive every 15 s, how the trainer
+  ended, then ``final`` once its files are uploaded; a failed or hung worker also in
+  ``attempts/<n>/failures/``, the one folder its peers list);
+- stops its trainer (SIGTERM to the group, SIGKILL after a grace period) when another worker's record says
+  failed or hung, when ``attempts/<n>/stop.json`` appears (``tpuft stop``), or when it gets SIGTERM itself;
+- declares its trainer hung when its heartbeat is older than the hang timeout (three times longer, at least a
+  minute, while compiling, evaluating, checkpointing or exporting), unless the beat says it is waiting for its
+  peers in a collective and the process is not stopped: a waiting worker is not the culprit (it gives up only
+  after twice the timeout, when no peer has reported);
 - as the last one to finish, writes the run's outcome into run.json (:func:`tpuft.run.rundir.finalize_run`).
 
-On the worker, ``$HOME/.tpuft/supervisor/current.json`` names the run it supervises, so that a second run is refused
-while this one lives and the leftovers of a dead one (a supervisor killed with its VM, a trainer that outlived its
-supervisor, a process still holding the TPU chips) are cleaned before the next one starts (``check``).
+On the worker, ``$HOME/.tpuft/supervisor/current.json`` names the run it supervises, so that a second run is
+refused while this one lives and the leftovers of a dead one (a supervisor killed with its VM, a trainer that
+outlived its supervisor, a process still holding the TPU chips) are cleaned before the next one starts
+(``check``).
 
-Stdlib only at import time (``follow`` and ``check`` must start fast); the storage layer is imported when needed.
-This module is the command (``python -m tpuft.worker.supervisor.process check|start|run|stop|follow``); the supervisor
-itself is :mod:`tpuft.worker.supervisor.supervision`, and this worker's state and its clean-up are :mod:`tpuft.worker.supervisor.host_state`.
+Stdlib only at import time (``follow`` and ``check`` must start fast); the storage layer is imported when
+needed. This module is the command (``python -m tpuft.worker.supervisor.process
+check|start|run|stop|follow``); the supervisor itself is :mod:`tpuft.worker.supervisor.supervision`, and this
+worker's state and its clean-up are :mod:`tpuft.worker.supervisor.host_state`.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.core.waiting import waiting
+from tpuft.run import rundir
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.supervisor.host_state import (
     check_worker,
@@ -60,8 +63,18 @@ from tpuft.worker.supervisor.host_state import (
 from tpuft.worker.supervisor.supervision import STOP_GRACE_SECONDS, Supervisor
 
 __all__ = [  # what the controller side and the tests use by this module's name
-    "BUSY_EXIT", "FROM_LINE_MARKER", "NO_RUN_EXIT", "check_worker", "is_alive", "locate_start", "main",
-    "process_environ", "read_current", "start_ticks", "tpu_holders", "write_current",
+    "BUSY_EXIT",
+    "FROM_LINE_MARKER",
+    "NO_RUN_EXIT",
+    "check_worker",
+    "is_alive",
+    "locate_start",
+    "main",
+    "process_environ",
+    "read_current",
+    "start_ticks",
+    "tpu_holders",
+    "write_current",
 ]
 
 BUSY_EXIT = 4
@@ -72,7 +85,7 @@ FROM_LINE_MARKER = "__TPUFT_FROM_LINE__"
 """``follow`` first prints the index of the first log line it sends, so that a re-attach continues exactly."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
 # Subcommands
 
 
@@ -103,30 +116,61 @@ def cmd_start(args: argparse.Namespace) -> int:
         out = state_dir() / f"{ctx.run_id}.attempt-{args.attempt}.out"
         with open(out, "ab") as sink:
             daemon = subprocess.Popen(
-                [sys.executable, "-m", "tpuft.worker.supervisor.process", "run", "--argv", args.argv, "--attempt", str(args.attempt),
-                 "--hang-timeout", str(args.hang_timeout), "--startup-timeout", str(args.startup_timeout)],
-                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "tpuft.worker.supervisor.process",
+                    "run",
+                    "--argv",
+                    args.argv,
+                    "--attempt",
+                    str(args.attempt),
+                    "--hang-timeout",
+                    str(args.hang_timeout),
+                    "--startup-timeout",
+                    str(args.startup_timeout),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 cwd=os.environ.get("HOME"),
             )
-        write_current({
-            "run_id": ctx.run_id, "run_url": ctx.run_url, "attempt": args.attempt, "worker": ctx.worker_id,
-            "supervisor_pid": daemon.pid, "supervisor_ticks": start_ticks(daemon.pid), "status": "starting",
-            "started": time.time(), "output": str(out),
-        })
-    with waiting(f"worker {ctx.worker_id}'s supervisor (pid {daemon.pid}) to start its trainer", args.wait) as wait:
+        write_current(
+            {
+                "run_id": ctx.run_id,
+                "run_url": ctx.run_url,
+                "attempt": args.attempt,
+                "worker": ctx.worker_id,
+                "supervisor_pid": daemon.pid,
+                "supervisor_ticks": start_ticks(daemon.pid),
+                "status": "starting",
+                "started": time.time(),
+                "output": str(out),
+            }
+        )
+    with waiting(
+        f"worker {ctx.worker_id}'s supervisor (pid {daemon.pid}) to start its trainer", args.wait
+    ) as wait:
         while not wait.expired():
             current = read_current()
             if current.get("status") == "running" and current.get("supervisor_pid") == daemon.pid:
-                print(f"[supervisor] worker {ctx.worker_id}: trainer pid {current.get('trainer_pid')} under supervisor "
-                      f"pid {daemon.pid}", flush=True)
+                print(
+                    f"[supervisor] worker {ctx.worker_id}: trainer pid {current.get('trainer_pid')} under "
+                    "supervisor "
+                    f"pid {daemon.pid}",
+                    flush=True,
+                )
                 return 0
             if daemon.poll() is not None:
                 break
             time.sleep(0.05)
     tail = out.read_bytes()[-3000:].decode("utf-8", "replace") if out.exists() else ""
-    print(f"[supervisor] worker {ctx.worker_id}: the supervisor did not start its trainer "
-          f"({'exit code ' + str(daemon.poll()) if daemon.poll() is not None else 'still starting after ' + str(args.wait) + ' s'})",
-          flush=True)
+    print(
+        f"[supervisor] worker {ctx.worker_id}: the supervisor did not start its trainer "
+        f"({'exit code ' + str(daemon.poll()) if daemon.poll() is not None else 'still starting after ' + str(args.wait) + ' s'})",
+        flush=True,
+    )
     print(tail, flush=True)
     if daemon.poll() is None:
         kill_group(daemon.pid, signal.SIGKILL)
@@ -136,8 +180,14 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     ctx = WorkerContext.from_env()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    supervisor = Supervisor(ctx, json.loads(args.argv), args.attempt, args.hang_timeout, _open_storage(ctx),
-                            startup_timeout=args.startup_timeout)
+    supervisor = Supervisor(
+        ctx,
+        json.loads(args.argv),
+        args.attempt,
+        args.hang_timeout,
+        _open_storage(ctx),
+        startup_timeout=args.startup_timeout,
+    )
 
     def on_signal(signum: int, frame: object) -> None:
         supervisor.request_stop(f"stop requested on worker {ctx.worker_id} ({signal.Signals(signum).name})")
@@ -148,14 +198,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """SIGTERM this worker's supervisor of run ``--run`` (it stops its trainer and records why); wait for it."""
+    """SIGTERM this worker's supervisor of run ``--run`` (it stops its trainer and records why); wait for
+    it."""
     current = read_current()
     if current.get("run_id") != args.run or not supervisor_alive(current):
         print(f"[supervisor] no live supervisor of run {args.run} on this worker", flush=True)
         return 0
     pid = int(current["supervisor_pid"])
     kill_pid(pid, signal.SIGTERM)
-    with waiting(f"the supervisor of run {args.run} (pid {pid}) to stop its trainer and end", args.wait) as wait:
+    with waiting(
+        f"the supervisor of run {args.run} (pid {pid}) to stop its trainer and end", args.wait
+    ) as wait:
         while not wait.expired() and is_alive(pid, current.get("supervisor_ticks")):
             time.sleep(0.1)
     if is_alive(pid, current.get("supervisor_ticks")):
@@ -163,14 +216,19 @@ def cmd_stop(args: argparse.Namespace) -> int:
         if trainer:
             kill_group(int(trainer), signal.SIGKILL)
         kill_pid(pid, signal.SIGKILL)
-        print(f"[supervisor] the supervisor (pid {pid}) did not end in {args.wait:.0f} s: killed it and its trainer", flush=True)
+        print(
+            f"[supervisor] the supervisor (pid {pid}) did not end in {args.wait:.0f} s: killed it and its "
+            "trainer",
+            flush=True,
+        )
     else:
         print(f"[supervisor] stopped run {args.run}", flush=True)
     return 0
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
-    """Print this worker's log of the run, from a line on, until its supervisor has ended and the log is read."""
+    """Print this worker's log of the run, from a line on, until its supervisor has ended and the log is
+    read."""
     ctx = WorkerContext.from_env()
     path = rundir.log_path(ctx.run_dir, ctx.worker_id)
     current = read_current()
@@ -194,7 +252,9 @@ def cmd_follow(args: argparse.Namespace) -> int:
         for raw in chunks:
             if index >= start:
                 stamp, text = rundir.split_log_stamp(raw)
-                out.append((f"{stamp} " if args.timestamps and stamp else "") + text.decode("utf-8", "replace"))
+                out.append(
+                    (f"{stamp} " if args.timestamps and stamp else "") + text.decode("utf-8", "replace")
+                )
             index += 1
         if out:
             sys.stdout.write("\n".join(out) + "\n")
@@ -205,9 +265,10 @@ def cmd_follow(args: argparse.Namespace) -> int:
 
 
 def locate_start(path: Path, from_line: int, tail: int | None, since: str | None) -> tuple[int, int, int]:
-    """Where ``follow`` starts in a log that may hold a week of lines: (the first line to send, the index of the line
-    at ``offset``, ``offset`` in bytes), in one streaming pass that keeps only the offsets it may need. The first line
-    to send is the latest of ``from_line``, the last ``tail`` lines and the first line stamped ``since`` or later."""
+    """Where ``follow`` starts in a log that may hold a week of lines: (the first line to send, the index of
+    the line at ``offset``, ``offset`` in bytes), in one streaming pass that keeps only the offsets it may
+    need. The first line to send is the latest of ``from_line``, the last ``tail`` lines and the first line
+    stamped ``since`` or later."""
     recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=(tail or 0) + 1)
     known: dict[int, int] = {}
     total = offset = 0
@@ -239,13 +300,19 @@ def _still_running(run_id: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpuft.worker.supervisor.process", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tpuft.worker.supervisor.process", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="is this worker free? clean the leftovers of dead runs")
     check.add_argument("--free-tpu", action="store_true")
     for name in ("start", "run"):
         cmd = sub.add_parser(name)
-        cmd.add_argument("--argv", required=True, help="the trainer's command (the backend venv's python first), as a JSON list")
+        cmd.add_argument(
+            "--argv",
+            required=True,
+            help="the trainer's command (the backend venv's python first), as a JSON list",
+        )
         cmd.add_argument("--attempt", type=int, default=1)
         cmd.add_argument("--hang-timeout", type=float, default=600.0)
         cmd.add_argument("--startup-timeout", type=float, default=1800.0)
@@ -261,7 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     follow.add_argument("--since", help="ISO time (UTC, as the log stamps): lines from then on")
     follow.add_argument("--timestamps", action="store_true")
     args = parser.parse_args(argv)
-    commands = {"check": cmd_check, "start": cmd_start, "run": cmd_run, "stop": cmd_stop, "follow": cmd_follow}
+    commands = {
+        "check": cmd_check,
+        "start": cmd_start,
+        "run": cmd_run,
+        "stop": cmd_stop,
+        "follow": cmd_follow,
+    }
     return commands[args.command](args)
 
 

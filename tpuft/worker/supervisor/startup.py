@@ -1,26 +1,27 @@
 """Start-up as one unit: which launched trainers are not up yet (no first step), read from the run dir.
 
-A Multislice runtime waits until every host of every slice has joined; one host that never comes leaves the others
-waiting in their rendezvous, silent. Both sides read the same records to say who is missing: the controller's live
-view every ~30 s ("waiting for slice 1 host 3 (worker 7) to start: 4 of 8 up"), and each supervisor once
-``train.startup_timeout`` has passed, to fail the run naming the missing hosts rather than the waiting ones.
+A Multislice runtime waits until every host of every slice has joined; one host that never comes leaves the
+others waiting in their rendezvous, silent. Both sides read the same records to say who is missing: the
+controller's live view every ~30 s ("waiting for slice 1 host 3 (worker 7) to start: 4 of 8 up"), and each
+supervisor once ``train.startup_timeout`` has passed, to fail the run naming the missing hosts rather than the
+waiting ones.
 
-Stdlib and :mod:`tpuft.run.rundir` only (the supervisor's imports stay light); ``storage`` is the run dir, local or in a
-bucket (heartbeats reach a bucket with the staging copy's sync).
+Stdlib and :mod:`tpuft.run.rundir` only (the supervisor's imports stay light); ``storage`` is the run dir,
+local or in a bucket (heartbeats reach a bucket with the staging copy's sync).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.core.records import SliceLayout
+from tpuft.run import rundir
 
 
 def is_up(record: dict[str, Any] | None, beat: dict[str, Any] | None, since: float) -> bool:
-    """A trainer is up once its supervisor runs it and its heartbeat of this attempt has left ``starting`` (its first
-    step is done: the runtime's rendezvous is behind it); an ended one is no longer waited for (a failure is the
-    fail-fast's business, not the start-up's)."""
+    """A trainer is up once its supervisor runs it and its heartbeat of this attempt has left ``starting``
+    (its first step is done: the runtime's rendezvous is behind it); an ended one is no longer waited for (a
+    failure is the fail-fast's business, not the start-up's)."""
     if record is None:
         return False
     if record.get("status") in rundir.TERMINAL:
@@ -31,8 +32,8 @@ def is_up(record: dict[str, Any] | None, beat: dict[str, Any] | None, since: flo
 
 
 def not_up(storage: Any, attempt: int, workers: int, since: float) -> list[int]:
-    """The launched workers (ranks) whose trainer is not up: no supervisor record of ``attempt``, or no heartbeat
-    newer than ``since`` (the attempt's start) past its ``starting`` phase."""
+    """The launched workers (ranks) whose trainer is not up: no supervisor record of ``attempt``, or no
+    heartbeat newer than ``since`` (the attempt's start) past its ``starting`` phase."""
     records = rundir.attempt_records(storage, attempt)
     missing = []
     for worker in range(workers):
@@ -53,5 +54,7 @@ def waiting_line(layout: SliceLayout, missing: list[int], left_s: float, timeout
     """The live view's report while trainers are not up."""
     up = layout.workers - len(missing)
     left = f"{left_s / 60:.0f}m left" if left_s >= 60 else f"{max(left_s, 0):.0f}s left"
-    return (f"waiting for {names(layout, missing)} to start: {up} of {layout.workers} up, {left} of "
-            f"train.startup_timeout ({timeout_s:.0f} s)")
+    return (
+        f"waiting for {names(layout, missing)} to start: {up} of {layout.workers} up, {left} of "
+        f"train.startup_timeout ({timeout_s:.0f} s)"
+    )

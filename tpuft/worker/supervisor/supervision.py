@@ -1,8 +1,9 @@
 """The supervisor proper: one attempt of a run's trainer on this worker, from its start to its recorded end.
 
-What it does and why is told in :mod:`tpuft.worker.supervisor.process` (the command that starts it): the trainer in its own
-process group with its output time-stamped to the worker's log, the worker's records in the run dir, a stop when a
-peer fails or hangs or ``tpuft stop`` asks, hang detection from the heartbeat, and the run's outcome at the end.
+What it does and why is told in :mod:`tpuft.worker.supervisor.process` (the command that starts it): the
+trainer in its own process group with its output time-stamped to the worker's log, the worker's records in the
+run dir, a stop when a peer fails or hangs or ``tpuft stop`` asks, hang detection from the heartbeat, and the
+run's outcome at the end.
 """
 
 from __future__ import annotations
@@ -20,11 +21,18 @@ from typing import Any, BinaryIO
 
 from tpuft.run import rundir
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.supervisor.cost_guard import CostGuard
-from tpuft.worker.supervisor.host_state import kill_group, process_state, read_current, start_ticks, worker_lock, write_current
-from tpuft.worker.supervisor.maintenance import MaintenanceNotices
 from tpuft.worker.metrics import PATIENT_PHASES
 from tpuft.worker.ondemand import Relay
+from tpuft.worker.supervisor.cost_guard import CostGuard
+from tpuft.worker.supervisor.host_state import (
+    kill_group,
+    process_state,
+    read_current,
+    start_ticks,
+    worker_lock,
+    write_current,
+)
+from tpuft.worker.supervisor.maintenance import MaintenanceNotices
 from tpuft.worker.supervisor.startup import names, not_up
 from tpuft.worker.tracking.launch import TrackingSidecar
 
@@ -39,8 +47,8 @@ WAITING_FACTOR = 2.0
 
 
 def control_poll_seconds(remote: bool) -> float:
-    """How often a supervisor looks for a stop request or a failed peer: a local file is cheap, a bucket listing
-    costs an API call per worker (and the 10 s fail-fast budget still holds)."""
+    """How often a supervisor looks for a stop request or a failed peer: a local file is cheap, a bucket
+    listing costs an API call per worker (and the 10 s fail-fast budget still holds)."""
     return float(os.environ.get("TPUFT_CONTROL_POLL_SECONDS", "2.5" if remote else "0.5"))
 
 
@@ -49,8 +57,8 @@ class StartError(Exception):
 
 
 class TrainerOutput:
-    """The trainer's stdout+stderr: each line, time-stamped, to the worker's log; the last lines kept for a failure
-    report."""
+    """The trainer's stdout+stderr: each line, time-stamped, to the worker's log; the last lines kept for a
+    failure report."""
 
     def __init__(self, log_path: Path, stream: BinaryIO) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +74,9 @@ class TrainerOutput:
 
     def write(self, raw: bytes) -> None:
         with self.lock:
-            self.log.write(rundir.log_timestamp().encode() + b" " + (raw if raw.endswith(b"\n") else raw + b"\n"))
+            self.log.write(
+                rundir.log_timestamp().encode() + b" " + (raw if raw.endswith(b"\n") else raw + b"\n")
+            )
             self.log.flush()
             self.tail.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
 
@@ -81,7 +91,12 @@ class TrainerOutput:
 
 class Supervisor:
     def __init__(
-        self, ctx: WorkerContext, argv: list[str], attempt: int, hang_timeout: float, storage: Any,
+        self,
+        ctx: WorkerContext,
+        argv: list[str],
+        attempt: int,
+        hang_timeout: float,
+        storage: Any,
         startup_timeout: float = 1800.0,
     ) -> None:
         self.ctx = ctx
@@ -89,13 +104,19 @@ class Supervisor:
         self.attempt = attempt
         self.hang_timeout = hang_timeout
         self.startup_timeout = startup_timeout
-        """``train.startup_timeout``: the patience of the ``starting`` phase, and when the peers must all be up."""
+        """``train.startup_timeout``: the patience of the ``starting`` phase, and when the peers must all be
+        up."""
         self.peers_checked = False
         self.storage = storage
         self.record_path = rundir.attempt_record(attempt, ctx.worker_id)
         self.record: dict[str, Any] = {
-            "worker": ctx.worker_id, "name": ctx.layout.name(ctx.worker_id), "attempt": attempt,
-            "host": socket.gethostname(), "supervisor_pid": os.getpid(), "status": "starting", "started": time.time(),
+            "worker": ctx.worker_id,
+            "name": ctx.layout.name(ctx.worker_id),
+            "attempt": attempt,
+            "host": socket.gethostname(),
+            "supervisor_pid": os.getpid(),
+            "status": "starting",
+            "started": time.time(),
         }
         self.stop_reason: str | None = None
         self.hang: tuple[str, bool] | None = None
@@ -106,15 +127,18 @@ class Supervisor:
         """Set by the signal handler (SIGTERM from ``tpuft stop``), acted on at the next tick."""
         self.trainer_started = time.time()
         self.sidecar: TrackingSidecar | None = None
-        """The chief's tracker sidecar (``report.to``: wandb, mlflow), beside the trainer; never its concern."""
+        """The chief's tracker sidecar (``report.to``: wandb, mlflow), beside the trainer; never its
+        concern."""
         self.relay = Relay(ctx.run_dir, ctx.worker_id, attempt)
-        """Checkpoint requests (``tpuft checkpoint``) into the trainer's control folder, polled with the stop request."""
+        """Checkpoint requests (``tpuft checkpoint``) into the trainer's control folder, polled with the stop
+        request."""
         self.cost_guard: CostGuard | None = None
-        """Worker 0's watch over ``train.max_cost`` once the trainer runs (None elsewhere, or without the key)."""
+        """Worker 0's watch over ``train.max_cost`` once the trainer runs (None elsewhere, or without the
+        key)."""
         self.maintenance: MaintenanceNotices | None = None
         """The host's maintenance notices, polled beside the trainer (None where there is nothing to poll)."""
 
-    # -- records ---------------------------------------------------------------------------------------------
+    # -- records --------------------------------------------------------------------------------------------
     def publish(self, **changes: Any) -> None:
         self.record.update(changes, alive=time.time())
         text = json.dumps(self.record, indent=2, sort_keys=True)
@@ -125,7 +149,7 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - the bucket may hiccup; the next beat retries, training goes on
             print(f"[supervisor] cannot write {self.record_path}: {exc}", flush=True)
 
-    # -- the run ---------------------------------------------------------------------------------------------
+    # -- the run --------------------------------------------------------------------------------------------
     def run(self) -> int:
         syncer = self._stage() if self.ctx.remote else None
         output = None
@@ -135,26 +159,42 @@ class Supervisor:
             self.relay.clear()
             try:
                 trainer = subprocess.Popen(
-                    self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=env,
                 )
             except OSError as exc:  # what a shell would report as exit 126/127: one line, no traceback
-                raise StartError(f"worker {self.ctx.worker_id}: cannot start {self.argv[0]}: {exc.strerror or exc}") from None
+                raise StartError(
+                    f"worker {self.ctx.worker_id}: cannot start {self.argv[0]}: {exc.strerror or exc}"
+                ) from None
             assert trainer.stdout is not None
             output = TrainerOutput(log, trainer.stdout)
-            output.say(f"attempt {self.attempt}: trainer pid {trainer.pid} started (supervisor pid {os.getpid()})")
+            output.say(
+                f"attempt {self.attempt}: trainer pid {trainer.pid} started (supervisor pid {os.getpid()})"
+            )
             self.trainer_started = time.time()
             self.publish(status="running", trainer_pid=trainer.pid, trainer_ticks=start_ticks(trainer.pid))
             with worker_lock():
                 write_current({**read_current(), "status": "running", "trainer_pid": trainer.pid})
             self.sidecar = TrackingSidecar.start(self.ctx, self.storage, output)
             self.maintenance = MaintenanceNotices.start(self.ctx, self.storage, self.attempt, output.say)
-            self.cost_guard = CostGuard.start(self.ctx.worker_id, self.attempt, self.storage, output.say,
-                                              remote=self.ctx.remote, poll_seconds=control_poll_seconds(self.ctx.remote))
+            self.cost_guard = CostGuard.start(
+                self.ctx.worker_id,
+                self.attempt,
+                self.storage,
+                output.say,
+                remote=self.ctx.remote,
+                poll_seconds=control_poll_seconds(self.ctx.remote),
+            )
             code = self._watch(trainer, output)
             return self._end(code, output, syncer)
         except BaseException as exc:
-            reason = str(exc) if isinstance(exc, StartError) else f"supervisor error: {type(exc).__name__}: {exc}"
+            reason = (
+                str(exc) if isinstance(exc, StartError) else f"supervisor error: {type(exc).__name__}: {exc}"
+            )
             self.publish(status="failed", reason=reason[:2000], ended=time.time(), final=True)
             rundir.finalize_run(self.storage, self.attempt)
             if isinstance(exc, StartError):
@@ -172,7 +212,8 @@ class Supervisor:
                     write_current({**current, "status": "ended", "ended": time.time()})
 
     def _stage(self) -> Any:
-        """A gs:// run dir: the trainer writes a local staging folder; mirror it to the bucket while it grows."""
+        """A gs:// run dir: the trainer writes a local staging folder; mirror it to the bucket while it
+        grows."""
         from tpuft.storage.sync import RunDirSync
 
         self.ctx.run_dir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +222,8 @@ class Supervisor:
             raise SystemExit(f"tpuft supervisor: {self.ctx.run_url}/{rundir.RECIPE} not found")
         (self.ctx.run_dir / rundir.RECIPE).write_text(text)
         syncer = RunDirSync(self.ctx.run_dir, self.storage)
-        syncer.changed_files()  # what is here already came from there, or is an earlier attempt's: not sent again
+        # what is here already came from there, or is an earlier attempt's: not sent again
+        syncer.changed_files()
         return syncer.start()
 
     def _watch(self, trainer: subprocess.Popen[bytes], output: TrainerOutput) -> int:
@@ -208,9 +250,21 @@ class Supervisor:
                 if hang is not None:
                     self.hang = hang
                     output.say(f"{self.ctx.layout.name(self.ctx.worker_id)} {hang[0]}: stopping it")
-                    kill_group(trainer.pid, signal.SIGKILL)  # a stopped (SIGSTOP) process cannot act on SIGTERM
-                    self.publish(status="hung", reason=hang[0], waiting=hang[1], ended=time.time(), tail=list(output.tail))
-            elif self.stop_sent_at is not None and not self.killed and now - self.stop_sent_at > STOP_GRACE_SECONDS:
+                    kill_group(
+                        trainer.pid, signal.SIGKILL
+                    )  # a stopped (SIGSTOP) process cannot act on SIGTERM
+                    self.publish(
+                        status="hung",
+                        reason=hang[0],
+                        waiting=hang[1],
+                        ended=time.time(),
+                        tail=list(output.tail),
+                    )
+            elif (
+                self.stop_sent_at is not None
+                and not self.killed
+                and now - self.stop_sent_at > STOP_GRACE_SECONDS
+            ):
                 output.say(f"the trainer ignored SIGTERM for {STOP_GRACE_SECONDS:.0f} s: SIGKILL")
                 kill_group(trainer.pid, signal.SIGKILL)
                 self.killed = True
@@ -246,25 +300,34 @@ class Supervisor:
             print(f"[supervisor] cannot relay the run's checkpoint requests: {exc}", flush=True)
 
     def _guard_cost(self, trainer: subprocess.Popen[bytes], output: TrainerOutput) -> None:
-        """``train.max_cost`` (:mod:`tpuft.worker.supervisor.cost_guard`): its ask for a stopping checkpoint is relayed like any
-        other; only when no checkpoint follows does it stop the run outright, as a stop request would."""
+        """``train.max_cost`` (:mod:`tpuft.worker.supervisor.cost_guard`): its ask for a stopping checkpoint
+        is relayed like any other; only when no checkpoint follows does it stop the run outright, as a stop
+        request would."""
         if self.cost_guard is None:
             return
         try:
             reason = self.cost_guard.poll(self._beat())
         except Exception as exc:  # noqa: BLE001 - a week's run is never lost to its own cost check
-            print(f"[supervisor] train.max_cost is not watched any more: {type(exc).__name__}: {exc}", flush=True)
+            print(
+                f"[supervisor] train.max_cost is not watched any more: {type(exc).__name__}: {exc}",
+                flush=True,
+            )
             self.cost_guard = None
             return
         if reason:
             self._stop_after_checkpoint(trainer, output, reason)
 
-    def _stop_after_checkpoint(self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str) -> None:
-        """The trainer saved the checkpoint asked for with ``stop``: stopped as ``tpuft stop`` would, the chief's
-        supervisor writing the run's stop request with the reason (every worker stops; run.json's cause)."""
+    def _stop_after_checkpoint(
+        self, trainer: subprocess.Popen[bytes], output: TrainerOutput, reason: str
+    ) -> None:
+        """The trainer saved the checkpoint asked for with ``stop``: stopped as ``tpuft stop`` would, the
+        chief's supervisor writing the run's stop request with the reason (every worker stops; run.json's
+        cause)."""
         if self.ctx.worker_id == 0:
             try:
-                self.storage.write_text(rundir.stop_request(self.attempt), json.dumps({"reason": reason, "time": time.time()}))
+                self.storage.write_text(
+                    rundir.stop_request(self.attempt), json.dumps({"reason": reason, "time": time.time()})
+                )
             except Exception as exc:  # noqa: BLE001 - the peers stop on their own trainers' answers too
                 print(f"[supervisor] cannot write the stop request: {exc}", flush=True)
         self._stop(trainer, output, reason)
@@ -279,34 +342,48 @@ class Supervisor:
         return rundir.read_json(rundir.heartbeat_path(self.ctx.run_dir, self.ctx.worker_id)) or {}
 
     def _startup_check(self) -> tuple[str, bool] | None:
-        """Once, ``train.startup_timeout`` after the trainer started: the peers that are not up yet, named, end the
-        run (as a wait for them: the missing hosts are the cause, not this one)."""
+        """Once, ``train.startup_timeout`` after the trainer started: the peers that are not up yet, named,
+        end the run (as a wait for them: the missing hosts are the cause, not this one)."""
         waited = time.time() - self.trainer_started
         if self.peers_checked or waited < self.startup_timeout:
             return None
         self.peers_checked = True
         try:
-            missing = [w for w in not_up(self.storage, self.attempt, self.ctx.num_workers, self.trainer_started - 5.0)
-                       if w != self.ctx.worker_id]
+            missing = [
+                w
+                for w in not_up(self.storage, self.attempt, self.ctx.num_workers, self.trainer_started - 5.0)
+                if w != self.ctx.worker_id
+            ]
         except Exception as exc:  # noqa: BLE001 - a bucket hiccup is no verdict on the peers
             print(f"[supervisor] cannot read the peers' records: {exc}", flush=True)
             return None
         if not missing:
             return None
-        return (f"waited {waited:.0f} s (train.startup_timeout {self.startup_timeout:.0f} s) for "
-                f"{names(self.ctx.layout, missing)} to start", True)
+        return (
+            f"waited {waited:.0f} s (train.startup_timeout {self.startup_timeout:.0f} s) for "
+            f"{names(self.ctx.layout, missing)} to start",
+            True,
+        )
 
     def _hang_check(self, pid: int) -> tuple[str, bool] | None:
         """(what, waiting) when the trainer has made no progress for too long, else None."""
         beat = self._beat()
         beat_time = float(beat.get("time") or 0.0)
-        if beat_time < self.trainer_started:  # nothing yet from this attempt (an earlier one's beat is still there)
+        if (
+            beat_time < self.trainer_started
+        ):  # nothing yet from this attempt (an earlier one's beat is still there)
             beat, beat_time = {"phase": "starting"}, self.trainer_started
         quiet = time.time() - beat_time
         phase = str(beat.get("phase") or "step")
         step = beat.get("step")
-        limit = max(self.hang_timeout * PATIENT_FACTOR, PATIENT_MIN_SECONDS) if phase in PATIENT_PHASES else self.hang_timeout
-        if phase == "starting":  # the runtime's rendezvous waits for every host of every slice: as long as allowed
+        limit = (
+            max(self.hang_timeout * PATIENT_FACTOR, PATIENT_MIN_SECONDS)
+            if phase in PATIENT_PHASES
+            else self.hang_timeout
+        )
+        if (
+            phase == "starting"
+        ):  # the runtime's rendezvous waits for every host of every slice: as long as allowed
             limit = max(limit, self.startup_timeout)
         if quiet <= limit:
             return None
@@ -315,7 +392,10 @@ class Supervisor:
         if phase == "collective" and not stopped:
             if quiet <= self.hang_timeout * WAITING_FACTOR:
                 return None  # waiting for a peer: that peer's supervisor reports it
-            return f"waited for its peers in a collective for {quiet:.0f} s and none reported a failure {at}", True
+            return (
+                f"waited for its peers in a collective for {quiet:.0f} s and none reported a failure {at}",
+                True,
+            )
         what = "was stopped (SIGSTOP)" if stopped else "made no progress"
         return f"{what} for {quiet:.0f} s {at}", False
 
@@ -329,12 +409,17 @@ class Supervisor:
         elif code == 0:
             status, extra = "finished", {}
         else:
-            status, extra = "failed", {"reason": f"exit code {code}" if code > 0 else f"killed by signal {-code}"}
+            status, extra = (
+                "failed",
+                {"reason": f"exit code {code}" if code > 0 else f"killed by signal {-code}"},
+            )
         if self.hang is None:
             self.publish(status=status, exit_code=code, ended=ended, tail=list(output.tail), **extra)
         output.say(f"trainer ended: {status} (exit code {code})")
         if self.sidecar is not None:
-            self.sidecar.stop(status, output)  # before the last upload: tracking.json and wandb/ go up with the rest
+            self.sidecar.stop(
+                status, output
+            )  # before the last upload: tracking.json and wandb/ go up with the rest
         output.close()
         if syncer is not None:
             syncer.close()  # the last metrics, checkpoints, export and the whole log reach the bucket

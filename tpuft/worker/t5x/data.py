@@ -1,10 +1,13 @@
-"""What a T5X fine-tuning task knows of the recipe's data and evaluation, kept framework-free (no TensorFlow, no
-seqio) so that the gin writer, the test evaluation and the predict engine can read it without building a pipeline.
+"""What a T5X fine-tuning task knows of the recipe's data and evaluation, kept framework-free (no TensorFlow,
+no seqio) so that the gin writer, the test evaluation and the predict engine can read it without building a
+pipeline.
 
-The task spec (``run_dir/t5x/task.json``) holds the recipe's whole ``data`` section as JSON, not a T5X-specific
-subset of it: the seqio source then builds its examples with :func:`tpuft.worker.data.make_example` from the same
-:class:`~tpuft.config.DataConfig` every backend gets (fields, templates, prefix, transforms, the preprocess hook,
-the file formats, ``data.hf``), so a key added to the shared data section reaches T5X without a change here.
+The task spec (``run_dir/t5x/task.json``) holds the recipe's whole ``data`` section as JSON, not a
+T5X-specific subset of it: the seqio source then builds its examples with
+:func:`tpuft.worker.data.make_example` from the same
+:class:`~tpuft.config.DataConfig` every backend gets (fields, templates, prefix, transforms, the preprocess
+hook, the file formats, ``data.hf``), so a key added to the shared data section reaches T5X without a change
+here.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ TEXT_METRICS = ("bleu", "rouge_l")
 """The decoding metrics scored on the inference eval's decodes besides exact match (``eval.metric: bleu |
 rouge_l``, or ``eval.generate_examples`` > 0, as the PyTorch/XLA trainer computes them)."""
 SAMPLES_SHOWN = 5
-"""Decoded eval examples printed in the log at each evaluation; all ``eval.generate_examples`` go to TensorBoard."""
+"""Decoded eval examples printed in the log at each evaluation; all ``eval.generate_examples`` go to
+TensorBoard."""
 
 
 def finetune_spec(recipe: RecipeConfig) -> dict[str, Any]:
-    """The fine-tuning part of the task spec: the data section as JSON and whether to score BLEU and ROUGE-L."""
+    """The fine-tuning part of the task spec: the data section as JSON and whether to score BLEU and
+    ROUGE-L."""
     evaluation = recipe.eval
     return {
         "data": recipe.data.model_dump(mode="json"),
@@ -54,9 +59,9 @@ def split_names(cfg: DataConfig) -> dict[str, str]:
 
 
 def examples(cfg: DataConfig, split: str) -> Iterator[Example]:
-    """Every example of seqio's ``split``, in order, streamed: T5X shards them over its hosts and shuffles them
-    itself. A data file is read by :mod:`tpuft.worker.data` (JSON lines, CSV, TSV, Parquet, local or gs://), a
-    Hugging Face split by :mod:`tpuft.worker.hf_data`, each record through ``make_example``."""
+    """Every example of seqio's ``split``, in order, streamed: T5X shards them over its hosts and shuffles
+    them itself. A data file is read by :mod:`tpuft.worker.data` (JSON lines, CSV, TSV, Parquet, local or
+    gs://), a Hugging Face split by :mod:`tpuft.worker.hf_data`, each record through ``make_example``."""
     from tpuft.worker.data import Fields
 
     name = split_names(cfg)[split]
@@ -77,7 +82,8 @@ def held_out_label(cfg: DataConfig, role: str) -> str:
 
 def sample_lines(predictions: Sequence[dict[str, Any]], count: int) -> list[str]:
     """The first ``count`` decodes of an inference eval as the PyTorch/XLA trainer shows its samples:
-    ``'source' -> 'decoded' (expected 'target') ok|MISS``, the match judged as the test evaluation judges it."""
+    ``'source' -> 'decoded' (expected 'target') ok|MISS``, the match judged as the test evaluation judges
+    it."""
     from tpuft.worker.predictions import correct
 
     lines = []
@@ -89,8 +95,8 @@ def sample_lines(predictions: Sequence[dict[str, Any]], count: int) -> list[str]
 
 
 def show_samples(loop: Any, step: int, predictions: Sequence[dict[str, Any]], count: int) -> None:
-    """``eval.generate_examples`` of an inference eval's decodes: the first few in the log (``sample:`` lines, as
-    the PyTorch/XLA trainer prints them), all ``count`` as TensorBoard text (``samples``)."""
+    """``eval.generate_examples`` of an inference eval's decodes: the first few in the log (``sample:`` lines,
+    as the PyTorch/XLA trainer prints them), all ``count`` as TensorBoard text (``samples``)."""
     lines = sample_lines(predictions, count)
     for line in lines[:SAMPLES_SHOWN]:
         loop.say(f"sample: {line}")
@@ -100,6 +106,6 @@ def show_samples(loop: Any, step: int, predictions: Sequence[dict[str, Any]], co
 
 def ranking_metric(metric: str | None) -> str | None:
     """What ranks T5X's inference evals (keep-best, early stopping): ``eval.metric`` when the decodes give it
-    (exact match, BLEU, ROUGE-L), else the default ranking; the teacher-forced eval's loss and token accuracy are
-    rows of their own, never judged."""
+    (exact match, BLEU, ROUGE-L), else the default ranking; the teacher-forced eval's loss and token accuracy
+    are rows of their own, never judged."""
     return metric if metric in ("exact_match", *TEXT_METRICS) else None

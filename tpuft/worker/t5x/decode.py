@@ -2,18 +2,19 @@
 evaluation that ends a run (:mod:`tpuft.worker.t5x.testset`) and the ``tpuft predict`` engine
 (:mod:`tpuft.worker.t5x.predict`).
 
-What T5X's ``infer`` does, cut to what tpuft needs: the model and partitioner the run gin builds, the train state
-restored from ``checkpoint_N`` without the optimizer (T5X's ``TrainStateInitializer`` with ``optimizer_def=None``,
-``RestoreCheckpointConfig(mode='specific', strict=False)``, local or gs://), and ``model.predict_batch_with_aux``
-(beam search with ``num_decodes`` beams; one beam is T5X's greedy decoding, the inference eval's) partitioned over
-the mesh, its output replicated.
+What T5X's ``infer`` does, cut to what tpuft needs: the model and partitioner the run gin builds, the train
+state restored from ``checkpoint_N`` without the optimizer (T5X's ``TrainStateInitializer`` with
+``optimizer_def=None``, ``RestoreCheckpointConfig(mode='specific', strict=False)``, local or gs://), and
+``model.predict_batch_with_aux`` (beam search with ``num_decodes`` beams; one beam is T5X's greedy decoding,
+the inference eval's) partitioned over the mesh, its output replicated.
 
-Lock-step (SPMD): every process calls :meth:`T5xDecoder.predict` the same number of times. Each call gathers every
-process's tokenized inputs (``process_allgather``: a few KB of ids), so each host holds the whole global batch and
-gives the devices whatever shards the mesh assigns them (``make_array_from_callback``): no assumption about which
-host feeds which replica, which on a slice where a model partition spans hosts is not the host's own. The global
-batch is the processes' batches end to end, padded to a multiple of the mesh's ``data`` axis; process ``p``'s rows
-are ``p * batch_size ..``. A step whose global batch is all padding is not run.
+Lock-step (SPMD): every process calls :meth:`T5xDecoder.predict` the same number of times. Each call gathers
+every process's tokenized inputs (``process_allgather``: a few KB of ids), so each host holds the whole global
+batch and gives the devices whatever shards the mesh assigns them (``make_array_from_callback``): no
+assumption about which host feeds which replica, which on a slice where a model partition spans hosts is not
+the host's own. The global batch is the processes' batches end to end, padded to a multiple of the mesh's
+``data`` axis; process ``p``'s rows are ``p * batch_size ..``. A step whose global batch is all padding is not
+run.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from tpuft.core.errors import TpuftError
 
 @contextlib.contextmanager
 def t5x_train_as_main() -> Iterator[None]:
-    """The run gin says ``import __main__ as train_script`` (``t5x.train`` runs as ``__main__`` in a training): while
-    it is parsed outside a training, ``__main__`` is ``t5x.train``."""
+    """The run gin says ``import __main__ as train_script`` (``t5x.train`` runs as ``__main__`` in a
+    training): while it is parsed outside a training, ``__main__`` is ``t5x.train``."""
     import t5x.train as train_script
 
     saved = sys.modules["__main__"]
@@ -52,13 +53,16 @@ def parse_run_gin(gin_file: Path) -> None:
 
     gin.clear_config()
     with t5x_train_as_main():
-        gin_utils.parse_gin_flags(gin_search_paths=[os.path.dirname(os.path.dirname(t5x.__file__))],
-                                  gin_files=[str(gin_file)], gin_bindings=[])
+        gin_utils.parse_gin_flags(
+            gin_search_paths=[os.path.dirname(os.path.dirname(t5x.__file__))],
+            gin_files=[str(gin_file)],
+            gin_bindings=[],
+        )
 
 
 def model_and_partitioner() -> tuple[Any, Any]:
-    """The model (``%MODEL``) and the partitioner (``train.partitioner``) of the parsed run gin: the network, the
-    vocabularies, the decoding function and the mesh of the training."""
+    """The model (``%MODEL``) and the partitioner (``train.partitioner``) of the parsed run gin: the network,
+    the vocabularies, the decoding function and the mesh of the training."""
     import gin
 
     model = gin.query_parameter("%MODEL").scoped_configurable_fn()
@@ -74,12 +78,22 @@ class T5xDecoder:
     """A checkpoint's weights on the mesh and a compiled decode step for a static global batch.
 
     ``batch_size`` is this process's examples per call (the same on every process); ``inputs_length`` is the
-    encoder's length (longer inputs are cut as ``truncation`` says, ``data.truncation``, EOS kept, as the run's
-    seqio task cuts them); ``decode_length`` the most tokens a prediction has, EOS included (T5X's targets
-    length)."""
+    encoder's length (longer inputs are cut as ``truncation`` says, ``data.truncation``, EOS kept, as the
+    run's seqio task cuts them); ``decode_length`` the most tokens a prediction has, EOS included (T5X's
+    targets length)."""
 
-    def __init__(self, model: Any, partitioner: Any, checkpoint: str, *, batch_size: int, inputs_length: int,
-                 decode_length: int, num_beams: int = 1, truncation: str = "head") -> None:
+    def __init__(
+        self,
+        model: Any,
+        partitioner: Any,
+        checkpoint: str,
+        *,
+        batch_size: int,
+        inputs_length: int,
+        decode_length: int,
+        num_beams: int = 1,
+        truncation: str = "head",
+    ) -> None:
         import jax
         import numpy as np
         from jax.sharding import NamedSharding
@@ -96,17 +110,26 @@ class T5xDecoder:
         self.process = jax.process_index()
         replicas = int(partitioner.mesh.shape.get("data", 1))
         self.global_batch = -(-self.processes * batch_size // replicas) * replicas
-        shapes = {"encoder_input_tokens": (self.global_batch, inputs_length),
-                  "decoder_input_tokens": (self.global_batch, decode_length)}
+        shapes = {
+            "encoder_input_tokens": (self.global_batch, inputs_length),
+            "decoder_input_tokens": (self.global_batch, decode_length),
+        }
         initializer = utils.TrainStateInitializer(
-            optimizer_def=None, init_fn=model.get_initial_variables, input_shapes=shapes,
-            input_types={name: np.int32 for name in shapes}, partitioner=partitioner,
+            optimizer_def=None,
+            init_fn=model.get_initial_variables,
+            input_shapes=shapes,
+            input_types={name: np.int32 for name in shapes},
+            partitioner=partitioner,
         )
-        # Without an optimizer, T5X warns once per optimizer-state array it leaves behind: noise in a worker's log.
+        # Without an optimizer, T5X warns once per optimizer-state array it leaves behind: noise in a worker's
+        # log.
         logging.getLogger("absl").addFilter(_not_restoring)
-        restore = utils.RestoreCheckpointConfig(path=checkpoint, mode="specific", strict=False, dtype="float32")
-        state, _ = utils.create_checkpoint_manager_and_restore(initializer, partitioner, restore, checkpoint, None,
-                                                               use_orbax=True)
+        restore = utils.RestoreCheckpointConfig(
+            path=checkpoint, mode="specific", strict=False, dtype="float32"
+        )
+        state, _ = utils.create_checkpoint_manager_and_restore(
+            initializer, partitioner, restore, checkpoint, None, use_orbax=True
+        )
         if state is None:
             raise TpuftError(f"{checkpoint}: no T5X checkpoint to restore there")
         self.params = state.params
@@ -117,11 +140,13 @@ class T5xDecoder:
             return decodes
 
         axes = initializer.train_state_axes
-        self._step = partitioner.partition(decode, in_axis_resources=(axes.params, partitioner.data_partition_spec),
-                                           out_axis_resources=None)
+        self._step = partitioner.partition(
+            decode, in_axis_resources=(axes.params, partitioner.data_partition_spec), out_axis_resources=None
+        )
 
     def tokens(self, sources: Sequence[str]) -> Any:
-        """``[batch_size, inputs_length]`` ids: each source encoded, cut to leave room for EOS, EOS, 0-padded."""
+        """``[batch_size, inputs_length]`` ids: each source encoded, cut to leave room for EOS, EOS,
+        0-padded."""
         import numpy as np
 
         from tpuft.worker.data import keep_tokens
@@ -131,7 +156,9 @@ class T5xDecoder:
         ids = np.zeros((self.batch_size, self.inputs_length), np.int32)
         eos = self.vocabulary.eos_id
         for row, text in enumerate(sources):
-            encoded = keep_tokens(list(self.vocabulary.encode(text)), self.inputs_length - 1, self.truncation) + [eos]
+            encoded = keep_tokens(
+                list(self.vocabulary.encode(text)), self.inputs_length - 1, self.truncation
+            ) + [eos]
             ids[row, : len(encoded)] = encoded
         return ids
 
@@ -151,8 +178,10 @@ class T5xDecoder:
             "encoder_input_tokens": inputs,
             "decoder_input_tokens": np.zeros((self.global_batch, self.decode_length), np.int32),
         }
-        arrays = {name: jax.make_array_from_callback(value.shape, self.sharding, lambda index, v=value: v[index])
-                  for name, value in batch.items()}
+        arrays = {
+            name: jax.make_array_from_callback(value.shape, self.sharding, lambda index, v=value: v[index])
+            for name, value in batch.items()
+        }
         decodes = self._step(self.params, arrays)
         if decodes.is_fully_replicated:  # as asked: every host holds every decode
             every = np.asarray(decodes.addressable_data(0))

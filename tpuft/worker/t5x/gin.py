@@ -1,9 +1,10 @@
-"""What a T5X run is told: the seqio task spec, ``run_dir/t5x/tasks.py`` and the run gin, from the recipe alone.
+"""What a T5X run is told: the seqio task spec, ``run_dir/t5x/tasks.py`` and the run gin, from the recipe
+alone.
 
-Pure functions of the recipe and the run id, kept apart from the trainer's process state so that a test can parse
-the gin with gin itself, as ``t5x.train`` does, without training (tests/worker/test_t5x_parts.py). The traps they
-handle (absolute ``TRAIN_STEPS``, the schedule's offset, ``USE_CACHED_TASKS``, the loss normalising factor, short-form
-overrides under dynamic registration) are described in :mod:`tpuft.worker.t5x.train`.
+Pure functions of the recipe and the run id, kept apart from the trainer's process state so that a test can
+parse the gin with gin itself, as ``t5x.train`` does, without training (tests/worker/test_t5x_parts.py). The
+traps they handle (absolute ``TRAIN_STEPS``, the schedule's offset, ``USE_CACHED_TASKS``, the loss normalising
+factor, short-form overrides under dynamic registration) are described in :mod:`tpuft.worker.t5x.train`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 from tpuft.backends.t5x import PRETRAINING_LOSS_FACTOR, checkpoint_step, gin_value, model_gins
 from tpuft.backends.t5x_schema import microbatches
 from tpuft.config import RecipeConfig
-from tpuft.worker.t5x import keys as t5x_keys
 from tpuft.worker.hf_data import has_held_out
+from tpuft.worker.t5x import keys as t5x_keys
 from tpuft.worker.t5x.data import finetune_spec
 from tpuft.worker.t5x.multislice import mesh_bindings
 
@@ -65,15 +66,16 @@ def initial_step(recipe: RecipeConfig) -> int:
 
 def tasks_module(spec: dict[str, Any]) -> str:
     return (
-        '"""The seqio task of this tpuft run (generated from its recipe; see tpuft/worker/t5x/tasks.py)."""\n\n'
+        '"""The seqio task of this tpuft run (generated from its recipe; see '
+        'tpuft/worker/t5x/tasks.py)."""\n\n'
         "from tpuft.worker.t5x.tasks import register\n\n"
         f"TASK = register({pprint.pformat(spec, indent=4, sort_dicts=True)})\n"
     )
 
 
 def learning_rate_bindings(recipe: RecipeConfig, initial: int) -> dict[str, Any]:
-    """tpuft's schedule over this run's steps as T5X's ``create_learning_rate_scheduler`` factors, offset by the
-    initial checkpoint's step (T5X's step is absolute)."""
+    """tpuft's schedule over this run's steps as T5X's ``create_learning_rate_scheduler`` factors, offset by
+    the initial checkpoint's step (T5X's step is absolute)."""
     train = recipe.train
     peak, warmup, steps = train.learning_rate, train.warmup_steps, train.steps
     prefix = "utils.create_learning_rate_scheduler"
@@ -82,30 +84,56 @@ def learning_rate_bindings(recipe: RecipeConfig, initial: int) -> dict[str, Any]
         return {f"{prefix}.{key}": value for key, value in relative.items()}
     if train.schedule == "linear":
         warm = max(warmup, 1)
-        bindings = {"factors": "linear_decay", "base_learning_rate": peak, "warmup_steps": warm,
-                    "decay_factor": 1.0 / max(steps - warm, 1)}  # fmt: skip
-    elif train.schedule == "cosine":  # T5X's cosine factor decays from the end of the warm-up to the last step
-        bindings = {"factors": "constant * linear_warmup * cosine_decay" if warmup else "constant * cosine_decay",
-                    "base_learning_rate": peak, "warmup_steps": max(warmup, 1),
-                    "steps_per_cycle": max(steps - warmup, 1)}  # fmt: skip
+        bindings = {
+            "factors": "linear_decay",
+            "base_learning_rate": peak,
+            "warmup_steps": warm,
+            "decay_factor": 1.0 / max(steps - warm, 1),
+        }
+    elif (
+        train.schedule == "cosine"
+    ):  # T5X's cosine factor decays from the end of the warm-up to the last step
+        bindings = {
+            "factors": "constant * linear_warmup * cosine_decay" if warmup else "constant * cosine_decay",
+            "base_learning_rate": peak,
+            "warmup_steps": max(warmup, 1),
+            "steps_per_cycle": max(steps - warmup, 1),
+        }
     elif train.schedule == "inverse_sqrt":
-        bindings = {"factors": "constant * rsqrt_normalized_decay", "base_learning_rate": peak, "warmup_steps": max(warmup, 1)}
+        bindings = {
+            "factors": "constant * rsqrt_normalized_decay",
+            "base_learning_rate": peak,
+            "warmup_steps": max(warmup, 1),
+        }
     else:
-        bindings = {"factors": "constant * linear_warmup" if warmup else "constant", "base_learning_rate": peak,
-                    "warmup_steps": max(warmup, 1)}  # fmt: skip
+        bindings = {
+            "factors": "constant * linear_warmup" if warmup else "constant",
+            "base_learning_rate": peak,
+            "warmup_steps": max(warmup, 1),
+        }
     bindings["step_offset"] = initial
     return {f"{prefix}.{key}": value for key, value in bindings.items()}
 
 
-def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initial_step: int, cpu: bool,
-            resumed_at: int = 0, slices: int = 1, devices: int = 0) -> str:
-    """The run's gin: the model gin(s), T5X's fine-tuning run gin, then every binding the recipe implies, then the
-    user's ``gin_overrides`` (last, so they win). ``slices`` > 1: a Multislice run over ``devices`` in all, the
-    slices as the mesh's outer ``replica`` axis (:func:`tpuft.worker.t5x.multislice.mesh_bindings`).
+def run_gin(
+    recipe: RecipeConfig,
+    spec: dict[str, Any],
+    *,
+    model_dir: str,
+    initial_step: int,
+    cpu: bool,
+    resumed_at: int = 0,
+    slices: int = 1,
+    devices: int = 0,
+) -> str:
+    """The run's gin: the model gin(s), T5X's fine-tuning run gin, then every binding the recipe implies, then
+    the user's ``gin_overrides`` (last, so they win). ``slices`` > 1: a Multislice run over ``devices`` in
+    all, the slices as the mesh's outer ``replica`` axis (:func:`tpuft.worker.t5x.multislice.mesh_bindings`).
 
-    The training data's shuffle seed is ``train.seed`` (T5X's default draws a new one from the clock), plus the step
-    a resumed run starts at: T5X does not checkpoint a seqio pipeline's position, so a resumed run reads the data in
-    a new order (rather than again from the start of the same one) that is still reproducible."""
+    The training data's shuffle seed is ``train.seed`` (T5X's default draws a new one from the clock), plus
+    the step a resumed run starts at: T5X does not checkpoint a seqio pipeline's position, so a resumed run
+    reads the data in a new order (rather than again from the start of the same one) that is still
+    reproducible."""
     backend, train, data, evaluation = recipe.backend, recipe.train, recipe.data, recipe.eval
     includes = list(backend.gin_files) or list(model_gins(backend.family, backend.size) or ())
     has_eval = backend.task == "finetune" and has_held_out(data, "eval")
@@ -118,7 +146,11 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
         targets_length = max(targets_length, needed)
     if backend.loss_normalizing_factor == "auto":
         factor = None
-        if backend.initial_checkpoint is not None and backend.task == "finetune" and backend.family is not None:
+        if (
+            backend.initial_checkpoint is not None
+            and backend.task == "finetune"
+            and backend.family is not None
+        ):
             factor = PRETRAINING_LOSS_FACTOR.get(backend.family)
     else:
         factor = backend.loss_normalizing_factor
@@ -126,8 +158,10 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
     if vocab == "byt5":
         vocabulary = {"seqio.ByteVocabulary.extra_ids": spec["extra_ids"]}
     else:
-        vocabulary = {"seqio.SentencePieceVocabulary.sentencepiece_model_file": vocab,
-                      "seqio.SentencePieceVocabulary.extra_ids": spec["extra_ids"]}  # fmt: skip
+        vocabulary = {
+            "seqio.SentencePieceVocabulary.sentencepiece_model_file": vocab,
+            "seqio.SentencePieceVocabulary.extra_ids": spec["extra_ids"],
+        }
     binds: dict[str, Any] = {
         "MODEL_DIR": model_dir,
         "MIXTURE_OR_TASK_NAME": spec["name"],
@@ -165,7 +199,9 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
     network = network_module(backend.family, [_read_text(path) for path in backend.gin_files])
     binds.update(t5x_keys.key_bindings(recipe, initial_step=initial_step, network=network))
     if network is None:
-        binds.pop("network.T5Config.dtype")  # the user's gin names its own network module: dtype is theirs to bind
+        binds.pop(
+            "network.T5Config.dtype"
+        )  # the user's gin names its own network module: dtype is theirs to bind
     imports = {**GIN_IMPORTS, **t5x_keys.GIN_IMPORTS}
     if network is not None:
         imports["network"] = network
@@ -174,7 +210,11 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
         "from __gin__ import dynamic_registration",
         "import __main__ as train_script",
         "import seqio",
-        *(f"from {module.rsplit('.', 1)[0]} import {name}" for name, module in imports.items() if name != "seqio"),
+        *(
+            f"from {module.rsplit('.', 1)[0]} import {name}"
+            for name, module in imports.items()
+            if name != "seqio"
+        ),
         "",
     ]
     lines += [f"include {path!r}" for path in includes]
@@ -184,7 +224,9 @@ def run_gin(recipe: RecipeConfig, spec: dict[str, Any], *, model_dir: str, initi
     lines += [f"{name} = {gin_value(value)}" for name, value in binds.items()]
     if backend.gin_overrides:
         lines += ["", "# backend.gin_overrides"]
-        lines += [f"{qualify(name, imports)} = {gin_value(value)}" for name, value in backend.gin_overrides.items()]
+        lines += [
+            f"{qualify(name, imports)} = {gin_value(value)}" for name, value in backend.gin_overrides.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -201,8 +243,8 @@ GIN_IMPORTS = {
 
 
 def network_module(family: str | None, user_gins: list[str]) -> str | None:
-    """The module whose ``T5Config`` the model gin configures: t5x's T5 network for t5_1_0/t5_1_1/mt5/byt5, the
-    scalable one for umt5, or whatever the user's gin imports as ``network``."""
+    """The module whose ``T5Config`` the model gin configures: t5x's T5 network for t5_1_0/t5_1_1/mt5/byt5,
+    the scalable one for umt5, or whatever the user's gin imports as ``network``."""
     if family == "umt5":
         return "t5x.examples.scalable_t5.network"
     if family is not None:
@@ -216,8 +258,8 @@ def network_module(family: str | None, user_gins: list[str]) -> str | None:
 
 def qualify(binding: str, imports: dict[str, str]) -> str:
     """``PjitPartitioner.num_partitions`` -> ``partitioning.PjitPartitioner.num_partitions``: under dynamic
-    registration a binding names its module; the short form users copy from T5X's docs is given the imported module
-    that has that name."""
+    registration a binding names its module; the short form users copy from T5X's docs is given the imported
+    module that has that name."""
     scope, _, name = binding.rpartition("/")
     head = name.split(".", 1)[0]
     if head in imports or "." not in name or head.isupper():

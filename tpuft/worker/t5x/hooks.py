@@ -1,23 +1,28 @@
-"""tpuft's hooks into T5X, and ``t5x.train`` run in this process with them: how T5X's own loop reports to tpuft.
+"""tpuft's hooks into T5X, and ``t5x.train`` run in this process with them: how T5X's own loop reports to
+tpuft.
 
 T5X drives its training loop itself; tpuft patches it (once per process) and binds a seqio logger in the run
 gin, each of which calls the active run (:class:`HookedRun`, the trainer's ``T5xRun``):
 
-* the trainer's batch iterator: :meth:`HookedRun.on_batch` as each step's batch is taken (the ``next()`` timed:
-  the data wait of the run's goodput events, :mod:`tpuft.worker.t5x.goodput`);
+* the trainer's batch iterator: :meth:`HookedRun.on_batch` as each step's batch is taken (the ``next()``
+  timed: the data wait of the run's goodput events, :mod:`tpuft.worker.t5x.goodput`);
 * the metrics writer (``MetricsManager._create_writer``): the train and teacher-forced eval scalars;
-* the trainer's ``eval`` and seqio's ``Evaluator.evaluate``: the ``eval`` phase (long and quiet: the supervisor
-  gives it more time), each an ``eval`` event;
+* the trainer's ``eval`` and seqio's ``Evaluator.evaluate``: the ``eval`` phase (long and quiet: the
+  supervisor gives it more time), each an ``eval`` event;
 * the Orbax checkpoint manager's ``save``: the ``checkpoint`` phase, then, once the save is complete,
   :meth:`HookedRun.on_checkpoint_saved`, and the save's ``checkpoint_save`` event;
 * T5X's ``create_checkpoint_manager_and_restore``: a resumed run's ``checkpoint_restore`` event, timed;
-* :class:`EvalLogger` (``seqio.Evaluator.logger_cls`` in the gin): the inference eval's metrics and predictions;
-* the trainer's construction: :meth:`HookedRun.on_layout` with the mesh and how the parameters are sharded over it;
-* on CPU, T5X's ``default_mesh``: T5X's own CPU mesh is hosts x devices per host whatever ``num_partitions`` says,
-  so the local pod would not rehearse the slice's replicas x partitions; :func:`cpu_mesh` cuts it as the recipe says;
-  with several slices, JAX's hybrid mesh groups CPU devices by slice (:mod:`tpuft.worker.t5x.multislice`).
+* :class:`EvalLogger` (``seqio.Evaluator.logger_cls`` in the gin): the inference eval's metrics and
+  predictions;
+* the trainer's construction: :meth:`HookedRun.on_layout` with the mesh and how the parameters are sharded
+  over it;
+* on CPU, T5X's ``default_mesh``: T5X's own CPU mesh is hosts x devices per host whatever ``num_partitions``
+  says, so the local pod would not rehearse the slice's replicas x partitions; :func:`cpu_mesh` cuts it as the
+  recipe says; with several slices, JAX's hybrid mesh groups CPU devices by slice
+  (:mod:`tpuft.worker.t5x.multislice`).
 
-The run is found through a module global (:func:`activate`) because gin builds the seqio logger without arguments.
+The run is found through a module global (:func:`activate`) because gin builds the seqio logger without
+arguments.
 """
 
 from __future__ import annotations
@@ -84,7 +89,8 @@ def install_hooks() -> None:
     trainer_lib._tpuft_hooked = True
 
     class TpuftWriter(metric_writers.MultiWriter):
-        """Host 0's metric writer for one T5X metrics collection (``train``, or a task's teacher-forced eval)."""
+        """Host 0's metric writer for one T5X metrics collection (``train``, or a task's teacher-forced
+        eval)."""
 
         def __init__(self, name: str) -> None:
             super().__init__([])
@@ -124,7 +130,9 @@ def install_hooks() -> None:
         start = int(start_step if start_step is not None else self.train_state.step)
         if _ACTIVE is None:
             return steps(num_steps, start)
-        summary = t5x_ondemand.train_steps(_ACTIVE, self, steps, start, num_steps)  # tpuft checkpoint, between runs
+        summary = t5x_ondemand.train_steps(
+            _ACTIVE, self, steps, start, num_steps
+        )  # tpuft checkpoint, between runs
         _ACTIVE.timeline.trained_to = start + num_steps
         return summary
 
@@ -198,11 +206,20 @@ def install_hooks() -> None:
 
     original_mesh = partitioning.default_mesh
 
-    def default_mesh(num_partitions: int, model_parallel_submesh: Any = None, backend: str | None = None,
-                     ici_mesh_shape: Any = None, dcn_mesh_shape: Any = None) -> Any:
+    def default_mesh(
+        num_partitions: int,
+        model_parallel_submesh: Any = None,
+        backend: str | None = None,
+        ici_mesh_shape: Any = None,
+        dcn_mesh_shape: Any = None,
+    ) -> Any:
         import jax
 
-        if jax.devices(backend)[-1].platform == "cpu" and not model_parallel_submesh and ici_mesh_shape is None:
+        if (
+            jax.devices(backend)[-1].platform == "cpu"
+            and not model_parallel_submesh
+            and ici_mesh_shape is None
+        ):
             return cpu_mesh(num_partitions, backend)
         return original_mesh(num_partitions, model_parallel_submesh, backend, ici_mesh_shape, dcn_mesh_shape)
 
@@ -211,9 +228,10 @@ def install_hooks() -> None:
 
 
 def cpu_mesh(num_partitions: int, backend: str | None = None) -> Any:
-    """The ``data`` x ``model`` mesh of the local pod's CPU devices: replicas x ``num_partitions``, cut from the
-    devices in worker order, so a partition group lies within one worker (as on a TPU host, over its fast links) or
-    spans whole workers. T5X's own CPU mesh ignores ``num_partitions`` (hosts x devices per host)."""
+    """The ``data`` x ``model`` mesh of the local pod's CPU devices: replicas x ``num_partitions``, cut from
+    the devices in worker order, so a partition group lies within one worker (as on a TPU host, over its fast
+    links) or spans whole workers. T5X's own CPU mesh ignores ``num_partitions`` (hosts x devices per
+    host)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
@@ -225,9 +243,9 @@ def cpu_mesh(num_partitions: int, backend: str | None = None) -> Any:
 
 
 def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
-    """What the run really got: the mesh's shape and how many devices each host drives, and the parameters that
-    are split over its axes (``model``; ``data`` too under ``train.sharding: fsdp``), read from the arrays on the
-    devices (the largest one as the example)."""
+    """What the run really got: the mesh's shape and how many devices each host drives, and the parameters
+    that are split over its axes (``model``; ``data`` too under ``train.sharding: fsdp``), read from the
+    arrays on the devices (the largest one as the example)."""
     import jax
 
     sizes = {str(axis): int(size) for axis, size in mesh.shape.items()}
@@ -237,8 +255,12 @@ def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
     for path, array in jax.tree_util.tree_flatten_with_path(params)[0]:
         total += 1
         spec = getattr(getattr(array, "sharding", None), "spec", None)
-        named = [axis for entry in spec or () for axis in (entry if isinstance(entry, tuple) else (entry,)) if axis]
-        split = {str(axis) for axis in named if sizes.get(str(axis), 1) > 1}  # an axis 1 device long splits nothing
+        named = [
+            axis for entry in spec or () for axis in (entry if isinstance(entry, tuple) else (entry,)) if axis
+        ]
+        split = {
+            str(axis) for axis in named if sizes.get(str(axis), 1) > 1
+        }  # an axis 1 device long splits nothing
         local = tuple(array.addressable_shards[0].data.shape) if split else tuple(array.shape)
         if local == tuple(array.shape):
             continue
@@ -260,12 +282,15 @@ def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
 
 
 class EvalLogger:
-    """A seqio logger (bound in the run gin): the inference eval's metrics and decoded predictions to tpuft."""
+    """A seqio logger (bound in the run gin): the inference eval's metrics and decoded predictions to
+    tpuft."""
 
     def __init__(self, output_dir: str | None = None) -> None:
         self.output_dir = output_dir
 
-    def __call__(self, task_name: str, step: int | None, metrics: Any, dataset: Any, inferences: Any, targets: Any) -> None:
+    def __call__(
+        self, task_name: str, step: int | None, metrics: Any, dataset: Any, inferences: Any, targets: Any
+    ) -> None:
         if _ACTIVE is None or not _ACTIVE.chief or step is None:
             return
         values = {name: getattr(value, "value", value) for name, value in (metrics or {}).items()}
@@ -280,14 +305,20 @@ class EvalLogger:
                     break
         for index, output in enumerate(outputs):
             target = targets[index] if targets is not None and index < len(targets) else None
-            predictions.append({"input": inputs[index] if index < len(inputs) else None, "prediction": _text(output),
-                                "target": _text(target)})
+            predictions.append(
+                {
+                    "input": inputs[index] if index < len(inputs) else None,
+                    "prediction": _text(output),
+                    "target": _text(target),
+                }
+            )
         _ACTIVE.on_inference_eval(int(step), values, predictions)
 
 
 class EarlyStop:
-    """A T5X action after each inference eval (``train.actions`` in the gin, for ``train.early_stopping``): stop
-    when the run's judge (the shared early stopping of :mod:`tpuft.worker.loop`) has said so on the eval that
+    """A T5X action after each inference eval (``train.actions`` in the gin, for ``train.early_stopping``):
+    stop when the run's judge (the shared early stopping of :mod:`tpuft.worker.loop`) has said so on the eval
+    that
     :class:`EvalLogger` just reported. T5X asks host 0 and tells the others, then ends its loop."""
 
     def run(self, train_state: Any, metrics_by_task: Any) -> bool:
@@ -297,11 +328,11 @@ class EarlyStop:
 def exit_on_sigterm() -> None:
     """Stop at once on SIGTERM (``tpuft stop``, or the supervisor stopping this host because a peer failed).
 
-    JAX's distributed runtime takes SIGTERM as a preemption notice that T5X never asks about at the pinned commit, so
-    the process would run on until the supervisor's SIGKILL; and a host whose peer died is blocked inside a
-    collective, where a Python signal handler never gets to run. So SIGTERM is blocked in every thread (threads
-    started later inherit the mask) and taken by one thread that waits for it and exits the process. A checkpoint
-    being written is left in its temporary folder, which Orbax and tpuft ignore."""
+    JAX's distributed runtime takes SIGTERM as a preemption notice that T5X never asks about at the pinned
+    commit, so the process would run on until the supervisor's SIGKILL; and a host whose peer died is blocked
+    inside a collective, where a Python signal handler never gets to run. So SIGTERM is blocked in every
+    thread (threads started later inherit the mask) and taken by one thread that waits for it and exits the
+    process. A checkpoint being written is left in its temporary folder, which Orbax and tpuft ignore."""
     import signal
     import threading
 
@@ -316,11 +347,12 @@ def exit_on_sigterm() -> None:
 
 
 def run_t5x_train(gin_file: Path) -> None:
-    """``python -m t5x.train --gin_file=...`` in this process: gin binds ``__main__.train``, so the module must
-    run as ``__main__``; absl ends it with ``sys.exit``."""
+    """``python -m t5x.train --gin_file=...`` in this process: gin binds ``__main__.train``, so the module
+    must run as ``__main__``; absl ends it with ``sys.exit``."""
     import logging
 
-    # One warning per parameter that Adafactor does not factor (all of a small model's): noise in a worker's log.
+    # One warning per parameter that Adafactor does not factor (all of a small model's): noise in a worker's
+    # log.
     logging.getLogger("absl").addFilter(lambda record: "falls back to heuristics" not in record.getMessage())
     argv = sys.argv
     sys.argv = ["t5x.train", f"--gin_file={gin_file}", "--verbosity=-1"]  # absl: warnings and up

@@ -1,13 +1,13 @@
-"""Checkpoints on demand on T5X (:mod:`tpuft.worker.ondemand` says what and why): T5X's loop runs its steps inside
-``trainer.train`` and comes back to Python every ``train.log_every`` steps (its ``stats_period``), so a relayed
-request is served there, between two of those runs, through T5X's own checkpoint manager, the one T5X saves with;
-a request for a step inside the next run of steps splits that run at the step, so that every host saves exactly
-at ``at_step``.
+"""Checkpoints on demand on T5X (:mod:`tpuft.worker.ondemand` says what and why): T5X's loop runs its steps
+inside ``trainer.train`` and comes back to Python every ``train.log_every`` steps (its ``stats_period``), so a
+relayed request is served there, between two of those runs, through T5X's own checkpoint manager, the one T5X
+saves with; a request for a step inside the next run of steps splits that run at the step, so that every host
+saves exactly at ``at_step``.
 
-The save is a collective on several hosts (every process writes its shards, then Orbax syncs them), so the hosts
-that have the request first meet at a barrier of JAX's coordination service, with a timeout: a host that did not
-see the request in time never comes, the barrier fails for every host that came, and they all refuse the request
-(the late host refuses it too, once it sees it): nobody waits in a save its peers never start.
+The save is a collective on several hosts (every process writes its shards, then Orbax syncs them), so the
+hosts that have the request first meet at a barrier of JAX's coordination service, with a timeout: a host that
+did not see the request in time never comes, the barrier fails for every host that came, and they all refuse
+the request (the late host refuses it too, once it sees it): nobody waits in a save its peers never start.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def remember_manager(manager: Any) -> None:
 
 
 def train_steps(run: Any, trainer: Any, steps: Callable[[int, int], Any], start: int, count: int) -> Any:
-    """T5X's ``trainer.train`` of ``count`` steps from the absolute step ``start``: ``steps(count, start)`` runs
-    them; a due request is served before, and a request for a step inside splits them there."""
+    """T5X's ``trainer.train`` of ``count`` steps from the absolute step ``start``: ``steps(count, start)``
+    runs them; a due request is served before, and a request for a step inside splits them there."""
     requests = _REQUESTS.setdefault(id(run), CheckpointRequests.of(run.ctx, answers=run.loop.beats))
     first = start - run.initial_step
     serve_due(run, trainer, requests, first)
@@ -49,8 +49,12 @@ def serve_due(run: Any, trainer: Any, requests: CheckpointRequests, step: int) -
         return
     absolute = step + run.initial_step
     if not agreed(request):
-        requests.answer(request, absolute, refused=f"not every host had the request at step {step} (they wait "
-                                                   f"{BARRIER_SECONDS:.0f} s for each other before a save); ask again")
+        requests.answer(
+            request,
+            absolute,
+            refused=f"not every host had the request at step {step} (they wait "
+            f"{BARRIER_SECONDS:.0f} s for each other before a save); ask again",
+        )
         run.say(f"checkpoint asked for ({request.reason}) refused: not every host had it at step {step}")
         return
     run.say(f"checkpoint asked for ({request.reason}): saving step {step}")
@@ -62,10 +66,12 @@ def serve_due(run: Any, trainer: Any, requests: CheckpointRequests, step: int) -
 
 
 def save(trainer: Any, absolute: int) -> None:
-    """T5X's manager saves the trainer's state (the hooks' wrapper beats, waits until it is written and lets the
-    chief write the manifest); a step T5X has just saved itself is not written again."""
+    """T5X's manager saves the trainer's state (the hooks' wrapper beats, waits until it is written and lets
+    the chief write the manifest); a step T5X has just saved itself is not written again."""
     if not _MANAGER:
-        raise RuntimeError("tpuft: T5X built no checkpoint manager (no checkpoint period?): cannot save on demand")
+        raise RuntimeError(
+            "tpuft: T5X built no checkpoint manager (no checkpoint period?): cannot save on demand"
+        )
     manager = _MANAGER[0]
     if absolute in set(manager.all_steps()):
         return

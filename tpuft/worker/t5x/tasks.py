@@ -4,21 +4,22 @@ Two kinds, from the recipe's ``backend.task``:
 
 * ``finetune``: text-to-text examples from data files or a Hugging Face dataset (``data.hf``), built by
   :func:`tpuft.worker.data.make_example` as on every backend (the same fields, templates, prefix, transforms,
-  preprocess hook and located errors; :mod:`tpuft.worker.t5x.data`), tokenized with the run's vocabulary, an input
-  longer than its feature length cut as ``data.truncation`` says (:func:`keep_input_tokens`, before seqio trims at
-  the end), EOS appended after trimming; metrics of the decoded predictions: exact match, and with
-  ``eval.metric: bleu | rouge_l`` (or ``eval.generate_examples``) corpus BLEU and ROUGE-L, all scored by
+  preprocess hook and located errors; :mod:`tpuft.worker.t5x.data`), tokenized with the run's vocabulary, an
+  input longer than its feature length cut as ``data.truncation`` says (:func:`keep_input_tokens`, before
+  seqio trims at the end), EOS appended after trimming; metrics of the decoded predictions: exact match, and
+  with ``eval.metric: bleu | rouge_l`` (or ``eval.generate_examples``) corpus BLEU and ROUGE-L, all scored by
   :mod:`tpuft.worker.predictions`, the scorer of every backend's test evaluation.
-* ``span_corruption``: T5's pretraining objective on plain text (one document a line, local or gs:// files): the
-  documents' tokens are concatenated and cut into pieces of the length that, once ~``noise_density`` of them are
-  replaced by one sentinel per span, fills the inputs length exactly; targets hold the masked spans, each after its
-  sentinel. Written after T5's ``random_spans_helper``/``random_spans_noise_mask``/``noise_span_to_unique_sentinel``
-  (the ``t5`` package is not in the stack: it pins its own old TensorFlow), with stateless random ops seeded by seqio
-  so that a run is reproducible.
+* ``span_corruption``: T5's pretraining objective on plain text (one document a line, local or gs:// files):
+  the documents' tokens are concatenated and cut into pieces of the length that, once ~``noise_density`` of
+  them are replaced by one sentinel per span, fills the inputs length exactly; targets hold the masked spans,
+  each after its sentinel. Written after T5's
+  ``random_spans_helper``/``random_spans_noise_mask``/``noise_span_to_unique_sentinel`` (the ``t5`` package is
+  not in the stack: it pins its own old TensorFlow), with stateless random ops seeded by seqio so that a run
+  is reproducible.
 
 Sentinels are the ids counted down from the top of the vocabulary (``vocab_size - 1`` is the first): for a
-SentencePiece vocabulary with ``extra_ids`` those are ``<extra_id_0>``, ``<extra_id_1>``...; for ByT5 they are the
-top byte values, as in its paper.
+SentencePiece vocabulary with ``extra_ids`` those are ``<extra_id_0>``, ``<extra_id_1>``...; for ByT5 they are
+the top byte values, as in its paper.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def vocabulary(spec: dict[str, Any]) -> seqio.Vocabulary:
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
-def random_spans_helper(inputs_length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+def random_spans_helper(
+    inputs_length: int, noise_density: float, mean_noise_span_length: float
+) -> tuple[int, int]:
     """(tokens per piece, targets length) such that a corrupted piece, with its sentinels and EOS, is exactly
     ``inputs_length`` long: T5's arithmetic (512 inputs at 0.15 / 3.0 -> 568 tokens, 114 targets)."""
 
@@ -69,20 +72,26 @@ def random_spans_helper(inputs_length: int, noise_density: float, mean_noise_spa
     return tokens_length, targets_length
 
 
-def random_spans_noise_mask(length: tf.Tensor, noise_density: float, mean_noise_span_length: float, seeds: Any) -> tf.Tensor:
+def random_spans_noise_mask(
+    length: tf.Tensor, noise_density: float, mean_noise_span_length: float, seeds: Any
+) -> tf.Tensor:
     """A boolean mask of ``length`` with about ``noise_density`` of it True, in spans of mean length
     ``mean_noise_span_length``, beginning with a non-noise span (T5's algorithm)."""
     orig_length = length
     length = tf.maximum(length, 2)
     num_noise_tokens = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
     num_noise_tokens = tf.minimum(tf.maximum(num_noise_tokens, 1), length - 1)
-    num_noise_spans = tf.cast(tf.round(tf.cast(num_noise_tokens, tf.float32) / mean_noise_span_length), tf.int32)
+    num_noise_spans = tf.cast(
+        tf.round(tf.cast(num_noise_tokens, tf.float32) / mean_noise_span_length), tf.int32
+    )
     num_noise_spans = tf.maximum(num_noise_spans, 1)
     num_nonnoise_tokens = length - num_noise_tokens
 
     def segmentation(num_items: tf.Tensor, num_segments: tf.Tensor, seed: Any) -> tf.Tensor:
         first_in_segment = tf.pad(
-            tf.random.experimental.stateless_shuffle(tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed),
+            tf.random.experimental.stateless_shuffle(
+                tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed
+            ),
             [[1, 0]],
         )
         segment_id = tf.cumsum(first_in_segment)
@@ -90,7 +99,9 @@ def random_spans_noise_mask(length: tf.Tensor, noise_density: float, mean_noise_
 
     noise_span_lengths = segmentation(num_noise_tokens, num_noise_spans, seeds[0])
     nonnoise_span_lengths = segmentation(num_nonnoise_tokens, num_noise_spans, seeds[1])
-    interleaved = tf.reshape(tf.stack([nonnoise_span_lengths, noise_span_lengths], axis=1), [num_noise_spans * 2])
+    interleaved = tf.reshape(
+        tf.stack([nonnoise_span_lengths, noise_span_lengths], axis=1), [num_noise_spans * 2]
+    )
     span_starts = tf.cumsum(interleaved)[:-1]
     span_start_indicator = tf.math.unsorted_segment_sum(tf.ones_like(span_starts), span_starts, length)
     span_num = tf.cumsum(span_start_indicator)
@@ -107,8 +118,14 @@ def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, voca
     return tf.boolean_mask(tokens, tf.logical_not(subsequent_noise))
 
 
-def span_corruption(dataset: tf.data.Dataset, *, tokens_length: int, vocab_size: int, noise_density: float,
-                    mean_noise_span_length: float) -> tf.data.Dataset:
+def span_corruption(
+    dataset: tf.data.Dataset,
+    *,
+    tokens_length: int,
+    vocab_size: int,
+    noise_density: float,
+    mean_noise_span_length: float,
+) -> tf.data.Dataset:
     """Tokenized documents (``targets``) -> concatenated, cut into ``tokens_length`` pieces -> inputs with
     sentinels, targets with the masked spans."""
     pieces = dataset.map(_targets_of).unbatch().batch(tokens_length).map(_as_targets)
@@ -141,12 +158,14 @@ def text_scores(targets: list[str], predictions: list[str]) -> dict[str, float]:
     return {name: float(scores[name]) for name in TEXT_METRICS}
 
 
-def keep_input_tokens(dataset: tf.data.Dataset, sequence_length: dict[str, int] | None = None, *,
-                      mode: str) -> tf.data.Dataset:
-    """``data.truncation`` on the tokenized inputs, before ``append_eos_after_trim`` cuts them at the end: of an
-    input longer than its feature length less one (EOS's room), keep the last tokens (``tail``) or the first and the
-    last half (``head+tail``, the head getting the odd one), as :func:`tpuft.worker.data.keep_tokens` does for the
-    other backends. Without lengths (T5X's inference eval computes them from the longest input) nothing is cut."""
+def keep_input_tokens(
+    dataset: tf.data.Dataset, sequence_length: dict[str, int] | None = None, *, mode: str
+) -> tf.data.Dataset:
+    """``data.truncation`` on the tokenized inputs, before ``append_eos_after_trim`` cuts them at the end: of
+    an input longer than its feature length less one (EOS's room), keep the last tokens (``tail``) or the
+    first and the last half (``head+tail``, the head getting the odd one), as
+    :func:`tpuft.worker.data.keep_tokens` does for the other backends. Without lengths (T5X's inference eval
+    computes them from the longest input) nothing is cut."""
     if mode == "head" or not sequence_length or not sequence_length.get("inputs"):
         return dataset
     limit = int(sequence_length["inputs"]) - 1
@@ -163,8 +182,9 @@ def keep_input_tokens(dataset: tf.data.Dataset, sequence_length: dict[str, int] 
     return cut(dataset)
 
 
-def _finetune_dataset(split: str, shuffle_files: bool, seed: int | None = None, *, data: dict[str, Any]
-                      ) -> tf.data.Dataset:
+def _finetune_dataset(
+    split: str, shuffle_files: bool, seed: int | None = None, *, data: dict[str, Any]
+) -> tf.data.Dataset:
     from tpuft.worker.t5x.data import data_config, examples
 
     cfg = data_config({"data": data})
@@ -189,7 +209,9 @@ def _targets_of(example: dict[str, tf.Tensor]) -> tf.Tensor:
     return example["targets"]
 
 
-def _corpus_dataset(split: str, shuffle_files: bool, seed: int | None = None, *, files: list[str]) -> tf.data.Dataset:
+def _corpus_dataset(
+    split: str, shuffle_files: bool, seed: int | None = None, *, files: list[str]
+) -> tf.data.Dataset:
     return tf.data.TextLineDataset(files).filter(_has_text).map(_as_targets)
 
 
@@ -199,9 +221,13 @@ def register(spec: dict[str, Any]) -> str:
     vocab = vocabulary(spec)
     if spec["task"] == "span_corruption":
         check_sentinels(vocab, spec)
-        tokens_length, _ = random_spans_helper(spec["inputs_length"], spec["noise_density"], spec["mean_noise_span_length"])
+        tokens_length, _ = random_spans_helper(
+            spec["inputs_length"], spec["noise_density"], spec["mean_noise_span_length"]
+        )
         source = seqio.FunctionDataSource(
-            functools.partial(_corpus_dataset, files=list(spec["corpus"])), splits=("train",), caching_permitted=False
+            functools.partial(_corpus_dataset, files=list(spec["corpus"])),
+            splits=("train",),
+            caching_permitted=False,
         )
         preprocessors = [
             seqio.preprocessors.tokenize,
@@ -236,12 +262,15 @@ def register(spec: dict[str, Any]) -> str:
     }
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add(name, source=source, preprocessors=preprocessors, output_features=features, metric_fns=metric_fns)
+    seqio.TaskRegistry.add(
+        name, source=source, preprocessors=preprocessors, output_features=features, metric_fns=metric_fns
+    )
     return name
 
 
 def check_sentinels(vocab: seqio.Vocabulary, spec: dict[str, Any]) -> None:
-    """A SentencePiece vocabulary whose top ids are ordinary pieces would have them overwritten by sentinels."""
+    """A SentencePiece vocabulary whose top ids are ordinary pieces would have them overwritten by
+    sentinels."""
     if isinstance(vocab, seqio.ByteVocabulary) or int(spec.get("extra_ids", 0)) > 0:
         return
     top = vocab.tokenizer.id_to_piece(vocab.vocab_size - 1) if hasattr(vocab, "tokenizer") else ""

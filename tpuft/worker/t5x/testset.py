@@ -1,17 +1,18 @@
-"""T5X's test evaluation (``data.test``) at the end of a fine-tuning run: the checkpoint every backend tests and
-``tpuft predict RUN`` takes (the best by the inference eval's exact match under ``train.keep_best``, else the last)
-decodes every test example with T5X's own decoding
-(:class:`tpuft.worker.t5x.decode.T5xDecoder`, the ``tpuft predict`` engine's too), every process its share (example
-``i`` of ``data.test`` or of ``data.hf.test_split`` goes to process ``i % processes``, as
+"""T5X's test evaluation (``data.test``) at the end of a fine-tuning run: the checkpoint every backend tests
+and ``tpuft predict RUN`` takes (the best by the inference eval's exact match under ``train.keep_best``, else
+the last) decodes every test example with T5X's own decoding
+(:class:`tpuft.worker.t5x.decode.T5xDecoder`, the ``tpuft predict`` engine's too), every process its share
+(example ``i`` of ``data.test`` or of ``data.hf.test_split`` goes to process ``i % processes``, as
 :func:`tpuft.worker.hf_data.held_out` deals it for every backend) in lock-step; the shares are scored with
 :mod:`tpuft.worker.predictions`, their statistics summed over the processes, and written to ``run_dir/test/``.
 
-Once per run, also after a resume. T5X writes its checkpoints itself, not through ``RunLoop.save_checkpoint``, and
-the test runs after the last one is written, so the result cannot ride in a checkpoint's ``trainer_state.json`` as
-it does for the other backends. Its record is the run's ``metrics.jsonl`` instead: the test row is logged at the
-final step, which a resume keeps (it forgets only the rows after the checkpoint it resumes from, and a test means the
-final checkpoint exists), and the trainer reads it back at start-up (``T5xRun._resume``). Host 0 is the one that has
-``metrics.jsonl`` on a slice, so it decides for every host (:func:`agree`): all of them test, or none.
+Once per run, also after a resume. T5X writes its checkpoints itself, not through ``RunLoop.save_checkpoint``,
+and the test runs after the last one is written, so the result cannot ride in a checkpoint's
+``trainer_state.json`` as it does for the other backends. Its record is the run's ``metrics.jsonl`` instead:
+the test row is logged at the final step, which a resume keeps (it forgets only the rows after the checkpoint
+it resumes from, and a test means the final checkpoint exists), and the trainer reads it back at start-up
+(``T5xRun._resume``). Host 0 is the one that has ``metrics.jsonl`` on a slice, so it decides for every host
+(:func:`agree`): all of them test, or none.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def agree(values: Sequence[int]) -> list[int]:
 
 
 def gathered(values: Sequence[float]) -> list[list[float]]:
-    """Every process's ``values`` (the same length on each), in process order (one collective; every process calls
-    it)."""
+    """Every process's ``values`` (the same length on each), in process order (one collective; every process
+    calls it)."""
     import jax
 
     if jax.process_count() == 1:
@@ -57,11 +58,11 @@ def gathered(values: Sequence[float]) -> list[list[float]]:
     return stacked.reshape(jax.process_count(), -1).tolist()
 
 
-
-
-def evaluate(decoder: Any, examples: list[tuple[int, Example]], out: Path, labels: Sequence[str] = ()) -> dict[str, Any]:
-    """Decode ``examples`` in ``decoder.batch_size`` batches, as many calls on every process (the longest share's
-    count), write them to ``out``, and return the scores summed over every process."""
+def evaluate(
+    decoder: Any, examples: list[tuple[int, Example]], out: Path, labels: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Decode ``examples`` in ``decoder.batch_size`` batches, as many calls on every process (the longest
+    share's count), write them to ``out``, and return the scores summed over every process."""
     import jax
 
     calls = int(max(row[0] for row in gathered([-(-len(examples) // decoder.batch_size)])))
@@ -75,9 +76,11 @@ def evaluate(decoder: Any, examples: list[tuple[int, Example]], out: Path, label
     return predictions.scores([sum(column) for column in zip(*stats)], labels)
 
 
-def run_test(loop: RunLoop, recipe: RecipeConfig, gin_file: Path, checkpoint: str, step: int) -> dict[str, Any]:
-    """The test row of the T5X ``checkpoint`` folder (local or gs://) of tpuft's ``step``, with the model the run
-    gin builds: decoded, scored, written, recorded (every process)."""
+def run_test(
+    loop: RunLoop, recipe: RecipeConfig, gin_file: Path, checkpoint: str, step: int
+) -> dict[str, Any]:
+    """The test row of the T5X ``checkpoint`` folder (local or gs://) of tpuft's ``step``, with the model the
+    run gin builds: decoded, scored, written, recorded (every process)."""
     import jax
 
     from tpuft.worker.t5x.decode import T5xDecoder, model_and_partitioner, parse_run_gin
@@ -89,9 +92,15 @@ def run_test(loop: RunLoop, recipe: RecipeConfig, gin_file: Path, checkpoint: st
     parse_run_gin(gin_file)  # anew: t5x.train's __main__, which the run gin imports, has gone with it
     model, partitioner = model_and_partitioner()
     processes = jax.process_count()
-    decoder = T5xDecoder(model, partitioner, checkpoint, batch_size=-(-recipe.eval.batch_size // processes),
-                         inputs_length=recipe.data.max_source_length, decode_length=recipe.data.max_target_length,
-                         truncation=recipe.data.truncation)
+    decoder = T5xDecoder(
+        model,
+        partitioner,
+        checkpoint,
+        batch_size=-(-recipe.eval.batch_size // processes),
+        inputs_length=recipe.data.max_source_length,
+        decode_length=recipe.data.max_target_length,
+        truncation=recipe.data.truncation,
+    )
     examples = held_out(recipe.data, "test", rank=jax.process_index(), world=processes)
     result = evaluate(decoder, examples, loop.test_predictions_dir())
     decoder.close()

@@ -1,16 +1,18 @@
-"""The PyTorch/XLA backend's prediction engine: the run's checkpoint folder (the HF weights and tokenizer the trainer
-saves, ``prompt.safetensors`` beside them when prompt tuning) on the XLA device (a TPU chip, or PJRT CPU on the local
-pod).
+"""The PyTorch/XLA backend's prediction engine: the run's checkpoint folder (the HF weights and tokenizer the
+trainer saves, ``prompt.safetensors`` beside them when prompt tuning) on the XLA device (a TPU chip, or PJRT
+CPU on the local pod).
 
-Greedy decoding runs on the device with static shapes (:func:`tpuft.worker.torch_xla.parts.greedy_decode`, the trainer's
-own eval decoder): every batch is padded to ``job.batch_size`` rows of ``data.max_source_length`` tokens, so one graph
-is compiled per step shape and reused for the whole input. Beam search (``--num-beams`` > 1) goes through
-``generate``: on a TPU on the device (it recompiles as its sequences grow: slower than greedy); on the CPU pod on a
-host copy of the model, in eager torch (PJRT CPU would recompile every step for no gain: minutes for a few inputs).
+Greedy decoding runs on the device with static shapes (:func:`tpuft.worker.torch_xla.parts.greedy_decode`, the
+trainer's own eval decoder): every batch is padded to ``job.batch_size`` rows of ``data.max_source_length``
+tokens, so one graph is compiled per step shape and reused for the whole input. Beam search (``--num-beams`` >
+1) goes through ``generate``: on a TPU on the device (it recompiles as its sequences grow: slower than
+   greedy); on the CPU pod on a
+host copy of the model, in eager torch (PJRT CPU would recompile every step for no gain: minutes for a few
+inputs).
 
-Processes: one per worker on the CPU pod; on a TPU host one per chip, spawned by ``torch_xla.launch`` as the trainer
-spawns its replicas, each taking the part of process ``xr.global_ordinal()`` of ``xr.world_size()``. The parts are
-independent (no collective), so a process never waits on another until the chief joins.
+Processes: one per worker on the CPU pod; on a TPU host one per chip, spawned by ``torch_xla.launch`` as the
+trainer spawns its replicas, each taking the part of process ``xr.global_ordinal()`` of ``xr.world_size()``.
+The parts are independent (no collective), so a process never waits on another until the chief joins.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Any
 
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.data import encode_texts, load_tokenizer
-from tpuft.worker.predict_job import PredictJob
 from tpuft.worker.predict.loop import model_folder, serve
+from tpuft.worker.predict_job import PredictJob
 from tpuft.worker.torch_xla.train import PROMPT_FILE
 
 
@@ -37,8 +39,9 @@ class XlaEngine:
         self.torch, self.torch_xla = torch, torch_xla
         self.device = torch_xla.device()
         has_tokenizer = (folder / "tokenizer_config.json").is_file()
-        self.tokenizer = (AutoTokenizer.from_pretrained(folder) if has_tokenizer
-                          else load_tokenizer(recipe.model.tokenizer))
+        self.tokenizer = (
+            AutoTokenizer.from_pretrained(folder) if has_tokenizer else load_tokenizer(recipe.model.tokenizer)
+        )
         self.model = T5ForConditionalGeneration.from_pretrained(folder).to(self.device).eval()
         self.prompt = None
         if (folder / PROMPT_FILE).is_file():
@@ -52,7 +55,9 @@ class XlaEngine:
         self.num_beams = job.num_beams
         self.beam_device = self.device if tpu else torch.device("cpu")
         beams_on_host = not tpu and job.num_beams > 1
-        self.beam_model = T5ForConditionalGeneration.from_pretrained(folder).eval() if beams_on_host else self.model
+        self.beam_model = (
+            T5ForConditionalGeneration.from_pretrained(folder).eval() if beams_on_host else self.model
+        )
 
     def predict(self, sources: list[str]) -> list[str]:
         if not sources:
@@ -67,13 +72,16 @@ class XlaEngine:
         with torch.no_grad():  # not inference_mode: XLA's in-place index_copy needs version counters
             if self.num_beams > 1:
                 prompt = None if self.prompt is None else self.prompt.to(self.beam_device)
-                inputs = torch_parts.encoder_inputs(self.beam_model, prompt, input_ids.to(self.beam_device),
-                                                    mask.to(self.beam_device))
-                out = self.beam_model.generate(**inputs, max_new_tokens=self.length, num_beams=self.num_beams,
-                                               do_sample=False)
+                inputs = torch_parts.encoder_inputs(
+                    self.beam_model, prompt, input_ids.to(self.beam_device), mask.to(self.beam_device)
+                )
+                out = self.beam_model.generate(
+                    **inputs, max_new_tokens=self.length, num_beams=self.num_beams, do_sample=False
+                )
             else:
-                out = torch_parts.greedy_decode(self.model, self.prompt, input_ids, mask, self.length,
-                                                self.torch_xla.sync)
+                out = torch_parts.greedy_decode(
+                    self.model, self.prompt, input_ids, mask, self.length, self.torch_xla.sync
+                )
         eos = self.tokenizer.eos_token_id
         texts = []
         for row in out[: len(sources)].to("cpu").tolist():
@@ -111,10 +119,25 @@ def _tpu_process(local_index: int, ctx: WorkerContext, recipe: Any, job: Predict
 
 
 def _predict(
-    ctx: WorkerContext, recipe: Any, job: PredictJob, process: int, processes: int, *, tpu: bool, beats: bool = True
+    ctx: WorkerContext,
+    recipe: Any,
+    job: PredictJob,
+    process: int,
+    processes: int,
+    *,
+    tpu: bool,
+    beats: bool = True,
 ) -> int:
-    """``beats``: this process writes the worker's heartbeat (one per host: the supervisor watches its worker)."""
+    """``beats``: this process writes the worker's heartbeat (one per host: the supervisor watches its
+    worker)."""
     engine = XlaEngine(_model_folder(job), recipe, job, tpu=tpu)
     run_dir = ctx.run_dir if ctx.run_url and beats else None
-    return serve(job, engine, process=process, processes=processes, recipe=recipe, run_dir=run_dir,
-                 worker=ctx.worker_id)
+    return serve(
+        job,
+        engine,
+        process=process,
+        processes=processes,
+        recipe=recipe,
+        run_dir=run_dir,
+        worker=ctx.worker_id,
+    )

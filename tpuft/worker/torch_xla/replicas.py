@@ -1,13 +1,14 @@
-"""How the PyTorch/XLA trainer's replicas stay in step: the replication strategies (which average gradients and sum
-numbers across replicas), the RNG seed each replica draws from, and the weight digest that shows they all ended with
-identical weights.
+"""How the PyTorch/XLA trainer's replicas stay in step: the replication strategies (which average gradients
+and sum numbers across replicas), the RNG seed each replica draws from, and the weight digest that shows they
+all ended with identical weights.
 
 - local CPU pod: one process per worker, over its PJRT CPU devices (one, or an SPMD mesh of
-  ``local.devices_per_worker``: :mod:`tpuft.worker.torch_xla.sharding`); gradients (and the step's loss and token count,
-  in the same buffer) are averaged with torch.distributed over gloo, worker 0 being the rendezvous (:class:`Gloo`).
-  With ``local.slices`` the replicas are the workers slice by slice (replica ``slice * hosts + host``, as on TPU
-  slices, so each one reads the data shard it would there) and the reduction is hierarchical like Multislice's:
-  within each slice, then across the slices between the hosts of one index (the DCN's part).
+  ``local.devices_per_worker``: :mod:`tpuft.worker.torch_xla.sharding`); gradients (and the step's loss and
+  token count, in the same buffer) are averaged with torch.distributed over gloo, worker 0 being the
+  rendezvous (:class:`Gloo`). With ``local.slices`` the replicas are the workers slice by slice (replica
+  ``slice * hosts + host``, as on TPU slices, so each one reads the data shard it would there) and the
+  reduction is hierarchical like Multislice's: within each slice, then across the slices between the hosts of
+  one index (the DCN's part).
 - TPU host: one process per local chip (``torch_xla.launch``); gradients are averaged with XLA collectives
   (``xm.reduce_gradients``) across every chip of every host (:class:`XlaCollectives`).
 - TPU with ``train.sharding: fsdp``, or several slices (Multislice, over ``HybridMesh``:
@@ -52,14 +53,18 @@ class Single:
 class Gloo:
     """CPU pod: gradients go to the host, are averaged with gloo, and come back to the XLA device."""
 
-    def __init__(self, rank: int, layout: SliceLayout, coordinator: str, device: Any, startup_timeout: float) -> None:
+    def __init__(
+        self, rank: int, layout: SliceLayout, coordinator: str, device: Any, startup_timeout: float
+    ) -> None:
         import torch.distributed as dist
 
         self.dist = dist
         self.rank, self.world, self.device = rank, layout.workers, device
         self.local_rank = 0  # one process per worker
         store = rendezvous(coordinator, rank, layout, startup_timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=self.world, timeout=COLLECTIVE_TIMEOUT
+        )
         self.groups = reduction_groups(dist, layout, rank)
 
     def _all_reduce(self, tensor: Any) -> None:
@@ -92,9 +97,9 @@ class Gloo:
 
 
 class SpmdHosts:
-    """TPU with ``train.sharding: fsdp``: one SPMD program over every chip of every host. Each host feeds its slice
-    of the global batch; the compiler inserts the gradient reductions, so there is nothing to average, and a sum
-    over the global batch is already global."""
+    """TPU with ``train.sharding: fsdp``: one SPMD program over every chip of every host. Each host feeds its
+    slice of the global batch; the compiler inserts the gradient reductions, so there is nothing to average,
+    and a sum over the global batch is already global."""
 
     implicit = True
 
@@ -148,12 +153,14 @@ def make_replicas(ctx: WorkerContext, *, tpu: bool, spmd: bool, device: Any, sta
 
 
 def reduction_groups(dist: Any, layout: SliceLayout, rank: int) -> list[Any]:
-    """The gloo groups this rank all-reduces over, in turn: its slice's hosts, then the hosts of its index in every
-    slice (each sum of the first is then summed across slices, as Multislice's DCN reduction does); a stage of one
-    rank is left out, and a stage that spans every rank is the default group (None). Every rank creates every group
-    (torch.distributed's rule), so all ranks call this with the same layout."""
-    stages = [[[layout.index_of(s, h) for h in range(layout.hosts)] for s in range(layout.slices)],
-              [[layout.index_of(s, h) for s in range(layout.slices)] for h in range(layout.hosts)]]
+    """The gloo groups this rank all-reduces over, in turn: its slice's hosts, then the hosts of its index in
+    every slice (each sum of the first is then summed across slices, as Multislice's DCN reduction does); a
+    stage of one rank is left out, and a stage that spans every rank is the default group (None). Every rank
+    creates every group (torch.distributed's rule), so all ranks call this with the same layout."""
+    stages = [
+        [[layout.index_of(s, h) for h in range(layout.hosts)] for s in range(layout.slices)],
+        [[layout.index_of(s, h) for s in range(layout.slices)] for h in range(layout.hosts)],
+    ]
     groups: list[Any] = []
     for ranks_per_group in stages:
         size = len(ranks_per_group[0])
@@ -167,11 +174,17 @@ def reduction_groups(dist: Any, layout: SliceLayout, rank: int) -> list[Any]:
     return groups or [None]
 
 
-def rendezvous(coordinator: str, rank: int, layout: SliceLayout, timeout_s: float,
-               say: Callable[[str], None] | None = None) -> Any:
+def rendezvous(
+    coordinator: str,
+    rank: int,
+    layout: SliceLayout,
+    timeout_s: float,
+    say: Callable[[str], None] | None = None,
+) -> Any:
     """The gloo group's store (a TCPStore at ``coordinator``, rank 0 serving it) once every worker has joined;
-    bounded by ``train.startup_timeout``: past it, a RuntimeError names the workers that never came ("slice 1 host
-    0 (worker 1)"). Every rank waits and reports every minute, so the first log of any worker shows who is missing."""
+    bounded by ``train.startup_timeout``: past it, a RuntimeError names the workers that never came ("slice 1
+    host 0 (worker 1)"). Every rank waits and reports every minute, so the first log of any worker shows who
+    is missing."""
     from torch.distributed import TCPStore
 
     from tpuft.worker.supervisor.startup import names as worker_names
@@ -181,10 +194,17 @@ def rendezvous(coordinator: str, rank: int, layout: SliceLayout, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     limit = datetime.timedelta(seconds=max(1.0, timeout_s))
     try:
-        store = TCPStore(host, int(port), layout.workers, is_master=rank == 0, timeout=limit, wait_for_workers=False)
-    except (RuntimeError, TimeoutError) as exc:  # the client retries until the limit; the master never came up
-        raise RuntimeError(f"{layout.name(rank)}: the run's rendezvous at {coordinator} (served by "
-                           f"{layout.name(0)}) did not answer within train.startup_timeout ({timeout_s:g} s): {exc}") from exc
+        store = TCPStore(
+            host, int(port), layout.workers, is_master=rank == 0, timeout=limit, wait_for_workers=False
+        )
+    except (
+        RuntimeError,
+        TimeoutError,
+    ) as exc:  # the client retries until the limit; the master never came up
+        raise RuntimeError(
+            f"{layout.name(rank)}: the run's rendezvous at {coordinator} (served by "
+            f"{layout.name(0)}) did not answer within train.startup_timeout ({timeout_s:g} s): {exc}"
+        ) from exc
     store.set(f"tpuft/joined/{rank}", "1")
     reported = time.monotonic()
     while True:
@@ -194,17 +214,22 @@ def rendezvous(coordinator: str, rank: int, layout: SliceLayout, timeout_s: floa
         now = time.monotonic()
         names = worker_names(layout, missing)
         if now >= deadline:
-            raise RuntimeError(f"{len(missing)} of {layout.workers} workers never joined the run's rendezvous within "
-                               f"train.startup_timeout ({timeout_s:g} s): {names}")
+            raise RuntimeError(
+                f"{len(missing)} of {layout.workers} workers never joined the run's rendezvous within "
+                f"train.startup_timeout ({timeout_s:g} s): {names}"
+            )
         if now - reported >= 60:
-            say(f"waiting for {names} to join the rendezvous ({deadline - now:.0f} s left of train.startup_timeout)")
+            say(
+                f"waiting for {names} to join the rendezvous ({deadline - now:.0f} s left of "
+                "train.startup_timeout)"
+            )
             reported = now
         time.sleep(0.2)
 
 
 def check_same_start(replicas: Any, torch: Any, device: Any, start_step: int) -> None:
-    """Every replica picks the latest complete checkpoint itself: make sure they all picked the same one (a replica
-    that went on from another step would silently train different weights)."""
+    """Every replica picks the latest complete checkpoint itself: make sure they all picked the same one (a
+    replica that went on from another step would silently train different weights)."""
     if replicas.world == 1 or getattr(replicas, "implicit", False):
         return
     parts = [start_step % 4096, start_step // 4096]  # int32-safe sums over thousands of replicas
@@ -217,15 +242,16 @@ def check_same_start(replicas: Any, torch: Any, device: Any, start_step: int) ->
 
 
 def rng_seed(seed: int, replica: int, step: int) -> int:
-    """The RNG seed of ``replica`` from ``step`` on: a hash, so that nearby (seed, replica, step) give unrelated
-    streams; below 2**63, which every generator takes."""
+    """The RNG seed of ``replica`` from ``step`` on: a hash, so that nearby (seed, replica, step) give
+    unrelated streams; below 2**63, which every generator takes."""
     digest = hashlib.sha256(f"tpuft-rng {seed} {replica} {step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
 def params_digest(state: dict[str, Any]) -> str:
-    """sha256 over every tensor in name order, each framed by its name, dtype and shape (so that neither a renamed,
-    a reshaped nor a differently split tensor can give the same bytes): equal digests mean identical weights."""
+    """sha256 over every tensor in name order, each framed by its name, dtype and shape (so that neither a
+    renamed, a reshaped nor a differently split tensor can give the same bytes): equal digests mean identical
+    weights."""
     import torch
 
     digest = hashlib.sha256(f"tpuft-weights-v1 {len(state)}".encode())

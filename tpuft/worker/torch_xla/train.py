@@ -1,37 +1,40 @@
 """PyTorch/XLA trainer: T5 (HF transformers) on the PJRT runtime, data-parallel across workers.
 
-Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data; the
-run's skeleton (:mod:`tpuft.worker.loop`: rows, progress line, heartbeats, periodic eval and checkpoints, keep-best,
-early stopping, the test evaluation, the final export) drives the hooks below: ``start``, ``step``, ``progress``,
-``evaluate``, ``test`` (:mod:`tpuft.worker.torch_xla.testset`), ``save``, ``digest``, ``export``. ``train()`` and
-``finish()`` are the loop's two halves; at the end every worker records its weight digest (all workers must end with
-identical weights).
+Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data;
+the run's skeleton (:mod:`tpuft.worker.loop`: rows, progress line, heartbeats, periodic eval and checkpoints,
+keep-best, early stopping, the test evaluation, the final export) drives the hooks below: ``start``, ``step``,
+``progress``, ``evaluate``, ``test`` (:mod:`tpuft.worker.torch_xla.testset`), ``save``, ``digest``,
+``export``. ``train()`` and ``finish()`` are the loop's two halves; at the end every worker records its weight
+digest (all workers must end with identical weights).
 
-Shapes are static (inputs padded to the recipe's max lengths, the last eval batch padded with weight-0 rows), so XLA
-compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla passes
-Python scalars into graphs as data.
+Shapes are static (inputs padded to the recipe's max lengths, the last eval batch padded with weight-0 rows),
+so XLA compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla
+passes Python scalars into graphs as data.
 
-Replication (:mod:`tpuft.worker.torch_xla.replicas`): gloo between the local CPU pod's workers (each one SPMD program
-over its CPU devices when it has several), XLA collectives between a TPU slice's chips (one process per chip), or one
-SPMD program per host with ``train.sharding: fsdp`` or several slices (:mod:`tpuft.worker.torch_xla.multislice`).
+Replication (:mod:`tpuft.worker.torch_xla.replicas`): gloo between the local CPU pod's workers (each one SPMD
+program over its CPU devices when it has several), XLA collectives between a TPU slice's chips (one process
+per chip), or one SPMD program per host with ``train.sharding: fsdp`` or several slices
+(:mod:`tpuft.worker.torch_xla.multislice`).
 
-Resume (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the trainer continues from the run's
-latest complete checkpoint (listed in the bucket and downloaded by every worker for a ``gs://`` run) and ends with
-the same weights as the run uninterrupted. A checkpoint holds the weights, the optimizer and LR scheduler state, and
-in ``trainer_state.json`` the step and the elapsed training time. The rest is derived: each replica's place in its
-data stream is step x local batch (``data.batches(consumed=...)``), and every replica reseeds python's ``random``,
-torch's CPU generator and the XLA device RNG from (seed, replica, step) at the start and after every checkpoint
-step, so an uninterrupted run and a resumed one draw the same dropout masks on every replica without any replica's
-RNG state being saved. ``metrics.jsonl`` and TensorBoard forget what was logged after the checkpoint.
+Resume (``TPUFT_RESUME=1``, set by the controller when it restarts a run): the trainer continues from the
+run's latest complete checkpoint (listed in the bucket and downloaded by every worker for a ``gs://`` run) and
+ends with the same weights as the run uninterrupted. A checkpoint holds the weights, the optimizer and LR
+scheduler state, and in ``trainer_state.json`` the step and the elapsed training time. The rest is derived:
+each replica's place in its data stream is step x local batch (``data.batches(consumed=...)``), and every
+replica reseeds python's ``random``, torch's CPU generator and the XLA device RNG from (seed, replica, step)
+at the start and after every checkpoint step, so an uninterrupted run and a resumed one draw the same dropout
+masks on every replica without any replica's RNG state being saved. ``metrics.jsonl`` and TensorBoard forget
+what was logged after the checkpoint.
 
-Heartbeats: every step, with the trainer's phase (``starting`` until its step's graph is compiled, ``collective``
-before the gradient all-reduce, ``step``, ``eval``, ``checkpoint``, ``export``) for the worker's supervisor.
+Heartbeats: every step, with the trainer's phase (``starting`` until its step's graph is compiled,
+``collective`` before the gradient all-reduce, ``step``, ``eval``, ``checkpoint``, ``export``) for the
+worker's supervisor.
 
-Eval exact match is computed with teacher forcing (:func:`tpuft.worker.torch_xla.parts.eval_sums`: no dynamic-shape
-generation on the device); BLEU and ROUGE-L score greedy decodes made with static shapes.
+Eval exact match is computed with teacher forcing (:func:`tpuft.worker.torch_xla.parts.eval_sums`: no
+dynamic-shape generation on the device); BLEU and ROUGE-L score greedy decodes made with static shapes.
 
-Raises: DataError (a data file line is not JSON or lacks the configured field); ValueError (the global batch does
-not split evenly over the replicas).
+Raises: DataError (a data file line is not JSON or lacks the configured field); ValueError (the global batch
+does not split evenly over the replicas).
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.backends.torch_xla import LAYOUT
 from tpuft.config import RecipeConfig
+from tpuft.run import rundir
 from tpuft.worker import data as data_mod
 from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext
@@ -62,7 +65,9 @@ PROMPT_FILE = "prompt.safetensors"
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
     tpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU"
-    multislice = tpu and ctx.num_slices > 1  # over HybridMesh (libtpu's wait for every slice: worker/multislice.py)
+    multislice = (
+        tpu and ctx.num_slices > 1
+    )  # over HybridMesh (libtpu's wait for every slice: worker/multislice.py)
     if recipe.train.sharding == "fsdp" or multislice:  # SPMD: one process per host drives every local chip
         return Trainer(ctx, recipe, tpu=tpu).run()
     if tpu:
@@ -90,7 +95,7 @@ class Trainer:
         self.window: list[Any] = []
         """Per step since the last metrics row: [loss, tokens] averaged over replicas, on the device."""
 
-    # -- the run: the loop's bookkeeping, seen from the trainer ------------------------------------------------
+    # -- the run: the loop's bookkeeping, seen from the trainer ---------------------------------------------
     def run(self) -> int:
         self.setup()
         try:
@@ -148,19 +153,31 @@ class Trainer:
         self.torch = torch
         self.torch_xla = torch_xla
         ctx, self.local_devices = self.ctx, 1
-        if self.spmd or (not self.tpu and torch_sharding.cpu_devices() > 1):  # FSDP, Multislice, or data-parallel SPMD
-            self.mesh, self.local_devices = torch_sharding.setup_mesh("fsdp" if self.fsdp else "data", ctx.num_slices if self.tpu else 1)
+        if self.spmd or (
+            not self.tpu and torch_sharding.cpu_devices() > 1
+        ):  # FSDP, Multislice, or data-parallel SPMD
+            self.mesh, self.local_devices = torch_sharding.setup_mesh(
+                "fsdp" if self.fsdp else "data", ctx.num_slices if self.tpu else 1
+            )
         self.device = torch_xla.device()
-        self.replicas = make_replicas(ctx, tpu=self.tpu, spmd=self.spmd, device=self.device,
-                                      startup_timeout=self.recipe.train.startup_timeout)
+        self.replicas = make_replicas(
+            ctx,
+            tpu=self.tpu,
+            spmd=self.spmd,
+            device=self.device,
+            startup_timeout=self.recipe.train.startup_timeout,
+        )
         self.chief = self.replicas.rank == 0
         # Heartbeats are per worker host (what monitor shows), written by the host's first process.
         self.loop = RunLoop(ctx, self.recipe, LAYOUT, chief=self.chief, beats=self.replicas.local_rank == 0)
         self.loop.setup_started = setup_started
         self.start_step = self.loop.find_checkpoint()
         self.loop.beat(self.start_step, phase="starting")
-        self._say(f"worker {ctx.worker_id}/{ctx.num_workers}: replica {self.replicas.rank} of {self.replicas.world} "
-                  f"on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})")
+        self._say(
+            f"worker {ctx.worker_id}/{ctx.num_workers}: replica {self.replicas.rank} of "
+            f"{self.replicas.world} "
+            f"on {self.device} (torch {torch.__version__}, torch_xla {torch_xla.__version__})"
+        )
         self._say(trainer_mesh_line(self))
         start = self.loop.load_checkpoint()
         self.checkpoint, self.trainer_state = start.checkpoint, start.state
@@ -182,14 +199,17 @@ class Trainer:
         model = torch_parts.load_model(model_cfg, self.tokenizer, self.checkpoint)
         tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
         self.model = model.to(self.device)
-        if tied:  # moving to an XLA device un-shares the embedding tables; share them again (only if they were:
+        if (
+            tied
+        ):  # moving to an XLA device un-shares the embedding tables; share them again (only if they were:
             self.model.tie_weights()  # a T5 v1.1 / mT5 checkpoint's own output layer must survive)
         self.prompt: Any = None  # a torch_parts.SoftPrompt when prompt tuning
         tuning = model_cfg.prompt_tuning
         if tuning is not None:  # the whole model is frozen; only the prompt learns
             self.model.requires_grad_(False)
-            self.prompt = torch_parts.SoftPrompt(self.model.get_input_embeddings(), tuning.tokens, tuning.init,
-                                                 self.recipe.train.seed)
+            self.prompt = torch_parts.SoftPrompt(
+                self.model.get_input_embeddings(), tuning.tokens, tuning.init, self.recipe.train.seed
+            )
             if self.checkpoint is not None:
                 from safetensors.torch import load_file
 
@@ -204,14 +224,20 @@ class Trainer:
         if self.fsdp:
             from tpuft.worker.torch_xla.sharding import shard_parameters
 
-            named = list(self.model.named_parameters()) + ([("prompt.weight", self.prompt.weight)] if self.prompt is not None else [])
+            named = list(self.model.named_parameters()) + (
+                [("prompt.weight", self.prompt.weight)] if self.prompt is not None else []
+            )
             self.shard_specs = shard_parameters(self.mesh, named)
-            self._say(f"fsdp: {len(self.shard_specs)} parameter tensors sharded over a mesh of {self.mesh.size()} "
-                      "devices")
+            self._say(
+                f"fsdp: {len(self.shard_specs)} parameter tensors sharded over a mesh of {self.mesh.size()} "
+                "devices"
+            )
         self.params = [p for _, p in self.named_params]
         count = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.params)
-        origin = self.checkpoint or ("random init" if model_cfg.config is not None else model_cfg.name_or_path)
+        origin = self.checkpoint or (
+            "random init" if model_cfg.config is not None else model_cfg.name_or_path
+        )
         self._say(f"model: {count / 1e6:.2f}M parameters, {trainable / 1e6:.3f}M trained ({origin})")
 
     def _setup_optimizer(self) -> None:
@@ -221,7 +247,9 @@ class Trainer:
         train = self.recipe.train
         groups = torch_parts.parameter_groups(self.named_params, train.weight_decay)
         self.optimizer = torch_parts.make_optimizer(train, groups)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(train.steps, train.warmup_steps, train.schedule))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(train.steps, train.warmup_steps, train.schedule)
+        )
         if self.checkpoint is not None:
             saved = torch.load(self.checkpoint / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(saved["optimizer"])  # moves the state onto the parameters' device
@@ -238,34 +266,51 @@ class Trainer:
         world, rank = self.replicas.world, self.replicas.rank
         devices = self.local_devices  # the batch dimension is sharded over them (1 without a mesh)
         if self.recipe.train.batch_size % (world * devices):
-            raise ValueError(f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of "
-                             f"replicas ({world} x {devices} devices)")
+            raise ValueError(
+                f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of "
+                f"replicas ({world} x {devices} devices)"
+            )
         self.local_batch = self.recipe.train.batch_size // world
         self.local_eval_batch = max(1, self.recipe.eval.batch_size // world)
         self.local_eval_batch = -(-self.local_eval_batch // devices) * devices
         saved_world = self.trainer_state.get("replicas", world)
         if saved_world != world:
             self._say(
-                f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data is sharded "
-                "differently, so this run goes on from the checkpoint but not exactly as the original would have"
+                f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data is "
+                "sharded "
+                "differently, so this run goes on from the checkpoint but not exactly as the original would "
+                "have"
             )
         position = self.trainer_state.get("data_position") if self.checkpoint is not None else None
-        if self.checkpoint is not None and position is None:  # a checkpoint from before data positions were saved
+        if (
+            self.checkpoint is not None and position is None
+        ):  # a checkpoint from before data positions were saved
             position = {"consumed": self.start_step * self.local_batch}
-        self.batches = open_train_stream(cfg, rank=rank, world=world, local_batch=self.local_batch,
-                                         seed=self.recipe.train.seed, position=position)
+        self.batches = open_train_stream(
+            cfg,
+            rank=rank,
+            world=world,
+            local_batch=self.local_batch,
+            seed=self.recipe.train.seed,
+            position=position,
+        )
         self.test_shard = held_out(cfg, "test", rank=rank, world=world) if has_held_out(cfg, "test") else None
         self.eval_shard: list[data_mod.Example] | None = None
         self.generate_shard: list[data_mod.Example] = []
         if has_held_out(cfg, "eval"):
-            self.eval_shard = load_eval_examples(cfg, rank=rank, world=world, limit=self.recipe.eval.max_examples)
+            self.eval_shard = load_eval_examples(
+                cfg, rank=rank, world=world, limit=self.recipe.eval.max_examples
+            )
             wanted = self.recipe.eval.generate_examples  # the first ones of the set, wherever their shard is
             self.generate_shard = self.eval_shard[: len(range(rank, wanted, world))]
         split = f" over {devices} devices" if devices > 1 else ""
         self._say(
-            f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} eval / "
-            f"{len(self.test_shard or [])} test examples on replica {rank} (batch {self.local_batch} per replica{split}, "
-            f"{self.recipe.train.batch_size} global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
+            f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} "
+            "eval / "
+            f"{len(self.test_shard or [])} test examples on replica {rank} (batch {self.local_batch} per "
+            f"replica{split}, "
+            f"{self.recipe.train.batch_size} "
+            f"global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
             everyone=True,
         )
 
@@ -284,11 +329,11 @@ class Trainer:
 
     # -- the loop's hooks: training ------------------------------------------------------------------------
     def start(self, step: int) -> int:
-        """A resumed run puts zero-filled gradients in place, then every run seeds its RNGs (after the last sync
-        before the first step: each sync moves the XLA seed on). The heartbeat says "starting" until the step's
-        graph stops changing (XLA compiles each new one, which may take minutes): a fresh run's first step creates
-        the optimizer state and the gradients inside its graph, so its second step compiles again; a resumed run
-        has both in place from the start."""
+        """A resumed run puts zero-filled gradients in place, then every run seeds its RNGs (after the last
+        sync before the first step: each sync moves the XLA seed on). The heartbeat says "starting" until the
+        step's graph stops changing (XLA compiles each new one, which may take minutes): a fresh run's first
+        step creates the optimizer state and the gradients inside its graph, so its second step compiles
+        again; a resumed run has both in place from the start."""
         if self.checkpoint is not None:
             self._zero_grads()
         self._seed_rngs()
@@ -303,8 +348,8 @@ class Trainer:
         examples = next(self.batches)
         self.loop.data_wait_s += time.time() - fetched  # the batch's wait, for the run's goodput events
         pieces = [self._encode(examples[i * micro : (i + 1) * micro]) for i in range(accum)]
-        # The loss is summed over tokens and divided by the tokens of the whole step: accumulated micro-batches
-        # give the update one batch of them all would.
+        # The loss is summed over tokens and divided by the tokens of the whole step: accumulated
+        # micro-batches give the update one batch of them all would.
         # (on the device: under SPMD the step's tokens are those of the global batch, which no host counts)
         scale = 1.0 / torch.stack([(p.labels != -100).sum() for p in pieces]).sum().clamp(min=1).float()
         self.model.train()
@@ -336,16 +381,23 @@ class Trainer:
         return float(stats[:, 0].mean()), self.scheduler.get_last_lr()[0], tokens
 
     def _autocast(self) -> Any:
-        """bf16 compute (``train.precision``): XLA's autocast, which on a TPU is what torch_xla.amp does and on the
-        CPU pod runs the same bf16 casts on the CPU; weights, gradients and the optimizer stay float32."""
-        return self.torch.autocast("xla", dtype=self.torch.bfloat16, enabled=self.recipe.train.precision == "bf16")
+        """bf16 compute (``train.precision``): XLA's autocast, which on a TPU is what torch_xla.amp does and
+        on the CPU pod runs the same bf16 casts on the CPU; weights, gradients and the optimizer stay
+        float32."""
+        return self.torch.autocast(
+            "xla", dtype=self.torch.bfloat16, enabled=self.recipe.train.precision == "bf16"
+        )
 
     def _logits(self, batch: Any) -> Any:
         from tpuft.worker.torch_xla import parts as torch_parts
 
-        inputs = torch_parts.encoder_inputs(self.model, self._prompt_vectors(), batch.input_ids, batch.attention_mask)
+        inputs = torch_parts.encoder_inputs(
+            self.model, self._prompt_vectors(), batch.input_ids, batch.attention_mask
+        )
         with self._autocast():
-            return self.model(**inputs, decoder_input_ids=self.model._shift_right(batch.labels), use_cache=False).logits
+            return self.model(
+                **inputs, decoder_input_ids=self.model._shift_right(batch.labels), use_cache=False
+            ).logits
 
     def _prompt_vectors(self) -> Any:
         return None if self.prompt is None else self.prompt.weight
@@ -353,13 +405,16 @@ class Trainer:
     def _loss_sum(self, batch: Any) -> Any:
         from tpuft.worker.torch_xla import parts as torch_parts
 
-        return torch_parts.token_loss_sum(self._logits(batch), batch.labels, self.recipe.train.label_smoothing)
+        return torch_parts.token_loss_sum(
+            self._logits(batch), batch.labels, self.recipe.train.label_smoothing
+        )
 
     def _seed_rngs(self) -> None:
-        """Seed python's ``random``, torch's CPU generator and the XLA device RNG from (seed, replica, step): done
-        at the start and after every checkpoint step, so that a run resumed from a checkpoint draws what the run
-        uninterrupted drew, on every replica, with nothing saved (and each replica draws its own dropout masks).
-        Every ``torch_xla.sync()`` moves the XLA seed on, so no sync may come between this and the next step."""
+        """Seed python's ``random``, torch's CPU generator and the XLA device RNG from (seed, replica, step):
+        done at the start and after every checkpoint step, so that a run resumed from a checkpoint draws what
+        the run uninterrupted drew, on every replica, with nothing saved (and each replica draws its own
+        dropout masks). Every ``torch_xla.sync()`` moves the XLA seed on, so no sync may come between this and
+        the next step."""
         import random
 
         import torch_xla.core.xla_model as xm
@@ -370,18 +425,19 @@ class Trainer:
         xm.set_rng_state(seed, str(self.device))
 
     def _zero_grads(self) -> None:
-        """After its first step a run holds zero-filled gradients (``zero_grad(set_to_none=False)``) into which the
-        next backward pass accumulates. A resumed run starts from the same, so that its first step computes with the
-        same graph as the uninterrupted run's step there (and XLA compiles one step graph, not two)."""
+        """After its first step a run holds zero-filled gradients (``zero_grad(set_to_none=False)``) into
+        which the next backward pass accumulates. A resumed run starts from the same, so that its first step
+        computes with the same graph as the uninterrupted run's step there (and XLA compiles one step graph,
+        not two)."""
         for param in self.params:
             param.grad = self.torch.zeros_like(param)
         self.torch_xla.sync()
 
     # -- the loop's hooks: evaluation -----------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        """Teacher-forced loss, token accuracy and exact match over every replica's eval shard; BLEU and ROUGE-L of
-        greedy decodes of the first ``eval.generate_examples`` held-out examples, decoded on the device (TPU or the
-        CPU pod's XLA device) with static shapes and scored on the host."""
+        """Teacher-forced loss, token accuracy and exact match over every replica's eval shard; BLEU and
+        ROUGE-L of greedy decodes of the first ``eval.generate_examples`` held-out examples, decoded on the
+        device (TPU or the CPU pod's XLA device) with static shapes and scored on the host."""
         from tpuft.worker.torch_xla import parts as torch_parts
 
         torch = self.torch
@@ -424,8 +480,14 @@ class Trainer:
             chunk = examples[start : start + self.local_eval_batch]
             batch = self._encode(chunk, pad_to=self.local_eval_batch)
             with self._autocast():
-                ids = torch_parts.greedy_decode(self.model, self._prompt_vectors(), batch.input_ids, batch.attention_mask,
-                                                self.recipe.data.max_target_length, self.torch_xla.sync)
+                ids = torch_parts.greedy_decode(
+                    self.model,
+                    self._prompt_vectors(),
+                    batch.input_ids,
+                    batch.attention_mask,
+                    self.recipe.data.max_target_length,
+                    self.torch_xla.sync,
+                )
             for row in ids[: len(chunk)].to("cpu").tolist():
                 row = row[: row.index(eos)] if eos in row else row
                 texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
@@ -435,7 +497,9 @@ class Trainer:
         from tpuft.worker.torch_xla import parts as torch_parts
 
         self.last_decodes = list(zip(self.generate_shard, decoded))
-        return torch_parts.text_scores(decoded, [e.target for e in self.generate_shard], self.replicas.sum, self.device)
+        return torch_parts.text_scores(
+            decoded, [e.target for e in self.generate_shard], self.replicas.sum, self.device
+        )
 
     def _cpu_state(self) -> dict[str, Any]:
         return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
@@ -447,14 +511,18 @@ class Trainer:
             state["prompt.weight"] = self.prompt.weight.detach().to("cpu")
         return state
 
-    # -- the loop's hooks: checkpoints and the end -----------------------------------------------------------
+    # -- the loop's hooks: checkpoints and the end ----------------------------------------------------------
     def save(self, step: int) -> Path | None:
         """Worker 0 writes ``checkpoints/step_N`` (HF weights + optimizer + trainer state); then every replica
         reseeds where a run resumed from this checkpoint starts, to draw the same from here on."""
-        state = {"examples_per_replica": step * self.local_batch, "data_position": self.batches.position(),
-                 "rng": "reseeded from (train.seed, replica, step) at this step"}
-        path = self.loop.save_checkpoint(step, self._write_checkpoint, backend="torch_xla",
-                                         replicas=self.replicas.world, state=state)
+        state = {
+            "examples_per_replica": step * self.local_batch,
+            "data_position": self.batches.position(),
+            "rng": "reseeded from (train.seed, replica, step) at this step",
+        }
+        path = self.loop.save_checkpoint(
+            step, self._write_checkpoint, backend="torch_xla", replicas=self.replicas.world, state=state
+        )
         if step < self.recipe.train.steps:
             self._seed_rngs()
         return path
@@ -465,9 +533,13 @@ class Trainer:
         if self.prompt is not None:
             from safetensors.torch import save_file
 
-            save_file({"prompt": self.prompt.weight.detach().to("cpu").contiguous()}, str(folder / PROMPT_FILE))
+            save_file(
+                {"prompt": self.prompt.weight.detach().to("cpu").contiguous()}, str(folder / PROMPT_FILE)
+            )
         optimizer_state = to_cpu(self.torch, self.optimizer.state_dict())
-        self.torch.save({"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, folder / OPTIMIZER_STATE)
+        self.torch.save(
+            {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, folder / OPTIMIZER_STATE
+        )
 
     def digest(self) -> str:
         digest = params_digest(self._trained_state())
@@ -486,15 +558,20 @@ class Trainer:
         self._show_samples(out)
 
     def _show_samples(self, export_dir: Path, count: int = 3) -> None:
-        """Greedy-decode a few held-out inputs with the exported model (and the soft prompt), on the host CPU, as a
-        user would."""
+        """Greedy-decode a few held-out inputs with the exported model (and the soft prompt), on the host CPU,
+        as a user would."""
         if not self.eval_shard:
             return
         from tpuft.worker.torch_xla import parts as torch_parts
 
         prompt_file = export_dir.parent / PROMPT_FILE if self.prompt is not None else None
-        lines = torch_parts.sample_lines(export_dir, self.tokenizer, self.eval_shard[:count],
-                                         self.recipe.data.max_target_length, prompt_file)
+        lines = torch_parts.sample_lines(
+            export_dir,
+            self.tokenizer,
+            self.eval_shard[:count],
+            self.recipe.data.max_target_length,
+            prompt_file,
+        )
         for line in lines:
             self._say(f"sample: {line}")
         self.metrics.log_text(self.step, "samples", "\n\n".join(lines))

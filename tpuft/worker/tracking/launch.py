@@ -1,12 +1,13 @@
-"""The supervisor's side of the tracker sidecar: start it beside the chief's trainer, stop it after, never let it
-matter to training.
+"""The supervisor's side of the tracker sidecar: start it beside the chief's trainer, stop it after, never let
+it matter to training.
 
-The controller names the tracking venv's python in ``TPUFT_TRACKING_PYTHON`` (only for a recipe whose ``report.to``
-names wandb or mlflow); the chief's supervisor then starts ``python -m tpuft.worker.tracking.sidecar`` in its own process
-group with the same environment as the trainer (``worker_env``'s ``WANDB_API_KEY`` or ``MLFLOW_TRACKING_URI``
-included: never argv), and writes the sidecar's lines into the chief's log. At the end it writes the trainer's
-outcome to ``tracking-stop.json`` and gives the sidecar a while to send the rest; a sidecar that does not end in
-time is killed. Nothing here raises: a sidecar that cannot start is a warning in the log.
+The controller names the tracking venv's python in ``TPUFT_TRACKING_PYTHON`` (only for a recipe whose
+``report.to`` names wandb or mlflow); the chief's supervisor then starts ``python -m
+tpuft.worker.tracking.sidecar`` in its own process group with the same environment as the trainer
+(``worker_env``'s ``WANDB_API_KEY`` or ``MLFLOW_TRACKING_URI`` included: never argv), and writes the sidecar's
+lines into the chief's log. At the end it writes the trainer's outcome to ``tracking-stop.json`` and gives the
+sidecar a while to send the rest; a sidecar that does not end in time is killed. Nothing here raises: a
+sidecar that cannot start is a warning in the log.
 
 Stdlib only: it runs in the supervisor, in the backend venv.
 """
@@ -21,14 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.run import rundir
 from tpuft.config.tracking_env import PYTHON_ENV
+from tpuft.run import rundir
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.supervisor.host_state import kill_group
 
 STOP_WAIT_SECONDS = float(os.environ.get("TPUFT_TRACKING_STOP_SECONDS", "120"))
-"""How long the chief's supervisor waits for the sidecar to send its last rows, the summary and the samples (an
-online tracker's upload may take a while; the run's outcome in run.json waits for it)."""
+"""How long the chief's supervisor waits for the sidecar to send its last rows, the summary and the samples
+(an online tracker's upload may take a while; the run's outcome in run.json waits for it)."""
 
 
 class TrackingSidecar:
@@ -52,18 +53,36 @@ class TrackingSidecar:
             info = rundir.read_json_text(storage.read_text(rundir.RUN_INFO)) or {}
             env = {key: value for key, value in os.environ.items() if key != PYTHON_ENV}
             process = subprocess.Popen(
-                [python, "-m", "tpuft.worker.tracking.sidecar", "--run-dir", str(ctx.run_dir), "--run-id", ctx.run_id,
-                 "--accelerator", str(info.get("accelerator") or "")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                env=env, cwd=str(ctx.run_dir),
+                [
+                    python,
+                    "-m",
+                    "tpuft.worker.tracking.sidecar",
+                    "--run-dir",
+                    str(ctx.run_dir),
+                    "--run-id",
+                    ctx.run_id,
+                    "--accelerator",
+                    str(info.get("accelerator") or ""),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                cwd=str(ctx.run_dir),
             )
         except Exception as exc:  # noqa: BLE001 - no tracking is a warning, never a failed run
-            output.say(f"WARNING: the tracking sidecar did not start ({type(exc).__name__}: {exc}); training goes on "
-                       "without W&B/MLflow (metrics.jsonl and TensorBoard have every row)")
+            output.say(
+                f"WARNING: the tracking sidecar did not start ({type(exc).__name__}: {exc}); training goes "
+                "on "
+                "without W&B/MLflow (metrics.jsonl and TensorBoard have every row)"
+            )
             return None
         assert process.stdout is not None
         stream = process.stdout
-        pump = threading.Thread(target=lambda: [output.write(raw) for raw in iter(stream.readline, b"")], daemon=True)
+        pump = threading.Thread(
+            target=lambda: [output.write(raw) for raw in iter(stream.readline, b"")], daemon=True
+        )
         pump.start()
         output.say(f"tracking sidecar pid {process.pid} started")
         return cls(process, pump, ctx.run_dir)
@@ -71,11 +90,15 @@ class TrackingSidecar:
     def stop(self, status: str, output: Any, wait: float = STOP_WAIT_SECONDS) -> None:
         """Tell the sidecar how the trainer ended and let it finish; kill it after ``wait`` seconds."""
         try:
-            rundir.write_json_atomic(self.run_dir / rundir.TRACKING_STOP, {"status": status, "time": time.time()})
+            rundir.write_json_atomic(
+                self.run_dir / rundir.TRACKING_STOP, {"status": status, "time": time.time()}
+            )
             self.process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
-            output.say(f"WARNING: the tracking sidecar did not finish in {wait:.0f} s: stopped it (the trackers may "
-                       "lack the last rows; metrics.jsonl has them)")
+            output.say(
+                f"WARNING: the tracking sidecar did not finish in {wait:.0f} s: stopped it (the trackers may "
+                "lack the last rows; metrics.jsonl has them)"
+            )
             self.kill()
         except Exception as exc:  # noqa: BLE001
             output.say(f"WARNING: stopping the tracking sidecar: {type(exc).__name__}: {exc}")

@@ -1,20 +1,21 @@
-"""The tracker sidecar: ``python -m tpuft.worker.tracking.sidecar``, run by the chief's supervisor in the tracking venv.
+"""The tracker sidecar: ``python -m tpuft.worker.tracking.sidecar``, run by the chief's supervisor in the
+tracking venv.
 
-It tails the run's ``metrics.jsonl`` (every backend writes it: train rows at each log step, eval rows, the one test
-row) and forwards each row to the trackers the recipe's ``report.to`` names (W&B, MLflow): the metrics at their
-step, the resolved recipe as the run's config, tags (backend, accelerator, run id), and at the end the test metrics
-as the summary and a table of prediction samples. Why a separate process and not the trainer: a tracker's network
-calls never slow or crash training, and its packages never meet a backend's pins.
+It tails the run's ``metrics.jsonl`` (every backend writes it: train rows at each log step, eval rows, the one
+test row) and forwards each row to the trackers the recipe's ``report.to`` names (W&B, MLflow): the metrics at
+their step, the resolved recipe as the run's config, tags (backend, accelerator, run id), and at the end the
+test metrics as the summary and a table of prediction samples. Why a separate process and not the trainer: a
+tracker's network calls never slow or crash training, and its packages never meet a backend's pins.
 
-Its state is ``tracking.json`` in the run dir (each tracker's run id and the last step it has of each kind of row),
-written after every batch it sends: a resumed or recovered run continues the SAME W&B and MLflow runs and never sends
-a row twice (a resumed trainer logs the steps after its checkpoint anew; the trackers keep the first attempt's
-values for those). Any tracker failure is a warning on stdout (the supervisor writes it into the chief's log) and in
-``logs/tracking.log``; the tracker is retried with a growing pause and given up after a few failures in a row. The
-sidecar's exit status never reaches training's.
+Its state is ``tracking.json`` in the run dir (each tracker's run id and the last step it has of each kind of
+row), written after every batch it sends: a resumed or recovered run continues the SAME W&B and MLflow runs
+and never sends a row twice (a resumed trainer logs the steps after its checkpoint anew; the trackers keep the
+first attempt's values for those). Any tracker failure is a warning on stdout (the supervisor writes it into
+the chief's log) and in ``logs/tracking.log``; the tracker is retried with a growing pause and given up after
+a few failures in a row. The sidecar's exit status never reaches training's.
 
-The supervisor asks it to end by writing ``tracking-stop.json`` (the trainer's outcome) into the run dir; it then
-sends what is left, the summary and the samples, closes the trackers' runs with that outcome, and exits.
+The supervisor asks it to end by writing ``tracking-stop.json`` (the trainer's outcome) into the run dir; it
+then sends what is left, the summary and the samples, closes the trackers' runs with that outcome, and exits.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ def say(message: str) -> None:
 
 
 class MetricsTail:
-    """The whole rows ``metrics.jsonl`` gained since the last call. A resumed trainer rewrites the file shorter (its
-    rows after the checkpoint dropped): then it is read again from the start, and the trackers' step marks skip what
-    they have."""
+    """The whole rows ``metrics.jsonl`` gained since the last call. A resumed trainer rewrites the file
+    shorter (its rows after the checkpoint dropped): then it is read again from the start, and the trackers'
+    step marks skip what they have."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -85,8 +86,8 @@ class MetricsTail:
 
 
 def signature(row: dict[str, Any]) -> str:
-    """What kind of row this is (its metric names): a train row, an eval row, a second eval row at the same step with
-    other metrics (one backend writes its loss and its decoded scores apart), the test row."""
+    """What kind of row this is (its metric names): a train row, an eval row, a second eval row at the same
+    step with other metrics (one backend writes its loss and its decoded scores apart), the test row."""
     return ",".join(sorted(numeric(row)))
 
 
@@ -104,8 +105,8 @@ def read_state(run_dir: Path) -> dict[str, Any]:
 
 
 def write_state(run_dir: Path, state: dict[str, Any], written: str = "") -> str:
-    """Write ``tracking.json`` when it changed since ``written`` (what the last call returned): a file rewritten every
-    poll would go up to a ``gs://`` run dir at every sync round."""
+    """Write ``tracking.json`` when it changed since ``written`` (what the last call returned): a file
+    rewritten every poll would go up to a ``gs://`` run dir at every sync round."""
     text = json.dumps(state, indent=2, sort_keys=True)
     if text != written:
         rundir.write_json_atomic(run_dir / STATE, state)
@@ -126,8 +127,8 @@ def samples(run_dir: Path, limit: int) -> tuple[str, list[dict[str, Any]]]:
 
 
 class Guarded:
-    """One tracker, kept from hurting the others or the sidecar: every call that raises is a warning and a pause
-    before the next try; after ``RETRY_SECONDS`` run out, the tracker is given up."""
+    """One tracker, kept from hurting the others or the sidecar: every call that raises is a warning and a
+    pause before the next try; after ``RETRY_SECONDS`` run out, the tracker is given up."""
 
     def __init__(self, sink: Any) -> None:
         self.sink = sink
@@ -144,12 +145,18 @@ class Guarded:
             self.failures += 1
             if self.failures > len(RETRY_SECONDS):
                 self.given_up = True
-                warn(f"{self.sink.name}: {what} failed ({type(exc).__name__}: {_short(exc)}); giving up on "
-                     f"{self.sink.name} after {self.failures} failures in a row (training goes on; metrics.jsonl has every row)")
+                warn(
+                    f"{self.sink.name}: {what} failed ({type(exc).__name__}: {_short(exc)}); giving up on "
+                    f"{self.sink.name} after {self.failures} failures in a row (training goes on; "
+                    "metrics.jsonl has every row)"
+                )
             else:
                 pause = RETRY_SECONDS[self.failures - 1]
                 self.next_try = time.monotonic() + pause
-                warn(f"{self.sink.name}: {what} failed ({type(exc).__name__}: {_short(exc)}); retrying in {pause:.0f} s")
+                warn(
+                    f"{self.sink.name}: {what} failed ({type(exc).__name__}: {_short(exc)}); retrying in "
+                    f"{pause:.0f} s"
+                )
             logging.getLogger("tpuft.tracking").debug("%s.%s failed", self.sink.name, what, exc_info=True)
             return False
         self.failures = 0
@@ -170,13 +177,18 @@ class Sidecar:
         report = recipe.get("report") or {}
         self.samples = int(report.get("samples", 20))
         backend = str((recipe.get("backend") or {}).get("kind", ""))
-        context = {"run_dir": run_dir, "run_id": run_id, "recipe": recipe, "report": report,
-                   "tags": {"backend": backend, "accelerator": accelerator, "run_id": run_id}}
+        context = {
+            "run_dir": run_dir,
+            "run_id": run_id,
+            "recipe": recipe,
+            "report": report,
+            "tags": {"backend": backend, "accelerator": accelerator, "run_id": run_id},
+        }
         self.trackers = [Guarded(sink) for sink in make_sinks(report.get("to") or [], context, self.state)]
         self.tail = MetricsTail(run_dir / rundir.METRICS)
         self.pending: list[dict[str, Any]] = []
-        """The rows read and not yet sent to every live tracker (each tracker's marks pick its own): one that failed
-        gets them when it recovers."""
+        """The rows read and not yet sent to every live tracker (each tracker's marks pick its own): one that
+        failed gets them when it recovers."""
         self.written = ""
         self.test: dict[str, Any] = {}
         """The test row's ``test_*`` items, once it has been read."""
@@ -202,8 +214,12 @@ class Sidecar:
         for row in self.pending:
             if rundir.test_items(row):
                 self.test = rundir.test_items(row)
-        live = [dict(self.state.get(t.sink.name, {}).get("marks") or {}) for t in self.trackers if not t.given_up]
-        self.pending = [row for row in self.pending if any(row["step"] > marks.get(signature(row), -1) for marks in live)]
+        live = [
+            dict(self.state.get(t.sink.name, {}).get("marks") or {}) for t in self.trackers if not t.given_up
+        ]
+        self.pending = [
+            row for row in self.pending if any(row["step"] > marks.get(signature(row), -1) for marks in live)
+        ]
 
     def finish(self, outcome: str) -> None:
         self.pass_once()
@@ -226,7 +242,10 @@ class Sidecar:
             if stop is not None or self.terminated:
                 outcome = str((stop or {}).get("status") or "killed")
                 self.finish(outcome)
-                sent = ", ".join(f"{t.sink.name} {self.state.get(t.sink.name, {}).get('rows', 0)} rows" for t in self.trackers)
+                sent = ", ".join(
+                    f"{t.sink.name} {self.state.get(t.sink.name, {}).get('rows', 0)} rows"
+                    for t in self.trackers
+                )
                 say(f"done ({outcome}): {sent}")
                 return 0
             self.pass_once()
@@ -245,23 +264,31 @@ def _read_recipe(run_dir: Path) -> dict[str, Any]:
 
 
 def _quiet_trackers(run_dir: Path) -> None:
-    """Trackers' own chatter to the sidecar's log file; their HTTP retries short (the sidecar retries itself)."""
+    """Trackers' own chatter to the sidecar's log file; their HTTP retries short (the sidecar retries
+    itself)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_DISABLE_GIT", "true")
     (run_dir / LOG).parent.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(filename=str(run_dir / LOG), level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        filename=str(run_dir / LOG),
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     logging.captureWarnings(True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpuft.worker.tracking.sidecar", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tpuft.worker.tracking.sidecar", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--accelerator", default="")
-    parser.add_argument("--poll", type=float, default=float(os.environ.get("TPUFT_TRACKING_POLL_SECONDS", "5")))
+    parser.add_argument(
+        "--poll", type=float, default=float(os.environ.get("TPUFT_TRACKING_POLL_SECONDS", "5"))
+    )
     args = parser.parse_args(argv)
     _quiet_trackers(args.run_dir)
     sidecar = Sidecar(args.run_dir, args.run_id, args.accelerator, args.poll)

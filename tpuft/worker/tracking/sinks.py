@@ -1,9 +1,11 @@
-"""The trackers the sidecar (:mod:`tpuft.worker.tracking.sidecar`) feeds: W&B and MLflow, each behind the same four calls.
+"""The trackers the sidecar (:mod:`tpuft.worker.tracking.sidecar`) feeds: W&B and MLflow, each behind the same
+four calls.
 
-``start`` opens the tracker's run (the one ``tracking.json`` names when there is one: a resumed run continues it),
-``send`` logs metrics rows at their steps, ``finish`` logs the test summary and the samples table and closes the
-run with the trainer's outcome, ``where`` says where the run is (kept in ``tracking.json`` and run.json). Imported
-only in the tracking venv (wandb, mlflow); each call may raise, and the sidecar's guard makes that a warning.
+``start`` opens the tracker's run (the one ``tracking.json`` names when there is one: a resumed run continues
+it), ``send`` logs metrics rows at their steps, ``finish`` logs the test summary and the samples table and
+closes the run with the trainer's outcome, ``where`` says where the run is (kept in ``tracking.json`` and
+run.json). Imported only in the tracking venv (wandb, mlflow); each call may raise, and the sidecar's guard
+makes that a warning.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-OUTCOMES = {"finished": ("FINISHED", 0), "failed": ("FAILED", 1), "hung": ("FAILED", 1), "stopped": ("KILLED", 1),
-            "killed": ("KILLED", 1)}
+OUTCOMES = {
+    "finished": ("FINISHED", 0),
+    "failed": ("FAILED", 1),
+    "hung": ("FAILED", 1),
+    "stopped": ("KILLED", 1),
+    "killed": ("KILLED", 1),
+}
 """The trainer's outcome -> (MLflow run status, W&B exit code)."""
 
 
 def numeric(row: dict[str, Any]) -> dict[str, float]:
     """A metrics row's metrics: its numbers, less the step and the wall time."""
-    return {key: float(value) for key, value in row.items()
-            if key not in {"step", "time"} and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return {
+        key: float(value)
+        for key, value in row.items()
+        if key not in {"step", "time"} and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 def make_sinks(names: list[str], context: dict[str, Any], state: dict[str, Any]) -> list[Any]:
@@ -79,16 +88,27 @@ class WandbSink(Sink):
 
         mode = str(self.settings.get("mode") or "online")
         if mode == "online" and not os.environ.get("WANDB_API_KEY") and not _netrc_has_wandb():
-            raise RuntimeError("no WANDB_API_KEY in the chief's environment: give it through the cluster file's "
-                               "worker_env (WANDB_API_KEY: ${WANDB_API_KEY}), or set report.wandb.mode: offline")
+            raise RuntimeError(
+                "no WANDB_API_KEY in the chief's environment: give it through the cluster file's "
+                "worker_env (WANDB_API_KEY: ${WANDB_API_KEY}), or set report.wandb.mode: offline"
+            )
         tags = self.context["tags"]
         run_id = self.saved.get("id") or secrets.token_hex(4)
         self.run = wandb.init(
-            project=self.settings.get("project") or "tpuft", entity=self.settings.get("entity"), id=run_id,
-            resume="allow", name=tags["run_id"], group=self.settings.get("group"), notes=self.settings.get("notes"),
+            project=self.settings.get("project") or "tpuft",
+            entity=self.settings.get("entity"),
+            id=run_id,
+            resume="allow",
+            name=tags["run_id"],
+            group=self.settings.get("group"),
+            notes=self.settings.get("notes"),
             tags=[value for value in tags.values() if value] + list(self.settings.get("tags") or []),
-            config=self.context["recipe"], dir=str(self.context["run_dir"]), mode=mode,
-            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, x_disable_machine_info=True),
+            config=self.context["recipe"],
+            dir=str(self.context["run_dir"]),
+            mode=mode,
+            settings=wandb.Settings(
+                console="off", silent=True, x_disable_stats=True, x_disable_machine_info=True
+            ),
             reinit="create_new",
         )
 
@@ -112,12 +132,26 @@ class WandbSink(Sink):
 
     def where(self) -> dict[str, Any]:
         if self.run is None:
-            return {key: self.saved[key] for key in ("id", "project", "entity", "mode", "url", "path", "dir") if key in self.saved}
+            return {
+                key: self.saved[key]
+                for key in ("id", "project", "entity", "mode", "url", "path", "dir")
+                if key in self.saved
+            }
         mode = str(self.settings.get("mode") or "online")
-        found = {"id": self.run.id, "project": self.run.project, "mode": mode,
-                 "dir": os.path.relpath(str(self.run.dir), str(self.context["run_dir"])).removesuffix("/files")}
+        found = {
+            "id": self.run.id,
+            "project": self.run.project,
+            "mode": mode,
+            "dir": os.path.relpath(str(self.run.dir), str(self.context["run_dir"])).removesuffix("/files"),
+        }
         if mode == "online":
-            found.update(entity=self.run.entity, url=self.run.url, path="/".join(self.run.path) if isinstance(self.run.path, (list, tuple)) else str(self.run.path))
+            found.update(
+                entity=self.run.entity,
+                url=self.run.url,
+                path="/".join(self.run.path)
+                if isinstance(self.run.path, (list, tuple))
+                else str(self.run.path),
+            )
         self.saved.update(found)
         return found
 
@@ -135,9 +169,9 @@ def _cell(value: Any) -> Any:
 
 
 def mlflow_uri(configured: str | None, run_dir: Path) -> str:
-    """The store's URI: the recipe's, else ``MLFLOW_TRACKING_URI``, else SQLite in the run dir (``mlflow.db``: MLflow 3
-    refuses new file stores unless asked, see :meth:`MlflowSink.start`); a relative path in a ``file:`` or
-    ``sqlite:`` URI is the run dir's."""
+    """The store's URI: the recipe's, else ``MLFLOW_TRACKING_URI``, else SQLite in the run dir (``mlflow.db``:
+    MLflow 3 refuses new file stores unless asked, see :meth:`MlflowSink.start`); a relative path in a
+    ``file:`` or ``sqlite:`` URI is the run dir's."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     if uri.startswith("sqlite:///"):
         path = uri.removeprefix("sqlite:///")
@@ -150,12 +184,12 @@ def mlflow_uri(configured: str | None, run_dir: Path) -> str:
 
 
 def local_artifacts(uri: str) -> str | None:
-    """A SQLite store's artifacts beside its database file: MLflow's default is ``./mlruns`` of whatever folder the
-    process that creates the experiment runs in. None (MLflow's choice) for a file store, which keeps them inside
-    itself, and for a server, which has its own artifact root."""
+    """A SQLite store's artifacts beside its database file: MLflow's default is ``./mlruns`` of whatever
+    folder the process that creates the experiment runs in. None (MLflow's choice) for a file store, which
+    keeps them inside itself, and for a server, which has its own artifact root."""
     if not uri.startswith("sqlite:///"):
         return None
-    return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+    return (Path(uri[len("sqlite:///") :]).resolve().parent / "mlartifacts").as_uri()
 
 
 class MlflowSink(Sink):
@@ -175,7 +209,9 @@ class MlflowSink(Sink):
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
-        if self.uri.startswith("file:"):  # asked for by name: MLflow 3 keeps its file store, in maintenance mode
+        if self.uri.startswith(
+            "file:"
+        ):  # asked for by name: MLflow 3 keeps its file store, in maintenance mode
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         client = MlflowClient(tracking_uri=self.uri)
         name = str(self.settings.get("experiment") or "tpuft")
@@ -185,15 +221,24 @@ class MlflowSink(Sink):
             try:
                 client.update_run(run_id, status="RUNNING")
             except MlflowException as exc:
-                print(f"[tracking] WARNING: mlflow: run {run_id} of {self.uri} is gone ({exc.error_code}); starting a new one",
-                      flush=True)
+                print(
+                    f"[tracking] WARNING: mlflow: run {run_id} of {self.uri} is gone ({exc.error_code}); "
+                    "starting a new one",
+                    flush=True,
+                )
                 run_id = None
         if not run_id:
             experiment = client.get_experiment_by_name(name)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else client.create_experiment(name, artifact_location=local_artifacts(self.uri)))
-            run = client.create_run(experiment_id, run_name=tags["run_id"],
-                                    tags={f"tpuft.{key}": value for key, value in tags.items() if value})
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else client.create_experiment(name, artifact_location=local_artifacts(self.uri))
+            )
+            run = client.create_run(
+                experiment_id,
+                run_name=tags["run_id"],
+                tags={f"tpuft.{key}": value for key, value in tags.items() if value},
+            )
             run_id = run.info.run_id
             self._config(client, run_id)
         self.client, self.run_id = client, run_id
@@ -210,16 +255,22 @@ class MlflowSink(Sink):
     def send(self, rows: list[dict[str, Any]]) -> None:
         from mlflow.entities import Metric
 
-        metrics = [Metric(key, value, int(float(row.get("time") or time.time()) * 1000), row["step"])
-                   for row in rows for key, value in numeric(row).items()]
+        metrics = [
+            Metric(key, value, int(float(row.get("time") or time.time()) * 1000), row["step"])
+            for row in rows
+            for key, value in numeric(row).items()
+        ]
         for start in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
 
     def finish(self, outcome: str, test: dict[str, Any], source: str, rows: list[dict[str, Any]]) -> None:
         if rows:
             columns = sample_columns(rows)
-            self.client.log_table(self.run_id, {c: [_cell(row.get(c)) for row in rows] for c in columns},
-                                  f"samples_{source}.json")
+            self.client.log_table(
+                self.run_id,
+                {c: [_cell(row.get(c)) for row in rows] for c in columns},
+                f"samples_{source}.json",
+            )
         self.client.set_terminated(self.run_id, status=OUTCOMES.get(outcome, ("KILLED", 1))[0])
         self.saved["finished"] = True
 

@@ -1,8 +1,10 @@
-"""Fetch GLUE SST-2 for the sst2_* recipes as GLUE ships it: GLUE's SST-2.zip, unpacked into this folder unchanged
-(train.tsv: 67,349 sentences, dev.tsv: 872, test.tsv: 1,821 unlabelled), the files the recipes read directly.
+"""Fetch GLUE SST-2 for the sst2_* recipes as GLUE ships it: GLUE's SST-2.zip, unpacked into this folder
+unchanged (train.tsv: 67,349 sentences, dev.tsv: 872, test.tsv: 1,821 unlabelled), the files the recipes read
+directly.
 
-Each .tsv file is GLUE's own: a header row (``sentence<TAB>label``; test.tsv ``index<TAB>sentence``), one sentence a
-line, a tab between the fields and no quoting (a ``"`` is part of the sentence). Needs the network, stdlib only:
+Each .tsv file is GLUE's own: a header row (``sentence<TAB>label``; test.tsv ``index<TAB>sentence``), one
+sentence a line, a tab between the fields and no quoting (a ``"`` is part of the sentence). Needs the network,
+stdlib only:
 
     python recipes/data/glue/SST-2/fetch.py            # or --zip SST-2.zip, a copy fetched before
 """
@@ -20,12 +22,13 @@ from pathlib import Path
 URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
 """Where GLUE's own download script (download_glue_data.py) fetches SST-2 from."""
 MEMBERS = ("SST-2/train.tsv", "SST-2/dev.tsv", "SST-2/test.tsv")
-"""The zip's files the recipes (train, dev) and a user (test) read; ``SST-2/original/`` (the treebank) is left."""
+"""The zip's files the recipes (train, dev) and a user (test) read; ``SST-2/original/`` (the treebank) is
+left."""
 
 
 def extract(archive: Path, out: Path) -> dict[str, int]:
-    """GLUE's files out of the zip into ``out`` byte for byte (each written beside and renamed, so an interrupted
-    fetch leaves no half file): {file name: lines}. A zip without them is refused."""
+    """GLUE's files out of the zip into ``out`` byte for byte (each written beside and renamed, so an
+    interrupted fetch leaves no half file): {file name: lines}. A zip without them is refused."""
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, int] = {}
     with zipfile.ZipFile(archive) as zipped:
@@ -46,7 +49,9 @@ def extract(archive: Path, out: Path) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="folder to write to")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent, help="folder to write to"
+    )
     parser.add_argument("--zip", type=Path, default=None, help="GLUE's SST-2.zip already here (no download)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
