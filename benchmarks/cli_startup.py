@@ -54,7 +54,7 @@ def main() -> None:
     ratio = statistics.median(results["tpuft --help"]) / base
     verdict = "OK" if ratio <= 3.0 else "OVER TARGET"
     console.print(f"tpuft --help = {ratio:.2f}x python -c pass (target <= 3x): {verdict}")
-    probe = "import sys, tpuft.cli; print(' '.join(m for m in %r if m in sys.modules))" % (HEAVY,)
+    probe = f"import sys, tpuft.cli; print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.strip()

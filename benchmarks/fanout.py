@@ -73,7 +73,7 @@ result = fleet.run(spec["argv"], on_line=on_line)
 fleet.close()
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"ok": result.ok, "first_line": first[0] if first else None, "cpu": usage.ru_utime + usage.ru_stime}))
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def tpuft_fanout(pod, count: int, argv: list[str]) -> dict:

@@ -89,7 +89,7 @@ for _ in range(cfg["repeat"]):  # interleaved: a machine whose load changes mean
         way()
         rows[name] = min(rows.get(name, float("inf")), time.perf_counter() - started)
 print(json.dumps({"examples": len(sources), "seconds": rows}))
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 PARALLEL = r"""
@@ -115,7 +115,7 @@ for r in range(cfg["repeat"]):
     predict_loop.run(job, engine, process=process, processes=cfg["processes"], recipe=recipe, say=lambda _: None)
     times.append(time.perf_counter() - started)
 print(json.dumps(times))
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def parallel_seconds(python: str, env: dict[str, str], cfg: dict, processes: int) -> float:
@@ -345,7 +345,7 @@ started = time.monotonic()
 summary = join_output(job, str(folder / "out.jsonl"))
 print(json.dumps({"rows": summary["rows"], "seconds": round(time.monotonic() - started, 1),
                   "before": round(before / 1024, 1), "peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def join_rss(lines: list[int]) -> None:

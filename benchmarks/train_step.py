@@ -73,7 +73,7 @@ HF_TRAINER = textwrap.dedent(
     steady = times[10:]
     speed = 32 * (len(steady) - 1) / (steady[-1] - steady[0])
     print(json.dumps({"examples_per_s": speed, "first_step_s": times[0] - started}))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 

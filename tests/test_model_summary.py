@@ -478,7 +478,7 @@ def build(cfg):
 
 configs = json.loads(sys.argv[1])
 print(json.dumps({"version": transformers.__version__, "shapes": [build(dict(c)) for c in configs]}))
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 TINY_CONFIGS = [
     {

@@ -127,7 +127,7 @@ def _context(node, path: list[str], words: list[str], command: Command):  # type
         return node.make_context(" ".join(path), [], resilient_parsing=True)  # type: ignore[attr-defined]
     except Exception as exc:  # Click's (vendored by Typer) usage errors
         kind = type(exc).__name__
-        message = getattr(exc, "format_message", lambda: str(exc))()
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         if kind == "MissingParameter":  # prose that names a verb without its arguments
             return node.make_context(" ".join(path), list(words), resilient_parsing=True)  # type: ignore[attr-defined]
         if kind == "BadParameter" and any(is_placeholder(w) for w in words):

@@ -34,7 +34,7 @@ data:
 train:
   steps: 10
   batch_size: 16
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def write(folder: Path, text: str) -> Path:

@@ -45,7 +45,7 @@ HEAVY = (
 
 
 def test_cli_imports_no_ml_framework() -> None:
-    code = "import sys, tpuft.cli; print(' '.join(m for m in %r if m in sys.modules))" % (HEAVY,)
+    code = f"import sys, tpuft.cli; print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()

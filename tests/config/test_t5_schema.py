@@ -40,7 +40,7 @@ PROBE = textwrap.dedent(
     typo = T5Config(d_modle=128)  # what the schema protects against: kept silently, the model stays 512 wide
     print(json.dumps({"version": transformers.__version__, "fields": fields, "activations": sorted(ACT2FN),
                       "general": general, "typo_kept": getattr(typo, "d_modle", None), "d_model": typo.d_model}))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 

@@ -144,7 +144,7 @@ MAKE_TF_MODELS = textwrap.dedent(
         names[variant] = {w.name: list(w.shape) for w in model.weights}
     (out / "names.json").write_text(json.dumps(names, indent=1))
     print(json.dumps({"tensorflow": tf.__version__, "transformers": transformers.__version__}))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 # Runs in the torch venv (transformers 5): load each converted dir as the given class and compare its output
@@ -167,7 +167,7 @@ CHECK_LOGITS = textwrap.dedent(
                           "tied": head is not None and head.weight is model.get_input_embeddings().weight,
                           "id2label": {str(k): v for k, v in model.config.id2label.items()}}
     print(json.dumps(out))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 

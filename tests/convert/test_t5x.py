@@ -53,7 +53,7 @@ CHECK_LOGITS = textwrap.dedent(
             result["ids"] = tok(job["text"]).input_ids
         out[job["model"]] = result
     print(json.dumps(out))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 
@@ -267,7 +267,7 @@ MAKE_REFERENCES = textwrap.dedent(
     t5v10 = transformers.T5ForConditionalGeneration(transformers.T5Config(
         num_layers=2, num_decoder_layers=2, feed_forward_proj="relu", tie_word_embeddings=True, **common))
     save(t5v10, "t5v10")
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 

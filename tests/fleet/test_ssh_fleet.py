@@ -133,7 +133,7 @@ addresses = {addresses!r}
 fleet = SshFleet([Worker(i, a) for i, a in enumerate(addresses)], SshSettings(user={user!r}, key_file=Path({key!r}), port={port}))
 result = fleet.run(["bash", "-c", "sleep 300 & echo $! > child.pid; echo $$ > shell.pid; wait"])
 print("interrupted" if result.interrupted else "not interrupted", flush=True)
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def test_ctrl_c_kills_every_remote_process(pod: SshdPod) -> None:

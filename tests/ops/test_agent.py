@@ -459,14 +459,14 @@ def test_the_warm_client_imports_nothing_heavy(fresh: Rig) -> None:
     rig = fresh
     assert rig.exec("--", "true").returncode == 0
     rig.wait_agent()
+    heavy = ("typer", "rich", "pydantic", "paramiko", "yaml", "tpuft.config")
     code = (
-        "import sys; sys.argv = ['tpuft', 'exec', '-c', %r, '--', 'true']\n"
+        f"import sys; sys.argv = ['tpuft', 'exec', '-c', {str(rig.cluster)!r}, '--', 'true']\n"
         "from tpuft.launcher import main\n"
         "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-        "heavy = [m for m in ('typer', 'rich', 'pydantic', 'paramiko', 'yaml', 'tpuft.config') if m in "
-        "sys.modules]\n"
-        "print(%r + __import__('json').dumps([code, heavy]))"
-    ) % (str(rig.cluster), "RESULT=")
+        f"heavy = [m for m in {heavy!r} if m in sys.modules]\n"
+        "print('RESULT=' + __import__('json').dumps([code, heavy]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=rig.env, capture_output=True, text=True, cwd=REPO)
     line = next(line for line in out.stdout.splitlines() if line.startswith("RESULT="))
     assert json.loads(line.removeprefix("RESULT=")) == [0, []]

@@ -138,7 +138,8 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
     with SshdPod(tmp_path / "pod", workers=2) as pod:
         (tmp_path / "tpuft.yaml").write_text(
             f"name: rig\nprovider: gcp\naccelerator: v4-16\nbucket: gs://rig-bucket\n"
-            f"gcp: {{project: tpuft-test, zone: us-central2-b, python: {sys.executable}, venv_cache: venvs}}\n"
+            "gcp: {project: tpuft-test, zone: us-central2-b, "
+            f"python: {sys.executable}, venv_cache: venvs}}\n"
             f"ssh: {{user: {pod.user}, key_file: {pod.client_key}, port: {pod.port}}}\n"
         )
         config = load_cluster(tmp_path / "tpuft.yaml").value
@@ -195,9 +196,10 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
             monkeypatch.delenv("TPUFT_DOCTOR_SKIP_LISTEN")
             assert walled[(0, "reach")].status == "ok" and walled[(1, "reach")].status == "fail"
             assert walled[(1, "reach")].detail == (
-                f"slice 1 host 0 (worker 1) cannot reach slice 0 host 0 at {pod.addresses[0]}:{cross_slice} (refused): "
-                f"allow tcp:{port},tcp:{cross_slice} from the TPU hosts' range in the VPC network default: gcloud compute "
-                f"firewall-rules create tpuft-rig-internal --network=default --allow=tcp:{port},tcp:{cross_slice} "
+                "slice 1 host 0 (worker 1) cannot reach slice 0 host 0 at "
+                f"{pod.addresses[0]}:{cross_slice} (refused): allow tcp:{port},tcp:{cross_slice} "
+                "from the TPU hosts' range in the VPC network default: gcloud compute firewall-rules create "
+                f"tpuft-rig-internal --network=default --allow=tcp:{port},tcp:{cross_slice} "
                 "--source-ranges=127.0.0.0/16"
             )
 

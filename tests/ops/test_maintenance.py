@@ -90,8 +90,8 @@ def test_status_shows_the_api_s_maintenance_and_the_watcher_asks_before_it(  # t
 def test_supervisors_hear_the_simulated_event_and_ask_once(  # type: ignore[no-untyped-def]
     cli,
     tmp_path: Path,
-    fake_tpu: FakeTpuServer,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    fake_tpu: FakeTpuServer,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Worker 1's metadata server announces the window (the drill's simulated event); its supervisor's poll
     writes the request within a poll; worker 0's, told of the same window later, finds it asked. Measured: the

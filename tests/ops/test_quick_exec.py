@@ -22,7 +22,7 @@ from tpuft.providers.gcp import exec_plan
 REPO = Path(__file__).resolve().parents[2]
 
 
-def remembered(cli, tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod) -> Path:  # type: ignore[no-untyped-def]
+def remembered(cli, tmp_path: Path, tpu: FakeTpuServer, pod: SshdPod) -> Path:  # noqa: F811
     """A node whose workers are ``pod``, created, and one exec the whole way (which remembers the plan)."""
     tpu.worker_addresses = pod.addresses
     tpu.host_keys.update(pod.host_keys)
@@ -59,7 +59,7 @@ def fast_exec(
 def test_a_remembered_exec_asks_nothing_and_imports_nothing_heavy(
     cli,
     tmp_path: Path,
-    tpu: FakeTpuServer,  # type: ignore[no-untyped-def]
+    tpu: FakeTpuServer,  # noqa: F811 - the fixture imported above
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with SshdPod(tmp_path / "pod", workers=2, first_address=110) as pod:
@@ -90,7 +90,7 @@ def test_a_remembered_exec_asks_nothing_and_imports_nothing_heavy(
 def test_a_stale_plan_costs_one_api_check_then_works(
     cli,
     tmp_path: Path,
-    tpu: FakeTpuServer,  # type: ignore[no-untyped-def]
+    tpu: FakeTpuServer,  # noqa: F811 - the fixture imported above
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -120,7 +120,7 @@ def test_a_stale_plan_costs_one_api_check_then_works(
 def test_a_changed_host_key_is_still_refused(
     cli,
     tmp_path: Path,
-    tpu: FakeTpuServer,  # type: ignore[no-untyped-def]
+    tpu: FakeTpuServer,  # noqa: F811 - the fixture imported above
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -406,9 +406,11 @@ def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(
     )  # no outcome was written: the workers died
     monkeypatch.setattr(recover_module, "run_is_alive", lambda run: False)
     launch = Launch(hosts=(0, 1), python="py", package="pkg")
-    watch = lambda: _attach_and_watch(
-        config, run, info, launch, Callbacks(), config.recover, lambda: None, False, None
-    )  # noqa: E731
+
+    def watch() -> str | None:
+        return _attach_and_watch(
+            config, run, info, launch, Callbacks(), config.recover, lambda: None, False, None
+        )
 
     assert (
         watch() == "the workers' supervisors are gone (the VMs restarted?)"

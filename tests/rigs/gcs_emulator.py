@@ -277,7 +277,7 @@ class _Handler(RequestHandler):
         """The object headers GCS sends with an object's bytes, for a GET that the emulator serves as a
         download (found with the emulator's own routing table); empty for any other request."""
         url = urlsplit(self.path)
-        for pattern, handlers in emulator_server.HANDLERS:
+        for pattern, handlers in emulator_server.HANDLERS:  # noqa: B007 - read after the break
             match = re.fullmatch(pattern, url.path)
             if match is not None:
                 break

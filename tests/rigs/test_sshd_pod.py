@@ -138,7 +138,7 @@ fleet = ssh.SshFleet([Worker(i, a) for i, a in enumerate(spec[0].split(","))],
                      ssh.SshSettings(user=spec[1], key_file=Path(spec[2]), port=int(spec[3]), known_hosts=Path(spec[4]),
                                      connect_attempts=1))
 print("ok" if fleet.run(["true"]).ok else "failed")
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def test_a_fleet_raises_its_own_descriptor_limit_when_the_workers_need_it(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ data:
 train: {steps: 40, batch_size: 16, learning_rate: 1.0e-2, warmup_steps: 0, schedule: constant, log_every: 10, seed: 0}
 eval: {every: 10, batch_size: 16}
 export: {hf: false}
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def rows(count: int, seed: int) -> list[dict[str, str]]:

@@ -81,7 +81,7 @@ def test_keras_adafactor_takes_transformers_steps(keras_python: str, torch_pytho
                 opt.apply_gradients(zip([tf.constant(g, tf.float32) for g in grads], w))
             out.append([v.numpy().tolist() for v in w])
         print(json.dumps(out))
-    """,
+    """,  # noqa: E501 (a script run in another interpreter)
     )
     torch_out = _run(
         torch_python,
@@ -100,7 +100,7 @@ def test_keras_adafactor_takes_transformers_steps(keras_python: str, torch_pytho
                 opt.step()
             out.append([p.detach().tolist() for p in w])
         print(json.dumps(out))
-    """,
+    """,  # noqa: E501 (a script run in another interpreter)
     )
     import numpy as np
 
@@ -241,7 +241,7 @@ def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python:
         _, _, ckpt, _ = trained(checkpointed, lambda: tf.keras.optimizers.AdamW(1e-2), 2, devices=two)
         out["ckpt_fit"] = max(float(np.abs(a - b).max()) for a, b in zip(plain.values(), ckpt.values()))
         print(json.dumps(out))
-    """,
+    """,  # noqa: E501 (a script run in another interpreter)
     )
     fit_loss, smoothed, plain = got["smoothing"]
     assert fit_loss == pytest.approx(smoothed, rel=1e-5) and abs(smoothed - plain) > 1e-3, got["smoothing"]

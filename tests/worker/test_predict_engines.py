@@ -45,7 +45,7 @@ with torch.inference_mode():
     texts = [json.loads(line)["text"] for line in open(sys.argv[3])]
     picked = [int(bert(**tok([t], return_tensors="pt")).logits.argmax(-1)) for t in texts]
 print(json.dumps({"t5": one_by_one, "bert": picked}))
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 def _job(tmp_path: Path, name: str, source: Path, model: Path, recipe: str, **extra: object) -> Path:

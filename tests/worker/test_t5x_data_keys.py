@@ -111,7 +111,7 @@ SCRIPT = textwrap.dedent(
         decoder.truncation = mode
         out["cut"][mode + " decoder"] = decoder.tokens([cfg["long_text"], "abc"]).tolist()
     print(json.dumps(out))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 

@@ -252,7 +252,7 @@ CHECK = textwrap.dedent(
     out["state_parts"] = sorted({part_of(name.split("/v")[0].split("/m")[0]) or "none" for name, value in states.items()
                                  if value is not None and getattr(value, "size", 0) > 1})
     print(json.dumps(out))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 
@@ -398,7 +398,7 @@ REMAT = textwrap.dedent(
         return sorted(set(re.findall(r"policy=(\\w+)", program)))
 
     print(json.dumps({"on": remat_policies(True), "off": remat_policies(False)}))
-    """
+    """  # noqa: E501 (a script run in another interpreter)
 )
 
 

@@ -139,7 +139,7 @@ for slices, dims, fsdp in json.loads(sys.argv[1]):
     out["meshes"].append({"theirs": [int(d) for d in hybrid.device_ids], "ours": hybrid_device_order(devices),
                           "shape": list(hybrid.mesh_shape), "expected_shape": list(shape.mesh_shape)})
 print(json.dumps(out))
-"""
+"""  # noqa: E501 (a script run in another interpreter)
 
 
 @pytest.mark.slow

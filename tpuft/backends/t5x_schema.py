@@ -201,8 +201,8 @@ class T5xBackend(StrictModel):
             found.append(
                 (
                     ("vocabulary",),
-                    "required with backend.gin_files: byt5, or the SentencePiece .model your "
-                    "gin's VOCABULARY uses (tpuft binds VOCABULARY and the task's vocabulary to the same one)",
+                    "required with backend.gin_files: byt5, or the SentencePiece .model your gin's "
+                    "VOCABULARY uses (tpuft binds VOCABULARY and the task's vocabulary to the same one)",
                 )
             )
         if self.vocabulary is None and self.family in SENTINELS_BUILT_IN and self.extra_ids:
@@ -349,8 +349,8 @@ def shared_key_problems(backend: T5xBackend, recipe: RecipeConfig) -> list[tuple
         found.append(
             (
                 ("train", "grad_accum_steps"),
-                f"{accum} disagrees with backend.num_microbatches "
-                f"({backend.num_microbatches}): they are the same setting on T5X (its microbatches); give one",
+                f"{accum} disagrees with backend.num_microbatches ({backend.num_microbatches}): "
+                "they are the same setting on T5X (its microbatches); give one",
             )
         )
     elif accum > 1 and train.batch_size % accum:

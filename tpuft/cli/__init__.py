@@ -13,7 +13,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 

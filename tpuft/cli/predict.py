@@ -105,7 +105,7 @@ def predict(
         typer.Option(
             "--processes",
             min=1,
-            help="--local: engine processes, each on its share of the CPUs (default: one per CPU, at most 8).",
+            help="--local: engine processes, each on its share of the CPUs (default: one per CPU, at most 8)",
             show_default=False,
         ),
     ] = None,

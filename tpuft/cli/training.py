@@ -559,9 +559,8 @@ def up(
     if not json_out and not result.train.detached:
         console.print(f"total time {fmt_seconds(result.seconds)}")
         if result.train.export_dir:
-            console.print(
-                f"load it: {_model_class(result.train.export_dir)}.from_pretrained({str(result.train.export_dir)!r})"
-            )
+            model_class = _model_class(result.train.export_dir)
+            console.print(f"load it: {model_class}.from_pretrained({str(result.train.export_dir)!r})")
 
 
 def _model_class(export_dir: str) -> str:

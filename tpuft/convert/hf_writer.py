@@ -63,7 +63,7 @@ def parse_size(text: str) -> int:
     """'5GB', '500MB', '2GiB', '1000' -> bytes (the units transformers' ``max_shard_size`` takes)."""
     units = {"gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "gb": 10**9, "mb": 10**6, "kb": 10**3, "b": 1}
     cleaned = text.strip().lower()
-    for unit, factor in units.items():
+    for unit, factor in units.items():  # noqa: B007 - factor is read after the break
         if cleaned.endswith(unit):
             number = cleaned[: -len(unit)].strip()
             break

@@ -509,7 +509,8 @@ def control_path(cluster_dir: Path, address: str, settings: Any) -> str | None:
     folder = agents_dir()
     if folder is None:
         return None
-    name = f"cm-{_cluster_tag(cluster_dir)}-{hashlib.sha256(repr((address, settings)).encode()).hexdigest()[:12]}"
+    digest = hashlib.sha256(repr((address, settings)).encode()).hexdigest()[:12]
+    name = f"cm-{_cluster_tag(cluster_dir)}-{digest}"
     path = str(folder / name)
     if len(path) > 104 - 20 or "%" in path:
         return None

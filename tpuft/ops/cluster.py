@@ -92,7 +92,7 @@ def delete(config: ClusterConfig, progress: Progress | None = None, *, force: bo
         ids = ", ".join(run.id for run in alive)
         raise UsageError(
             f"run {ids} is training on cluster {config.name!r}: deleting the cluster would end it",
-            hint=f"Stop it first: tpuft stop {alive[0].id}   (or tpuft delete --force stops it, then deletes)",
+            hint=f"Stop it first: tpuft stop {alive[0].id}  (or tpuft delete --force stops it, then deletes)",
         )
     for run in alive:
         if progress:

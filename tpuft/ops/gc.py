@@ -120,11 +120,13 @@ def find_leaks(
 
     for zone in zones:
         api = _api(config, zone)
-        nodes = api.call("listing TPU nodes", lambda: list(api.client().list_nodes(parent=api.parent)))
+        nodes = api.call(
+            "listing TPU nodes", lambda api=api: list(api.client().list_nodes(parent=api.parent))
+        )
         queued = list(
             api.call(
                 "listing queued resources",
-                lambda: list(api.client().list_queued_resources(parent=api.parent)),
+                lambda api=api: list(api.client().list_queued_resources(parent=api.parent)),
             )
         )
         ours_queued = {q.name: q for q in queued if _ours(_queued_labels(q))}

@@ -166,9 +166,10 @@ def cmd_start(args: argparse.Namespace) -> int:
                 break
             time.sleep(0.05)
     tail = out.read_bytes()[-3000:].decode("utf-8", "replace") if out.exists() else ""
+    code = daemon.poll()
+    why = f"exit code {code}" if code is not None else f"still starting after {args.wait} s"
     print(
-        f"[supervisor] worker {ctx.worker_id}: the supervisor did not start its trainer "
-        f"({'exit code ' + str(daemon.poll()) if daemon.poll() is not None else 'still starting after ' + str(args.wait) + ' s'})",
+        f"[supervisor] worker {ctx.worker_id}: the supervisor did not start its trainer ({why})",
         flush=True,
     )
     print(tail, flush=True)

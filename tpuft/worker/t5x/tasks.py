@@ -25,7 +25,6 @@ the top byte values, as in its paper.
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 import seqio
@@ -282,6 +281,3 @@ def check_sentinels(vocab: seqio.Vocabulary, spec: dict[str, Any]) -> None:
             f"vocabulary is the ordinary piece {top!r}: set backend.extra_ids (T5 used 100)"
         )
 
-
-def spec_json(spec: dict[str, Any]) -> str:
-    return json.dumps(spec, indent=2, sort_keys=True)
