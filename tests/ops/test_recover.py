@@ -19,7 +19,8 @@ from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft.backends.spec import manifest_text
 from tpuft.config import ClusterConfig, load_cluster
 from tpuft.core.errors import UsageError
-from tpuft.ops.recover import WATCHER, WatchTakenOver, node_problem, watcher_lease
+from tpuft.ops.recover import node_problem
+from tpuft.ops.watcher_lease import WATCHER, WatchTakenOver, watcher_lease
 from tpuft.providers import get_provider
 from tpuft.readers.runs import Run
 from tpuft.run import goodput, rundir
@@ -406,9 +407,9 @@ def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(
     )  # no outcome was written: the workers died
     monkeypatch.setattr(recover_module, "run_is_alive", lambda run: False)
     launch = Launch(hosts=(0, 1), python="py", package="pkg")
-    watch = lambda: _attach_and_watch(
+    watch = lambda: _attach_and_watch(  # noqa: E731
         config, run, info, launch, Callbacks(), config.recover, lambda: None, False, None
-    )  # noqa: E731
+    )
 
     assert (
         watch() == "the workers' supervisors are gone (the VMs restarted?)"
