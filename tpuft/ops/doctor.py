@@ -78,7 +78,7 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
         session.config.name, recipe.backend.kind, session.shape.target, workers, spec.key, package_hash()
     )
     hosts = {w.index: (w.internal_address or w.address) for w in session.cluster.workers}
-    # train's rule (ops/train.py, _coordinator_port): workers on this machine get a port picked free at
+    # train's rule (ops/trainer_env.py, _coordinator_port): workers on this machine get a port picked free at
     # launch.
     port = None if hosts[workers[0]] in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
     probe_spec = {
