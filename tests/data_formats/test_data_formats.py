@@ -276,7 +276,7 @@ def test_a_gs_data_file_is_not_shipped_and_a_local_one_keeps_its_suffix(tmp_path
     from types import SimpleNamespace
 
     from tpuft.backends.spec import LaunchPlan
-    from tpuft.ops.train import _ship_data, _shipped_data
+    from tpuft.ops.ship_data import ship_data, shipped_data
 
     write(tmp_path / "train.tsv", ROWS)
     (tmp_path / "r.yaml").write_text(
@@ -288,7 +288,7 @@ def test_a_gs_data_file_is_not_shipped_and_a_local_one_keeps_its_suffix(tmp_path
     plan = LaunchPlan(workers=(0, 1))
     puts: list[tuple[Path, str]] = []
     fleet = SimpleNamespace(put=lambda local, remote, workers: puts.append((local, remote)))
-    shipped = _ship_data(SimpleNamespace(fleet=fleet), recipe, "run-1", plan)
+    shipped = ship_data(SimpleNamespace(fleet=fleet), recipe, "run-1", plan)
     assert puts == [(tmp_path / "train.tsv", ".tpuft/data/run-1/train-train.tsv")]
     assert (str(shipped.data.train), shipped.data.eval) == (puts[0][1], "gs://data-bucket/glue/eval.parquet")
-    assert _shipped_data(recipe, plan) == {"train": str(tmp_path / "train.tsv")}
+    assert shipped_data(recipe, plan) == {"train": str(tmp_path / "train.tsv")}

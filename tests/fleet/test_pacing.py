@@ -105,7 +105,8 @@ def test_a_retried_handshake_prints_no_paramiko_traceback() -> None:
 
 def test_many_unreachable_workers_are_named_in_spans() -> None:
     """1,024 workers behind a dead network: ten in full, the rest as --worker spans, not a thousand lines."""
-    from tpuft.fleet.ssh import SshConnectError, _unreachable
+    from tpuft.fleet.ssh_config import SshConnectError
+    from tpuft.fleet.ssh_progress import unreachable
 
     failures = {
         i: SshConnectError(
@@ -114,7 +115,7 @@ def test_many_unreachable_workers_are_named_in_spans() -> None:
         )
         for i in [*range(0, 500), *range(501, 1024)]
     }
-    error = _unreachable(failures, 1024)
+    error = unreachable(failures, 1024)
     lines = error.message.splitlines()
     assert lines[0] == "1023 of 1024 workers cannot be reached over SSH:"
     assert (
@@ -123,4 +124,4 @@ def test_many_unreachable_workers_are_named_in_spans() -> None:
     assert lines[-1] == "  ... and 1013 more: workers 10-499,501-1023"
     assert error.hint == "Check the firewall."
     one = {7: SshConnectError("worker 7 (10.0.0.7:22): refused", hint="h")}
-    assert _unreachable(one, 8) is one[7]
+    assert unreachable(one, 8) is one[7]

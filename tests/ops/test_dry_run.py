@@ -119,7 +119,7 @@ def test_trainer_env_names_are_the_ones_train_sets() -> None:
     use."""
     root = Path(__file__).resolve().parents[2] / "tpuft" / "ops"
     found: set[str] = set()
-    for module, function in (("lifecycle.py", "supervisor_env"), ("train.py", "_trainer_env")):
+    for module, function in (("lifecycle.py", "supervisor_env"), ("trainer_env.py", "trainer_env")):
         tree = ast.parse((root / module).read_text(encoding="utf-8"))
         [body] = [
             node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == function

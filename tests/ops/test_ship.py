@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from tpuft.backends.base import ClusterShape
 from tpuft.backends.t5x import BACKEND
 from tpuft.config import load_recipe
-from tpuft.ops.train import _ship_data, _shipped_data
+from tpuft.ops.ship_data import ship_data, shipped_data
 
 RECIPE = """\
 name: ship
@@ -36,7 +36,7 @@ def test_data_gin_files_and_vocabulary_are_shipped_and_bucket_paths_stay(tmp_pat
     plan = BACKEND.plan(recipe, ClusterShape(2, 4, "tpu"))
     puts: list[tuple[Path, str]] = []
     fleet = SimpleNamespace(put=lambda local, remote, workers: puts.append((local, remote)))
-    shipped = _ship_data(SimpleNamespace(fleet=fleet), recipe, "run-1", plan)
+    shipped = ship_data(SimpleNamespace(fleet=fleet), recipe, "run-1", plan)
 
     assert sorted(str(local.name) for local, _ in puts) == ["corpus.txt", "model.gin", "sp.model"]
     assert shipped.data.corpus == [".tpuft/data/run-1/corpus-0-corpus.txt", "gs://bucket/more/*.txt"]
@@ -44,6 +44,6 @@ def test_data_gin_files_and_vocabulary_are_shipped_and_bucket_paths_stay(tmp_pat
     assert shipped.backend.vocabulary == ".tpuft/data/run-1/backend-vocabulary-sp.model"
     assert dict(puts)[tmp_path / "sp.model"] == shipped.backend.vocabulary
     assert recipe.backend.vocabulary == str(tmp_path / "sp.model")  # the caller's recipe is left as it was
-    record = _shipped_data(recipe, plan)  # what run.json keeps, for a resume to ship again
+    record = shipped_data(recipe, plan)  # what run.json keeps, for a resume to ship again
     assert record["backend.vocabulary"] == str(tmp_path / "sp.model")
     assert record["corpus"] == [str(tmp_path / "corpus.txt"), "gs://bucket/more/*.txt"]

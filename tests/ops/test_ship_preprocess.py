@@ -8,7 +8,7 @@ from typing import Any
 
 from tpuft.backends.base import LaunchPlan
 from tpuft.config import load_recipe
-from tpuft.ops.train import _hook_parts, _local_only_dataset, _ship_data, _shipped_data
+from tpuft.ops.ship_data import hook_parts, local_only_dataset, ship_data, shipped_data
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
 
@@ -21,7 +21,7 @@ class _Fleet:
         self.sent.append((local, remote))
 
 
-class _Session:  # only what _ship_data uses: the fleet's put (the sshd rig tests the real one)
+class _Session:  # only what ship_data uses: the fleet's put (the sshd rig tests the real one)
     def __init__(self) -> None:
         self.fleet = _Fleet()
 
@@ -31,12 +31,12 @@ def test_the_hook_file_travels_and_the_recipe_names_the_copy(tmp_path: Path) -> 
     hooks.write_text("def clean(record):\n    return record\n")
     recipe = load_recipe(QUICKSTART, [f"data.preprocess={hooks}:clean"]).value
     plan = LaunchPlan(workers=(0, 1))
-    assert _shipped_data(recipe, plan)["preprocess"] == f"{hooks}:clean"
+    assert shipped_data(recipe, plan)["preprocess"] == f"{hooks}:clean"
     session = _Session()
-    shipped = _ship_data(session, recipe, "run-1", plan)  # type: ignore[arg-type]
+    shipped = ship_data(session, recipe, "run-1", plan)  # type: ignore[arg-type]
     assert shipped.data.preprocess == ".tpuft/data/run-1/preprocess-hooks.py:clean"
     assert (hooks, ".tpuft/data/run-1/preprocess-hooks.py") in session.fleet.sent
-    assert _hook_parts("gs://b/x.jsonl") == ("gs://b/x.jsonl", "") and _hook_parts(None) == (None, "")
+    assert hook_parts("gs://b/x.jsonl") == ("gs://b/x.jsonl", "") and hook_parts(None) == (None, "")
 
 
 def test_a_dataset_on_this_machine_is_named_for_a_remote_run(tmp_path: Path) -> None:
@@ -44,6 +44,6 @@ def test_a_dataset_on_this_machine_is_named_for_a_remote_run(tmp_path: Path) -> 
     data.write_text('{"source": "a", "target": "b"}\n')
     base = ["data.train=null", "data.eval=null", "data.test=null", "data.hf.path=json"]
     local = load_recipe(QUICKSTART, [*base, f"data.hf.data_files=[{data}]"]).value
-    assert "data.hf.data_files" in (_local_only_dataset(local) or "")
+    assert "data.hf.data_files" in (local_only_dataset(local) or "")
     remote = load_recipe(QUICKSTART, [*base, "data.hf.data_files=[gs://bucket/part.jsonl]"]).value
-    assert _local_only_dataset(remote) is None
+    assert local_only_dataset(remote) is None

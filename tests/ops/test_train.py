@@ -285,13 +285,14 @@ def test_since_accepts_durations_and_times(since: str) -> None:
 def test_peer_addresses_one_per_worker_distinct_ports_on_one_machine() -> None:
     """TF_CONFIG's workers: the port after the coordinator's on real hosts; free, distinct ports for loopback
     hosts (TF binds every interface, so two rig workers at 127.0.1.x on one port would clash)."""
-    from tpuft.ops.train import COORDINATOR_PORT, _peer_addresses
+    from tpuft.core.ports import COORDINATOR_PORT
+    from tpuft.ops.trainer_env import peer_addresses
 
-    assert _peer_addresses(["10.0.0.1", "10.0.0.2"], f"10.0.0.1:{COORDINATOR_PORT}") == [
+    assert peer_addresses(["10.0.0.1", "10.0.0.2"], f"10.0.0.1:{COORDINATOR_PORT}") == [
         f"10.0.0.1:{COORDINATOR_PORT + 1}",
         f"10.0.0.2:{COORDINATOR_PORT + 1}",
     ]
-    local = _peer_addresses(["127.0.1.10", "127.0.1.11", "127.0.0.1"], "127.0.1.10:8476")
+    local = peer_addresses(["127.0.1.10", "127.0.1.11", "127.0.0.1"], "127.0.1.10:8476")
     ports = [peer.rsplit(":", 1)[1] for peer in local]
     assert [peer.rsplit(":", 1)[0] for peer in local] == ["127.0.1.10", "127.0.1.11", "127.0.0.1"]
     assert len(set(ports)) == 3 and "8476" not in ports

@@ -21,8 +21,8 @@ from tpuft.worker.hf_data import (
     load_eval_examples,
     open_train_stream,
     round_robin,
-    whole_files,
 )
+from tpuft.worker.hf_read import whole_files
 
 SIZES = [7, 3, 11, 5, 9, 4]  # uneven files, 39 examples; ids are unique over all of them
 

@@ -64,24 +64,24 @@ def session(address: str, slices: int, hosts: int) -> SimpleNamespace:
 
 
 def test_the_controller_says_how_many_slices_and_picks_a_free_port_on_one_machine() -> None:
-    from tpuft.ops.train import _trainer_env
+    from tpuft.ops.trainer_env import trainer_env
 
     config = SimpleNamespace(name="c", worker_env={})
-    env = _trainer_env(session("10.0.0.2", 2, 2), config, LaunchPlan((0, 1, 2, 3)), False, "t5x")  # type: ignore[arg-type]
+    env = trainer_env(session("10.0.0.2", 2, 2), config, LaunchPlan((0, 1, 2, 3)), False, "t5x")  # type: ignore[arg-type]
     assert env["TPUFT_NUM_SLICES"] == "2" and env[PORT_ENV] == str(MEGASCALE_PORT)
     assert env["TPUFT_COORDINATOR"] == f"10.0.0.2:{COORDINATOR_PORT}" and env[TARGET_ENV] == "tpu"
-    local = _trainer_env(session("localhost", 2, 1), config, LaunchPlan((0, 1)), False, "t5x")  # type: ignore[arg-type]
+    local = trainer_env(session("localhost", 2, 1), config, LaunchPlan((0, 1)), False, "t5x")  # type: ignore[arg-type]
     taken = {
         local["TPUFT_COORDINATOR"].rsplit(":", 1)[1],
         *(p.rsplit(":", 1)[1] for p in local["TPUFT_PEERS"].split(",")),
     }
     assert local[PORT_ENV] not in taken | {str(MEGASCALE_PORT)}
-    single = _trainer_env(session("10.0.0.2", 1, 2), config, LaunchPlan((0, 1)), False, "t5x")  # type: ignore[arg-type]
+    single = trainer_env(session("10.0.0.2", 1, 2), config, LaunchPlan((0, 1)), False, "t5x")  # type: ignore[arg-type]
     assert single["TPUFT_NUM_SLICES"] == "1" and PORT_ENV not in single
 
 
 def test_a_plan_that_leaves_hosts_out_of_a_multislice_cluster_is_refused() -> None:
-    from tpuft.ops.train import launched_slices
+    from tpuft.ops.trainer_env import launched_slices
 
     with pytest.raises(
         UsageError, match=r"the keras backend's launch plan runs on worker\(s\) \[0\] only.*2 slices of 2"

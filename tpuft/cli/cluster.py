@@ -239,8 +239,8 @@ def doctor(
 ) -> None:
     from rich.table import Table
 
-    from tpuft.ops.doctor import CHECKS, CONTROLLER
     from tpuft.ops.doctor import doctor as doctor_op
+    from tpuft.ops.doctor_checks import CHECKS, CONTROLLER
 
     loaded = load_recipe_file(recipe, overrides)
     cfg = load_cluster_file(config)

@@ -31,14 +31,13 @@ What differs from the PyTorch checkpoint:
 Every name must map to a parameter of the PyTorch model the config names, with the shape the config implies;
 anything else is a :class:`ConvertError` naming the file and the TF weight, never a silently dropped tensor.
 Tensors are planned, not loaded: the h5 file (or the mapped safetensors) stays open and each ``load`` reads
-one.
+one. Finding and reading the files is :mod:`tpuft.convert.keras_weights`; this module maps what they hold.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,22 +45,21 @@ from typing import Any
 import numpy as np
 
 from tpuft.convert.hf_ckpt import TOKENIZER_FILES
+from tpuft.convert.keras_weights import (
+    H5_INDEX,
+    H5_WEIGHTS,
+    TfWeight,
+    open_weights,
+    read_json,
+    safetensors_files,
+    safetensors_format,
+)
 from tpuft.convert.model_source import (
     ConvertError,
     ModelSource,
     SourceTensor,
     expect_shape,
 )
-from tpuft.convert.safetensors_io import (
-    SafetensorsError,
-    SafetensorsReader,
-    read_header,
-)
-
-H5_WEIGHTS = "tf_model.h5"
-H5_INDEX = "tf_model.h5.index.json"
-SAFE_WEIGHTS = "model.safetensors"
-SAFE_INDEX = "model.safetensors.index.json"
 
 _TOP_LEVEL = ("shared", "encoder", "decoder", "lm_head")
 """The first level of every T5 weight once the model scope is gone."""
@@ -78,7 +76,6 @@ _BERT_DEFAULTS: dict[str, Any] = {
 _TOKENIZER_FILES = (*TOKENIZER_FILES, "vocab.txt", "vocab.json", "merges.txt")
 """T5's tokenizer files, and BERT's WordPiece vocab and RoBERTa's BPE vocab, which its slow tokenizers
 need."""
-_SAFE_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 _T5_DEFAULTS: dict[str, Any] = {
     "vocab_size": 32128,
     "d_model": 512,
@@ -144,19 +141,6 @@ _FAMILIES = {
 through its own dense layer), in TF as in PyTorch."""
 
 
-@dataclass(frozen=True)
-class _TfWeight:
-    """One TF variable as stored: its name (as written in the file), shape, dtype, and how to read it."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    read: Callable[[], np.ndarray]
-    file: Path
-    scoped: bool
-    """True when the name still carries the model's scope (``tft5_for_conditional_generation/...``)."""
-
-
 def is_keras_checkpoint(path: Path) -> bool:
     """A transformers-TF save_pretrained dir (or its ``.h5`` / TF-format ``.safetensors`` file).
 
@@ -164,15 +148,15 @@ def is_keras_checkpoint(path: Path) -> bool:
     PyTorch weights are used as they are.
     """
     if path.is_file():
-        return path.suffix == ".h5" or (path.suffix == ".safetensors" and _safetensors_format(path) == "tf")
+        return path.suffix == ".h5" or (path.suffix == ".safetensors" and safetensors_format(path) == "tf")
     if not path.is_dir():
         return False
     try:
-        safe = _safetensors_files(path)
+        safe = safetensors_files(path)
     except ConvertError:  # a broken index: not for this predicate to report
         return False
     if safe:
-        return _safetensors_format(safe[0]) == "tf"
+        return safetensors_format(safe[0]) == "tf"
     return (path / H5_WEIGHTS).is_file() or (path / H5_INDEX).is_file()
 
 
@@ -184,7 +168,7 @@ def open_keras_source(path: Path) -> ModelSource:
     ckpt = path.parent if path.is_file() else path
     config = _read_config(ckpt)
     family = _FAMILIES[config["model_type"]]
-    weights, kind = _open_weights(path)
+    weights, kind = open_weights(path)
     architecture = _architecture(config, weights, ckpt)
     config["architectures"] = [architecture]
     if family.encoder_scope is None:
@@ -194,7 +178,7 @@ def open_keras_source(path: Path) -> ModelSource:
     tensors = _map_weights(weights, expected, architecture, ckpt, family)
     generation = None
     if (ckpt / "generation_config.json").is_file():
-        generation = _read_json(ckpt / "generation_config.json")
+        generation = read_json(ckpt / "generation_config.json")
     files: dict[str, bytes | Path] = {
         name: ckpt / name for name in _TOKENIZER_FILES if (ckpt / name).is_file()
     }
@@ -211,163 +195,13 @@ def open_keras_source(path: Path) -> ModelSource:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Finding and reading the weights
-
-
-def _safetensors_files(ckpt: Path) -> list[Path]:
-    if (ckpt / SAFE_WEIGHTS).is_file():
-        return [ckpt / SAFE_WEIGHTS]
-    if (ckpt / SAFE_INDEX).is_file():
-        return _index_shards(ckpt / SAFE_INDEX)
-    return []
-
-
-def _index_shards(index: Path) -> list[Path]:
-    weight_map = _read_json(index).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise ConvertError(f"{index}: no weight_map in it")
-    shards = [index.parent / name for name in sorted(set(weight_map.values()))]
-    missing = [p.name for p in shards if not p.is_file()]
-    if missing:
-        raise ConvertError(f"{index}: shard(s) it lists are missing: {', '.join(missing)}")
-    return shards
-
-
-def _safetensors_format(path: Path) -> str | None:
-    try:
-        return read_header(path)[1].get("format")
-    except (SafetensorsError, OSError, KeyError, TypeError, ValueError):
-        return None
-
-
-def _open_weights(path: Path) -> tuple[list[_TfWeight], str]:
-    """Every TF weight in the checkpoint, once each, in file order; and the ModelSource kind."""
-    if path.is_file():
-        return (
-            (_h5_weights(path), "keras-h5")
-            if path.suffix == ".h5"
-            else (_safetensors_weights(path), "keras-safetensors")
-        )
-    safe = _safetensors_files(path)
-    if safe:
-        weights = [w for shard in safe for w in _safetensors_weights(shard)]
-        return weights, "keras-safetensors"
-    if (path / H5_WEIGHTS).is_file():
-        return _h5_weights(path / H5_WEIGHTS), "keras-h5"
-    if (path / H5_INDEX).is_file():
-        return [w for shard in _index_shards(path / H5_INDEX) for w in _h5_weights(shard)], "keras-h5"
-    raise ConvertError(f"{path}: no {H5_WEIGHTS}, {H5_INDEX} or TF-format {SAFE_WEIGHTS} in it")
-
-
-def _safetensors_weights(path: Path) -> list[_TfWeight]:
-    try:
-        reader = SafetensorsReader(path)  # stays open (mapped) for the lazy loads; one per file
-    except (SafetensorsError, OSError) as exc:
-        raise ConvertError(f"{path}: cannot read: {exc}") from None
-    if reader.metadata.get("format") != "tf":
-        raise ConvertError(
-            f"{path}: not a TensorFlow safetensors file (metadata format {reader.metadata.get('format')!r}, "
-            "expected 'tf')"
-        )
-    weights = []
-    for info in reader.tensors.values():
-        if info.dtype not in _SAFE_DTYPES:
-            raise ConvertError(f"{path}: TF weight {info.name}: unsupported dtype {info.dtype}")
-        weights.append(  # BF16 comes back as its uint16 bits: hf_writer knows
-            _TfWeight(
-                info.name,
-                info.shape,
-                _SAFE_DTYPES[info.dtype],
-                lambda r=reader, n=info.name: r.get(n),
-                path,
-                scoped=False,
-            )
-        )
-    return weights
-
-
-def _h5_weights(path: Path) -> list[_TfWeight]:
-    """Keras ``save_weights`` layout: root attr ``layer_names``; per layer a group whose ``weight_names`` attr
-    lists its variables, each a dataset at ``<layer>/<weight name>``. transformers' h5 shards instead list
-    datasets, named without the model scope, directly in the root ``layer_names``."""
-    import h5py  # a core dependency, imported here to keep `tpuft` start-up light
-
-    try:
-        handle = h5py.File(path, "r")  # stays open for the lazy loads
-    except OSError as exc:
-        raise ConvertError(f"{path}: cannot read as HDF5: {exc}") from None
-    root = (
-        handle["model_weights"]
-        if "model_weights" in handle and not _h5_names(handle, "layer_names")
-        else handle
-    )
-    layer_names = _h5_names(root, "layer_names")
-    if not layer_names:
-        raise ConvertError(f"{path}: no 'layer_names' attribute: not a Keras weights file")
-    weights: dict[str, _TfWeight] = {}
-    for layer in layer_names:
-        if layer not in root:
-            raise ConvertError(f"{path}: layer {layer!r} is listed but not stored")
-        node = root[layer]
-        if isinstance(node, h5py.Dataset):  # a transformers shard: the entry is the (unscoped) weight itself
-            entries: Iterator[tuple[str, Any, bool]] = iter([(layer, node, False)])
-        else:
-            entries = ((name, node.get(name), True) for name in _h5_names(node, "weight_names"))
-        for name, dataset, scoped in entries:
-            if dataset is None:
-                raise ConvertError(f"{path}: TF weight {name} is listed in layer {layer!r} but not stored")
-            if name in weights:  # the shared embedding is listed by shared, encoder and decoder alike
-                continue
-            weights[name] = _TfWeight(
-                name,
-                tuple(dataset.shape),
-                _h5_dtype(path, name, dataset),
-                lambda d=dataset: d[()],
-                path,
-                scoped,
-            )
-    return list(weights.values())
-
-
-def _h5_names(group: Any, attr: str) -> list[str]:
-    """A Keras name-list attribute; big ones are split over ``<attr>0``, ``<attr>1``, ... (64 KiB header
-    limit)."""
-    if attr in group.attrs:
-        chunks = [group.attrs[attr]]
-    else:
-        chunks = []
-        while f"{attr}{len(chunks)}" in group.attrs:
-            chunks.append(group.attrs[f"{attr}{len(chunks)}"])
-    return [
-        n.decode("utf8") if isinstance(n, bytes) else str(n) for chunk in chunks for n in np.atleast_1d(chunk)
-    ]
-
-
-def _h5_dtype(path: Path, name: str, dataset: Any) -> str:
-    dtype = np.dtype(dataset.dtype)
-    if dtype.kind != "f":
-        raise ConvertError(f"{path}: TF weight {name}: unsupported dtype {dtype}")
-    return dtype.name
-
-
-# ----------------------------------------------------------------------------------------------------------
 # Config and the names it implies
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConvertError(f"{path}: cannot read as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConvertError(f"{path}: expected a JSON object")
-    return data
 
 
 def _read_config(ckpt: Path) -> dict[str, Any]:
     if not (ckpt / "config.json").is_file():
         raise ConvertError(f"{ckpt}: no config.json beside the TF weights (save_pretrained writes one)")
-    config = _read_json(ckpt / "config.json")
+    config = read_json(ckpt / "config.json")
     model_type = config.get("model_type")
     if model_type not in _FAMILIES:
         raise ConvertError(
@@ -378,7 +212,7 @@ def _read_config(ckpt: Path) -> dict[str, Any]:
     return config
 
 
-def _architecture(config: dict[str, Any], weights: list[_TfWeight], ckpt: Path) -> str:
+def _architecture(config: dict[str, Any], weights: list[TfWeight], ckpt: Path) -> str:
     """The PyTorch class: ``TF<X>`` -> ``<X>`` (save_pretrained already writes it without ``TF``); if the
     config names none, what the weights hold (a decoder or not; a classifier or not)."""
     family = _FAMILIES[config["model_type"]]
@@ -567,7 +401,7 @@ def pt_name(tf_name: str, *, scoped: bool, top_level: tuple[str, ...] = _TOP_LEV
 
 
 def _map_weights(
-    weights: list[_TfWeight],
+    weights: list[TfWeight],
     expected: dict[str, tuple[int, ...]],
     architecture: str,
     ckpt: Path,
@@ -615,7 +449,7 @@ def _map_weights(
     return [tensors[n] for n in expected]
 
 
-def _loader(weight: _TfWeight, transpose: bool) -> Callable[[], np.ndarray]:
+def _loader(weight: TfWeight, transpose: bool) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         array = np.asarray(weight.read())
         return np.ascontiguousarray(array.T) if transpose else array

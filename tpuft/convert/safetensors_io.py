@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -172,10 +172,3 @@ def _write_one(handle: BinaryIO, tensor: PlannedTensor, offsets: list[int]) -> N
     if data.size != offsets[1] - offsets[0]:
         raise SafetensorsError(f"tensor {tensor.name}: {data.size} bytes, expected {offsets[1] - offsets[0]}")
     handle.write(data.data)
-
-
-def iter_infos(paths: list[Path]) -> Iterator[tuple[Path, TensorInfo]]:
-    for path in paths:
-        infos, _, _ = read_header(path)
-        for info in infos.values():
-            yield path, info

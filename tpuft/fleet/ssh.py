@@ -40,7 +40,7 @@ from typing import Any
 
 from tpuft.core.errors import TpuftError
 from tpuft.core.records import Worker
-from tpuft.core.waiting import Wait, waiting
+from tpuft.core.waiting import waiting
 from tpuft.fleet.base import EnvFor, FleetResult, LineSink, select_workers
 from tpuft.fleet.pacing import HandshakeGate, ensure_descriptors, quiet_handshake_tracebacks, retry_delay
 from tpuft.fleet.ssh_config import (
@@ -55,6 +55,7 @@ from tpuft.fleet.ssh_config import (
     worker_ssh_config_class,
 )
 from tpuft.fleet.ssh_direct import DirectConnection, enable_match_exec, import_paramiko, lookup, needs_fabric
+from tpuft.fleet.ssh_progress import Retries, unreachable
 from tpuft.fleet.ssh_remote import RemoteProcess, env_payload, remote_command, tar_payload
 from tpuft.fleet.supervise import Handle, Output, run_supervised
 
@@ -142,7 +143,8 @@ class SshFleet:
                     except (OSError, ValueError, paramiko.SSHException) as exc:
                         raise SshConnectError(
                             f"cannot read the SSH client config {path}: {exc}",
-                            hint="Fix the file, or set ssh.ssh_config: null in the cluster file to ignore it.",
+                            hint="Fix the file, or set ssh.ssh_config: null in the cluster file to ignore "
+                            "it.",
                         ) from None
                 explicit = {
                     name: getattr(settings, name) for name in ("port", "user") if name in settings.explicit
@@ -167,7 +169,7 @@ class SshFleet:
                 self._pins = pins
             return self._pins
 
-    def _client(self, worker: Worker, retries: _Retries | None = None) -> Any:
+    def _client(self, worker: Worker, retries: Retries | None = None) -> Any:
         with self._lock:
             client = self._clients.get(worker.index)
         if client is not None and client.get_transport() is not None and client.get_transport().is_active():
@@ -310,7 +312,7 @@ class SshFleet:
                 transport.set_keepalive(self.settings.keepalive_s)
                 set_nodelay(transport.sock)  # every worker's handshake goes through it
 
-    def _connect(self, worker: Worker, retries: _Retries | None = None) -> Any:
+    def _connect(self, worker: Worker, retries: Retries | None = None) -> Any:
         paramiko = import_paramiko()
 
         settings = self.settings
@@ -415,7 +417,7 @@ class SshFleet:
                 failures[worker.index] = exc
 
         with waiting(what, bound) as wait:
-            retries = _Retries(wait, len(workers))
+            retries = Retries(wait, len(workers))
             if len(workers) == 1:  # in this thread: a pool's hand-off costs a lone cold exec ~30 ms
                 connect(workers[0])
             else:
@@ -424,7 +426,7 @@ class SshFleet:
                 ) as pool:
                     list(pool.map(connect, workers))
         if failures:
-            raise _unreachable(failures, len(workers))
+            raise unreachable(failures, len(workers))
 
     def close(self) -> None:
         """Close every connection, and call off the attempts to connect under way (later ones start
@@ -543,64 +545,3 @@ class SshFleet:
 def _live(client: Any) -> bool:
     transport = client.get_transport() if client is not None else None
     return transport is not None and transport.is_active()
-
-
-def _unreachable(failures: dict[int, SshConnectError], total: int) -> SshConnectError:
-    """One error for the workers that could not be reached: each by name (the first ten in full), the first's
-    hint."""
-    if len(failures) == 1:
-        return next(iter(failures.values()))
-    ordered = [failures[index] for index in sorted(failures)]
-    shown = "\n".join(f"  {error.message}" for error in ordered[:10])
-    more = (
-        f"\n  ... and {len(ordered) - 10} more: workers {_spans(sorted(failures)[10:])}"
-        if len(ordered) > 10
-        else ""
-    )
-    return SshConnectError(
-        f"{len(failures)} of {total} workers cannot be reached over SSH:\n{shown}{more}", hint=ordered[0].hint
-    )
-
-
-def _spans(indices: list[int]) -> str:
-    """Sorted worker indices as ``--worker`` writes them: ``10-19,25,30-1023``."""
-    spans: list[list[int]] = []
-    for index in indices:
-        if spans and index == spans[-1][1] + 1:
-            spans[-1][1] = index
-        else:
-            spans.append([index, index])
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)
-
-
-class _Retries:
-    """The handshakes under way, for the wait's one line: how many answered, and the workers being retried."""
-
-    def __init__(self, wait: Wait, total: int) -> None:
-        self.wait = wait
-        self.total = total
-        self.lock = threading.Lock()
-        self.answered = 0
-        self.retrying: dict[int, str] = {}
-
-    def failed(self, index: int, why: str) -> None:
-        with self.lock:
-            self.retrying[index] = why
-            self._tell()
-
-    def connected(self, index: int) -> None:
-        with self.lock:
-            self.answered += 1
-            self.retrying.pop(index, None)
-            self._tell()
-
-    def _tell(self) -> None:
-        if not self.retrying:
-            self.wait.update(f"{self.answered} of {self.total} connected")
-            return
-        first = min(self.retrying)
-        more = f" and {len(self.retrying) - 1} more" if len(self.retrying) > 1 else ""
-        self.wait.update(
-            f"{self.answered} of {self.total} connected; retrying worker {first}{more} "
-            f"({self.retrying[first]})"
-        )

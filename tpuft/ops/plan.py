@@ -36,7 +36,7 @@ TRAINER_ENV = (
     "TPUFT_PEERS",
     "TPUFT_NODE",
     "TPUFT_NUM_SLICES",
-    "TPUFT_TARGET",  # ops/train.py: _trainer_env
+    "TPUFT_TARGET",  # ops/trainer_env.py: trainer_env
     "PYTHONPATH",
     "PYTHONUNBUFFERED",
 )

@@ -45,7 +45,9 @@ from tpuft.ops.predict_shards import (
     storage_shards,
 )
 from tpuft.ops.setup import launch_plan
-from tpuft.ops.train import Notice, _addresses, _prepare_workers, _remote_fleet, _trainer_env, _write_info
+from tpuft.ops.ship_data import remote_fleet
+from tpuft.ops.train import Notice, _addresses, _prepare_workers, _write_info
+from tpuft.ops.trainer_env import trainer_env
 from tpuft.readers.runs import Run, resolve_run
 from tpuft.run import rundir
 from tpuft.storage import open_storage
@@ -75,7 +77,7 @@ def predict_on_cluster(
     ``--resume``)."""
     session = open_session(config)
     plan = launch_plan(session, source.recipe)
-    remote = _remote_fleet(session)
+    remote = remote_fleet(session)
     output = absolute(options.output)
     if remote and not source.model.startswith("gs://"):
         raise UsageError(
@@ -150,7 +152,7 @@ def predict_on_cluster(
     _write_info(run, info)
     if on_start is not None:
         on_start(run_id, run.url)
-    env = {**_trainer_env(session, config, plan, resume=False), JOB_ENV: job.to_json()}
+    env = {**trainer_env(session, config, plan, resume=False), JOB_ENV: job.to_json()}
     try:
         with deferred_interrupts() as deferred:
             start_supervisors(

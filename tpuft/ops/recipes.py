@@ -153,7 +153,8 @@ def summary(
     :class:`ConfigError` located at the recipe key to change (exit 2)."""
     from tpuft.config import load_cluster
     from tpuft.core.accelerators import lookup
-    from tpuft.model.summary import ModelUnknown, summarize
+    from tpuft.model.recipe_model import ModelUnknown
+    from tpuft.model.summary import summarize
 
     loaded = load_recipe(recipe, overrides or [], check_files=False)
     cluster = load_cluster(config).value

@@ -10,19 +10,16 @@ from its last complete checkpoint through the resume path: a new attempt, record
 ``recoveries``.
 
 What it does not retry: a run that failed on a healthy node (the user's code), a run that was stopped, and
-more than ``recover.max_attempts`` recoveries. A watcher holds a lease in the run dir (``watcher.json``), so
-two never recreate the same node; one that died (its laptop closed, its process killed) is taken over by
-``tpuft resume RUN --recover`` on any machine.
+more than ``recover.max_attempts`` recoveries. A watcher holds a lease in the run dir (``watcher.json``,
+:mod:`tpuft.ops.watcher_lease`), so two never recreate the same node; one that died (its laptop closed, its
+process killed) is taken over by ``tpuft resume RUN --recover`` on any machine.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,18 +43,15 @@ from tpuft.ops.lifecycle import (
 from tpuft.ops.maintenance import MaintenanceWatch, wait_out_window
 from tpuft.ops.setup import setup
 from tpuft.ops.train import Notice, TrainResult, finished_result, resume
+from tpuft.ops.watcher_lease import WatchTakenOver, watcher_lease
 from tpuft.providers import get_provider
 from tpuft.readers.runs import Run, resolve_run
 from tpuft.run import goodput, rundir
 from tpuft.storage.network import CloudUnreachable
-from tpuft.worker.supervisor.process import is_alive
 
 CAPACITY_ERRORS = {"ResourceExhausted", "TooManyRequests", "ServiceUnavailable", "InternalServerError"}
 """API refusals that mean "not now" (a zone stocked out, quota busy, the API down): the recovery is tried
 again after the next back-off, and the try counts against ``recover.max_attempts``."""
-
-WATCHER = "watcher.json"
-"""The watcher's lease, in the run dir: who watches (host, pid) and when it last said so."""
 
 
 @dataclass
@@ -114,94 +108,6 @@ def lost_slices(cluster: Cluster) -> list[tuple[int, str, str]]:
     """The slices whose node is not READY (preempted, suspended, gone): any one of them loses the whole
     run."""
     return [entry for entry in slice_states(cluster) if entry[2] != State.READY]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The lease
-
-
-def _stale_after(policy: RecoverConfig) -> float:
-    return 3 * policy.poll + 30.0
-
-
-class WatchTakenOver(TpuftError):
-    """Another watcher holds the run's lease now (this one was presumed gone, e.g. a laptop that slept): this
-    one stops at once and touches nothing, so two watchers never recreate one node."""
-
-
-def _holder(held: dict[str, Any]) -> str:
-    return f"pid {held.get('pid')} on {held.get('host')}"
-
-
-@contextmanager
-def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None]]:
-    """Claim the run for this watcher (refused while another one lives); yields the function that renews it.
-
-    Every write of the lease is a compare-and-write against the version this watcher last saw (a bucket
-    object's generation): two watchers that start at the same moment cannot both win, and a watcher whose
-    lease was taken over while it was away (presumed dead after ``3 * poll + 30`` s) learns so at its next
-    renewal, which raises
-    :class:`WatchTakenOver` before it acts on the node again."""
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    text, version = run.storage.read_versioned(WATCHER)
-    held = rundir.read_json_text(text)
-    if held and not held.get("ended") and not _is_me(held, me):
-        age = time.time() - float(held.get("seen") or 0.0)
-        dead_here = held.get("host") == me["host"] and not is_alive(held.get("pid"))
-        if age < _stale_after(policy) and not dead_here:
-            raise UsageError(
-                f"run {run.id} is already watched for recovery by {_holder(held)} (last seen {age:.0f} s ago)",
-                hint=f"Stop that watcher (Ctrl-C there), or wait {_stale_after(policy):.0f} s after it is "
-                "gone: "
-                f"tpuft resume {run.id} --recover then takes over",
-            )
-    state: dict[str, Any] = {"version": version, "holder": None}
-
-    def write(extra: dict[str, Any]) -> bool:
-        """Write our lease over the version we last saw; False if someone else's is there now (and for good: a
-        lost lease is never written again)."""
-        for _ in range(3 if state["holder"] is None else 0):
-            written = run.storage.write_text_if(
-                WATCHER, json.dumps({**me, "seen": time.time(), **extra}), state["version"]
-            )
-            if written is not None:
-                state["version"] = written
-                return True
-            text, state["version"] = run.storage.read_versioned(WATCHER)
-            current = rundir.read_json_text(text) or {}
-            if not _is_me(current, me):  # (our own, e.g. a retried upload that had landed: write over it)
-                state["holder"] = _holder(current)
-                return False
-        return False
-
-    def renew() -> None:
-        if not write({}):
-            raise WatchTakenOver(
-                f"run {run.id} is watched by {state['holder'] or 'another watcher'} now: this watcher stops "
-                "and "
-                "leaves the node and the run to it",
-                hint=f"Only one watcher per run; see it with: tpuft monitor {run.id}",
-            )
-
-    if not write({}):
-        raise UsageError(
-            f"run {run.id} was claimed for recovery by {state['holder'] or 'another watcher'} at the same "
-            "moment",
-            hint="Only one watcher per run; stop that one first if this one should watch",
-        )
-    try:
-        yield renew
-    finally:
-        try:
-            write(
-                {"ended": time.time()}
-            )  # let go, unless someone else holds it now (then it is theirs: untouched)
-        except TpuftError:
-            pass  # the bucket cannot be reached: the lease goes stale by itself, and what raised matters more
-
-
-def _is_me(held: dict[str, Any], me: dict[str, Any]) -> bool:
-    return (held.get("host"), held.get("pid")) == (me["host"], me["pid"])
 
 
 # ----------------------------------------------------------------------------------------------------------

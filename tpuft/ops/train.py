@@ -18,7 +18,6 @@ from tpuft.backends import get_backend
 from tpuft.backends.base import Backend, LaunchPlan
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
 from tpuft.core.errors import Interrupted, TpuftError, UsageError, WorkerFailure
-from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 from tpuft.ops.doctor import doctor_problems
@@ -36,12 +35,13 @@ from tpuft.ops.lifecycle import (
 )
 from tpuft.ops.preflight import check_against_cluster, preflight
 from tpuft.ops.setup import bootstrap_argv, env_spec, launch_plan, tracking_env, venv_python
+from tpuft.ops.ship_data import local_only_dataset, recipe_value, remote_fleet, ship_data, shipped_data
+from tpuft.ops.trainer_env import launched_slices, trainer_env
 from tpuft.readers.runs import Run, resolve_run
 from tpuft.run import cost, goodput, rundir
 from tpuft.run.cost import RunCost
 from tpuft.run.goodput import Goodput
 from tpuft.storage import open_storage
-from tpuft.worker.multislice import PORT_ENV as MEGASCALE_PORT_ENV
 
 Notice = Callable[[str], None]
 """Told what tpuft did besides training (leftovers of dead runs cleaned from the workers)."""
@@ -75,64 +75,6 @@ class TrainResult:
     """What the run has cost (:func:`tpuft.run.cost.run_cost`)."""
 
 
-def _free_port_besides(used: set[str]) -> int:
-    """A free port of this machine that is none of ``used`` (ports already handed to this run's workers)."""
-    port = free_port()
-    while str(port) in used:
-        port = free_port()
-    return port
-
-
-def _peer_addresses(hosts: list[str], coordinator: str) -> list[str]:
-    """An address per launched worker, for runtimes that connect every worker to every other (TF's TF_CONFIG).
-    TF binds its server on every interface, so workers at loopback addresses (one machine) need distinct
-    ports; real hosts use the port after the coordinator's."""
-    used = {coordinator.rsplit(":", 1)[1]}
-    peers = []
-    for host in hosts:
-        if host.startswith("127.") or host == "localhost":
-            port = _free_port_besides(used)
-            used.add(str(port))
-        else:
-            port = COORDINATOR_PORT + 1
-        peers.append(f"{host}:{port}")
-    return peers
-
-
-def _on_this_machine(host: str) -> bool:
-    """Workers launched at this address share this machine (a local pod): fixed ports would collide there."""
-    return host in {"localhost", "127.0.0.1"}
-
-
-def _coordinator_port(host: str) -> int:
-    """Worker 0's rendezvous port: a free one when the workers share this machine (a local pod, a loopback
-    rig), the fixed one on real hosts (nothing else listens there; a worker's peer port is the next one)."""
-    return free_port() if _on_this_machine(host) else COORDINATOR_PORT
-
-
-def _megascale_port(host: str, taken: set[str]) -> int:
-    """The cross-slice coordinator's port: the fixed one on real hosts, a free one (not the rendezvous's nor a
-    peer's) where workers share this machine, as the rendezvous port is chosen."""
-    if not _on_this_machine(host):
-        return MEGASCALE_PORT
-    return _free_port_besides({address.rsplit(":", 1)[1] for address in taken})
-
-
-def launched_slices(session: Session, plan: LaunchPlan, kind: str) -> int:
-    """How many slices the launched workers make: the cluster's, as a multislice run needs every host of every
-    slice (the runtime waits for all of them); a plan that leaves hosts out of a multislice cluster cannot run
-    there."""
-    layout = session.cluster.layout
-    if layout.slices > 1 and list(plan.workers) != list(range(layout.workers)):
-        raise UsageError(
-            f"the {kind} backend's launch plan runs on worker(s) {list(plan.workers)} only, and "
-            f"this cluster is {layout.slices} slices of {layout.hosts} host(s): a multislice run needs "
-            "every host of every slice",
-            hint="use a single-slice cluster (gcp.slices: 1) for this backend",
-        )
-    return layout.slices
-
-
 def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: LaunchPlan) -> str:
     spec = env_spec(session, recipe)
     argv = bootstrap_argv(session, package, spec, check=True)
@@ -142,7 +84,8 @@ def _require_venv(session: Session, package: str, recipe: RecipeConfig, plan: La
     missing = [r.index for r in check.results if r.exit_code == 3]
     if missing:
         raise UsageError(
-            f"the {recipe.backend.kind} environment is not set up on worker(s) {', '.join(map(str, missing))}",
+            f"the {recipe.backend.kind} environment is not set up on worker(s) "
+            f"{', '.join(map(str, missing))}",
             hint=f"Run: tpuft setup {recipe.name}   (or tpuft up, which sets up before training)",
         )
     raise_on_failure(check, "checking the worker environment")
@@ -183,13 +126,13 @@ def train(
 
     run_id = rundir.new_run_id(recipe.value.name)
     run = Run(run_id, str(open_storage(session.cluster.bucket).run_dir(run_id)), config.gcp.project)
-    if _remote_fleet(session) and _local_only_dataset(recipe.value):
+    if remote_fleet(session) and local_only_dataset(recipe.value):
         raise UsageError(
-            f"{_local_only_dataset(recipe.value)}, which the workers cannot read",
+            f"{local_only_dataset(recipe.value)}, which the workers cannot read",
             hint="put the files in the bucket (gs://...) or name a hub dataset the workers can download",
         )
-    shipped = _shipped_data(recipe.value, plan) if _remote_fleet(session) else {}
-    resolved = _ship_data(session, recipe.value, run_id, plan) if shipped else recipe.value
+    shipped = shipped_data(recipe.value, plan) if remote_fleet(session) else {}
+    resolved = ship_data(session, recipe.value, run_id, plan) if shipped else recipe.value
     run.storage.write_text(rundir.RECIPE, dump_recipe(resolved))
     started = time.time()
     info = {
@@ -280,7 +223,7 @@ def resume(
     launched_slices(session, plan, recipe.backend.kind)
     launch = _prepare_workers(session, recipe, plan, on_notice, resuming=run.id)
     for key, local in (info.get("shipped_data") or {}).items():  # a recreated worker has lost its copy
-        worker_paths = _recipe_value(recipe, key)
+        worker_paths = recipe_value(recipe, key)
         pairs = zip(local, worker_paths) if isinstance(local, list) else [(local, worker_paths)]
         for here, there in pairs:
             if there is not None and Path(here).is_file():
@@ -412,45 +355,6 @@ def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
 
 
-def _trainer_env(
-    session: Session,
-    config: ClusterConfig,
-    plan: LaunchPlan,
-    resume: bool,
-    kind: str | None = None,
-) -> dict[str, str]:
-    """What every launched worker's trainer gets besides its rank (the supervisor adds that and PYTHONPATH).
-
-    ``kind``: the training backend, whose run spans every slice; None for a predict job, whose processes shard
-    the input among themselves and are launched as one slice (no cross-slice runtime), as before
-    multislice."""
-    workers = session.cluster.workers
-    hosts = [
-        (workers[i].internal_address or workers[i].address).replace("localhost", "127.0.0.1")
-        for i in plan.workers
-    ]
-    coordinator = f"{hosts[0]}:{_coordinator_port(hosts[0])}"
-    peers = _peer_addresses(hosts, coordinator)
-    slices = launched_slices(session, plan, kind) if kind is not None else 1
-    env = worker_env(
-        config,
-        {
-            "TPUFT_COORDINATOR": coordinator,
-            "TPUFT_PEERS": ",".join(peers),
-            "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
-            "TPUFT_NUM_SLICES": str(slices),
-            # worker/multislice.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
-            "TPUFT_TARGET": session.shape.target,
-            **plan.env,
-        },
-    )
-    if slices > 1:
-        env[MEGASCALE_PORT_ENV] = str(_megascale_port(hosts[0], {coordinator, *peers}))
-    if resume:
-        env["TPUFT_RESUME"] = "1"
-    return env
-
-
 def _run_attempt(
     session: Session,
     config: ClusterConfig,
@@ -475,7 +379,7 @@ def _run_attempt(
         with (
             deferred_interrupts() as deferred
         ):  # half-started supervisors must not be left behind by a Ctrl-C
-            env = {**_trainer_env(session, config, plan, resume, recipe.backend.kind), **tracking}
+            env = {**trainer_env(session, config, plan, resume, recipe.backend.kind), **tracking}
             start_supervisors(
                 session,
                 run,
@@ -567,94 +471,6 @@ def finished_result(run: Run, info: dict[str, Any], backend: Backend, launched: 
         )
     return summarize(
         run, backend, float(info.get("seconds") or 0.0), launched, attempt=int(info.get("attempt", 1))
-    )
-
-
-def _remote_fleet(session: Session) -> bool:
-    """Workers on other machines (SSH) cannot read the controller's files: the data has to be shipped."""
-    return any(w.home is None for w in session.cluster.workers)
-
-
-def _recipe_value(recipe: RecipeConfig, key: str) -> Any:
-    """A plan's ``ship`` key: a ``data`` key (``train``), or a dotted one of another section
-    (``backend.gin_files``)."""
-    section, _, name = key.rpartition(".")
-    return getattr(getattr(recipe, section or "data"), name, None)
-
-
-def _local_file(value: Any) -> bool:
-    """Only files of this machine travel; ``gs://`` URLs and names such as ``byt5`` stay as they are."""
-    path, _ = _hook_parts(value)
-    return path is not None and not str(path).startswith("gs://") and Path(str(path)).is_file()
-
-
-def _hook_parts(value: Any) -> tuple[Any, str]:
-    """``data.preprocess`` names a file and a function (``/x/hooks.py:clean``): the file travels, the function
-    name stays; any other value is all path."""
-    text = str(value) if value is not None else ""
-    head, sep, tail = text.rpartition(":")
-    if sep and head.endswith(".py") and tail.isidentifier():
-        return head, sep + tail
-    return value, ""
-
-
-def _local_only_dataset(recipe: RecipeConfig) -> str | None:
-    """A ``data.hf`` that only this machine can read (a local folder or local data files), or None."""
-    hf = recipe.data.hf
-    if hf is None:
-        return None
-    files = (
-        hf.data_files if isinstance(hf.data_files, list) else [f for fs in hf.data_files.values() for f in fs]
-    )
-    local = [f for f in files if not f.startswith("gs://")]
-    if local:
-        return f"data.hf.data_files: {local[0]} is on this machine"
-    if Path(hf.path).is_dir():
-        return f"data.hf.path: {hf.path} is a folder on this machine"
-    return None
-
-
-def _shipped_data(recipe: RecipeConfig, plan: LaunchPlan) -> dict[str, Any]:
-    """The files the plan ships (key -> this machine's path, or paths for a list such as ``data.corpus``):
-    kept in run.json so that a resume can ship them again to a worker that lost its copy."""
-    shipped: dict[str, Any] = {}
-    for key in plan.ship:
-        value = _recipe_value(recipe, key)
-        if isinstance(value, list):
-            shipped[key] = [str(item) for item in value]
-        elif _local_file(value):
-            shipped[key] = str(value)
-    return shipped
-
-
-def _ship_data(session: Session, recipe: RecipeConfig, run_id: str, plan: LaunchPlan) -> RecipeConfig:
-    """Copy the recipe's files that the plan names to its workers; point the recipe at the copies
-    (HOME-relative). ``gs://`` paths stay: the workers read the bucket themselves."""
-    folder = f".tpuft/data/{run_id}"
-    updates: dict[str, dict[str, Any]] = {}
-
-    def ship(value: Any, name: str) -> Any:
-        if not _local_file(value):
-            return value
-        path, function = _hook_parts(value)
-        remote = f"{folder}/{name}-{Path(str(path)).name}"
-        session.fleet.put(Path(str(path)), remote, workers=plan.workers)
-        return type(value)(remote) if isinstance(value, Path) else remote + function
-
-    for key in plan.ship:
-        value = _recipe_value(recipe, key)
-        section, _, name = key.rpartition(".")
-        label = key.replace(".", "-")
-        if isinstance(value, list):
-            shipped = [ship(item, f"{label}-{index}") for index, item in enumerate(value)]
-        else:
-            shipped = ship(value, label)
-        if shipped != value:
-            updates.setdefault(section or "data", {})[name] = shipped
-    return recipe.model_copy(
-        update={
-            section: getattr(recipe, section).model_copy(update=fields) for section, fields in updates.items()
-        }
     )
 
 

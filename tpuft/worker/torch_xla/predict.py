@@ -25,7 +25,7 @@ from tpuft.worker.context import WorkerContext
 from tpuft.worker.data import encode_texts, load_tokenizer
 from tpuft.worker.predict.loop import model_folder, serve
 from tpuft.worker.predict_job import PredictJob
-from tpuft.worker.torch_xla.train import PROMPT_FILE
+from tpuft.worker.torch_xla.state import PROMPT_FILE
 
 
 class XlaEngine:

@@ -1,11 +1,13 @@
 """PyTorch/XLA trainer: T5 (HF transformers) on the PJRT runtime, data-parallel across workers.
 
-Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data;
-the run's skeleton (:mod:`tpuft.worker.loop`: rows, progress line, heartbeats, periodic eval and checkpoints,
-keep-best, early stopping, the test evaluation, the final export) drives the hooks below: ``start``, ``step``,
-``progress``, ``evaluate``, ``test`` (:mod:`tpuft.worker.torch_xla.testset`), ``save``, ``digest``,
-``export``. ``train()`` and ``finish()`` are the loop's two halves; at the end every worker records its weight
-digest (all workers must end with identical weights).
+Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data
+(the model and optimizer, as a checkpoint holds them: :mod:`tpuft.worker.torch_xla.state`; the data:
+:mod:`tpuft.worker.torch_xla.feed`); the run's skeleton (:mod:`tpuft.worker.loop`: rows, progress line,
+heartbeats, periodic eval and checkpoints, keep-best, early stopping, the test evaluation, the final export)
+drives the hooks below: ``start``, ``step``, ``progress``, ``evaluate``, ``test``
+(:mod:`tpuft.worker.torch_xla.testset`), ``save``, ``digest``, ``export``. ``train()`` and ``finish()`` are
+the loop's two halves; at the end every worker records its weight digest (all workers must end with identical
+weights).
 
 Shapes are static (inputs padded to the recipe's max lengths, the last eval batch padded with weight-0 rows),
 so XLA compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla
@@ -52,15 +54,18 @@ from tpuft.worker import data as data_mod
 from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.loop import RunLoop
-from tpuft.worker.schedule import lr_factor
+from tpuft.worker.torch_xla.feed import setup_data
 from tpuft.worker.torch_xla.multislice import trainer_mesh_line
-from tpuft.worker.torch_xla.replicas import make_replicas, params_digest, rng_seed, to_cpu
+from tpuft.worker.torch_xla.replicas import make_replicas, params_digest, rng_seed
+from tpuft.worker.torch_xla.state import (
+    PROMPT_FILE,
+    build_model,
+    build_optimizer,
+    cpu_state,
+    write_checkpoint,
+)
 
 __all__ = ["Trainer", "main", "params_digest", "rng_seed"]
-
-OPTIMIZER_STATE = "optimizer.pt"
-PROMPT_FILE = "prompt.safetensors"
-"""Prompt tuning: the learned prompt, in each checkpoint and beside the Hugging Face export (``export/``)."""
 
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
@@ -182,137 +187,14 @@ class Trainer:
         start = self.loop.load_checkpoint()
         self.checkpoint, self.trainer_state = start.checkpoint, start.state
         self.tokenizer = data_mod.load_tokenizer(self.recipe.model.tokenizer)
-        self._setup_model()
-        self._setup_optimizer()
-        self._setup_data()
+        build_model(self)
+        build_optimizer(self)
+        setup_data(self)
         self.loop.has_eval, self.loop.has_test = self.eval_shard is not None, self.test_shard is not None
         if self.loop.resuming:
             from tpuft.worker.torch_xla.replicas import check_same_start
 
             check_same_start(self.replicas, self.torch, self.device, self.start_step)
-
-    def _setup_model(self) -> None:
-        from tpuft.worker.torch_xla import parts as torch_parts
-
-        model_cfg = self.recipe.model
-        self.torch.manual_seed(self.recipe.train.seed)  # identical initial weights on every replica
-        model = torch_parts.load_model(model_cfg, self.tokenizer, self.checkpoint)
-        tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-        self.model = model.to(self.device)
-        if (
-            tied
-        ):  # moving to an XLA device un-shares the embedding tables; share them again (only if they were:
-            self.model.tie_weights()  # a T5 v1.1 / mT5 checkpoint's own output layer must survive)
-        self.prompt: Any = None  # a torch_parts.SoftPrompt when prompt tuning
-        tuning = model_cfg.prompt_tuning
-        if tuning is not None:  # the whole model is frozen; only the prompt learns
-            self.model.requires_grad_(False)
-            self.prompt = torch_parts.SoftPrompt(
-                self.model.get_input_embeddings(), tuning.tokens, tuning.init, self.recipe.train.seed
-            )
-            if self.checkpoint is not None:
-                from safetensors.torch import load_file
-
-                self.prompt.weight.data.copy_(load_file(str(self.checkpoint / PROMPT_FILE))["prompt"])
-            self.prompt.to(self.device)
-            self.named_params = [("prompt.weight", self.prompt.weight)]
-        else:
-            frozen = torch_parts.freeze(self.model, model_cfg.freeze)
-            if frozen:
-                self._say(f"frozen: {', '.join(model_cfg.freeze)} ({len(frozen)} tensors)")
-            self.named_params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        if self.fsdp:
-            from tpuft.worker.torch_xla.sharding import shard_parameters
-
-            named = list(self.model.named_parameters()) + (
-                [("prompt.weight", self.prompt.weight)] if self.prompt is not None else []
-            )
-            self.shard_specs = shard_parameters(self.mesh, named)
-            self._say(
-                f"fsdp: {len(self.shard_specs)} parameter tensors sharded over a mesh of {self.mesh.size()} "
-                "devices"
-            )
-        self.params = [p for _, p in self.named_params]
-        count = sum(p.numel() for p in self.model.parameters())
-        trainable = sum(p.numel() for p in self.params)
-        origin = self.checkpoint or (
-            "random init" if model_cfg.config is not None else model_cfg.name_or_path
-        )
-        self._say(f"model: {count / 1e6:.2f}M parameters, {trainable / 1e6:.3f}M trained ({origin})")
-
-    def _setup_optimizer(self) -> None:
-        from tpuft.worker.torch_xla import parts as torch_parts
-
-        torch = self.torch
-        train = self.recipe.train
-        groups = torch_parts.parameter_groups(self.named_params, train.weight_decay)
-        self.optimizer = torch_parts.make_optimizer(train, groups)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(train.steps, train.warmup_steps, train.schedule)
-        )
-        if self.checkpoint is not None:
-            saved = torch.load(self.checkpoint / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
-            self.optimizer.load_state_dict(saved["optimizer"])  # moves the state onto the parameters' device
-            self.scheduler.load_state_dict(saved["scheduler"])
-            if self.fsdp:  # loaded state is replicated: shard it like its parameter
-                from tpuft.worker.torch_xla.sharding import shard_optimizer_state
-
-                shard_optimizer_state(self.mesh, self.optimizer, self.params, self.shard_specs)
-
-    def _setup_data(self) -> None:
-        from tpuft.worker.hf_data import has_held_out, held_out, load_eval_examples, open_train_stream
-
-        cfg = self.recipe.data
-        world, rank = self.replicas.world, self.replicas.rank
-        devices = self.local_devices  # the batch dimension is sharded over them (1 without a mesh)
-        if self.recipe.train.batch_size % (world * devices):
-            raise ValueError(
-                f"train.batch_size ({self.recipe.train.batch_size}) must be divisible by the number of "
-                f"replicas ({world} x {devices} devices)"
-            )
-        self.local_batch = self.recipe.train.batch_size // world
-        self.local_eval_batch = max(1, self.recipe.eval.batch_size // world)
-        self.local_eval_batch = -(-self.local_eval_batch // devices) * devices
-        saved_world = self.trainer_state.get("replicas", world)
-        if saved_world != world:
-            self._say(
-                f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data is "
-                "sharded "
-                "differently, so this run goes on from the checkpoint but not exactly as the original would "
-                "have"
-            )
-        position = self.trainer_state.get("data_position") if self.checkpoint is not None else None
-        if (
-            self.checkpoint is not None and position is None
-        ):  # a checkpoint from before data positions were saved
-            position = {"consumed": self.start_step * self.local_batch}
-        self.batches = open_train_stream(
-            cfg,
-            rank=rank,
-            world=world,
-            local_batch=self.local_batch,
-            seed=self.recipe.train.seed,
-            position=position,
-        )
-        self.test_shard = held_out(cfg, "test", rank=rank, world=world) if has_held_out(cfg, "test") else None
-        self.eval_shard: list[data_mod.Example] | None = None
-        self.generate_shard: list[data_mod.Example] = []
-        if has_held_out(cfg, "eval"):
-            self.eval_shard = load_eval_examples(
-                cfg, rank=rank, world=world, limit=self.recipe.eval.max_examples
-            )
-            wanted = self.recipe.eval.generate_examples  # the first ones of the set, wherever their shard is
-            self.generate_shard = self.eval_shard[: len(range(rank, wanted, world))]
-        split = f" over {devices} devices" if devices > 1 else ""
-        self._say(
-            f"data: {getattr(self.batches, 'examples', 'streamed')} train / {len(self.eval_shard or [])} "
-            "eval / "
-            f"{len(self.test_shard or [])} test examples on replica {rank} (batch {self.local_batch} per "
-            f"replica{split}, "
-            f"{self.recipe.train.batch_size} "
-            f"global{', ' + str(self.recipe.train.grad_accum_steps) + ' micro-batches a step' if self.recipe.train.grad_accum_steps > 1 else ''})",
-            everyone=True,
-        )
 
     def _encode(self, examples: list[data_mod.Example], pad_to: int | None = None) -> Any:
         from tpuft.worker.torch_xla import parts as torch_parts
@@ -501,12 +383,9 @@ class Trainer:
             decoded, [e.target for e in self.generate_shard], self.replicas.sum, self.device
         )
 
-    def _cpu_state(self) -> dict[str, Any]:
-        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
-
     def _trained_state(self) -> dict[str, Any]:
         """What the weight digest covers: the model, and the prompt when prompt tuning."""
-        state = self._cpu_state()
+        state = cpu_state(self.model)
         if self.prompt is not None:
             state["prompt.weight"] = self.prompt.weight.detach().to("cpu")
         return state
@@ -521,25 +400,15 @@ class Trainer:
             "rng": "reseeded from (train.seed, replica, step) at this step",
         }
         path = self.loop.save_checkpoint(
-            step, self._write_checkpoint, backend="torch_xla", replicas=self.replicas.world, state=state
+            step,
+            lambda folder: write_checkpoint(self, folder),
+            backend="torch_xla",
+            replicas=self.replicas.world,
+            state=state,
         )
         if step < self.recipe.train.steps:
             self._seed_rngs()
         return path
-
-    def _write_checkpoint(self, folder: Path) -> None:
-        self.model.save_pretrained(folder, state_dict=self._cpu_state(), safe_serialization=True)
-        self.tokenizer.save_pretrained(folder)
-        if self.prompt is not None:
-            from safetensors.torch import save_file
-
-            save_file(
-                {"prompt": self.prompt.weight.detach().to("cpu").contiguous()}, str(folder / PROMPT_FILE)
-            )
-        optimizer_state = to_cpu(self.torch, self.optimizer.state_dict())
-        self.torch.save(
-            {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}, folder / OPTIMIZER_STATE
-        )
 
     def digest(self) -> str:
         digest = params_digest(self._trained_state())
