@@ -27,6 +27,7 @@ from tpuft.core.records import Cluster, State, Worker
 from tpuft.fleet.ssh import SshFleet, SshSettings
 from tpuft.ops import doctor
 from tpuft.ops.common import Session, ship_package
+from tpuft.ops.doctor_checks import CONTROLLER, judge_clock, judge_disk
 from tpuft.ops.setup import env_spec
 from tpuft.worker.bootstrap import MARKER
 from tpuft.worker.supervisor.host_state import STATE_DIR, start_ticks
@@ -58,7 +59,7 @@ def test_a_healthy_local_pod_passes_and_a_cut_off_venv_and_a_busy_worker_are_nam
         "disk",
         "clock",
     }
-    assert statuses[(doctor.CONTROLLER, "disk")] == "ok"  # the local run storage, on this machine
+    assert statuses[(CONTROLLER, "disk")] == "ok"  # the local run storage, on this machine
     assert statuses[(0, "port")] == "skip"  # a local pod's coordinator port is picked free at launch
 
     (venv / MARKER).unlink()  # a build cut off: the workers share the local pod's venv cache
@@ -89,18 +90,18 @@ def test_disk_and_clock_verdicts_say_the_numbers() -> None:
     spec = {"venv": {"cache": "venvs"}}
     small = {"free": 2 * 2**30, "device": 1, "at": "/home/u", "total": 0}
     data = {"venv": {"state": "missing"}, "disk": {"~": small, "venvs": small}}
-    check, status, _, detail, _ = doctor._disk(data, spec, checkpoint=0, keep=4)
+    check, status, _, detail, _ = judge_disk(data, spec, checkpoint=0, keep=4)
     assert (check, status) == (
         "disk",
         "fail",
     ) and "2 GiB free at /home/u, needs 8 GiB (a venv ~8 GiB)" in detail
     ready = {**data, "venv": {"state": "ready"}}
-    assert doctor._disk(ready, spec, checkpoint=2**29, keep=4)[1] == "ok"  # 4 checkpoints of 0.5 GiB in 2 GiB
-    assert doctor._disk(ready, spec, checkpoint=2**29 + 1, keep=4)[1] == "fail"
-    assert doctor._clock(0, 0.4, 0.1).status == "ok"
-    assert doctor._clock(0, 1.5, 0.2).status == "warn"  # surely more than a second off
-    assert doctor._clock(0, 1.5, 1.2).status == "ok"  # within a second, as far as a 1.2 s round trip can tell
-    assert doctor._clock(1, -20.0, 0.1).status == "fail"
+    assert judge_disk(ready, spec, checkpoint=2**29, keep=4)[1] == "ok"  # 4 checkpoints of 0.5 GiB in 2 GiB
+    assert judge_disk(ready, spec, checkpoint=2**29 + 1, keep=4)[1] == "fail"
+    assert judge_clock(0, 0.4, 0.1).status == "ok"
+    assert judge_clock(0, 1.5, 0.2).status == "warn"  # surely more than a second off
+    assert judge_clock(0, 1.5, 1.2).status == "ok"  # within a second, as far as a 1.2 s round trip can tell
+    assert judge_clock(1, -20.0, 0.1).status == "fail"
 
 
 def _venv_with_libtpu(home: Path, key: str) -> Path:
@@ -138,8 +139,8 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
     with SshdPod(tmp_path / "pod", workers=2) as pod:
         (tmp_path / "tpuft.yaml").write_text(
             f"name: rig\nprovider: gcp\naccelerator: v4-16\nbucket: gs://rig-bucket\n"
-            "gcp: {project: tpuft-test, zone: us-central2-b, "
-            f"python: {sys.executable}, venv_cache: venvs}}\n"
+            f"gcp: {{project: tpuft-test, zone: us-central2-b, python: {sys.executable}, "
+            f"venv_cache: venvs}}\n"
             f"ssh: {{user: {pod.user}, key_file: {pod.client_key}, port: {pod.port}}}\n"
         )
         config = load_cluster(tmp_path / "tpuft.yaml").value
@@ -196,10 +197,10 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
             monkeypatch.delenv("TPUFT_DOCTOR_SKIP_LISTEN")
             assert walled[(0, "reach")].status == "ok" and walled[(1, "reach")].status == "fail"
             assert walled[(1, "reach")].detail == (
-                "slice 1 host 0 (worker 1) cannot reach slice 0 host 0 at "
-                f"{pod.addresses[0]}:{cross_slice} (refused): allow tcp:{port},tcp:{cross_slice} "
-                "from the TPU hosts' range in the VPC network default: gcloud compute firewall-rules create "
-                f"tpuft-rig-internal --network=default --allow=tcp:{port},tcp:{cross_slice} "
+                f"slice 1 host 0 (worker 1) cannot reach slice 0 host 0 at {pod.addresses[0]}:{cross_slice} "
+                f"(refused): allow tcp:{port},tcp:{cross_slice} from the TPU hosts' range in the VPC network "
+                "default: gcloud compute firewall-rules create tpuft-rig-internal --network=default "
+                f"--allow=tcp:{port},tcp:{cross_slice} "
                 "--source-ranges=127.0.0.0/16"
             )
 

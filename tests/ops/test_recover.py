@@ -19,7 +19,8 @@ from tests.rigs.gcs_emulator import GcsEmulator
 from tpuft.backends.spec import manifest_text
 from tpuft.config import ClusterConfig, load_cluster
 from tpuft.core.errors import UsageError
-from tpuft.ops.recover import WATCHER, WatchTakenOver, node_problem, watcher_lease
+from tpuft.ops.recover import node_problem
+from tpuft.ops.watcher_lease import WATCHER, WatchTakenOver, watcher_lease
 from tpuft.providers import get_provider
 from tpuft.readers.runs import Run
 from tpuft.run import goodput, rundir
