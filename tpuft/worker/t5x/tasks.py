@@ -280,4 +280,3 @@ def check_sentinels(vocab: seqio.Vocabulary, spec: dict[str, Any]) -> None:
             f"{spec['vocabulary']}: span corruption needs sentinel ids, and the top id of this SentencePiece "
             f"vocabulary is the ordinary piece {top!r}: set backend.extra_ids (T5 used 100)"
         )
-
