@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpuft"
@@ -46,34 +46,42 @@ def import_nodes(path: Path) -> Iterator[ast.Import | ast.ImportFrom]:
             yield node
 
 
-def imported_tpuft_names(path: Path) -> set[str]:
-    """The tpuft modules (and ``module.name`` candidates, for ``from package import submodule``) a file
-    imports."""
-    found: set[str] = set()
+def ancestors(name: str) -> list[str]:
+    """The packages above a module, nearest first: ``a.b.c`` -> ``a.b``, ``a``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def imported_modules(path: Path, name: str, modules: Collection[str]) -> set[str]:
+    """The tpuft modules that importing the file ``path`` (module ``name``) loads: each module it names
+    (``from package import submodule`` names the submodule; ``from package import name`` the package's
+    ``__init__``), and each package ``__init__`` above a named module, which Python runs first. The packages
+    above ``name`` itself are left out: they were loaded before it, and are no arrow of its."""
+    named: set[str] = set()
     for node in import_nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpuft"):
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                named.add(sub if sub in modules else node.module)
         elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("tpuft"))
-    return found
+            named.update(alias.name for alias in node.names if alias.name.startswith("tpuft"))
+    own = set(ancestors(name))
+    loaded = {m for target in named for m in (target, *ancestors(target)) if m not in own}
+    return {m for m in loaded if m in modules and m != name}
 
 
-def graph() -> dict[str, set[str]]:
-    """module -> the tpuft modules it imports (every kind of import)."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {
-        name: {m for m in imported_tpuft_names(path) if m in modules and m != name}
-        for name, path in modules.items()
-    }
+def graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """module -> the tpuft modules it imports (every kind of import), package ``__init__`` files included."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")} if modules is None else modules
+    return {name: imported_modules(path, name, modules) for name, path in modules.items()}
 
 
 def import_circles(edges: dict[str, set[str]] | None = None) -> list[list[str]]:
     """The import graph's circles, as its strongly connected components of two modules or more (each sorted).
-    A package's ``__init__`` importing its own submodules is how packages are made, not a circle: those arrows
-    are left out."""
+    A package's ``__init__`` importing its own submodules is how packages are made, not a circle: a submodule
+    has no arrow to the packages above it (:func:`imported_modules`), so such an arrow closes a circle only
+    when the way back leaves the package and comes in again from outside."""
     edges = graph() if edges is None else edges
-    edges = {name: {d for d in deps if not d.startswith(name + ".")} for name, deps in edges.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -131,11 +139,34 @@ def test_the_circle_finder_sees_function_local_and_type_only_imports(tmp_path: P
     )
     (tmp_path / "b.py").write_text("def f():\n    from tpuft.a import x\n")
     names = {"tpuft.a": tmp_path / "a.py", "tpuft.b": tmp_path / "b.py"}
-    edges = {
-        name: {m for m in imported_tpuft_names(path) if m in names and m != name}
-        for name, path in names.items()
+    assert import_circles(graph(names)) == [["tpuft.a", "tpuft.b"]]
+
+
+def test_the_circle_finder_counts_package_inits(tmp_path: Path) -> None:
+    """A package's ``__init__`` importing its own submodules is no circle; one whose submodule's imports leave
+    the package and come back to it (importing ``pkg.registry`` runs ``pkg/__init__`` first) is: the shape
+    of the circle ``backends/__init__`` -> ``backends/base`` -> ``config/recipe`` -> ``backends.registry``
+    had."""
+    files = {
+        "pkg/__init__.py": "from tpuft.pkg.registry import kinds\nfrom tpuft.pkg import leaf\n",
+        "pkg/registry.py": "",
+        "pkg/leaf.py": "from tpuft.pkg.registry import kinds\n",
+        "pkg/base.py": "if TYPE_CHECKING:\n    from tpuft.recipe import R\n",
+        "recipe.py": "from tpuft.pkg.registry import kinds\n",
     }
-    assert import_circles(edges) == [["tpuft.a", "tpuft.b"]]
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    names = {
+        "tpuft." + rel.removesuffix(".py").removesuffix("/__init__").replace("/", "."): tmp_path / rel
+        for rel in files
+    }
+    edges = graph(names)
+    assert edges["tpuft.recipe"] == {"tpuft.pkg", "tpuft.pkg.registry"}  # the package's __init__ runs first
+    assert edges["tpuft.pkg.leaf"] == {"tpuft.pkg.registry"}  # no arrow to the package it is in
+    assert import_circles(edges) == []
+    (tmp_path / "pkg/__init__.py").write_text(files["pkg/__init__.py"] + "from tpuft.pkg import base\n")
+    assert import_circles(graph(names)) == [["tpuft.pkg", "tpuft.pkg.base", "tpuft.recipe"]]
 
 
 def test_nothing_below_the_cli_imports_it() -> None:
@@ -158,7 +189,7 @@ def test_the_worker_side_imports_nothing_of_the_controller_side() -> None:
 def test_the_fleet_is_a_leaf() -> None:
     """The fleet keeps connections to workers; building a fleet from a cluster belongs above it (beside
     ops)."""
-    allowed = ("tpuft.fleet", "tpuft.core.records", "tpuft.core.errors", "tpuft.core.waiting")
+    allowed = ("tpuft.fleet", "tpuft.core", "tpuft.core.records", "tpuft.core.errors", "tpuft.core.waiting")
     for name, deps in graph().items():
         if name.startswith("tpuft.fleet"):
             bad = sorted(d for d in deps if not (d in allowed or d.startswith("tpuft.fleet.")))

@@ -223,7 +223,7 @@ REHEARSED = [p for p in SHIPPED if _rehearsal_settings(p) is not None]
 def test_the_cpu_rehearsal_line_in_the_header_validates(path: Path) -> None:
     """The rehearsal a header promises must load (random init, shipped or local data) and fit the local
     pod."""
-    from tpuft.backends import get_backend
+    from tpuft.backends.base import get_backend
     from tpuft.config import ClusterConfig
     from tpuft.ops.preflight import preflight
 

@@ -291,8 +291,7 @@ def test_a_hugging_face_dataset_replaces_data_train_and_a_label_field_is_refused
         ],
     ).value
     assert recipe.data.hf is not None and recipe.data.train is None
-    from tpuft.backends import get_backend
-    from tpuft.backends.base import ClusterShape
+    from tpuft.backends.base import ClusterShape, get_backend
 
     shape = ClusterShape(hosts=2, chips_per_host=1, target="cpu")
     assert get_backend("t5x").check(

@@ -5,7 +5,8 @@ names a backend.
 Each backend is two modules on the controller, found here by name: ``<module>_schema`` holds what the recipe
 and the run-dir readers need (its recipe section, its :class:`~tpuft.backends.spec.Capabilities`, its
 :class:`~tpuft.backends.spec.RunLayout`) and is light (pydantic and the stdlib); ``<module>`` itself plans
-venvs and launches (:func:`tpuft.backends.get_backend`). Loading a recipe imports only the schema modules.
+venvs and launches (:func:`tpuft.backends.base.get_backend`). Loading a recipe imports only the schema
+modules.
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuft.backends import get_backend
-from tpuft.backends.base import ClusterShape
+from tpuft.backends.base import ClusterShape, get_backend
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.core.errors import ConfigError
 from tpuft.worker.data import DataError, Fields, FileCheck, check_file, file_format

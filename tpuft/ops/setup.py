@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft.backends import get_backend
-from tpuft.backends.base import EnvSpec, LaunchPlan
+from tpuft.backends.base import EnvSpec, LaunchPlan, get_backend
 from tpuft.config import ClusterConfig, RecipeConfig
 from tpuft.config.tracking_env import PYTHON_ENV, tracking_spec
 from tpuft.fleet.base import LineSink

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.backends.torch_xla import LAYOUT
+from tpuft.backends.torch_xla_schema import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.run import rundir
 from tpuft.worker import data as data_mod
