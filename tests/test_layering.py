@@ -1,17 +1,24 @@
-"""The house rules that a test can hold: no import circle between tpuft's modules, dependencies pointing down
-the flow (nothing below the CLI imports it; the worker side imports nothing of the controller side; the fleet
-is a leaf), and no shared module naming a backend.
+"""The house rules that a test can hold: no import circle between tpuft's modules, every import arrow allowed
+by the layer table (``tests/layers.py``, the data docs/ARCHITECTURE.md's table and diagram are generated
+from), dependencies pointing down the flow (nothing below the CLI imports it; nothing outside the worker
+imports it; the worker side imports nothing of the controller side; the fleet is a leaf), and no shared module
+naming a backend.
 
 Every import statement counts, wherever it is written: at module level, inside a function, or under
 ``if TYPE_CHECKING``. A function-local import only delays an arrow, and a type-only one is an arrow a reader
 and a type checker follow all the same; a circle of either kind means that no module of it can be read (or
 moved) alone.
 
+Importing a module also runs the ``__init__`` of every package above it, so that is an arrow too (to each
+package above the imported module, other than the importer's own packages, which were loaded before it).
+
 What is not an arrow: the registry's by-name lookups (``importlib.import_module`` of ``MODULES[kind]``), the
 one sanctioned inversion that lets the recipe find a backend's section without the backend being imported by
-name.
+name; and a module named in a string for ``python -m`` (``"tpuft.worker.supervisor.process"``), which runs it
+in another process.
 
-``python -m tests.test_layering`` prints the import graph's circles (the measure quoted in the closing notes).
+``python -m tests.test_layering`` prints the import graph's size, its circles and the arrows per layer (the
+measure quoted in docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import subprocess
 import sys
 from collections.abc import Collection, Iterator
 from pathlib import Path
+
+from tests.layers import BY_NAME, LAYERS, allowed, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpuft"
 
@@ -175,6 +184,88 @@ def test_nothing_below_the_cli_imports_it() -> None:
             assert not any(d.startswith("tpuft.cli") for d in deps), name
 
 
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Every arrow the layer table does not allow, as ``module (layer) -> module (layer)``."""
+    bad = []
+    for name, deps in sorted(edges.items()):
+        here = layer_of(name)
+        for dep in sorted(deps):
+            there = layer_of(dep)
+            if here is None or there is None or there not in allowed(here):
+                bad.append(f"{name} ({here}) -> {dep} ({there})")
+    return bad
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(name for name in graph() if layer_of(name) is None)
+    assert unplaced == [], f"name their layer in tests/layers.py: {unplaced}"
+
+
+def test_the_layer_table_is_bottom_up() -> None:
+    """A layer imports only layers before it in the table (so the table can be read bottom up and the
+    allowed arrows have no circle), and every layer has modules."""
+    seen: set[str] = set()
+    for layer in LAYERS:
+        assert set(layer.imports) <= seen, (layer.name, sorted(set(layer.imports) - seen))
+        seen.add(layer.name)
+    placed = {layer_of(name) for name in graph()}
+    assert placed == set(BY_NAME), sorted(set(BY_NAME) - placed)
+
+
+def test_every_import_arrow_is_allowed_by_the_layer_table() -> None:
+    bad = layer_violations(graph())
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_layer_check_sees_an_arrow_up() -> None:
+    """The check itself: an arrow up (a foundation importing a verb), an arrow across (the worker importing a
+    reader) and an unplaced module are reported; arrows down are not."""
+    edges = {
+        "tpuft.core.errors": {"tpuft.ops.train"},
+        "tpuft.worker.loop": {"tpuft.readers.runs", "tpuft.run.rundir", "tpuft.data.examples"},
+        "tpuft.ops.train": {"tpuft.worker.supervisor.process", "tpuft.host.supervisor_cli"},
+        "tpuft.nowhere": set(),
+        "tpuft.cli.app": {"tpuft.nowhere"},
+    }
+    assert layer_violations(edges) == [
+        "tpuft.cli.app (cli) -> tpuft.nowhere (None)",
+        "tpuft.core.errors (foundations) -> tpuft.ops.train (ops)",
+        "tpuft.ops.train (ops) -> tpuft.worker.supervisor.process (worker)",
+        "tpuft.worker.loop (worker) -> tpuft.readers.runs (readers)",
+    ]
+
+
+def outside_imports_of_the_worker(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{name} -> {dep}"
+        for name, deps in edges.items()
+        if not (name == "tpuft.worker" or name.startswith("tpuft.worker."))
+        for dep in deps
+        if dep == "tpuft.worker" or dep.startswith("tpuft.worker.")
+    )
+
+
+def test_nothing_outside_the_worker_imports_it() -> None:
+    """What the controller and the workers both need lives in a layer both import (``data``, ``scoring``,
+    ``host``, ``run``), not in ``worker/``. Naming a worker module for ``python -m`` is no import."""
+    assert outside_imports_of_the_worker(graph()) == []
+
+
+def test_the_worker_rule_sees_an_import_and_not_a_module_string(tmp_path: Path) -> None:
+    (tmp_path / "verb.py").write_text(
+        'SUPERVISOR = ("-m", "tpuft.worker.supervisor.process")\n'
+        "def f():\n    from tpuft.worker.data import Fields\n"
+    )
+    (tmp_path / "other.py").write_text('MODULE = "tpuft.worker.data"\n')
+    (tmp_path / "data.py").write_text("")
+    names = {
+        "tpuft.ops.verb": tmp_path / "verb.py",
+        "tpuft.ops.other": tmp_path / "other.py",
+        "tpuft.worker.data": tmp_path / "data.py",
+    }
+    assert outside_imports_of_the_worker(graph(names)) == ["tpuft.ops.verb -> tpuft.worker.data"]
+
+
 def test_the_worker_side_imports_nothing_of_the_controller_side() -> None:
     for name, deps in graph().items():
         if name.startswith("tpuft.worker"):
@@ -262,8 +353,14 @@ if __name__ == "__main__":
     found = import_circles()
     every = graph()
     print(
-        f"{len(every)} modules, {sum(map(len, every.values()))} import arrows (all kinds), {len(found)} "
-        "circle(s)"
+        f"{len(every)} modules, {sum(map(len, every.values()))} import arrows (all kinds, package __init__ "
+        f"files counted), {len(found)} circle(s)"
     )
     for circle in found:
         print(f"  {len(circle)} modules: {describe(circle, every)}")
+    for layer in LAYERS:
+        members = [name for name in every if layer_of(name) == layer.name]
+        arrows = sum(len(every[name]) for name in members)
+        print(f"  {layer.name}: {len(members)} modules, {arrows} arrows out")
+    for line in layer_violations(every):
+        print(f"  not allowed: {line}")

@@ -118,7 +118,7 @@ def test_sst2_as_glue_ships_it_is_read_directly(cli, tmp_path: Path, cluster_fil
     the shipped recipe validates on those files and reads every sentence, quotes and all, with its label."""
     import zipfile
 
-    from tpuft.worker.data import Fields, iter_shard
+    from tpuft.data import Fields, iter_shard
 
     fetch = _fetch_module("glue/SST-2")
     archive = tmp_path / "SST-2.zip"

@@ -3,10 +3,10 @@ what, where its trainer puts things in the run dir, what it supports of the shar
 summary says.
 
 The controller never imports a backend's framework; it only builds requirement lists, argv and layouts. The
-heavy lifting happens in ``tpuft/worker/<kind>_train.py`` inside the venv that these requirements describe.
+heavy lifting happens in ``tpuft/worker/<kind>/train.py`` inside the venv that these requirements describe.
 Shared code asks these questions and never names a backend: one backend = its own files
 (``backends/<kind>_schema.py`` for its recipe section, capabilities and run layout, ``backends/<kind>.py`` for
-its venv and launch plan, ``worker/<kind>_train.py``)
+its venv and launch plan, ``worker/<kind>/train.py``)
 + one line in the registry.
 
 The plain records live in :mod:`tpuft.backends.spec` (a module low enough for the cluster schema and the

@@ -1,5 +1,5 @@
 """The backends tpuft knows, by the recipe's ``backend.kind``. Adding a backend is one line here plus its own
-files (``backends/<kind>_schema.py``, ``backends/<kind>.py`` and ``worker/<kind>_train.py``); no other module
+files (``backends/<kind>_schema.py``, ``backends/<kind>.py`` and ``worker/<kind>/train.py``); no other module
 names a backend.
 
 Each backend is two modules on the controller, found here by name: ``<module>_schema`` holds what the recipe

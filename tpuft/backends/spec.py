@@ -69,7 +69,7 @@ class EnvSpec:
         return f"{self.kind}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
 
     def payload(self, no_deps: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """What ``tpuft/worker/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this
+        """What ``tpuft/host/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this
         spec's own for workers that install shipped copies of ``local_sources`` (``~/``-relative there); the
         key stays this spec's, so every worker caches the venv under the same name."""
         return {

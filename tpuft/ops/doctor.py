@@ -1,6 +1,6 @@
 """doctor: before paying for a run, ask every worker the launch plan uses what would break it there.
 
-One short probe per worker, in parallel through the fleet (:mod:`tpuft.worker.doctor_probe`, shipped alone and
+One short probe per worker, in parallel through the fleet (:mod:`tpuft.host.doctor_probe`, shipped alone and
 run with the worker's base python, since the venv and the tpuft package are among the questions), then one
 tiny timed command for the clocks. The probe only looks; this module judges: each check of each worker is
 ``ok``, ``warn`` (worth knowing, the run would go on) or ``fail`` (the run would break), with the culprit
@@ -29,13 +29,13 @@ from tpuft.core.accelerators import lookup
 from tpuft.core.errors import TpuftError, UsageError
 from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.fleet.base import last_json_object
+from tpuft.host import doctor_probe
+from tpuft.host.bootstrap import MARKER
+from tpuft.host.state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 from tpuft.model.summary import fmt_bytes, summarize
 from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
-from tpuft.worker import doctor_probe
-from tpuft.worker.bootstrap import MARKER
-from tpuft.worker.supervisor.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECKS = ("free", "venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "reach", "disk", "clock")

@@ -31,6 +31,7 @@ from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
 from tpuft.core.errors import Interrupted, TpuftError, UsageError
 from tpuft.core.records import Cluster, Progress, SliceLayout, State
 from tpuft.fleet.base import LineSink
+from tpuft.host.state import is_alive
 from tpuft.ops.cluster import capacity_wait
 from tpuft.ops.common import open_session
 from tpuft.ops.lifecycle import (
@@ -50,7 +51,6 @@ from tpuft.providers import get_provider
 from tpuft.readers.runs import Run, resolve_run
 from tpuft.run import goodput, rundir
 from tpuft.storage.network import CloudUnreachable
-from tpuft.worker.supervisor.process import is_alive
 
 CAPACITY_ERRORS = {"ResourceExhausted", "TooManyRequests", "ServiceUnavailable", "InternalServerError"}
 """API refusals that mean "not now" (a zone stocked out, quota busy, the API down): the recovery is tried

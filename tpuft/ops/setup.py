@@ -20,7 +20,7 @@ from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 from tpuft.run import goodput
 
-BOOTSTRAP = "tpuft/worker/bootstrap.py"
+BOOTSTRAP = "tpuft/host/bootstrap.py"
 SOURCES_HOME = ".tpuft/sources"
 """Under each remote worker's HOME: one folder per ``sources_digest`` holding the shipped
 ``local_sources``."""

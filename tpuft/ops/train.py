@@ -19,6 +19,7 @@ from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recip
 from tpuft.core.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
 from tpuft.fleet.base import LineSink
+from tpuft.host.launch_env import PORT_ENV as MEGASCALE_PORT_ENV
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 from tpuft.ops.doctor import doctor_problems
 from tpuft.ops.lifecycle import (
@@ -40,7 +41,6 @@ from tpuft.run import cost, goodput, rundir
 from tpuft.run.cost import RunCost
 from tpuft.run.goodput import Goodput
 from tpuft.storage import open_storage
-from tpuft.worker.multislice import PORT_ENV as MEGASCALE_PORT_ENV
 
 Notice = Callable[[str], None]
 """Told what tpuft did besides training (leftovers of dead runs cleaned from the workers)."""
@@ -438,7 +438,7 @@ def _trainer_env(
             "TPUFT_PEERS": ",".join(peers),
             "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
             "TPUFT_NUM_SLICES": str(slices),
-            # worker/multislice.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
+            # host/launch_env.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
             "TPUFT_TARGET": session.shape.target,
             **plan.env,
         },

@@ -487,7 +487,7 @@ def write_manifest(folder: str) -> None:
         return
     import tensorflow as tf
 
-    from tpuft.backends.base import manifest_text
+    from tpuft.backends.spec import manifest_text
 
     files: dict[str, int] = {}
     for root, _, names in tf.io.gfile.walk(folder):
