@@ -5,7 +5,7 @@ anything runs; target: seconds per few hundred MB, and memory that does not grow
 Rows, each in a fresh process (peak RSS from getrusage):
   read lines      the floor: iterate over the file's lines, nothing else
   json.loads      each line parsed with the standard library, nothing else
-  tpuft check     tpuft.worker.data.check_file (decode, parse, fields, text checks), what preflight runs per
+  tpuft check     tpuft.data.check_file (decode, parse, fields, text checks), what preflight runs per
   file tpuft validate  the whole `tpuft recipes validate` command, start-up included
 
 Run: python benchmarks/data_check.py [--mb 200] [--keep DIR]
@@ -46,7 +46,7 @@ PROBES = {
     """,
     "tpuft check": """
         from pathlib import Path
-        from tpuft.worker.data import Fields, check_file
+        from tpuft.data import Fields, check_file
         result = check_file(Path(PATH), Fields(source_field="question", target_field="answer"))
         assert not result.problems, result.problems[:3]
         COUNT = result.examples

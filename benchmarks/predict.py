@@ -49,7 +49,7 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 from tpuft.config import recipe_from_text
 from tpuft.worker import predict_loop
 from tpuft.worker.predict.hf import HfEngine
-from tpuft.worker.predict_job import PredictJob
+from tpuft.run.predict_job import PredictJob
 
 cfg = json.loads(sys.argv[1])
 recipe_text = Path(cfg["recipe"]).read_text()
@@ -98,7 +98,7 @@ from pathlib import Path
 from tpuft.config import recipe_from_text
 from tpuft.worker import predict_loop
 from tpuft.worker.predict.hf import HfEngine
-from tpuft.worker.predict_job import PredictJob
+from tpuft.run.predict_job import PredictJob
 
 cfg, process = json.loads(sys.argv[1]), int(sys.argv[2])
 text = Path(cfg["recipe"]).read_text()
@@ -205,7 +205,7 @@ def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None
             measured["seconds"][f"tpuft predict --local, {cpus} processes"] = parallel_seconds(
                 python, env, cfg, cpus
             )
-        from tpuft.worker.predict_job import PredictJob
+        from tpuft.run.predict_job import PredictJob
 
         job = PredictJob(
             input=str(EVAL),
@@ -252,7 +252,7 @@ ECHO = r"""
 import json, sys
 from pathlib import Path
 from tpuft.worker import predict_loop
-from tpuft.worker.predict_job import PredictJob
+from tpuft.run.predict_job import PredictJob
 
 class Echo:
     def predict(self, sources): return [s[::-1] for s in sources]
@@ -276,7 +276,7 @@ def rss(lines: list[int]) -> None:
                     handle.write(
                         json.dumps({"words": f"number {i} written out in words", "digits": str(i)}) + "\n"
                     )
-            from tpuft.worker.predict_job import PredictJob
+            from tpuft.run.predict_job import PredictJob
 
             job = PredictJob(
                 input=str(source),
@@ -316,8 +316,8 @@ JOIN = r"""
 import json, resource, sys, time
 from pathlib import Path
 from tpuft.ops.predict_shards import join_output
-from tpuft.worker.predict_job import PredictJob
-from tpuft.worker.predictions import row, statistics
+from tpuft.run.predict_job import PredictJob
+from tpuft.scoring.predictions import row, statistics
 
 lines, folder = int(sys.argv[1]), Path(sys.argv[2])
 shard_lines, processes = 10_000, 2

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.ops.standin import RECIPE, TRAINER, wrapper  # noqa: E402
 from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend  # noqa: E402
-from tpuft.worker.bootstrap import MARKER  # noqa: E402
+from tpuft.host.bootstrap import MARKER  # noqa: E402
 
 
 class Pod:

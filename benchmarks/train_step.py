@@ -115,7 +115,7 @@ def hf_run(steps: int, precision: str) -> dict[str, float]:
     from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend
     from tpuft.config import LocalConfig
     from tpuft.core.paths import venv_cache
-    from tpuft.worker.bootstrap import ensure_venv
+    from tpuft.host.bootstrap import ensure_venv
 
     spec = BACKEND.env_spec(TorchXlaBackend(), "cpu", LocalConfig().python)
     python = ensure_venv(venv_cache(), spec.payload()) / "bin" / "python"

@@ -1,5 +1,6 @@
-"""The docs that live in the repository stay true: the key references are what the schema says now, the README
-stays a five-minute read, and every relative link in README.md and docs/ reaches a file that exists."""
+"""The docs that live in the repository stay true: the key references are what the schema says now, the layer
+table and diagram of docs/ARCHITECTURE.md are what tests/layers.py says now, the README stays a five-minute
+read, and every relative link in README.md and docs/ reaches a file that exists."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|<a\s+href=\
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 
 
-def generator() -> ModuleType:
-    """docs/gen_reference.py, loaded by path: docs/ is no package, and the script is meant to be run as a
-    file."""
-    spec = importlib.util.spec_from_file_location("gen_reference", DOCS / "gen_reference.py")
+def generator(name: str = "gen_reference") -> ModuleType:
+    """A generator of docs/ (``gen_reference``, ``gen_architecture``), loaded by path: docs/ is no package,
+    and the script is meant to be run as a file."""
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
@@ -69,6 +70,34 @@ def test_the_check_mode_notices_a_stale_copy(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(gen, "REPO", tmp_path.parent)
     assert gen.stale()[0] == stale
     assert gen.main(["--check"]) == 1
+
+
+def test_the_architecture_layers_are_what_tests_layers_says_now() -> None:
+    gen = generator("gen_architecture")
+    for path, text in gen.outputs().items():
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path.relative_to(REPO)} is stale: run {gen.COMMAND}"
+        )
+    assert gen.main(["--check"]) == 0
+    from tests.layers import LAYERS
+
+    text = gen.generated()
+    assert "```mermaid" in text
+    for layer in LAYERS:
+        assert f"| **{layer.name}** |" in text, layer.name
+        for below in layer.imports:
+            assert f"  {layer.name} --> {below}\n" in text, (layer.name, below)
+
+
+def test_the_architecture_check_notices_a_stale_table(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    gen = generator("gen_architecture")
+    page = tmp_path / "ARCHITECTURE.md"
+    page.write_text(gen.ARCHITECTURE.read_text(encoding="utf-8").replace("  cli --> ops", "  cli --> worker"))
+    monkeypatch.setattr(gen, "ARCHITECTURE", page)
+    monkeypatch.setattr(gen, "REPO", tmp_path.parent)
+    assert gen.stale() == [page]
+    assert gen.main(["--check"]) == 1
+    assert gen.main([]) == 0 and gen.stale() == []  # rewritten: only the part between the markers
 
 
 def test_the_readme_is_a_five_minute_read() -> None:

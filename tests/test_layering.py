@@ -1,17 +1,24 @@
-"""The house rules that a test can hold: no import circle between tpuft's modules, dependencies pointing down
-the flow (nothing below the CLI imports it; the worker side imports nothing of the controller side; the fleet
-is a leaf), and no shared module naming a backend.
+"""The house rules that a test can hold: no import circle between tpuft's modules, every import arrow allowed
+by the layer table (``tests/layers.py``, the data docs/ARCHITECTURE.md's table and diagram are generated
+from), dependencies pointing down the flow (nothing below the CLI imports it; nothing outside the worker
+imports it; the worker side imports nothing of the controller side; the fleet is a leaf), and no shared module
+naming a backend.
 
 Every import statement counts, wherever it is written: at module level, inside a function, or under
 ``if TYPE_CHECKING``. A function-local import only delays an arrow, and a type-only one is an arrow a reader
 and a type checker follow all the same; a circle of either kind means that no module of it can be read (or
 moved) alone.
 
+Importing a module also runs the ``__init__`` of every package above it, so that is an arrow too (to each
+package above the imported module, other than the importer's own packages, which were loaded before it).
+
 What is not an arrow: the registry's by-name lookups (``importlib.import_module`` of ``MODULES[kind]``), the
 one sanctioned inversion that lets the recipe find a backend's section without the backend being imported by
-name.
+name; and a module named in a string for ``python -m`` (``"tpuft.worker.supervisor.process"``), which runs it
+in another process.
 
-``python -m tests.test_layering`` prints the import graph's circles (the measure quoted in the closing notes).
+``python -m tests.test_layering`` prints the import graph's size, its circles and the arrows per layer (the
+measure quoted in docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
+
+from tests.layers import BY_NAME, LAYERS, allowed, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpuft"
 
@@ -46,34 +55,42 @@ def import_nodes(path: Path) -> Iterator[ast.Import | ast.ImportFrom]:
             yield node
 
 
-def imported_tpuft_names(path: Path) -> set[str]:
-    """The tpuft modules (and ``module.name`` candidates, for ``from package import submodule``) a file
-    imports."""
-    found: set[str] = set()
+def ancestors(name: str) -> list[str]:
+    """The packages above a module, nearest first: ``a.b.c`` -> ``a.b``, ``a``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def imported_modules(path: Path, name: str, modules: Collection[str]) -> set[str]:
+    """The tpuft modules that importing the file ``path`` (module ``name``) loads: each module it names
+    (``from package import submodule`` names the submodule; ``from package import name`` the package's
+    ``__init__``), and each package ``__init__`` above a named module, which Python runs first. The packages
+    above ``name`` itself are left out: they were loaded before it, and are no arrow of its."""
+    named: set[str] = set()
     for node in import_nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpuft"):
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                named.add(sub if sub in modules else node.module)
         elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("tpuft"))
-    return found
+            named.update(alias.name for alias in node.names if alias.name.startswith("tpuft"))
+    own = set(ancestors(name))
+    loaded = {m for target in named for m in (target, *ancestors(target)) if m not in own}
+    return {m for m in loaded if m in modules and m != name}
 
 
-def graph() -> dict[str, set[str]]:
-    """module -> the tpuft modules it imports (every kind of import)."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {
-        name: {m for m in imported_tpuft_names(path) if m in modules and m != name}
-        for name, path in modules.items()
-    }
+def graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """module -> the tpuft modules it imports (every kind of import), package ``__init__`` files included."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")} if modules is None else modules
+    return {name: imported_modules(path, name, modules) for name, path in modules.items()}
 
 
 def import_circles(edges: dict[str, set[str]] | None = None) -> list[list[str]]:
     """The import graph's circles, as its strongly connected components of two modules or more (each sorted).
-    A package's ``__init__`` importing its own submodules is how packages are made, not a circle: those arrows
-    are left out."""
+    A package's ``__init__`` importing its own submodules is how packages are made, not a circle: a submodule
+    has no arrow to the packages above it (:func:`imported_modules`), so such an arrow closes a circle only
+    when the way back leaves the package and comes in again from outside."""
     edges = graph() if edges is None else edges
-    edges = {name: {d for d in deps if not d.startswith(name + ".")} for name, deps in edges.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -131,17 +148,122 @@ def test_the_circle_finder_sees_function_local_and_type_only_imports(tmp_path: P
     )
     (tmp_path / "b.py").write_text("def f():\n    from tpuft.a import x\n")
     names = {"tpuft.a": tmp_path / "a.py", "tpuft.b": tmp_path / "b.py"}
-    edges = {
-        name: {m for m in imported_tpuft_names(path) if m in names and m != name}
-        for name, path in names.items()
+    assert import_circles(graph(names)) == [["tpuft.a", "tpuft.b"]]
+
+
+def test_the_circle_finder_counts_package_inits(tmp_path: Path) -> None:
+    """A package's ``__init__`` importing its own submodules is no circle; one whose submodule's imports leave
+    the package and come back to it (importing ``pkg.registry`` runs ``pkg/__init__`` first) is: the shape
+    of the circle ``backends/__init__`` -> ``backends/base`` -> ``config/recipe`` -> ``backends.registry``
+    had."""
+    files = {
+        "pkg/__init__.py": "from tpuft.pkg.registry import kinds\nfrom tpuft.pkg import leaf\n",
+        "pkg/registry.py": "",
+        "pkg/leaf.py": "from tpuft.pkg.registry import kinds\n",
+        "pkg/base.py": "if TYPE_CHECKING:\n    from tpuft.recipe import R\n",
+        "recipe.py": "from tpuft.pkg.registry import kinds\n",
     }
-    assert import_circles(edges) == [["tpuft.a", "tpuft.b"]]
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    names = {
+        "tpuft." + rel.removesuffix(".py").removesuffix("/__init__").replace("/", "."): tmp_path / rel
+        for rel in files
+    }
+    edges = graph(names)
+    assert edges["tpuft.recipe"] == {"tpuft.pkg", "tpuft.pkg.registry"}  # the package's __init__ runs first
+    assert edges["tpuft.pkg.leaf"] == {"tpuft.pkg.registry"}  # no arrow to the package it is in
+    assert import_circles(edges) == []
+    (tmp_path / "pkg/__init__.py").write_text(files["pkg/__init__.py"] + "from tpuft.pkg import base\n")
+    assert import_circles(graph(names)) == [["tpuft.pkg", "tpuft.pkg.base", "tpuft.recipe"]]
 
 
 def test_nothing_below_the_cli_imports_it() -> None:
     for name, deps in graph().items():
         if not name.startswith(("tpuft.cli", "tpuft.launcher", "tpuft.__main__")):
             assert not any(d.startswith("tpuft.cli") for d in deps), name
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Every arrow the layer table does not allow, as ``module (layer) -> module (layer)``."""
+    bad = []
+    for name, deps in sorted(edges.items()):
+        here = layer_of(name)
+        for dep in sorted(deps):
+            there = layer_of(dep)
+            if here is None or there is None or there not in allowed(here):
+                bad.append(f"{name} ({here}) -> {dep} ({there})")
+    return bad
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(name for name in graph() if layer_of(name) is None)
+    assert unplaced == [], f"name their layer in tests/layers.py: {unplaced}"
+
+
+def test_the_layer_table_is_bottom_up() -> None:
+    """A layer imports only layers before it in the table (so the table can be read bottom up and the
+    allowed arrows have no circle), and every layer has modules."""
+    seen: set[str] = set()
+    for layer in LAYERS:
+        assert set(layer.imports) <= seen, (layer.name, sorted(set(layer.imports) - seen))
+        seen.add(layer.name)
+    placed = {layer_of(name) for name in graph()}
+    assert placed == set(BY_NAME), sorted(set(BY_NAME) - placed)
+
+
+def test_every_import_arrow_is_allowed_by_the_layer_table() -> None:
+    bad = layer_violations(graph())
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_layer_check_sees_an_arrow_up() -> None:
+    """The check itself: an arrow up (a foundation importing a verb), an arrow across (the worker importing a
+    reader) and an unplaced module are reported; arrows down are not."""
+    edges = {
+        "tpuft.core.errors": {"tpuft.ops.train"},
+        "tpuft.worker.loop": {"tpuft.readers.runs", "tpuft.run.rundir", "tpuft.data.examples"},
+        "tpuft.ops.train": {"tpuft.worker.supervisor.process", "tpuft.host.supervisor_cli"},
+        "tpuft.nowhere": set(),
+        "tpuft.cli.app": {"tpuft.nowhere"},
+    }
+    assert layer_violations(edges) == [
+        "tpuft.cli.app (cli) -> tpuft.nowhere (None)",
+        "tpuft.core.errors (foundations) -> tpuft.ops.train (ops)",
+        "tpuft.ops.train (ops) -> tpuft.worker.supervisor.process (worker)",
+        "tpuft.worker.loop (worker) -> tpuft.readers.runs (readers)",
+    ]
+
+
+def outside_imports_of_the_worker(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{name} -> {dep}"
+        for name, deps in edges.items()
+        if not (name == "tpuft.worker" or name.startswith("tpuft.worker."))
+        for dep in deps
+        if dep == "tpuft.worker" or dep.startswith("tpuft.worker.")
+    )
+
+
+def test_nothing_outside_the_worker_imports_it() -> None:
+    """What the controller and the workers both need lives in a layer both import (``data``, ``scoring``,
+    ``host``, ``run``), not in ``worker/``. Naming a worker module for ``python -m`` is no import."""
+    assert outside_imports_of_the_worker(graph()) == []
+
+
+def test_the_worker_rule_sees_an_import_and_not_a_module_string(tmp_path: Path) -> None:
+    (tmp_path / "verb.py").write_text(
+        'SUPERVISOR = ("-m", "tpuft.worker.supervisor.process")\n'
+        "def f():\n    from tpuft.worker.data import Fields\n"
+    )
+    (tmp_path / "other.py").write_text('MODULE = "tpuft.worker.data"\n')
+    (tmp_path / "data.py").write_text("")
+    names = {
+        "tpuft.ops.verb": tmp_path / "verb.py",
+        "tpuft.ops.other": tmp_path / "other.py",
+        "tpuft.worker.data": tmp_path / "data.py",
+    }
+    assert outside_imports_of_the_worker(graph(names)) == ["tpuft.ops.verb -> tpuft.worker.data"]
 
 
 def test_the_worker_side_imports_nothing_of_the_controller_side() -> None:
@@ -158,7 +280,7 @@ def test_the_worker_side_imports_nothing_of_the_controller_side() -> None:
 def test_the_fleet_is_a_leaf() -> None:
     """The fleet keeps connections to workers; building a fleet from a cluster belongs above it (beside
     ops)."""
-    allowed = ("tpuft.fleet", "tpuft.core.records", "tpuft.core.errors", "tpuft.core.waiting")
+    allowed = ("tpuft.fleet", "tpuft.core", "tpuft.core.records", "tpuft.core.errors", "tpuft.core.waiting")
     for name, deps in graph().items():
         if name.startswith("tpuft.fleet"):
             bad = sorted(d for d in deps if not (d in allowed or d.startswith("tpuft.fleet.")))
@@ -231,8 +353,14 @@ if __name__ == "__main__":
     found = import_circles()
     every = graph()
     print(
-        f"{len(every)} modules, {sum(map(len, every.values()))} import arrows (all kinds), {len(found)} "
-        "circle(s)"
+        f"{len(every)} modules, {sum(map(len, every.values()))} import arrows (all kinds, package __init__ "
+        f"files counted), {len(found)} circle(s)"
     )
     for circle in found:
         print(f"  {len(circle)} modules: {describe(circle, every)}")
+    for layer in LAYERS:
+        members = [name for name in every if layer_of(name) == layer.name]
+        arrows = sum(len(every[name]) for name in members)
+        print(f"  {layer.name}: {len(members)} modules, {arrows} arrows out")
+    for line in layer_violations(every):
+        print(f"  not allowed: {line}")

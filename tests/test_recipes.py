@@ -118,7 +118,7 @@ def test_sst2_as_glue_ships_it_is_read_directly(cli, tmp_path: Path, cluster_fil
     the shipped recipe validates on those files and reads every sentence, quotes and all, with its label."""
     import zipfile
 
-    from tpuft.worker.data import Fields, iter_shard
+    from tpuft.data import Fields, iter_shard
 
     fetch = _fetch_module("glue/SST-2")
     archive = tmp_path / "SST-2.zip"
@@ -223,7 +223,7 @@ REHEARSED = [p for p in SHIPPED if _rehearsal_settings(p) is not None]
 def test_the_cpu_rehearsal_line_in_the_header_validates(path: Path) -> None:
     """The rehearsal a header promises must load (random init, shipped or local data) and fit the local
     pod."""
-    from tpuft.backends import get_backend
+    from tpuft.backends.base import get_backend
     from tpuft.config import ClusterConfig
     from tpuft.ops.preflight import preflight
 

@@ -62,7 +62,7 @@ def t5x_source_settings() -> list[str]:
 
 def ensure(spec: EnvSpec) -> str:
     """The venv's python, building the venv first if this machine has not got it yet."""
-    from tpuft.worker.bootstrap import ensure_venv
+    from tpuft.host.bootstrap import ensure_venv
 
     return str(ensure_venv(venv_cache(), spec.payload()) / "bin" / "python")
 
@@ -159,7 +159,7 @@ def prebuild(kinds: list[str], log: Path) -> subprocess.Popen[bytes] | None:
     priority pip's unpacking and byte-compiling slowed them down by more than the build took. A test that
     needs one waits on the build's lock (``bootstrap.ensure_venv``); one the child failed to build, the test
     builds itself and shows the error."""
-    from tpuft.worker.bootstrap import is_ready
+    from tpuft.host.bootstrap import is_ready
 
     missing = [kind for kind in kinds if not is_ready(venv_cache() / SPECS[kind]().key)]
     if not missing:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MINIMAL_RECIPE
-from tpuft.backends import get_backend, kinds
-from tpuft.backends.base import ClusterShape
+from tpuft.backends import kinds
+from tpuft.backends.base import ClusterShape, get_backend
 from tpuft.backends.keras import LAYOUT, TF_VERSION, TPU_RUNTIME, KerasBackend
 from tpuft.config import load_recipe
 from tpuft.core.errors import ConfigError

@@ -12,8 +12,7 @@ from pydantic import ValidationError
 
 from tests.conftest import MINIMAL_RECIPE, REPO
 from tests.venvs import tiny_wheel
-from tpuft.backends import get_backend
-from tpuft.backends.base import ClusterShape
+from tpuft.backends.base import ClusterShape, get_backend
 from tpuft.backends.t5x import (
     AIRIO_COMMIT,
     JAX_VERSION,
@@ -876,13 +875,13 @@ def test_summary_names_the_best_checkpoint() -> None:
         total_steps=1500,
         best_eval={"step": 1000, "eval_exact_match": 0.875, "eval_loss": 0.1},
     )
-    extras, rows = BACKEND.summarize(snap, launched=2)
+    extras, rows = BACKEND.summarize(snap.outcome, launched=2)
     assert extras == {
         "best_checkpoint": {"name": "checkpoint_1000", "metric": "eval_exact_match", "value": 0.875}
     }
     assert rows == [("best checkpoint", "checkpoint_1000 (exact_match 0.8750)")]
     empty = RunSnapshot(run_id="r", run_dir=Path("."), info={}, status="finished", step=10, total_steps=10)
-    assert BACKEND.summarize(empty, launched=2) == ({}, [])
+    assert BACKEND.summarize(empty.outcome, launched=2) == ({}, [])
 
 
 def test_a_model_with_its_own_sentinels_and_a_family_vocabulary_with_extra_ids(t5x_dir: Path) -> None:

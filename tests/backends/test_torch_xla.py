@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MINIMAL_RECIPE
-from tpuft.backends import get_backend, kinds
-from tpuft.backends.base import ClusterShape
+from tpuft.backends import kinds
+from tpuft.backends.base import ClusterShape, get_backend
+from tpuft.backends.spec import RunOutcome
 from tpuft.backends.torch_xla import LAYOUT, TorchXlaBackend
 from tpuft.config import load_recipe
 from tpuft.readers.runs import RunSnapshot, WorkerView
@@ -95,11 +96,12 @@ def test_layout_names_and_finds_checkpoints(tmp_path: Path) -> None:
     )
 
 
-def _snap(digests: list[str | None]) -> RunSnapshot:
+def _snap(digests: list[str | None]) -> RunOutcome:
+    """The outcome a snapshot of workers with these digests gives the backend's summary."""
     workers = [WorkerView(i, "finished", 10, 1.0, False, digest) for i, digest in enumerate(digests)]
     return RunSnapshot(
         run_id="r", run_dir=Path("."), info={}, status="finished", step=10, total_steps=10, workers=workers
-    )
+    ).outcome
 
 
 def test_summary_says_whether_every_replica_ended_with_the_same_weights() -> None:

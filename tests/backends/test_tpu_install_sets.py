@@ -46,8 +46,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tpuft.backends import get_backend
-from tpuft.backends.base import EnvSpec
+from tpuft.backends.base import EnvSpec, get_backend
 from tpuft.backends.keras import TF_VERSION
 from tpuft.backends.registry import schema
 from tpuft.backends.t5x import JAX_VERSION, MAX_PYTHON, MIN_PYTHON

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MINIMAL_RECIPE
-from tpuft.backends import get_backend, keras_schema, torch_xla_schema
+from tpuft.backends import keras_schema, torch_xla_schema
+from tpuft.backends.base import get_backend
 from tpuft.backends.registry import capabilities, kinds
 from tpuft.config import RecipeConfig, load_recipe
 from tpuft.core.errors import ConfigError

@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.ops.test_preflight import RECIPE as PREFLIGHT_RECIPE
+from tpuft import data as data_mod
 from tpuft.config import load_cluster, load_recipe
 from tpuft.core.errors import ConfigError
+from tpuft.data import DataError, Fields, check_file, iter_records, iter_shard, load_shard
+from tpuft.data.text_transforms import text_transform
 from tpuft.ops.preflight import preflight
-from tpuft.worker import data as data_mod
-from tpuft.worker.data import DataError, Fields, check_file, iter_records, iter_shard, load_shard
-from tpuft.worker.text_transforms import text_transform
 
 ROWS: list[dict[str, Any]] = [
     {"title": "Why, oh why?", "body": 'a "quoted" word', "label": "1"},

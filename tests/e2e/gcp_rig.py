@@ -83,7 +83,7 @@ def predict_in_the_bucket(
     scores those its rows give. ``tpuft(*args)`` runs the CLI on the rig's cluster. Returns the result's
     JSON."""
     from tpuft.core.paths import recipes_dir
-    from tpuft.worker.predictions import score, shard_name
+    from tpuft.scoring.predictions import score, shard_name
 
     bucket = gcs.client().bucket("e2e-bucket")
     records = (recipes_dir() / "data/numbers/test.jsonl").read_text().splitlines()[:lines]

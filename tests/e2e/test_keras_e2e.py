@@ -40,7 +40,7 @@ from tests.pods import Finished, Pod, created_pod
 from tpuft.backends.keras import LAYOUT
 from tpuft.core.paths import recipes_dir
 from tpuft.run import rundir
-from tpuft.worker import predictions
+from tpuft.scoring import predictions
 
 pytestmark = pytest.mark.slow
 

@@ -99,7 +99,7 @@ def test_the_test_set_is_decoded_once_on_the_workers_and_its_predictions_merge_i
     quickstart: Run,
 ) -> None:
     from tpuft.core.paths import recipes_dir
-    from tpuft.worker import predictions
+    from tpuft.scoring import predictions
 
     test = quickstart.summary["test"]
     assert (

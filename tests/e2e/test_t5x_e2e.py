@@ -30,7 +30,7 @@ from tests.pods import Finished, Pod, created_pod
 from tests.venvs import t5x_source_settings
 from tpuft.backends.t5x import LAYOUT
 from tpuft.run import rundir
-from tpuft.worker.predictions import merged, score, shard_name
+from tpuft.scoring.predictions import merged, score, shard_name
 
 pytestmark = pytest.mark.slow
 

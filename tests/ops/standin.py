@@ -18,7 +18,7 @@ from typing import Any
 from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend
 from tpuft.core.records import Cluster
 from tpuft.fleet.ssh import SshFleet
-from tpuft.worker.bootstrap import MARKER
+from tpuft.host.bootstrap import MARKER
 
 RECIPE = """\
 name: t

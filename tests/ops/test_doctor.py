@@ -25,12 +25,12 @@ from tpuft.config import load_cluster, load_recipe
 from tpuft.core.ports import free_port
 from tpuft.core.records import Cluster, State, Worker
 from tpuft.fleet.ssh import SshFleet, SshSettings
+from tpuft.host.bootstrap import MARKER
+from tpuft.host.state import STATE_DIR, start_ticks
 from tpuft.ops import doctor
 from tpuft.ops.common import Session, ship_package
 from tpuft.ops.doctor_checks import CONTROLLER, judge_clock, judge_disk
 from tpuft.ops.setup import env_spec
-from tpuft.worker.bootstrap import MARKER
-from tpuft.worker.supervisor.host_state import STATE_DIR, start_ticks
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 EIGHT = RECIPE.replace("batch_size: 2", "batch_size: 8")

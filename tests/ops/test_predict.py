@@ -17,7 +17,7 @@ from tpuft.core.paths import package_root
 from tpuft.ops import predict as ops
 from tpuft.ops import predict_shards as shards_ops
 from tpuft.readers.runs import run_storage
-from tpuft.worker.predict_job import JOB_FILE
+from tpuft.run.predict_job import JOB_FILE
 
 QUICKSTART = (package_root().parent / "recipes" / "quickstart.yaml").read_text()
 RUN_ID = "quickstart-20261126-010000-0001"

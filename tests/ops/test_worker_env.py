@@ -22,7 +22,7 @@ from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 from tpuft.backends.torch_xla import BACKEND, TorchXlaBackend
-from tpuft.worker.bootstrap import MARKER
+from tpuft.host.bootstrap import MARKER
 
 EXEC = 'sleep 1; echo "exec saw MY_SECRET=$MY_SECRET"'
 WORKER_ENV = "worker_env: {MY_SECRET: '${TPUFT_TEST_TOKEN}', PLAIN: 'x'}\n"

@@ -73,7 +73,7 @@ def save(folder: str, splits: dict[str, str]) -> dict[str, Any]:
 def records(ctx: Any, recipe: Any) -> dict[str, Any]:
     import tensorflow as tf
 
-    from tpuft.worker import data as data_mod
+    from tpuft import data as data_mod
     from tpuft.worker.keras.data import RecordData
     from tpuft.worker.keras.testset import test_share
 
@@ -163,7 +163,7 @@ def generate(
     engine): the test recomputes each evaluation's BLEU from them."""
     import transformers
 
-    from tpuft.worker import data as data_mod
+    from tpuft import data as data_mod
 
     out: dict[str, list[str]] = {}
     if not examples:

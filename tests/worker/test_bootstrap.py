@@ -17,7 +17,7 @@ import pytest
 
 from tests.venvs import tiny_wheel
 from tpuft.backends.base import EnvSpec
-from tpuft.worker import bootstrap
+from tpuft.host import bootstrap
 
 SPEC = {"key": "unit-venv", "requirements": ["pip"], "python": sys.executable, "pip_args": []}
 

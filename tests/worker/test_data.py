@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.worker.data import DataError, Example, Fields, batches, iter_shard, load_shard
+from tpuft.data import DataError, Example, Fields, batches, iter_shard, load_shard
 
 
 def write_jsonl(path: Path, rows: list[object], blank_every: int = 0) -> Path:
@@ -92,7 +92,7 @@ def test_the_worker_side_imports_nothing_from_the_cli_side() -> None:
     import sys
 
     code = (
-        "import sys, tpuft.worker.__main__, tpuft.worker.data, tpuft.worker.torch_xla.train, "
+        "import sys, tpuft.worker.__main__, tpuft.data, tpuft.worker.torch_xla.train, "
         "tpuft.worker.metrics\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tpuft.cli', 'tpuft.ops', "
         "'tpuft.providers', "

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from tpuft import data as data_mod
 from tpuft.config import DataConfig
-from tpuft.worker import data as data_mod
-from tpuft.worker.data import DataError
+from tpuft.data import DataError
 from tpuft.worker.hf_data import (
     has_held_out,
     held_out,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.worker.test_keras_parts import run_in_venv
-from tpuft.worker import text_metrics
+from tpuft.scoring import text_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tpuft.worker.data import keep_tokens
+from tpuft.data import keep_tokens
 from tpuft.worker.keras.parts import epoch_length, eval_row
 from tpuft.worker.schedule import lr_factor
 
@@ -109,7 +109,7 @@ def test_head_tail_truncation_keeps_special_tokens(keras_python: str) -> None:
         keras_python,
         """
         import json
-        from tpuft.worker.data import encode_texts, load_tokenizer
+        from tpuft.data import encode_texts, load_tokenizer
         tok = load_tokenizer("byt5")
         out = {mode: encode_texts(tok, ["abcdefghij", "ab"], 6, mode) for mode in ("head", "tail", "head+tail")}
         print(json.dumps({"out": out, "eos": tok.eos_token_id, "a": tok("a", add_special_tokens=False)["input_ids"][0]}))
@@ -403,7 +403,7 @@ def test_the_prediction_engine_decodes_and_classifies_on_the_device(keras_python
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
         from tpuft.backends.keras import LAYOUT
-        from tpuft.worker.data import encode_texts, load_tokenizer
+        from tpuft.data import encode_texts, load_tokenizer
         from tpuft.worker.keras.parts import weights_digest
         from tpuft.worker.keras.predict import KerasEngine
         from tpuft.worker.keras.testset import swap_in

@@ -13,16 +13,13 @@ import threading
 import time
 from pathlib import Path
 
-from tpuft.worker import bootstrap
+from tpuft.host import bootstrap
 
 HOLD = (
-    "from tpuft.worker.supervisor.host_state import worker_lock\nimport time\nwith worker_lock():\n    "
+    "from tpuft.host.state import worker_lock\nimport time\nwith worker_lock():\n    "
     "print('held', flush=True)\n    time.sleep(60)\n"
 )
-TAKE = (
-    "from tpuft.worker.supervisor.host_state import worker_lock\nwith worker_lock():\n    print('got it', "
-    "flush=True)\n"
-)
+TAKE = "from tpuft.host.state import worker_lock\nwith worker_lock():\n    print('got it', flush=True)\n"
 
 
 class Lines:

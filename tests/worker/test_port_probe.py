@@ -10,7 +10,7 @@ import threading
 import time
 
 from tpuft.core.ports import free_port
-from tpuft.worker.doctor_probe import port_state
+from tpuft.host.doctor_probe import port_state
 
 
 def _time_wait_on(port: int) -> None:
@@ -69,7 +69,7 @@ def test_a_live_listener_is_named_at_once() -> None:
 
 
 def test_the_reachability_listener_and_connector_say_reached_refused_and_done(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from tpuft.worker import doctor_probe
+    from tpuft.host import doctor_probe
 
     ports = [free_port(), free_port()]
     monkeypatch.setenv(

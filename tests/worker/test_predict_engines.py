@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.worker.predict_job import PredictJob
+from tpuft.run.predict_job import PredictJob
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -16,10 +16,11 @@ import pytest
 
 from tpuft.config import recipe_from_text
 from tpuft.core.errors import UsageError
-from tpuft.worker import predict_input, predictions
-from tpuft.worker.data import DataError, Fields
+from tpuft.data import DataError, Fields, predict_input
+from tpuft.run import predict_parts
+from tpuft.run.predict_job import PredictJob
+from tpuft.scoring import predictions
 from tpuft.worker.predict import loop as predict_loop
-from tpuft.worker.predict_job import PredictJob
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = (ROOT / "recipes" / "quickstart.yaml").read_text()  # words -> digits
@@ -90,7 +91,7 @@ def test_one_process_predicts_every_shard_and_joins_in_input_order(tmp_path: Pat
     assert summary == {"shards": 3, "records": 25, "predicted": 3, "skipped": 0, "processes": 1}
     assert engine.calls == [4, 4, 2, 4, 4, 2, 4, 1]  # 10, 10, 5 records in batches of 4
     assert lines[0].startswith("[tpuft] predict shard 0: 10 examples, ")
-    result = predict_loop.join(job, timeout_s=5)
+    result = predict_parts.join(job, timeout_s=5)
     assert _read(tmp_path / "out.jsonl") == _expected(25)
     expected = _expected(25)
     truth = predictions.score([r["prediction"] for r in expected], [r["target"] for r in expected])
@@ -114,10 +115,10 @@ def test_processes_call_the_engine_in_lock_step_and_share_every_shard(tmp_path: 
     ]  # the last shard (2 records): process 2 has none, and still calls
     for k in range(3):
         ids = [
-            row["id"] for p in range(3) for row in _read(tmp_path / "shards" / predict_loop.part_path(k, p))
+            row["id"] for p in range(3) for row in _read(tmp_path / "shards" / predict_parts.part_path(k, p))
         ]
         assert sorted(ids) == list(range(10 * k, min(10 * k + 10, 22)))
-    predict_loop.join(job, timeout_s=5)
+    predict_parts.join(job, timeout_s=5)
     assert _read(tmp_path / "out.jsonl") == _expected(22)
 
 
@@ -125,13 +126,13 @@ def test_a_killed_job_resumes_from_its_finished_shards(tmp_path: Path) -> None:
     job = _job(tmp_path, _input(tmp_path / "in.jsonl", 35))
     with pytest.raises(KeyboardInterrupt):  # killed in shard 1 (calls 4-6)
         predict_loop.run(job, Echo(stop_after=4), say=lambda _: None)
-    assert (tmp_path / "shards" / predict_loop.part_path(0, 0)).is_file()
-    assert not (tmp_path / "shards" / predict_loop.part_path(1, 0)).exists()
+    assert (tmp_path / "shards" / predict_parts.part_path(0, 0)).is_file()
+    assert not (tmp_path / "shards" / predict_parts.part_path(1, 0)).exists()
     again = Echo()
     summary = predict_loop.run(job, again, say=lambda _: None)
     assert summary["skipped"] == 1 and summary["predicted"] == 3
     assert sum(again.calls) == 25  # shard 0's ten are not predicted again
-    predict_loop.join(job, timeout_s=5)
+    predict_parts.join(job, timeout_s=5)
     assert _read(tmp_path / "out.jsonl") == _expected(35)  # no row missing, none twice
 
 
@@ -149,7 +150,7 @@ def test_worker_zero_joins_once_the_others_are_done(tmp_path: Path) -> None:
         0.3, lambda: predict_loop.run(job, Echo(), process=1, processes=2, say=lambda _: None)
     )
     late.start()
-    result = predict_loop.join(job, timeout_s=10, poll_s=0.05)
+    result = predict_parts.join(job, timeout_s=10, poll_s=0.05)
     late.join()
     rows = _read(tmp_path / "out.jsonl")
     assert [row["id"] for row in rows] == list(range(12)) and "target" not in rows[0]
@@ -159,9 +160,9 @@ def test_worker_zero_joins_once_the_others_are_done(tmp_path: Path) -> None:
 def test_serve_joins_on_process_zero_and_leaves_the_summary_for_a_detached_controller(tmp_path: Path) -> None:
     job = _job(tmp_path, _input(tmp_path / "in.jsonl", 12))
     lines: list[str] = []
-    assert predict_loop.joined(job) is None
+    assert predict_parts.joined(job) is None
     assert predict_loop.serve(job, Echo(), process=0, processes=1, recipe=None, say=lines.append) == 0
-    summary = predict_loop.joined(job)
+    summary = predict_parts.joined(job)
     assert summary is not None and summary["rows"] == 12 and summary["output"] == job.output
     assert lines[-1] == predict_loop.RESULT_PREFIX + json.dumps(summary, sort_keys=True)
     assert [row["id"] for row in _read(tmp_path / "out.jsonl")] == list(range(12))
@@ -171,7 +172,7 @@ def test_join_gives_up_on_a_missing_process(tmp_path: Path) -> None:
     job = _job(tmp_path, _input(tmp_path / "in.jsonl", 4))
     predict_loop.run(job, Echo(), process=0, processes=2, say=lambda _: None)
     with pytest.raises(Exception, match=r"processes \[1\] did not finish"):
-        predict_loop.join(job, timeout_s=0.1, poll_s=0.05)
+        predict_parts.join(job, timeout_s=0.1, poll_s=0.05)
 
 
 def test_classification_targets_may_be_label_indices(tmp_path: Path) -> None:
@@ -240,7 +241,7 @@ def test_input_shards_and_output_in_a_bucket(
     again = Echo()
     assert predict_loop.run(job, again, process=0, processes=2, say=lambda _: None)["skipped"] == 2
     assert again.calls == []
-    result = predict_loop.join(job, timeout_s=5, poll_s=0.05)
+    result = predict_parts.join(job, timeout_s=5, poll_s=0.05)
     assert result["rows"] == 15 and result["scores"]["examples"] == 15
     rows = [json.loads(line) for line in (bucket.read_text("job/out.jsonl") or "").splitlines()]
     assert rows == _expected(15)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tpuft.worker import predictions
-from tpuft.worker.text_metrics import corpus_bleu, rouge_l
+from tpuft.scoring import predictions
+from tpuft.scoring.text_metrics import corpus_bleu, rouge_l
 
 
 def test_exact_match_ignores_whitespace_runs_and_text_scores_are_text_metrics() -> None:

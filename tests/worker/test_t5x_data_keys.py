@@ -4,12 +4,12 @@
 * ``data.source_transforms`` / ``target_transforms`` / ``preprocess`` with a template and a prefix give the
   sources and targets written out here by hand (the shared ``make_example``, not a copy of it);
 * ``data.truncation``: ``head``, ``tail`` and ``head+tail`` keep the tokens
-  :func:`tpuft.worker.data.keep_tokens` keeps for the other backends, before seqio's trim and EOS, and the
+  :func:`tpuft.data.keep_tokens` keeps for the other backends, before seqio's trim and EOS, and the
   test evaluation's decoder keeps the same ones; a short input is untouched;
 * ``data.hf``: a ``save_to_disk`` folder and the ``csv`` builder over data files give the same examples, split
   for split, as the JSON lines of the same rows;
 * ``eval.metric: bleu | rouge_l``: the task's metric_fns are the shared scorer's numbers on the same strings
-  (``tpuft.worker.text_metrics``), and exact match is the test evaluation's.
+  (``tpuft.scoring.text_metrics``), and exact match is the test evaluation's.
 
 The controller-side parts (the spec, the capability matrix, the recipe checks) are tested without the venv."""
 
@@ -28,8 +28,8 @@ from tests.worker.test_t5x_parts import run_script
 from tpuft.backends.registry import capabilities
 from tpuft.config import load_recipe
 from tpuft.core.errors import ConfigError
-from tpuft.worker import text_metrics
-from tpuft.worker.data import keep_tokens
+from tpuft.data import keep_tokens
+from tpuft.scoring import text_metrics
 
 QUICKSTART = REPO / "recipes" / "t5x_quickstart.yaml"
 ROWS = [
@@ -291,8 +291,7 @@ def test_a_hugging_face_dataset_replaces_data_train_and_a_label_field_is_refused
         ],
     ).value
     assert recipe.data.hf is not None and recipe.data.train is None
-    from tpuft.backends import get_backend
-    from tpuft.backends.base import ClusterShape
+    from tpuft.backends.base import ClusterShape, get_backend
 
     shape = ClusterShape(hosts=2, chips_per_host=1, target="cpu")
     assert get_backend("t5x").check(

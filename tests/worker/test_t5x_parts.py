@@ -28,8 +28,8 @@ import pytest
 
 from tests.conftest import REPO
 from tpuft.config import dump_recipe, load_recipe
-from tpuft.worker import predictions
-from tpuft.worker.predict_job import PredictJob
+from tpuft.run.predict_job import PredictJob
+from tpuft.scoring import predictions
 from tpuft.worker.selection import score
 from tpuft.worker.t5x.gin import initial_step, network_module, task_name
 

@@ -10,7 +10,7 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from tpuft.worker.text_metrics import corpus_bleu, rouge_l, rouge_l_pair, tokenize_13a
+from tpuft.scoring.text_metrics import corpus_bleu, rouge_l, rouge_l_pair, tokenize_13a
 
 WORDS = (
     "the a cat dog sat on mat quick brown fox jumps over lazy And THE Cat dog's isn't "
@@ -167,7 +167,7 @@ def test_length_mismatch_is_an_error() -> None:
 def test_statistics_of_shards_add_up() -> None:
     """What a sharded evaluation does: sum the per-replica statistics (as float64 tensors), then score
     once."""
-    from tpuft.worker.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l_sum
+    from tpuft.scoring.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l_sum
 
     hypotheses, references = pairs(7, 90)
     shards = [(hypotheses[i::3], references[i::3]) for i in range(3)]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tpuft.config import TransformName, load_recipe
-from tpuft.worker.data import DataError, Fields, check_file, iter_shard
-from tpuft.worker.text_transforms import (
+from tpuft.data import DataError, Fields, check_file, iter_shard
+from tpuft.data.text_transforms import (
     TRANSFORMS,
     HookError,
     load_preprocess,

@@ -1,20 +1,13 @@
-"""Training backends, keyed by the recipe's ``backend.kind`` (see :mod:`tpuft.backends.registry`)."""
+"""Training backends, keyed by the recipe's ``backend.kind`` (see :mod:`tpuft.backends.registry`; a backend's
+planner is :func:`tpuft.backends.base.get_backend`).
+
+This ``__init__`` imports the registry only: the recipe (``config.recipe``) imports ``backends.registry``,
+which runs this file first, so anything heavier here (the ``Backend`` protocol, which names the recipe) would
+close an import circle.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+from tpuft.backends.registry import kinds
 
-from tpuft.backends.registry import kinds, module_of
-
-if TYPE_CHECKING:
-    from tpuft.backends.base import Backend
-
-__all__ = ["get_backend", "kinds"]
-
-
-def get_backend(kind: str) -> Backend:
-    """The backend's planner (``backends/<kind>.py``: venvs, launch plans, summaries); the recipe and the
-    run-dir readers need only its schema module (:func:`tpuft.backends.registry.schema`)."""
-    backend: Backend = importlib.import_module(module_of(kind)).BACKEND
-    return backend
+__all__ = ["kinds"]

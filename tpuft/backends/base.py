@@ -3,10 +3,10 @@ what, where its trainer puts things in the run dir, what it supports of the shar
 summary says.
 
 The controller never imports a backend's framework; it only builds requirement lists, argv and layouts. The
-heavy lifting happens in ``tpuft/worker/<kind>_train.py`` inside the venv that these requirements describe.
+heavy lifting happens in ``tpuft/worker/<kind>/train.py`` inside the venv that these requirements describe.
 Shared code asks these questions and never names a backend: one backend = its own files
 (``backends/<kind>_schema.py`` for its recipe section, capabilities and run layout, ``backends/<kind>.py`` for
-its venv and launch plan, ``worker/<kind>_train.py``)
+its venv and launch plan, ``worker/<kind>/train.py``)
 + one line in the registry.
 
 The plain records live in :mod:`tpuft.backends.spec` (a module low enough for the cluster schema and the
@@ -15,9 +15,11 @@ registry to import); they are re-exported here, where the :class:`Backend` proto
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tpuft.backends.registry import module_of
 from tpuft.backends.spec import (
     MANIFEST_FORMAT,
     VENV_LAYOUT_VERSION,
@@ -27,6 +29,7 @@ from tpuft.backends.spec import (
     KeyPath,
     LaunchPlan,
     RunLayout,
+    RunOutcome,
     Target,
     manifest_gaps,
     manifest_text,
@@ -36,7 +39,6 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.readers.runs import RunSnapshot
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -49,7 +51,9 @@ __all__ = [
     "KeyPath",
     "LaunchPlan",
     "RunLayout",
+    "RunOutcome",
     "Target",
+    "get_backend",
     "manifest_gaps",
     "manifest_text",
     "weight_digest_summary",
@@ -93,12 +97,10 @@ def local_replicas(shape: ClusterShape, replicas: int) -> str:
     return f"{replicas} workers"
 
 
-def weight_digest_summary(
-    snapshot: RunSnapshot, launched: int
-) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def weight_digest_summary(outcome: RunOutcome, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """For data-parallel backends whose every replica records a sha256 of its weights at the end: equal
     digests on every launched worker mean data parallelism kept them in sync."""
-    digests = {w.index: w.digest for w in snapshot.workers if w.digest}
+    digests = dict(outcome.digests)
     if not digests:
         return {"weight_digests": {}}, []
     same = len(set(digests.values())) == 1 and len(digests) == launched
@@ -126,6 +128,16 @@ class Backend(Protocol):
 
     def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan: ...
 
-    def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    def summarize(self, outcome: RunOutcome, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """What ``train`` adds to its summary at the end: values for ``--json`` and rows for the table."""
         ...
+
+
+def get_backend(kind: str) -> Backend:
+    """The backend's planner (``backends/<kind>.py``: venvs, launch plans, summaries), found by name through
+    the registry; the recipe and the run-dir readers need only its schema module
+    (:func:`tpuft.backends.registry.schema`). It lives here, beside the protocol it returns, and not in the
+    package's ``__init__``: an ``__init__`` that named the protocol would close a circle through the recipe
+    (``config.recipe`` imports ``backends.registry``, which loads the package first)."""
+    backend: Backend = importlib.import_module(module_of(kind)).BACKEND
+    return backend

@@ -47,11 +47,10 @@ from tpuft.backends.base import (
     weight_digest_summary,
 )
 from tpuft.backends.keras_schema import CAPABILITIES, ENCODER_TYPES, LAYOUT, KerasBackend, Precision
-from tpuft.backends.spec import LOCAL_DEVICES_ENV
+from tpuft.backends.spec import LOCAL_DEVICES_ENV, RunOutcome
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.readers.runs import RunSnapshot
 
 __all__ = ["BACKEND", "CAPABILITIES", "ENCODER_TYPES", "LAYOUT", "Keras", "KerasBackend", "Precision"]
 
@@ -150,8 +149,8 @@ class Keras:
         env[LOCAL_DEVICES_ENV] = str(shape.local_devices)  # logical CPU devices, each a replica
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)
 
-    def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        return weight_digest_summary(snapshot, launched)
+    def summarize(self, outcome: RunOutcome, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        return weight_digest_summary(outcome, launched)
 
 
 BACKEND = Keras()

@@ -1,11 +1,12 @@
 """The backends tpuft knows, by the recipe's ``backend.kind``. Adding a backend is one line here plus its own
-files (``backends/<kind>_schema.py``, ``backends/<kind>.py`` and ``worker/<kind>_train.py``); no other module
+files (``backends/<kind>_schema.py``, ``backends/<kind>.py`` and ``worker/<kind>/train.py``); no other module
 names a backend.
 
 Each backend is two modules on the controller, found here by name: ``<module>_schema`` holds what the recipe
 and the run-dir readers need (its recipe section, its :class:`~tpuft.backends.spec.Capabilities`, its
 :class:`~tpuft.backends.spec.RunLayout`) and is light (pydantic and the stdlib); ``<module>`` itself plans
-venvs and launches (:func:`tpuft.backends.get_backend`). Loading a recipe imports only the schema modules.
+venvs and launches (:func:`tpuft.backends.base.get_backend`). Loading a recipe imports only the schema
+modules.
 """
 
 from __future__ import annotations

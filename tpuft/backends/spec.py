@@ -1,7 +1,7 @@
 """The plain records a backend states and the rest of tpuft reads: the venv it needs (:class:`EnvSpec`), the
 cluster it plans for (:class:`ClusterShape`), how it launches (:class:`LaunchPlan`), where its trainer puts
-things in the run dir (:class:`RunLayout`, with the checkpoint manifest), and which optional recipe parts it
-implements (:class:`Capabilities`).
+things in the run dir (:class:`RunLayout`, with the checkpoint manifest), which optional recipe parts it
+implements (:class:`Capabilities`), and what its end-of-run summary reads of the run (:class:`RunOutcome`).
 
 The standard library only (and the storage type, for annotations): the cluster schema, the registry, the
 worker (resume) and the converters import these without importing a backend, the recipe or the controller's
@@ -69,7 +69,7 @@ class EnvSpec:
         return f"{self.kind}-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
 
     def payload(self, no_deps: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """What ``tpuft/worker/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this
+        """What ``tpuft/host/bootstrap.py`` reads from ``--spec`` (JSON-ready). ``no_deps`` replaces this
         spec's own for workers that install shipped copies of ``local_sources`` (``~/``-relative there); the
         key stays this spec's, so every worker caches the venv under the same name."""
         return {
@@ -129,6 +129,17 @@ class LaunchPlan:
     ship: tuple[str, ...] = ("train", "eval", "test", "preprocess")
     """Recipe keys whose files are copied to workers that cannot read this machine's disk: ``data`` keys by
     name, others dotted (``backend.gin_files``); a list ships each of its files; ``gs://`` URLs stay."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a backend's end-of-run summary reads of its run: a plain record that the controller's run reader
+    (``RunSnapshot.outcome``) fills, so that the backends never import the reader (an arrow up the layers)."""
+
+    digests: dict[int, str] = field(default_factory=dict)
+    """worker index -> the sha256 of its weights recorded by its last heartbeat (where one was)."""
+    best_metric: tuple[str, float, int] | None = None
+    """(eval metric, its best value, the step), or None without evaluations."""
 
 
 MANIFEST_FORMAT = "tpuft-checkpoint-manifest-1"

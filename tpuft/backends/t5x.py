@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target
-from tpuft.backends.spec import LOCAL_DEVICES_ENV
+from tpuft.backends.spec import LOCAL_DEVICES_ENV, RunOutcome
 from tpuft.backends.t5x_schema import (
     CAPABILITIES,
     LAYOUT,
@@ -50,7 +50,6 @@ from tpuft.backends.t5x_schema import (
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.readers.runs import RunSnapshot
 
 __all__ = [
     "AIRIO_COMMIT",
@@ -267,10 +266,10 @@ class T5x:
         ship = ("train", "eval", "test", "preprocess", "corpus", "backend.gin_files", "backend.vocabulary")
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=ship)
 
-    def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    def summarize(self, outcome: RunOutcome, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """The best checkpoint by the eval metric: kept besides the last ones, and the one export/hf is made
         from."""
-        best = snapshot.best_metric
+        best = outcome.best_metric
         if best is None:
             return {}, []
         name, value, step = best

@@ -33,12 +33,11 @@ from tpuft.backends.base import (
     local_replicas,
     weight_digest_summary,
 )
-from tpuft.backends.spec import LOCAL_DEVICES_ENV
+from tpuft.backends.spec import LOCAL_DEVICES_ENV, RunOutcome
 from tpuft.backends.torch_xla_schema import CAPABILITIES, LAYOUT, TorchXlaBackend
 
 if TYPE_CHECKING:
     from tpuft.config.recipe import RecipeConfig
-    from tpuft.readers.runs import RunSnapshot
 
 __all__ = ["BACKEND", "CAPABILITIES", "LAYOUT", "TorchXla", "TorchXlaBackend"]
 
@@ -135,8 +134,8 @@ class TorchXla:
             )
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env)
 
-    def summarize(self, snapshot: RunSnapshot, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        return weight_digest_summary(snapshot, launched)
+    def summarize(self, outcome: RunOutcome, launched: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        return weight_digest_summary(outcome, launched)
 
 
 BACKEND = TorchXla()

@@ -16,7 +16,7 @@ from tpuft.core.config_types import path_from_file as _from_file
 from tpuft.core.templates import TemplateError, template_fields
 
 TransformName = Literal["strip_diacritics", "lowercase", "nfc", "nfkc", "collapse_whitespace", "strip"]
-"""Text transforms a recipe names (tpuft/worker/text_transforms.py); seed 003's task is ``source_transforms:
+"""Text transforms a recipe names (tpuft/data/text_transforms.py); seed 003's task is ``source_transforms:
 [strip_diacritics]`` on the same field as the target."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpuft.backends.torch_xla import LAYOUT
+from tpuft.backends.torch_xla_schema import LAYOUT
 from tpuft.convert.hf_writer import WEIGHTS, WEIGHTS_INDEX, ExportResult, write_hf_model
 from tpuft.convert.model_source import ConvertError, ModelSource, SourceTensor, pick_step
 from tpuft.convert.safetensors_io import SafetensorsReader

@@ -367,14 +367,14 @@ def run_compile(plan: CompilePlan, progress: Callable[[str], None] | None = None
 def ensure_env(spec: EnvSpec, progress: Callable[[str], None] | None) -> str:
     """The plan's venv, through the same bootstrap and cache as ``tpuft setup`` (in a child process: the
     bootstrap prints, and stdout may be carrying ``--json``)."""
-    from tpuft.worker.bootstrap import is_ready
+    from tpuft.host.bootstrap import is_ready
 
     venv = venv_cache() / spec.key
     if not is_ready(venv):
         argv = [
             sys.executable,
             "-m",
-            "tpuft.worker.bootstrap",
+            "tpuft.host.bootstrap",
             "--cache",
             str(venv_cache()),
             "--spec",
@@ -389,7 +389,7 @@ def ensure_overlay(plan: CompilePlan, python: str, progress: Callable[[str], Non
     replaced."""
     import fcntl
 
-    from tpuft.worker.bootstrap import MARKER
+    from tpuft.host.bootstrap import MARKER
 
     cache = venv_cache()
     folder = cache / plan.overlay_key

@@ -1,6 +1,6 @@
 """doctor: before paying for a run, ask every worker the launch plan uses what would break it there.
 
-One short probe per worker, in parallel through the fleet (:mod:`tpuft.worker.doctor_probe`, shipped alone and
+One short probe per worker, in parallel through the fleet (:mod:`tpuft.host.doctor_probe`, shipped alone and
 run with the worker's base python, since the venv and the tpuft package are among the questions), then one
 tiny timed command for the clocks. The probe only looks; the controller judges what this module gathered
 (:mod:`tpuft.ops.doctor_checks`): each check of each worker is ``ok``, ``warn`` (worth knowing, the run would
@@ -29,6 +29,9 @@ from tpuft.core.accelerators import lookup
 from tpuft.core.errors import TpuftError, UsageError
 from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.fleet.base import last_json_object
+from tpuft.host import doctor_probe
+from tpuft.host.bootstrap import MARKER
+from tpuft.host.state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 from tpuft.model.summary import fmt_bytes, summarize
 from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
 from tpuft.ops.doctor_checks import (
@@ -45,9 +48,6 @@ from tpuft.ops.doctor_checks import (
 )
 from tpuft.ops.preflight import check_against_cluster
 from tpuft.ops.setup import env_spec, launch_plan
-from tpuft.worker import doctor_probe
-from tpuft.worker.bootstrap import MARKER
-from tpuft.worker.supervisor.host_state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 
 PROBE_HOME = ".tpuft/doctor"
 """Under each worker's HOME: the probe, in a folder named by its content."""

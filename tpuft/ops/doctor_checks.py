@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tpuft.host.bootstrap import MARKER
 from tpuft.model.summary import fmt_bytes
-from tpuft.worker.bootstrap import MARKER
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECKS = ("free", "venv", "tpuft", "libtpu", "TPU chips", "libtpu lock", "port", "reach", "disk", "clock")

@@ -27,10 +27,10 @@ from typing import Any
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
 from tpuft.core.records import Cluster, Worker
+from tpuft.host.state import STATE_DIR
 from tpuft.providers import get_provider
+from tpuft.run.maintenance_asks import notice_file
 from tpuft.run.maintenance_window import Window, rfc3339
-from tpuft.worker.supervisor.host_state import STATE_DIR
-from tpuft.worker.supervisor.maintenance import notice_file
 
 KINDS = ("maintenance", "preempt")
 

@@ -27,6 +27,9 @@ from tpuft.core.errors import TpuftError, UsageError
 from tpuft.core.records import Worker
 from tpuft.core.waiting import waiting
 from tpuft.fleet.base import LineSink, last_json_object
+from tpuft.host import supervisor_cli
+from tpuft.host.state import is_alive
+from tpuft.host.supervisor_cli import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT
 from tpuft.ops.common import Session, on_worker, open_session
 from tpuft.ops.ondemand import CheckpointDone, request_checkpoint, wait_checkpoint  # noqa: F401 - the contract's names
 from tpuft.readers.monitor import (
@@ -34,10 +37,9 @@ from tpuft.readers.monitor import (
 )  # run.json's slices: the one reading that logs and monitor use too
 from tpuft.readers.runs import Run, list_runs
 from tpuft.run import rundir
-from tpuft.worker.supervisor.process import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT, is_alive
-from tpuft.worker.supervisor.startup import not_up, waiting_line
+from tpuft.run.startup import not_up, waiting_line
 
-SUPERVISOR = ("-m", "tpuft.worker.supervisor.process")
+SUPERVISOR = ("-m", supervisor_cli.MODULE)
 ALIVE_WITHIN_SECONDS = 60.0
 """A supervisor refreshes its record every 15 s: one silent for a minute is gone (with its VM, or killed)."""
 STARTUP_REPORT_SECONDS = 30.0

@@ -31,8 +31,8 @@ from tpuft.ops.ondemand import acks, request_state
 from tpuft.readers.runs import Run
 from tpuft.run import rundir
 from tpuft.run.goodput import record_controller_event
+from tpuft.run.maintenance_asks import already_asked, record_event
 from tpuft.run.maintenance_window import Window, rfc3339, window_of_reason
-from tpuft.worker.supervisor.maintenance import already_asked, record_event
 
 
 class MaintenanceWatch:

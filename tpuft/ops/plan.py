@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpuft.backends import get_backend
+from tpuft.backends.base import get_backend
 from tpuft.backends.spec import LOCAL_DEVICES_ENV, ClusterShape
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.config.tracking_env import tracking_spec

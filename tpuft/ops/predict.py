@@ -3,7 +3,7 @@ launched.
 
 The source is a training run (its best checkpoint under ``train.keep_best``, else its last complete one), a
 checkpoint folder of a run, or a Hugging Face model folder. The input is read through here first, the way the
-workers will read it (:func:`tpuft.worker.predict_input.check`): a bad line is a located error, every one at
+workers will read it (:func:`tpuft.data.predict_input.check`): a bad line is a located error, every one at
 once, before a worker is asked for anything. Then the output's rules: an existing OUT (or an earlier job's
 shards) is refused unless ``--resume`` (the same job: :meth:`PredictJob.same_work`; its finished shards are
 kept) or ``--overwrite`` (its shards are removed first).
@@ -28,14 +28,13 @@ from typing import Any
 
 from tpuft.config import ClusterConfig, RecipeConfig, load_recipe, recipe_from_text
 from tpuft.core.errors import ConfigError, TpuftError, UsageError
+from tpuft.data import DataError, predict_input
+from tpuft.data.text_transforms import HookError
 from tpuft.ops.predict_shards import Progress, ProgressWatch, join_output
 from tpuft.readers.runs import Run, layout_for, resolve_run
 from tpuft.run import rundir
+from tpuft.run.predict_job import JOB_FILE, SHARD_LINES, PredictJob
 from tpuft.storage import open_storage
-from tpuft.worker import predict_input
-from tpuft.worker.data import DataError
-from tpuft.worker.predict_job import JOB_FILE, SHARD_LINES, PredictJob
-from tpuft.worker.text_transforms import HookError
 
 HF_ENGINE = "hf"
 """The engine of a Hugging Face model folder (any backend's export): transformers and torch."""

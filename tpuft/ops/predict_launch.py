@@ -50,8 +50,8 @@ from tpuft.ops.train import Notice, _addresses, _prepare_workers, _write_info
 from tpuft.ops.trainer_env import trainer_env
 from tpuft.readers.runs import Run, resolve_run
 from tpuft.run import rundir
+from tpuft.run.predict_job import JOB_ENV, JOB_FILE, PredictJob
 from tpuft.storage import open_storage
-from tpuft.worker.predict_job import JOB_ENV, JOB_FILE, PredictJob
 
 SHIPPED_INPUTS = ".tpuft/data/predict"
 """Under a remote worker's HOME: inputs copied from this machine, named by their content (a resume finds its
@@ -264,7 +264,7 @@ def finish(config: ClusterConfig, run: Run, info: dict[str, Any]) -> PredictResu
             f"predict run {run.id} has no outcome yet ({status})", hint=f"Look: tpuft monitor {run.id}"
         )
     job = job_of(run, info, config)
-    from tpuft.worker.predict.loop import joined
+    from tpuft.run.predict_parts import joined
 
     summary = (joined(job) if job.output else None) or join_output(
         job, str(spec["output"])

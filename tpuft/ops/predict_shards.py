@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.core.errors import UsageError
+from tpuft.run.predict_job import JOB_FILE, PredictJob
 from tpuft.storage import open_storage
-from tpuft.worker.predict_job import JOB_FILE, PredictJob
 
 SHARDS_SUFFIX = ".shards"
 
@@ -106,7 +106,7 @@ def finished_shards(shards: Any) -> dict[int, int]:
 
 def kept_shards(shards: Any) -> int:
     """Shards every process of an earlier job has written its part of (a resume skips them)."""
-    from tpuft.worker.predict.loop import PROCESSES_FILE
+    from tpuft.run.predict_parts import PROCESSES_FILE
 
     try:
         processes = int(json.loads(shards.read_text(PROCESSES_FILE) or "{}").get("processes") or 0)
@@ -168,7 +168,7 @@ class ProgressWatch:
 def join_output(job: PredictJob, output: str) -> dict[str, Any]:
     """Every shard's parts into OUT, in input order (streamed: one shard in memory at a time), and the
     scores."""
-    from tpuft.worker.predict import loop as predict_loop
+    from tpuft.run import predict_parts
 
-    summary = predict_loop.join(job, output=output)
+    summary = predict_parts.join(job, output=output)
     return {**summary, "scores": summary.get("scores") or {}}

@@ -14,12 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuft.backends import get_backend
-from tpuft.backends.base import ClusterShape
+from tpuft.backends.base import ClusterShape, get_backend
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig
 from tpuft.core.errors import ConfigError
-from tpuft.worker.data import DataError, Fields, FileCheck, check_file, file_format
-from tpuft.worker.text_transforms import HookError
+from tpuft.data import DataError, Fields, FileCheck, check_file, file_format
+from tpuft.data.text_transforms import HookError
 
 DataProgress = Callable[[Path, int, int], None]
 """(file, bytes read, file size): called now and then while a big data file is read."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpuft.backends import get_backend
+from tpuft.backends.base import get_backend
 from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
 from tpuft.core.errors import Interrupted, TpuftError, UsageError
 from tpuft.core.records import Cluster, Progress, SliceLayout, State

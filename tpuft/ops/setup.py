@@ -13,15 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuft.backends import get_backend
-from tpuft.backends.base import EnvSpec, LaunchPlan
+from tpuft.backends.base import EnvSpec, LaunchPlan, get_backend
 from tpuft.config import ClusterConfig, RecipeConfig
 from tpuft.config.tracking_env import PYTHON_ENV, tracking_spec
 from tpuft.fleet.base import LineSink
 from tpuft.ops.common import Session, open_session, raise_on_failure, ship_package, worker_env
 from tpuft.run import goodput
 
-BOOTSTRAP = "tpuft/worker/bootstrap.py"
+BOOTSTRAP = "tpuft/host/bootstrap.py"
 SOURCES_HOME = ".tpuft/sources"
 """Under each remote worker's HOME: one folder per ``sources_digest`` holding the shipped
 ``local_sources``."""

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft.backends import get_backend
-from tpuft.backends.base import Backend, LaunchPlan
+from tpuft.backends.base import Backend, LaunchPlan, get_backend
 from tpuft.config import ClusterConfig, Loaded, RecipeConfig, dump_recipe, recipe_from_text
 from tpuft.core.errors import Interrupted, TpuftError, UsageError, WorkerFailure
 from tpuft.fleet.base import LineSink
@@ -478,7 +477,7 @@ def summarize(run: Run, backend: Backend, seconds: float, launched: int, attempt
     """What ``train`` reports, from the run's own snapshot (the same reading ``monitor`` shows) and what the
     backend adds (the PyTorch/XLA one: whether every replica ended with the same weights)."""
     snap = run.snapshot()
-    extras, rows = backend.summarize(snap, launched)
+    extras, rows = backend.summarize(snap.outcome, launched)
     exported = run.storage.exists(f"{rundir.EXPORT_HF}/config.json")
     return TrainResult(
         run_id=run.id,

@@ -14,8 +14,8 @@ from tpuft.backends.base import LaunchPlan
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
 from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT, free_port
+from tpuft.host.launch_env import PORT_ENV as MEGASCALE_PORT_ENV
 from tpuft.ops.common import Session, worker_env
-from tpuft.worker.multislice import PORT_ENV as MEGASCALE_PORT_ENV
 
 
 def _free_port_besides(used: set[str]) -> int:
@@ -103,7 +103,7 @@ def trainer_env(
             "TPUFT_PEERS": ",".join(peers),
             "TPUFT_NODE": config.name,  # the TPU node's name (TF's TPUClusterResolver on a pod slice)
             "TPUFT_NUM_SLICES": str(slices),
-            # worker/multislice.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
+            # host/launch_env.py's TARGET_ENV: only a TPU's runtime takes libtpu flags
             "TPUFT_TARGET": session.shape.target,
             **plan.env,
         },

@@ -18,9 +18,9 @@ from typing import Any
 
 from tpuft.config import RecoverConfig
 from tpuft.core.errors import TpuftError, UsageError
+from tpuft.host.state import is_alive
 from tpuft.readers.runs import Run
 from tpuft.run import rundir
-from tpuft.worker.supervisor.process import is_alive
 
 WATCHER = "watcher.json"
 """The watcher's lease, in the run dir: who watches (host, pid) and when it last said so."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpuft.backends.spec import RunOutcome
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
 from tpuft.run import rundir
@@ -226,6 +227,13 @@ class RunSnapshot:
     @property
     def best_metric(self) -> tuple[str, float, int] | None:
         return best_eval_metric(self.best_eval)
+
+    @property
+    def outcome(self) -> RunOutcome:
+        """What a backend's end-of-run summary reads (``Backend.summarize``): the workers' weight digests and
+        the best evaluation, as a plain record the backends can take without importing this reader."""
+        digests = {w.index: w.digest for w in self.workers if w.digest}
+        return RunOutcome(digests=digests, best_metric=self.best_metric)
 
     @property
     def tracking(self) -> dict[str, Any]:

@@ -331,7 +331,7 @@ def tracking_lines(entry: dict[str, Any]) -> list[str]:
 
 TEST_DIR = "test"
 """The test evaluation's predictions, one ``predictions-<process>.jsonl`` per process
-(``tpuft.worker.predictions``)."""
+(``tpuft.scoring.predictions``)."""
 
 TEST_SCORES = ("test_exact_match", "test_accuracy", "test_macro_f1", "test_bleu", "test_rouge_l", "test_loss")
 """The scores of a test row, in the order tables show them (``test_loss`` only from a backend that computes

@@ -16,9 +16,9 @@ import traceback
 
 from tpuft.config import recipe_from_text
 from tpuft.core.errors import TpuftError
+from tpuft.data import DataError
 from tpuft.run import rundir
 from tpuft.worker.context import WorkerContext, pin_cpus
-from tpuft.worker.data import DataError
 from tpuft.worker.multislice import apply_megascale_env
 
 

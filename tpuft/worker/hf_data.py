@@ -15,7 +15,7 @@ of them. A JSON-lines position and a Hugging Face one have the same meaning, and
 local_batch}`` (what a checkpoint from before positions were saved implies) is a valid position of both.
 
 JSON lines (``data.train``): today's path unchanged. Each replica keeps its shard in memory (line i goes to
-replica i mod W) and draws reshuffled epochs from it (:func:`tpuft.worker.data.batches`; resuming is
+replica i mod W) and draws reshuffled epochs from it (:func:`tpuft.data.batches`; resuming is
 arithmetic).
 
 A Hugging Face dataset (``data.hf``) is read as a stream, never held whole (the reading of a split and its
@@ -60,8 +60,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from tpuft.worker import data as data_mod
-from tpuft.worker.data import DataError, Example
+from tpuft import data as data_mod
+from tpuft.data import DataError, Example
 from tpuft.worker.hf_read import (
     EPOCH_END,
     count_examples,

@@ -16,8 +16,8 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from tpuft.worker import data as data_mod
-from tpuft.worker.data import DataError, Example
+from tpuft import data as data_mod
+from tpuft.data import DataError, Example
 
 EPOCH_END = "<epoch end>"
 """What a reader gives after its part of an epoch (the next epoch's part follows)."""

@@ -66,10 +66,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuft.run import rundir
+from tpuft.scoring.predictions import prefixed
 from tpuft.worker import events
 from tpuft.worker.metrics import Heartbeat, MetricsWriter
 from tpuft.worker.ondemand import CheckpointRequests, serve
-from tpuft.worker.predictions import prefixed
 from tpuft.worker.resume import (
     TRAINER_STATE,
     ResumePoint,
@@ -81,7 +81,7 @@ from tpuft.worker.resume import resuming as resume_requested
 from tpuft.worker.selection import Selector, Verdict
 
 if TYPE_CHECKING:
-    from tpuft.backends.base import RunLayout
+    from tpuft.backends.spec import RunLayout
     from tpuft.config import RecipeConfig
     from tpuft.worker.context import WorkerContext
 

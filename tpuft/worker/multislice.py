@@ -17,14 +17,9 @@ from collections.abc import MutableMapping
 
 from tpuft.core.errors import UsageError
 from tpuft.core.ports import MEGASCALE_PORT
+from tpuft.host.launch_env import PORT_ENV, TARGET_ENV
 from tpuft.worker.context import WorkerContext
 
-PORT_ENV = "TPUFT_MEGASCALE_PORT"
-"""The controller's choice of the cross-slice coordinator's port when workers share an address (else the fixed
-one)."""
-TARGET_ENV = "TPUFT_TARGET"
-"""``tpu`` or ``cpu``: what the launched hosts are (the cluster's shape), for what only a TPU's runtime
-reads."""
 STARTUP_FLAG = "--megascale_topology_discovery_timeout"
 LIBTPU_ARGS = "LIBTPU_INIT_ARGS"
 

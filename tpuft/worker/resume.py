@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuft.backends.base import RunLayout
+from tpuft.backends.spec import RunLayout
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.metrics import MetricsWriter, fetch_missing_metrics
 

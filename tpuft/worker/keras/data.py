@@ -17,8 +17,8 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from tpuft import data as data_mod
 from tpuft.core.errors import UsageError
-from tpuft.worker import data as data_mod
 from tpuft.worker.keras.parts import IGNORE
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
 """The Keras trainer's eval decodes (``eval.generate_examples``, and ``eval.metric: bleu | rouge_l``): at
 every evaluation, greedy decodes of the first ``generate_examples`` held-out examples, scored by the one
-shared scorer (:mod:`tpuft.worker.predictions`: BLEU and ROUGE-L from summable statistics) into ``eval_bleu``,
-``eval_rouge_l`` and ``eval_decoded``, which rank evaluations for keep-best and early stopping like any
-metric.
+shared scorer (:mod:`tpuft.scoring.predictions`: BLEU and ROUGE-L from summable statistics) into
+``eval_bleu``, ``eval_rouge_l`` and ``eval_decoded``, which rank evaluations for keep-best and early stopping
+like any metric.
 
 One decoder: the trainer's :class:`~tpuft.worker.keras.predict.KerasEngine` (static-shape greedy decoding on
 the device under the run's strategy, the soft prompt included), built once and shared with the test evaluation
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuft.worker import predictions
-from tpuft.worker.data import Example
+from tpuft.data import Example
+from tpuft.scoring import predictions
 from tpuft.worker.keras.predict import KerasEngine
 
 SAMPLES = 3

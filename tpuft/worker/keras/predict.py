@@ -22,19 +22,19 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from tpuft import data as data_mod
 from tpuft.core.errors import UsageError
-from tpuft.worker import data as data_mod
 from tpuft.worker.keras import model as keras_model
 from tpuft.worker.keras import prompt as keras_prompt
 
 if TYPE_CHECKING:
     from tpuft.config import RecipeConfig
+    from tpuft.run.predict_job import PredictJob
     from tpuft.worker.context import WorkerContext
-    from tpuft.worker.predict_job import PredictJob
 
 
 class KerasEngine:
-    """:class:`tpuft.worker.predict_job.Engine` over a Keras (HF TF) model already built in ``strategy``'s
+    """:class:`tpuft.run.predict_job.Engine` over a Keras (HF TF) model already built in ``strategy``'s
     scope."""
 
     def __init__(

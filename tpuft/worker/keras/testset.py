@@ -5,7 +5,7 @@ Every program predicts its share of the test set with the Keras prediction engin
 (``keras_predict.KerasEngine``: greedy decodes on the device, or the classifier's argmax on the device): on
 the CPU pod every worker the records ``i`` with ``i % workers == worker``, on a TPU slice the one program all
 of them. Its predictions go to ``test/predictions-<worker>.jsonl``; their summable statistics
-(``tpuft.worker.predictions.statistics``) are summed over the workers with the strategy's own all-reduce, so
+(``tpuft.scoring.predictions.statistics``) are summed over the workers with the strategy's own all-reduce, so
 that every worker returns the same scores. Under ``train.keep_best`` the best checkpoint's weights are loaded
 into the model for the test (its ``tf_model.h5``, by weight name as transformers loads it), and the last
 weights are put back afterwards: the final checkpoint, the digest and the export see the weights training
@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpuft.worker import predictions
+from tpuft.data.predict_input import Record, fields_for, label_name, records
+from tpuft.scoring import predictions
 from tpuft.worker.keras import generate as keras_generate
-from tpuft.worker.predict_input import Record, fields_for, label_name, records
 
 
 def evaluate(run: Any, folder: Path | None) -> dict[str, Any]:

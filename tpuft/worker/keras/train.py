@@ -44,10 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tpuft import data as data_mod
 from tpuft.backends.keras_schema import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
 from tpuft.run import rundir
-from tpuft.worker import data as data_mod
 from tpuft.worker import events
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.hf_data import has_held_out

@@ -19,10 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tpuft.data import encode_texts, load_tokenizer
+from tpuft.run.predict_job import PredictJob
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.data import encode_texts, load_tokenizer
 from tpuft.worker.predict.loop import model_folder, serve
-from tpuft.worker.predict_job import PredictJob
 
 
 class HfEngine:

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from tpuft.config import recipe_from_text
 from tpuft.core.errors import TpuftError
+from tpuft.data import DataError
+from tpuft.run.predict_job import JOB_ENV, PredictJob
 from tpuft.worker.context import WorkerContext, pin_cpus
-from tpuft.worker.data import DataError
-from tpuft.worker.predict_job import JOB_ENV, PredictJob
 
 
 def load_job(path: str | None) -> PredictJob:

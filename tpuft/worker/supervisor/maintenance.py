@@ -39,22 +39,18 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.core.safe_yaml import resolved_section
+from tpuft.host.launch_env import TARGET_ENV
 from tpuft.run import rundir
-from tpuft.run.goodput import record_controller_event
-from tpuft.run.maintenance_window import NOTICE_RELPATH, Window
+from tpuft.run.maintenance_asks import already_asked, notice_file, record_event
+from tpuft.run.maintenance_window import Window
 from tpuft.storage.sync import SYNC_SECONDS
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.multislice import TARGET_ENV
 
 POLL_SECONDS = float(os.environ.get("TPUFT_MAINTENANCE_POLL_SECONDS", "10"))
 """How often a supervisor asks its metadata server (a loopback-cheap GET on the host)."""
 METADATA_PREFIX = "/computeMetadata/v1/instance/"
 RELAY_SECONDS = 6.0
 """The request's way to every trainer: the supervisors' control poll and the relay's write, with slack."""
-
-
-def notice_file(home: Path | None = None) -> Path:
-    return (home or Path(os.environ.get("HOME") or Path.home())) / NOTICE_RELPATH
 
 
 def metadata_host() -> str | None:
@@ -111,43 +107,6 @@ def at_step_from(beat: dict[str, Any], batch: float, now: float, remote: bool, l
         max(0.0, now - float(beat.get("time") or now)) + RELAY_SECONDS + (SYNC_SECONDS if remote else 0.0)
     )
     return rundir.checkpoint_at_step(int(beat.get("step") or 0), steps_per_s, travel, log_every)
-
-
-def already_asked(storage: Any, attempt: int, reason: str) -> str | None:
-    """The id of this attempt's standing checkpoint request with ``reason`` (one listing): written and refused
-    by no trainer. A refused one (a host had passed its ``at_step`` when it arrived) does not count, so
-    whoever hears of the window next asks again, with a later step; a notice is never dropped by a refusal."""
-    listing = list(storage.list(f"{rundir.ATTEMPTS_DIR}/{attempt}"))
-    for relpath in listing:
-        match = rundir.CHECKPOINT_REQUEST_NAME.match(relpath.rpartition("/")[2])
-        if match is None:
-            continue
-        request = rundir.read_json_text(storage.read_text(rundir.checkpoint_request(attempt, match[1]))) or {}
-        if request.get("reason") != reason:
-            continue
-        answers = rundir.checkpoint_answers(storage, attempt, match[1], listing).get(match[1], {})
-        if not any(answer.get("refused") for answer in answers.values()):
-            return match[1]
-    return None
-
-
-def record_event(
-    storage: Any, attempt: int, window: Window, *, source: str, request_id: str | None, now: float
-) -> None:
-    """The ``maintenance`` event (goodput's controller kind: the supervisor, like the controller, writes run
-    storage one object at a time); never raises."""
-    record_controller_event(
-        storage,
-        "maintenance",
-        now,
-        0.0,
-        attempt,
-        source=source,
-        window_start=window.start,
-        window_end=window.end,
-        request=request_id,
-        reason=window.reason(),
-    )
 
 
 def ask_before(

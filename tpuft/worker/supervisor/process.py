@@ -26,7 +26,8 @@ outlived its supervisor, a process still holding the TPU chips) are cleaned befo
 Stdlib only at import time (``follow`` and ``check`` must start fast); the storage layer is imported when
 needed. This module is the command (``python -m tpuft.worker.supervisor.process
 check|start|run|stop|follow``); the supervisor itself is :mod:`tpuft.worker.supervisor.supervision`, and this
-worker's state and its clean-up are :mod:`tpuft.worker.supervisor.host_state`.
+host's state and its clean-up are :mod:`tpuft.host.state`; its exit codes and ``follow``'s marker, which the
+controller reads, :mod:`tpuft.host.supervisor_cli`.
 """
 
 from __future__ import annotations
@@ -44,9 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.core.waiting import waiting
-from tpuft.run import rundir
-from tpuft.worker.context import WorkerContext
-from tpuft.worker.supervisor.host_state import (
+from tpuft.host.state import (
     check_worker,
     is_alive,
     kill_group,
@@ -60,6 +59,9 @@ from tpuft.worker.supervisor.host_state import (
     worker_lock,
     write_current,
 )
+from tpuft.host.supervisor_cli import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT
+from tpuft.run import rundir
+from tpuft.worker.context import WorkerContext
 from tpuft.worker.supervisor.supervision import STOP_GRACE_SECONDS, Supervisor
 
 __all__ = [  # what the controller side and the tests use by this module's name
@@ -76,13 +78,6 @@ __all__ = [  # what the controller side and the tests use by this module's name
     "tpu_holders",
     "write_current",
 ]
-
-BUSY_EXIT = 4
-"""``check`` / ``start``: the worker is busy with another live run."""
-NO_RUN_EXIT = 3
-"""``follow`` / ``stop``: this worker has no such run."""
-FROM_LINE_MARKER = "__TPUFT_FROM_LINE__"
-"""``follow`` first prints the index of the first log line it sends, so that a re-attach continues exactly."""
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -19,12 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tpuft.run import rundir
-from tpuft.worker.context import WorkerContext
-from tpuft.worker.metrics import PATIENT_PHASES
-from tpuft.worker.ondemand import Relay
-from tpuft.worker.supervisor.cost_guard import CostGuard
-from tpuft.worker.supervisor.host_state import (
+from tpuft.host.state import (
     kill_group,
     process_state,
     read_current,
@@ -32,8 +27,13 @@ from tpuft.worker.supervisor.host_state import (
     worker_lock,
     write_current,
 )
+from tpuft.run import rundir
+from tpuft.run.startup import names, not_up
+from tpuft.worker.context import WorkerContext
+from tpuft.worker.metrics import PATIENT_PHASES
+from tpuft.worker.ondemand import Relay
+from tpuft.worker.supervisor.cost_guard import CostGuard
 from tpuft.worker.supervisor.maintenance import MaintenanceNotices
-from tpuft.worker.supervisor.startup import names, not_up
 from tpuft.worker.tracking.launch import TrackingSidecar
 
 STOP_GRACE_SECONDS = 10.0

@@ -4,7 +4,7 @@ pipeline.
 
 The task spec (``run_dir/t5x/task.json``) holds the recipe's whole ``data`` section as JSON, not a
 T5X-specific subset of it: the seqio source then builds its examples with
-:func:`tpuft.worker.data.make_example` from the same
+:func:`tpuft.data.make_example` from the same
 :class:`~tpuft.config.DataConfig` every backend gets (fields, templates, prefix, transforms, the preprocess
 hook, the file formats, ``data.hf``), so a key added to the shared data section reaches T5X without a change
 here.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tpuft.worker.data import Example, iter_shard
+from tpuft.data import Example, iter_shard
 
 if TYPE_CHECKING:
     from tpuft.config import DataConfig, RecipeConfig
@@ -60,9 +60,9 @@ def split_names(cfg: DataConfig) -> dict[str, str]:
 
 def examples(cfg: DataConfig, split: str) -> Iterator[Example]:
     """Every example of seqio's ``split``, in order, streamed: T5X shards them over its hosts and shuffles
-    them itself. A data file is read by :mod:`tpuft.worker.data` (JSON lines, CSV, TSV, Parquet, local or
+    them itself. A data file is read by :mod:`tpuft.data` (JSON lines, CSV, TSV, Parquet, local or
     gs://), a Hugging Face split by :mod:`tpuft.worker.hf_data`, each record through ``make_example``."""
-    from tpuft.worker.data import Fields
+    from tpuft.data import Fields
 
     name = split_names(cfg)[split]
     if cfg.hf is None:
@@ -84,7 +84,7 @@ def sample_lines(predictions: Sequence[dict[str, Any]], count: int) -> list[str]
     """The first ``count`` decodes of an inference eval as the PyTorch/XLA trainer shows its samples:
     ``'source' -> 'decoded' (expected 'target') ok|MISS``, the match judged as the test evaluation judges
     it."""
-    from tpuft.worker.predictions import correct
+    from tpuft.scoring.predictions import correct
 
     lines = []
     for row in predictions[:count]:

@@ -149,7 +149,7 @@ class T5xDecoder:
         0-padded."""
         import numpy as np
 
-        from tpuft.worker.data import keep_tokens
+        from tpuft.data import keep_tokens
 
         if len(sources) > self.batch_size:
             raise ValueError(f"{len(sources)} inputs for a batch of {self.batch_size}")

@@ -14,8 +14,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tpuft.backends.t5x import PRETRAINING_LOSS_FACTOR, checkpoint_step, gin_value, model_gins
-from tpuft.backends.t5x_schema import microbatches
+from tpuft.backends.t5x_schema import (
+    PRETRAINING_LOSS_FACTOR,
+    checkpoint_step,
+    gin_value,
+    microbatches,
+    model_gins,
+)
 from tpuft.config import RecipeConfig
 from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.t5x import keys as t5x_keys

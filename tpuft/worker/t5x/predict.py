@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.core.errors import UsageError
+from tpuft.run.predict_job import PredictJob
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.predict.loop import serve
-from tpuft.worker.predict_job import PredictJob
 
 
 def decoder_for(recipe: Any, job: PredictJob, run_id: str) -> Any:

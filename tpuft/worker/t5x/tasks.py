@@ -3,12 +3,12 @@
 Two kinds, from the recipe's ``backend.task``:
 
 * ``finetune``: text-to-text examples from data files or a Hugging Face dataset (``data.hf``), built by
-  :func:`tpuft.worker.data.make_example` as on every backend (the same fields, templates, prefix, transforms,
+  :func:`tpuft.data.make_example` as on every backend (the same fields, templates, prefix, transforms,
   preprocess hook and located errors; :mod:`tpuft.worker.t5x.data`), tokenized with the run's vocabulary, an
   input longer than its feature length cut as ``data.truncation`` says (:func:`keep_input_tokens`, before
   seqio trims at the end), EOS appended after trimming; metrics of the decoded predictions: exact match, and
   with ``eval.metric: bleu | rouge_l`` (or ``eval.generate_examples``) corpus BLEU and ROUGE-L, all scored by
-  :mod:`tpuft.worker.predictions`, the scorer of every backend's test evaluation.
+  :mod:`tpuft.scoring.predictions`, the scorer of every backend's test evaluation.
 * ``span_corruption``: T5's pretraining objective on plain text (one document a line, local or gs:// files):
   the documents' tokens are concatenated and cut into pieces of the length that, once ~``noise_density`` of
   them are replaced by one sentinel per span, fills the inputs length exactly; targets hold the masked spans,
@@ -30,7 +30,7 @@ from typing import Any
 import seqio
 import tensorflow as tf
 
-from tpuft.worker import predictions as scoring
+from tpuft.scoring import predictions as scoring
 from tpuft.worker.t5x.data import TEXT_METRICS
 
 DEFAULT_VOCABULARIES = {
@@ -143,7 +143,7 @@ def span_corruption(
 
 def exact_match(targets: list[str], predictions: list[str]) -> dict[str, float]:
     """The share of predictions equal to their target (whitespace runs collapsed, the ends stripped: the test
-    evaluation's :func:`tpuft.worker.predictions.correct`), 0..1 like tpuft's other backends report it."""
+    evaluation's :func:`tpuft.scoring.predictions.correct`), 0..1 like tpuft's other backends report it."""
     if not targets:
         return {"exact_match": 0.0}
     same = sum(scoring.correct(str(p), str(t)) for t, p in zip(targets, predictions))
@@ -152,7 +152,7 @@ def exact_match(targets: list[str], predictions: list[str]) -> dict[str, float]:
 
 def text_scores(targets: list[str], predictions: list[str]) -> dict[str, float]:
     """Corpus BLEU and mean ROUGE-L (0-100) of the decodes, by the one scorer of every backend
-    (:func:`tpuft.worker.predictions.score`)."""
+    (:func:`tpuft.scoring.predictions.score`)."""
     scores = scoring.score([str(p) for p in predictions], [str(t) for t in targets])
     return {name: float(scores[name]) for name in TEXT_METRICS}
 
@@ -163,7 +163,7 @@ def keep_input_tokens(
     """``data.truncation`` on the tokenized inputs, before ``append_eos_after_trim`` cuts them at the end: of
     an input longer than its feature length less one (EOS's room), keep the last tokens (``tail``) or the
     first and the last half (``head+tail``, the head getting the odd one), as
-    :func:`tpuft.worker.data.keep_tokens` does for the other backends. Without lengths (T5X's inference eval
+    :func:`tpuft.data.keep_tokens` does for the other backends. Without lengths (T5X's inference eval
     computes them from the longest input) nothing is cut."""
     if mode == "head" or not sequence_length or not sequence_length.get("inputs"):
         return dataset

@@ -4,7 +4,8 @@ the last) decodes every test example with T5X's own decoding
 (:class:`tpuft.worker.t5x.decode.T5xDecoder`, the ``tpuft predict`` engine's too), every process its share
 (example ``i`` of ``data.test`` or of ``data.hf.test_split`` goes to process ``i % processes``, as
 :func:`tpuft.worker.hf_data.held_out` deals it for every backend) in lock-step; the shares are scored with
-:mod:`tpuft.worker.predictions`, their statistics summed over the processes, and written to ``run_dir/test/``.
+:mod:`tpuft.scoring.predictions`, their statistics summed over the processes, and written to
+``run_dir/test/``.
 
 Once per run, also after a resume. T5X writes its checkpoints itself, not through ``RunLoop.save_checkpoint``,
 and the test runs after the last one is written, so the result cannot ride in a checkpoint's
@@ -22,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpuft.worker import predictions
-from tpuft.worker.data import Example
+from tpuft.data import Example
+from tpuft.scoring import predictions
 from tpuft.worker.hf_data import has_held_out, held_out
 from tpuft.worker.t5x.data import held_out_label
 

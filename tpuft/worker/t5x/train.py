@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.backends.spec import LOCAL_DEVICES_ENV
-from tpuft.backends.t5x import LAYOUT
+from tpuft.backends.t5x_schema import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.run import rundir
 from tpuft.worker import events
@@ -487,7 +487,7 @@ def write_manifest(folder: str) -> None:
         return
     import tensorflow as tf
 
-    from tpuft.backends.base import manifest_text
+    from tpuft.backends.spec import manifest_text
 
     files: dict[str, int] = {}
     for root, _, names in tf.io.gfile.walk(folder):

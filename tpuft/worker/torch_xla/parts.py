@@ -254,7 +254,7 @@ def encode_batch(
     if pad_to is not None and real < pad_to:
         sources += [""] * (pad_to - real)
         targets += [""] * (pad_to - real)
-    from tpuft.worker.data import encode_texts
+    from tpuft.data import encode_texts
 
     ids, mask = encode_texts(tokenizer, sources, data_cfg.max_source_length, data_cfg.truncation)
     enc = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
@@ -287,7 +287,7 @@ def text_scores(
 ) -> dict[str, float]:
     """Corpus BLEU and mean ROUGE-L over every replica's decodes, from sufficient statistics summed across
     replicas (a corpus BLEU is not the mean of per-replica BLEUs)."""
-    from tpuft.worker import text_metrics
+    from tpuft.scoring import text_metrics
 
     local = [
         *text_metrics.bleu_statistics(decoded, references),

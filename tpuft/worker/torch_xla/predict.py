@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tpuft.data import encode_texts, load_tokenizer
+from tpuft.run.predict_job import PredictJob
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.data import encode_texts, load_tokenizer
 from tpuft.worker.predict.loop import model_folder, serve
-from tpuft.worker.predict_job import PredictJob
 from tpuft.worker.torch_xla.state import PROMPT_FILE
 
 

@@ -187,7 +187,7 @@ def rendezvous(
     is missing."""
     from torch.distributed import TCPStore
 
-    from tpuft.worker.supervisor.startup import names as worker_names
+    from tpuft.run.startup import names as worker_names
 
     say = say or (lambda line: print(f"[tpuft] {line}", file=sys.stderr, flush=True))
     host, port = coordinator.rsplit(":", 1)

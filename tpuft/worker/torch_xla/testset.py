@@ -3,7 +3,7 @@ run (:func:`tpuft.worker.loop.finish` calls the trainer's ``test`` hook before t
 
 Every replica greedy-decodes its share of the test set on the device, with the trainer's own static-shape
 decoder (the one eval's BLEU uses, soft prompt included), scores its decodes with
-:mod:`tpuft.worker.predictions` (the code ``tpuft predict`` scores with too) and sums the statistics over the
+:mod:`tpuft.scoring.predictions` (the code ``tpuft predict`` scores with too) and sums the statistics over the
 replicas with the trainer's collective; it writes its predictions to ``test/predictions-<replica>.jsonl``. On
 the best checkpoint (``train.keep_best``) the weights are swapped in from the checkpoint's files and the
 trained ones put back afterwards, tensor by tensor in place: the final checkpoint, the weight digest and the
@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tpuft.worker import predictions
-from tpuft.worker.data import Example
+from tpuft.data import Example
+from tpuft.scoring import predictions
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 

@@ -47,10 +47,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.backends.torch_xla import LAYOUT
+from tpuft import data as data_mod
+from tpuft.backends.torch_xla_schema import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.run import rundir
-from tpuft.worker import data as data_mod
 from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.loop import RunLoop

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.config.tracking_env import PYTHON_ENV
+from tpuft.host.state import kill_group
 from tpuft.run import rundir
 from tpuft.worker.context import WorkerContext
-from tpuft.worker.supervisor.host_state import kill_group
 
 STOP_WAIT_SECONDS = float(os.environ.get("TPUFT_TRACKING_STOP_SECONDS", "120"))
 """How long the chief's supervisor waits for the sidecar to send its last rows, the summary and the samples

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.run import rundir
-from tpuft.worker.predictions import merged, read_rows
+from tpuft.scoring.predictions import merged, read_rows
 from tpuft.worker.tracking.sinks import make_sinks, numeric
 
 STATE = rundir.TRACKING

@@ -1,9 +1,11 @@
-"""This worker's own state, for the supervisor (:mod:`tpuft.worker.supervisor.process`): which run it holds,
+"""A worker host's own state, for the supervisor (:mod:`tpuft.worker.supervisor.process`): which run it holds,
 on its disk (``$HOME/.tpuft/supervisor/current.json``, under a lock), whether a process is still the one that
 was recorded, and ``check``: is this worker free, and what did dead runs leave behind (a trainer that outlived
 its supervisor, a process still holding the TPU chips) that must go before the next run starts.
 
-Stdlib only, as the supervisor's ``check`` and ``follow`` must start fast.
+Stdlib only, as the supervisor's ``check`` and ``follow`` must start fast. Shared with the controller, which
+reads the same names (the state folder, the TPU device files and libtpu's lockfile for ``doctor`` and
+``drill``; whether a recorded process lives, for the recovery watcher).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a ``tpuft predict`` job asks of its workers, and what a backend's prediction engine offers: the
 contract between the controller (``tpuft/ops/predict.py``), the shared shard loop
-(``tpuft/worker/predict/loop.py``) and each backend's engine (``tpuft/worker/<kind>_predict.py``, and
-``hf_predict.py`` for a Hugging Face model).
+(``tpuft/worker/predict/loop.py``) and each backend's engine (``tpuft/worker/<kind>/predict.py``, and
+``worker/predict/hf.py`` for a Hugging Face model).
 
 The input is cut into shards of ``shard_lines`` consecutive lines (shard ``k``: lines ``k*shard_lines`` to
 ``(k+1)*shard_lines - 1``, 0-based). Every shard is predicted by all the job's processes together, each taking

@@ -10,7 +10,7 @@ A prediction is text (text to text: the decode; classification: the label name t
   the F1 of every label that occurs as a target or a prediction (scikit-learn's ``f1_score(average="macro")``
   without ``labels=``); a prediction that is no label counts against its target's label only;
 * text to text: ``bleu`` (corpus BLEU, sacreBLEU's defaults) and ``rouge_l`` (mean ROUGE-L F), 0-100, from
-  :mod:`tpuft.worker.text_metrics`.
+  :mod:`tpuft.scoring.text_metrics`.
 
 Sharded work scores once: every shard turns its pairs into :func:`statistics` (a fixed-length list of sums),
 the backend sums the lists over its replicas with its own collective (or the controller adds up its shards'
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tpuft.worker.text_metrics import MAX_ORDER, bleu_from_statistics, bleu_statistics, rouge_l_sum
+from tpuft.scoring.text_metrics import MAX_ORDER, bleu_from_statistics, bleu_statistics, rouge_l_sum
 
 BLEU_STATS = 2 + 2 * MAX_ORDER
 

@@ -1,8 +1,8 @@
 """The records of a ``tpuft predict`` input, streamed: JSON lines, CSV, TSV or Parquet (by the file's suffix),
-local or ``gs://``, read by the training data's reader (:func:`tpuft.worker.data.read_rows`), each turned into
+local or ``gs://``, read by the training data's reader (:func:`tpuft.data.read_rows`), each turned into
 the source text the model was trained on.
 
-The fields are the training data's (:class:`tpuft.worker.data.Fields`: ``source_field`` or
+The fields are the training data's (:class:`tpuft.data.Fields`: ``source_field`` or
 ``source_template``, ``prefix``, ``source_transforms``, ``data.preprocess``), so an input that trains also
 predicts, and a bad line says ``file:line: problem`` exactly as the training data's check does. Unlike
 training, a target is optional: an input with one is scored, an input without is only predicted. ``--field``
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuft.worker import data as data_mod
-from tpuft.worker.data import DataError, Fields
+from tpuft import data as data_mod
+from tpuft.data import DataError, Fields
 
 cache_folder = data_mod.cache_folder
 """Where a ``gs://`` input or model is downloaded to (predict's models use it too)."""
@@ -42,7 +42,7 @@ class Record:
 
 def input_format(name: str, declared: str = "auto") -> str:
     """The input's format: ``declared`` (``data.format``) or its name's suffix
-    (:func:`tpuft.worker.data.file_format`)."""
+    (:func:`tpuft.data.file_format`)."""
     return data_mod.file_format(name, declared)[0]
 
 
@@ -112,7 +112,7 @@ class InputCheck(data_mod.FileCheck):
 
 def check(url: str, fields: Fields, labels: Sequence[str] = (), *, progress: Any = None) -> InputCheck:
     """Read every record as a worker would, collecting every located problem instead of stopping at the first
-    (the first :data:`~tpuft.worker.data.MAX_PROBLEMS` listed, the rest counted). ``progress(bytes_done,
+    (the first :data:`~tpuft.data.MAX_PROBLEMS` listed, the rest counted). ``progress(bytes_done,
     bytes_total)`` is called now and then for a long file."""
     result = InputCheck(Path(url))
     try:
@@ -130,7 +130,7 @@ def check(url: str, fields: Fields, labels: Sequence[str] = (), *, progress: Any
                     raise raw
                 record = make_record(raw, index=index, line=line, where=url, fields=fields, labels=labels)
             except DataError as exc:
-                data_mod._note(result, exc)
+                data_mod.note_problem(result, exc)
                 continue
             if record is None:
                 result.dropped += 1
@@ -140,7 +140,7 @@ def check(url: str, fields: Fields, labels: Sequence[str] = (), *, progress: Any
     except (
         DataError
     ) as exc:  # the format, a byte-order mark in a JSON-lines file, a gs:// object that is not there
-        data_mod._note(result, exc)
+        data_mod.note_problem(result, exc)
     except OSError as exc:
-        data_mod._note(result, DataError(url, f"cannot read: {exc.strerror or exc}"))
+        data_mod.note_problem(result, DataError(url, f"cannot read: {exc.strerror or exc}"))
     return result

@@ -7,7 +7,7 @@ only looks: nothing is killed, removed or built; the controller (:mod:`tpuft.ops
 reports.
 
 The controller's spec says what to look at (the venv cache and key, the package folder and hash, the TPU
-device paths and libtpu's lockfile of :mod:`tpuft.worker.supervisor.host_state`, the coordinator port).
+device paths and libtpu's lockfile of :mod:`tpuft.host.state`, the coordinator port).
 ``TPUFT_DOCTOR_TPU_PATHS`` (JSON: ``{"devices": [...], "lockfile": ...}``, ``~/`` for the worker's HOME)
 replaces the TPU paths: the tests use it to put fake chips and a fake lockfile on hosts that have none; a user
 has no reason to set it.
@@ -291,7 +291,7 @@ def _start_ticks(pid: int) -> int | None:
 
 def busy_state(current: str) -> dict[str, Any] | None:
     """The run this worker's supervisor serves, when that supervisor lives (the record and the test of
-    :mod:`tpuft.worker.supervisor.host_state`: the pid with its start time, so a reused pid does not
+    :mod:`tpuft.host.state`: the pid with its start time, so a reused pid does not
     count)."""
     try:
         record = json.loads(Path(os.path.expanduser(current)).read_text())
