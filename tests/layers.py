@@ -92,7 +92,8 @@ LAYERS: tuple[Layer, ...] = (
         ("records",),
         "`config/`: `cluster.py` (the cluster schema), `data.py`, `report.py` (`report.to`), `recipe.py` "
         "(the recipe schema, and `capability_problems`, the one check of the backends' capabilities), "
-        "`loader.py` (YAML with lines, `--set`, located errors), `tracking_env.py` (the trackers' venv); "
+        "`loader.py` (YAML with lines, `--set`, located errors) with `wording.py` (pydantic's errors in the "
+        "user's words), `tracking_env.py` (the trackers' venv); "
         "each backend's recipe section through the registry, by name",
     ),
     Layer(
@@ -116,8 +117,8 @@ LAYERS: tuple[Layer, ...] = (
         "fleet",
         package("tpuft.fleet"),
         ("foundations",),
-        "`fleet/`: `base` (the Fleet contract), `local`, `ssh` with `ssh_config`, `ssh_direct`, `pacing` and "
-        "`ssh_remote`, `supervise` (fail-fast, Ctrl-C), `spec` (worker selections). A leaf: only "
+        "`fleet/`: `base` (the Fleet contract), `local`, `ssh` with `ssh_config`, `ssh_direct`, `pacing`, "
+        "`ssh_progress` (the handshakes' line, the unreachable workers' one error) and `ssh_remote`, `supervise` (fail-fast, Ctrl-C), `spec` (worker selections). A leaf: only "
         "`core.records`, `core.errors` and `core.waiting` (its own test)",
     ),
     Layer(
@@ -131,14 +132,16 @@ LAYERS: tuple[Layer, ...] = (
         "model",
         ("tpuft.model.*",),
         ("config",),
-        "`model/`: `shapes.py`, `summary.py` (a recipe's paper summary), `gin_network.py` (the T5 network a "
+        "`model/`: `shapes.py`, `recipe_model.py` (which model a recipe trains: hub id, config.json, "
+        "`model.config`, a T5X family), `summary.py` (a recipe's paper summary), `gin_network.py` (the T5 network a "
         "T5X gin builds), `fsdp_plan.py` (also the PyTorch/XLA trainer's sharding)",
     ),
     Layer(
         "convert",
         package("tpuft.convert"),
         ("schemas",),
-        "`convert/`: T5X (legacy and Orbax), torch and Keras/TF checkpoints → HF safetensors, `verify`; "
+        "`convert/`: T5X (legacy and Orbax), torch and Keras/TF checkpoints (`keras_weights`: a TF "
+        "checkpoint's files read) → HF safetensors, `verify`; "
         "`remote.py` asks the backends' `RunLayout`s (through the registry) what to fetch",
     ),
     Layer(
@@ -154,8 +157,8 @@ LAYERS: tuple[Layer, ...] = (
         ("shared", "schemas", "model", "convert"),
         "Shipped to every host, run in the backend venv: `worker/`: `__main__`, `context`, `loop.py` (the "
         "trainer run skeleton), `metrics`, `resume`, `selection`, `schedule`, `events`, `ondemand`, "
-        "`multislice`, `hf_data`; the engine rooms `keras/`, `t5x/`, `torch_xla/` (`train.py` and its parts, "
-        "`testset.py`, `predict.py`); `supervisor/` (`process`, `supervision`, `maintenance`, `cost_guard`); "
+        "`multislice`, `hf_data` with `hf_read` (a Hugging Face split read in parts); the engine rooms `keras/`, `t5x/`, `torch_xla/` (`train.py` and its parts, "
+        "`testset.py`, `predict.py`; PyTorch/XLA's `state` and `feed`); `supervisor/` (`process`, `supervision`, `maintenance`, `cost_guard`); "
         "`predict/` (`main`, `loop`, `hf`); `tracking/` (`sidecar`, `sinks`, `launch`). **Never** the "
         "controller's layers",
     ),
@@ -166,7 +169,9 @@ LAYERS: tuple[Layer, ...] = (
         "`ops/`: one module per verb (`cluster`, `setup`, `train`, `up`, `lifecycle`, `recover`, `logs`, "
         "`pull`, `convert`, `tensorboard`, `recipes`, `preflight`, `plan`, `compile_fit`, `doctor`, "
         "`ondemand`, `maintenance`, `gc`, `drill`, `quick_exec`, `predict`, `predict_launch`, "
-        "`predict_shards`, `common`), and the warm-connection agent (`agent`, `agent_client`)",
+        "`predict_shards`, `common`) and their parts (`trainer_env`: what every launched trainer is told; "
+        "`ship_data`: the data shipped to the workers; `watcher_lease`: the recovery watcher's lease; "
+        "`doctor_checks`: the verdicts on a host's probe report), and the warm-connection agent (`agent`, `agent_client`)",
     ),
     Layer(
         "cli",
