@@ -14,7 +14,7 @@ import pytest
 
 from tpuft.run import goodput
 from tpuft.worker import events
-from tpuft.worker.t5x.goodput import T5xTimeline
+from tpuft.worker.loop.framework import Timeline as T5xTimeline
 
 INITIAL = 1000
 """T5X's steps are absolute: the run fine-tunes a checkpoint at step 1000 for 20 steps."""

@@ -254,8 +254,18 @@ def resume(
             show_default=False,
         ),
     ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time-limit",
+            metavar="DURATION",
+            help="A new train.time_limit for the resumed attempt (90m, 12h, seconds; 0: none): how a run "
+            "that finished at its limit goes on.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    _resume(run_id, config, json_out, detach, stop_on_interrupt, recover, max_cost)
+    _resume(run_id, config, json_out, detach, stop_on_interrupt, recover, max_cost, time_limit)
 
 
 def _resume(
@@ -266,13 +276,16 @@ def _resume(
     stop_on_interrupt: bool,
     recover: bool | None = None,
     max_cost: float | None = None,
+    time_limit: str | None = None,
 ) -> None:
     from tpuft.ops.train import resume as resume_op
-    from tpuft.ops.train import set_max_cost
+    from tpuft.ops.train import set_max_cost, set_time_limit
 
     cfg = load_cluster_file(config)
     if max_cost is not None:
         set_max_cost(cfg, run_id, max_cost)
+    if time_limit is not None:
+        set_time_limit(cfg, run_id, _time_limit(time_limit))
     console = err_console() if json_out else out_console()
     if cfg.recover.enabled if recover is None else recover:
         from tpuft.readers.runs import resolve_run
@@ -292,6 +305,23 @@ def _resume(
         on_start=lambda rid, rdir: console.print(f"resuming run [bold]{rid}[/bold] -> {rdir}"),
     )
     print_train_summary(console, result, json_out)
+
+
+def _time_limit(text: str) -> float | None:
+    """``--time-limit``'s value in seconds, checked as the recipe checks ``train.time_limit``; 0: none."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from tpuft.core.config_types import TimeLimit
+    from tpuft.core.errors import UsageError
+
+    if text.strip() in ("0", "none", "null"):
+        return None
+    try:
+        return float(TypeAdapter(TimeLimit).validate_python(text.strip()))
+    except ValidationError as exc:
+        raise UsageError(
+            f"--time-limit {text}: {exc.errors()[0]['msg']}", hint="write e.g. 5400, 90m, 12h or 0 (none)"
+        ) from None
 
 
 @command("attach")

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tpuft.backends.registry import capabilities, config_models
 from tpuft.config.data import DataConfig
 from tpuft.config.report import ReportConfig
-from tpuft.core.config_types import Count, Duration, KeyPath, ModelRef, StrictModel, listed_once
+from tpuft.core.config_types import Count, Duration, KeyPath, ModelRef, StrictModel, TimeLimit, listed_once
 from tpuft.model.t5_config import BYT5_VOCAB, T5Settings
 
 
@@ -227,6 +227,14 @@ class TrainConfig(StrictModel):
         description="A worker whose trainer makes no progress for this long (3x, at least a minute, while "
         "compiling, "
         "evaluating or checkpointing) is declared hung and the run is stopped: 600, 90s, 10m, 1h.",
+    )
+    time_limit: TimeLimit | None = Field(
+        None,
+        description="A wall-clock budget for training, counted from each attempt's first step: once spent, "
+        "the run saves a checkpoint at the next log_every step, runs its test evaluation and export, and "
+        "ends as finished (its heartbeat says ended: time_limit). `tpuft resume RUN --time-limit 2h` "
+        "continues from that checkpoint with a new budget (each attempt gets the whole limit): 5400, 90m, "
+        "12h. null: no limit.",
     )
     max_cost: float | None = Field(
         None,
