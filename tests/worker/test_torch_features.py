@@ -392,3 +392,39 @@ def test_two_cpu_devices_run_data_parallel_or_fsdp_and_both_match_one_device(
     for other in (local, sharded):
         (weights,) = compare(harness, plain["final"], other["final"])
         assert weights["diff"] <= 1e-4
+
+
+def test_the_time_limit_ends_the_real_trainer_at_a_log_boundary_tested_and_exported(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """``train.time_limit`` (the sequencer's alone) on the real trainer: a 1 s budget against 10000 steps
+    ends training at the first ``log_every`` boundary past it, with a checkpoint there, the test evaluation
+    and the export, and a finished heartbeat that says why."""
+    lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
+    (tmp_path / "test.jsonl").write_text("\n".join(lines[:8]) + "\n")
+    got = run(
+        harness,
+        tmp_path,
+        "limited",
+        [
+            *SHORT,
+            "train.steps=10000",
+            "train.time_limit=1",
+            "export.hf=true",
+            f"data.test={tmp_path / 'test.jsonl'}",
+        ],
+        ("test",),
+    )
+    step = got["step"]
+    assert 0 < step < 10000 and step % 5 == 0, step
+    run_dir = tmp_path / "limited"
+    beat = json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())
+    assert beat["status"] == "finished" and beat["step"] == step and beat["ended"] == "time_limit", beat
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"step_{step:08d}"]
+    state = json.loads((run_dir / "checkpoints" / f"step_{step:08d}" / "trainer_state.json").read_text())
+    assert state["ended"] == "time_limit" and "test" not in state  # a resume goes on, and tests again
+    test = got["test_result"]
+    assert (
+        test["test_checkpoint_step"] == step and test["test_examples"] == 8 and test["ended"] == "time_limit"
+    )
+    assert (run_dir / "export" / "hf" / "config.json").is_file()

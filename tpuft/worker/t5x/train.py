@@ -16,8 +16,12 @@ What a user of T5X would otherwise do by hand, and the traps on the way:
   (:data:`tpuft.backends.t5x.PRETRAINING_LOSS_FACTOR`) when fine-tuning a public checkpoint.
 
 ``MODEL_DIR`` is the run's ``checkpoints/`` (in the bucket for a gs:// run dir: T5X writes there itself).
-tpuft turns T5X's progress into its run-dir contract, through the run skeleton every backend shares
-(:mod:`tpuft.worker.loop`), by hooking a few places (:mod:`tpuft.worker.t5x.hooks`), nothing else:
+tpuft turns T5X's progress into its run-dir contract, through the run sequencer every backend hands over to
+(:mod:`tpuft.worker.loop`; its side of a framework's own loop, :mod:`tpuft.worker.loop.framework`), by
+hooking a few places (:mod:`tpuft.worker.t5x.hooks`), nothing else:
+
+* the trainer's ``train`` (a run of ``log_every`` steps): the sequencer's boundary before it (checkpoints on
+  demand, ``train.time_limit``);
 
 * the trainer's batch iterator: a heartbeat per step (phase ``collective`` on a pod: each step is an
   all-reduce);
