@@ -210,11 +210,7 @@ def run_gin(
         "from __gin__ import dynamic_registration",
         "import __main__ as train_script",
         "import seqio",
-        *(
-            f"from {module.rsplit('.', 1)[0]} import {name}"
-            for name, module in imports.items()
-            if name != "seqio"
-        ),
+        *(import_line(name, module) for name, module in imports.items() if name != "seqio"),
         "",
     ]
     lines += [f"include {path!r}" for path in includes]
@@ -240,6 +236,14 @@ GIN_IMPORTS = {
     "t5x_hooks": "tpuft.worker.t5x.hooks",
 }
 """Modules the run gin imports (gin's dynamic registration needs every configurable's module imported)."""
+
+
+def import_line(name: str, module: str) -> str:
+    """The gin import that makes ``module`` known as ``name`` (``from tpuft.worker.t5x import hooks as
+    t5x_hooks``): the bindings name modules by their short names, which since the rooms (worker/t5x/) are not
+    always the module's own."""
+    parent, _, last = module.rpartition(".")
+    return f"from {parent} import {last}" + (f" as {name}" if name != last else "")
 
 
 def network_module(family: str | None, user_gins: list[str]) -> str | None:
