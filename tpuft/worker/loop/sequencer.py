@@ -222,7 +222,9 @@ def train(loop: RunLoop, hooks: TrainerHooks) -> None:
             break
 
 
-def finish(loop: RunLoop, acts: Acts, *, say_export_source: bool = False, settle: Any = None) -> None:
+def finish(
+    loop: RunLoop, acts: Acts, *, say_export_source: bool = False, settle: Callable[[], None] | None = None
+) -> None:
     """The end of a run: the final evaluation (unless one was made at this step, an early stop's, or training
     was cut short), the test evaluation, the final checkpoint (no periodic one is made at the last step), the
     weight digest, the export, the final heartbeat. ``say_export_source``: say which checkpoint is exported
