@@ -58,7 +58,7 @@ def test_the_time_limit_saves_tests_exports_and_finishes_at_a_log_boundary(
     assert beat["status"] == "finished" and beat["step"] == stopped and beat["ended"] == "time_limit"
     assert [r["step"] for r in rows(run_dir) if "test_examples" in r] == [stopped]
     out = capsys.readouterr().out
-    assert f"train.time_limit reached (0 s) at step {stopped}" in out or "train.time_limit reached" in out
+    assert f"train.time_limit reached (0 s) at step {stopped}: saving, testing and exporting now" in out
 
     # tpuft resume with a new limit (here: none): on from that checkpoint to the end, tested again there
     monkeypatch.setenv("TPUFT_RESUME", "1")
