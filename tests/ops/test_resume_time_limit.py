@@ -32,6 +32,9 @@ def test_a_run_that_finished_at_its_time_limit_resumes_with_a_new_one(tmp_path: 
     recipe = recipe_from_text((run_dir / "recipe.yaml").read_text(), "recipe.yaml", check_files=False)
     assert recipe.train.time_limit == 7200.0
     assert "has finished" not in resumed.err  # past the check (this stand-in run has no launch)
+    cli("resume", run_dir.name, "-c", str(cluster), "--time-limit", "5400")
+    recipe = recipe_from_text((run_dir / "recipe.yaml").read_text(), "recipe.yaml", check_files=False)
+    assert recipe.train.time_limit == 5400.0  # seconds, as in the recipe
     cli("resume", run_dir.name, "-c", str(cluster), "--time-limit", "0")
     recipe = recipe_from_text((run_dir / "recipe.yaml").read_text(), "recipe.yaml", check_files=False)
     assert recipe.train.time_limit is None

@@ -314,10 +314,11 @@ def _time_limit(text: str) -> float | None:
     from tpuft.core.config_types import TimeLimit
     from tpuft.core.errors import UsageError
 
-    if text.strip() in ("0", "none", "null"):
+    text = text.strip()
+    if text in ("0", "none", "null"):
         return None
-    try:
-        return float(TypeAdapter(TimeLimit).validate_python(text.strip()))
+    try:  # a bare number is seconds, as in the recipe (where YAML makes it a number)
+        return float(TypeAdapter(TimeLimit).validate_python(int(text) if text.isdigit() else text))
     except ValidationError as exc:
         raise UsageError(
             f"--time-limit {text}: {exc.errors()[0]['msg']}", hint="write e.g. 5400, 90m, 12h or 0 (none)"
