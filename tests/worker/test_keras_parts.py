@@ -61,6 +61,8 @@ def test_keep_tokens_and_epoch_length() -> None:
         epoch_length(1500, 500, None) == 500
         and epoch_length(1000, 400, 300) == 100
         and epoch_length(90, None, None) == 90
+        and epoch_length(200, 200, 50, start=75) == 25  # resumed from a checkpoint between two epochs' ends
+        and epoch_length(200, 200, 50, start=100) == 50
     )
     row = eval_row(
         {"loss_sum": 6.0, "tokens": 3.0, "correct": 2.0, "exact": 1.0, "examples": 2.0}, classify=False

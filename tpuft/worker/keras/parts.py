@@ -218,11 +218,12 @@ def eval_row(sums: dict[str, Any], *, classify: bool) -> dict[str, Any]:
     return row
 
 
-def epoch_length(steps: int, eval_every: int | None, checkpoint_every: int | None) -> int:
+def epoch_length(steps: int, eval_every: int | None, checkpoint_every: int | None, start: int = 0) -> int:
     """Keras ``fit`` acts between epochs: an "epoch" here is the largest step count that every eval and
-    checkpoint step (and the last step) is a multiple of."""
+    checkpoint step (and the last step) is a multiple of, and the step a resumed run starts at: ``fit`` starts
+    at an epoch's beginning, and a checkpoint may be anywhere (asked for on demand, or the time limit's)."""
     length = steps
-    for every in (eval_every, checkpoint_every):
+    for every in (eval_every, checkpoint_every, start):
         if every:
             length = math.gcd(length, every)
     return length

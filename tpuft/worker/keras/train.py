@@ -197,7 +197,9 @@ class KerasRun:
     def train(self) -> None:
         loop, data = self.loop, self.data
         train, evaluation = self.recipe.train, self.recipe.eval
-        epoch = epoch_length(train.steps, evaluation.every if loop.has_eval else None, train.checkpoint_every)
+        epoch = epoch_length(
+            train.steps, evaluation.every if loop.has_eval else None, train.checkpoint_every, loop.start_step
+        )
         self.epoch = epoch
         strategy = self.strategy
         dataset = strategy.distribute_datasets_from_function(
