@@ -411,10 +411,21 @@ def test_a_killed_worker_fails_the_run_fast_and_resume_continues(pod: Pod) -> No
     peer = json.loads((run / "attempts" / "1" / "worker-0.json").read_text())
     assert peer.get("final") and peer.get("status") != "running", peer
 
-    resumed = pod.tpuft("resume", run.name, "--json")
+    # train.time_limit (the sequencer's): resumed with a 1 s budget, the run ends at its next log_every
+    # boundary, saved there, and finishes; resumed again with no limit, it goes on from that checkpoint
+    limited = pod.tpuft("resume", run.name, "--json", "--time-limit", "1")
+    assert limited.returncode == 0, limited.stderr[-6000:]
+    beats = [rundir.read_json(rundir.heartbeat_path(run, worker)) or {} for worker in (0, 1)]
+    stopped = beats[0]["step"]
+    assert all(b["status"] == "finished" and b["ended"] == "time_limit" for b in beats), beats
+    assert stopped % 25 == 0 and stopped < total and beats[1]["step"] == stopped, beats
+    assert (rundir.read_json(run / rundir.RUN_INFO) or {})["status"] == "finished"
+    assert stopped in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
+    resumed = pod.tpuft("resume", run.name, "--json", "--time-limit", "0")
     assert resumed.returncode == 0, resumed.stderr[-6000:]
     log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
     assert any(f"resuming from checkpoint step_{at:08d}" in log for at in (50, 100, 150)), log[-3000:]
+    assert f"resuming from checkpoint step_{stopped:08d}" in log and "train.time_limit reached" in log
     assert [r["step"] for r in rows(run) if "loss" in r] == list(
         range(25, total + 1, 25)
     )  # no duplicates, no gaps
