@@ -427,7 +427,7 @@ def test_the_time_limit_ends_a_t5x_run_tested_and_exported_and_a_resume_goes_on(
     lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
     (tmp_path / "test.jsonl").write_text("\n".join(lines[:8]) + "\n")
     settings = [
-        "train.steps=60",  # 20 steps a second at most here, after a compile that comes first: the limit is met
+        "train.steps=60",  # at most 20 steps a second here, after the compile: the 1 s limit comes first
         "train.batch_size=8",
         "train.log_every=2",
         "train.checkpoint_every=60",
