@@ -98,9 +98,8 @@ def compile_one(recipe: Path, accelerator: str, home: Path) -> dict[str, object]
 
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
-        "| recipe | slice | params | arguments | temporaries | outputs | code | total per chip | HBM | "
-        "verdict "
-        "| step at peak | compile (program) | wall |",
+        "| recipe | slice | params | arguments | temporaries | outputs | code | total per chip | HBM "
+        "| verdict | step at peak | compile (program) | wall |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -147,13 +146,14 @@ def main() -> int:
             if args.only and recipe.stem not in args.only:
                 continue
             row = compile_one(recipe, accelerator, Path(folder) / "home")
+            # the row now: a long run may be cut
             print(
                 f"{recipe.stem} on {accelerator}: {row.get('verdict', row.get('error'))} "
                 f"({row['wall_s']:.0f} s)\n"
                 f"{table([row]).splitlines()[-1]}",
                 file=sys.stderr,
                 flush=True,
-            )  # the row now: a long run may be cut
+            )
             rows.append(row)
     print(table(rows))
     return 0

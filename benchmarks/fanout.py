@@ -262,9 +262,8 @@ def compare_shapes(pod, server, shapes: list[tuple[int, int]], runs: int, root: 
     rows = []
     for slices, hosts in shapes:
         cluster = tpuft_exec_cluster(pod, server, hosts, root, slices)
-        first = tpuft_exec(
-            cluster
-        )  # reads every slice's node, publishes the key, pins every slice's host keys
+        # reads every slice's node, publishes the key, pins every slice's host keys
+        first = tpuft_exec(cluster)
         ssh_parallel(pod, slices * hosts)
         cold = [tpuft_exec(cluster) for _ in range(runs)]
         warm_agent(cluster, slices * hosts)
@@ -272,13 +271,14 @@ def compare_shapes(pod, server, shapes: list[tuple[int, int]], runs: int, root: 
         warm = [tpuft_exec(cluster, agent=True) for _ in range(runs)]
         agent_call("stop", cluster)
         par = [ssh_parallel(pod, slices * hosts) for _ in range(runs)]
+        # the next shape reuses the addresses
         subprocess.run(
             [sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"],
             check=True,
             capture_output=True,
             cwd=REPO,
             env=ENV,
-        )  # the next shape reuses the addresses
+        )
         rows.append(
             (slices, hosts, first, statistics.median(cold), statistics.median(warm), statistics.median(par))
         )
@@ -424,11 +424,9 @@ def main() -> None:
         "--login",
         choices=("machine", "stock"),
         default="machine",
-        help="machine: the workers' sessions run this machine's login shell as it is (root's ~/.bashrc: "
-        "pyenv init, "
-        "about 0.1 CPU-second each, on the client's cores); stock: the shell skips ~/.bashrc, as a stock TPU "
-        "VM "
-        "image's non-interactive shells effectively do",
+        help="machine: the workers' sessions run this machine's login shell as it is (root's "
+        "~/.bashrc: pyenv init, about 0.1 CPU-second each, on the client's cores); stock: the shell "
+        "skips ~/.bashrc, as a stock TPU VM image's non-interactive shells effectively do",
     )
     args = parser.parse_args()
     from rich.console import Console
@@ -491,13 +489,11 @@ def measure(pod, count: int, root: Path, args, genv: dict[str, str], server, con
     extras = count <= args.extras_up_to
     cluster = tpuft_exec_cluster(pod, server, count, root)
     tpuft_exec(cluster)  # warm-up; also publishes the key in the node metadata once
-    ssh_parallel(
-        pod, min(count, 64)
-    )  # warm-up (page cache, sshd host key loads; tpuft's warm-up reached them all)
+    # warm-up (page cache, sshd host key loads; tpuft's warm-up reached them all)
+    ssh_parallel(pod, min(count, 64))
     if genv:
-        gcloud_ssh(
-            pod, count, genv, "0"
-        )  # warm-up: gcloud adds its key to the node's metadata the first time
+        # warm-up: gcloud adds its key to the node's metadata the first time
+        gcloud_ssh(pod, count, genv, "0")
     slow = args.slow_runs if args.slow_runs and count >= 256 else args.runs
     cold: list[tuple[float, int, int]] = []
     par: list[float] = []
@@ -544,13 +540,14 @@ def measure(pod, count: int, root: Path, args, genv: dict[str, str], server, con
                 ),
             }
         )
+    # the next size reuses the addresses
     subprocess.run(
         [sys.executable, "-m", "tpuft", "delete", "-c", str(cluster), "--yes"],
         check=True,
         capture_output=True,
         cwd=REPO,
         env=ENV,
-    )  # the next size reuses the addresses
+    )
     return row
 
 
@@ -567,11 +564,10 @@ def markdown_table(rows: list[dict]) -> str:
         by_ssh = row["tpuft_exec"] / row["parallel_ssh"]
         by_gcloud = None if row["gcloud"] is None else row["tpuft_exec"] / row["gcloud"]
         lines.append(
-            f"| {row['workers']:,} | {cell(row['tpuft_exec_warm'])} | {cell(row['tpuft_exec'])} | "
-            f"{cell(row['parallel_ssh'])} | {cell(row['gcloud'])} | {cell(by_ssh, '×')} | "
-            f"{cell(by_gcloud, '×')} | "
-            f"{row['controller_rss_mb']:.0f} MB, {row['controller_fds']:,} | {row['agent_rss_mb']:.0f} MB, "
-            f"{row['agent_fds']:,} |"
+            f"| {row['workers']:,} | {cell(row['tpuft_exec_warm'])} | {cell(row['tpuft_exec'])} "
+            f"| {cell(row['parallel_ssh'])} | {cell(row['gcloud'])} | {cell(by_ssh, '×')} "
+            f"| {cell(by_gcloud, '×')} | {row['controller_rss_mb']:.0f} MB, {row['controller_fds']:,} "
+            f"| {row['agent_rss_mb']:.0f} MB, {row['agent_fds']:,} |"
         )
     return "\n".join(lines)
 

@@ -107,9 +107,8 @@ def main() -> None:
         on_disk = sum(Path(f).stat().st_size for f in files) / 1e6
         started = time.time()
         script = args.dir / "child.py"
-        script.write_text(
-            CHILD
-        )  # a file, not -c: data-loader processes are spawned and re-import the main module
+        # a file, not -c: data-loader processes are spawned and re-import the main module
+        script.write_text(CHILD)
         done = subprocess.run(
             [
                 sys.executable,
@@ -128,9 +127,8 @@ def main() -> None:
         got = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append((on_disk, got, time.time() - started))
     print(
-        f"\n{args.module}: one epoch, batches of 32, shuffle buffer 10,000, {args.loader_workers} "
-        "data-loader "
-        "processes\n"
+        f"\n{args.module}: one epoch, batches of 32, shuffle buffer "
+        f"10,000, {args.loader_workers} data-loader processes\n"
     )
     print("| dataset MB | examples | seconds | examples/s | trainer peak RSS MB | peak RSS MB per loader |")
     print("|-----------:|---------:|--------:|-----------:|--------------------:|-----------------------:|")

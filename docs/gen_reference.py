@@ -112,9 +112,8 @@ def _bounds(field: FieldInfo) -> str:
     for member in _union_members(annotation) or []:  # ``Dim | None``: the bounds of the Annotated member
         type_metadata += _strip_annotated(member)[1]
     items = [*field.metadata, *type_metadata]
-    items += [
-        inner for item in items if isinstance(item, FieldInfo) for inner in item.metadata
-    ]  # Field() in Annotated
+    # Field() in Annotated
+    items += [inner for item in items if isinstance(item, FieldInfo) for inner in item.metadata]
     low = high = None
     for item in items:
         if isinstance(item, annotated_types.Ge):
@@ -290,13 +289,11 @@ def recipe_reference() -> str:
         "",
         "# Recipe key reference",
         "",
-        "Every key a recipe (`recipes/NAME.yaml`) may hold: its dotted path (what `--set` takes), its type, "
-        "its default "
-        "and what it means. Unknown keys are refused at their line, with a did-you-mean. A key whose type is "
-        "`section` opens a mapping of the keys below it; a `duration` is seconds, as a number or as `90s`, "
-        "`10m`, "
-        "`1h30m`. How to write a recipe: [recipes.md](recipes.md); what each "
-        "backend does with these keys: [backends.md](backends.md).",
+        "Every key a recipe (`recipes/NAME.yaml`) may hold: its dotted path (what `--set` takes), its "
+        "type, its default and what it means. Unknown keys are refused at their line, with a did-you-mean. "
+        "A key whose type is `section` opens a mapping of the keys below it; a `duration` is seconds, as a "
+        "number or as `90s`, `10m`, `1h30m`. How to write a recipe: [recipes.md](recipes.md); what "
+        "each backend does with these keys: [backends.md](backends.md).",
         "",
     ]
     rows = model_rows(RecipeConfig, skip=("backend",))
@@ -326,12 +323,10 @@ def capability_table() -> list[str]:
     return [
         "## What each backend supports",
         "",
-        "The optional shared keys and eval metrics, as each backend declares them in its capabilities record "
-        "(`backends/<kind>_schema.py`); `tpuft recipes backends` prints the same matrix. A recipe that sets "
-        "one of "
-        "these keys to anything but its default, or asks for a metric, with a backend marked no is refused "
-        "at its "
-        "line, with the reason below and the backends that support it.",
+        "The optional shared keys and eval metrics, as each backend declares them in its capabilities "
+        "record (`backends/<kind>_schema.py`); `tpuft recipes backends` prints the same matrix. A recipe "
+        "that sets one of these keys to anything but its default, or asks for a metric, with a backend "
+        "marked no is refused at its line, with the reason below and the backends that support it.",
         "",
         *markdown(capability_matrix()).rstrip().splitlines(),
         "",
@@ -356,11 +351,10 @@ def cluster_reference() -> str:
         "",
         "# Cluster file key reference",
         "",
-        "Every key of the cluster file (`tpuft.yaml`: `--config/-c`, else `$TPUFT_CONFIG`, else "
-        "`./tpuft.yaml`, else "
-        "the built-in default): dotted path, type, default and meaning. Relative paths are from the file's "
-        "own folder. "
-        "A `duration` is seconds, as a number or as `90s`, `10m`, `1h30m`. The guide: [gcp.md](gcp.md).",
+        "Every key of the cluster file (`tpuft.yaml`: `--config/-c`, else `$TPUFT_CONFIG`, "
+        "else `./tpuft.yaml`, else the built-in default): dotted path, type, default and meaning. Relative "
+        "paths are from the file's own folder. A `duration` is seconds, as a number or as `90s`, `10m`, "
+        "`1h30m`. The guide: [gcp.md](gcp.md).",
         "",
     ]
     rows = model_rows(ClusterConfig)

@@ -156,17 +156,15 @@ def _isolated_home(
     monkeypatch.setenv("TPUFT_HOME", str(home))
     monkeypatch.delenv("TPUFT_CONFIG", raising=False)
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setenv(
-        "TPUFT_NO_AGENT", "1"
-    )  # no background connection agents; tests/ops/test_agent.py turns them on
+    # no background connection agents; tests/ops/test_agent.py turns them on
+    monkeypatch.setenv("TPUFT_NO_AGENT", "1")
     for forced in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # tests read plain text
         monkeypatch.delenv(forced, raising=False)
     yield home
     from tests.rigs.sshd_pod import kill_processes_with_home_under
 
-    kill_processes_with_home_under(
-        home
-    )  # runs are detached by design: a test's local workers must not outlive it
+    # runs are detached by design: a test's local workers must not outlive it
+    kill_processes_with_home_under(home)
 
 
 @pytest.fixture

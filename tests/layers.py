@@ -118,7 +118,8 @@ LAYERS: tuple[Layer, ...] = (
         package("tpuft.fleet"),
         ("foundations",),
         "`fleet/`: `base` (the Fleet contract), `local`, `ssh` with `ssh_config`, `ssh_direct`, `pacing`, "
-        "`ssh_progress` (the handshakes' line, the unreachable workers' one error) and `ssh_remote`, `supervise` (fail-fast, Ctrl-C), `spec` (worker selections). A leaf: only "
+        "`ssh_progress` (the handshakes' line, the unreachable workers' one error) and `ssh_remote`, "
+        "`supervise` (fail-fast, Ctrl-C), `spec` (worker selections). A leaf: only "
         "`core.records`, `core.errors` and `core.waiting` (its own test)",
     ),
     Layer(
@@ -133,7 +134,8 @@ LAYERS: tuple[Layer, ...] = (
         ("tpuft.model.*",),
         ("config",),
         "`model/`: `shapes.py`, `recipe_model.py` (which model a recipe trains: hub id, config.json, "
-        "`model.config`, a T5X family), `summary.py` (a recipe's paper summary), `gin_network.py` (the T5 network a "
+        "`model.config`, a T5X family), `summary.py` (a recipe's paper summary), `gin_network.py` (the T5 "
+        "network a "
         "T5X gin builds), `fsdp_plan.py` (also the PyTorch/XLA trainer's sharding)",
     ),
     Layer(
@@ -155,12 +157,13 @@ LAYERS: tuple[Layer, ...] = (
         "worker",
         package("tpuft.worker"),
         ("shared", "schemas", "model", "convert"),
-        "Shipped to every host, run in the backend venv: `worker/`: `__main__`, `context`, `loop.py` (the "
-        "trainer run skeleton), `metrics`, `resume`, `selection`, `schedule`, `events`, `ondemand`, "
-        "`multislice`, `hf_data` with `hf_read` (a Hugging Face split read in parts); the engine rooms `keras/`, `t5x/`, `torch_xla/` (`train.py` and its parts, "
-        "`testset.py`, `predict.py`; PyTorch/XLA's `state` and `feed`); `supervisor/` (`process`, `supervision`, `maintenance`, `cost_guard`); "
-        "`predict/` (`main`, `loop`, `hf`); `tracking/` (`sidecar`, `sinks`, `launch`). **Never** the "
-        "controller's layers",
+        "Shipped to every host, run in the backend venv: `worker/`: `__main__`, `context`, `loop.py` "
+        "(the trainer run skeleton), `metrics`, `resume`, `selection`, `schedule`, `events`, "
+        "`ondemand`, `multislice`, `hf_data` with `hf_read` (a Hugging Face split read in parts); the "
+        "engine rooms `keras/`, `t5x/`, `torch_xla/` (`train.py` and its parts, `testset.py`, `predict.py`; "
+        "PyTorch/XLA's `state` and `feed`); `supervisor/` (`process`, `supervision`, `maintenance`, "
+        "`cost_guard`); `predict/` (`main`, `loop`, `hf`); `tracking/` (`sidecar`, `sinks`, `launch`). "
+        "**Never** the controller's layers",
     ),
     Layer(
         "ops",
@@ -171,7 +174,8 @@ LAYERS: tuple[Layer, ...] = (
         "`ondemand`, `maintenance`, `gc`, `drill`, `quick_exec`, `predict`, `predict_launch`, "
         "`predict_shards`, `common`) and their parts (`trainer_env`: what every launched trainer is told; "
         "`ship_data`: the data shipped to the workers; `watcher_lease`: the recovery watcher's lease; "
-        "`doctor_checks`: the verdicts on a host's probe report), and the warm-connection agent (`agent`, `agent_client`)",
+        "`doctor_checks`: the verdicts on a host's probe report), and the warm-connection agent (`agent`, "
+        "`agent_client`)",
     ),
     Layer(
         "cli",

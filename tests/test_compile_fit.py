@@ -51,9 +51,8 @@ def step(
 def test_a_step_that_fits_says_what_is_left_and_its_lower_bounds() -> None:
     found = report(recipe(), lookup("v4-8"), step(args_gib=2.0, temp_gib=6.0, devices=4, flops=275e12 * 0.5))
     assert found.fits and found.suggestions == []
-    assert (
-        found.total_bytes == int(2 * GIB) + 2**20 + int(6 * GIB) + 2**20
-    )  # arguments + new outputs + temps + code
+    # arguments + new outputs + temps + code
+    assert found.total_bytes == int(2 * GIB) + 2**20 + int(6 * GIB) + 2**20
     assert found.verdict().startswith("fits with 24.0 GiB to spare per chip")
     assert found.step_time_s == pytest.approx(0.5)  # per-device flops at v4's 275 TFLOP/s
     assert found.cost_usd == pytest.approx(800 * 0.5 * lookup("v4-8").price_per_hour / 3600, rel=1e-3)
@@ -178,9 +177,8 @@ def test_the_quickstart_compiles_for_its_slice_and_fits(cli, t5x_python: str) ->
     assert compiled["devices"] == 8 and compiled["mesh"] == {"data": 8, "model": 1}
     params = compiled["params"]
     assert 800_000 < params < 1_000_000  # the quickstart's byt5, shrunk by its gin_overrides
-    assert (
-        compiled["argument_bytes"] > params * 4
-    )  # float32 parameters on every replica, plus Adafactor's slots
+    # float32 parameters on every replica, plus Adafactor's slots
+    assert compiled["argument_bytes"] > params * 4
     assert compiled["alias_bytes"] > params * 4  # the new train state written over the donated one
     assert compiled["flops_per_device"] > 6 * params * 32 * 56 / 8 * 0.5  # ~6 x params x tokens, split 8 ways
 
@@ -200,9 +198,8 @@ def test_check_fit_stops_a_model_too_big_before_any_api_call(
     t5x_python: str,  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(
-        "STORAGE_EMULATOR_HOST", "http://127.0.0.1:9"
-    )  # a closed port: any bucket call would fail
+    # a closed port: any bucket call would fail
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
     text = (
         (RECIPES / "t5x_quickstart.yaml")
         .read_text(encoding="utf-8")

@@ -41,6 +41,7 @@ def test_per_attempt_hours_chips_and_pricing_as_created() -> None:
 
 
 def test_an_ended_run_stops_counting_and_an_old_run_json_is_priced_on_demand() -> None:
+    # no ended on the attempt: the run's end counts
     info = {
         "accelerator": "v5litepod-8",
         "slices": 2,
@@ -48,7 +49,7 @@ def test_an_ended_run_stops_counting_and_an_old_run_json_is_priced_on_demand() -
         "ended": 7200.0,
         "provider": "gcp",
         "attempts": [{"attempt": 1, "started": 0.0}],
-    }  # no ended on the attempt: the run's end counts
+    }
     found = cost.run_cost(info, now=99_999.0)
     assert found.per_attempt[0]["chips"] == 16 and found.per_attempt[0]["hours"] == 2.0
     assert found.total_usd == pytest.approx(16 * 2 * 1.20)
@@ -91,6 +92,7 @@ def test_launch_fields_from_the_cluster_file() -> None:
 
 
 def test_a_resume_is_refused_once_the_limit_is_spent_unless_raised() -> None:
+    # $12.88 spent
     info = {
         "accelerator": "v4-8",
         "chips": 4,
@@ -99,7 +101,7 @@ def test_a_resume_is_refused_once_the_limit_is_spent_unless_raised() -> None:
         "status": "stopped",
         "max_cost": 10.0,
         "attempts": [{"attempt": 1, "started": 0.0, "ended": 3600.0}],
-    }  # $12.88 spent
+    }
     with pytest.raises(UsageError) as refused:
         cost.check_budget("r1", info, None)
     assert "has cost $12.88 so far" in refused.value.message and "--max-cost" in (refused.value.hint or "")
@@ -139,6 +141,5 @@ def test_resume_max_cost_on_the_cli(tmp_path, cli) -> None:  # type: ignore[no-u
     assert cli("resume", run_dir.name, "-c", str(cluster), "--max-cost", "0").code == 2
     raised = cli("resume", run_dir.name, "-c", str(cluster), "--max-cost", "20")
     assert json.loads((run_dir / "run.json").read_text())["max_cost"] == 20.0
-    assert (
-        raised.code == 2 and "is spent" not in raised.err
-    )  # past the budget check (this stand-in run has no launch)
+    # past the budget check (this stand-in run has no launch)
+    assert raised.code == 2 and "is spent" not in raised.err

@@ -61,9 +61,8 @@ def test_t5_11b_on_a_v4_64() -> None:
     assert set(layout.replicated) == {
         n for n in shapes if "layer_norm" in n or "relative_attention_bias" in n
     }
-    assert (
-        len(layout.replicated) == 24 * 2 + 24 * 3 + 2 + 2
-    )  # block layer norms, final ones, two relative biases
+    # block layer norms, final ones, two relative biases
+    assert len(layout.replicated) == 24 * 2 + 24 * 3 + 2 + 2
 
     assert layout.specs["shared.weight"] == (AXIS, None)  # 32128 = 32 x 1004
     assert layout.specs["encoder.block.3.layer.1.DenseReluDense.wi.weight"] == (AXIS, None)  # (65536, 1024)
@@ -129,9 +128,8 @@ def test_t5_11b_fits_a_v4_64_with_fsdp_and_not_data_parallel(tmp_path: Path) -> 
     assert {row.what: row.bytes for row in data.memory}["weights"] == count(
         t5_shapes(known_config("t5-11b"))
     ) * 4
-    assert (
-        not data.fits and data.margin_bytes < -40 * GiB
-    )  # 42 GiB of weights alone, and as much again of gradients
+    # 42 GiB of weights alone, and as much again of gradients
+    assert not data.fits and data.margin_bytes < -40 * GiB
 
     adamw = summary(recipe, ["train.optimizer=adamw"], accelerator="v4-64")
     assert {row.what: row.bytes for row in adamw.memory}["optimizer"] == 2 * rows["weights"]

@@ -63,17 +63,15 @@ def test_an_uninterrupted_run_is_mostly_steps_and_its_causes_sum_to_the_wall_tim
     assert result.badput["provision"] == pytest.approx(60) and result.badput["setup"] == pytest.approx(30)
     assert result.badput["launch"] == pytest.approx(2)  # the trainer's start-up owns the rest of the launch
     assert result.badput["checkpoint_save"] == pytest.approx(7) and result.badput["eval"] == pytest.approx(6)
-    assert result.badput["other"] == pytest.approx(
-        5
-    )  # the export's tail after run.json's end is still counted
+    # the export's tail after run.json's end is still counted
+    assert result.badput["other"] == pytest.approx(5)
     assert "lost" not in result.badput and result.steps_lost == 0
     assert result.summary().startswith("goodput 40% of 3m45s (badput: provision 1m00s, setup 30s")
 
 
 def test_a_preempted_run_loses_the_steps_redone_after_its_checkpoint() -> None:
-    first = [ev("startup", 0, 20, 1, step=0)] + windows(
-        1, 20, 0, 70, 10, 10
-    )  # steps 0..70 by t=90, saved at 50
+    # steps 0..70 by t=90, saved at 50
+    first = [ev("startup", 0, 20, 1, step=0)] + windows(1, 20, 0, 70, 10, 10)
     first += [ev("checkpoint_save", 70, 2, 1, step=50, reason="periodic")]
     gap = [
         ev("recovery_wait", 100, 30, 2),
@@ -91,9 +89,8 @@ def test_a_preempted_run_loses_the_steps_redone_after_its_checkpoint() -> None:
     result = goodput.breakdown_of(first + gap + second, info)
     assert result.steps_lost == 20  # 51..70 trained twice
     assert abs(summed(result) - result.wall_s) <= 1e-3 * result.wall_s
-    assert result.badput["lost"] == pytest.approx(
-        18
-    )  # the two windows after step 50, less the save inside one
+    # the two windows after step 50, less the save inside one
+    assert result.badput["lost"] == pytest.approx(18)
     assert result.badput["idle"] == pytest.approx(5)  # 95..100: the attempt had ended, no back-off yet
     assert result.badput["recovery_wait"] == pytest.approx(30)
     assert result.badput["checkpoint_restore"] == pytest.approx(5) and result.badput[

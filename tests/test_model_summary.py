@@ -219,9 +219,8 @@ def test_summary_json_and_the_cluster_file(cli, tmp_path: Path, cluster_file: Pa
     )
     assert result.code == 0, result.err
     found = json.loads(result.out)
-    assert (
-        found["accelerator"] == "v4-16" and found["devices"] == 8
-    )  # the local cluster's accelerator: 8 chips
+    # the local cluster's accelerator: 8 chips
+    assert found["accelerator"] == "v4-16" and found["devices"] == 8
     assert found["parameters"]["total"] == 582_401_280 == found["parameters"]["trainable"]
     assert found["training"]["sharding"] == "fsdp" and found["training"]["examples_per_device"] == 8
     memory = found["memory_per_device"]
@@ -314,9 +313,8 @@ def test_an_encoder_classifier_counts_embeddings_layers_pooler_and_head(cli) -> 
     found = json.loads(result.out)
     modules = {row["module"]: row["params"] for row in found["parameters"]["modules"]}
     assert modules["classifier"] == 768 * 2 + 2 and modules["pooler"] == 768 * 768 + 768
-    assert (
-        found["parameters"]["total"] == 109_482_240 + 768 * 2 + 2
-    )  # BertModel's published 109.5M + the head
+    # BertModel's published 109.5M + the head
+    assert found["parameters"]["total"] == 109_482_240 + 768 * 2 + 2
     assert found["model"]["config"]["num_labels"] == 2 and found["training"]["target_len"] == 0
 
 

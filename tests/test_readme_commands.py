@@ -90,9 +90,8 @@ def parse(command: Command) -> tuple[object, dict[str, object]]:
         words = shlex.split(command.text, comments=True)[1:]
     except ValueError as exc:
         raise AssertionError(f"{command}: not a shell line ({exc})") from None
-    words = [
-        w for w in words if not (w.startswith("[") and w.endswith("]") and is_placeholder(w))
-    ]  # [RUN]: optional
+    # [RUN]: optional
+    words = [w for w in words if not (w.startswith("[") and w.endswith("]") and is_placeholder(w))]
     node = get_command(app)
     path = ["tpuft"]
     while True:

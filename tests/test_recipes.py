@@ -31,9 +31,8 @@ def test_shipped_recipe_loads(path: Path) -> None:
         assert f"Fetch it: python recipes/data/{USER_DATA[path.stem]}/fetch.py" in header
     assert loaded.value.name == path.stem
     first = header.splitlines()[0]
-    assert first.startswith("# ") and first.endswith(".") and len(first) <= 140, (
-        first
-    )  # a whole one-line summary
+    # a whole one-line summary
+    assert first.startswith("# ") and first.endswith(".") and len(first) <= 140, first
     assert "../" not in header and "seeds/" not in header  # names nothing outside the repository
 
 
@@ -192,9 +191,8 @@ def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def
     assert again.code == 2 and "--overwrite" in again.err
     unknown = cli("recipes", "show", "quikstart")
     assert unknown.code == 2 and "quickstart" in unknown.err
-    mine = cli(
-        "recipes", "show", str(tmp_path / "mine.yaml")
-    )  # a file, as show --summary and every verb take
+    # a file, as show --summary and every verb take
+    mine = cli("recipes", "show", str(tmp_path / "mine.yaml"))
     assert mine.code == 0 and mine.out == (tmp_path / "mine.yaml").read_text()
 
 
@@ -227,9 +225,8 @@ def test_the_cpu_rehearsal_line_in_the_header_validates(path: Path) -> None:
     from tpuft.config import ClusterConfig
     from tpuft.ops.preflight import preflight
 
-    loaded = load_recipe(
-        path, _rehearsal_settings(path)
-    )  # its data is here: shipped, or the rehearsal points at some
+    # its data is here: shipped, or the rehearsal points at some
+    loaded = load_recipe(path, _rehearsal_settings(path))
     recipe = loaded.value
     assert recipe.model.name_or_path is None  # nothing to download
     cluster = ClusterConfig(local={"workers": 2})

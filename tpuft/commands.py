@@ -55,43 +55,34 @@ VERBS: tuple[Verb, ...] = (
         "Find the capacity tpuft created that holds quota or bills for nothing (preempted, failed, idle); "
         "--yes deletes it.",
         "tpuft gc --zone us-central2-b --idle 2h",
-        "Looks in the cluster file's project and zone (and each --zone) at the nodes and queued resources "
-        "labelled "
-        "created-by=tpuft, nothing else: PREEMPTED or TERMINATED nodes, FAILED or SUSPENDED queued "
-        "resources, and "
-        "READY nodes with no live run in the cluster's bucket for longer than --idle. Shows each one's list "
-        "price "
-        "per hour (an estimate) and how long it has been so. --yes deletes them (a queued resource with "
-        "force), "
-        "each deletion reported; exit 1 when one failed.",
+        "Looks in the cluster file's project and zone (and each --zone) at the nodes and queued "
+        "resources labelled created-by=tpuft, nothing else: PREEMPTED or TERMINATED nodes, FAILED or "
+        "SUSPENDED queued resources, and READY nodes with no live run in the cluster's bucket for longer "
+        "than --idle. Shows each one's list price per hour (an estimate) and how long it has been so. --yes "
+        "deletes them (a queued resource with force), each deletion reported; exit 1 when one failed.",
     ),
     Verb(
         "drill",
         "Cluster",
         "Make maintenance or a preemption happen to one worker, to exercise how a run handles it.",
         "tpuft drill maintenance --worker 1",
-        "maintenance: on GCP the TPU API's simulated maintenance event on that worker (its metadata server "
-        "and the "
-        "node announce a window); on the local pod a notice file in the worker's home, --notice seconds "
-        "ahead. A "
-        "run's supervisors and a --recover watcher then ask for a checkpoint and stop before the window; the "
-        "watcher "
-        "resumes the run after it. preempt: the TPU API has no preemption simulation, so on GCP the node is "
-        "stopped "
-        "(StopNode, the nearest real action; every worker of that node goes); on the local pod the worker's "
-        "supervisor and trainer are killed. Exit 2 when the cluster is not READY or has no such worker.",
+        "maintenance: on GCP the TPU API's simulated maintenance event on that worker (its metadata "
+        "server and the node announce a window); on the local pod a notice file in the worker's home, "
+        "--notice seconds ahead. A run's supervisors and a --recover watcher then ask for a checkpoint and "
+        "stop before the window; the watcher resumes the run after it. preempt: the TPU API has no "
+        "preemption simulation, so on GCP the node is stopped (StopNode, the nearest real action; every "
+        "worker of that node goes); on the local pod the worker's supervisor and trainer are killed. Exit 2 "
+        "when the cluster is not READY or has no such worker.",
     ),
     Verb(
         "exec",
         "Cluster",
         "Run a command on every worker (or some) in parallel, with prefixed output.",
         "tpuft exec -- 'hostname; nproc'",
-        "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS (on several slices also TPUFT_SLICE_ID and "
-        "TPUFT_NUM_SLICES). --worker takes flat indices (0,2 or 1-3) or slice:host (1:0, 1:2-3, 1:* for a "
-        "whole "
-        "slice). When one fails the others are stopped, and tpuft exits with its exit code, as ssh would "
-        "(the first "
-        "to fail gives it).",
+        "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS (on several slices also TPUFT_SLICE_ID "
+        "and TPUFT_NUM_SLICES). --worker takes flat indices (0,2 or 1-3) or slice:host (1:0, 1:2-3, 1:* for "
+        "a whole slice). When one fails the others are stopped, and tpuft exits with its exit code, as ssh "
+        "would (the first to fail gives it).",
     ),
     Verb(
         "ssh",
@@ -104,13 +95,11 @@ VERBS: tuple[Verb, ...] = (
         "Cluster",
         "Check every worker for what would break the recipe's run; one table, culprits named.",
         "tpuft doctor quickstart",
-        "On each worker the launch plan uses, in parallel: the backend venv (same key, complete), the same "
-        "tpuft, "
-        "on TPU hosts libtpu importable and no stale TPU process or libtpu lockfile, the coordinator port "
-        "free on "
-        "worker 0, disk for the checkpoints the recipe keeps, the clock against this machine's. Only looks: "
-        "nothing "
-        "is changed. Exit 1 when a check fails (warnings do not), 2 for a usage or config error.",
+        "On each worker the launch plan uses, in parallel: the backend venv (same key, complete), the "
+        "same tpuft, on TPU hosts libtpu importable and no stale TPU process or libtpu lockfile, the "
+        "coordinator port free on worker 0, disk for the checkpoints the recipe keeps, the clock against "
+        "this machine's. Only looks: nothing is changed. Exit 1 when a check fails (warnings do not), 2 for "
+        "a usage or config error.",
     ),
     Verb(
         "setup",
@@ -124,12 +113,11 @@ VERBS: tuple[Verb, ...] = (
         "Training",
         "Launch the recipe on every worker under a supervisor that outlives this terminal; stream the logs.",
         "tpuft train quickstart --set train.steps=200",
-        "Ctrl-C (or a closed terminal, a dropped connection) detaches: the run goes on, and stops on every "
-        "worker when "
-        "one fails or hangs. Re-attach with tpuft attach, stop with tpuft stop; --detach returns at once, "
-        "--stop-on-interrupt makes Ctrl-C stop the run. --recover (or recover: true in the cluster file) "
-        "also "
-        "recovers it from preemption: recreate the node, set up, resume from the last checkpoint.",
+        "Ctrl-C (or a closed terminal, a dropped connection) detaches: the run goes on, and stops on "
+        "every worker when one fails or hangs. Re-attach with tpuft attach, stop with tpuft stop; --detach "
+        "returns at once, --stop-on-interrupt makes Ctrl-C stop the run. --recover (or recover: true in the "
+        "cluster file) also recovers it from preemption: recreate the node, set up, resume from the last "
+        "checkpoint.",
     ),
     Verb(
         "up",
@@ -161,24 +149,20 @@ VERBS: tuple[Verb, ...] = (
         "Training",
         "Ask a running run to save a checkpoint now, on every backend; say when it is complete.",
         "tpuft checkpoint quickstart-20261123 --timeout 600",
-        "Every trainer saves at its next step boundary (on several hosts, at one step they all reach after "
-        "the ask "
-        "arrives) through its backend's normal save path; the command returns once the checkpoint is "
-        "complete in "
-        "run storage and prints the latency from the ask. Exit code 2: the run is not running; 1: a timeout "
-        "(the "
-        "workers that did not answer are named) or the trainers refused (the reason is said).",
+        "Every trainer saves at its next step boundary (on several hosts, at one step they all reach "
+        "after the ask arrives) through its backend's normal save path; the command returns once the "
+        "checkpoint is complete in run storage and prints the latency from the ask. Exit code 2: the run is "
+        "not running; 1: a timeout (the workers that did not answer are named) or the trainers refused (the "
+        "reason is said).",
     ),
     Verb(
         "resume",
         "Training",
         "Continue a stopped or failed run, same id, from its last complete checkpoint.",
         "tpuft resume quickstart-20261123",
-        "Weights, optimizer, learning-rate schedule, data order and RNG continue exactly; metrics of the "
-        "steps after "
-        "that checkpoint are re-run and replaced. With --recover it also watches the run and recovers it "
-        "from "
-        "preemption; on a running run it takes over the watch (from any machine).",
+        "Weights, optimizer, learning-rate schedule, data order and RNG continue exactly; metrics of "
+        "the steps after that checkpoint are re-run and replaced. With --recover it also watches the run "
+        "and recovers it from preemption; on a running run it takes over the watch (from any machine).",
     ),
     Verb(
         "predict",
@@ -186,18 +170,13 @@ VERBS: tuple[Verb, ...] = (
         "Run a trained model on an input file (a run, a checkpoint or a Hugging Face folder) on the workers, "
         "or here with --local.",
         "tpuft predict quickstart --input numbers.jsonl --output predictions.jsonl",
-        "SOURCE: a run id or prefix (its best checkpoint under keep_best, else its last), a checkpoint "
-        "folder or a "
-        "Hugging Face model folder. IN: JSON lines, CSV or TSV (local or gs://), read with the recipe's "
-        "fields, "
-        "prefix and templates (or --field), and checked line by line before anything starts. OUT: JSON lines "
-        "in "
-        "input order (id, input, prediction; target and correct when the input has targets, and then the "
-        "scores "
-        "are printed). Written in shards that a killed predict resumes from (--resume); an existing OUT "
-        "needs "
-        "--resume or --overwrite. Like train it runs under the workers' supervisors: Ctrl-C detaches, tpuft "
-        "attach / stop / logs work on its run id.",
+        "SOURCE: a run id or prefix (its best checkpoint under keep_best, else its last), a "
+        "checkpoint folder or a Hugging Face model folder. IN: JSON lines, CSV or TSV (local or gs://), "
+        "read with the recipe's fields, prefix and templates (or --field), and checked line by line before "
+        "anything starts. OUT: JSON lines in input order (id, input, prediction; target and correct when "
+        "the input has targets, and then the scores are printed). Written in shards that a killed predict "
+        "resumes from (--resume); an existing OUT needs --resume or --overwrite. Like train it runs under "
+        "the workers' supervisors: Ctrl-C detaches, tpuft attach / stop / logs work on its run id.",
     ),
     Verb(
         "monitor",
@@ -205,9 +184,8 @@ VERBS: tuple[Verb, ...] = (
         "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log "
         "tails.",
         "tpuft monitor --plot curves.png",
-        "Refreshes every few seconds until the run ends (Ctrl-C leaves, the run goes on). Reads "
-        "metrics.jsonl, or the "
-        "TensorBoard events of a backend that writes only those (T5X).",
+        "Refreshes every few seconds until the run ends (Ctrl-C leaves, the run goes on). "
+        "Reads metrics.jsonl, or the TensorBoard events of a backend that writes only those (T5X).",
     ),
     Verb(
         "runs",
@@ -222,15 +200,12 @@ VERBS: tuple[Verb, ...] = (
         "Where the runs' time went: goodput (time in kept training steps over wall time) and badput by "
         "cause, per run and in total.",
         "tpuft goodput --json",
-        "Read from the events tpuft records in each run dir, with no change to the training code: "
-        "queued-resource "
-        "wait, provisioning, setup, launch, start-up and first compile, step windows (data waits apart on "
-        "PyTorch/XLA), checkpoint saves and restores, evaluation, test, export, steps lost to a disruption "
-        "(redone "
-        "after the checkpoint the next attempt resumed from), the recovery back-off and idle gaps; what no "
-        "event "
-        "covers is other. The causes add up to the wall time. Also in the train summary, runs, monitor and "
-        "monitor --plot.",
+        "Read from the events tpuft records in each run dir, with no change to the training "
+        "code: queued-resource wait, provisioning, setup, launch, start-up and first compile, step windows "
+        "(data waits apart on PyTorch/XLA), checkpoint saves and restores, evaluation, test, export, steps "
+        "lost to a disruption (redone after the checkpoint the next attempt resumed from), the recovery "
+        "back-off and idle gaps; what no event covers is other. The causes add up to the wall time. Also in "
+        "the train summary, runs, monitor and monitor --plot.",
     ),
     Verb(
         "logs",
@@ -244,9 +219,8 @@ VERBS: tuple[Verb, ...] = (
         "Copy a run home: recipe, metrics, logs, TensorBoard events, the chosen checkpoints and the HF "
         "export.",
         "tpuft pull latest ./my-run --checkpoints best",
-        "Parallel, verified against the bucket's checksums, resumable: files already there and intact are "
-        "skipped, so "
-        "running it again after an interruption fetches only the rest.",
+        "Parallel, verified against the bucket's checksums, resumable: files already there and intact "
+        "are skipped, so running it again after an interruption fetches only the rest.",
     ),
     Verb(
         "tensorboard",
@@ -260,9 +234,8 @@ VERBS: tuple[Verb, ...] = (
         "Results",
         "Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer).",
         "tpuft convert gs://my-bucket/t5x/flan_t5_base ./flan-t5-base --verify",
-        "Reads T5X checkpoints (legacy and Orbax) without t5x, PyTorch/XLA checkpoints and transformers 4.x "
-        "Keras/TF "
-        "weights; streams one tensor at a time, and writes OUT_DIR only when it is complete.",
+        "Reads T5X checkpoints (legacy and Orbax) without t5x, PyTorch/XLA checkpoints and transformers "
+        "4.x Keras/TF weights; streams one tensor at a time, and writes OUT_DIR only when it is complete.",
     ),
     Verb("recipes", "Recipes", "List, show, copy and validate recipes.", "tpuft recipes ls"),
 )
@@ -299,11 +272,10 @@ RECIPE_VERBS: tuple[Verb, ...] = (
         "Recipes",
         "Check a recipe (and the cluster file) without running anything; exit 2 with every problem listed.",
         "tpuft recipes validate my_recipe.yaml --set train.steps=10",
-        "Reads the recipe's data files through (every line, as the workers will) and checks the batch "
-        "against the "
-        "cluster's workers; creates and runs nothing. Exit 3: the recipe is valid but data files it names "
-        "are not "
-        "here (one line each, with the command that fetches it); --no-data-check skips the data.",
+        "Reads the recipe's data files through (every line, as the workers will) and checks the "
+        "batch against the cluster's workers; creates and runs nothing. Exit 3: the recipe is valid but "
+        "data files it names are not here (one line each, with the command that fetches it); "
+        "--no-data-check skips the data.",
     ),
 )
 

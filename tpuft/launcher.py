@@ -19,6 +19,7 @@ from tpuft import __version__
 from tpuft.commands import PIPE_CLOSED_EXIT, closed_pipe_in_thread, exit_with, stdout_closed, top_level_help
 
 _EXEC_OPTIONS = {"-c": "config", "--config": "config", "-w": "worker", "--worker": "worker"}
+# the CLI's cyan, magenta, green, ... as ANSI codes
 _COLOURS = (
     "36",
     "35",
@@ -28,7 +29,7 @@ _COLOURS = (
     "31",
     "96",
     "95",
-)  # the CLI's cyan, magenta, green, ... as ANSI codes
+)
 
 
 def parse_fast_exec(args: list[str]) -> tuple[dict[str, str], list[str]] | None:

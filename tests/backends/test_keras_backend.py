@@ -69,9 +69,8 @@ def test_venv_pins_tensorflow_per_target_and_keeps_tf_keras_from_pulling_full_te
     )
     assert f"tensorflow-tpu=={TF_VERSION}" in tpu.requirements and "-f" in tpu.pip_args
     for spec in (cpu, tpu):
-        assert spec.no_deps == (
-            "tf-keras==2.20.1",
-        )  # same minor as TF, installed without its `tensorflow` requirement
+        # same minor as TF, installed without its `tensorflow` requirement
+        assert spec.no_deps == ("tf-keras==2.20.1",)
         assert "transformers==4.57.6" in spec.requirements  # transformers 5 has no TensorFlow models
         assert not any(r.startswith(("tensorflow==", "tf-keras")) for r in spec.requirements)
     assert cpu.key != tpu.key
@@ -85,18 +84,16 @@ def test_every_cpu_worker_trains_but_one_program_drives_a_tpu_slice(recipe_dir: 
         cpu.workers == (0, 1) and cpu.env["TF_USE_LEGACY_KERAS"] == "1" and "TPUFT_TPU_HOSTS" not in cpu.env
     )
     pod = BACKEND.plan(recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu"))
-    assert (
-        pod.workers == (0,) and pod.env["TPUFT_TPU_HOSTS"] == "4"
-    )  # setup, launch and monitor: worker 0 only
+    # setup, launch and monitor: worker 0 only
+    assert pod.workers == (0,) and pod.env["TPUFT_TPU_HOSTS"] == "4"
     single = BACKEND.plan(recipe, ClusterShape(hosts=1, chips_per_host=4, target="tpu"))
     assert single.workers == (0,) and single.env["TPUFT_TPU_HOSTS"] == "1"
 
 
 def test_batches_split_over_replicas_cores_on_tpu_workers_on_cpu(recipe_dir: Path, tmp_path: Path) -> None:
     recipe = load_recipe(write(recipe_dir, TEXT2TEXT), ["eval.batch_size=30"]).value
-    assert (
-        BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []
-    )  # 16 and 30 over 2
+    # 16 and 30 over 2
+    assert BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []
     assert BACKEND.check(recipe, ClusterShape(hosts=4, chips_per_host=4, target="cpu")) == [
         (("eval", "batch_size"), "30 does not split evenly over 4 workers (use a multiple of 4, e.g. 28)")
     ]
@@ -141,9 +138,8 @@ def test_gradient_accumulation_splits_each_replicas_batch(recipe_dir: Path) -> N
         write(recipe_dir, TEXT2TEXT), ["train.grad_accum_steps=4", "eval.batch_size=6"]
     ).value
     assert recipe.train.grad_accum_steps == 4
-    assert (
-        BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []
-    )  # 16 = 2 x 4 x 2
+    # 16 = 2 x 4 x 2
+    assert BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []
     assert BACKEND.check(recipe, ClusterShape(hosts=3, chips_per_host=4, target="cpu")) == [
         (
             ("train", "batch_size"),
@@ -206,9 +202,8 @@ def test_other_backends_refuse_what_only_keras_does(recipe_dir: Path) -> None:
         "train.early_stopping={patience: 2}",
         "train.keep_best=true",
     ):  # PyTorch/XLA has them too ...
-        assert "needs evaluations: give data.eval" in refused(
-            torch_recipe, [setting]
-        )  # ... given held-out data
+        # ... given held-out data
+        assert "needs evaluations: give data.eval" in refused(torch_recipe, [setting])
     assert load_recipe(torch_recipe, ["data.truncation=head+tail"]).value.data.truncation == "head+tail"
 
 
@@ -330,6 +325,5 @@ def test_several_slices_are_refused_at_the_backend_and_the_clusters_slices_key(r
     assert problem.startswith(f"{path}:{line}: backend.kind: keras cannot train on 2 slices") and (
         f"{cluster}:6: local.slices: 2" in problem
     ), problem
-    assert (
-        BACKEND.check(recipe.value, ClusterShape(hosts=4, chips_per_host=4, target="tpu")) == []
-    )  # one slice
+    # one slice
+    assert BACKEND.check(recipe.value, ClusterShape(hosts=4, chips_per_host=4, target="tpu")) == []

@@ -218,9 +218,8 @@ BAD_T5X = [
         "  max_source_length: 64",
         6,
         [
-            "data.train: required for task finetune: training examples (a data file, or a Hugging Face "
-            "dataset as "
-            "data.hf)"
+            "data.train: required for task finetune: training examples (a data file, or a Hugging "
+            "Face dataset as data.hf)"
         ],
     ),
     (
@@ -715,9 +714,8 @@ def test_batch_must_split_over_replicas_and_microbatches(
     )
     assert "use a multiple of 8" in message
     assert BACKEND.check(loaded("backend.num_microbatches=2").value, cpu_pod) == []
-    ((path, message),) = BACKEND.check(
-        loaded("train.grad_accum_steps=4").value, cpu_pod
-    )  # the shared key, the same
+    # the shared key, the same
+    ((path, message),) = BACKEND.check(loaded("train.grad_accum_steps=4").value, cpu_pod)
     assert path == ("train", "batch_size") and "x 4 microbatches (use a multiple of 8)" in message, message
     # a v4-32: 16 chips; 2 partitions leave 8 data-parallel replicas
     recipe = loaded("train.batch_size=256", "backend.num_partitions=2").value
@@ -765,9 +763,8 @@ def test_multislice_splits_the_batch_over_every_slice_and_keeps_partitions_in_on
         message
         == "6 does not split evenly over 4 data-parallel replicas (2 slices x 2) (use a multiple of 4)"
     )
-    local = ClusterShape(
-        hosts=2, chips_per_host=4, target="cpu", local_devices=2, slices=2
-    )  # 2 slices x 1 worker x 2
+    # 2 slices x 1 worker x 2
+    local = ClusterShape(hosts=2, chips_per_host=4, target="cpu", local_devices=2, slices=2)
     assert BACKEND.check(loaded("backend.num_partitions=2").value, local) == []
     ((path_, message),) = BACKEND.check(loaded("backend.num_partitions=4").value, local)
     assert message.startswith("4 does not divide the 2 devices of one slice (2 slices)")

@@ -32,12 +32,10 @@ def test_the_registry_builds_the_recipe_union() -> None:
 
 
 def test_batch_is_checked_against_replicas_not_hosts(recipe) -> None:  # type: ignore[no-untyped-def]
-    assert (
-        BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []
-    )  # 24 over 2 workers
-    ((path, message),) = BACKEND.check(
-        recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu")
-    )  # 16 chips
+    # 24 over 2 workers
+    assert BACKEND.check(recipe, ClusterShape(hosts=2, chips_per_host=4, target="cpu")) == []
+    # 16 chips
+    ((path, message),) = BACKEND.check(recipe, ClusterShape(hosts=4, chips_per_host=4, target="tpu"))
     assert path == ("train", "batch_size")
     assert (
         "24 does not split evenly over 16 replicas (4 hosts x 4 devices)" in message and "e.g. 16" in message
@@ -45,9 +43,8 @@ def test_batch_is_checked_against_replicas_not_hosts(recipe) -> None:  # type: i
     ((_, message),) = BACKEND.check(
         recipe, ClusterShape(hosts=2, chips_per_host=4, target="tpu", devices_per_chip=2)
     )
-    assert (
-        "24 does not split evenly over 16 replicas (2 hosts x 8 devices)" in message
-    )  # a v3-16: 16 TensorCores
+    # a v3-16: 16 TensorCores
+    assert "24 does not split evenly over 16 replicas (2 hosts x 8 devices)" in message
     accumulated = recipe.model_copy(update={"train": recipe.train.model_copy(update={"grad_accum_steps": 5})})
     ((_, message),) = BACKEND.check(accumulated, ClusterShape(hosts=2, chips_per_host=4, target="cpu"))
     assert "24 does not split evenly over 2 workers x 5 accumulation steps (use a multiple of 10" in message
@@ -110,9 +107,8 @@ def test_summary_says_whether_every_replica_ended_with_the_same_weights() -> Non
         ("weights", "identical on all workers")
     ]
     assert BACKEND.summarize(_snap(["a", "b"]), launched=2)[1] == [("weights", "DIFFER between workers")]
-    assert BACKEND.summarize(_snap(["a", None]), launched=2)[1] == [
-        ("weights", "DIFFER between workers")
-    ]  # one missing
+    # one missing
+    assert BACKEND.summarize(_snap(["a", None]), launched=2)[1] == [("weights", "DIFFER between workers")]
     assert BACKEND.summarize(_snap([None, None]), launched=2) == ({"weight_digests": {}}, [])
 
 

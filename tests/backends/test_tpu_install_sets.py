@@ -52,9 +52,8 @@ from tpuft.backends.registry import schema
 from tpuft.backends.t5x import JAX_VERSION, MAX_PYTHON, MIN_PYTHON
 from tpuft.backends.t5x_compile import LIBTPU_FOR_JAX
 
-pytestmark = (
-    pytest.mark.slow
-)  # about 30 s of pip's CPU (six resolutions of ~110 wheels' metadata) and the network
+# about 30 s of pip's CPU (six resolutions of ~110 wheels' metadata) and the network
+pytestmark = pytest.mark.slow
 
 IMAGE_PYTHON = "3.10"
 """The Python of the Ubuntu 22.04 TPU VM images (tpu-ubuntu2204-base, v2-alpha-tpuv4-pod, v2-alpha-tpuv5/v6e,

@@ -54,10 +54,9 @@ def test_cli_imports_no_ml_framework() -> None:
 
 def test_worker_does_not_import_the_cli_side() -> None:
     code = (
-        "import sys, tpuft.worker.__main__, tpuft.worker.torch_xla.train, tpuft.worker.metrics, "
-        "tpuft.convert.hf_ckpt;"
-        "print(' '.join(m for m in ('typer', 'rich', 'tpuft.cli', 'tpuft.ops', 'tpuft.fleet', "
-        "'tpuft.providers') if m in sys.modules))"
+        "import sys, tpuft.worker.__main__, tpuft.worker.torch_xla.train, "
+        "tpuft.worker.metrics, tpuft.convert.hf_ckpt;print(' '.join(m for m in ('typer', 'rich', "
+        "'tpuft.cli', 'tpuft.ops', 'tpuft.fleet', 'tpuft.providers') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

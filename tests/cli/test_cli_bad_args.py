@@ -68,9 +68,8 @@ def test_bad_arguments_are_one_clear_line(
 def test_a_path_the_system_refuses_is_one_line_not_a_traceback(
     with_run: Path, cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    result = cli(
-        "recipes", "cp", "quickstart", "/proc/tpuft-test.yaml"
-    )  # /proc takes no new files, even from root
+    # /proc takes no new files, even from root
+    result = cli("recipes", "cp", "quickstart", "/proc/tpuft-test.yaml")
     assert result.code == 1 and "Traceback" not in result.err
     assert "error: No such file or directory: /proc/tpuft-test.yaml" in result.err
     monkeypatch.setenv("TPUFT_DEBUG", "1")

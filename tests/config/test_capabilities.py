@@ -68,9 +68,8 @@ def test_an_unsupported_key_is_located_names_who_supports_it_and_says_why(
     path.write_text(KERAS.replace("  batch_size: 16\n", "  batch_size: 16\n  precision: bf16\n"))
     (problem,) = refused(path, [])
     assert problem.strip() == (
-        f"{path}:11: train.precision: not supported by the keras backend: the engine has no bfloat16 here "
-        f"({who}); "
-        "remove it"
+        f"{path}:11: train.precision: not supported by the keras backend: the engine has no bfloat16 "
+        f"here ({who}); remove it"
     )
     path.write_text(KERAS)
     (problem,) = refused(path, ["train.precision=bf16"])
@@ -111,10 +110,9 @@ def test_an_unsupported_metric_names_who_computes_it(recipe_dir: Path) -> None:
     path.write_text(MINIMAL_RECIPE)
     problems = refused(path, ["eval.metric=accuracy"])
     assert problems == [
-        "  --set eval.metric=accuracy: eval.metric: accuracy is not computed by the torch_xla backend: "
-        f"{torch_xla_schema.CAPABILITIES.why_not['accuracy']} (the keras and t5x backends compute it); use "
-        "bleu, "
-        "exact_match, loss, rouge_l, token_accuracy"
+        "  --set eval.metric=accuracy: eval.metric: accuracy is not computed by the torch_xla "
+        f"backend: {torch_xla_schema.CAPABILITIES.why_not['accuracy']} (the keras and t5x backends compute "
+        "it); use bleu, exact_match, loss, rouge_l, token_accuracy"
     ]
 
 

@@ -24,11 +24,12 @@ def shape_of(tmp_path: Path, text: str) -> ClusterShape:
 
 def test_the_default_is_the_accelerators_chips_per_host(tmp_path: Path) -> None:
     shape = shape_of(tmp_path, "provider: local\naccelerator: v4-32\n")
+    # 4 workers x 4 devices
     assert (shape.hosts, shape.local_devices, shape.local_devices_set) == (
         4,
         4,
         False,
-    )  # 4 workers x 4 devices
+    )
     shape = shape_of(tmp_path, "provider: local\naccelerator: v5litepod-8\n")  # one host of 8 chips
     assert (shape.hosts, shape.local_devices, shape.local_devices_set) == (1, 8, False)
 
@@ -84,9 +85,8 @@ def test_t5x_splits_the_batch_over_every_local_device_as_on_the_slice() -> None:
 
 
 def test_t5x_partitions_must_tile_the_local_workers() -> None:
-    assert (
-        BACKEND.check(quickstart("backend.num_partitions=4", "train.batch_size=36"), local(3, 4)) == []
-    )  # in a worker
+    # in a worker
+    assert BACKEND.check(quickstart("backend.num_partitions=4", "train.batch_size=36"), local(3, 4)) == []
     assert BACKEND.check(quickstart("backend.num_partitions=4"), local(4, 2)) == []  # over 2 whole workers
     ((path, message),) = BACKEND.check(
         quickstart("backend.num_partitions=3", "train.batch_size=36"), local(3, 2)

@@ -25,9 +25,8 @@ def test_a_stem_finds_the_local_file_and_it_wins_over_a_shipped_recipe(
     assert resolve_recipe_path(Path("mine")) == Path("mine.yaml")  # .yaml before .yml
     assert resolve_recipe_path(Path("quickstart")) == recipes_dir() / "quickstart.yaml"
     (recipe_dir / "quickstart.yaml").write_text(MINIMAL_RECIPE)
-    assert resolve_recipe_path(Path("quickstart")) == Path(
-        "quickstart.yaml"
-    )  # the local file shadows the shipped one
+    # the local file shadows the shipped one
+    assert resolve_recipe_path(Path("quickstart")) == Path("quickstart.yaml")
 
 
 @pytest.mark.parametrize(

@@ -88,9 +88,8 @@ def test_what_a_conversion_fetches_is_what_the_layouts_say() -> None:
         "checkpoint_4/config.gin",
         "train/events.out.tfevents.1",
     ]
-    chosen = select_files(
-        orbax, None, "gs://b/m", lambda folder: ["no readable manifest"]
-    )  # T5X's own: no manifest
+    # T5X's own: no manifest
+    chosen = select_files(orbax, None, "gs://b/m", lambda folder: ["no readable manifest"])
     assert chosen.checkpoint == "checkpoint_4" and chosen.files == set(orbax[:4])
 
 

@@ -258,9 +258,8 @@ def test_tf_bert_checkpoints_convert_to_the_same_outputs(
         assert source.kind == ("keras-h5" if layout.startswith("h5") else "keras-safetensors")
         assert source.config["architectures"] == [spec["class"]]
         names = [t.name for t in source.tensors]
-        scope = (
-            f"{source.config['model_type']}." if classifier else ""
-        )  # the bare BertModel has no bert. prefix
+        # the bare BertModel has no bert. prefix
+        scope = f"{source.config['model_type']}." if classifier else ""
         assert names[0] == f"{scope}embeddings.word_embeddings.weight"
         assert any(n.startswith("classifier.") for n in names) is classifier
         out = tmp_path / layout
@@ -276,10 +275,11 @@ def test_tf_bert_checkpoints_convert_to_the_same_outputs(
             out.name,
             result,
         )
+        # outputs big enough for the comparison to mean something
         assert result["scale"] > 0.1, (
             out.name,
             result,
-        )  # outputs big enough for the comparison to mean something
+        )
         assert result["diff"] < 1e-4, (out.name, result)
         if classifier:
             assert result["id2label"] == LABELS["id2label"], (out.name, result)
@@ -501,9 +501,8 @@ def test_missing_and_misshapen_weights_are_named(tmp_path: Path) -> None:
         open_keras_source(write_tf_safetensors(tmp_path / "a", SMALL, weights))
 
     weights = tf_weights(SMALL, np.random.default_rng(2))
-    weights["encoder/block_._0/layer_._1/DenseReluDense/wo/kernel:0"] = np.zeros(
-        (16, 32), np.float32
-    )  # not transposed
+    # not transposed
+    weights["encoder/block_._0/layer_._1/DenseReluDense/wo/kernel:0"] = np.zeros((16, 32), np.float32)
     with pytest.raises(
         ConvertError,
         match=r"DenseReluDense/wo/kernel:0: shape \(32, 16\) does not match .*expected \(16, 32\)",
@@ -574,9 +573,8 @@ def test_bert_names_and_transposes(fmt: str, tmp_path: Path) -> None:
     assert source.config["architectures"] == ["BertForSequenceClassification"]
     by_name = {t.name: t for t in source.tensors}
     assert len(by_name) == len(weights) == 5 + 16 * 2 + 2 + 2
-    assert (
-        source.tensors[0].name == "bert.embeddings.word_embeddings.weight"
-    )  # PyTorch's order, not the file's
+    # PyTorch's order, not the file's
+    assert source.tensors[0].name == "bert.embeddings.word_embeddings.weight"
 
     def tf(name: str) -> np.ndarray:
         return weights[prefix + name]
@@ -696,9 +694,8 @@ def test_misshapen_or_stray_bert_weights_are_named(tmp_path: Path) -> None:
             )
         )
 
-    weights = bert_tf_weights(
-        TINY_BERT, np.random.default_rng(8)
-    )  # a classifier's weights under a bare BertModel
+    # a classifier's weights under a bare BertModel
+    weights = bert_tf_weights(TINY_BERT, np.random.default_rng(8))
     with pytest.raises(
         ConvertError,
         match=r"model\.safetensors: TF weight classifier/kernel:0 \(-> classifier\.weight\) has no place in "

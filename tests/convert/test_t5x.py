@@ -115,9 +115,8 @@ def test_golden_logits_match_t5x_for_both_formats_and_sharded_output(
         assert r["missing"] == [] and r["unexpected"] == [], r
         assert r["tied"] is False  # the untied v1.1 head survived transformers 5's forced tying
         if "ids" in r:
-            assert (
-                r["ids"] == reference_ids
-            )  # the ByT5 tokenizer written beside the model encodes like T5X did
+            # the ByT5 tokenizer written beside the model encodes like T5X did
+            assert r["ids"] == reference_ids
 
 
 def test_both_formats_hold_the_same_parameters_and_config_matches_hf() -> None:
@@ -126,9 +125,8 @@ def test_both_formats_hold_the_same_parameters_and_config_matches_hf() -> None:
         orbax = open_t5x_checkpoint(find_t5x_checkpoint(DATA / model / "orbax"))
         assert (legacy.kind, orbax.kind) == ("t5x-legacy", "t5x-orbax")
         assert set(legacy.params) == set(orbax.params) and len(legacy.params) > 40
-        assert not any(
-            p.startswith(("state", "param_states")) for p in legacy.params
-        )  # optimizer state never read
+        # optimizer state never read
+        assert not any(p.startswith(("state", "param_states")) for p in legacy.params)
         for name, param in legacy.params.items():
             np.testing.assert_array_equal(param.read(None), orbax.params[name].read(None))
         config = plan_t5x(legacy).config
@@ -393,10 +391,11 @@ def test_scanned_umt5_and_tied_v1_0_round_trip(
     assert result.code == 0, result.err
     assert json.loads(result.out)["kind"] == "t5x-orbax"
     config = json.loads((tmp_path / "v10_hf" / "config.json").read_text())
+    # logits through the embedding, rescaled
     assert (config["feed_forward_proj"], config["tie_word_embeddings"]) == (
         "relu",
         True,
-    )  # logits through the embedding, rescaled
+    )
 
     results = check_logits(
         torch_python,

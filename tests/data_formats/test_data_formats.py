@@ -106,9 +106,8 @@ def test_tsv_is_glue_s_no_quoting_and_csv_is_rfc_4180(tmp_path: Path) -> None:
         (4, {"sentence": 'a "quote"', "label": "0"}),
     ]
     excel = tmp_path / "excel.csv"
-    excel.write_bytes(
-        "\ufeffsentence,label\r\nwindows lines,1\r\n".encode()
-    )  # a spreadsheet's byte-order mark
+    # a spreadsheet's byte-order mark
+    excel.write_bytes("\ufeffsentence,label\r\nwindows lines,1\r\n".encode())
     assert list(iter_records(excel)) == [(2, {"sentence": "windows lines", "label": "1"})]
 
 

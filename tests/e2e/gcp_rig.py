@@ -127,8 +127,7 @@ def predict_in_the_bucket(
     )
     assert sum(r["correct"] for r in rows) == round(result["scores"]["exact_match"] * lines)
     print(
-        f"\npredict {name} on the GCP rigs: {lines} rows over 2 SSH workers in "
-        f"{time.monotonic() - started:.0f} s "
-        f"end to end, exact match {result['scores']['exact_match']}"
+        f"\npredict {name} on the GCP rigs: {lines} rows over 2 SSH workers "
+        f"in {time.monotonic() - started:.0f} s end to end, exact match {result['scores']['exact_match']}"
     )
     return result

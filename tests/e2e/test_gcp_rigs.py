@@ -33,9 +33,8 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         GcsEmulator() as gcs,
     ):
         cluster, env = rig_cluster(tmp_path, tpu, pod, gcs)
-        few = (
-            tmp_path / "test.jsonl"
-        )  # 32 test numbers, tested on the SSH workers; the score is not the point
+        # 32 test numbers, tested on the SSH workers; the score is not the point
+        few = tmp_path / "test.jsonl"
         few.write_text(
             "".join(
                 (Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl")
@@ -74,9 +73,8 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
             summary["test"]
         )
         digests = summary["weight_digests"]
-        assert (
-            len(digests) == 2 and len(set(digests.values())) == 1
-        )  # data-parallel over SSH: identical weights
+        # data-parallel over SSH: identical weights
+        assert len(digests) == 2 and len(set(digests.values())) == 1
 
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
@@ -240,10 +238,11 @@ def _predict_in_the_bucket(client: object, cluster: Path, env: dict[str, str], r
     assert sum(r["correct"] for r in rows) == round(result["scores"]["exact_match"] * 120)
     print(f"\npredict on the GCP rigs: 120 rows over 2 SSH workers in {result['seconds']} s")
 
+    # this machine's files
     local_in, local_out = (
         cluster.parent / "numbers.jsonl",
         cluster.parent / "predicted.jsonl",
-    )  # this machine's files
+    )
     local_in.write_text("\n".join(lines[:60]) + "\n")
     here = subprocess.run(
         [
@@ -269,12 +268,10 @@ def _predict_in_the_bucket(client: object, cluster: Path, env: dict[str, str], r
     )
     assert here.returncode == 0, here.stderr[-6000:]
     shipped = json.loads(here.stdout)
-    assert (
-        shipped["shards"].startswith("gs://e2e-bucket/predict/") and shipped["rows"] == 60
-    )  # the workers' parts
-    assert [json.loads(line) for line in local_out.read_text().splitlines()] == rows[
-        :60
-    ]  # same model, same rows
+    # the workers' parts
+    assert shipped["shards"].startswith("gs://e2e-bucket/predict/") and shipped["rows"] == 60
+    # same model, same rows
+    assert [json.loads(line) for line in local_out.read_text().splitlines()] == rows[:60]
 
 
 def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path: Path) -> None:
@@ -305,6 +302,7 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
             start_new_session=True,
         )
         total = 120  # the run goes on for ~70 steps after the controller is killed (guarded below)
+        # the test evaluation is the up test's
         args = [
             "--set",
             f"train.steps={total}",
@@ -320,7 +318,7 @@ def test_a_run_outlives_its_connections_and_its_controller_on_gcp_rigs(tmp_path:
             "train.checkpoint_every=50",
             "--set",
             "data.test=null",
-        ]  # the test evaluation is the up test's
+        ]
         log = (tmp_path / "train.out").open("w")
         controller = subprocess.Popen(
             [sys.executable, "-m", "tpuft", "train", "quickstart", "-c", str(cluster), *args],

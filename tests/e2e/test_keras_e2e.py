@@ -58,9 +58,8 @@ def pod(tmp_path_factory: pytest.TempPathFactory, keras_python: str) -> Pod:
     pod = created_pod(tmp_path_factory.mktemp("keras-e2e"), "keras-pod")
     setup = pod.tpuft("setup", "keras_quickstart", timeout=1200)
     assert setup.returncode == 0, setup.stderr[-3000:]
-    assert (
-        "venv ready (cached)" in setup.stdout + setup.stderr
-    )  # keras_python built it, through the same cache key
+    # keras_python built it, through the same cache key
+    assert "venv ready (cached)" in setup.stdout + setup.stderr
     return pod
 
 
@@ -132,9 +131,8 @@ def test_the_quickstart_reaches_the_bar_with_identical_workers(quickstart: Finis
     assert "CollectiveAllReduceStrategy with 2 replicas" in log and "25 per execution" in log
     shown = pod.tpuft("monitor", run.name, "--once", "--json", timeout=120)
     assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "finished", shown.stderr
-    test, _ = check_tested(
-        quickstart, "data/numbers/test.jsonl", "words", "digits", QUICKSTART_STEPS
-    )  # the last weights
+    # the last weights
+    test, _ = check_tested(quickstart, "data/numbers/test.jsonl", "words", "digits", QUICKSTART_STEPS)
     assert test["test_exact_match"] >= 0.9 and {"test_bleu", "test_rouge_l"} <= set(test), test
     state = json.loads((complete[QUICKSTART_STEPS] / "trainer_state.json").read_text())
     assert state["test"] == test  # a resume from the final checkpoint does not test again
@@ -162,10 +160,11 @@ def test_the_classifier_reaches_the_bar_and_exports_its_best(classifier: Finishe
         classifier, "data/reviews/test.jsonl", "text", "label", best, ("negative", "positive")
     )
     assert test["test_accuracy"] >= 0.9 and test["test_macro_f1"] >= 0.9, test
+    # label names, from the argmax's indices
     assert {r["prediction"] for r in merged} == {
         "negative",
         "positive",
-    }  # label names, from the argmax's indices
+    }
 
 
 # Runs in the Keras venv: the Keras model of each checkpoint, its logits on a few inputs (one process for both
@@ -411,13 +410,23 @@ def test_a_killed_worker_fails_the_run_fast_and_resume_continues(pod: Pod) -> No
     peer = json.loads((run / "attempts" / "1" / "worker-0.json").read_text())
     assert peer.get("final") and peer.get("status") != "running", peer
 
-    resumed = pod.tpuft("resume", run.name, "--json")
+    # train.time_limit (the sequencer's): resumed with a 1 s budget, the run ends at its next log_every
+    # boundary, saved there, and finishes; resumed again with no limit, it goes on from that checkpoint
+    limited = pod.tpuft("resume", run.name, "--json", "--time-limit", "1")
+    assert limited.returncode == 0, limited.stderr[-6000:]
+    beats = [rundir.read_json(rundir.heartbeat_path(run, worker)) or {} for worker in (0, 1)]
+    stopped = beats[0]["step"]
+    assert all(b["status"] == "finished" and b["ended"] == "time_limit" for b in beats), beats
+    assert stopped % 25 == 0 and stopped < total and beats[1]["step"] == stopped, beats
+    assert (rundir.read_json(run / rundir.RUN_INFO) or {})["status"] == "finished"
+    assert stopped in dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))
+    resumed = pod.tpuft("resume", run.name, "--json", "--time-limit", "0")
     assert resumed.returncode == 0, resumed.stderr[-6000:]
     log = (run / rundir.LOGS_DIR / "worker-0.log").read_text()
     assert any(f"resuming from checkpoint step_{at:08d}" in log for at in (50, 100, 150)), log[-3000:]
-    assert [r["step"] for r in rows(run) if "loss" in r] == list(
-        range(25, total + 1, 25)
-    )  # no duplicates, no gaps
+    assert f"resuming from checkpoint step_{stopped:08d}" in log and "train.time_limit reached" in log
+    # no duplicates, no gaps
+    assert [r["step"] for r in rows(run) if "loss" in r] == list(range(25, total + 1, 25))
     assert max(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints))) == total
     summary = json.loads(resumed.stdout)
     assert len(set(summary["weight_digests"].values())) == 1

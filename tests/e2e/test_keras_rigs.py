@@ -67,9 +67,8 @@ def test_keras_up_on_gcp_rigs(tmp_path: Path, keras_python: str, monkeypatch: py
         assert summary["export_dir"] == f"{run_url}/export/hf"
         assert summary["last_eval"]["eval_examples"] == 64 and "eval_exact_match" in summary["last_eval"]
         digests = summary["weight_digests"]
-        assert (
-            len(digests) == 2 and len(set(digests.values())) == 1
-        )  # MWMS over SSH-launched workers: in sync
+        # MWMS over SSH-launched workers: in sync
+        assert len(digests) == 2 and len(set(digests.values())) == 1
 
         for key, value in gcs.env().items():
             monkeypatch.setenv(key, value)
@@ -77,10 +76,11 @@ def test_keras_up_on_gcp_rigs(tmp_path: Path, keras_python: str, monkeypatch: py
         from tpuft.storage import open_storage
 
         storage = open_storage(run_url)
+        # complete by their manifests, in the bucket
         assert set(LAYOUT.checkpoint_steps(storage)) == {
             50,
             100,
-        }  # complete by their manifests, in the bucket
+        }
         names = set(storage.sizes(""))
         for expected in (
             "checkpoints/step_00000100/tf_model.h5",
@@ -95,9 +95,8 @@ def test_keras_up_on_gcp_rigs(tmp_path: Path, keras_python: str, monkeypatch: py
         rows = [json.loads(line) for line in storage.read_text("metrics.jsonl").splitlines()]
         assert [r["step"] for r in rows if "loss" in r] == [25, 50, 75, 100]
         assert [r["step"] for r in rows if "eval_exact_match" in r] == [50, 100]
-        assert [r["test_examples"] for r in rows if "test_examples" in r] == [
-            500
-        ]  # summed over the SSH workers
+        # summed over the SSH workers
+        assert [r["test_examples"] for r in rows if "test_examples" in r] == [500]
         assert summary["test"]["test_examples"] == 500 and summary["test"]["test_checkpoint_step"] == 100
         shown = subprocess.run(
             [sys.executable, "-m", "tpuft", "monitor", "--json", "-c", str(cluster)],

@@ -58,17 +58,15 @@ def digests(run: Path) -> set[str]:
 
 def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(tmp_path: Path) -> None:
     env = {**os.environ, "TPUFT_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
-    cluster = (
-        tmp_path / "tpuft.yaml"
-    )  # 2 slices of 1 worker: the replicas, data shards and digests of 1 x 2 workers
+    # 2 slices of 1 worker: the replicas, data shards and digests of 1 x 2 workers
+    cluster = tmp_path / "tpuft.yaml"
     cluster.write_text(
         "name: long\nprovider: local\naccelerator: v4-16\nlocal:\n  workers: 1\n  slices: 2\n"
         "  devices_per_worker: 1\n"
     )
     runs = tmp_path / "home" / "buckets" / "long" / "runs"
-    few = (
-        tmp_path / "test.jsonl"
-    )  # a test set of 40 numbers: the point is how often it is tested, not the score
+    # a test set of 40 numbers: the point is how often it is tested, not the score
+    few = tmp_path / "test.jsonl"
     few.write_text(
         "".join(
             (Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:40]
@@ -124,10 +122,9 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
         and f"training steps {at + 1} to 48" in first_log
     )
     print(
-        f"\nstop --checkpoint: step {at} complete {json.loads(stopped.stdout)['checkpoint']['latency_s']} s "
-        "after "
-        f"the ask, stopped {stop_seconds:.1f} s after it; the resume to step 48 took "
-        f"{time.monotonic() - relaunched:.0f} s"
+        f"\nstop --checkpoint: step {at} complete {json.loads(stopped.stdout)['checkpoint']['latency_s']} "
+        f"s after the ask, stopped {stop_seconds:.1f} s after it; the resume to step 48 "
+        f"took {time.monotonic() - relaunched:.0f} s"
     )
     assert info(first)["status"] == "finished", info(first)
     assert (first / rundir.EXPORT_HF / "config.json").is_file()

@@ -102,9 +102,8 @@ def test_the_test_set_is_decoded_once_on_the_workers_and_its_predictions_merge_i
     from tpuft.scoring import predictions
 
     test = quickstart.summary["test"]
-    assert (
-        test["test_examples"] == 500 and test["test_checkpoint_step"] == STEPS
-    )  # no keep_best: the last weights
+    # no keep_best: the last weights
+    assert test["test_examples"] == 500 and test["test_checkpoint_step"] == STEPS
     assert test["test_exact_match"] >= 0.9 and {"test_bleu", "test_rouge_l", "test_seconds"} <= set(test)
     print(f"\nquickstart test: exact match {test['test_exact_match']} in {test['test_seconds']} s")
     (row,) = [r for r in rundir.read_metrics(quickstart.run_dir).rows if "test_exact_match" in r]

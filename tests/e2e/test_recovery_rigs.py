@@ -100,9 +100,8 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         env["TPUFT_TEST_TOKEN"] = marker  # named in the cluster file, taken from the controller's environment
         argv_scan = ArgvWatch(marker, "-m\x00tpuft.worker\x00", interval=0.2).start()  # the trainers' argv
         _publish_host_keys(tpu, first, second)
-        (second.root / "authorized_keys").write_text(
-            Path(f"{first.client_key}.pub").read_text()
-        )  # the user's one key
+        # the user's one key
+        (second.root / "authorized_keys").write_text(Path(f"{first.client_key}.pub").read_text())
         multislice = (
             "gcp:\n  queued: true\n  spot: true\n  slices: 2\n"  # 2 slices x 1 host: e2e-gcp-0, e2e-gcp-1
         )
@@ -262,13 +261,10 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
             default=None,
         )
         print(
-            f"recovery: the watcher saw the preemption {recovery['detected'] - preempted_at:.1f} s after it; "
-            "trainers "
-            f"running again {recovery['back_s']} s after that; first "
-            f"logged step after it {first_again - preempted_at if first_again else float('nan'):.1f} s after "
-            "the "
-            f"preemption; run ended {time.time() - preempted_at:.0f} s after it; the record: "
-            f"{json.dumps(recovery)}"
+            f"recovery: the watcher saw the preemption {recovery['detected'] - preempted_at:.1f} s after "
+            f"it; trainers running again {recovery['back_s']} s after that; first logged step after "
+            f"it {first_again - preempted_at if first_again else float('nan'):.1f} s after the preemption; "
+            f"run ended {time.time() - preempted_at:.0f} s after it; the record: {json.dumps(recovery)}"
         )
 
         shown = subprocess.run(
@@ -344,14 +340,14 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         events = read_events(Run.from_url(run_url).storage)
         trained = max(e["to_step"] for e in events if e["kind"] == "steps" and e["attempt"] == 1)
         restored = [e["step"] for e in events if e["kind"] == "checkpoint_restore" and e["attempt"] == 2]
+        # zero steps lost to maintenance
         assert trained == saved_at and restored == [saved_at], (
             trained,
             restored,
-        )  # zero steps lost to maintenance
+        )
         print(
-            f"maintenance: heard at step {heard_at}, {json.dumps(window)}; attempt 1 trained to step "
-            f"{trained}, "
-            f"attempt 2 restored step {restored[0]}"
+            f"maintenance: heard at step {heard_at}, {json.dumps(window)}; attempt 1 trained to "
+            f"step {trained}, attempt 2 restored step {restored[0]}"
         )
         print(f"goodput of the recovered run: {json.dumps(good)}")
         keep = os.environ.get("TPUFT_KEEP_RUN")

@@ -45,9 +45,8 @@ def pod(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Pod:
     pod = created_pod(tmp_path_factory.mktemp("t5x-e2e"), "t5x-pod")
     setup = pod.tpuft("setup", "t5x_quickstart", *SOURCE, timeout=1200)
     assert setup.returncode == 0, setup.stderr[-3000:]
-    assert (
-        "venv ready (cached)" in setup.stdout + setup.stderr
-    )  # the fixture t5x_python built it, through the same cache key
+    # the fixture t5x_python built it, through the same cache key
+    assert "venv ready (cached)" in setup.stdout + setup.stderr
     return pod
 
 
@@ -262,19 +261,16 @@ def test_span_corruption_loss_falls_over_2_slices_x_2_partitions(pod: Pod) -> No
     assert spec["task"] == "span_corruption" and spec["inputs_length"] == 128
     gin = (run / "t5x" / "run.gin").read_text()
     assert "partitioning.PjitPartitioner.num_partitions = 2" in gin
-    assert (
-        "partitioning.PjitPartitioner.ici_mesh_shape = [1, 1, 2]" in gin
-    )  # within a slice: 1 replica x 2 partitions
+    # within a slice: 1 replica x 2 partitions
+    assert "partitioning.PjitPartitioner.ici_mesh_shape = [1, 1, 2]" in gin
     assert "partitioning.PjitPartitioner.dcn_mesh_shape = [2, 1, 1]" in gin  # over the slices: 2 replicas
-    layout = json.loads(
-        (run / "t5x" / "layout.json").read_text()
-    )  # read by the trainer from the arrays themselves
+    # read by the trainer from the arrays themselves
+    layout = json.loads((run / "t5x" / "layout.json").read_text())
     assert (layout["hosts"], layout["devices_per_host"]) == (2, 2), layout
     assert layout["mesh"] == {"replica": 2, "data": 1, "model": 2}, layout
     example = layout["example"]
-    assert layout["params_sharded"] > 0 and layout["sharded_over"] == ["model"], (
-        layout
-    )  # never over the slices
+    # never over the slices
+    assert layout["params_sharded"] > 0 and layout["sharded_over"] == ["model"], layout
     assert "'model'" in example["spec"] and sum(example["per_device"]) < sum(example["shape"]), example
     for worker in (0, 1):
         log = (run / rundir.LOGS_DIR / f"worker-{worker}.log").read_text()
@@ -283,9 +279,8 @@ def test_span_corruption_loss_falls_over_2_slices_x_2_partitions(pod: Pod) -> No
             "device layout: 2 host(s) x 2 device(s), mesh replica 2 x data 1 x model 2 (2 replicas x 2 "
             "partitions)" in log
         )
-        assert (
-            "batch split: this host feeds 16 of each batch's 32 rows" in log
-        )  # its slice's replica: half of it
+        # its slice's replica: half of it
+        assert "batch split: this host feeds 16 of each batch's 32 rows" in log
 
 
 def test_fine_tuning_from_a_t5x_checkpoint_counts_steps_after_it(quickstart: Finished, pod: Pod) -> None:
@@ -293,6 +288,7 @@ def test_fine_tuning_from_a_t5x_checkpoint_counts_steps_after_it(quickstart: Fin
     so the gin says 640 for 40 more steps; tpuft's own step counts from 0; the restored weights already read
     numbers."""
     initial = quickstart.run_dir / LAYOUT.checkpoints / "checkpoint_600"
+    # the quickstart tests
     done = pod.tpuft(
         "train",
         "t5x_quickstart",
@@ -316,16 +312,14 @@ def test_fine_tuning_from_a_t5x_checkpoint_counts_steps_after_it(quickstart: Fin
         "train.learning_rate=1.0e-3",
         "--set",
         "data.test=null",
-    )  # the quickstart tests
+    )
     assert done.returncode == 0, done.stderr[-6000:]
     summary = json.loads(done.stdout)
     run = Path(summary["run_dir"])
     assert "TRAIN_STEPS = 640" in (run / "t5x" / "run.gin").read_text()
     assert [r["step"] for r in rows(run) if "loss" in r] == [20, 40]
     steps = sorted(dict(LAYOUT.local_checkpoints(run / LAYOUT.checkpoints)))
-    assert steps[-1] == 640 and steps[0] >= 600, (
-        steps
-    )  # T5X saves the restored step first, then the run's last
-    assert summary["last_eval"]["eval_exact_match"] >= 0.9, summary[
-        "last_eval"
-    ]  # it started from the trained weights
+    # T5X saves the restored step first, then the run's last
+    assert steps[-1] == 640 and steps[0] >= 600, steps
+    # it started from the trained weights
+    assert summary["last_eval"]["eval_exact_match"] >= 0.9, summary["last_eval"]

@@ -193,12 +193,10 @@ def test_t5x_up_on_gcp_rigs(rigs: Rigs) -> None:
     gin = rigs.text(run_url, "t5x/run.gin") or ""
     assert f"MODEL_DIR = '{run_url}/checkpoints'" in gin and "TRAIN_STEPS = 40" in gin
     complete = rigs.checkpoints(run_url)
-    assert 40 in complete and set(complete) <= {20, 40}, (
-        complete
-    )  # written by Orbax on the workers, manifest by tpuft
-    assert any(
-        n.startswith("checkpoints/checkpoint_40/") and "ocdbt" in n for n in names
-    )  # tensorstore's OCDBT
+    # written by Orbax on the workers, manifest by tpuft
+    assert 40 in complete and set(complete) <= {20, 40}, complete
+    # tensorstore's OCDBT
+    assert any(n.startswith("checkpoints/checkpoint_40/") and "ocdbt" in n for n in names)
 
     rows = rigs.rows(run_url)
     assert [r["step"] for r in rows if "loss" in r] == [10, 20, 30, 40]
@@ -220,9 +218,8 @@ def test_t5x_up_on_gcp_rigs(rigs: Rigs) -> None:
     predict_in_the_bucket(rigs.gcs, rigs.tpuft, run_url, "t5x")
     proxied = {url.split("/")[2] for method, url in rigs.proxy.requests if method != "CONNECT"}
     assert "www.googleapis.com" in proxied, proxied  # TensorFlow's GCS filesystem was in the path
-    assert not any(method == "CONNECT" for method, _ in rigs.proxy.requests), (
-        rigs.proxy.requests
-    )  # nothing else
+    # nothing else
+    assert not any(method == "CONNECT" for method, _ in rigs.proxy.requests), rigs.proxy.requests
 
 
 def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: Rigs) -> None:
@@ -265,9 +262,8 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
     assert info["status"] == "failed" and info["culprit"] == 1, info
     assert info["cause"].startswith("slice 1 host 0 (worker 1)"), info  # the killed host is slice 1's
     peer = rigs.json(run_url, "attempts/1/worker-0.json") or {}
-    assert peer.get("final") and peer.get("status") == "stopped", (
-        peer
-    )  # worker 0 did not hang in its collective
+    # worker 0 did not hang in its collective
+    assert peer.get("final") and peer.get("status") == "stopped", peer
     assert max(rigs.checkpoints(run_url)) < 60
     resumed_from = max(rigs.checkpoints(run_url))
 
@@ -280,19 +276,16 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
         assert log.count(f"multislice: slice {worker} of 2, host 0 of 1") == 2, log[-3000:]
         assert log.count("mesh replica 2 x data 1 x model 1") == 2, log[-3000:]
     train_steps = [r["step"] for r in rigs.rows(run_url) if "loss" in r]
-    assert train_steps == [10, 20, 30, 40, 50, 60], (
-        train_steps
-    )  # rows after the checkpoint dropped and logged anew
+    # rows after the checkpoint dropped and logged anew
+    assert train_steps == [10, 20, 30, 40, 50, 60], train_steps
     assert max(rigs.checkpoints(run_url)) == 60
-    tests = [
-        r for r in rigs.rows(run_url) if "test_examples" in r
-    ]  # the resumed run ends with the run's one test
+    # the resumed run ends with the run's one test
+    tests = [r for r in rigs.rows(run_url) if "test_examples" in r]
     assert len(tests) == 1 and tests[0]["test_checkpoint_step"] == 60, tests
     assert "export/hf/model.safetensors" in rigs.names(run_url)
     restores = [e for e in rigs.events(run_url, 2) if e["kind"] == "checkpoint_restore"]
-    assert [e["step"] for e in restores] == [resumed_from] and restores[0]["s"] > 0, (
-        restores
-    )  # timed in T5X's start-up
+    # timed in T5X's start-up
+    assert [e["step"] for e in restores] == [resumed_from] and restores[0]["s"] > 0, restores
 
 
 def check_goodput_events(events: list[dict[str, Any]]) -> None:

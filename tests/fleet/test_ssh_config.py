@@ -184,8 +184,7 @@ def jump_config(tmp_path: Path, bastion: Bastion, known_hosts: Path, extra: str 
     config.write_text(
         f"Host jump\n  HostName {bastion.address}\n  Port {bastion.port}\n  User {bastion.user}\n"
         f"  IdentityFile {bastion.client_key}\n  UserKnownHostsFile {known_hosts}\n"
-        f"  GlobalKnownHostsFile /dev/null\n{extra}"
-        "Host 127.0.1.1? 127.0.1.2?\n  ProxyJump jump\n"
+        f"  GlobalKnownHostsFile /dev/null\n{extra}Host 127.0.1.1? 127.0.1.2?\n  ProxyJump jump\n"
     )
     return config
 
@@ -224,9 +223,8 @@ def proxycommand_config(bastion: Bastion, tmp_path: Path) -> Path:
     config = tmp_path / "ssh_config"
     config.write_text(
         "Host 127.0.1.1? 127.0.1.2?\n"
-        f"  ProxyCommand ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile={bastion_known} -i "
-        f"{bastion.client_key} "
-        f"-p {bastion.port} {bastion.user}@{bastion.address} -W %h:%p\n"
+        f"  ProxyCommand ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile={bastion_known} "
+        f"-i {bastion.client_key} -p {bastion.port} {bastion.user}@{bastion.address} -W %h:%p\n"
     )
     return config
 

@@ -64,11 +64,12 @@ def test_the_first_failure_stops_the_others_and_is_named() -> None:
     result = run([survivor, culprit, late])
     assert result.first_failure == 1 and not result.ok
     assert survivor.events[0] == "TERM" and late.events[0] == "TERM"
+    # stopped by us, not failures of their own
     assert [r.exit_code for r in result.results] == [
         None,
         3,
         None,
-    ]  # stopped by us, not failures of their own
+    ]
 
 
 def test_without_fail_fast_everyone_runs_to_the_end() -> None:

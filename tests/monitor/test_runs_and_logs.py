@@ -194,9 +194,8 @@ def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(
         time.sleep(0.3)
         with (logs_dir / "worker-0.log").open("a") as handle:
             handle.write(f"{log_timestamp()} second\n{log_timestamp()} half")
-        (logs_dir / "worker-1.log").write_text(
-            f"{log_timestamp()} late worker\n"
-        )  # a worker whose log appears later
+        # a worker whose log appears later
+        (logs_dir / "worker-1.log").write_text(f"{log_timestamp()} late worker\n")
         time.sleep(0.3)
         with (logs_dir / "worker-0.log").open("a") as handle:
             handle.write(" a line\n")
@@ -216,9 +215,8 @@ def test_follow_prints_lines_as_they_arrive_and_stops_when_the_run_ends(
 def test_bucket_run_monitor_runs_and_logs(
     cli, gcs: GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        "tpuft.providers.gcp.tuning.RETRY_BASE_S", 0.01
-    )  # the unreachable TPU API below fails fast
+    # the unreachable TPU API below fails fast
+    monkeypatch.setattr("tpuft.providers.gcp.tuning.RETRY_BASE_S", 0.01)
     local = write_run(tmp_path / "staging", "remote-1", status="running", steps=20, evals=[(20, 0.5)])
     (local / "logs").mkdir()
     (local / "logs" / "worker-0.log").write_text("2026-11-22T06:00:00.000Z hello from the bucket\n")

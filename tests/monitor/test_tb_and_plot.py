@@ -120,9 +120,8 @@ def test_truncated_corrupt_and_restarted_files_are_survived(tmp_path: Path) -> N
     assert steps == [100, 200, 300, 400, 500, 600]  # 700 was in the cut record
     assert log.rows[2]["loss"] == 0.5 and log.rows[2]["eval_loss"] == 1.0 and log.rows[3]["loss"] == 0.25
     assert len(log.notes) == 2, log.notes
-    assert any(
-        "host.2.0: truncated or corrupt after 3 record(s)" in n for n in log.notes
-    )  # header + 2 events
+    # header + 2 events
+    assert any("host.2.0: truncated or corrupt after 3 record(s)" in n for n in log.notes)
     assert any("1.junk: truncated or corrupt after 0 record(s)" in n for n in log.notes)
 
 
@@ -333,9 +332,8 @@ def test_tensorboard_on_a_bucket_run_mirrors_and_resyncs(tmp_path: Path, gcs: Gc
     bucket.upload_tree(t5x_tb(tmp_path / "tb"), f"runs/{run_id}/tb")
     handle = start_tensorboard(f"gs://{BUCKET}/runs/{run_id}/", sync_interval_s=0.3)
     try:
-        assert (
-            handle.logdir == tpuft_home() / "runs" / BUCKET / "runs" / run_id / "tb"
-        )  # the run's one mirror
+        # the run's one mirror
+        assert handle.logdir == tpuft_home() / "runs" / BUCKET / "runs" / run_id / "tb"
         assert runs_listed(handle.url, ["train", "training_eval/mytask"]) == ["train", "training_eval/mytask"]
         # the run goes on: a new eval task appears in the bucket and reaches the mirror on a later sync
         new = write_events(tmp_path / "later" / "training_eval" / "othertask", [(400, {"loss": 0.5})])

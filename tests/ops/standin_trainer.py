@@ -25,9 +25,8 @@ def main() -> int:
     home = Path(os.environ["HOME"])
     plan = json.loads((home / "standin.json").read_text()) if (home / "standin.json").exists() else {}
     ctx = WorkerContext.from_env()
-    multislice = apply_megascale_env(
-        ctx
-    )  # as tpuft.worker's main does: the MEGASCALE variables land in trainer.json
+    # as tpuft.worker's main does: the MEGASCALE variables land in trainer.json
+    multislice = apply_megascale_env(ctx)
     (home / "trainer.json").write_text(
         json.dumps({"pid": os.getpid(), "argv": sys.argv, "env": dict(os.environ)})
     )

@@ -227,9 +227,8 @@ def test_the_warm_path_prints_and_exits_like_the_cold_path(fresh: Rig) -> None:
     served = rig.ping()
     assert served is not None and served["pid"] == agent["pid"]
     assert served["requests"] - agent["requests"] == 6  # the bad worker specs went the cold way
-    typer = rig.tpuft(
-        "exec", "-c", str(rig.cluster), "echo typer $TPUFT_WORKER_ID"
-    )  # no `--`: the Typer command
+    # no `--`: the Typer command
+    typer = rig.tpuft("exec", "-c", str(rig.cluster), "echo typer $TPUFT_WORKER_ID")
     assert typer.returncode == 0 and sorted(typer.stdout.split("\n")[:-1]) == [
         f"[w{i}] typer {i}" for i in range(4)
     ]
@@ -334,9 +333,8 @@ def test_a_recreated_cluster_does_not_reach_the_old_agent(fresh: Rig, tmp_path: 
     assert rig.exec("--", "true").returncode == 0
     old = rig.wait_agent()
     with SshdPod(tmp_path / "pod", workers=4, first_address=40, port=rig.pod.port) as other:
-        other.root.joinpath("authorized_keys").write_text(
-            Path(f"{rig.pod.client_key}.pub").read_text()
-        )  # same key
+        # same key
+        other.root.joinpath("authorized_keys").write_text(Path(f"{rig.pod.client_key}.pub").read_text())
         for i in range(4):
             other.home(i).mkdir(parents=True, exist_ok=True)
             (other.home(i) / "where").write_text("new node\n")
@@ -370,12 +368,10 @@ def test_an_edited_ssh_config_or_another_node_does_not_reach_the_old_agent(fresh
     try:
         assert rig.exec("--", "true").returncode == 0
         old = rig.wait_agent()
-        ssh_config.write_text(
-            "Host 203.0.113.*\n    User someone-else\n"
-        )  # matches no worker: same workers reached
-        assert (
-            rig.ping() is None
-        )  # the client's agent id changed: the old socket is not this cluster's any more
+        # matches no worker: same workers reached
+        ssh_config.write_text("Host 203.0.113.*\n    User someone-else\n")
+        # the client's agent id changed: the old socket is not this cluster's any more
+        assert rig.ping() is None
         result = rig.exec("--", "echo still")
         assert result.returncode == 0 and result.stdout.count("still") == 4, result.stderr
         wait_gone(old["pid"])  # the old agent saw the file change and ended
@@ -409,9 +405,8 @@ def as_nobody(sock: Path) -> str:
         os.close(read)
         word = b"answered"
         try:
-            os.chdir(
-                sock.parent
-            )  # as root: only the agents folder's own permissions count, not the test's tmp dirs
+            # as root: only the agents folder's own permissions count, not the test's tmp dirs
+            os.chdir(sock.parent)
             os.setgid(65534)
             os.setuid(65534)
             client = socket.socket(socket.AF_UNIX)
@@ -443,9 +438,8 @@ def test_another_user_cannot_reach_the_agent(fresh: Rig) -> None:
     sock = next(rig.agents.glob("*.sock"))
     assert (sock.stat().st_mode & 0o777) == 0o600
     assert as_nobody(sock) == "refused"  # the folder and the socket let nobody else in
-    rig.agents.chmod(
-        0o711
-    )  # and were they opened up by mistake, the agent checks who is calling (SO_PEERCRED)
+    # and were they opened up by mistake, the agent checks who is calling (SO_PEERCRED)
+    rig.agents.chmod(0o711)
     sock.chmod(0o666)
     try:
         assert as_nobody(sock) == "closed"
@@ -476,10 +470,11 @@ def test_the_second_tpuft_ssh_reuses_the_first_connection(fresh: Rig) -> None:
     """`tpuft ssh` is OpenSSH with ControlMaster=auto/ControlPersist: the same TCP connection (the remote sees
     the same client port) serves the second shell."""
     rig = fresh
+    # ControlPersist: the master outlives the gap between the two shells, however slow the machine
     env = {
         **rig.env,
         "TPUFT_AGENT_IDLE_S": "20",
-    }  # ControlPersist: the master outlives the gap between the two shells, however slow the machine
+    }
     ports = []
     for _ in range(2):
         shell = subprocess.run(
@@ -522,9 +517,8 @@ def test_a_stale_memory_of_the_cluster_goes_the_cold_way(fresh: Rig) -> None:
     result = rig.exec("--", "echo $TPUFT_WORKER_ID")
     assert result.returncode == 0 and len(result.stdout.splitlines()) == 4
     assert rig.ping() is None or rig.ping()["requests"] == agent["requests"]  # type: ignore[index]
-    assert (
-        json.loads(record_path.read_text())["time"] > record["time"] - 60
-    )  # the cold path asked the API again
+    # the cold path asked the API again
+    assert json.loads(record_path.read_text())["time"] > record["time"] - 60
     again = rig.wait_agent()
     assert rig.exec("--", "true").returncode == 0
     assert rig.ping()["requests"] == again["requests"] + 1  # type: ignore[index]

@@ -63,9 +63,8 @@ def test_a_healthy_local_pod_passes_and_a_cut_off_venv_and_a_busy_worker_are_nam
     assert statuses[(0, "port")] == "skip"  # a local pod's coordinator port is picked free at launch
 
     (venv / MARKER).unlink()  # a build cut off: the workers share the local pod's venv cache
-    current = (
-        worker_home(1) / STATE_DIR / "current.json"
-    )  # worker 1's supervisor serves a live run (this process)
+    # worker 1's supervisor serves a live run (this process)
+    current = worker_home(1) / STATE_DIR / "current.json"
     current.parent.mkdir(parents=True)
     current.write_text(
         json.dumps(
@@ -188,9 +187,8 @@ def test_tpu_hosts_name_a_stale_chip_holder_a_taken_port_a_stale_lockfile_and_no
                 "clock",
             }, (healthy.problems(), healthy.warnings())
 
-            monkeypatch.setenv(
-                "TPUFT_DOCTOR_SKIP_LISTEN", str(cross_slice)
-            )  # a firewall that lets 8081 through no more
+            # a firewall that lets 8081 through no more
+            monkeypatch.setenv("TPUFT_DOCTOR_SKIP_LISTEN", str(cross_slice))
             walled = {
                 (f.worker, f.check): f for f in doctor.examine(session, recipe).findings if f.check == "reach"
             }

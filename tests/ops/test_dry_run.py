@@ -27,9 +27,8 @@ SECRET = "hf_secret-token-value-0123456789"
 @pytest.fixture
 def fake_tpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(tuning, "POLL_SECONDS", 0.0)
-    monkeypatch.setenv(
-        "STORAGE_EMULATOR_HOST", "http://127.0.0.1:9"
-    )  # a closed port: any bucket call would fail
+    # a closed port: any bucket call would fail
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
     monkeypatch.setenv("HF_TOKEN", SECRET)
     with FakeTpuServer(operation_polls=1, queued_gets_per_state=0) as server:
         yield server

@@ -107,9 +107,8 @@ def project(fake_tpu: FakeTpuServer, gcs: GcsEmulator, tmp_path: Path) -> Path:
         gcs.client().create_bucket(BUCKET)
     now = time.time()
     _node(fake_tpu, HOME_ZONE, "spot-gone", OURS, spot=True)  # PREEMPTED: a leak
-    _node(
-        fake_tpu, OTHER_ZONE, "old-term", OURS, accelerator="v4-16"
-    )  # TERMINATED, in the --zone zone: a leak
+    # TERMINATED, in the --zone zone: a leak
+    _node(fake_tpu, OTHER_ZONE, "old-term", OURS, accelerator="v4-16")
     _node(fake_tpu, HOME_ZONE, "theirs", {"team": "vision"})  # not tpuft's: never touched, even PREEMPTED
     _node(fake_tpu, HOME_ZONE, "idle", OURS)  # READY, last run ended 5 h ago: a leak
     _node(fake_tpu, HOME_ZONE, "busy", OURS)  # READY, its run is live: kept

@@ -61,9 +61,8 @@ def test_status_shows_the_api_s_maintenance_and_the_watcher_asks_before_it(  # t
     path = cluster_yaml(tmp_path, fake_tpu)
     assert cli("create", "-c", str(path), "--yes").code == 0
     assert "maintenance" not in json.loads(cli("status", "-c", str(path), "--json").out)["details"]
-    window = fake_tpu.announce_maintenance(
-        "tp", starts_in=7200, lasts=600
-    )  # two hours ahead: shown, not acted on
+    # two hours ahead: shown, not acted on
+    window = fake_tpu.announce_maintenance("tp", starts_in=7200, lasts=600)
     shown = json.loads(cli("status", "-c", str(path), "--json").out)["details"]["maintenance"]
     assert shown == f"SCHEDULED PENDING {window['windowStartTime']} .. {window['windowEndTime']}"
     assert f"maintenance: {shown}" in cli("status", "-c", str(path)).out
@@ -202,9 +201,8 @@ def test_a_run_stopped_for_maintenance_waits_out_the_window(tmp_path: Path) -> N
     said: list[str] = []
     info = {"status": "stopped", "cause": window.reason(), "attempt": 1}
     assert wait_out_window(info, said.append, lambda: renewed.append(time.time()), poll=0.05, run=run)
-    assert (
-        time.time() >= end and renewed and f"ends at {rfc3339(end)}" in said[0]
-    )  # no trainer answered: said nothing
+    # no trainer answered: said nothing
+    assert time.time() >= end and renewed and f"ends at {rfc3339(end)}" in said[0]
     assert not wait_out_window(
         {"status": "stopped", "cause": "stopped by the user"}, said.append, lambda: None, 1.0
     )
@@ -264,28 +262,28 @@ def test_a_refused_checkpoint_before_maintenance_is_asked_again_past_the_refusal
     second event."""
     run = _run(tmp_path, workers=2)
     now = time.time()
+    # 0.5 steps/s by the heartbeat: far too slow
     run.storage.write_text(
         f"{rundir.HEARTBEAT_DIR}/worker-0.json",
         json.dumps({"step": 10, "time": now - 20.0, "examples_per_s": 4.0}),
-    )  # 0.5 steps/s by the heartbeat: far too slow
+    )
     window = Window("SCHEDULED", "PENDING", now + 60, now + 70)
     notices: list[str] = []
     watch = MaintenanceWatch(run, notices.append)
     first = watch.ask(window, source="TPU API", now=now)
-    assert (
-        first is not None and watch.ask(window, source="TPU API", now=now) is None
-    )  # it stands: not asked twice
+    # it stands: not asked twice
+    assert first is not None and watch.ask(window, source="TPU API", now=now) is None
+    # 40 steps in 20 s: 2 steps/s
     run.storage.write_text(
         f"{rundir.ATTEMPTS_DIR}/1/checkpoint-{first}-worker-0.json",
         json.dumps({"step": 50, "refused": "worker 0 was at step 50 ...", "time": now}),
-    )  # 40 steps in 20 s: 2 steps/s
+    )
     time.sleep(0.002)  # another millisecond: another request id
     again = watch.ask(window, source="TPU API", now=time.time())
     assert again is not None and again != first and "asked again" in notices[-1]
     (standing,) = [r for r in _requests(run) if r["id"] == again]
-    assert (
-        int(standing["at_step"]) >= 50 + 2 * 3
-    )  # past the refusal, at the measured speed over the relay's 3 s slack
+    # past the refusal, at the measured speed over the relay's 3 s slack
+    assert int(standing["at_step"]) >= 50 + 2 * 3
     assert [e["kind"] for e in _events(run)] == ["maintenance"]
 
 

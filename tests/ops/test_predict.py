@@ -36,10 +36,11 @@ def make_run(
     run = Path(run_storage(load_cluster(cluster_file).value).url) / "runs" / RUN_ID
     recipe = QUICKSTART.replace("train:\n", f"train:\n  keep_best: {str(keep_best).lower()}\n", 1)
     metrics = [{"step": step, "eval_exact_match": value} for step, value in (evals or {}).items()]
+    # no manifest: incomplete
     files = {
         "recipe.yaml": recipe.encode(),
         "checkpoints/step_00009999/config.json": b"{}",
-    }  # no manifest: incomplete
+    }
     if export:
         files["export/hf/config.json"] = b"{}"
     write_run(
@@ -77,9 +78,8 @@ def test_a_run_predicts_with_its_last_complete_checkpoint_or_its_best_under_keep
     best = ops.resolve_source(config, RUN_ID[:12], options(tmp_path))
     assert best.step == 500 and "best eval: eval_exact_match = 0.9 at step 500" in best.notes
 
-    write_run(
-        run.parent / "predict-quickstart-20261126-020000-0001", info={"job": "predict"}
-    )  # newer, not a model
+    # newer, not a model
+    write_run(run.parent / "predict-quickstart-20261126-020000-0001", info={"job": "predict"})
     assert ops.resolve_source(config, "latest", options(tmp_path)).run.id == RUN_ID  # type: ignore[union-attr]
     folder = ops.resolve_source(config, str(run / "checkpoints" / "step_00000500"), options(tmp_path))
     assert (folder.kind, folder.backend, folder.step, folder.run.id) == (
@@ -155,9 +155,8 @@ def test_every_bad_input_line_is_located_before_anything_starts(
         str(cluster_file),
         "--json",
     )
-    assert (
-        result.code == 2 and f"{bad}:2:" in json.loads(result.out)["error"]
-    )  # only the line that is no JSON
+    # only the line that is no JSON
+    assert result.code == 2 and f"{bad}:2:" in json.loads(result.out)["error"]
 
 
 def test_an_existing_output_needs_resume_of_the_same_job_or_overwrite(

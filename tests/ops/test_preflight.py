@@ -87,9 +87,8 @@ def test_bad_lines_are_located(setup, data: bytes, line: int, fragment: str) -> 
 
 def test_templates_are_checked_against_the_data(setup) -> None:  # type: ignore[no-untyped-def]
     folder, _, check = setup
-    text = check(
-        overrides=["data.source_template='question: {nosuchfield}'"]
-    )  # no line has it: the recipe is wrong
+    # no line has it: the recipe is wrong
+    text = check(overrides=["data.source_template='question: {nosuchfield}'"])
     assert (
         f"--set data.source_template='question: {{nosuchfield}}': data.source_template: no line of "
         f"{folder / 'train.jsonl'} has a field 'nosuchfield' (they have: q, a)" in text

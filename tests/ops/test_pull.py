@@ -155,9 +155,8 @@ def test_best_prefers_exact_match_then_loss_and_falls_back_to_latest() -> None:
     by_loss = [{"step": 10, "eval_loss": 0.5}, {"step": 30, "eval_loss": 0.7}]
     assert choose_checkpoints("best", steps, by_loss) == ([10], ["best eval: eval_loss = 0.5 at step 10"])
     early = [{"step": 5, "eval_loss": 0.5}]
-    assert choose_checkpoints("best", steps, early)[0] == [
-        10
-    ]  # nothing at or before step 5: the closest after
+    # nothing at or before step 5: the closest after
+    assert choose_checkpoints("best", steps, early)[0] == [10]
 
     chosen, notes = choose_checkpoints("best", steps, [])
     assert chosen == [30]
@@ -265,9 +264,8 @@ def test_gcs_pull_is_byte_identical_and_a_second_pull_downloads_nothing(
     gcs.requests.clear()
     again = pull(url, dest, checkpoints="latest")
     assert (again.files_fetched, again.files_skipped, again.bytes_fetched) == (0, result.files_total, 0)
-    assert (
-        media_gets(gcs) == media_gets(gcs, "/run.json") == 1
-    )  # the rest compared by size and crc32c: no GET
+    # the rest compared by size and crc32c: no GET
+    assert media_gets(gcs) == media_gets(gcs, "/run.json") == 1
 
     more = pull(url, dest, checkpoints="all")  # into a folder holding an older pull: only what is new
     assert (more.files_fetched, more.files_skipped) == (2, result.files_total)
@@ -476,9 +474,8 @@ def test_ctrl_c_stops_a_pull_at_once_and_leaves_no_partial_file(
 
     want = expected(files, [10, 20])
     landed = read_tree(dest)
-    assert (
-        interrupted and 0 < len(landed) < len(want) // 2
-    )  # without stopping, all but one file went on to land
+    # without stopping, all but one file went on to land
+    assert interrupted and 0 < len(landed) < len(want) // 2
     assert all(data == want[rel] for rel, data in landed.items())
     assert not partials(dest)
     resumed = pull(url, dest, checkpoints="all")

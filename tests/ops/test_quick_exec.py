@@ -107,9 +107,8 @@ def test_a_stale_plan_costs_one_api_check_then_works(
         code, out, err = fast_exec(path, "touch ran-$TPUFT_WORKER_ID", monkeypatch, capsys)
         assert code == 0, err
         assert (pod.home(0) / "ran-0").exists() and (pod.home(1) / "ran-1").exists()
-        assert (
-            len(tpu.calls("GetGuestAttributes")) == 1
-        )  # one re-check (and the key put back in the new node's metadata)
+        # one re-check (and the key put back in the new node's metadata)
+        assert len(tpu.calls("GetGuestAttributes")) == 1
         seen_an_hour_ago(path)
         tpu.requests.clear()
         assert fast_exec(path, "true", monkeypatch, capsys)[0] == 0
@@ -126,19 +125,16 @@ def test_a_changed_host_key_is_still_refused(
 ) -> None:
     with SshdPod(tmp_path / "pod", workers=2, first_address=130) as pod:
         path = remembered(cli, tmp_path, tpu, pod)
-        pod.swap_host_key(
-            1
-        )  # the API still publishes the old key: someone else answers on worker 1's address
+        # the API still publishes the old key: someone else answers on worker 1's address
+        pod.swap_host_key(1)
         tpu.requests.clear()
 
         code, out, err = fast_exec(path, "touch ran-$TPUFT_WORKER_ID", monkeypatch, capsys)
         assert code == 1 and "worker 1" in err and "not the one pinned from the TPU API" in err, err
-        assert (
-            not (pod.home(0) / "ran-0").exists() and not (pod.home(1) / "ran-1").exists()
-        )  # nothing ran anywhere
-        assert (
-            len(tpu.calls("GetGuestAttributes")) == 1
-        )  # the pins were checked with the API once, then refused
+        # nothing ran anywhere
+        assert not (pod.home(0) / "ran-0").exists() and not (pod.home(1) / "ran-1").exists()
+        # the pins were checked with the API once, then refused
+        assert len(tpu.calls("GetGuestAttributes")) == 1
 
 
 def test_no_plan_with_worker_env_or_after_the_file_changed(

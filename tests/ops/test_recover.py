@@ -140,9 +140,8 @@ def test_a_watcher_whose_lease_was_taken_over_stops_and_leaves_it(lease_run: Run
     with pytest.raises(WatchTakenOver) as taken:
         with watcher_lease(lease_run, policy) as renew:
             renew()
-            lease_run.storage.write_text(
-                WATCHER, json.dumps(other)
-            )  # the takeover, as the other machine writes it
+            # the takeover, as the other machine writes it
+            lease_run.storage.write_text(WATCHER, json.dumps(other))
             renew()
     assert "pid 777 on workstation.example" in taken.value.message
     assert json.loads(lease_run.storage.read_text(WATCHER) or "{}") == other  # still theirs
@@ -174,12 +173,12 @@ def test_a_detached_watcher_outlives_its_terminal_and_logs_to_the_state_folder(
 ) -> None:
     """``--detach --recover`` starts ``tpuft resume RUN --recover`` in a session of its own, output to a
     log."""
-    from tpuft.cli.training import _spawn_watcher
+    from tpuft.cli.watching import spawn_watcher
 
     monkeypatch.setenv("TPUFT_HOME", str(tmp_path / "home"))
     cluster = tmp_path / "tpuft.yaml"
     cluster.write_text(f"name: w\nprovider: local\nbucket: {tmp_path / 'bucket'}\n")
-    pid, log = _spawn_watcher("no-such-run", cluster)
+    pid, log = spawn_watcher("no-such-run", cluster)
     assert log == tmp_path / "home" / "watchers" / "no-such-run.log"
     assert os.getsid(pid) == pid  # its own session: a closed terminal's SIGHUP does not reach it
     deadline = time.monotonic() + 60
@@ -265,10 +264,11 @@ def test_a_stockout_while_recreating_is_tried_again_after_a_longer_back_off(
     assert node_problem(config, run.info()) == "node NOT_FOUND"
 
     _recover(config, run, run.info(), "node NOT_FOUND", Callbacks(), policy, slept.append, lambda: None)
+    # 2 s, in polls
     assert slept == [1.0, 1.0, 1.0] and done == [
         ("setup", "quickstart"),
         ("resume", "node NOT_FOUND"),
-    ]  # 2 s, in polls
+    ]
     assert get_provider(config).get().state == "READY" and len(tpu.calls("CreateNode")) == 3
 
     run.storage.write_text("run.json", json.dumps({**run.info(), "recoveries": [first, first]}))
@@ -343,12 +343,13 @@ def test_a_lost_slice_stops_the_others_and_recreates_the_whole_queued_resource(
     tpu.preempt("rc-1")
     problem = node_problem(config, info)
     assert problem == "node rc-1 (slice 1) PREEMPTED"
+    # the recreate waits for capacity
     tpu.queued_states = (
         "ACCEPTED",
         "WAITING_FOR_RESOURCES",
         "PROVISIONING",
         "ACTIVE",
-    )  # the recreate waits for capacity
+    )
     tpu.queued_gets_per_state = 3
     notices: list[str] = []
     policy = config.recover.model_copy(update={"backoff": 0.0})
@@ -402,9 +403,8 @@ def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(
     monkeypatch.setattr(recover_module, "open_session", lambda config: type("S", (), {})())
     monkeypatch.setattr(recover_module, "attach", lambda *a, **kw: AttachOutcome(ended=True))
     monkeypatch.setattr(recover_module, "wait_for_outcome", lambda run: None)
-    monkeypatch.setattr(
-        recover_module, "finalize", lambda run: None
-    )  # no outcome was written: the workers died
+    # no outcome was written: the workers died
+    monkeypatch.setattr(recover_module, "finalize", lambda run: None)
     monkeypatch.setattr(recover_module, "run_is_alive", lambda run: False)
     launch = Launch(hosts=(0, 1), python="py", package="pkg")
 
@@ -413,9 +413,8 @@ def test_workers_that_die_under_the_followers_are_explained_by_the_node_state(
             config, run, info, launch, Callbacks(), config.recover, lambda: None, False, None
         )
 
-    assert (
-        watch() == "the workers' supervisors are gone (the VMs restarted?)"
-    )  # the node is READY: no better word
+    # the node is READY: no better word
+    assert watch() == "the workers' supervisors are gone (the VMs restarted?)"
     tpu.preempt("rc")
     assert watch() == "node PREEMPTED"
 

@@ -107,9 +107,8 @@ def test_killing_the_controller_leaves_the_run_to_finish(tmp_path: Path, cli) ->
     info = ended(the_run(cluster, cli))
     assert info["status"] == "finished" and info["attempts"][0]["status"] == "finished"
     log = (the_run(cluster, cli) / "logs" / "worker-1.log").read_text()
-    assert (
-        "stand-in trainer 1 of 2" in log and "trainer ended: finished" in log
-    )  # TPUFT_WORKER_ID / NUM_WORKERS
+    # TPUFT_WORKER_ID / NUM_WORKERS
+    assert "stand-in trainer 1 of 2" in log and "trainer ended: finished" in log
 
 
 def test_a_crash_stops_every_worker_without_a_controller(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
@@ -202,9 +201,8 @@ def test_ctrl_c_detaches_and_attach_stop_resume_take_over(tmp_path: Path, cli) -
     assert json.loads(resumed.out)["attempt"] == 2
     info = run_info(run)
     assert info["status"] == "finished" and [a["status"] for a in info["attempts"]] == ["stopped", "finished"]
-    priced = run_cost(
-        info
-    )  # run.json's chips and pricing, as launched: both attempts priced, the local pod unbilled
+    # run.json's chips and pricing, as launched: both attempts priced, the local pod unbilled
+    priced = run_cost(info)
     assert (info["pricing"], info["chips"]) == ("on-demand", chips_of(info["accelerator"]))
     assert [a["attempt"] for a in priced.per_attempt] == [1, 2] and not priced.billed and priced.total_usd > 0
     env = json.loads((worker_home(1) / "trainer.json").read_text())["env"]

@@ -124,9 +124,8 @@ def test_exec_and_setup_see_worker_env_on_ssh_workers(tmp_path: Path, marker: st
         with ArgvWatch(marker, "sleep 1; echo") as watch:
             executed = tpuft("exec", "--", EXEC)
         assert executed.returncode == 0, executed.stderr
-        seen = sorted(
-            line for line in executed.stdout.splitlines() if "exec saw" in line
-        )  # not a shell's noise
+        # not a shell's noise
+        seen = sorted(line for line in executed.stdout.splitlines() if "exec saw" in line)
         assert seen == [f"[w{i}] exec saw MY_SECRET={marker}" for i in range(2)]
         assert watch.saw_probe and watch.in_argv == []
 

@@ -19,9 +19,8 @@ from tests.rigs.sshd_pod import SshdPod, sshd_available
 def fake_tpu(monkeypatch: pytest.MonkeyPatch, gcs: GcsEmulator) -> Iterator[FakeTpuServer]:
     monkeypatch.setattr(gcp_module, "POLL_SECONDS", 0.01)
     monkeypatch.setattr(gcp_module, "RETRY_BASE_S", 0.01)
-    monkeypatch.setattr(
-        gcp_module, "HOSTKEY_WAIT_S", 1.0
-    )  # a test that forgot to publish host keys fails fast
+    # a test that forgot to publish host keys fails fast
+    monkeypatch.setattr(gcp_module, "HOSTKEY_WAIT_S", 1.0)
     for key, value in gcs.env().items():  # `create` makes the bucket: in the emulator
         monkeypatch.setenv(key, value)
     with FakeTpuServer(operation_polls=2) as server:
@@ -34,9 +33,8 @@ def cluster_yaml(
     path = tmp_path / "tpuft.yaml"
     path.write_text(
         f"name: tp\nprovider: gcp\naccelerator: {accelerator}\n"
-        "gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: "
-        f"{server.endpoint}\n{extra_gcp}"
-        f"{ssh}"
+        "gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  "
+        f"tpu_api_endpoint: {server.endpoint}\n{extra_gcp}{ssh}"
     )
     return path
 
@@ -130,9 +128,8 @@ def test_queued_multislice_spot_and_forced_delete(cli, tmp_path: Path, fake_tpu:
     body = fake_tpu.calls("CreateQueuedResource")[0].body
     assert "spot" in body and body["queueingPolicy"]["validUntilDuration"] == "21600s"
     assert body["tpu"]["nodeSpec"][0]["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "tp"}
-    status = json.loads(
-        cli("status", "-c", str(cluster), "--json").out
-    )  # each slice, its node and its workers
+    # each slice, its node and its workers
+    status = json.loads(cli("status", "-c", str(cluster), "--json").out)
     assert [(s["node"], s["state"], s["workers"]) for s in status["slices"]] == [
         ("tp-0", "READY", ["0:0"]),
         ("tp-1", "READY", ["1:0"]),

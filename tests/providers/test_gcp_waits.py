@@ -110,10 +110,11 @@ def test_a_queued_resource_waiting_for_capacity_says_its_state(
         "waiting for Cloud TPU capacity for queued resource hk (ACTIVE once the chips are granted): " in err
     ), err
     assert "(24 h 0 min left)" in err and "\ndone: Cloud TPU capacity for queued resource hk" in err, err
+    # goodput's queue_wait: ACCEPTED, WAITING (4 gets each)
     started, waited = provider.nodes.queue_wait or (
         0.0,
         0.0,
-    )  # goodput's queue_wait: ACCEPTED, WAITING (4 gets each)
+    )
     assert 0.5 < waited < 30 and abs(started - time.time()) < 60, provider.nodes.queue_wait
 
     provider.delete()

@@ -156,9 +156,8 @@ def test_two_slices_make_their_workers_and_show_them(cli, tmp_path: Path, monkey
         refused.code == 2
         and "no slice 2 (the cluster has slices 0..1 of 2 hosts (0..1), workers 0..3)" in refused.err
     )
-    one_slice = (
-        tmp_path / "one.yaml"
-    )  # the same 4 workers as one slice: another shape, refused as local.workers is
+    # the same 4 workers as one slice: another shape, refused as local.workers is
+    one_slice = tmp_path / "one.yaml"
     one_slice.write_text(cluster.read_text().replace("workers: 2\n  slices: 2", "workers: 4"))
     other = cli("create", "-c", str(one_slice))
     assert (

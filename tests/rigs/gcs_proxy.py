@@ -187,9 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
         rig = self.server.rig
         rig._log(self.command, f"https://{self._tunnel_host}{self.path}")
         headers = {key: value for key, value in self.headers.items() if key.lower() not in _HOP_BY_HOP}
-        headers["Host"] = (
-            rig._upstream_netloc
-        )  # the emulator writes its Host into mediaLink, which others follow
+        # the emulator writes its Host into mediaLink, which others follow
+        headers["Host"] = rig._upstream_netloc
         if body or self.command in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(len(body))
         upstream = http.client.HTTPConnection(rig._upstream_netloc, timeout=300)

@@ -122,10 +122,11 @@ def test_create_node_operation_ends_with_a_ready_node(server: FakeTpuServer, cli
     assert node.name == f"{PARENT}/nodes/trainer"
     assert node.state == tpu_v2.Node.State.READY and node.health == tpu_v2.Node.Health.HEALTHY
     assert node.api_version == tpu_v2.Node.ApiVersion.V2 and node.create_time.year >= 2024
+    # v4-16: 8 chips, 4 per host
     assert [(e.ip_address, e.port, e.access_config.external_ip) for e in node.network_endpoints] == [
         ("127.0.1.10", 8470, "127.0.1.10"),
         ("127.0.1.11", 8470, "127.0.1.11"),
-    ]  # v4-16: 8 chips, 4 per host
+    ]
     assert dict(node.metadata) == {"k": "v"} and dict(node.labels) == {"team": "t5"}
     assert node.network_config.enable_external_ips
     assert [r.rpc for r in server.requests] == ["CreateNode", "GetOperation", "GetOperation"]
@@ -197,9 +198,8 @@ def test_worker_addresses_come_from_the_settable_pool(server: FakeTpuServer, cli
     assert addresses(first) == [("10.0.0.2", "34.0.0.2"), ("10.0.0.3", "34.0.0.3")]
     assert addresses(create_ready(client, "b")) == [("10.0.0.4", "34.0.0.4")]
     client.delete_node(name=first.name).result(polling=FAST_POLLING)
-    assert (
-        addresses(create_ready(client, "c", "v4-16"))[0][0] == "10.0.0.2"
-    )  # freed addresses come back first
+    # freed addresses come back first
+    assert addresses(create_ready(client, "c", "v4-16"))[0][0] == "10.0.0.2"
     server.worker_addresses = ["127.0.0.1"]  # exhausted pools are reused cyclically
     assert {e.ip_address for e in create_ready(client, "d", "v4-32").network_endpoints} == {"127.0.0.1"}
 
@@ -346,18 +346,16 @@ def test_creating_an_existing_node_is_conflict_not_already_exists(client: Any) -
     create_ready(client, "dup")
     with pytest.raises(gexc.Conflict) as error:
         client.create_node(parent=PARENT, node_id="dup", node=node_of())
-    assert (
-        type(error.value) is gexc.Conflict
-    )  # REST maps by HTTP status: 409 -> Conflict, never AlreadyExists
+    # REST maps by HTTP status: 409 -> Conflict, never AlreadyExists
+    assert type(error.value) is gexc.Conflict
     assert error.value.code == 409 and "already exists" in error.value.message
     assert error.value.response.json()["error"]["status"] == "ALREADY_EXISTS"
 
 
 def test_stockout_fails_the_operation_with_resource_exhausted(server: FakeTpuServer, client: Any) -> None:
     server.fail_next_create()
-    operation = client.create_node(
-        parent=PARENT, node_id="big", node=node_of("v4-32")
-    )  # the call itself succeeds
+    # the call itself succeeds
+    operation = client.create_node(parent=PARENT, node_id="big", node=node_of("v4-32"))
     with pytest.raises(gexc.ResourceExhausted) as error:
         operation.result(polling=FAST_POLLING)
     assert isinstance(error.value, gexc.TooManyRequests)
@@ -572,10 +570,11 @@ def test_a_multislice_queued_resource_loses_one_slice_and_is_recreated_whole(
         ]
         for n in first
     ]
+    # each slice answers for its own workers
     assert keys == [
         ["AAAAkey1", "AAAAkey2"],
         ["AAAAkey3", "AAAAkey4"],
-    ]  # each slice answers for its own workers
+    ]
 
     server.preempt("ms-1")
     states = [client.get_node(name=n.name).state.name for n in first]

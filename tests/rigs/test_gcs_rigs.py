@@ -32,9 +32,8 @@ from tests.rigs.gcs_proxy import GcsProxy
 BUCKET = "tpuft-rig-test"
 NAME = "model/checkpoint_100/manifest.ocdbt"
 DATA = b"generation-tagged bytes\n" * 100
-_direct = urllib.request.build_opener(
-    urllib.request.ProxyHandler({})
-)  # never through a proxy of the environment
+# never through a proxy of the environment
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @pytest.fixture
@@ -142,9 +141,8 @@ def test_tunnelled_request_reaches_the_emulator(
     blob.upload_from_string(DATA)
     conn = tunnel(proxy, host)
     try:
-        conn.request(
-            "GET", f"/storage/v1/b/{BUCKET}/o/{quote(NAME, safe='')}"
-        )  # the TLS handshake verifies host
+        # the TLS handshake verifies host
+        conn.request("GET", f"/storage/v1/b/{BUCKET}/o/{quote(NAME, safe='')}")
         answer = conn.getresponse()
         metadata = json.loads(answer.read())
     finally:

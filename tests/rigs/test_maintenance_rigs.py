@@ -68,9 +68,8 @@ def test_upcoming_maintenance_is_on_v2alpha1_only(server: FakeTpuServer) -> None
     assert window["type"] == "SCHEDULED" and window["maintenanceStatus"] == "PENDING"
     assert window["windowStartTime"] < window["windowEndTime"]
     assert "upcomingMaintenance" not in v2  # the v2 Node has no such field
-    assert (
-        server.calls("v2alpha1.GetNode") and not server.calls("GetNode")[1:]
-    )  # only the create's check above
+    # only the create's check above
+    assert server.calls("v2alpha1.GetNode") and not server.calls("GetNode")[1:]
     server.begin_maintenance("t5")
     _, alpha = call(server, "GET", f"v2alpha1/{PARENT}/nodes/t5")
     assert alpha["state"] == "REPAIRING" and alpha["upcomingMaintenance"]["maintenanceStatus"] == "ONGOING"

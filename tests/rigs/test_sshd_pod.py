@@ -156,10 +156,11 @@ def test_a_fleet_raises_its_own_descriptor_limit_when_the_workers_need_it(tmp_pa
             str(pod.port),
             str(pinned(pod, tmp_path / "kh")),
         ]
+        # getpass would read /etc/passwd: one more file than the limit allows
         env = {
             **os.environ,
             "USER": pod.user,
-        }  # getpass would read /etc/passwd: one more file than the limit allows
+        }
         runs = {
             mode: subprocess.run(
                 [sys.executable, "-c", DESCRIPTOR_CHILD, mode, *spec],

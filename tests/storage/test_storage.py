@@ -82,10 +82,11 @@ def test_bucket_in_another_region_is_reused_with_a_warning(gcs: GcsEmulator) -> 
     assert not created
     assert warning is not None
     assert "us-east1" in warning and "us-central2" in warning and REGION_WARNING in warning
+    # GCS upper-cases locations; same region, no warning
     assert storage.ensure_bucket("US-EAST1") == (
         False,
         None,
-    )  # GCS upper-cases locations; same region, no warning
+    )
 
 
 def test_created_bucket_is_private(gcs: GcsEmulator) -> None:
@@ -110,10 +111,11 @@ def test_write_read_exists_list(store: Storage) -> None:
     assert not store.exists("runs/a/missing.json")
     assert not store.exists("runs/a")  # folders are not things in GCS, so not here either
     assert store.list() == ["runs/a/logs/worker-0.log", "runs/a/run.json", "runs/ab/run.json"]
+    # a folder, not a name prefix
     assert store.list("runs/a") == [
         "runs/a/logs/worker-0.log",
         "runs/a/run.json",
-    ]  # a folder, not a name prefix
+    ]
     assert store.list("runs/a/") == store.list("runs/a")
     assert store.list("runs/nope") == []
     assert store.list("runs/a/run.json") == []
@@ -133,16 +135,14 @@ def test_a_conditional_write_loses_to_a_write_it_did_not_see(store: Storage) -> 
     assert store.read_versioned("runs/r/lease.json") == ("a", first)
     second = store.write_text_if("runs/r/lease.json", "c", first)
     assert second is not None and second != first
-    assert (
-        store.write_text_if("runs/r/lease.json", "d", first) is None
-    )  # a stale version: refused, nothing written
+    # a stale version: refused, nothing written
+    assert store.write_text_if("runs/r/lease.json", "d", first) is None
     assert store.read_text("runs/r/lease.json") == "c"
     store.write_text("runs/r/lease.json", "e")
     assert store.write_text_if("runs/r/lease.json", "f", second) is None
     assert store.read_versioned("runs/r/lease.json")[0] == "e"
-    assert store.list("runs/r") == [
-        "runs/r/lease.json"
-    ]  # whatever the compare-and-write keeps beside it is not listed
+    # whatever the compare-and-write keeps beside it is not listed
+    assert store.list("runs/r") == ["runs/r/lease.json"]
 
 
 def test_sizes_are_the_listing_with_each_files_size(store: Storage, tmp_path: Path) -> None:
@@ -268,9 +268,8 @@ def test_large_files_move_in_parallel_slices(gcs: GcsEmulator, tmp_path: Path) -
     parts = [path for method, path in gcs.requests if method == "PUT" and path == xml_object]
     assert len(parts) == 3  # 5 + 5 + 1 MiB parts
     blob = gcs.client().get_bucket(BUCKET).get_blob("team/runs/r/export/hf/shards/model.safetensors")
-    assert (
-        blob is not None and blob.size == len(big) and blob.crc32c and blob.md5_hash is None
-    )  # composite object
+    # composite object
+    assert blob is not None and blob.size == len(big) and blob.crc32c and blob.md5_hash is None
 
     assert storage.download_tree("runs/r/export/hf", tmp_path / "dst", workers=4) == 2
     assert (tmp_path / "dst" / "shards" / "model.safetensors").read_bytes() == big
@@ -389,10 +388,9 @@ def test_opening_gcs_storage_does_not_import_google_cloud() -> None:
     """The CLI imports tpuft.storage at start-up; google.cloud costs ~0.5 s and is only loaded once GCS is
     used."""
     code = (
-        "import sys; from tpuft.storage import open_storage; s = open_storage('gs://b-1/p'); s.url; "
-        "s.run_dir('x');"
-        "print(sorted(m for m in sys.modules if m.startswith(('google.cloud', 'google.auth', "
-        "'google_crc32c'))))"
+        "import sys; from tpuft.storage import open_storage; s = open_storage('gs://b-1/p'); "
+        "s.url; s.run_dir('x');print(sorted(m for m in sys.modules if m.startswith(('google.cloud', "
+        "'google.auth', 'google_crc32c'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

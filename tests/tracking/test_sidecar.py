@@ -86,11 +86,12 @@ def test_wandb_offline_and_an_mlflow_file_store_hold_the_runs_curves(
         run_dir, python=tracking_python, run_id="synthetic-1", backend="torch_xla", accelerator="v4-8"
     )
     assert back["mlflow"]["status"] == "FINISHED" and back["wandb"][0]["exit_code"] == 0
+    # 3 rows, in id order
     assert back["mlflow"]["tables"]["samples_test.json"]["data"][0][:3] == [
         0,
         "in 0",
         "p0",
-    ]  # 3 rows, in id order
+    ]
     assert len(back["mlflow"]["tables"]["samples_test.json"]["data"]) == 3
     state = json.loads((run_dir / rundir.TRACKING).read_text())
     assert (run_dir / "mlruns").is_dir() and state["mlflow"]["tracking_uri"] == f"file:{run_dir / 'mlruns'}"
@@ -105,9 +106,8 @@ def test_wandb_offline_and_an_mlflow_file_store_hold_the_runs_curves(
         timeout=120,
         env={k: v for k, v in os.environ.items() if not k.startswith("WANDB_")},
     )
-    assert "Would sync 1 run" in sync.stdout + sync.stderr, (
-        sync.stdout + sync.stderr
-    )  # `wandb sync` takes it later
+    # `wandb sync` takes it later
+    assert "Would sync 1 run" in sync.stdout + sync.stderr, sync.stdout + sync.stderr
 
 
 @pytest.mark.slow
@@ -150,6 +150,7 @@ def test_a_resumed_run_continues_the_same_runs_and_sends_no_row_twice(
 @pytest.mark.slow
 def test_an_mlflow_server_on_loopback_gets_the_run(tracking_python: str, tmp_path: Path) -> None:
     port = free_port()
+    # (a new SQLite store runs MLflow's migrations first; the sidecar's SQLite path is the resume test's)
     server = subprocess.Popen(
         [
             str(Path(tracking_python).parent / "mlflow"),
@@ -173,7 +174,7 @@ def test_an_mlflow_server_on_loopback_gets_the_run(tracking_python: str, tmp_pat
             **os.environ,
             "MLFLOW_ALLOW_FILE_STORE": "true",
         },  # the server's own store: it starts in 10 s, not 60
-    )  # (a new SQLite store runs MLflow's migrations first; the sidecar's SQLite path is the resume test's)
+    )
     try:
         deadline = time.monotonic() + 120
         while True:

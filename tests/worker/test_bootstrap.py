@@ -40,9 +40,8 @@ def test_an_interrupted_or_stale_build_is_rebuilt(tmp_path: Path, capsys) -> Non
     assert not bootstrap.is_ready(venv)
     bootstrap.ensure_venv(tmp_path, SPEC)
     assert "removing an incomplete or stale venv" in capsys.readouterr().out and not (venv / "junk").exists()
-    (venv / bootstrap.MARKER).write_text(
-        json.dumps({"python": "2.7"})
-    )  # the host's python3 was upgraded since
+    # the host's python3 was upgraded since
+    (venv / bootstrap.MARKER).write_text(json.dumps({"python": "2.7"}))
     assert not bootstrap.is_ready(venv)
     (venv / bootstrap.MARKER).write_text("{not json")
     assert not bootstrap.is_ready(venv)

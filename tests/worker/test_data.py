@@ -79,9 +79,8 @@ def test_batches_started_after_consumed_examples_continue_the_stream(shuffle: bo
         assert [len(b) for b in drawn] == [3] * 5
         assert [e for b in drawn for e in b] == whole[consumed : consumed + 15], consumed
     epochs = [whole[i : i + 7] for i in range(0, 56, 7)]
-    assert all(
-        sorted(e.line for e in epoch) == list(range(1, 8)) for epoch in epochs
-    )  # each epoch: every example
+    # each epoch: every example
+    assert all(sorted(e.line for e in epoch) == list(range(1, 8)) for epoch in epochs)
     assert (
         len({tuple(epoch) for epoch in epochs}) > 1
     ) == shuffle  # reshuffled every epoch, or the same order
@@ -94,9 +93,8 @@ def test_the_worker_side_imports_nothing_from_the_cli_side() -> None:
     code = (
         "import sys, tpuft.worker.__main__, tpuft.data, tpuft.worker.torch_xla.train, "
         "tpuft.worker.metrics\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tpuft.cli', 'tpuft.ops', "
-        "'tpuft.providers', "
-        "'tpuft.fleet', 'typer', 'rich')))))"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tpuft.cli', "
+        "'tpuft.ops', 'tpuft.providers', 'tpuft.fleet', 'typer', 'rich')))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

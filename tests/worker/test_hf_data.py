@@ -118,9 +118,8 @@ def test_replicas_x_loaders_cover_each_epoch_once_and_resume_exactly_from_the_ch
 @pytest.mark.parametrize("loader_workers", [0, 2])
 def test_bigger_batches_straddle_epochs_and_resume_exactly(files: list[str], loader_workers: int) -> None:
     cfg = config(files[:5], loader_workers=loader_workers, shuffle_buffer=3)
-    full = draw(cfg, 1, 2, 12, batch=5)[
-        0
-    ]  # 60 of replica 1's ~18 a epoch: three epoch boundaries, inside batches
+    # 60 of replica 1's ~18 a epoch: three epoch boundaries, inside batches
+    full = draw(cfg, 1, 2, 12, batch=5)[0]
     for cut in (1, 4, 7, 11):
         position = draw(cfg, 1, 2, cut, batch=5)[2]
         assert position["consumed"] == 5 * cut
@@ -214,9 +213,8 @@ def test_preprocess_transforms_and_located_errors_apply_to_hf_records(
     # unshuffled: one reader reads both files in order; two take a file each (ex0-6, ex7-9) and alternate
     order = [1, 3, 5, 7, 9] if loader_workers < 2 else [1, 7, 3, 9, 5]
     assert [b[0] for b in batches] == [f"Q: text {i}" for i in order]
-    resumed = draw(cfg, 0, 1, 3, position={"consumed": 2})[
-        0
-    ]  # the count of a part leaves dropped records out
+    # the count of a part leaves dropped records out
+    resumed = draw(cfg, 0, 1, 3, position={"consumed": 2})[0]
     assert resumed == batches[2:]
     bad = DataConfig.model_validate(
         {**cfg.model_dump(), "hf": {**cfg.hf.model_dump(), "data_files": files[2:3]}},
@@ -326,9 +324,8 @@ def test_the_json_lines_stream_keeps_todays_order_and_resumes_from_its_count(tmp
         {"train": str(path), "eval": str(eval_path)}, context={"check_files": False}
     )
     stream = open_train_stream(cfg, rank=1, world=2, local_batch=2, seed=5, position=None)
-    expected = data_mod.batches(
-        data_mod.load_shard(path, 1, 2), 2, 5 + 7919 * 1
-    )  # what the trainer did before
+    # what the trainer did before
+    expected = data_mod.batches(data_mod.load_shard(path, 1, 2), 2, 5 + 7919 * 1)
     assert [[e.source for e in next(stream)] for _ in range(6)] == [
         [e.source for e in next(expected)] for _ in range(6)
     ]

@@ -129,6 +129,20 @@ def results(keras_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict
                 "export.hf=true",
             ],
         },
+        {
+            "kind": "train",
+            "run_dir": str(root / "limited"),
+            "set": [
+                *fields,
+                f"data.train={jsonl['train']}",
+                f"data.test={jsonl['test']}",
+                "train.steps=100000",
+                "train.log_every=2",
+                "eval.every=null",
+                "train.time_limit=1",
+                "export.hf=true",
+            ],
+        },
     ]
     for case in cases[1:]:
         case["recipe"] = str(root / "recipe.yaml")
@@ -148,6 +162,7 @@ def results(keras_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict
         "csv": out[3],
         "bleu": out[4],
         "prompt": out[5],
+        "limited": out[6],
     }
 
 
@@ -199,3 +214,18 @@ def test_prompt_tuning_trains_the_prompt_alone(results: dict[str, Any]) -> None:
     assert (run_dir / "export" / "prompt.safetensors").is_file() and (run_dir / "export" / "hf").is_dir()
     rows = [row for row in metrics_rows(run_dir) if "loss" in row]
     assert len(rows) == 2 and all(row["loss"] > 0 for row in rows)
+
+
+def test_the_time_limit_ends_the_keras_run_saved_tested_and_exported(results: dict[str, Any]) -> None:
+    """``train.time_limit`` (the sequencer's alone) under ``fit``: a 1 s budget against 100000 steps ends
+    training at the first ``log_every`` boundary past it; the run saves there, tests, exports and finishes."""
+    run_dir = results["root"] / "limited"
+    beat = json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())
+    step = beat["step"]
+    assert beat["status"] == "finished" and beat["ended"] == "time_limit" and 0 < step < 100000, beat
+    assert step % 2 == 0 and results["limited"]["checkpoints"] == [f"step_{step:08d}"]
+    state = json.loads((run_dir / "checkpoints" / f"step_{step:08d}" / "trainer_state.json").read_text())
+    assert state["ended"] == "time_limit" and "test" not in state  # a resume tests its later weights again
+    tests = [row for row in metrics_rows(run_dir) if "test_examples" in row]
+    assert [(row["step"], row["test_examples"], row["ended"]) for row in tests] == [(step, 8, "time_limit")]
+    assert (run_dir / "export" / "hf").is_dir()

@@ -61,6 +61,8 @@ def test_keep_tokens_and_epoch_length() -> None:
         epoch_length(1500, 500, None) == 500
         and epoch_length(1000, 400, 300) == 100
         and epoch_length(90, None, None) == 90
+        and epoch_length(200, 200, 50, start=75) == 25  # resumed from a checkpoint between two epochs' ends
+        and epoch_length(200, 200, 50, start=100) == 50
     )
     row = eval_row(
         {"loss_sum": 6.0, "tokens": 3.0, "correct": 2.0, "exact": 1.0, "examples": 2.0}, classify=False
@@ -284,10 +286,11 @@ def test_accumulated_micro_batches_give_the_big_batch_step(keras_python: str) ->
         else:  # AdamW's first steps normalise every element: lr 1e-3 a step
             assert case["diff"] <= 1e-5, (name, case)
         steps = 1 if name.startswith("sgd") else 3
+        # one optimizer step per fit step, not per micro-batch
         assert case["iterations"] == [steps, steps], (
             name,
             case,
-        )  # one optimizer step per fit step, not per micro-batch
+        )
         assert case["lr"][0] == case["lr"][1], (name, case)
         big, accumulated = case["loss"]
         assert len(accumulated) == steps and accumulated == pytest.approx(big, rel=1e-5), (name, case)

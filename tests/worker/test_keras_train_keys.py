@@ -123,10 +123,11 @@ def _run(python: str, code: str) -> Any:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# an lm_head of its own, as T5 v1.1 has
 TINY_T5 = (
     "vocab_size=48, d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=2, decoder_start_token_id=0, "
     "tie_word_embeddings=False"
-)  # an lm_head of its own, as T5 v1.1 has
+)
 
 
 @pytest.mark.slow
@@ -272,10 +273,11 @@ def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python:
     for name in ("ckpt", "ckpt_dropout"):
         loss_ref, loss_ckpt, calls_ref, calls_ckpt = got[name][:4]
         assert loss_ref == loss_ckpt and got[name][4] <= 1e-6, (name, got[name])
+        # 4 blocks, each run again in the backward pass
         assert (calls_ref, calls_ckpt) == (4, 8), (
             name,
             got[name],
-        )  # 4 blocks, each run again in the backward pass
+        )
     assert got["ckpt_fit"] <= 1e-5, got["ckpt_fit"]
 
 

@@ -157,16 +157,18 @@ def test_rows_evaluations_and_checkpoints_come_at_their_cadence(
     hooks = Hooks(loop)
     loop_mod.run(loop, hooks)
     assert hooks.named("step") == list(range(10))
+    # eval.every, and the final one (never eval.every at the last step)
     assert hooks.named("evaluate") == [
         5,
         10,
-    ]  # eval.every, and the final one (never eval.every at the last step)
+    ]
+    # checkpoint_every below the last step, then the final checkpoint
     assert hooks.named("save") == [
         3,
         6,
         9,
         10,
-    ]  # checkpoint_every below the last step, then the final checkpoint
+    ]
     assert hooks.named("export") == ["step_00000010"]
     logged = rows(run_dir)
     train_rows = [r for r in logged if "loss" in r]

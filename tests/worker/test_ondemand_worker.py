@@ -199,19 +199,16 @@ def test_a_bucket_run_is_asked_through_the_bucket_and_answers_through_the_sync(
 def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """T5X's side with a fake trainer and manager (T5X and JAX live in their own venv; the local-pod e2e test
-    runs the real ones, barrier included). T5X's steps are absolute: the run's initial checkpoint is at
-    1000."""
+    """The sequencer's boundaries of a framework that runs its own loop, with T5X's save (through a fake
+    trainer and manager: T5X and JAX live in their own venv; the local-pod e2e test runs the real ones,
+    barrier included). T5X's steps are absolute: the run's initial checkpoint is at 1000."""
     from types import SimpleNamespace
 
-    from tpuft.worker.t5x import ondemand as t5x_ondemand
-    from tpuft.worker.t5x.goodput import T5xTimeline
+    from tpuft.worker.loop.framework import Boundaries, Timeline
+    from tpuft.worker.t5x import hooks as t5x_hooks
 
     monkeypatch.setenv("TPUFT_ATTEMPT", "1")
     agreement = {"all": True}
-    monkeypatch.setattr(
-        t5x_ondemand, "agreed", lambda request: agreement["all"]
-    )  # JAX's barrier: mocked here only
     saved: list[int] = []
 
     class Manager:
@@ -222,20 +219,30 @@ def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(
             saved.append(state.step)
             return True
 
-    t5x_ondemand.remember_manager(Manager())
+    trainer = SimpleNamespace(train_state=SimpleNamespace(step=1004))
+    monkeypatch.setattr(t5x_hooks, "_MANAGER", [Manager()])
+    monkeypatch.setattr(t5x_hooks, "_TRAINER", [trainer])
     said: list[str] = []
     ctx = WorkerContext(
         run_id="r", run_dir=tmp_path, worker_id=0, num_workers=1, coordinator="", run_url=str(tmp_path)
     )
-    run = SimpleNamespace(
+    loop = SimpleNamespace(
         ctx=ctx,
-        loop=SimpleNamespace(beats=True),
-        initial_step=1000,
+        beats=True,
         say=said.append,
         beat=lambda *a, **k: None,
-        timeline=T5xTimeline(1000, 1100),
+        recipe=SimpleNamespace(train=SimpleNamespace(steps=100, time_limit=None, log_every=4)),
+        attempt_started=None,
+        start_step=0,
     )
-    trainer = SimpleNamespace(train_state=SimpleNamespace(step=1004))
+    boundaries = Boundaries(
+        loop,  # type: ignore[arg-type]
+        Timeline(1000, 1100),
+        save=t5x_hooks.save_now,
+        agree_request=lambda request: agreement["all"],  # JAX's barrier: mocked here only
+        agree=lambda flag: flag,
+        barrier_seconds=t5x_hooks.BARRIER_SECONDS,
+    )
     ran: list[tuple[int, int]] = []
 
     def steps(count: int, start: int) -> str:
@@ -244,20 +251,30 @@ def test_t5x_serves_between_its_runs_of_steps_and_splits_one_at_the_asked_step(
         return f"summary of {start}+{count}"
 
     relay(tmp_path, "1", at_step=7)
-    assert t5x_ondemand.train_steps(run, trainer, steps, 1004, 4) == "summary of 1007+1"
+    assert boundaries.run_steps(steps, 1004, 4) == "summary of 1007+1"
     assert ran == [(1004, 3), (1007, 1)] and saved == [1007] and answer(tmp_path, "1")["step"] == 1007
     relay(tmp_path, "2")  # "now": before the next run of steps
-    t5x_ondemand.train_steps(run, trainer, steps, 1008, 4)
+    boundaries.run_steps(steps, 1008, 4)
     assert ran[-1] == (1008, 4) and saved == [1007, 1008] and answer(tmp_path, "2")["step"] == 1008
     relay(tmp_path, "3", at_step=9)  # found at step 12: passed
     agreement["all"] = False
     relay(tmp_path, "4")  # a host without it: the barrier fails, and every host that came refuses
-    t5x_ondemand.train_steps(run, trainer, steps, 1012, 4)
+    boundaries.run_steps(steps, 1012, 4)
     assert saved == [1007, 1008] and ran[-1] == (1012, 4)
     assert "was at step 12 when the request for step 9" in answer(tmp_path, "3")["refused"]
     assert answer(tmp_path, "4")["refused"].startswith("not every host had the request at step 12")
     agreement["all"] = True
     saved.append(1016)  # T5X's own periodic checkpoint at that step: answered, not written twice
     relay(tmp_path, "5")
-    t5x_ondemand.train_steps(run, trainer, steps, 1016, 4)
+    boundaries.run_steps(steps, 1016, 4)
     assert saved == [1007, 1008, 1016] and answer(tmp_path, "5")["step"] == 1016
+
+    # train.time_limit at a boundary: the hosts agree, the framework saves there, RunEnded leaves its loop
+    from tpuft.worker.loop.framework import RunEnded
+
+    loop.recipe.train.time_limit = 1.0
+    loop.attempt_started = time.time() - 2.0
+    loop.ended = None
+    with pytest.raises(RunEnded):
+        boundaries.run_steps(steps, 1020, 4)
+    assert saved[-1] == 1020 and ran[-1] == (1016, 4) and loop.ended == "time_limit" and loop.step == 20

@@ -72,9 +72,8 @@ def test_the_reachability_listener_and_connector_say_reached_refused_and_done(mo
     from tpuft.host import doctor_probe
 
     ports = [free_port(), free_port()]
-    monkeypatch.setenv(
-        doctor_probe.SKIP_LISTEN_ENV, str(ports[1])
-    )  # the firewall stand-in: that port stays closed
+    # the firewall stand-in: that port stays closed
+    monkeypatch.setenv(doctor_probe.SKIP_LISTEN_ENV, str(ports[1]))
     heard: list[dict[str, object]] = []
     listener = threading.Thread(target=lambda: heard.append(doctor_probe.listen(ports, expect=2, seconds=30)))
     listener.start()

@@ -104,15 +104,17 @@ def test_processes_call_the_engine_in_lock_step_and_share_every_shard(tmp_path: 
     for process, engine in enumerate(engines):
         predict_loop.run(job, engine, process=process, processes=3, say=lambda _: None)
     assert len({len(engine.calls) for engine in engines}) == 1  # the same number of calls on every process
+    # a shard of 10: parts of 4, 3, 3
     assert engines[0].calls[:2] == [2, 2] and engines[2].calls[:2] == [
         2,
         1,
-    ]  # a shard of 10: parts of 4, 3, 3
+    ]
+    # the last shard (2 records): process 2 has none, and still calls
     assert engines[2].calls[-3:] == [
         2,
         1,
         0,
-    ]  # the last shard (2 records): process 2 has none, and still calls
+    ]
     for k in range(3):
         ids = [
             row["id"] for p in range(3) for row in _read(tmp_path / "shards" / predict_parts.part_path(k, p))

@@ -104,15 +104,17 @@ def test_a_bucket_run_resumes_from_its_latest_complete_checkpoint(gcs: GcsEmulat
     bucket.upload_file(
         LAYOUT.checkpoint_dir(written, 12) / "model.safetensors", f"{step_28}/model.safetensors"
     )
+    # the right name, not the right size
     assert resume.find_resume_checkpoint(ctx, LAYOUT) == (
         4,
         "step_00000004",
-    )  # the right name, not the right size
+    )
     bucket.upload_tree(later, step_28)
+    # every file its manifest lists is there
     assert resume.find_resume_checkpoint(ctx, LAYOUT) == (
         28,
         "step_00000028",
-    )  # every file its manifest lists is there
+    )
 
 
 def test_a_restart_keeps_the_metrics_up_to_its_checkpoint(tmp_path: Path) -> None:
@@ -147,12 +149,10 @@ def test_a_restart_keeps_the_metrics_up_to_its_checkpoint(tmp_path: Path) -> Non
     events = EventAccumulator(str(tmp_path / rundir.TB_DIR))
     events.Reload()
     points = [(e.step, e.value) for e in events.Scalars("train/loss")]
-    assert points == [(s, float(s)) for s in range(1, 7)] + [
-        (7, 70.0)
-    ]  # the first attempt's 7 to 10 are purged
-    assert [e.step for e in events.Scalars("eval/loss")] == [
-        4
-    ]  # the eval at step 8 is gone from TensorBoard too
+    # the first attempt's 7 to 10 are purged
+    assert points == [(s, float(s)) for s in range(1, 7)] + [(7, 70.0)]
+    # the eval at step 8 is gone from TensorBoard too
+    assert [e.step for e in events.Scalars("eval/loss")] == [4]
 
 
 # ---- the real trainer, in the backend's venv -------------------------------------------------------------

@@ -159,10 +159,11 @@ def test_default_ranking_follows_best_metrics() -> None:
 
 def test_explicit_metric_overrides_the_default_ranking() -> None:
     selector = Selector("bleu", stopping(1))
+    # exact match up, BLEU down
     results = [
         {**match(0.5), "eval_bleu": 10.0},
         {**match(0.9), "eval_bleu": 9.0},
-    ]  # exact match up, BLEU down
+    ]
     verdicts = run(selector, results)
     assert [v.improved for v in verdicts] == [True, False] and verdicts[-1].stop
     assert selector.best == {"metric": "eval_bleu", "value": 10.0, "step": 10}
@@ -226,9 +227,8 @@ def test_state_round_trip_gives_the_same_decisions(
     ):  # a checkpoint after `cut` evaluations (none of them a stop), then a resume
         first = Selector(metric, stopping(patience, delta))
         got = run(first, results[:cut])
-        saved = json.loads(
-            json.dumps({"step": cut * 10, "run_id": "x", **first.state()})
-        )  # trainer_state.json
+        # trainer_state.json
+        saved = json.loads(json.dumps({"step": cut * 10, "run_id": "x", **first.state()}))
         resumed = Selector(metric, stopping(patience, delta), saved)
         assert resumed.state() == first.state()
         got += [resumed.judge(i * 10, r) for i, r in enumerate(results[cut : len(expected)], start=cut + 1)]

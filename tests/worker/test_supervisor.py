@@ -125,9 +125,8 @@ def test_a_live_supervisor_makes_the_worker_busy(tmp_path: Path, monkeypatch) ->
     supervisor.write_current(
         {"run_id": "old-run", "status": "running", "supervisor_pid": me, "supervisor_ticks": 1}
     )
-    result = supervisor.check_worker(
-        free_tpu=False
-    )  # same pid, another process start: a reused pid, not alive
+    # same pid, another process start: a reused pid, not alive
+    result = supervisor.check_worker(free_tpu=False)
     assert result["busy"] is None and "run old-run had lost its supervisor" in result["cleaned"][-1]
     assert supervisor.read_current()["status"] == "ended"
 
@@ -151,11 +150,12 @@ def test_follow_starts_at_the_latest_of_from_line_tail_and_since(tmp_path: Path)
     assert supervisor.locate_start(log, 0, None, "2026-11-23T13:00:04") == (4, 4, at(4))
     assert supervisor.locate_start(log, 5, 2, "2026-11-23T13:00:01") == (8, 8, at(8))
     assert supervisor.locate_start(log, 0, None, "2027") == (10, 10, at(10))
+    # lines 10 and 11 are skipped as they come
     assert supervisor.locate_start(log, 12, None, None) == (
         12,
         10,
         at(10),
-    )  # lines 10 and 11 are skipped as they come
+    )
     assert supervisor.locate_start(tmp_path / "none.log", 0, 5, None) == (0, 0, 0)
 
 

@@ -128,9 +128,8 @@ def stack(t5x_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             writer = csv.DictWriter(handle, fieldnames=["q", "a", "lang", "drop"])
             writer.writeheader()
             for row in rows:
-                writer.writerow(
-                    {**row, "drop": "yes" if row["drop"] else ""}
-                )  # the hook drops a non-empty text
+                # the hook drops a non-empty text
+                writer.writerow({**row, "drop": "yes" if row["drop"] else ""})
     hook = folder / "hook.py"
     hook.write_text(HOOK)
     preprocess = f"{hook}:keep"
@@ -175,9 +174,8 @@ def stack(t5x_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 def test_transforms_template_prefix_and_hook_make_the_shared_examples(stack: dict[str, Any]) -> None:
     train = stack["examples"]["jsonl"]["train"]
     assert [(source, target) for source, target, _ in train] == EXPECTED
-    assert train[0][2] == [byte + 3 for byte in EXPECTED[0][0].encode()] + [
-        1
-    ]  # ByT5 ids of the built text, EOS
+    # ByT5 ids of the built text, EOS
+    assert train[0][2] == [byte + 3 for byte in EXPECTED[0][0].encode()] + [1]
     assert [(s, t) for s, t, _ in stack["examples"]["jsonl"]["validation"]] == EXPECTED[::-1]
 
 
@@ -215,9 +213,8 @@ def test_bleu_and_rouge_l_are_the_shared_scorers(stack: dict[str, Any]) -> None:
     predictions = ["the cat sat on a mat", "a  b c ", "24", "hello there world"]
     assert stack["metric_fns"] == [["exact_match", "text_scores"], ["exact_match"]]
     scores = stack["scores"]
-    assert scores["exact_match"] == {
-        "exact_match": 0.25
-    }  # "a  b c " is "a b c" once whitespace runs collapse
+    # "a  b c " is "a b c" once whitespace runs collapse
+    assert scores["exact_match"] == {"exact_match": 0.25}
     normalized = [" ".join(p.split()) for p in predictions]
     assert scores["text_scores"]["bleu"] == pytest.approx(
         text_metrics.corpus_bleu(normalized, targets), abs=1e-4
@@ -294,9 +291,10 @@ def test_a_hugging_face_dataset_replaces_data_train_and_a_label_field_is_refused
     from tpuft.backends.base import ClusterShape, get_backend
 
     shape = ClusterShape(hosts=2, chips_per_host=1, target="cpu")
+    # the hf eval split is evaluated: its batch must split too
     assert get_backend("t5x").check(
         recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"batch_size": 3})}), shape
-    )  # the hf eval split is evaluated: its batch must split too
+    )
     with pytest.raises(ConfigError) as info:
         load_recipe(QUICKSTART, ["data.label_field=digits"])
     assert "data.label_field" in str(info.value) and "T5X trains text-to-text models" in str(info.value)

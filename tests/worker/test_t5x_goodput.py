@@ -14,7 +14,7 @@ import pytest
 
 from tpuft.run import goodput
 from tpuft.worker import events
-from tpuft.worker.t5x.goodput import T5xTimeline
+from tpuft.worker.loop.framework import Timeline as T5xTimeline
 
 INITIAL = 1000
 """T5X's steps are absolute: the run fine-tunes a checkpoint at step 1000 for 20 steps."""
@@ -46,9 +46,8 @@ def test_each_window_takes_the_waits_of_its_own_steps_only() -> None:
 
 def test_saves_evaluations_and_a_resumed_restore_are_timed_events(recorded: Any) -> None:
     timeline = T5xTimeline(INITIAL, INITIAL + 20)
-    timeline.restored(
-        time.time() - 1.0
-    )  # a fresh run: the initial checkpoint's load is start-up, not a restore
+    # a fresh run: the initial checkpoint's load is start-up, not a restore
+    timeline.restored(time.time() - 1.0)
     timeline.resumed_at = 10
     timeline.restored(time.time() - 2.0)
     timeline.restored(time.time())  # once only
@@ -57,9 +56,8 @@ def test_saves_evaluations_and_a_resumed_restore_are_timed_events(recorded: Any)
     timeline.evaluated(time.time() - 3.0)
     with timeline.asking():
         timeline.saved(INITIAL + 15, time.time() - 0.5, None)
-    timeline.saved(
-        INITIAL + 17, time.time() - 0.5, "no improvement for 2 evaluations"
-    )  # an early stop's last
+    # an early stop's last
+    timeline.saved(INITIAL + 17, time.time() - 0.5, "no improvement for 2 evaluations")
     timeline.saved(INITIAL + 20, time.time() - 0.5, None)
     got = recorded()
     assert [(e["kind"], e["step"], e.get("reason")) for e in got] == [

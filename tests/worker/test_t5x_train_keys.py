@@ -100,9 +100,8 @@ def test_each_key_becomes_its_t5x_binding() -> None:
     )
     assert gin_lines(["backend.num_microbatches=4"])["trainer.Trainer.num_microbatches"] == "4"
     stopping = gin_lines(["train.checkpoint_every=null", "eval.every=100", "train.early_stopping.patience=2"])
-    assert (
-        stopping["utils.SaveCheckpointConfig.period"] == "100"
-    )  # every evaluation is a checkpoint to stop at
+    # every evaluation is a checkpoint to stop at
+    assert stopping["utils.SaveCheckpointConfig.period"] == "100"
 
 
 def test_the_umt5_network_gets_a_remat_policy() -> None:
@@ -302,13 +301,14 @@ def test_a_short_t5x_run_with_the_shared_keys(t5x_python: str, tmp_path: Path) -
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
+    # two CPU devices: FSDP splits the parameters over both replicas
     env = stack_env(
         TPUFT_RUN_ID="t5x-keys-1",
         TPUFT_RUN_DIR=str(run_dir),
         TPUFT_WORKER_ID="0",
         TPUFT_NUM_WORKERS="1",
         TPUFT_LOCAL_DEVICES="2",
-    )  # two CPU devices: FSDP splits the parameters over both replicas
+    )
     proc = subprocess.run(
         [t5x_python, "-m", "tpuft.worker"], capture_output=True, text=True, timeout=600, cwd=REPO, env=env
     )
@@ -323,17 +323,17 @@ def test_a_short_t5x_run_with_the_shared_keys(t5x_python: str, tmp_path: Path) -
         and heartbeat["step"] == 4
         and "early stopping" in heartbeat["stopped_early"]
     )
+    # T5X's initial one, then every evaluation's; none at 6
     assert sorted(
         p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("checkpoint_")
     ) == [
         "checkpoint_0",
         "checkpoint_2",
         "checkpoint_4",
-    ]  # T5X's initial one, then every evaluation's; none at 6
+    ]
     layout = json.loads((run_dir / "t5x" / "layout.json").read_text())
-    assert layout["mesh"] == {"data": 2, "model": 1} and layout["sharded_over"] == ["data"], (
-        layout
-    )  # FSDP, really
+    # FSDP, really
+    assert layout["mesh"] == {"data": 2, "model": 1} and layout["sharded_over"] == ["data"], layout
     losses = [row["loss"] for row in rows if "loss" in row]
     assert losses and all(math.isfinite(loss) and loss > 0 for loss in losses)
 
@@ -414,3 +414,69 @@ def test_gradient_checkpointing_is_umt5s_full_remat(t5x_python: str, tmp_path: P
         tmp_path,
     )
     assert found == {"on": ["None"], "off": ["DotsSaveable"]}, found
+
+
+@pytest.mark.slow
+def test_the_time_limit_ends_a_t5x_run_tested_and_exported_and_a_resume_goes_on(
+    t5x_python: str, tmp_path: Path
+) -> None:
+    """``train.time_limit`` (the sequencer's alone) on T5X, whose loop is its own: a 1 s budget ends training
+    at the boundary T5X comes back to Python at (every ``log_every`` steps) once it is spent; T5X saves
+    there through its own checkpoint manager, the test and the export run, the heartbeat says finished and
+    why. Resumed with no limit, T5X restores that checkpoint itself and trains to the end, testing again."""
+    lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
+    (tmp_path / "test.jsonl").write_text("\n".join(lines[:8]) + "\n")
+    settings = [
+        "train.steps=60",  # at most 20 steps a second here, after the compile: the 1 s limit comes first
+        "train.batch_size=8",
+        "train.log_every=2",
+        "train.checkpoint_every=60",
+        "train.warmup_steps=1",
+        "eval.every=null",
+        "eval.max_examples=8",
+        "eval.batch_size=8",
+        f"data.test={tmp_path / 'test.jsonl'}",
+        "export.hf=true",
+    ]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = stack_env(
+        TPUFT_RUN_ID="t5x-limit-1", TPUFT_RUN_DIR=str(run_dir), TPUFT_WORKER_ID="0", TPUFT_NUM_WORKERS="1"
+    )
+
+    def attempt(limit: str, **extra: str) -> dict[str, Any]:
+        recipe = load_recipe(QUICKSTART, [*settings, f"train.time_limit={limit}"]).value
+        (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
+        proc = subprocess.run(
+            [t5x_python, "-m", "tpuft.worker"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
+            env={**env, **extra},
+        )
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+        return json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())
+
+    beat = attempt("1")
+    step = beat["step"]
+    assert (
+        beat["status"] == "finished" and beat["ended"] == "time_limit" and 0 < step < 60 and step % 2 == 0
+    ), beat
+    steps = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("checkpoint_*"))
+    assert step in steps and beat["exported_from"] == f"checkpoint_{max(steps)}", (steps, beat)
+    assert (run_dir / "export" / "hf" / "config.json").is_file()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("ended")) for r in rows if "test_examples" in r] == [(step, "time_limit")]
+
+    beat = attempt("null", TPUFT_RESUME="1")  # tpuft resume RUN --time-limit 0: no limit this attempt
+    assert beat["status"] == "finished" and beat["step"] == 60 and "ended" not in beat, beat
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("ended")) for r in rows if "test_examples" in r] == [
+        (step, "time_limit"),
+        (60, None),
+    ]
+    logged = [r["step"] for r in rows if "loss" in r]
+    assert [at for at in logged if at > step] == list(range(step + 2, 61, 2)) and len(set(logged)) == len(
+        logged
+    )

@@ -97,10 +97,11 @@ def run(
 ) -> dict[str, Any]:
     config = tmp_path / f"{name}.json"
     if not any(setting.startswith("data.test=") for setting in settings):
+        # the quickstart's 500 test decodes: only where a test looks at them
         settings = [
             "data.test=null",
             *settings,
-        ]  # the quickstart's 500 test decodes: only where a test looks at them
+        ]
     config.write_text(
         json.dumps(
             {
@@ -275,9 +276,8 @@ def test_adafactor_gets_every_knob_and_norms_and_biases_get_no_decay(
     assert [g["weight_decay"] for g in optimizer["groups"]] == [0.01, 0.0]
     no_decay = got["no_decay"]
     assert any("layer_norm" in n for n in no_decay) and "decoder.final_layer_norm.weight" in no_decay
-    assert all(
-        "layer_norm" in n or "bias" in n for n in no_decay
-    )  # norms, and T5's relative attention biases
+    # norms, and T5's relative attention biases
+    assert all("layer_norm" in n or "bias" in n for n in no_decay)
     assert "encoder.block.0.layer.0.SelfAttention.q.weight" not in no_decay
 
 
@@ -287,9 +287,8 @@ def test_early_stopping_and_keep_best_on_the_real_trainer(harness: Harness, tmp_
     set is decoded with that best checkpoint's weights, swapped in and out again: the final checkpoint holds
     the last."""
     lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
-    (tmp_path / "test.jsonl").write_text(
-        "\n".join(lines[:24]) + "\n\n" + lines[24] + "\n"
-    )  # a blank line: ids skip it
+    # a blank line: ids skip it
+    (tmp_path / "test.jsonl").write_text("\n".join(lines[:24]) + "\n\n" + lines[24] + "\n")
     got = run(
         harness,
         tmp_path,
@@ -385,10 +384,45 @@ def test_two_cpu_devices_run_data_parallel_or_fsdp_and_both_match_one_device(
     assert sharded["mesh_devices"] == 2
     specs = sharded["sharding"]
     assert specs["shared.weight"].startswith("{devices=[2,1]")  # 384 x 128: the vocabulary split
-    assert specs["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"].startswith(
-        "{devices=[2,1]"
-    )  # 256 x 128
+    # 256 x 128
+    assert specs["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"].startswith("{devices=[2,1]")
     assert specs["encoder.block.0.layer.0.layer_norm.weight"] in ("", "{replicated}")
     for other in (local, sharded):
         (weights,) = compare(harness, plain["final"], other["final"])
         assert weights["diff"] <= 1e-4
+
+
+def test_the_time_limit_ends_the_real_trainer_at_a_log_boundary_tested_and_exported(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """``train.time_limit`` (the sequencer's alone) on the real trainer: a 1 s budget against 10000 steps
+    ends training at the first ``log_every`` boundary past it, with a checkpoint there, the test evaluation
+    and the export, and a finished heartbeat that says why."""
+    lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
+    (tmp_path / "test.jsonl").write_text("\n".join(lines[:8]) + "\n")
+    got = run(
+        harness,
+        tmp_path,
+        "limited",
+        [
+            *SHORT,
+            "train.steps=10000",
+            "train.time_limit=1",
+            "export.hf=true",
+            f"data.test={tmp_path / 'test.jsonl'}",
+        ],
+        ("test",),
+    )
+    step = got["step"]
+    assert 0 < step < 10000 and step % 5 == 0, step
+    run_dir = tmp_path / "limited"
+    beat = json.loads((run_dir / "heartbeat" / "worker-0.json").read_text())
+    assert beat["status"] == "finished" and beat["step"] == step and beat["ended"] == "time_limit", beat
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"step_{step:08d}"]
+    state = json.loads((run_dir / "checkpoints" / f"step_{step:08d}" / "trainer_state.json").read_text())
+    assert state["ended"] == "time_limit" and "test" not in state  # a resume goes on, and tests again
+    test = got["test_result"]
+    assert (
+        test["test_checkpoint_step"] == step and test["test_examples"] == 8 and test["ended"] == "time_limit"
+    )
+    assert (run_dir / "export" / "hf" / "config.json").is_file()

@@ -53,12 +53,13 @@ def test_device_order_is_slice_by_slice_then_the_torus_and_the_check_names_a_mix
     # HybridMesh's own order for 2 slices of v4-8 (2x2x1) and of v4-16 (2x2x2), as torch_xla 2.9 gives it
     assert hybrid_device_order(stand_in_devices(2, (2, 2, 1))) == [0, 2, 1, 3, 4, 6, 5, 7]
     assert hybrid_device_order(stand_in_devices(2, (2, 2, 2)))[:8] == [0, 4, 2, 6, 1, 5, 3, 7]
+    # slices interleaved by ordinal
     shuffled = [
         (1, (0, 0, 0)),
         (0, (1, 0, 0)),
         (1, (1, 0, 0)),
         (0, (0, 0, 0)),
-    ]  # slices interleaved by ordinal
+    ]
     order = hybrid_device_order(shuffled)
     assert order == [3, 1, 0, 2]
     slice_of = [s for s, _ in shuffled]

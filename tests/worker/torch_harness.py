@@ -132,8 +132,8 @@ def harness(cfg: dict) -> dict:
     out["unchanged"] = sorted(n for n in before if torch.equal(before[n], after[n]))
     out["step"] = trainer.step
     out["stopped_early"] = trainer.stopped_early
-    out["best"] = trainer.selector.best
-    out["last_eval"] = trainer.last_eval
+    out["best"] = trainer.loop.best
+    out["last_eval"] = trainer.loop.last_eval
     if grads:
         torch.save(grads, run_dir / "grads.pt")
         out["grads"] = str(run_dir / "grads.pt")

@@ -116,10 +116,9 @@ class Keras:
             return [
                 (
                     ("backend", "kind"),
-                    f"keras cannot train on {shape.slices} slices: TensorFlow has no Multislice "
-                    "runtime (nothing joins TPU slices over the data-centre network, as JAX and PyTorch/XLA "
-                    "do); "
-                    "use one slice, or backend kind t5x or torch_xla",
+                    f"keras cannot train on {shape.slices} slices: TensorFlow has no Multislice runtime "
+                    "(nothing joins TPU slices over the data-centre network, as JAX and "
+                    "PyTorch/XLA do); use one slice, or backend kind t5x or torch_xla",
                 )
             ]
         replicas, accum = self.replicas(shape), recipe.train.grad_accum_steps

@@ -38,16 +38,14 @@ class KerasBackend(StrictModel):
     kind: Literal["keras"] = "keras"
     task: Literal["text2text", "classification"] = Field(
         "text2text",
-        description="'text2text': a T5 model maps data's source to target text; 'classification': a "
-        "BERT-like "
-        "encoder predicts one of data.labels from data.label_field.",
+        description="'text2text': a T5 model maps data's source to target text; 'classification': "
+        "a BERT-like encoder predicts one of data.labels from data.label_field.",
     )
     steps_per_execution: Annotated[int, Field(ge=1, le=100_000)] | Literal["auto"] = Field(
         "auto",
-        description="Steps Keras runs on the device per call from Python (a TPU must not come back every "
-        "step); "
-        "it must divide train.log_every, eval.every and train.checkpoint_every. auto: the largest that does, "
-        "at most 100.",
+        description="Steps Keras runs on the device per call from Python (a TPU must not come back "
+        "every step); it must divide train.log_every, eval.every and train.checkpoint_every. "
+        "auto: the largest that does, at most 100.",
     )
     precision: Precision = Field(
         "auto",

@@ -260,9 +260,8 @@ class T5x:
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
         if shape.target == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
-            env[LOCAL_DEVICES_ENV] = str(
-                shape.local_devices
-            )  # the trainer adds it to XLA_FLAGS as a host device count
+            # the trainer adds it to XLA_FLAGS as a host device count
+            env[LOCAL_DEVICES_ENV] = str(shape.local_devices)
         ship = ("train", "eval", "test", "preprocess", "corpus", "backend.gin_files", "backend.vocabulary")
         return LaunchPlan(workers=tuple(range(shape.hosts)), env=env, ship=ship)
 

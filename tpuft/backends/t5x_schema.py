@@ -59,9 +59,8 @@ class T5xBackend(StrictModel):
     kind: Literal["t5x"] = "t5x"
     task: Literal["finetune", "span_corruption"] = Field(
         "finetune",
-        description="'finetune': text-to-text on data.train (JSON lines); 'span_corruption': T5's "
-        "pretraining "
-        "objective on data.corpus (plain text).",
+        description="'finetune': text-to-text on data.train (JSON lines); 'span_corruption': "
+        "T5's pretraining objective on data.corpus (plain text).",
     )
     family: Family | None = Field(None, description="A t5x model gin by family and size, e.g. byt5 + tiny.")
     size: Size | None = Field(
@@ -70,9 +69,8 @@ class T5xBackend(StrictModel):
     gin_files: list[PathText] = Field(
         default_factory=list,
         max_length=64,
-        description="Your own model gin file(s) instead of family/size (paths relative to the recipe, or "
-        "gs://); "
-        "they must bind MODEL and VOCABULARY as t5x's example gins do.",
+        description="Your own model gin file(s) instead of family/size (paths relative to the recipe, "
+        "or gs://); they must bind MODEL and VOCABULARY as t5x's example gins do.",
     )
     initial_checkpoint: PathText | None = Field(
         None,
@@ -123,10 +121,9 @@ class T5xBackend(StrictModel):
     )
     t5x_source: PathText | None = Field(
         None,
-        description="Where t5x, airio and jestimator come from: null for their git repositories at the "
-        "tested "
-        "commits, or a local checkout, a t5x wheel, or a folder of wheels (a wheelhouse), shipped to the "
-        "workers.",
+        description="Where t5x, airio and jestimator come from: null for their git repositories at "
+        "the tested commits, or a local checkout, a t5x wheel, or a folder of wheels (a "
+        "wheelhouse), shipped to the workers.",
     )
     extra_requirements: list[Requirement] = Field(
         default_factory=list,
@@ -223,9 +220,8 @@ class T5xBackend(StrictModel):
             found.append(
                 (
                     ("initial_step",),
-                    f"{self.initial_checkpoint!r} is not named checkpoint_<step>: give its step here, so "
-                    "that tpuft "
-                    "can count this run's steps after it (T5X's TRAIN_STEPS is absolute)",
+                    f"{self.initial_checkpoint!r} is not named checkpoint_<step>: give its step here, "
+                    "so that tpuft can count this run's steps after it (T5X's TRAIN_STEPS is absolute)",
                 )
             )
         return found
@@ -244,11 +240,9 @@ class T5xBackend(StrictModel):
         return [
             (
                 ("extra_ids",),
-                f"span corruption needs sentinel ids, and the top piece of {self.vocabulary} is the ordinary "
-                "piece "
-                f"{top!r}: its sentinels would overwrite real pieces. Set backend.extra_ids (T5 used 100) "
-                "and make the "
-                "model's vocab_size at least the vocabulary's size plus these ids",
+                f"span corruption needs sentinel ids, and the top piece of {self.vocabulary} is the "
+                f"ordinary piece {top!r}: its sentinels would overwrite real pieces. Set backend.extra_ids "
+                "(T5 used 100) and make the model's vocab_size at least the vocabulary's size plus these ids",
             )
         ]
 
@@ -513,19 +507,16 @@ CAPABILITIES = Capabilities(
     ),
     metrics=frozenset({"exact_match", "accuracy", "token_accuracy", "loss", "bleu", "rouge_l"}),
     why_not={
-        "data.label_field": "T5X trains text-to-text models, where a label is the target text "
-        "(data.target_field or "
-        "data.target_template: '{label}'); an encoder's classification head is the keras backend's "
-        "backend.task: "
-        "classification",
+        "data.label_field": "T5X trains text-to-text models, where a label is the target "
+        "text (data.target_field or data.target_template: '{label}'); an encoder's "
+        "classification head is the keras backend's backend.task: classification",
         "data.labels": "T5X trains text-to-text models, where a label is the target text as it is written; "
         "label "
         "names for a classification head are the keras backend's backend.task: classification",
-        "model.prompt_tuning": "T5X's prompt tuning is a separate package (google-research/prompt-tuning: "
-        "its own "
-        "network layers and partitioning rules), not in the pinned T5X stack, and gin bindings of t5x alone "
-        "cannot "
-        "put trainable vectors before the encoder's inputs",
+        "model.prompt_tuning": "T5X's prompt tuning is a separate package "
+        "(google-research/prompt-tuning: its own network layers and partitioning "
+        "rules), not in the pinned T5X stack, and gin bindings of t5x "
+        "alone cannot put trainable vectors before the encoder's inputs",
     },
 )
 """The training-side shared keys are bindings of the run gin (:mod:`tpuft.worker.t5x.keys`; where T5X has the

@@ -103,10 +103,9 @@ class TorchXla:
             return [
                 (
                     key,
-                    f"the test evaluation of {spmd} runs on one TPU host only ({shape.hosts} here: "
-                    "one SPMD program spans them and a host cannot read back its own decodes); drop it and "
-                    "run "
-                    "tpuft predict on the run's checkpoint",
+                    f"the test evaluation of {spmd} runs on one TPU host only ({shape.hosts} here: one SPMD "
+                    "program spans them and a host cannot read back its own decodes); drop it and run tpuft "
+                    "predict on the run's checkpoint",
                 )
             ]
         unit = replicas * accum
@@ -125,9 +124,8 @@ class TorchXla:
         env = {"PJRT_DEVICE": "TPU" if shape.target == "tpu" else "CPU", "TOKENIZERS_PARALLELISM": "false"}
         if shape.target == "cpu":
             env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's C++ start-up chatter, one block per worker
-            env[LOCAL_DEVICES_ENV] = str(
-                shape.local_devices
-            )  # CPU_NUM_DEVICES; SPMD over them when more than one
+            # CPU_NUM_DEVICES; SPMD over them when more than one
+            env[LOCAL_DEVICES_ENV] = str(shape.local_devices)
         if (recipe.train.sharding == "fsdp" or shape.slices > 1) and shape.target == "tpu":
             env["XLA_USE_SPMD"] = (
                 "1"  # one SPMD process per host (the trainer calls use_spmd() too), HybridMesh

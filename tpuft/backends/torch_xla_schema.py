@@ -100,15 +100,13 @@ CAPABILITIES = Capabilities(
     ),
     metrics=frozenset({"exact_match", "token_accuracy", "loss", "bleu", "rouge_l"}),
     why_not={
-        "data.label_field": "the PyTorch/XLA trainer fine-tunes text-to-text models, where a label is the "
-        "target "
-        "text (data.target_field or data.target_template: '{label}'); an encoder's classification head is "
-        "the keras "
-        "backend's backend.task: classification",
-        "data.labels": "the PyTorch/XLA trainer fine-tunes text-to-text models, where a label is the target "
-        "text as "
-        "it is written; label names for a classification head are the keras backend's backend.task: "
+        "data.label_field": "the PyTorch/XLA trainer fine-tunes text-to-text models, where a label is "
+        "the target text (data.target_field or data.target_template: '{label}'); an "
+        "encoder's classification head is the keras backend's backend.task: "
         "classification",
+        "data.labels": "the PyTorch/XLA trainer fine-tunes text-to-text models, where a label is the "
+        "target text as it is written; label names for a classification head are the keras "
+        "backend's backend.task: classification",
         "accuracy": "accuracy is a classification head's metric; on text-to-text labels it is exact_match",
     },
 )

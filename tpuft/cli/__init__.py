@@ -64,9 +64,8 @@ def _run(json_errors: bool) -> int:
     report = _json_error if json_errors else _text_error
     started_on_pipe = _stdout_is(stat.S_ISFIFO)
     try:
-        code = app(
-            prog_name="tpuft", standalone_mode=False
-        )  # also under python -m: completion keys on the name
+        # also under python -m: completion keys on the name
+        code = app(prog_name="tpuft", standalone_mode=False)
     except SystemExit as exc:
         if exc.code == 1 and _reader_went_away(started_on_pipe):
             # Click's and Rich's own answer to a closed pipe is a quiet exit 1: give git's code
@@ -82,9 +81,8 @@ def _run(json_errors: bool) -> int:
         if isinstance(exc, KeyboardInterrupt) or isinstance(
             exc.__cause__ or exc.__context__, KeyboardInterrupt
         ):
-            return report(
-                "interrupted: every worker process was stopped", None, 130, bare=True
-            )  # Abort: click's Ctrl-C
+            # Abort: click's Ctrl-C
+            return report("interrupted: every worker process was stopped", None, 130, bare=True)
         return report("aborted", None, 1, bare=True)
     except typer.Exit as exc:
         return exc.exit_code

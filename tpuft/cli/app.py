@@ -26,12 +26,10 @@ class Option(TyperOption):
             return None
         if self.metavar is not None:
             return self.metavar
-        label = self.display_type(ctx).strip(
-            "<>"
-        )  # Typer's <path>, <int>, <int range>, <list[str]>, <a|b> (choices)
-        label = (
-            label.removeprefix("list[").removesuffix("]").removesuffix(" range")
-        )  # the range is shown after
+        # Typer's <path>, <int>, <int range>, <list[str]>, <a|b> (choices)
+        label = self.display_type(ctx).strip("<>")
+        # the range is shown after
+        label = label.removeprefix("list[").removesuffix("]").removesuffix(" range")
         if "|" in label:
             return label  # the values themselves, as typed
         return _CLICK_NAMES.get(label, label.upper()) + ("..." if self.nargs != 1 else "")

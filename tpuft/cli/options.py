@@ -45,9 +45,8 @@ def load_cluster_file(config: Path | None) -> ClusterConfig:
     from tpuft.storage.network import CLOCK
 
     cluster = load_cluster(config).value
-    CLOCK.arm(
-        cluster.gcp.timeout
-    )  # every Google Cloud call of this command (a gs:// path too) shares one budget
+    # every Google Cloud call of this command (a gs:// path too) shares one budget
+    CLOCK.arm(cluster.gcp.timeout)
     return cluster
 
 

@@ -25,6 +25,7 @@ from tpuft.cli.options import (
     preflight_with_status,
 )
 from tpuft.cli.render import err_console, fmt_seconds, line_printer, out_console, print_train_summary
+from tpuft.cli.watching import watch_run
 
 DetachOpt = Annotated[
     bool,
@@ -45,11 +46,9 @@ RecoverOpt = Annotated[
     bool | None,
     typer.Option(
         "--recover/--no-recover",
-        help="Watch the run and recover it when the node is preempted, repaired or deleted: recreate, set "
-        "up, resume "
-        "from the last checkpoint (default: the cluster file's recover). With --detach the watcher runs in "
-        "the "
-        "background on this machine.",
+        help="Watch the run and recover it when the node is preempted, repaired or deleted: recreate, "
+        "set up, resume from the last checkpoint (default: the cluster file's recover). With --detach "
+        "the watcher runs in the background on this machine.",
         show_default=False,
     ),
 ]
@@ -159,81 +158,10 @@ def train(
         check_fit=check_fit,
     )
     if recovering:
-        result = _watch(
+        result = watch_run(
             cfg, config, result.run_id, console, detach, stop_on_interrupt, new_run=True, started=result
         )
     print_train_summary(console, result, json_out)
-
-
-def _watch(
-    cfg: object,
-    config: Path | None,
-    run_id: str,
-    console: object,
-    detach: bool,
-    stop_on_interrupt: bool,
-    *,
-    new_run: bool,
-    started: object = None,
-) -> object:
-    """The recovery watcher: here (attached), or started in the background on this machine (``--detach``)."""
-    from tpuft.ops.recover import Callbacks, resume_and_watch, watch_new_run
-    from tpuft.ops.train import TrainResult
-
-    if detach:
-        pid, log = _spawn_watcher(run_id, config)
-        console.print(f"recovery watcher: pid {pid} on this machine, log {log}")  # type: ignore[attr-defined]
-        return started or TrainResult(run_id, "", 0.0, 0, detached=True)
-    shown: list[str] = []
-
-    def progress(text: str) -> None:  # the provider repeats its state while it waits: show each change once
-        if not shown or shown[-1] != text:
-            shown.append(text)
-            console.print(f"  {text}")  # type: ignore[attr-defined]
-
-    callbacks = Callbacks(
-        on_line=line_printer(console),
-        on_notice=lambda text: console.print(f"[yellow]{text}[/yellow]"),  # type: ignore[arg-type,attr-defined]
-        on_progress=progress,
-    )
-    if new_run:
-        return watch_new_run(
-            cfg, TrainResult(run_id, "", 0.0, 0), callbacks, stop_on_interrupt=stop_on_interrupt
-        )  # type: ignore[arg-type]
-    return resume_and_watch(cfg, run_id, callbacks, stop_on_interrupt=stop_on_interrupt)  # type: ignore[arg-type]
-
-
-def _spawn_watcher(run_id: str, config: Path | None) -> tuple[int, Path]:
-    """``tpuft resume RUN --recover`` in a session of its own: a closed terminal does not end it (a sleeping
-    laptop does: run it on a machine that stays up, or take it over from one with the same command)."""
-    import os
-    import subprocess
-    import sys
-
-    from tpuft.core.paths import tpuft_home
-
-    log = tpuft_home() / "watchers" / f"{run_id}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [
-        sys.executable,
-        "-m",
-        "tpuft",
-        "resume",
-        run_id,
-        "--recover",
-        *(["-c", str(config.resolve())] if config else []),
-    ]
-    with open(log, "ab") as sink:
-        child = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=os.getcwd(),
-            env={**os.environ, "COLUMNS": "160"},
-        )
-    return child.pid, log
 
 
 @command("resume")
@@ -254,8 +182,18 @@ def resume(
             show_default=False,
         ),
     ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time-limit",
+            metavar="DURATION",
+            help="A new train.time_limit for the resumed attempt (90m, 12h, seconds; 0: none): how a run "
+            "that finished at its limit goes on.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    _resume(run_id, config, json_out, detach, stop_on_interrupt, recover, max_cost)
+    _resume(run_id, config, json_out, detach, stop_on_interrupt, recover, max_cost, time_limit)
 
 
 def _resume(
@@ -266,18 +204,21 @@ def _resume(
     stop_on_interrupt: bool,
     recover: bool | None = None,
     max_cost: float | None = None,
+    time_limit: str | None = None,
 ) -> None:
     from tpuft.ops.train import resume as resume_op
-    from tpuft.ops.train import set_max_cost
+    from tpuft.ops.train import set_max_cost, set_time_limit
 
     cfg = load_cluster_file(config)
     if max_cost is not None:
         set_max_cost(cfg, run_id, max_cost)
+    if time_limit is not None:
+        set_time_limit(cfg, run_id, _time_limit(time_limit))
     console = err_console() if json_out else out_console()
     if cfg.recover.enabled if recover is None else recover:
         from tpuft.readers.runs import resolve_run
 
-        result = _watch(
+        result = watch_run(
             cfg, config, resolve_run(cfg, run_id).id, console, detach, stop_on_interrupt, new_run=False
         )
         print_train_summary(console, result, json_out)  # type: ignore[arg-type]
@@ -292,6 +233,24 @@ def _resume(
         on_start=lambda rid, rdir: console.print(f"resuming run [bold]{rid}[/bold] -> {rdir}"),
     )
     print_train_summary(console, result, json_out)
+
+
+def _time_limit(text: str) -> float | None:
+    """``--time-limit``'s value in seconds, checked as the recipe checks ``train.time_limit``; 0: none."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from tpuft.core.config_types import TimeLimit
+    from tpuft.core.errors import UsageError
+
+    text = text.strip()
+    if text in ("0", "none", "null"):
+        return None
+    try:  # a bare number is seconds, as in the recipe (where YAML makes it a number)
+        return float(TypeAdapter(TimeLimit).validate_python(int(text) if text.isdigit() else text))
+    except ValidationError as exc:
+        raise UsageError(
+            f"--time-limit {text}: {exc.errors()[0]['msg']}", hint="write e.g. 5400, 90m, 12h or 0 (none)"
+        ) from None
 
 
 @command("attach")
@@ -545,7 +504,7 @@ def up(
         check_fit=check_fit,
     )
     if recovering:
-        result.train = _watch(
+        result.train = watch_run(
             cfg,
             config,
             result.train.run_id,

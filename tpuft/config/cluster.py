@@ -61,19 +61,17 @@ class LocalConfig(StrictModel):
         1,
         ge=1,
         le=16,
-        description="Multislice rehearsal: this many slices of `local.workers` workers each, with the "
-        "environment, mesh shape, data sharding and failure semantics of `gcp.slices` (no data-centre "
-        "network here). "
-        "See docs/multislice.md.",
+        description="Multislice rehearsal: this many slices of `local.workers` workers each, with "
+        "the environment, mesh shape, data sharding and failure semantics of `gcp.slices` (no "
+        "data-centre network here). See docs/multislice.md.",
     )
     devices_per_worker: int | None = Field(
         None,
         ge=1,
         le=64,
-        description="Devices each local worker exposes, to rehearse the slice's device layout (replicas x "
-        "partitions, "
-        "batch split); default: the accelerator's chips per host. Lower it for speed. See "
-        "docs/device-layout.md.",
+        description="Devices each local worker exposes, to rehearse the slice's device layout (replicas "
+        "x partitions, batch split); default: the accelerator's chips per host. Lower it for "
+        "speed. See docs/device-layout.md.",
     )
     state_dir: LaxPath | None = Field(
         None,
@@ -140,9 +138,8 @@ class GcpConfig(StrictModel):
     timeout: Duration = Field(
         30.0,
         description=(
-            "Budget for one command's calls to Google Cloud (TPU API, Storage, token refresh), retries "
-            "included: "
-            "when the network is down a command fails within it."
+            "Budget for one command's calls to Google Cloud (TPU API, Storage, token refresh), "
+            "retries included: when the network is down a command fails within it."
         ),
     )
     venv_cache: PathText = Field(

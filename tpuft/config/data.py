@@ -128,19 +128,17 @@ class DataConfig(StrictModel):
     corpus: list[PathText] = Field(
         default_factory=list,
         max_length=10_000,
-        description="Plain text for pretraining (span corruption), one document a line: files or globs, "
-        "local "
-        "(relative to the recipe's folder) or gs://.",
+        description="Plain text for pretraining (span corruption), one document a line: files or "
+        "globs, local (relative to the recipe's folder) or gs://.",
     )
     eval: DataFile | None = Field(
         None, description="Held-out examples in the same format (for eval.* metrics)."
     )
     test: DataFile | None = Field(
         None,
-        description="Test examples in the same format: evaluated once at the end of training, on the best "
-        "(train.keep_best) or last checkpoint, by the run's backend on the slice; test_* metrics and the "
-        "predictions "
-        "in the run dir.",
+        description="Test examples in the same format: evaluated once at the end of training, on the "
+        "best (train.keep_best) or last checkpoint, by the run's backend on the slice; test_* "
+        "metrics and the predictions in the run dir.",
     )
     source_field: str = Field(
         "source",
@@ -187,11 +185,9 @@ class DataConfig(StrictModel):
     )
     preprocess: str | None = Field(
         None,
-        description="A hook for anything else: 'file.py:function' (relative to the recipe, shipped to the "
-        "workers) or "
-        "'package.module:function' (installed in the worker venv). It gets each record (a dict) and returns "
-        "the "
-        "record to use, or None to drop it.",
+        description="A hook for anything else: 'file.py:function' (relative to the recipe, shipped to "
+        "the workers) or 'package.module:function' (installed in the worker venv). It gets each "
+        "record (a dict) and returns the record to use, or None to drop it.",
     )
     hf: HfDataset | None = Field(
         None,
@@ -237,9 +233,8 @@ class DataConfig(StrictModel):
             if not path.exists():
                 from tpuft.core.data_fetch import fetch_command
 
-                command = fetch_command(
-                    path
-                )  # data tpuft cannot ship: its folder has the script that fetches it
+                # data tpuft cannot ship: its folder has the script that fetches it
+                command = fetch_command(path)
                 raise ValueError(f"file not found: {path}" + (f"; fetch it: {command}" if command else ""))
             if not path.is_file():
                 raise ValueError(f"{path} is not a regular file (a folder, device or FIFO)")

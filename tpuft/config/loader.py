@@ -392,9 +392,8 @@ def recipe_suggestion(name: str, *, local: bool = True) -> str:
     bare = "/" not in name and os.sep not in name
     folder = Path(".") if bare else path.parent
     try:
-        entries = (
-            list(itertools.islice(folder.iterdir(), 10_000)) if local and folder.is_dir() else []
-        )  # not all of a huge one
+        # not all of a huge one
+        entries = list(itertools.islice(folder.iterdir(), 10_000)) if local and folder.is_dir() else []
     except OSError:
         entries = []
     names = {

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tpuft.backends.registry import capabilities, config_models
 from tpuft.config.data import DataConfig
 from tpuft.config.report import ReportConfig
-from tpuft.core.config_types import Count, Duration, KeyPath, ModelRef, StrictModel, listed_once
+from tpuft.core.config_types import Count, Duration, KeyPath, ModelRef, StrictModel, TimeLimit, listed_once
 from tpuft.model.t5_config import BYT5_VOCAB, T5Settings
 
 
@@ -90,9 +90,8 @@ class ModelConfig(StrictModel):
             found.append(
                 (
                     ("config", "vocab_size"),
-                    f"{vocab} is smaller than the byt5 tokenizer's {BYT5_VOCAB} ids (leave it out: the "
-                    "tokenizer's "
-                    "size is the default)",
+                    f"{vocab} is smaller than the byt5 tokenizer's {BYT5_VOCAB} ids (leave it out: "
+                    "the tokenizer's size is the default)",
                 )
             )
         return found
@@ -163,11 +162,9 @@ class TrainConfig(StrictModel):
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
     schedule: Literal["linear", "cosine", "constant", "inverse_sqrt"] = Field(
         "linear",
-        description="After warm-up: 'linear' decays to 0 at the last step, 'cosine' follows half a cosine to "
-        "0, "
-        "'constant' stays at the peak, "
-        "'inverse_sqrt' (T5's pretraining schedule) holds the peak for the warm-up steps, then "
-        "peak*sqrt(warmup/step).",
+        description="After warm-up: 'linear' decays to 0 at the last step, 'cosine' follows half a cosine "
+        "to 0, 'constant' stays at the peak, 'inverse_sqrt' (T5's pretraining schedule) holds "
+        "the peak for the warm-up steps, then peak*sqrt(warmup/step).",
     )
     warmup_steps: int = Field(
         0, ge=0, le=1_000_000_000, description="Linear warm-up from 0 to the peak learning rate."
@@ -214,13 +211,11 @@ class TrainConfig(StrictModel):
     )
     startup_timeout: Duration = Field(
         1800.0,
-        description="How long the trainers wait for every host (of every slice) to be up, i.e. past the "
-        "runtime's "
-        "rendezvous and its first step (the first compile included), before the run fails naming the hosts "
-        "that "
-        "never came; the wait is reported while it lasts: 1800, 30m, 1h. Cold starts of many slices take "
-        "minutes; "
-        "raise it for a model whose first compile takes longer.",
+        description="How long the trainers wait for every host (of every slice) to be up, i.e. past "
+        "the runtime's rendezvous and its first step (the first compile included), before the "
+        "run fails naming the hosts that never came; the wait is reported while it lasts: 1800, "
+        "30m, 1h. Cold starts of many slices take minutes; raise it for a model whose first "
+        "compile takes longer.",
     )
     hang_timeout: Duration = Field(
         600.0,
@@ -228,18 +223,24 @@ class TrainConfig(StrictModel):
         "compiling, "
         "evaluating or checkpointing) is declared hung and the run is stopped: 600, 90s, 10m, 1h.",
     )
+    time_limit: TimeLimit | None = Field(
+        None,
+        description="A wall-clock budget for training, counted from each attempt's first step: once spent, "
+        "the run saves a checkpoint at the next log_every step, runs its test evaluation and export, and "
+        "ends as finished (its heartbeat says ended: time_limit). `tpuft resume RUN --time-limit 2h` "
+        "continues from that checkpoint with a new budget (each attempt gets the whole limit): 5400, 90m, "
+        "12h. null: no limit.",
+    )
     max_cost: float | None = Field(
         None,
         gt=0.0,
         le=1e9,
-        description="Stop the run with a checkpoint once its cost so far (every attempt's chip-hours x the "
-        "catalogue's list price for on-demand, spot or reserved capacity, as created; an estimate, in USD) "
-        "reaches "
-        "this. Worker 0's supervisor checks it, so it holds with no terminal attached; `tpuft resume` "
-        "continues from "
-        "that checkpoint (raise it with --set first). On the local pod it counts what the same hours would "
-        "cost on "
-        "the cluster's accelerator. null: no limit.",
+        description="Stop the run with a checkpoint once its cost so far (every attempt's chip-hours x "
+        "the catalogue's list price for on-demand, spot or reserved capacity, as created; an "
+        "estimate, in USD) reaches this. Worker 0's supervisor checks it, so it holds with no "
+        "terminal attached; `tpuft resume` continues from that checkpoint (raise it with --set "
+        "first). On the local pod it counts what the same hours would cost on the cluster's "
+        "accelerator. null: no limit.",
     )
 
     @field_validator("warmup_steps")
@@ -270,9 +271,8 @@ class EvalConfig(StrictModel):
         0,
         ge=0,
         le=1_000_000,
-        description="Greedy-decode this many held-out examples at every evaluation for BLEU and ROUGE-L (on "
-        "the host; "
-        "default 256 when eval.metric is bleu or rouge_l).",
+        description="Greedy-decode this many held-out examples at every evaluation for BLEU and ROUGE-L "
+        "(on the host; default 256 when eval.metric is bleu or rouge_l).",
     )
 
     @model_validator(mode="after")

@@ -30,9 +30,8 @@ class WandbConfig(StrictModel):
     entity: str | None = Field(None, description="The W&B team or user; default: the API key's own.")
     mode: Literal["online", "offline"] = Field(
         "online",
-        description="online: to the W&B server (WANDB_API_KEY through the cluster's worker_env); offline: "
-        "files in "
-        "the run dir's wandb/ folder, uploaded later with `wandb sync`.",
+        description="online: to the W&B server (WANDB_API_KEY through the cluster's worker_env); "
+        "offline: files in the run dir's wandb/ folder, uploaded later with `wandb sync`.",
     )
     group: str | None = Field(None, description="The W&B group (e.g. one per sweep).")
     tags: list[str] = Field(
@@ -61,11 +60,10 @@ class WandbConfig(StrictModel):
 class MlflowConfig(StrictModel):
     tracking_uri: str | None = Field(
         None,
-        description="Where the MLflow run goes: file:PATH, sqlite:///PATH.db (a relative PATH is resolved on "
-        "the "
-        "chief against the run dir) or http(s)://server; default: MLFLOW_TRACKING_URI in the worker's "
-        "environment "
-        "(the cluster's worker_env), else sqlite:///mlflow.db in the run dir.",
+        description="Where the MLflow run goes: file:PATH, sqlite:///PATH.db (a relative PATH is resolved "
+        "on the chief against the run dir) or http(s)://server; default: MLFLOW_TRACKING_URI in "
+        "the worker's environment (the cluster's worker_env), else sqlite:///mlflow.db in the "
+        "run dir.",
     )
     experiment: str = Field(
         "tpuft", max_length=500, description="The MLflow experiment (created when missing)."
@@ -91,9 +89,8 @@ class MlflowConfig(StrictModel):
 class ReportConfig(StrictModel):
     to: list[Tracker] = Field(
         default_factory=lambda: ["tensorboard"],
-        description="Where metrics go: tensorboard (always written), wandb, mlflow. W&B and MLflow are fed "
-        "from "
-        "metrics.jsonl by a sidecar on the chief; see docs/tracking.md.",
+        description="Where metrics go: tensorboard (always written), wandb, mlflow. W&B and MLflow are "
+        "fed from metrics.jsonl by a sidecar on the chief; see docs/tracking.md.",
     )
     wandb: WandbConfig = Field(
         default_factory=WandbConfig, description="W&B settings (used when `to` names wandb)."

@@ -205,9 +205,8 @@ def _read_config(ckpt: Path) -> dict[str, Any]:
     model_type = config.get("model_type")
     if model_type not in _FAMILIES:
         raise ConvertError(
-            f"{ckpt / 'config.json'}: model_type {model_type!r}: only T5, mT5, BERT and RoBERTa TF "
-            "checkpoints "
-            f"are supported (model_type {', '.join(map(repr, _FAMILIES))})"
+            f"{ckpt / 'config.json'}: model_type {model_type!r}: only T5, mT5, BERT and RoBERTa "
+            f"TF checkpoints are supported (model_type {', '.join(map(repr, _FAMILIES))})"
         )
     return config
 
@@ -382,9 +381,8 @@ def pt_name(tf_name: str, *, scoped: bool, top_level: tuple[str, ...] = _TOP_LEV
     ``top_level``: the family's first levels (T5's by default), which an unscoped name starts with.
     """
     name = tf_name.replace(":0", "")
-    name = re.sub(
-        r"/[^/]*___([^/]*)/", r"/\1/", name
-    )  # '$1___$2' -> '$2' (layers duplicated or removed in TF)
+    # '$1___$2' -> '$2' (layers duplicated or removed in TF)
+    name = re.sub(r"/[^/]*___([^/]*)/", r"/\1/", name)
     name = re.sub(r"//+", "/", name.replace("_._", "/"))  # '_._' -> a level (TF lists -> nn.ModuleList)
     parts = name.strip("/").split("/")
     if len(parts) > 1 and (scoped or parts[0] not in top_level):
@@ -413,9 +411,8 @@ def _map_weights(
         origin = f"{weight.file.name}:{weight.name}"
         name, transpose = pt_name(weight.name, scoped=weight.scoped, top_level=family.top_level)
         if bare is not None:
-            name = name.removeprefix(
-                bare
-            )  # TFBertModel keeps its encoder under bert/; PyTorch's BertModel is it
+            # TFBertModel keeps its encoder under bert/; PyTorch's BertModel is it
+            name = name.removeprefix(bare)
         if (
             name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
             and "shared.weight" in expected

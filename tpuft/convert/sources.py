@@ -40,9 +40,8 @@ def open_source(
             ckpt = find_checkpoint(path, step)
         except ConvertError as exc:
             raise ConvertError(
-                f"{exc}\n(also not a T5X checkpoint: no checkpoint_N/ with a 'checkpoint' file or Orbax "
-                "state/, "
-                "and not a Keras/TF save_pretrained dir: no tf_model.h5)"
+                f"{exc}\n(also not a T5X checkpoint: no checkpoint_N/ with a 'checkpoint' file or "
+                "Orbax state/, and not a Keras/TF save_pretrained dir: no tf_model.h5)"
             ) from None
         source = open_hf_checkpoint(ckpt)
     if overrides:

@@ -249,9 +249,8 @@ def _check_config(config: dict[str, Any], where: Path) -> None:
     ):
         if not isinstance(config.get(key), int) or config[key] <= 0:
             raise ConvertError(f"{where}: config {key}={config.get(key)!r}: expected a positive integer")
-    proj = str(
-        config.get("feed_forward_proj", "")
-    )  # derived here, after the overrides, so they follow an override
+    # derived here, after the overrides, so they follow an override
+    proj = str(config.get("feed_forward_proj", ""))
     config["is_gated_act"] = proj.startswith("gated-")
     act = proj.split("-")[-1]
     config["dense_act_fn"] = "gelu_new" if proj == "gated-gelu" else act
@@ -277,10 +276,9 @@ def _map_tensors(params: _Params, config: dict[str, Any]) -> list[SourceTensor]:
     ) -> None:
         if not _compatible(piece.shape, source_shape):
             raise ConvertError(
-                f"{params.ckpt.path}: parameter {piece.origin}: shape {piece.shape} does not match the "
-                "config "
-                f"(expected {source_shape}; d_model={d_model}, num_heads={heads}, d_kv={config['d_kv']}, "
-                f"d_ff={d_ff})"
+                f"{params.ckpt.path}: parameter {piece.origin}: shape {piece.shape} does not match "
+                f"the config (expected {source_shape}; d_model={d_model}, num_heads={heads}, "
+                f"d_kv={config['d_kv']}, d_ff={d_ff})"
             )
         out.append(
             SourceTensor(
@@ -372,9 +370,8 @@ def _map_tensors(params: _Params, config: dict[str, Any]) -> list[SourceTensor]:
     if params.has("decoder/logits_dense/kernel"):
         if config.get("tie_word_embeddings"):
             raise ConvertError(
-                f"{params.ckpt.path}: parameter decoder/logits_dense/kernel: the checkpoint has its own "
-                "output layer, "
-                "but the config says tie_word_embeddings=true"
+                f"{params.ckpt.path}: parameter decoder/logits_dense/kernel: the checkpoint has its "
+                "own output layer, but the config says tie_word_embeddings=true"
             )
         # transformers 5 ties lm_head to shared.weight by default; both tensors present and different keep it
         # untied

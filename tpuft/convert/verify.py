@@ -74,9 +74,8 @@ def verify_model(source: ModelSource, out_dir: Path, *, python: str | None = Non
     problems = []
     if report.get("missing") or report.get("unexpected") or report.get("mismatched"):
         problems.append(
-            f"weights that do not fit the model: missing {report.get('missing')}, unexpected "
-            f"{report.get('unexpected')}, "
-            f"mismatched {report.get('mismatched')}"
+            f"weights that do not fit the model: missing {report.get('missing')}, "
+            f"unexpected {report.get('unexpected')}, mismatched {report.get('mismatched')}"
         )
     if not report.get("finite", False):
         problems.append("the logits are not all finite")

@@ -124,3 +124,5 @@ def duration_seconds(value: object) -> object:
 
 Duration = Annotated[float, BeforeValidator(duration_seconds), Field(ge=1.0, le=7 * 24 * 3600.0)]
 """Seconds, written as a number or as ``90s`` / ``10m`` / ``1h30m``; between 1 s and a week."""
+TimeLimit = Annotated[float, BeforeValidator(duration_seconds), Field(ge=1.0, le=366 * 24 * 3600.0)]
+"""A training budget, written as a :data:`Duration`: as long as a year (a timeout is a week at most)."""

@@ -33,9 +33,8 @@ MAX_ENV_VALUE = 32 * 1024
 def env_name_problem(name: str) -> str | None:
     if not ENV_NAME.fullmatch(name):
         return (
-            f"{name!r} is not an environment variable name: use letters, digits and '_', not starting with a "
-            "digit "
-            "(e.g. XLA_FLAGS)"
+            f"{name!r} is not an environment variable name: use letters, digits and '_', not starting with "
+            "a digit (e.g. XLA_FLAGS)"
         )
     if (name.startswith("TPUFT_") and name not in USER_TPUFT_ENV) or name in RESERVED_ENV:
         return f"{name} is set by tpuft on every worker; it cannot be set here"
@@ -215,9 +214,8 @@ def project_problem(project: str) -> str | None:
     if _PROJECT.fullmatch(project):
         return None
     return (
-        f"{project!r} is not a project id: 6-30 lowercase letters, digits or dashes, starting with a letter "
-        "and not "
-        "ending with a dash (the id, not the display name: gcloud projects list)"
+        f"{project!r} is not a project id: 6-30 lowercase letters, digits or dashes, starting with a "
+        "letter and not ending with a dash (the id, not the display name: gcloud projects list)"
     )
 
 
@@ -301,9 +299,8 @@ def network_problem(text: str) -> str | None:
     if _NETWORK.fullmatch(text):
         return None
     return (
-        f"{text!r} is not a network name (lowercase letters, digits and dashes, e.g. default) or a resource "
-        "path "
-        "(projects/P/global/networks/N, projects/P/regions/R/subnetworks/S)"
+        f"{text!r} is not a network name (lowercase letters, digits and dashes, e.g. default) or a "
+        "resource path (projects/P/global/networks/N, projects/P/regions/R/subnetworks/S)"
     )
 
 

@@ -157,9 +157,8 @@ def _too_big(raw: bytes, what: str, size: int) -> YamlProblem:
     line = raw.count(b"\n", 0, MAX_BYTES) + 1
     text = raw.decode("utf-8", "replace")  # up to and including the byte past the limit: its line is in it
     return YamlProblem(
-        f"{what} is {size:,} bytes, over the limit of {MAX_BYTES:,}, and passes it here: a value this long "
-        "belongs "
-        "in a data file",
+        f"{what} is {size:,} bytes, over the limit of {MAX_BYTES:,}, and passes it here: a value this "
+        "long belongs in a data file",
         line,
         key_path_at(text, line),
     )

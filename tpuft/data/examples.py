@@ -62,9 +62,8 @@ class Fields:
     def of(cls, data_config: Any) -> Fields:
         from tpuft.data.text_transforms import load_preprocess, text_transform
 
-        label_field = getattr(
-            data_config, "label_field", None
-        )  # classification: the label is the target text
+        # classification: the label is the target text
+        label_field = getattr(data_config, "label_field", None)
         hook = getattr(data_config, "preprocess", None)
         return cls(
             source_field=data_config.source_field,
@@ -140,9 +139,8 @@ def _preprocessed(
 ) -> dict[str, Any] | None:
     assert fields.preprocess is not None
     try:
-        out = fields.preprocess(
-            dict(record)
-        )  # a copy: a hook that edits in place cannot change the caller's record
+        # a copy: a hook that edits in place cannot change the caller's record
+        out = fields.preprocess(dict(record))
     except Exception as exc:
         raise DataError(
             f"{path}:{line}", f"data.preprocess {fields.preprocess_name} failed: {type(exc).__name__}: {exc}"

@@ -79,9 +79,8 @@ def parse_line(path: Path | str, number: int, raw: bytes) -> Any:
         raise _not_utf8(raw, exc, path, number) from None
     except json.JSONDecodeError:
         try:
-            json.loads(
-                raw.decode("utf-8").rstrip("\r\n")
-            )  # the column as the line shows it, without its newline
+            # the column as the line shows it, without its newline
+            json.loads(raw.decode("utf-8").rstrip("\r\n"))
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{number}", f"not valid JSON: {exc.msg} (column {exc.colno})") from None
         raise DataError(f"{path}:{number}", "not valid JSON") from None

@@ -282,11 +282,10 @@ class SshFleet:
                 gateway.open()
             except paramiko.BadHostKeyException as exc:
                 raise SshConnectError(
-                    f"the ProxyJump host {gateway.host}:{gateway.port} (on the way to worker {worker.index}, "
-                    f"{worker.address}) presented a {exc.key.get_name()} host key {fingerprint(exc.key)}, "
-                    "not the one "
-                    f"in your known_hosts ({fingerprint(exc.expected_key)}): refused, nothing was sent "
-                    "through it",
+                    f"the ProxyJump host {gateway.host}:{gateway.port} (on the way to "
+                    f"worker {worker.index}, {worker.address}) presented a {exc.key.get_name()} host "
+                    f"key {fingerprint(exc.key)}, not the one in your known_hosts "
+                    f"({fingerprint(exc.expected_key)}): refused, nothing was sent through it",
                     hint="If the bastion was rebuilt, check its new key out of band, then: ssh-keygen -R "
                     f"{known_hosts_name(gateway.host, int(gateway.port))} and ssh {gateway.host} once.",
                 ) from None
@@ -301,9 +300,8 @@ class SshFleet:
                 if "not found in known_hosts" not in str(exc):
                     raise
                 raise SshConnectError(
-                    f"the ProxyJump host {gateway.host}:{gateway.port} is not in your known_hosts: refused, "
-                    "as "
-                    "ssh does in batch mode",
+                    f"the ProxyJump host {gateway.host}:{gateway.port} is not in your known_hosts: "
+                    "refused, as ssh does in batch mode",
                     hint=f"Connect once with ssh {gateway.host} and check the key it shows, or set "
                     "StrictHostKeyChecking accept-new for it in ~/.ssh/config.",
                 ) from None
@@ -352,12 +350,10 @@ class SshFleet:
             except paramiko.BadHostKeyException as exc:
                 connection.close()
                 raise SshConnectError(
-                    f"worker {worker.index} ({worker.address}, reached at {where}) presented a "
-                    f"{exc.key.get_name()} "
-                    f"host key {fingerprint(exc.key)}, not the one pinned from the TPU API "
-                    f"({exc.expected_key.get_name()} "
-                    f"{fingerprint(exc.expected_key)}) in {settings.known_hosts}: refused, nothing was sent "
-                    "to it",
+                    f"worker {worker.index} ({worker.address}, reached at {where}) presented "
+                    f"a {exc.key.get_name()} host key {fingerprint(exc.key)}, not the one pinned from the "
+                    f"TPU API ({exc.expected_key.get_name()} {fingerprint(exc.expected_key)}) "
+                    f"in {settings.known_hosts}: refused, nothing was sent to it",
                     hint="The node was recreated or someone else answers on this address: run `tpuft status` "
                     "to "
                     "refresh the keys from the API; if the node is the same, delete and recreate it.",
@@ -372,9 +368,8 @@ class SshFleet:
                 connection.close()
                 if settings.known_hosts is not None and "not found in known_hosts" in str(exc):
                     raise SshConnectError(
-                        f"worker {worker.index} ({worker.address}, reached at {where}) has no host key "
-                        "pinned in "
-                        f"{settings.known_hosts}: refused, nothing was sent to it",
+                        f"worker {worker.index} ({worker.address}, reached at {where}) has no host "
+                        f"key pinned in {settings.known_hosts}: refused, nothing was sent to it",
                         hint="Refresh the keys from the TPU API: tpuft status (a node that has not published "
                         "them "
                         "yet: wait a minute and retry); if the node is the same, delete and recreate it.",

@@ -96,11 +96,10 @@ def pick_python(spec: dict) -> tuple[str, str]:
         else f"no python{major}.{minor} or newer on PATH"
     )
     raise SystemExit(
-        f"[setup] the {spec.get('kind', spec['key'])} venv needs Python {_span(needed, ceiling)} (its pinned "
-        "wheels do), but this "
-        f"worker's {base} is Python {PYTHON} and there is {where}: install one with "
-        f"its venv module on the workers (e.g. apt-get install {wanted} {wanted}-venv), or set "
-        "gcp.python in the cluster file to an interpreter that fits"
+        f"[setup] the {spec.get('kind', spec['key'])} venv needs Python {_span(needed, ceiling)} (its "
+        f"pinned wheels do), but this worker's {base} is Python {PYTHON} and there is {where}: install one "
+        f"with its venv module on the workers (e.g. apt-get install {wanted} {wanted}-venv), or "
+        "set gcp.python in the cluster file to an interpreter that fits"
     )
 
 
@@ -161,9 +160,8 @@ def ensure_venv(cache: Path, spec: dict) -> Path:
         _say(f"venv ready (cached): {venv}")
         return venv
     cache.mkdir(parents=True, exist_ok=True)
-    fd = os.open(
-        cache / f"{spec['key']}.lock", os.O_RDWR | os.O_CREAT, 0o644
-    )  # not "w": it names the builder
+    # not "w": it names the builder
+    fd = os.open(cache / f"{spec['key']}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     with os.fdopen(fd, "r+") as lock:
         if not _try_lock(lock):
             _wait_for_builder(lock, venv)

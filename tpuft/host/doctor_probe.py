@@ -317,9 +317,8 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         override = os.environ.get(TPU_PATHS_ENV)
         if override:
             tpu = {**tpu, **json.loads(override)}
-        devices = [
-            os.path.expanduser(path) for path in tpu["devices"]
-        ]  # "~/": per worker, for the tests' fakes
+        # "~/": per worker, for the tests' fakes
+        devices = [os.path.expanduser(path) for path in tpu["devices"]]
         report["tpu"] = tpu_state(devices, os.path.expanduser(str(tpu["lockfile"])))
         if report["venv"]["state"] == "ready":
             report["libtpu"] = libtpu_state(report["venv"]["path"])

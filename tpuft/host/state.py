@@ -43,18 +43,16 @@ def worker_lock() -> Iterator[None]:
     holder writes its pid and command into the lock file, so a process kept waiting can say whom it waits for
     (on stderr, which reaches the controller's terminal as this worker's lines)."""
     state_dir().mkdir(parents=True, exist_ok=True)
-    fd = os.open(
-        state_dir() / "lock", os.O_RDWR | os.O_CREAT, 0o644
-    )  # not "w": that would erase the holder's name
+    # not "w": that would erase the holder's name
+    fd = os.open(state_dir() / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     with os.fdopen(fd, "r+") as handle:
         if not _try_lock(handle):
             holder = handle.read().strip() or "a process that did not say"
             with waiting(
                 f"this worker's lock ({state_dir() / 'lock'}), held by another tpuft process: {holder}"
             ):
-                fcntl.flock(
-                    handle, fcntl.LOCK_EX
-                )  # blocks until the holder lets go; the wait line tells the time
+                # blocks until the holder lets go; the wait line tells the time
+                fcntl.flock(handle, fcntl.LOCK_EX)
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} ({' '.join(os.path.basename(a) for a in sys.argv[:3])[:120]})\n")

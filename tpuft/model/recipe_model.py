@@ -52,11 +52,10 @@ class ModelSource:
         c = self.config
         if self.kind == "bert":
             return (
-                f"BERT encoder: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
-                f"{c['num_attention_heads']} "
-                f"heads, intermediate {c['intermediate_size']}, vocab {c['vocab_size']}, "
-                f"{c['max_position_embeddings']} "
-                f"positions; pooler and a {c['num_labels']}-label classifier head"
+                f"BERT encoder: hidden {c['hidden_size']}, {c['num_hidden_layers']} "
+                f"layers, {c['num_attention_heads']} heads, intermediate {c['intermediate_size']}, "
+                f"vocab {c['vocab_size']}, {c['max_position_embeddings']} positions; pooler and "
+                f"a {c['num_labels']}-label classifier head"
             )
         ff = f"{c['feed_forward_proj']} d_ff {c['d_ff']}"
         tied = "tied output layer" if c["tie_word_embeddings"] else "separate lm_head"
@@ -81,9 +80,8 @@ def resolve_model(recipe: RecipeConfig, recipe_dir: Path | None = None) -> Model
         if vocab is None:
             raise ModelUnknown(
                 ("model", "config", "vocab_size"),
-                f"a random-init model takes its vocabulary size from "
-                f"the tokenizer {model.tokenizer!r}, which the summary cannot load offline: set "
-                "model.config.vocab_size",
+                f"a random-init model takes its vocabulary size from the tokenizer {model.tokenizer!r}, "
+                "which the summary cannot load offline: set model.config.vocab_size",
             )
         config = {**settings, "vocab_size": vocab}
         return ModelSource("random init", "model.config", _architecture(config, ("model", "config")))

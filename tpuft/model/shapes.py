@@ -226,9 +226,8 @@ def tokenizer_size(name: str) -> int | None:
     key = _ALIASES.get(name.strip().rstrip("/"), name.strip().rstrip("/"))
     if key not in KNOWN_CONFIGS:
         encoder = known_encoder(key)
-        return (
-            None if encoder is None else encoder["vocab_size"]
-        )  # BERT's WordPiece: len(tokenizer) = vocab_size
+        # BERT's WordPiece: len(tokenizer) = vocab_size
+        return None if encoder is None else encoder["vocab_size"]
     family = "mt5" if "/mt5-" in key else "byt5" if "/byt5-" in key else "t5"
     return TOKENIZER_SIZES[family]
 

@@ -216,6 +216,7 @@ def activation_bytes(
     k = 4 if model_shapes.is_gated(config) else 2  # wi outputs, activation, (gate product)
     s, t, vocab = source_len, target_len, config["vocab_size"]
     encoder_layer = s * (6 * d + 4 * inner + k * ff) + 2 * h * s * s
+    # feed-forward
     decoder_layer = (
         t * (3 * d + 4 * inner)
         + 2 * h * t * t  # self-attention
@@ -223,7 +224,7 @@ def activation_bytes(
         + 2 * s * inner
         + 2 * h * t * s  # cross-attention
         + t * (3 * d + k * ff)
-    )  # feed-forward
+    )
     around = 2 * (s + t) * d  # embeddings out, final layer norms
     logits = t * vocab * (act + 4)  # logits + the loss's float32 log-softmax
     if checkpointing:

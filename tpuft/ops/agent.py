@@ -391,9 +391,8 @@ def start(config_path: str) -> int:
         return 0  # another agent of this identity is alive (or starting)
     agent = Agent(config_path, folder, identity, provider, cluster, config)
     agent.pointer = pointer
-    signal.signal(
-        signal.SIGTERM, lambda signum, frame: agent.stopping.set()
-    )  # end cleanly: socket, connections
+    # end cleanly: socket, connections
+    signal.signal(signal.SIGTERM, lambda signum, frame: agent.stopping.set())
     try:
         agent.warm_up()
     except Exception as exc:  # noqa: BLE001 - no agent then; the cold path works as always

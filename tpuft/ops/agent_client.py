@@ -351,9 +351,8 @@ def _stream(channel: Channel, on_line: LineSink) -> FleetResult | None:
             except KeyboardInterrupt:  # Ctrl-C (or SIGTERM): the agent stops the workers and reports them
                 if state.interrupted_at is None:
                     state.interrupted_at = time.monotonic()
-                    signal.signal(
-                        signal.SIGINT, signal.SIG_IGN
-                    )  # a second Ctrl-C cannot cut the clean-up short
+                    # a second Ctrl-C cannot cut the clean-up short
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
                     try:
                         channel.send({"op": "interrupt"})
                     except OSError:

@@ -55,9 +55,8 @@ class CostEstimate:
             return f"{accelerator} x {self.slices}: no public price known"
         kind = "spot VMs cost less than this on-demand list price" if spot else "on-demand list price"
         return (
-            f"{accelerator} x {self.slices} slice(s) = {self.chips} chips: about ${self.per_hour:,.2f} per "
-            "hour "
-            f"({kind}; an estimate)"
+            f"{accelerator} x {self.slices} slice(s) = {self.chips} chips: about ${self.per_hour:,.2f} "
+            f"per hour ({kind}; an estimate)"
         )
 
 
@@ -194,9 +193,8 @@ def shell_argv(config: ClusterConfig, spec: str) -> tuple[list[str], dict[str, s
 
     session.provider.prepare(session.cluster)  # the key exists and is in the node's metadata
     settings = session.provider.ssh_settings()  # type: ignore[attr-defined]
-    known_hosts = (
-        settings.known_hosts or session.provider.state_dir() / "known_hosts"
-    )  # pinned from the API by prepare
+    # pinned from the API by prepare
+    known_hosts = settings.known_hosts or session.provider.state_dir() / "known_hosts"
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     argv = [
         "ssh",

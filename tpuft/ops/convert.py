@@ -138,9 +138,8 @@ def convert(
         if checkpoint.startswith("gs://"):
             from tpuft.convert.remote import cache_dir
 
-            shutil.rmtree(
-                cache_dir(checkpoint), ignore_errors=True
-            )  # kept only while a download may need resuming
+            # kept only while a download may need resuming
+            shutil.rmtree(cache_dir(checkpoint), ignore_errors=True)
     except ConvertError as exc:
         raise UsageError(str(exc)) from None
     return ConvertReport(result=result, source=checkpoint, out=out, step=source.step, verify=verified)

@@ -318,10 +318,9 @@ def _firewall_rule(session: Session, ports: list[int]) -> str:
     network = str(session.config.gcp.network or "default")
     allow = ",".join(f"tcp:{p}" for p in ports)
     return (
-        f"allow {allow} from the TPU hosts' range in the VPC network {network}: gcloud compute "
-        "firewall-rules "
-        f"create tpuft-{session.config.name}-internal --network={network} --allow={allow} "
-        f"--source-ranges={_source_range(session)}"
+        f"allow {allow} from the TPU hosts' range in the VPC network {network}: gcloud "
+        f"compute firewall-rules create tpuft-{session.config.name}-internal --network={network} "
+        f"--allow={allow} --source-ranges={_source_range(session)}"
     )
 
 

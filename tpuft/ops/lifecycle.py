@@ -32,9 +32,11 @@ from tpuft.host.state import is_alive
 from tpuft.host.supervisor_cli import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT
 from tpuft.ops.common import Session, on_worker, open_session
 from tpuft.ops.ondemand import CheckpointDone, request_checkpoint, wait_checkpoint  # noqa: F401 - the contract's names
+
+# run.json's slices: the one reading that logs and monitor use too
 from tpuft.readers.monitor import (
     run_layout,
-)  # run.json's slices: the one reading that logs and monitor use too
+)
 from tpuft.readers.runs import Run, list_runs
 from tpuft.run import rundir
 from tpuft.run.startup import not_up, waiting_line

@@ -156,9 +156,8 @@ def describe_checkpoint(found: dict[str, Any]) -> str:
         else " (but not found complete in run storage: a resume restores an earlier one)"
     )
     return (
-        f"checkpoint before maintenance: step {found['step']}, saved {found['saved_s']} s after the "
-        f"ask{stored}"
-        f"{when}{missing}"
+        f"checkpoint before maintenance: step {found['step']}, saved {found['saved_s']} s after "
+        f"the ask{stored}{when}{missing}"
     )
 
 

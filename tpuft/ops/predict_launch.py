@@ -107,9 +107,8 @@ def predict_on_cluster(
         output=output if by_workers else None,
         total=total,
     )
-    launch = _prepare_workers(
-        session, source.recipe, plan, on_notice
-    )  # a busy cluster is refused before OUT is touched
+    # a busy cluster is refused before OUT is touched
+    launch = _prepare_workers(session, source.recipe, plan, on_notice)
     resumed = claim_output(
         job, output, resume=options.resume, overwrite=options.overwrite, project=config.gcp.project
     )
@@ -266,9 +265,8 @@ def finish(config: ClusterConfig, run: Run, info: dict[str, Any]) -> PredictResu
     job = job_of(run, info, config)
     from tpuft.run.predict_parts import joined
 
-    summary = (joined(job) if job.output else None) or join_output(
-        job, str(spec["output"])
-    )  # worker 0 joined, or here
+    # worker 0 joined, or here
+    summary = (joined(job) if job.output else None) or join_output(job, str(spec["output"]))
     seconds = float(info.get("seconds") or (time.time() - float(info.get("started") or time.time())))
     return PredictResult(
         str(spec["output"]),

@@ -63,11 +63,12 @@ def missing_data(loaded: Loaded[RecipeConfig]) -> list[str]:
     missing PATH; fetch it: COMMAND`` where the file's folder ships a fetch.py). ``loaded`` is loaded without
     the file check, so that the schema and the data are told apart."""
     data = loaded.value.data
+    # a bucket's file is looked up by the data check
     named = [
         (("data", key), getattr(data, key))
         for key in ("train", "eval", "test")
         if not str(getattr(data, key)).startswith("gs://")
-    ]  # a bucket's file is looked up by the data check
+    ]
     named += [(("data", "corpus"), Path(text)) for text in data.corpus if not text.startswith("gs://")]
     lines = []
     for key, path in named:

@@ -361,9 +361,8 @@ def _recover(
         made = time.time()
         if recreated:
             goodput.record_controller_event(run.storage, "provision", started, made - started, attempt + 1)
-            queued = capacity_wait(
-                provider
-            )  # a recreated queued resource's wait for capacity, inside provisioning
+            # a recreated queued resource's wait for capacity, inside provisioning
+            queued = capacity_wait(provider)
             if queued is not None:
                 goodput.record_controller_event(run.storage, "queue_wait", *queued, attempt + 1)
         text = run.storage.read_text(rundir.RECIPE)

@@ -200,7 +200,7 @@ def resume(
             f"run {run.id} is a predict job: it continues with the command that started it and --resume",
             hint=f"{(info.get('predict') or {}).get('command', 'tpuft predict ...')} --resume",
         )
-    if info.get("status") == "finished":
+    if info.get("status") == "finished" and not ended_by_time_limit(run):
         raise UsageError(
             f"run {run.id} has finished: there is nothing to resume",
             hint=f"Train longer in a new run: tpuft train {info.get('recipe')} --set train.steps=...",
@@ -349,6 +349,24 @@ def set_max_cost(config: ClusterConfig, run_id: str | None, max_cost: float) -> 
     _write_info(run, cost.check_budget(run.id, run.info(), max_cost))
 
 
+def ended_by_time_limit(run: Run) -> bool:
+    """The run finished because its ``train.time_limit`` was spent (its chief's last heartbeat says so): a
+    resume with a new limit continues it."""
+    return (rundir.read_heartbeat(run.storage, 0) or {}).get("ended") == "time_limit"
+
+
+def set_time_limit(config: ClusterConfig, run_id: str | None, seconds: float | None) -> None:
+    """``tpuft resume --time-limit``: the run's recipe (its run dir's resolved ``recipe.yaml``, which the
+    resume launches) gets the new ``train.time_limit``; None: no limit. Each attempt gets the whole limit."""
+    run = resolve_run(config, run_id)
+    text = run.storage.read_text(rundir.RECIPE)
+    if text is None:
+        raise UsageError(f"run {run.id}: {run.url}/{rundir.RECIPE} is missing: it cannot be resumed")
+    recipe = recipe_from_text(text, f"{run.url}/{rundir.RECIPE}", check_files=False)
+    train = recipe.train.model_copy(update={"time_limit": seconds})
+    run.storage.write_text(rundir.RECIPE, dump_recipe(recipe.model_copy(update={"train": train})))
+
+
 def _write_info(run: Run, info: dict[str, Any], **changes: Any) -> None:
     """run.json: what the run is, and (once it ends) how it ended."""
     run.storage.write_text(rundir.RUN_INFO, json.dumps({**info, **changes}, indent=2, sort_keys=True))
@@ -390,9 +408,8 @@ def _run_attempt(
                 argv=(launch.python, *plan.argv),
                 free_tpu=session.shape.target == "tpu",
             )
-        goodput.adopt_cluster_events(
-            session.provider.state_dir(), run.storage, attempt
-        )  # its create and setup
+        # its create and setup
+        goodput.adopt_cluster_events(session.provider.state_dir(), run.storage, attempt)
         goodput.record_controller_event(run.storage, "launch", launching, time.time() - launching, attempt)
     except BaseException as exc:  # nothing trains: the run must not say `running` forever
         cause = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"

@@ -58,9 +58,8 @@ def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None
             raise UsageError(
                 f"run {run.id} is already watched for recovery by {_holder(held)} (last seen {age:.0f} s "
                 "ago)",
-                hint=f"Stop that watcher (Ctrl-C there), or wait {_stale_after(policy):.0f} s after it is "
-                "gone: "
-                f"tpuft resume {run.id} --recover then takes over",
+                hint=f"Stop that watcher (Ctrl-C there), or wait {_stale_after(policy):.0f} s after it "
+                f"is gone: tpuft resume {run.id} --recover then takes over",
             )
     state: dict[str, Any] = {"version": version, "holder": None}
 
@@ -84,9 +83,8 @@ def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None
     def renew() -> None:
         if not write({}):
             raise WatchTakenOver(
-                f"run {run.id} is watched by {state['holder'] or 'another watcher'} now: this watcher stops "
-                "and "
-                "leaves the node and the run to it",
+                f"run {run.id} is watched by {state['holder'] or 'another watcher'} now: this watcher "
+                "stops and leaves the node and the run to it",
                 hint=f"Only one watcher per run; see it with: tpuft monitor {run.id}",
             )
 
@@ -100,9 +98,8 @@ def watcher_lease(run: Run, policy: RecoverConfig) -> Iterator[Callable[[], None
         yield renew
     finally:
         try:
-            write(
-                {"ended": time.time()}
-            )  # let go, unless someone else holds it now (then it is theirs: untouched)
+            # let go, unless someone else holds it now (then it is theirs: untouched)
+            write({"ended": time.time()})
         except TpuftError:
             pass  # the bucket cannot be reached: the lease goes stale by itself, and what raised matters more
 

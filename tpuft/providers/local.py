@@ -130,9 +130,8 @@ class LocalProvider:
         details = {"state_dir": str(self._state_dir), "venv_cache": self.venv_cache()}
         if missing:
             details["problem"] = f"worker folder(s) missing: {', '.join(map(str, missing))}"
-        details.update(
-            notice_details({w.index: w.home for w in workers})
-        )  # tpuft drill maintenance's notices
+        # tpuft drill maintenance's notices
+        details.update(notice_details({w.index: w.home for w in workers}))
         return Cluster(
             name=self.config.name,
             provider=self.name,

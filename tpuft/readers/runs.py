@@ -287,9 +287,8 @@ def mirror_small_files(run_store: Any, mirror: Path, *, logs: bool = False) -> P
     run_store.download_tree(rundir.HEARTBEAT_DIR, mirror / rundir.HEARTBEAT_DIR)
     info = rundir.read_json(mirror / rundir.RUN_INFO) or {}
     attempt_dir = f"{rundir.ATTEMPTS_DIR}/{int(info.get('attempt', 1))}"
-    run_store.download_tree(
-        attempt_dir, mirror / attempt_dir
-    )  # the supervisors' records: hung, failed, stopped
+    # the supervisors' records: hung, failed, stopped
+    run_store.download_tree(attempt_dir, mirror / attempt_dir)
     if logs:
         _append_new_log_bytes(run_store, mirror)
     if metrics_are_events(mirror):

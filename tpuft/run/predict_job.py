@@ -55,9 +55,8 @@ class PredictJob:
     shard_lines: int = SHARD_LINES
     total_lines: int | None = None
     """The input's line count when the controller counted it (for the progress bar's total and ETA)."""
-    settings: dict[str, Any] = dataclasses.field(
-        default_factory=dict
-    )  # the attribute `field` shadows the function
+    # the attribute `field` shadows the function
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Anything else a backend's engine reads (e.g. the device: ``{"device": "cpu"}``)."""
 
     def to_json(self) -> str:

@@ -115,9 +115,8 @@ _EXPLAINERS: list[
         lambda e, b: (
             f"permission denied ({_message(e)})",
             (
-                f"The account in use needs roles/storage.objectAdmin on {b} (roles/storage.admin to create "
-                "it). "
-                "Bucket names are global: if another project owns this one, choose another name"
+                f"The account in use needs roles/storage.objectAdmin on {b} (roles/storage.admin to "
+                "create it). Bucket names are global: if another project owns this one, choose another name"
             ),
         ),
     ),

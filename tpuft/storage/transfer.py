@@ -142,9 +142,8 @@ class Meter:
             return
         with self._lock:
             self.done += nbytes
-            self._progress(
-                min(self.done, self.total), self.total
-            )  # a retried read may count some bytes twice
+            # a retried read may count some bytes twice
+            self._progress(min(self.done, self.total), self.total)
 
 
 def sync_tree(
@@ -318,8 +317,7 @@ def raise_failures(verb: str, failures: Failures, total: int) -> None:
     url, exc = failures[0]
     first = exc if isinstance(exc, TpuftError) else as_tpuft(exc, verb, url)
     raise TpuftError(
-        f"{len(failures)} of {total} {verb}s failed (the others completed; run it again to retry only "
-        "these). "
-        f"First: {first.message}",
+        f"{len(failures)} of {total} {verb}s failed (the others completed; run it again to retry "
+        f"only these). First: {first.message}",
         hint=first.hint,
     ) from exc

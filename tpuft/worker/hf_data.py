@@ -287,9 +287,8 @@ def _process_context() -> Any:
     milliseconds, not the second a fresh interpreter takes): never forked from the trainer, whose XLA runtime
     threads must not be."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(
-        ["tpuft.worker.hf_data", "tpuft.config", "datasets"]
-    )  # before it first starts
+    # before it first starts
+    context.set_forkserver_preload(["tpuft.worker.hf_data", "tpuft.config", "datasets"])
     return context
 
 
@@ -366,10 +365,9 @@ class HfStream(TrainStream):
         saved = (position or {}).get("readers_per_replica")
         if saved is not None and int(saved) != self.per_replica:
             raise ValueError(
-                f"the data position was saved with {saved} readers per replica and this run has "
-                f"{self.per_replica} "
-                f"(data.hf.loader_workers changed): the examples would not continue exactly; set it back to "
-                f"{saved} to resume"
+                f"the data position was saved with {saved} readers per replica and this run "
+                f"has {self.per_replica} (data.hf.loader_workers changed): the examples would not continue "
+                f"exactly; set it back to {saved} to resume"
             )
         self.consumed = _consumed(position)
         epoch, taken, turn = self._place(self.consumed)

@@ -74,9 +74,8 @@ def ranked(result: Mapping[str, Any], metric: str | None = None) -> tuple[str, f
     if not _number(result.get(key)):
         have = sorted(k for k, v in result.items() if k in _DIRECTION and _number(v))
         hint = (
-            " BLEU and ROUGE-L are scored on greedy decodes: they need eval.generate_examples > 0 and a "
-            "held-out "
-            "set."
+            " BLEU and ROUGE-L are scored on greedy decodes: they need eval.generate_examples > 0 and "
+            "a held-out set."
             if key in ("eval_bleu", "eval_rouge_l")
             else ""
         )

@@ -160,15 +160,12 @@ class HostKeyPins:
                     worker = workers[missing[0]]
                     others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                     raise GcpError(
-                        f"worker {worker.index} ({worker.address}) of TPU node {node_id}{others} has not "
-                        "published its "
-                        f"SSH host keys (guest attributes) after {tuning.HOSTKEY_WAIT_S:.0f}s, so its "
-                        "identity cannot "
-                        "be checked",
-                        hint="A VM that has just started publishes them within a few minutes: retry soon. If "
-                        "it never "
-                        "does, its guest agent is not running: recreate the node (tpuft delete --yes && "
-                        "tpuft create).",
+                        f"worker {worker.index} ({worker.address}) of TPU node {node_id}{others} has "
+                        "not published its SSH host keys (guest attributes) "
+                        f"after {tuning.HOSTKEY_WAIT_S:.0f}s, so its identity cannot be checked",
+                        hint="A VM that has just started publishes them within a few minutes: retry soon. "
+                        "If it never does, its guest agent is not running: recreate the node (tpuft "
+                        "delete --yes && tpuft create).",
                     )
                 time.sleep(min(tuning.POLL_SECONDS, wait.left() or 0.0))
 

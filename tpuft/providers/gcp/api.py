@@ -65,9 +65,8 @@ class TpuApi:
         endpoint: str | None,
         timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        CLOCK.arm(
-            timeout
-        )  # this process is the controller, with a cluster file: its cloud calls get the budget
+        # this process is the controller, with a cluster file: its cloud calls get the budget
+        CLOCK.arm(timeout)
         self.project = project
         self.zone = zone
         self.name = name

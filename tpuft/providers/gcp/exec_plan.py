@@ -58,9 +58,8 @@ def identity(config_path: str) -> dict[str, Any] | None:
     """What must not have changed since the plan was made; None when the file cannot be read."""
     from tpuft import __version__
 
-    schema = (
-        Path(__file__).resolve().parents[2] / "config" / "cluster.py"
-    )  # a tpuft being worked on changes it
+    # a tpuft being worked on changes it
+    schema = Path(__file__).resolve().parents[2] / "config" / "cluster.py"
     try:
         digest = hashlib.sha256(Path(config_path).read_bytes()).hexdigest()
         schema_changed = schema.stat().st_mtime_ns
@@ -135,9 +134,8 @@ def load(config_path: str) -> ExecPlan | None:
         return None
     if settings.known_hosts is None or not settings.known_hosts.exists():
         return None
-    remembered = (
-        WorkerCache(state_dir / "cluster.json").read() or {}
-    )  # however old: see the module's docstring
+    # however old: see the module's docstring
+    remembered = WorkerCache(state_dir / "cluster.json").read() or {}
     cluster = cluster_of(remembered, name, "gcp")
     if cluster is None:
         return None

@@ -126,9 +126,8 @@ def recomputed_call(tf: Any, block: Any, original: Any, *, recompute: bool = Tru
         names = [name for name in BLOCK_TENSORS if given[name] is not None]
         cross = block.is_decoder and encoder_hidden_states is not None
 
-        seed = tf.random.uniform(
-            [2], 0, 2**31 - 1, dtype=tf.int32
-        )  # one per call, the same in the recomputation
+        # one per call, the same in the recomputation
+        seed = tf.random.uniform([2], 0, 2**31 - 1, dtype=tf.int32)
 
         def run(*values: Any) -> Any:
             with replay(seed_box, seed):

@@ -46,9 +46,8 @@ def build_trainable(
 
         @property
         def metrics(self) -> list[Any]:
-            return [
-                *self.sums.values()
-            ]  # reset by Keras before each evaluation; the train trackers by the callback
+            # reset by Keras before each evaluation; the train trackers by the callback
+            return [*self.sums.values()]
 
         def build_all(self, data_cfg: Any) -> None:
             ids = tf.zeros([1, data_cfg.max_source_length], tf.int32)
@@ -112,9 +111,8 @@ def build_trainable(
                     loss, mask, _ = self._item_losses(batch, logits, label_smoothing)
                     local_count = tf.reduce_sum(mask)
                     total = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
-                    scaled = tf.reduce_sum(loss * mask) / tf.maximum(
-                        total, 1.0
-                    )  # sums over replicas to the global mean
+                    # sums over replicas to the global mean
+                    scaled = tf.reduce_sum(loss * mask) / tf.maximum(total, 1.0)
                 variables = self.hf.trainable_variables
                 grads = tape.gradient(scaled, variables)
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
@@ -218,11 +216,12 @@ def eval_row(sums: dict[str, Any], *, classify: bool) -> dict[str, Any]:
     return row
 
 
-def epoch_length(steps: int, eval_every: int | None, checkpoint_every: int | None) -> int:
+def epoch_length(steps: int, eval_every: int | None, checkpoint_every: int | None, start: int = 0) -> int:
     """Keras ``fit`` acts between epochs: an "epoch" here is the largest step count that every eval and
-    checkpoint step (and the last step) is a multiple of."""
+    checkpoint step (and the last step) is a multiple of, and the step a resumed run starts at: ``fit`` starts
+    at an epoch's beginning, and a checkpoint may be anywhere (asked for on demand, or the time limit's)."""
     length = steps
-    for every in (eval_every, checkpoint_every):
+    for every in (eval_every, checkpoint_every, start):
         if every:
             length = math.gcd(length, every)
     return length

@@ -38,9 +38,8 @@ class PromptedT5:
         self, tf: Any, inner: Any, *, tokens: int, init: str, seed: int, checkpoint: Path | None
     ) -> None:
         self.tf, self.inner = tf, inner
-        inner(
-            inner.dummy_inputs, training=False
-        )  # the weights exist: the vocab init reads the embedding table
+        # the weights exist: the vocab init reads the embedding table
+        inner(inner.dummy_inputs, training=False)
         inner.trainable = False  # frozen: only the prompt learns
         table = inner.get_input_embeddings().weights[0].numpy()
         start = initial_prompt(table, tokens, init, seed)

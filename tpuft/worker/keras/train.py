@@ -1,13 +1,12 @@
 """TF Keras trainer: a Hugging Face TF model trained with ``model.fit`` under a ``tf.distribute`` strategy.
 
 Reads top to bottom: ``KerasRun.setup()`` picks the strategy, writes the data as TFRecords and builds the
-model and optimizer in the strategy's scope; ``train()`` is one ``model.fit``; ``finish()`` evaluates,
-checkpoints, exports to Hugging Face (PyTorch) format and records the weight digest; with ``data.test`` it
-first tests the best (keep_best) or last weights once, on the device (``tpuft/worker/keras/testset.py``). The
-run's bookkeeping (resume, metrics rows and the progress line, heartbeats, evaluations judged for keep-best
-and early stopping, checkpoint folders and pruning, the test evaluation's record, the final heartbeat) is the
-shared :class:`~tpuft.worker.loop.RunLoop`: ``fit`` drives the steps, and its callback (:func:`run_callback`)
-calls the loop's events between executions, in the order the loop's driver keeps.
+model and optimizer in the strategy's scope; ``train()`` is one ``model.fit``. What happens after a step and
+at the end (rows, heartbeats, evaluations judged, checkpoints, requests, ``train.time_limit``, the test
+evaluation, the export, ``finished``) is the run sequencer's (:mod:`tpuft.worker.loop.sequencer`): ``fit``'s
+callback (:func:`run_callback`) hands it each step boundary, and this class supplies the acts it asks for
+(``progress``, ``evaluate``, ``save``, ``test``: ``tpuft/worker/keras/testset.py``, ``digest``, ``export``,
+``agree``, ``settle``).
 
 Strategy (``tpuft/backends/keras.py`` says where the program runs):
 - local CPU pod: ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG`` built from ``TPUFT_PEERS``; every worker
@@ -47,9 +46,8 @@ from typing import Any
 from tpuft import data as data_mod
 from tpuft.backends.keras_schema import LAYOUT, KerasBackend
 from tpuft.config import RecipeConfig
-from tpuft.run import rundir
-from tpuft.worker import events
 from tpuft.worker.context import WorkerContext
+from tpuft.worker.export import export_hf
 from tpuft.worker.hf_data import has_held_out
 from tpuft.worker.keras import (
     adafactor as keras_adafactor,
@@ -79,8 +77,8 @@ from tpuft.worker.keras.parts import (
     save_optimizer,
     weights_digest,
 )
-from tpuft.worker.loop import RunLoop, run_test
-from tpuft.worker.ondemand import CheckpointRequests, serve
+from tpuft.worker.loop import RunLoop, sequencer
+from tpuft.worker.ondemand import CheckpointRequests
 
 OPTIMIZER_STATE = "optimizer.npz"
 
@@ -100,8 +98,6 @@ class KerasRun:
         self.tpu_hosts = keras_model.tpu_hosts()
         self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
         self.say = self.loop.say
-        self.last_eval_step = -1
-        """The step of the latest evaluation, so that the end does not evaluate the same weights twice."""
 
     def run(self) -> int:
         self.setup()
@@ -158,12 +154,10 @@ class KerasRun:
         tf = self.tf
         source = self.checkpoint or self.recipe.model.name_or_path  # pretrained weights, or None: random init
         hf = keras_model.build_hf_model(self.recipe, self.tokenizer, source)
-        keras_layers.apply(
-            tf, hf, self.recipe.model, classify=self.classify, say=self.say
-        )  # freeze, recompute
-        hf = keras_prompt.wrap(
-            tf, hf, self.recipe, self.checkpoint
-        )  # model.prompt_tuning: a soft prompt, T5 frozen
+        # freeze, recompute
+        keras_layers.apply(tf, hf, self.recipe.model, classify=self.classify, say=self.say)
+        # model.prompt_tuning: a soft prompt, T5 frozen
+        hf = keras_prompt.wrap(tf, hf, self.recipe, self.checkpoint)
         start = 0 if self.classify else int(hf.config.decoder_start_token_id)
         self.model = build_trainable(
             tf,
@@ -201,9 +195,10 @@ class KerasRun:
     def train(self) -> None:
         loop, data = self.loop, self.data
         train, evaluation = self.recipe.train, self.recipe.eval
-        epoch = epoch_length(train.steps, evaluation.every if loop.has_eval else None, train.checkpoint_every)
+        epoch = epoch_length(
+            train.steps, evaluation.every if loop.has_eval else None, train.checkpoint_every, loop.start_step
+        )
         self.epoch = epoch
-        loop.start_clock()
         strategy = self.strategy
         dataset = strategy.distribute_datasets_from_function(
             data.dataset_fn(data.train_files, data.local_batch, train=True, skip_steps=loop.start_step)
@@ -216,14 +211,14 @@ class KerasRun:
         validation = self.eval_dataset if evaluation.every else None
         validation_freq = max((evaluation.every or epoch) // epoch, 1)
         first, last = loop.start_step // epoch, train.steps // epoch
-        self.say(
-            f"training steps {loop.start_step + 1} to {train.steps}"
+        requests = sequencer.begin(
+            loop,
+            line=f"training steps {loop.start_step + 1} to {train.steps}"
             if loop.start_step
             else f"training for {train.steps} steps ({self.backend.steps_per_call(self.recipe)} per "
-            "execution)"
+            "execution)",
         )
-        callback = run_callback(self)
-        loop.step = loop.start_step
+        callback = run_callback(self, requests)
         if first < last:
             self.model.fit(
                 dataset,
@@ -237,31 +232,39 @@ class KerasRun:
                 validation_freq=validation_freq,
             )
 
+    # -- the acts the sequencer asks for -------------------------------------------------------------------
+    def progress(self) -> tuple[float, float, float]:
+        """The window's mean loss, its last step's rate, its tokens; the window's trackers start again."""
+        model = self.model
+        loss, tokens = float(model.loss_tracker.result()), float(model.token_tracker.result())
+        model.loss_tracker.reset_state()
+        model.token_tracker.reset_state()
+        return loss, float(self.schedule(self.loop.step - 1)), tokens
+
     def evaluate(self) -> dict[str, Any]:
         if self.eval_dataset is None:
             return {}
-        self.loop.beat(self.loop.step, phase="eval")
-        started = time.time()
         sums = self.model.evaluate(
             self.eval_dataset, steps=self.data.eval_batches, verbose=0, return_dict=True
         )
-        return self.record_eval(sums, time.time() - started)
+        return self.eval_result(sums)
 
-    def record_eval(self, sums: dict[str, Any], seconds: float) -> dict[str, Any]:
-        """The loop's eval row and line from the eval sums, at the current step."""
-        self.last_eval_step = self.loop.step
-        row = {**eval_row(sums, classify=self.classify), **keras_generate.eval_scores(self)}
-        return self.loop.record_eval(self.loop.step, row, seconds)
+    def eval_result(self, sums: dict[str, Any]) -> dict[str, Any]:
+        """The eval row of the eval sums (``fit``'s or :meth:`evaluate`'s), with the decodes' scores."""
+        return {**eval_row(sums, classify=self.classify), **keras_generate.eval_scores(self)}
 
-    def judge(self, result: dict[str, Any]) -> bool:
-        """Best-so-far and early stopping (the loop's judge; the metric is identical on every replica, so
-        every replica stops at the same evaluation). True when this evaluation is the best so far."""
-        verdict = self.loop.judge(self.loop.step, result)
-        if verdict.stop:
-            self.model.stop_training = True
-        return verdict.improved
+    def agree(self, flag: bool) -> bool:
+        """Any worker's ``flag``, on every worker (an all-reduce of one number; one process: no
+        collective)."""
+        if self.ctx.num_workers == 1 or self.tpu_hosts:
+            return flag
+        tf = self.tf
+        value = 1.0 if flag else 0.0
+        return (
+            float(self.strategy.reduce("SUM", self.strategy.run(lambda: tf.constant(value)), axis=None)) > 0
+        )
 
-    def wait_for_everyone(self) -> None:
+    def settle(self) -> None:
         """A barrier (an all-reduce of one number) at the end: a worker of a MultiWorkerMirrored run that
         exits while the chief still saves and exports is seen by TF's coordination service as crashed, which
         aborts the chief."""
@@ -270,12 +273,10 @@ class KerasRun:
             self.loop.beat(self.loop.step, phase="export")  # waiting for the chief's export, not hung
             self.strategy.reduce("SUM", self.strategy.run(lambda: tf.constant(1.0)), axis=None)
 
-    # -- checkpoints and the end ----------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path | None:
+    def save(self, step: int) -> Path | None:
         """The chief writes ``checkpoints/step_N`` (the loop's temp folder, trainer state, manifest and
         pruning); the other replicas hold the same weights and wait for the chief in their next collective:
         their heartbeat says ``checkpoint`` too, so that their supervisor is as patient as the chief's."""
-        step = self.loop.step
         self.loop.beat(step, phase="checkpoint")
 
         def write(folder: Path) -> None:
@@ -285,78 +286,57 @@ class KerasRun:
 
         return self.loop.save_checkpoint(step, write, backend="keras", replicas=self.replicas)
 
-    def finish(self) -> None:
-        loop = self.loop
-        if (
-            loop.has_eval and self.last_eval_step != loop.step
-        ):  # fit's last evaluation may be at the last step
-            self.judge(self.evaluate())
-        if loop.test_due():  # once per run, before the final checkpoint (which records it)
-            run_test(loop, lambda folder: keras_test.evaluate(self, folder))
+    def test(self, folder: Path | None) -> dict[str, Any]:
+        return keras_test.evaluate(self, folder)
+
+    def digest(self) -> str:
         for line in keras_generate.sample_lines(getattr(self, "last_decodes", [])):
             self.say(f"sample: {line}")
-        ckpt = self.save_checkpoint()
         digest = weights_digest(self.model.hf)
         self.say(f"weights sha256 {digest[:16]} (worker {self.ctx.worker_id})", everyone=True)
-        if self.chief and self.recipe.export.hf and ckpt is not None:
-            loop.beat(loop.step, phase="export")
-            source = loop.export_source(ckpt, say_when_last=True)
-            started = time.time()
-            out = export_hf(self.ctx, source, self.recipe.export.dtype)
-            events.record("export", started, time.time() - started, step=loop.step)
-            self.say(f"Hugging Face export: {out}")
-            if (
-                self.recipe.model.prompt_tuning is not None
-            ):  # beside the HF dir: the frozen model plus this file
-                shutil.copyfile(source / keras_prompt.PROMPT_FILE, out.parent / keras_prompt.PROMPT_FILE)
-                self.say(f"soft prompt: {out.parent / keras_prompt.PROMPT_FILE}")
-        self.wait_for_everyone()
-        loop.finished(loop.step, params_sha256=digest)
+        return digest
+
+    def export(self, source: Path) -> None:
+        out = export_hf(self.ctx, source, self.recipe.export.dtype)
+        self.say(f"Hugging Face export: {out}")
+        if self.recipe.model.prompt_tuning is not None:  # beside the HF dir: the frozen model plus this file
+            shutil.copyfile(source / keras_prompt.PROMPT_FILE, out.parent / keras_prompt.PROMPT_FILE)
+            self.say(f"soft prompt: {out.parent / keras_prompt.PROMPT_FILE}")
+
+    def finish(self) -> None:
+        sequencer.finish(self.loop, self, say_export_source=True, settle=self.settle)
 
     @property
     def chief(self) -> bool:
         return self.loop.chief
 
 
-def run_callback(run: KerasRun) -> Any:
-    """The loop's events between ``fit``'s executions, in the order of the loop's own driver: a step's metrics
-    row on ``log_every`` and its heartbeat; an evaluation recorded and judged (a new best under ``keep_best``
-    is checkpointed at once); else a checkpoint on ``checkpoint_every``. A tf.keras Callback, its class made
-    here so that this module imports without TensorFlow."""
+def run_callback(run: KerasRun, requests: CheckpointRequests) -> Any:
+    """``fit``'s step boundaries handed to the sequencer: after each execution its step (the row on
+    ``log_every``, the heartbeat) and, off an epoch's end, the rest of the boundary (requests, the time
+    limit); at an epoch's end the boundary with the evaluation ``fit`` has just made, if any. A stop (early,
+    or the time limit) ends ``fit``. A tf.keras Callback, its class made here so that this module imports
+    without TensorFlow."""
     tf = run.tf
     loop = run.loop
-    requests = CheckpointRequests.of(
-        run.ctx, answers=loop.beats
-    )  # tpuft checkpoint: one os.stat per execution
 
     class Callback(tf.keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
             self.params_epoch = 0
             self.eval_started = time.time()
+            self.ended = False
+
+        def end_if(self, stop: bool) -> None:
+            if stop:
+                self.ended = True
+                run.model.stop_training = True
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             step = self.params_epoch * run.epoch + batch + 1
-            loop.step = step
-            logged: dict[str, Any] = {}
-            if loop.log_due(step):
-                model = run.model
-                logged = loop.log_train(
-                    step,
-                    loss=float(model.loss_tracker.result()),
-                    lr=float(run.schedule(step - 1)),  # the rate of the window's last step
-                    tokens=float(model.token_tracker.result()),
-                )
-                model.loss_tracker.reset_state()
-                model.token_tracker.reset_state()
-            loop.beat(step, phase="step", **logged)
-            serve(
-                requests,
-                step,
-                lambda at: loop.save_asked(lambda _: run.save_checkpoint(), at),
-                loop.say,
-                lambda at: loop.beat(at, phase="checkpoint"),
-            )
+            sequencer.step_done(loop, step, run, phase="step", time_first_step=False)
+            if step % run.epoch:  # an epoch's end waits for fit's evaluation: on_epoch_end
+                self.end_if(sequencer.boundary(loop, step, run, requests, evaluate_when_due=False))
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.params_epoch = epoch
@@ -366,24 +346,16 @@ def run_callback(run: KerasRun) -> Any:
             self.eval_started = time.time()
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if self.ended:  # fit may evaluate after a stop: training has ended already
+                return
             logs = logs or {}
+            evaluation = None
             if "val_loss_sum" in logs:
                 sums = {k.removeprefix("val_"): v for k, v in logs.items() if k.startswith("val_")}
-                best = run.judge(run.record_eval(sums, time.time() - self.eval_started))
-                if best and run.recipe.train.keep_best and loop.step < run.recipe.train.steps:
-                    # the best so far becomes a checkpoint, whatever checkpoint_every says
-                    run.save_checkpoint()
-                    return
-            if loop.checkpoint_due(loop.step):
-                run.save_checkpoint()
+                evaluation = (run.eval_result(sums), time.time() - self.eval_started)
+            stop = sequencer.boundary(
+                loop, loop.step, run, requests, evaluation=evaluation, evaluate_when_due=False
+            )
+            self.end_if(stop)
 
     return Callback()
-
-
-def export_hf(ctx: WorkerContext, checkpoint: Path, dtype: str) -> Path:
-    from tpuft.convert.hf_writer import write_hf_model
-    from tpuft.convert.sources import open_source
-
-    out = ctx.run_dir / rundir.EXPORT_HF
-    write_hf_model(open_source(checkpoint), out, dtype=dtype, overwrite=True)
-    return out

@@ -212,9 +212,8 @@ class MaintenanceNotices:
             self.asked.append((request_id, now))
             step = f" at step {at_step}" if at_step is not None else " at the next step"
             self.say(
-                f"maintenance announced ({source}): {window.describe()}: checkpoint {request_id} asked "
-                f"for{step}, "
-                f"then a stop"
+                f"maintenance announced ({source}): {window.describe()}: checkpoint {request_id} "
+                f"asked for{step}, then a stop"
             )
             return request_id
         except Exception as exc:  # noqa: BLE001 - see above

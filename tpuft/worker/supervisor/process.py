@@ -151,9 +151,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             current = read_current()
             if current.get("status") == "running" and current.get("supervisor_pid") == daemon.pid:
                 print(
-                    f"[supervisor] worker {ctx.worker_id}: trainer pid {current.get('trainer_pid')} under "
-                    "supervisor "
-                    f"pid {daemon.pid}",
+                    f"[supervisor] worker {ctx.worker_id}: trainer pid {current.get('trainer_pid')} "
+                    f"under supervisor pid {daemon.pid}",
                     flush=True,
                 )
                 return 0

@@ -250,9 +250,8 @@ class Supervisor:
                 if hang is not None:
                     self.hang = hang
                     output.say(f"{self.ctx.layout.name(self.ctx.worker_id)} {hang[0]}: stopping it")
-                    kill_group(
-                        trainer.pid, signal.SIGKILL
-                    )  # a stopped (SIGSTOP) process cannot act on SIGTERM
+                    # a stopped (SIGSTOP) process cannot act on SIGTERM
+                    kill_group(trainer.pid, signal.SIGKILL)
                     self.publish(
                         status="hung",
                         reason=hang[0],
@@ -417,9 +416,8 @@ class Supervisor:
             self.publish(status=status, exit_code=code, ended=ended, tail=list(output.tail), **extra)
         output.say(f"trainer ended: {status} (exit code {code})")
         if self.sidecar is not None:
-            self.sidecar.stop(
-                status, output
-            )  # before the last upload: tracking.json and wandb/ go up with the rest
+            # before the last upload: tracking.json and wandb/ go up with the rest
+            self.sidecar.stop(status, output)
         output.close()
         if syncer is not None:
             syncer.close()  # the last metrics, checkpoints, export and the whole log reach the bucket

@@ -204,9 +204,8 @@ def run_gin(
     network = network_module(backend.family, [_read_text(path) for path in backend.gin_files])
     binds.update(t5x_keys.key_bindings(recipe, initial_step=initial_step, network=network))
     if network is None:
-        binds.pop(
-            "network.T5Config.dtype"
-        )  # the user's gin names its own network module: dtype is theirs to bind
+        # the user's gin names its own network module: dtype is theirs to bind
+        binds.pop("network.T5Config.dtype")
     imports = {**GIN_IMPORTS, **t5x_keys.GIN_IMPORTS}
     if network is not None:
         imports["network"] = network
@@ -215,11 +214,7 @@ def run_gin(
         "from __gin__ import dynamic_registration",
         "import __main__ as train_script",
         "import seqio",
-        *(
-            f"from {module.rsplit('.', 1)[0]} import {name}"
-            for name, module in imports.items()
-            if name != "seqio"
-        ),
+        *(import_line(name, module) for name, module in imports.items() if name != "seqio"),
         "",
     ]
     lines += [f"include {path!r}" for path in includes]
@@ -245,6 +240,14 @@ GIN_IMPORTS = {
     "t5x_hooks": "tpuft.worker.t5x.hooks",
 }
 """Modules the run gin imports (gin's dynamic registration needs every configurable's module imported)."""
+
+
+def import_line(name: str, module: str) -> str:
+    """The gin import that makes ``module`` known as ``name`` (``from tpuft.worker.t5x import hooks as
+    t5x_hooks``): the bindings name modules by their short names, which since the rooms (worker/t5x/) are not
+    always the module's own."""
+    parent, _, last = module.rpartition(".")
+    return f"from {parent} import {last}" + (f" as {name}" if name != last else "")
 
 
 def network_module(family: str | None, user_gins: list[str]) -> str | None:

@@ -5,7 +5,11 @@ T5X drives its training loop itself; tpuft patches it (once per process) and bin
 gin, each of which calls the active run (:class:`HookedRun`, the trainer's ``T5xRun``):
 
 * the trainer's batch iterator: :meth:`HookedRun.on_batch` as each step's batch is taken (the ``next()``
-  timed: the data wait of the run's goodput events, :mod:`tpuft.worker.t5x.goodput`);
+  timed: the data wait of the run's goodput events, :class:`tpuft.worker.loop.framework.Timeline`);
+* the trainer's ``train`` (a run of ``log_every`` steps): the sequencer's boundary before it
+  (:class:`tpuft.worker.loop.framework.Boundaries`: checkpoints on demand through T5X's own checkpoint
+  manager, a request inside the run splitting it, ``train.time_limit``, which leaves T5X's loop with
+  :class:`~tpuft.worker.loop.framework.RunEnded`);
 * the metrics writer (``MetricsManager._create_writer``): the train and teacher-forced eval scalars;
 * the trainer's ``eval`` and seqio's ``Evaluator.evaluate``: the ``eval`` phase (long and quiet: the
   supervisor gives it more time), each an ``eval`` event;
@@ -34,16 +38,23 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from tpuft.worker.t5x import ondemand as t5x_ondemand
-from tpuft.worker.t5x.goodput import T5xTimeline
+from tpuft.worker.loop.framework import Boundaries, RunEnded, Timeline
+from tpuft.worker.ondemand import Request
 from tpuft.worker.t5x.multislice import install_cpu_slice_granules
+
+BARRIER_SECONDS = 60.0
+"""How long the hosts that have a checkpoint request wait for the others before they all refuse it."""
+
+_MANAGER: list[Any] = []
+"""T5X's checkpoint manager, as constructed (the hooks record it): what T5X itself saves with."""
 
 
 class HookedRun(Protocol):
     """What the hooks call on the run in this process."""
 
     chief: bool
-    timeline: T5xTimeline
+    timeline: Timeline
+    boundaries: Boundaries
 
     def beat(
         self, step: int | None = None, status: str = "running", phase: str | None = None, **extra: Any
@@ -65,6 +76,11 @@ class HookedRun(Protocol):
 
     @property
     def stopped_early(self) -> str | None: ...
+
+    @property
+    def stopped(self) -> str | None:
+        """Why training ended before its last step (an early stop, the time limit), if it did."""
+        ...
 
 
 _ACTIVE: HookedRun | None = None
@@ -130,9 +146,8 @@ def install_hooks() -> None:
         start = int(start_step if start_step is not None else self.train_state.step)
         if _ACTIVE is None:
             return steps(num_steps, start)
-        summary = t5x_ondemand.train_steps(
-            _ACTIVE, self, steps, start, num_steps
-        )  # tpuft checkpoint, between runs
+        _TRAINER[:] = [self]
+        summary = _ACTIVE.boundaries.run_steps(steps, start, num_steps)  # the sequencer, between runs
         _ACTIVE.timeline.trained_to = start + num_steps
         return summary
 
@@ -162,7 +177,7 @@ def install_hooks() -> None:
 
     def manager_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_manager_init(self, *args, **kwargs)
-        t5x_ondemand.remember_manager(self)
+        _MANAGER[:] = [self]
 
     manager.__init__ = manager_init
 
@@ -178,7 +193,7 @@ def install_hooks() -> None:
             self.wait_until_finished()
             if _ACTIVE is not None:
                 _ACTIVE.on_checkpoint_saved(step)
-                _ACTIVE.timeline.saved(step, started, _ACTIVE.stopped_early)
+                _ACTIVE.timeline.saved(step, started, _ACTIVE.stopped)
                 _ACTIVE.beat(phase="step")
         return saved
 
@@ -258,9 +273,8 @@ def device_layout(mesh: Any, params: Any) -> dict[str, Any]:
         named = [
             axis for entry in spec or () for axis in (entry if isinstance(entry, tuple) else (entry,)) if axis
         ]
-        split = {
-            str(axis) for axis in named if sizes.get(str(axis), 1) > 1
-        }  # an axis 1 device long splits nothing
+        # an axis 1 device long splits nothing
+        split = {str(axis) for axis in named if sizes.get(str(axis), 1) > 1}
         local = tuple(array.addressable_shards[0].data.shape) if split else tuple(array.shape)
         if local == tuple(array.shape):
             continue
@@ -358,11 +372,69 @@ def run_t5x_train(gin_file: Path) -> None:
     sys.argv = ["t5x.train", f"--gin_file={gin_file}", "--verbosity=-1"]  # absl: warnings and up
     try:
         runpy.run_module("t5x.train", run_name="__main__", alter_sys=True)
+    except RunEnded:  # the sequencer ended training at a boundary (train.time_limit), after the save
+        pass
     except SystemExit as done:
         if done.code not in (None, 0):
             raise
     finally:
         sys.argv = argv
+
+
+_TRAINER: list[Any] = []
+"""The trainer whose ``train`` runs now: whose state a save between its runs of steps writes."""
+
+
+def save_now(absolute: int) -> None:
+    """T5X's manager saves the trainer's state at its step ``absolute`` (the hooks' wrapper beats, waits
+    until it is written and lets the chief write the manifest); a step T5X has just saved itself is not
+    written again."""
+    if not _MANAGER:
+        raise RuntimeError(
+            "tpuft: T5X built no checkpoint manager (no checkpoint period?): cannot save on demand"
+        )
+    manager = _MANAGER[0]
+    if absolute in set(manager.all_steps()):
+        return
+    manager.save(_TRAINER[0].train_state, (), True)
+
+
+def agreed(request: Request) -> bool:
+    """Every process has the request at this step (one process: always). JAX's coordination service barrier,
+    named after the request, with :data:`BARRIER_SECONDS` of patience."""
+    import jax
+
+    if jax.process_count() == 1:
+        return True
+    from jax._src.distributed import global_state
+
+    client = global_state.client
+    if client is None:
+        return True
+    try:
+        client.wait_at_barrier(f"tpuft-checkpoint-{request.id}", int(BARRIER_SECONDS * 1000))
+    except Exception:  # noqa: BLE001 - a host that never came: the deadline, reported as an error by the service
+        return False
+    return True
+
+
+def any_host(flag: bool) -> bool:
+    """Any process's ``flag``, on every process (one collective on several)."""
+    from tpuft.worker.t5x.testset import gathered
+
+    return any(values[0] for values in gathered([1.0 if flag else 0.0]))
+
+
+def boundaries(run: Any) -> Boundaries:
+    """The sequencer's boundaries of ``run`` (a ``T5xRun``), with T5X's acts."""
+    return Boundaries(
+        run.loop,
+        run.timeline,
+        save=save_now,
+        agree_request=agreed,
+        agree=any_host,
+        barrier_seconds=BARRIER_SECONDS,
+    )
 
 
 def _text(value: Any) -> Any:

@@ -18,7 +18,6 @@ it resumes from, and a test means the final checkpoint exists), and the trainer 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from tpuft.data import Example
 from tpuft.scoring import predictions
 from tpuft.worker.hf_data import has_held_out, held_out
-from tpuft.worker.t5x.data import held_out_label
 
 if TYPE_CHECKING:
     from tpuft.config import RecipeConfig
@@ -77,19 +75,14 @@ def evaluate(
     return predictions.scores([sum(column) for column in zip(*stats)], labels)
 
 
-def run_test(
-    loop: RunLoop, recipe: RecipeConfig, gin_file: Path, checkpoint: str, step: int
-) -> dict[str, Any]:
-    """The test row of the T5X ``checkpoint`` folder (local or gs://) of tpuft's ``step``, with the model the
-    run gin builds: decoded, scored, written, recorded (every process)."""
+def test_checkpoint(loop: RunLoop, recipe: RecipeConfig, gin_file: Path, checkpoint: str) -> dict[str, Any]:
+    """The test scores of the T5X ``checkpoint`` folder (local or gs://), with the model the run gin builds:
+    decoded, scored, this process's share written (every process; the sequencer records the row)."""
     import jax
 
     from tpuft.worker.t5x.decode import T5xDecoder, model_and_partitioner, parse_run_gin
 
     assert has_held_out(recipe.data, "test")
-    loop.beat(loop.step, phase="eval")
-    loop.say(f"testing {checkpoint.rstrip('/').rsplit('/', 1)[-1]} on {held_out_label(recipe.data, 'test')}")
-    started = time.time()
     parse_run_gin(gin_file)  # anew: t5x.train's __main__, which the run gin imports, has gone with it
     model, partitioner = model_and_partitioner()
     processes = jax.process_count()
@@ -105,4 +98,4 @@ def run_test(
     examples = held_out(recipe.data, "test", rank=jax.process_index(), world=processes)
     result = evaluate(decoder, examples, loop.test_predictions_dir())
     decoder.close()
-    return loop.record_test(result, time.time() - started, step)
+    return result

@@ -16,8 +16,12 @@ What a user of T5X would otherwise do by hand, and the traps on the way:
   (:data:`tpuft.backends.t5x.PRETRAINING_LOSS_FACTOR`) when fine-tuning a public checkpoint.
 
 ``MODEL_DIR`` is the run's ``checkpoints/`` (in the bucket for a gs:// run dir: T5X writes there itself).
-tpuft turns T5X's progress into its run-dir contract, through the run skeleton every backend shares
-(:mod:`tpuft.worker.loop`), by hooking a few places (:mod:`tpuft.worker.t5x.hooks`), nothing else:
+tpuft turns T5X's progress into its run-dir contract, through the run sequencer every backend hands over to
+(:mod:`tpuft.worker.loop`; its side of a framework's own loop, :mod:`tpuft.worker.loop.framework`), by
+hooking a few places (:mod:`tpuft.worker.t5x.hooks`), nothing else:
+
+* the trainer's ``train`` (a run of ``log_every`` steps): the sequencer's boundary before it (checkpoints on
+  demand, ``train.time_limit``);
 
 * the trainer's batch iterator: a heartbeat per step (phase ``collective`` on a pod: each step is an
   all-reduce);
@@ -39,25 +43,37 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.t5x_schema import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.run import rundir
-from tpuft.worker import events
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.hf_data import has_held_out
-from tpuft.worker.loop import RunLoop, steps_to_keep
+from tpuft.worker.loop import RunLoop, sequencer, steps_to_keep
+from tpuft.worker.loop.framework import Timeline, reported_eval, reported_train, resumed_from_rows
 from tpuft.worker.metrics import fetch_missing_metrics
 from tpuft.worker.resume import RESUME_ENV, find_resume_checkpoint
 from tpuft.worker.selection import Selector
-from tpuft.worker.t5x.data import ranking_metric, show_samples
+from tpuft.worker.t5x.data import held_out_label, ranking_metric, show_samples
 from tpuft.worker.t5x.gin import initial_step, run_gin, task_spec, tasks_module
-from tpuft.worker.t5x.goodput import T5xTimeline
-from tpuft.worker.t5x.hooks import activate, exit_on_sigterm, install_hooks, run_t5x_train
+from tpuft.worker.t5x.hooks import activate, boundaries, exit_on_sigterm, install_hooks, run_t5x_train
+from tpuft.worker.t5x.parts import (
+    batch_counts,
+    export_checkpoint,
+    is_number,
+    layout_line,
+    logged_rows,
+    per_token_loss,
+    remove_checkpoint,
+    start_jax,
+    with_host_device_count,
+    write_manifest,
+    write_text,
+)
+
+__all__ = ["T5xRun", "batch_counts", "layout_line", "main", "start_jax", "with_host_device_count"]
 
 GENERATED = "t5x"
 """Folder of the run dir holding the generated ``run.gin``, ``tasks.py`` and ``task.json``."""
@@ -87,7 +103,8 @@ class T5xRun:
             f"{ctx.run_url}/{LAYOUT.checkpoints}" if ctx.remote else str(ctx.run_dir / LAYOUT.checkpoints)
         )
         self.loop = RunLoop(ctx, recipe, LAYOUT, chief=ctx.chief)
-        self.timeline = T5xTimeline(self.initial_step, self.total_steps)  # goodput events of T5X's own loop
+        self.timeline = Timeline(self.initial_step, self.total_steps)  # goodput events of T5X's own loop
+        self.boundaries = boundaries(self)  # the sequencer between T5X's runs of steps
         # Only the inference evaluations are judged (T5X's teacher-forced ones are rows of their own), by
         # eval.metric when the decodes give it (exact match, BLEU, ROUGE-L), else exact match; T5X always
         # keeps the best checkpoint, and stops early through its actions (tpuft.worker.t5x.hooks.EarlyStop
@@ -108,6 +125,11 @@ class T5xRun:
     def stopped_early(self) -> str | None:
         """Why the judge stopped the run early (the last inference eval did not improve for long enough)."""
         return self.loop.stopped_early
+
+    @property
+    def stopped(self) -> str | None:
+        """Why training ended before its last step (an early stop, ``train.time_limit``), if it did."""
+        return self.loop.stopped_early or self.loop.ended
 
     @property
     def step(self) -> int:
@@ -155,11 +177,7 @@ class T5xRun:
         loop.start_step = loop.step = latest - self.initial_step
         loop.open_metrics(loop.start_step)
         self.timeline.resumed_at = loop.start_step  # T5X restores it in its start-up: the hooks time it there
-        for row in _logged_rows(self.ctx.run_dir / rundir.METRICS):
-            if "eval_examples" in row and isinstance(row.get("step"), int):  # an inference evaluation's row
-                loop.selector.judge(row["step"], row)
-            if "test_examples" in row:  # this run has tested (tpuft.worker.t5x.testset): not again
-                loop.test_result = row
+        resumed_from_rows(loop, logged_rows(self.ctx.run_dir / rundir.METRICS))
         self.say(f"resuming from checkpoint_{latest} (step {loop.start_step} of {self.recipe.train.steps})")
 
     @staticmethod
@@ -210,8 +228,8 @@ class T5xRun:
         folder = self.ctx.run_dir / GENERATED
         folder.mkdir(parents=True, exist_ok=True)
         spec = self.task_spec()
-        _write(folder / "task.json", json.dumps(spec, indent=2, sort_keys=True) + "\n")
-        _write(folder / "tasks.py", tasks_module(spec))
+        write_text(folder / "task.json", json.dumps(spec, indent=2, sort_keys=True) + "\n")
+        write_text(folder / "tasks.py", tasks_module(spec))
         gin_text = run_gin(
             self.recipe,
             spec,
@@ -222,7 +240,7 @@ class T5xRun:
             slices=self.ctx.num_slices,
             devices=self._device_count(),
         )
-        _write(folder / "run.gin", gin_text)
+        write_text(folder / "run.gin", gin_text)
         import importlib.util
 
         module_spec = importlib.util.spec_from_file_location("tpuft_run_tasks", folder / "tasks.py")
@@ -240,10 +258,8 @@ class T5xRun:
             with self.counted_lock:
                 self.counted = (self.counted[0] + rows, self.counted[1] + examples, self.counted[2] + tokens)
             if first_of_run:  # T5X feeds each host the rows of the replicas its devices hold
-                self.say(
-                    f"batch split: this host feeds {rows} of each batch's {self.recipe.train.batch_size} rows",
-                    everyone=True,
-                )
+                batch = self.recipe.train.batch_size
+                self.say(f"batch split: this host feeds {rows} of each batch's {batch} rows", everyone=True)
         if first_of_run:
             phase = "starting"
         else:
@@ -254,9 +270,9 @@ class T5xRun:
         metrics = self.loop.metrics
         assert metrics is not None
         step = absolute_step - self.initial_step
-        numbers = {k: float(v) for k, v in scalars.items() if _is_number(v)}
+        numbers = {k: float(v) for k, v in scalars.items() if is_number(v)}
         metrics.tensorboard(step, {f"t5x/{k}": v for k, v in numbers.items()})
-        loss = _per_token_loss(numbers)
+        loss = per_token_loss(numbers)
         if loss is None:
             return
         with self.counted_lock:
@@ -265,22 +281,23 @@ class T5xRun:
         rows_per_s = numbers.get("timing/seqs_per_second", 0.0)  # T5X's own clock for the window
         extra = {"token_accuracy": round(numbers["accuracy"], 6)} if "accuracy" in numbers else {}
         self.loop.data_wait_s += self.timeline.waited_before(absolute_step)  # this window's steps' waits
-        logged = self.loop.log_train(
+        reported_train(
+            self.loop,
             step,
             loss=round(loss, 6),
             lr=numbers.get("learning_rate", numbers.get("learning_rate/current", 0.0)),
             examples_per_s=round(rows_per_s * examples / rows, 2) if rows else round(rows_per_s, 2),
             tokens_per_s=round(rows_per_s * tokens / rows, 1) if rows else 0.0,
             extra=extra,
+            phase=self.phase,
         )
-        self.beat(step, **logged)
 
     def on_eval_scalars(self, absolute_step: int, scalars: dict[str, Any]) -> None:
         """Teacher-forced eval on the validation split (T5X's "training eval"): a row, not judged."""
         assert self.loop.metrics is not None
-        numbers = {k: float(v) for k, v in scalars.items() if _is_number(v)}
+        numbers = {k: float(v) for k, v in scalars.items() if is_number(v)}
         row: dict[str, Any] = {}
-        loss = _per_token_loss(numbers)
+        loss = per_token_loss(numbers)
         if loss is not None:
             row["eval_loss"] = round(loss, 6)
         if "accuracy" in numbers:
@@ -292,16 +309,19 @@ class T5xRun:
         self, absolute_step: int, metrics: dict[str, Any], predictions: list[dict[str, Any]]
     ) -> None:
         step = absolute_step - self.initial_step
-        row: dict[str, Any] = {f"eval_{k}": round(float(v), 6) for k, v in metrics.items() if _is_number(v)}
+        row: dict[str, Any] = {f"eval_{k}": round(float(v), 6) for k, v in metrics.items() if is_number(v)}
         row["eval_examples"] = len(predictions)
         row["checkpoint"] = LAYOUT.checkpoint_format.format(step=absolute_step)
         folder = self.ctx.run_dir / PREDICTIONS
         folder.mkdir(parents=True, exist_ok=True)
-        _write(folder / f"predictions-{step:08d}.jsonl", "".join(json.dumps(p) + "\n" for p in predictions))
+        write_text(
+            folder / f"predictions-{step:08d}.jsonl", "".join(json.dumps(p) + "\n" for p in predictions)
+        )
         shown = " ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in row.items() if isinstance(v, float))
-        self.loop.record_eval(step, row, line=f"eval @ {step}: {shown} ({len(predictions)} examples)")
+        line = f"eval @ {step}: {shown} ({len(predictions)} examples)"
+        improved = reported_eval(self.loop, step, row, line=line)
         show_samples(self.loop, step, predictions, self.recipe.eval.generate_examples)
-        if self.loop.judge(step, row).improved:
+        if improved:
             self._prune()
 
     def on_layout(self, layout: dict[str, Any]) -> None:
@@ -309,7 +329,7 @@ class T5xRun:
         ``run_dir/t5x/layout.json``, so a rehearsal shows the layout the slice will get."""
         self.say(layout_line(layout), everyone=True)
         if self.chief:
-            _write(
+            write_text(
                 self.ctx.run_dir / GENERATED / "layout.json",
                 json.dumps(layout, indent=2, sort_keys=True) + "\n",
             )
@@ -360,184 +380,36 @@ class T5xRun:
         host 0 exports the best checkpoint (else the last) to Hugging Face format; then the final
         heartbeat."""
         extra: dict[str, Any] = {}
-        last = self.loop.step if self.loop.stopped_early else self.recipe.train.steps
+        last = self.loop.step if self.stopped else self.recipe.train.steps
         self.loop.step = last  # the test row's step (the last heartbeat's may be the one before)
         self.loop.has_test = has_held_out(self.recipe.data, "test") and self.recipe.backend.task == "finetune"
         if self.loop.has_test:
-            from tpuft.worker.t5x.testset import agree, run_test
+            from tpuft.worker.t5x.testset import agree, test_checkpoint
 
             due, chosen = agree(
                 [int(self.loop.test_due()), self._final_checkpoint(False) or -1] if self.chief else [0, -1]
             )
             if due and chosen >= 0:
-                run_test(
+                folder = f"{self.model_dir}/{LAYOUT.checkpoint_format.format(step=chosen)}"
+                gin_file = self.ctx.run_dir / GENERATED / "run.gin"
+                label = (
+                    f"{folder.rstrip('/').rsplit('/', 1)[-1]} on {held_out_label(self.recipe.data, 'test')}"
+                )
+                sequencer.test_at(
                     self.loop,
-                    self.recipe,
-                    self.ctx.run_dir / GENERATED / "run.gin",
-                    f"{self.model_dir}/{LAYOUT.checkpoint_format.format(step=chosen)}",
                     chosen - self.initial_step,
+                    lambda: test_checkpoint(self.loop, self.recipe, gin_file, folder),
+                    label=label,
                 )
         if self.chief and self.recipe.export.hf:
             chosen = self._final_checkpoint()
             if chosen is not None:
-                self.beat(phase="export")
-                started = time.time()
-                out = export_hf(self.ctx, self.model_dir, chosen, self.recipe.export.dtype)
-                events.record("export", started, time.time() - started, step=last)
+                self.phase = "export"
+                out = sequencer.export(
+                    self.loop,
+                    lambda: export_checkpoint(self.ctx, self.model_dir, chosen, self.recipe.export.dtype),
+                )
                 extra["exported_from"] = LAYOUT.checkpoint_format.format(step=chosen)
                 self.say(f"Hugging Face export of {extra['exported_from']}: {out}")
         self.phase = "step"
-        self.loop.finished(last, **extra)
-
-
-def start_jax(ctx: WorkerContext, recipe: RecipeConfig) -> None:
-    """What every T5X process does before JAX starts (a training, a ``tpuft predict`` job). The local pod: as
-    many CPU devices in this process as the slice's hosts have chips (the launch plan's count, in the
-    XLA_FLAGS that JAX's CPU client reads), and JAX's coordination service on worker 0 with gloo collectives
-    between the processes, waiting up to ``train.startup_timeout`` for every host of every slice to join. TPU
-    hosts need nothing: the TPU runtime finds its peers (and, on several slices, the MEGASCALE variables'
-    coordinator)."""
-    if os.environ.get("JAX_PLATFORMS", "") != "cpu":
-        return
-    count = os.environ.get(LOCAL_DEVICES_ENV)
-    if count:
-        os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), int(count))
-    if ctx.num_workers > 1:
-        import jax
-
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=ctx.coordinator,
-            num_processes=ctx.num_workers,
-            process_id=ctx.worker_id,
-            initialization_timeout=int(recipe.train.startup_timeout),
-        )
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Pure helpers
-
-
-def batch_counts(batch: Any) -> tuple[int, int, int]:
-    """(rows, examples, real tokens) of this host's part of a T5X batch. A packed row holds one example per
-    decoder segment id (1, 2, ...; 0 is padding); an unpacked one, one example if its targets are not all
-    padding."""
-    import numpy as np
-
-    def local(array: Any) -> Any:
-        """This host's rows: on a pod the batch is a global jax.Array whose other shards live on other
-        hosts."""
-        shards = getattr(array, "addressable_shards", None)
-        if shards is None:
-            return np.asarray(array)
-        unique = {str(shard.index): shard.data for shard in shards}
-        return np.concatenate([np.asarray(data) for data in unique.values()])
-
-    targets = local(batch["decoder_target_tokens"])
-    tokens = int((targets > 0).sum())
-    if "encoder_input_tokens" in batch:
-        tokens += int((local(batch["encoder_input_tokens"]) > 0).sum())
-    segments = batch.get("decoder_segment_ids")
-    if segments is not None:
-        examples = int(local(segments).max(axis=-1).sum())
-    else:
-        examples = int((targets > 0).any(axis=-1).sum())
-    return int(targets.shape[0]), examples, tokens
-
-
-def with_host_device_count(flags: str, count: int) -> str:
-    """``XLA_FLAGS`` with XLA's host-platform device count set to ``count`` (replacing one already there), the
-    other flags kept as they were."""
-    kept = [flag for flag in flags.split() if not flag.startswith("--xla_force_host_platform_device_count")]
-    return " ".join([*kept, f"--xla_force_host_platform_device_count={count}"])
-
-
-def layout_line(layout: dict[str, Any]) -> str:
-    """``device layout: 2 host(s) x 2 device(s), mesh data 2 x model 2 (2 replicas x 2 partitions); ...``; on
-    several slices the mesh's ``replica`` axis is the slices (``replica 2 x data 1 x model 2``)."""
-    mesh = layout["mesh"]
-    replicas = mesh.get("replica", 1) * mesh.get("data", 1)
-    line = (
-        f"device layout: {layout['hosts']} host(s) x {layout['devices_per_host']} device(s), mesh "
-        + " x ".join(f"{axis} {size}" for axis, size in mesh.items())
-        + f" ({replicas} replicas x {mesh.get('model', 1)} partitions); "
-        f"{layout['params_sharded']} of {layout['params']} parameter arrays split over "
-        + " and ".join(f"'{axis}'" for axis in layout.get("sharded_over") or ["model"])
-    )
-    example = layout.get("example")
-    if example:
-        line += (
-            f", e.g. {example['name']} {tuple(example['shape'])} as {example['spec']}: "
-            f"{tuple(example['per_device'])} per device"
-        )
-    return line
-
-
-def remove_checkpoint(folder: str) -> None:
-    """A checkpoint folder pruned, local or gs:// (through TensorFlow's gfile, which T5X writes with)."""
-    import tensorflow as tf
-
-    tf.io.gfile.rmtree(folder)
-
-
-def write_manifest(folder: str) -> None:
-    """tpuft's manifest for a checkpoint folder, local or gs:// (listed through TensorFlow's gfile)."""
-    if not folder.startswith("gs://"):
-        LAYOUT.write_manifest(Path(folder))
-        return
-    import tensorflow as tf
-
-    from tpuft.backends.spec import manifest_text
-
-    files: dict[str, int] = {}
-    for root, _, names in tf.io.gfile.walk(folder):
-        for name in names:
-            path = f"{root.rstrip('/')}/{name}"
-            rel = path[len(folder) + 1 :]
-            if rel != LAYOUT.manifest:
-                files[rel] = tf.io.gfile.stat(path).length
-    with tf.io.gfile.GFile(f"{folder}/{LAYOUT.manifest}", "w") as handle:
-        handle.write(manifest_text(files))
-
-
-def export_hf(ctx: WorkerContext, model_dir: str, step: int, dtype: str) -> Path:
-    from tpuft.convert.hf_writer import write_hf_model
-    from tpuft.convert.sources import open_source
-
-    if model_dir.startswith("gs://"):
-        from tpuft.convert.remote import fetch_checkpoint
-
-        checkpoint = fetch_checkpoint(model_dir, step)
-    else:
-        checkpoint = Path(model_dir) / LAYOUT.checkpoint_format.format(step=step)
-    out = ctx.run_dir / rundir.EXPORT_HF
-    write_hf_model(open_source(checkpoint), out, dtype=dtype, overwrite=True)
-    return out
-
-
-def _write(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
-
-
-def _per_token_loss(numbers: dict[str, float]) -> float | None:
-    """The mean loss per real target token, comparable across backends (T5X's own ``loss`` is a sum over the
-    batch's tokens divided by the loss normalising factor, kept in TensorBoard as ``t5x/loss``)."""
-    for name in ("loss_per_nonpadding_target_token", "loss"):
-        if name in numbers:
-            return numbers[name]
-    return None
-
-
-def _is_number(value: Any) -> bool:
-    try:
-        return not isinstance(value, (bool, str, bytes)) and float(value) == float(value)
-    except (TypeError, ValueError):
-        return False
-
-
-def _logged_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl (none when there is no file; a torn line is skipped)."""
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    return [row for line in lines if (row := rundir.read_json_text(line)) is not None]
+        sequencer.end(self.loop, last, **extra)

@@ -31,10 +31,9 @@ def setup_data(trainer: Any) -> None:
     saved_world = trainer.trainer_state.get("replicas", world)
     if saved_world != world:
         trainer._say(
-            f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data is "
-            "sharded "
-            "differently, so this run goes on from the checkpoint but not exactly as the original would "
-            "have"
+            f"the checkpoint was written by {saved_world} replicas and this run has {world}: the data "
+            "is sharded differently, so this run goes on from the checkpoint but not exactly as the original "
+            "would have"
         )
     position = trainer.trainer_state.get("data_position") if trainer.checkpoint is not None else None
     if (
@@ -62,11 +61,9 @@ def setup_data(trainer: Any) -> None:
     accum = trainer.recipe.train.grad_accum_steps
     micro = f", {accum} micro-batches a step" if accum > 1 else ""
     trainer._say(
-        f"data: {getattr(trainer.batches, 'examples', 'streamed')} train / {len(trainer.eval_shard or [])} "
-        "eval / "
-        f"{len(trainer.test_shard or [])} test examples on replica {rank} (batch {trainer.local_batch} per "
-        f"replica{split}, "
-        f"{trainer.recipe.train.batch_size} "
-        f"global{micro})",
+        f"data: {getattr(trainer.batches, 'examples', 'streamed')} train "
+        f"/ {len(trainer.eval_shard or [])} eval / {len(trainer.test_shard or [])} test examples on "
+        f"replica {rank} (batch {trainer.local_batch} "
+        f"per replica{split}, {trainer.recipe.train.batch_size} global{micro})",
         everyone=True,
     )

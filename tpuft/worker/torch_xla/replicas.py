@@ -241,6 +241,14 @@ def check_same_start(replicas: Any, torch: Any, device: Any, start_step: int) ->
         )
 
 
+def any_flag(replicas: Any, torch: Any, device: Any, flag: bool) -> bool:
+    """Any replica's ``flag``, on every replica: one all-reduce of one number (none for one replica, or for
+    one SPMD program, whose hosts run the same program)."""
+    if replicas.world == 1 or getattr(replicas, "implicit", False):
+        return flag
+    return float(replicas.sum(torch.tensor([1.0 if flag else 0.0], device=device))[0]) > 0
+
+
 def rng_seed(seed: int, replica: int, step: int) -> int:
     """The RNG seed of ``replica`` from ``step`` on: a hash, so that nearby (seed, replica, step) give
     unrelated streams; below 2**63, which every generator takes."""

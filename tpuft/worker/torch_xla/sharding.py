@@ -90,9 +90,8 @@ def batch_to_device(mesh: Any, device: Any, tensors: tuple[Any, ...]) -> list[An
 
     out = []
     names = tuple(mesh.axis_names)
-    axis = (
-        names[0] if len(names) == 1 else names
-    )  # the batch over every axis: ('data', 'fsdp') on several slices
+    # the batch over every axis: ('data', 'fsdp') on several slices
+    axis = names[0] if len(names) == 1 else names
     for tensor in tensors:
         spec = xs.ShardingSpec(mesh, (axis, *([None] * (tensor.dim() - 1))), minibatch=True)
         out.append(xm.send_cpu_data_to_device([tensor], device, spec)[0])

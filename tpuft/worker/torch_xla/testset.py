@@ -22,6 +22,7 @@ from typing import Any
 
 from tpuft.data import Example
 from tpuft.scoring import predictions
+from tpuft.worker.torch_xla import heldout
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -43,7 +44,7 @@ def run_test(
             )
         trainer.model.eval()
         with torch.no_grad():
-            decoded = trainer._decode([example for _, example in shard])
+            decoded = heldout.decode(trainer, [example for _, example in shard])
     finally:
         if trained is not None:
             put_weights(trainer.model, trainer.prompt, trained)

@@ -2,12 +2,13 @@
 
 Reads top to bottom like a torchtune recipe: ``Trainer.setup()`` builds tokenizer, model, optimizer and data
 (the model and optimizer, as a checkpoint holds them: :mod:`tpuft.worker.torch_xla.state`; the data:
-:mod:`tpuft.worker.torch_xla.feed`); the run's skeleton (:mod:`tpuft.worker.loop`: rows, progress line,
-heartbeats, periodic eval and checkpoints, keep-best, early stopping, the test evaluation, the final export)
-drives the hooks below: ``start``, ``step``, ``progress``, ``evaluate``, ``test``
-(:mod:`tpuft.worker.torch_xla.testset`), ``save``, ``digest``, ``export``. ``train()`` and ``finish()`` are
-the loop's two halves; at the end every worker records its weight digest (all workers must end with identical
-weights).
+:mod:`tpuft.worker.torch_xla.feed`);
+the run sequencer (:mod:`tpuft.worker.loop.sequencer`: rows, progress line, heartbeats, periodic eval and
+checkpoints, keep-best, early stopping, checkpoints on demand, ``train.time_limit``, the test evaluation, the
+final export) drives the acts below: ``start``, ``train_step``, ``progress``, ``evaluate``
+(:mod:`tpuft.worker.torch_xla.heldout`), ``test`` (:mod:`tpuft.worker.torch_xla.testset`), ``save``,
+``digest``, ``export``, ``agree``. ``train()`` and ``finish()`` are the sequencer's two halves; at the end
+every worker records its weight digest (all workers must end with identical weights).
 
 Shapes are static (inputs padded to the recipe's max lengths, the last eval batch padded with weight-0 rows),
 so XLA compiles a handful of graphs once. The learning rate changes every step without recompiling: torch-xla
@@ -50,13 +51,14 @@ from typing import Any
 from tpuft import data as data_mod
 from tpuft.backends.torch_xla_schema import LAYOUT
 from tpuft.config import RecipeConfig
-from tpuft.run import rundir
 from tpuft.worker import loop as loop_mod
 from tpuft.worker.context import WorkerContext
+from tpuft.worker.export import export_hf
 from tpuft.worker.loop import RunLoop
+from tpuft.worker.torch_xla import heldout
 from tpuft.worker.torch_xla.feed import setup_data
 from tpuft.worker.torch_xla.multislice import trainer_mesh_line
-from tpuft.worker.torch_xla.replicas import make_replicas, params_digest, rng_seed
+from tpuft.worker.torch_xla.replicas import any_flag, make_replicas, params_digest, rng_seed
 from tpuft.worker.torch_xla.state import (
     PROMPT_FILE,
     build_model,
@@ -70,9 +72,8 @@ __all__ = ["Trainer", "main", "params_digest", "rng_seed"]
 
 def main(ctx: WorkerContext, recipe: RecipeConfig) -> int:
     tpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "TPU"
-    multislice = (
-        tpu and ctx.num_slices > 1
-    )  # over HybridMesh (libtpu's wait for every slice: worker/multislice.py)
+    # over HybridMesh (libtpu's wait for every slice: worker/multislice.py)
+    multislice = tpu and ctx.num_slices > 1
     if recipe.train.sharding == "fsdp" or multislice:  # SPMD: one process per host drives every local chip
         return Trainer(ctx, recipe, tpu=tpu).run()
     if tpu:
@@ -100,7 +101,7 @@ class Trainer:
         self.window: list[Any] = []
         """Per step since the last metrics row: [loss, tokens] averaged over replicas, on the device."""
 
-    # -- the run: the loop's bookkeeping, seen from the trainer ---------------------------------------------
+    # -- the run: handed to the sequencer --------------------------------------------------------------------
     def run(self) -> int:
         self.setup()
         try:
@@ -128,16 +129,8 @@ class Trainer:
         return self.loop.metrics
 
     @property
-    def selector(self) -> Any:
-        return self.loop.selector
-
-    @property
     def stopped_early(self) -> str | None:
         return self.loop.stopped_early
-
-    @property
-    def last_eval(self) -> dict[str, Any]:
-        return self.loop.last_eval
 
     def _say(self, message: str, *, everyone: bool = False) -> None:
         self.loop.say(message, everyone=everyone)
@@ -317,71 +310,12 @@ class Trainer:
 
     # -- the loop's hooks: evaluation -----------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        """Teacher-forced loss, token accuracy and exact match over every replica's eval shard; BLEU and
-        ROUGE-L of greedy decodes of the first ``eval.generate_examples`` held-out examples, decoded on the
-        device (TPU or the CPU pod's XLA device) with static shapes and scored on the host."""
-        from tpuft.worker.torch_xla import parts as torch_parts
-
-        torch = self.torch
-        if self.eval_shard is None:
-            return {}
-        self.model.eval()
-        sums = torch.zeros(5, device=self.device)  # loss*tokens, tokens, correct tokens, exact, examples
-        with torch.no_grad():
-            for start in range(0, len(self.eval_shard), self.local_eval_batch):
-                chunk = self.eval_shard[start : start + self.local_eval_batch]
-                batch = self._encode(chunk, pad_to=self.local_eval_batch)
-                sums = sums + torch_parts.eval_sums(self._logits(batch), batch.labels, batch.weights)
-                self.torch_xla.sync()
-            decoded = self._decode(self.generate_shard) if self.recipe.eval.generate_examples else None
-        totals = self.replicas.sum(sums)
-        loss_sum, tokens, correct_tokens, exact_sum, examples = (float(x) for x in totals)
-        result = {
-            "eval_loss": round(loss_sum / max(tokens, 1.0), 6),
-            "eval_token_accuracy": round(correct_tokens / max(tokens, 1.0), 6),
-            "eval_exact_match": round(exact_sum / max(examples, 1.0), 6),
-            "eval_examples": int(examples),
-        }
-        if decoded is not None:
-            result.update(self._text_scores(decoded))
-        self.model.train()
-        return result
+        return heldout.evaluate(self)
 
     def test(self, checkpoint: Path | None) -> dict[str, Any]:
         from tpuft.worker.torch_xla.testset import run_test
 
         return run_test(self, self.test_shard or [], checkpoint, PROMPT_FILE)
-
-    def _decode(self, examples: list[data_mod.Example]) -> list[str]:
-        """Greedy decodes of ``examples`` (this replica's share), as text, in batches of the eval batch."""
-        from tpuft.worker.torch_xla import parts as torch_parts
-
-        texts: list[str] = []
-        eos = self.tokenizer.eos_token_id
-        for start in range(0, len(examples), self.local_eval_batch):
-            chunk = examples[start : start + self.local_eval_batch]
-            batch = self._encode(chunk, pad_to=self.local_eval_batch)
-            with self._autocast():
-                ids = torch_parts.greedy_decode(
-                    self.model,
-                    self._prompt_vectors(),
-                    batch.input_ids,
-                    batch.attention_mask,
-                    self.recipe.data.max_target_length,
-                    self.torch_xla.sync,
-                )
-            for row in ids[: len(chunk)].to("cpu").tolist():
-                row = row[: row.index(eos)] if eos in row else row
-                texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
-        return texts
-
-    def _text_scores(self, decoded: list[str]) -> dict[str, float]:
-        from tpuft.worker.torch_xla import parts as torch_parts
-
-        self.last_decodes = list(zip(self.generate_shard, decoded))
-        return torch_parts.text_scores(
-            decoded, [e.target for e in self.generate_shard], self.replicas.sum, self.device
-        )
 
     def _trained_state(self) -> dict[str, Any]:
         """What the weight digest covers: the model, and the prompt when prompt tuning."""
@@ -410,37 +344,19 @@ class Trainer:
             self._seed_rngs()
         return path
 
+    def agree(self, flag: bool) -> bool:
+        """Any replica's ``flag``, on every replica (the time limit: every replica stops at the same step)."""
+        return any_flag(self.replicas, self.torch, self.device, flag)
+
     def digest(self) -> str:
         digest = params_digest(self._trained_state())
         self._say(f"weights sha256 {digest[:16]} (replica {self.replicas.rank})", everyone=True)
         return digest
 
     def export(self, checkpoint: Path) -> None:
-        from tpuft.convert.hf_ckpt import export_checkpoint
-
-        out = self.ctx.run_dir / rundir.EXPORT_HF
-        export_checkpoint(checkpoint, out, dtype=self.recipe.export.dtype)
+        out = export_hf(self.ctx, checkpoint, self.recipe.export.dtype)
         self._say(f"Hugging Face export: {out}")
         if self.prompt is not None:  # beside the HF dir: the frozen model plus this file is the tuned model
             shutil.copyfile(checkpoint / PROMPT_FILE, out.parent / PROMPT_FILE)
             self._say(f"soft prompt: {out.parent / PROMPT_FILE} ({self.prompt.weight.shape[0]} vectors)")
-        self._show_samples(out)
-
-    def _show_samples(self, export_dir: Path, count: int = 3) -> None:
-        """Greedy-decode a few held-out inputs with the exported model (and the soft prompt), on the host CPU,
-        as a user would."""
-        if not self.eval_shard:
-            return
-        from tpuft.worker.torch_xla import parts as torch_parts
-
-        prompt_file = export_dir.parent / PROMPT_FILE if self.prompt is not None else None
-        lines = torch_parts.sample_lines(
-            export_dir,
-            self.tokenizer,
-            self.eval_shard[:count],
-            self.recipe.data.max_target_length,
-            prompt_file,
-        )
-        for line in lines:
-            self._say(f"sample: {line}")
-        self.metrics.log_text(self.step, "samples", "\n\n".join(lines))
+        heldout.show_samples(self, out, out.parent / PROMPT_FILE if self.prompt is not None else None)

@@ -73,9 +73,8 @@ class TrackingSidecar:
             )
         except Exception as exc:  # noqa: BLE001 - no tracking is a warning, never a failed run
             output.say(
-                f"WARNING: the tracking sidecar did not start ({type(exc).__name__}: {exc}); training goes "
-                "on "
-                "without W&B/MLflow (metrics.jsonl and TensorBoard have every row)"
+                f"WARNING: the tracking sidecar did not start ({type(exc).__name__}: {exc}); training "
+                "goes on without W&B/MLflow (metrics.jsonl and TensorBoard have every row)"
             )
             return None
         assert process.stdout is not None

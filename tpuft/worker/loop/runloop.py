@@ -1,56 +1,19 @@
-"""The run skeleton every backend's trainer shares, written once: what a run writes and says around its steps.
+"""One run's bookkeeping, the state the sequencer (:mod:`tpuft.worker.loop.sequencer`) keeps: resume, the
+metrics rows and lines, heartbeats, the judge, checkpoint folders and pruning, the test row, the final
+heartbeat. Engines do not call it for decisions: the sequencer does, after each step and at the end.
 
-A trainer owns its engine (model, optimizer, data, collectives); this module owns the bookkeeping around it,
-so that a feature of the run (a metrics key, a heartbeat phase, keep-best, early stopping) is written here and
-not once per backend. Two ways to use it, one logic:
-
-* **Events** (:class:`RunLoop`), for a loop a framework drives (Keras ``fit`` calls its callback, T5X its
-  hooks). The trainer makes one ``RunLoop`` at start-up and calls, as things happen:
-
-  - ``find_checkpoint()`` then ``load_checkpoint()``: resume bookkeeping (``TPUFT_RESUME``): the start
-    step, the checkpoint folder to restore from and its ``trainer_state.json``, the metrics writer (rows after
-    the checkpoint forgotten) and the :class:`~tpuft.worker.selection.Selector` restored from that state. A
-    trainer that finds its checkpoint its own way (T5X) calls ``open_metrics(restart_at)`` and sets
-    ``start_step`` itself.
-  - ``start_clock()`` as training starts (the run's clock goes on from the checkpoint's ``elapsed_s``);
-  - ``log_due(step)`` / ``log_train(step, loss=, lr=, tokens=)``: the metrics row (``loss lr examples_per_s
-    tokens_per_s elapsed_s`` [``first_step_s``]) and the ``step N/total loss ... tok/s`` line; rates are over
-    the steps since the last row; a framework that measures its own rates passes
-    ``examples_per_s``/``tokens_per_s``. Returns what the next heartbeat repeats;
-  - ``beat(step, phase=...)``: the heartbeat (``starting``, ``collective``, ``step``, ``eval``,
-    ``checkpoint``, ``export``: :data:`tpuft.worker.metrics.PATIENT_PHASES` get the supervisor's longer hang
-    timeout);
-  - ``eval_due(step)`` / ``record_eval(step, result, seconds)`` / ``judge(step, result)``: the eval row and
-    line, then keep-best and early stopping (a stop sets ``stopped_early`` and says why);
-  - ``checkpoint_due(step)`` / ``save_checkpoint(step, write, ...)``: a checkpoint folder written through a
-    temp dir, its ``trainer_state.json`` and manifest, then pruning to the last ``train.keep_checkpoints`` and
-    the best (``train.keep_best``);
-  - ``test_due()`` / ``test_checkpoint()`` / ``record_test(result, seconds, checkpoint_step)``: the test
-    evaluation (``data.test``) once at the end, before the final checkpoint, on the best checkpoint under
-    ``keep_best`` (else the weights in memory, the last); its ``test_*`` row and line. The result goes into
-    the final checkpoint's ``trainer_state.json`` (``test``), so a run resumed from that checkpoint does not
-    test again: exactly one test row per run;
-  - ``export_source(checkpoint)``: the checkpoint to export (the best one under ``keep_best``);
-  - ``finished(step, **extra)``: the final heartbeat (status ``finished``, the last eval's numbers, the early
-    stop).
-
-* **A driver** (:func:`train`, :func:`finish`, or :func:`run` for both), for a trainer that owns its loop
-  (PyTorch/XLA): it calls the events above in the order every backend keeps, and the trainer's
-  :class:`TrainerHooks` for the work: ``start`` (put the restored state in place, seed), ``train_step``,
-  ``progress`` (the window's loss, lr, tokens), ``evaluate``, ``save`` (which writes through
-  ``RunLoop.save_checkpoint``), ``digest``, ``export``. Building the engine and restoring it from
-  ``RunLoop.resume.checkpoint`` is the trainer's set-up, before the driver runs.
-
-The order of one step (the driver's, and what a framework adapter should keep): the step; its metrics row on
-``log_every`` (and the last step); the heartbeat; on ``eval.every`` (not the last step) an evaluation, judged:
-an early stop ends training there, a new best under ``keep_best`` is checkpointed at once; else a checkpoint
-on ``train.checkpoint_every`` (not the last step). The end: a final evaluation (unless an early stop has just
-evaluated), the test evaluation (``data.test``, once per run), the final checkpoint, the weight digest, the
-export (chief only), the final heartbeat.
-
-Stop and hang signals are the heartbeat: the worker's supervisor (``tpuft/worker/supervisor/process.py``)
-declares a trainer hung when its heartbeat is older than the hang timeout for its phase, and stops it with
-SIGTERM.
+* ``find_checkpoint()`` then ``load_checkpoint()``: resume bookkeeping (``TPUFT_RESUME``): the start step,
+  the checkpoint folder to restore from and its ``trainer_state.json``, the metrics writer (rows after the
+  checkpoint forgotten) and the :class:`~tpuft.worker.selection.Selector` restored from that state. A trainer
+  that finds its checkpoint its own way (T5X) calls ``open_metrics(restart_at)`` and sets ``start_step``.
+* ``start_clock()`` as training starts: the run's clock goes on from the checkpoint's ``elapsed_s``; the
+  attempt's own clock (``train.time_limit``) starts at zero.
+* ``log_train`` (the metrics row and progress line; rates over the steps since the last row), ``beat``
+  (heartbeat phases ``starting``, ``collective``, ``step``, ``eval``, ``checkpoint``, ``export``:
+  :data:`tpuft.worker.metrics.PATIENT_PHASES` get the supervisor's longer hang timeout), ``record_eval`` and
+  ``judge`` (keep-best, early stopping), ``save_checkpoint`` (through a temp dir, ``trainer_state.json`` and
+  the manifest last, then pruning), ``record_test`` (once per run: the result goes into the final
+  checkpoint's state, so a resume does not test again), ``finished`` (the final heartbeat).
 
 Stdlib only at import (plus tpuft's worker modules): it runs inside every backend's venv.
 """
@@ -63,13 +26,13 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tpuft.run import rundir
 from tpuft.scoring.predictions import prefixed
 from tpuft.worker import events
+from tpuft.worker.loop.lines import eval_line, progress_line, steps_to_keep, test_line
 from tpuft.worker.metrics import Heartbeat, MetricsWriter
-from tpuft.worker.ondemand import CheckpointRequests, serve
 from tpuft.worker.resume import (
     TRAINER_STATE,
     ResumePoint,
@@ -90,52 +53,6 @@ TEST_STATE = "test"
 
 HEARTBEAT_KEYS = ("loss", "lr", "examples_per_s", "tokens_per_s")
 """What a heartbeat repeats of the latest metrics row (``monitor`` shows them per worker)."""
-
-
-def progress_line(
-    step: int, total: int, loss: float, lr: float, examples_per_s: float, tokens_per_s: float
-) -> str:
-    """The line each logged step prints, the same for every backend (users and tests read it)."""
-    return (
-        f"step {step}/{total} loss {loss:.4f} lr {lr:.2e} {examples_per_s:.1f} ex/s {tokens_per_s:.0f} tok/s"
-    )
-
-
-def eval_line(step: int, result: Mapping[str, Any]) -> str:
-    """The line an evaluation prints: loss, then token accuracy and exact match (text to text) or accuracy
-    (classification), then BLEU and ROUGE-L when decodes were scored."""
-    if "eval_token_accuracy" in result:
-        shown = (
-            f"loss {result['eval_loss']:.4f} token acc {result['eval_token_accuracy']:.4f} "
-            f"exact match {result['eval_exact_match']:.4f}"
-        )
-    else:
-        shown = f"loss {result['eval_loss']:.4f} accuracy {result['eval_accuracy']:.4f}"
-    scores = "".join(
-        f" {key[5:]} {result[key]:.2f}" for key in ("eval_bleu", "eval_rouge_l") if key in result
-    )
-    return f"eval @ {step}: {shown}{scores} ({result['eval_examples']} examples)"
-
-
-def test_line(result: Mapping[str, Any]) -> str:
-    """The line the test evaluation prints: every ``test_*`` score, on which checkpoint, over how many
-    examples."""
-    shown = " ".join(
-        f"{key[5:].replace('_', ' ')} {result[key]:.4f}" for key in rundir.TEST_SCORES if key in result
-    )
-    return (
-        f"test (checkpoint step {result['test_checkpoint_step']}): {shown} ({result['test_examples']} "
-        "examples)"
-    )
-
-
-def steps_to_keep(steps: list[int], keep_last: int, best_step: int | None) -> set[int]:
-    """Which checkpoints survive pruning: the last ``keep_last`` of ``steps`` (oldest first), and the best
-    one."""
-    keep = set(sorted(steps)[-keep_last:]) if keep_last > 0 else set()
-    if best_step is not None:
-        keep.add(best_step)
-    return keep
 
 
 class RunLoop:
@@ -180,6 +97,14 @@ class RunLoop:
         self.test_result: dict[str, Any] = {}
         """The test row (``test_*``); restored from the checkpoint a run resumes from, so it is made once."""
         self.stopped_early: str | None = None
+        self.ended: str | None = None
+        """Why training ended before ``train.steps`` other than an early stop: ``time_limit``. The run still
+        tests, saves, exports and finishes; its checkpoint keeps no test row, so a resume tests again."""
+        self.attempt_started: float | None = None
+        """When this attempt's training started (``start_clock``): ``train.time_limit`` counts from here."""
+        self.last_eval_step = -1
+        """The step of the latest evaluation recorded, so that the end does not evaluate the same weights
+        twice."""
         self.saved_steps: set[int] = set()
         self.first_step_s: float | None = None
         self._first_step_logged = False
@@ -243,6 +168,7 @@ class RunLoop:
         """Training starts: the run's clock goes on from the checkpoint's, and the first rates window
         opens."""
         self.run_started = time.time() - float(self.trainer_state.get("elapsed_s", 0.0))
+        self.attempt_started = time.time()
         self._window_step, self._window_time = self.step, time.time()
 
     # -- steps ----------------------------------------------------------------------------------------------
@@ -349,6 +275,7 @@ class RunLoop:
         self._log(step, result)
         self.say(line if line is not None else eval_line(step, result))
         self.last_eval = result
+        self.last_eval_step = step
         return result
 
     def judge(self, step: int, result: Mapping[str, Any]) -> Verdict:
@@ -380,11 +307,11 @@ class RunLoop:
 
     def test_predictions_dir(self) -> Path:
         """Where every process writes its share of the test predictions
-        (:func:`tpuft.worker.predictions.shard_name`)."""
+        (:func:`tpuft.scoring.predictions.shard_name`)."""
         return self.ctx.run_dir / rundir.TEST_DIR
 
     def record_test(self, result: Mapping[str, Any], seconds: float, checkpoint_step: int) -> dict[str, Any]:
-        """The test row: ``result``'s scores (:func:`tpuft.worker.predictions.scores`, unprefixed, already
+        """The test row: ``result``'s scores (:func:`tpuft.scoring.predictions.scores`, unprefixed, already
         summed over every replica) as ``test_*``, with ``test_seconds`` and ``test_checkpoint_step``, logged
         at the current step; its line. Every process calls it (the row is the chief's) and keeps the result
         for the checkpoint."""
@@ -392,6 +319,7 @@ class RunLoop:
             **prefixed(dict(result), "test"),
             "test_seconds": round(seconds, 2),
             "test_checkpoint_step": checkpoint_step,
+            **({"ended": self.ended} if self.ended else {}),  # training was cut short: a resume tests again
         }
         events.record("test", time.time() - seconds, seconds, step=self.step)
         self._log(self.step, row)
@@ -422,7 +350,7 @@ class RunLoop:
             return None
         final = self.layout.checkpoint_dir(self.ctx.run_dir, step)
         if step in self.saved_steps:
-            if self.test_result:
+            if self.test_result and not self.ended:
                 self._note_test(final)
             return final
         self.beat(step, phase="checkpoint")
@@ -442,7 +370,8 @@ class RunLoop:
             "replicas": replicas,
             **(state or {}),
             **self.selector.state(),
-            **({TEST_STATE: self.test_result} if self.test_result else {}),
+            **({TEST_STATE: self.test_result} if self.test_result and not self.ended else {}),
+            **({"ended": self.ended} if self.ended else {}),
         }
         (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
         self.layout.write_manifest(tmp)  # last: the checkpoint is complete once every file it lists is there
@@ -473,7 +402,7 @@ class RunLoop:
         the cadence's."""
         if self._asked:
             return "request"
-        if step >= self.recipe.train.steps or self.stopped_early:
+        if step >= self.recipe.train.steps or self.stopped_early or self.ended:
             return "final"
         best = self.best
         return (
@@ -534,145 +463,7 @@ class RunLoop:
         tail.update((key, value) for key, value in self.test_result.items() if key.startswith("test_"))
         if self.stopped_early:
             tail["stopped_early"] = self.stopped_early
+        if self.ended:
+            tail["ended"] = self.ended
         self.beat(step, "finished", **extra, train_seconds=round(time.time() - self.run_started, 1), **tail)
         events.close()
-
-
-class TrainerHooks(Protocol):
-    """What a trainer that owns its loop supplies to :func:`train` and :func:`finish`. Building (model,
-    optimizer, data; restored from ``RunLoop.resume.checkpoint`` when resuming) is the trainer's set-up, done
-    before."""
-
-    def start(self, step: int) -> int:
-        """Right before the first step (``step``: the start step): put a resumed state in place, seed the
-        RNGs. Returns how many steps the step's program takes to become steady (compilation): the heartbeat
-        says ``starting`` until then."""
-        ...
-
-    def train_step(self, step: int) -> None:
-        """Train one optimizer step, from ``step`` to ``step + 1``."""
-        ...
-
-    def progress(self) -> tuple[float, float, float]:
-        """(mean loss, learning rate, input and target tokens over every replica) of the steps since the last
-        call."""
-        ...
-
-    def evaluate(self) -> dict[str, Any]:
-        """The held-out evaluation's metrics row (``eval_*`` keys); {} when there is nothing to evaluate."""
-        ...
-
-    def save(self, step: int) -> Path | None:
-        """Checkpoint at ``step`` (``RunLoop.save_checkpoint`` does the writing); the folder on the chief."""
-        ...
-
-    def digest(self) -> str:
-        """The sha256 of the trained weights, said by every replica (equal digests: identical weights)."""
-        ...
-
-    def export(self, checkpoint: Path) -> None:
-        """Chief only, when ``export.hf``: ``checkpoint`` to Hugging Face format (and what goes with it)."""
-        ...
-
-    def test(self, checkpoint: Path | None) -> dict[str, Any]:
-        """Every process: predict this replica's share of the test set with the weights of ``checkpoint``
-        (None: those in memory), write the share to ``RunLoop.test_predictions_dir()``, sum the
-        :func:`tpuft.worker.predictions.statistics` over the replicas and return their ``scores`` (the same on
-        every process). The weights in memory are as before when it returns (the final checkpoint saves
-        them)."""
-        ...
-
-
-def train(loop: RunLoop, hooks: TrainerHooks) -> None:
-    """The loop of a trainer that owns it: steps, rows, heartbeats, evaluations judged, checkpoints."""
-    total = loop.recipe.train.steps
-    loop.step = loop.start_step
-    loop.start_clock()
-    loop.say(f"training steps {loop.step + 1} to {total}" if loop.step else f"training for {total} steps")
-    loop.warm_at = loop.step + hooks.start(loop.step)
-    requests = CheckpointRequests.of(loop.ctx, answers=loop.beats)  # tpuft checkpoint: one os.stat per step
-    if (
-        loop.selector.stopped_early
-    ):  # the checkpoint is where an early-stopped run ended: nothing more to train
-        loop.stopped_early = loop.selector.stopped_early
-        loop.say(f"resumed after {loop.stopped_early}")
-        return
-    while loop.step < total:
-        hooks.train_step(loop.step)
-        loop.step += 1
-        step = loop.step
-        if loop.first_step_s is None:
-            loop.first_step_done()
-        logged: dict[str, Any] = {}
-        if loop.log_due(step):
-            loss, lr, tokens = hooks.progress()
-            logged = loop.log_train(step, loss=loss, lr=lr, tokens=tokens)
-        loop.beat(step, phase=loop.phase(step), **logged)
-        saved = False
-        if loop.eval_due(step):
-            verdict = loop.judge(step, evaluate(loop, hooks))
-            if verdict.stop:
-                break
-            if verdict.improved and loop.recipe.train.keep_best:
-                hooks.save(step)  # the best so far becomes a checkpoint, whatever checkpoint_every says
-                saved = True
-        if not saved and loop.checkpoint_due(step):
-            hooks.save(step)
-        serve(
-            requests,
-            step,
-            lambda at: loop.save_asked(hooks.save, at),
-            loop.say,
-            lambda at: loop.beat(at, phase="checkpoint"),
-        )
-
-
-def evaluate(loop: RunLoop, hooks: TrainerHooks) -> dict[str, Any]:
-    """One evaluation in the ``eval`` phase, recorded (row and line) when there was something to evaluate."""
-    if not loop.has_eval:
-        return {}
-    loop.beat(loop.step, phase="eval")
-    started = time.time()
-    result = hooks.evaluate()
-    return loop.record_eval(loop.step, result, time.time() - started) if result else result
-
-
-def finish(loop: RunLoop, hooks: TrainerHooks) -> None:
-    """The end of a run: the final evaluation (unless an early stop has just evaluated), the final checkpoint
-    (the loop never saves at the last step), the weight digest, the export, the final heartbeat."""
-    if loop.stopped_early is None:
-        result = evaluate(loop, hooks)
-        if result:
-            loop.selector.judge(loop.step, result)  # for the best to export; training is over either way
-        loop.last_eval = result
-    if loop.test_due():
-        run_test(loop, hooks.test)
-    checkpoint = hooks.save(loop.step)
-    digest = hooks.digest()
-    if loop.chief and loop.recipe.export.hf and checkpoint is not None:
-        source = loop.export_source(checkpoint)
-        loop.beat(loop.step, phase="export")
-        started = time.time()
-        hooks.export(source)
-        events.record("export", started, time.time() - started, step=loop.step)
-    loop.finished(loop.step, params_sha256=digest)
-
-
-def run_test(loop: RunLoop, test: Callable[[Path | None], dict[str, Any]]) -> dict[str, Any]:
-    """The test evaluation in the ``eval`` phase: ``test(folder)`` on what :meth:`RunLoop.test_checkpoint`
-    picks, recorded. For a framework-driven trainer too (Keras, T5X), with its own ``test``."""
-    step, folder = loop.test_checkpoint()
-    loop.beat(loop.step, phase="eval")
-    loop.say(
-        f"testing {'the best checkpoint, step ' + str(step) if folder is not None else 'the final weights'} "
-        f"on {loop.recipe.data.test or 'the test split'}"
-    )
-    started = time.time()
-    result = test(folder)
-    return loop.record_test(result, time.time() - started, step)
-
-
-def run(loop: RunLoop, hooks: TrainerHooks) -> None:
-    """:func:`train`, then :func:`finish`."""
-    train(loop, hooks)
-    finish(loop, hooks)
