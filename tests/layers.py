@@ -158,7 +158,8 @@ LAYERS: tuple[Layer, ...] = (
         package("tpuft.worker"),
         ("shared", "schemas", "model", "convert"),
         "Shipped to every host, run in the backend venv: `worker/`: `__main__`, `context`, `loop/` "
-        "(the run sequencer and its state), `export`, `metrics`, `resume`, `selection`, `schedule`, `events`, "
+        "(the run sequencer and its state), `export`, `metrics`, `resume`, `selection`, `schedule`, "
+        "`events`, "
         "`ondemand`, `multislice`, `hf_data` with `hf_read` (a Hugging Face split read in parts); the "
         "engine rooms `keras/`, `t5x/`, `torch_xla/` (`train.py` and its parts, `testset.py`, `predict.py`; "
         "PyTorch/XLA's `state` and `feed`); `supervisor/` (`process`, `supervision`, `maintenance`, "
