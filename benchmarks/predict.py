@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 from tpuft.config import recipe_from_text
-from tpuft.worker import predict_loop
+from tpuft.worker.predict import loop as predict_loop
 from tpuft.worker.predict.hf import HfEngine
 from tpuft.run.predict_job import PredictJob
 
@@ -96,7 +96,7 @@ PARALLEL = r"""
 import json, sys, time
 from pathlib import Path
 from tpuft.config import recipe_from_text
-from tpuft.worker import predict_loop
+from tpuft.worker.predict import loop as predict_loop
 from tpuft.worker.predict.hf import HfEngine
 from tpuft.run.predict_job import PredictJob
 
@@ -251,7 +251,7 @@ def throughput(export: Path, batch_size: int, repeat: int, threads: int) -> None
 ECHO = r"""
 import json, sys
 from pathlib import Path
-from tpuft.worker import predict_loop
+from tpuft.worker.predict import loop as predict_loop
 from tpuft.run.predict_job import PredictJob
 
 class Echo:

@@ -139,7 +139,7 @@ def test_precision_smoothing_freeze_and_checkpointing_on_a_tiny_t5(keras_python:
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * 2)
         from tpuft.backends.keras_schema import KerasBackend
-        from tpuft.worker import keras_layers, keras_model
+        from tpuft.worker.keras import layers as keras_layers, model as keras_model
         from tpuft.worker.keras.parts import build_trainable, make_schedule
         rng = np.random.default_rng(0)
         n = 8

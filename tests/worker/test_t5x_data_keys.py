@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import datasets, seqio
     from tpuft.config import DataConfig
-    from tpuft.worker import t5x_tasks
+    from tpuft.worker.t5x import tasks as t5x_tasks
 
     cfg = json.loads(sys.argv[1])
     datasets.Dataset.from_list(cfg["rows"]).save_to_disk(cfg["single"])

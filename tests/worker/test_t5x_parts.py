@@ -165,7 +165,7 @@ SPAN = textwrap.dedent(
     import json, sys
     import seqio
     from tpuft.core.errors import UsageError
-    from tpuft.worker import t5x_tasks
+    from tpuft.worker.t5x import tasks as t5x_tasks
 
     cfg = json.loads(sys.argv[1])
     corpus, L = cfg["corpus"], cfg["inputs_length"]
@@ -370,7 +370,7 @@ FINETUNE = textwrap.dedent(
     from pathlib import Path
     import seqio
     from tpuft.config import load_recipe
-    from tpuft.worker import t5x_tasks
+    from tpuft.worker.t5x import tasks as t5x_tasks
     from tpuft.worker.context import WorkerContext
     from tpuft.worker.t5x.train import T5xRun
 

@@ -153,7 +153,9 @@ def harness(cfg: dict) -> dict:
         from transformers import T5ForConditionalGeneration
 
         examples = trainer.generate_shard
-        ours = trainer._decode(examples)
+        from tpuft.worker.torch_xla.heldout import decode
+
+        ours = decode(trainer, examples)
         host = T5ForConditionalGeneration.from_pretrained(trainer.ctx.run_dir / "export" / "hf")
         enc = trainer.tokenizer([e.source for e in examples], return_tensors="pt", padding=True)
         with torch.no_grad():
