@@ -15,10 +15,11 @@ arrow per layer it imports directly (a layer may import everything its arrows re
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import docgen  # docs/docgen.py, beside this script
 
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
@@ -97,22 +98,19 @@ def outputs() -> dict[Path, str]:
 
 
 def stale() -> list[Path]:
-    return [path for path, text in outputs().items() if path.read_text(encoding="utf-8") != text]
+    """The generated files whose checked-in text differs from what the sources give now."""
+    return docgen.stale(outputs)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the page is stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        behind = stale()
-        for path in behind:
-            print(f"{path.relative_to(REPO)} is stale: run {COMMAND}", file=sys.stderr)
-        return 1 if behind else 0
-    for path, text in outputs().items():
-        path.write_text(text, encoding="utf-8")
-        print(f"wrote the layers in {path.relative_to(REPO)}")
-    return 0
+    return docgen.main(
+        argv,
+        description=(__doc__ or "").split("\n\n")[0],
+        outputs=outputs,
+        command=COMMAND,
+        repo=REPO,
+        wrote=lambda path, _: f"wrote the layers in {path.relative_to(REPO)}",
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ the recipe model's discriminated union), so a new backend shows up here without 
 
 from __future__ import annotations
 
-import argparse
 import enum
 import sys
 import types
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types
+import docgen  # docs/docgen.py, beside this script
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -372,27 +372,19 @@ def outputs() -> dict[Path, str]:
 
 
 def stale() -> list[Path]:
-    """The generated files whose checked-in text differs from what the schema gives now."""
-    return [
-        path
-        for path, text in outputs().items()
-        if not path.is_file() or path.read_text(encoding="utf-8") != text
-    ]
+    """The generated files whose checked-in text differs from what the sources give now."""
+    return docgen.stale(outputs)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        behind = stale()
-        for path in behind:
-            print(f"{path.relative_to(REPO)} is stale: run {COMMAND}", file=sys.stderr)
-        return 1 if behind else 0
-    for path, text in outputs().items():
-        path.write_text(text, encoding="utf-8")
-        print(f"wrote {path.relative_to(REPO)} ({text.count(chr(10))} lines)")
-    return 0
+    return docgen.main(
+        argv,
+        description=(__doc__ or "").split("\n\n")[0],
+        outputs=outputs,
+        command=COMMAND,
+        repo=REPO,
+        wrote=lambda path, text: f"wrote {path.relative_to(REPO)} ({text.count(chr(10))} lines)",
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 
 def generator(name: str = "gen_reference") -> ModuleType:
     """A generator of docs/ (``gen_reference``, ``gen_architecture``), loaded by path: docs/ is no package,
-    and the script is meant to be run as a file."""
+    and the script is meant to be run as a file (docs/docgen.py, which it imports, is found beside it)."""
+    if str(DOCS) not in sys.path:
+        sys.path.insert(0, str(DOCS))
     spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -289,8 +289,8 @@ def test_t5x_a_killed_host_fails_the_run_and_resume_finishes_on_gcp_rigs(rigs: R
 
 
 def check_goodput_events(events: list[dict[str, Any]]) -> None:
-    """What T5X's own loop did, timed through tpuft's hooks (tpuft.worker.loop.framework.Timeline): each save until
-    complete (manifest written; T5X saves the starting state before its loop too), each evaluation
+    """What T5X's own loop did, timed through tpuft's hooks (tpuft.worker.loop.framework.Timeline): each
+    save until complete (manifest written; T5X saves the starting state before its loop too), each evaluation
     (teacher-forced and inference at every eval step), each window's data wait."""
     saves = {e["step"]: e["reason"] for e in events if e["kind"] == "checkpoint_save"}
     assert saves == {0: "periodic", 20: "periodic", 40: "final"} and all(

@@ -1,7 +1,7 @@
-"""T5X's goodput events (:class:`tpuft.worker.loop.framework.Timeline`), in process: what tpuft's hooks into T5X's loop
-report (a batch's wait, a save complete, an evaluation over, the start-up's restore) becomes the run's events,
-and the breakdown attributes them. T5X itself lives in its own venv: tests/e2e/test_t5x_rigs.py asserts the
-events a real T5X run records through the hooks."""
+"""T5X's goodput events (:class:`tpuft.worker.loop.framework.Timeline`), in process: what tpuft's hooks into
+T5X's loop report (a batch's wait, a save complete, an evaluation over, the start-up's restore) becomes the
+run's events, and the breakdown attributes them. T5X itself lives in its own venv: tests/e2e/test_t5x_rigs.py
+asserts the events a real T5X run records through the hooks."""
 
 from __future__ import annotations
 

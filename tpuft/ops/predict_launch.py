@@ -6,11 +6,10 @@ and the job in its environment (``TPUFT_PREDICT_JOB``). So ``attach``, ``stop``,
 it as on a training run; its run.json says ``"job": "predict"`` and keeps the job's settings (``predict``).
 
 The shards go beside OUT (``OUT.shards``) when the workers can write there (a ``gs://`` OUT, or a local pod,
-whose workers share this disk), else into the run storage (:func:`tpuft.ops.predict_shards.storage_shards`). Worker 0
-joins them into OUT (streamed, one shard in memory at a time) when the workers can write OUT, so a
+whose workers share this disk), else into the run storage (:func:`tpuft.ops.predict_shards.storage_shards`).
+Worker 0 joins them into OUT (streamed, one shard in memory at a time) when the workers can write OUT, so a
 ``--detach``ed job ends with OUT written and nobody attached; OUT on this machine that remote workers cannot
-reach is joined by the controller, here or in the ``attach`` that follows a ``--detach``.
-"""
+reach is joined by the controller, here or in the ``attach`` that follows a ``--detach``."""
 
 from __future__ import annotations
 
