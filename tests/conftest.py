@@ -18,13 +18,15 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (tests/lanes.py)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """The quick tests first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after
-    them, each group in its usual order; the venvs the slow ones need are built in the background meanwhile.
-    Without T5X sources (a clone of the repository alone) the tests that need the T5X venv are skipped, with
-    how to get them."""
+    them, the longest first, in two lanes (tests/lanes.py); the venvs the slow ones need are built in the
+    background meanwhile. Without T5X sources (a clone of the repository alone) the tests that need the T5X
+    venv are skipped, with how to get them."""
+    from tests.lanes import lay_out
     from tests.venvs import t5x_source, wanted
 
     missing = t5x_source()[1]
@@ -32,7 +34,7 @@ def pytest_collection_modifyitems(
         for item in items:
             if "t5x" in wanted([item]):
                 item.add_marker(pytest.mark.skip(reason=missing))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+    lay_out(items)
 
 
 _venv_builder: list[tuple[subprocess.Popen[bytes], Path]] = []
@@ -41,6 +43,8 @@ _venv_builder: list[tuple[subprocess.Popen[bytes], Path]] = []
 def pytest_collection_finish(session: pytest.Session) -> None:
     from tests.venvs import prebuild, wanted
 
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return  # one build for every lane: the first lane's (each lane collects the whole suite)
     slow = [item for item in session.items if item.get_closest_marker("slow") is not None]
     if slow and len(slow) < len(session.items):  # only when quick tests can run beside the build
         cache = getattr(session.config, "cache", None)
