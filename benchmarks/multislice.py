@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from backends import RECIPES, Pod, table  # noqa: E402  (the local pod driver of the backends benchmark)
+from backends import RECIPES, Pod, table  # the local pod driver of the backends benchmark
 
 LAYOUTS = {"1 slice x 2 workers": "workers: 2", "2 slices x 1 worker": "workers: 1\n  slices: 2"}
 DEVICES = "\n  devices_per_worker: 1"

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from backends import Pod, table  # noqa: E402 - the benchmarks' shared local-pod helper
+from backends import Pod, table  # the benchmarks' shared local-pod helper
 
 MODES = {
     "tensorboard only": ["--set", "report.to=[tensorboard]"],

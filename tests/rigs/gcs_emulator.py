@@ -209,7 +209,7 @@ class _Handler(RequestHandler):
     # ---- plumbing -----------------------------------------------------------------------------------------
 
     _status = 0
-    _object_headers: dict[str, str] = {}  # noqa: RUF012 (replaced per request, never mutated)
+    _object_headers: dict[str, str] = {}  # replaced per request, never mutated
     """Sent with the response of the request being served when it succeeds (see
     ``_media_download_headers``)."""
 

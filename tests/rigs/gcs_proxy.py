@@ -160,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     _tunnel_host: str | None = None
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: object) -> None:  # the base class's name
         pass
 
     def do_CONNECT(self) -> None:

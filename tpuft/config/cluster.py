@@ -365,7 +365,7 @@ class ClusterConfig(StrictModel):
 
         try:
             return lookup(value).name
-        except Exception as exc:  # UsageError carries the list of valid types
+        except Exception as exc:  # noqa: BLE001 - UsageError carries the list of valid types
             raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")

@@ -126,7 +126,7 @@ def _legacy_params(ckpt: Path) -> dict[str, T5xParam]:
     raw = (ckpt / LEGACY_FILE).read_bytes()
     try:
         tree = msgpack.unpackb(raw, ext_hook=_ext_hook, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for a damaged file
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for a damaged file
         raise ConvertError(f"{ckpt / LEGACY_FILE}: not a readable T5X msgpack checkpoint ({exc})") from None
     if not isinstance(tree, dict):
         raise ConvertError(f"{ckpt / LEGACY_FILE}: expected a dict at the top of the checkpoint tree")
@@ -278,7 +278,7 @@ def _tensorstore_param(path: str, spec: dict, origin: str | None = None) -> T5xP
         _CONTEXT = ts.Context({"cache_pool": {"total_bytes_limit": 0}})  # no cache: read once, keep nothing
     try:
         store = ts.open(spec, read=True, context=_CONTEXT).result()
-    except Exception as exc:  # tensorstore raises ValueError/RuntimeError variants with the reason inside
+    except Exception as exc:  # noqa: BLE001 - tensorstore raises ValueError/RuntimeError variants, the reason inside
         raise ConvertError(f"{origin or path}: cannot open parameter {path}: {exc}") from None
     dtype = store.dtype.numpy_dtype.name
 
@@ -286,7 +286,7 @@ def _tensorstore_param(path: str, spec: dict, origin: str | None = None) -> T5xP
         view = store if index is None else store[index]
         try:
             return np.asarray(view.read().result())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - as on opening: tensorstore's errors have no common base
             raise ConvertError(f"{origin or path}: cannot read parameter {path}: {exc}") from None
 
     return T5xParam(path, tuple(int(d) for d in store.shape), dtype, read)

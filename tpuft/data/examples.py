@@ -141,7 +141,7 @@ def _preprocessed(
     try:
         # a copy: a hook that edits in place cannot change the caller's record
         out = fields.preprocess(dict(record))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's hook may raise anything: located, not a traceback
         raise DataError(
             f"{path}:{line}", f"data.preprocess {fields.preprocess_name} failed: {type(exc).__name__}: {exc}"
         ) from None

@@ -77,7 +77,7 @@ def load_preprocess(spec: str) -> Callable[[dict[str, Any]], Any]:
             module = importlib.import_module(target)
     except HookError:
         raise
-    except Exception as exc:  # the user's module failed to import: say which and why, not a traceback of ours
+    except Exception as exc:  # noqa: BLE001 - the user's module failed to import: say which and why
         raise HookError(
             f"data.preprocess {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}"
         ) from None

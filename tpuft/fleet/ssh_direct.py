@@ -39,7 +39,7 @@ def import_paramiko() -> Any:
                 hidden["importlib.metadata"] = _PackageVersions("importlib.metadata")
             sys.modules.update(hidden)
             try:
-                import paramiko  # noqa: F401
+                import paramiko
             finally:
                 for name, stand_in in hidden.items():
                     if sys.modules.get(name) is stand_in:

@@ -62,7 +62,7 @@ class Output:
         self._log: BinaryIO | None = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(log_path, "ab")  # noqa: SIM115
+            self._log = open(log_path, "ab")
 
     def feed(self, raw: bytes) -> None:
         if self._log is not None:

@@ -31,7 +31,7 @@ from tpuft.host import supervisor_cli
 from tpuft.host.state import is_alive
 from tpuft.host.supervisor_cli import BUSY_EXIT, FROM_LINE_MARKER, NO_RUN_EXIT
 from tpuft.ops.common import Session, on_worker, open_session
-from tpuft.ops.ondemand import CheckpointDone, request_checkpoint, wait_checkpoint  # noqa: F401 - the contract's names
+from tpuft.ops.ondemand import CheckpointDone, request_checkpoint, wait_checkpoint  # the contract's names
 
 # run.json's slices: the one reading that logs and monitor use too
 from tpuft.readers.monitor import (
@@ -376,7 +376,7 @@ def _attach(
                     raise
                 results = []
                 dropped = list(pending)
-            except Exception:  # noqa: BLE001 - see below
+            except Exception:  # see below
                 if not gone:
                     raise
                 # The watch has its answer and closed the connections under the followers on purpose: whatever

@@ -408,7 +408,7 @@ class GcsStorage(TreeDownloads):
             )
             got_md5 = file_md5(partial) if blob.crc32c is None and blob.md5_hash else None
             check_download(url, blob, partial.stat().st_size, blob.crc32c, got_md5)
-        except BaseException as exc:  # noqa: BLE001 - like transfer_manager's own results: reported with the others
+        except BaseException as exc:  # like transfer_manager's own results: reported with the others
             finish_download(target, exc)
             if not isinstance(exc, Exception):  # Ctrl-C: the partial file is gone, the interrupt goes on
                 raise

@@ -1,8 +1,8 @@
 """Code that runs ON a worker host, inside the backend's venv.
 
-Shipped alone to TPU hosts, so it imports nothing from the CLI side (cli, ops, providers, fleet): only
-``tpuft.config`` (with what it reads recipes with: ``safe_yaml``, ``formats``, ``t5_config``, ``templates``),
-``tpuft.core.errors``, ``tpuft.run.rundir``, ``tpuft.storage`` (a run dir in a bucket), ``tpuft.convert``, the
-stdlib and the backend's own libraries.
-``tests/worker/test_data.py`` checks the import closure.
+Shipped alone to TPU hosts, so it imports nothing from the controller's side (``cli``, ``ops``,
+``providers``, ``fleet``, ``readers``): only the layers below it (``tpuft.core``, ``tpuft.run``,
+``tpuft.storage``, ``tpuft.config``, the shared ``tpuft.data``, ``tpuft.scoring`` and ``tpuft.host``), the
+backends' schemas, ``tpuft.model``, ``tpuft.convert``, the stdlib and the backend's own libraries.
+``tests/test_layering.py`` checks it against the layers of ``tests/layers.py``.
 """

@@ -51,7 +51,7 @@ def main() -> int:
         print(f"[tpuft] error on {ctx.layout.name(ctx.worker_id)}: {exc}", flush=True)
         _record_failure(ctx, str(exc))
         return 2
-    except Exception:
+    except Exception:  # noqa: BLE001 - the trainer's last word: recorded, then the exit code
         traceback.print_exc()
         _record_failure(ctx, traceback.format_exc(limit=3)[-2000:])
         return 1

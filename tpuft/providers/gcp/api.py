@@ -106,7 +106,7 @@ class TpuApi:
                     credentials = AnonymousCredentials()
             try:
                 client = tpu_v2.TpuClient(transport="rest", credentials=credentials, **options)
-            except Exception as exc:  # google.auth.exceptions.DefaultCredentialsError and friends
+            except Exception as exc:  # noqa: BLE001 - google.auth's DefaultCredentialsError and friends
                 raise GcpError(
                     f"cannot create the Cloud TPU client: {exc}",
                     hint="Log in with: gcloud auth application-default login",
@@ -148,7 +148,7 @@ class TpuApi:
                 if missing_ok:
                     raise
                 raise self.explain(what, exc) from None
-            except Exception as exc:  # noqa: BLE001 - sorted below: transient, the network's, or the API's answer
+            except Exception as exc:  # sorted below: transient, the network's, or the API's answer
                 network = is_network_error(exc)
                 if not network and not isinstance(exc, transient):
                     if isinstance(exc, gexc.GoogleAPICallError):

@@ -33,7 +33,7 @@ from tpuft.worker.loop.sequencer import time_up
 from tpuft.worker.ondemand import CheckpointRequests, Request, hold
 
 
-class RunEnded(Exception):  # noqa: N818 - a signal out of the framework's loop, not an error
+class RunEnded(Exception):  # a signal out of the framework's loop, not an error
     """Raised at a boundary to leave the framework's loop: the sequencer has ended training there."""
 
 

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 2
-    except Exception:
+    except Exception:  # noqa: BLE001 - the job's last word: the traceback, then the exit code
         traceback.print_exc()
         return 1
 

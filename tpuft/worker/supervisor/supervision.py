@@ -62,7 +62,7 @@ class TrainerOutput:
 
     def __init__(self, log_path: Path, stream: BinaryIO) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = open(log_path, "ab")  # noqa: SIM115 - closed by close()
+        self.log = open(log_path, "ab")  # closed by close()
         self.lock = threading.Lock()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)

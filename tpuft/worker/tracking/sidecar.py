@@ -141,7 +141,7 @@ class Guarded:
             return False
         try:
             getattr(self.sink, what)(*args)
-        except Exception as exc:  # noqa: BLE001 - any tracker error is a warning, never the sidecar's end
+        except Exception as exc:  # any tracker error is a warning, never the sidecar's end
             self.failures += 1
             if self.failures > len(RETRY_SECONDS):
                 self.given_up = True
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         return sidecar.run()
-    except Exception as exc:  # noqa: BLE001 - the sidecar's end is never training's; the trace is in its log
+    except Exception as exc:  # the sidecar's end is never training's; the trace is in its log
         logging.getLogger("tpuft.tracking").exception("the tracking sidecar failed")
         warn(f"the tracking sidecar stopped: {type(exc).__name__}: {_short(exc)} (training goes on)")
         return 0
