@@ -62,23 +62,37 @@ RECIPES = {
 MIXED = ["--set", "train.precision=bf16", "--set", "train.grad_accum_steps=2"]
 
 
+def settings(values: dict[str, object]) -> list[str]:
+    """``--set key=value`` for each of ``values``, written as the recipe's YAML reads them (None is null)."""
+    written = {None: "null", True: "true", False: "false"}
+    out: list[str] = []
+    for key, value in values.items():
+        text = written[value] if value is None or isinstance(value, bool) else str(value)
+        out += ["--set", f"{key}={text}"]
+    return out
+
+
+def timing_settings(steps: int, log_every: int, more: dict[str, object] | None = None) -> list[str]:
+    """What every speed measurement trains with: ``steps`` steps logged every ``log_every``, after a 10-step
+    warm-up, and nothing else in the loop (no evaluation, periodic checkpoint or export) so that the
+    windows time the steps alone; ``more`` adds the measurement's own settings."""
+    return settings(
+        {
+            "train.steps": steps,
+            "train.log_every": log_every,
+            "train.warmup_steps": 10,
+            "eval.every": None,
+            "train.checkpoint_every": None,
+            "export.hf": False,
+            **(more or {}),
+        }
+    )
+
+
 def train_speed(pod: Pod, backend: str, steps: int, sets: list[str]) -> tuple[float, float, float]:
     """(mean examples/s over the logged windows after the first, their spread, the command's wall seconds)."""
     recipe, extra = RECIPES[backend]
-    common = [
-        "--set",
-        f"train.steps={steps}",
-        "--set",
-        "train.log_every=25",
-        "--set",
-        "train.warmup_steps=10",
-        "--set",
-        "eval.every=null",
-        "--set",
-        "train.checkpoint_every=null",
-        "--set",
-        "export.hf=false",
-    ]
+    common = timing_settings(steps, log_every=25)
     started = time.monotonic()
     done = pod.tpuft("train", recipe, "--json", "--stop-on-interrupt", *common, *extra, *sets)
     wall = time.monotonic() - started

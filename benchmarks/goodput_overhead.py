@@ -22,6 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from backends import timing_settings  # the benchmarks' shared settings
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -34,20 +37,7 @@ def train(root: Path, env: dict[str, str], steps: int, events: bool) -> tuple[fl
     """(mean examples/s after the first window, the command's wall seconds, events recorded)."""
     cluster = root / "tpuft.yaml"
     cluster.write_text(cluster_text(events))
-    sets = [
-        "--set",
-        f"train.steps={steps}",
-        "--set",
-        "train.log_every=10",
-        "--set",
-        "train.warmup_steps=10",
-        "--set",
-        "eval.every=null",
-        "--set",
-        "train.checkpoint_every=null",
-        "--set",
-        "export.hf=false",
-    ]
+    sets = timing_settings(steps, log_every=10)
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "tpuft", "train", "quickstart", "--json", *sets, "-c", str(cluster)],

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from backends import Pod, table  # the benchmarks' shared local-pod helper
+from backends import Pod, table, timing_settings  # the benchmarks' shared local-pod helpers
 
 MODES = {
     "tensorboard only": ["--set", "report.to=[tensorboard]"],
@@ -43,22 +43,7 @@ MODES = {
 
 
 def measure(runs: int, steps: int) -> list[tuple[str, ...]]:
-    common = [
-        "--set",
-        f"train.steps={steps}",
-        "--set",
-        "train.log_every=10",
-        "--set",
-        "train.warmup_steps=10",
-        "--set",
-        "eval.every=null",
-        "--set",
-        "train.checkpoint_every=null",
-        "--set",
-        "export.hf=false",
-        "--set",
-        "data.test=null",
-    ]
+    common = timing_settings(steps, log_every=10, more={"data.test": None})
     results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     rows: list[tuple[str, ...]] = []
     with tempfile.TemporaryDirectory() as tmp:

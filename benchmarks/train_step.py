@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from backends import Pod  # noqa: E402  (the local pod driver the backends benchmark uses)
+from backends import Pod, timing_settings  # noqa: E402 - the benchmarks' shared local-pod helpers
 
 HF_TRAINER = textwrap.dedent(
     """
@@ -78,24 +78,9 @@ HF_TRAINER = textwrap.dedent(
 
 
 def tpuft_run(workers: int, steps: int, precision: str) -> dict[str, float]:
-    settings = [
-        "--set",
-        f"train.steps={steps}",
-        "--set",
-        "train.log_every=25",
-        "--set",
-        "train.warmup_steps=10",
-        "--set",
-        "eval.every=null",
-        "--set",
-        "train.checkpoint_every=null",
-        "--set",
-        "export.hf=false",
-        "--set",
-        f"train.precision={precision}",
-        "--set",
-        "model.config.dropout_rate=0.0",
-    ]
+    settings = timing_settings(
+        steps, log_every=25, more={"train.precision": precision, "model.config.dropout_rate": 0.0}
+    )
     with tempfile.TemporaryDirectory() as tmp:
         pod = Pod(Path(tmp))
         pod.cluster.write_text(pod.cluster.read_text().replace("workers: 2", f"workers: {workers}"))
