@@ -18,14 +18,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (tests/lanes.py)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """The quick tests first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after
-    them, the longest first, in two lanes (tests/lanes.py); the venvs the slow ones need are built in the
-    background meanwhile. Without T5X sources (a clone of the repository alone) the tests that need the T5X
-    venv are skipped, with how to get them."""
+    """The quick modules first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after
+    them, the longest first, a module whole in one of the two lanes (tests/lanes.py); the venvs the slow ones
+    need are built in the background meanwhile. Without T5X sources (a clone of the repository alone) the
+    tests that need the T5X venv are skipped, with how to get them."""
     from tests.lanes import lay_out
     from tests.venvs import t5x_source, wanted
 

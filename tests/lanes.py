@@ -1,14 +1,18 @@
-"""The suite in lanes: pytest-xdist runs it in two processes (``-n 2 --dist loadgroup`` in pyproject.toml), so
-a test that waits (a rig's poll, a hang timeout, a maintenance window, a venv build's lock) leaves its CPU to
-the test in the other lane instead of to nobody.
+"""The suite in lanes: pytest-xdist runs it in two processes (``-n 2 --dist loadfile`` in pyproject.toml),
+so a test that waits (a rig's poll, a hang timeout, a maintenance window, a venv build's lock) leaves its CPU
+to the test in the other lane instead of to nobody.
 
-What goes together is a group (xdist's ``xdist_group``), and a group runs whole in one lane:
-- one group per test module and speed, so a module's fixtures (a trained quickstart, a rig, a venv process)
-  are made once, as they are without lanes;
-- the quick groups first, in their usual order (a mistake shows in minutes, while the backend venvs build
-  in the background), then the slow ones, the longest first: a lane that ends its last group while the other
+A test module runs whole in one lane (``loadfile``), so its fixtures (a trained quickstart, a rig, a venv
+process) are made once, as they are without lanes. The lanes take the modules in the order of the collection,
+which this module sets:
+- the modules with only quick tests first, in their usual order (a mistake shows in minutes, while the backend
+  venvs build in the background);
+- then every module with a slow test, the longest first: a lane that ends its last module while the other
   starts a ten-minute training would wait that long, so the long ones go while the short ones can still fill
   the other lane.
+
+(``--dist loadgroup`` with a group per module and speed would let a module's quick tests go first too, but
+pytest-xdist 3.8 cannot rename pytest 9's node ids, which that mode needs: every test became its own group.)
 
 ``SLOW_MODULES_LONGEST_FIRST`` is the order the slow modules took on CI's 2 cores (their minutes, measured on
 the run of 2026-11-28, in the comments); a slow module not listed goes after them, in its usual order. It
@@ -45,20 +49,22 @@ def is_slow(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None
 
 
-def group_of(item: pytest.Item) -> str:
-    """``quick:`` or ``slow:`` and the module: a module's quick tests may run in the other lane than its slow
-    ones (a quick test's module fixtures are cheap by definition; the slow ones stay together)."""
-    return f"{'slow' if is_slow(item) else 'quick'}:{module_of(item)}"
+def lay_out(items: list[pytest.Item], longest_first: Sequence[str] = SLOW_MODULES_LONGEST_FIRST) -> None:
+    """Order ``items`` in place: the quick modules first, then the modules with a slow test, the longest
+    first; a module's tests stay together and in their order."""
+    first_seen: dict[str, int] = {}
+    slow_modules: set[str] = set()
+    for index, item in enumerate(items):
+        first_seen.setdefault(module_of(item), index)
+        if is_slow(item):
+            slow_modules.add(module_of(item))
 
+    def rank(module: str) -> int:
+        return longest_first.index(module) if module in longest_first else len(longest_first)
 
-def slow_rank(item: pytest.Item, longest_first: Sequence[str] = SLOW_MODULES_LONGEST_FIRST) -> int:
-    module = module_of(item)
-    return longest_first.index(module) if module in longest_first else len(longest_first)
+    def key(item: pytest.Item) -> tuple[bool, int, int]:
+        module = module_of(item)
+        slow = module in slow_modules
+        return slow, rank(module) if slow else 0, first_seen[module]
 
-
-def lay_out(items: list[pytest.Item]) -> None:
-    """Order ``items`` in place (quick first, then slow, the longest modules first; otherwise as collected)
-    and mark each with its group."""
-    items.sort(key=lambda item: (is_slow(item), slow_rank(item) if is_slow(item) else 0))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    items.sort(key=key)  # stable: a module's tests keep their order
