@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """The quick modules first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after
-    them, the longest first, a module whole in one of the two lanes (tests/lanes.py); the venvs the slow ones
+    them, the longest first, a module kept whole (tests/lanes.py, also for lanes); the venvs the slow ones
     need are built in the background meanwhile. Without T5X sources (a clone of the repository alone) the
     tests that need the T5X venv are skipped, with how to get them."""
     from tests.lanes import lay_out

@@ -1,6 +1,7 @@
-"""The suite in lanes: pytest-xdist runs it in two processes (``-n 2 --dist loadfile`` in pyproject.toml),
-so a test that waits (a rig's poll, a hang timeout, a maintenance window, a venv build's lock) leaves its CPU
-to the test in the other lane instead of to nobody.
+"""The suite's order, and its lanes when asked for: ``pytest -n 2 --dist loadfile --no-loadscope-reorder``
+runs it in two processes, so a test that waits (a rig's poll, a hang timeout, a venv build's lock) leaves its
+CPU to the other lane. Not the default: on 2 cores the recovery rig's preempted-spot test timed out beside
+another rig (pyproject.toml's addopts run one process, in this same order).
 
 A test module runs whole in one lane (``loadfile``), so its fixtures (a trained quickstart, a rig, a venv
 process) are made once, as they are without lanes. The lanes take the modules in the order of the collection,
