@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELS = REPO.parent / "shared" / "wheels"
-RECIPES = REPO / "recipes"
+RECIPES = REPO / "tpuft" / "recipes"
 GIB = 2**30
 
 

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-EVAL = REPO / "recipes" / "data" / "numbers" / "eval.jsonl"
+EVAL = REPO / "tpuft" / "recipes" / "data" / "numbers" / "eval.jsonl"
 
 MEASURE = r"""
 import json, sys, time
@@ -266,7 +266,7 @@ print("PEAK_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def rss(lines: list[int]) -> None:
-    recipe = (REPO / "recipes" / "quickstart.yaml").read_text()
+    recipe = (REPO / "tpuft" / "recipes" / "quickstart.yaml").read_text()
     rows = []
     for count in lines:
         with tempfile.TemporaryDirectory() as tmp:
@@ -377,7 +377,7 @@ def scaling(run_dir: Path, workers: list[int], lines: int) -> None:
     """``tpuft predict`` of a run's last checkpoint on local pods of 1 and 2 workers (the PyTorch/XLA engine
     on each worker's PJRT CPU device): examples/s of the whole job (launch, model load, compilation, decode,
     join) and of the decode alone (the workers' shard lines)."""
-    numbers = REPO / "recipes" / "data" / "numbers"
+    numbers = REPO / "tpuft" / "recipes" / "data" / "numbers"
     steps = sorted((run_dir / "checkpoints").glob("step_*"))
     if not steps:
         raise SystemExit(f"{run_dir} has no checkpoint")

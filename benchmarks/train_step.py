@@ -106,7 +106,7 @@ def hf_run(steps: int, precision: str) -> dict[str, float]:
     python = ensure_venv(venv_cache(), spec.payload()) / "bin" / "python"
     with tempfile.TemporaryDirectory() as tmp:
         cfg = {
-            "data": str(REPO / "recipes" / "data" / "numbers" / "train.jsonl"),
+            "data": str(REPO / "tpuft" / "recipes" / "data" / "numbers" / "train.jsonl"),
             "out": tmp,
             "steps": steps,
             "precision": precision,

@@ -22,7 +22,7 @@ from tpuft.config import load_recipe
 from tpuft.core.accelerators import lookup
 from tpuft.ops.compile_fit import GIB, CompiledStep, estimate_report, report
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[1] / "tpuft" / "recipes"
 SOURCE = t5x_source_settings()
 
 

@@ -32,6 +32,15 @@ from pathlib import Path
 from tests.layers import BY_NAME, LAYERS, allowed, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpuft"
+RECIPES = PACKAGE / "recipes"
+"""Package data, not modules: the shipped recipes' data scripts (``data/numbers/make.py``, ``fetch.py``) are
+run by hand with ``python``, never imported."""
+
+
+def package_files() -> list[Path]:
+    """Every module of the package (the recipes' data scripts left out)."""
+    return [path for path in PACKAGE.rglob("*.py") if RECIPES not in path.parents]
+
 
 CONVERTERS_OF_A_FORMAT = {
     "tpuft/convert/hf_ckpt.py": {"torch_xla"},  # reads the torch checkpoints that backend writes (its LAYOUT)
@@ -81,7 +90,7 @@ def imported_modules(path: Path, name: str, modules: Collection[str]) -> set[str
 
 def graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
     """module -> the tpuft modules it imports (every kind of import), package ``__init__`` files included."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")} if modules is None else modules
+    modules = {module_name(p): p for p in package_files()} if modules is None else modules
     return {name: imported_modules(path, name, modules) for name, path in modules.items()}
 
 
@@ -308,7 +317,7 @@ def test_no_shared_module_names_a_backend() -> None:
     an import (wherever written) or as a string constant."""
     kinds = backend_kinds()
     assert {"keras", "t5x", "torch_xla"} <= set(kinds), kinds
-    for path in PACKAGE.rglob("*.py"):
+    for path in package_files():
         rel = path.relative_to(PACKAGE.parent).as_posix()
         if rel == "tpuft/backends/registry.py":
             continue

@@ -319,11 +319,11 @@ def test_an_encoder_classifier_counts_embeddings_layers_pooler_and_head(cli) -> 
 
 
 def test_encoders_the_summary_cannot_count_are_refused_at_their_key(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    source = (REPO / "recipes" / "keras_classification_quickstart.yaml").read_text()
+    source = (REPO / "tpuft" / "recipes" / "keras_classification_quickstart.yaml").read_text()
     path = tmp_path / "c.yaml"
     path.write_text(
         source.replace("model_type: bert", "model_type: roberta").replace(
-            "data/", str(REPO / "recipes" / "data") + "/"
+            "data/", str(REPO / "tpuft" / "recipes" / "data") + "/"
         )
     )
     result = cli("recipes", "show", "--summary", str(path))

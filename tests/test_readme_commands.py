@@ -147,7 +147,7 @@ def recipe_of(command: Command, params: dict[str, object]) -> Path | None:
             name = command.created[copied]
             break
     found = shipped_recipe(name) or next(
-        (p for p in (REPO / name, REPO / "recipes" / name) if p.is_file()), None
+        (p for p in (REPO / name, REPO / "tpuft" / "recipes" / name) if p.is_file()), None
     )
     assert found is not None, f"{command}: no shipped recipe {name!r} (see: tpuft recipes ls)"
     return found

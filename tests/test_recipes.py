@@ -19,8 +19,8 @@ USER_DATA = {
     "sst2_t5_base_keras": "glue/SST-2",
     "question_quality_t5_base_keras": "so_quality",
 }
-"""Recipes whose data the user fetches (it cannot be shipped) -> the folder under recipes/data/ whose fetch.py
-does."""
+"""Recipes whose data the user fetches (it cannot be shipped) -> the folder under tpuft/recipes/data/ whose
+fetch.py does."""
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -28,12 +28,14 @@ def test_shipped_recipe_loads(path: Path) -> None:
     loaded = load_recipe(path, check_files=path.stem not in USER_DATA)
     header = path.read_text().split("\nname:")[0]
     if path.stem in USER_DATA:
-        assert f"Fetch it: python recipes/data/{USER_DATA[path.stem]}/fetch.py" in header
+        assert f"Fetch it: python data/{USER_DATA[path.stem]}/fetch.py from this file's folder" in header
     assert loaded.value.name == path.stem
     first = header.splitlines()[0]
     # a whole one-line summary
     assert first.startswith("# ") and first.endswith(".") and len(first) <= 140, first
     assert "../" not in header and "seeds/" not in header  # names nothing outside the repository
+    # nor a path only a clone has: a wheel's recipe lives in site-packages/tpuft/recipes/ (issue 39, item 2)
+    assert "recipes/" not in path.read_text(), path
 
 
 def test_ls_shows_whole_first_lines(cli) -> None:  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from tpuft.config import load_recipe
 from tpuft.core.errors import ConfigError
 
 BACKEND = get_backend("keras")
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "tpuft" / "recipes"
 
 TEXT2TEXT = MINIMAL_RECIPE.replace("kind: torch_xla", "kind: keras").replace(
     "batch_size: 4", "batch_size: 16"

@@ -114,7 +114,7 @@ def cpu_pod(cluster_file: Path) -> ClusterShape:
 def test_every_shipped_t5x_recipe_loads_and_fits_its_cluster(
     name: str, tpu_v4_32: ClusterShape, cpu_pod: ClusterShape
 ) -> None:
-    loaded = load_recipe(REPO / "recipes" / f"{name}.yaml")
+    loaded = load_recipe(REPO / "tpuft" / "recipes" / f"{name}.yaml")
     recipe = loaded.value
     assert recipe.name == name and recipe.backend.kind == "t5x" and isinstance(recipe.backend, T5xBackend)
     shape = tpu_v4_32 if name in TPU_RECIPES else cpu_pod
@@ -125,15 +125,15 @@ def test_every_shipped_t5x_recipe_loads_and_fits_its_cluster(
 
 
 def test_shipped_quickstarts_run_on_local_files() -> None:
-    quick = load_recipe(REPO / "recipes" / "t5x_quickstart.yaml").value
+    quick = load_recipe(REPO / "tpuft" / "recipes" / "t5x_quickstart.yaml").value
     assert quick.backend.task == "finetune" and quick.data.train is not None and quick.data.train.is_file()
-    span = load_recipe(REPO / "recipes" / "t5x_span_corruption.yaml").value
+    span = load_recipe(REPO / "tpuft" / "recipes" / "t5x_span_corruption.yaml").value
     assert span.backend.task == "span_corruption" and span.data.train is None
-    assert span.data.corpus == [str(REPO / "recipes" / "data" / "corpus" / "train.txt")]
+    assert span.data.corpus == [str(REPO / "tpuft" / "recipes" / "data" / "corpus" / "train.txt")]
 
 
 def test_ro_t5x_keeps_the_sentinels_and_its_own_vocabulary() -> None:
-    backend = load_recipe(REPO / "recipes" / "ro_t5x_base_pretrain.yaml").value.backend
+    backend = load_recipe(REPO / "tpuft" / "recipes" / "ro_t5x_base_pretrain.yaml").value.backend
     assert (backend.family, backend.size, backend.task) == ("t5_1_1", "base", "span_corruption")
     assert backend.extra_ids == 100
     assert (
@@ -145,7 +145,7 @@ def test_ro_t5x_keeps_the_sentinels_and_its_own_vocabulary() -> None:
 
 
 def test_ro_mt5x_continues_from_the_public_checkpoint() -> None:
-    recipe = load_recipe(REPO / "recipes" / "ro_mt5x_base_pretrain.yaml").value
+    recipe = load_recipe(REPO / "tpuft" / "recipes" / "ro_mt5x_base_pretrain.yaml").value
     backend = recipe.backend
     assert backend.family == "mt5" and backend.initial_checkpoint is not None
     assert backend.initial_checkpoint.rstrip("/").rsplit("/", 1)[-1] == "checkpoint_1000000"

@@ -52,7 +52,7 @@ def quickstart(*overrides: str, eval_batch: int = 240):  # type: ignore[no-untyp
     """The T5X quickstart; its eval batch 240 splits over 2, 3, 4, 8 and 16 replicas (the recipe's 250 over
     2)."""
     return load_recipe(
-        REPO / "recipes" / "t5x_quickstart.yaml", [f"eval.batch_size={eval_batch}", *overrides]
+        REPO / "tpuft" / "recipes" / "t5x_quickstart.yaml", [f"eval.batch_size={eval_batch}", *overrides]
     ).value
 
 
@@ -150,7 +150,8 @@ def test_the_dry_run_shows_the_layout(tmp_path: Path) -> None:
         f"{tmp_path}\n"
     )
     recipe = load_recipe(
-        REPO / "recipes" / "t5x_quickstart.yaml", ["backend.num_partitions=2", "eval.batch_size=240"]
+        REPO / "tpuft" / "recipes" / "t5x_quickstart.yaml",
+        ["backend.num_partitions=2", "eval.batch_size=240"],
     )
     shown = lines(plan(load_cluster(path).value, "up", recipe))
     assert (

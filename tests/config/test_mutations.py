@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import REPO
 from tpuft.core.paths import recipes_dir
 
 Path_ = tuple[str, ...]
@@ -270,7 +271,7 @@ def all_mutations(data_dir: Path) -> list[Mutation]:
     recipe["data"]["train"] = str(data_dir / "train.jsonl")
     recipe["data"]["eval"] = str(data_dir / "eval.jsonl")
     recipe["data"]["test"] = str(data_dir / "eval.jsonl")
-    local_cluster = yaml.safe_load((recipes_dir().parent / "tpuft.yaml").read_text())
+    local_cluster = yaml.safe_load((REPO / "tpuft.yaml").read_text())
     out: list[Mutation] = []
     for kind, base, tree in (
         ("recipe", "quickstart", recipe),

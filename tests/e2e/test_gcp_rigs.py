@@ -37,7 +37,7 @@ def test_up_on_gcp_rigs(tmp_path: Path) -> None:
         few = tmp_path / "test.jsonl"
         few.write_text(
             "".join(
-                (Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl")
+                (Path(__file__).parents[2] / "tpuft/recipes/data/numbers/test.jsonl")
                 .read_text()
                 .splitlines(True)[:32]
             )

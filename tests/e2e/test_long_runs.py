@@ -69,7 +69,9 @@ def test_killed_controller_and_resumed_crash_end_with_the_uninterrupted_weights(
     few = tmp_path / "test.jsonl"
     few.write_text(
         "".join(
-            (Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl").read_text().splitlines(True)[:40]
+            (Path(__file__).parents[2] / "tpuft/recipes/data/numbers/test.jsonl")
+            .read_text()
+            .splitlines(True)[:40]
         )
     )
     settings = [*SETTINGS, "--set", f"data.test={few}"]

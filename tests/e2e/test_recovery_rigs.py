@@ -117,7 +117,7 @@ def test_a_preempted_spot_run_is_recovered_and_ends_like_an_uninterrupted_one(tm
         few = tmp_path / "test.jsonl"  # 24 test numbers: what matters is that the recovered run tests once
         few.write_text(
             "".join(
-                (Path(__file__).parents[2] / "recipes/data/numbers/test.jsonl")
+                (Path(__file__).parents[2] / "tpuft/recipes/data/numbers/test.jsonl")
                 .read_text()
                 .splitlines(True)[:24]
             )

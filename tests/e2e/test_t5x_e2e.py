@@ -35,7 +35,7 @@ from tpuft.scoring.predictions import merged, score, shard_name
 pytestmark = pytest.mark.slow
 
 SOURCE = t5x_source_settings()
-TEST_SET = REPO / "recipes" / "data" / "numbers" / "test.jsonl"
+TEST_SET = REPO / "tpuft" / "recipes" / "data" / "numbers" / "test.jsonl"
 QUICK = ["--set", "train.steps=600", "--set", "eval.every=300", "--set", "train.checkpoint_every=300"]
 
 

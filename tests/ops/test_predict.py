@@ -13,13 +13,13 @@ import pytest
 from tests.rundirs import write_run
 from tpuft.backends.registry import layout
 from tpuft.config import load_cluster, load_recipe
-from tpuft.core.paths import package_root
+from tpuft.core.paths import recipes_dir
 from tpuft.ops import predict as ops
 from tpuft.ops import predict_shards as shards_ops
 from tpuft.readers.runs import run_storage
 from tpuft.run.predict_job import JOB_FILE
 
-QUICKSTART = (package_root().parent / "recipes" / "quickstart.yaml").read_text()
+QUICKSTART = (recipes_dir() / "quickstart.yaml").read_text()
 RUN_ID = "quickstart-20261126-010000-0001"
 
 
@@ -220,7 +220,7 @@ def test_progress_counts_the_examples_of_the_parts_written(tmp_path: Path) -> No
     (shards / "shard-000001" / "predictions-00001.jsonl.tmp").write_text("")  # being written: not counted
     found = shards_ops.finished_shards(open_storage(str(shards)))
     assert found == {0: 2, 1: 1}
-    recipe = load_recipe(package_root().parent / "recipes" / "quickstart.yaml", check_files=False).value
+    recipe = load_recipe(recipes_dir() / "quickstart.yaml", check_files=False).value
     source = ops.Source("hf", ops.HF_ENGINE, "m", recipe, QUICKSTART)
     job = ops.make_job(
         source,

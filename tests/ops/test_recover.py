@@ -202,7 +202,7 @@ def test_a_stockout_while_recreating_is_tried_again_after_a_longer_back_off(
     cluster, _ = get_provider(config).create()
     run = _run(tmp_path)
     run.storage.write_text(
-        "recipe.yaml", (Path(__file__).parents[2] / "recipes" / "quickstart.yaml").read_text()
+        "recipe.yaml", (Path(__file__).parents[2] / "tpuft" / "recipes" / "quickstart.yaml").read_text()
     )
     run.storage.write_text(
         "run.json",
@@ -301,7 +301,7 @@ def test_a_lost_slice_stops_the_others_and_recreates_the_whole_queued_resource(
     assert [w.slice for w in cluster.workers] == [0, 0, 1, 1]
     run = _run(tmp_path)
     run.storage.write_text(
-        "recipe.yaml", (Path(__file__).parents[2] / "recipes" / "quickstart.yaml").read_text()
+        "recipe.yaml", (Path(__file__).parents[2] / "tpuft" / "recipes" / "quickstart.yaml").read_text()
     )
     info = {
         "run_id": "r-1",

@@ -19,7 +19,7 @@ def finished_run(tmp_path: Path, beat: dict[str, Any]) -> tuple[Path, Path]:
     (run_dir / "heartbeat").mkdir(parents=True)
     info = {"run_id": run_dir.name, "provider": "local", "status": "finished", "attempt": 1, "recipe": "demo"}
     (run_dir / "run.json").write_text(json.dumps(info))
-    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", ["train.time_limit=1"]).value
+    recipe = load_recipe(REPO / "tpuft" / "recipes" / "quickstart.yaml", ["train.time_limit=1"]).value
     (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
     (run_dir / "heartbeat" / "worker-0.json").write_text(json.dumps({"status": "finished", **beat}))
     return cluster, run_dir

@@ -36,6 +36,7 @@ def test_setup_ships_the_package_and_finds_the_venv_on_every_planned_worker(tmp_
     for home in homes:
         shipped = home / ".tpuft" / "pkg" / package_hash() / "tpuft"
         assert (shipped / "host" / "bootstrap.py").is_file() and not list(shipped.rglob("__pycache__"))
+        assert not (shipped / "recipes").exists()  # the shipped recipes and their data stay home (MBs)
     assert result.err.count("venv ready (cached)") == 2  # each worker checked it, none rebuilt it
 
 

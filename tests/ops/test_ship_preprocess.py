@@ -10,7 +10,7 @@ from tpuft.backends.base import LaunchPlan
 from tpuft.config import load_recipe
 from tpuft.ops.ship_data import hook_parts, local_only_dataset, ship_data, shipped_data
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "tpuft" / "recipes" / "quickstart.yaml"
 
 
 class _Fleet:

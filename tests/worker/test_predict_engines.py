@@ -89,7 +89,7 @@ def _predict(torch_python: str, job: Path, tmp_path: Path, *, local: bool) -> li
 
 def test_engines_predict_what_unbatched_generate_and_argmax_give(torch_python: str, tmp_path: Path) -> None:
     numbers = tmp_path / "numbers.jsonl"
-    lines = (ROOT / "recipes" / "data" / "numbers" / "eval.jsonl").read_text().splitlines()[:13]
+    lines = (ROOT / "tpuft" / "recipes" / "data" / "numbers" / "eval.jsonl").read_text().splitlines()[:13]
     numbers.write_text("\n".join(lines) + "\n")
     reviews = tmp_path / "reviews.jsonl"
     texts = ["a fine film", "dull", "long and slow, but the end!"]
@@ -104,7 +104,7 @@ def test_engines_predict_what_unbatched_generate_and_argmax_give(torch_python: s
     assert made.returncode == 0, made.stderr[-3000:]
     truth = json.loads(made.stdout.strip().splitlines()[-1])
 
-    quickstart = (ROOT / "recipes" / "quickstart.yaml").read_text()
+    quickstart = (ROOT / "tpuft" / "recipes" / "quickstart.yaml").read_text()
     rows = _predict(
         torch_python, _job(tmp_path, "hf", numbers, tmp_path / "t5", quickstart), tmp_path, local=True
     )
@@ -133,7 +133,7 @@ def test_engines_predict_what_unbatched_generate_and_argmax_give(torch_python: s
             "-o",
             str(out),
             "--recipe",
-            str(ROOT / "recipes" / "quickstart.yaml"),
+            str(ROOT / "tpuft" / "recipes" / "quickstart.yaml"),
             "--local",
             "--processes",
             "2",
@@ -161,7 +161,7 @@ def test_engines_predict_what_unbatched_generate_and_argmax_give(torch_python: s
     assert [row["prediction"] for row in xla] == truth["t5"]  # the static-shape greedy decoder, on PJRT CPU
     assert json.loads((tmp_path / "run" / "heartbeat" / "worker-0.json").read_text())["step"] == 13
 
-    classifier = (ROOT / "recipes" / "keras_classification_quickstart.yaml").read_text()
+    classifier = (ROOT / "tpuft" / "recipes" / "keras_classification_quickstart.yaml").read_text()
     labels = _predict(
         torch_python, _job(tmp_path, "cls", reviews, tmp_path / "bert", classifier), tmp_path, local=True
     )

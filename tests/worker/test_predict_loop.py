@@ -23,8 +23,10 @@ from tpuft.scoring import predictions
 from tpuft.worker.predict import loop as predict_loop
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = (ROOT / "recipes" / "quickstart.yaml").read_text()  # words -> digits
-CLASSIFIER = (ROOT / "recipes" / "keras_classification_quickstart.yaml").read_text()  # text -> label
+RECIPE = (ROOT / "tpuft" / "recipes" / "quickstart.yaml").read_text()  # words -> digits
+CLASSIFIER = (
+    ROOT / "tpuft" / "recipes" / "keras_classification_quickstart.yaml"
+).read_text()  # text -> label
 
 
 class Echo:

@@ -31,7 +31,7 @@ from tpuft.core.errors import ConfigError
 from tpuft.data import keep_tokens
 from tpuft.scoring import text_metrics
 
-QUICKSTART = REPO / "recipes" / "t5x_quickstart.yaml"
+QUICKSTART = REPO / "tpuft" / "recipes" / "t5x_quickstart.yaml"
 ROWS = [
     {"q": "Ștefan  ȘI Țara", "a": " Yes ", "lang": "ro", "drop": False},
     {"q": "Ana are mere", "a": "No", "lang": "ro", "drop": True},

@@ -33,8 +33,8 @@ from tpuft.scoring import predictions
 from tpuft.worker.selection import score
 from tpuft.worker.t5x.gin import initial_step, network_module, task_name
 
-QUICKSTART = REPO / "recipes" / "t5x_quickstart.yaml"
-NUMBERS = REPO / "recipes" / "data" / "numbers"
+QUICKSTART = REPO / "tpuft" / "recipes" / "t5x_quickstart.yaml"
+NUMBERS = REPO / "tpuft" / "recipes" / "data" / "numbers"
 INPUTS_LENGTH = 128
 SENTINEL_WINDOW = 60
 """Ids within this many of the top of the vocabulary are sentinels here (the test corpus never reaches

@@ -424,7 +424,7 @@ def test_the_time_limit_ends_a_t5x_run_tested_and_exported_and_a_resume_goes_on(
     at the boundary T5X comes back to Python at (every ``log_every`` steps) once it is spent; T5X saves
     there through its own checkpoint manager, the test and the export run, the heartbeat says finished and
     why. Resumed with no limit, T5X restores that checkpoint itself and trains to the end, testing again."""
-    lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
+    lines = (REPO / "tpuft" / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
     (tmp_path / "test.jsonl").write_text("\n".join(lines[:8]) + "\n")
     settings = [
         "train.steps=60",  # at most 20 steps a second here, after the compile: the 1 s limit comes first

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO
 
 HARNESS = Path(__file__).with_name("torch_harness.py")
-QUICKSTART = REPO / "recipes" / "quickstart.yaml"
+QUICKSTART = REPO / "tpuft" / "recipes" / "quickstart.yaml"
 SHORT = [
     "train.log_every=5",
     "eval.every=null",
@@ -286,7 +286,7 @@ def test_early_stopping_and_keep_best_on_the_real_trainer(harness: Harness, tmp_
     there (step 20) and the export is the first evaluation's checkpoint, kept besides the last one. The test
     set is decoded with that best checkpoint's weights, swapped in and out again: the final checkpoint holds
     the last."""
-    lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
+    lines = (REPO / "tpuft" / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
     # a blank line: ids skip it
     (tmp_path / "test.jsonl").write_text("\n".join(lines[:24]) + "\n\n" + lines[24] + "\n")
     got = run(
@@ -398,7 +398,7 @@ def test_the_time_limit_ends_the_real_trainer_at_a_log_boundary_tested_and_expor
     """``train.time_limit`` (the sequencer's alone) on the real trainer: a 1 s budget against 10000 steps
     ends training at the first ``log_every`` boundary past it, with a checkpoint there, the test evaluation
     and the export, and a finished heartbeat that says why."""
-    lines = (REPO / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
+    lines = (REPO / "tpuft" / "recipes" / "data" / "numbers" / "test.jsonl").read_text().splitlines()
     (tmp_path / "test.jsonl").write_text("\n".join(lines[:8]) + "\n")
     got = run(
         harness,

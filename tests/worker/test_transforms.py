@@ -19,7 +19,7 @@ from tpuft.data.text_transforms import (
     text_transform,
 )
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "tpuft" / "recipes" / "quickstart.yaml"
 
 
 def test_strip_diacritics_handles_romanian_both_comma_and_cedilla_forms() -> None:

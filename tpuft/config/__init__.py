@@ -1,4 +1,5 @@
-"""The two files a user writes: the cluster file (``tpuft.yaml``) and a recipe (``recipes/NAME.yaml``).
+"""The two files a user writes: the cluster file (``tpuft.yaml``) and a recipe (``NAME.yaml``;
+the shipped ones are package data in ``tpuft/recipes/``).
 
 Both are pydantic models with ``extra="forbid"`` and strict types (YAML ``true`` is not 1, ``1.5`` is not an
 int, numbers are finite and bounded). Loading keeps a map from every key path to its YAML line, so each

@@ -22,7 +22,7 @@ from tpuft.config.recipe import RecipeConfig
 from tpuft.config.wording import describe_error, merged
 from tpuft.core import safe_yaml
 from tpuft.core.config_types import KeyPath, StrictModel
-from tpuft.core.errors import ConfigError, UsageError
+from tpuft.core.errors import ConfigError, TpuftError, UsageError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -359,8 +359,9 @@ def load_recipe(
 def resolve_recipe_path(path: Path) -> Path:
     """What a verb's RECIPE names: a file path as given; else ``./NAME.yaml`` (or ``.yml``) in the current
     folder, which wins over a shipped recipe of the same name, as a path would; else a shipped recipe's name
-    (``quickstart`` -> recipes/quickstart.yaml). Anything else is a :class:`UsageError` (exit 2) that suggests
-    the closest shipped or local name."""
+    (``quickstart`` -> tpuft/recipes/quickstart.yaml). Anything else is a :class:`UsageError` (exit 2) that
+    suggests the closest shipped or local name (with no shipped recipes at all: that the install lacks
+    them)."""
     if os.path.lexists(path):
         return path
     text = str(path)
@@ -370,11 +371,14 @@ def resolve_recipe_path(path: Path) -> Path:
             local = Path(text + suffix)
             if local.is_file():
                 return local
-    from tpuft.core.paths import shipped_recipe
+    from tpuft.core.paths import no_shipped_recipes, shipped_recipe, shipped_recipes
 
     shipped = shipped_recipe(text) if bare else None
     if shipped is not None:
         return shipped
+    if bare and not shipped_recipes():
+        missing = no_shipped_recipes()  # the install's fault, not the name's: exit 1 as `recipes ls` does
+        raise TpuftError(f"{text}: recipe not found; {missing.message}", hint=missing.hint)
     raise UsageError(
         f"{text}: recipe not found{recipe_suggestion(text)}",
         hint="List the shipped recipes: tpuft recipes ls",
@@ -386,7 +390,7 @@ def recipe_suggestion(name: str, *, local: bool = True) -> str:
     (``local``) the recipes in the current folder (or, for a path, the YAML files in its folder); a sentence
     of where it looked when nothing is close. For every verb that takes a recipe (``recipes cp``, which copies
     shipped ones: not local)."""
-    from tpuft.core.paths import recipes_dir
+    from tpuft.core.paths import shipped_recipes
 
     path = Path(name)
     bare = "/" not in name and os.sep not in name
@@ -400,7 +404,7 @@ def recipe_suggestion(name: str, *, local: bool = True) -> str:
         p.stem: p.stem if bare else str(p) for p in entries if p.suffix in (".yaml", ".yml") and p.is_file()
     }
     if bare:
-        names.update({p.stem: p.stem for p in recipes_dir().glob("*.yaml")})
+        names.update({p.stem: p.stem for p in shipped_recipes()})
     stem = path.name.rsplit(".", 1)[0] if path.suffix in (".yaml", ".yml") else path.name
     close = difflib.get_close_matches(stem, sorted(names), n=1, cutoff=0.6)
     if close:

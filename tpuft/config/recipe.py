@@ -1,4 +1,4 @@
-"""The recipe (``recipes/NAME.yaml``): what to train. Its ``backend:`` section is each registered backend's
+"""The recipe (``NAME.yaml``): what to train. Its ``backend:`` section is each registered backend's
 own model (``backends/<kind>_schema.py``, found through the registry without importing any backend's planner),
 told apart by ``kind``. Loaded by :func:`tpuft.config.load_recipe`.
 """

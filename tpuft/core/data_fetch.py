@@ -1,5 +1,5 @@
 """Where a missing data file comes from: a ``fetch.py`` in the folder the file belongs in (the shipped recipes
-whose data tpuft cannot ship, e.g. GLUE SST-2 under ``recipes/data/glue/sst2/``, keep the script that
+whose data tpuft cannot ship, e.g. GLUE SST-2 under ``tpuft/recipes/data/glue/SST-2/``, keep the script that
 downloads it there, as the shipped data keeps the ``make.py`` that made it). Stdlib only: the recipe's data
 check and ``recipes validate`` both name the command.
 """
@@ -20,7 +20,7 @@ def fetch_script(missing: Path) -> Path | None:
 
 
 def fetch_command(missing: Path) -> str | None:
-    """``python recipes/data/glue/sst2/fetch.py``: the command that writes ``missing`` (relative to the
+    """``python tpuft/recipes/data/glue/SST-2/fetch.py``: the command that writes ``missing`` (relative to the
     current folder when under it), or None."""
     script = fetch_script(missing)
     if script is None:

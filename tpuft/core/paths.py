@@ -4,7 +4,10 @@ so that tests (and users with odd home directories) stay out of ``~``."""
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
+
+from tpuft.core.errors import TpuftError
 
 
 def tpuft_home() -> Path:
@@ -37,17 +40,32 @@ def environ_with_package() -> dict[str, str]:
     return env
 
 
-def repo_root() -> Path | None:
-    """The source checkout when running from one (recipes/ and data/ live there); None for an installed
-    wheel."""
-    root = package_root().parent
-    return root if (root / "recipes").is_dir() else None
+RECIPES_FOLDER = "recipes"
+"""The shipped recipes' folder inside the package (``tpuft/recipes/``): package data, not modules, so that
+an editable install of a clone and a wheel (``pip install .``, a git URL) find them the same way."""
 
 
 def recipes_dir() -> Path:
-    """Shipped recipes: ``recipes/`` of the checkout (``tpuft recipes ls`` lists it)."""
-    root = repo_root()
-    return (root if root is not None else package_root().parent) / "recipes"
+    """Shipped recipes and the data they name: ``tpuft/recipes/`` wherever the package is installed
+    (``tpuft recipes ls`` lists it). A real folder, not a zip member: a recipe's data files are uploaded to
+    the workers and read by path, as ``_defaults/tpuft.yaml`` is."""
+    return Path(str(resources.files("tpuft").joinpath(RECIPES_FOLDER)))
+
+
+def shipped_recipes() -> list[Path]:
+    """Every shipped recipe file, by name."""
+    return sorted(recipes_dir().glob("*.yaml"))
+
+
+def no_shipped_recipes() -> TpuftError:
+    """What a verb that needs the shipped recipes says when the package has none: an install that left out
+    its package data (a wheel built without it), told apart from a name that matches nothing."""
+    return TpuftError(
+        f"this tpuft install has no shipped recipes: {recipes_dir()} holds no *.yaml (its package data is "
+        "missing)",
+        hint="Reinstall tpuft from a wheel or a source tree of this version (pip install --force-reinstall); "
+        "a recipe file of your own still runs by its path",
+    )
 
 
 def shipped_recipe(name: str) -> Path | None:

@@ -14,13 +14,16 @@ from pathlib import Path
 from tpuft.backends.base import ClusterShape
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import UsageError
-from tpuft.core.paths import package_root
+from tpuft.core.paths import RECIPES_FOLDER, package_root
 from tpuft.core.records import Cluster, State
 from tpuft.fleet.base import Fleet, FleetResult, failure_error
 from tpuft.providers import Provider, get_provider
 
 PACKAGE_HOME = ".tpuft/pkg"
 """Under each worker's HOME: one folder per version of the tpuft package, named by a hash of its files."""
+NOT_SHIPPED = frozenset({RECIPES_FOLDER})
+"""The package's top-level folders that workers never read, left out of the copy and its hash: the shipped
+recipes and their data (MBs; a run sends its recipe resolved and uploads its data on its own)."""
 
 
 @dataclass
@@ -80,10 +83,21 @@ def package_hash() -> str:
     digest = hashlib.sha256()
     root = package_root()
     for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".yaml", ".typed"}:
-            digest.update(str(path.relative_to(root)).encode())
+        relative = path.relative_to(root)
+        if relative.parts[0] in NOT_SHIPPED or "__pycache__" in path.parts:
+            continue
+        if path.is_file() and path.suffix in {".py", ".yaml", ".typed"}:
+            digest.update(str(relative).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _not_shipped(folder: str, names: list[str]) -> set[str]:
+    """``copytree``'s ignore: caches anywhere, :data:`NOT_SHIPPED` at the package's top."""
+    ignored = shutil.ignore_patterns("__pycache__", "*.pyc")(folder, names)
+    if Path(folder) == package_root():
+        ignored |= NOT_SHIPPED & set(names)
+    return ignored
 
 
 def ship_package(session: Session, workers: Sequence[int] | None = None) -> str:
@@ -92,7 +106,7 @@ def ship_package(session: Session, workers: Sequence[int] | None = None) -> str:
     folder = f"{PACKAGE_HOME}/{package_hash()}"
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "tpuft"
-        shutil.copytree(package_root(), staged, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(package_root(), staged, ignore=_not_shipped)
         session.fleet.put(staged, f"{folder}/tpuft", workers=workers)
     return folder
 

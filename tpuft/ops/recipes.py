@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from tpuft.config import load_recipe
 from tpuft.core.data_fetch import fetch_command
 from tpuft.core.errors import ConfigError, TpuftError, UsageError
-from tpuft.core.paths import recipes_dir, shipped_recipe
+from tpuft.core.paths import no_shipped_recipes, shipped_recipe, shipped_recipes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,8 +51,13 @@ def _summary(path: Path) -> str:
 
 
 def list_recipes() -> list[RecipeInfo]:
+    """The shipped recipes; none at all is an install without its package data, an error (not an empty
+    table)."""
+    shipped = shipped_recipes()
+    if not shipped:
+        raise no_shipped_recipes()
     found = []
-    for path in sorted(recipes_dir().glob("*.yaml")):
+    for path in shipped:
         loaded = load_recipe(path, check_files=False)
         found.append(RecipeInfo(path.stem, path, loaded.value.backend.kind, _summary(path)))
     return found
@@ -103,7 +108,10 @@ def recipe_file(name: str) -> Path:
 def find(name: str) -> Path:
     path = shipped_recipe(name)
     if path is None:
-        known = ", ".join(r.stem for r in sorted(recipes_dir().glob("*.yaml")))
+        shipped = shipped_recipes()
+        if not shipped:
+            raise no_shipped_recipes()
+        known = ", ".join(r.stem for r in shipped)
         from tpuft.config import recipe_suggestion
 
         close = recipe_suggestion(name, local=False)

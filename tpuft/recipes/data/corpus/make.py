@@ -2,7 +2,8 @@
 
 Each line is one document of 2-6 sentences built from a small grammar (who did what, where, when, and counts
 written as words), so the text has the regularities a denoising model picks up within minutes on a CPU: the
-loss falls visibly. Deterministic: re-running writes the same file. Run: python recipes/data/corpus/make.py
+loss falls visibly. Deterministic: re-running writes the same file.
+Run: python tpuft/recipes/data/corpus/make.py
 """
 
 import random

@@ -3,7 +3,7 @@
 A review is one clause about an invented product praising or faulting one aspect ("the battery was
 excellent"), "not" flipping it ("the lens was not flimsy" is positive). So a classifier has to read a word in
 its context, not just spot happy words, and a tiny encoder over bytes learns it within minutes on a CPU.
-Deterministic: re-running writes the same files. Run: python recipes/data/reviews/make.py
+Deterministic: re-running writes the same files. Run: python tpuft/recipes/data/reviews/make.py
 
 Three files from one stream of 6,000 reviews: train.jsonl (the first 5,000), test.jsonl (the next 500:
 ``data.test``, evaluated once at the end of training) and eval.jsonl (the last 500, the same file as before

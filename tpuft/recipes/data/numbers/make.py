@@ -5,7 +5,7 @@ so it is the file it was before there was a test split), 500 more for test (``te
 evaluated once at the end of training on the checkpoint that eval picked), and the other 9,000 are
 ``train.jsonl``. A model that scores well on the held-out numbers has learned how the words compose, not
 memorised them. Deterministic (one seeded shuffle): re-running writes the same files.
-Run: python recipes/data/numbers/make.py
+Run: python tpuft/recipes/data/numbers/make.py
 """
 
 import json

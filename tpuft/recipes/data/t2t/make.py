@@ -4,7 +4,7 @@ Each line is ``{"translation": {"s": SOURCE, "t": TARGET}}`` (the format of seed
 Hugging Face's run_translation.py), e.g. ``{"translation": {"s": "three hundred forty-one", "t":
 "dreihunderteinundvierzig"}}``. German composes numbers differently (units before tens, one word), so a model
 must reorder, not copy. Every number from 1 to 9999 appears once; 500 random ones are held out. Deterministic:
-re-running writes the same files. Run: python recipes/data/t2t/make.py
+re-running writes the same files. Run: python tpuft/recipes/data/t2t/make.py
 """
 
 import importlib.util

@@ -2,13 +2,15 @@
 with Quality Rating" (train.csv: 45,000 questions, valid.csv: 15,000) as train.jsonl and valid.jsonl beside
 this file, JSON lines {"Title", "Body", "label"} with the label high (HQ), low (LQ_EDIT) or none (LQ_CLOSE).
 
-Needs the network, the ``kaggle`` command and a Kaggle API token (~/.kaggle/kaggle.json):
+Needs the network, the ``kaggle`` command and a Kaggle API token (~/.kaggle/kaggle.json). It writes beside
+itself, from whatever folder it is run (``tpuft recipes validate question_quality_t5_base_keras`` prints its
+whole path):
 
-    pip install kaggle && python recipes/data/so_quality/fetch.py
+    pip install kaggle && python fetch.py
 
 or, with the two CSV files downloaded by hand from the dataset's page into a folder:
 
-    python recipes/data/so_quality/fetch.py --csv FOLDER
+    python fetch.py --csv FOLDER
 """
 
 from __future__ import annotations

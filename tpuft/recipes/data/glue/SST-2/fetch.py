@@ -4,9 +4,10 @@ directly.
 
 Each .tsv file is GLUE's own: a header row (``sentence<TAB>label``; test.tsv ``index<TAB>sentence``), one
 sentence a line, a tab between the fields and no quoting (a ``"`` is part of the sentence). Needs the network,
-stdlib only:
+stdlib only; it writes beside itself, from whatever folder it is run (``tpuft recipes validate
+sst2_t5_small_keras`` prints its whole path):
 
-    python recipes/data/glue/SST-2/fetch.py            # or --zip SST-2.zip, a copy fetched before
+    python fetch.py            # or --zip SST-2.zip, a copy fetched before
 """
 
 from __future__ import annotations
