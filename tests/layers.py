@@ -92,8 +92,9 @@ LAYERS: tuple[Layer, ...] = (
         ("records",),
         "`config/`: `cluster.py` (the cluster schema), `data.py`, `report.py` (`report.to`), `recipe.py` "
         "(the recipe schema, and `capability_problems`, the one check of the backends' capabilities), "
-        "`loader.py` (YAML with lines, `--set`, located errors) with `wording.py` (pydantic's errors in the "
-        "user's words), `tracking_env.py` (the trackers' venv); "
+        "`loader.py` (YAML with lines, `--set`, located errors, `Checked` and `Problems`) with `wording.py` "
+        "(pydantic's errors in the user's words) and `validation.py` (a file with problems validated as "
+        "far as it goes: every problem in one pass), `tracking_env.py` (the trackers' venv); "
         "each backend's recipe section through the registry, by name",
     ),
     Layer(

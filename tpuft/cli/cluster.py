@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from tpuft.cli.app import command
-from tpuft.cli.options import ConfigOpt, JsonOpt, SetOpt, YesOpt, load_cluster_file, load_recipe_file
+from tpuft.cli.options import ConfigOpt, JsonOpt, SetOpt, YesOpt, load_cluster_file, load_files
 from tpuft.cli.render import (
     cluster_json,
     cluster_slices,
@@ -242,8 +242,7 @@ def doctor(
     from tpuft.ops.doctor import doctor as doctor_op
     from tpuft.ops.doctor_checks import CHECKS, CONTROLLER
 
-    loaded = load_recipe_file(recipe, overrides)
-    cfg = load_cluster_file(config)
+    loaded, cfg = load_files(recipe, overrides, config, against_cluster=False)  # the doctor checks the hosts
     console = err_console() if json_out else out_console()
     with console.status(f"asking the workers of {cfg.name} ..."):
         report = doctor_op(cfg, loaded)

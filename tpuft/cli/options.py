@@ -56,6 +56,26 @@ def load_recipe_file(recipe: Path, overrides: list[str] | None) -> Loaded[Recipe
     return load_recipe(recipe, overrides or [])
 
 
+def load_files(
+    recipe: Path,
+    overrides: list[str] | None,
+    config: Path | None,
+    *,
+    check_files: bool = True,
+    against_cluster: bool = True,
+) -> tuple[Loaded[RecipeConfig], ClusterConfig]:
+    """The recipe and the cluster file for a verb that takes both: every problem of both (and, with
+    ``against_cluster``, of the recipe against the cluster's workers) in one error, exit code 2."""
+    from tpuft.ops.preflight import load_files as load_both
+    from tpuft.storage.network import CLOCK
+
+    loaded, cluster = load_both(
+        recipe, overrides, config, check_files=check_files, against_cluster=against_cluster
+    )
+    CLOCK.arm(cluster.value.gcp.timeout)  # as load_cluster_file does
+    return loaded, cluster.value
+
+
 def preflight_with_status(cfg: ClusterConfig, loaded: Loaded[RecipeConfig], console: Console) -> Any:
     """The recipe against the cluster and its data read through, with a spinner that counts bytes on big
     files."""

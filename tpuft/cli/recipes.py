@@ -14,7 +14,7 @@ from tpuft.cli.options import (
     JsonOpt,
     RecipeArg,
     SetOpt,
-    load_cluster_file,
+    load_files,
     load_recipe_file,
     preflight_with_status,
 )
@@ -278,15 +278,11 @@ def recipes_validate(
 ) -> None:
     """Exit 0: valid and its data read through; 2: a problem in the recipe or the cluster file; 3: valid, but
     data files it names are not on this machine (one line each, with the command that fetches it)."""
-    from tpuft.config import load_recipe
-    from tpuft.ops.preflight import check_against_cluster
     from tpuft.ops.recipes import check_data_present
 
-    schema = load_recipe(recipe, overrides or [], check_files=False)
-    cfg = load_cluster_file(config)
+    schema, cfg = load_files(recipe, overrides, config, check_files=False)  # and against the cluster
     console = out_console()
     if no_data_check:
-        check_against_cluster(schema, cfg.shape())
         console.print(
             f"[green]{schema.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
             "data not checked (--no-data-check)"

@@ -21,7 +21,7 @@ from tpuft.cli.options import (
     SetOpt,
     YesOpt,
     load_cluster_file,
-    load_recipe_file,
+    load_files,
     preflight_with_status,
 )
 from tpuft.cli.render import err_console, fmt_seconds, line_printer, out_console, print_train_summary
@@ -73,8 +73,7 @@ def setup(
 ) -> None:
     from tpuft.ops.setup import setup as setup_op
 
-    loaded = load_recipe_file(recipe, overrides)
-    cfg = load_cluster_file(config)
+    loaded, cfg = load_files(recipe, overrides, config, against_cluster=False)  # no batch is split in setup
     if dry_run:
         show_plan(cfg, "setup", json_out, loaded)
         return
@@ -138,8 +137,7 @@ def train(
         raise UsageError("missing RECIPE: tpuft train RECIPE (or tpuft train --resume RUN)")
     from tpuft.ops.train import train as train_op
 
-    loaded = load_recipe_file(recipe, overrides)
-    cfg = load_cluster_file(config)
+    loaded, cfg = load_files(recipe, overrides, config)
     if dry_run:
         show_plan(cfg, "train", json_out, loaded)
         return
@@ -471,8 +469,7 @@ def up(
     from tpuft.ops.up import STEPS
     from tpuft.ops.up import up as up_op
 
-    loaded = load_recipe_file(recipe, overrides)
-    cfg = load_cluster_file(config)
+    loaded, cfg = load_files(recipe, overrides, config)
     if dry_run:
         show_plan(cfg, "up", json_out, loaded)
         return

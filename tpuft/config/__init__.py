@@ -11,8 +11,9 @@ a.b``. The YAML itself is read by
 Three parts: :mod:`~tpuft.config.cluster` (the cluster schema), :mod:`~tpuft.config.recipe` with
 :mod:`~tpuft.config.data` (the recipe schema; each backend's section comes from its
 ``backends/<kind>_schema.py`` through the registry) and :mod:`~tpuft.config.loader` (YAML with lines,
-``--set``, located errors). The names below are re-exported so that ``from tpuft.config import X`` reads the
-same everywhere.
+``--set``, located errors), with :mod:`~tpuft.config.validation` (a file with problems validated as far as it
+goes, so that every problem of both files is found in one pass). The names below are re-exported so that
+``from tpuft.config import X`` reads the same everywhere.
 
 This package is imported on the worker too (inside the backend venv), so it depends on pydantic and PyYAML
 only.
@@ -33,7 +34,11 @@ from tpuft.config.data import DataConfig, HfDataset, TransformName
 from tpuft.config.loader import (
     DEFAULT_CLUSTER_FILE,
     MAX_OVERRIDE_CHARS,
+    Checked,
     Loaded,
+    Problems,
+    check_cluster,
+    check_recipe,
     cluster_file,
     dump_recipe,
     load_cluster,
@@ -63,6 +68,7 @@ __all__ = [
     "MAX_OVERRIDE_CHARS",
     "AdafactorSettings",
     "Backend",
+    "Checked",
     "ClusterConfig",
     "DataConfig",
     "EarlyStopping",
@@ -75,6 +81,7 @@ __all__ = [
     "Loaded",
     "LocalConfig",
     "ModelConfig",
+    "Problems",
     "PromptTuning",
     "RecipeConfig",
     "RecoverConfig",
@@ -83,6 +90,8 @@ __all__ = [
     "TrainConfig",
     "TransformName",
     "capability_problems",
+    "check_cluster",
+    "check_recipe",
     "cluster_file",
     "dump_recipe",
     "expand_env_tokens",

@@ -293,6 +293,19 @@ class RecoverConfig(StrictModel):
         return value
 
 
+SHAPE_KEYS: tuple[KeyPath, ...] = (
+    ("provider",),
+    ("accelerator",),
+    ("local", "workers"),
+    ("local", "slices"),
+    ("local", "devices_per_worker"),
+    ("gcp", "slices"),
+    ("gcp", "worker_device"),
+)
+"""The keys :meth:`ClusterConfig.shape` reads: a recipe is checked against the cluster only when none of them
+was left out of a cluster file with problems (a default in its place would be another cluster)."""
+
+
 class ClusterConfig(StrictModel):
     """Where training runs: the provider, the TPU shape and the bucket."""
 
@@ -343,14 +356,6 @@ class ClusterConfig(StrictModel):
             return str(_folder(value, info))
         return value
 
-    @field_validator("gcp")
-    @classmethod
-    def _gcp_complete(cls, value: GcpConfig, info: ValidationInfo) -> GcpConfig:
-        missing = [key for key in ("project", "zone") if not getattr(value, key)]
-        if info.data.get("provider") == "gcp" and missing:
-            raise ValueError(f"provider gcp needs gcp.{' and gcp.'.join(missing)}")
-        return value
-
     @field_validator("name")
     @classmethod
     def _name_ok(cls, value: str) -> str:
@@ -385,6 +390,9 @@ class ClusterConfig(StrictModel):
         from tpuft.core.accelerators import lookup
 
         found: list[tuple[KeyPath, str]] = []
+        missing = [key for key in ("project", "zone") if not getattr(self.gcp, key)]
+        if self.provider == "gcp" and missing:  # a check, not a validator: the rest is checked all the same
+            found.append((("gcp",), f"provider gcp needs gcp.{' and gcp.'.join(missing)}"))
         for key, value in self.worker_env.items():
             unset = self._unset_env.get(key)
             if unset:

@@ -2,7 +2,13 @@
 (:mod:`tpuft.core.safe_yaml`), ``--set a.b=c`` overrides are applied to the raw YAML first, and every problem,
 from pydantic or from a model's ``cross_problems``, is reported as ``file:line: key.path: what is wrong (got
 X)`` (or ``--set a.b: ...``), all at once, as a :class:`~tpuft.core.errors.ConfigError` (exit code 2), before
-anything runs. What each problem says is :mod:`tpuft.config.wording`'s; where it was written is this module's.
+anything runs. What each problem says is :mod:`tpuft.config.wording`'s; how far a file with problems is still
+validated, :mod:`tpuft.config.validation`'s; where it was written is this module's.
+
+``load_recipe`` / ``load_cluster`` raise at once; ``check_recipe`` / ``check_cluster`` return a
+:class:`Checked` (the problems, and the config of the valid parts) so that a command that reads both files and
+checks them against each other gathers every problem in a :class:`Problems` and raises once
+(:func:`tpuft.ops.preflight.load_files`).
 """
 
 from __future__ import annotations
@@ -12,16 +18,15 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Any, Generic, TypeVar, Union, get_args, get_origin
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from tpuft.config.cluster import ClusterConfig
 from tpuft.config.recipe import RecipeConfig
-from tpuft.config.wording import describe_error, merged
+from tpuft.config.validation import affected, validate
 from tpuft.core import safe_yaml
-from tpuft.core.config_types import KeyPath, StrictModel
+from tpuft.core.config_types import KeyPath
 from tpuft.core.errors import ConfigError, TpuftError, UsageError
 
 M = TypeVar("M", bound=BaseModel)
@@ -142,113 +147,88 @@ def _apply_overrides(data: Any, overrides: list[tuple[KeyPath, Any, str]]) -> tu
     return data, where
 
 
-def _yaml11_words(value: BaseModel, words: set[KeyPath]) -> list[tuple[KeyPath, str]]:
-    """A plain ``no``/``yes``/``on``/``off`` where the schema takes text only is the text (what it says);
-    where it takes booleans and text alike (a gin binding, an encoder's config), YAML 1.1 readers and the user
-    may mean false and tpuft would pass the text on: refused, with the two ways to say it."""
-    found = []
-    for path in sorted(words, key=lambda p: tuple(map(str, p))):
-        annotation = _annotation_at(value, path)
-        if annotation is not _NOT_FOUND and _admits_bool(annotation):
-            word = _value_at(value, path)
-            meant = "true" if str(word).lower() in {"y", "yes", "on"} else "false"
-            found.append(
-                (
-                    path,
-                    f"{word!r} is ambiguous here (YAML 1.1 reads it as {meant}, YAML 1.2 and tpuft as "
-                    f"text): write {meant} for the boolean, or quote it ('{word}') for the text",
-                )
-            )
-    return found
+@dataclass
+class Checked(Generic[M]):
+    """One file read and validated as far as it goes (:mod:`tpuft.config.validation`): every problem of it,
+    located, and the config built from its valid parts, for the checks that span both files. ``loaded`` is
+    None when no config could be built (the YAML does not parse, a required key is missing); with no problem
+    it is the file's config, whole."""
+
+    source: str
+    problems: list[str] = field(default_factory=list)
+    loaded: Loaded[M] | None = None
+    pruned: frozenset[KeyPath] = frozenset()
+    """The keys left out (dropped, or back to their default) to build ``loaded``."""
+
+    def affected(self, path: KeyPath) -> bool:
+        """Whether a finding at ``path`` is about a key that was left out (drop it: its own problem is
+        reported, and a check saw its default instead)."""
+        return affected(path, self.pruned)
+
+    def or_raise(self) -> Loaded[M]:
+        """The config, or every problem as one :class:`ConfigError` (exit code 2)."""
+        if self.problems or self.loaded is None:
+            raise ConfigError(self.problems, source=self.source)
+        return self.loaded
 
 
-_NOT_FOUND = object()
+class Problems:
+    """Every located problem that one command finds in the user's files, gathered over the files and the
+    checks that span them, then raised once as one :class:`ConfigError` (exit code 2). A new check adds its
+    problems here (``add(source, lines)``, each line ``file:line: key.path: message``, e.g. from
+    :meth:`Loaded.problem`) instead of raising, so that it neither hides nor is hidden by another."""
+
+    def __init__(self) -> None:
+        self._by_source: dict[str, list[str]] = {}
+
+    def add(self, source: str, problems: list[str]) -> None:
+        if problems:
+            self._by_source.setdefault(source, []).extend(problems)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_source)
+
+    def raise_if_any(self) -> None:
+        if self._by_source:
+            every = [problem for found in self._by_source.values() for problem in found]
+            raise ConfigError(every, source=" and ".join(self._by_source))
 
 
-def _annotation_at(value: Any, path: KeyPath) -> Any:
-    """The declared type of the value at ``path`` in a validated model (into dicts and lists by their item
-    type)."""
-    annotation: Any = _NOT_FOUND
-    for part in path:
-        if isinstance(value, BaseModel) and isinstance(part, str) and part in type(value).model_fields:
-            annotation = type(value).model_fields[part].annotation
-            value = getattr(value, part)
-            continue
-        if annotation is _NOT_FOUND:
-            return _NOT_FOUND
-        annotation = _item_type(annotation, part)
-        try:
-            value = value[part]
-        except (KeyError, IndexError, TypeError):
-            value = None
-    return annotation
-
-
-def _value_at(value: Any, path: KeyPath) -> Any:
-    for part in path:
-        value = getattr(value, str(part)) if isinstance(value, BaseModel) else value[part]
-    return value
-
-
-def _leaves(annotation: Any) -> list[Any]:
-    if getattr(annotation, "__metadata__", None) is not None:  # Annotated[T, ...]
-        return _leaves(annotation.__origin__)
-    args = getattr(annotation, "__args__", None)
-    if get_origin(annotation) in (Union, UnionType):
-        return [leaf for arg in args for leaf in _leaves(arg)]
-    return [annotation]
-
-
-def _item_type(annotation: Any, part: str | int) -> Any:
-    items = []
-    for leaf in _leaves(annotation):
-        origin, args = get_origin(leaf), get_args(leaf)
-        if origin is dict and len(args) == 2 and isinstance(part, str):
-            items.append(args[1])
-        elif origin is list and args and isinstance(part, int):
-            items.append(args[0])
-        elif leaf is Any:
-            items.append(Any)
-    return Union[tuple(items)] if len(items) > 1 else (items[0] if items else _NOT_FOUND)  # noqa: UP007
-
-
-def _admits_bool(annotation: Any) -> bool:
-    return any(leaf is Any or leaf is bool for leaf in _leaves(annotation))
-
-
-def _cross_problems(value: BaseModel, prefix: KeyPath = ()) -> list[tuple[KeyPath, str]]:
-    own = value.cross_problems() if isinstance(value, StrictModel) else []
-    return [(prefix + path, message) for path, message in own]
-
-
-def _validate(
+def _check(
     model: type[M],
-    data: Any,
+    text: str,
     source: str,
-    lines: dict[KeyPath, int],
-    overrides: dict[KeyPath, str],
-    context: dict,
-    words: set[KeyPath] = frozenset(),
-) -> M:
+    base_dir: Path | None,
+    overrides: list[str],
+    check_files: bool,
+    what: str,
+) -> Checked[M]:
     try:
-        value = model.model_validate(data, context=context)
-    except ValidationError as exc:
-        described = merged([describe_error(model, err, words) for err in exc.errors(include_url=False)])
-        problems = [
-            f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}"
-            for path, message in described
-        ]
-        raise ConfigError(problems, source=source) from None
-    found = _yaml11_words(value, words) + _cross_problems(value)
-    if found:
-        raise ConfigError(
-            [
-                f"{_locate(path, source, lines, overrides)}: {_dotted(path)}: {message}"
-                for path, message in found
-            ],
-            source=source,
-        )
-    return value
+        data, lines, words = _read_yaml(text, source)
+        if data is None:
+            raise _nothing_in(text, source, what)
+        if not isinstance(data, dict):
+            raise ConfigError([f"{source}:1: expected a mapping of keys at the top level"], source=source)
+        parsed = parse_overrides(overrides)
+        data, where = _apply_overrides(data, parsed)
+    except ConfigError as exc:  # nothing to validate: the problems that stopped the reading are all
+        return Checked(source, list(exc.problems))
+    context = {"base_dir": base_dir, "check_files": check_files}
+    words = {w for w in words if not any(w[:depth] in where for depth in range(1, len(w) + 1))}
+    words |= {
+        path for path, _, text in parsed if safe_yaml.YAML11_WORDS.match(text.partition("=")[2].strip())
+    }
+    found = validate(model, data, context, words)
+    problems = [
+        f"{_locate(path, source, lines, where)}: {_dotted(path)}: {message}"
+        for path, message in found.problems
+    ]
+    loaded = (
+        Loaded(value=found.value, source=source, lines=lines, overrides=where, raw=data)
+        if found.value is not None
+        else None
+    )
+    return Checked(source, problems, loaded, found.pruned)
 
 
 def _load(
@@ -260,20 +240,7 @@ def _load(
     check_files: bool,
     what: str,
 ) -> Loaded[M]:
-    data, lines, words = _read_yaml(text, source)
-    if data is None:
-        raise _nothing_in(text, source, what)
-    if not isinstance(data, dict):
-        raise ConfigError([f"{source}:1: expected a mapping of keys at the top level"], source=source)
-    parsed = parse_overrides(overrides)
-    data, where = _apply_overrides(data, parsed)
-    context = {"base_dir": base_dir, "check_files": check_files}
-    words = {w for w in words if not any(w[:depth] in where for depth in range(1, len(w) + 1))}
-    words |= {
-        path for path, _, text in parsed if safe_yaml.YAML11_WORDS.match(text.partition("=")[2].strip())
-    }
-    value = _validate(model, data, source, lines, where, context, words)
-    return Loaded(value=value, source=source, lines=lines, overrides=where, raw=data)
+    return _check(model, text, source, base_dir, overrides, check_files, what).or_raise()
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -300,30 +267,35 @@ def cluster_file(explicit: Path | None = None) -> Path | None:
 
 
 def load_cluster(path: Path | None = None, overrides: list[str] | None = None) -> Loaded[ClusterConfig]:
+    """The cluster file's config, or every problem of it at once (:class:`ConfigError`, exit code 2)."""
+    return check_cluster(path, overrides).or_raise()
+
+
+def check_cluster(path: Path | None = None, overrides: list[str] | None = None) -> Checked[ClusterConfig]:
+    """The cluster file validated as far as it goes: every problem, and the config of its valid parts."""
     chosen = cluster_file(path)
     if chosen is None:
         from tpuft.core.paths import package_root
 
-        default = package_root() / "_defaults" / "tpuft.yaml"
-        loaded = _load(
-            ClusterConfig,
-            default.read_text(),
+        text, source, base_dir = (
+            (package_root() / "_defaults" / "tpuft.yaml").read_text(),
             "(embedded default tpuft.yaml)",
             None,
-            overrides or [],
-            True,
-            "cluster file",
         )
     else:
-        loaded = _load(
-            ClusterConfig,
-            _read_text(chosen, "cluster file"),
-            str(chosen),
-            chosen.parent,
-            overrides or [],
-            True,
-            "cluster file",
-        )
+        source, base_dir = str(chosen), chosen.parent
+        try:
+            text = _read_text(chosen, "cluster file")
+        except ConfigError as exc:
+            return Checked(source, list(exc.problems))
+    checked = _check(ClusterConfig, text, source, base_dir, overrides or [], True, "cluster file")
+    if checked.loaded is not None:
+        _note_shape_origin(checked.loaded)
+    return checked
+
+
+def _note_shape_origin(loaded: Loaded[ClusterConfig]) -> None:
+    """Where the worker count was written, for an error about the recipe and the cluster together."""
     cluster = loaded.value
     origins = []
     for key in cluster.shape_keys():
@@ -338,21 +310,27 @@ def load_cluster(path: Path | None = None, overrides: list[str] | None = None) -
         )
         origins.append(f"{loaded.where(key)}: {_dotted(key)}: {value}")
     cluster._shape_origin = "; ".join(origins)
-    return loaded
 
 
 def load_recipe(
     path: Path, overrides: list[str] | None = None, *, check_files: bool = True
 ) -> Loaded[RecipeConfig]:
+    """The recipe's config, or every problem of it at once (:class:`ConfigError`, exit code 2)."""
+    return check_recipe(path, overrides, check_files=check_files).or_raise()
+
+
+def check_recipe(
+    path: Path, overrides: list[str] | None = None, *, check_files: bool = True
+) -> Checked[RecipeConfig]:
+    """The recipe validated as far as it goes: every problem, and the config of its valid parts. A RECIPE
+    that names no file is a :class:`UsageError` (exit 2) at once."""
     path = resolve_recipe_path(path)
-    return _load(
-        RecipeConfig,
-        _read_text(path, "recipe"),
-        str(path),
-        path.parent.resolve(),
-        overrides or [],
-        check_files,
-        "recipe",
+    try:
+        text = _read_text(path, "recipe")
+    except ConfigError as exc:
+        return Checked(str(path), list(exc.problems))
+    return _check(
+        RecipeConfig, text, str(path), path.parent.resolve(), overrides or [], check_files, "recipe"
     )
 
 

@@ -5,7 +5,8 @@ Loading a recipe checks its keys and values; this checks it against the cluster 
 workers) and reads its data files through (JSON lines, CSV, TSV or Parquet; a ``gs://`` one through the
 storage layer), record by record, with the reader the workers use: an invalid line, a missing field or column,
 a non-UTF-8 byte, a ``null`` target or an empty eval file is reported here, at file:line, in seconds, instead
-of on the workers after set-up. Used by ``recipes validate``, ``train`` and ``up``.
+of on the workers after set-up. Used by ``recipes validate``, ``train`` and ``up``. And reading the two files
+for a verb (:func:`load_files`): every problem of both, and of the recipe against the cluster, at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuft.backends.base import ClusterShape, get_backend
-from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+from tpuft.config import ClusterConfig, KeyPath, Loaded, Problems, RecipeConfig, check_cluster, check_recipe
+from tpuft.config.cluster import SHAPE_KEYS
 from tpuft.core.errors import ConfigError
 from tpuft.data import DataError, Fields, FileCheck, check_file, file_format
 from tpuft.data.text_transforms import HookError
@@ -36,13 +38,58 @@ class Preflight:
 
 
 def cluster_problems(
-    recipe: Loaded[RecipeConfig], shape: ClusterShape, cluster: ClusterConfig | None = None
+    recipe: Loaded[RecipeConfig],
+    shape: ClusterShape,
+    cluster: ClusterConfig | None = None,
+    *,
+    keep: Callable[[KeyPath], bool] = lambda path: True,
 ) -> list[str]:
     """Recipe settings that are only wrong for this cluster (the backend says which), located in the recipe
-    file and, given the cluster, at the cluster file's line that sets the worker count too."""
+    file and, given the cluster, at the cluster file's line that sets the worker count too; ``keep``: which
+    findings to report (a recipe with problems: not those about a key left out of it)."""
     backend = get_backend(recipe.value.backend.kind)
     workers = f" (the workers: {cluster.shape_origin()})" if cluster is not None else ""
-    return [recipe.problem(path, message + workers) for path, message in backend.check(recipe.value, shape)]
+    return [
+        recipe.problem(path, message + workers)
+        for path, message in backend.check(recipe.value, shape)
+        if keep(path)
+    ]
+
+
+def load_files(
+    recipe: Path,
+    overrides: list[str] | None,
+    config: Path | None,
+    *,
+    check_files: bool = True,
+    against_cluster: bool = True,
+) -> tuple[Loaded[RecipeConfig], Loaded[ClusterConfig]]:
+    """The recipe and the cluster file, with every problem of both in one pass: each file's own (its keys,
+    its values, its models' checks on what is valid) and, with ``against_cluster``, the recipe against the
+    cluster's workers (run on what is valid of both, unless a key that decides the cluster's shape has a
+    problem); one :class:`ConfigError` (exit code 2) lists them all. A check of the two files together adds
+    its problems to the same :class:`~tpuft.config.Problems` before it is raised."""
+    checked_recipe = check_recipe(recipe, overrides, check_files=check_files)
+    checked_cluster = check_cluster(config)
+    problems = Problems()
+    problems.add(checked_recipe.source, checked_recipe.problems)
+    problems.add(checked_cluster.source, checked_cluster.problems)
+    loaded, cluster = checked_recipe.loaded, checked_cluster.loaded
+    if (
+        against_cluster
+        and loaded is not None
+        and cluster is not None
+        and not any(checked_cluster.affected(key) for key in SHAPE_KEYS)
+    ):
+        found = cluster_problems(
+            loaded,
+            cluster.value.shape(),
+            cluster.value,
+            keep=lambda path: not checked_recipe.affected(path),
+        )
+        problems.add(checked_recipe.source, found)
+    problems.raise_if_any()
+    return checked_recipe.or_raise(), checked_cluster.or_raise()  # no problem: both are whole
 
 
 def check_against_cluster(recipe: Loaded[RecipeConfig], shape: ClusterShape) -> None:

@@ -160,13 +160,13 @@ def summary(
     instead: e.g. ``v4-64``); offline, nothing is created and the data is not read. A model the summary cannot
     size is a
     :class:`ConfigError` located at the recipe key to change (exit 2)."""
-    from tpuft.config import load_cluster
     from tpuft.core.accelerators import lookup
     from tpuft.model.recipe_model import ModelUnknown
     from tpuft.model.summary import summarize
+    from tpuft.ops.preflight import load_files
 
-    loaded = load_recipe(recipe, overrides or [], check_files=False)
-    cluster = load_cluster(config).value
+    loaded, checked = load_files(recipe, overrides, config, check_files=False, against_cluster=False)
+    cluster = checked.value
     chosen = lookup(accelerator) if accelerator is not None else lookup(cluster.accelerator)
     slices = cluster.gcp.slices if cluster.provider == "gcp" and accelerator is None else 1
     try:
@@ -188,12 +188,12 @@ def compile_fit(
     """``show --summary --compile``: the recipe's real train step compiled for the accelerator (the cluster's,
     or ``accelerator``) on this machine's CPU, against the chip's HBM (:mod:`tpuft.ops.compile_fit`); a
     backend that cannot compile offline gets its paper estimate, labelled."""
-    from tpuft.config import load_cluster
     from tpuft.core.accelerators import lookup
     from tpuft.ops.compile_fit import fit_report
+    from tpuft.ops.preflight import load_files
 
-    loaded = load_recipe(recipe, overrides or [], check_files=False)
-    cluster = load_cluster(config).value
+    loaded, checked = load_files(recipe, overrides, config, check_files=False, against_cluster=False)
+    cluster = checked.value
     chosen = lookup(accelerator) if accelerator is not None else lookup(cluster.accelerator)
     return fit_report(
         loaded.value,
