@@ -184,9 +184,21 @@ def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def
     shown = cli("recipes", "show", "quickstart")
     assert shown.code == 0 and shown.out == (recipes_dir() / "quickstart.yaml").read_text()
     copied = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
-    assert copied.code == 0
+    assert copied.code == 0 and "its name is mine" in copied.out
     mine = load_recipe(tmp_path / "mine.yaml")  # data paths still resolve from the new place
     assert mine.value.data.train == recipes_dir() / "data" / "numbers" / "train.jsonl"
+    # named after its file (a plan of mine.yaml says "recipe mine"), every comment and line kept
+    assert mine.value.name == "mine"
+    shipped = (recipes_dir() / "quickstart.yaml").read_text().splitlines()
+    lines = (tmp_path / "mine.yaml").read_text().splitlines()
+    assert len(lines) == len(shipped)
+    changed = [(a, b) for a, b in zip(shipped, lines, strict=True) if a != b]
+    assert ("name: quickstart", "name: mine") in changed
+    assert all(a == b for a, b in zip(shipped, lines, strict=True) if a.lstrip().startswith("#"))
+    odd = cli("recipes", "cp", "quickstart", str(tmp_path / "my copy.yaml"))
+    assert odd.code == 0 and load_recipe(tmp_path / "my copy.yaml").value.name == "my-copy"
+    kept = cli("recipes", "cp", "quickstart", str(tmp_path))  # a folder: the same file name, the same name
+    assert kept.code == 0 and load_recipe(tmp_path / "quickstart.yaml").value.name == "quickstart"
     again = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
     assert again.code == 2 and "--overwrite" in again.err
     unknown = cli("recipes", "show", "quikstart")

@@ -107,7 +107,7 @@ def recipes_show(
 
     if not summary:
         given = [
-            flag
+            (flag, value)
             for flag, value in (
                 ("--json", json_out),
                 ("--set", overrides),
@@ -118,9 +118,19 @@ def recipes_show(
             if value
         ]
         if given:
-            raise UsageError(
-                f"{', '.join(given)} only go with --summary", hint=f"tpuft recipes show --summary {name}"
-            )
+            flags = [flag for flag, _ in given]
+            goes = "goes" if len(flags) == 1 else "go"
+            problems = [f"{', '.join(flags)} only {goes} with --summary (without it, show prints the recipe)"]
+            if accelerator is not None:  # every problem at once: the type too
+                from tpuft.core.accelerators import lookup, suggestions
+
+                try:
+                    lookup(accelerator)
+                except UsageError as exc:
+                    problems.append(f"--accelerator: {exc.message}")
+                    meant = suggestions(accelerator)  # the hint's command is one that runs
+                    given = [(f, meant[0] if f == "--accelerator" and meant else v) for f, v in given]
+            raise UsageError("\n".join(problems), hint=f"Size it: {_with_summary(name, given)}")
         from tpuft.ops.recipes import recipe_file
 
         print(recipe_file(name).read_text(encoding="utf-8"), end="")
@@ -154,6 +164,20 @@ def recipes_show(
         print(json.dumps({**head, "compile": fit.to_json()}, indent=2))
     else:
         _print_fit(fit)
+
+
+def _with_summary(name: str, given: list[tuple[str, object]]) -> str:
+    """The command the user typed, with ``--summary``: what to run instead."""
+    import shlex
+
+    words = ["tpuft", "recipes", "show", name, "--summary"]
+    for flag, value in given:
+        if isinstance(value, bool):
+            words.append(flag)
+        else:
+            for one in value if isinstance(value, list) else [value]:
+                words += [flag, str(one)]
+    return shlex.join(words)
 
 
 def _print_fit(fit: FitReport) -> None:
@@ -260,8 +284,9 @@ def recipes_cp(
 ) -> None:
     from tpuft.ops.recipes import copy
 
-    target = copy(name, dest, overwrite=overwrite)
-    out_console().print(f"copied {name} to {target}")
+    copied = copy(name, dest, overwrite=overwrite)
+    renamed = f"; its name is {copied.name} (its runs are {copied.name}-...)" if copied.name != name else ""
+    out_console().print(f"copied {name} to {copied.path}{renamed}", soft_wrap=True)
 
 
 @recipe_command("validate")

@@ -126,8 +126,8 @@ def judge_venv(data: dict[str, Any], recipe: str) -> Judged:
             "venv",
             "warn",
             "building",
-            f"the venv {venv['path']} is being built now by {venv.get('builder')} (it holds the build's lock): "
-            f"not ready yet; wait for that setup to end, then ask again: tpuft doctor {recipe}",
+            f"the venv {venv['path']} is being built now by {venv.get('builder')} (it holds the build's "
+            f"lock): not ready yet; wait for that setup to end, then ask again: tpuft doctor {recipe}",
             False,
         )
     why = {

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,35 @@ def find(name: str) -> Path:
     return path
 
 
-def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
+@dataclass
+class Copied:
+    path: Path
+    name: str
+    """The copy's ``name:`` (its file's stem, what its runs' ids begin with), or the shipped one's when the
+    stem is the same."""
+
+
+_NAME_LINE = re.compile(
+    r"^name:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^#\n]*?)(?P<rest>[ \t]+#[^\n]*)?[ \t]*$", re.MULTILINE
+)
+"""The recipe's top-level ``name:`` line (a plain or quoted value, maybe a comment after it)."""
+
+
+def renamed(text: str, name: str) -> str:
+    """``text`` with its top-level ``name:`` set to ``name``, every other byte (comments, layout) kept."""
+    return _NAME_LINE.sub(lambda m: f"name: {name}{m.group('rest') or ''}", text, count=1)
+
+
+def name_for(path: Path) -> str:
+    """A recipe name from a file's stem: the letters, digits, ``_``, ``.`` and ``-`` a recipe's name may
+    have (any other character becomes ``-``), 64 at most."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem).lstrip("_.-")[:64]
+
+
+def copy(name: str, dest: Path, *, overwrite: bool = False) -> Copied:
+    """The shipped recipe ``name`` copied to ``dest`` (a file, or a folder to put it in), its data paths made
+    absolute and its ``name:`` the new file's stem: a plan or a run of ``mine.yaml`` says ``recipe mine``,
+    not the shipped one's name."""
     source = find(name)
     if dest.exists() and not dest.is_dir() and not dest.is_file():
         raise UsageError(
@@ -135,10 +164,13 @@ def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
         relative = str(Path(loaded.raw["data"][key]))
         if not Path(relative).is_absolute():
             text = text.replace(f"{key}: {relative}", f"{key}: {value}", 1)
+    new_name = name_for(target) or loaded.value.name
+    if new_name != loaded.value.name:
+        text = renamed(text, new_name)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
     shutil.copymode(source, target)
-    return target
+    return Copied(target, load_recipe(target, check_files=False).value.name)
 
 
 def summary(
