@@ -71,8 +71,9 @@ VERBS: tuple[Verb, ...] = (
         "--notice seconds ahead. A run's supervisors and a --recover watcher then ask for a checkpoint and "
         "stop before the window; the watcher resumes the run after it. preempt: the TPU API has no "
         "preemption simulation, so on GCP the node is stopped (StopNode, the nearest real action; every "
-        "worker of that node goes); on the local pod the worker's supervisor and trainer are killed. Exit 2 "
-        "when the cluster is not READY or has no such worker.",
+        "worker of that node goes); on the local pod the worker's supervisor and trainer are killed. On GCP "
+        "it asks first, as delete does (--yes where nobody can answer). Exit 2 when the cluster is not "
+        "READY, has no such worker, or has no live run (nothing to drill): then nothing is done.",
     ),
     Verb(
         "exec",
