@@ -48,6 +48,8 @@ def test_ls_shows_whole_first_lines(cli) -> None:  # type: ignore[no-untyped-def
 def test_validate_tells_missing_data_from_a_bad_recipe(
     cli, tmp_path: Path, cluster_file: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
+    import json
+
     from tpuft.ops.recipes import DATA_MISSING_EXIT
 
     monkeypatch.chdir(tmp_path)  # the fetch command is shown relative to the current folder
@@ -68,6 +70,8 @@ def test_validate_tells_missing_data_from_a_bad_recipe(
         "glue/fetch.py"
         for key, name in (("train", "train.tsv"), ("eval", "dev.tsv"))
     ]
+    as_json = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--json")
+    assert as_json.code == 3 and [line.strip() for line in json.loads(as_json.out)["problems"]] == lines
     skipped = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--no-data-check")
     assert skipped.code == 0 and "data not checked" in skipped.out
     (tmp_path / "glue" / "fetch.py").unlink()
@@ -76,6 +80,53 @@ def test_validate_tells_missing_data_from_a_bad_recipe(
     bad = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--set", "train.steps=0")
     assert bad.code == 2  # a problem in the recipe is still exit 2, with or without the data
     assert cli("recipes", "validate", str(recipe), "--no-data-check", "--set", "train.steps=0").code == 2
+
+
+def test_validate_says_what_only_the_workers_read_and_answers_json(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+    """A streamed hub dataset or a corpus is not read here: said so, not a dangling count; ``--json`` has the
+    same exit codes, a pass with what was checked, a refusal with its located problems."""
+    import json
+
+    streamed = cli("recipes", "validate", "ro_diacritics_mt5_base", "-c", str(cluster_file))
+    assert streamed.code == 0, streamed.err
+    said = " ".join(streamed.out.split())
+    assert "examples read" not in said, said
+    assert (
+        "data.hf dumitrescustefan/diacritic, split train: streamed by the workers, not read or counted"
+        in said
+    )
+    corpus = cli("recipes", "validate", "t5x_span_corruption", "-c", str(cluster_file))
+    assert corpus.code == 0 and "data.corpus " in corpus.out and "examples read" not in corpus.out
+
+    answer = cli("recipes", "validate", "ro_diacritics_mt5_base", "-c", str(cluster_file), "--json")
+    assert answer.code == 0, answer.err
+    found = json.loads(answer.out)
+    assert found["valid"] is True and found["problems"] == [] and found["cluster"] == "test-pod"
+    assert found["data"] == [
+        {
+            "key": "hf",
+            "source": "dumitrescustefan/diacritic, split train",
+            "examples": None,
+            "dropped": 0,
+            "counted": False,
+            "how": "streamed by the workers",
+        }
+    ]
+    counted = json.loads(cli("recipes", "validate", "t2t_translation", "-c", str(cluster_file), "--json").out)
+    assert [(d["key"], d["examples"], d["counted"]) for d in counted["data"]] == [
+        ("train", 9499, True),
+        ("eval", 500, True),
+    ]
+    unchecked = json.loads(
+        cli("recipes", "validate", "quickstart", "-c", str(cluster_file), "--json", "--no-data-check").out
+    )
+    assert unchecked["valid"] is True and unchecked["data_checked"] is False and unchecked["data"] is None
+    bad = cli(
+        "recipes", "validate", "quickstart", "-c", str(cluster_file), "--json", "--set", "train.steps=0"
+    )
+    refused = json.loads(bad.out)
+    assert bad.code == 2 == refused["exit_code"] and len(refused["problems"]) == 1
+    assert "train.steps" in refused["problems"][0]
 
 
 def _fetch_module(folder: str):  # type: ignore[no-untyped-def]

@@ -276,7 +276,9 @@ RECIPE_VERBS: tuple[Verb, ...] = (
         "Reads the recipe's data files through (every line, as the workers will) and checks the "
         "batch against the cluster's workers; creates and runs nothing. Exit 3: the recipe is valid but "
         "data files it names are not here (one line each, with the command that fetches it); "
-        "--no-data-check skips the data.",
+        "--no-data-check skips the data. A Hugging Face dataset or a corpus is read by the workers only: "
+        "said so, not counted. --json: the same exit codes; a pass as JSON (cluster, workers, each data "
+        "source and its count), a refusal as every verb's JSON error with its problems, one line each.",
     ),
 )
 
