@@ -41,9 +41,35 @@ def test_bad_type_lists_valid_ones(bad: str, suggestion: str | None) -> None:
         lookup(bad)
     text = str(info.value)
     assert f"unknown accelerator type {bad!r}" in text
-    assert "Valid types" in text and ("v4-{8,16," in text or "v4-8" in text or "v5litepod-1" in text)
+    assert "Valid types" in text and any(one in text for one in ("v4-{8,16,", "v4-8", "v5litepod-1", "v5e-1"))
     if suggestion:
         assert f"Did you mean {suggestion}" in text
+
+
+@pytest.mark.parametrize(
+    ("bad", "meant"),
+    [
+        ("v5e-9", ["v5e-8", "v5e-16"]),  # the alias as typed, the nearest counts: not v5p-8192 or v6e-8
+        ("v4-12", ["v4-8", "v4-16"]),
+        ("v4-4", ["v4-8"]),  # chips where v4 counts cores: the smallest v4
+        ("v5p-9000", ["v5p-8192", "v5p-12288"]),
+        ("v5-8", ["v5p-8", "v5e-8"]),  # no such generation: the nearest names, same count
+        ("v6-64", ["v6e-64"]),
+        ("V5E-8", ["v5e-8"]),
+    ],
+)
+def test_a_near_miss_suggests_the_same_generation_and_the_nearest_count(bad: str, meant: list[str]) -> None:
+    with pytest.raises(UsageError) as info:
+        lookup(bad)
+    assert f"Did you mean {' or '.join(meant)}?" in str(info.value)
+
+
+def test_the_valid_types_are_listed_in_the_users_spelling() -> None:
+    with pytest.raises(UsageError) as info:
+        lookup("v5e-9")
+    assert "Valid types: v5e-1, v5e-4, v5e-8," in str(info.value) and "v5e is the TPU API's v5litepod" in str(
+        info.value
+    )
 
 
 def test_v5e_is_an_alias_of_v5litepod() -> None:

@@ -302,7 +302,16 @@ def test_an_unknown_model_says_what_the_summary_needs(cli, tmp_path: Path) -> No
 
 def test_summary_options_need_summary(cli) -> None:  # type: ignore[no-untyped-def]
     result = cli("recipes", "show", "quickstart", "--json")
-    assert result.code == 2 and "--json only go with --summary" in result.out + result.err  # --json: as JSON
+    assert (
+        result.code == 2 and "--json only goes with --summary" in result.out + result.err
+    )  # --json: as JSON
+    # every problem at once, and the hint is a command that runs: the type's nearest valid one
+    sized = cli("recipes", "show", "quickstart", "-a", "v5e-9", "-s", "train.steps=3")
+    assert sized.code == 2 and "--set, --accelerator only go with --summary" in sized.err
+    assert "--accelerator: unknown accelerator type 'v5e-9'. Did you mean v5e-8 or v5e-16?" in sized.err
+    assert "tpuft recipes show quickstart --summary --set train.steps=3 --accelerator v5e-8" in sized.err
+    summary = cli("recipes", "show", "quickstart", "--summary", "-a", "v5e-9")
+    assert summary.code == 2 and "Did you mean v5e-8 or v5e-16?" in summary.err
     plain = cli("recipes", "show", "quickstart")
     assert plain.code == 0 and plain.out.startswith("#")
 

@@ -50,6 +50,8 @@ def test_ls_shows_whole_first_lines(cli) -> None:  # type: ignore[no-untyped-def
 def test_validate_tells_missing_data_from_a_bad_recipe(
     cli, tmp_path: Path, cluster_file: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
+    import json
+
     from tpuft.ops.recipes import DATA_MISSING_EXIT
 
     monkeypatch.chdir(tmp_path)  # the fetch command is shown relative to the current folder
@@ -70,6 +72,8 @@ def test_validate_tells_missing_data_from_a_bad_recipe(
         "glue/fetch.py"
         for key, name in (("train", "train.tsv"), ("eval", "dev.tsv"))
     ]
+    as_json = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--json")
+    assert as_json.code == 3 and [line.strip() for line in json.loads(as_json.out)["problems"]] == lines
     skipped = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--no-data-check")
     assert skipped.code == 0 and "data not checked" in skipped.out
     (tmp_path / "glue" / "fetch.py").unlink()
@@ -78,6 +82,53 @@ def test_validate_tells_missing_data_from_a_bad_recipe(
     bad = cli("recipes", "validate", str(recipe), "-c", str(cluster_file), "--set", "train.steps=0")
     assert bad.code == 2  # a problem in the recipe is still exit 2, with or without the data
     assert cli("recipes", "validate", str(recipe), "--no-data-check", "--set", "train.steps=0").code == 2
+
+
+def test_validate_says_what_only_the_workers_read_and_answers_json(cli, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]
+    """A streamed hub dataset or a corpus is not read here: said so, not a dangling count; ``--json`` has the
+    same exit codes, a pass with what was checked, a refusal with its located problems."""
+    import json
+
+    streamed = cli("recipes", "validate", "ro_diacritics_mt5_base", "-c", str(cluster_file))
+    assert streamed.code == 0, streamed.err
+    said = " ".join(streamed.out.split())
+    assert "examples read" not in said, said
+    assert (
+        "data.hf dumitrescustefan/diacritic, split train: streamed by the workers, not read or counted"
+        in said
+    )
+    corpus = cli("recipes", "validate", "t5x_span_corruption", "-c", str(cluster_file))
+    assert corpus.code == 0 and "data.corpus " in corpus.out and "examples read" not in corpus.out
+
+    answer = cli("recipes", "validate", "ro_diacritics_mt5_base", "-c", str(cluster_file), "--json")
+    assert answer.code == 0, answer.err
+    found = json.loads(answer.out)
+    assert found["valid"] is True and found["problems"] == [] and found["cluster"] == "test-pod"
+    assert found["data"] == [
+        {
+            "key": "hf",
+            "source": "dumitrescustefan/diacritic, split train",
+            "examples": None,
+            "dropped": 0,
+            "counted": False,
+            "how": "streamed by the workers",
+        }
+    ]
+    counted = json.loads(cli("recipes", "validate", "t2t_translation", "-c", str(cluster_file), "--json").out)
+    assert [(d["key"], d["examples"], d["counted"]) for d in counted["data"]] == [
+        ("train", 9499, True),
+        ("eval", 500, True),
+    ]
+    unchecked = json.loads(
+        cli("recipes", "validate", "quickstart", "-c", str(cluster_file), "--json", "--no-data-check").out
+    )
+    assert unchecked["valid"] is True and unchecked["data_checked"] is False and unchecked["data"] is None
+    bad = cli(
+        "recipes", "validate", "quickstart", "-c", str(cluster_file), "--json", "--set", "train.steps=0"
+    )
+    refused = json.loads(bad.out)
+    assert bad.code == 2 == refused["exit_code"] and len(refused["problems"]) == 1
+    assert "train.steps" in refused["problems"][0]
 
 
 def _fetch_module(folder: str):  # type: ignore[no-untyped-def]
@@ -186,9 +237,21 @@ def test_ls_show_cp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def
     shown = cli("recipes", "show", "quickstart")
     assert shown.code == 0 and shown.out == (recipes_dir() / "quickstart.yaml").read_text()
     copied = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
-    assert copied.code == 0
+    assert copied.code == 0 and "its name is mine" in copied.out
     mine = load_recipe(tmp_path / "mine.yaml")  # data paths still resolve from the new place
     assert mine.value.data.train == recipes_dir() / "data" / "numbers" / "train.jsonl"
+    # named after its file (a plan of mine.yaml says "recipe mine"), every comment and line kept
+    assert mine.value.name == "mine"
+    shipped = (recipes_dir() / "quickstart.yaml").read_text().splitlines()
+    lines = (tmp_path / "mine.yaml").read_text().splitlines()
+    assert len(lines) == len(shipped)
+    changed = [(a, b) for a, b in zip(shipped, lines, strict=True) if a != b]
+    assert ("name: quickstart", "name: mine") in changed
+    assert all(a == b for a, b in zip(shipped, lines, strict=True) if a.lstrip().startswith("#"))
+    odd = cli("recipes", "cp", "quickstart", str(tmp_path / "my copy.yaml"))
+    assert odd.code == 0 and load_recipe(tmp_path / "my copy.yaml").value.name == "my-copy"
+    kept = cli("recipes", "cp", "quickstart", str(tmp_path))  # a folder: the same file name, the same name
+    assert kept.code == 0 and load_recipe(tmp_path / "quickstart.yaml").value.name == "quickstart"
     again = cli("recipes", "cp", "quickstart", str(tmp_path / "mine.yaml"))
     assert again.code == 2 and "--overwrite" in again.err
     unknown = cli("recipes", "show", "quikstart")

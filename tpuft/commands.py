@@ -71,8 +71,9 @@ VERBS: tuple[Verb, ...] = (
         "--notice seconds ahead. A run's supervisors and a --recover watcher then ask for a checkpoint and "
         "stop before the window; the watcher resumes the run after it. preempt: the TPU API has no "
         "preemption simulation, so on GCP the node is stopped (StopNode, the nearest real action; every "
-        "worker of that node goes); on the local pod the worker's supervisor and trainer are killed. Exit 2 "
-        "when the cluster is not READY or has no such worker.",
+        "worker of that node goes); on the local pod the worker's supervisor and trainer are killed. On GCP "
+        "it asks first, as delete does (--yes where nobody can answer). Exit 2 when the cluster is not "
+        "READY, has no such worker, or has no live run (nothing to drill): then nothing is done.",
     ),
     Verb(
         "exec",
@@ -275,7 +276,9 @@ RECIPE_VERBS: tuple[Verb, ...] = (
         "Reads the recipe's data files through (every line, as the workers will) and checks the "
         "batch against the cluster's workers; creates and runs nothing. Exit 3: the recipe is valid but "
         "data files it names are not here (one line each, with the command that fetches it); "
-        "--no-data-check skips the data.",
+        "--no-data-check skips the data. A Hugging Face dataset or a corpus is read by the workers only: "
+        "said so, not counted. --json: the same exit codes; a pass as JSON (cluster, workers, each data "
+        "source and its count), a refusal as every verb's JSON error with its problems, one line each.",
     ),
 )
 

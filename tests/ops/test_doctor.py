@@ -62,7 +62,32 @@ def test_a_healthy_local_pod_passes_and_a_cut_off_venv_and_a_busy_worker_are_nam
     assert statuses[(CONTROLLER, "disk")] == "ok"  # the local run storage, on this machine
     assert statuses[(0, "port")] == "skip"  # a local pod's coordinator port is picked free at launch
 
-    (venv / MARKER).unlink()  # a build cut off: the workers share the local pod's venv cache
+    (venv / MARKER).unlink()  # no marker: the workers share the local pod's venv cache
+    # ... while a real setup's bootstrap builds it: a child process holds the build lock as bootstrap does
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from tpuft.host.bootstrap import build_lock\n"
+            f"with build_lock(Path({str(venv.parent)!r}), {venv.name!r}):\n"
+            "    print('holding', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        building = cli("doctor", str(recipe), "-c", str(cluster), "--json")
+    finally:
+        holder.communicate("", timeout=60)  # its stdin closes: it lets the lock go and ends
+    assert building.code == 0, building.out + building.err  # a build under way is not a failure
+    report = json.loads(building.out)
+    for index in (0, 1):
+        [finding] = [c for c in report["checks"] if c["worker"] == index and c["check"] == "venv"]
+        assert (finding["status"], finding["cell"]) == ("warn", "building"), finding
+        assert f"is being built now by pid {holder.pid} on " in finding["detail"], finding
+        assert "cut off" not in finding["detail"] and "tpuft setup" not in finding["detail"]
     # worker 1's supervisor serves a live run (this process)
     current = worker_home(1) / STATE_DIR / "current.json"
     current.parent.mkdir(parents=True)

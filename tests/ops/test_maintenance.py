@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ops.standin import worker_home
 from tests.providers.test_gcp_provider import cluster_yaml, fake_tpu  # noqa: F401 - the fixture
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.metadata_server import MetadataServer
@@ -38,6 +39,25 @@ def _run(tmp_path: Path, workers: int = 1) -> Run:
         json.dumps({"status": "running", "attempt": 1, "workers": workers, "backend": "torch_xla"}),
     )
     run.storage.write_text(rundir.RECIPE, "name: demo\ntrain:\n  batch_size: 8\n")
+    return run
+
+
+def _live_run(cluster_file: Path, run_id: str = "demo-20261126-120000-0002") -> Run:
+    """A run that trains on the cluster, as its run storage shows it (``gs://`` in the GCS emulator, or the
+    local pod's folder): run.json running on this cluster, a fresh heartbeat. What a drill needs to drill."""
+    from tpuft.readers.runs import run_at, run_storage
+
+    config = load_cluster_file(cluster_file)
+    run = run_at(run_storage(config), run_id, config.gcp.project)
+    info = {
+        "run_id": run_id,
+        "cluster": config.name,
+        "status": "running",
+        "started": time.time(),
+        "workers": 1,
+    }
+    run.storage.write_text(rundir.RUN_INFO, json.dumps(info))
+    run.storage.write_text(f"{rundir.HEARTBEAT_DIR}/worker-0.json", json.dumps({"time": time.time()}))
     return run
 
 
@@ -113,7 +133,8 @@ def test_supervisors_hear_the_simulated_event_and_ask_once(  # type: ignore[no-u
         )
         thread = __import__("threading").Thread(target=worker1.loop, daemon=True)
         thread.start()
-        drilled = cli("drill", "maintenance", "--worker", "1", "-c", str(path), "--json")
+        _live_run(path)
+        drilled = cli("drill", "maintenance", "--worker", "1", "-c", str(path), "--json", "--yes")
         answered = time.time()
         assert drilled.code == 0, drilled.err
         assert json.loads(drilled.out)["action"].startswith("SimulateMaintenanceEvent")
@@ -161,14 +182,31 @@ def test_drill_preempt_stops_the_node_and_refusals_are_usage_errors(  # type: ig
     fake_tpu: FakeTpuServer,  # noqa: F811
 ) -> None:
     path = cluster_yaml(tmp_path, fake_tpu)
+    # a bucket of its own: the module's GCS emulator holds another test's live run in the default one
+    path.write_text(path.read_text() + "bucket: gs://tpuft-drill-refusals\n")
     assert cli("create", "-c", str(path), "--yes").code == 0
     wrong = cli("drill", "maintenance", "--worker", "5", "-c", str(path))
     assert wrong.code == 2 and "has workers 0..1" in wrong.err
     assert cli("drill", "reboot", "-c", str(path)).code == 2
-    stopped = cli("drill", "preempt", "--worker", "0", "-c", str(path))
+    # no run on the node: nothing to drill, confirmed or not, and the TPU API is not asked to do anything
+    for kind in ("maintenance", "preempt"):
+        for confirmed in ([], ["--yes"]):
+            idle = cli("drill", kind, "-c", str(path), *confirmed)
+            assert idle.code == 2 and "no run is training on cluster tp" in idle.err, idle.err
+            assert "gs://tpuft-drill-refusals" in idle.err and "nothing was done" in idle.err
+    assert fake_tpu.calls("SimulateMaintenanceEvent") == [] and fake_tpu.calls("StopNode") == []
+    run = _live_run(path)
+    # a run trains there: asked as delete asks; nobody to answer (not a terminal) and no --yes is a refusal
+    unconfirmed = cli("drill", "preempt", "-c", str(path))
+    assert unconfirmed.code == 2 and "pass --yes to confirm" in unconfirmed.err, unconfirmed.err
+    assert f"run {run.id}: stop TPU node tp: every worker of it" in unconfirmed.err
+    unconfirmed = cli("drill", "maintenance", "--worker", "1", "-c", str(path), "--json")
+    assert unconfirmed.code == 2 and "pass --yes" in json.loads(unconfirmed.out)["error"]
+    assert fake_tpu.calls("StopNode") == [] and fake_tpu.node("tp")["state"] == "READY"  # type: ignore[index]
+    stopped = cli("drill", "preempt", "--worker", "0", "-c", str(path), "--yes")
     assert stopped.code == 0 and "StopNode" in stopped.out and "no preemption simulation" in stopped.out
     assert fake_tpu.node("tp")["state"] == "STOPPED"  # type: ignore[index]
-    again = cli("drill", "preempt", "-c", str(path))
+    again = cli("drill", "preempt", "-c", str(path), "--yes")
     assert again.code == 2 and "is STOPPED, not READY" in again.err
 
 
@@ -176,6 +214,11 @@ def test_local_drill_writes_the_notice_the_supervisor_and_status_read(  # type: 
     cli, cluster_file: Path
 ) -> None:
     assert cli("create", "-c", str(cluster_file)).code == 0
+    idle = cli("drill", "maintenance", "--worker", "1", "-c", str(cluster_file), "--yes")
+    assert idle.code == 2 and "no run is training on cluster" in idle.err, idle.err  # nothing to drill
+    assert read_notice(worker_home(1, "test-pod"))[0] is None  # and no window was written
+    _live_run(cluster_file)
+    # the local pod's drills touch only its own folders: not asked about (no --yes, no terminal)
     drilled = cli(
         "drill", "maintenance", "--worker", "1", "--notice", "30", "-c", str(cluster_file), "--json"
     )

@@ -75,6 +75,45 @@ def test_bad_report_values_are_located(tmp_path: Path) -> None:
     )
 
 
+def test_wandb_mode_from_the_environment_needs_no_api_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B's own switch, ``WANDB_MODE`` (from ``worker_env``, which the sidecar gets as environment), turns a
+    run offline or off as W&B would, and then no API key is asked for. The sink's own decision, made before
+    wandb is imported: no tracking venv here."""
+    from tpuft.worker.tracking.sinks import WandbSink
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no key in a .netrc either
+
+    def sink(mode: str | None) -> WandbSink:
+        context = {"report": {"wandb": {"mode": mode} if mode else {}}, "tags": {}, "recipe": {}}
+        return WandbSink({**context, "run_dir": tmp_path}, {})
+
+    online = sink("online")
+    assert online.mode == "online" and "no WANDB_API_KEY" in str(online.key_problem())
+    with pytest.raises(RuntimeError, match="no WANDB_API_KEY"):  # what the sidecar retries, then gives up
+        online.start()
+    for switch, mode in (
+        ("offline", "offline"),
+        ("dryrun", "offline"),
+        ("disabled", "disabled"),
+        ("OFFLINE ", "offline"),
+    ):
+        monkeypatch.setenv("WANDB_MODE", switch)
+        assert (sink("online").mode, sink(None).mode, sink("online").key_problem()) == (mode, mode, None), (
+            switch
+        )
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert sink("offline").mode == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "online")  # only down: a recipe's offline run stays offline
+    assert sink("offline").mode == "offline" and sink("offline").key_problem() is None
+    assert sink("online").key_problem() is not None
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert sink("online").key_problem() is None
+
+
 @pytest.mark.slow
 def test_wandb_offline_and_an_mlflow_file_store_hold_the_runs_curves(
     tracking_python: str, tmp_path: Path

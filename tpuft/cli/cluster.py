@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -12,7 +11,15 @@ import typer
 from rich.markup import escape
 
 from tpuft.cli.app import command
-from tpuft.cli.options import ConfigOpt, JsonOpt, SetOpt, YesOpt, load_cluster_file, load_files
+from tpuft.cli.options import (
+    ConfigOpt,
+    JsonOpt,
+    SetOpt,
+    YesOpt,
+    confirm_or_refuse,
+    load_cluster_file,
+    load_files,
+)
 from tpuft.cli.render import (
     cluster_json,
     cluster_slices,
@@ -59,16 +66,12 @@ def confirm_cost(cfg: ClusterConfig, yes: bool, console: Console) -> Callable[[C
     when nobody can answer (a script, CI)."""
 
     def confirm(estimate: CostEstimate) -> None:
-        from tpuft.core.errors import UsageError
-
         console.print(estimate.describe(cfg.accelerator, cfg.gcp.spot), soft_wrap=True)
-        if yes:
-            return
-        if not sys.stdin.isatty():
-            raise UsageError(
-                f"creating {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone} costs money: pass --yes to confirm"
-            )
-        typer.confirm(f"Create {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone}?", abort=True)
+        confirm_or_refuse(
+            yes,
+            f"Create {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone}?",
+            f"creating {cfg.name} in {cfg.gcp.project}/{cfg.gcp.zone} costs money",
+        )
 
     return confirm
 
@@ -169,11 +172,11 @@ def delete(
     if cluster.state == "NOT_FOUND":
         console.print(f"cluster {cfg.name} does not exist; nothing to delete")
         return
-    if not yes:
-        if not sys.stdin.isatty():
-            err_console().print("refusing to delete without confirmation: pass --yes")
-            raise typer.Exit(2)
-        typer.confirm(f"Delete cluster {cfg.name} ({len(cluster.workers)} workers)?", abort=True)
+    confirm_or_refuse(
+        yes,
+        f"Delete cluster {cfg.name} ({len(cluster.workers)} workers)?",
+        "refusing to delete without confirmation",
+    )
     delete_op(cfg, progress=lambda message: console.print(message), force=force)
     console.print(f"[green]deleted cluster {cfg.name}[/green]; runs kept in {cluster.bucket}")
 

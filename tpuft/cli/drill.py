@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tpuft.cli.app import command
-from tpuft.cli.options import ConfigOpt, JsonOpt, load_cluster_file
+from tpuft.cli.options import ConfigOpt, JsonOpt, YesOpt, confirm_or_refuse, load_cluster_file
 from tpuft.cli.render import out_console
 
 
@@ -24,11 +24,26 @@ def drill(
     ] = 60.0,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
+    yes: YesOpt = False,
 ) -> None:
+    """On GCP the drill acts on the TPU node (a simulated maintenance event; a stopped node), so it is
+    confirmed as ``delete`` is (--yes, or the question on a terminal); every provider refuses (exit 2) a
+    cluster with no live run, where there is nothing to drill."""
+    from tpuft.ops.drill import DrillPlan
     from tpuft.ops.drill import drill as drill_op
 
     cfg = load_cluster_file(config)
-    result = drill_op(cfg, kind, worker, notice=notice)
+
+    def confirm(plan: DrillPlan) -> None:
+        runs = ", ".join(plan.runs)
+        confirm_or_refuse(
+            yes,
+            f"Drill {plan.kind} on cluster {plan.cluster} (run {runs}): {plan.what}?",
+            f"refusing to drill {plan.kind} on cluster {plan.cluster} (run {runs}: {plan.what}) "
+            "without confirmation",
+        )
+
+    result = drill_op(cfg, kind, worker, notice=notice, confirm=confirm)
     if json_out:
         print(json.dumps(result.as_dict(), indent=2))
         return

@@ -40,6 +40,21 @@ YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confir
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
 
+def confirm_or_refuse(yes: bool, question: str, refusal: str) -> None:
+    """What ``delete`` and the cloud drills ask before they act: nothing with ``--yes``; on a terminal, the
+    question (no: ``aborted``, exit 1); with nobody to answer (a script, CI), ``refusal`` as a usage error
+    (exit 2) naming ``--yes``, before anything is done."""
+    import sys
+
+    from tpuft.core.errors import UsageError
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"{refusal}: pass --yes to confirm")
+    typer.confirm(question, abort=True)
+
+
 def load_cluster_file(config: Path | None) -> ClusterConfig:
     from tpuft.config import load_cluster
     from tpuft.storage.network import CLOCK

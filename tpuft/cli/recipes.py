@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -107,7 +107,7 @@ def recipes_show(
 
     if not summary:
         given = [
-            flag
+            (flag, value)
             for flag, value in (
                 ("--json", json_out),
                 ("--set", overrides),
@@ -118,9 +118,19 @@ def recipes_show(
             if value
         ]
         if given:
-            raise UsageError(
-                f"{', '.join(given)} only go with --summary", hint=f"tpuft recipes show --summary {name}"
-            )
+            flags = [flag for flag, _ in given]
+            goes = "goes" if len(flags) == 1 else "go"
+            problems = [f"{', '.join(flags)} only {goes} with --summary (without it, show prints the recipe)"]
+            if accelerator is not None:  # every problem at once: the type too
+                from tpuft.core.accelerators import lookup, suggestions
+
+                try:
+                    lookup(accelerator)
+                except UsageError as exc:
+                    problems.append(f"--accelerator: {exc.message}")
+                    meant = suggestions(accelerator)  # the hint's command is one that runs
+                    given = [(f, meant[0] if f == "--accelerator" and meant else v) for f, v in given]
+            raise UsageError("\n".join(problems), hint=f"Size it: {_with_summary(name, given)}")
         from tpuft.ops.recipes import recipe_file
 
         print(recipe_file(name).read_text(encoding="utf-8"), end="")
@@ -154,6 +164,20 @@ def recipes_show(
         print(json.dumps({**head, "compile": fit.to_json()}, indent=2))
     else:
         _print_fit(fit)
+
+
+def _with_summary(name: str, given: list[tuple[str, object]]) -> str:
+    """The command the user typed, with ``--summary``: what to run instead."""
+    import shlex
+
+    words = ["tpuft", "recipes", "show", name, "--summary"]
+    for flag, value in given:
+        if isinstance(value, bool):
+            words.append(flag)
+        else:
+            for one in value if isinstance(value, list) else [value]:
+                words += [flag, str(one)]
+    return shlex.join(words)
 
 
 def _print_fit(fit: FitReport) -> None:
@@ -260,8 +284,9 @@ def recipes_cp(
 ) -> None:
     from tpuft.ops.recipes import copy
 
-    target = copy(name, dest, overwrite=overwrite)
-    out_console().print(f"copied {name} to {target}")
+    copied = copy(name, dest, overwrite=overwrite)
+    renamed = f"; its name is {copied.name} (its runs are {copied.name}-...)" if copied.name != name else ""
+    out_console().print(f"copied {name} to {copied.path}{renamed}", soft_wrap=True)
 
 
 @recipe_command("validate")
@@ -275,14 +300,20 @@ def recipes_validate(
             "--no-data-check", help="Check the recipe and the cluster, not whether its data is here."
         ),
     ] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Exit 0: valid and its data read through; 2: a problem in the recipe or the cluster file; 3: valid, but
-    data files it names are not on this machine (one line each, with the command that fetches it)."""
-    from tpuft.ops.recipes import check_data_present
+    data files it names are not on this machine (one line each, with the command that fetches it). With
+    ``--json`` the same exit codes; a refusal is the entry point's JSON error (``problems``: one located line
+    each), a pass is :func:`_validated`."""
+    from tpuft.ops.recipes import check_data_present, data_read
 
     schema, cfg = load_files(recipe, overrides, config, check_files=False)  # and against the cluster
     console = out_console()
     if no_data_check:
+        if json_out:
+            print(json.dumps(_validated(schema, cfg, None), indent=2))
+            return
         console.print(
             f"[green]{schema.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
             "data not checked (--no-data-check)"
@@ -290,13 +321,42 @@ def recipes_validate(
         return
     check_data_present(schema)
     loaded = load_recipe_file(recipe, overrides)
-    checked = preflight_with_status(cfg, loaded, console)
-    counts = ", ".join(
-        f"{check.examples:,} {key}"
-        + (f" ({check.dropped:,} dropped by data.preprocess)" if check.dropped else "")
-        for key, check in checked.files.items()
-    )
+    # with --json stdout is the JSON's alone: the spinner goes to stderr
+    checked = preflight_with_status(cfg, loaded, err_console() if json_out else console)
+    found = data_read(loaded.value, checked.files)
+    if json_out:
+        print(json.dumps(_validated(loaded, cfg, [d.as_json() for d in found], checked.workers), indent=2))
+        return
     console.print(
         f"[green]{loaded.source} is valid[/green] for cluster {cfg.name} ({cfg.num_workers} workers); "
-        f"examples read: {counts}"
+        + ("; ".join(_data_words(found)) or "no data files to read"),
+        soft_wrap=True,
     )
+
+
+def _data_words(found: list) -> list[str]:  # type: ignore[type-arg]
+    """``examples read: 9,499 train, 500 eval``, then what only the workers read, each said as such."""
+    counted = [d.words() for d in found if d.examples is not None]
+    words = [f"examples read: {', '.join(counted)}"] if counted else []
+    return words + [d.words() for d in found if d.examples is None]
+
+
+def _validated(loaded: Any, cfg: Any, data: list[dict[str, Any]] | None, launched: int | None = None) -> dict:  # type: ignore[type-arg]
+    """``validate --json``'s answer when the recipe passes: what was checked against what, and its data
+    (``data``: None with ``--no-data-check``)."""
+    recipe = loaded.value
+    return {
+        "valid": True,
+        "exit_code": 0,
+        "recipe": str(loaded.source),
+        "name": recipe.name,
+        "backend": recipe.backend.kind,
+        "cluster": cfg.name,
+        "provider": cfg.provider,
+        "accelerator": cfg.accelerator,
+        "workers": cfg.num_workers,
+        "launched_workers": launched,
+        "data_checked": data is not None,
+        "data": data,
+        "problems": [],
+    }

@@ -240,10 +240,45 @@ def lookup(name: str) -> AcceleratorType:
 
 
 def _unknown_message(name: str, generation: Generation | None) -> str:
-    close = difflib.get_close_matches(name, all_types(), n=3, cutoff=0.6)
+    close = suggestions(name)
     if generation is not None:
-        valid = ", ".join(f"{generation.name}-{s}" for s in generation.sizes)
+        typed = name.strip().partition("-")[0]
+        valid = ", ".join(f"{typed}-{s}" for s in generation.sizes)
+        if typed != generation.name:  # v5e: the user's name for it, and the API's
+            valid += f" ({typed} is the TPU API's {generation.name})"
     else:
         valid = "; ".join(f"{g.name}-{{{','.join(str(s) for s in g.sizes)}}}" for g in GENERATIONS.values())
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     return f"unknown accelerator type {name!r}.{hint} Valid types: {valid}"
+
+
+def suggestions(name: str) -> list[str]:
+    """What ``name`` most likely meant, best first, read as ``<generation>-<count>``: the generation it names
+    (or the nearest name of one: ``v5-8`` is ``v5p``'s or ``v5e``'s), then that generation's nearest valid
+    counts, one on either side (``v5e-9`` -> ``v5e-8``, then ``v5e-16``), spelt as the user spelt the
+    generation (``v5e``, not ``v5litepod``). Letters' nearness alone would offer ``v5p-8192`` for ``v5e-9``.
+    A name without a count falls back to that nearness."""
+    typed, _, size_text = name.strip().lower().partition("-")
+    if not size_text.isdigit() or not typed:
+        return difflib.get_close_matches(name, all_types(), n=3, cutoff=0.6)
+    spellings = {**{g: g for g in GENERATIONS}, **ALIASES}
+    if typed in spellings:
+        typed_as = [typed]
+    else:
+        typed_as = difflib.get_close_matches(typed, list(spellings), n=2, cutoff=0.6)
+    wanted = int(size_text)
+    found: list[str] = []
+    seen: set[str] = set()
+    for spelling in typed_as:
+        generation = spellings[spelling]
+        if generation in seen:  # v5lite: v5litepod and v5e are one generation
+            continue
+        seen.add(generation)
+        sizes = GENERATIONS[generation].sizes
+        if wanted in sizes:
+            near = [wanted]
+        else:
+            near = [*[s for s in sizes if s < wanted][-1:], *[s for s in sizes if s > wanted][:1]]
+            near.sort(key=lambda size: (abs(size - wanted), size))
+        found += [f"{spelling}-{size}" for size in near if f"{spelling}-{size}" != name.strip()]
+    return found[:3]

@@ -24,6 +24,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,12 @@ PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 NEWEST_MINOR = 20
 """Looking for an interpreter new enough starts at python3.<this> (or at min_python's minor, when higher)."""
 _VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
+
+
+def lock_path(cache: Path, key: str) -> Path:
+    """The venv's build lock: held (``flock``, exclusive) by the one process building it, and naming it (pid,
+    host, start time) so that a waiting setup and ``tpuft doctor`` can say who builds."""
+    return cache / f"{key}.lock"
 
 
 def is_ready(venv: Path) -> bool:
@@ -154,21 +162,29 @@ def _wait_for_builder(lock: Any, venv: Path) -> None:
         _say(f"the other build ended after {time.monotonic() - started:.0f} s of waiting")
 
 
+@contextmanager
+def build_lock(cache: Path, key: str) -> Iterator[None]:
+    """Hold the venv's build lock for the ``with`` block (waiting, and saying so, while another process holds
+    it), with this process named in the lock file for whoever asks who builds."""
+    cache.mkdir(parents=True, exist_ok=True)
+    # not "w": it names the builder
+    fd = os.open(lock_path(cache, key), os.O_RDWR | os.O_CREAT, 0o644)
+    with os.fdopen(fd, "r+") as lock:
+        if not _try_lock(lock):
+            _wait_for_builder(lock, cache / key)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n")
+        lock.flush()
+        yield
+
+
 def ensure_venv(cache: Path, spec: dict) -> Path:
     venv = cache / spec["key"]
     if is_ready(venv):
         _say(f"venv ready (cached): {venv}")
         return venv
-    cache.mkdir(parents=True, exist_ok=True)
-    # not "w": it names the builder
-    fd = os.open(cache / f"{spec['key']}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    with os.fdopen(fd, "r+") as lock:
-        if not _try_lock(lock):
-            _wait_for_builder(lock, venv)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n")
-        lock.flush()
+    with build_lock(cache, spec["key"]):
         if is_ready(venv):
             _say(f"venv ready (built by another worker): {venv}")
             return venv

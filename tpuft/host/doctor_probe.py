@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -45,21 +46,50 @@ PACKAGE_SUFFIXES = {".py", ".yaml", ".typed"}
 IMPORT_TIMEOUT_S = 120.0
 
 
-def venv_state(cache: str, key: str, marker: str) -> dict[str, Any]:
+def venv_state(cache: str, key: str, marker: str, lock: str | None = None) -> dict[str, Any]:
     """missing / incomplete (a build was cut off) / stale (built by another base Python) / ready, the way
-    setup's bootstrap (``is_ready``) tells them apart."""
-    venv = Path(os.path.expanduser(cache)) / key
+    setup's bootstrap (``is_ready``) tells them apart; building, when it is not ready and a process holds its
+    build lock (``lock``: the lock file's name in the cache, :func:`tpuft.host.bootstrap.lock_path`), with
+    the builder the lock file names."""
+    folder = Path(os.path.expanduser(cache))
+    venv = folder / key
     found: dict[str, Any] = {"path": str(venv), "python": PYTHON}
+    state: dict[str, Any]
     if not venv.is_dir():
-        return {**found, "state": "missing"}
+        state = {"state": "missing"}
+    else:
+        try:
+            record = json.loads((venv / marker).read_text())
+        except (OSError, json.JSONDecodeError):
+            record = None
+        built_by = None if record is None else record.get("base_python", record.get("python"))
+        if record is None:
+            state = {"state": "incomplete"}
+        elif built_by != PYTHON:
+            state = {"state": "stale", "built_by": built_by}
+        else:
+            return {**found, "state": "ready", "built_at": record.get("built_at")}
+    builder = lock_holder(folder / lock) if lock else None
+    if builder is not None:
+        return {**found, "state": "building", "builder": builder, "was": state["state"]}
+    return {**found, **state}
+
+
+def lock_holder(path: Path) -> str | None:
+    """What the lock file says of the process that holds it (``pid N on HOST, since HH:MM:SS``), or None when
+    no process holds it (the file then names a past builder). Looking takes a shared lock and lets it go at
+    once: it never waits, and a build starting in that instant waits a poll (0.2 s) for it."""
     try:
-        record = json.loads((venv / marker).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {**found, "state": "incomplete"}
-    built_by = record.get("base_python", record.get("python"))
-    if built_by != PYTHON:
-        return {**found, "state": "stale", "built_by": built_by}
-    return {**found, "state": "ready", "built_at": record.get("built_at")}
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    with os.fdopen(fd) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return handle.read().strip() or "a process that did not say who it is"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def package_state(folder: str, expected: str) -> dict[str, Any]:
@@ -309,7 +339,7 @@ def busy_state(current: str) -> dict[str, Any] | None:
 def probe(spec: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"python": PYTHON, "host": socket.gethostname()}
     venv = spec["venv"]
-    report["venv"] = venv_state(venv["cache"], venv["key"], venv["marker"])
+    report["venv"] = venv_state(venv["cache"], venv["key"], venv["marker"], venv.get("lock"))
     report["package"] = package_state(spec["package"]["folder"], spec["package"]["hash"])
     report["busy"] = busy_state(spec["current"])
     tpu = spec.get("tpu")
@@ -394,7 +424,7 @@ def connect(addresses: list[str], timeout: float, message: bytes = b"hello") -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--spec", help="JSON: venv {cache, key, marker}, package {folder, hash}, current, tpu, port"
+        "--spec", help="JSON: venv {cache, key, marker, lock}, package {folder, hash}, current, tpu, port"
     )
     parser.add_argument("--listen", help="ports to listen on, comma-separated")
     parser.add_argument(

@@ -30,7 +30,7 @@ from tpuft.core.errors import TpuftError, UsageError
 from tpuft.core.ports import COORDINATOR_PORT, MEGASCALE_PORT
 from tpuft.fleet.base import last_json_object
 from tpuft.host import doctor_probe
-from tpuft.host.bootstrap import MARKER
+from tpuft.host.bootstrap import MARKER, lock_path
 from tpuft.host.state import STATE_DIR, TPU_DEVICES, TPU_LOCKFILE
 from tpuft.model.summary import fmt_bytes, summarize
 from tpuft.ops.common import PACKAGE_HOME, Session, open_session, package_hash, worker_env
@@ -82,7 +82,12 @@ def examine(session: Session, recipe: RecipeConfig, recipe_dir: Path | None = No
     # launch.
     port = None if hosts[workers[0]] in {"localhost", "127.0.0.1"} else COORDINATOR_PORT
     probe_spec = {
-        "venv": {"cache": session.provider.venv_cache(), "key": spec.key, "marker": MARKER},
+        "venv": {
+            "cache": session.provider.venv_cache(),
+            "key": spec.key,
+            "marker": MARKER,
+            "lock": lock_path(Path(), spec.key).name,
+        },
         "package": {"folder": f"{PACKAGE_HOME}/{report.package}", "hash": report.package},
         "current": f"~/{STATE_DIR}/current.json",
         "tpu": {"devices": list(TPU_DEVICES), "lockfile": TPU_LOCKFILE} if tpu else None,

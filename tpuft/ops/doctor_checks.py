@@ -121,6 +121,15 @@ def judge_venv(data: dict[str, Any], recipe: str) -> Judged:
     state = venv["state"]
     if state == "ready":
         return ("venv", "ok", "ready", "", False)
+    if state == "building":
+        return (
+            "venv",
+            "warn",
+            "building",
+            f"the venv {venv['path']} is being built now by {venv.get('builder')} (it holds the build's "
+            f"lock): not ready yet; wait for that setup to end, then ask again: tpuft doctor {recipe}",
+            False,
+        )
     why = {
         "missing": f"the venv {venv['path']} is not there",
         "incomplete": f"the venv {venv['path']} has no completion marker ({MARKER}): its build was cut off",

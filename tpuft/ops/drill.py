@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,10 +50,37 @@ class DrillResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class DrillPlan:
+    """What a drill is about to do, for the confirmation: the cluster, the worker, the run it disturbs and, on
+    GCP, the node and what happens to it."""
+
+    kind: str
+    cluster: str
+    worker: int
+    runs: tuple[str, ...]
+    """The live runs on the cluster (what the drill is for)."""
+    what: str
+    """The action, in a few words (``stop TPU node tp: every worker of it``)."""
+
+
+Confirm = Callable[[DrillPlan], None]
+"""Asked before a drill acts on a cloud resource, as ``delete`` asks; raises to say no."""
+
+
 def drill(
-    config: ClusterConfig, kind: str, worker: int, *, notice: float = 60.0, lasts: float = 600.0
+    config: ClusterConfig,
+    kind: str,
+    worker: int,
+    *,
+    notice: float = 60.0,
+    lasts: float = 600.0,
+    confirm: Confirm | None = None,
 ) -> DrillResult:
-    """Do it; a cluster that is not READY, or a worker it does not have, is a usage error (exit 2)."""
+    """Do it. A cluster that is not READY, a worker it does not have, or no live run on it (nothing for the
+    drill to exercise) is a usage error (exit 2), before anything is asked or done; on GCP, ``confirm`` is
+    asked before the TPU API is (a simulated maintenance event or a stopped node are real, for every run on
+    the node); the local pod's drills touch only its own folders and processes, and are not asked about."""
     if kind not in KINDS:
         raise UsageError(f"tpuft drill: unknown drill {kind!r}; one of: {', '.join(KINDS)}")
     provider = get_provider(config)
@@ -67,10 +95,37 @@ def drill(
             f"tpuft drill {kind}: --worker {worker}: cluster {config.name} has workers "
             f"0..{len(cluster.workers) - 1}"
         )
+    runs = live_runs(config)
+    if not runs:
+        raise UsageError(
+            f"tpuft drill {kind}: no run is training on cluster {config.name} (none live in "
+            f"{provider.storage_url()}): there is nothing for the drill to exercise, so nothing was done",
+            hint="Start a run first (tpuft up RECIPE), then drill it; see: tpuft runs",
+        )
     target = cluster.workers[worker]
     if provider.name == "gcp":
+        plan = DrillPlan(kind, config.name, worker, tuple(runs), _gcp_action(provider, cluster, kind, target))
+        if confirm is not None:
+            confirm(plan)
         return _on_gcp(provider, cluster, kind, target)
     return _on_local(kind, target, notice, lasts)
+
+
+def live_runs(config: ClusterConfig) -> list[str]:
+    """The ids of the runs on this cluster that live (run.json running, a heartbeat or supervisor record
+    fresher than :data:`tpuft.ops.gc.LIVE_WITHIN_S`), from the run storage: what ``gc`` tells a busy node from
+    an idle one by."""
+    from tpuft.ops.gc import bucket_runs
+
+    return [str(r["run"]) for r in bucket_runs(config) if r["live"] and r["cluster"] == config.name]
+
+
+def _gcp_action(provider: Any, cluster: Cluster, kind: str, target: Worker) -> str:
+    node_id = provider.api.node_ids()[target.slice]
+    if kind == "maintenance":
+        host = target.index - sum(1 for w in cluster.workers if w.slice < target.slice)
+        return f"simulate a maintenance event on TPU node {node_id}, its worker {host}"
+    return f"stop TPU node {node_id}: every worker of it, not only worker {target.index}"
 
 
 def _on_gcp(provider: Any, cluster: Cluster, kind: str, target: Worker) -> DrillResult:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tpuft.config import Loaded, RecipeConfig
+    from tpuft.data import FileCheck
     from tpuft.model.summary import Summary
     from tpuft.ops.compile_fit import FitReport
 
@@ -27,9 +29,13 @@ machine."""
 
 class DataMissing(TpuftError):
     """The recipe's keys are fine; its data is not here yet (one line per file, with the command that fetches
-    it)."""
+    it: ``problems``, as a config error's, for ``--json``)."""
 
     exit_code = DATA_MISSING_EXIT
+
+    def __init__(self, message: str, problems: list[str], *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.problems = problems
 
 
 @dataclass
@@ -92,9 +98,59 @@ def check_data_present(loaded: Loaded[RecipeConfig]) -> None:
         raise DataMissing(
             f"{loaded.source}: the recipe is valid, but {len(lines)} data file(s) are not here:\n"
             + "\n".join(f"  {line}" for line in lines),
+            lines,
             hint="Fetch them with the command shown, or check the rest without the data: "
             "tpuft recipes validate RECIPE --no-data-check",
         )
+
+
+@dataclass
+class DataRead:
+    """One source of a recipe's data as ``validate`` found it: counted (a file read through here), or said
+    to be read by the workers only (a Hugging Face dataset, streamed or downloaded there; a span-corruption
+    corpus), so that nothing is reported as if it had been counted."""
+
+    key: str
+    """The recipe key: ``train``, ``eval``, ``test``, ``hf``, ``corpus``."""
+    source: str
+    examples: int | None = None
+    """Counted here; None: not read here."""
+    dropped: int = 0
+    how: str = ""
+    """For what is not read here: how the workers read it."""
+
+    def words(self) -> str:
+        if self.examples is None:
+            return f"data.{self.key} {self.source}: {self.how}, not read or counted here"
+        dropped = f" ({self.dropped:,} dropped by data.preprocess)" if self.dropped else ""
+        return f"{self.examples:,} {self.key}{dropped}"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "source": self.source,
+            "examples": self.examples,
+            "dropped": self.dropped,
+            "counted": self.examples is not None,
+            "how": self.how or "read through here",
+        }
+
+
+def data_read(recipe: RecipeConfig, checks: dict[str, FileCheck]) -> list[DataRead]:
+    """What ``validate`` says of each data source: the files it read through (``checks``, by key) with their
+    counts, then what only the workers read."""
+    found = [DataRead(key, str(check.path), check.examples, check.dropped) for key, check in checks.items()]
+    data = recipe.data
+    if data.hf is not None:
+        splits = [s for s in (data.hf.split, data.hf.eval_split, data.hf.test_split) if s]
+        how = "streamed by the workers" if data.hf.streaming else "downloaded by the workers"
+        name = f"{data.hf.path}{f' ({data.hf.name})' if data.hf.name else ''}"
+        label = "split" if len(splits) == 1 else "splits"
+        found.append(DataRead("hf", f"{name}, {label} {', '.join(splits)}", how=how))
+    if data.corpus:
+        files = f"{len(data.corpus)} file(s) or glob(s)" if len(data.corpus) > 1 else data.corpus[0]
+        found.append(DataRead("corpus", files, how="read as a stream of documents by the workers"))
+    return found
 
 
 def recipe_file(name: str) -> Path:
@@ -122,7 +178,35 @@ def find(name: str) -> Path:
     return path
 
 
-def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
+@dataclass
+class Copied:
+    path: Path
+    name: str
+    """The copy's ``name:`` (its file's stem, what its runs' ids begin with), or the shipped one's when the
+    stem is the same."""
+
+
+_NAME_LINE = re.compile(
+    r"^name:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^#\n]*?)(?P<rest>[ \t]+#[^\n]*)?[ \t]*$", re.MULTILINE
+)
+"""The recipe's top-level ``name:`` line (a plain or quoted value, maybe a comment after it)."""
+
+
+def renamed(text: str, name: str) -> str:
+    """``text`` with its top-level ``name:`` set to ``name``, every other byte (comments, layout) kept."""
+    return _NAME_LINE.sub(lambda m: f"name: {name}{m.group('rest') or ''}", text, count=1)
+
+
+def name_for(path: Path) -> str:
+    """A recipe name from a file's stem: the letters, digits, ``_``, ``.`` and ``-`` a recipe's name may
+    have (any other character becomes ``-``), 64 at most."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem).lstrip("_.-")[:64]
+
+
+def copy(name: str, dest: Path, *, overwrite: bool = False) -> Copied:
+    """The shipped recipe ``name`` copied to ``dest`` (a file, or a folder to put it in), its data paths made
+    absolute and its ``name:`` the new file's stem: a plan or a run of ``mine.yaml`` says ``recipe mine``,
+    not the shipped one's name."""
     source = find(name)
     if dest.exists() and not dest.is_dir() and not dest.is_file():
         raise UsageError(
@@ -143,10 +227,13 @@ def copy(name: str, dest: Path, *, overwrite: bool = False) -> Path:
         relative = str(Path(loaded.raw["data"][key]))
         if not Path(relative).is_absolute():
             text = text.replace(f"{key}: {relative}", f"{key}: {value}", 1)
+    new_name = name_for(target) or loaded.value.name
+    if new_name != loaded.value.name:
+        text = renamed(text, new_name)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
     shutil.copymode(source, target)
-    return target
+    return Copied(target, load_recipe(target, check_files=False).value.name)
 
 
 def summary(

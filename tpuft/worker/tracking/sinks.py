@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +84,29 @@ class WandbSink(Sink):
     def started(self) -> bool:
         return self.run is not None
 
+    @property
+    def mode(self) -> str:
+        """The mode the W&B run is opened in (:func:`wandb_mode`, with this process's environment)."""
+        return wandb_mode(self.settings.get("mode"), os.environ)
+
+    def key_problem(self) -> str | None:
+        """Why an online run cannot start (no API key anywhere W&B looks), or None: offline and disabled
+        runs need none. Decided before wandb is imported."""
+        if self.mode != "online" or os.environ.get("WANDB_API_KEY") or _netrc_has_wandb():
+            return None
+        return (
+            "no WANDB_API_KEY in the chief's environment: give it through the cluster file's "
+            "worker_env (WANDB_API_KEY: ${WANDB_API_KEY}), or set report.wandb.mode: offline (or WANDB_MODE: "
+            "offline in worker_env)"
+        )
+
     def start(self) -> None:
+        problem = self.key_problem()
+        if problem is not None:
+            raise RuntimeError(problem)
         import wandb
 
-        mode = str(self.settings.get("mode") or "online")
-        if mode == "online" and not os.environ.get("WANDB_API_KEY") and not _netrc_has_wandb():
-            raise RuntimeError(
-                "no WANDB_API_KEY in the chief's environment: give it through the cluster file's "
-                "worker_env (WANDB_API_KEY: ${WANDB_API_KEY}), or set report.wandb.mode: offline"
-            )
+        mode = self.mode
         tags = self.context["tags"]
         run_id = self.saved.get("id") or secrets.token_hex(4)
         self.run = wandb.init(
@@ -137,7 +152,10 @@ class WandbSink(Sink):
                 for key in ("id", "project", "entity", "mode", "url", "path", "dir")
                 if key in self.saved
             }
-        mode = str(self.settings.get("mode") or "online")
+        mode = self.mode
+        if mode == "disabled":  # W&B's stand-in run: nothing is kept, nothing to point at
+            self.saved.update(mode=mode)
+            return {"mode": mode}
         found = {
             "id": self.run.id,
             "project": self.run.project,
@@ -154,6 +172,24 @@ class WandbSink(Sink):
             )
         self.saved.update(found)
         return found
+
+
+WANDB_MODES = {"offline": "offline", "dryrun": "offline", "disabled": "disabled"}
+"""``WANDB_MODE`` values that turn a run down from online, and what each turns it to (``dryrun`` is W&B's old
+name for offline)."""
+
+
+def wandb_mode(configured: str | None, environ: Mapping[str, str]) -> str:
+    """``report.wandb.mode`` (online unless set), turned down by ``WANDB_MODE`` (W&B's own switch, from the
+    cluster's ``worker_env`` or the worker's environment) as W&B would be: ``offline``/``dryrun`` -> offline,
+    ``disabled`` -> disabled. Only down: ``WANDB_MODE=online`` does not send a recipe's offline run to the
+    server. Needed because tpuft passes the mode to ``wandb.init``, where an argument outranks the
+    environment."""
+    mode = str(configured or "online")
+    switch = WANDB_MODES.get(str(environ.get("WANDB_MODE", "")).strip().lower())
+    if switch == "disabled" or (switch == "offline" and mode == "online"):
+        return switch
+    return mode
 
 
 def _netrc_has_wandb() -> bool:
