@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-_SECTION = None
-"""A row that is a section line (``add_section``)."""
-
 _FOLD_FLOOR = 8
 """The narrowest a folded copy column gets: a path in pieces of fewer characters would not be read."""
 
@@ -74,6 +71,7 @@ class FitTable:
         self.show_header = show_header
         self.more = more
         self.rows: list[list[Text] | None] = []
+        """The rows' cells; None is a section line (:meth:`add_section`)."""
 
     def add_row(self, *cells: str | Text) -> None:
         """A ``str`` cell is Rich markup, as in a Rich table, except in a copy column, where it is the text
@@ -90,12 +88,12 @@ class FitTable:
         self.rows.append(row)
 
     def add_section(self) -> None:
-        self.rows.append(_SECTION)
+        self.rows.append(None)
 
     def _widths(self, index: int) -> tuple[int, int]:
         """(the narrowest, the widest) the column's cells can be drawn without cutting or folding a word, and
         a copy cell without wrapping it."""
-        cells = [row[index].plain for row in self.rows if row is not _SECTION]
+        cells = [row[index].plain for row in self.rows if row is not None]
         header = self.columns[index].header if self.show_header else ""
         whole = _longest_line if self.columns[index].copy else _longest_word
         narrowest = max([_longest_word(header), *map(whole, cells)])
@@ -151,7 +149,7 @@ class FitTable:
             column = self.columns[index]
             table.add_column(column.header, width=size, justify=column.justify, overflow="fold")
         for row in self.rows:
-            if row is _SECTION:
+            if row is None:
                 table.add_section()
             else:
                 table.add_row(*(row[i] for i in shown))
