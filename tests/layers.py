@@ -183,8 +183,9 @@ LAYERS: tuple[Layer, ...] = (
         "cli",
         (*package("tpuft.cli"), "tpuft.commands", "tpuft.launcher", "tpuft.__main__"),
         ("ops",),
-        "`cli/` (Typer, one module per panel, `render`, `options`), `commands.py` (the one verb table), "
-        "`launcher.py` (the entry point), `__main__.py`. Nothing imports it",
+        "`cli/` (Typer, one module per panel, `render`, `tables`: every table fitted to the terminal, "
+        "`options`), `commands.py` (the one verb table), `launcher.py` (the entry point), `__main__.py`. "
+        "Nothing imports it",
     ),
 )
 """Bottom up: a layer's ``imports`` name only layers before it."""

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 SUMMARY = "T5-family fine-tuning on Cloud TPU VMs, end to end: create, setup, train, monitor, convert."
-QUICKSTART = "Quick start on this machine (a local CPU 'pod' of 2 workers): tpuft up quickstart"
+QUICKSTART = "Quick start, on a local CPU 'pod' of 2 workers: tpuft up quickstart"
 
 
 class Verb:
@@ -39,8 +39,9 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "create",
         "Cluster",
-        "Create the cluster (TPU VM / pod slice, or local worker folders) and its bucket. Safe to run twice.",
+        "Create the cluster (TPU VMs, or local workers) and its bucket.",
         "tpuft create --config tpuft.yaml",
+        "On GCP a TPU VM or pod slice, on the local pod one folder per worker. Safe to run twice.",
     ),
     Verb("status", "Cluster", "Show the cluster's state and its workers.", "tpuft status --json"),
     Verb(
@@ -52,9 +53,9 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "gc",
         "Cluster",
-        "Find the capacity tpuft created that holds quota or bills for nothing (preempted, failed, idle); "
-        "--yes deletes it.",
+        "Find preempted, failed or idle TPU capacity; --yes deletes it.",
         "tpuft gc --zone us-central2-b --idle 2h",
+        "The capacity tpuft created that holds quota or bills for nothing. "
         "Looks in the cluster file's project and zone (and each --zone) at the nodes and queued "
         "resources labelled created-by=tpuft, nothing else: PREEMPTED or TERMINATED nodes, FAILED or "
         "SUSPENDED queued resources, and READY nodes with no live run in the cluster's bucket for longer "
@@ -64,7 +65,7 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "drill",
         "Cluster",
-        "Make maintenance or a preemption happen to one worker, to exercise how a run handles it.",
+        "Cause maintenance or a preemption on one worker, as a drill.",
         "tpuft drill maintenance --worker 1",
         "maintenance: on GCP the TPU API's simulated maintenance event on that worker (its metadata "
         "server and the node announce a window); on the local pod a notice file in the worker's home, "
@@ -78,8 +79,9 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "exec",
         "Cluster",
-        "Run a command on every worker (or some) in parallel, with prefixed output.",
+        "Run a command on every worker (or some) in parallel.",
         "tpuft exec -- 'hostname; nproc'",
+        "Each output line is prefixed with its worker's index. "
         "Each command sees TPUFT_WORKER_ID and TPUFT_NUM_WORKERS (on several slices also TPUFT_SLICE_ID "
         "and TPUFT_NUM_SLICES). --worker takes flat indices (0,2 or 1-3) or slice:host (1:0, 1:2-3, 1:* for "
         "a whole slice). When one fails the others are stopped, and tpuft exits with its exit code, as ssh "
@@ -88,13 +90,13 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "ssh",
         "Cluster",
-        "Open an interactive shell on one worker (SSH on GCP; the worker's folder locally).",
+        "Open a shell on one worker (SSH on GCP, its folder locally).",
         "tpuft ssh --worker 1",
     ),
     Verb(
         "doctor",
         "Cluster",
-        "Check every worker for what would break the recipe's run; one table, culprits named.",
+        "Check the workers for what would break a run; culprits named.",
         "tpuft doctor quickstart",
         "On each worker the launch plan uses, in parallel: the backend venv (same key, complete), the "
         "same tpuft, on TPU hosts libtpu importable and no stale TPU process or libtpu lockfile, the "
@@ -105,15 +107,16 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "setup",
         "Training",
-        "Install the recipe's backend environment on every worker, in parallel (cached: the second time "
-        "takes seconds).",
+        "Install the recipe's backend venv on every worker (cached).",
         "tpuft setup quickstart",
+        "On every worker in parallel; the venv is cached, so the second time takes seconds.",
     ),
     Verb(
         "train",
         "Training",
-        "Launch the recipe on every worker under a supervisor that outlives this terminal; stream the logs.",
+        "Train the recipe on every worker, supervised; stream the logs.",
         "tpuft train quickstart --set train.steps=200",
+        "Each worker's trainer runs under a supervisor that outlives this terminal. "
         "Ctrl-C (or a closed terminal, a dropped connection) detaches: the run goes on, and stops on "
         "every worker when one fails or hangs. Re-attach with tpuft attach, stop with tpuft stop; --detach "
         "returns at once, --stop-on-interrupt makes Ctrl-C stop the run. --recover (or recover: true in the "
@@ -131,7 +134,7 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "attach",
         "Training",
-        "Re-attach to a run that trains on the workers: its last lines, then live until it ends.",
+        "Re-attach to a run: its last lines, then live until it ends.",
         "tpuft attach --since 10m",
         "Ctrl-C (or closing the terminal) only detaches: the run goes on. Reconnects by itself when a "
         "connection drops.",
@@ -139,8 +142,9 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "stop",
         "Training",
-        "Stop a run on every worker (SIGTERM, SIGKILL after 10 s); it can be resumed later.",
+        "Stop a run on every worker; tpuft resume continues it later.",
         "tpuft stop quickstart-20261123 --checkpoint",
+        "SIGTERM, then SIGKILL after 10 s. "
         "--checkpoint saves a checkpoint at the next step boundary first and stops right after it, so that "
         "tpuft "
         "resume continues from exactly that step (no step lost); it prints how long the checkpoint took.",
@@ -148,7 +152,7 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "checkpoint",
         "Training",
-        "Ask a running run to save a checkpoint now, on every backend; say when it is complete.",
+        "Save a checkpoint of a running run now; return once complete.",
         "tpuft checkpoint quickstart-20261123 --timeout 600",
         "Every trainer saves at its next step boundary (on several hosts, at one step they all reach "
         "after the ask arrives) through its backend's normal save path; the command returns once the "
@@ -159,8 +163,9 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "resume",
         "Training",
-        "Continue a stopped or failed run, same id, from its last complete checkpoint.",
+        "Continue a stopped or failed run from its last checkpoint.",
         "tpuft resume quickstart-20261123",
+        "Same run id, from its last complete checkpoint. "
         "Weights, optimizer, learning-rate schedule, data order and RNG continue exactly; metrics of "
         "the steps after that checkpoint are re-run and replaced. With --recover it also watches the run "
         "and recovers it from preemption; on a running run it takes over the watch (from any machine).",
@@ -168,8 +173,7 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "predict",
         "Training",
-        "Run a trained model on an input file (a run, a checkpoint or a Hugging Face folder) on the workers, "
-        "or here with --local.",
+        "Run a trained model on an input file, on the workers or --local.",
         "tpuft predict quickstart --input numbers.jsonl --output predictions.jsonl",
         "SOURCE: a run id or prefix (its best checkpoint under keep_best, else its last), a "
         "checkpoint folder or a Hugging Face model folder. IN: JSON lines, CSV or TSV (local or gs://), "
@@ -182,25 +186,28 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "monitor",
         "Results",
-        "Watch a run: node state, per-worker health, step, loss, lr, throughput, eval metrics, ETA and log "
-        "tails.",
+        "Watch a run: workers, step, loss, throughput, evals, ETA, logs.",
         "tpuft monitor --plot curves.png",
+        "The node's state, each worker's health, step, loss, lr, throughput, eval metrics, the ETA and "
+        "the log tails. "
         "Refreshes every few seconds until the run ends (Ctrl-C leaves, the run goes on). "
         "Reads metrics.jsonl, or the TensorBoard events of a backend that writes only those (T5X).",
     ),
     Verb(
         "runs",
         "Results",
-        "List the runs in the cluster's bucket (or local folder): recipe, backend, status, steps, best eval, "
-        "start.",
+        "List the runs in the cluster's bucket: status, steps, best eval.",
         "tpuft runs --json",
+        "From the cluster's bucket (or local folder), each run with its recipe, backend, status, steps, "
+        "attempts, best eval, test score, goodput, cost and start. A narrow terminal leaves the least "
+        "needed columns out (named under the table, never the run id); --json has them all.",
     ),
     Verb(
         "goodput",
         "Results",
-        "Where the runs' time went: goodput (time in kept training steps over wall time) and badput by "
-        "cause, per run and in total.",
+        "Where the runs' time went: goodput and badput by cause.",
         "tpuft goodput --json",
+        "Goodput is the time in kept training steps over the wall time; per run and in total. "
         "Read from the events tpuft records in each run dir, with no change to the training "
         "code: queued-resource wait, provisioning, setup, launch, start-up and first compile, step windows "
         "(data waits apart on PyTorch/XLA), checkpoint saves and restores, evaluation, test, export, steps "
@@ -217,24 +224,26 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         "pull",
         "Results",
-        "Copy a run home: recipe, metrics, logs, TensorBoard events, the chosen checkpoints and the HF "
-        "export.",
+        "Copy a run home: metrics, logs, checkpoints, the HF export.",
         "tpuft pull latest ./my-run --checkpoints best",
+        "The recipe, metrics, logs, TensorBoard events, the checkpoints --checkpoints chooses and the HF "
+        "export. "
         "Parallel, verified against the bucket's checksums, resumable: files already there and intact "
         "are skipped, so running it again after an interruption fetches only the rest.",
     ),
     Verb(
         "tensorboard",
         "Results",
-        "Serve a run's TensorBoard events (from its folder, or mirrored from the bucket every 30 s) until "
-        "Ctrl-C.",
+        "Serve a run's TensorBoard events until Ctrl-C.",
         "tpuft tensorboard --port 6007",
+        "From the run's folder, or mirrored from the bucket every 30 s.",
     ),
     Verb(
         "convert",
         "Results",
-        "Turn a training checkpoint into a Hugging Face model dir (config.json, safetensors, tokenizer).",
+        "Turn a training checkpoint into a Hugging Face model dir.",
         "tpuft convert gs://my-bucket/t5x/flan_t5_base ./flan-t5-base --verify",
+        "The dir holds config.json, the safetensors and the tokenizer. "
         "Reads T5X checkpoints (legacy and Orbax) without t5x, PyTorch/XLA checkpoints and transformers "
         "4.x Keras/TF weights; streams one tensor at a time, and writes OUT_DIR only when it is complete.",
     ),
@@ -289,32 +298,54 @@ def verb(name: str, table: tuple[Verb, ...] = VERBS) -> Verb:
     return next(v for v in table if v.name == name)
 
 
-def top_level_help(color: bool) -> str:
+def top_level_help(color: bool, width: int | None = None) -> str:
+    """``tpuft --help``, every line within ``width`` (the terminal's: ``$COLUMNS``, else the terminal, else
+    80): a line that would be longer wraps under its own text, as Typer's help does."""
+    import textwrap
+
+    width = max(40, width or terminal_width())
     bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
-    width = max(len(v.name) for v in VERBS)
-    lines = [
-        f"{bold('Usage:')} tpuft [OPTIONS] COMMAND [ARGS]...",
-        "",
-        f" {SUMMARY}",
-        "",
-        f" {QUICKSTART}",
-        "",
-    ]
-    lines += [
-        bold("Options:"),
-        "  -V, --version         Print the version and exit.",
-        "  --install-completion  Install completion for the current shell.",
-        "  --show-completion     Show completion for the current shell, to copy it or customize the "
-        "installation.",
-        "  -h, --help            Show this message and exit.",
-        "",
-    ]
+
+    def item(label: str, text: str, indent: int) -> list[str]:
+        lines = textwrap.wrap(text, width - indent, break_on_hyphens=False) or [""]
+        return [label.ljust(indent) + lines[0], *(" " * indent + line for line in lines[1:])]
+
+    name_width = max(len(v.name) for v in VERBS)
+    lines = [f"{bold('Usage:')} tpuft [OPTIONS] COMMAND [ARGS]...", ""]
+    lines += [*item("", SUMMARY, 1), "", *item("", QUICKSTART, 1), "", bold("Options:")]
+    for label, text in (
+        ("  -V, --version", "Print the version and exit."),
+        ("  --install-completion", "Install completion for the current shell."),
+        (
+            "  --show-completion",
+            "Show completion for the current shell, to copy it or customize the installation.",
+        ),
+        ("  -h, --help", "Show this message and exit."),
+    ):
+        lines += item(label, text, 24)
+    lines.append("")
     for panel in PANELS:
         lines.append(bold(f"{panel}:"))
-        lines += [f"  {v.name.ljust(width)}  {v.summary}" for v in VERBS if v.panel == panel]
+        for v in VERBS:
+            if v.panel == panel:
+                lines += item(f"  {v.name}", v.summary, name_width + 4)
         lines.append("")
-    lines.append("Run 'tpuft COMMAND --help' for a command's options and an example.")
+    lines += item("", "Run 'tpuft COMMAND --help' for a command's options and an example.", 0)
     return "\n".join(lines)
+
+
+def terminal_width() -> int:
+    """The width Rich and Click use too: ``$COLUMNS`` when set, else the terminal's, else 80 (a pipe)."""
+    import os
+    import sys
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 80
 
 
 # How a command ends when the reader of its output goes away (``tpuft runs | head -1``). Here because both

@@ -112,8 +112,7 @@ def create(
 
 @command("status")
 def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
-    from rich.table import Table
-
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.ops.cluster import status as status_op
 
     cfg = load_cluster_file(config)
@@ -143,7 +142,13 @@ def status(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
                 f"    slice {entry['slice']}: {node}{entry['state']}, workers {', '.join(entry['workers'])}"
             )
     if cluster.workers:
-        table = Table("worker", "address", "internal address", "home", "cpus")
+        table = FitTable(
+            Col("worker", copy=True),
+            Col("address", copy=True),
+            Col("internal address", copy=True, drop=2),
+            Col("home", copy=True),
+            Col("cpus", drop=1),
+        )
         for w in cluster.workers:
             cpus = ",".join(map(str, w.cpus)) or ("shared" if w.home else "own")
             table.add_row(
@@ -240,8 +245,7 @@ def doctor(
     overrides: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from rich.table import Table
-
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.ops.doctor import doctor as doctor_op
     from tpuft.ops.doctor_checks import CHECKS, CONTROLLER
 
@@ -259,7 +263,7 @@ def doctor(
         f"tpuft {report.package}"
     )
     columns = [c for c in CHECKS if any(f.check == c and f.status != "skip" for f in report.findings)]
-    table = Table("worker", *columns)
+    table = FitTable(Col("worker", copy=True), *(Col(check) for check in columns))
     colours = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     rows = [*report.workers, *([CONTROLLER] if any(f.worker == CONTROLLER for f in report.findings) else [])]
     for index in rows:

@@ -45,8 +45,7 @@ def gc(
     yes: DeleteOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    from rich.table import Table
-
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.config import parse_duration
     from tpuft.core.errors import UsageError
     from tpuft.ops.gc import Leak, delete_leaks, find_leaks, zones_of
@@ -68,8 +67,16 @@ def gc(
                 "capacity created by tpuft"
             )
         else:
-            table = Table(
-                "kind", "name", "zone", "state", "accelerator", "pricing", "list price/h (est.)", "for", "why"
+            table = FitTable(
+                Col("kind"),
+                Col("name", copy=True),
+                Col("zone", copy=True),
+                Col("state"),
+                Col("accelerator", drop=2),
+                Col("pricing", drop=1),
+                Col("list price/h (est.)", drop=3),
+                Col("for", drop=4),
+                Col("why"),
             )
             for leak in leaks:
                 price = "-" if leak.price_per_hour is None else f"${leak.price_per_hour:,.2f}"

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 
 @recipe_command("ls")
 def recipes_ls(json_out: JsonOpt = False) -> None:
-    from rich.table import Table
-
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.ops.recipes import list_recipes
 
     found = list_recipes()
@@ -43,7 +42,7 @@ def recipes_ls(json_out: JsonOpt = False) -> None:
             )
         )
         return
-    table = Table("recipe", "backend", "what it is")
+    table = FitTable(Col("recipe", copy=True), Col("backend"), Col("what it is"))
     for r in found:
         table.add_row(r.name, r.backend, r.summary)
     out_console().print(table)
@@ -51,20 +50,27 @@ def recipes_ls(json_out: JsonOpt = False) -> None:
 
 @recipe_command("backends")
 def recipes_backends(json_out: JsonOpt = False) -> None:
-    from rich.table import Table
+    from rich.text import Text
 
     from tpuft.backends.matrix import capability_matrix, marked
+    from tpuft.cli.tables import Col, FitTable
 
     matrix = capability_matrix()
     if json_out:
         print(json.dumps(matrix.as_json(), indent=2))
         return
     rows, notes = marked(matrix)
-    table = Table("shared key", *matrix.backends, title="What each backend implements of the shared recipe")
+    table = FitTable(
+        Col("shared key", copy=True),
+        *(Col(kind) for kind in matrix.backends),
+        title="What each backend implements of the shared recipe",
+    )
     for name, marks in rows:
         table.add_row(name, *(f"[green]{mark}[/]" if mark == "yes" else f"[red]{mark}[/]" for mark in marks))
     counts = matrix.counts()
-    table.add_row("[bold]supported[/]", *(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends))
+    table.add_row(
+        Text("supported", style="bold"), *(f"{counts[k]} of {len(matrix.rows)}" for k in matrix.backends)
+    )
     console = out_console()
     console.print(table)
     if notes:
@@ -181,8 +187,7 @@ def _with_summary(name: str, given: list[tuple[str, object]]) -> str:
 
 
 def _print_fit(fit: FitReport) -> None:
-    from rich.table import Table
-
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.ops.compile_fit import gib
 
     console = out_console()
@@ -191,15 +196,14 @@ def _print_fit(fit: FitReport) -> None:
         console.print(f"{'[green]' if fit.fits else '[red]'}{fit.verdict()}[/]", soft_wrap=True)
         return
     mesh = " x ".join(f"{size} {axis}" for axis, size in step.mesh.items())
-    table = Table(
-        "",
-        f"per {fit.device_word}",
-        "what",
-        title_justify="left",
+    table = FitTable(
+        Col(""),
+        Col(f"per {fit.device_word}", justify="right"),
+        Col("what"),
         title=f"Compiled for {fit.accelerator}: {step.devices} {fit.device_word}s ({mesh}), "
         f"XLA's TPU compiler on this CPU in {step.compile_s:.0f} s",
+        more=None,
     )
-    table.columns[1].justify = "right"
     for what, size, how in fit.rows():
         table.add_row(what, gib(size), how)
     table.add_row(
@@ -231,8 +235,9 @@ def _dollars(value: float | None) -> str:
 
 def _print_summary(found: Summary) -> None:
     from rich.markup import escape
-    from rich.table import Table
+    from rich.text import Text
 
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.model.summary import fmt_bytes, fmt_count
 
     console = out_console()
@@ -242,14 +247,19 @@ def _print_summary(found: Summary) -> None:
         f"({escape(model.origin)})\n  {model.describe()}",
         soft_wrap=True,
     )
-    params = Table("module", "parameters", "trainable", "", title="Parameters", title_justify="left")
-    for column in params.columns[1:3]:
-        column.justify = "right"
+    params = FitTable(
+        Col("module", copy=True),
+        Col("parameters", justify="right"),
+        Col("trainable", justify="right"),
+        Col(""),
+        title="Parameters",
+        more=None,
+    )
     for row in found.modules:
         params.add_row(row.module, f"{row.params:,}", f"{row.trainable:,}", row.note)
     share = found.trainable_params / found.total_params if found.total_params else 0.0
     params.add_row(
-        "[bold]total[/bold]",
+        Text("total", style="bold"),
         f"[bold]{found.total_params:,}[/bold]",
         f"[bold]{found.trainable_params:,}[/bold]",
         f"{fmt_count(found.total_params)}, {share:.{1 if share == 0 or share >= 0.001 else 4}%} trainable",
@@ -261,8 +271,7 @@ def _print_summary(found: Summary) -> None:
         f"sharding {setup.sharding}, {setup.optimizer}, {setup.precision}, {found.examples_per_device} "
         f"example{'s' if found.examples_per_device != 1 else ''} per {dev} per micro-batch"
     )
-    memory = Table("", f"per {dev}", "how", title=title, title_justify="left")
-    memory.columns[1].justify = "right"
+    memory = FitTable(Col(""), Col(f"per {dev}", justify="right"), Col("how"), title=title, more=None)
     for row in found.memory:
         memory.add_row(row.what, fmt_bytes(row.bytes), row.how)
     verdict = ("[green]fits[/green]", "to spare") if found.fits else ("[red]does not fit[/red]", "short")

@@ -176,11 +176,10 @@ def print_train_summary(console: Console, result: Any, json_out: bool) -> None:
         }
         print(json.dumps(payload, indent=2))
         return
-    from rich.table import Table
+    from tpuft.cli.tables import Col, FitTable
 
-    table = Table(title=f"run {result.run_id}", show_header=False)
-    table.add_column(no_wrap=True)
-    table.add_column(overflow="fold")  # paths are shown whole, to be copied
+    # the values wrap, a path folds whole (to be copied) when it is longer than the line
+    table = FitTable(Col("", copy=True), Col(""), title=f"run {result.run_id}", show_header=False, more=None)
     table.add_row("wall time", fmt_seconds(result.seconds))
     table.add_row("workers", str(result.workers))
     table.add_row("final train loss", fmt(result.last_train.get("loss")))
@@ -294,9 +293,9 @@ def snapshot_json(snap: Any) -> dict[str, Any]:
 
 def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.readers.monitor import run_layout
 
     info = snap.info
@@ -330,7 +329,7 @@ def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
         parts.append(
             Text("█" * round(done * 50) + "░" * (50 - round(done * 50)) + f" {done:.0%}", style=colour)
         )
-    table = Table("metric", "value", title=f"latest (from {snap.metrics_source})", title_justify="left")
+    table = FitTable(Col("metric", copy=True), Col("value"), title=f"latest (from {snap.metrics_source})")
     for key in ("loss", "lr", "examples_per_s", "tokens_per_s", "elapsed_s"):
         if key in snap.last_train:
             table.add_row(key, fmt_metric(key, snap.last_train[key]))
@@ -345,18 +344,17 @@ def snapshot_view(snap: Any, account: tuple[Any, Any] | None = None) -> Any:
     for label, value in account_rows(*(account or (None, None))):
         table.add_row(label, value)
     parts.append(table)
-    workers = Table(
-        "worker",
-        "status",
-        "step",
-        "loss",
-        "lr",
-        "ex/s",
-        "tok/s",
-        "heartbeat",
-        "last log line",
+    workers = FitTable(
+        Col("worker", copy=True),
+        Col("status"),
+        Col("step"),
+        Col("loss", drop=5),
+        Col("lr", drop=1),
+        Col("ex/s", drop=2),
+        Col("tok/s", drop=3),
+        Col("heartbeat"),
+        Col("last log line", drop=4),
         title="workers",
-        title_justify="left",
     )
     layout = run_layout(info, len(snap.workers))
     for w in snap.workers:

@@ -104,8 +104,7 @@ def monitor(
 def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     import time
 
-    from rich.table import Table
-
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.readers.runs import list_runs
 
     listed = [(run, run.snapshot()) for run in list_runs(load_cluster_file(config))]
@@ -122,18 +121,18 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
             )
         )
         return
-    table = Table(
-        "run",
-        "recipe",
-        "backend",
-        "status",
-        "steps",
-        "attempt",
-        "best eval",
-        "test",
-        "goodput",
-        "cost",
-        "started",
+    table = FitTable(
+        Col("run", copy=True),
+        Col("recipe", copy=True, drop=7),
+        Col("backend", drop=4),
+        Col("status", drop=10),  # the last to go: a run id too long for the line goes whole before them
+        Col("steps", drop=9),
+        Col("attempt", drop=1),
+        Col("best eval", drop=8),
+        Col("test", drop=2),
+        Col("goodput", drop=6),
+        Col("cost", drop=5),
+        Col("started", drop=3),
     )
     for r, (good, spent) in zip(found, account):
         best = r.best_metric
@@ -159,13 +158,15 @@ def runs(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
             when,
         )
     console = out_console()
-    console.print(table if found else "no runs yet (start one: tpuft up quickstart)")
+    if found:
+        console.print(table)
+    else:
+        console.print("no runs yet (start one: tpuft up quickstart)")
 
 
 @command("goodput")
 def goodput(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
-    from rich.table import Table
-
+    from tpuft.cli.tables import Col, FitTable
     from tpuft.readers.runs import list_runs
     from tpuft.run.goodput import CAUSES, SHORT, duration, total
 
@@ -195,16 +196,17 @@ def goodput(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
         console.print("no runs yet (start one: tpuft up quickstart)")
         return
     causes = [c for c in CAUSES if any(good.badput.get(c, 0.0) >= 0.5 for good, _ in account)]
-    table = Table(
-        "run",
-        "status",
-        "wall",
-        "goodput",
-        *[SHORT.get(c, c) for c in causes],
-        "steps lost",
-        "cost",
+    # at a narrow width the causes that cost the least time give way first
+    smallest_first = sorted(causes, key=lambda c: whole.badput.get(c, 0.0))
+    table = FitTable(
+        Col("run", copy=True),
+        Col("status", drop=3),
+        Col("wall", drop=len(causes) + 4),
+        Col("goodput", drop=len(causes) + 5),  # the last to go: a run id too long for the line goes first
+        *[Col(SHORT.get(c, c), drop=smallest_first.index(c) + 4) for c in causes],
+        Col("steps lost", drop=1),
+        Col("cost", drop=2),
         title="where the runs' time went (badput by cause)",
-        title_justify="left",
     )
 
     def cells(good: Any) -> list[str]:
