@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -166,15 +166,28 @@ class CloudCall:
     https://tpu.googleapis.com``), what is being done (``reading TPU node nodes/t5-v4``), and what this call
     alone has met: since when its requests get no answer, from which endpoint (the service's, or the token
     endpoint's), and why. Kept per call, in a context variable (:func:`cloud_call`), never in shared state:
-    the waiting line and the final error name this call's service and this call's time."""
+    the waiting line and the final error name this call's service and this call's time.
 
-    def __init__(self, service: str, what: str) -> None:
+    Its wait starts with its first request (:meth:`sending`), not with the call: importing a client library
+    or reading credentials is not waiting for the network."""
+
+    def __init__(self, service: str, what: str, *, speaks: bool) -> None:
         self.service = service
         self.what = what
         self.failing_since: float | None = None
         self.endpoint = ""
         self.reason = ""
         self.wait: Wait | None = None
+        self._speaks = speaks
+        self._shown = ExitStack()
+
+    def sending(self) -> None:
+        """A request of this call goes out: from now on, after 2 s, the call says what it waits for."""
+        if not self._speaks or self.wait is not None:
+            return
+        left = CLOCK.remaining()
+        bound = None if left is None else max(left, LAST_TRY_S)
+        self.wait = self._shown.enter_context(waiting(f"{self.service} to answer {self.what}", bound))
 
     def failed(self, started: float, endpoint: str, reason: str) -> None:
         if self.failing_since is None or started < self.failing_since:
@@ -192,6 +205,14 @@ class CloudCall:
     def failing_for(self) -> float:
         return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
+    def end(self, error: BaseException | None) -> None:
+        """The call is over: its wait ends (``done: ...`` off a terminal; nothing when an error follows)."""
+        self.wait = None
+        if error is None:
+            self._shown.close()
+        else:
+            self._shown.__exit__(type(error), error, error.__traceback__)
+
 
 _CALL: ContextVar[CloudCall | None] = ContextVar("tpuft_cloud_call", default=None)
 
@@ -200,25 +221,22 @@ _CALL: ContextVar[CloudCall | None] = ContextVar("tpuft_cloud_call", default=Non
 def cloud_call(service: str, what: str, *, wait: bool = True) -> Iterator[CloudCall]:
     """One call to ``service`` (every retry of it included): a new call for the budget
     (:meth:`OutageClock.begin_call`), and, on the controller (where the budget is armed), a wait that says
-    after ``SILENT_S`` (2 s) what it waits for, like tpuft's other waits (:mod:`tpuft.core.waiting`):
-    ``waiting for Cloud Storage at https://storage.googleapis.com to answer list runs gs://b/runs/:
-    connection refused (26 s left)``. The workers, which never arm the budget, stay
+    2 s (``SILENT_S``) after its first request what it waits for, like tpuft's other waits
+    (:mod:`tpuft.core.waiting`): ``waiting for Cloud Storage at https://storage.googleapis.com to answer list
+    runs gs://b/runs/: connection refused (26 s left)``. The workers, which never arm the budget, stay
     quiet: their run-dir mirror is not a wait anyone watches. ``wait=False`` for a transfer, which moves
-    bytes for as long as they take and reports through its own progress."""
+    bytes for as long as they take (``pull`` shows its own progress)."""
     CLOCK.begin_call()
-    call = CloudCall(service, what)
+    call = CloudCall(service, what, speaks=wait and CLOCK.armed)
     token = _CALL.set(call)
     try:
-        if not (wait and CLOCK.armed):
-            yield call
-            return
-        left = CLOCK.remaining()
-        bound = None if left is None else max(left, LAST_TRY_S)
-        with waiting(f"{service} to answer {what}", bound) as shown:
-            call.wait = shown
-            yield call
+        yield call
+    except BaseException as error:
+        call.end(error)
+        raise
+    else:
+        call.end(None)
     finally:
-        call.wait = None
         _CALL.reset(token)
 
 
@@ -249,6 +267,8 @@ def _adapter_class() -> type:
                 call = current_call()
                 if not CLOCK.may_send():
                     raise _spent(call, endpoint)
+                if call is not None:
+                    call.sending()
                 kwargs["timeout"] = CLOCK.request_timeout(kwargs.get("timeout"))
                 started = time.monotonic()
                 try:
