@@ -55,7 +55,8 @@ LAYERS: tuple[Layer, ...] = (
         package("tpuft.storage"),
         ("foundations",),
         "`storage/`: the `Storage` interface over a local folder and `gs://` (`base`, `local`, `gcs`, "
-        "`network`, `transfer`, `errors`, `sync`)",
+        "`network`: the budget and each cloud call's wait, `google_errors`: what a project lacks, "
+        "`transfer`, `errors`, `sync`)",
     ),
     Layer(
         "shared",

@@ -98,6 +98,40 @@ def test_on_a_terminal_the_wait_is_one_line_rewritten_and_erased(monkeypatch: py
     assert shown[-1].endswith(": state READY (60 min left)")
 
 
+def test_inside_a_spinner_on_a_terminal_the_wait_is_plain_lines_above_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI's spinner (rich's ``Live``) puts a proxy on stderr that prints whole lines above it; a wait in
+    a slow cloud call under ``create``'s spinner printed a new line of escape-code garbage every second."""
+    from rich.console import Console
+
+    master, slave = pty.openpty()
+    monkeypatch.setenv("TERM", "xterm")
+    terminal = os.fdopen(slave, "w")
+    monkeypatch.setattr(sys, "stderr", terminal)
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=200)
+    try:
+        with console.status("creating t5 (gcp, v4-8)..."):
+            assert sys.stderr is not terminal  # the spinner's proxy
+            with waiting(
+                "Cloud Storage at https://storage.googleapis.com to answer get bucket gs://b",
+                30,
+                silent_s=0.2,
+            ):
+                time.sleep(1.6)
+    finally:
+        terminal.close()
+        os.close(master)
+    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line) for line in screen.getvalue().split("\n")]
+    waits = [line.split("\r")[-1] for line in lines if "waiting for" in line]
+    assert len(waits) == 1, waits  # one line, not one per redraw
+    assert waits[0].startswith("waiting for Cloud Storage at https://storage.googleapis.com to answer get"), (
+        waits
+    )
+    assert "\x1b[K" not in screen.getvalue() and "[K" not in "".join(lines)
+
+
 def test_on_a_narrow_terminal_the_time_left_is_kept_and_the_subject_cut(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -186,7 +186,10 @@ def test_api_errors_name_the_call_and_zone(cli, project: Path, fake_tpu: FakeTpu
     fake_tpu.deny("ListQueuedResources")
     result = cli("gc", "-c", str(project), "--zone", OTHER_ZONE)
     assert result.code == 1 and "Traceback" not in result.err
-    assert f"listing queued resources in project {PROJECT}, zone {HOME_ZONE} failed: Forbidden" in result.err
+    assert (
+        f"listing queued resources in project {PROJECT}, zone {HOME_ZONE} failed: permission denied"
+        in result.err
+    )
 
 
 def test_bad_input_is_a_usage_error(cli, tmp_path: Path, cluster_file: Path) -> None:  # type: ignore[no-untyped-def]

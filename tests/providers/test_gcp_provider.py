@@ -101,7 +101,9 @@ def test_api_errors_are_one_clear_line(cli, tmp_path: Path, fake_tpu: FakeTpuSer
     result = cli("create", "-c", str(cluster), "--yes")
     assert result.code == 1 and "Traceback" not in result.err
     assert "creating TPU node tp in project tpuft-test, zone us-central2-b failed" in result.err
-    assert "exhausted" in result.err and "try another zone, spot, or gcp.queued: true" in result.err
+    assert "the quota TPUV4sPodPerProjectPerZone of project tpuft-test" in result.err  # the text's own name
+    assert "iam-admin/quotas?project=tpuft-test" in result.err
+    assert "try another zone, spot, or gcp.queued: true" in result.err
 
     fake_tpu.deny("CreateNode")
     result = cli("create", "-c", str(cluster), "--yes")

@@ -78,7 +78,9 @@ metadata server rig follows them). ``:stop`` (StopNode) takes a READY node to ST
 to a preemption that the API offers.
 
 Test controls (thread-safe): ``preempt``, ``add_symptom``, ``announce_maintenance``, ``begin_maintenance``,
-``clear_maintenance``, ``fail_next_create``, ``transient_errors``, ``deny``,
+``clear_maintenance``, ``fail_next_create``, ``transient_errors``, ``deny``, ``refuse`` (with the refusals a
+first project meets, in Google's shapes: ``service_disabled``, ``billing_disabled``, ``quota_exceeded``,
+``org_policy_violation``; ``deny`` is the IAM one),
 ``allow``, ``fail_queued``, ``suspend_queued``, ``settle``, ``reset``; settings ``operation_polls``,
 ``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``,
 ``default_external_ips``, ``host_keys``, ``omit_unpublished``; the log ``requests``. Wrapping it in a fixture
@@ -336,6 +338,97 @@ class ApiError(Exception):
     def rpc_status(self) -> Json:
         """The google.rpc.Status an operation carries: gRPC code number, not the HTTP status."""
         return {"code": GRPC_CODE.get(self.status, 2), "message": self.message}
+
+
+PRECONDITION_FAILURE_TYPE: Final = "type.googleapis.com/google.rpc.PreconditionFailure"
+QUOTA_FAILURE_TYPE: Final = "type.googleapis.com/google.rpc.QuotaFailure"
+HELP_TYPE: Final = "type.googleapis.com/google.rpc.Help"
+PROJECT_NUMBER: Final = "123456789012"
+"""The project number the refusals below name as their consumer (Google names the number, not the id)."""
+
+
+def service_disabled(service: str = "tpu.googleapis.com", title: str = "Cloud TPU API") -> ApiError:
+    """Google's 403 for a call to an API the project has not enabled: the message every new project meets,
+    with the ``ErrorInfo`` (reason SERVICE_DISABLED, domain googleapis.com, consumer and service in its
+    metadata) and the ``Help`` link Service Infrastructure adds."""
+    url = f"https://console.developers.google.com/apis/api/{service}/overview?project={PROJECT_NUMBER}"
+    message = (
+        f"{title} has not been used in project {PROJECT_NUMBER} before or it is disabled. Enable it by "
+        f"visiting {url} then retry. If you enabled this API recently, wait a few minutes for the action to "
+        "propagate to our systems and retry."
+    )
+    info = {
+        "@type": ERROR_INFO_TYPE,
+        "reason": "SERVICE_DISABLED",
+        "domain": "googleapis.com",
+        "metadata": {
+            "consumer": f"projects/{PROJECT_NUMBER}",
+            "service": service,
+            "serviceTitle": title,
+            "activationUrl": url,
+            "containerInfo": PROJECT_NUMBER,
+        },
+    }
+    links = {
+        "@type": HELP_TYPE,
+        "links": [{"description": "Google developers console API activation", "url": url}],
+    }
+    return ApiError("PERMISSION_DENIED", message, details=[info, links])
+
+
+def billing_disabled(service: str = "tpu.googleapis.com") -> ApiError:
+    """Google's 403 when the project has no billing account (ErrorInfo reason BILLING_DISABLED)."""
+    url = f"https://console.developers.google.com/billing/enable?project={PROJECT_NUMBER}"
+    message = (
+        f"This API method requires billing to be enabled. Please enable billing on project #{PROJECT_NUMBER} "
+        f"by visiting {url} then retry."
+    )
+    info = {
+        "@type": ERROR_INFO_TYPE,
+        "reason": "BILLING_DISABLED",
+        "domain": "googleapis.com",
+        "metadata": {"consumer": f"projects/{PROJECT_NUMBER}", "service": service},
+    }
+    return ApiError("PERMISSION_DENIED", message, details=[info])
+
+
+def quota_exceeded(zone: str, metric: str = "tpu.googleapis.com/tpu_v4_podslice_chips") -> ApiError:
+    """Google's 429 for an allocation quota that a create would pass (ErrorInfo reason
+    RESOURCE_QUOTA_EXCEEDED with the quota's metric, limit and location, and a ``QuotaFailure``)."""
+    message = QUOTA_MESSAGE.format(zone=zone)
+    info = {
+        "@type": ERROR_INFO_TYPE,
+        "reason": "RESOURCE_QUOTA_EXCEEDED",
+        "domain": "googleapis.com",
+        "metadata": {
+            "consumer": f"projects/{PROJECT_NUMBER}",
+            "service": "tpu.googleapis.com",
+            "quota_metric": metric,
+            "quota_limit": "TPUV4PodPerProjectPerZoneForTPUAPI",
+            "quota_limit_value": "0",
+            "quota_location": zone,
+        },
+    }
+    failure = {
+        "@type": QUOTA_FAILURE_TYPE,
+        "violations": [{"subject": f"project:{PROJECT_NUMBER}", "description": message}],
+    }
+    return ApiError("RESOURCE_EXHAUSTED", message, details=[info, failure])
+
+
+def org_policy_violation(
+    project: str, constraint: str = "constraints/compute.vmExternalIpAccess"
+) -> ApiError:
+    """A 400 FAILED_PRECONDITION for a request an organization policy forbids: the constraint in a
+    ``PreconditionFailure`` violation (AIP-193's shape) and in the message, as Compute Engine words it."""
+    message = f"Constraint {constraint} violated for project {project}."
+    failure = {
+        "@type": PRECONDITION_FAILURE_TYPE,
+        "violations": [
+            {"type": constraint, "subject": f"orgpolicy:projects/{project}", "description": message}
+        ],
+    }
+    return ApiError("FAILED_PRECONDITION", message, details=[failure])
 
 
 def not_found(name: str) -> ApiError:
@@ -663,6 +756,7 @@ class FakeTpuServer:
             self._fail_queued: dict[str | None, ApiError] = {}
             self._transient: list[ApiError] = []
             self._denied: list[str] = []
+            self._refused: list[tuple[str, ApiError]] = []
             self._maintenance: dict[str, Json] = {}
             self.requests.clear()
 
@@ -785,10 +879,17 @@ class FakeTpuServer:
         with self._lock:
             self._denied.append(pattern)
 
+    def refuse(self, pattern: str, error: ApiError) -> None:
+        """Answer ``error`` (e.g. :func:`service_disabled`, :func:`billing_disabled`, :func:`quota_exceeded`,
+        :func:`org_policy_violation`) to every request that ``deny(pattern)`` would match, until ``allow``."""
+        with self._lock:
+            self._refused.append((pattern, error))
+
     def allow(self, pattern: str | None = None) -> None:
-        """Undo ``deny(pattern)``; with no argument undo all denials."""
+        """Undo ``deny(pattern)`` and ``refuse(pattern, ...)``; with no argument undo all of them."""
         with self._lock:
             self._denied = [] if pattern is None else [p for p in self._denied if p != pattern]
+            self._refused = [] if pattern is None else [r for r in self._refused if r[0] != pattern]
 
     def fail_queued(
         self, queued_id: str | None = None, message: str | None = None, *, status: str = "RESOURCE_EXHAUSTED"
@@ -899,8 +1000,14 @@ class FakeTpuServer:
             raise invalid(f"Invalid JSON payload received. {exc}") from None
 
     def _check_allowed(self, route: _Route, method: str, path: str) -> None:
+        def matches(pattern: str) -> bool:
+            return pattern in route.permission or pattern in route.rpc or pattern in f"{method} {path}"
+
+        for pattern, error in self._refused:
+            if matches(pattern):
+                raise error
         for pattern in self._denied:
-            if pattern in route.permission or pattern in route.rpc or pattern in f"{method} {path}":
+            if matches(pattern):
                 info = {
                     "@type": ERROR_INFO_TYPE,
                     "reason": "IAM_PERMISSION_DENIED",

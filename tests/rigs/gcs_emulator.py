@@ -72,7 +72,9 @@ Gaps, and what this rig does about them
 Test controls: ``reset()`` (drop all buckets, objects, uploads and faults), ``requests`` (``(method, path)``
 of every request, for asserting that a resumed transfer sent nothing), ``fail(method, path_contains, status)``
 and ``reset_faults()`` (answer matching requests with a GCS-shaped JSON error, e.g. 403 for one object's media
-GET; use 4xx codes: google-cloud-storage retries 429/5xx for up to two minutes), ``client()`` (a client bound
+GET, with the JSON API's ``reason`` and Google's ``details`` when given: ``accessNotConfigured`` for a
+disabled API, ``accountDisabled`` for billing, ``quotaExceeded``; use 4xx codes: google-cloud-storage retries
+429/5xx for up to two minutes), ``client()`` (a client bound
 to this emulator).
 """
 
@@ -227,22 +229,21 @@ class _Handler(RequestHandler):
         self.server.rig._log(method, urlsplit(self.path).path)
 
     def _injected_fault(self, method: str) -> bool:
-        status = self.server.rig._fault_for(method, unquote(urlsplit(self.path).path))
-        if status is None:
+        fault = self.server.rig._fault_for(method, unquote(urlsplit(self.path).path))
+        if fault is None:
             return False
         self._body()
-        message = f"injected by the test rig: {method} {unquote(urlsplit(self.path).path)}"
-        reason = {403: "forbidden", 404: "notFound"}.get(status, "backendError")
-        self._json(
-            status,
-            {
-                "error": {
-                    "code": status,
-                    "message": message,
-                    "errors": [{"reason": reason, "message": message}],
-                }
-            },
-        )
+        status = fault.status
+        message = fault.message or f"injected by the test rig: {method} {unquote(urlsplit(self.path).path)}"
+        reason = fault.reason or {403: "forbidden", 404: "notFound"}.get(status, "backendError")
+        error: dict[str, Any] = {
+            "code": status,
+            "message": message,
+            "errors": [{"reason": reason, "domain": fault.domain, "message": message}],
+        }
+        if fault.details:
+            error["details"] = fault.details
+        self._json(status, {"error": error})
         return True
 
     def _body(self) -> bytes:
@@ -502,6 +503,21 @@ def _check_parts(upload: _Multipart, listed: list[tuple[int, str]]) -> tuple[str
     return None
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A GCS-shaped JSON error answered to matching requests: the JSON API's legacy ``errors[].reason``
+    (``forbidden``, ``accessNotConfigured``, ``accountDisabled``, ``quotaExceeded``, ``conditionNotMet``) and,
+    where Google adds them, ``details`` (an ``ErrorInfo``)."""
+
+    method: str
+    path_contains: str
+    status: int
+    reason: str = ""
+    message: str = ""
+    domain: str = "global"
+    details: tuple[dict[str, Any], ...] = ()
+
+
 class GcsEmulator:
     """An in-memory GCS on ``self.endpoint`` while in ``with GcsEmulator() as gcs:`` (see the module
     docstring)."""
@@ -513,7 +529,7 @@ class GcsEmulator:
         self._ids = itertools.count(1)
         self.requests: list[tuple[str, str]] = []
         """``(method, path)`` of every request served, oldest first."""
-        self._faults: list[tuple[str, str, int]] = []
+        self._faults: list[Fault] = []
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -571,11 +587,21 @@ class GcsEmulator:
             client_options={"api_endpoint": self.endpoint},
         )
 
-    def fail(self, method: str, path_contains: str, status: int = 403) -> None:
-        """Answer every ``method`` request whose (unquoted) path contains ``path_contains`` with
-        ``status``."""
+    def fail(
+        self,
+        method: str,
+        path_contains: str,
+        status: int = 403,
+        *,
+        reason: str = "",
+        message: str = "",
+        domain: str = "global",
+        details: tuple[dict[str, Any], ...] = (),
+    ) -> None:
+        """Answer every ``method`` request whose (unquoted) path contains ``path_contains`` with ``status``
+        (and the error's ``reason``, ``message``, ``domain`` and ``details``, when given: :class:`Fault`)."""
         with self._lock:
-            self._faults.append((method, path_contains, status))
+            self._faults.append(Fault(method, path_contains, status, reason, message, domain, details))
 
     def reset_faults(self) -> None:
         with self._lock:
@@ -595,9 +621,9 @@ class GcsEmulator:
         with self._lock:
             self.requests.append((method, unquote(path)))
 
-    def _fault_for(self, method: str, path: str) -> int | None:
+    def _fault_for(self, method: str, path: str) -> Fault | None:
         with self._lock:
-            return next((status for m, part, status in self._faults if m == method and part in path), None)
+            return next((f for f in self._faults if f.method == method and f.path_contains in path), None)
 
     def _start_upload(self, upload: _Multipart) -> str:
         with self._lock:

@@ -157,6 +157,12 @@ class _Board:
 
     @staticmethod
     def on_terminal(stream: TextIO) -> bool:
+        """Whether the line may be rewritten in place. Not through a proxy that prints whole lines above a
+        spinner (rich's ``Live`` puts one on stderr while the CLI's spinner turns, and its ``isatty`` is the
+        terminal's): there an in-place frame came out as a new line of ``[K``-garbage every second, so a
+        wait inside a spinner (a slow cloud call during ``create``) gets plain lines instead."""
+        if getattr(stream, "rich_proxied_file", None) is not None:
+            return False
         try:
             return stream.isatty() and os.environ.get("TERM", "") != "dumb"
         except (AttributeError, ValueError):

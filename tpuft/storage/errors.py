@@ -1,7 +1,9 @@
 """Google Cloud Storage failures as one line a user can act on: which call, which object, what to do.
 
 Every GCS call runs inside :func:`gcs_call`, which turns the client's exceptions (HTTP errors, auth errors,
-corrupted downloads, dropped connections) into :class:`~tpuft.core.errors.TpuftError` with a hint. A network
+corrupted downloads, dropped connections) into :class:`~tpuft.core.errors.TpuftError` with a hint; what the
+project lacks (the API enabled, a role, quota, billing, an organization policy) is read from the error's
+reason fields by :mod:`tpuft.storage.google_errors`, the same reading as the TPU API's. A network
 that does not answer (Storage or the token endpoint: refused, unresolvable, timed out, retries run out) is
 told apart by
 :mod:`tpuft.storage.network`, the classification the TPU API shares, and becomes its one line.
@@ -9,37 +11,60 @@ told apart by
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from tpuft.core.errors import TpuftError
-from tpuft.storage.network import CLOCK, CloudUnreachable, is_network_error, unreachable
+from tpuft.storage.google_errors import project_problem
+from tpuft.storage.network import CloudUnreachable, cloud_call, endpoint_label, is_network_error, unreachable
 
 LOGIN_HINT = "Run: gcloud auth application-default login (on a VM, check its service account and scopes)"
 
 
 @contextmanager
-def gcs_call(call: str, target: str) -> Iterator[None]:
-    """Turn what google-cloud-storage raises into a :class:`TpuftError` that names the object and the call."""
-    CLOCK.begin_call()
-    try:
-        yield
-    except CloudUnreachable as exc:  # the budget ran out inside the library: say which call it ended
-        raise unreachable(f"{call} {target}", exc, endpoint=STORAGE_ENDPOINT) from None
-    except TpuftError:
-        raise
-    except Exception as exc:
-        raise as_tpuft(exc, call, target) from exc
+def gcs_call(call: str, target: str, *, project: str | None = None, wait: bool = True) -> Iterator[None]:
+    """Turn what google-cloud-storage raises into a :class:`TpuftError` that names the object and the call
+    (and ``project``, the bucket's, when the caller knows it). The call says what it waits for after 2 s
+    (:func:`~tpuft.storage.network.cloud_call`); ``wait=False`` for a transfer, which reports its own
+    progress."""
+    with cloud_call(storage_endpoint(), f"{call} {target}", wait=wait):
+        try:
+            yield
+        except CloudUnreachable as exc:  # the budget ran out inside the library: say which call it ended
+            raise unreachable(f"{call} {target}", exc, endpoint=storage_endpoint()) from None
+        except TpuftError:
+            raise
+        except Exception as exc:
+            raise as_tpuft(exc, call, target, project=project) from exc
 
 
 STORAGE_ENDPOINT = "Cloud Storage"
+STORAGE_SERVICE = "storage.googleapis.com"
 
 
-def as_tpuft(exc: BaseException, call: str, target: str) -> TpuftError:
+def storage_endpoint() -> str:
+    """``Cloud Storage at https://storage.googleapis.com``: where google-cloud-storage sends its requests
+    (``$STORAGE_EMULATOR_HOST``, else ``$API_ENDPOINT_OVERRIDE``, else Google's), read as the call starts."""
+    where = (
+        os.environ.get("STORAGE_EMULATOR_HOST")
+        or os.environ.get("API_ENDPOINT_OVERRIDE")
+        or "https://storage.googleapis.com"
+    )
+    return endpoint_label(STORAGE_ENDPOINT, where if "://" in where else f"http://{where}")
+
+
+def as_tpuft(exc: BaseException, call: str, target: str, *, project: str | None = None) -> TpuftError:
     if is_network_error(exc):
-        return unreachable(f"{call} {target}", exc, endpoint=STORAGE_ENDPOINT)
+        return unreachable(f"{call} {target}", exc, endpoint=storage_endpoint())
     bucket = "gs://" + target.removeprefix("gs://").split("/", 1)[0]
+    problem = project_problem(exc, service=STORAGE_SERVICE, project=project) if _is_api_error(exc) else None
+    if problem is not None:
+        hint = problem.fix
+        if problem.kind == "permission denied":
+            hint += f". Bucket names are global: if another project owns {bucket}, choose another name"
+        return TpuftError(f"{target}: {call}: {problem.message} ({problem.reason})", hint=hint)
     for kind, explain in _EXPLAINERS:
         if kind(exc):
             message, hint = explain(exc, bucket)

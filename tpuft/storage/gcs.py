@@ -12,6 +12,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,7 @@ class GcsStorage(TreeDownloads):
         """Run ids, oldest first. GCS keeps no time on a "folder", so order by the time stamp inside the
         id."""
         folder = self._folder(RUNS)
-        with gcs_call("list runs", f"gs://{self.bucket}/{folder}"):
+        with self._call("list runs", f"gs://{self.bucket}/{folder}"):
             pages = self._gcs().list_blobs(
                 self.bucket, prefix=folder, delimiter="/", fields="prefixes,nextPageToken", retry=_retry()
             )
@@ -124,18 +125,18 @@ class GcsStorage(TreeDownloads):
         when an existing bucket is in another region than asked, because every step would then read across
         regions."""
         target = f"gs://{self.bucket}"
-        with gcs_call("get bucket", target):
+        with self._call("get bucket", target):
             bucket = self._gcs().lookup_bucket(self.bucket, retry=_retry())
         if bucket is None:
             if self._create_bucket(location):
                 return True, None
-            with gcs_call("get bucket", target):
+            with self._call("get bucket", target):
                 bucket = self._gcs().get_bucket(self.bucket, retry=_retry())
         return False, _region_warning(target, bucket.location, location)
 
     def write_text(self, relpath: str, text: str) -> None:
         name = self._name(relpath)
-        with gcs_call("upload", self._url_of(name)):
+        with self._call("upload", self._url_of(name)):
             blob = self._bucket().blob(name)
             blob.upload_from_string(
                 text.encode("utf-8"), content_type="text/plain; charset=utf-8", retry=_retry()
@@ -145,7 +146,7 @@ class GcsStorage(TreeDownloads):
         from google.api_core.exceptions import NotFound
 
         name = self._name(relpath)
-        with gcs_call("download", self._url_of(name)):
+        with self._call("download", self._url_of(name)):
             try:
                 data: bytes = self._bucket().blob(name).download_as_bytes(retry=_retry())
             except NotFound:
@@ -158,7 +159,7 @@ class GcsStorage(TreeDownloads):
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         name = self._name(relpath)
-        with gcs_call("download", self._url_of(name)):
+        with self._call("download", self._url_of(name)):
             for _ in range(5):  # rewritten between the two calls: read the newer one
                 blob = self._bucket().get_blob(name, retry=_retry())
                 if blob is None:
@@ -176,7 +177,7 @@ class GcsStorage(TreeDownloads):
         from google.api_core.exceptions import PreconditionFailed
 
         name = self._name(relpath)
-        with gcs_call("upload", self._url_of(name)):
+        with self._call("upload", self._url_of(name)):
             blob = self._bucket().blob(name)
             try:
                 blob.upload_from_string(
@@ -194,7 +195,7 @@ class GcsStorage(TreeDownloads):
         from google.api_core.exceptions import NotFound, RequestRangeNotSatisfiable
 
         name = self._name(relpath)
-        with gcs_call("download", self._url_of(name)):
+        with self._call("download", self._url_of(name)):
             try:
                 blob = self._bucket().blob(name)
                 return (
@@ -209,7 +210,7 @@ class GcsStorage(TreeDownloads):
 
     def exists(self, relpath: str) -> bool:
         name = self._name(relpath)
-        with gcs_call("get object", self._url_of(name)):
+        with self._call("get object", self._url_of(name)):
             return bool(self._bucket().blob(name).exists(retry=_retry()))
 
     def list(self, prefix: str = "") -> list[str]:
@@ -227,7 +228,7 @@ class GcsStorage(TreeDownloads):
         """Names of the "folders" directly inside the folder ``prefix``, sorted: one delimited listing,
         however many objects are below them."""
         folder = self._folder(prefix)
-        with gcs_call("list folders", f"gs://{self.bucket}/{folder}"):
+        with self._call("list folders", f"gs://{self.bucket}/{folder}"):
             pages = self._gcs().list_blobs(
                 self.bucket, prefix=folder, delimiter="/", fields="prefixes,nextPageToken", retry=_retry()
             )
@@ -238,7 +239,7 @@ class GcsStorage(TreeDownloads):
     def upload_file(self, local_path: Path | str, relpath: str) -> None:
         """Upload one file (GCS shows the object only once it is complete); big ones go in parallel slices."""
         path, name = Path(local_path), self._name(relpath)
-        with gcs_call("upload", self._url_of(name)):
+        with self._call("upload", self._url_of(name)):
             if path.stat().st_size >= self.sliced_threshold:
                 self._upload_sliced(path, name, workers=8)
             else:
@@ -251,7 +252,7 @@ class GcsStorage(TreeDownloads):
             return 0  # never the whole bucket
         blobs = self._objects(clean_relpath(relprefix))
         for blob in blobs.values():
-            with gcs_call("delete", self._url_of(blob.name)):
+            with self._call("delete", self._url_of(blob.name)):
                 blob.delete(retry=_retry())
         return len(blobs)
 
@@ -326,7 +327,7 @@ class GcsStorage(TreeDownloads):
         from google.cloud.storage import transfer_manager
 
         pairs = [(str(path), self._bucket().blob(name)) for path, name in todo]
-        with gcs_call("upload", self._url_of(self._folder(""))):
+        with self._call("upload", self._url_of(self._folder("")), wait=False):
             results = transfer_manager.upload_many(
                 pairs,
                 upload_kwargs={"retry": _retry()},
@@ -362,7 +363,7 @@ class GcsStorage(TreeDownloads):
         writers = [PartialWriter(blob, target, self._url_of(blob.name), meter, stop) for blob, target in todo]
         pairs = [(blob, writer) for (blob, _), writer in zip(todo, writers, strict=True)]
         try:
-            with gcs_call("download", self._url_of(self._folder(""))):
+            with self._call("download", self._url_of(self._folder("")), wait=False):
                 results = interruptible(
                     lambda: transfer_manager.download_many(
                         pairs,
@@ -438,9 +439,13 @@ class GcsStorage(TreeDownloads):
     def _objects(self, relprefix: str) -> dict[str, Blob]:
         """Objects under a folder, keyed by their path inside it ("folder" placeholder objects left out)."""
         folder = self._folder(relprefix)
-        with gcs_call("list objects", f"gs://{self.bucket}/{folder}"):
+        with self._call("list objects", f"gs://{self.bucket}/{folder}"):
             blobs = list(self._gcs().list_blobs(self.bucket, prefix=folder, retry=_retry()))
         return {blob.name[len(folder) :]: blob for blob in blobs if not blob.name.endswith("/")}
+
+    def _call(self, call: str, target: str, *, wait: bool = True) -> AbstractContextManager[None]:
+        """:func:`gcs_call` with this storage's project, which a refusal's fix names."""
+        return gcs_call(call, target, project=self.project, wait=wait)
 
     def _bucket(self) -> Bucket:
         return self._gcs().bucket(self.bucket)
@@ -467,7 +472,7 @@ class GcsStorage(TreeDownloads):
         # Run storage holds checkpoints: IAM-only access, never public.
         bucket.iam_configuration.uniform_bucket_level_access_enabled = True
         bucket.iam_configuration.public_access_prevention = "enforced"
-        with gcs_call(f"create bucket in {location or 'the default location'}", f"gs://{self.bucket}"):
+        with self._call(f"create bucket in {location or 'the default location'}", f"gs://{self.bucket}"):
             try:
                 client.create_bucket(bucket, location=location, project=project, retry=_retry())
             except Conflict:

@@ -17,6 +17,11 @@ The clock is armed only where a cluster file's ``gcp.timeout`` is read, on the c
 loads the cluster file, and the TPU API client): the workers, which mirror their run dir for hours and retry
 on their own, keep the libraries' own retries.
 
+The clock is the command's budget and nothing else. What one call met (which endpoint failed, why, since when)
+is that call's own :class:`CloudCall`, set by :func:`cloud_call` for the thread that makes it (the TPU API's
+``TpuApi.call``, Storage's ``gcs_call``) and filled in by the adapter; the same call's wait says, after 2 s,
+which service it waits for and why (:mod:`tpuft.core.waiting`), and its error names its own endpoint and time.
+
 :func:`is_network_error` is the one classification of "the network failed" shared by the TPU API
 (``providers/gcp/api``) and Cloud Storage (``storage/errors``), and :func:`unreachable` the one line it
 becomes: a transport error, a DNS failure, a refused connection, a timeout or an exhausted retry, said as what
@@ -29,10 +34,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tpuft.core.errors import TpuftError
+from tpuft.core.waiting import Wait, waiting
 
 if TYPE_CHECKING:
     import requests
@@ -72,8 +81,6 @@ class OutageClock:
     def __init__(self) -> None:
         self.budget_s: float | None = None
         self.failing_since: float | None = None
-        self.endpoint = ""
-        self.reason = ""
         self._one_try = False
         self._lock = threading.Lock()
 
@@ -106,13 +113,14 @@ class OutageClock:
         left = self.remaining()
         return left is not None and left <= 0
 
-    def failed(self, started: float, endpoint: str, reason: str) -> None:
+    def failed(self, started: float) -> None:
         """A request begun at ``started`` (monotonic) got no useful answer: the outage began then at the
-        latest."""
+        latest. Which endpoint failed, and why, is the call's to know (:class:`CloudCall`), not the clock's:
+        a shared name once made a storage call say that the Cloud TPU API of an earlier call did not
+        answer."""
         with self._lock:
             if self.failing_since is None or started < self.failing_since:
                 self.failing_since = started
-            self.endpoint, self.reason = endpoint, reason
 
     def begin_call(self) -> None:
         """A new call starts (not a library's retry of one): if the budget is spent, it may still try once."""
@@ -153,6 +161,90 @@ class OutageClock:
 CLOCK = OutageClock()
 
 
+class CloudCall:
+    """One call to a Google Cloud service, as the user would name it: the service (``the Cloud TPU API at
+    https://tpu.googleapis.com``), what is being done (``reading TPU node nodes/t5-v4``), and what this call
+    alone has met: since when its requests get no answer, from which endpoint (the service's, or the token
+    endpoint's), and why. Kept per call, in a context variable (:func:`cloud_call`), never in shared state:
+    the waiting line and the final error name this call's service and this call's time.
+
+    Its wait starts with its first request (:meth:`sending`), not with the call: importing a client library
+    or reading credentials is not waiting for the network."""
+
+    def __init__(self, service: str, what: str, *, speaks: bool) -> None:
+        self.service = service
+        self.what = what
+        self.failing_since: float | None = None
+        self.endpoint = ""
+        self.reason = ""
+        self.wait: Wait | None = None
+        self._speaks = speaks
+        self._shown = ExitStack()
+
+    def sending(self) -> None:
+        """A request of this call goes out: from now on, after 2 s, the call says what it waits for."""
+        if not self._speaks or self.wait is not None:
+            return
+        left = CLOCK.remaining()
+        bound = None if left is None else max(left, LAST_TRY_S)
+        self.wait = self._shown.enter_context(waiting(f"{self.service} to answer {self.what}", bound))
+
+    def failed(self, started: float, endpoint: str, reason: str) -> None:
+        if self.failing_since is None or started < self.failing_since:
+            self.failing_since = started
+        self.endpoint, self.reason = endpoint, reason
+        if self.wait is not None:  # the token endpoint is named; the service is named by the wait already
+            same = endpoint.split(" at ")[0] == self.service.split(" at ")[0]
+            self.wait.update(reason if same or not endpoint else f"{reason} from {endpoint}")
+
+    def answered(self) -> None:
+        self.failing_since = None
+        if self.wait is not None and self.wait.detail:
+            self.wait.update("")
+
+    def failing_for(self) -> float:
+        return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
+
+    def end(self, error: BaseException | None) -> None:
+        """The call is over: its wait ends (``done: ...`` off a terminal; nothing when an error follows)."""
+        self.wait = None
+        if error is None:
+            self._shown.close()
+        else:
+            self._shown.__exit__(type(error), error, error.__traceback__)
+
+
+_CALL: ContextVar[CloudCall | None] = ContextVar("tpuft_cloud_call", default=None)
+
+
+@contextmanager
+def cloud_call(service: str, what: str, *, wait: bool = True) -> Iterator[CloudCall]:
+    """One call to ``service`` (every retry of it included): a new call for the budget
+    (:meth:`OutageClock.begin_call`), and, on the controller (where the budget is armed), a wait that says
+    2 s (``SILENT_S``) after its first request what it waits for, like tpuft's other waits
+    (:mod:`tpuft.core.waiting`): ``waiting for Cloud Storage at https://storage.googleapis.com to answer list
+    runs gs://b/runs/: connection refused (26 s left)``. The workers, which never arm the budget, stay
+    quiet: their run-dir mirror is not a wait anyone watches. ``wait=False`` for a transfer, which moves
+    bytes for as long as they take (``pull`` shows its own progress)."""
+    CLOCK.begin_call()
+    call = CloudCall(service, what, speaks=wait and CLOCK.armed)
+    token = _CALL.set(call)
+    try:
+        yield call
+    except BaseException as error:
+        call.end(error)
+        raise
+    else:
+        call.end(None)
+    finally:
+        _CALL.reset(token)
+
+
+def current_call() -> CloudCall | None:
+    """The call this thread is making, if any (a library's worker threads make none)."""
+    return _CALL.get()
+
+
 _ADAPTER: type | None = None
 
 
@@ -172,28 +264,48 @@ def _adapter_class() -> type:
 
             def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
                 endpoint = endpoint_label(self.role, request.url or "")
+                call = current_call()
                 if not CLOCK.may_send():
-                    raise CloudUnreachable(
-                        f"no answer from {CLOCK.endpoint or endpoint} for {CLOCK.failing_for():.0f}s "
-                        f"({CLOCK.reason})",
-                        endpoint=CLOCK.endpoint or endpoint,
-                        reason=CLOCK.reason,
-                    )
+                    raise _spent(call, endpoint)
+                if call is not None:
+                    call.sending()
                 kwargs["timeout"] = CLOCK.request_timeout(kwargs.get("timeout"))
                 started = time.monotonic()
                 try:
                     response = super().send(request, *args, **kwargs)
                 except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors too
-                    CLOCK.failed(started, endpoint, reason_of(exc))
+                    CLOCK.failed(started)
+                    if call is not None:
+                        call.failed(started, endpoint, reason_of(exc))
                     raise
                 if response.status_code in TRANSIENT_STATUS:
-                    CLOCK.failed(started, endpoint, f"HTTP {response.status_code}")
+                    CLOCK.failed(started)
+                    if call is not None:
+                        call.failed(started, endpoint, f"HTTP {response.status_code}")
                 else:
                     CLOCK.answered()
+                    if call is not None:
+                        call.answered()
                 return response
 
         _ADAPTER = BudgetedAdapter
     return _ADAPTER
+
+
+def _spent(call: CloudCall | None, endpoint: str) -> CloudUnreachable:
+    """The budget is spent and this call has had its one try: what this call met (else this request's
+    endpoint), never what another call met."""
+    if call is not None and call.endpoint:
+        seconds = call.failing_for()
+        waited = f" for {seconds:.0f}s" if seconds >= 1 else ""
+        return CloudUnreachable(
+            f"no answer from {call.endpoint}{waited} ({call.reason})",
+            endpoint=call.endpoint,
+            reason=call.reason,
+        )
+    return CloudUnreachable(
+        f"no answer from {endpoint} (gcp.timeout spent)", endpoint=endpoint, reason="gcp.timeout spent"
+    )
 
 
 def budget_session(session: Any, role: str, *, pool_maxsize: int = 10) -> Any:
@@ -301,9 +413,10 @@ def unreachable(what: str, exc: BaseException, *, endpoint: str = "") -> CloudUn
     """The one line for a network failure: ``what`` was being done, which ``endpoint`` (the failing one as the
     clock saw it, else the service's), the reason and for how long."""
     inner = exc if isinstance(exc, CloudUnreachable) else None
-    where = (inner.endpoint if inner else "") or CLOCK.endpoint or endpoint
+    call = current_call()
+    where = (inner.endpoint if inner else "") or (call.endpoint if call else "") or endpoint
     reason = (inner.reason if inner else "") or reason_of(exc)
-    seconds = CLOCK.failing_for()
+    seconds = call.failing_for() if call is not None else 0.0
     waited = f" for {seconds:.0f}s" if seconds >= 1 else ""
     return CloudUnreachable(
         f"{what}: no answer from {where or 'Google Cloud'}{waited} ({reason})", endpoint=where, reason=reason

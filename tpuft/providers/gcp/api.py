@@ -5,10 +5,12 @@ Every call goes through ``TpuApi.call``: transient errors (UNAVAILABLE, 429, 500
 answer are retried with backoff until the cluster file's ``gcp.timeout`` is spent (one budget for the whole
 command, kept by :mod:`tpuft.storage.network`, which also bounds each request and the token refresh), then
 become one line naming what was being done and the endpoint; the others become one line naming the project,
-zone and call, with the likely fix. The client is built lazily (the CLI
-never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or ``$TPUFT_TPU_API_ENDPOINT``)
-points it at a private endpoint; anonymous credentials are used only for a loopback ``http://`` endpoint,
-which is how the tests talk to a fake TPU API server.
+zone and call, with the likely fix, which for what a project lacks (the API enabled, a role, quota, billing,
+an organization policy) is read from the error's reason fields (:mod:`tpuft.storage.google_errors`). A call
+that takes longer than 2 s says what it waits for (:func:`tpuft.storage.network.cloud_call`). The client is
+built lazily (the CLI never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or
+``$TPUFT_TPU_API_ENDPOINT``) points it at a private endpoint; anonymous credentials are used only for a
+loopback ``http://`` endpoint, which is how the tests talk to a fake TPU API server.
 """
 
 from __future__ import annotations
@@ -22,16 +24,25 @@ from tpuft.core.errors import TpuftError
 from tpuft.core.records import Progress
 from tpuft.core.waiting import waiting
 from tpuft.providers.gcp import tuning
-from tpuft.storage.network import CLOCK, DEFAULT_TIMEOUT_S, budget_session, is_network_error, unreachable
+from tpuft.storage.google_errors import project_problem
+from tpuft.storage.network import (
+    CLOCK,
+    DEFAULT_TIMEOUT_S,
+    budget_session,
+    cloud_call,
+    is_network_error,
+    unreachable,
+)
 
 T = TypeVar("T")
+TPU_SERVICE = "tpu.googleapis.com"
 
 _HINTS = {
-    "NotFound": "check gcp.project and gcp.zone (and that the TPU API is enabled: gcloud services enable "
-    "tpu.googleapis.com)",
-    "PermissionDenied": "your account needs roles/tpu.admin in the project (gcloud auth application-default "
-    "login?)",
-    "Forbidden": "your account needs roles/tpu.admin in the project (gcloud auth application-default login?)",
+    "NotFound": "check gcp.project and gcp.zone; what a project needs first: docs/gcp.md",
+    "PermissionDenied": "the account in use may lack roles/tpu.admin in the project (gcloud auth "
+    "application-default login?); what a project needs first: docs/gcp.md",
+    "Forbidden": "the account in use may lack roles/tpu.admin in the project (gcloud auth "
+    "application-default login?); what a project needs first: docs/gcp.md",
     "ResourceExhausted": "no quota or no capacity for this shape here: try another zone, spot, or "
     "gcp.queued: true",
     "TooManyRequests": "the API is rate-limiting this project: wait a minute and try again",
@@ -135,46 +146,57 @@ class TpuApi:
             gexc.GatewayTimeout,
         )
         located = _located(what, kwargs)
-        CLOCK.begin_call()
-        attempt = 0
-        while True:
-            started = time.monotonic()
-            try:
-                result = fn(*args, **kwargs)
-                CLOCK.answered()
-                return result
-            except gexc.NotFound as exc:
-                CLOCK.answered()
-                if missing_ok:
-                    raise
-                raise self.explain(what, exc) from None
-            except Exception as exc:  # sorted below: transient, the network's, or the API's answer
-                network = is_network_error(exc)
-                if not network and not isinstance(exc, transient):
-                    if isinstance(exc, gexc.GoogleAPICallError):
-                        raise self.explain(what, exc) from None
-                    raise
-                if (
-                    not CLOCK.failing_for()
-                ):  # an answer (e.g. a 503) that the transport did not see as a failure
-                    CLOCK.failed(started, self.endpoint_label, type(exc).__name__)
-                left = CLOCK.remaining() or 0.0
-                pause = min(tuning.RETRY_BASE_S * 2**attempt, 30.0, left)
-                if left <= 0 or pause <= 0:
-                    if network:
-                        raise unreachable(located, exc, endpoint=self.endpoint_label) from None
-                    raise self.explain(f"{what} (after {attempt + 1} tries)", exc) from None
-                attempt += 1
-                time.sleep(pause)
+        with cloud_call(self.endpoint_label, located) as call:
+            attempt = 0
+            while True:
+                started = time.monotonic()
+                try:
+                    result = fn(*args, **kwargs)
+                    CLOCK.answered()
+                    return result
+                except gexc.NotFound as exc:
+                    CLOCK.answered()
+                    if missing_ok:
+                        raise
+                    raise self.explain(located, exc) from None
+                except Exception as exc:  # sorted below: transient, the network's, or the API's answer
+                    network = is_network_error(exc)
+                    lasting = project_problem(exc, service=TPU_SERVICE, project=self.project, zone=self.zone)
+                    if lasting is not None and lasting.lasting and not network:
+                        raise self.explain(located, exc) from None
+                    if not network and not isinstance(exc, transient):
+                        if isinstance(exc, gexc.GoogleAPICallError):
+                            raise self.explain(located, exc) from None
+                        raise
+                    if (
+                        not call.failing_for()
+                    ):  # an answer (a 503) that the transport did not see as a failure
+                        CLOCK.failed(started)
+                        call.failed(started, self.endpoint_label, type(exc).__name__)
+                    left = CLOCK.remaining() or 0.0
+                    pause = min(tuning.RETRY_BASE_S * 2**attempt, 30.0, left)
+                    if left <= 0 or pause <= 0:
+                        if network:
+                            raise unreachable(located, exc, endpoint=self.endpoint_label) from None
+                        raise self.explain(f"{located} (after {attempt + 1} tries)", exc) from None
+                    attempt += 1
+                    time.sleep(pause)
 
     def explain(self, what: str, exc: BaseException) -> GcpError:
+        """The API's refusal as one line naming the call, project and zone. What the project lacks (the API
+        enabled, a role, quota, billing, an organization policy's leave) is read from the error's own reason
+        fields (:mod:`tpuft.storage.google_errors`) and given its one fix; other refusals get the likely fix
+        for their kind."""
         kind = type(exc).__name__
-        message = getattr(exc, "message", None) or str(exc)
-        hint = _HINTS.get(kind, "")
-        error = GcpError(
-            f"{what} in project {self.project}, zone {self.zone} failed: {kind}: {message}", hint=hint or None
-        )
+        where = f"{what} in project {self.project}, zone {self.zone} failed"
+        problem = project_problem(exc, service=TPU_SERVICE, project=self.project, zone=self.zone)
+        if problem is not None:
+            error = GcpError(f"{where}: {problem.message} ({problem.reason})", hint=problem.fix)
+        else:
+            message = getattr(exc, "message", None) or str(exc)
+            error = GcpError(f"{where}: {kind}: {message}", hint=_HINTS.get(kind) or None)
         error.kind = kind  # type: ignore[attr-defined]
+        error.problem = problem.kind if problem else None  # type: ignore[attr-defined]
         return error
 
     def wait_operation(
