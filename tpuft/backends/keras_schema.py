@@ -295,6 +295,9 @@ CAPABILITIES = Capabilities(
     ),
     metrics=frozenset({"exact_match", "token_accuracy", "loss", "accuracy", "bleu", "rouge_l"}),
     why_not={
+        "train.compile_cache": "TensorFlow keeps a TPUStrategy's compiled programs in the process only (no "
+        "persistent cache across trainer processes, as JAX's and torch_xla's are), so there is nothing to "
+        "turn on or off",
         "train.sharding": "fsdp shards parameters over the chips, and TF Keras's TPUStrategy and "
         "MultiWorkerMirroredStrategy only replicate them (data parallelism is what the keras backend does)",
     },

@@ -35,6 +35,24 @@ LOCAL_DEVICES_ENV = "TPUFT_LOCAL_DEVICES"
 the trainer merges it into what the user's ``worker_env`` already sets instead of replacing it."""
 
 
+COMPILE_CACHE_ENV = "TPUFT_COMPILE_CACHE"
+"""Set by the launch plan of an engine with a persistent compilation cache (``train.compile_cache``): the
+folder its trainers keep compiled programs in (:mod:`tpuft.worker.compile_cache`). A TPU host's is under its
+own home (``~`` expanded there), the local pod's the machine-wide cache folder beside the backend venvs."""
+
+
+def compile_cache_env(compile_cache: bool | None, kind: str, target: Target) -> dict[str, str]:
+    """The launch plan's ``COMPILE_CACHE_ENV`` for engine ``kind``: on unless the recipe says false. The cache
+    is per engine so that one engine's entries never count against another's."""
+    if compile_cache is False:
+        return {}
+    if target == "tpu":
+        return {COMPILE_CACHE_ENV: f"~/.cache/tpuft/xla/{kind}"}
+    from tpuft.core.paths import compile_cache_root
+
+    return {COMPILE_CACHE_ENV: str(compile_cache_root() / kind)}
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """A backend venv: its requirements, and the cache key that names it on every worker."""

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuft.backends.base import ClusterShape, EnvSpec, KeyPath, LaunchPlan, Target
-from tpuft.backends.spec import LOCAL_DEVICES_ENV, RunOutcome
+from tpuft.backends.spec import LOCAL_DEVICES_ENV, RunOutcome, compile_cache_env
 from tpuft.backends.t5x_schema import (
     CAPABILITIES,
     LAYOUT,
@@ -258,6 +258,7 @@ class T5x:
 
     def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan:
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
+        env.update(compile_cache_env(recipe.train.compile_cache, self.kind, shape.target))
         if shape.target == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
             # the trainer adds it to XLA_FLAGS as a host device count

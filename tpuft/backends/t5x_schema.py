@@ -487,6 +487,7 @@ files), and the run's ``config.gin``."""
 CAPABILITIES = Capabilities(
     keys=frozenset(
         {
+            ("train", "compile_cache"),
             # the training side, as bindings of the run gin (tpuft/worker/t5x/keys.py)
             ("train", "precision"),
             ("train", "adafactor"),

@@ -33,7 +33,7 @@ from tpuft.backends.base import (
     local_replicas,
     weight_digest_summary,
 )
-from tpuft.backends.spec import LOCAL_DEVICES_ENV, RunOutcome
+from tpuft.backends.spec import LOCAL_DEVICES_ENV, RunOutcome, compile_cache_env
 from tpuft.backends.torch_xla_schema import CAPABILITIES, LAYOUT, TorchXlaBackend
 
 if TYPE_CHECKING:
@@ -122,6 +122,7 @@ class TorchXla:
 
     def plan(self, recipe: RecipeConfig, shape: ClusterShape) -> LaunchPlan:
         env = {"PJRT_DEVICE": "TPU" if shape.target == "tpu" else "CPU", "TOKENIZERS_PARALLELISM": "false"}
+        env.update(compile_cache_env(recipe.train.compile_cache, self.kind, shape.target))
         if shape.target == "cpu":
             env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # XLA's C++ start-up chatter, one block per worker
             # CPU_NUM_DEVICES; SPMD over them when more than one

@@ -81,6 +81,7 @@ there at its size."""
 CAPABILITIES = Capabilities(
     keys=frozenset(
         {
+            ("train", "compile_cache"),
             ("data", "hf"),
             ("data", "truncation"),
             ("data", "source_transforms"),

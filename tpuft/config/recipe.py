@@ -223,6 +223,14 @@ class TrainConfig(StrictModel):
         "compiling, "
         "evaluating or checkpointing) is declared hung and the run is stopped: 600, 90s, 10m, 1h.",
     )
+    compile_cache: bool | None = Field(
+        None,
+        description="Keep the compiled XLA programs on each host's disk (~/.cache/tpuft/xla/<kind>; the "
+        "machine-wide cache folder on the local pod), so that a restarted trainer (a resume, a hang or "
+        "a crash recovered, a killed controller) loads its train and eval steps instead of compiling them "
+        "again: JAX's persistent compilation cache (t5x), torch_xla's (torch_xla). null: on where the "
+        "engine has one; false: compile afresh every time.",
+    )
     time_limit: TimeLimit | None = Field(
         None,
         description="A wall-clock budget for training, counted from each attempt's first step: once spent, "

@@ -27,6 +27,16 @@ def venv_cache() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "tpuft" / "venvs"
 
 
+def compile_cache_root() -> Path:
+    """Compiled XLA programs of the local pod's trainers (``train.compile_cache``), shared machine-wide like
+    the venvs, so that every run of the same model here, a test's included, loads them instead of compiling:
+    ``$TPUFT_COMPILE_CACHE_ROOT`` moves them, else beside the venv cache (``.../tpuft/xla``)."""
+    explicit = os.environ.get("TPUFT_COMPILE_CACHE_ROOT")
+    if explicit:
+        return Path(explicit).expanduser()
+    return venv_cache().parent / "xla"
+
+
 def package_root() -> Path:
     """The directory holding the ``tpuft`` package, shipped as-is to workers."""
     return Path(__file__).resolve().parents[1]

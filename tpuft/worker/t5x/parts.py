@@ -13,6 +13,7 @@ from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.t5x_schema import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.run import rundir
+from tpuft.worker.compile_cache import describe, start_jax_cache
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.export import export_hf
 
@@ -23,9 +24,16 @@ def start_jax(ctx: WorkerContext, recipe: RecipeConfig) -> None:
     XLA_FLAGS that JAX's CPU client reads), and JAX's coordination service on worker 0 with gloo collectives
     between the processes, waiting up to ``train.startup_timeout`` for every host of every slice to join. TPU
     hosts need nothing: the TPU runtime finds its peers (and, on several slices, the MEGASCALE variables'
-    coordinator)."""
-    if os.environ.get("JAX_PLATFORMS", "") != "cpu":
-        return
+    coordinator). Then JAX's persistent compilation cache (:mod:`tpuft.worker.compile_cache`), on either."""
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        start_cpu_pod(ctx, recipe)
+    folder = start_jax_cache()
+    if folder is not None and ctx.worker_id == 0:
+        print(f"[tpuft] {describe(folder)}", flush=True)
+
+
+def start_cpu_pod(ctx: WorkerContext, recipe: RecipeConfig) -> None:
+    """The local pod's JAX: its CPU devices and, on several workers, the coordination service."""
     count = os.environ.get(LOCAL_DEVICES_ENV)
     if count:
         os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), int(count))
