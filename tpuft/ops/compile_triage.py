@@ -63,15 +63,16 @@ def paper_suggestions(
     recipe: RecipeConfig, accelerator: AcceleratorType, slices: int = 1, recipe_dir: Path | None = None
 ) -> list[str]:
     """Settings whose paper estimate fits with 7% of HBM to spare, each summarized as it would be set: more
-    model parallelism on this slice; a larger slice of the same generation with the model split over it; the
-    same chips of a generation with more HBM; a smaller model size of the same family. Settings are read by
-    name from the backend's section (``num_partitions``, ``size``), so no backend is named here; a backend
-    without them gets the slices only. Each is a paper estimate: compile the one you pick to be sure."""
+    model parallelism or microbatches on this slice, else a larger slice of the same generation (as it is, or
+    with the model split over it); the same chips of a generation with more HBM; a smaller model size of the
+    same family. Settings are read by name from the backend's section (``num_partitions``,
+    ``num_microbatches``, ``size``), so no backend is named here; a backend without them gets the slices
+    only. Each is a paper estimate: compile the one you pick to be sure."""
     found: list[str] = []
     split = _partitioned(recipe, accelerator, slices, recipe_dir)
     if split is not None:
         found.append(split)
-    for size in accelerator.generation.sizes:
+    for size in accelerator.generation.sizes if split is None else ():
         bigger = lookup(f"{accelerator.generation.name}-{size}")
         if bigger.chips <= accelerator.chips:
             continue
@@ -134,20 +135,36 @@ def _splits(recipe: RecipeConfig, accelerator: AcceleratorType, slices: int, par
 def _partitioned(
     recipe: RecipeConfig, accelerator: AcceleratorType, slices: int, recipe_dir: Path | None
 ) -> str | None:
-    """The smallest ``backend.num_partitions`` above the recipe's (a power of two that divides one slice's
-    devices and leaves the batch split evenly over the replicas) whose estimate fits."""
+    """The least model parallelism, then the fewest microbatches, that fit: ``backend.num_partitions`` a
+    power of two from the recipe's up, dividing one slice's devices and leaving the batch split evenly over
+    the replicas; ``backend.num_microbatches`` a power of two from the recipe's up, dividing each replica's
+    batch. Settings the backend's section does not have are not tried."""
     backend = recipe.backend
-    if "num_partitions" not in type(backend).model_fields:
+    fields = type(backend).model_fields
+    if "num_partitions" not in fields and "num_microbatches" not in fields:
         return None
-    candidate = 2
+    partitions = _partitions(recipe)
+    micro = int(getattr(backend, "num_microbatches", None) or 1)
+    candidate = partitions
     while candidate <= accelerator.devices:
-        if candidate > _partitions(recipe) and _splits(recipe, accelerator, slices, candidate):
-            variant = recipe.model_copy(
-                update={"backend": backend.model_copy(update={"num_partitions": candidate})}
-            )
-            fitting = _fits(variant, accelerator, slices, recipe_dir)
-            if fitting is not None:
-                return f"backend.num_partitions: {candidate} ({fitting})"
+        if _splits(recipe, accelerator, slices, candidate):
+            per_replica = recipe.train.batch_size // (accelerator.devices // candidate * slices)
+            steps = micro
+            while steps <= per_replica and ("num_microbatches" in fields or steps == micro):
+                if (candidate, steps) != (partitions, micro) and per_replica % steps == 0:
+                    update: dict[str, int] = {}
+                    if candidate != partitions:
+                        update["num_partitions"] = candidate
+                    if steps != micro:
+                        update["num_microbatches"] = steps
+                    variant = recipe.model_copy(update={"backend": backend.model_copy(update=update)})
+                    fitting = _fits(variant, accelerator, slices, recipe_dir)
+                    if fitting is not None:
+                        said = " and ".join(f"backend.{key}: {value}" for key, value in update.items())
+                        return f"{said} ({fitting})"
+                steps *= 2
+        if "num_partitions" not in fields:
+            break
         candidate *= 2
     return None
 
