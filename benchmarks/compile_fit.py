@@ -75,7 +75,7 @@ def compile_one(recipe: Path, accelerator: str, home: Path) -> dict[str, object]
         "show",
         "--summary",
         str(recipe),
-        "--compile",
+        "--force-compile",  # measure the compile even where the paper estimate already decides (the 11B case)
         "--json",
         "--accelerator",
         accelerator,

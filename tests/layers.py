@@ -44,7 +44,8 @@ LAYERS: tuple[Layer, ...] = (
         (),
         "`core/` (errors, `$TPUFT_HOME` paths, name and path formats, bounded YAML 1.2, checked config "
         "types, the cluster records `Worker`/`Cluster`/`SliceLayout`, ports, waits that say what they wait "
-        "for, the TPU catalogue, templates, `fetch.py` beside data); `run/`: the run-directory contract "
+        "for, the TPU catalogue and its zones per generation (`tpu_zones`), templates, `fetch.py` beside "
+        "data); `run/`: the run-directory contract "
         "(`rundir`, below), the goodput timeline, cost, maintenance windows and the checkpoint asked before "
         "one (`maintenance_asks`), start-up (`startup`: which trainers are not up yet), the predict job "
         "(`predict_job`: the job and the `Engine` contract); `model/t5_config.py` (the `model.config` "
@@ -177,7 +178,8 @@ LAYERS: tuple[Layer, ...] = (
         "`ondemand`, `maintenance`, `gc`, `drill`, `quick_exec`, `predict`, `predict_launch`, "
         "`predict_shards`, `common`) and their parts (`trainer_env`: what every launched trainer is told; "
         "`ship_data`: the data shipped to the workers; `watcher_lease`: the recovery watcher's lease; "
-        "`doctor_checks`: the verdicts on a host's probe report), and the warm-connection agent (`agent`, "
+        "`doctor_checks`: the verdicts on a host's probe report; `compile_triage` and `compile_preflight`: "
+        "what `compile_fit` decides and checks before a compile), and the warm-connection agent (`agent`, "
         "`agent_client`)",
     ),
     Layer(

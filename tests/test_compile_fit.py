@@ -219,7 +219,7 @@ def test_check_fit_stops_a_model_too_big_before_any_api_call(
         cluster = tmp_path / "tpuft.yaml"
         cluster.write_text(
             "name: tp\nprovider: gcp\naccelerator: v2-8\n"
-            f"gcp:\n  project: tpuft-test\n  zone: us-central1-f\n  tpu_api_endpoint: {server.endpoint}\n"
+            f"gcp:\n  project: tpuft-test\n  zone: us-central1-b\n  tpu_api_endpoint: {server.endpoint}\n"
         )
         done = cli(
             "train", str(wide), "-c", str(cluster), "--check-fit", "--set", "eval.batch_size=256", *SOURCE

@@ -294,7 +294,8 @@ def test_the_catalogue_tells_tensorflow_devices_per_chip(tmp_path: Path) -> None
     path = tmp_path / "c.yaml"
     for accelerator, devices in (("v3-8", 8), ("v2-32", 32), ("v4-16", 8), ("v5litepod-8", 8)):
         path.write_text(
-            f"provider: gcp\naccelerator: {accelerator}\ngcp: {{project: my-project, zone: us-central2-b}}\n"
+            f"provider: gcp\naccelerator: {accelerator}\n"
+            "gcp: {project: my-project, zone: us-central2-b, skip_zone_check: true}\n"
         )
         assert BACKEND.replicas(load_cluster(path).value.shape()) == devices, accelerator
 

@@ -254,7 +254,8 @@ def valid_edits(kind: str, base: str, tree: dict) -> list[Mutation]:
         ]
     elif tree.get("provider") == "gcp":
         edits = [
-            (("gcp", "zone"), "us-central1-a"),
+            (("accelerator",), "v4-64"),  # a zone offers a generation: us-central2-b has every v4 size
+            (("gcp", "skip_zone_check"), True),
             (("gcp", "labels", "owner"), "me"),
             (("ssh", "port"), 2222),
         ]

@@ -87,6 +87,11 @@ class CompilePlan:
     env_vars: dict[str, str] = field(default_factory=dict)
     what: str = ""
     """What is compiled, for the progress line (``the T5X train step of byt5 small``)."""
+    sources_key: tuple[str, ...] = ()
+    """The recipe key that chooses where the venv's ``no_deps`` sources come from (``("backend",
+    "t5x_source")``): where a source that cannot be reached, or an install that failed, is reported."""
+    sources_help: str = ""
+    """How to set that key, for the error (a checkout, wheels, or the git repositories and what they need)."""
 
 
 def local_replicas(shape: ClusterShape, replicas: int) -> str:

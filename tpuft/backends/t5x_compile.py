@@ -25,6 +25,13 @@ compiler of the same XLA as the venv's jaxlib."""
 
 LIBTPU_VERSION = LIBTPU_FOR_JAX[JAX_VERSION]
 
+SOURCES_HELP = (
+    "backend.t5x_source chooses where t5x, airio and jestimator come from: null (the default) installs "
+    "them from their git repositories, which needs git and the network; or set it to a t5x checkout, a t5x "
+    "wheel or a folder of t5x/airio/jestimator wheels on this machine, e.g. --set "
+    "backend.t5x_source=../wheels (docs/backends.md)"
+)
+
 
 def compile_plan(
     recipe: RecipeConfig, accelerator: AcceleratorType, python: str, slices: int = 1
@@ -62,4 +69,6 @@ def compile_plan(
         },
         what=f"T5X's train step of {model} ({topology.devices} devices, {topology.name}"
         + (f", x {slices} slices)" if slices > 1 else ")"),
+        sources_key=("backend", "t5x_source"),
+        sources_help=SOURCES_HELP,
     )

@@ -108,6 +108,13 @@ def recipes_show(
             "(T5X; builds the backend's venv and libtpu once) and report its bytes per chip against HBM.",
         ),
     ] = False,
+    force_compile: Annotated[
+        bool,
+        typer.Option(
+            "--force-compile",
+            help="--compile even when the paper estimate alone already says the step does not fit.",
+        ),
+    ] = False,
 ) -> None:
     from tpuft.core.errors import UsageError
 
@@ -120,6 +127,7 @@ def recipes_show(
                 ("--config", config),
                 ("--accelerator", accelerator),
                 ("--compile", compile_step),
+                ("--force-compile", force_compile),
             )
             if value
         ]
@@ -143,6 +151,7 @@ def recipes_show(
         return
     from tpuft.ops.recipes import summary as summarize
 
+    compile_step = compile_step or force_compile
     if not compile_step:
         found = summarize(Path(name), overrides, config=config, accelerator=accelerator)
         if json_out:
@@ -164,7 +173,14 @@ def recipes_show(
             _print_summary(paper)
         else:
             err_console().print(f"no paper summary: {problem}", soft_wrap=True)
-    fit = compile_fit(Path(name), overrides, config=config, accelerator=accelerator)
+    fit = compile_fit(
+        Path(name),
+        overrides,
+        config=config,
+        accelerator=accelerator,
+        force=force_compile,
+        notice=lambda line: err_console().print(line, soft_wrap=True, markup=False, highlight=False),
+    )
     if json_out:
         head = paper.to_json() if paper is not None else {"summary_error": problem}
         print(json.dumps({**head, "compile": fit.to_json()}, indent=2))

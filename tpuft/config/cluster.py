@@ -97,6 +97,12 @@ class GcpConfig(StrictModel):
 
     project: ProjectId | None = Field(None, description="GCP project id (required for provider: gcp).")
     zone: Zone | None = Field(None, description="Zone, e.g. us-central2-b (required for provider: gcp).")
+    skip_zone_check: bool = Field(
+        False,
+        description="Accept a gcp.zone that tpuft's table of zones per TPU generation (Google's TPU regions "
+        "and zones page, dated in tpuft/core/tpu_zones.py) does not list for the accelerator: a zone newer "
+        "than the table.",
+    )
     runtime_version: RuntimeVersion | None = Field(
         None, description="TPU software version; default: the catalogue's for the generation."
     )
@@ -430,6 +436,12 @@ class ClusterConfig(StrictModel):
                     f"({accelerator.chips_per_host}): remove local.devices_per_worker",
                 )
             )
+        if self.provider == "gcp" and self.gcp.zone and not self.gcp.skip_zone_check:
+            from tpuft.core.tpu_zones import zone_problem
+
+            problem = zone_problem(accelerator.generation.name, self.gcp.zone)
+            if problem:
+                found.append((("gcp", "zone"), problem))
         found += [(("gcp", *path), message) for path, message in self.gcp.cross_problems()]
         return found
 

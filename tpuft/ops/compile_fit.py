@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from tpuft.backends.base import CompilePlan, EnvSpec
     from tpuft.config import ClusterConfig, Loaded, RecipeConfig
+    from tpuft.core.config_types import KeyPath
 
 GIB = 2**30
 HEADROOM = 0.93
@@ -115,6 +116,8 @@ class FitReport:
     """Lower bound: the step's flops at the chip's peak bf16 FLOP/s."""
     cost_usd: float | None = None
     """Lower bound: ``train.steps`` x step time x the slice's list price."""
+    decisive: bool = False
+    """Not compiled: the paper estimate alone said it does not fit (:mod:`tpuft.ops.compile_triage`)."""
 
     @property
     def total_bytes(self) -> int:
@@ -181,6 +184,7 @@ class FitReport:
             "cost_lower_bound_usd": self.cost_usd,
             "steps": self.steps,
             "source": "compile" if self.step is not None else self.estimate,
+            "decisive_estimate": self.decisive,
         }
         if self.step is not None:
             data["compiled"] = {**asdict(self.step), "total_bytes": self.step.total_bytes}
@@ -294,10 +298,19 @@ def fit_report(
     recipe_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
     slices: int = 1,
+    force: bool = False,
+    notice: Callable[[str], None] | None = None,
+    locate: Callable[[KeyPath, str], str] | None = None,
+    source: str | None = None,
 ) -> FitReport:
     """Compile the recipe's step for ``accelerator`` (``slices`` of it: Multislice), or, for a backend that
-    cannot, the paper estimate."""
+    cannot, the paper estimate. Before a compile (:mod:`tpuft.ops.compile_triage`): a paper estimate that
+    is decisive answers at once, without a compile, unless ``force``; else ``notice`` is told how long and
+    how much memory the compile is expected to take, and what can fail fast (the sources, pip's index) is
+    checked before anything is installed (:mod:`tpuft.ops.compile_preflight`; ``locate`` places a problem
+    at its recipe key)."""
     from tpuft.backends.registry import compile_planner, no_compile_reason
+    from tpuft.ops import compile_triage
 
     planner = compile_planner(recipe.backend.kind)
     if planner is None:
@@ -305,12 +318,32 @@ def fit_report(
 
         paper = summarize(recipe, accelerator, recipe_dir=recipe_dir)
         return estimate_report(recipe, accelerator, paper.total_bytes, no_compile_reason(recipe.backend.kind))
+    summary = compile_triage.paper_summary(recipe, accelerator, slices, recipe_dir)
+    if summary is not None and not force and compile_triage.decisive(summary):
+        return FitReport(
+            recipe=recipe.name,
+            backend=recipe.backend.kind,
+            accelerator=summary.accelerator,
+            devices=summary.devices,
+            device_word=summary.device_word,
+            hbm_bytes=summary.hbm_bytes,
+            steps=recipe.train.steps,
+            estimate=compile_triage.decisive_label(summary),
+            estimate_bytes=summary.total_bytes,
+            suggestions=compile_triage.paper_suggestions(recipe, accelerator, slices, recipe_dir),
+            decisive=True,
+        )
     plan = planner.compile_plan(recipe, accelerator, python, slices=slices)
-    return report(recipe, accelerator, run_compile(plan, progress), slices)
+    if notice is not None and summary is not None:
+        notice(compile_triage.forecast(summary.total_params).line(plan.what))
+    return report(recipe, accelerator, run_compile(plan, progress, locate=locate, source=source), slices)
 
 
 def require_fit(
-    config: ClusterConfig, recipe: Loaded[RecipeConfig], progress: Callable[[str], None] | None = None
+    config: ClusterConfig,
+    recipe: Loaded[RecipeConfig],
+    progress: Callable[[str], None] | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> FitReport:
     """``--check-fit``: compile for the cluster's accelerator before anything is created or launched; a step
     that does not fit stops here (exit 2) with its bytes and what to change. Its waits are shown on stderr."""
@@ -322,19 +355,44 @@ def require_fit(
         recipe_dir=Path(recipe.source).resolve().parent,
         progress=progress,
         slices=config.slices,
+        notice=notice,
+        locate=recipe.problem,
+        source=recipe.source,
     )
     if not found.fits:
         parts = ", ".join(f"{what} {gib(size)}" for what, size, _ in found.rows())
         raise DoesNotFit(
             f"{recipe.source}: {found.verdict()}" + (f" ({parts})" if parts else ""),
             hint=f"see it whole: tpuft recipes show --summary {recipe.source} --compile "
-            f"--accelerator {accelerator.name}",
+            f"--accelerator {accelerator.name}"
+            + (
+                " (--force-compile: compile although the paper estimate is decisive)"
+                if found.step is None
+                else ""
+            ),
         )
     return found
 
 
-def run_compile(plan: CompilePlan, progress: Callable[[str], None] | None = None) -> CompiledStep:
-    python = ensure_env(plan.env, progress)
+def run_compile(
+    plan: CompilePlan,
+    progress: Callable[[str], None] | None = None,
+    *,
+    locate: Callable[[KeyPath, str], str] | None = None,
+    source: str | None = None,
+) -> CompiledStep:
+    from tpuft.host.bootstrap import MARKER, is_ready
+    from tpuft.ops.compile_preflight import check_sources
+
+    check_sources(
+        plan,
+        venv_missing=not is_ready(venv_cache() / plan.env.key),
+        overlay_missing=not (venv_cache() / plan.overlay_key / MARKER).is_file(),
+        locate=locate,
+        source=source,
+        progress=progress,
+    )
+    python = ensure_env(plan.env, progress, _install_hint(plan))
     overlay = ensure_overlay(plan, python, progress)
     package_root = str(Path(tpuft.__file__).resolve().parent.parent)
     env = {**os.environ, **plan.env_vars, "PYTHONPATH": os.pathsep.join([package_root, str(overlay)])}
@@ -364,7 +422,7 @@ def run_compile(plan: CompilePlan, progress: Callable[[str], None] | None = None
     return CompiledStep.from_json(answer)
 
 
-def ensure_env(spec: EnvSpec, progress: Callable[[str], None] | None) -> str:
+def ensure_env(spec: EnvSpec, progress: Callable[[str], None] | None, hint: str | None = None) -> str:
     """The plan's venv, through the same bootstrap and cache as ``tpuft setup`` (in a child process: the
     bootstrap prints, and stdout may be carrying ``--json``)."""
     from tpuft.host.bootstrap import is_ready
@@ -380,7 +438,7 @@ def ensure_env(spec: EnvSpec, progress: Callable[[str], None] | None) -> str:
             "--spec",
             json.dumps(spec.payload()),
         ]
-        _run_with_progress(argv, f"the {spec.kind} venv to be built for the compile: {venv}", progress)
+        _run_with_progress(argv, f"the {spec.kind} venv to be built for the compile: {venv}", progress, hint)
     return str(venv / "bin" / "python")
 
 
@@ -426,7 +484,11 @@ def ensure_overlay(plan: CompilePlan, python: str, progress: Callable[[str], Non
     return folder
 
 
-def _run_with_progress(argv: list[str], what: str, progress: Callable[[str], None] | None) -> None:
+def _run_with_progress(
+    argv: list[str], what: str, progress: Callable[[str], None] | None, hint: str | None = None
+) -> None:
+    """Run an install, its output as the wait's detail; a failure is its last lines (never a bare
+    traceback) and ``hint``: the setting that chooses what was installed."""
     lines: list[str] = []
     with waiting(what, progress=progress) as wait:
         proc = subprocess.Popen(
@@ -441,8 +503,16 @@ def _run_with_progress(argv: list[str], what: str, progress: Callable[[str], Non
         code = proc.wait()
     if code != 0:
         raise TpuftError(
-            f"command failed (exit code {code}): {' '.join(argv[:6])} ...\n{_tail(chr(10).join(lines))}"
+            f"{what.split(' to be ', 1)[0]} could not be installed (exit code {code}): "
+            f"{' '.join(argv[:6])} ...; its last lines:\n{_tail(chr(10).join(lines))}",
+            hint=hint,
         )
+
+
+def _install_hint(plan: CompilePlan) -> str | None:
+    if not plan.sources_key:
+        return None
+    return f"if it failed installing the sources: {plan.sources_help}"
 
 
 def _compile_failure(plan: CompilePlan, code: int, stderr: str) -> TpuftError:

@@ -271,10 +271,14 @@ def compile_fit(
     config: Path | None = None,
     accelerator: str | None = None,
     progress: Callable[[str], None] | None = None,
+    force: bool = False,
+    notice: Callable[[str], None] | None = None,
 ) -> FitReport:
     """``show --summary --compile``: the recipe's real train step compiled for the accelerator (the cluster's,
     or ``accelerator``) on this machine's CPU, against the chip's HBM (:mod:`tpuft.ops.compile_fit`); a
-    backend that cannot compile offline gets its paper estimate, labelled."""
+    backend that cannot compile offline gets its paper estimate, labelled. A decisive paper estimate answers
+    without a compile unless ``force`` (``--force-compile``); ``notice`` hears the compile's expected time
+    and memory before it starts."""
     from tpuft.core.accelerators import lookup
     from tpuft.ops.compile_fit import fit_report
     from tpuft.ops.preflight import load_files
@@ -289,4 +293,8 @@ def compile_fit(
         recipe_dir=Path(loaded.source).resolve().parent,
         progress=progress,
         slices=cluster.slices if accelerator is None else 1,
+        force=force,
+        notice=notice,
+        locate=loaded.problem,
+        source=loaded.source,
     )

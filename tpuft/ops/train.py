@@ -114,7 +114,7 @@ def train(
     if check_fit:
         from tpuft.ops.compile_fit import require_fit
 
-        fit = require_fit(config, recipe)
+        fit = require_fit(config, recipe, notice=on_notice)
         if on_notice is not None:
             on_notice(f"check-fit on {fit.accelerator}: {fit.verdict()}")
     session = open_session(config)

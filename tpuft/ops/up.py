@@ -52,7 +52,7 @@ def up(
     if not checked:
         preflight(config, recipe)
     if check_fit:
-        fit = require_fit(config, recipe)
+        fit = require_fit(config, recipe, notice=on_notice)
         if on_notice is not None:
             on_notice(f"check-fit on {fit.accelerator}: {fit.verdict()}")
     step(0, f"create {config.name}", None)
