@@ -160,7 +160,8 @@ LAYERS: tuple[Layer, ...] = (
         "worker",
         package("tpuft.worker"),
         ("shared", "schemas", "model", "convert"),
-        "Shipped to every host, run in the backend venv: `worker/`: `__main__`, `context`, `loop/` "
+        "Shipped to every host, run in the backend venv: `worker/`: `__main__`, `context`, `compile_cache`, "
+        "`loop/` "
         "(the run sequencer and its state), `export`, `metrics`, `resume`, `selection`, `schedule`, "
         "`events`, "
         "`ondemand`, `multislice`, `hf_data` with `hf_read` (a Hugging Face split read in parts); the "

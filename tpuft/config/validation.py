@@ -20,6 +20,7 @@ drop its findings about a key that was left out, the same way (:func:`affected`)
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from types import UnionType
 from typing import Any, Generic, TypeVar, Union, get_args, get_origin
@@ -53,6 +54,19 @@ def affected(path: KeyPath, pruned: frozenset[KeyPath]) -> bool:
     return any(path[: len(key)] == key for key in pruned)
 
 
+def reads_pruned(path: KeyPath, message: str, pruned: frozenset[KeyPath]) -> bool:
+    """Whether a check's finding is about a left-out key: at it (:func:`affected`), or in the section that
+    holds it and naming it (``backend.family: required: ... or gin_files`` with ``backend.gin_files`` left
+    out read the default in place of the user's list: the user wrote one, only a wrong one)."""
+    if affected(path, pruned):
+        return True
+    for key in pruned:
+        section, name = key[:-1], str(key[-1])
+        if path[: len(section)] == section and re.search(rf"\b{re.escape(name)}\b", message):
+            return True
+    return False
+
+
 def validate(
     model: type[M], data: dict[str, Any], context: dict[str, Any], words: set[KeyPath] = frozenset()
 ) -> Validated[M]:
@@ -64,7 +78,11 @@ def validate(
         return Validated(value, _checks(value, words))
     value, pruned = _recover(model, model, data, context, words, errors)
     if value is not None:
-        found = [(path, message) for path, message in _checks(value, words) if not affected(path, pruned)]
+        found = [
+            (path, message)
+            for path, message in _checks(value, words)
+            if not reads_pruned(path, message, pruned)
+        ]
     else:
         found = _section_checks(model, data, context, words)
     return Validated(value, errors + found, pruned)
@@ -157,7 +175,7 @@ def _section_checks(
         own = part.cross_problems() if isinstance(part, StrictModel) else []
         checks = [p for p in _yaml11_words(value, words) if p[0][:1] == (name,)]
         checks += [((name, *path), message) for path, message in own]
-        found += [(path, message) for path, message in checks if not affected(path, pruned)]
+        found += [(path, message) for path, message in checks if not reads_pruned(path, message, pruned)]
     return found
 
 
