@@ -75,11 +75,12 @@ def start_torch_xla_cache(worker: int, process: int = 0) -> Path | None:
     folder = cache_folder(f"worker-{worker}" + (f"-{process}" if process else ""))
     if folder is None:
         return None
+    import torch_xla
     import torch_xla.runtime as xr
 
-    try:
-        xr.initialize_cache(str(folder), readonly=False)
-    except (RuntimeError, ValueError) as exc:  # already initialised, or a runtime without the cache
-        print(f"[tpuft] compile cache off: {exc}", flush=True)
-        return None
+    if torch_xla._XLAC._xla_computation_cache_is_initialized():
+        # too late for this process: a second trainer in it (a test harness) has the first one's cache, if any
+        current = os.environ.get("XLA_PERSISTENT_CACHE_PATH")
+        return Path(current) if current else None
+    xr.initialize_cache(str(folder), readonly=False)
     return folder
