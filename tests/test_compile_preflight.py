@@ -25,7 +25,7 @@ import pytest
 from tpuft.core.errors import TpuftError
 from tpuft.ops.compile_fit import _run_with_progress
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "t5x_quickstart.yaml"
+RECIPE = Path(__file__).resolve().parents[1] / "tpuft" / "recipes" / "t5x_quickstart.yaml"
 XXL = ["--set", "backend.gin_overrides={}", "--set", "backend.family=t5_1_1", "--set", "backend.size=xxl"]
 
 
