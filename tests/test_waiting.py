@@ -14,7 +14,15 @@ import time
 
 import pytest
 
+from tpuft.core import waiting as waiting_module
 from tpuft.core.waiting import duration, waiting
+
+
+@pytest.fixture(autouse=True)
+def own_board(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own waiting board: what these tests read is exactly their waits' drawing, not also a
+    wait an earlier test's abandoned thread still has on the process's board."""
+    monkeypatch.setattr(waiting_module, "_BOARD", waiting_module._Board())
 
 
 class Capture(io.StringIO):

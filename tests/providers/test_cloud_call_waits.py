@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,27 @@ def test_a_storage_call_to_a_closed_port_names_its_own_service_and_time(
     assert "Cloud TPU API" not in message and str(tpu_port) not in message, message
     waited = re.search(r" for (\d+)s \(", message)
     assert waited is None or int(waited[1]) < BUDGET_S + 5, message  # this call's time, not an old outage's
+
+
+def test_monitor_s_node_state_shows_unknown_and_draws_no_wait_from_the_thread_it_leaves(
+    budget: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``monitor`` asks the node's state in a thread and stops waiting for it after a few seconds (the live
+    view goes on with "unknown"); that thread's call goes on retrying, and its wait line was drawn over the
+    live view, and stayed on the waiting board after the refresh (a later wait's terminal line showed it)."""
+    from tpuft.config import load_cluster
+    from tpuft.providers.gcp import tuning
+    from tpuft.readers.monitor import node_state
+
+    monkeypatch.setattr(tuning, "RETRY_BASE_S", 0.05)
+    cluster = tmp_path / "tpuft.yaml"
+    cluster.write_text(
+        "name: tp\nprovider: gcp\naccelerator: v4-8\ngcp:\n  project: tpuft-test\n  zone: us-central2-b\n"
+        f"  tpu_api_endpoint: http://127.0.0.1:{closed_port()}\n  timeout: {BUDGET_S:.0f}s\n"
+    )
+    config = load_cluster(cluster).value
+    with stamped_stderr() as stderr:
+        state = node_state(config, timeout_s=EARLIEST_S + 1.5)  # past the 2 s a wait is silent
+        on_the_board = list(waiting_module._BOARD.waits)
+    assert state.startswith("unknown"), state
+    assert stderr.waiting_lines() == [] and on_the_board == [], (stderr.lines, on_the_board)

@@ -113,9 +113,11 @@ def results(keras_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict
                 "train.keep_best=true",
                 "train.checkpoint_every=10",
                 "train.keep_checkpoints=10",
-                # 80 steps: the copy task's BLEU peaks (step 40) well before its eval loss bottoms out (80),
-                # so a keep-best that ranked by the loss would pick another checkpoint
-                "train.steps=80",
+                # 70 steps: the copy task's BLEU peaks before its eval loss bottoms out, so a keep-best
+                # that ranked by the loss would pick another checkpoint. Where is a matter of float
+                # arithmetic (the CPU's kernels, the venv's versions): 40 and 80 on an earlier CI machine,
+                # 50 and 60 here (at 80 steps, both 80 here); 70 parts them on both
+                "train.steps=70",
             ],
         },
         {
@@ -185,7 +187,7 @@ def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
 def test_bleu_ranks_the_checkpoints_for_keep_best(results: dict[str, Any]) -> None:
     run_dir, out = results["root"] / "bleu", results["bleu"]
     evals = {row["step"]: row for row in metrics_rows(run_dir) if "eval_bleu" in row}
-    assert sorted(evals) == [10, 20, 30, 40, 50, 60, 70, 80]
+    assert sorted(evals) == [10, 20, 30, 40, 50, 60, 70]
     references = [row["text"] for row in results["splits"]["validation"]]
     for (
         step,
@@ -203,7 +205,7 @@ def test_bleu_ranks_the_checkpoints_for_keep_best(results: dict[str, Any]) -> No
     test_row = next(row for row in metrics_rows(run_dir) if "test_bleu" in row)
     assert test_row["test_checkpoint_step"] == best and test_row["test_examples"] == 8
     assert best != min(evals, key=lambda step: evals[step]["eval_loss"]), "the loss would pick this one too"
-    state = json.loads((run_dir / "checkpoints" / "step_00000080" / "trainer_state.json").read_text())
+    state = json.loads((run_dir / "checkpoints" / "step_00000070" / "trainer_state.json").read_text())
     assert state["best"]["step"] == best and state["best"]["metric"] == "eval_bleu", state["best"]
     assert len(out["samples"]) == 16  # the last evaluation's decodes (the first 3 are said at the end)
 

@@ -32,12 +32,14 @@ def node_state(config: ClusterConfig, *, timeout_s: float = 8.0) -> str:
 
     from tpuft.core.errors import TpuftError
     from tpuft.providers import get_provider
+    from tpuft.storage.network import quiet_calls
 
     answer: dict[str, str] = {}
 
     def ask() -> None:
         try:
-            answer["state"] = str(get_provider(config).get().state)
+            with quiet_calls():  # shown as "unknown (...)", never as a wait line over the live view
+                answer["state"] = str(get_provider(config).get().state)
         except TpuftError as exc:
             answer["state"] = f"unknown ({exc.message.splitlines()[0][:80]})"
 

@@ -215,6 +215,19 @@ class CloudCall:
 
 
 _CALL: ContextVar[CloudCall | None] = ContextVar("tpuft_cloud_call", default=None)
+_QUIET: ContextVar[bool] = ContextVar("tpuft_cloud_calls_quiet", default=False)
+
+
+@contextmanager
+def quiet_calls() -> Iterator[None]:
+    """The cloud calls made inside say nothing while they wait: for a caller that shows the outcome its own
+    way and does not wait it out (``monitor``'s node state, asked in a thread it abandons after a few
+    seconds: a wait line of that thread would be drawn over the live view, and outlive the refresh)."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
 
 
 @contextmanager
@@ -227,7 +240,7 @@ def cloud_call(service: str, what: str, *, wait: bool = True) -> Iterator[CloudC
     quiet: their run-dir mirror is not a wait anyone watches. ``wait=False`` for a transfer, which moves
     bytes for as long as they take (``pull`` shows its own progress)."""
     CLOCK.begin_call()
-    call = CloudCall(service, what, speaks=wait and CLOCK.armed)
+    call = CloudCall(service, what, speaks=wait and CLOCK.armed and not _QUIET.get())
     token = _CALL.set(call)
     try:
         yield call
