@@ -72,6 +72,24 @@ def test_a_misspelt_key_does_not_hide_a_batch_that_does_not_split(
     assert f"2 problem(s) in {path}:" in result.err
 
 
+def test_a_misspelt_required_key_does_not_hide_a_batch_that_does_not_split(
+    recipe_dir: Path,
+    tmp_path: Path,
+    cli,  # type: ignore[no-untyped-def]
+) -> None:
+    """``stpes`` for ``steps``: the required key is missing, and its section still gets the recipe-against-
+    the-workers check (a whole number stands in for it, and no check reports about the stand-in)."""
+    cluster = write(tmp_path, "two.yaml", TWO_WORKERS)
+    text = GOOD.replace("  steps: 10\n  batch_size: 4", "  stpes: 10\n  batch_size: 33\n  warmup_steps: 5")
+    path = write(recipe_dir, "r.yaml", text)
+    result = cli("recipes", "validate", str(path), "--config", str(cluster), "--no-data-check")
+    assert result.code == 2 and "Traceback" not in result.err, result.err
+    assert f"{path}:8: train.steps: required key is missing" in result.err
+    assert f"{path}:9: train.stpes: unknown key; did you mean 'steps'?" in result.err
+    assert f"{path}:10: train.batch_size: 33 does not split evenly over 2 workers" in result.err
+    assert f"3 problem(s) in {path}:" in result.err  # and nothing about warm-up against the stand-in's 1
+
+
 @pytest.mark.parametrize("dry_run", [True, False], ids=["create --dry-run", "create"])
 def test_spot_yes_does_not_hide_local_workers_on_a_gcp_cluster(
     tmp_path: Path,

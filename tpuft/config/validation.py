@@ -114,7 +114,13 @@ def _recover(
     trimmed = copy.deepcopy(data)
     pruned: set[KeyPath] = set()
     for _ in range(MAX_ROUNDS):
-        removed = {key for key in (_leave_out(trimmed, path) for path, _ in errors) if key is not None}
+        removed = {
+            key
+            for key in (
+                _stand_in(model, trimmed, path, pruned) or _leave_out(trimmed, path) for path, _ in errors
+            )
+            if key is not None
+        }
         if not removed:
             break
         pruned |= removed
@@ -122,6 +128,46 @@ def _recover(
         if value is not None:
             return value, frozenset(pruned)
     return None, frozenset(pruned)
+
+
+def _stand_in(
+    model: type[BaseModel], data: dict[str, Any], path: KeyPath, pruned: set[KeyPath]
+) -> KeyPath | None:
+    """A required whole number that is missing from a section the file has (``train.steps``, misspelt
+    ``stpes``) gets its least valid value in the copy, rather than the whole section leaving with it: the
+    section's other keys are then checked against the workers too (``batch_size: 33``). The key counts as left
+    out, so no check reports about the stand-in (:func:`reads_pruned`). Once per key; None when it does not
+    apply."""
+    if path in pruned or not path or not isinstance(path[-1], str):
+        return None
+    owner: Any = data
+    for part in path[:-1]:
+        owner = owner.get(part) if isinstance(owner, dict) else None
+    if not isinstance(owner, dict) or path[-1] in owner:
+        return None
+    info = _field_at(model, path)
+    if info is None or info.annotation is not int or not info.is_required():
+        return None
+    floor = 1
+    for bound in info.metadata:
+        floor = max(floor, int(getattr(bound, "ge", floor)), int(getattr(bound, "gt", floor - 1)) + 1)
+    owner[path[-1]] = floor
+    return path
+
+
+def _field_at(model: type[BaseModel], path: KeyPath) -> Any:
+    """The pydantic field at ``path`` through nested models (not through unions or containers), or None."""
+    info: Any = None
+    current: Any = model
+    for part in path:
+        if (
+            not (isinstance(current, type) and issubclass(current, BaseModel))
+            or part not in current.model_fields
+        ):
+            return None
+        info = current.model_fields[part]
+        current = info.annotation
+    return info
 
 
 def _leave_out(data: dict[str, Any], path: KeyPath) -> KeyPath | None:
