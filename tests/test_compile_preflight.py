@@ -105,21 +105,17 @@ def test_force_compile_says_what_the_compile_costs_then_fails_fast_on_git(cli, o
     assert "Traceback" not in result.err and not offline.exists()
 
 
+def compile_with_source(cli, source: Path):  # type: ignore[no-untyped-def]
+    """``recipes show --summary --compile`` of the quickstart for a v4-8 with ``backend.t5x_source`` set."""
+    settings = ("--set", f"backend.t5x_source={source}")
+    return cli("recipes", "show", "--summary", str(RECIPE), "-a", "v4-8", "--compile", *settings)
+
+
 def test_a_t5x_source_that_does_not_exist_is_named_before_any_install(
     cli, offline: Path, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     missing = tmp_path / "nowhere" / "t5x.whl"
-    result = cli(
-        "recipes",
-        "show",
-        "--summary",
-        str(RECIPE),
-        "-a",
-        "v4-8",
-        "--compile",
-        "--set",
-        f"backend.t5x_source={missing}",
-    )
+    result = compile_with_source(cli, missing)
     assert result.code == 2, result.out + result.err
     said = " ".join(result.err.split())
     assert f"--set backend.t5x_source={missing}: backend.t5x_source: {missing} does not exist" in said
@@ -128,17 +124,7 @@ def test_a_t5x_source_that_does_not_exist_is_named_before_any_install(
 
 def test_an_unreachable_pip_index_is_named_before_any_install(cli, offline: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     wheels = wheelhouse(tmp_path / "wheels")
-    result = cli(
-        "recipes",
-        "show",
-        "--summary",
-        str(RECIPE),
-        "-a",
-        "v4-8",
-        "--compile",
-        "--set",
-        f"backend.t5x_source={wheels}",
-    )
+    result = compile_with_source(cli, wheels)
     assert result.code == 2, result.out + result.err
     said = " ".join(result.err.split())
     assert "pip's index cannot be reached" in said and "/simple" in said and "Traceback" not in said

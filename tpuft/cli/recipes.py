@@ -366,7 +366,9 @@ def _data_words(found: list) -> list[str]:  # type: ignore[type-arg]
     return words + [d.words() for d in found if d.examples is None]
 
 
-def _validated(loaded: Any, cfg: Any, data: list[dict[str, Any]] | None, launched: int | None = None) -> dict:  # type: ignore[type-arg]
+def _validated(
+    loaded: Any, cfg: Any, data: list[dict[str, Any]] | None, launched: int | None = None
+) -> dict[str, Any]:
     """``validate --json``'s answer when the recipe passes: what was checked against what, and its data
     (``data``: None with ``--no-data-check``)."""
     recipe = loaded.value

@@ -275,7 +275,9 @@ def _adapter_class() -> type:
                 self.role = role
                 super().__init__(**kwargs)
 
-            def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+            def send(  # type: ignore[override]
+                self, request: requests.PreparedRequest, *args: Any, **kwargs: Any
+            ) -> requests.Response:
                 endpoint = endpoint_label(self.role, request.url or "")
                 call = current_call()
                 if not CLOCK.may_send():

@@ -45,22 +45,27 @@ def programs(folder: Path) -> int:
     return sum(1 for entry in folder.iterdir() if entry.is_file() and not entry.name.startswith("."))
 
 
-def describe(folder: Path) -> str:
+def announce(folder: Path) -> None:
+    """The chief's line on what the cache holds as the run starts (a user sees whether a restart loads its
+    programs)."""
     found = programs(folder)
-    return (
-        f"compile cache {folder}: {found} program(s) kept from earlier runs"
+    held = (
+        f"{found} program(s) kept from earlier runs"
         if found
-        else (f"compile cache {folder}: empty, this run's programs are kept for the next")
+        else "empty, this run's programs are kept for the next"
     )
+    print(f"[tpuft] compile cache {folder}: {held}", flush=True)
 
 
-def start_jax_cache() -> Path | None:
+def start_jax_cache(chief: bool = False) -> Path | None:
     """Point JAX's persistent compilation cache at the plan's folder, before the first compile. Every
     program that took over a second to compile is kept (JAX's own threshold), the small ones are cheaper
-    to compile than to read."""
+    to compile than to read. The ``chief`` says what the folder holds."""
     folder = cache_folder()
     if folder is None:
         return None
+    if chief:
+        announce(folder)
     import jax
 
     jax.config.update("jax_compilation_cache_dir", str(folder))
@@ -71,7 +76,8 @@ def start_jax_cache() -> Path | None:
 
 def start_torch_xla_cache(worker: int, process: int = 0) -> Path | None:
     """torch_xla's persistent cache in this process's own folder (``worker-W`` or ``worker-W-P`` for the
-    P-th process of a TPU host), before the runtime's first computation."""
+    P-th process of a TPU host), before the runtime's first computation; worker 0's first process says what
+    it holds."""
     folder = cache_folder(f"worker-{worker}" + (f"-{process}" if process else ""))
     if folder is None:
         return None
@@ -83,4 +89,6 @@ def start_torch_xla_cache(worker: int, process: int = 0) -> Path | None:
         current = os.environ.get("XLA_PERSISTENT_CACHE_PATH")
         return Path(current) if current else None
     xr.initialize_cache(str(folder), readonly=False)
+    if worker == 0 and process == 0:
+        announce(folder)
     return folder

@@ -13,7 +13,7 @@ from tpuft.backends.spec import LOCAL_DEVICES_ENV
 from tpuft.backends.t5x_schema import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.run import rundir
-from tpuft.worker.compile_cache import describe, start_jax_cache
+from tpuft.worker.compile_cache import start_jax_cache
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.export import export_hf
 
@@ -27,9 +27,7 @@ def start_jax(ctx: WorkerContext, recipe: RecipeConfig) -> None:
     coordinator). Then JAX's persistent compilation cache (:mod:`tpuft.worker.compile_cache`), on either."""
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":
         start_cpu_pod(ctx, recipe)
-    folder = start_jax_cache()
-    if folder is not None and ctx.worker_id == 0:
-        print(f"[tpuft] {describe(folder)}", flush=True)
+    start_jax_cache(chief=ctx.worker_id == 0)
 
 
 def start_cpu_pod(ctx: WorkerContext, recipe: RecipeConfig) -> None:

@@ -52,7 +52,7 @@ from tpuft import data as data_mod
 from tpuft.backends.torch_xla_schema import LAYOUT
 from tpuft.config import RecipeConfig
 from tpuft.worker import loop as loop_mod
-from tpuft.worker.compile_cache import describe, start_torch_xla_cache
+from tpuft.worker.compile_cache import start_torch_xla_cache
 from tpuft.worker.context import WorkerContext
 from tpuft.worker.export import export_hf
 from tpuft.worker.loop import RunLoop
@@ -95,8 +95,6 @@ class Trainer:
     def __init__(self, ctx: WorkerContext, recipe: RecipeConfig, *, tpu: bool, process: int = 0) -> None:
         """``process``: this one's index among a TPU host's processes (one per chip), 0 for one per host."""
         self.compile_cache = start_torch_xla_cache(ctx.worker_id, process)  # before the runtime's first use
-        if self.compile_cache is not None and ctx.worker_id == 0 and process == 0:
-            print(f"[tpuft] {describe(self.compile_cache)}", flush=True)
         self.ctx = ctx
         self.recipe = recipe
         self.tpu = tpu
