@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """The quick modules first (a mistake shows in minutes), the slow ones (backend venvs, trainings) after
-    them, the longest first, a module kept whole (tests/lanes.py, also for lanes); the venvs the slow ones
-    need are built in the background meanwhile. Without T5X sources (a clone of the repository alone) the
-    tests that need the T5X venv are skipped, with how to get them."""
+    """The slow modules (backend venvs, trainings) the longest first and the quick ones, a module kept whole
+    (tests/lanes.py: in lanes the slow modules first, in their own lane; in one process the quick ones first);
+    the venvs the slow ones need are built in the background meanwhile. Without T5X sources (a clone of the
+    repository alone) the tests that need the T5X venv are skipped, with how to get them."""
     from tests.lanes import lay_out
     from tests.venvs import t5x_source, wanted
 
@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(
             if "t5x" in wanted([item]):
                 item.add_marker(pytest.mark.skip(reason=missing))
     lay_out(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` (pyproject.toml's addopts): the slow modules in one lane, the quick ones in the
+    other (tests/lanes.py); any other ``--dist`` is xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.lanes import SlowLaneScheduling
+
+    return SlowLaneScheduling(config, log)
 
 
 _venv_builder: list[tuple[subprocess.Popen[bytes], Path]] = []

@@ -1,31 +1,33 @@
-"""The suite's order, and its lanes when asked for: ``pytest -n 2 --dist loadfile --no-loadscope-reorder``
-runs it in two processes, so a test that waits (a rig's poll, a hang timeout, a venv build's lock) leaves its
-CPU to the other lane. Not the default: on 2 cores the recovery rig's preempted-spot test timed out beside
-another rig (pyproject.toml's addopts run one process, in this same order).
+"""The suite's order and its two lanes (pytest-xdist, ``-n 2 --dist loadfile`` in pyproject.toml's addopts).
 
-A test module runs whole in one lane (``loadfile``), so its fixtures (a trained quickstart, a rig, a venv
-process) are made once, as they are without lanes. The lanes take the modules in the order of the collection,
-which this module sets:
-- the modules with only quick tests first, in their usual order (a mistake shows in minutes, while the backend
-  venvs build in the background);
-- then every module with a slow test, the longest first: a lane that ends its last module while the other
-  starts a ten-minute training would wait that long, so the long ones go while the short ones can still fill
-  the other lane.
+On 2 cores the slow modules (backend venvs, trainings on a local pod of 2 host processes, the rigs) are
+CPU-bound: two of them side by side each took 1.4 to 2.2 times as long as alone, and the recovery rig's
+preempted spot run timed out beside another rig. The quick modules are short and wait a lot (subprocesses,
+sockets, sshd). So the lanes are not symmetric (:class:`SlowLaneScheduling`):
 
-(``--dist loadgroup`` with a group per module and speed would let a module's quick tests go first too, but
-pytest-xdist 3.8 cannot rename pytest 9's node ids, which that mode needs: every test became its own group.)
+- every module with a slow test runs in **one lane**, one after another, from the session's first second;
+- the quick modules run in **the other lane** meanwhile (and in the slow one too once its modules are done), a
+  module whole in one lane (``loadfile``), so its fixtures (a rig, a venv process) are made once.
 
-``SLOW_MODULES_LONGEST_FIRST`` is the order the slow modules took on CI's 2 cores (their minutes, measured on
-the run of 2026-11-28, in the comments); a slow module not listed goes after them, in its usual order. It
-decides only the order, never what runs: ``pytest -n 0`` (or ``-p no:xdist``) runs the same tests in one
-process.
+The serial suite ran the quick modules first and the slow ones after them; now the quick ones fill what the
+slow lane leaves idle, and a mistake still shows in minutes. The slow lane takes its modules the longest first
+(``SLOW_MODULES_LONGEST_FIRST``, the minutes CI's 2 cores took on 2026-11-28, in the comments; a slow module
+not listed goes after them); the venvs they need are built in the background in the order they are needed
+(tests/venvs.py).
+
+``pytest -n 0`` runs the same tests in one process, the quick modules first: the order decides only when a
+test runs, never what runs.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 SLOW_MODULES_LONGEST_FIRST = (
     "tests/e2e/test_t5x_e2e.py",  # 10
@@ -50,9 +52,22 @@ def is_slow(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None
 
 
-def lay_out(items: list[pytest.Item], longest_first: Sequence[str] = SLOW_MODULES_LONGEST_FIRST) -> None:
-    """Order ``items`` in place: the quick modules first, then the modules with a slow test, the longest
-    first; a module's tests stay together and in their order."""
+def in_lanes() -> bool:
+    """Whether this process is an xdist worker (a lane), not a session of one process."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def lay_out(
+    items: list[pytest.Item],
+    longest_first: Sequence[str] = SLOW_MODULES_LONGEST_FIRST,
+    slow_first: bool | None = None,
+) -> None:
+    """Order ``items`` in place: the modules with a slow test, the longest first, and the quick modules; the
+    quick ones first in one process (a mistake shows in minutes), the slow ones first in lanes (their lane
+    starts with them while the other runs the quick ones). A module's tests stay together and in their
+    order."""
+    if slow_first is None:
+        slow_first = in_lanes()
     first_seen: dict[str, int] = {}
     slow_modules: set[str] = set()
     for index, item in enumerate(items):
@@ -66,6 +81,39 @@ def lay_out(items: list[pytest.Item], longest_first: Sequence[str] = SLOW_MODULE
     def key(item: pytest.Item) -> tuple[bool, int, int]:
         module = module_of(item)
         slow = module in slow_modules
-        return slow, rank(module) if slow else 0, first_seen[module]
+        return slow != slow_first, rank(module) if slow else 0, first_seen[module]
 
     items.sort(key=key)  # stable: a module's tests keep their order
+
+
+SLOW_LANE = "the slow lane"
+"""The one xdist scope that holds every module with a slow test."""
+
+_SLOW_MARK = re.compile(r"\bmark\.slow\b")
+
+
+def marks_slow(module: Path) -> bool:
+    """Whether a test module marks a test ``slow``, read from its text: xdist's controller schedules by node
+    id and never collects (``tests/test_lanes.py`` holds this against the collected markers)."""
+    try:
+        return _SLOW_MARK.search(module.read_text(encoding="utf-8")) is not None
+    except OSError:
+        return False
+
+
+class SlowLaneScheduling(LoadFileScheduling):
+    """``loadfile``, with every slow module in one scope (:data:`SLOW_LANE`) that goes out first: one lane
+    runs the slow modules one after another, the other lane the quick modules."""
+
+    def __init__(self, config: pytest.Config, log: object = None) -> None:
+        super().__init__(config, log)  # type: ignore[arg-type]
+        # the slow scope first, as the lanes' collection has it (lay_out), not the biggest first
+        config.option.loadscopereorder = False
+        self._root = Path(config.rootpath)
+        self._slow: dict[str, bool] = {}
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        if module not in self._slow:
+            self._slow[module] = marks_slow(self._root / module)
+        return SLOW_LANE if self._slow[module] else module

@@ -100,6 +100,12 @@ SCRIPT = textwrap.dedent(
         t = task("tpuft_cut_" + mode.replace("+", "_"), dict(cfg["long"], truncation=mode))
         out["cut"][mode] = rows(t, "train", {"inputs": cfg["inputs_length"], "targets": 16})
         out["cut"][mode + " unlimited"] = rows(t, "train", None)  # T5X's inference eval: lengths from the data
+    # tf.data's autotuning off for the whole pipeline seqio builds (tasks.without_autotune), on both kinds
+    jsonl_task = seqio.get_mixture_or_task("tpuft_keys_jsonl")
+    out["autotune"] = [
+        jsonl_task.get_dataset(lengths, split="train", shuffle=True, seed=0).options().autotune.enabled,
+        t5x_tasks._corpus_dataset("train", False, files=[cfg["long"]["train"]]).options().autotune.enabled,
+    ]
     scored = task("tpuft_scored", cfg["sources"]["jsonl"], text_metrics=True)
     plain = task("tpuft_plain", cfg["sources"]["jsonl"])
     out["metric_fns"] = [[f.__name__ for f in t.metric_fns] for t in (scored, plain)]
@@ -177,6 +183,12 @@ def test_transforms_template_prefix_and_hook_make_the_shared_examples(stack: dic
     # ByT5 ids of the built text, EOS
     assert train[0][2] == [byte + 3 for byte in EXPECTED[0][0].encode()] + [1]
     assert [(s, t) for s, t, _ in stack["examples"]["jsonl"]["validation"]] == EXPECTED[::-1]
+
+
+@pytest.mark.slow
+def test_the_pipelines_run_without_tf_datas_autotuning(stack: dict[str, Any]) -> None:
+    """Autotuning's teardown held T5X's hosts idle up to a minute after every evaluation (tasks.py)."""
+    assert stack["autotune"] == [False, False]
 
 
 @pytest.mark.slow

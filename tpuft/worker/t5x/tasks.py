@@ -181,6 +181,25 @@ def keep_input_tokens(
     return cut(dataset)
 
 
+def without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` with tf.data's autotuning model off, for the whole pipeline seqio and T5X build on it
+    (options pass downstream).
+
+    Why: in a T5X worker, dropping an iterator held the main thread in tf.data's teardown, waiting on a thread
+    of its pool (gdb), for up to a minute; with the autotuning model off the wait is gone. T5X drops its
+    evaluation iterators after every inference evaluation and its training iterator when its ``train``
+    returns: each evaluation, and the test after the last step, started that much later while the hosts sat
+    idle. The quickstart on the local pod (100 steps, 2026-11-29), from the last evaluation to the test: 24,
+    27, 25, 37, 31 and 51 s with autotuning, 0.15 s twice without, with the same loss and throughput at every
+    step (108.6 and 111.5 examples/s against 108.5). Without the model, the pipeline's ``AUTOTUNE``
+    parallelism and buffers keep tf.data's defaults instead of sizes tuned to the host: enough for a text
+    pipeline of short examples here; not measured on a TPU host.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def _finetune_dataset(
     split: str, shuffle_files: bool, seed: int | None = None, *, data: dict[str, Any]
 ) -> tf.data.Dataset:
@@ -193,7 +212,7 @@ def _finetune_dataset(
             yield {"inputs": example.source, "targets": example.target}
 
     signature = {"inputs": tf.TensorSpec([], tf.string), "targets": tf.TensorSpec([], tf.string)}
-    return tf.data.Dataset.from_generator(generate, output_signature=signature)
+    return without_autotune(tf.data.Dataset.from_generator(generate, output_signature=signature))
 
 
 def _has_text(line: tf.Tensor) -> tf.Tensor:
@@ -211,7 +230,7 @@ def _targets_of(example: dict[str, tf.Tensor]) -> tf.Tensor:
 def _corpus_dataset(
     split: str, shuffle_files: bool, seed: int | None = None, *, files: list[str]
 ) -> tf.data.Dataset:
-    return tf.data.TextLineDataset(files).filter(_has_text).map(_as_targets)
+    return without_autotune(tf.data.TextLineDataset(files).filter(_has_text).map(_as_targets))
 
 
 def register(spec: dict[str, Any]) -> str:

@@ -1,0 +1,90 @@
+"""The suite's two lanes (tests/lanes.py): every slow module in one lane, the quick ones in the other, and the
+text test the scheduler uses agrees with the markers pytest collects."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.lanes import marks_slow
+
+SLOW = "pytest.mark." + "slow"  # spelt apart: this module's own text must not read as a slow module
+
+
+def test_the_text_test_finds_exactly_the_modules_with_a_slow_test() -> None:
+    collected = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-n",
+            "0",
+            "-m",
+            "slow",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    slow = {line.split("::", 1)[0] for line in collected.stdout.splitlines() if "::" in line}
+    assert len(slow) > 10, collected.stdout[-2000:]
+    by_text = {
+        path.relative_to(REPO).as_posix() for path in (REPO / "tests").rglob("test_*.py") if marks_slow(path)
+    }
+    assert by_text == slow
+
+
+def test_the_slow_modules_share_one_lane_and_the_quick_ones_run_beside_them(tmp_path: Path) -> None:
+    """A small suite in two lanes through the real scheduler: both slow modules on one worker, one after the
+    other in the longest-first order, while the quick modules run on the other worker."""
+    (tmp_path / "conftest.py").write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(REPO)!r})
+            from tests.lanes import lay_out, SlowLaneScheduling
+
+            def pytest_collection_modifyitems(session, config, items):
+                lay_out(items, longest_first=("test_slow_b.py", "test_slow_a.py"))
+
+            def pytest_xdist_make_scheduler(config, log):
+                return SlowLaneScheduling(config, log)
+            """
+        )
+    )
+    for name in ("a", "b"):
+        (tmp_path / f"test_slow_{name}.py").write_text(
+            f"import time, pytest\npytestmark = {SLOW}\n"
+            + "".join(f"def test_{name}{i}():\n    time.sleep(0.3)\n" for i in range(3))
+        )
+    for name in ("c", "d", "e"):
+        (tmp_path / f"test_quick_{name}.py").write_text(
+            "".join(f"def test_{name}{i}():\n    pass\n" for i in range(2))
+        )
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-v", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    order = re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED (test_\w+\.py)::(test_\w+)", ran.stdout)
+    assert len(order) == 12, ran.stdout
+    slow_workers = {worker for worker, module, _ in order if "slow" in module}
+    quick_workers = {worker for worker, module, _ in order if "quick" in module}
+    assert len(slow_workers) == 1, order
+    assert quick_workers - slow_workers, order  # the other lane ran quick modules
+    slow_order = [test for worker, module, test in order if "slow" in module]
+    assert slow_order == ["test_b0", "test_b1", "test_b2", "test_a0", "test_a1", "test_a2"], order
