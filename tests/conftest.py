@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.cpu_log"]
 
 
 def pytest_collection_modifyitems(
