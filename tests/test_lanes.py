@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.lanes import marks_slow
+from tests.lanes import SIDE_MODULES, SLOW_MODULES_LONGEST_FIRST, marks_slow
 
 SLOW = "pytest.mark." + "slow"  # spelt apart: this module's own text must not read as a slow module
 
@@ -44,9 +44,18 @@ def test_the_text_test_finds_exactly_the_modules_with_a_slow_test() -> None:
     assert by_text == slow
 
 
-def test_the_slow_modules_share_one_lane_and_the_quick_ones_run_beside_them(tmp_path: Path) -> None:
+def test_the_listed_modules_exist_and_are_slow() -> None:
+    """A renamed or quickened module leaves the lists, rather than silently changing nothing."""
+    for module in (*SLOW_MODULES_LONGEST_FIRST, *SIDE_MODULES):
+        assert marks_slow(REPO / module), module
+
+
+def test_the_slow_modules_share_one_lane_and_the_quick_then_the_side_ones_run_beside_them(
+    tmp_path: Path,
+) -> None:
     """A small suite in two lanes through the real scheduler: both slow modules on one worker, one after the
-    other in the longest-first order, while the quick modules run on the other worker."""
+    other in the longest-first order, while the other worker runs the quick modules and then the side
+    module."""
     (tmp_path / "conftest.py").write_text(
         textwrap.dedent(
             f"""
@@ -54,18 +63,20 @@ def test_the_slow_modules_share_one_lane_and_the_quick_ones_run_beside_them(tmp_
             sys.path.insert(0, {str(REPO)!r})
             from tests.lanes import lay_out, SlowLaneScheduling
 
+            SIDE = ("test_slow_side.py",)
+
             def pytest_collection_modifyitems(session, config, items):
-                lay_out(items, longest_first=("test_slow_b.py", "test_slow_a.py"))
+                lay_out(items, longest_first=("test_slow_b.py", "test_slow_a.py"), side=SIDE)
 
             def pytest_xdist_make_scheduler(config, log):
-                return SlowLaneScheduling(config, log)
+                return SlowLaneScheduling(config, log, side=SIDE)
             """
         )
     )
-    for name in ("a", "b"):
+    for name in ("a", "b", "side"):
         (tmp_path / f"test_slow_{name}.py").write_text(
             f"import time, pytest\npytestmark = {SLOW}\n"
-            + "".join(f"def test_{name}{i}():\n    time.sleep(0.3)\n" for i in range(3))
+            + "".join(f"def test_{name}{i}():\n    time.sleep(0.5)\n" for i in range(3))
         )
     for name in ("c", "d", "e"):
         (tmp_path / f"test_quick_{name}.py").write_text(
@@ -81,10 +92,10 @@ def test_the_slow_modules_share_one_lane_and_the_quick_ones_run_beside_them(tmp_
     )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     order = re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED (test_\w+\.py)::(test_\w+)", ran.stdout)
-    assert len(order) == 12, ran.stdout
-    slow_workers = {worker for worker, module, _ in order if "slow" in module}
-    quick_workers = {worker for worker, module, _ in order if "quick" in module}
-    assert len(slow_workers) == 1, order
-    assert quick_workers - slow_workers, order  # the other lane ran quick modules
-    slow_order = [test for worker, module, test in order if "slow" in module]
+    assert len(order) == 15, ran.stdout
+    (slow_worker,) = {worker for worker, module, _ in order if module in ("test_slow_a.py", "test_slow_b.py")}
+    slow_order = [test for worker, module, test in order if module in ("test_slow_a.py", "test_slow_b.py")]
     assert slow_order == ["test_b0", "test_b1", "test_b2", "test_a0", "test_a1", "test_a2"], order
+    other = [module for worker, module, _ in order if worker != slow_worker]
+    assert set(other) == {"test_quick_c.py", "test_quick_d.py", "test_quick_e.py", "test_slow_side.py"}, order
+    assert other[-3:] == ["test_slow_side.py"] * 3, order  # the side module after the quick ones
