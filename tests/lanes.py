@@ -46,7 +46,6 @@ SLOW_MODULES_LONGEST_FIRST = (
 SIDE_MODULES: tuple[str, ...] = (
     "tests/e2e/test_keras_e2e.py",  # 0.48
     "tests/worker/test_keras_parts.py",  # 0.53
-    "tests/e2e/test_keras_rigs.py",  # 0.54
     "tests/worker/test_keras_train_keys.py",  # 0.51
     "tests/ops/test_train.py",  # 0.36
     "tests/tracking/test_sidecar.py",  # 0.48
@@ -56,7 +55,9 @@ SIDE_MODULES: tuple[str, ...] = (
 """Slow modules that leave a core of two idle when they run alone (the busy share that ``TPUFT_TEST_CPU_LOG``
 logs, tests/cpu_log.py; in the comments, from the CI-like run of 2026-11-29): the Keras backend's tracing and
 decoding run on one thread, the others wait on processes. The quick lane takes them once its quick modules are
-done, beside the slow lane."""
+done, beside the slow lane. No GCP-rig module (``tests/e2e/*_rigs.py``): the rigs' workers listen at 127.0.1.x
+and, like real hosts, on the fixed coordinator port (tpuft.core.ports), so two rigs at once collide (the Keras
+rig beside the T5X rigs failed to start its trainers)."""
 
 
 def module_of(item: pytest.Item) -> str:
