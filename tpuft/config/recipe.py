@@ -21,7 +21,8 @@ def _backend_union() -> Any:
     """Every registered backend's own recipe section (``backends/<kind>_schema.py``), told apart by
     ``kind``."""
     models = tuple(config_models())
-    union = models[0] if len(models) == 1 else Union[models]  # noqa: UP007 - built at run time from the registry
+    # Union[...] rather than `|`: the members come from the registry at run time
+    union = models[0] if len(models) == 1 else Union[models]  # noqa: UP007 - built at run time
     return Annotated[union, Field(discriminator="kind")]
 
 

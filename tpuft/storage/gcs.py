@@ -274,7 +274,7 @@ class GcsStorage(TreeDownloads):
         for path, name in large:
             try:
                 self._upload_sliced(path, name, workers)
-            except Exception as exc:  # noqa: BLE001 - like transfer_manager's own results: reported with the others
+            except Exception as exc:  # noqa: BLE001 - reported with the others, as transfer_manager's are
                 failures.append((self._url_of(name), exc))
         raise_failures("upload", failures, len(todo))
         return len(todo)
@@ -383,7 +383,7 @@ class GcsStorage(TreeDownloads):
                 if _failed(result):
                     raise result
                 writer.finish()  # an empty object never calls write()
-            except Exception as exc:  # noqa: BLE001 - like transfer_manager's own results: reported with the others
+            except Exception as exc:  # noqa: BLE001 - reported with the others, as transfer_manager's are
                 writer.discard()
                 failures.append((writer.url, exc))
         return failures
