@@ -38,8 +38,8 @@ def pytest_collection_modifyitems(
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadfile`` (pyproject.toml's addopts): the slow modules in one lane, the quick ones in the
-    other (tests/lanes.py); any other ``--dist`` is xdist's own."""
+    """``--dist loadfile`` (pyproject.toml's addopts): the slow modules in one lane, the quick ones and then
+    the side ones in the other (tests/lanes.py); any other ``--dist`` is xdist's own."""
     if config.getoption("dist") != "loadfile":
         return None
     from tests.lanes import SlowLaneScheduling

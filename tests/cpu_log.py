@@ -31,14 +31,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
     started = time.time()
     yield
     after = cpu_times() if before is not None else None
-    if target and before is not None and after is not None:
-        busy, total = after[0] - before[0], after[1] - before[1]
-        row = {
-            "test": item.nodeid,
-            "lane": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-            "start": round(started, 1),
-            "wall_s": round(time.time() - started, 2),
-            "busy": round(busy / total, 3) if total else None,
-        }
-        with open(target, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
+    if target is None or before is None or after is None:
+        return
+    busy, total = after[0] - before[0], after[1] - before[1]
+    row = {
+        "test": item.nodeid,
+        "lane": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "start": round(started, 1),
+        "wall_s": round(time.time() - started, 2),
+        "busy": round(busy / total, 3) if total else None,
+    }
+    with open(target, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")

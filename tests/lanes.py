@@ -39,7 +39,7 @@ SLOW_MODULES_LONGEST_FIRST = (
     "tests/worker/test_t5x_parts.py",  # 1.5
     "tests/worker/test_keras_parts.py",  # 1.5 (a side module)
     "tests/worker/test_t5x_train_keys.py",  # 1.4
-    # after the side lane's modules are done: it timed out beside another rig once
+    # late, after the side modules: it timed out beside another rig once (two rigs collide: SIDE_MODULES)
     "tests/e2e/test_recovery_rigs.py",  # 3.6
 )
 
@@ -60,9 +60,9 @@ and, like real hosts, on the fixed coordinator port (tpuft.core.ports), so two r
 rig beside the T5X rigs failed to start its trainers)."""
 
 
-def module_of(item: pytest.Item) -> str:
-    """The test module's path from the repository root (``tests/e2e/test_t5x_e2e.py``)."""
-    return item.nodeid.split("::", 1)[0]
+def module_of(nodeid: str) -> str:
+    """The test module's path from the repository root (``tests/e2e/test_t5x_e2e.py``) of a node id."""
+    return nodeid.split("::", 1)[0]
 
 
 def is_slow(item: pytest.Item) -> bool:
@@ -89,9 +89,9 @@ def lay_out(
     first_seen: dict[str, int] = {}
     slow_modules: set[str] = set()
     for index, item in enumerate(items):
-        first_seen.setdefault(module_of(item), index)
+        first_seen.setdefault(module_of(item.nodeid), index)
         if is_slow(item):
-            slow_modules.add(module_of(item))
+            slow_modules.add(module_of(item.nodeid))
 
     def rank(module: str) -> int:
         return longest_first.index(module) if module in longest_first else len(longest_first)
@@ -104,7 +104,7 @@ def lay_out(
         return 2 if module in side else 0
 
     def key(item: pytest.Item) -> tuple[int, int, int]:
-        module = module_of(item)
+        module = module_of(item.nodeid)
         return group(module), rank(module) if module in slow_modules else 0, first_seen[module]
 
     items.sort(key=key)  # stable: a module's tests keep their order
@@ -141,7 +141,7 @@ class SlowLaneScheduling(LoadFileScheduling):
         self._side = set(side)
 
     def _split_scope(self, nodeid: str) -> str:
-        module = nodeid.split("::", 1)[0]
+        module = module_of(nodeid)
         if module not in self._slow:
             self._slow[module] = marks_slow(self._root / module)
         if not self._slow[module]:
