@@ -56,6 +56,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.rigs.gcloud import GCLOUD  # noqa: E402
+from tests.rigs.gcloud import gcloud_env as rig_gcloud_env  # noqa: E402
+
 CHILD = """
 import json, resource, sys, time
 started = time.perf_counter()
@@ -309,30 +312,11 @@ def compare_shapes(pod, server, shapes: list[tuple[int, int]], runs: int, root: 
     console.print(table)
 
 
-GCLOUD = "/usr/bin/gcloud"
-
-
 def gcloud_env(server, root: Path) -> dict[str, str]:
     """gcloud pointed at the fake TPU API (and at it for the one Compute Engine call, the project's OS Login
-    setting), with a token from a file, its own config folder and HOME (its known_hosts goes there, not in
-    ~/.ssh)."""
-    home = root / "gcloud-home"
-    (home / ".ssh").mkdir(parents=True, exist_ok=True)
-    token = root / "gcloud-token"
-    token.write_text("fake-token\n")
+    setting)."""
     endpoint = server.endpoint.rstrip("/")
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("CLOUDSDK_")},
-        "HOME": str(home),
-        "CLOUDSDK_CONFIG": str(root / "gcloud-config"),
-        "CLOUDSDK_CORE_PROJECT": "tpuft-bench",
-        "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
-        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-        "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{endpoint}/",
-        "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{endpoint}/compute/v1/",
-        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
-        "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1",
-    }
+    return rig_gcloud_env(root, "tpuft-bench", tpu_endpoint=endpoint, compute_endpoint=endpoint)
 
 
 def gcloud_ssh(pod, count: int, env: dict[str, str], worker: str = "all") -> float:

@@ -44,12 +44,12 @@ LAYERS: tuple[Layer, ...] = (
         (),
         "`core/` (errors, `$TPUFT_HOME` paths, name and path formats, bounded YAML 1.2, checked config "
         "types, the cluster records `Worker`/`Cluster`/`SliceLayout`, ports, waits that say what they wait "
-        "for, the TPU catalogue and its zones per generation (`tpu_zones`), templates, `fetch.py` beside "
-        "data); `run/`: the run-directory contract "
-        "(`rundir`, below), the goodput timeline, cost, maintenance windows and the checkpoint asked before "
-        "one (`maintenance_asks`), start-up (`startup`: which trainers are not up yet), the predict job "
-        "(`predict_job`: the job and the `Engine` contract); `model/t5_config.py` (the `model.config` "
-        "schema). The standard library, pydantic and PyYAML",
+        "for, the TPU catalogue and its zones per generation (`tpu_zones`), Compute Engine's TPU machine "
+        "types and images (`compute_tpus`), templates, `fetch.py` beside data); `run/`: the run-directory "
+        "contract (`rundir`, below), the goodput timeline, cost, maintenance windows and the checkpoint "
+        "asked before one (`maintenance_asks`), start-up (`startup`: which trainers are not up yet), the "
+        "predict job (`predict_job`: the job and the `Engine` contract); `model/t5_config.py` (the "
+        "`model.config` schema). The standard library, pydantic and PyYAML",
     ),
     Layer(
         "storage",
@@ -129,7 +129,8 @@ LAYERS: tuple[Layer, ...] = (
         "providers",
         package("tpuft.providers"),
         ("config", "fleet"),
-        "`providers/`: `base` (the Provider contract), `local`, `gcp/` (`api`, `nodes`, `maintenance`, "
+        "`providers/`: `base` (the Provider contract), `local`, `gcp/` (`api`, `nodes`, `maintenance` for "
+        "the Cloud TPU API; `compute_api`, `compute_slices` for Compute Engine; "
         "`buckets`, `access`, `cache`, `exec_plan`, `tuning`, `provider`), `ssh_keys`",
     ),
     Layer(
@@ -176,7 +177,8 @@ LAYERS: tuple[Layer, ...] = (
         ("shared", "backends", "providers", "model", "convert", "readers"),
         "`ops/`: one module per verb (`cluster`, `setup`, `train`, `up`, `lifecycle`, `recover`, `logs`, "
         "`pull`, `convert`, `tensorboard`, `recipes`, `preflight`, `plan`, `compile_fit`, `doctor`, "
-        "`ondemand`, `maintenance`, `gc`, `drill`, `quick_exec`, `predict`, `predict_launch`, "
+        "`ondemand`, `maintenance`, `gc` (with `gc_compute` and the `leaks` both report), `drill`, "
+        "`quick_exec`, `predict`, `predict_launch`, "
         "`predict_shards`, `common`) and their parts (`trainer_env`: what every launched trainer is told; "
         "`ship_data`: the data shipped to the workers; `watcher_lease`: the recovery watcher's lease; "
         "`doctor_checks`: the verdicts on a host's probe report; `compile_triage` and `compile_preflight`: "

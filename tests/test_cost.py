@@ -12,10 +12,16 @@ from tpuft.run import cost
 
 
 def test_every_generation_has_a_spot_price_below_reserved_below_on_demand() -> None:
+    unknown = set()
     for generation in GENERATIONS.values():
         spot, reserved, on_demand = (generation.price(p) for p in ("spot", "reserved", "on-demand"))
-        assert spot is not None and reserved is not None and on_demand is not None
+        assert on_demand is not None and on_demand > 0, generation.name
+        if spot is None or reserved is None:
+            unknown.add(generation.name)
+            continue
         assert 0 < spot < on_demand and 0 < reserved < on_demand, generation.name
+    # TPU7x: no public spot or committed-use figure (tpuft.core.accelerators); shown as unknown, never guessed
+    assert unknown == {"tpu7x"}
 
 
 def test_per_attempt_hours_chips_and_pricing_as_created() -> None:

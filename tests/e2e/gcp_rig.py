@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.rigs.fake_compute import FakeComputeServer
 from tests.rigs.fake_tpu import FakeTpuServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod
@@ -22,20 +23,29 @@ from tpuft.core.paths import venv_cache
 
 def rig_cluster(
     tmp_path: Path,
-    tpu: FakeTpuServer,
+    tpu: FakeTpuServer | FakeComputeServer,
     pod: SshdPod,
     gcs: GcsEmulator,
     worker_env: dict[str, str] | None = None,
+    accelerator: str | None = None,
 ) -> tuple[Path, dict[str, str]]:
-    """The cluster file and the environment of a user whose cloud is the three stand-ins. ``worker_env``: the
-    workers' environment (default: the emulator's, ``STORAGE_EMULATOR_HOST``)."""
+    """The cluster file and the environment of a user whose cloud is the three stand-ins. ``tpu``: the fake
+    Cloud TPU API, or the fake Compute Engine API (``gcp.api: compute``, a TPU7x slice: default
+    ``tpu7x-16``, a MIG of two hosts). ``worker_env``: the workers' environment (default: the emulator's,
+    ``STORAGE_EMULATOR_HOST``)."""
     tpu.worker_addresses = pod.addresses
     tpu.host_keys.update(pod.host_keys)  # what the VMs' guest agents publish: tpuft pins them
+    if isinstance(tpu, FakeComputeServer):
+        api = f"  api: compute\n  zone: us-central1-c\n  compute_api_endpoint: {tpu.endpoint}\n"
+        accelerator = accelerator or "tpu7x-16"
+    else:
+        api = f"  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
+        accelerator = accelerator or "v4-16"
     cluster = tmp_path / "tpuft.yaml"
     cluster.write_text(
-        f"name: e2e-gcp\nprovider: gcp\naccelerator: v4-16\nbucket: gs://e2e-bucket\n"
+        f"name: e2e-gcp\nprovider: gcp\naccelerator: {accelerator}\nbucket: gs://e2e-bucket\n"
         f"worker_env: {json.dumps(gcs.env() if worker_env is None else worker_env)}\n"
-        f"gcp:\n  project: tpuft-test\n  zone: us-central2-b\n  tpu_api_endpoint: {tpu.endpoint}\n"
+        f"gcp:\n  project: tpuft-test\n{api}"
         f"  worker_device: cpu\n  venv_cache: {venv_cache()}\n"
         f"ssh:\n  user: {pod.user}\n  key_file: {pod.client_key}\n  port: {pod.port}\n"
     )

@@ -99,18 +99,17 @@ import ipaddress
 import itertools
 import json
 import re
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:  # annotations only: the rig imports nothing outside the standard library at run time
-    from typing_extensions import Self
+    pass
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tests.rigs.json_server import JsonApiServer
 
 Json = dict[str, Any]
 
@@ -649,7 +648,7 @@ class _Route:
     run: Callable[[], Json]
 
 
-class FakeTpuServer:
+class FakeTpuServer(JsonApiServer):
     """The fake Cloud TPU v2 API. ``with FakeTpuServer() as server:`` serves on ``server.endpoint`` until
     exit."""
 
@@ -685,62 +684,8 @@ class FakeTpuServer:
         one worker: how the metadata server rig (``metadata_server.MetadataServer.follow``) learns what to
         serve."""
         self.requests: list[RecordedRequest] = []
-        self._lock = threading.RLock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
+        super().__init__("fake-tpu")
         self.reset()
-
-    # ---- lifecycle ----------------------------------------------------------------------------------------
-
-    def start(self) -> Self:
-        """Bind 127.0.0.1 on a free port and serve from a daemon thread."""
-        if self._httpd is not None:
-            return self
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        httpd.daemon_threads = True
-        httpd.fake = self  # type: ignore[attr-defined]
-        self._httpd = httpd
-        # A short poll interval: shutdown() waits for it, and tests close one server each.
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, args=(0.02,), name="fake-tpu", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop serving and drop kept-alive connections so no handler thread lingers."""
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
-        with self._lock:
-            connections = list(self._connections)
-        for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @property
-    def port(self) -> int:
-        if self._httpd is None:
-            raise RuntimeError("FakeTpuServer is not started")
-        return int(self._httpd.server_address[1])
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def reset(self) -> None:
         """Forget every resource, operation, armed failure and logged request (settings stay)."""
@@ -1688,42 +1633,3 @@ class FakeTpuServer:
         if end < len(items):
             out["nextPageToken"] = str(end)
         return out
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Bytes in, ``FakeTpuServer.handle`` answers, JSON out; keep-alive like Google's front end."""
-
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = (
-        True  # headers and body go out in two writes: without this each answer waits ~40 ms
-    )
-
-    @property
-    def fake(self) -> FakeTpuServer:
-        return self.server.fake  # type: ignore[attr-defined,no-any-return]
-
-    def setup(self) -> None:
-        super().setup()
-        with self.fake._lock:
-            self.fake._connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.fake._lock:
-            self.fake._connections.discard(self.connection)
-        super().finish()
-
-    def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        status, payload = self.fake.handle(self.command, self.path, raw)
-        data = json.dumps(payload, indent=2).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _serve
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the request log is ``FakeTpuServer.requests``."""

@@ -273,6 +273,10 @@ LAYOUT = RunLayout(manifest="manifest.json", not_weights=("optimizer.npz", "trai
 
 
 CAPABILITIES = Capabilities(
+    unsupported_generations={
+        "tpu7x": 'TensorFlow has no TPU7x support (docs.cloud.google.com/tpu/docs/tpu7x: "You can use the '
+        'JAX and PyTorch frameworks on TPU7x. TensorFlow is not supported.")',
+    },
     keys=frozenset(
         {
             ("data", "truncation"),

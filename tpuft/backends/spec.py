@@ -119,6 +119,8 @@ class ClusterShape:
     """Whether the user wrote ``local.devices_per_worker``: a backend that cannot rehearse several devices per
     worker refuses an explicit value with the reason, and uses 1 with a note when the default asked for
     more."""
+    generation: str = ""
+    """The TPU generation (``v4``, ``tpu7x``): what a backend whose framework cannot drive it refuses."""
     slices: int = 1
     """Multislice: ``hosts`` are this many equal slices (workers numbered slice by slice); the slices are the
     outer data-parallel axis of the mesh. A backend whose engine has no Multislice refuses ``slices > 1`` in
@@ -341,6 +343,11 @@ class Capabilities:
     backend declares: the refusal's reason and the capability matrix's cell. Every shared key and metric
     another backend declares and this one does not must have its reason here
     (tests/config/test_capabilities.py checks)."""
+
+    unsupported_generations: dict[str, str] = field(default_factory=dict)
+    """TPU generations (the catalogue's names) this backend's framework cannot drive, and why: a recipe of
+    this backend on such a TPU is refused before anything is created (on CPU workers, the rigs' and the
+    local pod's, the generation is only a name and nothing is refused)."""
 
     def reason(self, key: KeyPath | str) -> str | None:
         """Why this backend refuses ``key`` (a key path or a metric name), if it says."""

@@ -79,6 +79,10 @@ there at its size."""
 
 
 CAPABILITIES = Capabilities(
+    unsupported_generations={
+        "tpu7x": "torch_xla 2.9 (the version tpuft installs) reads the TPU's type as vN-SIZE and does not "
+        "know tpu7x-SIZE; TPU7x support came after it (pytorch/xla PR 9586)",
+    },
     keys=frozenset(
         {
             ("train", "compile_cache"),

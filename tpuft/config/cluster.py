@@ -17,6 +17,7 @@ from tpuft.core.config_types import (
     Command,
     Duration,
     Endpoint,
+    Image,
     KeyPath,
     LaxPath,
     Network,
@@ -37,6 +38,7 @@ from tpuft.core.config_types import (
 
 if TYPE_CHECKING:
     from tpuft.backends.spec import ClusterShape
+    from tpuft.core.accelerators import AcceleratorType
 
 
 def _folder(text: str, info: ValidationInfo) -> Path:
@@ -93,9 +95,16 @@ class LocalConfig(StrictModel):
 
 
 class GcpConfig(StrictModel):
-    """The GCP provider: a Cloud TPU VM (or pod slice, or queued resource) in a project and zone."""
+    """The GCP provider: a Cloud TPU VM (or pod slice, or queued resource) in a project and zone; or, with
+    ``api: compute``, Compute Engine instances (a managed instance group per multi-host slice)."""
 
     project: ProjectId | None = Field(None, description="GCP project id (required for provider: gcp).")
+    api: Literal["tpu", "compute"] = Field(
+        "tpu",
+        description="Which API creates the TPUs: tpu (the Cloud TPU API: v2-v6e, queued resources) or "
+        "compute (Compute Engine: TPU7x, single-host v5p and v6e; a multi-host slice is a managed instance "
+        "group with a workload policy). docs/compute-engine.md",
+    )
     zone: Zone | None = Field(None, description="Zone, e.g. us-central2-b (required for provider: gcp).")
     skip_zone_check: bool = Field(
         False,
@@ -141,6 +150,19 @@ class GcpConfig(StrictModel):
     tpu_api_endpoint: Endpoint | None = Field(
         None, description="Cloud TPU API endpoint (private endpoints; tests); also $TPUFT_TPU_API_ENDPOINT."
     )
+    compute_api_endpoint: Endpoint | None = Field(
+        None,
+        description="gcp.api: compute: the Compute Engine API endpoint for every call, operation polls "
+        "included (private endpoints; tests); also $TPUFT_COMPUTE_API_ENDPOINT.",
+    )
+    image: Image | None = Field(
+        None,
+        description="gcp.api: compute: the hosts' boot image (projects/P/global/images/family/F); default: "
+        "Google's TPU image for the generation (ubuntu-os-accelerator-images).",
+    )
+    boot_disk_gb: int | None = Field(
+        None, ge=10, le=65536, description="gcp.api: compute: boot disk size, GB (default: the image's)."
+    )
     timeout: Duration = Field(
         30.0,
         description=(
@@ -161,8 +183,8 @@ class GcpConfig(StrictModel):
     def _consistent(self) -> GcpConfig:
         if self.spot and self.preemptible:
             raise ValueError("gcp.spot and gcp.preemptible exclude each other (spot is the newer kind)")
-        if self.slices > 1 and not self.queued:
-            raise ValueError("gcp.slices > 1 (multislice) needs gcp.queued: true")
+        if self.slices > 1 and not self.queued and self.api == "tpu":
+            raise ValueError("gcp.slices > 1 (multislice) needs gcp.queued: true (or gcp.api: compute)")
         return self
 
     @field_validator("valid_until")
@@ -181,7 +203,7 @@ class GcpConfig(StrictModel):
         )
 
     def cross_problems(self) -> list[tuple[KeyPath, str]]:
-        found: list[tuple[KeyPath, str]] = []
+        found: list[tuple[KeyPath, str]] = self.api_problems()
         for key, value in self.labels.items():
             problem = formats.label_problem(key, value)
             if problem:
@@ -190,6 +212,42 @@ class GcpConfig(StrictModel):
             problem = formats.metadata_problem(key, value)
             if problem:
                 found.append((("metadata", key), problem))
+        return found
+
+    def api_problems(self) -> list[tuple[KeyPath, str]]:
+        """Keys that only one of the two APIs reads, set for the other: refused, since they would be
+        ignored."""
+        tpu_only = {
+            "queued": "queued resources are the Cloud TPU API's (a managed instance group waits for capacity "
+            "by itself)",
+            "runtime_version": "a Cloud TPU API software version; Compute Engine boots an image: use "
+            "gcp.image",
+            "topology": "Compute Engine takes the topology from the accelerator (its workload policy's)",
+            "preemptible": "legacy preemptible TPUs are the Cloud TPU API's: use gcp.spot",
+            "valid_until": "a queued resource's deadline (Cloud TPU API)",
+            "tpu_api_endpoint": "the Cloud TPU API's endpoint: use gcp.compute_api_endpoint",
+        }
+        compute_only = ("compute_api_endpoint", "image", "boot_disk_gb")
+        found: list[tuple[KeyPath, str]] = []
+        if self.api == "compute":
+            for key, why in tpu_only.items():
+                if key in self.model_fields_set and getattr(self, key) not in (None, False):
+                    found.append(((key,), f"does not apply to gcp.api: compute: {why}"))
+            guest = self.metadata.get("enable-guest-attributes")
+            if guest is not None and guest.upper() != "TRUE":
+                found.append(
+                    (
+                        ("metadata", "enable-guest-attributes"),
+                        "Compute Engine publishes the hosts' SSH host keys (which tpuft pins) only with "
+                        "enable-guest-attributes=TRUE: leave the key out, tpuft sets it",
+                    )
+                )
+        else:
+            for key in compute_only:
+                if getattr(self, key) is not None:
+                    found.append(
+                        ((key,), "applies to gcp.api: compute only (set gcp.api: compute, or remove it)")
+                    )
         return found
 
 
@@ -436,6 +494,8 @@ class ClusterConfig(StrictModel):
                     f"({accelerator.chips_per_host}): remove local.devices_per_worker",
                 )
             )
+        if self.provider == "gcp":
+            found += self._api_accelerator_problems(accelerator)
         if self.provider == "gcp" and self.gcp.zone and not self.gcp.skip_zone_check:
             from tpuft.core.tpu_zones import zone_problem
 
@@ -444,6 +504,25 @@ class ClusterConfig(StrictModel):
                 found.append((("gcp", "zone"), problem))
         found += [(("gcp", *path), message) for path, message in self.gcp.cross_problems()]
         return found
+
+    def _api_accelerator_problems(self, accelerator: AcceleratorType) -> list[tuple[KeyPath, str]]:
+        """The accelerator against the API that would make it: TPU7x is Compute Engine's only; Compute Engine
+        makes TPU7x and single-host v5p/v6e."""
+        from tpuft.core.compute_tpus import compute_problem
+
+        generation = accelerator.generation
+        if self.gcp.api == "compute":
+            problem = compute_problem(accelerator)
+            return [(("accelerator",), problem)] if problem else []
+        if "tpu" not in generation.apis:
+            return [
+                (
+                    ("accelerator",),
+                    f"{accelerator.name}: {generation.name} TPUs are made through Compute Engine, not the "
+                    "Cloud TPU API (Google's TPU documentation, from TPU7x on): set gcp.api: compute",
+                )
+            ]
+        return []
 
     def shape_keys(self) -> list[KeyPath]:
         """The keys that decide how many workers there are: what to point at when a recipe does not fit
@@ -493,6 +572,7 @@ class ClusterConfig(StrictModel):
                 accelerator.chips_per_host,
                 self.gcp.worker_device,
                 accelerator.generation.devices_per_chip,
+                generation=accelerator.generation.name,
                 slices=self.slices,
             )
         chosen = self.local.devices_per_worker

@@ -2,13 +2,15 @@
 
 Why a table and not an API call: ``create`` has to show a cost estimate and the local provider has to know how
 many workers a ``v4-32`` has, both before (or without) talking to Google. The numbers follow the public Cloud
-TPU docs: v2/v3/v4/v5p names count TensorCores (2 per chip), v5litepod/v6e names count chips; hosts carry 4
-chips, except the single-host v5e/v6e shapes of up to 8 chips. HBM per chip, from each generation's system
-architecture page: v2 16 GiB (8 per TensorCore), v3 32 GiB (16 per TensorCore), v4 32 GiB, v5e 16 GiB, v5p 95
-GiB, v6e 32 GiB. Prices are on-demand US list prices per chip-hour (spot and reserved ones beside them); they
-change, so they are an estimate, labelled as such wherever they are shown. Peak bf16 FLOP/s per chip, from the
-same pages (v2 45, v3 123, v4 275, v5e 197, v5p 459, v6e 918 TFLOP/s): what turns a compiled step's flops into
-a lower bound on its time (``recipes show --compile``).
+TPU docs: v2/v3/v4/v5p/tpu7x names count TensorCores (2 per chip), v5litepod/v6e names count chips; hosts
+carry 4 chips, except the single-host v5e/v6e shapes of up to 8 chips. HBM per chip, from each generation's
+system architecture page: v2 16 GiB (8 per TensorCore), v3 32 GiB (16 per TensorCore), v4 32 GiB, v5e 16 GiB,
+v5p 95 GiB, v6e 32 GiB, tpu7x 192 GiB (docs.cloud.google.com/tpu/docs/tpu7x: "Each TPU7x chip contains two
+TensorCores", "HBM capacity per chip (GiB) ... 192", BF16 peak 2307 TFLOP/s; a framework sees its two
+TensorCores as two devices). Prices are on-demand US list prices per chip-hour (spot and reserved ones
+beside them); they change, so they are an estimate, labelled as such wherever they are shown. Peak bf16
+FLOP/s per chip, from the same pages (v2 45, v3 123, v4 275, v5e 197, v5p 459, v6e 918, tpu7x 2307 TFLOP/s):
+what turns a compiled step's flops into a lower bound on its time (``recipes show --compile``).
 
 The topology (:meth:`AcceleratorType.topology`) is how libtpu names a slice's shape (``v4:2x2x4``): what
 ``jax.experimental.topologies.get_topology_desc`` takes to describe the slice's devices on a machine without
@@ -49,6 +51,11 @@ class Generation:
     reserved_price_per_chip_hour: float | None = None
     """USD, reserved capacity, priced at the 1-year committed-use rate; an estimate (see
     ``_SPOT_AND_RESERVED``)."""
+    apis: tuple[str, ...] = ("tpu",)
+    """Which APIs create it (``gcp.api``): ``tpu`` (the Cloud TPU API), ``compute`` (Compute Engine); TPU7x
+    and later are Compute Engine's only (:mod:`tpuft.core.compute_tpus`)."""
+    devices_per_chip_override: int | None = None
+    """TPU devices per chip where the rule of :attr:`devices_per_chip` does not hold (TPU7x: 2)."""
 
     def price(self, pricing: str) -> float | None:
         """USD per chip-hour for ``pricing`` (``on-demand``, ``spot`` or ``reserved``, as the node was
@@ -63,6 +70,8 @@ class Generation:
     def devices_per_chip(self) -> int:
         """TPU devices a framework such as TensorFlow sees per chip: v2/v3 chips show their 2 TensorCores
         apart; from v4 on a chip is one device (megacore, or a single core on v5e/v6e)."""
+        if self.devices_per_chip_override is not None:
+            return self.devices_per_chip_override
         return 2 if self.name in ("v2", "v3") else 1
 
     @property
@@ -116,6 +125,21 @@ GENERATIONS: dict[str, Generation] = {
         Generation(
             "v6e", (1, 4, 8, 16, 32, 64, 128, 256), False, 4, 8, "v2-alpha-tpuv6e", 2.70, 2, 32, 918e12, "v6e"
         ),
+        Generation(
+            "tpu7x",
+            (2, 8) + tuple(2**i for i in range(4, 13)),  # 1 chip, 4 chips on one host, then 2x2x2 .. 8x16x16
+            True,
+            4,
+            4,
+            "",  # no Cloud TPU API runtime: Compute Engine boots an image (tpuft.core.compute_tpus)
+            12.00,
+            3,
+            192,
+            2307e12,
+            "tpu7x",
+            apis=("compute",),
+            devices_per_chip_override=2,
+        ),
     )
 }
 
@@ -123,14 +147,17 @@ GENERATIONS: dict[str, Generation] = {
 # Cloud TPU pricing page (https://cloud.google.com/tpu/pricing): spot (v2/v3: the preemptible rate) and the
 # 1-year committed-use rate, which is what reserved capacity is billed at (a TPU reservation needs a
 # commitment). They vary by region and change (spot prices move with demand): every figure tpuft shows from
-# them is labelled an estimate.
-_SPOT_AND_RESERVED: dict[str, tuple[float, float]] = {
+# them is labelled an estimate. TPU7x: no public spot or committed-use figure was found (its on-demand $12 per
+# chip-hour above is SkyPilot's catalogue's for tpu7x-standard-4t in us-central1, $48 an hour for 4 chips), so
+# those stay unknown and a cost shown for them says so.
+_SPOT_AND_RESERVED: dict[str, tuple[float | None, float | None]] = {
     "v2": (0.3375, 0.7313),
     "v3": (0.60, 1.30),
     "v4": (0.9660, 2.0286),
     "v5p": (2.10, 2.94),
     "v5litepod": (0.48, 0.84),
     "v6e": (1.35, 1.89),
+    "tpu7x": (None, None),
 }
 GENERATIONS = {
     name: replace(
@@ -178,7 +205,10 @@ class AcceleratorType:
             per_host = (*dims, 1) if len(dims) == 2 else dims
         else:
             per_host = (2, 2, 1)
-        chip_config = "megacore" if generation.topology_dims == 3 else "default"
+        # megacore: a v4/v5p chip's two TensorCores run as one device; a TPU7x chip shows both
+        chip_config = (
+            "megacore" if generation.topology_dims == 3 and generation.devices_per_chip == 1 else "default"
+        )
         return Topology(
             f"{generation.topology_prefix}:{'x'.join(str(d) for d in dims)}",
             chip_config,
@@ -218,8 +248,9 @@ def _even_dims(chips: int, count: int) -> tuple[int, ...]:
     return tuple(ordered)
 
 
-ALIASES = {"v5e": "v5litepod"}
-"""Marketing names that users type, mapped to the API's names."""
+ALIASES = {"v5e": "v5litepod", "v7x": "tpu7x"}
+"""Marketing names that users type, mapped to the API's names (a TPU7x VM's own metadata says ``v7x-16`` where
+its ``TPU_ACCELERATOR_TYPE`` says ``tpu7x-16``: both are read)."""
 
 
 def all_types() -> list[str]:

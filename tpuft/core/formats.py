@@ -316,6 +316,15 @@ def runtime_version_problem(text: str) -> str | None:
     return f"{text!r} is not a TPU software version (e.g. tpu-ubuntu2204-base, v2-alpha-tpuv6e)"
 
 
+def image_problem(text: str) -> str | None:
+    if re.fullmatch(rf"projects/[a-z0-9:.-]+/global/images/(family/)?{_RESOURCE_NAME}", text):
+        return None
+    return (
+        f"{text!r} is not a Compute Engine image path (projects/P/global/images/NAME or "
+        "projects/P/global/images/family/FAMILY)"
+    )
+
+
 def reservation_problem(text: str) -> str | None:
     if re.fullmatch(
         rf"{_RESOURCE_NAME}|projects/[a-z0-9:.-]+/(locations|zones)/[a-z0-9-]+/reservations/{_RESOURCE_NAME}",

@@ -50,8 +50,12 @@ _READ: dict[str, tuple[str, ...]] = {
     "v4": ("us-central2-b",),
     "v3": ("us-central1-a", "us-central1-b"),
     "v2": ("us-central1-a", "us-central1-b", "us-central1-c"),
+    # TPU7x (Compute Engine only): no stored copy of Google's page lists its zones in full; these are the
+    # zones SkyPilot's catalogue offers tpu7x-standard-4t in (third-party, undated): gcp.skip_zone_check for
+    # others
+    "tpu7x": ("us-central1-c", "us-central1-ai1a"),
 }
-"""Read from the stored copies of the page (US; Europe's v6e)."""
+"""Read from the stored copies of the page (US; Europe's v6e), and TPU7x's from SkyPilot's catalogue."""
 
 EUROPE_ASIA_UNCHECKED: dict[str, tuple[str, ...]] = {
     "v6e": ("asia-northeast1-b",),

@@ -8,6 +8,11 @@ simulation in the TPU API (none for TPU VMs in v2 or v2alpha1); the nearest real
 takes the whole node to STOPPED, as a preemption takes it to PREEMPTED: the run's workers are gone and a
 watcher recovers it. The result says which action was taken.
 
+With ``gcp.api: compute`` both are the worker's own instance's: ``maintenance`` is Compute Engine's
+``simulateMaintenanceEvent`` (a TPU host is not live-migrated: its maintenance is a stop, announced on the
+metadata server first), ``preempt`` is ``instances.stop`` of that host, which leaves it TERMINATED as a spot
+preemption with termination action STOP does.
+
 On the local pod, ``maintenance`` writes the worker's notice file (``~/.tpuft/upcoming-maintenance.json`` in
 its home, what its supervisor reads in place of a metadata server) with a window ``--notice`` seconds ahead;
 ``preempt`` kills the worker's supervisor and trainer with SIGKILL, which is what a VM going away does to
@@ -121,19 +126,26 @@ def live_runs(config: ClusterConfig) -> list[str]:
 
 
 def _gcp_action(provider: Any, cluster: Cluster, kind: str, target: Worker) -> str:
-    node_id = provider.api.node_ids()[target.slice]
+    node_id = provider.node_ids()[target.slice]
+    host = target.index - sum(1 for w in cluster.workers if w.slice < target.slice)
+    if provider.compute:
+        instance = provider.nodes.host_name(node_id, host)
+        if kind == "maintenance":
+            return f"simulate a maintenance event on instance {instance} (host {host} of slice {node_id})"
+        return f"stop instance {instance} (host {host} of slice {node_id}), as a spot preemption does"
     if kind == "maintenance":
-        host = target.index - sum(1 for w in cluster.workers if w.slice < target.slice)
         return f"simulate a maintenance event on TPU node {node_id}, its worker {host}"
     return f"stop TPU node {node_id}: every worker of it, not only worker {target.index}"
 
 
 def _on_gcp(provider: Any, cluster: Cluster, kind: str, target: Worker) -> DrillResult:
+    node_id = provider.node_ids()[target.slice]
+    host = target.index - sum(1 for w in cluster.workers if w.slice < target.slice)
+    if provider.compute:
+        return _on_compute(provider, kind, target, node_id, host)
     from tpuft.providers.gcp import maintenance
 
     api = provider.api
-    node_id = api.node_ids()[target.slice]
-    host = target.index - sum(1 for w in cluster.workers if w.slice < target.slice)
     if kind == "maintenance":
         operation = maintenance.simulate(api, node_id, host)
         return DrillResult(
@@ -151,6 +163,29 @@ def _on_gcp(provider: Any, cluster: Cluster, kind: str, target: Worker) -> Drill
         "gcp",
         maintenance.SIMULATED_PREEMPTION,
         {"node": node_id, "node_worker": host, "note": "the whole node stops, every worker of it"},
+    )
+
+
+def _on_compute(provider: Any, kind: str, target: Worker, slice_id: str, host: int) -> DrillResult:
+    slices = provider.nodes
+    instance = slices.host_name(slice_id, host)
+    if kind == "maintenance":
+        operation = slices.simulate_maintenance(instance)
+        return DrillResult(
+            kind,
+            target.index,
+            "gcp",
+            "instances.simulateMaintenanceEvent (Compute Engine)",
+            {"slice": slice_id, "instance": instance, "operation": operation},
+        )
+    slices.stop_host(instance)
+    return DrillResult(
+        kind,
+        target.index,
+        "gcp",
+        "instances.stop (Compute Engine; the host is TERMINATED, as a spot preemption with termination "
+        "action STOP leaves it)",
+        {"slice": slice_id, "instance": instance, "note": "the slice's other hosts run on; the run is lost"},
     )
 
 

@@ -5,7 +5,8 @@ Why: a preempted spot node stays PREEMPTED (holding its quota) until someone del
 queued resource keeps its place; a READY node whose run ended on Friday bills all weekend. Only resources
 tpuft created are considered, by the label ``created-by=tpuft`` that :mod:`tpuft.providers.gcp.nodes` puts on
 every node it asks for (a queued resource carries it on its node spec): nothing else in the project is ever
-listed or deleted.
+listed or deleted. With ``gcp.api: compute`` the same questions are asked of Compute Engine
+(:mod:`tpuft.ops.gc_compute`).
 
 What counts as a leak, per zone of the project (the cluster file's, and ``--zone`` more):
 
@@ -25,17 +26,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from tpuft.config import ClusterConfig
 from tpuft.core.errors import TpuftError, UsageError
+from tpuft.ops.leaks import Leak
+from tpuft.ops.leaks import age as _age
+from tpuft.ops.leaks import hours as _hours
+from tpuft.ops.leaks import ours as _ours
+from tpuft.ops.leaks import unix as _unix
 from tpuft.providers.gcp.api import TpuApi
 from tpuft.run import cost, rundir
 
-CREATED_BY = ("created-by", "tpuft")
-"""The label every node tpuft creates carries (``TpuNodes.node_spec``)."""
 DEAD_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED"})
 DEAD_QUEUED_STATES = frozenset({"FAILED", "SUSPENDED", "SUSPENDING"})
 LIVE_WITHIN_S = 600.0
@@ -43,47 +45,6 @@ LIVE_WITHIN_S = 600.0
 write every 15 s and a bucket sync round is 15 s: ten minutes leaves room for a slow bucket, not for a dead
 run)."""
 DEFAULT_IDLE_S = 7200.0
-
-
-@dataclass
-class Leak:
-    """One resource to remove: what it is, where, why, what it costs at list price, and (after --yes) the
-    outcome."""
-
-    kind: str
-    """``node`` or ``queued resource``."""
-    name: str
-    zone: str
-    state: str
-    reason: str
-    accelerator: str
-    pricing: str
-    price_per_hour: float | None
-    """The whole resource's list price per hour (every slice's chips) for its pricing; an estimate."""
-    age_s: float | None
-    """Seconds since the API's createTime, or for an idle node since it was last used."""
-    age_of: str
-    """What ``age_s`` measures: ``created`` or ``idle``."""
-    nodes: list[str] = field(default_factory=list)
-    deleted: bool = False
-    error: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "zone": self.zone,
-            "state": self.state,
-            "reason": self.reason,
-            "accelerator": self.accelerator,
-            "pricing": self.pricing,
-            "price_per_hour": self.price_per_hour,
-            "age_s": None if self.age_s is None else round(self.age_s, 1),
-            "age_of": self.age_of,
-            "nodes": self.nodes,
-            "deleted": self.deleted,
-            "error": self.error or None,
-        }
 
 
 def zones_of(config: ClusterConfig, extra: list[str]) -> list[str]:
@@ -118,6 +79,10 @@ def find_leaks(
             known.append(bucket_runs(config))
         return known[0]
 
+    if config.gcp.api == "compute":
+        from tpuft.ops.gc_compute import find_compute_leaks
+
+        return find_compute_leaks(config, zones, idle_s, now, bucket)
     for zone in zones:
         api = _api(config, zone)
         nodes = api.call(
@@ -159,27 +124,34 @@ def find_leaks(
 def delete_leaks(config: ClusterConfig, leaks: list[Leak], on_done: Callable[[Leak], None]) -> list[Leak]:
     """Delete each leak (a queued resource with ``force``: its nodes go with it) and report it through
     ``on_done``, deleted or with the error that stopped it; one failure does not stop the others."""
-    from google.cloud import tpu_v2
-
     for leak in leaks:
-        api = _api(config, leak.zone)
-        client = api.client()
         try:
-            if leak.kind == "queued resource":
-                request = tpu_v2.DeleteQueuedResourceRequest(
-                    name=f"{api.parent}/queuedResources/{leak.name}", force=True
-                )
-                operation = api.call(
-                    "deleting queued resource", client.delete_queued_resource, request=request
-                )
+            if leak.kind == "compute slices":
+                from tpuft.ops.gc_compute import delete_compute_leak
+
+                delete_compute_leak(config, leak)
             else:
-                operation = api.call("deleting TPU node", client.delete_node, name=api.node_path(leak.name))
-            api.wait_operation(f"deleting {leak.kind} {leak.name}", operation, None, None)
+                _delete_tpu_leak(config, leak)
             leak.deleted = True
         except TpuftError as exc:
             leak.error = str(exc)
         on_done(leak)
     return leaks
+
+
+def _delete_tpu_leak(config: ClusterConfig, leak: Leak) -> None:
+    from google.cloud import tpu_v2
+
+    api = _api(config, leak.zone)
+    client = api.client()
+    if leak.kind == "queued resource":
+        request = tpu_v2.DeleteQueuedResourceRequest(
+            name=f"{api.parent}/queuedResources/{leak.name}", force=True
+        )
+        operation = api.call("deleting queued resource", client.delete_queued_resource, request=request)
+    else:
+        operation = api.call("deleting TPU node", client.delete_node, name=api.node_path(leak.name))
+    api.wait_operation(f"deleting {leak.kind} {leak.name}", operation, None, None)
 
 
 def bucket_runs(config: ClusterConfig) -> list[dict[str, Any]]:
@@ -306,10 +278,6 @@ def _api(config: ClusterConfig, zone: str) -> TpuApi:
     return TpuApi(config.gcp.project, zone, "", 1, config.gcp.tpu_api_endpoint, config.gcp.timeout)
 
 
-def _ours(labels: dict[str, str]) -> bool:
-    return labels.get(CREATED_BY[0]) == CREATED_BY[1]
-
-
 def _queued_labels(resource: Any) -> dict[str, str]:
     """A queued resource has no labels of its own: tpuft's are on its node spec (every spec carries them)."""
     specs = list(resource.tpu.node_spec)
@@ -328,25 +296,3 @@ def _price(accelerator: str, pricing: str, slices: int) -> float | None:
 
 def _short(name: str) -> str:
     return name.rsplit("/", 1)[-1]
-
-
-def _unix(stamp: Any) -> float | None:
-    """The API's createTime (a datetime from the client, or RFC 3339 text) as unix seconds; None when
-    unset."""
-    if stamp is None or stamp == "":
-        return None
-    if isinstance(stamp, datetime):
-        return stamp.timestamp() if stamp.year > 1970 else None
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _age(stamp: Any, now: float) -> float | None:
-    created = _unix(stamp)
-    return None if created is None else max(0.0, now - created)
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"

@@ -184,16 +184,7 @@ def lines(result: Plan) -> list[str]:
         f"cluster {result.cluster} ({result.provider}, {result.accelerator}): {result.workers} worker(s)",
     ]
     if result.provider == "gcp":
-        what = (
-            "queued resource " + str(create["queued_resource"]) if create["queued_resource"] else "TPU node"
-        )
-        out.append(
-            f"  create (unless it exists): {what} in {create['project']}/{create['zone']} -> "
-            f"node(s) {', '.join(create['nodes'])}"
-        )
-        request = create["request"]
-        out.append(f"  request: {request['rpc']} {request['parent']}")
-        out += ["    " + text for text in json.dumps(request["body"], indent=2, sort_keys=True).splitlines()]
+        out += _gcp_create_lines(create)
     else:
         out.append(
             f"  create (unless it exists): {len(create['worker_folders'])} worker folder(s) under "
@@ -217,4 +208,28 @@ def lines(result: Plan) -> list[str]:
         out.append(f"  environment of the {kind} processes (names only): {', '.join(names) or '-'}")
     if result.price.run_note:
         out.append(f"  the run: {result.price.run_note}")
+    return out
+
+
+def _gcp_create_lines(create: dict[str, Any]) -> list[str]:
+    """What ``create`` sends: the Cloud TPU API's one request, or Compute Engine's inserts in order."""
+    if create.get("api") == "compute":
+        out = [
+            f"  create (unless it exists), through Compute Engine in {create['project']}/{create['zone']}: "
+            f"{create['hosts_per_slice']} x {create['machine_type']} per slice (topology "
+            f"{create['topology']}, image {create['image']}) -> slice(s) {', '.join(create['nodes'])}"
+        ]
+        requests = create["requests"]
+    else:
+        what = (
+            "queued resource " + str(create["queued_resource"]) if create["queued_resource"] else "TPU node"
+        )
+        out = [
+            f"  create (unless it exists): {what} in {create['project']}/{create['zone']} -> "
+            f"node(s) {', '.join(create['nodes'])}"
+        ]
+        requests = [create["request"]]
+    for request in requests:
+        out.append(f"  request: {request['rpc']} {request['parent']}")
+        out += ["    " + text for text in json.dumps(request["body"], indent=2, sort_keys=True).splitlines()]
     return out

@@ -49,11 +49,29 @@ def cluster_problems(
     findings to report (a recipe with problems: not those about a key left out of it)."""
     backend = get_backend(recipe.value.backend.kind)
     workers = f" (the workers: {cluster.shape_origin()})" if cluster is not None else ""
-    return [
+    found = [
         recipe.problem(path, message + workers)
         for path, message in backend.check(recipe.value, shape)
         if keep(path)
     ]
+    why = backend.capabilities.unsupported_generations.get(shape.generation)
+    if shape.target == "tpu" and why and keep(("backend", "kind")):
+        from tpuft.backends.registry import capabilities
+
+        where = f" (the cluster: accelerator {cluster.accelerator})" if cluster is not None else ""
+        able = [
+            kind
+            for kind, can in capabilities().items()
+            if shape.generation not in can.unsupported_generations
+        ]
+        found.append(
+            recipe.problem(
+                ("backend", "kind"),
+                f"backend {backend.kind} cannot run on {shape.generation} TPUs: {why}{where}; backends that "
+                f"can: {', '.join(able) or 'none'}",
+            )
+        )
+    return found
 
 
 def load_files(

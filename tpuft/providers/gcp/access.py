@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from tpuft.core.errors import UsageError
 from tpuft.core.records import Cluster, Worker
 from tpuft.core.waiting import waiting
 from tpuft.providers.gcp import tuning
-from tpuft.providers.gcp.api import GcpError, TpuApi
+from tpuft.providers.gcp.api import GcpError, GoogleApi, TpuApi
 from tpuft.providers.gcp.cache import WorkerCache, worker_rows
 
 if TYPE_CHECKING:
@@ -84,10 +85,22 @@ def ensure_key_in_metadata(api: TpuApi, user: str, public_key: str) -> bool:
 class HostKeyPins:
     """The workers' host keys, pinned in ``known_hosts`` from the API and remembered in the worker cache."""
 
-    def __init__(self, api: TpuApi, cache: WorkerCache, known_hosts: Path) -> None:
+    def __init__(
+        self,
+        api: GoogleApi,
+        cache: WorkerCache,
+        known_hosts: Path,
+        slice_ids: list[str],
+        ask: Callable[[str, list[int]], dict[int, list[str]]],
+    ) -> None:
+        """``ask(slice_id, worker_ids)``: the published keys of these (slice-local) workers, by worker; absent
+        where none is published yet. The Cloud TPU API's is :func:`tpu_host_keys`, Compute Engine's is
+        :meth:`tpuft.providers.gcp.compute_slices.ComputeSlices.host_keys`."""
         self.api = api
         self.cache = cache
         self.known_hosts = known_hosts
+        self.slice_ids = slice_ids
+        self.ask = ask
 
     def pin(self, cluster: Cluster, port: int) -> None:
         """Make ``known_hosts`` hold the host keys the API publishes for exactly these workers. Free when the
@@ -103,8 +116,8 @@ class HostKeyPins:
         keys = self.fetch(cluster, nodes)
         api = self.api
         header = (
-            f"# SSH host keys of TPU {api.name} ({api.project}/{api.zone}) from the TPU API's guest "
-            "attributes"
+            f"# SSH host keys of TPU {api.name} ({api.project}/{api.zone}) from the guest attributes of "
+            f"{api.endpoint_label}"
         )
         write_known_hosts(self.known_hosts, hosts, keys, header)
         if nodes:  # only a cluster that get() described can be recognised next time
@@ -118,13 +131,13 @@ class HostKeyPins:
         if nodes:
             counts = [(str(node_id), int(count)) for node_id, _, count in nodes]
         else:
-            slices = len(self.api.node_ids())
+            slices = len(self.slice_ids)
             per_node, extra = divmod(len(cluster.workers), slices)
             if extra:
                 raise GcpError(
                     f"TPU {name}: {len(cluster.workers)} workers on {slices} slices", hint="See: tpuft status"
                 )
-            counts = [(node_id, per_node) for node_id in self.api.node_ids()]
+            counts = [(node_id, per_node) for node_id in self.slice_ids]
         if sum(count for _, count in counts) != len(cluster.workers):
             raise GcpError(f"TPU {name} changed while being read", hint="Retry, or see: tpuft status")
         keys: list[list[str]] = []
@@ -151,7 +164,7 @@ class HostKeyPins:
         with waiting(what, tuning.HOSTKEY_WAIT_S) as wait:
             while True:
                 missing = [i for i in range(count) if i not in found]
-                found.update(self._ask_host_keys(node_id, missing))
+                found.update(self.ask(node_id, missing))
                 missing = [i for i in range(count) if i not in found]
                 if not missing:
                     return [found[i] for i in range(count)]
@@ -169,26 +182,26 @@ class HostKeyPins:
                     )
                 time.sleep(min(tuning.POLL_SECONDS, wait.left() or 0.0))
 
-    def _ask_host_keys(self, node_id: str, worker_ids: list[int]) -> dict[int, list[str]]:
-        """One GetGuestAttributes for these workers of one slice: slice-local worker id -> its keys (absent:
-        nothing published). The answer carries no worker ids, so it is matched by position only when it has
-        one entry per worker asked; otherwise each worker is asked alone."""
-        from google.cloud import tpu_v2
 
-        api = self.api
-        request = tpu_v2.GetGuestAttributesRequest(
-            name=api.node_path(node_id),
-            query_path=f"{HOSTKEY_NAMESPACE}/",
-            worker_ids=[str(i) for i in worker_ids],
-        )
-        what = f"reading the SSH host keys of TPU node {node_id}"
-        entries = list(api.call(what, api.client().get_guest_attributes, request=request).guest_attributes)
-        if len(entries) != len(worker_ids):
-            if len(worker_ids) == 1:
-                return {}
-            return {i: keys for one in worker_ids for i, keys in self._ask_host_keys(node_id, [one]).items()}
-        found = {i: host_key_lines(entry.query_value.items) for i, entry in zip(worker_ids, entries)}
-        return {i: keys for i, keys in found.items() if keys}
+def tpu_host_keys(api: TpuApi, node_id: str, worker_ids: list[int]) -> dict[int, list[str]]:
+    """One GetGuestAttributes for these workers of one slice: slice-local worker id -> its keys (absent:
+    nothing published). The answer carries no worker ids, so it is matched by position only when it has
+    one entry per worker asked; otherwise each worker is asked alone."""
+    from google.cloud import tpu_v2
+
+    request = tpu_v2.GetGuestAttributesRequest(
+        name=api.node_path(node_id),
+        query_path=f"{HOSTKEY_NAMESPACE}/",
+        worker_ids=[str(i) for i in worker_ids],
+    )
+    what = f"reading the SSH host keys of TPU node {node_id}"
+    entries = list(api.call(what, api.client().get_guest_attributes, request=request).guest_attributes)
+    if len(entries) != len(worker_ids):
+        if len(worker_ids) == 1:
+            return {}
+        return {i: keys for one in worker_ids for i, keys in tpu_host_keys(api, node_id, [one]).items()}
+    found = {i: host_key_lines(entry.query_value.items) for i, entry in zip(worker_ids, entries)}
+    return {i: keys for i, keys in found.items() if keys}
 
 
 def _workers_named(workers: list[Worker], missing: list[int]) -> str:

@@ -63,76 +63,25 @@ def _loopback_http(endpoint: str) -> bool:
     return endpoint.startswith(("http://127.", "http://localhost", "http://[::1]"))
 
 
-class TpuApi:
-    """The API as one cluster sees it: ``name`` in ``project``/``zone``, as ``slices`` nodes (one node unless
-    multislice, then ``name-0``, ``name-1``, ...), possibly behind a queued resource of the same name."""
+class GoogleApi:
+    """What the cluster's calls to one Google API share, whichever API it is (the Cloud TPU API here, Compute
+    Engine in :mod:`.compute_api`): the retries within the command's budget, and a refusal said as one line
+    naming the call, project and zone with its likely fix. A subclass names its ``service`` and its
+    ``endpoint_label``."""
 
-    def __init__(
-        self,
-        project: str,
-        zone: str,
-        name: str,
-        slices: int,
-        endpoint: str | None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-    ) -> None:
+    service = TPU_SERVICE
+    hints: dict[str, str] = _HINTS
+
+    def __init__(self, project: str, zone: str, name: str, timeout: float) -> None:
         # this process is the controller, with a cluster file: its cloud calls get the budget
         CLOCK.arm(timeout)
         self.project = project
         self.zone = zone
         self.name = name
-        self.slices = slices
-        self.parent = f"projects/{project}/locations/{zone}"
-        self._configured_endpoint = endpoint
-        self._client: Any = None
-
-    # -- names ---------------------------------------------------------------------------------------------
-    def node_ids(self) -> list[str]:
-        if self.slices > 1:
-            return [f"{self.name}-{i}" for i in range(self.slices)]
-        return [self.name]
-
-    def node_path(self, node_id: str) -> str:
-        return f"{self.parent}/nodes/{node_id}"
-
-    def queued_path(self) -> str:
-        return f"{self.parent}/queuedResources/{self.name}"
-
-    # -- plumbing -------------------------------------------------------------------------------------------
-    @property
-    def endpoint(self) -> str | None:
-        return self._configured_endpoint or os.environ.get("TPUFT_TPU_API_ENDPOINT") or None
-
-    def client(self) -> Any:
-        if self._client is None:
-            from google.cloud import tpu_v2
-
-            options: dict[str, Any] = {}
-            credentials = None
-            if self.endpoint:
-                options["client_options"] = {"api_endpoint": self.endpoint}
-                if _loopback_http(self.endpoint):
-                    from google.auth.credentials import AnonymousCredentials
-
-                    credentials = AnonymousCredentials()
-            try:
-                client = tpu_v2.TpuClient(transport="rest", credentials=credentials, **options)
-            except Exception as exc:  # noqa: BLE001 - google.auth's DefaultCredentialsError and friends
-                raise GcpError(
-                    f"cannot create the Cloud TPU client: {exc}",
-                    hint="Log in with: gcloud auth application-default login",
-                ) from None
-            session = getattr(client._transport, "_session", None)
-            if (
-                session is not None
-            ):  # the REST transport's AuthorizedSession: requests and token refreshes budgeted
-                budget_session(session, "the Cloud TPU API")
-            self._client = client
-        return self._client
 
     @property
     def endpoint_label(self) -> str:
-        return f"the Cloud TPU API at {self.endpoint or 'https://tpu.googleapis.com'}"
+        raise NotImplementedError
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, missing_ok: bool = False, **kwargs: Any) -> T:
         """One API call with retries for transient errors and a clear message for the rest.
@@ -161,7 +110,7 @@ class TpuApi:
                     raise self.explain(located, exc) from None
                 except Exception as exc:  # sorted below: transient, the network's, or the API's answer
                     network = is_network_error(exc)
-                    lasting = project_problem(exc, service=TPU_SERVICE, project=self.project, zone=self.zone)
+                    lasting = project_problem(exc, service=self.service, project=self.project, zone=self.zone)
                     if lasting is not None and lasting.lasting and not network:
                         raise self.explain(located, exc) from None
                     if not network and not isinstance(exc, transient):
@@ -189,15 +138,63 @@ class TpuApi:
         for their kind."""
         kind = type(exc).__name__
         where = f"{what} in project {self.project}, zone {self.zone} failed"
-        problem = project_problem(exc, service=TPU_SERVICE, project=self.project, zone=self.zone)
+        problem = project_problem(exc, service=self.service, project=self.project, zone=self.zone)
         if problem is not None:
             error = GcpError(f"{where}: {problem.message} ({problem.reason})", hint=problem.fix)
         else:
             message = getattr(exc, "message", None) or str(exc)
-            error = GcpError(f"{where}: {kind}: {message}", hint=_HINTS.get(kind) or None)
+            error = GcpError(f"{where}: {kind}: {message}", hint=self.hints.get(kind) or None)
         error.kind = kind  # type: ignore[attr-defined]
         error.problem = problem.kind if problem else None  # type: ignore[attr-defined]
         return error
+
+
+class TpuApi(GoogleApi):
+    """The API as one cluster sees it: ``name`` in ``project``/``zone``, as ``slices`` nodes (one node unless
+    multislice, then ``name-0``, ``name-1``, ...), possibly behind a queued resource of the same name."""
+
+    def __init__(
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        slices: int,
+        endpoint: str | None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(project, zone, name, timeout)
+        self.slices = slices
+        self.parent = f"projects/{project}/locations/{zone}"
+        self._configured_endpoint = endpoint
+        self._client: Any = None
+
+    # -- names ---------------------------------------------------------------------------------------------
+    def node_ids(self) -> list[str]:
+        if self.slices > 1:
+            return [f"{self.name}-{i}" for i in range(self.slices)]
+        return [self.name]
+
+    def node_path(self, node_id: str) -> str:
+        return f"{self.parent}/nodes/{node_id}"
+
+    def queued_path(self) -> str:
+        return f"{self.parent}/queuedResources/{self.name}"
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str | None:
+        return self._configured_endpoint or os.environ.get("TPUFT_TPU_API_ENDPOINT") or None
+
+    def client(self) -> Any:
+        if self._client is None:
+            from google.cloud import tpu_v2
+
+            self._client = rest_client(tpu_v2.TpuClient, self.endpoint, "the Cloud TPU API")
+        return self._client
+
+    @property
+    def endpoint_label(self) -> str:
+        return f"the Cloud TPU API at {self.endpoint or 'https://tpu.googleapis.com'}"
 
     def wait_operation(
         self, what: str, operation: Any, progress: Progress | None, watch: Callable[[], str] | None
@@ -221,6 +218,30 @@ class TpuApi:
             return operation.result(timeout=60)
         except gexc.GoogleAPICallError as exc:
             raise self.explain(what, exc) from None
+
+
+def rest_client(factory: Callable[..., T], endpoint: str | None, label: str) -> T:
+    """A Google client on its REST transport, pointed at ``endpoint`` when one is set (anonymous only for a
+    loopback ``http://`` one: the rigs), its requests and token refreshes held to the command's budget."""
+    options: dict[str, Any] = {}
+    credentials = None
+    if endpoint:
+        options["client_options"] = {"api_endpoint": endpoint}
+        if _loopback_http(endpoint):
+            from google.auth.credentials import AnonymousCredentials
+
+            credentials = AnonymousCredentials()
+    try:
+        client = factory(transport="rest", credentials=credentials, **options)
+    except Exception as exc:  # noqa: BLE001 - google.auth's DefaultCredentialsError and friends
+        raise GcpError(
+            f"cannot create the client of {label}: {exc}",
+            hint="Log in with: gcloud auth application-default login",
+        ) from None
+    session = getattr(getattr(client, "_transport", None), "_session", None)
+    if session is not None:  # the REST transport's AuthorizedSession: requests and token refreshes budgeted
+        budget_session(session, label)
+    return client
 
 
 def _located(what: str, kwargs: dict[str, Any]) -> str:

@@ -1,10 +1,12 @@
-"""The GCP provider: Cloud TPU VMs, pod slices and queued resources through google-cloud-tpu (``tpu_v2``).
+"""The GCP provider: Cloud TPU VMs, pod slices and queued resources through google-cloud-tpu (``tpu_v2``), or,
+with ``gcp.api: compute``, TPU7x and single-host v5p/v6e through Compute Engine (google-cloud-compute).
 
 ``GcpProvider`` is the provider contract (:mod:`tpuft.providers.base`) put together from one part per concern:
-the API plumbing and names (:mod:`.api`), nodes and queued resources (:mod:`.nodes`), the bucket
-(:mod:`.buckets`), SSH access with host keys pinned from the API and the key in the metadata unless OS Login
-is on (:mod:`.access`), and the short-lived worker address cache that spares ``exec`` an API round trip
-(:mod:`.cache`).
+the API plumbing and names (:mod:`.api`; :mod:`.compute_api`), the capacity itself (:mod:`.nodes`: nodes and
+queued resources; :mod:`.compute_slices`: instance templates, workload policies, managed instance groups), the
+bucket (:mod:`.buckets`), SSH access with host keys pinned from the API's guest attributes and the key in the
+metadata unless OS Login is on (:mod:`.access`), and the short-lived worker address cache that spares ``exec``
+an API round trip (:mod:`.cache`). Everything above the capacity is the same for both APIs.
 """
 
 from __future__ import annotations
@@ -36,11 +38,30 @@ class GcpProvider:
         self.project = str(self.gcp.project)
         self.zone = str(self.gcp.zone)
         self.accelerator: AcceleratorType = lookup(config.accelerator)
-        self.api = TpuApi(
-            self.project, self.zone, config.name, self.gcp.slices, self.gcp.tpu_api_endpoint, self.gcp.timeout
-        )
-        self.parent = self.api.parent
-        self.nodes = TpuNodes(self.api, self.gcp, self.accelerator)
+        self.compute = self.gcp.api == "compute"
+        if self.compute:
+            from tpuft.providers.gcp.compute_api import ComputeApi
+            from tpuft.providers.gcp.compute_slices import ComputeSlices
+
+            self.api: TpuApi | ComputeApi = ComputeApi(
+                self.project,
+                self.zone,
+                config.name,
+                self.gcp.slices,
+                self.gcp.compute_api_endpoint,
+                self.gcp.timeout,
+            )
+            self.nodes: TpuNodes | ComputeSlices = ComputeSlices(self.api, self.gcp, self.accelerator)
+        else:
+            self.api = TpuApi(
+                self.project,
+                self.zone,
+                config.name,
+                self.gcp.slices,
+                self.gcp.tpu_api_endpoint,
+                self.gcp.timeout,
+            )
+            self.nodes = TpuNodes(self.api, self.gcp, self.accelerator)
 
     @property
     def cache(self) -> WorkerCache:
@@ -49,20 +70,37 @@ class GcpProvider:
 
     @property
     def pins(self) -> access.HostKeyPins:
-        return access.HostKeyPins(self.api, self.cache, self.known_hosts_path)
+        if isinstance(self.nodes, TpuNodes):
+            api = self.nodes.api
+            ask = lambda node_id, workers: access.tpu_host_keys(api, node_id, workers)  # noqa: E731
+        else:
+            ask = self.nodes.host_keys
+        return access.HostKeyPins(self.api, self.cache, self.known_hosts_path, self.node_ids(), ask)
 
     # -- names and places -----------------------------------------------------------------------------------
+    @property
+    def tpu(self) -> TpuNodes:
+        """The Cloud TPU API's nodes (``gcp.api: tpu``): what the TPU-only verbs and tests reach."""
+        if not isinstance(self.nodes, TpuNodes):
+            raise UsageError(f"cluster {self.config.name} is made through Compute Engine (gcp.api: compute)")
+        return self.nodes
+
     def client(self) -> Any:
-        return self.api.client()
+        return self.tpu.api.client()
 
     def node_ids(self) -> list[str]:
-        return self.api.node_ids()
+        """Each slice's node (Cloud TPU API) or instance/group (Compute Engine) name."""
+        return self.api.slice_ids() if not isinstance(self.api, TpuApi) else self.api.node_ids()
 
     def node_path(self, node_id: str) -> str:
-        return self.api.node_path(node_id)
+        return self.tpu.api.node_path(node_id)
 
     def node_spec(self) -> Any:
-        return self.nodes.node_spec()
+        return self.tpu.node_spec()
+
+    @property
+    def parent(self) -> str:
+        return self.tpu.api.parent
 
     def state_dir(self) -> Path:
         from tpuft.core.paths import tpuft_home
@@ -105,10 +143,13 @@ class GcpProvider:
             self._check_reusable(existing)
             buckets.ensure_bucket(self.bucket_url, self.project, self.region, existing, progress)
             return existing, False
-        if self.gcp.queued:
-            self.nodes.create_queued(progress)
+        if isinstance(self.nodes, TpuNodes):
+            if self.gcp.queued:
+                self.nodes.create_queued(progress)
+            else:
+                self.nodes.create_node(progress)
         else:
-            self.nodes.create_node(progress)
+            self.nodes.create(progress)
         cluster = self.get()
         if cluster.state != State.READY:
             raise GcpError(
@@ -121,11 +162,23 @@ class GcpProvider:
     def plan(self) -> dict[str, Any]:
         """What ``create`` would ask for, built on this machine without an API call or credentials
         (``--dry-run``): the request as it would be sent, the node(s) it makes, and the bucket."""
+        where = {"project": self.project, "zone": self.zone, "api": self.gcp.api, "nodes": self.node_ids()}
+        rest = {"bucket": self.bucket_url, "bucket_region": self.region, "venv_cache": self.venv_cache()}
+        if not isinstance(self.nodes, TpuNodes):
+            shape = self.nodes.shape
+            compute = {
+                "machine_type": shape.machine_type,
+                "hosts_per_slice": shape.hosts,
+                "topology": shape.topology,
+                "image": self.gcp.image or shape.image,
+            }
+            requests = [
+                {"rpc": r.rpc, "parent": r.where, "body": r.body()} for r in self.nodes.create_requests()
+            ]
+            return {**where, **compute, "requests": requests, **rest}
         request = self.nodes.create_request()
         return {
-            "project": self.project,
-            "zone": self.zone,
-            "nodes": self.api.node_ids(),
+            **where,
             "queued_resource": self.config.name if self.gcp.queued else None,
             "request": {
                 "rpc": request.rpc,
@@ -133,9 +186,7 @@ class GcpProvider:
                 request.id_field: request.id,
                 "body": request.body(),
             },
-            "bucket": self.bucket_url,
-            "bucket_region": self.region,
-            "venv_cache": self.venv_cache(),
+            **rest,
         }
 
     def _check_reusable(self, cluster: Cluster) -> None:
@@ -209,7 +260,9 @@ class GcpProvider:
         exec_plan.remember(config_path, self.state_dir(), self.ssh_settings(), self.config.name, self._login)
 
     def ensure_key_in_metadata(self, user: str, public_key: str) -> bool:
-        return access.ensure_key_in_metadata(self.api, user, public_key)
+        if isinstance(self.nodes, TpuNodes):
+            return access.ensure_key_in_metadata(self.nodes.api, user, public_key)
+        return self.nodes.ensure_key_in_metadata(f"{user}:{public_key.strip()}")
 
     def fetch_host_keys(self, cluster: Cluster, nodes: list[list[Any]] | None = None) -> list[list[str]]:
         return self.pins.fetch(cluster, nodes)
