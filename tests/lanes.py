@@ -36,6 +36,7 @@ SLOW_MODULES_LONGEST_FIRST = (
     "tests/e2e/test_t5x_rigs.py",  # 3.6
     "tests/worker/test_torch_features.py",  # 3.5
     "tests/e2e/test_gcp_rigs.py",  # 3
+    "tests/e2e/test_compute_rigs.py",  # new: one recovered run of 60 steps, about 2 (measured below)
     "tests/worker/test_t5x_parts.py",  # 1.5
     "tests/worker/test_keras_parts.py",  # 1.5 (a side module)
     "tests/worker/test_t5x_train_keys.py",  # 1.4

@@ -131,3 +131,59 @@ def test_peak_flops_per_device() -> None:
     assert lookup("v4-8").generation.peak_flops_per_device == 275e12
     assert lookup("v3-8").generation.peak_flops_per_device == 123e12 / 2  # per TensorCore
     assert lookup("v6e-8").generation.peak_bf16_flops_per_chip == 918e12
+
+
+@pytest.mark.parametrize(
+    ("name", "machine", "hosts", "topology"),
+    [
+        ("tpu7x-2", "tpu7x-standard-1t", 1, "1x1x1"),
+        ("tpu7x-8", "tpu7x-standard-4t", 1, "2x2x1"),
+        ("tpu7x-16", "tpu7x-standard-4t", 2, "2x2x2"),
+        ("v7x-128", "tpu7x-standard-4t", 16, "4x4x4"),  # the name a TPU7x VM's metadata says
+        ("tpu7x-4096", "tpu7x-standard-4t", 512, "8x16x16"),
+        ("v6e-8", "ct6e-standard-8t", 1, "2x4"),
+        ("v6e-1", "ct6e-standard-1t", 1, "1x1"),
+        ("v5p-8", "ct5p-hightpu-4t", 1, "2x2x1"),
+    ],
+)
+def test_compute_engine_makes_each_slice_from_its_machine_type_and_topology(
+    name: str, machine: str, hosts: int, topology: str
+) -> None:
+    from tpuft.core.compute_tpus import compute_shape
+
+    shape = compute_shape(lookup(name))
+    assert (shape.machine_type, shape.hosts, shape.topology) == (machine, hosts, topology)
+    assert shape.image.startswith("projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-")
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [("v4-8", "Compute Engine makes no v4 TPUs"), ("v6e-16", "multi-host v6e"), ("v5p-16", "multi-host v5p")],
+)
+def test_what_compute_engine_does_not_make_is_refused_naming_what_it_does(name: str, said: str) -> None:
+    from tpuft.core.compute_tpus import compute_problem
+
+    problem = compute_problem(lookup(name))
+    assert problem is not None and said in problem and "set gcp.api: tpu" in problem
+    assert "Compute Engine makes: " in problem
+
+
+def test_a_tpu7x_chip_is_two_devices_of_96_gib() -> None:
+    tpu7x = lookup("tpu7x-16")
+    assert (tpu7x.chips, tpu7x.hosts, tpu7x.devices) == (8, 2, 16)
+    assert tpu7x.generation.hbm_bytes_per_device == 96 * 2**30
+    assert tpu7x.topology().name == "tpu7x:2x2x2" and tpu7x.topology().chip_config == "default"
+
+
+def test_a_hosts_worker_id_is_read_from_its_metadata() -> None:
+    from types import SimpleNamespace
+
+    from tpuft.providers.gcp.compute_slices import worker_number
+
+    def instance(**items: str) -> SimpleNamespace:
+        entries = [SimpleNamespace(key=k.replace("_", "-"), value=v) for k, v in items.items()]
+        return SimpleNamespace(metadata=SimpleNamespace(items=entries))
+
+    assert worker_number(instance(tpu_env="TOPOLOGY: '2x2x2'\nTPU_WORKER_ID: '1'\n")) == 1
+    assert worker_number(instance(agent_worker_number="3")) == 3
+    assert worker_number(instance(startup_script="echo")) > 10**6  # unknown: after the numbered ones

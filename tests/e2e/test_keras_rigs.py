@@ -1,5 +1,6 @@
-"""The Keras backend with provider: gcp against the stand-ins: the fake TPU API hands out the sshd pod's
-addresses as the node's workers (worker_device: cpu, so MultiWorkerMirroredStrategy over the workers' loopback
+"""The Keras backend with provider: gcp against the stand-ins: the fake Compute Engine API makes a TPU7x slice
+(``gcp.api: compute``, ``tpu7x-16``: a managed instance group of two hosts with a workload policy) whose hosts
+are the sshd pod's workers (worker_device: cpu, so MultiWorkerMirroredStrategy over the workers' loopback
 addresses, TF_CONFIG from TPUFT_PEERS), and the run dir lives in the emulated bucket. The Keras trainer writes
 its staging folder and the supervisor mirrors it: checkpoints (HF TF weights + optimizer + manifest), metrics,
 the export.
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.gcp_rig import predict_in_the_bucket, rig_cluster
-from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.fake_compute import FakeComputeServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 
@@ -24,11 +25,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sshd_available(), reason=
 
 def test_keras_up_on_gcp_rigs(tmp_path: Path, keras_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with (
-        FakeTpuServer(operation_polls=1) as tpu,
+        FakeComputeServer(operation_polls=1) as compute,
         SshdPod(tmp_path / "pod", workers=2) as pod,
         GcsEmulator() as gcs,
     ):
-        cluster, env = rig_cluster(tmp_path, tpu, pod, gcs)
+        cluster, env = rig_cluster(tmp_path, compute, pod, gcs)  # the Cloud TPU API's rig: the others
         settings = [
             "--set",
             "train.steps=100",

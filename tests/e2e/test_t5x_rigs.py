@@ -1,5 +1,6 @@
-"""The T5X backend with provider: gcp, end to end against the stand-ins: the fake TPU API hands out the sshd
-pod's addresses as the node's workers, and the run dir lives in the emulated bucket,
+"""The T5X backend with provider: gcp, end to end against the stand-ins: the fake Compute Engine API
+(``gcp.api: compute``) makes the slices, whose hosts are the sshd pod's workers, and the run dir lives in the
+emulated bucket,
 gs://e2e-bucket/runs/<id>.
 
 Unlike PyTorch/XLA, T5X writes ``MODEL_DIR`` (gs://.../checkpoints) itself from the workers: Orbax through
@@ -9,9 +10,10 @@ the emulator through the variables of :meth:`tests.rigs.gcs_proxy.GcsProxy.env`,
 cluster's ``worker_env``; TensorFlow's hard-coded Google hosts go through the rig's TLS-terminating proxy.
 ``tpuft predict`` of the run restores its ``checkpoint_N`` from the bucket the same way on both hosts.
 
-The node is a Multislice queued resource of 2 x v4-8 (``gcp.slices: 2``): each slice's one host is an sshd
-worker, the trainers get the MEGASCALE variables and build T5X's hybrid mesh, and a host killed in slice 1
-fails the run (named ``slice 1 host 0``) that ``resume`` finishes on both slices.
+The cluster is a Multislice of 2 x tpu7x-8 (``gcp.slices: 2``: instances ``e2e-gcp-0`` and ``e2e-gcp-1`` from
+one instance template): each slice's one host is an sshd worker, the trainers get the MEGASCALE variables and
+build T5X's hybrid mesh, and a host killed in slice 1 fails the run (named ``slice 1 host 0``) that ``resume``
+finishes on both slices.
 
 The workers share this machine's venv cache (they are loopback hosts): the T5X venv the ``t5x_python`` fixture
 built is the one ``tpuft setup`` finds, through the same key (``backend.t5x_source`` =
@@ -36,7 +38,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.e2e.gcp_rig import predict_in_the_bucket, rig_cluster
-from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.fake_compute import FakeComputeServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.gcs_proxy import GcsProxy
 from tests.rigs.sshd_pod import SshdPod, sshd_available
@@ -50,7 +52,7 @@ BUCKET = "e2e-bucket"
 
 @dataclass
 class Rigs:
-    tpu: FakeTpuServer
+    compute: FakeComputeServer
     pod: SshdPod
     gcs: GcsEmulator
     proxy: GcsProxy
@@ -114,27 +116,25 @@ def _prefix(run_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def rigs(tmp_path_factory: pytest.TempPathFactory, t5x_python: str) -> Iterator[Rigs]:
-    """The stand-ins, a node made of the sshd pod, and the T5X venv set up on it (from the cache
+    """The stand-ins, two slices made of the sshd pod, and the T5X venv set up on it (from the cache
     ``t5x_python`` filled). This process reads the bucket through google-cloud-storage, as the controller
     does."""
     root = tmp_path_factory.mktemp("t5x-rigs")
     with ExitStack() as stack, pytest.MonkeyPatch.context() as patch:
-        tpu = stack.enter_context(FakeTpuServer(operation_polls=1))
+        compute = stack.enter_context(FakeComputeServer(operation_polls=1))
         pod = stack.enter_context(SshdPod(root / "pod", workers=2))
         gcs = stack.enter_context(GcsEmulator())
         proxy = stack.enter_context(GcsProxy(gcs))
         # gRPC honours https_proxy as well: JAX's coordinator (worker 0's address) is reached directly
-        cluster, env = rig_cluster(root, tpu, pod, gcs, worker_env=proxy.env(no_proxy=pod.addresses))
-        # Multislice: 2 slices x 1 host (nodes e2e-gcp-0 and e2e-gcp-1 of one queued resource), each host's
+        # Multislice: 2 slices x 1 host (instances e2e-gcp-0 and e2e-gcp-1 of one template), each host's
         # trainer one process of T5X's hybrid mesh (the slices on its `replica` axis)
-        cluster.write_text(
-            cluster.read_text()
-            .replace("accelerator: v4-16", "accelerator: v4-8")
-            .replace("gcp:\n", "gcp:\n  queued: true\n  slices: 2\n")
+        cluster, env = rig_cluster(
+            root, compute, pod, gcs, worker_env=proxy.env(no_proxy=pod.addresses), accelerator="tpu7x-8"
         )
+        cluster.write_text(cluster.read_text().replace("gcp:\n", "gcp:\n  slices: 2\n"))
         for key, value in gcs.env().items():
             patch.setenv(key, value)
-        rigs = Rigs(tpu, pod, gcs, proxy, cluster, env, root / "cli")
+        rigs = Rigs(compute, pod, gcs, proxy, cluster, env, root / "cli")
         created = rigs.tpuft("create", "--yes", timeout=300)
         assert created.returncode == 0, created.stderr[-4000:]
         setup = rigs.tpuft("setup", "t5x_quickstart", *SOURCE, timeout=1200)
