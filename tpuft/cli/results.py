@@ -357,10 +357,12 @@ def tensorboard(
         port = free_port(host)
     with console.status(f"starting TensorBoard on {run} ..."):
         handle = start_tensorboard(run, port=port, host=host)
-    console.print(
-        f"TensorBoard for {run}: [bold]{handle.url}[/bold]  (events: {handle.logdir}; Ctrl-C stops it)"
-    )
+    # from the URL's line on, Ctrl-C is how it stops (exit 0): a reader may send it as soon as it sees the
+    # URL, before this process has gone on from the print (CI saw exit 130 on a loaded machine)
     try:
+        console.print(
+            f"TensorBoard for {run}: [bold]{handle.url}[/bold]  (events: {handle.logdir}; Ctrl-C stops it)"
+        )
         while handle.running:
             time.sleep(1.0)
         console.print(f"[red]TensorBoard exited[/red]; its output: {handle.log_path}")
