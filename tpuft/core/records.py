@@ -15,6 +15,12 @@ Progress = Callable[[str], None]
 """Providers report what they are waiting for through this (the CLI shows it in a spinner)."""
 
 
+DOWN_WORKERS = "workers down"
+"""A cluster's detail: the flat indexes (``"1,3"``) of workers whose host is gone while the others of its
+slice run on, which a provider whose slices lose hosts one at a time (Compute Engine's MIGs) reports; a
+recovery stops the others' trainers before it deletes the slice. A node of the Cloud TPU API goes whole."""
+
+
 class State:
     """The provider's own words for a node's state; local clusters use the same ones."""
 

@@ -26,7 +26,7 @@ from typing import Any
 from tpuft.backends.base import get_backend
 from tpuft.config import ClusterConfig, RecoverConfig, recipe_from_text
 from tpuft.core.errors import Interrupted, TpuftError, UsageError
-from tpuft.core.records import Cluster, Progress, SliceLayout, State
+from tpuft.core.records import DOWN_WORKERS, Cluster, Progress, SliceLayout, State
 from tpuft.fleet.base import LineSink
 from tpuft.ops.cluster import capacity_wait
 from tpuft.ops.common import open_session
@@ -409,12 +409,16 @@ def _stop_survivors(
         return ()
     cluster = get_provider(config).get()
     lost = lost_slices(cluster)
-    if not lost:
+    down = {int(w) for w in str(cluster.details.get(DOWN_WORKERS, "")).split(",") if w.strip().isdigit()}
+    if not lost and not down:
         return ()
-    gone = {slice_id for slice_id, _, _ in lost}
     layout = SliceLayout(config.slices, config.hosts_per_slice)
     launch = Launch.of(run, info)
-    survivors = tuple(h for h in launch.hosts if layout.slice_of(h) not in gone)
+    if down:  # the provider names the hosts that went: every other one is a survivor
+        survivors = tuple(h for h in launch.hosts if h not in down)
+    else:  # a lost slice went whole
+        gone = {slice_id for slice_id, _, _ in lost}
+        survivors = tuple(h for h in launch.hosts if layout.slice_of(h) not in gone)
     request_stop(run, int(info.get("attempt", 1)), f"{problem}: the whole run restarts")
     if not survivors:
         return ()

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tpuft.core.accelerators import AcceleratorType
-from tpuft.core.records import Cluster, Progress, State, Worker
+from tpuft.core.records import DOWN_WORKERS, Cluster, Progress, State, Worker
 from tpuft.core.waiting import waiting
 from tpuft.providers.gcp import tuning
 from tpuft.providers.gcp.api import GcpError
@@ -212,6 +212,7 @@ class ComputeSlices(ComputeBodies, ComputeHosts):
         identity: list[list[Any]] = []
         slice_states: dict[str, str] = {}
         problems: list[str] = []
+        down_workers: list[int] = []
         hosts_seen: list[Any] = []
         for slice_index, slice_id in enumerate(api.slice_ids()):
             hosts = self.hosts(slice_id)
@@ -225,12 +226,9 @@ class ComputeSlices(ComputeBodies, ComputeHosts):
             ]
             if len(hosts) < self.shape.hosts and words == [State.READY]:
                 words = [State.CREATING]
-            down = [
-                f"instance {h.name} (host {i}) {h.status}"
-                for i, h in enumerate(hosts)
-                if h.status != "RUNNING"
-            ]
-            problems.extend(down)
+            down = [(i, h) for i, h in enumerate(hosts) if h.status != "RUNNING"]
+            problems.extend(f"instance {h.name} (host {i}) {h.status}" for i, h in down)
+            down_workers.extend(len(workers) + i for i, _ in down)  # flat indexes: workers so far + host
             states.append(",".join(words))
             slice_states[f"slice {slice_index}"] = f"{slice_id} {states[-1]}"
             identity.append([slice_id, ",".join(str(h.id) for h in hosts), len(hosts)])
@@ -257,6 +255,9 @@ class ComputeSlices(ComputeBodies, ComputeHosts):
         details.update(self._maintenance(hosts_seen))
         if problems:
             details["problem"] = "; ".join(problems)
+            # a host of a MIG slice goes alone (its peers run on, waiting for it): what a recovery stops
+            # before it deletes the slice, so that their last checkpoint reaches the bucket
+            details[DOWN_WORKERS] = ",".join(map(str, down_workers))
         if len(identity) < len(api.slice_ids()):
             details["problem"] = f"{len(identity)} of {len(api.slice_ids())} slices exist"
             if state == State.READY:
