@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuft.config import recipe_from_text
+from tpuft.worker.t5x import tpu_mesh
 from tpuft.worker.t5x.gin import initial_step, run_gin, task_spec
 
 USAGE_EXIT = 2
@@ -135,6 +136,7 @@ def compile_step(request: dict[str, Any]) -> dict[str, Any]:
         )
         args = _configured_train_args(gin_file)
     model, partitioner, dataset = args["model"], args["partitioner"], args["train_dataset_cfg"]
+    tpu_mesh.install()  # as the trainer has it: the TPUs newer than T5X's mesh table
     real_jax = partitioning.jax
     partitioning.jax = _TopologyJax(real_jax, devices)
     try:

@@ -219,6 +219,9 @@ def install_hooks() -> None:
 
     trainer_lib.BaseTrainer.__init__ = init
 
+    from tpuft.worker.t5x import tpu_mesh
+
+    tpu_mesh.install()  # the TPUs newer than T5X's table (v5e, v5p, v6e, TPU7x)
     original_mesh = partitioning.default_mesh
 
     def default_mesh(
