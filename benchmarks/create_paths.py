@@ -56,7 +56,8 @@ def one_run(path: str, root: Path) -> dict[str, float]:
         created = time.monotonic() - started
         up = subprocess.Popen(
             [sys.executable, "-m", "tpuft", "up", "quickstart", "-c", str(cluster), "--yes"]
-            + ["--set", f"train.steps={STEPS}", "--set", "eval.every=1000", "--set", "train.log_every=1"],
+            + ["--set", f"train.steps={STEPS}", "--set", "train.warmup_steps=5", "--set", "eval.every=1000"]
+            + ["--set", "train.log_every=1"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
