@@ -41,7 +41,9 @@ VERBS: tuple[Verb, ...] = (
         "Cluster",
         "Create the cluster (TPU VMs, or local workers) and its bucket.",
         "tpuft create --config tpuft.yaml",
-        "On GCP a TPU VM or pod slice, on the local pod one folder per worker. Safe to run twice.",
+        "On GCP a TPU VM, pod slice or queued resource (the Cloud TPU API), or with gcp.api: compute "
+        "TPU7x and single-host v5p/v6e as Compute Engine instances (a managed instance group per multi-host "
+        "slice); on the local pod one folder per worker. Safe to run twice.",
     ),
     Verb("status", "Cluster", "Show the cluster's state and its workers.", "tpuft status --json"),
     Verb(
