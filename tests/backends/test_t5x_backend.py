@@ -95,7 +95,9 @@ def tpu_v4_32(tmp_path: Path) -> ClusterShape:
     path = tmp_path / "tpu.yaml"
     path.write_text("provider: gcp\naccelerator: v4-32\ngcp: {project: my-project, zone: us-central2-b}\n")
     shape = load_cluster(path).value.shape()
-    assert shape == ClusterShape(hosts=4, chips_per_host=4, target="tpu") and shape.chips == 16
+    assert (
+        shape == ClusterShape(hosts=4, chips_per_host=4, target="tpu", generation="v4") and shape.chips == 16
+    )
     return shape
 
 
