@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from tests.e2e.gcp_rig import bucket_json, rig_cluster, staged_step
+from tests.e2e.gcp_rig import bucket_json, few_test_numbers, rig_cluster, staged_step
 from tests.rigs.fake_compute import FakeComputeServer
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, kill_processes_with_home_under, sshd_available
@@ -72,14 +72,7 @@ def test_a_preempted_spot_tpu7x_slice_is_recreated_and_the_run_ends_as_an_uninte
                 timeout=timeout,
             )
 
-        few = tmp_path / "test.jsonl"  # 16 test numbers: what matters is that the recovered run tests once
-        few.write_text(
-            "".join(
-                (Path(__file__).parents[2] / "tpuft/recipes/data/numbers/test.jsonl")
-                .read_text()
-                .splitlines(True)[:16]
-            )
-        )
+        few = few_test_numbers(tmp_path, 16)  # what matters is that the recovered run tests once
         args = [
             *(
                 "--set",

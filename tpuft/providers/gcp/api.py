@@ -71,13 +71,36 @@ class GoogleApi:
 
     service = TPU_SERVICE
     hints: dict[str, str] = _HINTS
+    endpoint_env = "TPUFT_TPU_API_ENDPOINT"
+    """The variable that points the API elsewhere when the cluster file does not."""
 
-    def __init__(self, project: str, zone: str, name: str, timeout: float) -> None:
+    def __init__(
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        slices: int,
+        endpoint: str | None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         # this process is the controller, with a cluster file: its cloud calls get the budget
         CLOCK.arm(timeout)
         self.project = project
         self.zone = zone
         self.name = name
+        self.slices = slices
+        self._configured_endpoint = endpoint
+
+    def slice_ids(self) -> list[str]:
+        """Each slice's name: the cluster's (one slice), or ``name-0``, ``name-1``, ... (multislice): a node
+        of the Cloud TPU API, an instance or a managed instance group of Compute Engine."""
+        if self.slices > 1:
+            return [f"{self.name}-{i}" for i in range(self.slices)]
+        return [self.name]
+
+    @property
+    def endpoint(self) -> str | None:
+        return self._configured_endpoint or os.environ.get(self.endpoint_env) or None
 
     @property
     def endpoint_label(self) -> str:
@@ -162,17 +185,13 @@ class TpuApi(GoogleApi):
         endpoint: str | None,
         timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        super().__init__(project, zone, name, timeout)
-        self.slices = slices
+        super().__init__(project, zone, name, slices, endpoint, timeout)
         self.parent = f"projects/{project}/locations/{zone}"
-        self._configured_endpoint = endpoint
         self._client: Any = None
 
     # -- names ---------------------------------------------------------------------------------------------
     def node_ids(self) -> list[str]:
-        if self.slices > 1:
-            return [f"{self.name}-{i}" for i in range(self.slices)]
-        return [self.name]
+        return self.slice_ids()
 
     def node_path(self, node_id: str) -> str:
         return f"{self.parent}/nodes/{node_id}"
@@ -181,10 +200,6 @@ class TpuApi(GoogleApi):
         return f"{self.parent}/queuedResources/{self.name}"
 
     # -- plumbing -------------------------------------------------------------------------------------------
-    @property
-    def endpoint(self) -> str | None:
-        return self._configured_endpoint or os.environ.get("TPUFT_TPU_API_ENDPOINT") or None
-
     def client(self) -> Any:
         if self._client is None:
             from google.cloud import tpu_v2

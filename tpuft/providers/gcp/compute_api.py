@@ -15,7 +15,6 @@ same way, its Compute Engine error codes read for the case users meet most (a zo
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +57,7 @@ class ComputeApi(GoogleApi):
 
     service = COMPUTE_SERVICE
     hints = _HINTS
+    endpoint_env = "TPUFT_COMPUTE_API_ENDPOINT"
 
     def __init__(
         self,
@@ -68,19 +68,11 @@ class ComputeApi(GoogleApi):
         endpoint: str | None,
         timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        super().__init__(project, zone, name, timeout)
-        self.slices = slices
+        super().__init__(project, zone, name, slices, endpoint, timeout)
         self.region = zone.rsplit("-", 1)[0]
-        self._configured_endpoint = endpoint
         self._clients: dict[str, Any] = {}
 
     # -- names ---------------------------------------------------------------------------------------------
-    def slice_ids(self) -> list[str]:
-        """Each slice's instance (single host) or group (multi-host) name, as the TPU path names its nodes."""
-        if self.slices > 1:
-            return [f"{self.name}-{i}" for i in range(self.slices)]
-        return [self.name]
-
     @property
     def template_name(self) -> str:
         return f"{self.name}-tpuft"
@@ -96,10 +88,6 @@ class ComputeApi(GoogleApi):
         return f"projects/{self.project}/regions/{self.region}/resourcePolicies/{self.policy_name}"
 
     # -- plumbing -------------------------------------------------------------------------------------------
-    @property
-    def endpoint(self) -> str | None:
-        return self._configured_endpoint or os.environ.get("TPUFT_COMPUTE_API_ENDPOINT") or None
-
     @property
     def endpoint_label(self) -> str:
         return f"the Compute Engine API at {self.endpoint or 'https://compute.googleapis.com'}"

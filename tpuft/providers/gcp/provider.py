@@ -90,7 +90,7 @@ class GcpProvider:
 
     def node_ids(self) -> list[str]:
         """Each slice's node (Cloud TPU API) or instance/group (Compute Engine) name."""
-        return self.api.slice_ids() if not isinstance(self.api, TpuApi) else self.api.node_ids()
+        return self.api.slice_ids()
 
     def node_path(self, node_id: str) -> str:
         return self.tpu.api.node_path(node_id)
