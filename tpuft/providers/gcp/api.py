@@ -90,6 +90,8 @@ class GoogleApi:
         self.name = name
         self.slices = slices
         self._configured_endpoint = endpoint
+        self._clients: dict[str, Any] = {}
+        """The API's clients, built on first use (the CLI never imports Google's libraries at start-up)."""
 
     def slice_ids(self) -> list[str]:
         """Each slice's name: the cluster's (one slice), or ``name-0``, ``name-1``, ... (multislice): a node
@@ -176,18 +178,9 @@ class TpuApi(GoogleApi):
     """The API as one cluster sees it: ``name`` in ``project``/``zone``, as ``slices`` nodes (one node unless
     multislice, then ``name-0``, ``name-1``, ...), possibly behind a queued resource of the same name."""
 
-    def __init__(
-        self,
-        project: str,
-        zone: str,
-        name: str,
-        slices: int,
-        endpoint: str | None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-    ) -> None:
-        super().__init__(project, zone, name, slices, endpoint, timeout)
-        self.parent = f"projects/{project}/locations/{zone}"
-        self._client: Any = None
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}"
 
     # -- names ---------------------------------------------------------------------------------------------
     def node_ids(self) -> list[str]:
@@ -201,11 +194,11 @@ class TpuApi(GoogleApi):
 
     # -- plumbing -------------------------------------------------------------------------------------------
     def client(self) -> Any:
-        if self._client is None:
+        if "tpu" not in self._clients:
             from google.cloud import tpu_v2
 
-            self._client = rest_client(tpu_v2.TpuClient, self.endpoint, "the Cloud TPU API")
-        return self._client
+            self._clients["tpu"] = rest_client(tpu_v2.TpuClient, self.endpoint, "the Cloud TPU API")
+        return self._clients["tpu"]
 
     @property
     def endpoint_label(self) -> str:

@@ -23,7 +23,7 @@ from tpuft.core.records import Progress
 from tpuft.core.waiting import waiting
 from tpuft.providers.gcp import tuning
 from tpuft.providers.gcp.api import GcpError, GoogleApi, rest_client
-from tpuft.storage.network import DEFAULT_TIMEOUT_S
+from tpuft.providers.gcp.buckets import region_of
 
 COMPUTE_SERVICE = "compute.googleapis.com"
 STOCKOUT_CODES = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"})
@@ -59,18 +59,9 @@ class ComputeApi(GoogleApi):
     hints = _HINTS
     endpoint_env = "TPUFT_COMPUTE_API_ENDPOINT"
 
-    def __init__(
-        self,
-        project: str,
-        zone: str,
-        name: str,
-        slices: int,
-        endpoint: str | None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-    ) -> None:
-        super().__init__(project, zone, name, slices, endpoint, timeout)
-        self.region = zone.rsplit("-", 1)[0]
-        self._clients: dict[str, Any] = {}
+    @property
+    def region(self) -> str:
+        return region_of(self.zone)
 
     # -- names ---------------------------------------------------------------------------------------------
     @property

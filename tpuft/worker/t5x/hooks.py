@@ -416,7 +416,8 @@ def agreed(request: Request) -> bool:
         return True
     try:
         client.wait_at_barrier(f"tpuft-checkpoint-{request.id}", int(BARRIER_SECONDS * 1000))
-    except Exception:  # noqa: BLE001 - a host that never came: the deadline, reported as an error by the service
+    # a host that never came: the deadline, reported as an error by the service
+    except Exception:  # noqa: BLE001
         return False
     return True
 
