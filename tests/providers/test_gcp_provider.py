@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tpuft.providers.gcp.tuning as gcp_module
-from tests.rigs.fake_tpu import FakeTpuServer
+from tests.rigs.fake_tpu import FakeTpuServer, not_now
 from tests.rigs.gcs_emulator import GcsEmulator
 from tests.rigs.sshd_pod import SshdPod, sshd_available
 
@@ -118,6 +118,36 @@ def test_transient_errors_are_retried(cli, tmp_path: Path, fake_tpu: FakeTpuServ
     assert json.loads(result.out)["state"] == "READY"
 
 
+def test_rate_limited_calls_back_off_with_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every 429 doubles the pause, each pause drawn from half to all of its step, so callers refused
+    together do not come back together. (time.sleep is recorded, not slept: the pauses are the subject.)"""
+    from google.api_core import exceptions as gexc
+
+    import tpuft.providers.gcp.api as api_module
+    from tpuft.providers.gcp.api import TpuApi
+
+    monkeypatch.setattr(gcp_module, "RETRY_BASE_S", 1.0)
+    pauses: list[float] = []
+    monkeypatch.setattr(api_module.time, "sleep", pauses.append)
+    runs: list[list[float]] = []
+    for _ in range(2):
+        refusals = iter([gexc.TooManyRequests("Quota exceeded for quota metric 'requests' per minute")] * 4)
+
+        def create(refusals: Iterator[Exception] = refusals) -> str:
+            error = next(refusals, None)
+            if error is not None:
+                raise error
+            return "created"
+
+        pauses.clear()
+        api = TpuApi("p", "us-central2-b", "tp", 1, "http://127.0.0.1:9", timeout=300)
+        assert api.call("creating TPU node", create) == "created"
+        runs.append(list(pauses))
+    for run in runs:
+        assert len(run) == 4 and all(2**i * 0.5 <= pause <= 2**i for i, pause in enumerate(run)), run
+    assert runs[0] != runs[1]
+
+
 def test_queued_multislice_spot_and_forced_delete(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]
     extra = "  queued: true\n  spot: true\n  slices: 2\n  valid_until: 6h\n"
     cluster = cluster_yaml(tmp_path, fake_tpu, extra_gcp=extra, accelerator="v4-8")
@@ -141,6 +171,50 @@ def test_queued_multislice_spot_and_forced_delete(cli, tmp_path: Path, fake_tpu:
     assert cli("delete", "-c", str(cluster), "--yes").code == 0
     assert fake_tpu.calls("DeleteQueuedResource")[0].query.get("force") == "true"
     assert fake_tpu.queued_resource("tp") is None and fake_tpu.node("tp-0") is None
+
+
+def test_a_delete_waits_out_suspending_asks_again_when_refused_and_reads_back_until_gone(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, fake_tpu: FakeTpuServer
+) -> None:
+    """A queued resource left behind holds quota (and may be fulfilled hours later): the delete of a spot
+    multislice request whose slice was just reclaimed waits for SUSPENDING to end rather than deleting it
+    mid-transition, asks again after a 409, and issues the delete again when the read-back finds it still
+    there."""
+    extra = "  queued: true\n  spot: true\n  slices: 2\n"
+    cluster = cluster_yaml(tmp_path, fake_tpu, extra_gcp=extra, accelerator="v4-8")
+    assert cli("create", "-c", str(cluster), "--yes").code == 0
+    fake_tpu.preempt("tp-1")  # the whole request turns SUSPENDING
+    fake_tpu.suspending_gets = 3
+    fake_tpu.refuse_next("DeleteQueuedResource", not_now("tp"))
+    fake_tpu.deletes_do_not_take(1)
+    deleted = cli("delete", "-c", str(cluster), "--yes")
+    assert deleted.code == 0, deleted.err
+    assert fake_tpu.queued_resource("tp") is None and fake_tpu.node("tp-0") is None
+    # none while SUSPENDING (the rig refuses those with 400): the 409, the one that did not take, the real one
+    assert [c.status for c in fake_tpu.calls("DeleteQueuedResource")] == [409, 200, 200]
+    states = [c for c in fake_tpu.requests if c.rpc in ("GetQueuedResource", "DeleteQueuedResource")]
+    assert states[0].rpc == "GetQueuedResource" and len(states) >= 3 + 3  # 3 reads of SUSPENDING first
+
+
+def test_a_delete_that_never_takes_fails_naming_the_resource(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, fake_tpu: FakeTpuServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gcp_module, "DELETE_TRIES", 2)
+    cluster = cluster_yaml(tmp_path, fake_tpu)
+    assert cli("create", "-c", str(cluster), "--yes").code == 0
+    fake_tpu.deletes_do_not_take(1)
+    assert cli("delete", "-c", str(cluster), "--yes").code == 0  # read back, issued again
+    assert [c.status for c in fake_tpu.calls("DeleteNode")] == [200, 200] and fake_tpu.node("tp") is None
+
+    assert cli("create", "-c", str(cluster), "--yes").code == 0
+    fake_tpu.deletes_do_not_take(5)
+    stuck = cli("delete", "-c", str(cluster), "--yes")
+    assert stuck.code == 1 and len(fake_tpu.calls("DeleteNode")) == 2 + 2
+    assert (
+        "TPU node tp is still READY after 2 delete calls in project tpuft-test, zone us-central2-b"
+        in stuck.err
+    )
+    assert "holding quota" in stuck.err and "Traceback" not in stuck.err
 
 
 def test_failed_queued_resource_shows_why(cli, tmp_path: Path, fake_tpu: FakeTpuServer) -> None:  # type: ignore[no-untyped-def]

@@ -81,8 +81,9 @@ Test controls (thread-safe): ``preempt``, ``add_symptom``, ``announce_maintenanc
 ``clear_maintenance``, ``fail_next_create``, ``transient_errors``, ``deny``, ``refuse`` (with the refusals a
 first project meets, in Google's shapes: ``service_disabled``, ``billing_disabled``, ``quota_exceeded``,
 ``org_policy_violation``; ``deny`` is the IAM one),
-``allow``, ``fail_queued``, ``suspend_queued``, ``settle``, ``reset``; settings ``operation_polls``,
-``queued_states``, ``queued_gets_per_state``, ``worker_addresses``, ``external_addresses``,
+``allow``, ``refuse_next`` (e.g. :func:`not_now`), ``deletes_do_not_take``, ``fail_queued``,
+``suspend_queued``, ``settle``, ``reset``; settings ``operation_polls``, ``queued_states``,
+``queued_gets_per_state``, ``suspending_gets``, ``worker_addresses``, ``external_addresses``,
 ``default_external_ips``, ``host_keys``, ``omit_unpublished``; the log ``requests``. Wrapping it in a fixture
 is one line::
 
@@ -438,6 +439,11 @@ def invalid(message: str) -> ApiError:
     return ApiError("INVALID_ARGUMENT", message)
 
 
+def not_now(name: str) -> ApiError:
+    """HTTP 409 ABORTED: another operation holds the resource (one just created, or being changed)."""
+    return ApiError("ABORTED", f"Resource '{name}' is busy with another operation; try again later.")
+
+
 @dataclass(frozen=True)
 class RecordedRequest:
     """One request as the server saw it; ``query`` keeps the last value of each parameter."""
@@ -683,6 +689,9 @@ class FakeTpuServer(JsonApiServer):
         """Called with (node id, worker id, the UpcomingMaintenance JSON) when a maintenance is announced on
         one worker: how the metadata server rig (``metadata_server.MetadataServer.follow``) learns what to
         serve."""
+        self.suspending_gets: int | None = 3
+        """GETs of a SUSPENDING queued resource after which it is SUSPENDED on its own, as the service ends
+        the transition (None: only ``suspend_queued`` ends it)."""
         self.requests: list[RecordedRequest] = []
         super().__init__("fake-tpu")
         self.reset()
@@ -702,6 +711,8 @@ class FakeTpuServer(JsonApiServer):
             self._transient: list[ApiError] = []
             self._denied: list[str] = []
             self._refused: list[tuple[str, ApiError]] = []
+            self._refused_next: list[list[Any]] = []
+            self._deletes_not_taking = 0
             self._maintenance: dict[str, Json] = {}
             self.requests.clear()
 
@@ -830,6 +841,19 @@ class FakeTpuServer(JsonApiServer):
         with self._lock:
             self._refused.append((pattern, error))
 
+    def refuse_next(self, pattern: str, error: ApiError, count: int = 1) -> None:
+        """Answer ``error`` to the next ``count`` requests that ``deny(pattern)`` would match (e.g. a 409 to a
+        delete of a resource just created: :func:`not_now`)."""
+        with self._lock:
+            self._refused_next.append([pattern, error, count])
+
+    def deletes_do_not_take(self, count: int = 1) -> None:
+        """The next ``count`` DeleteQueuedResource / DeleteNode calls are answered and their operations end
+        done, but the resource stays as it was: what a caller sees of a delete that did not take (its
+        read-back finds the resource still there)."""
+        with self._lock:
+            self._deletes_not_taking += count
+
     def allow(self, pattern: str | None = None) -> None:
         """Undo ``deny(pattern)`` and ``refuse(pattern, ...)``; with no argument undo all of them."""
         with self._lock:
@@ -948,6 +972,10 @@ class FakeTpuServer(JsonApiServer):
         def matches(pattern: str) -> bool:
             return pattern in route.permission or pattern in route.rpc or pattern in f"{method} {path}"
 
+        for armed in self._refused_next:
+            if armed[2] > 0 and matches(armed[0]):
+                armed[2] -= 1
+                raise armed[1]
         for pattern, error in self._refused:
             if matches(pattern):
                 raise error
@@ -1255,6 +1283,11 @@ class FakeTpuServer(JsonApiServer):
             raise not_found(name)
         if node["state"] == "DELETING":
             raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is already being deleted.")
+        if self._deletes_not_taking > 0:
+            self._deletes_not_taking -= 1
+            return self._start_operation(
+                self._parent_of(name), name, "delete", EMPTY_TYPE, lambda: {}, call.ints
+            )
         node["state"] = "DELETING"
         node.pop("health", None)
 
@@ -1471,6 +1504,10 @@ class FakeTpuServer(JsonApiServer):
             raise not_found(name)
         if queued.views >= self.queued_gets_per_state:  # earlier GETs have seen this state enough
             self._advance_queued(queued)
+        if queued.state == "SUSPENDING" and self.suspending_gets is not None:
+            if queued.views >= self.suspending_gets:
+                self._set_queued_state(queued, "SUSPENDED", "SERVICE")
+                self._drop_nodes(queued.node_names)
         queued.views += 1
         return render_queued(queued.render(), call.ints)
 
@@ -1585,6 +1622,15 @@ class FakeTpuServer(JsonApiServer):
             )
         if queued.state == "DELETING":
             raise ApiError("FAILED_PRECONDITION", f"Queued resource '{name}' is already being deleted.")
+        if queued.state == "SUSPENDING":  # the rig's reading: not deleted mid-transition (docs/gcp.md)
+            raise ApiError(
+                "FAILED_PRECONDITION", f"Queued resource '{name}' is SUSPENDING; delete it once SUSPENDED."
+            )
+        if self._deletes_not_taking > 0:
+            self._deletes_not_taking -= 1
+            return self._start_operation(
+                self._parent_of(name), name, "delete", EMPTY_TYPE, lambda: {}, call.ints
+            )
         self._set_queued_state(queued, "DELETING", "USER")
         for node_name in live:
             self._nodes[node_name]["state"] = "DELETING"

@@ -129,6 +129,10 @@ def test_a_restart_keeps_the_metrics_up_to_its_checkpoint(tmp_path: Path) -> Non
     with (tmp_path / rundir.METRICS).open("ab") as handle:
         handle.write(b'{"step": 11, "loss": 1')  # killed in the middle of a line
 
+    # TensorBoard reads event files in name order (events.out.tfevents.SECONDS.host.pid.N): a second writer in
+    # the same process and second sorts first once its N gains a digit (9 -> 10, in a lane that ran other
+    # tests), and the purge would come before the points it purges. A resumed trainer is a new process, later.
+    time.sleep(1.01 - time.time() % 1)
     again = MetricsWriter(tmp_path, chief=True)
     assert again.restart_at(6) == 6  # steps 7 to 10 and the eval at 8, and the cut line
     again.log(7, {"loss": 70.0})

@@ -140,18 +140,14 @@ def delete_leaks(config: ClusterConfig, leaks: list[Leak], on_done: Callable[[Le
 
 
 def _delete_tpu_leak(config: ClusterConfig, leak: Leak) -> None:
-    from google.cloud import tpu_v2
+    """Deleted as ``tpuft delete`` deletes: forced, waited out of a transition, read back until gone."""
+    from tpuft.providers.gcp.nodes import delete_node, delete_queued_resource
 
     api = _api(config, leak.zone)
-    client = api.client()
     if leak.kind == "queued resource":
-        request = tpu_v2.DeleteQueuedResourceRequest(
-            name=f"{api.parent}/queuedResources/{leak.name}", force=True
-        )
-        operation = api.call("deleting queued resource", client.delete_queued_resource, request=request)
+        delete_queued_resource(api, leak.name, None)
     else:
-        operation = api.call("deleting TPU node", client.delete_node, name=api.node_path(leak.name))
-    api.wait_operation(f"deleting {leak.kind} {leak.name}", operation, None, None)
+        delete_node(api, leak.name, None)
 
 
 def bucket_runs(config: ClusterConfig) -> list[dict[str, Any]]:

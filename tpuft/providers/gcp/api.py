@@ -2,13 +2,13 @@
 names.
 
 Every call goes through ``TpuApi.call``: transient errors (UNAVAILABLE, 429, 500) and a network that does not
-answer are retried with backoff until the cluster file's ``gcp.timeout`` is spent (one budget for the whole
-command, kept by :mod:`tpuft.storage.network`, which also bounds each request and the token refresh), then
-become one line naming what was being done and the endpoint; the others become one line naming the project,
-zone and call, with the likely fix, which for what a project lacks (the API enabled, a role, quota, billing,
-an organization policy) is read from the error's reason fields (:mod:`tpuft.storage.google_errors`). A call
-that takes longer than 2 s says what it waits for (:func:`tpuft.storage.network.cloud_call`). The client is
-built lazily (the CLI never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or
+answer are retried with jittered backoff until the cluster file's ``gcp.timeout`` is spent (one budget for the
+whole command, kept by :mod:`tpuft.storage.network`, which also bounds each request and the token refresh),
+then become one line naming what was being done and the endpoint; the others become one line naming the
+project, zone and call, with the likely fix, which for what a project lacks (the API enabled, a role, quota,
+billing, an organization policy) is read from the error's reason fields (:mod:`tpuft.storage.google_errors`).
+A call that takes longer than 2 s says what it waits for (:func:`tpuft.storage.network.cloud_call`). The
+client is built lazily (the CLI never imports Google's libraries at start-up). ``gcp.tpu_api_endpoint`` (or
 ``$TPUFT_TPU_API_ENDPOINT``) points it at a private endpoint; anonymous credentials are used only for a
 loopback ``http://`` endpoint, which is how the tests talk to a fake TPU API server.
 """
@@ -16,6 +16,7 @@ loopback ``http://`` endpoint, which is how the tests talk to a fake TPU API ser
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -148,7 +149,10 @@ class GoogleApi:
                         CLOCK.failed(started)
                         call.failed(started, self.endpoint_label, type(exc).__name__)
                     left = CLOCK.remaining() or 0.0
-                    pause = min(tuning.RETRY_BASE_S * 2**attempt, 30.0, left)
+                    # jittered (half to all of the doubling step): many callers refused by one 429 (a rate
+                    # limit) do not all come back in the same second
+                    step = tuning.RETRY_BASE_S * 2**attempt * random.uniform(0.5, 1.0)
+                    pause = min(step, 30.0, left)
                     if left <= 0 or pause <= 0:
                         if network:
                             raise unreachable(located, exc, endpoint=self.endpoint_label) from None

@@ -8,6 +8,7 @@ resources) are passed through.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,10 @@ BAD_STATES = {
     "UNHIDING",
 }
 QUEUED_FAILED = {"FAILED", "SUSPENDED", "SUSPENDING"}
+IN_TRANSITION = {"SUSPENDING", "DELETING"}
+"""States a delete waits out: a queued resource being suspended is deleted once SUSPENDED, not mid-way."""
+NOT_NOW = {"Conflict", "Aborted", "FailedPrecondition"}
+"""Refusals of a delete that asking again later can cure (a resource just created, or being changed)."""
 
 
 @dataclass(frozen=True)
@@ -226,15 +231,9 @@ class TpuNodes:
         return state, problem
 
     def node_state(self, node_id: str) -> str:
-        from google.api_core import exceptions as gexc
-
-        api = self.api
+        """The node's state for a progress line: REQUESTED before it exists, ``unknown`` when unreadable."""
         try:
-            return api.call(
-                "reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True
-            ).state.name
-        except gexc.NotFound:
-            return "REQUESTED"
+            return _node_state(self.api, node_id) or "REQUESTED"
         except GcpError as exc:
             return f"unknown ({getattr(exc, 'kind', 'error')})"
 
@@ -316,38 +315,116 @@ class TpuNodes:
     def delete(self, progress: Progress | None) -> bool:
         """Delete the queued resource (forced, so its nodes go with it and no abandoned request keeps holding
         quota) or else each node. Returns False when there was nothing to delete."""
-        from google.api_core import exceptions as gexc
-        from google.cloud import tpu_v2
-
         api = self.api
-        client = api.client()
-        if self.gcp.queued:
-            try:
-                request = tpu_v2.DeleteQueuedResourceRequest(name=api.queued_path(), force=True)
-                operation = api.call(
-                    "deleting queued resource",
-                    client.delete_queued_resource,
-                    request=request,
-                    missing_ok=True,
-                )
-            except gexc.NotFound:
-                pass
-            else:
-                api.wait_operation(f"deleting queued resource {api.name}", operation, progress, None)
-                return True
+        if self.gcp.queued and delete_queued_resource(api, api.name, progress):
+            return True
         deleted = False
         for node_id in api.node_ids():
-            try:
-                operation = api.call(
-                    "deleting TPU node", client.delete_node, name=api.node_path(node_id), missing_ok=True
-                )
-            except gexc.NotFound:
-                continue
-            api.wait_operation(
-                f"deleting TPU node {node_id}",
-                operation,
-                progress,
-                lambda n=node_id: f"state {self.node_state(n)}",
-            )
-            deleted = True
+            deleted |= delete_node(api, node_id, progress)
         return deleted
+
+
+def delete_queued_resource(api: TpuApi, queued_id: str, progress: Progress | None) -> bool:
+    """Delete a queued resource of the API's project and zone, forced (its nodes go with it), confirmed
+    (:func:`_delete_confirmed`). Returns whether it existed."""
+    from google.cloud import tpu_v2
+
+    name = f"{api.parent}/queuedResources/{queued_id}"
+    request = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
+    return _delete_confirmed(
+        api,
+        f"queued resource {queued_id}",
+        lambda: _queued_state(api, name),
+        lambda: api.call(
+            "deleting queued resource", api.client().delete_queued_resource, request=request, missing_ok=True
+        ),
+        progress,
+    )
+
+
+def delete_node(api: TpuApi, node_id: str, progress: Progress | None) -> bool:
+    """Delete a TPU node of the API's project and zone, confirmed (:func:`_delete_confirmed`). Returns
+    whether it existed."""
+    return _delete_confirmed(
+        api,
+        f"TPU node {node_id}",
+        lambda: _node_state(api, node_id),
+        lambda: api.call(
+            "deleting TPU node", api.client().delete_node, name=api.node_path(node_id), missing_ok=True
+        ),
+        progress,
+    )
+
+
+def _delete_confirmed(
+    api: TpuApi,
+    what: str,
+    state: Callable[[], str | None],
+    issue: Callable[[], Any],
+    progress: Progress | None,
+) -> bool:
+    """Delete one resource and read it back until it is gone: a delete that did not take is issued again, a
+    resource in the middle of a change (SUSPENDING, DELETING) is waited out rather than deleted
+    mid-transition, and a refusal that says "not now" (409, a failed precondition: a resource just created)
+    is asked again after a poll, up to ``tuning.DELETE_TRIES`` calls in all. Returns whether it existed."""
+    from google.api_core import exceptions as gexc
+
+    tries = 0
+    existed = False
+    with waiting(f"{what} to be gone", tuning.CREATE_TIMEOUT_S, progress=progress) as wait:
+        while True:
+            now = state()
+            if now is None:
+                return existed
+            existed = True
+            if now not in IN_TRANSITION:
+                if tries >= tuning.DELETE_TRIES:
+                    raise GcpError(
+                        f"{what} is still {now} after {tries} delete calls in project {api.project}, "
+                        f"zone {api.zone}",
+                        hint="It may keep holding quota: delete it in the console or with gcloud, and see "
+                        "tpuft gc",
+                    )
+                tries += 1
+                try:
+                    operation = issue()
+                except gexc.NotFound:
+                    return True
+                except GcpError as exc:
+                    if getattr(exc, "kind", "") not in NOT_NOW:
+                        raise
+                    wait.update(f"{now}; the API said not now ({getattr(exc, 'kind', '')})")
+                else:
+                    api.wait_operation(f"deleting {what}", operation, progress, None)
+                    continue  # read it back
+            else:
+                wait.update(now)
+            if wait.expired():
+                raise GcpError(f"{what} still {now}", hint="See: tpuft status")
+            time.sleep(tuning.POLL_SECONDS)
+
+
+def _queued_state(api: TpuApi, name: str) -> str | None:
+    """A queued resource's state, None once it is gone."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        resource = api.call(
+            "reading queued resource", api.client().get_queued_resource, name=name, missing_ok=True
+        )
+    except gexc.NotFound:
+        return None
+    return str(resource.state.state.name)
+
+
+def _node_state(api: TpuApi, node_id: str) -> str | None:
+    """A node's state, None once it is gone."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        node = api.call(
+            "reading TPU node", api.client().get_node, name=api.node_path(node_id), missing_ok=True
+        )
+    except gexc.NotFound:
+        return None
+    return str(node.state.name)

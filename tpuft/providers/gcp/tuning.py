@@ -16,3 +16,7 @@ HOSTKEY_WAIT_S = float(os.environ.get("TPUFT_GCP_HOSTKEY_WAIT_S", "300"))
 low)."""
 CREATE_TIMEOUT_S = 3600.0
 """How long one long-running operation may take; a queued resource may wait 24 times as long for capacity."""
+DELETE_TRIES = 5
+"""Delete calls for one resource that may leave it in place (a delete that did not take, read back; a 409 or a
+precondition refusal on a resource still being created or changed) before its delete fails, naming it: a
+queued resource left behind keeps holding quota, and may even be fulfilled hours later."""
