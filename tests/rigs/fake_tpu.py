@@ -444,6 +444,15 @@ def not_now(name: str) -> ApiError:
     return ApiError("ABORTED", f"Resource '{name}' is busy with another operation; try again later.")
 
 
+@dataclass
+class _Refusal:
+    """An armed ``refuse`` (``left`` None: until ``allow``) or ``refuse_next`` (``left`` answers to go)."""
+
+    pattern: str
+    error: ApiError
+    left: int | None
+
+
 @dataclass(frozen=True)
 class RecordedRequest:
     """One request as the server saw it; ``query`` keeps the last value of each parameter."""
@@ -710,8 +719,7 @@ class FakeTpuServer(JsonApiServer):
             self._fail_queued: dict[str | None, ApiError] = {}
             self._transient: list[ApiError] = []
             self._denied: list[str] = []
-            self._refused: list[tuple[str, ApiError]] = []
-            self._refused_next: list[list[Any]] = []
+            self._refused: list[_Refusal] = []
             self._deletes_not_taking = 0
             self._maintenance: dict[str, Json] = {}
             self.requests.clear()
@@ -839,13 +847,13 @@ class FakeTpuServer(JsonApiServer):
         """Answer ``error`` (e.g. :func:`service_disabled`, :func:`billing_disabled`, :func:`quota_exceeded`,
         :func:`org_policy_violation`) to every request that ``deny(pattern)`` would match, until ``allow``."""
         with self._lock:
-            self._refused.append((pattern, error))
+            self._refused.append(_Refusal(pattern, error, None))
 
     def refuse_next(self, pattern: str, error: ApiError, count: int = 1) -> None:
         """Answer ``error`` to the next ``count`` requests that ``deny(pattern)`` would match (e.g. a 409 to a
         delete of a resource just created: :func:`not_now`)."""
         with self._lock:
-            self._refused_next.append([pattern, error, count])
+            self._refused.append(_Refusal(pattern, error, count))
 
     def deletes_do_not_take(self, count: int = 1) -> None:
         """The next ``count`` DeleteQueuedResource / DeleteNode calls are answered and their operations end
@@ -858,7 +866,7 @@ class FakeTpuServer(JsonApiServer):
         """Undo ``deny(pattern)`` and ``refuse(pattern, ...)``; with no argument undo all of them."""
         with self._lock:
             self._denied = [] if pattern is None else [p for p in self._denied if p != pattern]
-            self._refused = [] if pattern is None else [r for r in self._refused if r[0] != pattern]
+            self._refused = [] if pattern is None else [r for r in self._refused if r.pattern != pattern]
 
     def fail_queued(
         self, queued_id: str | None = None, message: str | None = None, *, status: str = "RESOURCE_EXHAUSTED"
@@ -972,13 +980,11 @@ class FakeTpuServer(JsonApiServer):
         def matches(pattern: str) -> bool:
             return pattern in route.permission or pattern in route.rpc or pattern in f"{method} {path}"
 
-        for armed in self._refused_next:
-            if armed[2] > 0 and matches(armed[0]):
-                armed[2] -= 1
-                raise armed[1]
-        for pattern, error in self._refused:
-            if matches(pattern):
-                raise error
+        for refusal in self._refused:
+            if refusal.left != 0 and matches(refusal.pattern):
+                if refusal.left is not None:
+                    refusal.left -= 1
+                raise refusal.error
         for pattern in self._denied:
             if matches(pattern):
                 info = {
@@ -1283,11 +1289,9 @@ class FakeTpuServer(JsonApiServer):
             raise not_found(name)
         if node["state"] == "DELETING":
             raise ApiError("FAILED_PRECONDITION", f"Node '{name}' is already being deleted.")
-        if self._deletes_not_taking > 0:
-            self._deletes_not_taking -= 1
-            return self._start_operation(
-                self._parent_of(name), name, "delete", EMPTY_TYPE, lambda: {}, call.ints
-            )
+        untaken = self._untaken_delete(name, call)
+        if untaken is not None:
+            return untaken
         node["state"] = "DELETING"
         node.pop("health", None)
 
@@ -1626,11 +1630,9 @@ class FakeTpuServer(JsonApiServer):
             raise ApiError(
                 "FAILED_PRECONDITION", f"Queued resource '{name}' is SUSPENDING; delete it once SUSPENDED."
             )
-        if self._deletes_not_taking > 0:
-            self._deletes_not_taking -= 1
-            return self._start_operation(
-                self._parent_of(name), name, "delete", EMPTY_TYPE, lambda: {}, call.ints
-            )
+        untaken = self._untaken_delete(name, call)
+        if untaken is not None:
+            return untaken
         self._set_queued_state(queued, "DELETING", "USER")
         for node_name in live:
             self._nodes[node_name]["state"] = "DELETING"
@@ -1643,6 +1645,14 @@ class FakeTpuServer(JsonApiServer):
             return {}
 
         return self._start_operation(self._parent_of(name), name, "delete", EMPTY_TYPE, finish, call.ints)
+
+    def _untaken_delete(self, name: str, call: _Call) -> Json | None:
+        """A delete armed by ``deletes_do_not_take``: its operation, which ends done leaving ``name`` as it
+        was; None for a delete that takes."""
+        if self._deletes_not_taking <= 0:
+            return None
+        self._deletes_not_taking -= 1
+        return self._start_operation(self._parent_of(name), name, "delete", EMPTY_TYPE, lambda: {}, call.ints)
 
     def _find_queued(self, queued_id: str | None) -> _Queued | None:
         if queued_id is None:

@@ -193,8 +193,9 @@ class TpuApi(GoogleApi):
     def node_path(self, node_id: str) -> str:
         return f"{self.parent}/nodes/{node_id}"
 
-    def queued_path(self) -> str:
-        return f"{self.parent}/queuedResources/{self.name}"
+    def queued_path(self, queued_id: str | None = None) -> str:
+        """The cluster's queued resource, or another of this project and zone (``gc``'s leaks)."""
+        return f"{self.parent}/queuedResources/{queued_id or self.name}"
 
     # -- plumbing -------------------------------------------------------------------------------------------
     def client(self) -> Any:

@@ -217,13 +217,7 @@ class TpuNodes:
 
     # -- reading --------------------------------------------------------------------------------------------
     def queued_state(self) -> tuple[str, str]:
-        api = self.api
-        resource = api.call(
-            "reading queued resource",
-            api.client().get_queued_resource,
-            name=api.queued_path(),
-            missing_ok=True,
-        )
+        resource = _get_queued(self.api, self.api.queued_path())
         state = resource.state.state.name
         problem = ""
         if state == "FAILED":
@@ -329,7 +323,7 @@ def delete_queued_resource(api: TpuApi, queued_id: str, progress: Progress | Non
     (:func:`_delete_confirmed`). Returns whether it existed."""
     from google.cloud import tpu_v2
 
-    name = f"{api.parent}/queuedResources/{queued_id}"
+    name = api.queued_path(queued_id)
     request = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
     return _delete_confirmed(
         api,
@@ -395,7 +389,9 @@ def _delete_confirmed(
                         raise
                     wait.update(f"{now}; the API said not now ({getattr(exc, 'kind', '')})")
                 else:
-                    api.wait_operation(f"deleting {what}", operation, progress, None)
+                    api.wait_operation(
+                        f"deleting {what}", operation, progress, lambda: f"state {state() or 'gone'}"
+                    )
                     continue  # read it back
             else:
                 wait.update(now)
@@ -404,17 +400,19 @@ def _delete_confirmed(
             time.sleep(tuning.POLL_SECONDS)
 
 
+def _get_queued(api: TpuApi, name: str) -> Any:
+    """The queued resource ``name``; NotFound is raised as it is (absence is an answer)."""
+    return api.call("reading queued resource", api.client().get_queued_resource, name=name, missing_ok=True)
+
+
 def _queued_state(api: TpuApi, name: str) -> str | None:
     """A queued resource's state, None once it is gone."""
     from google.api_core import exceptions as gexc
 
     try:
-        resource = api.call(
-            "reading queued resource", api.client().get_queued_resource, name=name, missing_ok=True
-        )
+        return str(_get_queued(api, name).state.state.name)
     except gexc.NotFound:
         return None
-    return str(resource.state.state.name)
 
 
 def _node_state(api: TpuApi, node_id: str) -> str | None:
